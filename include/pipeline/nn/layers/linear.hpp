@@ -1,0 +1,78 @@
+// Linear: y = x · Wᵀ + b over the last dimension (PyTorch layout: weight [out, in], bias [out]).
+// Any leading dimensions are treated as rows, so it applies per token in a [B, T, C] sequence.
+#pragma once
+
+#include <pipeline/nn/layer.hpp>
+#include <pipeline/ops/bias.hpp>
+#include <pipeline/ops/gemm.hpp>
+
+#include <cmath>
+
+namespace pipeline {
+
+class Linear final : public Layer {
+ public:
+  Linear(std::string name, std::int64_t in_features, std::int64_t out_features, bool bias = true)
+      : Layer(std::move(name)), m_in(in_features), m_out(out_features), m_bias(bias) {
+    PIPELINE_CHECK_AS(ConfigError, m_in > 0 && m_out > 0,
+                      "Linear '{}': features must be positive, got {} -> {}", this->name(), m_in, m_out);
+  }
+
+  std::string kind() const override { return "Linear"; }
+  std::int64_t in_features() const { return m_in; }
+  std::int64_t out_features() const { return m_out; }
+
+  Shape output_shape(const Shape& in) const override {
+    PIPELINE_CHECK_AS(ConfigError, in.rank() >= 2 && in[-1] == m_in,
+                      "Linear '{}' expects [..., {}] input, got {}", name(), m_in, in);
+    Shape out = in;
+    out[-1] = m_out;
+    return out;
+  }
+  double flops(const Shape& in) const override {
+    return 2.0 * static_cast<double>(in.numel() / m_in) * m_in * m_out;
+  }
+  std::vector<ParamSpec> parameters() const override {
+    // PyTorch's default: kaiming_uniform(a = √5) for the weight and U(±1/√in) for the bias,
+    // both of which come to a bound of 1/√in.
+    float bound = 1.f / std::sqrt(static_cast<float>(m_in));
+    std::vector<ParamSpec> p{{"weight", {m_out, m_in}, Init::uniform(bound)}};
+    if (m_bias) p.push_back({"bias", {m_out}, Init::uniform(bound)});
+    return p;
+  }
+
+ protected:
+  Tensor forward_impl(LayerParams& p, const Tensor& x, Saved& saved,
+                      const ForwardContext&) const override {
+    Shape out_shape = output_shape(x.shape());
+    const std::int64_t rows = x.numel() / m_in;
+    Tensor y = Tensor::empty(out_shape);
+    Tensor y2 = y.reshape({rows, m_out});
+    ops::gemm(x.reshape({rows, m_in}), false, p.params[0], true, y2);
+    if (m_bias) ops::add_bias(y2, p.params[1]);
+    saved.tensors = {x};
+    return y;
+  }
+
+  Tensor backward_impl(const LayerParams& p, const Saved& saved, const Tensor& dy,
+                       std::span<Tensor> grads, GradParts parts) const override {
+    const Tensor& x = saved.tensors.at(0);
+    const std::int64_t rows = x.numel() / m_in;
+    Tensor dy2 = dy.reshape({rows, m_out});
+    if (has_part(parts, GradParts::Weight)) {
+      ops::gemm(dy2, true, x.reshape({rows, m_in}), false, grads[0], 1.f, 1.f);  // dW += dyᵀ x
+      if (m_bias) ops::bias_grad(dy2, grads[1]);
+    }
+    if (!has_part(parts, GradParts::Input)) return {};
+    Tensor dx = Tensor::empty(x.shape());
+    Tensor dx2 = dx.reshape({rows, m_in});
+    ops::gemm(dy2, false, p.params[0], false, dx2);  // dx = dy W
+    return dx;
+  }
+
+ private:
+  std::int64_t m_in, m_out;
+  bool m_bias;
+};
+
+}  // namespace pipeline

@@ -1,0 +1,121 @@
+// Sequential: a model as an ordered list of uniquely named layers.
+//
+// This is the unit the profiler measures, the partitioner splits into contiguous stages and the
+// runtime executes: a stage is a half-open range [begin, end) of layer indices, and every helper
+// here takes such a range so that a rank touches only its own layers. Parameters live outside
+// the model, one LayerParams per layer (ModelParams), so several versions can coexist.
+#pragma once
+
+#include <pipeline/nn/layer.hpp>
+
+#include <fmt/format.h>
+
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pipeline {
+
+using ModelParams = std::vector<LayerParams>;
+using ModelGrads = std::vector<std::vector<Tensor>>;
+
+struct LayerRange {
+  int begin = 0;
+  int end = 0;
+  int size() const { return end - begin; }
+};
+
+class Sequential {
+ public:
+  Sequential() = default;
+  explicit Sequential(std::string name) : m_name(std::move(name)) {}
+
+  Sequential& add(LayerPtr layer) {
+    PIPELINE_CHECK_AS(ConfigError, layer != nullptr, "Sequential::add: null layer");
+    PIPELINE_CHECK_AS(ConfigError, m_names.insert(layer->name()).second,
+                      "model '{}' already has a layer named '{}': layer names must be unique",
+                      m_name, layer->name());
+    m_layers.push_back(std::move(layer));
+    return *this;
+  }
+  template <typename L, typename... Args>
+  Sequential& emplace(Args&&... args) {
+    return add(std::make_unique<L>(std::forward<Args>(args)...));
+  }
+
+  const std::string& name() const { return m_name; }
+  int size() const { return static_cast<int>(m_layers.size()); }
+  const Layer& layer(int i) const { return *m_layers.at(i); }
+  LayerRange all() const { return {0, size()}; }
+  int index_of(const std::string& layer_name) const {
+    for (int i = 0; i < size(); ++i)
+      if (m_layers[i]->name() == layer_name) return i;
+    PIPELINE_FAIL(ConfigError, "model '{}' has no layer named '{}'", m_name, layer_name);
+  }
+
+  // Input shape of each layer in the range followed by the range's output shape (size + 1 shapes).
+  std::vector<Shape> shapes(const Shape& input, LayerRange r) const {
+    check_range(r);
+    std::vector<Shape> out{input};
+    for (int i = r.begin; i < r.end; ++i) out.push_back(m_layers[i]->output_shape(out.back()));
+    return out;
+  }
+  Shape output_shape(const Shape& input) const { return shapes(input, all()).back(); }
+
+  ModelParams init(std::uint64_t seed, LayerRange r) const {
+    check_range(r);
+    ModelParams p;
+    for (int i = r.begin; i < r.end; ++i) p.push_back(m_layers[i]->init(seed));
+    return p;
+  }
+  ModelParams init(std::uint64_t seed) const { return init(seed, all()); }
+
+  ModelGrads zero_grads(LayerRange r) const {
+    ModelGrads g;
+    for (int i = r.begin; i < r.end; ++i) g.push_back(m_layers[i]->zero_grads());
+    return g;
+  }
+
+  // Forward through layers [r.begin, r.end); params[k] belongs to layer r.begin + k.
+  Tensor forward(LayerRange r, ModelParams& params, const Tensor& x, std::vector<Saved>& saved,
+                 const ForwardContext& ctx) const {
+    check_range(r);
+    PIPELINE_CHECK(static_cast<int>(params.size()) == r.size(),
+                   "forward over {} layers with parameters for {}", r.size(), params.size());
+    saved.assign(r.size(), Saved{});
+    Tensor h = x;
+    for (int i = r.begin; i < r.end; ++i)
+      h = m_layers[i]->forward(params[i - r.begin], h, saved[i - r.begin], ctx);
+    return h;
+  }
+
+  // Backward through the range in reverse; accumulates into grads. Returns dL/dx of the range's
+  // input, or an undefined tensor when need_input_grad is false (the first stage skips it).
+  Tensor backward(LayerRange r, const ModelParams& params, const std::vector<Saved>& saved,
+                  const Tensor& dy, ModelGrads& grads, bool need_input_grad = true) const {
+    check_range(r);
+    Tensor g = dy;
+    for (int i = r.end - 1; i >= r.begin; --i) {
+      int k = i - r.begin;
+      bool input = need_input_grad || i > r.begin;
+      g = m_layers[i]->backward(params[k], saved[k], g, grads[k],
+                                input ? GradParts::Both : GradParts::Weight);
+    }
+    return g;
+  }
+
+
+ private:
+  void check_range(LayerRange r) const {
+    PIPELINE_CHECK(0 <= r.begin && r.begin <= r.end && r.end <= size(),
+                   "layer range [{}, {}) out of bounds for model '{}' with {} layers", r.begin,
+                   r.end, m_name, size());
+  }
+
+  std::string m_name;
+  std::vector<LayerPtr> m_layers;
+  std::set<std::string> m_names;
+};
+
+}  // namespace pipeline

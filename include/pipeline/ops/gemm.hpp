@@ -1,0 +1,18 @@
+// gemm: C = alpha · op(A) · op(B) + beta · C on row-major float matrices.
+//
+// A, B and C are rank-2 tensors (reshape batched tensors first; reshape is free). op(X) is X or
+// its transpose. beta = 1 accumulates into C, which is how gradient accumulation over
+// microbatches is expressed. CPU: Eigen's blocked, vectorised, threaded gemm.
+#pragma once
+
+#include <pipeline/core/tensor.hpp>
+
+namespace pipeline::ops {
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+          float alpha = 1.f, float beta = 0.f);
+
+// Allocating form: returns op(A) · op(B).
+Tensor matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b);
+
+}  // namespace pipeline::ops

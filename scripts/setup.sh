@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what building and testing pipeline needs on Debian, when it is missing.
+# Safe to run again: packages already present are not touched.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libeigen3-dev libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
+  libopenmpi-dev openmpi-bin
+  dataset-fashion-mnist fortunes
+  python3
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "setup: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  SUDO="sudo"
+fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

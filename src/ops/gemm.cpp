@@ -1,0 +1,46 @@
+#include <pipeline/ops/gemm.hpp>
+
+#include "eigen_maps.hpp"
+
+namespace pipeline::ops {
+
+using detail::as_matrix;
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
+          float beta) {
+  PIPELINE_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2,
+                 "gemm needs matrices, got {}, {} and {}", a.shape(), b.shape(), c.shape());
+  const std::int64_t m = trans_a ? a.dim(1) : a.dim(0);
+  const std::int64_t k = trans_a ? a.dim(0) : a.dim(1);
+  const std::int64_t kb = trans_b ? b.dim(1) : b.dim(0);
+  const std::int64_t n = trans_b ? b.dim(0) : b.dim(1);
+  PIPELINE_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n,
+                 "gemm shapes do not agree: op(A) is {}x{}, op(B) is {}x{}, C is {}", m, k, kb, n,
+                 c.shape());
+  auto C = as_matrix(c);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (beta == 0.f) C.setZero(); else C *= beta;
+    return;
+  }
+  auto A = as_matrix(a);
+  auto B = as_matrix(b);
+  // Eigen's noalias() product runs its packed, multi-threaded gemm kernel; the four transpose
+  // cases are spelled out so that each maps to that kernel without a temporary.
+  if (beta == 0.f) C.setZero();
+  else if (beta != 1.f) C *= beta;
+  if (!trans_a && !trans_b) C.noalias() += alpha * (A * B);
+  else if (trans_a && !trans_b) C.noalias() += alpha * (A.transpose() * B);
+  else if (!trans_a && trans_b) C.noalias() += alpha * (A * B.transpose());
+  else C.noalias() += alpha * (A.transpose() * B.transpose());
+}
+
+Tensor matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b) {
+  PIPELINE_CHECK(a.rank() == 2 && b.rank() == 2, "matmul needs matrices, got {} and {}", a.shape(),
+                 b.shape());
+  Tensor c = Tensor::empty({trans_a ? a.dim(1) : a.dim(0), trans_b ? b.dim(0) : b.dim(1)});
+  gemm(a, trans_a, b, trans_b, c, 1.f, 0.f);
+  return c;
+}
+
+}  // namespace pipeline::ops

@@ -1,0 +1,42 @@
+#include <pipeline/core/rng.hpp>
+#include <pipeline/ops/gemm.hpp>
+
+#include <doctest/doctest.h>
+
+using namespace pipeline;
+
+namespace {
+Tensor random(Shape s, std::uint64_t seed) {
+  Tensor t = Tensor::empty(s);
+  Rng(seed).fill_uniform(t, -1, 1);
+  return t;
+}
+float at(const Tensor& t, std::int64_t i, std::int64_t j, bool trans) {
+  return trans ? t.data<float>()[j * t.dim(1) + i] : t.data<float>()[i * t.dim(1) + j];
+}
+}  // namespace
+
+TEST_CASE("gemm matches the naive triple loop for every transpose and beta") {
+  const std::int64_t m = 7, k = 13, n = 5;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.f, 1.f, 0.5f}) {
+        Tensor a = ta ? random({k, m}, 1) : random({m, k}, 1);
+        Tensor b = tb ? random({n, k}, 2) : random({k, n}, 2);
+        Tensor c = random({m, n}, 3);
+        Tensor c0 = c.clone();
+        ops::gemm(a, ta, b, tb, c, 0.75f, beta);
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t j = 0; j < n; ++j) {
+            double ref = 0;
+            for (std::int64_t p = 0; p < k; ++p) ref += at(a, i, p, ta) * at(b, p, j, tb);
+            ref = 0.75 * ref + beta * c0.data<float>()[i * n + j];
+            CHECK(c.data<float>()[i * n + j] == doctest::Approx(ref).epsilon(1e-5));
+          }
+      }
+}
+
+TEST_CASE("gemm rejects mismatched shapes") {
+  Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({4, 5}), c = Tensor::zeros({2, 5});
+  CHECK_THROWS_WITH(ops::gemm(a, false, b, false, c), doctest::Contains("do not agree"));
+}

@@ -1,0 +1,67 @@
+#include <pipeline/core/rng.hpp>
+#include <pipeline/core/tensor.hpp>
+
+#include <doctest/doctest.h>
+
+using namespace pipeline;
+
+TEST_CASE("tensor views share storage without copying") {
+  Tensor t = Tensor::from_vector({4, 3}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+  Tensor s = t.slice(1, 3);
+  CHECK(s.shape() == Shape{2, 3});
+  CHECK(s.data<float>()[0] == 3.f);
+  s.data<float>()[0] = 42.f;
+  CHECK(t.data<float>()[3] == 42.f);
+  CHECK(s.same_storage(t));
+  Tensor r = t.reshape({2, 6});
+  CHECK(r.data<float>()[3] == 42.f);
+  Tensor c = t.clone();
+  c.data<float>()[3] = 0.f;
+  CHECK(t.data<float>()[3] == 42.f);
+  CHECK_FALSE(c.same_storage(t));
+}
+
+TEST_CASE("tensor rejects bad shapes and accesses with a clear error") {
+  Tensor t = Tensor::zeros({2, 3});
+  CHECK_THROWS_AS(t.slice(1, 5), Error);
+  CHECK_THROWS_AS(t.reshape({4, 2}), Error);
+  CHECK_THROWS_AS(t.data<std::int32_t>(), Error);
+  CHECK_THROWS_AS(Shape({2, -1}), ConfigError);
+  CHECK_THROWS_WITH_AS(Tensor::empty({2}, DType::Float32, Device::cuda(0)),
+                       doctest::Contains("no CUDA support"), ConfigError);
+}
+
+TEST_CASE("int32 tensors hold labels") {
+  Tensor t = Tensor::from_ints({3}, {1, 2, 9});
+  CHECK(t.dtype() == DType::Int32);
+  CHECK(t.data<std::int32_t>()[2] == 9);
+  CHECK(t.nbytes() == 12);
+}
+
+TEST_CASE("rng streams depend only on seed and key") {
+  Rng a(7, "conv1.weight"), b(7, "conv1.weight"), c(7, "conv2.weight"), d(8, "conv1.weight");
+  bool differs_c = false, differs_d = false;
+  for (int i = 0; i < 16; ++i) {
+    float x = a.normal(), y = b.normal(), z = c.normal(), w = d.normal();
+    CHECK(x == y);
+    differs_c |= (x != z);
+    differs_d |= (x != w);
+  }
+  CHECK(differs_c);
+  CHECK(differs_d);
+}
+
+TEST_CASE("rng moments are right") {
+  Rng r(1);
+  double s = 0, s2 = 0, u = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    double x = r.normal();
+    s += x;
+    s2 += x * x;
+    u += r.uniform();
+  }
+  CHECK(std::abs(s / n) < 0.01);
+  CHECK(std::abs(s2 / n - 1.0) < 0.02);
+  CHECK(std::abs(u / n - 0.5) < 0.01);
+}
