@@ -1,0 +1,39 @@
+// Profile: what the partitioner and simulator know about a model — per-layer compute time and
+// sizes at one batch size on one device. Plain data, no layers: it comes from the profiler, from
+// a profile.json file, or from a PipeDream graph.txt.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pipeline {
+
+struct LayerProfile {
+  std::string name;
+  std::string kind;
+  double forward_s = 0;   // median forward time for one minibatch of Profile::batch_size
+  double backward_s = 0;  // median backward time (input gradient + weight gradient)
+  // The backward split, where measured (0 when unknown): input-gradient and weight-gradient time.
+  double backward_input_s = 0;
+  double backward_weight_s = 0;
+  // Spread of the repeats (interquartile range), 0 when unknown.
+  double forward_spread_s = 0;
+  double backward_spread_s = 0;
+  std::int64_t output_bytes = 0;     // bytes of this layer's output for the whole minibatch
+  std::int64_t parameter_bytes = 0;  // bytes of trainable parameters
+  double flops = 0;                  // forward FLOPs for the whole minibatch, 0 when unknown
+  std::vector<int> inputs;           // predecessor layer indices; empty: the previous layer
+};
+
+struct Profile {
+  std::string model;
+  int batch_size = 0;
+  std::string device;
+  std::string dtype = "float32";
+  std::vector<LayerProfile> layers;
+
+  int size() const { return static_cast<int>(layers.size()); }
+};
+
+}  // namespace pipeline
