@@ -1,0 +1,100 @@
+#include <pipeline/ops/embedding.hpp>
+
+#include "eigen_maps.hpp"
+
+#include <algorithm>
+
+namespace pipeline::ops {
+
+namespace {
+
+using detail::as_matrix;
+
+constexpr std::int64_t kParallelWork = 1 << 15;
+
+void check_ids(const Tensor& ids, std::int64_t vocab) {
+  PIPELINE_CHECK(ids.dtype() == DType::Int32 && ids.device().is_cpu(),
+                 "embedding: ids must be an int32 CPU tensor, got {} on {}", dtype_name(ids.dtype()),
+                 ids.device().str());
+  const std::int32_t* ip = ids.data<std::int32_t>();
+  const std::int64_t n = ids.numel();
+  const std::int32_t* bad =
+      std::find_if(ip, ip + n, [vocab](std::int32_t id) { return id < 0 || id >= vocab; });
+  PIPELINE_CHECK(bad == ip + n,
+                 "embedding: id {} at flat position {} of ids {} is out of range for a vocabulary "
+                 "of {}: ids must lie in [0, {})",
+                 bad == ip + n ? 0 : *bad, bad - ip, ids.shape(), vocab, vocab);
+}
+
+void check_table(const char* what, const Tensor& t) {
+  PIPELINE_CHECK(t.rank() == 2 && t.dtype() == DType::Float32,
+                 "embedding: {} must be a float32 [rows, dim] matrix, got {} {}", what,
+                 dtype_name(t.dtype()), t.shape());
+}
+
+}  // namespace
+
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
+  check_table("table", table);
+  const std::int64_t vocab = table.dim(0), dim = table.dim(1), n = ids.numel();
+  PIPELINE_CHECK(out.numel() == n * dim, "embedding_forward: output {} cannot hold {} rows of {}",
+                 out.shape(), n, dim);
+  check_ids(ids, vocab);
+  const std::int32_t* ip = ids.data<std::int32_t>();
+  const float* tp = table.data<float>();
+  float* op = out.data<float>();
+#pragma omp parallel for schedule(static) if (n * dim >= kParallelWork)
+  for (std::int64_t i = 0; i < n; ++i)
+    std::copy_n(tp + static_cast<std::int64_t>(ip[i]) * dim, dim, op + i * dim);
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+  check_table("table gradient", dtable);
+  const std::int64_t vocab = dtable.dim(0), dim = dtable.dim(1), n = ids.numel();
+  PIPELINE_CHECK(dout.numel() == n * dim,
+                 "embedding_backward: output gradient {} does not hold {} rows of {}", dout.shape(),
+                 n, dim);
+  check_ids(ids, vocab);
+  const std::int32_t* ip = ids.data<std::int32_t>();
+  auto G = as_matrix(dout, n, dim);
+  auto T = as_matrix(dtable);
+  // Repeated ids make a row-parallel scatter race; columns are independent instead, so threads
+  // take disjoint column blocks and each walks all ids in order (deterministic sums).
+  const std::int64_t threads_wanted = n * dim >= kParallelWork ? std::max<std::int64_t>(dim / 64, 1) : 1;
+#pragma omp parallel for schedule(static) if (threads_wanted > 1)
+  for (std::int64_t blk = 0; blk < threads_wanted; ++blk) {
+    const std::int64_t c0 = dim * blk / threads_wanted, c1 = dim * (blk + 1) / threads_wanted;
+    for (std::int64_t i = 0; i < n; ++i)
+      T.row(ip[i]).segment(c0, c1 - c0) += G.row(i).segment(c0, c1 - c0);
+  }
+}
+
+void add_positions(Tensor& out, std::int64_t steps, const Tensor& pos) {
+  check_table("position table", pos);
+  const std::int64_t dim = pos.dim(1);
+  PIPELINE_CHECK(steps > 0 && steps <= pos.dim(0),
+                 "add_positions: {} steps do not fit a position table of {} rows", steps, pos.dim(0));
+  PIPELINE_CHECK(out.numel() % (steps * dim) == 0,
+                 "add_positions: output {} is not a whole number of [{}, {}] sequences", out.shape(),
+                 steps, dim);
+  const std::int64_t rows = out.numel() / (steps * dim);
+  auto P = as_matrix(pos).topRows(steps);
+  for (std::int64_t r = 0; r < rows; ++r)
+    detail::MatrixMap(out.data<float>() + r * steps * dim, steps, dim) += P;
+}
+
+void positions_grad(const Tensor& dout, std::int64_t steps, Tensor& dpos) {
+  check_table("position table gradient", dpos);
+  const std::int64_t dim = dpos.dim(1);
+  PIPELINE_CHECK(steps > 0 && steps <= dpos.dim(0),
+                 "positions_grad: {} steps do not fit a position table of {} rows", steps, dpos.dim(0));
+  PIPELINE_CHECK(dout.numel() % (steps * dim) == 0,
+                 "positions_grad: gradient {} is not a whole number of [{}, {}] sequences",
+                 dout.shape(), steps, dim);
+  const std::int64_t rows = dout.numel() / (steps * dim);
+  auto P = as_matrix(dpos).topRows(steps);
+  for (std::int64_t r = 0; r < rows; ++r)
+    P += detail::ConstMatrixMap(dout.data<float>() + r * steps * dim, steps, dim);
+}
+
+}  // namespace pipeline::ops
