@@ -1,0 +1,60 @@
+// Fused, in-place optimizer updates on float32 tensors, with PyTorch's semantics so that a run
+// here and a run of torch.optim with the same hyper-parameters follow the same trajectory.
+//
+// Every function updates `param` (and the state tensors it is given) in place from `grad`; all
+// tensors must be CPU float32 with the same element count (shapes are not compared, so a
+// flattened view is fine). The elementwise work is one pass of Eigen array expressions, split
+// into contiguous chunks over the ops' threads for large tensors.
+//
+// sum_of_squares and scale are the two halves of global gradient-norm clipping: the partial sums
+// can be added up across pipeline stages before every stage applies the same factor.
+#pragma once
+
+#include <pipeline/core/tensor.hpp>
+
+#include <cstdint>
+
+namespace pipeline::ops {
+
+struct SgdParams {
+  float lr = 0.01f;
+  float momentum = 0.f;
+  float dampening = 0.f;
+  float weight_decay = 0.f;  // L2: added to the gradient as weight_decay * param
+  bool nesterov = false;
+};
+
+// SGD step, torch.optim.SGD:
+//   g   = grad + weight_decay * param
+//   buf = g                                   on the first step (first_step = true)
+//   buf = momentum * buf + (1 - dampening) g  afterwards
+//   d   = nesterov ? g + momentum * buf : buf (d = g when momentum == 0; buf may then be null)
+//   param -= lr * d
+// grad is not modified.
+void sgd_update(Tensor& param, const Tensor& grad, Tensor* momentum_buffer, bool first_step,
+                const SgdParams& p);
+
+struct AdamWParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;
+  // true: AdamW (param *= 1 - lr * weight_decay before the Adam step); false: Adam with L2
+  // weight decay added to the gradient, as torch.optim.Adam.
+  bool decoupled = true;
+};
+
+// Adam(W) step, torch.optim.AdamW (non-amsgrad). `step` is the 1-based count of this update,
+// used for bias correction:
+//   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g²
+//   param -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                  std::int64_t step, const AdamWParams& p);
+
+// Σ x² over a float32 tensor, accumulated in double.
+double sum_of_squares(const Tensor& x);
+// x *= factor in place.
+void scale_inplace(Tensor& x, float factor);
+
+}  // namespace pipeline::ops

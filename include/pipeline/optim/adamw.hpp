@@ -1,0 +1,43 @@
+// AdamW (decoupled weight decay, bias-corrected moments), as torch.optim.AdamW; with
+// `decoupled = false` it is torch.optim.Adam with L2 weight decay.
+#pragma once
+
+#include <pipeline/ops/optimizer_update.hpp>
+#include <pipeline/optim/optimizer.hpp>
+
+namespace pipeline {
+
+struct AdamWOptions {
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;
+  bool decoupled = true;
+};
+
+class AdamW final : public Optimizer {
+ public:
+  explicit AdamW(AdamWOptions o = {}) : m_options(o) {
+    PIPELINE_CHECK_AS(ConfigError, o.beta1 >= 0.f && o.beta1 < 1.f && o.beta2 >= 0.f && o.beta2 < 1.f,
+                      "Adam betas must lie in [0, 1), got ({}, {})", o.beta1, o.beta2);
+    PIPELINE_CHECK_AS(ConfigError, o.eps >= 0.f && o.weight_decay >= 0.f,
+                      "Adam eps and weight decay must be >= 0, got {} and {}", o.eps,
+                      o.weight_decay);
+  }
+
+  std::string kind() const override { return m_options.decoupled ? "adamw" : "adam"; }
+  std::vector<std::string> buffer_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  const AdamWOptions& options() const { return m_options; }
+
+ protected:
+  void update(Tensor& param, const Tensor& grad, ParamState& s, float lr) override {
+    ops::AdamWParams p{lr, m_options.beta1, m_options.beta2, m_options.eps,
+                       m_options.weight_decay, m_options.decoupled};
+    ops::adamw_update(param, grad, s.buffers[0], s.buffers[1], s.step, p);
+  }
+
+ private:
+  AdamWOptions m_options;
+};
+
+}  // namespace pipeline

@@ -1,0 +1,159 @@
+// Optimizer: the interface of the parameter-update rules (SGD, AdamW, ...).
+//
+// An optimizer updates one stage's trainable tensors, given as a flat list (see flatten.hpp) in a
+// fixed order; gradients come in the same order. Its per-parameter state — a step count and the
+// rule's buffers (momentum, Adam moments) — is plain data, visible through state(), created
+// lazily on the first step and keyed by position. A later step with another number of tensors
+// or other shapes is a bug in the caller (the stage's layers changed) and throws.
+//
+// For checkpoints, state_tensors() names every state tensor `<param>.<buffer>` (`<param>.step`
+// holds the step count as an int32 scalar), with <param> taken from the given parameter names
+// (`conv1.weight`, so a run can resume under another partition) or the position when none are
+// given; load_state_tensors() is its inverse.
+#pragma once
+
+#include <pipeline/core/error.hpp>
+#include <pipeline/core/tensor.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pipeline {
+
+// What an optimizer keeps for one parameter tensor.
+struct ParamState {
+  Shape shape;                  // the parameter's shape when the state was created
+  std::int64_t step = 0;        // updates applied so far
+  std::vector<Tensor> buffers;  // one per Optimizer::buffer_names(), each of `shape`
+};
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+
+  virtual std::string kind() const = 0;
+  // Names of the per-parameter buffers, e.g. {"momentum_buffer"} or {"exp_avg", "exp_avg_sq"}.
+  virtual std::vector<std::string> buffer_names() const = 0;
+
+  // One update of every params[i] from grads[i] with learning rate lr.
+  void step(std::span<Tensor> params, std::span<const Tensor> grads, float lr) {
+    PIPELINE_CHECK(params.size() == grads.size(), "{} step: {} parameters but {} gradients", kind(),
+                   params.size(), grads.size());
+    if (m_state.empty() && !params.empty()) {
+      for (auto& p : params) m_state.push_back(fresh_state(p.shape()));
+    }
+    PIPELINE_CHECK(m_state.size() == params.size(),
+                   "{} step: the optimizer holds state for {} parameters but was given {}; the "
+                   "stage's parameters must stay the same between steps",
+                   kind(), m_state.size(), params.size());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      PIPELINE_CHECK(params[i].shape() == m_state[i].shape,
+                     "{} step: parameter {} has shape {} but its optimizer state was made for {}",
+                     kind(), i, params[i].shape(), m_state[i].shape);
+      PIPELINE_CHECK(grads[i].shape() == params[i].shape(),
+                     "{} step: gradient {} has shape {} but its parameter has shape {}", kind(), i,
+                     grads[i].shape(), params[i].shape());
+    }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      ParamState& s = m_state[i];
+      ++s.step;
+      update(params[i], grads[i], s, lr);
+    }
+  }
+
+  const std::vector<ParamState>& state() const { return m_state; }
+  std::vector<ParamState>& state() { return m_state; }
+  void reset() { m_state.clear(); }
+
+  // The state as named tensors (handles sharing the optimizer's storage; clone to snapshot).
+  NamedTensors state_tensors(std::span<const std::string> param_names = {}) const {
+    check_names(param_names);
+    NamedTensors out;
+    const auto names = buffer_names();
+    for (std::size_t i = 0; i < m_state.size(); ++i) {
+      const std::string base = param_names.empty() ? std::to_string(i) : param_names[i];
+      const auto& s = m_state[i];
+      PIPELINE_CHECK(s.step <= std::numeric_limits<std::int32_t>::max(), "step count {} does not fit the int32 checkpoint field",
+                     s.step);
+      out.emplace_back(base + ".step",
+                       Tensor::from_ints(Shape{}, {static_cast<std::int32_t>(s.step)}));
+      for (std::size_t b = 0; b < names.size(); ++b)
+        out.emplace_back(base + "." + names[b], s.buffers[b]);
+    }
+    return out;
+  }
+
+  // Restores the state written by state_tensors() for parameters of the given shapes (in the
+  // flattened order), copying the data. Missing or mis-shaped tensors throw IoError naming them.
+  void load_state_tensors(const NamedTensors& tensors, std::span<const Shape> param_shapes,
+                          std::span<const std::string> param_names = {}) {
+    PIPELINE_CHECK(param_names.empty() || param_names.size() == param_shapes.size(),
+                   "load_state_tensors: {} names for {} parameters", param_names.size(),
+                   param_shapes.size());
+    std::map<std::string, const Tensor*> by_name;
+    for (auto& [name, t] : tensors) by_name[name] = &t;
+    std::vector<std::string> problems;
+    auto find = [&](const std::string& name, const Shape& shape, DType dtype) -> const Tensor* {
+      auto it = by_name.find(name);
+      if (it == by_name.end()) {
+        problems.push_back(fmt::format("'{}' is missing", name));
+        return nullptr;
+      }
+      if (it->second->shape() != shape || it->second->dtype() != dtype) {
+        problems.push_back(fmt::format("'{}' has shape {} {} but {} {} was expected", name,
+                                       it->second->shape(), dtype_name(it->second->dtype()),
+                                       shape, dtype_name(dtype)));
+        return nullptr;
+      }
+      return it->second;
+    };
+    std::vector<ParamState> loaded;
+    const auto names = buffer_names();
+    for (std::size_t i = 0; i < param_shapes.size(); ++i) {
+      const std::string base = param_names.empty() ? std::to_string(i) : param_names[i];
+      ParamState s = fresh_state(param_shapes[i]);
+      if (const Tensor* t = find(base + ".step", Shape{}, DType::Int32))
+        s.step = t->data<std::int32_t>()[0];
+      for (std::size_t b = 0; b < names.size(); ++b)
+        if (const Tensor* t = find(base + "." + names[b], param_shapes[i], DType::Float32))
+          s.buffers[b].copy_from(*t);
+      loaded.push_back(std::move(s));
+    }
+    if (!problems.empty())
+      PIPELINE_FAIL(IoError, "cannot restore {} optimizer state: {}", kind(),
+                    fmt::join(problems, "; "));
+    m_state = std::move(loaded);
+  }
+
+ protected:
+  // Applies one update; s.step has already been incremented (1 on the first update).
+  virtual void update(Tensor& param, const Tensor& grad, ParamState& s, float lr) = 0;
+
+ private:
+  ParamState fresh_state(const Shape& shape) const {
+    ParamState s;
+    s.shape = shape;
+    for (std::size_t b = 0; b < buffer_names().size(); ++b)
+      s.buffers.push_back(Tensor::zeros(shape));
+    return s;
+  }
+  void check_names(std::span<const std::string> names) const {
+    PIPELINE_CHECK(names.empty() || names.size() == m_state.size(),
+                   "{} state_tensors: {} names for {} parameters", kind(), names.size(),
+                   m_state.size());
+  }
+
+  std::vector<ParamState> m_state;
+};
+
+}  // namespace pipeline

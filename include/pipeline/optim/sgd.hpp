@@ -1,0 +1,49 @@
+// SGD with momentum, Nesterov momentum and L2 weight decay, as torch.optim.SGD.
+// The momentum buffer is created on the first update as a copy of the (decayed) gradient.
+#pragma once
+
+#include <pipeline/ops/optimizer_update.hpp>
+#include <pipeline/optim/optimizer.hpp>
+
+namespace pipeline {
+
+struct SgdOptions {
+  float momentum = 0.f;
+  float dampening = 0.f;
+  float weight_decay = 0.f;
+  bool nesterov = false;
+};
+
+class Sgd final : public Optimizer {
+ public:
+  explicit Sgd(SgdOptions o = {}) : m_options(o) {
+    PIPELINE_CHECK_AS(ConfigError, o.momentum >= 0.f, "SGD momentum must be >= 0, got {}",
+                      o.momentum);
+    PIPELINE_CHECK_AS(ConfigError, o.weight_decay >= 0.f, "SGD weight decay must be >= 0, got {}",
+                      o.weight_decay);
+    PIPELINE_CHECK_AS(ConfigError, !o.nesterov || (o.momentum > 0.f && o.dampening == 0.f),
+                      "Nesterov momentum needs momentum > 0 and dampening 0 (got momentum {}, "
+                      "dampening {})",
+                      o.momentum, o.dampening);
+  }
+
+  std::string kind() const override { return "sgd"; }
+  std::vector<std::string> buffer_names() const override {
+    if (m_options.momentum == 0.f) return {};
+    return {"momentum_buffer"};
+  }
+  const SgdOptions& options() const { return m_options; }
+
+ protected:
+  void update(Tensor& param, const Tensor& grad, ParamState& s, float lr) override {
+    ops::SgdParams p{lr, m_options.momentum, m_options.dampening, m_options.weight_decay,
+                     m_options.nesterov};
+    Tensor* buffer = s.buffers.empty() ? nullptr : &s.buffers[0];
+    ops::sgd_update(param, grad, buffer, s.step == 1, p);
+  }
+
+ private:
+  SgdOptions m_options;
+};
+
+}  // namespace pipeline

@@ -1,0 +1,140 @@
+#include <pipeline/ops/optimizer_update.hpp>
+
+#include <pipeline/core/threads.hpp>
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cmath>
+
+namespace pipeline::ops {
+
+namespace {
+
+using Array = Eigen::Map<Eigen::ArrayXf, Eigen::Unaligned>;
+using ConstArray = Eigen::Map<const Eigen::ArrayXf, Eigen::Unaligned>;
+
+void check_pair(const char* op, const Tensor& param, const Tensor& other, const char* what) {
+  PIPELINE_CHECK(other.defined() && other.dtype() == DType::Float32 && other.device().is_cpu(),
+                 "{}: {} must be a defined float32 CPU tensor", op, what);
+  PIPELINE_CHECK(other.numel() == param.numel(),
+                 "{}: {} has shape {} ({} elements) but the parameter has shape {} ({} elements)",
+                 op, what, other.shape(), other.numel(), param.shape(), param.numel());
+}
+
+// Runs fn(begin, count) over [0, n) in contiguous chunks. Small tensors stay on one thread: the
+// fork-join costs more than the arithmetic below ~64k elements.
+template <typename Fn>
+void for_chunks(std::int64_t n, Fn&& fn) {
+  constexpr std::int64_t kMinChunk = 1 << 16;
+  const int threads = static_cast<int>(
+      std::clamp<std::int64_t>(n / kMinChunk, 1, static_cast<std::int64_t>(num_threads())));
+  if (threads <= 1) {
+    fn(std::int64_t{0}, n);
+    return;
+  }
+  // Chunk boundaries on multiples of 16 floats keep every chunk's vector loads aligned alike.
+  const std::int64_t chunk = ((n + threads - 1) / threads + 15) / 16 * 16;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int t = 0; t < threads; ++t) {
+    const std::int64_t begin = std::min<std::int64_t>(n, t * chunk);
+    const std::int64_t end = std::min<std::int64_t>(n, begin + chunk);
+    if (end > begin) fn(begin, end - begin);
+  }
+}
+
+}  // namespace
+
+void sgd_update(Tensor& param, const Tensor& grad, Tensor* momentum_buffer, bool first_step,
+                const SgdParams& p) {
+  PIPELINE_CHECK(param.dtype() == DType::Float32 && param.device().is_cpu(),
+                 "sgd_update: the parameter must be a float32 CPU tensor");
+  check_pair("sgd_update", param, grad, "the gradient");
+  const bool use_momentum = p.momentum != 0.f;
+  if (use_momentum) {
+    PIPELINE_CHECK(momentum_buffer != nullptr, "sgd_update: momentum {} needs a momentum buffer",
+                   p.momentum);
+    check_pair("sgd_update", param, *momentum_buffer, "the momentum buffer");
+  }
+  PIPELINE_CHECK_AS(ConfigError, !p.nesterov || (use_momentum && p.dampening == 0.f),
+                    "Nesterov momentum needs momentum > 0 and dampening 0 (got momentum {}, "
+                    "dampening {})",
+                    p.momentum, p.dampening);
+  float* w = param.data<float>();
+  const float* g = grad.data<float>();
+  float* b = use_momentum ? momentum_buffer->data<float>() : nullptr;
+  const float lr = p.lr, mu = p.momentum, wd = p.weight_decay, keep = 1.f - p.dampening;
+
+  for_chunks(param.numel(), [&](std::int64_t i, std::int64_t n) {
+    Array W(w + i, n);
+    ConstArray G(g + i, n);
+    if (!use_momentum) {
+      if (wd != 0.f) W -= lr * (G + wd * W);
+      else W -= lr * G;
+      return;
+    }
+    Array B(b + i, n);
+    // d_p = g + wd·w is formed inside each expression rather than stored, so one pass suffices.
+    if (first_step) B = G + wd * W;
+    else B = mu * B + keep * (G + wd * W);
+    if (p.nesterov) W -= lr * ((G + wd * W) + mu * B);
+    else W -= lr * B;
+  });
+}
+
+void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                  std::int64_t step, const AdamWParams& p) {
+  PIPELINE_CHECK(param.dtype() == DType::Float32 && param.device().is_cpu(),
+                 "adamw_update: the parameter must be a float32 CPU tensor");
+  check_pair("adamw_update", param, grad, "the gradient");
+  check_pair("adamw_update", param, exp_avg, "exp_avg");
+  check_pair("adamw_update", param, exp_avg_sq, "exp_avg_sq");
+  PIPELINE_CHECK(step >= 1, "adamw_update: step counts from 1, got {}", step);
+  PIPELINE_CHECK_AS(ConfigError, p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f,
+                    "Adam betas must lie in [0, 1), got ({}, {})", p.beta1, p.beta2);
+
+  // Bias corrections in double: beta2^step underflows gracefully and 1 - beta^step keeps its
+  // digits for small steps; the per-element work stays in float.
+  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(step));
+  const float step_size = static_cast<float>(p.lr / bc1);
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  const float b1 = p.beta1, b2 = p.beta2, eps = p.eps, wd = p.weight_decay;
+  const float decay = 1.f - p.lr * p.weight_decay;
+  const bool decoupled = p.decoupled;
+
+  float* w = param.data<float>();
+  const float* g = grad.data<float>();
+  float* m = exp_avg.data<float>();
+  float* v = exp_avg_sq.data<float>();
+  for_chunks(param.numel(), [&](std::int64_t i, std::int64_t n) {
+    Array W(w + i, n), M(m + i, n), V(v + i, n);
+    ConstArray G(g + i, n);
+    if (decoupled) {
+      if (wd != 0.f) W *= decay;
+      M = b1 * M + (1.f - b1) * G;
+      V = b2 * V + (1.f - b2) * G.square();
+    } else {
+      M = b1 * M + (1.f - b1) * (G + wd * W);
+      V = b2 * V + (1.f - b2) * (G + wd * W).square();
+    }
+    W -= step_size * M / (V.sqrt() * inv_sqrt_bc2 + eps);
+  });
+}
+
+double sum_of_squares(const Tensor& x) {
+  PIPELINE_CHECK(x.dtype() == DType::Float32 && x.device().is_cpu(),
+                 "sum_of_squares: expected a float32 CPU tensor");
+  if (x.numel() == 0) return 0.0;
+  ConstArray X(x.data<float>(), x.numel());
+  return X.cast<double>().square().sum();
+}
+
+void scale_inplace(Tensor& x, float factor) {
+  PIPELINE_CHECK(x.dtype() == DType::Float32 && x.device().is_cpu(),
+                 "scale_inplace: expected a float32 CPU tensor");
+  float* p = x.data<float>();
+  for_chunks(x.numel(), [&](std::int64_t i, std::int64_t n) { Array(p + i, n) *= factor; });
+}
+
+}  // namespace pipeline::ops

@@ -1,0 +1,237 @@
+#include <pipeline/nn/layers/linear.hpp>
+#include <pipeline/optim/adamw.hpp>
+#include <pipeline/optim/flatten.hpp>
+#include <pipeline/optim/sgd.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+using namespace pipeline;
+
+namespace {
+
+// One scalar parameter p with a gradient sequence; returns p after each step.
+std::vector<float> run_scalar(Optimizer& opt, float p0, const std::vector<float>& grads, float lr) {
+  std::vector<Tensor> p{Tensor::full({1}, p0)};
+  std::vector<float> out;
+  for (float g : grads) {
+    std::vector<Tensor> gt{Tensor::full({1}, g)};
+    opt.step(p, gt, lr);
+    out.push_back(p[0].values()[0]);
+  }
+  return out;
+}
+
+// Independent double-precision reference of torch.optim.AdamW for a gradient function g(p, t).
+template <typename GradFn>
+std::vector<double> adamw_reference(double p, int steps, double lr, double b1, double b2,
+                                    double eps, double wd, GradFn grad) {
+  double m = 0, v = 0;
+  std::vector<double> out;
+  for (int t = 1; t <= steps; ++t) {
+    double g = grad(p, t);
+    p *= 1 - lr * wd;
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    double mhat = m / (1 - std::pow(b1, t)), vhat = v / (1 - std::pow(b2, t));
+    p -= lr * mhat / (std::sqrt(vhat) + eps);
+    out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("SGD without momentum is p -= lr (g + wd p)") {
+  Sgd plain;
+  auto p = run_scalar(plain, 1.f, {1.f, 1.f}, 0.1f);
+  CHECK(p[0] == doctest::Approx(0.9));
+  CHECK(p[1] == doctest::Approx(0.8));
+  CHECK(plain.buffer_names().empty());
+
+  Sgd decay({.weight_decay = 0.5f});
+  // p1 = 1 - 0.1 (1 + 0.5) = 0.85; p2 = 0.85 - 0.1 (1 + 0.425) = 0.7075
+  p = run_scalar(decay, 1.f, {1.f, 1.f}, 0.1f);
+  CHECK(p[0] == doctest::Approx(0.85));
+  CHECK(p[1] == doctest::Approx(0.7075));
+}
+
+TEST_CASE("SGD momentum follows PyTorch: the buffer starts as the first gradient") {
+  Sgd opt({.momentum = 0.9f});
+  // buf: 1, 1.9, 2.71 → p: 0.9, 0.71, 0.439
+  auto p = run_scalar(opt, 1.f, {1.f, 1.f, 1.f}, 0.1f);
+  CHECK(p[0] == doctest::Approx(0.9));
+  CHECK(p[1] == doctest::Approx(0.71));
+  CHECK(p[2] == doctest::Approx(0.439));
+  CHECK(opt.state()[0].step == 3);
+  CHECK(opt.state()[0].buffers[0].values()[0] == doctest::Approx(2.71));
+
+  // Dampening applies from the second step on: buf 1, 0.9 + 0.5 = 1.4 → p 0.9, 0.76
+  Sgd damp({.momentum = 0.9f, .dampening = 0.5f});
+  p = run_scalar(damp, 1.f, {1.f, 1.f}, 0.1f);
+  CHECK(p[0] == doctest::Approx(0.9));
+  CHECK(p[1] == doctest::Approx(0.76));
+}
+
+TEST_CASE("SGD Nesterov with weight decay") {
+  Sgd nesterov({.momentum = 0.9f, .nesterov = true});
+  // step 1: buf 1, d = 1 + 0.9 = 1.9, p = 0.81; step 2: buf 1.9, d = 1 + 1.71 = 2.71, p = 0.539
+  auto p = run_scalar(nesterov, 1.f, {1.f, 1.f}, 0.1f);
+  CHECK(p[0] == doctest::Approx(0.81));
+  CHECK(p[1] == doctest::Approx(0.539));
+
+  Sgd both({.momentum = 0.9f, .weight_decay = 0.1f, .nesterov = true});
+  // step 1: g' = 1 + 0.1 = 1.1, buf 1.1, d = 1.1 + 0.99 = 2.09, p = 0.791
+  // step 2: g' = 2 + 0.0791 = 2.0791, buf = 0.99 + 2.0791 = 3.0691, d = 2.0791 + 2.76219 = 4.84129,
+  //         p = 0.791 - 0.484129 = 0.306871
+  p = run_scalar(both, 1.f, {1.f, 2.f}, 0.1f);
+  CHECK(p[0] == doctest::Approx(0.791));
+  CHECK(p[1] == doctest::Approx(0.306871));
+
+  CHECK_THROWS_AS(Sgd({.momentum = 0.f, .nesterov = true}), ConfigError);
+  CHECK_THROWS_AS(Sgd({.momentum = 0.9f, .dampening = 0.1f, .nesterov = true}), ConfigError);
+}
+
+TEST_CASE("AdamW with a constant gradient moves by lr per step after decay") {
+  // With g constant, the bias-corrected m̂/√v̂ is exactly g/|g| (up to eps): p ← p(1 − lr wd) − lr.
+  AdamW opt({.weight_decay = 0.01f});
+  auto p = run_scalar(opt, 1.f, {0.5f, 0.5f, 0.5f}, 0.1f);
+  CHECK(p[0] == doctest::Approx(0.899).epsilon(1e-6));
+  CHECK(p[1] == doctest::Approx(0.798101).epsilon(1e-6));
+  CHECK(p[2] == doctest::Approx(0.798101 * 0.999 - 0.1).epsilon(1e-6));
+  CHECK(opt.state()[0].step == 3);
+}
+
+TEST_CASE("AdamW matches a double reference on a varying gradient") {
+  const double lr = 0.05, b1 = 0.8, b2 = 0.95, eps = 1e-6, wd = 0.1;
+  auto grad = [](double p, int t) { return 2.0 * p + std::sin(static_cast<double>(t)); };
+  auto ref = adamw_reference(1.5, 6, lr, b1, b2, eps, wd, grad);
+
+  AdamW opt({.beta1 = 0.8f, .beta2 = 0.95f, .eps = 1e-6f, .weight_decay = 0.1f});
+  std::vector<Tensor> p{Tensor::full({1}, 1.5f)};
+  for (int t = 1; t <= 6; ++t) {
+    std::vector<Tensor> g{Tensor::full({1}, static_cast<float>(grad(p[0].values()[0], t)))};
+    opt.step(p, g, static_cast<float>(lr));
+    CHECK(p[0].values()[0] == doctest::Approx(ref[t - 1]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("Adam with L2 decay adds the decay to the gradient") {
+  // step 1: g' = 0.5 + 0.1·1 = 0.6, m̂/√v̂ = 1 → p = 1 − 0.1 = 0.9 (no multiplicative decay)
+  AdamW adam({.weight_decay = 0.1f, .decoupled = false});
+  CHECK(adam.kind() == "adam");
+  auto p = run_scalar(adam, 1.f, {0.5f}, 0.1f);
+  CHECK(p[0] == doctest::Approx(0.9).epsilon(1e-6));
+}
+
+TEST_CASE("Vectorised updates equal the scalar rule on a large tensor") {
+  const std::int64_t n = 300'001;  // large enough to be split into chunks, odd length
+  Tensor w = Tensor::empty({n}), g = Tensor::empty({n});
+  Rng rng(7);
+  rng.fill_normal(w, 0.f, 1.f);
+  rng.fill_normal(g, 0.f, 1.f);
+  Tensor w0 = w.clone();
+  std::vector<Tensor> ps{w}, gs{g};
+  Sgd sgd({.momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true});
+  sgd.step(ps, gs, 0.1f);
+  sgd.step(ps, gs, 0.1f);
+  for (std::int64_t i : {std::int64_t{0}, std::int64_t{65'537}, n / 2, n - 1}) {
+    double p = w0.values()[i], gi = g.values()[i];
+    double gd = gi + 0.01 * p, buf = gd;
+    p -= 0.1 * (gd + 0.9 * buf);
+    gd = gi + 0.01 * p;
+    buf = 0.9 * buf + gd;
+    p -= 0.1 * (gd + 0.9 * buf);
+    CHECK(w.values()[i] == doctest::Approx(p).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("Optimizer state is lazy, keyed by position and checked") {
+  Sgd opt({.momentum = 0.5f});
+  CHECK(opt.state().empty());
+  std::vector<Tensor> p{Tensor::full({2, 3}, 1.f), Tensor::full({4}, 1.f)};
+  std::vector<Tensor> g{Tensor::full({2, 3}, 1.f), Tensor::full({4}, 1.f)};
+  opt.step(p, g, 0.1f);
+  REQUIRE(opt.state().size() == 2);
+  CHECK(opt.state()[1].shape == Shape{4});
+
+  std::vector<Tensor> p_other{Tensor::full({2, 3}, 1.f), Tensor::full({5}, 1.f)};
+  std::vector<Tensor> g_other{Tensor::full({2, 3}, 1.f), Tensor::full({5}, 1.f)};
+  CHECK_THROWS_WITH_AS(opt.step(p_other, g_other, 0.1f), doctest::Contains("parameter 1 has shape [5]"),
+                       Error);
+  std::vector<Tensor> p_short{p[0]}, g_short{g[0]};
+  CHECK_THROWS_AS(opt.step(p_short, g_short, 0.1f), Error);
+  std::vector<Tensor> g_bad{Tensor::full({3, 2}, 1.f), g[1]};
+  CHECK_THROWS_AS(opt.step(p, g_bad, 0.1f), Error);
+}
+
+TEST_CASE("Optimizer state saves and restores to continue the same trajectory") {
+  auto make = [] {
+    return std::vector<Tensor>{Tensor::from_vector({2, 2}, {1, -2, 3, 0.5f}),
+                               Tensor::from_vector({3}, {0.1f, 0.2f, -0.3f})};
+  };
+  auto grads = [](int t) {
+    float s = static_cast<float>(t);
+    return std::vector<Tensor>{Tensor::from_vector({2, 2}, {s, -1, 0.5f * s, 2}),
+                               Tensor::from_vector({3}, {1, -s, 0.25f})};
+  };
+  std::vector<std::string> names{"fc.weight", "fc.bias"};
+
+  // Reference: 5 uninterrupted steps.
+  AdamW ref;
+  auto pr = make();
+  for (int t = 0; t < 5; ++t) ref.step(pr, grads(t), 0.01f);
+
+  // Interrupted after 3 steps; the state goes through named (deep-copied) tensors.
+  AdamW first;
+  auto pi = make();
+  for (int t = 0; t < 3; ++t) first.step(pi, grads(t), 0.01f);
+  NamedTensors saved;
+  for (auto& [name, t] : first.state_tensors(names)) saved.emplace_back(name, t.clone());
+  CHECK(saved.size() == 6);
+  CHECK(saved[0].first == "fc.weight.step");
+  CHECK(saved[1].first == "fc.weight.exp_avg");
+  CHECK(saved[5].first == "fc.bias.exp_avg_sq");
+
+  AdamW second;
+  std::vector<Shape> shapes{{2, 2}, {3}};
+  second.load_state_tensors(saved, shapes, names);
+  CHECK(second.state()[0].step == 3);
+  for (int t = 3; t < 5; ++t) second.step(pi, grads(t), 0.01f);
+  for (int k = 0; k < 2; ++k) CHECK(pi[k].to_vector() == pr[k].to_vector());
+
+  // Position-keyed names when none are given.
+  CHECK(first.state_tensors()[0].first == "0.step");
+
+  // Missing and mis-shaped tensors are named.
+  NamedTensors broken(saved.begin() + 1, saved.end());
+  broken[0].second = Tensor::zeros({4});
+  AdamW third;
+  CHECK_THROWS_WITH_AS(third.load_state_tensors(broken, shapes, names),
+                       doctest::Contains("'fc.weight.step' is missing"), IoError);
+  CHECK_THROWS_WITH_AS(third.load_state_tensors(broken, shapes, names),
+                       doctest::Contains("'fc.weight.exp_avg' has shape [4]"), IoError);
+  CHECK(third.state().empty());
+}
+
+TEST_CASE("Flattened model parameters share storage with the model") {
+  Sequential model("m");
+  model.emplace<Linear>("fc1", 3, 2).emplace<Linear>("fc2", 2, 1);
+  ModelParams params = model.init(1);
+  ModelGrads grads = model.zero_grads(model.all());
+  auto flat = flatten_params(params);
+  auto gflat = flatten_grads(grads);
+  REQUIRE(flat.size() == 4);
+  CHECK(gflat.size() == 4);
+  CHECK(parameter_names(model, model.all()) ==
+        std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"});
+  CHECK(parameter_shapes(model, {1, 2}) == std::vector<Shape>{{1, 2}, {1}});
+  for (auto& g : gflat) g.fill(1.f);
+  const float before = params[1].params[0].values()[0];
+  Sgd opt;
+  opt.step(flat, gflat, 0.5f);
+  CHECK(params[1].params[0].values()[0] == doctest::Approx(before - 0.5f));
+  CHECK(grads[0][1].values()[0] == 1.f);
+}
