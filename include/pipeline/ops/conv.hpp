@@ -1,0 +1,36 @@
+// 2-D convolution (cross-correlation, as in PyTorch) on NCHW float32 tensors.
+//
+// Shapes: x [N, C, H, W], weight [M, C, KH, KW] (PyTorch layout), bias [M] or undefined,
+// y [N, M, OH, OW] with OH, OW from Window2d (stride, zero padding, dilation 1).
+//   forward:          y  = conv(x, weight) + bias            (y is overwritten)
+//   backward_data:    dx = conv_transpose(dy, weight)        (dx is overwritten)
+//   backward_filter:  dw += Σ_n dy_n ⋆ x_n                   (accumulates: beta = 1)
+//   backward_bias:    db += Σ_{n,oh,ow} dy                   (accumulates)
+// Accumulating weight gradients is what makes k microbatches summed into one buffer equal one
+// batch of k times the size.
+//
+// CPU implementation: im2col per sample + Eigen gemm, samples spread over pipeline::num_threads()
+// OpenMP threads (see src/ops/conv.cpp for why).
+#pragma once
+
+#include <pipeline/core/tensor.hpp>
+#include <pipeline/ops/window2d.hpp>
+
+namespace pipeline::ops {
+
+// Output shape of conv2d for x [N, C, H, W] and weight [M, C, KH, KW]; checks that they agree
+// with each other and with the window's kernel extents.
+Shape conv2d_output_shape(const Shape& x, const Shape& weight, const Window2d& window);
+
+void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
+                    const Window2d& window);
+void conv2d_backward_data(const Tensor& dy, const Tensor& weight, Tensor& dx,
+                          const Window2d& window);
+void conv2d_backward_filter(const Tensor& x, const Tensor& dy, Tensor& dweight,
+                            const Window2d& window);
+void conv2d_backward_bias(const Tensor& dy, Tensor& dbias);
+
+// Allocating form of forward.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& window);
+
+}  // namespace pipeline::ops

@@ -1,0 +1,30 @@
+// 2-D pooling on NCHW float32 tensors: max, average and global average.
+//
+// Shapes: x [N, C, H, W] -> y [N, C, OH, OW] with OH, OW from Window2d (floor mode, as PyTorch).
+// Padding never wins a max (it counts as −inf) and counts as zeros in an average, whose divisor
+// is always KH·KW (PyTorch's default count_include_pad=True). Padding may be at most half the
+// kernel, as in PyTorch, so every window holds at least one input element.
+//   max_pool2d_forward writes y and, in `indices` (Int32, the shape of y), the position
+//   ih·W + iw of each maximum inside its plane (the first one on ties; NaN propagates);
+//   max_pool2d_backward routes dy there. Backward functions overwrite dx.
+#pragma once
+
+#include <pipeline/core/tensor.hpp>
+#include <pipeline/ops/window2d.hpp>
+
+namespace pipeline::ops {
+
+// Checks the window against the input (including the half-kernel bound on padding).
+Shape pool2d_output_shape(const Shape& x, const Window2d& window);
+
+void max_pool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Window2d& window);
+void max_pool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx);
+
+void avg_pool2d_forward(const Tensor& x, Tensor& y, const Window2d& window);
+void avg_pool2d_backward(const Tensor& dy, Tensor& dx, const Window2d& window);
+
+// [N, C, H, W] -> [N, C]: the mean of each plane.
+void global_avg_pool_forward(const Tensor& x, Tensor& y);
+void global_avg_pool_backward(const Tensor& dy, Tensor& dx);
+
+}  // namespace pipeline::ops

@@ -1,0 +1,29 @@
+// Fused softmax cross-entropy over the last dimension, numerically stable (log-sum-exp with the
+// row maximum subtracted).
+//
+// logits [..., C] float32, labels [...] int32 with values in [0, C) (any shape holding one label
+// per row of logits). With R rows, p = softmax(logits):
+//   loss    = scale · Σ_r −log p[r, label_r]       (a SUM over samples, times scale)
+//   grad    = scale · (p − onehot(label))          (dL/dlogits of that scaled loss; overwritten)
+//   correct = #rows whose argmax (first maximum) equals the label
+// The trainer passes scale = 1/minibatch_size, so k accumulated microbatches equal one batch of
+// k times the size. A label outside [0, C) is rejected with a ConfigError before anything is
+// written.
+#pragma once
+
+#include <pipeline/core/tensor.hpp>
+
+#include <cstdint>
+
+namespace pipeline::ops {
+
+struct SoftmaxXentResult {
+  double loss = 0;
+  std::int64_t correct = 0;
+  std::int64_t count = 0;  // rows (samples) scored
+};
+
+SoftmaxXentResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float scale,
+                                        Tensor& grad);
+
+}  // namespace pipeline::ops

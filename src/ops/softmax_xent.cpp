@@ -1,0 +1,57 @@
+#include <pipeline/ops/softmax_xent.hpp>
+
+#include <algorithm>
+#include <cmath>
+
+namespace pipeline::ops {
+
+SoftmaxXentResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float scale,
+                                        Tensor& grad) {
+  PIPELINE_CHECK_AS(ConfigError, logits.rank() >= 1 && logits.dim(-1) > 0,
+                    "softmax_cross_entropy needs logits [..., classes], got {}", logits.shape());
+  PIPELINE_CHECK_AS(ConfigError, labels.dtype() == DType::Int32,
+                    "softmax_cross_entropy labels must be int32, got {}", dtype_name(labels.dtype()));
+  const std::int64_t classes = logits.dim(-1);
+  const std::int64_t rows = logits.numel() / classes;
+  PIPELINE_CHECK_AS(ConfigError, labels.numel() == rows,
+                    "softmax_cross_entropy: {} labels for logits {} ({} rows of {} classes)",
+                    labels.numel(), logits.shape(), rows, classes);
+  PIPELINE_CHECK(grad.shape() == logits.shape(),
+                 "softmax_cross_entropy: gradient is {} but must be {}", grad.shape(),
+                 logits.shape());
+  const std::int32_t* y = labels.data<std::int32_t>();
+  for (std::int64_t r = 0; r < rows; ++r)
+    PIPELINE_CHECK_AS(ConfigError, y[r] >= 0 && y[r] < classes,
+                      "label {} of sample {} is outside [0, {}): check the dataset's labels and "
+                      "the model's class count",
+                      y[r], r, classes);
+
+  const float* z = logits.data<float>();
+  float* g = grad.data<float>();
+  SoftmaxXentResult out;
+  out.count = rows;
+  double loss = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* zr = z + r * classes;
+    float* gr = g + r * classes;
+    std::int64_t arg = 0;
+    for (std::int64_t c = 1; c < classes; ++c)
+      if (zr[c] > zr[arg]) arg = c;
+    const float zmax = zr[arg];
+    float sum = 0.f;
+    for (std::int64_t c = 0; c < classes; ++c) {
+      gr[c] = std::exp(zr[c] - zmax);
+      sum += gr[c];
+    }
+    const float inv = scale / sum;
+    for (std::int64_t c = 0; c < classes; ++c) gr[c] *= inv;
+    gr[y[r]] -= scale;
+    // −log p[label] = log Σ exp(z − zmax) − (z[label] − zmax), accumulated in double.
+    loss += std::log(static_cast<double>(sum)) - static_cast<double>(zr[y[r]] - zmax);
+    out.correct += arg == y[r] ? 1 : 0;
+  }
+  out.loss = loss * static_cast<double>(scale);
+  return out;
+}
+
+}  // namespace pipeline::ops

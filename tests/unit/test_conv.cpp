@@ -1,0 +1,207 @@
+#include <pipeline/core/threads.hpp>
+#include <pipeline/nn/layers/conv2d.hpp>
+#include <pipeline/ops/conv.hpp>
+
+#include "support/gradcheck.hpp"
+
+#include <cmath>
+
+using namespace pipeline;
+
+namespace {
+
+struct Case {
+  std::int64_t n, c, h, w, m;
+  ops::Window2d win;
+};
+
+// Direct loops over the definition, in double.
+Tensor reference_forward(const Tensor& x, const Tensor& wt, const Tensor& b, const ops::Window2d& k) {
+  const auto N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3), M = wt.dim(0);
+  const auto OH = k.out_h(H), OW = k.out_w(W);
+  Tensor y = Tensor::empty({N, M, OH, OW});
+  const float *xd = x.data<float>(), *wd = wt.data<float>();
+  float* yd = y.data<float>();
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t oh = 0; oh < OH; ++oh)
+        for (std::int64_t ow = 0; ow < OW; ++ow) {
+          double s = b.defined() ? b.data<float>()[m] : 0.0;
+          for (std::int64_t c = 0; c < C; ++c)
+            for (std::int64_t i = 0; i < k.kernel_h; ++i)
+              for (std::int64_t j = 0; j < k.kernel_w; ++j) {
+                const auto ih = oh * k.stride_h - k.pad_h + i, iw = ow * k.stride_w - k.pad_w + j;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                s += double(xd[((n * C + c) * H + ih) * W + iw]) *
+                     wd[((m * C + c) * k.kernel_h + i) * k.kernel_w + j];
+              }
+          yd[((n * M + m) * OH + oh) * OW + ow] = static_cast<float>(s);
+        }
+  return y;
+}
+
+// dx and dw by scattering every product term of the forward sum.
+void reference_backward(const Tensor& x, const Tensor& wt, const Tensor& dy,
+                        const ops::Window2d& k, Tensor& dx, Tensor& dw) {
+  const auto N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3), M = wt.dim(0);
+  const auto OH = dy.dim(2), OW = dy.dim(3);
+  std::vector<double> gx(static_cast<std::size_t>(x.numel())), gw(static_cast<std::size_t>(wt.numel()));
+  const float *xd = x.data<float>(), *wd = wt.data<float>(), *dyd = dy.data<float>();
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t oh = 0; oh < OH; ++oh)
+        for (std::int64_t ow = 0; ow < OW; ++ow) {
+          const double g = dyd[((n * M + m) * OH + oh) * OW + ow];
+          for (std::int64_t c = 0; c < C; ++c)
+            for (std::int64_t i = 0; i < k.kernel_h; ++i)
+              for (std::int64_t j = 0; j < k.kernel_w; ++j) {
+                const auto ih = oh * k.stride_h - k.pad_h + i, iw = ow * k.stride_w - k.pad_w + j;
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                const auto xi = ((n * C + c) * H + ih) * W + iw;
+                const auto wi = ((m * C + c) * k.kernel_h + i) * k.kernel_w + j;
+                gx[static_cast<std::size_t>(xi)] += g * wd[wi];
+                gw[static_cast<std::size_t>(wi)] += g * xd[xi];
+              }
+        }
+  dx = Tensor::empty(x.shape());
+  dw = Tensor::empty(wt.shape());
+  for (std::size_t i = 0; i < gx.size(); ++i) dx.data<float>()[i] = static_cast<float>(gx[i]);
+  for (std::size_t i = 0; i < gw.size(); ++i) dw.data<float>()[i] = static_cast<float>(gw[i]);
+}
+
+void expect_close(const Tensor& got, const Tensor& want, const char* what, double rel = 1e-5) {
+  REQUIRE(got.shape() == want.shape());
+  double scale = 0;
+  for (float v : want.values()) scale = std::max(scale, double(std::abs(v)));
+  const double tol = rel * (1.0 + scale);
+  int shown = 0;
+  std::int64_t bad = 0;
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    const double d = std::abs(double(got.values()[i]) - want.values()[i]);
+    if (!(d <= tol)) {
+      if (shown++ < 5)
+        MESSAGE(what << "[" << i << "]: got " << got.values()[i] << " want " << want.values()[i]);
+      ++bad;
+    }
+  }
+  CHECK_MESSAGE(bad == 0, what << ": " << bad << " of " << got.numel() << " elements differ");
+}
+
+const std::vector<Case> cases = {
+    {1, 3, 7, 5, 5, {3, 2, 2, 1, 1, 0}},   // batch 1, non-square kernel, stride 2 in h only
+    {3, 5, 9, 11, 4, {3, 3, 2, 2, 1, 1}},  // stride 2 with padding, odd sizes
+    {2, 1, 28, 28, 6, {5, 5, 1, 1, 2, 2}}, // fashion-cnn conv1 geometry (fewer channels)
+    {4, 6, 6, 8, 3, {1, 1, 1, 1, 0, 0}},   // pointwise: no lowering
+    {2, 3, 5, 6, 5, {1, 3, 1, 2, 0, 2}},   // 1x3 kernel, padding only in w
+    {3, 2, 4, 4, 3, {4, 4, 3, 3, 2, 1}},   // kernel as large as the input, stride larger than 2
+};
+
+}  // namespace
+
+TEST_CASE("conv2d ops match direct loops") {
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      const Case& c = cases[k];
+      CAPTURE(k);
+      CAPTURE(threads);
+      const std::uint64_t seed = 100 + k;
+      Tensor x = testing::random_tensor({c.n, c.c, c.h, c.w}, seed);
+      Tensor w = testing::random_tensor({c.m, c.c, c.win.kernel_h, c.win.kernel_w}, seed + 1);
+      Tensor b = testing::random_tensor({c.m}, seed + 2);
+      Tensor y = ops::conv2d(x, w, b, c.win);
+      expect_close(y, reference_forward(x, w, b, c.win), "forward");
+      expect_close(ops::conv2d(x, w, Tensor(), c.win), reference_forward(x, w, Tensor(), c.win),
+                   "forward without bias");
+
+      Tensor dy = testing::random_tensor(y.shape(), seed + 3);
+      Tensor dx_ref, dw_ref;
+      reference_backward(x, w, dy, c.win, dx_ref, dw_ref);
+      Tensor dx = Tensor::full(x.shape(), 7.f);  // overwritten, whatever it held
+      ops::conv2d_backward_data(dy, w, dx, c.win);
+      expect_close(dx, dx_ref, "backward data");
+
+      // backward_filter accumulates: start from a known non-zero buffer.
+      Tensor dw = Tensor::full(w.shape(), 0.5f);
+      ops::conv2d_backward_filter(x, dy, dw, c.win);
+      for (float& v : dw_ref.values()) v += 0.5f;
+      expect_close(dw, dw_ref, "backward filter");
+
+      Tensor db = Tensor::full({c.m}, 1.f);
+      ops::conv2d_backward_bias(dy, db);
+      for (std::int64_t m = 0; m < c.m; ++m) {
+        double s = 1.0;
+        for (std::int64_t n = 0; n < c.n; ++n)
+          for (std::int64_t p = 0; p < y.dim(2) * y.dim(3); ++p)
+            s += dy.data<float>()[(n * c.m + m) * y.dim(2) * y.dim(3) + p];
+        CHECK(db.data<float>()[m] == doctest::Approx(s).epsilon(1e-5));
+      }
+    }
+  }
+  set_num_threads(default_num_threads());
+}
+
+TEST_CASE("conv2d rejects inputs that do not fit") {
+  Tensor w = Tensor::zeros({4, 3, 3, 3});
+  CHECK_THROWS_AS(ops::conv2d(Tensor::zeros({1, 2, 8, 8}), w, Tensor(), ops::Window2d::square(3)),
+                  ConfigError);  // channel mismatch
+  CHECK_THROWS_AS(ops::conv2d(Tensor::zeros({1, 3, 2, 8}), w, Tensor(), ops::Window2d::square(3)),
+                  ConfigError);  // kernel taller than the input
+  CHECK_THROWS_AS(ops::conv2d(Tensor::zeros({1, 3, 8, 8}), w, Tensor(), ops::Window2d::square(5)),
+                  ConfigError);  // window and weight disagree
+  CHECK_THROWS_AS(ops::conv2d(Tensor::zeros({1, 3, 8, 8}), w, Tensor(), ops::Window2d::square(3, 0)),
+                  ConfigError);  // zero stride
+  CHECK_THROWS(ops::conv2d(Tensor::zeros({1, 3, 8, 8}), w, Tensor::zeros({5}),
+                           ops::Window2d::square(3)));  // bias of the wrong size
+}
+
+TEST_CASE("Conv2d backward matches finite differences") {
+  testing::check_layer_gradients(Conv2d("conv", 3, 5, 3, 2, 1), {1, 3, 7, 6});
+  testing::check_layer_gradients(Conv2d("conv", 2, 3, 5, 1, 2), {2, 2, 6, 5});
+  testing::check_layer_gradients(Conv2d("conv", 3, 4, 1, 1, 0, false), {2, 3, 3, 5});
+  testing::check_layer_gradients(
+      Conv2d("conv", Conv2dOptions{5, 3, 2, 3, 2, 1, 1, 0, true}), {3, 5, 5, 4});
+}
+
+TEST_CASE("Conv2d reports shapes, FLOPs and parameters") {
+  Conv2d conv2("conv2", 32, 64, 5, 1, 2);
+  CHECK(conv2.kind() == "Conv2d");
+  CHECK(conv2.output_shape({64, 32, 14, 14}) == Shape{64, 64, 14, 14});
+  CHECK(conv2.flops({64, 32, 14, 14}) == doctest::Approx(2.0 * 64 * 64 * 14 * 14 * 32 * 25));
+  CHECK(conv2.parameter_bytes() == (64 * 32 * 25 + 64) * 4);
+  auto specs = conv2.parameters();
+  REQUIRE(specs.size() == 2);
+  CHECK(specs[0].name == "weight");
+  CHECK(specs[0].shape == Shape{64, 32, 5, 5});
+  CHECK(specs[0].init.a == doctest::Approx(1.0 / std::sqrt(32.0 * 25)));
+  CHECK(specs[1].shape == Shape{64});
+  CHECK(Conv2d("c", 3, 8, 3, 2, 1, false).parameters().size() == 1);
+  Conv2d nonsq("c", Conv2dOptions{3, 4, 3, 1, 2, 1, 1, 0, true});
+  CHECK(nonsq.output_shape({2, 3, 9, 7}) == Shape{2, 4, 5, 7});
+  CHECK_THROWS_AS(conv2.output_shape({64, 3, 14, 14}), ConfigError);
+  CHECK_THROWS_AS(conv2.output_shape({64, 32, 14}), ConfigError);
+  CHECK_THROWS_AS(Conv2d("bad", 0, 4, 3), ConfigError);
+  CHECK_THROWS_AS(Conv2d("bad", 3, 4, 3, 0), ConfigError);
+}
+
+TEST_CASE("Conv2d: k accumulated microbatches equal one batch of k times the size") {
+  Conv2d conv("conv", 3, 5, 3, 2, 1);
+  LayerParams p = conv.init(7);
+  const std::int64_t k = 3, micro = 2;
+  Tensor x = testing::random_tensor({k * micro, 3, 9, 8}, 11);
+  Tensor dy = testing::random_tensor(conv.output_shape(x.shape()), 12);
+
+  std::vector<Tensor> whole = conv.zero_grads();
+  {
+    Saved saved;
+    conv.forward(p, x, saved, {});
+    conv.backward(p, saved, dy, whole);
+  }
+  std::vector<Tensor> acc = conv.zero_grads();
+  for (std::int64_t i = 0; i < k; ++i) {
+    Saved saved;
+    conv.forward(p, x.slice(i * micro, (i + 1) * micro), saved, {});
+    conv.backward(p, saved, dy.slice(i * micro, (i + 1) * micro), acc, GradParts::Weight);
+  }
+  for (std::size_t j = 0; j < whole.size(); ++j) expect_close(acc[j], whole[j], "accumulated", 1e-5);
+}
