@@ -1,0 +1,135 @@
+// DataLoader: the order in which a rank visits a dataset, epoch by epoch, in batches.
+//
+// Epoch e's order is a Fisher–Yates shuffle of [0, N) drawn from Rng(seed, "loader.epoch.<e>"),
+// the same on every rank; without shuffling it is [0, N). With `world` shards the order is then
+// made a multiple of `world` — cut down when drop_last, else padded by repeating its first
+// indices, as torch's DistributedSampler does — and shard r takes positions r, r + world, ...
+// so every shard has the same number of samples (equal step counts keep collectives matched)
+// and, without padding, every index belongs to exactly one shard. Each shard's list is cut into
+// batches of batch_size; the last, shorter one is dropped when drop_last.
+#pragma once
+
+#include <pipeline/core/rng.hpp>
+#include <pipeline/data/dataset.hpp>
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <iterator>
+#include <algorithm>
+#include <utility>
+#include <numeric>
+#include <span>
+#include <vector>
+
+namespace pipeline {
+
+struct LoaderOptions {
+  std::int64_t batch_size = 32;
+  bool shuffle = true;
+  bool drop_last = false;
+  std::uint64_t seed = 0;
+  int rank = 0;   // this shard
+  int world = 1;  // number of shards
+};
+
+class DataLoader {
+ public:
+  DataLoader(const Dataset& dataset, LoaderOptions options) : m_dataset(&dataset), m_options(options) {
+    PIPELINE_CHECK_AS(ConfigError, options.batch_size >= 1, "batch size {} must be >= 1",
+                      options.batch_size);
+    PIPELINE_CHECK_AS(ConfigError, options.world >= 1 && options.rank >= 0 && options.rank < options.world,
+                      "data shard {} of {} does not exist: need 0 <= rank < world", options.rank,
+                      options.world);
+    PIPELINE_CHECK_AS(ConfigError, samples_per_shard() >= 1 || dataset.size() == 0,
+                      "{} has {} samples, too few for {} shards with drop_last", dataset.name(),
+                      dataset.size(), options.world);
+  }
+
+  const Dataset& dataset() const { return *m_dataset; }
+  const LoaderOptions& options() const { return m_options; }
+
+  std::int64_t samples_per_shard() const {
+    const std::int64_t n = m_dataset->size(), w = m_options.world;
+    return m_options.drop_last ? n / w : (n + w - 1) / w;
+  }
+  std::int64_t num_batches() const {
+    const std::int64_t s = samples_per_shard(), b = m_options.batch_size;
+    return m_options.drop_last ? s / b : (s + b - 1) / b;
+  }
+
+  // This shard's sample indices for an epoch, in visiting order.
+  std::vector<std::int64_t> epoch_indices(std::int64_t epoch) const {
+    const std::int64_t n = m_dataset->size(), w = m_options.world;
+    std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+    std::iota(order.begin(), order.end(), std::int64_t{0});
+    if (m_options.shuffle) {
+      Rng rng(m_options.seed, fmt::format("loader.epoch.{}", epoch));
+      for (std::int64_t i = n - 1; i > 0; --i)
+        std::swap(order[static_cast<std::size_t>(i)],
+                  order[static_cast<std::size_t>(rng.below(static_cast<std::uint64_t>(i + 1)))]);
+    }
+    const std::int64_t total = samples_per_shard() * w;
+    for (std::int64_t i = n; i < total; ++i) order.push_back(order[static_cast<std::size_t>(i % n)]);
+    order.resize(static_cast<std::size_t>(total));
+    std::vector<std::int64_t> mine;
+    mine.reserve(static_cast<std::size_t>(samples_per_shard()));
+    for (std::int64_t i = m_options.rank; i < total; i += w) mine.push_back(order[static_cast<std::size_t>(i)]);
+    return mine;
+  }
+
+  // Batch b of an epoch (gathers a copy of the samples).
+  Batch batch(std::int64_t epoch, std::int64_t b) const {
+    return batch_from(epoch_indices(epoch), b);
+  }
+
+  // Iterates one epoch's batches: for (Batch b : loader.epoch(e)) ...
+  class Epoch {
+   public:
+    class Iterator {
+     public:
+      using iterator_category = std::input_iterator_tag;
+      using value_type = Batch;
+      using difference_type = std::ptrdiff_t;
+      Iterator(const Epoch* e, std::int64_t b) : m_epoch(e), m_b(b) {}
+      Batch operator*() const { return m_epoch->m_loader->batch_from(m_epoch->m_indices, m_b); }
+      Iterator& operator++() {
+        ++m_b;
+        return *this;
+      }
+      bool operator==(const Iterator& o) const { return m_b == o.m_b; }
+
+     private:
+      const Epoch* m_epoch;
+      std::int64_t m_b;
+    };
+    Iterator begin() const { return {this, 0}; }
+    Iterator end() const { return {this, m_loader->num_batches()}; }
+    std::int64_t size() const { return m_loader->num_batches(); }
+    const std::vector<std::int64_t>& indices() const { return m_indices; }
+
+   private:
+    friend class DataLoader;
+    Epoch(const DataLoader* l, std::vector<std::int64_t> idx) : m_loader(l), m_indices(std::move(idx)) {}
+    const DataLoader* m_loader;
+    std::vector<std::int64_t> m_indices;
+  };
+
+  Epoch epoch(std::int64_t e) const { return Epoch(this, epoch_indices(e)); }
+
+ private:
+  Batch batch_from(const std::vector<std::int64_t>& indices, std::int64_t b) const {
+    PIPELINE_CHECK(b >= 0 && b < num_batches(), "batch {} out of range: the epoch has {} batches", b,
+                   num_batches());
+    const std::int64_t begin = b * m_options.batch_size;
+    const std::int64_t end =
+        std::min<std::int64_t>(begin + m_options.batch_size, static_cast<std::int64_t>(indices.size()));
+    return m_dataset->get(std::span<const std::int64_t>(indices.data() + begin,
+                                                        static_cast<std::size_t>(end - begin)));
+  }
+
+  const Dataset* m_dataset;
+  LoaderOptions m_options;
+};
+
+}  // namespace pipeline
