@@ -1,0 +1,171 @@
+#include <pipeline/core/threads.hpp>
+#include <pipeline/nn/layers/pool2d.hpp>
+#include <pipeline/ops/pool.hpp>
+
+#include "support/gradcheck.hpp"
+
+#include <cmath>
+#include <limits>
+
+using namespace pipeline;
+
+namespace {
+
+struct Case {
+  Shape x;
+  ops::Window2d win;
+};
+
+const std::vector<Case> cases = {
+    {{2, 3, 8, 8}, {2, 2, 2, 2, 0, 0}},   // the common 2x2/2
+    {{1, 5, 7, 9}, {3, 3, 2, 2, 1, 1}},   // batch 1, odd sizes, padding
+    {{3, 2, 6, 5}, {3, 2, 1, 2, 1, 1}},   // non-square kernel and stride
+    {{2, 3, 5, 7}, {2, 2, 2, 2, 0, 0}},   // 2x2/2 on odd extents (last row and column dropped)
+    {{2, 2, 9, 6}, {4, 3, 3, 2, 2, 1}},   // larger kernel, stride 3
+};
+
+// Direct loops: max (first maximum on ties), average over kh·kw (padding counts as zero).
+void reference(const Tensor& x, const ops::Window2d& k, Tensor& ymax, Tensor& imax, Tensor& yavg) {
+  const auto N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3);
+  const auto OH = k.out_h(H), OW = k.out_w(W);
+  ymax = Tensor::empty({N, C, OH, OW});
+  imax = Tensor::empty({N, C, OH, OW}, DType::Int32);
+  yavg = Tensor::empty({N, C, OH, OW});
+  for (std::int64_t p = 0; p < N * C; ++p)
+    for (std::int64_t oh = 0; oh < OH; ++oh)
+      for (std::int64_t ow = 0; ow < OW; ++ow) {
+        float best = -std::numeric_limits<float>::infinity();
+        std::int32_t at = -1;
+        double sum = 0;
+        for (std::int64_t i = 0; i < k.kernel_h; ++i)
+          for (std::int64_t j = 0; j < k.kernel_w; ++j) {
+            const auto ih = oh * k.stride_h - k.pad_h + i, iw = ow * k.stride_w - k.pad_w + j;
+            if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+            const float v = x.data<float>()[p * H * W + ih * W + iw];
+            sum += v;
+            if (at < 0 || v > best) {
+              best = v;
+              at = static_cast<std::int32_t>(ih * W + iw);
+            }
+          }
+        const auto o = (p * OH + oh) * OW + ow;
+        ymax.data<float>()[o] = best;
+        imax.data<std::int32_t>()[o] = at;
+        yavg.data<float>()[o] = static_cast<float>(sum / double(k.kernel_h * k.kernel_w));
+      }
+}
+
+void expect_close(const Tensor& got, const Tensor& want, const char* what, double tol = 1e-6) {
+  REQUIRE(got.shape() == want.shape());
+  std::int64_t bad = 0;
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    if (!(std::abs(double(got.values()[i]) - want.values()[i]) <= tol)) {
+      if (bad < 5) MESSAGE(what << "[" << i << "]: got " << got.values()[i] << " want " << want.values()[i]);
+      ++bad;
+    }
+  }
+  CHECK_MESSAGE(bad == 0, what << ": " << bad << " elements differ");
+}
+
+}  // namespace
+
+TEST_CASE("pooling ops match direct loops") {
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      CAPTURE(k);
+      const Case& c = cases[k];
+      Tensor x = testing::random_tensor(c.x, 40 + k);
+      Tensor ymax_ref, imax_ref, yavg_ref;
+      reference(x, c.win, ymax_ref, imax_ref, yavg_ref);
+      const Shape ys = ops::pool2d_output_shape(c.x, c.win);
+      REQUIRE(ys == ymax_ref.shape());
+
+      Tensor y = Tensor::empty(ys), idx = Tensor::empty(ys, DType::Int32);
+      ops::max_pool2d_forward(x, y, idx, c.win);
+      expect_close(y, ymax_ref, "max forward", 0.0);
+      CHECK(std::equal(idx.data<std::int32_t>(), idx.data<std::int32_t>() + idx.numel(),
+                       imax_ref.data<std::int32_t>()));
+
+      // Backward: dy routed to the argmax, summed where windows overlap.
+      Tensor dy = testing::random_tensor(ys, 50 + k);
+      Tensor dx = Tensor::full(c.x, 3.f);
+      ops::max_pool2d_backward(dy, idx, dx);
+      Tensor dx_ref = Tensor::zeros(c.x);
+      const std::int64_t in_plane = c.x[2] * c.x[3], out_plane = ys[2] * ys[3];
+      for (std::int64_t o = 0; o < dy.numel(); ++o)
+        dx_ref.data<float>()[(o / out_plane) * in_plane + imax_ref.data<std::int32_t>()[o]] +=
+            dy.data<float>()[o];
+      expect_close(dx, dx_ref, "max backward", 1e-6);
+
+      Tensor ya = Tensor::empty(ys);
+      ops::avg_pool2d_forward(x, ya, c.win);
+      expect_close(ya, yavg_ref, "avg forward", 1e-6);
+
+      // Average backward is the adjoint of forward: <avg(x), dy> = <x, avg_backward(dy)>.
+      Tensor dxa = Tensor::full(c.x, 3.f);
+      ops::avg_pool2d_backward(dy, dxa, c.win);
+      double lhs = 0, rhs = 0;
+      for (std::int64_t i = 0; i < dy.numel(); ++i) lhs += double(ya.values()[i]) * dy.values()[i];
+      for (std::int64_t i = 0; i < x.numel(); ++i) rhs += double(x.values()[i]) * dxa.values()[i];
+      CHECK(lhs == doctest::Approx(rhs).epsilon(1e-5));
+    }
+  }
+  set_num_threads(default_num_threads());
+}
+
+TEST_CASE("max pooling: padding never wins, ties take the first, NaN propagates") {
+  Tensor x = Tensor::full({1, 1, 2, 2}, -5.f);
+  x.data<float>()[3] = -1.f;
+  Tensor y = Tensor::empty({1, 1, 3, 3}), idx = Tensor::empty({1, 1, 3, 3}, DType::Int32);
+  ops::max_pool2d_forward(x, y, idx, {2, 2, 1, 1, 1, 1});  // border windows are half padding
+  CHECK(y.to_vector() == std::vector<float>{-5.f, -5.f, -5.f, -5.f, -1.f, -1.f, -5.f, -1.f, -1.f});
+  CHECK(std::vector<std::int32_t>(idx.data<std::int32_t>(), idx.data<std::int32_t>() + 9) ==
+        std::vector<std::int32_t>{0, 0, 1, 0, 3, 3, 2, 3, 3});  // ties take the first
+  Tensor z = Tensor::from_vector({1, 1, 2, 2}, {1.f, NAN, 3.f, 2.f});
+  Tensor yz = Tensor::empty({1, 1, 1, 1}), iz = Tensor::empty({1, 1, 1, 1}, DType::Int32);
+  ops::max_pool2d_forward(z, yz, iz, ops::Window2d::square(2, 2));
+  CHECK(std::isnan(yz.values()[0]));
+}
+
+TEST_CASE("global average pooling") {
+  Tensor x = testing::random_tensor({3, 5, 4, 7}, 9);
+  Tensor y = Tensor::empty({3, 5});
+  ops::global_avg_pool_forward(x, y);
+  for (std::int64_t p = 0; p < 15; ++p) {
+    double s = 0;
+    for (std::int64_t k = 0; k < 28; ++k) s += x.values()[p * 28 + k];
+    CHECK(y.values()[p] == doctest::Approx(s / 28).epsilon(1e-6));
+  }
+  testing::check_layer_gradients(GlobalAvgPool("gap"), {1, 3, 5, 3});
+  testing::check_layer_gradients(GlobalAvgPool("gap"), {2, 5, 1, 1});
+  GlobalAvgPool gap("gap");
+  CHECK(gap.output_shape({8, 64, 7, 7}) == Shape{8, 64});
+  CHECK_THROWS_AS(gap.output_shape({8, 64}), ConfigError);
+}
+
+TEST_CASE("pooling layers: backward matches finite differences") {
+  // Max pooling is piecewise linear: a small step keeps every perturbation inside its piece (the
+  // forward pass is exact, so the small step costs no accuracy).
+  testing::GradCheckOptions o;
+  o.step = 1e-3f;
+  testing::check_layer_gradients(MaxPool2d("pool", 2), {2, 3, 6, 5}, o);
+  testing::check_layer_gradients(MaxPool2d("pool", 3, 2, 1), {1, 5, 7, 6}, o);
+  testing::check_layer_gradients(AvgPool2d("pool", 2), {2, 3, 6, 5});
+  testing::check_layer_gradients(AvgPool2d("pool", 3, 2, 1), {1, 5, 7, 6});
+  testing::check_layer_gradients(AvgPool2d("pool", 3, 1), {3, 2, 5, 4});
+}
+
+TEST_CASE("pooling layers report shapes and reject bad windows") {
+  MaxPool2d pool("pool1", 2);
+  CHECK(pool.kind() == "MaxPool2d");
+  CHECK(pool.output_shape({64, 32, 28, 28}) == Shape{64, 32, 14, 14});
+  CHECK(pool.parameters().empty());
+  CHECK(pool.flops({64, 32, 28, 28}) == doctest::Approx(64.0 * 32 * 14 * 14 * 4));
+  CHECK(AvgPool2d("a", 3, 2, 1).output_shape({1, 3, 7, 7}) == Shape{1, 3, 4, 4});
+  CHECK(MaxPool2d("m", 3, 1).output_shape({2, 1, 5, 6}) == Shape{2, 1, 3, 4});
+  CHECK_THROWS_AS(MaxPool2d("bad", 2, 2, 2), ConfigError);  // padding over half the kernel
+  CHECK_THROWS_AS(MaxPool2d("bad", 0), ConfigError);
+  CHECK_THROWS_AS(pool.output_shape({64, 32, 1, 28}), ConfigError);
+  CHECK_THROWS_AS(pool.output_shape({64, 32, 28}), ConfigError);
+}
