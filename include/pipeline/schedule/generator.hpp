@@ -1,0 +1,83 @@
+// Schedule generators: from a pipeline shape (stages and their replicas) and a microbatch count
+// to per-rank action lists.
+//
+// A generator only decides the order of compute (F/B/I/W), AllReduce and Step actions on each
+// rank; insert_communication() then adds the sends and receives every cross-stage dependency
+// needs (a send right after the compute that produces the data, the matching receive right
+// before the compute that consumes it), so a new schedule — interleaved 1F1B, 2BW, zero-bubble —
+// is one more function registered by name.
+#pragma once
+
+#include <pipeline/plan/plan.hpp>
+#include <pipeline/schedule/schedule.hpp>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace pipeline {
+
+// What a generator is asked for.
+struct ScheduleSpec {
+  // stage -> ranks of its replicas (PlanStage::ranks).
+  std::vector<std::vector<int>> stage_ranks;
+  int microbatches = 1;  // per minibatch (stash schedules: must be 1, each minibatch is a unit)
+  int minibatches = 1;
+  // Stash schedules: minibatches each replica of the input stage admits before its first
+  // backward (PipeDream's NOAM); 0 picks NOAM = ceil(workers / replicas of the input stage),
+  // i.e. one warm-up of (workers - 1 - ranks before s) / replicas(s) forwards per stage.
+  int in_flight = 0;
+  bool vertical_sync = false;
+
+  int num_stages() const { return static_cast<int>(stage_ranks.size()); }
+  int num_ranks() const;
+
+  // p stages of one rank each (rank s runs stage s).
+  static ScheduleSpec straight(int stages, int microbatches, int minibatches = 1);
+  // The stages and replicas of a plan; in_flight from the plan.
+  static ScheduleSpec from_plan(const Plan& plan, int microbatches, int minibatches = 1);
+};
+
+using ScheduleGenerator = std::function<Schedule(const ScheduleSpec&)>;
+
+// Generators by name. builtin() holds gpipe, 1f1b-flush, 1f1b-stash and 1f1b-stash-vsync;
+// copy it and add() to extend.
+class GeneratorRegistry {
+ public:
+  static const GeneratorRegistry& builtin();
+
+  void add(std::string name, ScheduleGenerator generator);
+  bool contains(const std::string& name) const { return m_generators.count(name) != 0; }
+  std::vector<std::string> names() const;
+  // Throws ConfigError listing the known names when `name` is unknown.
+  Schedule generate(const std::string& name, const ScheduleSpec& spec) const;
+
+ private:
+  std::map<std::string, ScheduleGenerator> m_generators;
+};
+
+// generate_schedule(name, spec) == GeneratorRegistry::builtin().generate(name, spec).
+Schedule generate_schedule(const std::string& name, const ScheduleSpec& spec);
+
+// Adds SA/RA/SG/RG actions for every cross-stage dependency of the compute actions already in
+// `schedule` (any existing point-to-point actions are dropped first). Peers follow the
+// round-robin dealing: microbatch u of stage s lives on schedule.rank_of(s, u).
+void insert_communication(Schedule& schedule);
+
+// Checks a spec and throws ConfigError on empty stages, ranks out of range or repeated, and
+// non-positive counts. Generators call it first.
+void check_spec(const ScheduleSpec& spec);
+
+namespace detail {
+// Warm-up depth of one replica of `stage` under 1F1B: PipeDream's
+// (workers - 1 - ranks before the stage) / replicas, i.e. p - 1 - s for a straight pipeline.
+int one_f_one_b_warmup(const ScheduleSpec& spec, int stage);
+// The microbatches among [first, first + count) that replica `replica` of `stage` runs.
+std::vector<int> replica_microbatches(const ScheduleSpec& spec, int stage, int replica, int first,
+                                      int count);
+// An empty schedule for the spec (ranks sized, stage_ranks copied, counts set).
+Schedule empty_schedule(const ScheduleSpec& spec, std::string name, UpdatePolicy policy);
+}  // namespace detail
+
+}  // namespace pipeline

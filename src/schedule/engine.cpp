@@ -1,0 +1,380 @@
+// Dataflow execution of a schedule: timing, stash accounting and deadlock detection.
+#include "engine.hpp"
+
+#include <algorithm>
+#include <deque>
+
+namespace pipeline::detail {
+namespace {
+
+struct Message {
+  std::int32_t stage;  // the sender's stage
+  std::int32_t unit;
+  std::int32_t version;  // weight version the input stage used (vertical sync)
+  std::int32_t flow;
+  double arrival;
+};
+
+// Messages from one rank to another of one kind (activations or gradients), in the inbox of the
+// receiver. A link carries one message at a time.
+struct Channel {
+  int src = 0;
+  bool gradient = false;
+  std::deque<Message> pending;
+  double link_free = 0;
+};
+
+struct InFlight {
+  std::int32_t stage;
+  std::int32_t unit;
+  std::int32_t version;
+  bool input_grad_done;
+};
+
+// Weight versions of one stage held by one rank.
+struct StageSlot {
+  int stage = 0;
+  int version = 0;  // optimizer steps taken so far
+  // Versions referenced by in-flight microbatches, as runs (version, count), oldest first.
+  std::deque<std::pair<int, int>> runs;
+};
+
+struct RankState {
+  std::size_t pc = 0;
+  double clock = 0;
+  double busy = 0;
+  bool done = false;
+  bool queued = false;
+  bool at_allreduce = false;     // arrived at the allreduce at pc, waiting for the others
+  int wait_channel = -1;         // blocked on a receive from this inbox channel
+  std::vector<Channel> inbox;
+  std::vector<StageSlot> slots;
+  std::deque<InFlight> inflight;
+  std::vector<std::pair<std::int64_t, int>> received_versions;  // (stage<<32|unit, version)
+  std::int64_t activation_bytes = 0;
+  int forwards_seen = 0;
+  int forwards_total = 0;
+};
+
+struct Group {
+  int arrived = 0;
+  double latest = 0;
+};
+
+std::int64_t key(int stage, int unit) {
+  return (static_cast<std::int64_t>(stage) << 32) | static_cast<std::uint32_t>(unit);
+}
+
+class Engine {
+ public:
+  Engine(const Schedule& s, const EngineCosts* costs, bool trace)
+      : m_s(s), m_costs(costs), m_trace(trace), m_ranks(s.ranks.size()), m_groups(s.stage_ranks.size()) {
+    m_result.ranks.resize(s.ranks.size());
+    for (int st = 0; st < s.num_stages(); ++st)
+      for (int r : s.stage_ranks[st]) m_ranks[r].slots.push_back({st, 0, {}});
+    for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+      int n = 0;
+      for (auto& a : s.ranks[r]) n += a.kind == ActionKind::Forward ? 1 : 0;
+      m_ranks[r].forwards_total = n;
+      if (n >= 4) m_result.ranks[r].window_forwards = n * 3 / 4 - n / 4;
+    }
+  }
+
+  EngineResult run() {
+    for (int r = static_cast<int>(m_ranks.size()) - 1; r >= 0; --r) enqueue(r);
+    while (!m_work.empty()) {
+      int r = m_work.back();
+      m_work.pop_back();
+      m_ranks[r].queued = false;
+      advance(r);
+    }
+    for (std::size_t r = 0; r < m_ranks.size(); ++r)
+      if (!m_ranks[r].done) report_deadlock();
+    for (std::size_t r = 0; r < m_ranks.size(); ++r) {
+      auto& out = m_result.ranks[r];
+      out.finish_s = m_ranks[r].clock;
+      out.busy_s = m_ranks[r].busy;
+    }
+    return std::move(m_result);
+  }
+
+ private:
+  void enqueue(int r) {
+    if (m_ranks[r].queued || m_ranks[r].done) return;
+    m_ranks[r].queued = true;
+    m_work.push_back(r);
+  }
+
+  StageSlot& slot(RankState& st, int stage) {
+    for (auto& sl : st.slots)
+      if (sl.stage == stage) return sl;
+    return st.slots.front();  // unreachable after check_local
+  }
+
+  const StageCosts* stage_costs(int stage) const {
+    return m_costs && stage < static_cast<int>(m_costs->stages.size()) ? &m_costs->stages[stage]
+                                                                        : nullptr;
+  }
+
+  void account_memory(int r) {
+    RankState& st = m_ranks[r];
+    RankRecord& rec = m_result.ranks[r];
+    int versions = 0;
+    std::int64_t weight_bytes = 0;
+    for (auto& sl : st.slots) {
+      int v;
+      if (m_s.vertical_sync && !sl.runs.empty())
+        v = sl.version - sl.runs.front().first + 1;  // every version in between is still due
+      else
+        v = static_cast<int>(sl.runs.size()) +
+            (sl.runs.empty() || sl.runs.back().first != sl.version ? 1 : 0);
+      versions += v;
+      if (auto* c = stage_costs(sl.stage)) weight_bytes += c->parameter_bytes * v;
+    }
+    rec.peak_activations = std::max(rec.peak_activations, static_cast<int>(st.inflight.size()));
+    rec.peak_weight_versions = std::max(rec.peak_weight_versions, versions);
+    rec.peak_activation_bytes = std::max(rec.peak_activation_bytes, st.activation_bytes);
+    rec.peak_weight_bytes = std::max(rec.peak_weight_bytes, weight_bytes);
+    rec.peak_memory_bytes = std::max(rec.peak_memory_bytes, st.activation_bytes + weight_bytes);
+  }
+
+  void on_forward(int r, const Action& a) {
+    RankState& st = m_ranks[r];
+    StageSlot& sl = slot(st, a.stage);
+    int version = sl.version;
+    if (m_s.vertical_sync && a.stage > 0) {
+      auto k = key(a.stage, a.microbatch);
+      for (std::size_t i = 0; i < st.received_versions.size(); ++i)
+        if (st.received_versions[i].first == k) {
+          version = st.received_versions[i].second;
+          st.received_versions[i] = st.received_versions.back();
+          st.received_versions.pop_back();
+          break;
+        }
+    }
+    st.inflight.push_back({a.stage, a.microbatch, version, false});
+    if (!sl.runs.empty() && sl.runs.back().first == version)
+      ++sl.runs.back().second;
+    else
+      sl.runs.emplace_back(version, 1);
+    if (auto* c = stage_costs(a.stage)) st.activation_bytes += c->activation_bytes;
+    account_memory(r);
+  }
+
+  // Releases the microbatch's activations (at B, or at W of a split backward).
+  void on_release(int r, const Action& a) {
+    RankState& st = m_ranks[r];
+    for (auto it = st.inflight.begin(); it != st.inflight.end(); ++it) {
+      if (it->stage != a.stage || it->unit != a.microbatch) continue;
+      StageSlot& sl = slot(st, a.stage);
+      for (auto run = sl.runs.begin(); run != sl.runs.end(); ++run)
+        if (run->first == it->version) {
+          if (--run->second == 0) sl.runs.erase(run);
+          break;
+        }
+      st.inflight.erase(it);
+      if (auto* c = stage_costs(a.stage)) st.activation_bytes -= c->activation_bytes;
+      return;
+    }
+  }
+
+  int version_of(const RankState& st, const Action& a) const {
+    for (auto it = st.inflight.rbegin(); it != st.inflight.rend(); ++it)
+      if (it->stage == a.stage && it->unit == a.microbatch) return it->version;
+    return 0;
+  }
+
+  Channel& channel(int dst, int src, bool gradient) {
+    auto& inbox = m_ranks[dst].inbox;
+    for (auto& c : inbox)
+      if (c.src == src && c.gradient == gradient) return c;
+    inbox.push_back({src, gradient, {}, 0});
+    return inbox.back();
+  }
+
+  void record(int r, const Action& a, double start, double end, int flow = -1) {
+    if (m_trace) m_result.events.push_back({r, a, start, end, flow});
+  }
+
+  void advance(int r) {
+    RankState& st = m_ranks[r];
+    const auto& actions = m_s.ranks[r];
+    while (st.pc < actions.size()) {
+      const Action& a = actions[st.pc];
+      const StageCosts* c = stage_costs(a.stage);
+      switch (a.kind) {
+        case ActionKind::Forward: {
+          RankRecord& rec = m_result.ranks[r];
+          if (rec.window_forwards) {
+            int n = st.forwards_total;
+            if (st.forwards_seen == n / 4) {
+              rec.window_begin_s = st.clock;
+              rec.window_begin_busy_s = st.busy;
+            } else if (st.forwards_seen == n * 3 / 4) {
+              rec.window_end_s = st.clock;
+              rec.window_end_busy_s = st.busy;
+            }
+          }
+          ++st.forwards_seen;
+          on_forward(r, a);
+          compute(r, a, c ? c->forward_s : 0);
+          break;
+        }
+        case ActionKind::Backward:
+          compute(r, a, c ? c->backward_s : 0);
+          on_release(r, a);
+          break;
+        case ActionKind::BackwardInput:
+          compute(r, a, c ? c->backward_input_s : 0);
+          break;
+        case ActionKind::BackwardWeight:
+          compute(r, a, c ? c->backward_weight_s : 0);
+          on_release(r, a);
+          break;
+        case ActionKind::Step: {
+          compute(r, a, c ? c->step_s : 0);
+          ++slot(st, a.stage).version;
+          account_memory(r);
+          break;
+        }
+        case ActionKind::SendActivation:
+        case ActionKind::SendGradient: {
+          bool grad = a.kind == ActionKind::SendGradient;
+          Channel& ch = channel(a.peer, r, grad);
+          double t = m_costs && m_costs->transfer_s ? m_costs->transfer_s(r, a.peer, a.stage, a.kind) : 0;
+          double arrival = std::max(st.clock, ch.link_free) + t;
+          ch.link_free = arrival;
+          int version = m_s.vertical_sync && !grad ? version_of(st, a) : 0;
+          int flow = m_trace ? m_next_flow++ : -1;
+          ch.pending.push_back({a.stage, a.microbatch, version, flow, arrival});
+          record(r, a, st.clock, arrival, flow);
+          RankState& peer = m_ranks[a.peer];
+          if (peer.wait_channel >= 0 && &peer.inbox[peer.wait_channel] == &ch) {
+            peer.wait_channel = -1;
+            enqueue(a.peer);
+          }
+          ++st.pc;
+          break;
+        }
+        case ActionKind::RecvActivation:
+        case ActionKind::RecvGradient: {
+          bool grad = a.kind == ActionKind::RecvGradient;
+          int sender_stage = grad ? a.stage + 1 : a.stage - 1;
+          Channel& ch = channel(r, a.peer, grad);
+          auto it = ch.pending.begin();
+          while (it != ch.pending.end() && (it->unit != a.microbatch || it->stage != sender_stage)) ++it;
+          if (it == ch.pending.end()) {
+            st.wait_channel = static_cast<int>(&ch - st.inbox.data());
+            return;
+          }
+          double start = st.clock;
+          st.clock = std::max(st.clock, it->arrival);
+          if (m_s.vertical_sync && !grad)
+            st.received_versions.emplace_back(key(a.stage, a.microbatch), it->version);
+          record(r, a, start, st.clock, it->flow);
+          ch.pending.erase(it);
+          ++st.pc;
+          break;
+        }
+        case ActionKind::AllReduce: {
+          if (st.at_allreduce) return;  // woken by something else; still waiting
+          Group& g = m_groups[a.stage];
+          const auto& members = m_s.stage_ranks[a.stage];
+          st.at_allreduce = true;
+          ++g.arrived;
+          g.latest = std::max(g.latest, st.clock);
+          if (g.arrived < static_cast<int>(members.size())) return;
+          double done = g.latest + (c ? c->allreduce_s : 0);
+          g = Group{};
+          for (int m : members) {
+            RankState& ms = m_ranks[m];
+            record(m, m_s.ranks[m][ms.pc], ms.clock, done);
+            ms.clock = done;
+            ms.at_allreduce = false;
+            ++ms.pc;
+            if (m != r) enqueue(m);
+          }
+          break;
+        }
+      }
+    }
+    st.done = true;
+  }
+
+  void compute(int r, const Action& a, double d) {
+    RankState& st = m_ranks[r];
+    record(r, a, st.clock, st.clock + d);
+    st.clock += d;
+    st.busy += d;
+    ++st.pc;
+  }
+
+  // Who a blocked rank waits for: the sender of its receive, or a replica that has not reached
+  // the allreduce yet.
+  int waits_for(int r) const {
+    const RankState& st = m_ranks[r];
+    const Action& a = m_s.ranks[r][st.pc];
+    if (is_recv(a.kind)) return a.peer;
+    for (int m : m_s.stage_ranks[a.stage])
+      if (!m_ranks[m].at_allreduce) return m;
+    return r;
+  }
+
+  std::string describe(int r) const {
+    const RankState& st = m_ranks[r];
+    return fmt::format("rank {} waits at action #{} `{}`", r, st.pc, to_string(m_s.ranks[r][st.pc]));
+  }
+
+  [[noreturn]] void report_deadlock() const {
+    int start = 0;
+    int blocked = 0;
+    for (std::size_t r = 0; r < m_ranks.size(); ++r)
+      if (!m_ranks[r].done) {
+        if (!blocked) start = static_cast<int>(r);
+        ++blocked;
+      }
+    // Follow the wait-for edges until a rank repeats (a cycle) or one has finished.
+    std::vector<int> seen(m_ranks.size(), -1);
+    std::vector<int> path;
+    int r = start;
+    while (seen[r] < 0 && !m_ranks[r].done) {
+      seen[r] = static_cast<int>(path.size());
+      path.push_back(r);
+      r = waits_for(r);
+    }
+    std::string msg;
+    if (m_ranks[r].done) {
+      const Action& a = m_s.ranks[path.back()][m_ranks[path.back()].pc];
+      for (std::size_t i = 0; i < path.size(); ++i) {
+        if (i) msg += "; ";
+        msg += describe(path[i]) + fmt::format(" for rank {}", i + 1 < path.size() ? path[i + 1] : r);
+      }
+      PIPELINE_FAIL(ConfigError,
+                    "schedule cannot finish: {}, which has finished without {} ({} ranks blocked)", msg,
+                    is_recv(a.kind) ? "sending it" : "reaching the allreduce", blocked);
+    }
+    for (std::size_t i = static_cast<std::size_t>(seen[r]); i < path.size(); ++i) {
+      if (!msg.empty()) msg += "; ";
+      msg += describe(path[i]) +
+             fmt::format(" for rank {}", i + 1 < path.size() ? path[i + 1] : path[seen[r]]);
+    }
+    PIPELINE_FAIL(ConfigError, "deadlock: {} ({} ranks blocked in all)", msg, blocked);
+  }
+
+  const Schedule& m_s;
+  const EngineCosts* m_costs;
+  bool m_trace;
+  std::vector<RankState> m_ranks;
+  std::vector<Group> m_groups;
+  std::vector<int> m_work;
+  int m_next_flow = 0;
+  EngineResult m_result;
+};
+
+}  // namespace
+
+EngineResult execute_schedule(const Schedule& schedule, const EngineCosts* costs, bool record_trace) {
+  return Engine(schedule, costs, record_trace).run();
+}
+
+}  // namespace pipeline::detail

@@ -1,0 +1,77 @@
+// Internal: the dataflow execution of a schedule that validation and simulation share.
+//
+// Every rank runs its list in order with its own clock. Compute advances the clock by the
+// stage's cost; a send posts a message that arrives after the transfer time (messages on one
+// link are serialised) and never blocks; a receive waits until its message has arrived; an
+// allreduce waits for all replicas of the stage and then takes the ring time. Because ranks
+// share nothing but messages, running each rank as far as it can and waking it when what it
+// waits for arrives gives the same times as a global event queue, in O(actions).
+//
+// Preconditions: the schedule passed detail::check_local() (every send has its receive and
+// every dependency is on the right rank), so what can still go wrong is only the order: a
+// deadlock, reported as a ConfigError naming the ranks and actions that wait on each other.
+#pragma once
+
+#include <pipeline/schedule/schedule.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace pipeline::detail {
+
+struct StageCosts {
+  double forward_s = 0;
+  double backward_s = 0;
+  double backward_input_s = 0;
+  double backward_weight_s = 0;
+  double step_s = 0;
+  double allreduce_s = 0;
+  std::int64_t activation_bytes = 0;  // stashed per microbatch between its forward and backward
+  std::int64_t parameter_bytes = 0;   // one weight version
+};
+
+struct EngineCosts {
+  std::vector<StageCosts> stages;
+  // Seconds to move one message of `kind` (SendActivation / SendGradient) of `stage` from
+  // rank src to rank dst. Empty: free.
+  std::function<double(int src, int dst, int stage, ActionKind kind)> transfer_s;
+};
+
+struct RankRecord {
+  double finish_s = 0;
+  double busy_s = 0;  // compute and optimizer steps
+  int peak_activations = 0;
+  int peak_weight_versions = 1;
+  std::int64_t peak_activation_bytes = 0;
+  std::int64_t peak_weight_bytes = 0;
+  std::int64_t peak_memory_bytes = 0;
+  // Steady-state window: from the start of the rank's forward number n/4 to that of number
+  // 3n/4 (n = its forwards); window_forwards == 0 when the rank has too few.
+  int window_forwards = 0;
+  double window_begin_s = 0, window_begin_busy_s = 0;
+  double window_end_s = 0, window_end_busy_s = 0;
+};
+
+struct TraceEvent {
+  int rank = 0;
+  Action action;
+  double start_s = 0;
+  double end_s = 0;  // sends: the arrival time at the receiver
+  int flow = -1;     // sends and receives: the id pairing a send with its receive
+};
+
+struct EngineResult {
+  std::vector<RankRecord> ranks;
+  std::vector<TraceEvent> events;  // only when asked for, in execution order per rank
+};
+
+// `costs` null: every duration is zero (validation).
+EngineResult execute_schedule(const Schedule& schedule, const EngineCosts* costs, bool record_trace);
+
+// The structural checks of validate(): every action is well-formed and on the right rank, every
+// dependency comes first on its rank, every send has its receive, update rules of the policy.
+// Throws ConfigError naming the rank, the action's index and its token.
+void check_local(const Schedule& schedule);
+
+}  // namespace pipeline::detail

@@ -1,0 +1,272 @@
+// Built-in schedule generators (GPipe, 1F1B flush and stash), the registry, and the insertion of
+// point-to-point communication.
+#include <pipeline/schedule/generator.hpp>
+#include <pipeline/schedule/schedules/gpipe.hpp>
+#include <pipeline/schedule/schedules/one_f_one_b.hpp>
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+namespace pipeline {
+
+int ScheduleSpec::num_ranks() const {
+  int n = 0;
+  for (auto& s : stage_ranks)
+    for (int r : s) n = std::max(n, r + 1);
+  return n;
+}
+
+ScheduleSpec ScheduleSpec::straight(int stages, int microbatches, int minibatches) {
+  PIPELINE_CHECK_AS(ConfigError, stages > 0, "a pipeline needs at least one stage, got {}", stages);
+  ScheduleSpec s;
+  for (int i = 0; i < stages; ++i) s.stage_ranks.push_back({i});
+  s.microbatches = microbatches;
+  s.minibatches = minibatches;
+  return s;
+}
+
+ScheduleSpec ScheduleSpec::from_plan(const Plan& plan, int microbatches, int minibatches) {
+  ScheduleSpec s;
+  int next = 0;
+  for (auto& st : plan.stages) {
+    std::vector<int> ranks = st.ranks;
+    // Plans written by hand may leave ranks out: replicas are then consecutive ranks in order.
+    if (ranks.empty())
+      for (int i = 0; i < st.replicas; ++i) ranks.push_back(next + i);
+    next += static_cast<int>(ranks.size());
+    s.stage_ranks.push_back(std::move(ranks));
+  }
+  s.microbatches = microbatches;
+  s.minibatches = minibatches;
+  s.in_flight = plan.in_flight > 1 ? plan.in_flight : 0;
+  return s;
+}
+
+void check_spec(const ScheduleSpec& spec) {
+  PIPELINE_CHECK_AS(ConfigError, !spec.stage_ranks.empty(), "the schedule has no stages");
+  PIPELINE_CHECK_AS(ConfigError, spec.microbatches > 0,
+                    "microbatches per minibatch must be positive, got {}", spec.microbatches);
+  PIPELINE_CHECK_AS(ConfigError, spec.minibatches > 0, "minibatches must be positive, got {}",
+                    spec.minibatches);
+  PIPELINE_CHECK_AS(ConfigError, spec.in_flight >= 0, "in_flight must be >= 0, got {}",
+                    spec.in_flight);
+  int workers = spec.num_ranks();
+  std::vector<int> owner(static_cast<std::size_t>(workers), -1);
+  for (int s = 0; s < spec.num_stages(); ++s) {
+    PIPELINE_CHECK_AS(ConfigError, !spec.stage_ranks[s].empty(), "stage {} has no ranks", s);
+    for (int r : spec.stage_ranks[s]) {
+      PIPELINE_CHECK_AS(ConfigError, r >= 0, "stage {} lists negative rank {}", s, r);
+      PIPELINE_CHECK_AS(ConfigError, owner[r] < 0,
+                        "rank {} is listed by stage {} and stage {}; each rank runs one stage", r,
+                        owner[r], s);
+      owner[r] = s;
+    }
+  }
+  for (int r = 0; r < workers; ++r)
+    PIPELINE_CHECK_AS(ConfigError, owner[r] >= 0,
+                      "rank {} belongs to no stage; ranks must be 0..{} without gaps", r, workers - 1);
+}
+
+namespace detail {
+
+int one_f_one_b_warmup(const ScheduleSpec& spec, int stage) {
+  int before = 0;
+  for (int s = 0; s < stage; ++s) before += static_cast<int>(spec.stage_ranks[s].size());
+  int replicas = static_cast<int>(spec.stage_ranks[stage].size());
+  return std::max(0, (spec.num_ranks() - 1 - before) / replicas);
+}
+
+std::vector<int> replica_microbatches(const ScheduleSpec& spec, int stage, int replica, int first,
+                                      int count) {
+  int r = static_cast<int>(spec.stage_ranks[stage].size());
+  std::vector<int> out;
+  for (int u = first; u < first + count; ++u)
+    if (u % r == replica) out.push_back(u);
+  return out;
+}
+
+Schedule empty_schedule(const ScheduleSpec& spec, std::string name, UpdatePolicy policy) {
+  Schedule s;
+  s.name = std::move(name);
+  s.policy = policy;
+  s.vertical_sync = spec.vertical_sync;
+  s.microbatches = spec.microbatches;
+  s.minibatches = spec.minibatches;
+  s.stage_ranks = spec.stage_ranks;
+  s.ranks.resize(static_cast<std::size_t>(spec.num_ranks()));
+  return s;
+}
+
+}  // namespace detail
+
+namespace {
+
+// Warm-up forwards, then one forward and one backward (oldest first), then the remaining
+// backwards. `after_backward` runs after each backward (the stash schedules step there).
+template <typename AfterBackward>
+void one_f_one_b_order(std::vector<Action>& out, int stage, const std::vector<int>& mbs,
+                       int warmup, AfterBackward&& after_backward) {
+  int n = static_cast<int>(mbs.size());
+  int w = std::min(warmup, n - 1);
+  if (n == 0) return;
+  for (int k = 0; k < w; ++k) out.push_back(forward(stage, mbs[k]));
+  for (int k = w; k < n; ++k) {
+    out.push_back(forward(stage, mbs[k]));
+    out.push_back(backward(stage, mbs[k - w]));
+    after_backward();
+  }
+  for (int k = n - w; k < n; ++k) {
+    out.push_back(backward(stage, mbs[k]));
+    after_backward();
+  }
+}
+
+void close_minibatch(std::vector<Action>& out, int stage, int replicas, int minibatch) {
+  if (replicas > 1) out.push_back({ActionKind::AllReduce, stage, minibatch, -1});
+  out.push_back({ActionKind::Step, stage, minibatch, -1});
+}
+
+}  // namespace
+
+Schedule gpipe_schedule(const ScheduleSpec& spec) {
+  check_spec(spec);
+  Schedule sched = detail::empty_schedule(spec, "gpipe", UpdatePolicy::Flush);
+  for (int s = 0; s < spec.num_stages(); ++s) {
+    int r = static_cast<int>(spec.stage_ranks[s].size());
+    for (int i = 0; i < r; ++i) {
+      auto& out = sched.ranks[spec.stage_ranks[s][i]];
+      for (int j = 0; j < spec.minibatches; ++j) {
+        auto mbs = detail::replica_microbatches(spec, s, i, j * spec.microbatches, spec.microbatches);
+        for (int u : mbs) out.push_back(forward(s, u));
+        for (int u : mbs) out.push_back(backward(s, u));
+        close_minibatch(out, s, r, j);
+      }
+    }
+  }
+  insert_communication(sched);
+  return sched;
+}
+
+Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
+  check_spec(spec);
+  Schedule sched = detail::empty_schedule(spec, "1f1b-flush", UpdatePolicy::Flush);
+  for (int s = 0; s < spec.num_stages(); ++s) {
+    int r = static_cast<int>(spec.stage_ranks[s].size());
+    int warmup = detail::one_f_one_b_warmup(spec, s);
+    for (int i = 0; i < r; ++i) {
+      auto& out = sched.ranks[spec.stage_ranks[s][i]];
+      for (int j = 0; j < spec.minibatches; ++j) {
+        auto mbs = detail::replica_microbatches(spec, s, i, j * spec.microbatches, spec.microbatches);
+        one_f_one_b_order(out, s, mbs, warmup, [] {});
+        close_minibatch(out, s, r, j);
+      }
+    }
+  }
+  insert_communication(sched);
+  return sched;
+}
+
+Schedule one_f_one_b_stash_schedule(const ScheduleSpec& spec) {
+  check_spec(spec);
+  PIPELINE_CHECK_AS(ConfigError, spec.microbatches == 1,
+                    "1f1b-stash steps after every minibatch and has no microbatches; got {} "
+                    "microbatches per minibatch — use 1 (or a flush schedule)",
+                    spec.microbatches);
+  Schedule sched = detail::empty_schedule(
+      spec, spec.vertical_sync ? "1f1b-stash-vsync" : "1f1b-stash", UpdatePolicy::Stash);
+  int units = spec.minibatches;
+  for (int s = 0; s < spec.num_stages(); ++s) {
+    int r = static_cast<int>(spec.stage_ranks[s].size());
+    PIPELINE_CHECK_AS(ConfigError, units % r == 0,
+                      "1f1b-stash: {} minibatches cannot be dealt evenly to the {} replicas of "
+                      "stage {} (their allreduces must pair up); use a multiple of {}",
+                      units, r, s, r);
+    // Capping every stage (not only the input) keeps warm-ups non-increasing along the pipeline,
+    // which is what lets replicated stages meet at their allreduces without deadlock.
+    int warmup = detail::one_f_one_b_warmup(spec, s);
+    if (spec.in_flight > 0) warmup = std::min(warmup, spec.in_flight - 1);
+    for (int i = 0; i < r; ++i) {
+      auto& out = sched.ranks[spec.stage_ranks[s][i]];
+      auto mbs = detail::replica_microbatches(spec, s, i, 0, units);
+      int step = 0;
+      one_f_one_b_order(out, s, mbs, warmup, [&] {
+        close_minibatch(out, s, r, step);
+        ++step;
+      });
+    }
+  }
+  insert_communication(sched);
+  return sched;
+}
+
+void insert_communication(Schedule& schedule) {
+  int last = schedule.num_stages() - 1;
+  for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
+    auto& in = schedule.ranks[rank];
+    std::size_t compute = 0;
+    for (auto& a : in) compute += is_p2p(a.kind) ? 0 : 1;
+    std::vector<Action> out;
+    out.reserve(compute * 3);
+    for (const Action& a : in) {
+      if (is_p2p(a.kind)) continue;
+      int s = a.stage, u = a.microbatch;
+      bool valid_stage = s >= 0 && s <= last && u >= 0;
+      if (valid_stage && a.kind == ActionKind::Forward && s > 0)
+        out.push_back({ActionKind::RecvActivation, s, u, schedule.rank_of(s - 1, u)});
+      if (valid_stage && (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardInput) &&
+          s < last)
+        out.push_back({ActionKind::RecvGradient, s, u, schedule.rank_of(s + 1, u)});
+      out.push_back(a);
+      if (valid_stage && a.kind == ActionKind::Forward && s < last)
+        out.push_back({ActionKind::SendActivation, s, u, schedule.rank_of(s + 1, u)});
+      if (valid_stage && (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardInput) &&
+          s > 0)
+        out.push_back({ActionKind::SendGradient, s, u, schedule.rank_of(s - 1, u)});
+    }
+    in = std::move(out);
+  }
+}
+
+// --- registry ---------------------------------------------------------------------------------
+
+const GeneratorRegistry& GeneratorRegistry::builtin() {
+  static const GeneratorRegistry registry = [] {
+    GeneratorRegistry r;
+    r.add("gpipe", gpipe_schedule);
+    r.add("1f1b-flush", one_f_one_b_flush_schedule);
+    r.add("1f1b-stash", one_f_one_b_stash_schedule);
+    r.add("1f1b-stash-vsync", [](const ScheduleSpec& spec) {
+      ScheduleSpec s = spec;
+      s.vertical_sync = true;
+      return one_f_one_b_stash_schedule(s);
+    });
+    return r;
+  }();
+  return registry;
+}
+
+void GeneratorRegistry::add(std::string name, ScheduleGenerator generator) {
+  PIPELINE_CHECK_AS(ConfigError, generator != nullptr, "generator '{}' is empty", name);
+  m_generators[std::move(name)] = std::move(generator);
+}
+
+std::vector<std::string> GeneratorRegistry::names() const {
+  std::vector<std::string> out;
+  for (auto& [name, g] : m_generators) out.push_back(name);
+  return out;
+}
+
+Schedule GeneratorRegistry::generate(const std::string& name, const ScheduleSpec& spec) const {
+  auto it = m_generators.find(name);
+  if (it == m_generators.end())
+    PIPELINE_FAIL(ConfigError, "unknown schedule '{}'; known schedules: {}", name,
+                  fmt::join(names(), ", "));
+  return it->second(spec);
+}
+
+Schedule generate_schedule(const std::string& name, const ScheduleSpec& spec) {
+  return GeneratorRegistry::builtin().generate(name, spec);
+}
+
+}  // namespace pipeline

@@ -1,0 +1,274 @@
+// Structural checks of a schedule, then a dry run of the engine for deadlocks and stash counts.
+#include <pipeline/schedule/validate.hpp>
+
+#include <fmt/ranges.h>
+
+#include "engine.hpp"
+
+#include <cstdint>
+
+namespace pipeline {
+namespace detail {
+namespace {
+
+// What has happened to one microbatch of one stage on its rank.
+enum Done : std::uint8_t {
+  kRecvAct = 1,
+  kForward = 2,
+  kSendAct = 4,
+  kRecvGrad = 8,
+  kInputGrad = 16,   // B or I
+  kWeightGrad = 32,  // B or W
+  kSendGrad = 64,
+};
+
+struct Slot {
+  int stage = 0;
+  int steps = 0;
+  int allreduces = 0;
+  int backwards = 0;
+  int outstanding = 0;  // forwards whose backward has not finished
+  std::vector<std::uint8_t> done;
+};
+
+[[noreturn]] void fail_at(int rank, std::size_t index, const Action& a, const std::string& what) {
+  PIPELINE_FAIL(ConfigError, "rank {}, action #{} `{}`: {}", rank, index, to_string(a), what);
+}
+
+}  // namespace
+
+void check_local(const Schedule& s) {
+  const int stages = s.num_stages();
+  const int units = s.num_microbatches();
+  const int last = stages - 1;
+  PIPELINE_CHECK_AS(ConfigError, stages > 0, "schedule '{}' has no stages", s.name);
+  PIPELINE_CHECK_AS(ConfigError, s.microbatches > 0 && s.minibatches > 0,
+                    "schedule '{}' needs positive microbatches and minibatches, got {} and {}",
+                    s.name, s.microbatches, s.minibatches);
+  const int nranks = s.num_ranks();
+  std::vector<std::vector<int>> rank_stages(static_cast<std::size_t>(nranks));
+  for (int st = 0; st < stages; ++st) {
+    PIPELINE_CHECK_AS(ConfigError, !s.stage_ranks[st].empty(), "stage {} has no ranks", st);
+    for (int r : s.stage_ranks[st]) {
+      PIPELINE_CHECK_AS(ConfigError, r >= 0 && r < nranks,
+                        "stage {} lists rank {}, but the schedule has ranks 0..{}", st, r, nranks - 1);
+      rank_stages[r].push_back(st);
+    }
+  }
+  std::vector<int> allreduces(static_cast<std::size_t>(stages), -1);
+  std::vector<int> allreduce_rank(static_cast<std::size_t>(stages), -1);
+
+  for (int r = 0; r < nranks; ++r) {
+    std::vector<Slot> slots;
+    for (int st : rank_stages[r]) slots.push_back({st, 0, 0, 0, 0, std::vector<std::uint8_t>(units, 0)});
+    const auto& actions = s.ranks[r];
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      const Action& a = actions[i];
+      auto fail = [&](const std::string& what) { fail_at(r, i, a, what); };
+      if (a.stage < 0 || a.stage >= stages)
+        fail(fmt::format("stage {} does not exist; the schedule has stages 0..{}", a.stage, last));
+      Slot* slot = nullptr;
+      for (auto& sl : slots)
+        if (sl.stage == a.stage) slot = &sl;
+      if (!slot)
+        fail(fmt::format("rank {} does not hold stage {} (it runs on ranks {})", r, a.stage,
+                         fmt::join(s.stage_ranks[a.stage], ", ")));
+      const int st = a.stage, u = a.microbatch;
+      const int minibatch = u / s.microbatches;
+
+      if (a.kind == ActionKind::AllReduce) {
+        if (u != slot->allreduces)
+          fail(fmt::format("allreduce number {} out of order; expected {}", u, slot->allreduces));
+        ++slot->allreduces;
+        continue;
+      }
+      if (a.kind == ActionKind::Step) {
+        if (u != slot->steps)
+          fail(fmt::format("step number {} out of order; expected {}", u, slot->steps));
+        if (s.replicas(st) > 1 && slot->allreduces < u + 1)
+          fail(fmt::format("stage {} has {} replicas, so step {} needs its allreduce `{}AR{}` first",
+                           st, s.replicas(st), u, st, u));
+        if (s.policy == UpdatePolicy::Flush) {
+          if (u >= s.minibatches)
+            fail(fmt::format("step {} closes no minibatch; the run has {} minibatches", u, s.minibatches));
+          if (slot->outstanding > 0) {
+            int open = 0;
+            while (open < units && !((slot->done[open] & kForward) && !(slot->done[open] & kWeightGrad))) ++open;
+            fail(fmt::format("step {} closes minibatch {} while microbatch {} still waits for its "
+                             "backward `{}B{}`",
+                             u, u, open, st, open));
+          }
+          for (int v = u * s.microbatches; v < (u + 1) * s.microbatches; ++v)
+            if (s.rank_of(st, v) == r && !(slot->done[v] & kWeightGrad))
+              fail(fmt::format("step {} closes minibatch {} before the backward of its microbatch "
+                               "{} `{}B{}`",
+                               u, u, v, st, v));
+        } else if (slot->steps >= slot->backwards) {
+          fail(fmt::format("stash schedules step once after each backward; this is step {} after "
+                           "{} backwards",
+                           u + 1, slot->backwards));
+        }
+        ++slot->steps;
+        continue;
+      }
+
+      if (u < 0 || u >= units)
+        fail(fmt::format("microbatch {} does not exist; the run has microbatches 0..{} ({} per "
+                         "minibatch x {} minibatches)",
+                         u, units - 1, s.microbatches, s.minibatches));
+      if (s.rank_of(st, u) != r)
+        fail(fmt::format("microbatch {} of stage {} is dealt to rank {} (replica {} of {}), not to "
+                         "rank {}",
+                         u, st, s.rank_of(st, u), u % s.replicas(st), s.replicas(st), r));
+      std::uint8_t& d = slot->done[u];
+      auto once = [&](std::uint8_t bit, const char* what) {
+        if (d & bit) fail(fmt::format("{} of microbatch {} on stage {} happens twice", what, u, st));
+        d |= bit;
+      };
+      auto flush_version = [&](const char* what) {
+        if (s.policy != UpdatePolicy::Flush) return;
+        if (slot->steps < minibatch)
+          fail(fmt::format("{} of microbatch {} (minibatch {}) before step `{}ST{}` closes the "
+                           "previous minibatch",
+                           what, u, minibatch, st, minibatch - 1));
+        if (slot->steps > minibatch)
+          fail(fmt::format("{} of microbatch {} after step `{}ST{}` already closed its minibatch {}",
+                           what, u, st, minibatch, minibatch));
+      };
+      auto check_peer = [&](int peer_stage, const char* role) {
+        if (peer_stage < 0 || peer_stage > last)
+          fail(fmt::format("stage {} is the {} stage and has no {}", st, peer_stage < 0 ? "first" : "last",
+                           role));
+        int expected = s.rank_of(peer_stage, u);
+        if (a.peer != expected)
+          fail(fmt::format("the peer is rank {}, but microbatch {} of stage {} runs on rank {}",
+                           a.peer, u, peer_stage, expected));
+      };
+
+      switch (a.kind) {
+        case ActionKind::Forward:
+          flush_version("forward");
+          if (st > 0 && !(d & kRecvAct))
+            fail(fmt::format("forward of microbatch {} on stage {} before receiving its input "
+                             "(expected `{}RA{}@{}` earlier on rank {})",
+                             u, st, st, u, s.rank_of(st - 1, u), r));
+          once(kForward, "the forward");
+          ++slot->outstanding;
+          break;
+        case ActionKind::Backward:
+        case ActionKind::BackwardInput:
+          flush_version("backward");
+          if (!(d & kForward))
+            fail(fmt::format("backward of microbatch {} on stage {} before its forward `{}F{}`", u,
+                             st, st, u));
+          if (st < last && !(d & kRecvGrad))
+            fail(fmt::format("backward of microbatch {} on stage {} before receiving its output "
+                             "gradient (expected `{}RG{}@{}` earlier on rank {})",
+                             u, st, st, u, s.rank_of(st + 1, u), r));
+          once(kInputGrad, "the backward");
+          if (a.kind == ActionKind::Backward) {
+            d |= kWeightGrad;
+            --slot->outstanding;
+            ++slot->backwards;
+          }
+          break;
+        case ActionKind::BackwardWeight:
+          flush_version("weight gradient");
+          if (!(d & kInputGrad))
+            fail(fmt::format("weight gradient of microbatch {} on stage {} before its input "
+                             "gradient `{}I{}`",
+                             u, st, st, u));
+          once(kWeightGrad, "the weight gradient");
+          --slot->outstanding;
+          ++slot->backwards;
+          break;
+        case ActionKind::SendActivation:
+          check_peer(st + 1, "next stage to send activations to");
+          if (!(d & kForward))
+            fail(fmt::format("sends the activation of microbatch {} before computing it in `{}F{}`",
+                             u, st, u));
+          once(kSendAct, "sending the activation");
+          break;
+        case ActionKind::RecvActivation:
+          check_peer(st - 1, "previous stage to receive activations from");
+          once(kRecvAct, "receiving the activation");
+          break;
+        case ActionKind::SendGradient:
+          check_peer(st - 1, "previous stage to send gradients to");
+          if (!(d & kInputGrad))
+            fail(fmt::format("sends the input gradient of microbatch {} before computing it in `{}B{}`",
+                             u, st, u));
+          once(kSendGrad, "sending the gradient");
+          break;
+        case ActionKind::RecvGradient:
+          check_peer(st + 1, "next stage to receive gradients from");
+          once(kRecvGrad, "receiving the gradient");
+          break;
+        case ActionKind::AllReduce:
+        case ActionKind::Step:
+          break;
+      }
+    }
+
+    // Everything dealt to this rank happened, with all its communication.
+    for (auto& sl : slots) {
+      const int st = sl.stage;
+      auto missing = [&](int u, const std::string& what) {
+        PIPELINE_FAIL(ConfigError, "rank {}: {} for microbatch {} of stage {} is missing", r, what, u, st);
+      };
+      for (int u = 0; u < units; ++u) {
+        if (s.rank_of(st, u) != r) continue;
+        std::uint8_t d = sl.done[u];
+        if (st > 0 && !(d & kRecvAct))
+          missing(u, fmt::format("the receive `{}RA{}@{}`", st, u, s.rank_of(st - 1, u)));
+        if (!(d & kForward)) missing(u, fmt::format("the forward `{}F{}`", st, u));
+        if (st < last && !(d & kSendAct))
+          missing(u, fmt::format("the send `{}SA{}@{}` (after `{}F{}`)", st, u, s.rank_of(st + 1, u), st, u));
+        if (st < last && !(d & kRecvGrad))
+          missing(u, fmt::format("the receive `{}RG{}@{}`", st, u, s.rank_of(st + 1, u)));
+        if (!(d & kInputGrad)) missing(u, fmt::format("the backward `{}B{}`", st, u));
+        if (!(d & kWeightGrad)) missing(u, fmt::format("the weight gradient `{}W{}`", st, u));
+        if (st > 0 && !(d & kSendGrad))
+          missing(u, fmt::format("the send `{}SG{}@{}` (after `{}B{}`)", st, u, s.rank_of(st - 1, u), st, u));
+      }
+      int expected_steps = s.policy == UpdatePolicy::Flush ? s.minibatches : sl.backwards;
+      if (sl.steps != expected_steps)
+        PIPELINE_FAIL(ConfigError,
+                      "rank {}: stage {} takes {} optimizer steps; a {} schedule needs {} (`{}ST{}` is "
+                      "missing)",
+                      r, st, sl.steps, update_policy_name(s.policy), expected_steps, st, sl.steps);
+      if (allreduces[st] < 0) {
+        allreduces[st] = sl.allreduces;
+        allreduce_rank[st] = r;
+      } else if (allreduces[st] != sl.allreduces) {
+        PIPELINE_FAIL(ConfigError,
+                      "rank {}: stage {} runs {} allreduces here but {} on rank {}; all replicas "
+                      "must run the same allreduces",
+                      r, st, sl.allreduces, allreduces[st], allreduce_rank[st]);
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+ValidationReport validate(const Schedule& schedule) {
+  detail::check_local(schedule);
+  auto result = detail::execute_schedule(schedule, nullptr, false);
+  ValidationReport report;
+  for (std::size_t r = 0; r < result.ranks.size(); ++r)
+    report.ranks.push_back({static_cast<int>(r), result.ranks[r].peak_activations,
+                            result.ranks[r].peak_weight_versions});
+  return report;
+}
+
+std::string validation_error(const Schedule& schedule) {
+  try {
+    validate(schedule);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return {};
+}
+
+}  // namespace pipeline

@@ -1,0 +1,194 @@
+#include <pipeline/schedule/generator.hpp>
+#include <pipeline/schedule/schedule.hpp>
+#include <pipeline/schedule/schedules/gpipe.hpp>
+#include <pipeline/schedule/schedules/one_f_one_b.hpp>
+#include <pipeline/schedule/validate.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+using namespace pipeline;
+
+namespace {
+
+std::vector<Action> compute_only(const std::vector<Action>& actions) {
+  std::vector<Action> out;
+  for (auto& a : actions)
+    if (is_compute(a.kind)) out.push_back(a);
+  return out;
+}
+
+int count(const std::vector<Action>& actions, ActionKind kind) {
+  return static_cast<int>(std::count_if(actions.begin(), actions.end(),
+                                        [&](const Action& a) { return a.kind == kind; }));
+}
+
+}  // namespace
+
+TEST_CASE("action tokens round-trip and bad tokens are named") {
+  for (const char* t : {"0F3", "12B0", "2I5", "2W5", "0SA3@1", "1RA3@0", "1SG3@0", "0RG3@1", "0AR2", "3ST10"})
+    CHECK(to_string(parse_action(t)) == t);
+  Action a = parse_action("0SA3@1");
+  CHECK(a.kind == ActionKind::SendActivation);
+  CHECK(a.stage == 0);
+  CHECK(a.microbatch == 3);
+  CHECK(a.peer == 1);
+  CHECK_THROWS_WITH_AS(parse_action("0X3"), doctest::Contains("unknown code 'X'"), ConfigError);
+  CHECK_THROWS_WITH_AS(parse_action("0SA3"), doctest::Contains("peer rank"), ConfigError);
+  CHECK_THROWS_WITH_AS(parse_action("F3"), doctest::Contains("stage number"), ConfigError);
+  CHECK_THROWS_WITH_AS(parse_action("0F"), doctest::Contains("no microbatch"), ConfigError);
+  CHECK_THROWS_WITH_AS(parse_action("0F3x"), doctest::Contains("trailing"), ConfigError);
+  CHECK(parse_actions(" 0F0  0F1\t0B0 ").size() == 3);
+  CHECK(to_string(parse_actions("0F0 0SA0@1")) == "0F0 0SA0@1");
+}
+
+TEST_CASE("1F1B-flush on 4 stages: warm-up, steady 1F1B and cool-down, with communication") {
+  Schedule s = one_f_one_b_flush_schedule(ScheduleSpec::straight(4, 8));
+  CHECK(to_string(compute_only(s.ranks[0])) ==
+        "0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 0B5 0B6 0B7");
+  CHECK(to_string(compute_only(s.ranks[3])) ==
+        "3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5 3F6 3B6 3F7 3B7");
+  // Communication inserted right around the compute that needs it.
+  CHECK(to_string(std::vector<Action>(s.ranks[1].begin(), s.ranks[1].begin() + 3)) == "1RA0@0 1F0 1SA0@2");
+  CHECK(s.ranks[0].back() == Action{ActionKind::Step, 0, 0, -1});
+  CHECK(count(s.ranks[0], ActionKind::AllReduce) == 0);
+  validate(s);
+}
+
+TEST_CASE("1F1B keeps at most p - s activations in flight at stage s, GPipe keeps m") {
+  for (int p : {1, 2, 4, 7}) {
+    for (int m : {1, 3, 8, 16}) {
+      CAPTURE(p);
+      CAPTURE(m);
+      auto spec = ScheduleSpec::straight(p, m, 2);
+      ValidationReport flush = validate(one_f_one_b_flush_schedule(spec));
+      ValidationReport gpipe = validate(gpipe_schedule(spec));
+      for (int s = 0; s < p; ++s) {
+        CHECK(flush.ranks[s].peak_activations == std::min(p - s, m));
+        CHECK(gpipe.ranks[s].peak_activations == m);
+        CHECK(flush.ranks[s].peak_weight_versions == 1);
+        CHECK(gpipe.ranks[s].peak_weight_versions == 1);
+      }
+    }
+  }
+}
+
+TEST_CASE("1F1B-stash keeps p - s weight versions at stage s (PipeDream's weight stashing)") {
+  for (int p : {2, 4, 6}) {
+    CAPTURE(p);
+    auto spec = ScheduleSpec::straight(p, 1, 5 * p);
+    Schedule s = one_f_one_b_stash_schedule(spec);
+    CHECK(s.policy == UpdatePolicy::Stash);
+    // A step after every backward.
+    for (auto& r : s.ranks) CHECK(count(r, ActionKind::Step) == count(r, ActionKind::Backward));
+    ValidationReport rep = validate(s);
+    for (int st = 0; st < p; ++st) {
+      CHECK(rep.ranks[st].peak_activations == p - st);
+      CHECK(rep.ranks[st].peak_weight_versions == p - st);
+    }
+    // Vertical sync: stage s must also keep the versions between the one its oldest in-flight
+    // minibatch uses (the input stage's, p - s steps older) and its newest: p at every stage.
+    spec.vertical_sync = true;
+    ValidationReport vs = validate(one_f_one_b_stash_schedule(spec));
+    for (int st = 0; st < p; ++st) {
+      CHECK(vs.ranks[st].peak_activations == p - st);
+      CHECK(vs.ranks[st].peak_weight_versions == p);
+    }
+  }
+}
+
+TEST_CASE("1F1B-stash admits in_flight minibatches at the input stage") {
+  auto spec = ScheduleSpec::straight(4, 1, 12);
+  spec.in_flight = 2;
+  ValidationReport rep = validate(one_f_one_b_stash_schedule(spec));
+  CHECK(rep.ranks[0].peak_activations == 2);
+  CHECK(rep.ranks[3].peak_activations == 1);
+  CHECK_THROWS_AS(one_f_one_b_stash_schedule(ScheduleSpec::straight(4, 2, 4)), ConfigError);
+}
+
+TEST_CASE("replicated stages get minibatches round-robin and allreduce before each step") {
+  // PipeDream's 2-1-1 configuration of 4 workers, and a few others.
+  std::vector<std::vector<std::vector<int>>> configs = {
+      {{0, 1}, {2}, {3}}, {{0}, {1, 2}, {3}}, {{0}, {1}, {2, 3}}, {{0, 1, 2}, {3}}, {{0, 1}, {2, 3}},
+      {{0, 1, 2, 3}}};
+  for (auto& cfg : configs) {
+    for (std::string name : {"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync"}) {
+      CAPTURE(name);
+      ScheduleSpec spec;
+      spec.stage_ranks = cfg;
+      bool stash = name.find("stash") != std::string::npos;
+      spec.microbatches = stash ? 1 : 6;
+      spec.minibatches = stash ? 12 : 2;
+      Schedule s = generate_schedule(name, spec);
+      validate(s);
+      for (int st = 0; st < s.num_stages(); ++st) {
+        int r = s.replicas(st);
+        for (int i = 0; i < r; ++i) {
+          const auto& acts = s.ranks[cfg[st][i]];
+          for (auto& a : acts)
+            if (is_compute(a.kind)) CHECK(a.microbatch % r == i);
+          CHECK(count(acts, ActionKind::AllReduce) ==
+                (r == 1 ? 0 : count(acts, ActionKind::Step)));
+        }
+      }
+    }
+  }
+  ScheduleSpec uneven;
+  uneven.stage_ranks = {{0, 1}, {2}};
+  uneven.minibatches = 5;
+  CHECK_THROWS_WITH_AS(one_f_one_b_stash_schedule(uneven), doctest::Contains("multiple of 2"),
+                       ConfigError);
+}
+
+TEST_CASE("the registry names its generators and can be extended") {
+  auto names = GeneratorRegistry::builtin().names();
+  for (const char* n : {"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync"})
+    CHECK(std::find(names.begin(), names.end(), n) != names.end());
+  CHECK_THROWS_WITH_AS(generate_schedule("interleaved", ScheduleSpec::straight(2, 2)),
+                       doctest::Contains("known schedules: 1f1b-flush"), ConfigError);
+  GeneratorRegistry mine = GeneratorRegistry::builtin();
+  mine.add("reverse-gpipe", [](const ScheduleSpec& spec) {
+    Schedule s = gpipe_schedule(spec);
+    s.name = "reverse-gpipe";
+    return s;
+  });
+  CHECK(mine.generate("reverse-gpipe", ScheduleSpec::straight(3, 4)).name == "reverse-gpipe");
+  CHECK_THROWS_AS(generate_schedule("gpipe", ScheduleSpec::straight(3, 0)), ConfigError);
+  ScheduleSpec bad;
+  bad.stage_ranks = {{0}, {0}};
+  CHECK_THROWS_WITH_AS(gpipe_schedule(bad), doctest::Contains("rank 0 is listed by stage 0 and stage 1"),
+                       ConfigError);
+}
+
+TEST_CASE("validation names the rank and the action") {
+  Schedule s = one_f_one_b_flush_schedule(ScheduleSpec::straight(2, 2));
+  SUBCASE("backward before its forward") {
+    std::swap(s.ranks[1][1], s.ranks[1][2]);  // 1RA0@0 1F0 1B0 ... -> 1RA0@0 1B0 1F0
+    CHECK_THROWS_WITH_AS(validate(s), doctest::Contains("rank 1, action #1 `1B0`: backward of microbatch 0 on stage 1 before its forward"),
+                         ConfigError);
+  }
+  SUBCASE("missing receive") {
+    auto& r1 = s.ranks[1];
+    r1.erase(std::find(r1.begin(), r1.end(), parse_action("1RA1@0")));
+    CHECK_THROWS_WITH_AS(validate(s), doctest::Contains("`1F1`: forward of microbatch 1 on stage 1 before receiving its input (expected `1RA1@0`"),
+                         ConfigError);
+  }
+  SUBCASE("wrong peer") {
+    s.ranks[0][1].peer = 0;
+    CHECK_THROWS_WITH_AS(validate(s), doctest::Contains("rank 0, action #1 `0SA0@0`: the peer is rank 0"),
+                         ConfigError);
+  }
+  SUBCASE("missing step") {
+    s.ranks[0].pop_back();
+    CHECK_THROWS_WITH_AS(validate(s), doctest::Contains("`0ST0` is missing"), ConfigError);
+  }
+  SUBCASE("deadlock") {
+    // Rank 0 waits for the gradient of microbatch 0 before sending the activation of microbatch 1
+    // that rank 1 needs first.
+    s.ranks[1] = parse_actions("1RA1@0 1F1 1B1 1SG1@0 1RA0@0 1F0 1B0 1SG0@0 1ST0");
+    s.ranks[0] = parse_actions("0F0 0SA0@1 0RG0@1 0B0 0F1 0SA1@1 0RG1@1 0B1 0ST0");
+    CHECK_THROWS_WITH_AS(validate(s), doctest::Contains("deadlock: rank 0 waits at action #2 `0RG0@1` for rank 1; rank 1 waits at action #0 `1RA1@0` for rank 0"),
+                         ConfigError);
+  }
+}
