@@ -8,6 +8,9 @@
 #include <memory>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -22,9 +25,8 @@
 // batch has fewer samples than threads (batch 1), the samples run one after another and Eigen
 // threads each gemm instead. bench/bench_conv.cpp measures the result.
 //
-// im2col and col2im work a whole output row at a time: the range of output columns whose input
-// lies inside the image is computed once per kernel offset, the padding is written with fill and
-// the interior is a memcpy (stride 1) or a strided gather, so no inner loop tests bounds.
+// im2col reads from a zero-bordered copy of the sample, so its rows are plain (strided) copies
+// with no bounds tests, and col2im accumulates into such a copy (see Lowering below).
 
 namespace pipeline::ops {
 
@@ -44,87 +46,103 @@ struct Geometry {
   bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
 };
 
-// Output positions [lo, hi) whose input coordinate o·stride − pad + k falls inside [0, in).
-struct Range {
-  std::int64_t lo, hi;
-};
-
-Range valid_outputs(std::int64_t in, std::int64_t out, std::int64_t stride, std::int64_t pad,
-                    std::int64_t k) {
-  const std::int64_t a = pad - k;  // o·stride >= a
-  std::int64_t lo = a <= 0 ? 0 : (a + stride - 1) / stride;
-  const std::int64_t b = in - 1 + pad - k;  // o·stride <= b
-  std::int64_t hi = b < 0 ? 0 : b / stride + 1;
-  lo = std::min(lo, out);
-  hi = std::clamp(hi, lo, out);
-  return {lo, hi};
+// Contiguous row copy and accumulation. Output rows of small images are short (14 floats for
+// fashion-cnn's conv2), where a memcpy call per row costs more than the copy; with AVX-512 a row
+// is whole 16-float vectors plus one masked vector, without any call or scalar tail.
+inline void copy_row(const float* src, float* dst, std::int64_t n) {
+#if defined(__AVX512F__)
+  std::int64_t t = 0;
+  for (; t + 16 <= n; t += 16) _mm512_storeu_ps(dst + t, _mm512_loadu_ps(src + t));
+  if (t < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - t)) - 1);
+    _mm512_mask_storeu_ps(dst + t, m, _mm512_maskz_loadu_ps(m, src + t));
+  }
+#else
+  std::copy_n(src, n, dst);
+#endif
 }
 
+inline void add_row(const float* src, float* dst, std::int64_t n) {
+#if defined(__AVX512F__)
+  std::int64_t t = 0;
+  for (; t + 16 <= n; t += 16)
+    _mm512_storeu_ps(dst + t, _mm512_add_ps(_mm512_loadu_ps(dst + t), _mm512_loadu_ps(src + t)));
+  if (t < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - t)) - 1);
+    _mm512_mask_storeu_ps(
+        dst + t, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + t), _mm512_maskz_loadu_ps(m, src + t)));
+  }
+#else
+  for (std::int64_t t = 0; t < n; ++t) dst[t] += src[t];
+#endif
+}
+
+// Lowering of one sample. Padding is handled by first copying the sample into a zero-bordered
+// [C, H + 2·PH, W + 2·PW] buffer (the border is zeroed once per thread and never written again),
+// so that every im2col row is a plain strided read with no bounds tests; col2im accumulates into
+// such a buffer and copies its interior out.
 struct Lowering {
   Geometry g;
-  std::vector<Range> rows;  // per kernel row offset
-  std::vector<Range> cols;  // per kernel column offset
+  std::int64_t hp, wp;  // padded extents
 
-  explicit Lowering(const Geometry& geo) : g(geo) {
-    for (std::int64_t i = 0; i < g.kh; ++i) rows.push_back(valid_outputs(g.h, g.oh, g.sh, g.ph, i));
-    for (std::int64_t j = 0; j < g.kw; ++j) cols.push_back(valid_outputs(g.w, g.ow, g.sw, g.pw, j));
+  explicit Lowering(const Geometry& geo) : g(geo), hp(geo.h + 2 * geo.ph), wp(geo.w + 2 * geo.pw) {}
+
+  bool padded() const { return g.ph > 0 || g.pw > 0; }
+  // Floats of per-thread padding buffer (0 when there is no padding).
+  std::int64_t pad_floats() const { return padded() ? g.c * hp * wp : 0; }
+
+  // Copies sample x into the interior of the padded buffer xp (whose border is zero).
+  void pad(const float* x, float* xp) const {
+    for (std::int64_t c = 0; c < g.c; ++c)
+      for (std::int64_t r = 0; r < g.h; ++r)
+        copy_row(x + (c * g.h + r) * g.w, xp + (c * hp + r + g.ph) * wp + g.pw, g.w);
   }
 
-  // col[(c·KH + i)·KW + j, oh·OW + ow] = x[c, oh·SH − PH + i, ow·SW − PW + j] (0 outside).
-  void im2col(const float* x, float* col) const {
+  // col[(c·KH + i)·KW + j, oh·OW + ow] = xp[c, oh·SH + i, ow·SW + j], xp padded (or x itself).
+  void im2col(const float* xp, float* col) const {
     const std::int64_t P = g.pixels(), OW = g.ow;
-    for (std::int64_t c = 0; c < g.c; ++c) {
-      const float* plane = x + c * g.in_plane();
-      for (std::int64_t i = 0; i < g.kh; ++i) {
-        const Range r = rows[static_cast<std::size_t>(i)];
+    for (std::int64_t c = 0; c < g.c; ++c)
+      for (std::int64_t i = 0; i < g.kh; ++i)
         for (std::int64_t j = 0; j < g.kw; ++j) {
-          const Range q = cols[static_cast<std::size_t>(j)];
           float* row = col + ((c * g.kh + i) * g.kw + j) * P;
-          std::fill(row, row + r.lo * OW, 0.f);
-          std::fill(row + r.hi * OW, row + P, 0.f);
-          const std::int64_t off = j - g.pw;  // input column = ow·SW + off
-          for (std::int64_t o = r.lo; o < r.hi; ++o) {
+          const float* in = xp + (c * hp + i) * wp + j;
+          for (std::int64_t o = 0; o < g.oh; ++o) {
+            const float* src = in + o * g.sh * wp;
             float* out = row + o * OW;
-            const float* in = plane + (o * g.sh - g.ph + i) * g.w;
-            std::fill(out, out + q.lo, 0.f);
-            std::fill(out + q.hi, out + OW, 0.f);
             if (g.sw == 1) {
-              std::memcpy(out + q.lo, in + q.lo + off,
-                          static_cast<std::size_t>(q.hi - q.lo) * sizeof(float));
+              copy_row(src, out, OW);
             } else {
-              for (std::int64_t t = q.lo; t < q.hi; ++t) out[t] = in[t * g.sw + off];
+              for (std::int64_t t = 0; t < OW; ++t) out[t] = src[t * g.sw];
             }
           }
         }
-      }
-    }
   }
 
-  // The adjoint of im2col: dx[c, ih, iw] += col[...] over every (i, j, oh, ow) reading it.
-  // dx must be zeroed by the caller.
-  void col2im(const float* col, float* dx) const {
+  // The adjoint of im2col: dxp[c, oh·SH + i, ow·SW + j] += col[...]. dxp must be zeroed.
+  void col2im(const float* col, float* dxp) const {
     const std::int64_t P = g.pixels(), OW = g.ow;
-    for (std::int64_t c = 0; c < g.c; ++c) {
-      float* plane = dx + c * g.in_plane();
-      for (std::int64_t i = 0; i < g.kh; ++i) {
-        const Range r = rows[static_cast<std::size_t>(i)];
+    for (std::int64_t c = 0; c < g.c; ++c)
+      for (std::int64_t i = 0; i < g.kh; ++i)
         for (std::int64_t j = 0; j < g.kw; ++j) {
-          const Range q = cols[static_cast<std::size_t>(j)];
           const float* row = col + ((c * g.kh + i) * g.kw + j) * P;
-          const std::int64_t off = j - g.pw;
-          for (std::int64_t o = r.lo; o < r.hi; ++o) {
+          float* in = dxp + (c * hp + i) * wp + j;
+          for (std::int64_t o = 0; o < g.oh; ++o) {
+            float* dst = in + o * g.sh * wp;
             const float* src = row + o * OW;
-            float* in = plane + (o * g.sh - g.ph + i) * g.w;
             if (g.sw == 1) {
-              float* dst = in + off;
-              for (std::int64_t t = q.lo; t < q.hi; ++t) dst[t] += src[t];
+              add_row(src, dst, OW);
             } else {
-              for (std::int64_t t = q.lo; t < q.hi; ++t) in[t * g.sw + off] += src[t];
+              for (std::int64_t t = 0; t < OW; ++t) dst[t * g.sw] += src[t];
             }
           }
         }
-      }
-    }
+  }
+
+  // dx (one sample) = the interior of the padded gradient dxp.
+  void unpad(const float* dxp, float* dx) const {
+    for (std::int64_t c = 0; c < g.c; ++c)
+      for (std::int64_t r = 0; r < g.h; ++r)
+        copy_row(dxp + (c * hp + r + g.ph) * wp + g.pw, dx + (c * g.h + r) * g.w, g.w);
   }
 };
 
@@ -198,13 +216,22 @@ void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, T
   const float* bd = bias.defined() ? bias.data<float>() : nullptr;
   const ConstMatrixMap W(weight.data<float>(), g.m, K);
   const int threads = sample_threads(g.n);
-  auto cols = scratch(g.pointwise() ? 0 : threads * K * P);
+  const std::int64_t col_floats = g.pointwise() ? 0 : K * P, pad_floats = low.pad_floats();
+  const std::int64_t per_thread = col_floats + pad_floats;
+  auto work = scratch(threads * per_thread);
+  for (int t = 0; t < threads; ++t)  // the padding border, never written afterwards
+    std::fill_n(work.get() + t * per_thread + col_floats, pad_floats, 0.f);
   for_each_sample(g.n, threads, [&](std::int64_t s, int t) {
+    float* col = work.get() + t * per_thread;
     const float* xs = xd + s * g.c * g.in_plane();
     const float* lowered = xs;
     if (!g.pointwise()) {
-      float* col = cols.get() + t * K * P;
-      low.im2col(xs, col);
+      const float* src = xs;
+      if (low.padded()) {
+        low.pad(xs, col + col_floats);
+        src = col + col_floats;
+      }
+      low.im2col(src, col);
       lowered = col;
     }
     MatrixMap Y(yd + s * g.m * P, g.m, P);
@@ -226,7 +253,9 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& weight, Tensor& dx,
   float* dxd = dx.data<float>();
   const ConstMatrixMap W(weight.data<float>(), g.m, K);
   const int threads = sample_threads(g.n);
-  auto cols = scratch(g.pointwise() ? 0 : threads * K * P);
+  const std::int64_t col_floats = g.pointwise() ? 0 : K * P, pad_floats = low.pad_floats();
+  const std::int64_t per_thread = col_floats + pad_floats;
+  auto work = scratch(threads * per_thread);
   for_each_sample(g.n, threads, [&](std::int64_t s, int t) {
     const ConstMatrixMap DY(dyd + s * g.m * P, g.m, P);
     float* dxs = dxd + s * g.c * g.in_plane();
@@ -234,10 +263,12 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& weight, Tensor& dx,
       MatrixMap(dxs, K, P).noalias() = W.transpose() * DY;
       return;
     }
-    float* col = cols.get() + t * K * P;
+    float* col = work.get() + t * per_thread;
     MatrixMap(col, K, P).noalias() = W.transpose() * DY;
-    std::fill(dxs, dxs + g.c * g.in_plane(), 0.f);
-    low.col2im(col, dxs);
+    float* dst = low.padded() ? col + col_floats : dxs;
+    std::fill_n(dst, low.padded() ? pad_floats : g.c * g.in_plane(), 0.f);
+    low.col2im(col, dst);
+    if (low.padded()) low.unpad(dst, dxs);
   });
 }
 
@@ -256,27 +287,34 @@ void conv2d_backward_filter(const Tensor& x, const Tensor& dy, Tensor& dweight,
   const int threads = sample_threads(g.n);
   // With several threads each sums its samples into a private [M, K] buffer (a few hundred KiB
   // at most) and the buffers are added at the end; a single thread accumulates in place.
-  const std::int64_t col_floats = g.pointwise() ? 0 : K * P;
+  const std::int64_t col_floats = g.pointwise() ? 0 : K * P, pad_floats = low.pad_floats();
   const std::int64_t acc_floats = threads > 1 ? g.m * K : 0;
-  auto buffers = scratch(threads * (col_floats + acc_floats));
-  if (acc_floats > 0) std::fill(buffers.get(), buffers.get() + threads * (col_floats + acc_floats), 0.f);
+  const std::int64_t per_thread = col_floats + pad_floats + acc_floats;
+  auto work = scratch(threads * per_thread);
+  for (int t = 0; t < threads; ++t)  // padding border and private sums start at zero
+    std::fill_n(work.get() + t * per_thread + col_floats, pad_floats + acc_floats, 0.f);
   for_each_sample(g.n, threads, [&](std::int64_t s, int t) {
-    float* mine = buffers.get() + t * (col_floats + acc_floats);
+    float* col = work.get() + t * per_thread;
     const float* xs = xd + s * g.c * g.in_plane();
     const float* lowered = xs;
     if (!g.pointwise()) {
-      low.im2col(xs, mine);
-      lowered = mine;
+      const float* src = xs;
+      if (low.padded()) {
+        low.pad(xs, col + col_floats);
+        src = col + col_floats;
+      }
+      low.im2col(src, col);
+      lowered = col;
     }
     const ConstMatrixMap DY(dyd + s * g.m * P, g.m, P);
     const ConstMatrixMap X(lowered, K, P);
     if (acc_floats > 0)
-      MatrixMap(mine + col_floats, g.m, K).noalias() += DY * X.transpose();
+      MatrixMap(col + col_floats + pad_floats, g.m, K).noalias() += DY * X.transpose();
     else
       DW.noalias() += DY * X.transpose();
   });
   for (int t = 0; acc_floats > 0 && t < threads; ++t)
-    DW += ConstMatrixMap(buffers.get() + t * (col_floats + acc_floats) + col_floats, g.m, K);
+    DW += ConstMatrixMap(work.get() + t * per_thread + col_floats + pad_floats, g.m, K);
 }
 
 void conv2d_backward_bias(const Tensor& dy, Tensor& dbias) {
