@@ -1,0 +1,152 @@
+// bench_conv: forward, backward-data and backward-filter time of fashion-cnn's two convolutions
+// at batch 64, through the library's CPU ops (im2col per sample + Eigen gemm, samples over
+// threads).
+//
+// FLOPs of each of the three passes = 2 · N · M · OH · OW · C · KH · KW (a multiply-add is 2).
+// For comparison the table ends with a plain gemm of the same FLOPs as conv2 done as one
+// whole-batch product ([M, C·KH·KW] x [C·KH·KW, N·OH·OW], Eigen threaded): the ceiling of the
+// whole-batch-im2col alternative before its lowering and transposes are paid.
+//
+// Columns: GFLOP/s at the median and at the best wall-clock time, and GF/cpu-s, the FLOPs per
+// second of CPU time summed over threads (on a quiet machine, GFLOP/s ≈ threads · GF/cpu-s; on a
+// shared one the wall-clock columns drop while GF/cpu-s still shows the kernels' efficiency).
+//
+// Usage: bench_conv [--threads N] [--batch N] [--min-seconds S] [--results FILE]
+// With --results the table is appended to FILE (e.g. bench/RESULTS.md) with the machine and date.
+#include <pipeline/core/rng.hpp>
+#include <pipeline/core/threads.hpp>
+#include <pipeline/ops/conv.hpp>
+#include <pipeline/ops/gemm.hpp>
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+using namespace pipeline;
+
+namespace {
+
+struct Timing {
+  double median_s, best_s, median_cpu_s;  // wall clock, and process CPU time of all threads
+};
+
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+Timing time_it(const std::function<void()>& fn, double min_seconds) {
+  fn();  // warm-up: first-touch of buffers, thread pool start
+  std::vector<double> runs, cpu;
+  const auto start = std::chrono::steady_clock::now();
+  while (runs.size() < 5 ||
+         (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < min_seconds &&
+          runs.size() < 200)) {
+    const double c0 = cpu_seconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    runs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    cpu.push_back(cpu_seconds() - c0);
+  }
+  std::sort(runs.begin(), runs.end());
+  std::sort(cpu.begin(), cpu.end());
+  return {runs[runs.size() / 2], runs.front(), cpu[cpu.size() / 2]};
+}
+
+std::string cpu_name() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+Tensor random(const Shape& s, std::uint64_t seed) {
+  Tensor t = Tensor::empty(s);
+  Rng(seed).fill_uniform(t, -1.f, 1.f);
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = default_num_threads();
+  std::int64_t batch = 64;
+  double min_seconds = 1.0;
+  std::string results;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--threads") threads = std::atoi(argv[i + 1]);
+    else if (a == "--batch") batch = std::atoll(argv[i + 1]);
+    else if (a == "--min-seconds") min_seconds = std::atof(argv[i + 1]);
+    else if (a == "--results") results = argv[i + 1];
+    else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  set_num_threads(threads);
+
+  struct Conv {
+    const char* name;
+    std::int64_t c, h, w, m, k, pad;
+  };
+  const std::vector<Conv> convs = {{"conv1 1->32 5x5 p2 28x28", 1, 28, 28, 32, 5, 2},
+                                   {"conv2 32->64 5x5 p2 14x14", 32, 14, 14, 64, 5, 2}};
+
+  std::string table = fmt::format("{:<28} {:<16} {:>8} {:>10} {:>10} {:>10} {:>10}\n", "layer",
+                                  "pass", "GFLOP", "median ms", "GFLOP/s", "best GF/s", "GF/cpu-s");
+  table += std::string(98, '-') + "\n";
+  auto row = [&](const std::string& layer, const char* pass, double flop, Timing t) {
+    table += fmt::format("{:<28} {:<16} {:>8.3f} {:>10.3f} {:>10.1f} {:>10.1f} {:>10.1f}\n", layer,
+                         pass, flop * 1e-9, t.median_s * 1e3, flop / t.median_s * 1e-9,
+                         flop / t.best_s * 1e-9, flop / t.median_cpu_s * 1e-9);
+  };
+
+  for (const Conv& c : convs) {
+    const ops::Window2d win = ops::Window2d::square(c.k, 1, c.pad);
+    Tensor x = random({batch, c.c, c.h, c.w}, 1);
+    Tensor w = random({c.m, c.c, c.k, c.k}, 2);
+    Tensor b = random({c.m}, 3);
+    Tensor y = Tensor::empty(ops::conv2d_output_shape(x.shape(), w.shape(), win));
+    Tensor dy = random(y.shape(), 4);
+    Tensor dx = Tensor::empty(x.shape());
+    Tensor dw = Tensor::zeros(w.shape());
+    const double flop = 2.0 * static_cast<double>(y.numel()) * c.c * c.k * c.k;
+    row(c.name, "forward", flop, time_it([&] { ops::conv2d_forward(x, w, b, y, win); }, min_seconds));
+    row(c.name, "backward data", flop,
+        time_it([&] { ops::conv2d_backward_data(dy, w, dx, win); }, min_seconds));
+    row(c.name, "backward filter", flop,
+        time_it([&] { ops::conv2d_backward_filter(x, dy, dw, win); }, min_seconds));
+  }
+  {
+    const std::int64_t m = 64, k = 32 * 25, n = batch * 14 * 14;
+    Tensor a = random({m, k}, 5), bm = random({k, n}, 6), cm = Tensor::empty({m, n});
+    row(fmt::format("gemm {}x{}x{}", m, k, n), "whole batch", 2.0 * m * k * n,
+        time_it([&] { ops::gemm(a, false, bm, false, cm); }, min_seconds));
+  }
+
+  const std::string header =
+      fmt::format("bench_conv: batch {}, {} threads, {}, {:%Y-%m-%d}\n", batch, threads,
+                  cpu_name(), fmt::localtime(std::time(nullptr)));
+  std::fputs((header + table).c_str(), stdout);
+  if (!results.empty()) {
+    std::ofstream out(results, std::ios::app);
+    out << "\n```\n" << header << table << "```\n";
+    if (!out) {
+      std::fprintf(stderr, "could not append to %s\n", results.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
