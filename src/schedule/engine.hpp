@@ -13,6 +13,7 @@
 #pragma once
 
 #include <pipeline/schedule/schedule.hpp>
+#include <pipeline/schedule/simulator.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -51,14 +52,6 @@ struct RankRecord {
   int window_forwards = 0;
   double window_begin_s = 0, window_begin_busy_s = 0;
   double window_end_s = 0, window_end_busy_s = 0;
-};
-
-struct TraceEvent {
-  int rank = 0;
-  Action action;
-  double start_s = 0;
-  double end_s = 0;  // sends: the arrival time at the receiver
-  int flow = -1;     // sends and receives: the id pairing a send with its receive
 };
 
 struct EngineResult {

@@ -1,0 +1,107 @@
+// Simulator: discrete-event timing of a schedule on a profile, a plan and a topology — the
+// prediction of a plan's throughput, bubbles and memory without running it.
+//
+// Cost model (the partitioner's, seen from the schedule's side):
+//  - compute: a stage's forward / backward time is the sum over its layers of the profile's
+//    times, scaled by microbatch_size / profile.batch_size. A split backward uses the profile's
+//    input/weight-gradient times where measured, half of the backward each otherwise. A step
+//    takes optimizer_step_s.
+//  - transfers: the bytes crossing a stage boundary (outputs of the stage's layers consumed by
+//    later layers, scaled like compute) at the bandwidth of the innermost topology level holding
+//    both ranks, plus latency_s. Unless full_duplex, a link's two directions share its bandwidth
+//    (each gets half), so an activation and its gradient cost 2·a/B per microbatch as in
+//    PipeDream's model. Messages on one link direction go one at a time. An empty topology, or
+//    a level of bandwidth 0, moves data for free.
+//  - allreduce among a stage's r replicas: allreduce_factor·(r−1)/r·|w|/B at the slowest level
+//    the group spans (4 = PipeDream's model: reduce-scatter and all-gather, each sending and
+//    receiving), plus 2(r−1)·latency_s; it blocks the replicas, like the runtime's.
+//  - overlap: sends never block, receives are posted early and waited for where the schedule
+//    says, so transfers overlap with compute as the runtime's non-blocking communication does.
+// Memory per rank: peak over time of stashed activations (per microbatch: the outputs of the
+// stage's layers plus its received input) plus weight versions times the stage's parameters.
+//
+// Reported: time per minibatch (flush schedules: makespan / minibatches; stash schedules: the
+// steady-state period, measured on every rank from its forward n/4 to its forward 3n/4, the
+// slowest rank's), samples/s, bubble fraction (idle share of the makespan) overall and per rank,
+// and its steady-state value over the same window.
+#pragma once
+
+#include <pipeline/plan/plan.hpp>
+#include <pipeline/plan/topology.hpp>
+#include <pipeline/profile/profile.hpp>
+#include <pipeline/schedule/schedule.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pipeline {
+
+struct SimulateOptions {
+  int microbatch_size = 0;  // samples per microbatch; 0: the profile's batch size
+  double latency_s = 0;     // per point-to-point message
+  double optimizer_step_s = 0;
+  double allreduce_factor = 4.0;
+  bool full_duplex = false;
+  bool record_trace = false;  // keep every action's start and end in Simulation::events
+};
+
+// One executed action. Sends: start is when it was posted, end the arrival at the receiver.
+// Receives: start is when the rank began waiting, end when the data was there.
+struct TraceEvent {
+  int rank = 0;
+  Action action;
+  double start_s = 0;
+  double end_s = 0;
+  int flow = -1;  // pairs a send with its receive (same id); -1 otherwise
+};
+
+// Costs of one stage for one microbatch, as the simulator charges them.
+struct StageTiming {
+  double forward_s = 0;
+  double backward_s = 0;
+  double backward_input_s = 0;
+  double backward_weight_s = 0;
+  std::int64_t output_bytes = 0;      // sent to the next stage per microbatch
+  std::int64_t activation_bytes = 0;  // stashed per in-flight microbatch
+  std::int64_t parameter_bytes = 0;
+};
+
+// `scale` = microbatch size / profile batch size. Throws ConfigError when the stage's layer
+// range does not fit the profile.
+StageTiming stage_timing(const Profile& profile, const Plan& plan, int stage, double scale);
+
+// Bandwidth in bytes/s between ranks a and b (infinity when free).
+double link_bandwidth(const Topology& topology, int a, int b);
+
+struct RankSimulation {
+  int rank = 0;
+  int stage = 0;
+  double busy_s = 0;
+  double bubble_fraction = 0;
+  double steady_state_bubble_fraction = 0;
+  int peak_activations = 0;
+  int peak_weight_versions = 1;
+  std::int64_t peak_activation_bytes = 0;
+  std::int64_t peak_weight_bytes = 0;
+  std::int64_t peak_memory_bytes = 0;
+};
+
+struct Simulation {
+  std::string schedule;
+  int samples_per_minibatch = 0;
+  double makespan_s = 0;
+  double time_per_minibatch_s = 0;
+  double samples_per_s = 0;
+  double bubble_fraction = 0;
+  double steady_state_bubble_fraction = 0;
+  std::vector<RankSimulation> ranks;
+  std::vector<TraceEvent> events;  // with SimulateOptions::record_trace
+};
+
+// Validates the schedule (throws ConfigError like validate()) and times it. The plan's stages
+// must match the schedule's (same count and ranks).
+Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan& plan,
+                    const Topology& topology, const SimulateOptions& options = {});
+
+}  // namespace pipeline
