@@ -29,7 +29,7 @@ TEST_CASE("clip_grad_norm scales the global norm down to max_norm") {
   auto g = random_grads(1, 1.f);
   const double before = norm_of(g);
   const double reported = clip_grad_norm(g, 2.f);
-  CHECK(reported == doctest::Approx(before).epsilon(1e-9));
+  CHECK(reported == doctest::Approx(before).epsilon(1e-6));  // float blocks, double total
   CHECK(norm_of(g) == doctest::Approx(2.0).epsilon(1e-5));
 
   // Below the bound nothing changes.
