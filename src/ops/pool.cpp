@@ -7,6 +7,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 // Every op works plane by plane (one (n, c) pair), planes spread over the OpenMP threads; a plane
 // is contiguous, so each thread streams through its own part of memory. The window bounds of
 // every output column are computed once per call, so the inner loops only index.
@@ -52,6 +56,60 @@ void for_each_plane(std::int64_t planes, std::int64_t work_per_plane, F&& fn) {
   for (std::int64_t p = 0; p < planes; ++p) fn(p);
 }
 
+// One output row of 2x2, stride-2 max pooling (every CNN's pooling): reads input rows r0 and
+// r0 + w, writes `ow` maxima and their plane positions (base = position of r0[0]). Later elements
+// win only when strictly greater or NaN, so the first maximum is kept, as in PyTorch. With
+// AVX-512 sixteen outputs are computed at once with compares and blends: scalar code pays a
+// branch misprediction per output on real data.
+void max_pool_2x2_row(const float* r0, std::int64_t w, std::int32_t base, std::int64_t ow,
+                      float* out, std::int32_t* idx) {
+  const float* r1 = r0 + w;
+  const auto wi = static_cast<std::int32_t>(w);
+  std::int64_t q = 0;
+#if defined(__AVX512F__)
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (; q < ow; q += 16) {
+    const auto n = static_cast<unsigned>(std::min<std::int64_t>(16, ow - q));
+    const auto m_out = static_cast<__mmask16>((1u << n) - 1);
+    const auto m_lo = static_cast<__mmask16>(n >= 8 ? 0xFFFFu : (1u << (2 * n)) - 1);
+    const auto m_hi = static_cast<__mmask16>(n > 8 ? (1u << (2 * n - 16)) - 1 : 0u);
+    const float* p0 = r0 + 2 * q;
+    const float* p1 = r1 + 2 * q;
+    const __m512 lo0 = _mm512_maskz_loadu_ps(m_lo, p0), hi0 = _mm512_maskz_loadu_ps(m_hi, p0 + 16);
+    const __m512 lo1 = _mm512_maskz_loadu_ps(m_lo, p1), hi1 = _mm512_maskz_loadu_ps(m_hi, p1 + 16);
+    const __m512 a = _mm512_permutex2var_ps(lo0, even, hi0);
+    const __m512 b = _mm512_permutex2var_ps(lo0, odd, hi0);
+    const __m512 c = _mm512_permutex2var_ps(lo1, even, hi1);
+    const __m512 d = _mm512_permutex2var_ps(lo1, odd, hi1);
+    const __m512i ia = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * static_cast<std::int32_t>(q)), even);
+    const __m512i ic = _mm512_add_epi32(ia, _mm512_set1_epi32(wi));
+    const __m512i one = _mm512_set1_epi32(1);
+    __mmask16 t = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
+    __m512 m = _mm512_mask_blend_ps(t, a, b);
+    __m512i at = _mm512_mask_blend_epi32(t, ia, _mm512_add_epi32(ia, one));
+    t = _mm512_cmp_ps_mask(c, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(c, c, _CMP_UNORD_Q);
+    m = _mm512_mask_blend_ps(t, m, c);
+    at = _mm512_mask_blend_epi32(t, at, ic);
+    t = _mm512_cmp_ps_mask(d, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q);
+    m = _mm512_mask_blend_ps(t, m, d);
+    at = _mm512_mask_blend_epi32(t, at, _mm512_add_epi32(ic, one));
+    _mm512_mask_storeu_ps(out + q, m_out, m);
+    _mm512_mask_storeu_epi32(idx + q, m_out, at);
+  }
+#endif
+  for (; q < ow; ++q) {
+    const std::int32_t a_at = base + 2 * static_cast<std::int32_t>(q);
+    const std::int32_t at[4] = {a_at, a_at + 1, a_at + wi, a_at + wi + 1};
+    const float v[4] = {r0[2 * q], r0[2 * q + 1], r1[2 * q], r1[2 * q + 1]};
+    int best = 0;
+    for (int k = 1; k < 4; ++k)
+      if (v[k] > v[best] || std::isnan(v[k])) best = k;
+    out[q] = v[best];
+    idx[q] = at[best];
+  }
+}
+
 void check_same_shape(const Tensor& a, const Shape& s, const char* what) {
   PIPELINE_CHECK(a.shape() == s, "{} is {} but must be {}", what, a.shape(), s);
 }
@@ -84,23 +142,9 @@ void max_pool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Windo
     float* out = yd + p * g.oh * g.ow;
     std::int32_t* idx = id + p * g.oh * g.ow;
     if (two_by_two) {
-      // The common case (every CNN's 2x2 pooling): four loads and a fixed comparison order.
-      for (std::int64_t o = 0; o < g.oh; ++o) {
-        const std::int64_t r0 = 2 * o * g.w, r1 = r0 + g.w;
-        for (std::int64_t q = 0; q < g.ow; ++q) {
-          std::int64_t best_at = r0 + 2 * q;
-          float best = in[best_at];
-          for (std::int64_t at : {r0 + 2 * q + 1, r1 + 2 * q, r1 + 2 * q + 1}) {
-            const float v = in[at];
-            if (v > best || std::isnan(v)) {
-              best = v;
-              best_at = at;
-            }
-          }
-          out[o * g.ow + q] = best;
-          idx[o * g.ow + q] = static_cast<std::int32_t>(best_at);
-        }
-      }
+      for (std::int64_t o = 0; o < g.oh; ++o)
+        max_pool_2x2_row(in + 2 * o * g.w, g.w, static_cast<std::int32_t>(2 * o * g.w), g.ow,
+                         out + o * g.ow, idx + o * g.ow);
       return;
     }
     for (std::int64_t o = 0; o < g.oh; ++o) {

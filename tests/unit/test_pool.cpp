@@ -22,6 +22,7 @@ const std::vector<Case> cases = {
     {{3, 2, 6, 5}, {3, 2, 1, 2, 1, 1}},   // non-square kernel and stride
     {{2, 3, 5, 7}, {2, 2, 2, 2, 0, 0}},   // 2x2/2 on odd extents (last row and column dropped)
     {{2, 2, 9, 6}, {4, 3, 3, 2, 2, 1}},   // larger kernel, stride 3
+    {{1, 2, 6, 39}, {2, 2, 2, 2, 0, 0}},  // 2x2/2 rows of 19 outputs: a full vector and a tail
 };
 
 // Direct loops: max (first maximum on ties), average over kh·kw (padding counts as zero).
@@ -122,6 +123,11 @@ TEST_CASE("max pooling: padding never wins, ties take the first, NaN propagates"
   CHECK(y.to_vector() == std::vector<float>{-5.f, -5.f, -5.f, -5.f, -1.f, -1.f, -5.f, -1.f, -1.f});
   CHECK(std::vector<std::int32_t>(idx.data<std::int32_t>(), idx.data<std::int32_t>() + 9) ==
         std::vector<std::int32_t>{0, 0, 1, 0, 3, 3, 2, 3, 3});  // ties take the first
+  // The same on the 2x2/2 path: ties keep the first element of each window.
+  Tensor flat = Tensor::full({1, 1, 2, 40}, 1.5f);
+  Tensor yf = Tensor::empty({1, 1, 1, 20}), ifl = Tensor::empty({1, 1, 1, 20}, DType::Int32);
+  ops::max_pool2d_forward(flat, yf, ifl, ops::Window2d::square(2, 2));
+  for (std::int32_t q = 0; q < 20; ++q) CHECK(ifl.data<std::int32_t>()[q] == 2 * q);
   Tensor z = Tensor::from_vector({1, 1, 2, 2}, {1.f, NAN, 3.f, 2.f});
   Tensor yz = Tensor::empty({1, 1, 1, 1}), iz = Tensor::empty({1, 1, 1, 1}, DType::Int32);
   ops::max_pool2d_forward(z, yz, iz, ops::Window2d::square(2, 2));
