@@ -1,5 +1,8 @@
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/simulator.hpp>
+#include <pipeline/schedule/trace.hpp>
+
+#include <nlohmann/json.hpp>
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -243,4 +246,32 @@ TEST_CASE("trace events cover every action with matched flows") {
   }
   CHECK(sends == recvs);
   CHECK(sends == 2 * 2 * 4);
+}
+
+TEST_CASE("Chrome trace and SVG timeline of a run") {
+  Profile prof = uniform_profile(4);
+  SimulateOptions opt;
+  opt.record_trace = true;
+  Schedule s = generate_schedule("1f1b-flush", ScheduleSpec::straight(4, 8));
+  Simulation sim = simulate(s, prof, equal_plan(4), {}, opt);
+  auto doc = nlohmann::json::parse(chrome_trace_json(sim, s));
+  int slices = 0, flow_starts = 0, flow_ends = 0, tracks = 0;
+  for (auto& e : doc["traceEvents"]) {
+    std::string ph = e["ph"];
+    if (ph == "X" && e["dur"].get<double>() > 0 && e["cat"] != "recv-activation" && e["cat"] != "recv-gradient") ++slices;
+    flow_starts += ph == "s";
+    flow_ends += ph == "f";
+    tracks += ph == "M" && e["name"] == "thread_name";
+  }
+  CHECK(tracks == 4);
+  CHECK(slices == 4 * 8 * 2);  // a forward and a backward per microbatch and rank (steps take 0 s)
+  CHECK(flow_starts == 2 * 3 * 8);
+  CHECK(flow_ends == flow_starts);
+  std::string svg = timeline_svg(sim, s);
+  CHECK(svg.rfind("<svg", 0) == 0);
+  CHECK(svg.find("rank 3 (stage 3)") != std::string::npos);
+  CHECK(svg.find("#4e79a7") != std::string::npos);
+  CHECK(svg.find("idle (bubble)") != std::string::npos);
+  Simulation bare = simulate(s, prof, equal_plan(4), {});
+  CHECK_THROWS_WITH_AS(timeline_svg(bare, s), doctest::Contains("record_trace"), ConfigError);
 }
