@@ -1,0 +1,132 @@
+// SequentialTrainer: training a whole model in one process — the reference every pipelined
+// schedule must reproduce, and the single-process mode of the example trainers.
+//
+// A step takes one minibatch, cuts it into `microbatches` views, runs forward and backward on
+// each with the loss scaled by 1/minibatch_size so that the gradients accumulate to exactly
+// those of the whole minibatch, optionally clips the global gradient norm, and applies one
+// optimizer update. Dropout masks are drawn from microbatch_seed(), the formula the pipeline
+// runtime uses too, so the same microbatch sees the same mask wherever it runs.
+#pragma once
+
+#include <pipeline/data/dataset.hpp>
+#include <pipeline/data/loader.hpp>
+#include <pipeline/nn/loss.hpp>
+#include <pipeline/nn/sequential.hpp>
+#include <pipeline/optim/flatten.hpp>
+#include <pipeline/optim/grad_clip.hpp>
+#include <pipeline/optim/optimizer.hpp>
+
+#include <cmath>
+#include <memory>
+
+namespace pipeline {
+
+// Seed of the stochastic layers for microbatch `micro` of optimizer step `step`.
+inline std::uint64_t microbatch_seed(std::uint64_t run_seed, std::int64_t step, int micro) {
+  return Rng(run_seed ^ Rng::hash("microbatch"),
+             std::to_string(step) + "/" + std::to_string(micro)).next_u64();
+}
+
+struct StepResult {
+  double loss = 0;  // mean loss over the minibatch
+  std::int64_t correct = 0;
+  std::int64_t count = 0;
+  double grad_norm = 0;  // global gradient norm before clipping
+};
+
+struct EvalResult {
+  double loss = 0;  // mean over the dataset
+  double accuracy = 0;
+  std::int64_t count = 0;
+};
+
+class SequentialTrainer {
+ public:
+  SequentialTrainer(const Sequential& model, ModelParams params, std::unique_ptr<Optimizer> optimizer,
+                    std::uint64_t seed = 0, float clip_norm = 0.f)
+      : m_model(&model),
+        m_params(std::move(params)),
+        m_grads(model.zero_grads(model.all())),
+        m_optimizer(std::move(optimizer)),
+        m_seed(seed),
+        m_clip_norm(clip_norm) {
+    PIPELINE_CHECK(static_cast<int>(m_params.size()) == model.size(),
+                   "trainer for '{}' given parameters for {} of its {} layers", model.name(),
+                   m_params.size(), model.size());
+    PIPELINE_CHECK(m_optimizer != nullptr, "trainer needs an optimizer");
+  }
+
+  ModelParams& params() { return m_params; }
+  const ModelParams& params() const { return m_params; }
+  ModelGrads& grads() { return m_grads; }
+  Optimizer& optimizer() { return *m_optimizer; }
+  std::int64_t steps_done() const { return m_step; }
+
+  // Forward and backward of every microbatch, accumulating gradients; no update.
+  StepResult accumulate(const Batch& batch, int microbatches = 1) {
+    StepResult r;
+    const float scale = 1.f / static_cast<float>(batch.size());
+    int micro = 0;
+    for (const Batch& mb : split_microbatches(batch, microbatches)) {
+      ForwardContext ctx{Mode::Train, microbatch_seed(m_seed, m_step, micro++)};
+      std::vector<Saved> saved;
+      Tensor logits = m_model->forward(m_model->all(), m_params, mb.inputs, saved, ctx);
+      LossResult l = m_loss(logits, mb.labels, scale);
+      PIPELINE_CHECK(std::isfinite(l.loss),
+                     "loss became {} at step {} (microbatch {}): lower the learning rate or enable "
+                     "gradient clipping",
+                     l.loss, m_step, micro - 1);
+      m_model->backward(m_model->all(), m_params, saved, l.grad, m_grads, false);
+      r.loss += l.loss;
+      r.correct += l.correct;
+      r.count += l.count;
+    }
+    return r;
+  }
+
+  // One optimizer step on a minibatch: accumulate, clip, update, clear the gradients.
+  StepResult step(const Batch& batch, float lr, int microbatches = 1) {
+    StepResult r = accumulate(batch, microbatches);
+    std::vector<Tensor> params = flatten_params(m_params), grads = flatten_grads(m_grads);
+    r.grad_norm = std::sqrt(sum_of_squares(grads));
+    PIPELINE_CHECK(std::isfinite(r.grad_norm), "gradient norm became {} at step {}", r.grad_norm,
+                   m_step);
+    if (m_clip_norm > 0.f) scale(grads, clip_factor(r.grad_norm, m_clip_norm));
+    m_optimizer->step(params, grads, lr);
+    for (auto& g : grads) g.zero();
+    ++m_step;
+    return r;
+  }
+
+  // Forward-only pass over a dataset in eval mode (batch norm uses running statistics).
+  EvalResult evaluate(const Dataset& data, std::int64_t batch_size) {
+    DataLoader loader(data, {.batch_size = batch_size, .shuffle = false});
+    EvalResult r;
+    double correct = 0;
+    for (const Batch& b : loader.epoch(0)) {
+      std::vector<Saved> saved;
+      Tensor logits = m_model->forward(m_model->all(), m_params, b.inputs, saved, {Mode::Eval, 0});
+      LossResult l = m_loss(logits, b.labels, 1.f);
+      r.loss += l.loss;
+      correct += static_cast<double>(l.correct);
+      r.count += l.count;
+    }
+    if (r.count > 0) {
+      r.loss /= static_cast<double>(r.count);
+      r.accuracy = correct / static_cast<double>(r.count);
+    }
+    return r;
+  }
+
+ private:
+  const Sequential* m_model;
+  ModelParams m_params;
+  ModelGrads m_grads;
+  std::unique_ptr<Optimizer> m_optimizer;
+  SoftmaxCrossEntropy m_loss;
+  std::uint64_t m_seed;
+  float m_clip_norm;
+  std::int64_t m_step = 0;
+};
+
+}  // namespace pipeline
