@@ -57,10 +57,14 @@ void check_same_size(const char* what, const Tensor& a, const Tensor& b) {
 
 std::string_view activation_name(Activation a) {
   switch (a) {
-    case Activation::ReLU: return "ReLU";
-    case Activation::GELU: return "GELU";
-    case Activation::Tanh: return "Tanh";
-    case Activation::Sigmoid: return "Sigmoid";
+    case Activation::ReLU:
+      return "ReLU";
+    case Activation::GELU:
+      return "GELU";
+    case Activation::Tanh:
+      return "Tanh";
+    case Activation::Sigmoid:
+      return "Sigmoid";
   }
   return "?";
 }
@@ -73,13 +77,19 @@ void activation_forward(Activation a, const Tensor& x, Tensor& y) {
     ConstArrayMap X(xp + b, n);
     ArrayMap Y(yp + b, n);
     switch (a) {
-      case Activation::ReLU: Y = X.max(0.f); break;
+      case Activation::ReLU:
+        Y = X.max(0.f);
+        break;
       case Activation::GELU:
         Y = 0.5f * X * (1.f + (X * static_cast<float>(std::numbers::sqrt2 / 2)).erf());
         break;
-      case Activation::Tanh: Y = X.tanh(); break;
+      case Activation::Tanh:
+        Y = X.tanh();
+        break;
       // 1 / (1 + e^{-x}) overflows e^{-x} to inf for x < -88, which still gives the right 0.
-      case Activation::Sigmoid: Y = 1.f / (1.f + (-X).exp()); break;
+      case Activation::Sigmoid:
+        Y = 1.f / (1.f + (-X).exp());
+        break;
     }
   });
 }
@@ -94,17 +104,24 @@ void activation_backward(Activation a, const Tensor& saved, const Tensor& dy, Te
     ConstArrayMap S(sp + b, n), G(gp + b, n);
     ArrayMap D(dp + b, n);
     switch (a) {
-      case Activation::ReLU: D = (S > 0.f).select(G, 0.f); break;
+      case Activation::ReLU:
+        D = (S > 0.f).select(G, 0.f);
+        break;
       case Activation::GELU: {
         // d/dx [x Φ(x)] = Φ(x) + x φ(x)
         constexpr float inv_sqrt2 = static_cast<float>(std::numbers::sqrt2 / 2);
         constexpr float inv_sqrt_2pi =
             static_cast<float>(std::numbers::inv_sqrtpi * std::numbers::sqrt2 / 2);
-        D = G * (0.5f * (1.f + (S * inv_sqrt2).erf()) + S * inv_sqrt_2pi * (-0.5f * S.square()).exp());
+        D = G *
+            (0.5f * (1.f + (S * inv_sqrt2).erf()) + S * inv_sqrt_2pi * (-0.5f * S.square()).exp());
         break;
       }
-      case Activation::Tanh: D = G * (1.f - S.square()); break;
-      case Activation::Sigmoid: D = G * S * (1.f - S); break;
+      case Activation::Tanh:
+        D = G * (1.f - S.square());
+        break;
+      case Activation::Sigmoid:
+        D = G * S * (1.f - S);
+        break;
     }
   });
 }

@@ -125,7 +125,8 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, std::i
 }
 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs,
-                        const Tensor& dout, std::int64_t heads, Tensor& dq, Tensor& dk, Tensor& dv) {
+                        const Tensor& dout, std::int64_t heads, Tensor& dq, Tensor& dk,
+                        Tensor& dv) {
   const Layout L = check_layout("attention_backward", q, heads);
   for (auto [what, t] : {std::pair{"k", &k}, std::pair{"v", &v}, std::pair{"dout", &dout},
                          std::pair{"dq", static_cast<const Tensor*>(&dq)},

@@ -14,8 +14,8 @@ constexpr std::int64_t kParallelWork = 1 << 15;
 
 void check_ids(const Tensor& ids, std::int64_t vocab) {
   PIPELINE_CHECK(ids.dtype() == DType::Int32 && ids.device().is_cpu(),
-                 "embedding: ids must be an int32 CPU tensor, got {} on {}", dtype_name(ids.dtype()),
-                 ids.device().str());
+                 "embedding: ids must be an int32 CPU tensor, got {} on {}",
+                 dtype_name(ids.dtype()), ids.device().str());
   const std::int32_t* ip = ids.data<std::int32_t>();
   const std::int64_t n = ids.numel();
   const std::int32_t* bad =
@@ -60,7 +60,8 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   auto T = as_matrix(dtable);
   // Repeated ids make a row-parallel scatter race; columns are independent instead, so threads
   // take disjoint column blocks and each walks all ids in order (deterministic sums).
-  const std::int64_t threads_wanted = n * dim >= kParallelWork ? std::max<std::int64_t>(dim / 64, 1) : 1;
+  const std::int64_t threads_wanted =
+      n * dim >= kParallelWork ? std::max<std::int64_t>(dim / 64, 1) : 1;
 #pragma omp parallel for schedule(static) if (threads_wanted > 1)
   for (std::int64_t blk = 0; blk < threads_wanted; ++blk) {
     const std::int64_t c0 = dim * blk / threads_wanted, c1 = dim * (blk + 1) / threads_wanted;
@@ -73,10 +74,11 @@ void add_positions(Tensor& out, std::int64_t steps, const Tensor& pos) {
   check_table("position table", pos);
   const std::int64_t dim = pos.dim(1);
   PIPELINE_CHECK(steps > 0 && steps <= pos.dim(0),
-                 "add_positions: {} steps do not fit a position table of {} rows", steps, pos.dim(0));
+                 "add_positions: {} steps do not fit a position table of {} rows", steps,
+                 pos.dim(0));
   PIPELINE_CHECK(out.numel() % (steps * dim) == 0,
-                 "add_positions: output {} is not a whole number of [{}, {}] sequences", out.shape(),
-                 steps, dim);
+                 "add_positions: output {} is not a whole number of [{}, {}] sequences",
+                 out.shape(), steps, dim);
   const std::int64_t rows = out.numel() / (steps * dim);
   auto P = as_matrix(pos).topRows(steps);
   for (std::int64_t r = 0; r < rows; ++r)
@@ -87,7 +89,8 @@ void positions_grad(const Tensor& dout, std::int64_t steps, Tensor& dpos) {
   check_table("position table gradient", dpos);
   const std::int64_t dim = dpos.dim(1);
   PIPELINE_CHECK(steps > 0 && steps <= dpos.dim(0),
-                 "positions_grad: {} steps do not fit a position table of {} rows", steps, dpos.dim(0));
+                 "positions_grad: {} steps do not fit a position table of {} rows", steps,
+                 dpos.dim(0));
   PIPELINE_CHECK(dout.numel() % (steps * dim) == 0,
                  "positions_grad: gradient {} is not a whole number of [{}, {}] sequences",
                  dout.shape(), steps, dim);

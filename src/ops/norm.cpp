@@ -158,8 +158,9 @@ void batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tenso
   const std::int64_t hw = d.hw;
 #pragma omp parallel for schedule(static) if (x.numel() >= kParallelWork)
   for (std::int64_t c = 0; c < d.c; ++c) {
-    const double m = channel_sum(d, c, [&](std::int64_t o) { return ConstArrayMap(xp + o, hw).sum(); }) /
-                     static_cast<double>(count);
+    const double m =
+        channel_sum(d, c, [&](std::int64_t o) { return ConstArrayMap(xp + o, hw).sum(); }) /
+        static_cast<double>(count);
     const float mf = static_cast<float>(m);
     const double ss = channel_sum(
         d, c, [&](std::int64_t o) { return (ConstArrayMap(xp + o, hw) - mf).square().sum(); });
@@ -237,9 +238,12 @@ void batch_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
     // projections the training-mode input gradient removes.
     const double sum_g =
         channel_sum(d, c, [&](std::int64_t o) { return ConstArrayMap(gp + o, hw).sum(); });
-    const double sum_gx = channel_sum(d, c, [&](std::int64_t o) {
-      return (ConstArrayMap(gp + o, hw) * (ConstArrayMap(xp + o, hw) - m)).sum();
-    }) * rs;
+    const double sum_gx =
+        channel_sum(d, c,
+                    [&](std::int64_t o) {
+                      return (ConstArrayMap(gp + o, hw) * (ConstArrayMap(xp + o, hw) - m)).sum();
+                    }) *
+        rs;
     if (dbp) dbp[c] += static_cast<float>(sum_g);
     if (dwp) dwp[c] += static_cast<float>(sum_gx);
     if (!dxp) continue;

@@ -11,10 +11,14 @@ namespace {
 
 double reference(ops::Activation a, double x) {
   switch (a) {
-    case ops::Activation::ReLU: return x > 0 ? x : 0;
-    case ops::Activation::GELU: return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
-    case ops::Activation::Tanh: return std::tanh(x);
-    case ops::Activation::Sigmoid: return 1 / (1 + std::exp(-x));
+    case ops::Activation::ReLU:
+      return x > 0 ? x : 0;
+    case ops::Activation::GELU:
+      return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+    case ops::Activation::Tanh:
+      return std::tanh(x);
+    case ops::Activation::Sigmoid:
+      return 1 / (1 + std::exp(-x));
   }
   return 0;
 }

@@ -37,7 +37,9 @@ std::vector<double> reference(const std::vector<double>& q, const std::vector<do
   return out;
 }
 
-std::vector<double> to_double(const Tensor& t) { return {t.values().begin(), t.values().end()}; }
+std::vector<double> to_double(const Tensor& t) {
+  return {t.values().begin(), t.values().end()};
+}
 
 struct Case {
   std::int64_t B, T, C, H;
@@ -50,8 +52,8 @@ TEST_CASE("attention forward matches a naive reference (causal and not)") {
     for (bool causal : {true, false}) {
       INFO("B=", c.B, " T=", c.T, " C=", c.C, " H=", c.H, " causal=", causal);
       const Shape s{c.B, c.T, c.C};
-      Tensor q = testing::random_tensor(s, 1, -2.f, 2.f), k = testing::random_tensor(s, 2, -2.f, 2.f),
-             v = testing::random_tensor(s, 3);
+      Tensor q = testing::random_tensor(s, 1, -2.f, 2.f),
+             k = testing::random_tensor(s, 2, -2.f, 2.f), v = testing::random_tensor(s, 3);
       Tensor out = Tensor::empty(s), probs = Tensor::empty({c.B, c.H, c.T, c.T});
       ops::attention_forward(q, k, v, c.H, out, probs, causal);
       auto want = reference(to_double(q), to_double(k), to_double(v), c.B, c.T, c.C, c.H, causal);
@@ -79,8 +81,9 @@ TEST_CASE("attention backward matches central differences of the double referenc
     for (bool causal : {true, false}) {
       INFO("B=", c.B, " T=", c.T, " C=", c.C, " H=", c.H, " causal=", causal);
       const Shape s{c.B, c.T, c.C};
-      Tensor q = testing::random_tensor(s, 4, -2.f, 2.f), k = testing::random_tensor(s, 5, -2.f, 2.f),
-             v = testing::random_tensor(s, 6), r = testing::random_tensor(s, 7);
+      Tensor q = testing::random_tensor(s, 4, -2.f, 2.f),
+             k = testing::random_tensor(s, 5, -2.f, 2.f), v = testing::random_tensor(s, 6),
+             r = testing::random_tensor(s, 7);
       Tensor out = Tensor::empty(s), probs = Tensor::empty({c.B, c.H, c.T, c.T});
       ops::attention_forward(q, k, v, c.H, out, probs, causal);
       Tensor dq = Tensor::empty(s), dk = Tensor::empty(s), dv = Tensor::empty(s);
@@ -118,7 +121,8 @@ TEST_CASE("attention backward matches central differences of the double referenc
 TEST_CASE("causal attention: output at t does not depend on inputs after t") {
   const std::int64_t B = 2, T = 7, C = 6, H = 3;
   const Shape s{B, T, C};
-  Tensor q = testing::random_tensor(s, 8), k = testing::random_tensor(s, 9), v = testing::random_tensor(s, 10);
+  Tensor q = testing::random_tensor(s, 8), k = testing::random_tensor(s, 9),
+         v = testing::random_tensor(s, 10);
   Tensor out = Tensor::empty(s), probs = Tensor::empty({B, H, T, T});
   ops::attention_forward(q, k, v, H, out, probs);
   for (std::int64_t t = 0; t < T - 1; ++t) {
@@ -134,9 +138,12 @@ TEST_CASE("causal attention: output at t does not depend on inputs after t") {
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t j = 0; j < T; ++j)
         for (std::int64_t d = 0; d < C; ++d) {
-          float a = out.data<float>()[(b * T + j) * C + d], z = out2.data<float>()[(b * T + j) * C + d];
-          if (j <= t) CHECK(a == z);  // bitwise: masked terms contribute exact zeros
-          else if (a != z) later_changed = true;
+          float a = out.data<float>()[(b * T + j) * C + d],
+                z = out2.data<float>()[(b * T + j) * C + d];
+          if (j <= t)
+            CHECK(a == z);  // bitwise: masked terms contribute exact zeros
+          else if (a != z)
+            later_changed = true;
         }
     CHECK(later_changed);
   }
@@ -160,7 +167,8 @@ TEST_CASE("packed qkv attention equals the separate form") {
   CHECK(p1.to_vector() == p2.to_vector());
 
   Tensor dout = testing::random_tensor({B, T, C}, 12);
-  Tensor dq = Tensor::empty({B, T, C}), dk = Tensor::empty({B, T, C}), dv = Tensor::empty({B, T, C});
+  Tensor dq = Tensor::empty({B, T, C}), dk = Tensor::empty({B, T, C}),
+         dv = Tensor::empty({B, T, C});
   ops::attention_backward(q, k, v, p1, dout, H, dq, dk, dv);
   Tensor dqkv = Tensor::empty({B, T, 3 * C});
   ops::attention_backward_packed(qkv, p2, dout, H, dqkv);

@@ -26,7 +26,8 @@ TEST_CASE("embedding lookup and scatter-add gradient match a naive reference") {
   ops::embedding_forward(ids, table, out);
   for (std::int64_t i = 0; i < 10; ++i)
     for (std::int64_t d = 0; d < D; ++d)
-      CHECK(out.data<float>()[i * D + d] == table.data<float>()[ids.data<std::int32_t>()[i] * D + d]);
+      CHECK(out.data<float>()[i * D + d] ==
+            table.data<float>()[ids.data<std::int32_t>()[i] * D + d]);
 
   Tensor dout = testing::random_tensor({2, 5, D}, 2);
   Tensor dtable = testing::random_tensor({V, D}, 3);  // accumulates on top of what is there
@@ -35,7 +36,8 @@ TEST_CASE("embedding lookup and scatter-add gradient match a naive reference") {
     for (std::int64_t d = 0; d < D; ++d)
       want[ids.data<std::int32_t>()[i] * D + d] += dout.data<float>()[i * D + d];
   ops::embedding_backward(ids, dout, dtable);
-  for (std::int64_t i = 0; i < V * D; ++i) CHECK(dtable.data<float>()[i] == doctest::Approx(want[i]));
+  for (std::int64_t i = 0; i < V * D; ++i)
+    CHECK(dtable.data<float>()[i] == doctest::Approx(want[i]));
 }
 
 TEST_CASE("embedding gradient on the multi-threaded path equals the serial sum") {
@@ -49,7 +51,8 @@ TEST_CASE("embedding gradient on the multi-threaded path equals the serial sum")
     for (std::int64_t d = 0; d < D; ++d)
       want[ids.data<std::int32_t>()[i] * D + d] += dout.data<float>()[i * D + d];
   double worst = 0;
-  for (std::int64_t i = 0; i < V * D; ++i) worst = std::max(worst, std::abs(dtable.data<float>()[i] - want[i]));
+  for (std::int64_t i = 0; i < V * D; ++i)
+    worst = std::max(worst, std::abs(dtable.data<float>()[i] - want[i]));
   CHECK(worst < 1e-4);
 }
 
@@ -128,7 +131,8 @@ TEST_CASE("Sequential backward through a leading Embedding returns no input grad
   Tensor y = model.forward(model.all(), params, ids, saved, {});
   CHECK(y.shape() == Shape{2, 6, 10});
   ModelGrads grads = model.zero_grads(model.all());
-  Tensor dx = model.backward(model.all(), params, saved, testing::random_tensor(y.shape(), 5), grads);
+  Tensor dx =
+      model.backward(model.all(), params, saved, testing::random_tensor(y.shape(), 5), grads);
   CHECK_FALSE(dx.defined());
   double norm = 0;
   for (float v : grads[0][0].values()) norm += std::abs(v);

@@ -10,7 +10,8 @@ using namespace pipeline;
 namespace {
 
 // Naive layer norm in double.
-std::vector<double> layer_norm_reference(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+std::vector<double> layer_norm_reference(const Tensor& x, const Tensor& w, const Tensor& b,
+                                         double eps) {
   const std::int64_t f = w.numel(), rows = x.numel() / f;
   const float* xp = x.data<float>();
   std::vector<double> y(x.numel());
@@ -21,7 +22,8 @@ std::vector<double> layer_norm_reference(const Tensor& x, const Tensor& w, const
     for (std::int64_t i = 0; i < f; ++i) v += (xp[r * f + i] - m) * (xp[r * f + i] - m);
     v /= f;
     for (std::int64_t i = 0; i < f; ++i)
-      y[r * f + i] = (xp[r * f + i] - m) / std::sqrt(v + eps) * w.data<float>()[i] + b.data<float>()[i];
+      y[r * f + i] =
+          (xp[r * f + i] - m) / std::sqrt(v + eps) * w.data<float>()[i] + b.data<float>()[i];
   }
   return y;
 }
@@ -64,7 +66,8 @@ TEST_CASE("layer_norm_forward matches a naive reference") {
     Tensor x = testing::random_tensor(s, 1, -2.f, 5.f);  // non-zero mean
     Tensor w = testing::random_tensor({f}, 2, 0.5f, 1.5f);
     Tensor b = testing::random_tensor({f}, 3);
-    Tensor y = Tensor::empty(s), mean = Tensor::empty({x.numel() / f}), rstd = Tensor::empty({x.numel() / f});
+    Tensor y = Tensor::empty(s), mean = Tensor::empty({x.numel() / f}),
+           rstd = Tensor::empty({x.numel() / f});
     ops::layer_norm_forward(x, w, b, 1e-5f, y, mean, rstd);
     CHECK(max_abs_diff(y, layer_norm_reference(x, w, b, 1e-5)) < 2e-4);
   }
@@ -96,7 +99,8 @@ TEST_CASE("LayerNorm parameters are PyTorch's") {
 }
 
 TEST_CASE("batch norm training forward: batch statistics and PyTorch running updates") {
-  for (const Shape& s : {Shape{2, 3, 5, 7}, Shape{1, 5, 3, 1}, Shape{7, 2, 1, 1}, Shape{9, 4, 13, 11}}) {
+  for (const Shape& s :
+       {Shape{2, 3, 5, 7}, Shape{1, 5, 3, 1}, Shape{7, 2, 1, 1}, Shape{9, 4, 13, 11}}) {
     INFO("shape ", s.str());
     const std::int64_t c = s[1];
     Tensor x = testing::random_tensor(s, 11, -1.f, 3.f);
@@ -113,19 +117,23 @@ TEST_CASE("batch norm training forward: batch statistics and PyTorch running upd
     const std::int64_t hw = s[2] * s[3];
     for (std::int64_t i = 0; i < x.numel(); ++i) {
       std::int64_t k = (i / hw) % c;
-      want[i] = (x.data<float>()[i] - st.mean[k]) / std::sqrt(st.var[k] + 1e-5) * w.data<float>()[k] +
-                b.data<float>()[k];
+      want[i] =
+          (x.data<float>()[i] - st.mean[k]) / std::sqrt(st.var[k] + 1e-5) * w.data<float>()[k] +
+          b.data<float>()[k];
     }
     CHECK(max_abs_diff(y, want) < 2e-4);
     for (std::int64_t k = 0; k < c; ++k) {
-      CHECK(rm.data<float>()[k] == doctest::Approx(0.9 * rm0.data<float>()[k] + 0.1 * st.mean[k]).epsilon(1e-5));
+      CHECK(rm.data<float>()[k] ==
+            doctest::Approx(0.9 * rm0.data<float>()[k] + 0.1 * st.mean[k]).epsilon(1e-5));
       double unbiased = st.var[k] * count / (count - 1);
-      CHECK(rv.data<float>()[k] == doctest::Approx(0.9 * rv0.data<float>()[k] + 0.1 * unbiased).epsilon(1e-5));
+      CHECK(rv.data<float>()[k] ==
+            doctest::Approx(0.9 * rv0.data<float>()[k] + 0.1 * unbiased).epsilon(1e-5));
     }
   }
 }
 
-TEST_CASE("batch norm evaluation uses running statistics, and its backward treats them as constants") {
+TEST_CASE(
+    "batch norm evaluation uses running statistics, and its backward treats them as constants") {
   const Shape s{3, 5, 2, 3};
   Tensor x = testing::random_tensor(s, 21, -2.f, 2.f);
   Tensor w = testing::random_tensor({5}, 22, 0.5f, 1.5f), b = testing::random_tensor({5}, 23);
@@ -186,7 +194,8 @@ TEST_CASE("BatchNorm2d layer: buffers, modes and errors") {
   ChannelStats st = channel_stats(x);
   for (int k = 0; k < 3; ++k) {
     CHECK(p.buffers[0].data<float>()[k] == doctest::Approx(0.5 * st.mean[k]).epsilon(1e-5));
-    CHECK(p.buffers[1].data<float>()[k] == doctest::Approx(0.5 + 0.5 * st.var[k] * 16 / 15).epsilon(1e-5));
+    CHECK(p.buffers[1].data<float>()[k] ==
+          doctest::Approx(0.5 + 0.5 * st.var[k] * 16 / 15).epsilon(1e-5));
   }
   // Training output has zero mean and unit (biased) variance per channel with default affine.
   ChannelStats ys = channel_stats(y);

@@ -18,9 +18,9 @@ std::vector<std::string> names(const std::vector<ParamSpec>& specs) {
 TEST_CASE("ResidualBlock parameter and buffer names follow torchvision's BasicBlock") {
   ResidualBlock same("layer1.0", 4, 4);
   CHECK_FALSE(same.has_downsample());
-  CHECK(names(same.parameters()) ==
-        std::vector<std::string>{"conv1.weight", "bn1.weight", "bn1.bias", "conv2.weight",
-                                 "bn2.weight", "bn2.bias"});
+  CHECK(names(same.parameters()) == std::vector<std::string>{"conv1.weight", "bn1.weight",
+                                                             "bn1.bias", "conv2.weight",
+                                                             "bn2.weight", "bn2.bias"});
   CHECK(names(same.buffers()) == std::vector<std::string>{"bn1.running_mean", "bn1.running_var",
                                                           "bn2.running_mean", "bn2.running_var"});
   ResidualBlock down("layer2.0", 4, 6, 2);
@@ -55,9 +55,11 @@ TEST_CASE("ResidualBlock shapes, FLOPs and errors") {
 TEST_CASE("ResidualBlock init uses qualified keys and is deterministic") {
   ResidualBlock a("layer2.0", 4, 6, 2), b("layer2.0", 4, 6, 2), c("layer3.0", 4, 6, 2);
   LayerParams pa = a.init(9), pb = b.init(9), pc = c.init(9);
-  for (std::size_t k = 0; k < pa.params.size(); ++k) CHECK(pa.params[k].to_vector() == pb.params[k].to_vector());
+  for (std::size_t k = 0; k < pa.params.size(); ++k)
+    CHECK(pa.params[k].to_vector() == pb.params[k].to_vector());
   CHECK(pa.params[0].to_vector() != pc.params[0].to_vector());
-  CHECK(pa.params[0].to_vector() == Conv2d("layer2.0.conv1", 4, 6, 3, 2, 1, false).init(9).params[0].to_vector());
+  CHECK(pa.params[0].to_vector() ==
+        Conv2d("layer2.0.conv1", 4, 6, 3, 2, 1, false).init(9).params[0].to_vector());
   CHECK(pa.params[6].to_vector() ==
         Conv2d("layer2.0.downsample.0", 4, 6, 1, 2, 0, false).init(9).params[0].to_vector());
   CHECK(pa.params[1].to_vector() == std::vector<float>(6, 1.f));
@@ -84,7 +86,9 @@ TEST_CASE("ResidualBlock forward equals the composition of its parts and updates
       ds("b.downsample.0", 3, 4, 1, 2, 0, false);
   BatchNorm2d bn1("b.bn1", 4), bn2("b.bn2", 4), dsbn("b.downsample.1", 4);
   ReLU relu("relu");
-  Tensor h = run(bn2, 4, 2, 2, 2, run(conv2, 3, 1, 0, 0, run(relu, 0, 0, 0, 0, run(bn1, 1, 2, 0, 2, run(conv1, 0, 1, 0, 0, x)))));
+  Tensor h = run(bn2, 4, 2, 2, 2,
+                 run(conv2, 3, 1, 0, 0,
+                     run(relu, 0, 0, 0, 0, run(bn1, 1, 2, 0, 2, run(conv1, 0, 1, 0, 0, x)))));
   Tensor s = run(dsbn, 7, 2, 4, 2, run(ds, 6, 1, 0, 0, x));
   for (std::int64_t i = 0; i < h.numel(); ++i) h.data<float>()[i] += s.data<float>()[i];
   Tensor want = run(relu, 0, 0, 0, 0, h);
@@ -96,7 +100,8 @@ TEST_CASE("ResidualBlock forward equals the composition of its parts and updates
 }
 
 TEST_CASE("ResidualBlock backward matches finite differences") {
-  // ReLU kinks: a small step keeps the sampled perturbations on one side of them.
+  // ReLU kinks: a small step keeps the perturbations of nearly all sampled coordinates on one
+  // side of every kink (the seeds are fixed, so the check is deterministic).
   testing::GradCheckOptions train;
   train.step = 5e-4f;
   testing::check_layer_gradients(ResidualBlock("b", 3, 3), {2, 3, 5, 4}, train);
@@ -122,7 +127,8 @@ TEST_CASE("ResidualBlock split backward: input-only and weight-only agree with b
     Tensor dx_weight = blk.backward(p, s, dy, g_weight, GradParts::Weight);
     CHECK(dx_input.to_vector() == dx_both.to_vector());
     CHECK_FALSE(dx_weight.defined());
-    for (std::size_t k = 0; k < g_both.size(); ++k) CHECK(g_both[k].to_vector() == g_weight[k].to_vector());
+    for (std::size_t k = 0; k < g_both.size(); ++k)
+      CHECK(g_both[k].to_vector() == g_weight[k].to_vector());
   }
 }
 
@@ -136,6 +142,7 @@ TEST_CASE("ResidualBlocks chain in a Sequential") {
   std::vector<Saved> saved;
   Tensor y = model.forward(model.all(), params, x, saved, {});
   ModelGrads grads = model.zero_grads(model.all());
-  Tensor dx = model.backward(model.all(), params, saved, testing::random_tensor(y.shape(), 3), grads);
+  Tensor dx =
+      model.backward(model.all(), params, saved, testing::random_tensor(y.shape(), 3), grads);
   CHECK(dx.shape() == x.shape());
 }

@@ -25,10 +25,10 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 
 TEST_CASE("TransformerBlock parameter names, shapes and children") {
   TransformerBlock blk("h0", 6, 3, 2);
-  CHECK(names(blk.parameters()) ==
-        std::vector<std::string>{"ln1.weight", "ln1.bias", "qkv.weight", "qkv.bias", "proj.weight",
-                                 "proj.bias", "ln2.weight", "ln2.bias", "fc1.weight", "fc1.bias",
-                                 "fc2.weight", "fc2.bias"});
+  CHECK(names(blk.parameters()) == std::vector<std::string>{"ln1.weight", "ln1.bias", "qkv.weight",
+                                                            "qkv.bias", "proj.weight", "proj.bias",
+                                                            "ln2.weight", "ln2.bias", "fc1.weight",
+                                                            "fc1.bias", "fc2.weight", "fc2.bias"});
   CHECK(blk.parameters()[2].shape == Shape{18, 6});
   CHECK(blk.parameters()[8].shape == Shape{12, 6});
   CHECK(blk.parameters()[10].shape == Shape{6, 12});
@@ -51,7 +51,8 @@ TEST_CASE("TransformerBlock parameter names, shapes and children") {
 TEST_CASE("TransformerBlock init uses the children's qualified keys, deterministically") {
   TransformerBlock a("h0", 6, 3), b("h0", 6, 3), c("h1", 6, 3);
   LayerParams pa = a.init(7), pb = b.init(7), pc = c.init(7);
-  for (std::size_t k = 0; k < pa.params.size(); ++k) CHECK(pa.params[k].to_vector() == pb.params[k].to_vector());
+  for (std::size_t k = 0; k < pa.params.size(); ++k)
+    CHECK(pa.params[k].to_vector() == pb.params[k].to_vector());
   CHECK(pa.params[2].to_vector() != pc.params[2].to_vector());
   // "qkv.weight" of block "h0" is the tensor a Linear named "h0.qkv" would draw.
   Linear qkv("h0.qkv", 6, 18);
@@ -72,7 +73,8 @@ TEST_CASE("TransformerBlock forward equals the composition of its parts") {
   Tensor y = blk.forward(p, x, saved, {});
 
   LayerNorm ln1("h0.ln1", C), ln2("h0.ln2", C);
-  Linear qkv("h0.qkv", C, 3 * C), proj("h0.proj", C, C), fc1("h0.fc1", C, 3 * C), fc2("h0.fc2", 3 * C, C);
+  Linear qkv("h0.qkv", C, 3 * C), proj("h0.proj", C, C), fc1("h0.fc1", C, 3 * C),
+      fc2("h0.fc2", 3 * C, C);
   GELU gelu("h0.gelu");
   auto run = [&](const Layer& l, std::size_t first, std::size_t count, const Tensor& in) {
     LayerParams q;
@@ -147,7 +149,8 @@ TEST_CASE("TransformerBlock split backward: input-only and weight-only agree wit
   Tensor dx_weight = blk.backward(p, s, dy, g_weight, GradParts::Weight);
   CHECK(dx_input.to_vector() == dx_both.to_vector());
   CHECK_FALSE(dx_weight.defined());
-  for (std::size_t k = 0; k < g_both.size(); ++k) CHECK(g_both[k].to_vector() == g_weight[k].to_vector());
+  for (std::size_t k = 0; k < g_both.size(); ++k)
+    CHECK(g_both[k].to_vector() == g_weight[k].to_vector());
 }
 
 TEST_CASE("a stack of TransformerBlocks trains through Sequential") {
@@ -159,7 +162,8 @@ TEST_CASE("a stack of TransformerBlocks trains through Sequential") {
   std::vector<Saved> saved;
   Tensor y = model.forward(model.all(), params, x, saved, {});
   ModelGrads grads = model.zero_grads(model.all());
-  Tensor dx = model.backward(model.all(), params, saved, testing::random_tensor(y.shape(), 3), grads);
+  Tensor dx =
+      model.backward(model.all(), params, saved, testing::random_tensor(y.shape(), 3), grads);
   CHECK(dx.shape() == x.shape());
   CHECK(grads[0].size() == 12);
 }

@@ -32,7 +32,9 @@ class Composite : public Layer {
   }
   int num_children() const { return static_cast<int>(m_children.size()); }
   const Layer& child(int i) const { return *m_children.at(static_cast<std::size_t>(i)).layer; }
-  const std::string& child_local_name(int i) const { return m_children.at(static_cast<std::size_t>(i)).local; }
+  const std::string& child_local_name(int i) const {
+    return m_children.at(static_cast<std::size_t>(i)).local;
+  }
 
   std::vector<ParamSpec> parameters() const override { return m_params; }
   std::vector<ParamSpec> buffers() const override { return m_buffers; }
@@ -104,10 +106,12 @@ class Composite : public Layer {
                    name(), saved.children.size(), m_children.size());
     std::span<Tensor> g = child_grads(grads, i);
     if (grads.empty())
-      parts = static_cast<GradParts>(static_cast<unsigned>(parts) & static_cast<unsigned>(GradParts::Input));
+      parts = static_cast<GradParts>(static_cast<unsigned>(parts) &
+                                     static_cast<unsigned>(GradParts::Input));
     if (static_cast<unsigned>(parts) == 0) return {};
     return m_children.at(static_cast<std::size_t>(i))
-        .layer->backward(child_params(p, i), saved.children[static_cast<std::size_t>(i)], dy, g, parts);
+        .layer->backward(child_params(p, i), saved.children[static_cast<std::size_t>(i)], dy, g,
+                         parts);
   }
 
   // Parts for an inner child: its input gradient always (later children need it to reach the

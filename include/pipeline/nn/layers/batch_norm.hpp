@@ -17,11 +17,13 @@ class BatchNorm2d final : public Layer {
   BatchNorm2d(std::string name, std::int64_t channels, float eps = 1e-5f, float momentum = 0.1f)
       : Layer(std::move(name)), m_channels(channels), m_eps(eps), m_momentum(momentum) {
     PIPELINE_CHECK_AS(ConfigError, m_channels > 0,
-                      "BatchNorm2d '{}': channels must be positive, got {}", this->name(), m_channels);
+                      "BatchNorm2d '{}': channels must be positive, got {}", this->name(),
+                      m_channels);
     PIPELINE_CHECK_AS(ConfigError, m_eps > 0.f, "BatchNorm2d '{}': eps must be positive, got {}",
                       this->name(), m_eps);
     PIPELINE_CHECK_AS(ConfigError, m_momentum >= 0.f && m_momentum <= 1.f,
-                      "BatchNorm2d '{}': momentum must be in [0, 1], got {}", this->name(), m_momentum);
+                      "BatchNorm2d '{}': momentum must be in [0, 1], got {}", this->name(),
+                      m_momentum);
   }
 
   std::string kind() const override { return "BatchNorm2d"; }
@@ -31,7 +33,8 @@ class BatchNorm2d final : public Layer {
 
   Shape output_shape(const Shape& in) const override {
     PIPELINE_CHECK_AS(ConfigError, in.rank() == 4 && in[1] == m_channels,
-                      "BatchNorm2d '{}' expects [N, {}, H, W] input, got {}", name(), m_channels, in);
+                      "BatchNorm2d '{}' expects [N, {}, H, W] input, got {}", name(), m_channels,
+                      in);
     return in;
   }
   double flops(const Shape& in) const override { return 6.0 * static_cast<double>(in.numel()); }
@@ -39,7 +42,8 @@ class BatchNorm2d final : public Layer {
     return {{"weight", {m_channels}, Init::ones()}, {"bias", {m_channels}, Init::zeros()}};
   }
   std::vector<ParamSpec> buffers() const override {
-    return {{"running_mean", {m_channels}, Init::zeros()}, {"running_var", {m_channels}, Init::ones()}};
+    return {{"running_mean", {m_channels}, Init::zeros()},
+            {"running_var", {m_channels}, Init::ones()}};
   }
 
  protected:

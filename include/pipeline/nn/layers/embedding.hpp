@@ -47,7 +47,8 @@ class Embedding final : public Layer {
   }
   std::vector<ParamSpec> parameters() const override {
     std::vector<ParamSpec> p{{"weight", {m_vocab, m_dim}, Init::normal(1.f)}};
-    if (m_max_positions > 0) p.push_back({"position", {m_max_positions, m_dim}, Init::normal(0.02f)});
+    if (m_max_positions > 0)
+      p.push_back({"position", {m_max_positions, m_dim}, Init::normal(0.02f)});
     return p;
   }
 

@@ -12,8 +12,9 @@ class LayerNorm final : public Layer {
  public:
   LayerNorm(std::string name, std::int64_t features, float eps = 1e-5f)
       : Layer(std::move(name)), m_features(features), m_eps(eps) {
-    PIPELINE_CHECK_AS(ConfigError, m_features > 0, "LayerNorm '{}': features must be positive, got {}",
-                      this->name(), m_features);
+    PIPELINE_CHECK_AS(ConfigError, m_features > 0,
+                      "LayerNorm '{}': features must be positive, got {}", this->name(),
+                      m_features);
     PIPELINE_CHECK_AS(ConfigError, m_eps > 0.f, "LayerNorm '{}': eps must be positive, got {}",
                       this->name(), m_eps);
   }

@@ -21,16 +21,22 @@ namespace pipeline {
 
 class TransformerBlock final : public Composite {
  public:
-  TransformerBlock(std::string name, std::int64_t dim, std::int64_t heads, std::int64_t mlp_ratio = 4,
-                   float dropout = 0.f)
-      : Composite(std::move(name)), m_dim(dim), m_heads(heads), m_mlp_ratio(mlp_ratio), m_dropout(dropout) {
+  TransformerBlock(std::string name, std::int64_t dim, std::int64_t heads,
+                   std::int64_t mlp_ratio = 4, float dropout = 0.f)
+      : Composite(std::move(name)),
+        m_dim(dim),
+        m_heads(heads),
+        m_mlp_ratio(mlp_ratio),
+        m_dropout(dropout) {
     PIPELINE_CHECK_AS(ConfigError, dim > 0 && heads > 0 && dim % heads == 0,
                       "TransformerBlock '{}': dim {} must be a positive multiple of heads {}",
                       this->name(), dim, heads);
-    PIPELINE_CHECK_AS(ConfigError, mlp_ratio > 0, "TransformerBlock '{}': mlp_ratio must be positive, got {}",
-                      this->name(), mlp_ratio);
+    PIPELINE_CHECK_AS(ConfigError, mlp_ratio > 0,
+                      "TransformerBlock '{}': mlp_ratio must be positive, got {}", this->name(),
+                      mlp_ratio);
     PIPELINE_CHECK_AS(ConfigError, dropout >= 0.f && dropout < 1.f,
-                      "TransformerBlock '{}': dropout must be in [0, 1), got {}", this->name(), dropout);
+                      "TransformerBlock '{}': dropout must be in [0, 1), got {}", this->name(),
+                      dropout);
     m_ln1 = add_child<LayerNorm>("ln1", dim);
     m_qkv = add_child<Linear>("qkv", dim, 3 * dim);
     m_proj = add_child<Linear>("proj", dim, dim);
@@ -58,7 +64,8 @@ class TransformerBlock final : public Composite {
                child(m_ln2).flops(in) + child(m_fc1).flops(in) + child(m_gelu).flops(hidden) +
                child(m_fc2).flops(hidden);
     // Attention: the two T×T products plus ~5 operations per score for scaling and softmax.
-    f += ops::attention_flops(in[0], in[1], m_dim) + 5.0 * static_cast<double>(in[0] * m_heads * in[1] * in[1]);
+    f += ops::attention_flops(in[0], in[1], m_dim) +
+         5.0 * static_cast<double>(in[0] * m_heads * in[1] * in[1]);
     return f + 2.0 * static_cast<double>(in.numel());  // residual adds
   }
 
