@@ -172,7 +172,10 @@ class Engine {
           if (--run->second == 0) sl.runs.erase(run);
           break;
         }
-      st.inflight.erase(it);
+      if (it == st.inflight.begin())
+        st.inflight.pop_front();
+      else
+        st.inflight.erase(it);
       if (auto* c = stage_costs(a.stage)) st.activation_bytes -= c->activation_bytes;
       return;
     }
@@ -272,7 +275,10 @@ class Engine {
           if (m_s.vertical_sync && !grad)
             st.received_versions.emplace_back(key(a.stage, a.microbatch), it->version);
           record(r, a, start, st.clock, it->flow);
-          ch.pending.erase(it);
+          if (it == ch.pending.begin())
+            ch.pending.pop_front();
+          else
+            ch.pending.erase(it);
           ++st.pc;
           break;
         }

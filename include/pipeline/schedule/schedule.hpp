@@ -106,7 +106,7 @@ struct Schedule {
   // The rank that runs microbatch `mb` of `stage`.
   int rank_of(int stage, int mb) const {
     const auto& r = stage_ranks[stage];
-    return r[static_cast<std::size_t>(mb) % r.size()];
+    return r.size() == 1 ? r[0] : r[static_cast<std::size_t>(mb) % r.size()];
   }
   std::size_t num_actions() const {
     std::size_t n = 0;

@@ -1,0 +1,110 @@
+// bench_simulate: how fast schedules are generated, validated and simulated at scale.
+//
+// Usage: bench_simulate [--ranks N] [--microbatches M] [--results FILE]
+// Times 1F1B-flush (one minibatch of M microbatches), GPipe and 1F1B-stash (M minibatches) on a
+// straight pipeline of N ranks with equal stages and free communication, where the bubble must
+// be (p-1)/(m+p-1) for the flush schedules and ~0 in the steady state of 1F1B-stash.
+// With --results the table is appended to FILE (e.g. bench/RESULTS.md) with the machine and date.
+#include <pipeline/schedule/generator.hpp>
+#include <pipeline/schedule/simulator.hpp>
+#include <pipeline/schedule/validate.hpp>
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <string>
+
+using namespace pipeline;
+
+namespace {
+
+std::string cpu_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown cpu";
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// CPU seconds of this process: on a shared machine wall time also counts other programs' turns.
+double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one;
+  in >> one;
+  return one.empty() ? "?" : one;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int ranks = 1024, microbatches = 10000;
+  std::string results;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    if (a == "--ranks") ranks = std::atoi(argv[i + 1]);
+    else if (a == "--microbatches") microbatches = std::atoi(argv[i + 1]);
+    else if (a == "--results") results = argv[i + 1];
+    else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  Profile profile;
+  profile.batch_size = 32;
+  Plan plan;
+  for (int s = 0; s < ranks; ++s) {
+    LayerProfile l;
+    l.forward_s = 1e-3;
+    l.backward_s = 2e-3;
+    l.output_bytes = 1 << 20;
+    l.parameter_bytes = 1 << 20;
+    profile.layers.push_back(l);
+    plan.stages.push_back({s, s + 1, 1, {s}});
+  }
+
+  std::string table = fmt::format("{:<12} {:>6} {:>8} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}\n", "schedule",
+                                  "ranks", "mbs", "actions", "gen s", "sim s", "total s", "total cpu s", "bubble",
+                                  "(p-1)/(m+p-1)");
+  table += std::string(110, '-') + "\n";
+  for (const char* name : {"1f1b-flush", "gpipe", "1f1b-stash"}) {
+    bool stash = std::string(name) == "1f1b-stash";
+    auto t0 = std::chrono::steady_clock::now();
+    double c0 = cpu_seconds();
+    Schedule s = generate_schedule(name, stash ? ScheduleSpec::straight(ranks, 1, microbatches)
+                                               : ScheduleSpec::straight(ranks, microbatches, 1));
+    double gen = seconds_since(t0);
+    auto t1 = std::chrono::steady_clock::now();
+    Simulation sim = simulate(s, profile, plan, {});  // validates, then times
+    double sim_s = seconds_since(t1);
+    double cpu = cpu_seconds() - c0;
+    double formula = static_cast<double>(ranks - 1) / (microbatches + ranks - 1);
+    table += fmt::format("{:<12} {:>6} {:>8} {:>12} {:>10.2f} {:>10.2f} {:>10.2f} {:>11.2f} {:>10.4f} {:>12}\n", name,
+                         ranks, microbatches, s.num_actions(), gen, sim_s, gen + sim_s, cpu,
+                         stash ? sim.steady_state_bubble_fraction : sim.bubble_fraction,
+                         stash ? std::string("0 (steady)") : fmt::format("{:.4f}", formula));
+    std::fflush(stdout);
+  }
+  const std::string header = fmt::format("bench_simulate: {} ranks x {} microbatches, equal stages, free links, {}, load average {}, {:%Y-%m-%d}\n",
+                                         ranks, microbatches, cpu_name(), load_average(), fmt::localtime(std::time(nullptr)));
+  std::fputs((header + table).c_str(), stdout);
+  if (!results.empty()) {
+    std::ofstream out(results, std::ios::app);
+    out << "\n```\n" << header << table << "```\n";
+    if (!out) {
+      std::fprintf(stderr, "could not append to %s\n", results.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
