@@ -33,6 +33,7 @@ struct LoaderOptions {
   int world = 1;  // number of shards
 };
 
+// The loader keeps a reference to the dataset, which must outlive it.
 class DataLoader {
  public:
   DataLoader(const Dataset& dataset, LoaderOptions options) : m_dataset(&dataset), m_options(options) {
