@@ -172,19 +172,34 @@ std::unique_ptr<float[]> scratch(std::int64_t floats) {
   return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(std::max<std::int64_t>(floats, 1))]);
 }
 
-// Calls fn(sample, thread) for every sample, samples split statically over `threads` OpenMP
-// threads. fn must not throw (everything that can fail is checked before).
+// Calls fn(sample, thread) for every sample over `threads` OpenMP threads. fn must not throw
+// (everything that can fail is checked before). Samples whose results do not depend on which
+// thread computes them (forward, backward data) are handed out dynamically, so that a thread
+// the OS preempts on a shared machine does not hold the others at the barrier; sums over
+// samples (backward filter) use a static split, so that for a given thread count every thread
+// adds the same samples in the same order and the result is reproducible bit for bit.
+enum class Split { Dynamic, Static };
+
 template <typename F>
-void for_each_sample(std::int64_t n, int threads, F&& fn) {
+void for_each_sample(std::int64_t n, int threads, Split split, F&& fn) {
   if (threads <= 1) {
     for (std::int64_t s = 0; s < n; ++s) fn(s, 0);
     return;
   }
+  if (split == Split::Dynamic) {
 #pragma omp parallel num_threads(threads)
-  {
-    const int t = thread_id();
+    {
+      const int t = thread_id();
+#pragma omp for schedule(dynamic, 1)
+      for (std::int64_t s = 0; s < n; ++s) fn(s, t);
+    }
+  } else {
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = thread_id();
 #pragma omp for schedule(static)
-    for (std::int64_t s = 0; s < n; ++s) fn(s, t);
+      for (std::int64_t s = 0; s < n; ++s) fn(s, t);
+    }
   }
 }
 
@@ -221,7 +236,7 @@ void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, T
   auto work = scratch(threads * per_thread);
   for (int t = 0; t < threads; ++t)  // the padding border, never written afterwards
     std::fill_n(work.get() + t * per_thread + col_floats, pad_floats, 0.f);
-  for_each_sample(g.n, threads, [&](std::int64_t s, int t) {
+  for_each_sample(g.n, threads, Split::Dynamic, [&](std::int64_t s, int t) {
     float* col = work.get() + t * per_thread;
     const float* xs = xd + s * g.c * g.in_plane();
     const float* lowered = xs;
@@ -256,7 +271,7 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& weight, Tensor& dx,
   const std::int64_t col_floats = g.pointwise() ? 0 : K * P, pad_floats = low.pad_floats();
   const std::int64_t per_thread = col_floats + pad_floats;
   auto work = scratch(threads * per_thread);
-  for_each_sample(g.n, threads, [&](std::int64_t s, int t) {
+  for_each_sample(g.n, threads, Split::Dynamic, [&](std::int64_t s, int t) {
     const ConstMatrixMap DY(dyd + s * g.m * P, g.m, P);
     float* dxs = dxd + s * g.c * g.in_plane();
     if (g.pointwise()) {
@@ -293,7 +308,7 @@ void conv2d_backward_filter(const Tensor& x, const Tensor& dy, Tensor& dweight,
   auto work = scratch(threads * per_thread);
   for (int t = 0; t < threads; ++t)  // padding border and private sums start at zero
     std::fill_n(work.get() + t * per_thread + col_floats, pad_floats + acc_floats, 0.f);
-  for_each_sample(g.n, threads, [&](std::int64_t s, int t) {
+  for_each_sample(g.n, threads, Split::Static, [&](std::int64_t s, int t) {
     float* col = work.get() + t * per_thread;
     const float* xs = xd + s * g.c * g.in_plane();
     const float* lowered = xs;
