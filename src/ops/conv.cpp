@@ -23,7 +23,11 @@
 // fashion-cnn's conv2) stays in the core's L2 cache, while the whole-batch buffer (40 MiB) goes
 // through memory twice, and because it needs no NCHW<->CNHW transposes around the gemm. When a
 // batch has fewer samples than threads (batch 1), the samples run one after another and Eigen
-// threads each gemm instead. bench/bench_conv.cpp measures the result.
+// threads each gemm instead. Measured with bench/bench_conv.cpp on the 2-core AVX-512 build
+// machine (in GFLOP per CPU-second, which a busy machine does not distort): conv2 at batch 64
+// runs at 50-70 in all three passes, including lowering, while the whole-batch gemm alone, before
+// any lowering or transposes, reaches 35-55; a profile of a fashion-cnn training step shows two
+// thirds of its time inside Eigen's gemm kernel and 7% in the lowering.
 //
 // im2col reads from a zero-bordered copy of the sample, so its rows are plain (strided) copies
 // with no bounds tests, and col2im accumulates into such a copy (see Lowering below).
