@@ -32,7 +32,8 @@ FashionMnist::FashionMnist(std::string dir, Split split) : m_dir(std::move(dir))
   const std::string label_path = locate(m_dir, prefix + "-labels-idx1-ubyte");
   IdxArray images = read_idx(image_path);
   IdxArray labels = read_idx(label_path);
-  PIPELINE_CHECK_AS(IoError, images.dims.size() == 3 && images.dims[1] == kRows && images.dims[2] == kCols,
+  PIPELINE_CHECK_AS(IoError,
+                    images.dims.size() == 3 && images.dims[1] == kRows && images.dims[2] == kCols,
                     "'{}' should hold N × 28 × 28 images but declares {}", image_path,
                     fmt::join(images.dims, " x "));
   PIPELINE_CHECK_AS(IoError, labels.dims.size() == 1,
@@ -69,8 +70,9 @@ Batch FashionMnist::get(std::span<const std::int64_t> indices) const {
 }
 
 const std::vector<std::string>& FashionMnist::class_names() {
-  static const std::vector<std::string> names{"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                                              "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+  static const std::vector<std::string> names{"T-shirt/top", "Trouser",   "Pullover", "Dress",
+                                              "Coat",        "Sandal",    "Shirt",    "Sneaker",
+                                              "Bag",         "Ankle boot"};
   return names;
 }
 

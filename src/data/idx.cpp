@@ -72,8 +72,9 @@ IdxArray read_idx(const std::string& path) {
 
   IdxArray out;
   std::uint8_t raw[4 * 8];
-  PIPELINE_CHECK_AS(IoError, read_some(f.get(), raw, 4 * static_cast<std::size_t>(rank), path) ==
-                                 4 * static_cast<std::size_t>(rank),
+  PIPELINE_CHECK_AS(IoError,
+                    read_some(f.get(), raw, 4 * static_cast<std::size_t>(rank), path) ==
+                        4 * static_cast<std::size_t>(rank),
                     "IDX file '{}' is truncated inside its {} dimension sizes", path, rank);
   std::int64_t total = 1;
   for (int d = 0; d < rank; ++d) {
@@ -128,7 +129,8 @@ void write_idx(const std::string& path, const IdxArray& array, bool gzip) {
                     std::strerror(errno));
   std::size_t done = 0;
   while (done < bytes.size()) {
-    const unsigned chunk = static_cast<unsigned>(std::min<std::size_t>(bytes.size() - done, 1u << 30));
+    const unsigned chunk =
+        static_cast<unsigned>(std::min<std::size_t>(bytes.size() - done, 1u << 30));
     const int put = gzwrite(f.get(), bytes.data() + done, chunk);
     PIPELINE_CHECK_AS(IoError, put > 0, "writing IDX file '{}' failed", path);
     done += static_cast<std::size_t>(put);

@@ -10,11 +10,12 @@ namespace pipeline {
 
 TextDataset::TextDataset(std::string path, TextOptions options)
     : m_path(std::move(path)), m_options(options) {
-  PIPELINE_CHECK_AS(ConfigError, options.seq_len >= 1, "text dataset: sequence length {} must be >= 1",
-                    options.seq_len);
+  PIPELINE_CHECK_AS(ConfigError, options.seq_len >= 1,
+                    "text dataset: sequence length {} must be >= 1", options.seq_len);
   PIPELINE_CHECK_AS(ConfigError, options.stride >= 1, "text dataset: stride {} must be >= 1",
                     options.stride);
-  PIPELINE_CHECK_AS(ConfigError, 0.0 <= options.begin && options.begin < options.end && options.end <= 1.0,
+  PIPELINE_CHECK_AS(ConfigError,
+                    0.0 <= options.begin && options.begin < options.end && options.end <= 1.0,
                     "text dataset: the part [{}, {}) of the file is not a non-empty part of [0, 1]",
                     options.begin, options.end);
   std::error_code ec;
@@ -25,7 +26,8 @@ TextDataset::TextDataset(std::string path, TextOptions options)
                     std::strerror(errno));
   const auto total = static_cast<std::int64_t>(std::filesystem::file_size(m_path, ec));
   PIPELINE_CHECK_AS(IoError, !ec, "cannot size text file '{}': {}", m_path, ec.message());
-  const auto first = static_cast<std::int64_t>(std::floor(options.begin * static_cast<double>(total)));
+  const auto first =
+      static_cast<std::int64_t>(std::floor(options.begin * static_cast<double>(total)));
   const auto last = static_cast<std::int64_t>(std::floor(options.end * static_cast<double>(total)));
   m_bytes.resize(static_cast<std::size_t>(last - first));
   in.seekg(first);

@@ -32,10 +32,14 @@ constexpr std::uint64_t kMaxHeader = 100'000'000;
 
 const char* file_dtype(DType t) {
   switch (t) {
-    case DType::Float32: return "F32";
-    case DType::Int32: return "I32";
-    case DType::BFloat16: return "BF16";
-    case DType::Float16: return "F16";
+    case DType::Float32:
+      return "F32";
+    case DType::Int32:
+      return "I32";
+    case DType::BFloat16:
+      return "BF16";
+    case DType::Float16:
+      return "F16";
   }
   return "?";
 }
@@ -111,8 +115,8 @@ SafetensorsReader::SafetensorsReader(std::string path) : m_path(std::move(path))
   } catch (const Json::exception& e) {
     PIPELINE_FAIL(IoError, "'{}': the safetensors header is not valid JSON: {}", m_path, e.what());
   }
-  PIPELINE_CHECK_AS(IoError, header.is_object(), "'{}': the safetensors header is not a JSON object",
-                    m_path);
+  PIPELINE_CHECK_AS(IoError, header.is_object(),
+                    "'{}': the safetensors header is not a JSON object", m_path);
   PIPELINE_CHECK_AS(IoError, duplicate.empty(), "'{}': tensor '{}' appears twice in the header",
                     m_path, duplicate);
 
@@ -142,17 +146,23 @@ SafetensorsReader::SafetensorsReader(std::string path) : m_path(std::move(path))
     SafetensorsEntry e;
     e.name = name;
     const std::string dt = value["dtype"].get<std::string>();
-    if (dt == "F32") e.dtype = DType::Float32;
-    else if (dt == "I32") e.dtype = DType::Int32;
-    else if (dt == "BF16") e.dtype = DType::BFloat16;
-    else if (dt == "F16") e.dtype = DType::Float16;
-    else bad(fmt::format("dtype '{}' is not supported (supported: F32, I32, BF16, F16)", dt));
+    if (dt == "F32")
+      e.dtype = DType::Float32;
+    else if (dt == "I32")
+      e.dtype = DType::Int32;
+    else if (dt == "BF16")
+      e.dtype = DType::BFloat16;
+    else if (dt == "F16")
+      e.dtype = DType::Float16;
+    else
+      bad(fmt::format("dtype '{}' is not supported (supported: F32, I32, BF16, F16)", dt));
 
     std::vector<std::int64_t> dims;
     std::uint64_t numel = 1;
     for (auto& d : value["shape"]) {
       if (!d.is_number_unsigned())
-        bad(fmt::format("shape {} has an extent that is not a non-negative integer", value["shape"].dump()));
+        bad(fmt::format("shape {} has an extent that is not a non-negative integer",
+                        value["shape"].dump()));
       const std::uint64_t n = d.get<std::uint64_t>();
       if (n > (std::uint64_t{1} << 48) || (n != 0 && numel > (std::uint64_t{1} << 62) / n))
         bad(fmt::format("shape {} is implausibly large", value["shape"].dump()));
@@ -166,8 +176,9 @@ SafetensorsReader::SafetensorsReader(std::string path) : m_path(std::move(path))
     e.end = value["data_offsets"][1].get<std::uint64_t>();
     if (e.begin > e.end) bad(fmt::format("data_offsets [{}, {}] run backwards", e.begin, e.end));
     if (e.end > data_len)
-      bad(fmt::format("data_offsets [{}, {}] run past the {} bytes of data in the file (truncated?)",
-                      e.begin, e.end, data_len));
+      bad(fmt::format(
+          "data_offsets [{}, {}] run past the {} bytes of data in the file (truncated?)", e.begin,
+          e.end, data_len));
     const std::uint64_t bytes = numel * dtype_size(e.dtype);
     if (e.end - e.begin != bytes)
       bad(fmt::format("shape {} of {} needs {} bytes but data_offsets [{}, {}] hold {}",
@@ -221,14 +232,15 @@ void SafetensorsReader::read_into(const std::string& name, Tensor& dst) const {
   PIPELINE_CHECK_AS(IoError, dst.shape() == e.shape && dst.dtype() == e.dtype,
                     "'{}': tensor '{}' is {} {} but the destination is {} {}", m_path, name,
                     e.shape, file_dtype(e.dtype), dst.shape(), file_dtype(dst.dtype()));
-  PIPELINE_CHECK(dst.device().is_cpu(), "safetensors: read '{}' into a CPU tensor, then copy", name);
+  PIPELINE_CHECK(dst.device().is_cpu(), "safetensors: read '{}' into a CPU tensor, then copy",
+                 name);
   if (e.end == e.begin) return;
   std::ifstream in(m_path, std::ios::binary);
   in.seekg(static_cast<std::streamoff>(m_data_start + e.begin));
   in.read(static_cast<char*>(dst.raw()), static_cast<std::streamsize>(e.end - e.begin));
-  PIPELINE_CHECK_AS(IoError, in.good() && in.gcount() == static_cast<std::streamsize>(e.end - e.begin),
-                    "'{}': reading tensor '{}' failed (the file changed or is unreadable)", m_path,
-                    name);
+  PIPELINE_CHECK_AS(
+      IoError, in.good() && in.gcount() == static_cast<std::streamsize>(e.end - e.begin),
+      "'{}': reading tensor '{}' failed (the file changed or is unreadable)", m_path, name);
 }
 
 NamedTensors load_safetensors(const std::string& path, Metadata* metadata) {
@@ -241,7 +253,8 @@ NamedTensors load_safetensors(const std::string& path, Metadata* metadata) {
 
 // --- writing -----------------------------------------------------------------------------------
 
-void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata) {
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const Metadata& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     auto& m = header["__metadata__"] = nlohmann::ordered_json::object();
@@ -270,7 +283,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   }
   text.append((8 - text.size() % 8) % 8, ' ');
   unsigned char len_bytes[8];
-  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    len_bytes[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xff);
 
   const fs::path dest(path);
   const fs::path dir = dest.has_parent_path() ? dest.parent_path() : fs::path(".");
@@ -286,7 +300,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
     ::unlink(tmp.c_str());
     PIPELINE_FAIL(IoError, "writing '{}' failed while {}: {}", path, what, std::strerror(err));
   };
-  if (!write_all(fd, len_bytes, 8) || !write_all(fd, text.data(), text.size())) fail("writing the header");
+  if (!write_all(fd, len_bytes, 8) || !write_all(fd, text.data(), text.size()))
+    fail("writing the header");
   for (auto& [name, t] : tensors)
     if (!write_all(fd, t.raw(), t.nbytes())) fail("writing tensor data");
   if (::fsync(fd) != 0) fail("flushing to disk");
@@ -314,8 +329,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
 void save_parameters(const std::string& path, const Sequential& model, const ModelParams& params,
                      LayerRange r) {
   PIPELINE_CHECK(0 <= r.begin && r.begin <= r.end && r.end <= model.size(),
-                 "save_parameters: layer range [{}, {}) out of bounds for {} layers", r.begin, r.end,
-                 model.size());
+                 "save_parameters: layer range [{}, {}) out of bounds for {} layers", r.begin,
+                 r.end, model.size());
   PIPELINE_CHECK(static_cast<int>(params.size()) == r.size(),
                  "save_parameters: parameters for {} layers given for a range of {}", params.size(),
                  r.size());
@@ -342,8 +357,8 @@ void save_parameters(const std::string& path, const Sequential& model, const Mod
 void load_parameters(const std::string& path, const Sequential& model, ModelParams& params,
                      LayerRange r) {
   PIPELINE_CHECK(0 <= r.begin && r.begin <= r.end && r.end <= model.size(),
-                 "load_parameters: layer range [{}, {}) out of bounds for {} layers", r.begin, r.end,
-                 model.size());
+                 "load_parameters: layer range [{}, {}) out of bounds for {} layers", r.begin,
+                 r.end, model.size());
   SafetensorsReader reader(path);
   ModelParams fresh;
   const bool allocate = params.empty();
@@ -391,7 +406,8 @@ void load_parameters(const std::string& path, const Sequential& model, ModelPara
     std::string msg = fmt::format("'{}' does not fit layers [{}, {}) of model '{}':", path, r.begin,
                                   r.end, model.name());
     if (!missing.empty()) msg += fmt::format(" missing tensors: {};", fmt::join(missing, ", "));
-    if (!misshapen.empty()) msg += fmt::format(" mis-shaped tensors: {};", fmt::join(misshapen, ", "));
+    if (!misshapen.empty())
+      msg += fmt::format(" mis-shaped tensors: {};", fmt::join(misshapen, ", "));
     msg.pop_back();
     PIPELINE_FAIL(IoError, "{}", msg);
   }

@@ -69,16 +69,22 @@ void sgd_update(Tensor& param, const Tensor& grad, Tensor* momentum_buffer, bool
     Array W(w + i, n);
     ConstArray G(g + i, n);
     if (!use_momentum) {
-      if (wd != 0.f) W -= lr * (G + wd * W);
-      else W -= lr * G;
+      if (wd != 0.f)
+        W -= lr * (G + wd * W);
+      else
+        W -= lr * G;
       return;
     }
     Array B(b + i, n);
     // d_p = g + wd·w is formed inside each expression rather than stored, so one pass suffices.
-    if (first_step) B = G + wd * W;
-    else B = mu * B + keep * (G + wd * W);
-    if (p.nesterov) W -= lr * ((G + wd * W) + mu * B);
-    else W -= lr * B;
+    if (first_step)
+      B = G + wd * W;
+    else
+      B = mu * B + keep * (G + wd * W);
+    if (p.nesterov)
+      W -= lr * ((G + wd * W) + mu * B);
+    else
+      W -= lr * B;
   });
 }
 

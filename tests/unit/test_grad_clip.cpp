@@ -55,7 +55,8 @@ TEST_CASE("The split form over stages equals the one-process form") {
   CHECK(f < 1.f);
   scale(stage0, f);
   scale(stage1, f);
-  for (std::size_t i = 0; i < whole.size(); ++i) CHECK(whole[i].to_vector() == split[i].to_vector());
+  for (std::size_t i = 0; i < whole.size(); ++i)
+    CHECK(whole[i].to_vector() == split[i].to_vector());
 }
 
 TEST_CASE("clip_factor edge cases") {

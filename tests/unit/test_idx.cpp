@@ -3,9 +3,9 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 using namespace pipeline;
 namespace fs = std::filesystem;
@@ -16,7 +16,8 @@ struct TempDir {
   fs::path path;
   TempDir() {
     static int counter = 0;
-    path = fs::temp_directory_path() / fmt::format("pipeline_test_idx_{}_{}", ::getpid(), counter++);
+    path =
+        fs::temp_directory_path() / fmt::format("pipeline_test_idx_{}_{}", ::getpid(), counter++);
     fs::create_directories(path);
   }
   ~TempDir() {
@@ -37,7 +38,8 @@ void write_bytes(const std::string& p, const std::vector<std::uint8_t>& b) {
 
 IdxArray images(std::int64_t n) {
   IdxArray a{{n, 28, 28}, {}};
-  for (std::int64_t i = 0; i < n * 28 * 28; ++i) a.data.push_back(static_cast<std::uint8_t>(i * 7 % 256));
+  for (std::int64_t i = 0; i < n * 28 * 28; ++i)
+    a.data.push_back(static_cast<std::uint8_t>(i * 7 % 256));
   return a;
 }
 
@@ -51,8 +53,10 @@ TEST_CASE("IDX round trip, plain and gzipped") {
     const std::string p = dir.file(gz ? "a.gz" : "a");
     write_idx(p, a, gz);
     const auto raw = read_bytes(p);
-    if (gz) CHECK((raw[0] == 0x1f && raw[1] == 0x8b));
-    else CHECK(raw.size() == 4 + 3 * 4 + 30);
+    if (gz)
+      CHECK((raw[0] == 0x1f && raw[1] == 0x8b));
+    else
+      CHECK(raw.size() == 4 + 3 * 4 + 30);
     IdxArray b = read_idx(p);
     CHECK(b.dims == a.dims);
     CHECK(b.data == a.data);

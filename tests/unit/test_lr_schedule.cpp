@@ -58,9 +58,10 @@ TEST_CASE("Schedules parse from flag strings") {
 }
 
 TEST_CASE("Bad schedule strings give clear errors") {
-  for (const char* bad : {"", "linear", "step", "step:0:0.5", "step:10", "step:10:x", "step:10:-1",
-                          "cosine:abc", "cosine:10:5", "cosine:1:2:3", "warmup:5", "warmup:-1+constant",
-                          "warmup:x+constant", "constant:1", "step:10:0.5junk"}) {
+  for (const char* bad :
+       {"", "linear", "step", "step:0:0.5", "step:10", "step:10:x", "step:10:-1", "cosine:abc",
+        "cosine:10:5", "cosine:1:2:3", "warmup:5", "warmup:-1+constant", "warmup:x+constant",
+        "constant:1", "step:10:0.5junk"}) {
     CAPTURE(bad);
     CHECK_THROWS_WITH_AS(LrSchedule::parse(bad, 1.f, 100),
                          doctest::Contains("bad learning-rate schedule"), ConfigError);

@@ -159,8 +159,8 @@ TEST_CASE("Optimizer state is lazy, keyed by position and checked") {
 
   std::vector<Tensor> p_other{Tensor::full({2, 3}, 1.f), Tensor::full({5}, 1.f)};
   std::vector<Tensor> g_other{Tensor::full({2, 3}, 1.f), Tensor::full({5}, 1.f)};
-  CHECK_THROWS_WITH_AS(opt.step(p_other, g_other, 0.1f), doctest::Contains("parameter 1 has shape [5]"),
-                       Error);
+  CHECK_THROWS_WITH_AS(opt.step(p_other, g_other, 0.1f),
+                       doctest::Contains("parameter 1 has shape [5]"), Error);
   std::vector<Tensor> p_short{p[0]}, g_short{g[0]};
   CHECK_THROWS_AS(opt.step(p_short, g_short, 0.1f), Error);
   std::vector<Tensor> g_bad{Tensor::full({3, 2}, 1.f), g[1]};

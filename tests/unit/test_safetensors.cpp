@@ -5,10 +5,10 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 using namespace pipeline;
 namespace fs = std::filesystem;
@@ -59,7 +59,8 @@ class ScaleLayer final : public Layer {
   double flops(const Shape& in) const override { return static_cast<double>(in.numel()); }
   std::vector<ParamSpec> parameters() const override { return {{"weight", {m_n}, Init::ones()}}; }
   std::vector<ParamSpec> buffers() const override {
-    return {{"running_mean", {m_n}, Init::zeros()}, {"num_batches", {1}, Init::zeros(), DType::Int32}};
+    return {{"running_mean", {m_n}, Init::zeros()},
+            {"num_batches", {1}, Init::zeros(), DType::Int32}};
   }
 
  protected:
@@ -77,7 +78,9 @@ class ScaleLayer final : public Layer {
 
 Sequential make_model(std::int64_t hidden = 4) {
   Sequential m("toy");
-  m.emplace<Linear>("fc1", 3, hidden).emplace<ScaleLayer>("bn1", hidden).emplace<Linear>("fc2", hidden, 2);
+  m.emplace<Linear>("fc1", 3, hidden)
+      .emplace<ScaleLayer>("bn1", hidden)
+      .emplace<Linear>("fc2", hidden, 2);
   return m;
 }
 
@@ -104,16 +107,19 @@ TEST_CASE("Round trip of named tensors with metadata") {
     CHECK(it->second.shape() == tensor.shape());
     CHECK(it->second.dtype() == tensor.dtype());
     CHECK(it->second.nbytes() == tensor.nbytes());
-    if (tensor.nbytes() > 0) CHECK(std::memcmp(it->second.raw(), tensor.raw(), tensor.nbytes()) == 0);
+    if (tensor.nbytes() > 0)
+      CHECK(std::memcmp(it->second.raw(), tensor.raw(), tensor.nbytes()) == 0);
   }
 
   // The layout is the documented one: a little-endian length, a space-padded JSON header whose
   // length is a multiple of 8, then the data in order.
   auto bytes = read_bytes(p);
   std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+  for (int i = 7; i >= 0; --i)
+    n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
   CHECK(n % 8 == 0);
-  auto header = nlohmann::json::parse(std::string(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n)));
+  auto header = nlohmann::json::parse(
+      std::string(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n)));
   CHECK(header["w"]["dtype"] == "F32");
   CHECK(header["w"]["shape"] == nlohmann::json::array({2, 3}));
   CHECK(header["w"]["data_offsets"] == nlohmann::json::array({0, 24}));
@@ -181,7 +187,7 @@ TEST_CASE("Every kind of corruption is an IoError naming the file and the proble
   expect(obj({ok}), 8, "exceeds", 1'000'000);
   expect(obj({ok}).substr(0, ok.size()), 8, "not valid JSON");
   expect("[1, 2]", 0, "not a JSON object");
-  expect(obj({entry("x", "F32", "[2]", 0, 8)}), 4, "run past");                // truncated data
+  expect(obj({entry("x", "F32", "[2]", 0, 8)}), 4, "run past");  // truncated data
   expect(obj({entry("x", "F32", "[2]", 8, 16)}), 8, "run past");
   expect(obj({entry("x", "F32", "[3]", 0, 8)}), 8, "needs 12 bytes");
   expect(obj({entry("x", "F64", "[1]", 0, 8)}), 8, "dtype 'F64' is not supported");
@@ -194,7 +200,8 @@ TEST_CASE("Every kind of corruption is an IoError naming the file and the proble
   expect(obj({ok}), 12, "trailing bytes");
   expect(obj({ok, ok}), 8, "appears twice");
   expect(R"({"x":{"dtype":"F32","shape":[2]}})", 8, "data_offsets");
-  expect(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"extra":1}})", 8, "unexpected field");
+  expect(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"extra":1}})", 8,
+         "unexpected field");
   expect(R"({"x":[1,2]})", 8, "not a JSON object");
   expect(R"({"__metadata__":{"a":1}})", 0, "not a string");
   expect(obj({entry("x", "F32", "[4294967296,4294967296]", 0, 8)}), 8, "implausibly large");
@@ -221,8 +228,9 @@ TEST_CASE("Atomic writes leave no temporary behind") {
   // Bad input is refused before anything is written.
   NamedTensors dup{{"a", Tensor::zeros({1})}, {"a", Tensor::zeros({1})}};
   CHECK_THROWS_AS(save_safetensors(dir.file("dup"), dup), ConfigError);
-  CHECK_THROWS_AS(save_safetensors(dir.file("meta"), NamedTensors{{"__metadata__", Tensor::zeros({1})}}),
-                  ConfigError);
+  CHECK_THROWS_AS(
+      save_safetensors(dir.file("meta"), NamedTensors{{"__metadata__", Tensor::zeros({1})}}),
+      ConfigError);
   CHECK(dir.listing() == std::vector<std::string>{"ckpt.safetensors", "sub"});
 }
 
@@ -238,8 +246,9 @@ TEST_CASE("Model parameters save and load by layer-qualified name") {
   SafetensorsReader reader(p);
   std::vector<std::string> names;
   for (auto& e : reader.entries()) names.push_back(e.name);
-  CHECK(names == std::vector<std::string>{"fc1.weight", "fc1.bias", "bn1.weight", "bn1.running_mean",
-                                          "bn1.num_batches", "fc2.weight", "fc2.bias"});
+  CHECK(names == std::vector<std::string>{"fc1.weight", "fc1.bias", "bn1.weight",
+                                          "bn1.running_mean", "bn1.num_batches", "fc2.weight",
+                                          "fc2.bias"});
   CHECK(reader.metadata().at("model") == "toy");
   CHECK(reader.find("fc1.weight")->shape == Shape{4, 3});  // PyTorch layout [out, in]
 

@@ -2,9 +2,9 @@
 
 #include <doctest/doctest.h>
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 using namespace pipeline;
 namespace fs = std::filesystem;
@@ -12,7 +12,8 @@ namespace fs = std::filesystem;
 namespace {
 std::string write_temp(const std::string& content) {
   static int counter = 0;
-  fs::path p = fs::temp_directory_path() / fmt::format("pipeline_test_text_{}_{}", ::getpid(), counter++);
+  fs::path p =
+      fs::temp_directory_path() / fmt::format("pipeline_test_text_{}_{}", ::getpid(), counter++);
   std::ofstream(p, std::ios::binary) << content;
   return p.string();
 }

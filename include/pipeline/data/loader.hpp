@@ -14,12 +14,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <iterator>
-#include <algorithm>
-#include <utility>
 #include <numeric>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace pipeline {
@@ -36,12 +36,13 @@ struct LoaderOptions {
 // The loader keeps a reference to the dataset, which must outlive it.
 class DataLoader {
  public:
-  DataLoader(const Dataset& dataset, LoaderOptions options) : m_dataset(&dataset), m_options(options) {
+  DataLoader(const Dataset& dataset, LoaderOptions options)
+      : m_dataset(&dataset), m_options(options) {
     PIPELINE_CHECK_AS(ConfigError, options.batch_size >= 1, "batch size {} must be >= 1",
                       options.batch_size);
-    PIPELINE_CHECK_AS(ConfigError, options.world >= 1 && options.rank >= 0 && options.rank < options.world,
-                      "data shard {} of {} does not exist: need 0 <= rank < world", options.rank,
-                      options.world);
+    PIPELINE_CHECK_AS(
+        ConfigError, options.world >= 1 && options.rank >= 0 && options.rank < options.world,
+        "data shard {} of {} does not exist: need 0 <= rank < world", options.rank, options.world);
     PIPELINE_CHECK_AS(ConfigError, samples_per_shard() >= 1 || dataset.size() == 0,
                       "{} has {} samples, too few for {} shards with drop_last", dataset.name(),
                       dataset.size(), options.world);
@@ -71,11 +72,13 @@ class DataLoader {
                   order[static_cast<std::size_t>(rng.below(static_cast<std::uint64_t>(i + 1)))]);
     }
     const std::int64_t total = samples_per_shard() * w;
-    for (std::int64_t i = n; i < total; ++i) order.push_back(order[static_cast<std::size_t>(i % n)]);
+    for (std::int64_t i = n; i < total; ++i)
+      order.push_back(order[static_cast<std::size_t>(i % n)]);
     order.resize(static_cast<std::size_t>(total));
     std::vector<std::int64_t> mine;
     mine.reserve(static_cast<std::size_t>(samples_per_shard()));
-    for (std::int64_t i = m_options.rank; i < total; i += w) mine.push_back(order[static_cast<std::size_t>(i)]);
+    for (std::int64_t i = m_options.rank; i < total; i += w)
+      mine.push_back(order[static_cast<std::size_t>(i)]);
     return mine;
   }
 
@@ -111,7 +114,8 @@ class DataLoader {
 
    private:
     friend class DataLoader;
-    Epoch(const DataLoader* l, std::vector<std::int64_t> idx) : m_loader(l), m_indices(std::move(idx)) {}
+    Epoch(const DataLoader* l, std::vector<std::int64_t> idx)
+        : m_loader(l), m_indices(std::move(idx)) {}
     const DataLoader* m_loader;
     std::vector<std::int64_t> m_indices;
   };
@@ -120,11 +124,11 @@ class DataLoader {
 
  private:
   Batch batch_from(const std::vector<std::int64_t>& indices, std::int64_t b) const {
-    PIPELINE_CHECK(b >= 0 && b < num_batches(), "batch {} out of range: the epoch has {} batches", b,
-                   num_batches());
+    PIPELINE_CHECK(b >= 0 && b < num_batches(), "batch {} out of range: the epoch has {} batches",
+                   b, num_batches());
     const std::int64_t begin = b * m_options.batch_size;
-    const std::int64_t end =
-        std::min<std::int64_t>(begin + m_options.batch_size, static_cast<std::int64_t>(indices.size()));
+    const std::int64_t end = std::min<std::int64_t>(begin + m_options.batch_size,
+                                                    static_cast<std::int64_t>(indices.size()));
     return m_dataset->get(std::span<const std::int64_t>(indices.data() + begin,
                                                         static_cast<std::size_t>(end - begin)));
   }

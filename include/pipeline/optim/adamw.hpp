@@ -18,7 +18,8 @@ struct AdamWOptions {
 class AdamW final : public Optimizer {
  public:
   explicit AdamW(AdamWOptions o = {}) : m_options(o) {
-    PIPELINE_CHECK_AS(ConfigError, o.beta1 >= 0.f && o.beta1 < 1.f && o.beta2 >= 0.f && o.beta2 < 1.f,
+    PIPELINE_CHECK_AS(ConfigError,
+                      o.beta1 >= 0.f && o.beta1 < 1.f && o.beta2 >= 0.f && o.beta2 < 1.f,
                       "Adam betas must lie in [0, 1), got ({}, {})", o.beta1, o.beta2);
     PIPELINE_CHECK_AS(ConfigError, o.eps >= 0.f && o.weight_decay >= 0.f,
                       "Adam eps and weight decay must be >= 0, got {} and {}", o.eps,
@@ -31,8 +32,12 @@ class AdamW final : public Optimizer {
 
  protected:
   void update(Tensor& param, const Tensor& grad, ParamState& s, float lr) override {
-    ops::AdamWParams p{lr, m_options.beta1, m_options.beta2, m_options.eps,
-                       m_options.weight_decay, m_options.decoupled};
+    ops::AdamWParams p{lr,
+                       m_options.beta1,
+                       m_options.beta2,
+                       m_options.eps,
+                       m_options.weight_decay,
+                       m_options.decoupled};
     ops::adamw_update(param, grad, s.buffers[0], s.buffers[1], s.step, p);
   }
 

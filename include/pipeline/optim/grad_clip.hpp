@@ -41,7 +41,8 @@ inline float clip_factor(double total_norm, double max_norm) {
 
 // Clips in place; returns the norm before clipping.
 inline double clip_grad_norm(std::span<Tensor> grads, float max_norm) {
-  const double norm = std::sqrt(sum_of_squares(std::span<const Tensor>(grads.data(), grads.size())));
+  const double norm =
+      std::sqrt(sum_of_squares(std::span<const Tensor>(grads.data(), grads.size())));
   scale(grads, clip_factor(norm, max_norm));
   return norm;
 }

@@ -16,12 +16,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <numbers>
 #include <optional>
-#include <algorithm>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -76,7 +76,8 @@ class LrSchedule {
   float lr_at(std::int64_t step) const {
     PIPELINE_CHECK(step >= 0, "learning rate asked for step {}; steps count from 0", step);
     if (step < m_warmup)
-      return base_at(0) * static_cast<float>(static_cast<double>(step + 1) / static_cast<double>(m_warmup));
+      return base_at(0) *
+             static_cast<float>(static_cast<double>(step + 1) / static_cast<double>(m_warmup));
     return base_at(step - m_warmup);
   }
 
@@ -87,9 +88,12 @@ class LrSchedule {
   std::string str() const {
     std::string w = m_warmup > 0 ? fmt::format("warmup:{}+", m_warmup) : std::string();
     switch (m_kind) {
-      case Kind::Constant: return fmt::format("{}constant (lr {})", w, m_lr);
-      case Kind::Step: return fmt::format("{}step:{}:{} (lr {})", w, m_every, m_gamma, m_lr);
-      case Kind::Cosine: return fmt::format("{}cosine:{}:{} (lr {})", w, m_total, m_min_lr, m_lr);
+      case Kind::Constant:
+        return fmt::format("{}constant (lr {})", w, m_lr);
+      case Kind::Step:
+        return fmt::format("{}step:{}:{} (lr {})", w, m_every, m_gamma, m_lr);
+      case Kind::Cosine:
+        return fmt::format("{}cosine:{}:{} (lr {})", w, m_total, m_min_lr, m_lr);
     }
     return "?";
   }
@@ -140,13 +144,15 @@ class LrSchedule {
         if (!t || *t <= 0) return bad("the cosine length is not a positive integer");
         total = *t;
       } else if (total <= 0) {
-        return bad(fmt::format("cosine without a length needs the total number of steps ({}) to "
-                               "exceed the warm-up ({})",
-                               total_steps, warmup));
+        return bad(
+            fmt::format("cosine without a length needs the total number of steps ({}) to "
+                        "exceed the warm-up ({})",
+                        total_steps, warmup));
       }
       if (parts.size() == 3) {
         auto m = parse_number<float>(parts[2]);
-        if (!m || *m < 0.f || *m > lr) return bad(fmt::format("the minimum must lie in [0, {}]", lr));
+        if (!m || *m < 0.f || *m > lr)
+          return bad(fmt::format("the minimum must lie in [0, {}]", lr));
         min_lr = *m;
       }
       s = cosine(lr, total, min_lr);
@@ -173,14 +179,15 @@ class LrSchedule {
 
   float base_at(std::int64_t s) const {
     switch (m_kind) {
-      case Kind::Constant: return m_lr;
+      case Kind::Constant:
+        return m_lr;
       case Kind::Step:
-        return static_cast<float>(m_lr * std::pow(static_cast<double>(m_gamma),
-                                                   static_cast<double>(s / m_every)));
+        return static_cast<float>(
+            m_lr * std::pow(static_cast<double>(m_gamma), static_cast<double>(s / m_every)));
       case Kind::Cosine: {
         const double t = static_cast<double>(std::min(s, m_total)) / static_cast<double>(m_total);
-        return static_cast<float>(m_min_lr + (m_lr - m_min_lr) * 0.5 *
-                                                 (1.0 + std::cos(std::numbers::pi * t)));
+        return static_cast<float>(m_min_lr +
+                                  (m_lr - m_min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * t)));
       }
     }
     return m_lr;

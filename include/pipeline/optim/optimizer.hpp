@@ -83,8 +83,8 @@ class Optimizer {
     for (std::size_t i = 0; i < m_state.size(); ++i) {
       const std::string base = param_names.empty() ? std::to_string(i) : param_names[i];
       const auto& s = m_state[i];
-      PIPELINE_CHECK(s.step <= std::numeric_limits<std::int32_t>::max(), "step count {} does not fit the int32 checkpoint field",
-                     s.step);
+      PIPELINE_CHECK(s.step <= std::numeric_limits<std::int32_t>::max(),
+                     "step count {} does not fit the int32 checkpoint field", s.step);
       out.emplace_back(base + ".step",
                        Tensor::from_ints(Shape{}, {static_cast<std::int32_t>(s.step)}));
       for (std::size_t b = 0; b < names.size(); ++b)
@@ -111,8 +111,8 @@ class Optimizer {
       }
       if (it->second->shape() != shape || it->second->dtype() != dtype) {
         problems.push_back(fmt::format("'{}' has shape {} {} but {} {} was expected", name,
-                                       it->second->shape(), dtype_name(it->second->dtype()),
-                                       shape, dtype_name(dtype)));
+                                       it->second->shape(), dtype_name(it->second->dtype()), shape,
+                                       dtype_name(dtype)));
         return nullptr;
       }
       return it->second;
