@@ -14,6 +14,16 @@ struct PlanStage {
   int end = 0;
   int replicas = 1;
   std::vector<int> ranks;  // size == replicas; consecutive, replicas adjacent
+  // For a DAG profile whose stage is not one contiguous range: the exact layers of the stage
+  // (ascending; begin/end then bound them). Empty when the stage is exactly [begin, end).
+  std::vector<int> layer_ids;
+  // The partitioner's breakdown of this stage, per minibatch (0 when unknown): compute over its
+  // replicas, weight synchronisation, the larger of its input and output transfers, and the
+  // predicted memory per worker.
+  double compute_s = 0;
+  double sync_s = 0;
+  double transfer_s = 0;
+  double memory_bytes = 0;
 };
 
 struct PlanPrediction {
@@ -30,6 +40,7 @@ struct Plan {
   std::string schedule = "1f1b-stash";
   int in_flight = 1;   // minibatches admitted at the input stage (PipeDream's warm-up depth)
   std::string config;  // PipeDream notation: replicas per stage joined by '-'
+  std::string cost_model;  // "pipeline" or "pipedream" (empty when unknown)
   std::vector<PlanStage> stages;
   PlanPrediction predicted;
 

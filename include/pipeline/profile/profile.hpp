@@ -3,6 +3,7 @@
 // a profile.json file, or from a PipeDream graph.txt.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -24,6 +25,9 @@ struct LayerProfile {
   std::int64_t parameter_bytes = 0;  // bytes of trainable parameters
   double flops = 0;                  // forward FLOPs for the whole minibatch, 0 when unknown
   std::vector<int> inputs;           // predecessor layer indices; empty: the previous layer
+  // A layer with no predecessor at all although it is not layer 0 (a second model input, such as
+  // GNMT's `hidden`). Its `inputs` must then be empty. Serialised as "source": true.
+  bool source = false;
 };
 
 struct Profile {
@@ -34,6 +38,23 @@ struct Profile {
   std::vector<LayerProfile> layers;
 
   int size() const { return static_cast<int>(layers.size()); }
+
+  // Predecessors of layer i with the "empty means the previous layer" convention resolved.
+  std::vector<int> predecessors(int i) const {
+    const LayerProfile& l = layers[static_cast<std::size_t>(i)];
+    if (!l.inputs.empty()) return l.inputs;
+    if (i == 0 || l.source) return {};
+    return {i - 1};
+  }
+
+  // True when every layer takes exactly the previous layer's output (no DAG edges).
+  bool is_chain() const {
+    for (int i = 0; i < size(); ++i) {
+      auto p = predecessors(i);
+      if (i == 0 ? !p.empty() : (p.size() != 1 || p[0] != i - 1)) return false;
+    }
+    return true;
+  }
 };
 
 }  // namespace pipeline

@@ -1,0 +1,62 @@
+// The split points of a layer DAG: its antichain states, as PipeDream's partitioner defines them.
+//
+// A state is a downward-closed set of layers P(i) (a layer and all its ancestors), reached from
+// the state {layer 0} by repeatedly adding a layer outside the set that has a predecessor inside
+// it, together with all of that layer's ancestors. A stage is the difference P(j) \ P(i) of a
+// state and one of its ancestors in this state DAG. For a chain, state i is simply layers 0..i.
+// States are numbered in a topological order (by size, then discovery), so the last state holds
+// every layer. Sums over P(i) are kept as prefix values, so a stage's totals are differences.
+//
+// Two boundary sizes are kept per state: `boundary_bytes`, the outputs of layers in P(i) read by
+// a layer outside it (what really crosses the cut), and `pipedream_boundary_bytes`, the sum over
+// PipeDream's "augmented antichain" (the frontier plus every ancestor with an edge leaving the
+// ancestor set of a frontier layer), which its released optimizer charges as the transfer.
+#pragma once
+
+#include <pipeline/profile/profile.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace pipeline {
+
+class StateGraph {
+ public:
+  // Throws ConfigError when the profile is not a DAG or the state count exceeds max_states
+  // (the caller can then fall back to `linear`).
+  static StateGraph build(const Profile& profile, std::size_t max_states);
+  // States = prefixes of the layer order (valid for any profile whose inputs point backwards).
+  static StateGraph linear(const Profile& profile);
+
+  int size() const { return static_cast<int>(compute_s.size()); }
+  bool chain() const { return m_chain; }
+  // a is an ancestor of b in the state DAG (a < 0 stands for the empty start: always true).
+  bool is_ancestor(int a, int b) const {
+    if (a < 0) return b >= 0;
+    if (m_chain) return a < b;
+    return (m_ancestors[static_cast<std::size_t>(b) * m_state_words + static_cast<std::size_t>(a) / 64] >>
+            (a % 64)) & 1u;
+  }
+  // Layers of P(b) \ P(a), ascending (a < 0: all of P(b)).
+  std::vector<int> layers_between(int a, int b) const;
+  int num_layers() const { return m_layers; }
+
+  // Prefix sums over P(i).
+  std::vector<double> compute_s;         // Σ forward_s + backward_s
+  std::vector<double> activation_bytes;  // Σ output_bytes
+  std::vector<double> parameter_bytes;   // Σ parameter_bytes
+  std::vector<double> boundary_bytes;
+  std::vector<double> pipedream_boundary_bytes;
+  // States that are ancestors of j, ascending compute_s (ties by index); empty for chains.
+  std::vector<std::vector<int>> ancestors_by_compute;
+
+ private:
+  bool m_chain = true;
+  int m_layers = 0;
+  std::size_t m_state_words = 0, m_layer_words = 0;
+  std::vector<std::uint64_t> m_ancestors;  // size × m_state_words bits
+  std::vector<std::uint64_t> m_members;    // size × m_layer_words bits (empty for chains)
+};
+
+}  // namespace pipeline

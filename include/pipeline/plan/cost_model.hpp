@@ -1,0 +1,67 @@
+// The cost model of a pipeline stage, shared by the partitioner and the simulator.
+//
+// A stage is a set of layers with total compute time T (forward + backward, seconds per
+// minibatch), parameters P bytes and activations A bytes, replicated over r workers (or groups).
+//   compute + weight synchronisation:  (T + 4(r-1)P / (B r S)) / r     (added, as PipeDream does)
+//   activation transfer of a boundary of a bytes into or out of the stage:  2a / (B r R)
+// where B is the bandwidth of the level the replicas span, S the number of workers that share
+// that synchronisation (the inner workers of a group) and R the activation compression ratio.
+// Two variants:
+//  - CostModel::PipeDream reproduces the released optimizer (SOSP'19): S is the previous level's
+//    count for a single stage and 1 for a split-off stage, transfers only when a compression
+//    ratio is given, and memory `ceil((M - m)/r) (A + P)` (no working copy; last stage unstashed).
+//  - CostModel::Pipeline (default) shares the synchronisation by all inner workers of a group
+//    (S = product of the inner level counts) in both cases, charges transfers by default (R = 1),
+//    uses the bytes that really cross a cut, and counts memory as below.
+#pragma once
+
+#include <cmath>
+#include <string_view>
+
+namespace pipeline {
+
+enum class CostModel { Pipeline, PipeDream };
+
+inline std::string_view to_string(CostModel m) { return m == CostModel::Pipeline ? "pipeline" : "pipedream"; }
+
+inline double sync_time(double parameter_bytes, int replicas, double bandwidth, double sharers) {
+  return 4.0 * (replicas - 1) * parameter_bytes / (bandwidth * replicas * sharers);
+}
+
+// Seconds per minibatch of a stage replicated `replicas` times: compute plus synchronisation.
+inline double replicated_stage_time(double compute_s, double parameter_bytes, int replicas, double bandwidth,
+                                    double sharers) {
+  return (compute_s + sync_time(parameter_bytes, replicas, bandwidth, sharers)) / replicas;
+}
+
+// An activation forward plus its gradient backward, shared by the receiving stage's replicas.
+inline double transfer_time(double boundary_bytes, int replicas, double bandwidth, double compression) {
+  return 2.0 * boundary_bytes / (bandwidth * replicas * compression);
+}
+
+// Minibatches in flight at a stage under 1F1B with weight stashing (PipeDream's warm-up + 1):
+// the stage sees (workers - 1 - ranks before it) / replicas warm-up minibatches.
+inline int in_flight(int workers, int ranks_before, int replicas) {
+  int warmup = (workers - 1 - ranks_before) / replicas;
+  return (warmup < 0 ? 0 : warmup) + 1;
+}
+
+// Bytes per worker of a stage under 1F1B-stash (Pipeline cost model): the working weights, their
+// gradient, the optimizer state (`optimizer_state_factor` copies, 1 for momentum SGD, 2 for
+// Adam), one stashed weight version per in-flight minibatch beyond the newest, and the
+// activations of every in-flight minibatch.
+inline double stage_memory_bytes(double parameter_bytes, double activation_bytes, int in_flight_minibatches,
+                                 double optimizer_state_factor) {
+  return parameter_bytes * (2.0 + optimizer_state_factor + (in_flight_minibatches - 1)) +
+         activation_bytes * in_flight_minibatches;
+}
+
+// PipeDream's memory test for a stage of r replicas when the stage and all stages before it use m
+// of the level's M machines: ceil((M - m) / r) * (A + P).
+inline double pipedream_stage_memory_bytes(double parameter_bytes, double activation_bytes, int machines,
+                                           int machines_so_far, int replicas) {
+  int versions = (machines - machines_so_far + replicas - 1) / replicas;
+  return versions * (activation_bytes + parameter_bytes);
+}
+
+}  // namespace pipeline

@@ -1,0 +1,62 @@
+// PipeDream's dynamic-programming partitioner (SOSP'19 §3.1) over antichain states.
+//
+// partition() splits a profile into stages, each a contiguous range of antichain states (for a
+// chain: of layers), and replicates each stage, so that the slowest stage (compute plus weight
+// synchronisation, and activation transfers) is as fast as possible on the topology. Levels are
+// solved innermost first: a segment's best time on a whole group of the level below becomes its
+// compute time one level up (PipeDream's hierarchy rule). Ties are broken deterministically: the
+// candidate with fewer stages wins, then the earlier split.
+//
+// Contract: the profile is validated; the topology has at least one level of positive counts
+// and bandwidths. With a memory limit, a plan whose every stage fits is returned, or
+// ConfigError says the smallest memory per worker for which one would. DAG profiles with more
+// than `max_states` antichain states are planned over a single topological order of their
+// layers instead (a warning is logged), which keeps every stage a contiguous layer range.
+#pragma once
+
+#include <pipeline/plan/cost_model.hpp>
+#include <pipeline/plan/plan.hpp>
+#include <pipeline/plan/topology.hpp>
+#include <pipeline/profile/profile.hpp>
+
+#include <cstddef>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+namespace pipeline {
+
+struct PartitionOptions {
+  CostModel cost_model = CostModel::Pipeline;
+  bool straight = false;          // no replication (PipeDream --straight_pipeline)
+  bool allow_idle = false;        // may leave workers unused (PipeDream --use_fewer_machines)
+  bool ignore_transfer = false;   // no activation transfer cost at all
+  // Activation compression ratio R. PipeDream model: transfers are charged only when it is set.
+  // Pipeline model: 1 when unset.
+  std::optional<double> activation_compression;
+  double optimizer_state_factor = 1.0;  // Pipeline model memory: optimizer copies of the weights
+  std::size_t max_states = 4000;
+};
+
+// A stage of a manual plan: [begin, end) layer range replicated `replicas` times.
+struct ManualStage {
+  int begin = 0;
+  int end = 0;
+  int replicas = 1;
+};
+
+Plan partition(const Profile& profile, const Topology& topology, const PartitionOptions& options = {});
+
+// "0:5x2,5:12,12:20" → stages; throws ConfigError on syntax errors.
+std::vector<ManualStage> parse_manual_stages(std::string_view text);
+
+// Evaluates a user-chosen plan with the same cost model (stages over the profile's layer order,
+// ranks assigned consecutively). Throws ConfigError when the stages do not cover the model
+// exactly in order, use more workers than the topology has, or (with a memory limit) do not fit.
+Plan evaluate_stages(const Profile& profile, const Topology& topology, const std::vector<ManualStage>& stages,
+                     const PartitionOptions& options = {});
+
+// Data-parallel time per minibatch over every worker under the chosen model (the baseline).
+double data_parallel_time(const Profile& profile, const Topology& topology, const PartitionOptions& options = {});
+
+}  // namespace pipeline

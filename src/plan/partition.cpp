@@ -1,0 +1,472 @@
+#include <pipeline/plan/partition.hpp>
+
+#include <pipeline/core/error.hpp>
+#include <pipeline/core/log.hpp>
+#include <pipeline/plan/antichain.hpp>
+#include <pipeline/plan/topology_io.hpp>
+#include <pipeline/profile/profile_json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <memory>
+
+namespace pipeline {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Entry {
+  double t = kInf;
+  int k = -3;       // split state; -2: single stage; -4: idle (same j, one machine fewer)
+  int mprime = 0;   // machines of the split-off last stage
+  int stages = 0;
+};
+
+struct Segment {
+  int s, e, machines;
+};
+
+// One partitioning problem: the states, the options and every level's parameters.
+class Solver {
+ public:
+  Solver(const StateGraph& g, const Topology& t, const PartitionOptions& o, std::optional<double> memory)
+      : m_g(g), m_t(t), m_o(o), m_memory(memory) {
+    m_pd = o.cost_model == CostModel::PipeDream;
+    m_transfer = !o.ignore_transfer && (!m_pd || o.activation_compression.has_value());
+    m_ratio = o.activation_compression.value_or(1.0);
+    m_workers = t.workers();
+    const int levels = static_cast<int>(t.levels.size());
+    m_group.assign(static_cast<std::size_t>(levels) + 1, 1);
+    for (int l = 0; l < levels; ++l) m_group[static_cast<std::size_t>(l) + 1] = m_group[static_cast<std::size_t>(l)] * t.levels[static_cast<std::size_t>(l)].count;
+    m_S = g.size();
+  }
+
+  // Fills the per-level tables T_{l+1}(s, e) for every level below the outermost.
+  void solve_levels() {
+    const int levels = static_cast<int>(m_t.levels.size());
+    m_tables.resize(static_cast<std::size_t>(levels));
+    std::vector<Entry> row;
+    for (int l = 0; l + 1 < levels; ++l) {
+      const int M = count(l);
+      auto& table = m_tables[static_cast<std::size_t>(l)];
+      table.assign(static_cast<std::size_t>(m_S + 1) * static_cast<std::size_t>(m_S), kInf);
+      for (int s = -1; s < m_S - 1; ++s) {
+        solve_row(l, s, row);
+        for (int j = s + 1; j < m_S; ++j)
+          table[static_cast<std::size_t>(s + 1) * static_cast<std::size_t>(m_S) + static_cast<std::size_t>(j)] =
+              row[index(j, M)].t;
+      }
+    }
+  }
+
+  double best_time(std::vector<Entry>& row) {
+    const int top = static_cast<int>(m_t.levels.size()) - 1;
+    solve_row(top, -1, row);
+    return row[index(m_S - 1, count(top))].t;
+  }
+
+  // Expands the optimum into final stages: (s, e, ranks).
+  void expand(int level, int s, int e, const std::vector<int>& bases, std::vector<std::pair<Segment, std::vector<int>>>& out) {
+    std::vector<Entry> row;
+    solve_row(level, s, row);
+    std::vector<Segment> segs;
+    int j = e, m = count(level);
+    while (true) {
+      const Entry& en = row[index(j, m)];
+      PIPELINE_CHECK(std::isfinite(en.t), "internal: no solution to expand at level {} ({}..{}, {})", level, s, j, m);
+      if (en.k == -4) {
+        --m;
+        continue;
+      }
+      if (en.k == -2) {
+        segs.push_back({s, j, m});
+        break;
+      }
+      segs.push_back({en.k, j, en.mprime});
+      j = en.k;
+      m -= en.mprime;
+    }
+    std::reverse(segs.begin(), segs.end());
+    int offset = 0;
+    const int G = m_group[static_cast<std::size_t>(level)];
+    for (const Segment& sg : segs) {
+      std::vector<int> sub;
+      for (int b : bases)
+        for (int r = 0; r < sg.machines; ++r) sub.push_back(b + (offset + r) * G);
+      offset += sg.machines;
+      if (level == 0) out.push_back({sg, sub});
+      else expand(level - 1, sg.s, sg.e, sub, out);
+    }
+  }
+
+  int count(int level) const { return m_t.levels[static_cast<std::size_t>(level)].count; }
+  std::size_t index(int j, int m) const {
+    return static_cast<std::size_t>(j) * static_cast<std::size_t>(m_cur_M) + static_cast<std::size_t>(m - 1);
+  }
+
+  bool pipedream() const { return m_pd; }
+  bool transfer() const { return m_transfer; }
+  double ratio() const { return m_ratio; }
+  const std::vector<int>& groups() const { return m_group; }
+
+ private:
+  double seg_compute(int level, int s, int j) const {
+    if (level == 0) return m_g.compute_s[static_cast<std::size_t>(j)] - (s < 0 ? 0.0 : m_g.compute_s[static_cast<std::size_t>(s)]);
+    return m_tables[static_cast<std::size_t>(level - 1)][static_cast<std::size_t>(s + 1) * static_cast<std::size_t>(m_S) + static_cast<std::size_t>(j)];
+  }
+  double diff(const std::vector<double>& v, int s, int j) const {
+    return v[static_cast<std::size_t>(j)] - (s < 0 ? 0.0 : v[static_cast<std::size_t>(s)]);
+  }
+  double boundary(int k) const {
+    return m_pd ? m_g.pipedream_boundary_bytes[static_cast<std::size_t>(k)] : m_g.boundary_bytes[static_cast<std::size_t>(k)];
+  }
+  // Memory test of a stage (s..j] with r machines when the subproblem uses m of M.
+  bool fits(int level, int s, int j, int r, int m, int M) const {
+    if (!m_memory) return true;
+    double par = diff(m_g.parameter_bytes, s, j), act = diff(m_g.activation_bytes, s, j);
+    if (m_pd) return pipedream_stage_memory_bytes(par, act, M, m, r) <= *m_memory;
+    if (level != 0) return true;  // inner stages were checked one level down
+    int flight = in_flight(m_workers, m - r, r);
+    return stage_memory_bytes(par, act, flight, m_o.optimizer_state_factor) <= *m_memory;
+  }
+
+  // A[j][m] for the segments starting after state s (s = -1: from the first layer), at `level`.
+  void solve_row(int level, int s, std::vector<Entry>& A) {
+    const int M = count(level);
+    m_cur_M = M;
+    const double B = m_t.levels[static_cast<std::size_t>(level)].bandwidth_bytes_per_s;
+    const double G = m_group[static_cast<std::size_t>(level)];
+    const double W = level == 0 ? 1.0 : count(level - 1);
+    const double share_single = m_pd ? W : G;
+    const double share_split = m_pd ? 1.0 : G;
+    const bool final_level = level + 1 == static_cast<int>(m_t.levels.size());
+    A.assign(static_cast<std::size_t>(m_S) * static_cast<std::size_t>(M), Entry{});
+    const double cs = s < 0 ? 0.0 : m_g.compute_s[static_cast<std::size_t>(s)];
+    for (int j = s + 1; j < m_S; ++j) {
+      if (!m_g.is_ancestor(s, j)) continue;
+      const double T = seg_compute(level, s, j);
+      const double par = diff(m_g.parameter_bytes, s, j);
+      const double cj = m_g.compute_s[static_cast<std::size_t>(j)];
+      const bool last_state = j == m_S - 1;
+      for (int m = 1; m <= M; ++m) {
+        Entry best;
+        if ((m == 1 || !m_o.straight) && std::isfinite(T) && fits(level, s, j, m, m, M)) {
+          best.t = replicated_stage_time(T, par, m, B, share_single);
+          best.k = -2;
+          best.stages = 1;
+        }
+        if (m == 1) {
+          A[index(j, m)] = best;
+          continue;
+        }
+        if (m_o.allow_idle) {
+          const Entry& prev = A[index(j, m - 1)];
+          bool take = m_pd ? (!std::isfinite(best.t) || prev.t < best.t)
+                           : (prev.t < best.t || (prev.t == best.t && prev.stages <= best.stages));
+          if (take && std::isfinite(prev.t)) best = Entry{prev.t, -4, 0, prev.stages};
+        }
+        const int max_mp = m_o.straight ? 1 : m - 1;
+        const bool have_list = !m_g.chain();
+        const auto& list = have_list ? m_g.ancestors_by_compute[static_cast<std::size_t>(j)] : m_empty;
+        for (int mp = 1; mp <= max_mp; ++mp) {
+          // Both parts are bounded below by their compute over their workers, so only splits
+          // with compute_s[k] inside this window can beat the best so far.
+          const double slack = 1.0 + 1e-12;
+          const double lo = cj - best.t * slack * G * mp;
+          const double hi = cs + best.t * slack * G * (m - mp);
+          auto consider = [&](int k) {
+            if (k <= s || !m_g.is_ancestor(s, k)) return;
+            const Entry& a = A[index(k, m - mp)];
+            if (!std::isfinite(a.t) || a.t > best.t * slack) return;
+            double Tl = seg_compute(level, k, j);
+            if (!std::isfinite(Tl)) return;
+            double v = replicated_stage_time(Tl, diff(m_g.parameter_bytes, k, j), mp, B, share_split);
+            v = std::max(v, a.t);
+            if (m_transfer) {
+              v = std::max(v, transfer_time(boundary(k), mp, B, m_ratio));
+              if (!last_state) v = std::max(v, transfer_time(boundary(j), mp, B, m_ratio));
+            }
+            int stages = a.stages + 1;
+            bool better = m_pd ? v < best.t : (v < best.t || (v == best.t && stages < best.stages));
+            if (!better) return;
+            if (!fits(level, k, j, mp, m, M)) return;
+            best = Entry{v, k, mp, stages};
+          };
+          if (!have_list) {
+            int kb = s + 1, ke = j - 1;
+            if (std::isfinite(best.t)) {
+              kb = static_cast<int>(std::lower_bound(m_g.compute_s.begin() + (s + 1), m_g.compute_s.begin() + j, lo) - m_g.compute_s.begin());
+              ke = static_cast<int>(std::upper_bound(m_g.compute_s.begin() + (s + 1), m_g.compute_s.begin() + j, hi) - m_g.compute_s.begin()) - 1;
+            }
+            for (int k = kb; k <= ke; ++k) consider(k);
+          } else {
+            auto b = list.begin(), e = list.end();
+            if (std::isfinite(best.t)) {
+              b = std::lower_bound(list.begin(), list.end(), lo, [&](int k, double x) { return m_g.compute_s[static_cast<std::size_t>(k)] < x; });
+              e = std::upper_bound(b, list.end(), hi, [&](double x, int k) { return x < m_g.compute_s[static_cast<std::size_t>(k)]; });
+            }
+            for (auto it = b; it != e; ++it) consider(*it);
+          }
+        }
+        A[index(j, m)] = best;
+      }
+      if (final_level && s < 0 && j == m_S - 1) break;
+    }
+  }
+
+  const StateGraph& m_g;
+  const Topology& m_t;
+  const PartitionOptions& m_o;
+  std::optional<double> m_memory;
+  bool m_pd = false, m_transfer = true;
+  double m_ratio = 1;
+  int m_workers = 1, m_S = 0, m_cur_M = 1;
+  std::vector<int> m_group;
+  std::vector<std::vector<double>> m_tables;
+  const std::vector<int> m_empty;
+};
+
+StateGraph make_states(const Profile& p, const PartitionOptions& o) {
+  if (p.is_chain()) return StateGraph::linear(p);
+  try {
+    return StateGraph::build(p, o.max_states);
+  } catch (const ConfigError& e) {
+    if (std::string_view(e.what()).find("antichain states") == std::string_view::npos) throw;
+    log_warn("{}: more than {} antichain states; planning over one topological order of the layers instead",
+             p.model.empty() ? "profile" : p.model, o.max_states);
+    return StateGraph::linear(p);
+  }
+}
+
+struct FinalStage {
+  std::vector<int> layers;  // ascending
+  int s, e;                 // states
+  std::vector<int> ranks;
+};
+
+// Which level the workers a and b are joined at (0: same innermost group).
+int span_level(const std::vector<int>& groups, int a, int b) {
+  int l = 0;
+  while (l + 1 < static_cast<int>(groups.size()) && a / groups[static_cast<std::size_t>(l) + 1] != b / groups[static_cast<std::size_t>(l) + 1]) ++l;
+  return l;
+}
+
+// Fills stages, ranks, config, in_flight and the per-stage breakdown with the flat evaluation
+// of each stage at the bandwidth of the level its ranks span; returns the bottleneck.
+double describe(Plan& plan, const StateGraph& g, const Topology& t, const PartitionOptions& o,
+                const std::vector<FinalStage>& stages, std::optional<double> memory, bool check_memory) {
+  const bool pd = o.cost_model == CostModel::PipeDream;
+  const bool transfer = !o.ignore_transfer && (!pd || o.activation_compression.has_value());
+  const double R = o.activation_compression.value_or(1.0);
+  std::vector<int> groups(t.levels.size() + 1, 1);
+  for (std::size_t l = 0; l < t.levels.size(); ++l) groups[l + 1] = groups[l] * t.levels[l].count;
+  const int N = t.workers();
+  auto diff = [&](const std::vector<double>& v, int s, int e) {
+    return v[static_cast<std::size_t>(e)] - (s < 0 ? 0.0 : v[static_cast<std::size_t>(s)]);
+  };
+  plan.stages.clear();
+  plan.config.clear();
+  double worst = 0;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const FinalStage& fs = stages[i];
+    PlanStage ps;
+    ps.begin = fs.layers.front();
+    ps.end = fs.layers.back() + 1;
+    if (static_cast<int>(fs.layers.size()) != ps.end - ps.begin) ps.layer_ids = fs.layers;
+    ps.ranks = fs.ranks;
+    ps.replicas = static_cast<int>(fs.ranks.size());
+    const int r = ps.replicas;
+    int lo = *std::min_element(fs.ranks.begin(), fs.ranks.end()), hi = *std::max_element(fs.ranks.begin(), fs.ranks.end());
+    const int lvl = span_level(groups, lo, hi);
+    const double B = t.levels[static_cast<std::size_t>(lvl)].bandwidth_bytes_per_s;
+    const double T = diff(g.compute_s, fs.s, fs.e), par = diff(g.parameter_bytes, fs.s, fs.e),
+                 act = diff(g.activation_bytes, fs.s, fs.e);
+    ps.compute_s = T / r;
+    ps.sync_s = r > 1 ? sync_time(par, r, B, 1.0) / r : 0.0;
+    if (transfer) {
+      const auto& bytes = pd ? g.pipedream_boundary_bytes : g.boundary_bytes;
+      if (fs.s >= 0) {
+        const int l2 = span_level(groups, stages[i - 1].ranks.front(), fs.ranks.front());
+        ps.transfer_s = std::max(ps.transfer_s, transfer_time(bytes[static_cast<std::size_t>(fs.s)], r, t.levels[static_cast<std::size_t>(l2)].bandwidth_bytes_per_s, R));
+      }
+      if (i + 1 < stages.size()) {
+        const int l2 = span_level(groups, fs.ranks.front(), stages[i + 1].ranks.front());
+        ps.transfer_s = std::max(ps.transfer_s, transfer_time(bytes[static_cast<std::size_t>(fs.e)], r, t.levels[static_cast<std::size_t>(l2)].bandwidth_bytes_per_s, R));
+      }
+    }
+    if (pd) ps.memory_bytes = pipedream_stage_memory_bytes(par, act, N, lo + r, r);
+    else ps.memory_bytes = stage_memory_bytes(par, act, in_flight(N, lo, r), o.optimizer_state_factor);
+    if (check_memory && memory && ps.memory_bytes > *memory)
+      PIPELINE_FAIL(ConfigError, "stage {} (layers {}..{}, {} replicas) needs {:.4g} bytes per worker, more than the {:.4g} available",
+                    i, ps.begin, ps.end, r, ps.memory_bytes, *memory);
+    worst = std::max(worst, std::max(ps.compute_s + ps.sync_s, ps.transfer_s));
+    if (i) plan.config.push_back('-');
+    plan.config.append(std::to_string(r));
+    plan.stages.push_back(std::move(ps));
+  }
+  plan.in_flight = plan.stages.empty() ? 1 : in_flight(N, 0, plan.stages.front().replicas);
+  plan.predicted.peak_memory_bytes.assign(static_cast<std::size_t>(N), 0);
+  for (const PlanStage& ps : plan.stages)
+    for (int rk : ps.ranks) plan.predicted.peak_memory_bytes[static_cast<std::size_t>(rk)] = static_cast<std::int64_t>(ps.memory_bytes);
+  return worst;
+}
+
+void finish(Plan& plan, const Profile& p, const Topology& t, const PartitionOptions& o, double time) {
+  plan.model = p.model;
+  plan.workers = t.workers();
+  plan.schedule = "1f1b-stash";
+  plan.cost_model = std::string(to_string(o.cost_model));
+  plan.predicted.time_per_minibatch_s = time;
+  plan.predicted.samples_per_s = time > 0 ? p.batch_size / time : 0.0;
+  plan.predicted.data_parallel_time_per_minibatch_s = data_parallel_time(p, t, o);
+}
+
+}  // namespace
+
+double data_parallel_time(const Profile& p, const Topology& t, const PartitionOptions& o) {
+  double total = 0, par = 0;
+  for (const auto& l : p.layers) {
+    total += l.forward_s + l.backward_s;
+    par += static_cast<double>(l.parameter_bytes);
+  }
+  double time = total;
+  int inner = 1, group = 1;
+  for (const auto& l : t.levels) {
+    double share = o.cost_model == CostModel::PipeDream ? inner : group;
+    time = (time + sync_time(par, l.count, l.bandwidth_bytes_per_s, share)) / l.count;
+    inner = l.count;
+    group *= l.count;
+  }
+  return time;
+}
+
+Plan partition(const Profile& profile, const Topology& topology, const PartitionOptions& options) {
+  validate_profile(profile, profile.model.empty() ? "profile" : profile.model);
+  validate_topology(topology);
+  if (options.activation_compression)
+    PIPELINE_CHECK_AS(ConfigError, std::isfinite(*options.activation_compression) && *options.activation_compression > 0,
+                      "activation compression ratio must be positive, got {}", *options.activation_compression);
+  const StateGraph g = make_states(profile, options);
+  std::optional<double> memory = topology.memory_bytes_per_worker;
+  auto solve = [&](std::optional<double> mem, std::vector<Entry>& row, Solver*& keep) -> double {
+    auto* s = new Solver(g, topology, options, mem);
+    s->solve_levels();
+    double t = s->best_time(row);
+    keep = s;
+    return t;
+  };
+  std::vector<Entry> row;
+  Solver* solver = nullptr;
+  double best = solve(memory, row, solver);
+  std::unique_ptr<Solver> owner(solver);
+  if (!std::isfinite(best)) {
+    std::string hint;
+    if (memory) {
+      // The smallest memory that admits a plan: the feasible set only grows with memory.
+      double lo = *memory, hi = *memory * 2;
+      for (int it = 0; it < 80; ++it) {
+        std::vector<Entry> r2;
+        Solver* s2 = nullptr;
+        bool ok = std::isfinite(solve(hi, r2, s2));
+        delete s2;
+        if (ok) break;
+        lo = hi;
+        hi *= 2;
+      }
+      for (int it = 0; it < 40 && hi - lo > 1e-4 * hi; ++it) {
+        double mid = 0.5 * (lo + hi);
+        std::vector<Entry> r2;
+        Solver* s2 = nullptr;
+        bool ok = std::isfinite(solve(mid, r2, s2));
+        delete s2;
+        (ok ? hi : lo) = mid;
+      }
+      hint = fmt::format("; the smallest memory per worker that admits a plan is about {:.4g} bytes ({:.3f} GiB)", hi,
+                         hi / 1073741824.0);
+      PIPELINE_FAIL(ConfigError, "no plan fits in {:.4g} bytes of memory per worker{}", *memory, hint);
+    }
+    PIPELINE_FAIL(ConfigError, "no feasible plan for this profile and topology");
+  }
+  std::vector<std::pair<Segment, std::vector<int>>> parts;
+  solver->expand(static_cast<int>(topology.levels.size()) - 1, -1, g.size() - 1, {0}, parts);
+  std::vector<FinalStage> stages;
+  for (auto& [sg, ranks] : parts) stages.push_back({g.layers_between(sg.s, sg.e), sg.s, sg.e, ranks});
+  Plan plan;
+  describe(plan, g, topology, options, stages, memory, false);
+  finish(plan, profile, topology, options, best);
+  return plan;
+}
+
+std::vector<ManualStage> parse_manual_stages(std::string_view text) {
+  std::vector<ManualStage> out;
+  std::size_t pos = 0;
+  auto number = [&](std::string_view s, const char* what) {
+    int v = 0;
+    auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || ptr != s.data() + s.size() || s.empty())
+      PIPELINE_FAIL(ConfigError, "cannot parse --stages '{}': {} '{}' is not a non-negative integer (expected e.g. 0:5x2,5:12,12:20)",
+                    text, what, s);
+    return v;
+  };
+  PIPELINE_CHECK_AS(ConfigError, !text.empty(), "--stages is empty; expected e.g. 0:5x2,5:12,12:20");
+  while (pos <= text.size()) {
+    std::size_t comma = text.find(',', pos);
+    if (comma == std::string_view::npos) comma = text.size();
+    std::string_view item = text.substr(pos, comma - pos);
+    pos = comma + 1;
+    auto colon = item.find(':');
+    PIPELINE_CHECK_AS(ConfigError, colon != std::string_view::npos,
+                      "cannot parse --stages item '{}': expected BEGIN:END or BEGIN:ENDxREPLICAS", item);
+    ManualStage st;
+    st.begin = number(item.substr(0, colon), "begin");
+    std::string_view rest = item.substr(colon + 1);
+    auto x = rest.find('x');
+    st.end = number(rest.substr(0, x), "end");
+    st.replicas = x == std::string_view::npos ? 1 : number(rest.substr(x + 1), "replicas");
+    PIPELINE_CHECK_AS(ConfigError, st.replicas >= 1, "--stages item '{}' has {} replicas; need at least 1", item, st.replicas);
+    PIPELINE_CHECK_AS(ConfigError, st.end > st.begin, "--stages item '{}' is empty (end must exceed begin)", item);
+    out.push_back(st);
+    if (comma == text.size()) break;
+  }
+  return out;
+}
+
+Plan evaluate_stages(const Profile& profile, const Topology& topology, const std::vector<ManualStage>& manual,
+                     const PartitionOptions& options) {
+  validate_profile(profile, profile.model.empty() ? "profile" : profile.model);
+  validate_topology(topology);
+  PIPELINE_CHECK_AS(ConfigError, !manual.empty(), "a manual plan needs at least one stage");
+  int next = 0, workers = 0;
+  for (const ManualStage& m : manual) {
+    PIPELINE_CHECK_AS(ConfigError, m.begin == next,
+                      "manual stages must cover the layers in order without gaps: a stage starts at {} where {} was expected",
+                      m.begin, next);
+    next = m.end;
+    workers += m.replicas;
+  }
+  PIPELINE_CHECK_AS(ConfigError, next == profile.size(), "manual stages end at layer {} but the model has {} layers", next,
+                    profile.size());
+  PIPELINE_CHECK_AS(ConfigError, workers <= topology.workers(), "manual stages use {} workers but the topology has only {}",
+                    workers, topology.workers());
+  PIPELINE_CHECK_AS(ConfigError, !(options.straight && workers != static_cast<int>(manual.size())),
+                    "--straight forbids replicated stages");
+  const StateGraph g = StateGraph::linear(profile);
+  std::vector<FinalStage> stages;
+  int rank = 0;
+  for (const ManualStage& m : manual) {
+    FinalStage fs;
+    for (int v = m.begin; v < m.end; ++v) fs.layers.push_back(v);
+    fs.s = m.begin - 1;
+    fs.e = m.end - 1;
+    for (int r = 0; r < m.replicas; ++r) fs.ranks.push_back(rank++);
+    stages.push_back(std::move(fs));
+  }
+  Plan plan;
+  double t = describe(plan, g, topology, options, stages, topology.memory_bytes_per_worker, true);
+  finish(plan, profile, topology, options, t);
+  return plan;
+}
+
+}  // namespace pipeline

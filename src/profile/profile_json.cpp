@@ -1,0 +1,246 @@
+#include <pipeline/profile/profile_json.hpp>
+
+#include <pipeline/core/error.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+namespace pipeline {
+namespace {
+
+using nlohmann::json;
+
+const json& require(const json& obj, const char* key, std::string_view where, std::string_view origin) {
+  auto it = obj.find(key);
+  if (it == obj.end())
+    PIPELINE_FAIL(ConfigError, "{}: {} has no field \"{}\"; add it (see DESIGN.md, profile.json)",
+                  origin, where, key);
+  return *it;
+}
+
+double get_number(const json& obj, const char* key, std::string_view where, std::string_view origin,
+                  bool required) {
+  if (!required && !obj.contains(key)) return 0.0;
+  const json& v = require(obj, key, where, origin);
+  if (!v.is_number())
+    PIPELINE_FAIL(ConfigError, "{}: {} field \"{}\" must be a number, got {}", origin, where, key,
+                  v.dump());
+  return v.get<double>();
+}
+
+std::string get_string(const json& obj, const char* key, std::string_view where,
+                       std::string_view origin, bool required) {
+  if (!required && !obj.contains(key)) return {};
+  const json& v = require(obj, key, where, origin);
+  if (!v.is_string())
+    PIPELINE_FAIL(ConfigError, "{}: {} field \"{}\" must be a string, got {}", origin, where, key,
+                  v.dump());
+  return v.get<std::string>();
+}
+
+std::int64_t get_bytes(const json& obj, const char* key, std::string_view where,
+                       std::string_view origin) {
+  double v = get_number(obj, key, where, origin, true);
+  if (!std::isfinite(v) || v < 0 || v > 9.0e18 || v != std::floor(v))
+    PIPELINE_FAIL(ConfigError, "{}: {} field \"{}\" must be a non-negative whole number of bytes, got {}",
+                  origin, where, key, obj.at(key).dump());
+  return static_cast<std::int64_t>(v);
+}
+
+void check_time(double v, const char* field, int layer, const std::string& name, std::string_view origin) {
+  if (!std::isfinite(v) || v < 0)
+    PIPELINE_FAIL(ConfigError,
+                  "{}: layer {} (\"{}\") has {} = {}; times must be finite and non-negative seconds",
+                  origin, layer, name, field, v);
+}
+
+}  // namespace
+
+void validate_profile(const Profile& p, std::string_view origin) {
+  PIPELINE_CHECK_AS(ConfigError, p.size() > 0, "{}: the profile has no layers", origin);
+  PIPELINE_CHECK_AS(ConfigError, p.batch_size >= 0, "{}: batch_size = {} is negative", origin,
+                    p.batch_size);
+  const int n = p.size();
+  std::vector<std::vector<int>> succ(static_cast<std::size_t>(n));
+  std::vector<int> indegree(static_cast<std::size_t>(n), 0);
+  for (int i = 0; i < n; ++i) {
+    const LayerProfile& l = p.layers[static_cast<std::size_t>(i)];
+    check_time(l.forward_s, "forward_s", i, l.name, origin);
+    check_time(l.backward_s, "backward_s", i, l.name, origin);
+    check_time(l.backward_input_s, "backward_input_s", i, l.name, origin);
+    check_time(l.backward_weight_s, "backward_weight_s", i, l.name, origin);
+    check_time(l.forward_spread_s, "forward_spread_s", i, l.name, origin);
+    check_time(l.backward_spread_s, "backward_spread_s", i, l.name, origin);
+    PIPELINE_CHECK_AS(ConfigError, l.output_bytes >= 0 && l.parameter_bytes >= 0,
+                      "{}: layer {} (\"{}\") has negative sizes (output_bytes = {}, parameter_bytes = {})",
+                      origin, i, l.name, l.output_bytes, l.parameter_bytes);
+    PIPELINE_CHECK_AS(ConfigError, std::isfinite(l.flops) && l.flops >= 0,
+                      "{}: layer {} (\"{}\") has flops = {}; must be finite and non-negative", origin,
+                      i, l.name, l.flops);
+    PIPELINE_CHECK_AS(ConfigError, !(l.source && !l.inputs.empty()),
+                      "{}: layer {} (\"{}\") is marked \"source\" but lists inputs", origin, i, l.name);
+    for (int in : l.inputs) {
+      PIPELINE_CHECK_AS(ConfigError, in >= 0 && in < n && in != i,
+                        "{}: layer {} (\"{}\") has input {}, which is not another layer (0..{})",
+                        origin, i, l.name, in, n - 1);
+    }
+    for (int in : p.predecessors(i)) {
+      succ[static_cast<std::size_t>(in)].push_back(i);
+      ++indegree[static_cast<std::size_t>(i)];
+    }
+  }
+  // Kahn's algorithm: whatever is left with a positive in-degree lies on a cycle.
+  std::vector<int> ready;
+  for (int i = 0; i < n; ++i)
+    if (indegree[static_cast<std::size_t>(i)] == 0) ready.push_back(i);
+  int seen = 0;
+  while (!ready.empty()) {
+    int v = ready.back();
+    ready.pop_back();
+    ++seen;
+    for (int s : succ[static_cast<std::size_t>(v)])
+      if (--indegree[static_cast<std::size_t>(s)] == 0) ready.push_back(s);
+  }
+  if (seen != n) {
+    int first = 0;
+    while (indegree[static_cast<std::size_t>(first)] == 0) ++first;
+    PIPELINE_FAIL(ConfigError,
+                  "{}: the layers' inputs form a cycle (layer {} \"{}\" is on or after one); a "
+                  "profile must be a DAG",
+                  origin, first, p.layers[static_cast<std::size_t>(first)].name);
+  }
+}
+
+Profile profile_from_json(const json& j, std::string_view origin) {
+  PIPELINE_CHECK_AS(ConfigError, j.is_object(), "{}: expected a JSON object, got {}", origin,
+                    j.type_name());
+  std::string format = get_string(j, "format", "the profile", origin, true);
+  PIPELINE_CHECK_AS(ConfigError, format == kProfileFormat,
+                    "{}: format is \"{}\", expected \"{}\"", origin, format, kProfileFormat);
+  Profile p;
+  p.model = get_string(j, "model", "the profile", origin, false);
+  p.device = get_string(j, "device", "the profile", origin, false);
+  if (j.contains("dtype")) p.dtype = get_string(j, "dtype", "the profile", origin, true);
+  double batch = get_number(j, "batch_size", "the profile", origin, true);
+  PIPELINE_CHECK_AS(ConfigError, std::isfinite(batch) && batch >= 0 && batch == std::floor(batch) && batch < 1e9,
+                    "{}: batch_size must be a non-negative integer, got {}", origin,
+                    j.at("batch_size").dump());
+  p.batch_size = static_cast<int>(batch);
+  const json& layers = require(j, "layers", "the profile", origin);
+  PIPELINE_CHECK_AS(ConfigError, layers.is_array(), "{}: \"layers\" must be an array, got {}",
+                    origin, layers.type_name());
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const json& lj = layers[i];
+    std::string where = fmt::format("layer {}", i);
+    PIPELINE_CHECK_AS(ConfigError, lj.is_object(), "{}: {} must be an object, got {}", origin,
+                      where, lj.dump());
+    LayerProfile l;
+    l.name = get_string(lj, "name", where, origin, true);
+    where = fmt::format("layer {} (\"{}\")", i, l.name);
+    l.kind = get_string(lj, "kind", where, origin, false);
+    l.forward_s = get_number(lj, "forward_s", where, origin, true);
+    l.backward_s = get_number(lj, "backward_s", where, origin, true);
+    l.backward_input_s = get_number(lj, "backward_input_s", where, origin, false);
+    l.backward_weight_s = get_number(lj, "backward_weight_s", where, origin, false);
+    l.forward_spread_s = get_number(lj, "forward_spread_s", where, origin, false);
+    l.backward_spread_s = get_number(lj, "backward_spread_s", where, origin, false);
+    l.flops = get_number(lj, "flops", where, origin, false);
+    l.output_bytes = get_bytes(lj, "output_bytes", where, origin);
+    l.parameter_bytes = get_bytes(lj, "parameter_bytes", where, origin);
+    if (lj.contains("inputs")) {
+      const json& in = lj.at("inputs");
+      PIPELINE_CHECK_AS(ConfigError, in.is_array(), "{}: {} field \"inputs\" must be an array, got {}",
+                        origin, where, in.dump());
+      for (const json& v : in) {
+        PIPELINE_CHECK_AS(ConfigError, v.is_number_integer(),
+                          "{}: {} field \"inputs\" must hold layer indices, got {}", origin, where,
+                          v.dump());
+        long long x = v.get<long long>();
+        PIPELINE_CHECK_AS(ConfigError, x >= 0 && x < static_cast<long long>(layers.size()),
+                          "{}: {} has a dangling input {} (there are {} layers)", origin, where, x,
+                          layers.size());
+        l.inputs.push_back(static_cast<int>(x));
+      }
+    }
+    if (lj.contains("source")) {
+      PIPELINE_CHECK_AS(ConfigError, lj.at("source").is_boolean(),
+                        "{}: {} field \"source\" must be true or false, got {}", origin, where,
+                        lj.at("source").dump());
+      l.source = lj.at("source").get<bool>();
+    }
+    p.layers.push_back(std::move(l));
+  }
+  validate_profile(p, origin);
+  return p;
+}
+
+json profile_to_json(const Profile& p) {
+  json layers = json::array();
+  for (const LayerProfile& l : p.layers) {
+    json lj = {{"name", l.name},
+               {"kind", l.kind},
+               {"forward_s", l.forward_s},
+               {"backward_s", l.backward_s},
+               {"output_bytes", l.output_bytes},
+               {"parameter_bytes", l.parameter_bytes},
+               {"inputs", l.inputs}};
+    if (l.backward_input_s != 0 || l.backward_weight_s != 0) {
+      lj["backward_input_s"] = l.backward_input_s;
+      lj["backward_weight_s"] = l.backward_weight_s;
+    }
+    if (l.forward_spread_s != 0 || l.backward_spread_s != 0) {
+      lj["forward_spread_s"] = l.forward_spread_s;
+      lj["backward_spread_s"] = l.backward_spread_s;
+    }
+    if (l.flops != 0) lj["flops"] = l.flops;
+    if (l.source) lj["source"] = true;
+    layers.push_back(std::move(lj));
+  }
+  json j;
+  j["format"] = kProfileFormat;
+  j["model"] = p.model;
+  j["batch_size"] = p.batch_size;
+  j["device"] = p.device;
+  j["dtype"] = p.dtype;
+  j["layers"] = std::move(layers);
+  return j;
+}
+
+Profile read_profile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  PIPELINE_CHECK_AS(IoError, in.good(), "cannot open profile file '{}' for reading", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  PIPELINE_CHECK_AS(ConfigError, text.find_first_not_of(" \t\r\n") != std::string::npos,
+                    "{}: the file is empty; expected a pipeline.profile/1 JSON object", path);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    PIPELINE_FAIL(ConfigError, "{}: malformed JSON: {}", path, e.what());
+  }
+  return profile_from_json(j, path);
+}
+
+void write_profile(const Profile& profile, const std::string& path) {
+  validate_profile(profile, path);
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    PIPELINE_CHECK_AS(IoError, out.good(), "cannot open '{}' for writing", tmp);
+    out << profile_to_json(profile).dump(1) << '\n';
+    out.flush();
+    PIPELINE_CHECK_AS(IoError, out.good(), "writing '{}' failed (disk full?)", tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    PIPELINE_FAIL(IoError, "cannot rename '{}' to '{}'", tmp, path);
+  }
+}
+
+}  // namespace pipeline
