@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "common/progress.hpp"
@@ -122,13 +123,23 @@ int run(const Options& o) {
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Train a model on Fashion-MNIST and report its test accuracy"};
+  const CLI::Validator positive(
+      [](std::string& s) {
+        double v = 0;
+        try {
+          v = std::stod(s);
+        } catch (...) {
+        }
+        return v > 0 && std::isfinite(v) ? std::string() : "must be a positive number, got " + s;
+      },
+      "POSITIVE");
   app.add_option("--model", o.model, "zoo model: fashion-cnn or mlp")->capture_default_str();
   app.add_option("--epochs", o.epochs, "passes over the training set")
       ->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--steps", o.steps, "stop after this many optimizer steps (0: whole epochs)")
       ->check(CLI::Range(0L, 1L << 40));
   app.add_option("--batch", o.batch, "minibatch size")->check(CLI::Range(1, 65536))->capture_default_str();
-  app.add_option("--lr", o.lr, "learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--lr", o.lr, "learning rate")->check(positive)->capture_default_str();
   app.add_option("--lr-schedule", o.lr_schedule,
                  "constant, step:<every>:<gamma>, cosine[:<steps>[:<min>]], warmup:<n>+<schedule>")
       ->capture_default_str();

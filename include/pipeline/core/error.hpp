@@ -66,6 +66,7 @@ inline std::string rank_prefix() {
 template <typename E = Error>
 [[noreturn]] inline void fail(std::string_view expr, const char* file, int line,
                               const std::string& message) {
+  if (expr.empty()) throw E(fmt::format("{}{} ({}:{})", rank_prefix(), message, file, line));
   throw E(fmt::format("{}{} ({}:{}, check `{}`)", rank_prefix(), message, file, line, expr));
 }
 
