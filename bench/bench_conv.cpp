@@ -71,6 +71,14 @@ std::string cpu_name() {
   return "unknown CPU";
 }
 
+// The 1-minute load average: wall-clock columns are only meaningful when it is below the cores.
+std::string load_average() {
+  std::ifstream f("/proc/loadavg");
+  std::string first;
+  f >> first;
+  return first.empty() ? "?" : first;
+}
+
 Tensor random(const Shape& s, std::uint64_t seed) {
   Tensor t = Tensor::empty(s);
   Rng(seed).fill_uniform(t, -1.f, 1.f);
@@ -137,8 +145,8 @@ int main(int argc, char** argv) {
   }
 
   const std::string header =
-      fmt::format("bench_conv: batch {}, {} threads, {}, {:%Y-%m-%d}\n", batch, threads,
-                  cpu_name(), fmt::localtime(std::time(nullptr)));
+      fmt::format("bench_conv: batch {}, {} threads, {}, load average {}, {:%Y-%m-%d}\n", batch,
+                  threads, cpu_name(), load_average(), fmt::localtime(std::time(nullptr)));
   std::fputs((header + table).c_str(), stdout);
   if (!results.empty()) {
     std::ofstream out(results, std::ios::app);
