@@ -50,7 +50,8 @@ Timing time_it(const std::function<void()>& fn, double min_seconds) {
   std::vector<double> runs, cpu;
   const auto start = std::chrono::steady_clock::now();
   while (runs.size() < 5 ||
-         (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < min_seconds &&
+         (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
+              min_seconds &&
           runs.size() < 200)) {
     const double c0 = cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
@@ -94,10 +95,14 @@ int main(int argc, char** argv) {
   std::string results;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--threads") threads = std::atoi(argv[i + 1]);
-    else if (a == "--batch") batch = std::atoll(argv[i + 1]);
-    else if (a == "--min-seconds") min_seconds = std::atof(argv[i + 1]);
-    else if (a == "--results") results = argv[i + 1];
+    if (a == "--threads")
+      threads = std::atoi(argv[i + 1]);
+    else if (a == "--batch")
+      batch = std::atoll(argv[i + 1]);
+    else if (a == "--min-seconds")
+      min_seconds = std::atof(argv[i + 1]);
+    else if (a == "--results")
+      results = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -131,7 +136,8 @@ int main(int argc, char** argv) {
     Tensor dx = Tensor::empty(x.shape());
     Tensor dw = Tensor::zeros(w.shape());
     const double flop = 2.0 * static_cast<double>(y.numel()) * c.c * c.k * c.k;
-    row(c.name, "forward", flop, time_it([&] { ops::conv2d_forward(x, w, b, y, win); }, min_seconds));
+    row(c.name, "forward", flop,
+        time_it([&] { ops::conv2d_forward(x, w, b, y, win); }, min_seconds));
     row(c.name, "backward data", flop,
         time_it([&] { ops::conv2d_backward_data(dy, w, dx, win); }, min_seconds));
     row(c.name, "backward filter", flop,

@@ -74,7 +74,8 @@ inline void add_row(const float* src, float* dst, std::int64_t n) {
   if (t < n) {
     const __mmask16 m = static_cast<__mmask16>((1u << (n - t)) - 1);
     _mm512_mask_storeu_ps(
-        dst + t, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + t), _mm512_maskz_loadu_ps(m, src + t)));
+        dst + t, m,
+        _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + t), _mm512_maskz_loadu_ps(m, src + t)));
   }
 #else
   for (std::int64_t t = 0; t < n; ++t) dst[t] += src[t];
@@ -152,15 +153,25 @@ struct Lowering {
 
 Geometry make_geometry(const Shape& x, const Shape& weight, const Window2d& window) {
   Shape y = conv2d_output_shape(x, weight, window);
-  return {x[0],        x[1],          x[2],          x[3],          weight[0],
-          y[2],        y[3],          window.kernel_h, window.kernel_w, window.stride_h,
-          window.stride_w, window.pad_h, window.pad_w};
+  return {x[0],
+          x[1],
+          x[2],
+          x[3],
+          weight[0],
+          y[2],
+          y[3],
+          window.kernel_h,
+          window.kernel_w,
+          window.stride_h,
+          window.stride_w,
+          window.pad_h,
+          window.pad_w};
 }
 
 // Threads that split the samples: at most one per sample, and none at all (a serial loop whose
 // gemms Eigen threads) when there is only one.
 int sample_threads(std::int64_t n) {
-  return static_cast<int>(std::clamp<std::int64_t>(std::min<std::int64_t>(num_threads(), n), 1, 1 << 16));
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(num_threads(), n)));
 }
 
 int thread_id() {
@@ -173,7 +184,8 @@ int thread_id() {
 
 // Uninitialised scratch: it is always written before it is read, so zeroing it would be waste.
 std::unique_ptr<float[]> scratch(std::int64_t floats) {
-  return std::unique_ptr<float[]>(new float[static_cast<std::size_t>(std::max<std::int64_t>(floats, 1))]);
+  return std::unique_ptr<float[]>(
+      new float[static_cast<std::size_t>(std::max<std::int64_t>(floats, 1))]);
 }
 
 // Calls fn(sample, thread) for every sample over `threads` OpenMP threads. fn must not throw

@@ -82,7 +82,8 @@ void max_pool_2x2_row(const float* r0, std::int64_t w, std::int32_t base, std::i
     const __m512 b = _mm512_permutex2var_ps(lo0, odd, hi0);
     const __m512 c = _mm512_permutex2var_ps(lo1, even, hi1);
     const __m512 d = _mm512_permutex2var_ps(lo1, odd, hi1);
-    const __m512i ia = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * static_cast<std::int32_t>(q)), even);
+    const __m512i ia =
+        _mm512_add_epi32(_mm512_set1_epi32(base + 2 * static_cast<std::int32_t>(q)), even);
     const __m512i ic = _mm512_add_epi32(ia, _mm512_set1_epi32(wi));
     const __m512i one = _mm512_set1_epi32(1);
     __mmask16 t = _mm512_cmp_ps_mask(b, a, _CMP_GT_OQ) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q);
@@ -170,10 +171,10 @@ void max_pool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Windo
 }
 
 void max_pool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx) {
-  PIPELINE_CHECK(dy.rank() == 4 && dx.rank() == 4 && dy.dim(0) == dx.dim(0) &&
-                     dy.dim(1) == dx.dim(1),
-                 "max_pool2d_backward: output gradient {} does not match input gradient {}",
-                 dy.shape(), dx.shape());
+  PIPELINE_CHECK(
+      dy.rank() == 4 && dx.rank() == 4 && dy.dim(0) == dx.dim(0) && dy.dim(1) == dx.dim(1),
+      "max_pool2d_backward: output gradient {} does not match input gradient {}", dy.shape(),
+      dx.shape());
   check_same_shape(indices, dy.shape(), "max_pool2d_backward: indices");
   const std::int64_t planes = dx.dim(0) * dx.dim(1), in_plane = dx.dim(2) * dx.dim(3),
                      out_plane = dy.dim(2) * dy.dim(3);
@@ -184,8 +185,10 @@ void max_pool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx) {
   const std::int64_t n_idx = indices.numel();
   bool ok = true;
   for (std::int64_t k = 0; k < n_idx; ++k) ok &= id[k] >= 0 && id[k] < in_plane;
-  PIPELINE_CHECK(ok, "max_pool2d_backward: indices outside a {}x{} plane; pass the indices that "
-                 "max_pool2d_forward wrote for this input", dx.dim(2), dx.dim(3));
+  PIPELINE_CHECK(ok,
+                 "max_pool2d_backward: indices outside a {}x{} plane; pass the indices that "
+                 "max_pool2d_forward wrote for this input",
+                 dx.dim(2), dx.dim(3));
   for_each_plane(planes, in_plane, [&](std::int64_t p) {
     float* g = dxd + p * in_plane;
     std::fill(g, g + in_plane, 0.f);
@@ -219,7 +222,8 @@ void avg_pool2d_forward(const Tensor& x, Tensor& y, const Window2d& window) {
 
 void avg_pool2d_backward(const Tensor& dy, Tensor& dx, const Window2d& window) {
   const PoolGeometry g = make_geometry(dx.shape(), window);
-  check_same_shape(dy, pool2d_output_shape(dx.shape(), window), "avg_pool2d_backward: output gradient");
+  check_same_shape(dy, pool2d_output_shape(dx.shape(), window),
+                   "avg_pool2d_backward: output gradient");
   const float scale = 1.f / static_cast<float>(window.kernel_h * window.kernel_w);
   const float* dyd = dy.data<float>();
   float* dxd = dx.data<float>();

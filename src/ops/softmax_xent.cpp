@@ -10,7 +10,8 @@ SoftmaxXentResult softmax_cross_entropy(const Tensor& logits, const Tensor& labe
   PIPELINE_CHECK_AS(ConfigError, logits.rank() >= 1 && logits.dim(-1) > 0,
                     "softmax_cross_entropy needs logits [..., classes], got {}", logits.shape());
   PIPELINE_CHECK_AS(ConfigError, labels.dtype() == DType::Int32,
-                    "softmax_cross_entropy labels must be int32, got {}", dtype_name(labels.dtype()));
+                    "softmax_cross_entropy labels must be int32, got {}",
+                    dtype_name(labels.dtype()));
   const std::int64_t classes = logits.dim(-1);
   const std::int64_t rows = logits.numel() / classes;
   PIPELINE_CHECK_AS(ConfigError, labels.numel() == rows,

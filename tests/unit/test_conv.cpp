@@ -16,7 +16,8 @@ struct Case {
 };
 
 // Direct loops over the definition, in double.
-Tensor reference_forward(const Tensor& x, const Tensor& wt, const Tensor& b, const ops::Window2d& k) {
+Tensor reference_forward(const Tensor& x, const Tensor& wt, const Tensor& b,
+                         const ops::Window2d& k) {
   const auto N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3), M = wt.dim(0);
   const auto OH = k.out_h(H), OW = k.out_w(W);
   Tensor y = Tensor::empty({N, M, OH, OW});
@@ -41,11 +42,12 @@ Tensor reference_forward(const Tensor& x, const Tensor& wt, const Tensor& b, con
 }
 
 // dx and dw by scattering every product term of the forward sum.
-void reference_backward(const Tensor& x, const Tensor& wt, const Tensor& dy,
-                        const ops::Window2d& k, Tensor& dx, Tensor& dw) {
+void reference_backward(const Tensor& x, const Tensor& wt, const Tensor& dy, const ops::Window2d& k,
+                        Tensor& dx, Tensor& dw) {
   const auto N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3), M = wt.dim(0);
   const auto OH = dy.dim(2), OW = dy.dim(3);
-  std::vector<double> gx(static_cast<std::size_t>(x.numel())), gw(static_cast<std::size_t>(wt.numel()));
+  std::vector<double> gx(static_cast<std::size_t>(x.numel())),
+      gw(static_cast<std::size_t>(wt.numel()));
   const float *xd = x.data<float>(), *wd = wt.data<float>(), *dyd = dy.data<float>();
   for (std::int64_t n = 0; n < N; ++n)
     for (std::int64_t m = 0; m < M; ++m)
@@ -88,12 +90,12 @@ void expect_close(const Tensor& got, const Tensor& want, const char* what, doubl
 }
 
 const std::vector<Case> cases = {
-    {1, 3, 7, 5, 5, {3, 2, 2, 1, 1, 0}},   // batch 1, non-square kernel, stride 2 in h only
-    {3, 5, 9, 11, 4, {3, 3, 2, 2, 1, 1}},  // stride 2 with padding, odd sizes
-    {2, 1, 28, 28, 6, {5, 5, 1, 1, 2, 2}}, // fashion-cnn conv1 geometry (fewer channels)
-    {4, 6, 6, 8, 3, {1, 1, 1, 1, 0, 0}},   // pointwise: no lowering
-    {2, 3, 5, 6, 5, {1, 3, 1, 2, 0, 2}},   // 1x3 kernel, padding only in w
-    {3, 2, 4, 4, 3, {4, 4, 3, 3, 2, 1}},   // kernel as large as the input, stride larger than 2
+    {1, 3, 7, 5, 5, {3, 2, 2, 1, 1, 0}},    // batch 1, non-square kernel, stride 2 in h only
+    {3, 5, 9, 11, 4, {3, 3, 2, 2, 1, 1}},   // stride 2 with padding, odd sizes
+    {2, 1, 28, 28, 6, {5, 5, 1, 1, 2, 2}},  // fashion-cnn conv1 geometry (fewer channels)
+    {4, 6, 6, 8, 3, {1, 1, 1, 1, 0, 0}},    // pointwise: no lowering
+    {2, 3, 5, 6, 5, {1, 3, 1, 2, 0, 2}},    // 1x3 kernel, padding only in w
+    {3, 2, 4, 4, 3, {4, 4, 3, 3, 2, 1}},    // kernel as large as the input, stride larger than 2
 };
 
 }  // namespace
@@ -149,8 +151,9 @@ TEST_CASE("conv2d rejects inputs that do not fit") {
                   ConfigError);  // kernel taller than the input
   CHECK_THROWS_AS(ops::conv2d(Tensor::zeros({1, 3, 8, 8}), w, Tensor(), ops::Window2d::square(5)),
                   ConfigError);  // window and weight disagree
-  CHECK_THROWS_AS(ops::conv2d(Tensor::zeros({1, 3, 8, 8}), w, Tensor(), ops::Window2d::square(3, 0)),
-                  ConfigError);  // zero stride
+  CHECK_THROWS_AS(
+      ops::conv2d(Tensor::zeros({1, 3, 8, 8}), w, Tensor(), ops::Window2d::square(3, 0)),
+      ConfigError);  // zero stride
   CHECK_THROWS(ops::conv2d(Tensor::zeros({1, 3, 8, 8}), w, Tensor::zeros({5}),
                            ops::Window2d::square(3)));  // bias of the wrong size
 }
@@ -159,8 +162,8 @@ TEST_CASE("Conv2d backward matches finite differences") {
   testing::check_layer_gradients(Conv2d("conv", 3, 5, 3, 2, 1), {1, 3, 7, 6});
   testing::check_layer_gradients(Conv2d("conv", 2, 3, 5, 1, 2), {2, 2, 6, 5});
   testing::check_layer_gradients(Conv2d("conv", 3, 4, 1, 1, 0, false), {2, 3, 3, 5});
-  testing::check_layer_gradients(
-      Conv2d("conv", Conv2dOptions{5, 3, 2, 3, 2, 1, 1, 0, true}), {3, 5, 5, 4});
+  testing::check_layer_gradients(Conv2d("conv", Conv2dOptions{5, 3, 2, 3, 2, 1, 1, 0, true}),
+                                 {3, 5, 5, 4});
 }
 
 TEST_CASE("Conv2d reports shapes, FLOPs and parameters") {
@@ -203,7 +206,8 @@ TEST_CASE("Conv2d: k accumulated microbatches equal one batch of k times the siz
     conv.forward(p, x.slice(i * micro, (i + 1) * micro), saved, {});
     conv.backward(p, saved, dy.slice(i * micro, (i + 1) * micro), acc, GradParts::Weight);
   }
-  for (std::size_t j = 0; j < whole.size(); ++j) expect_close(acc[j], whole[j], "accumulated", 1e-5);
+  for (std::size_t j = 0; j < whole.size(); ++j)
+    expect_close(acc[j], whole[j], "accumulated", 1e-5);
 }
 
 TEST_CASE("conv2d weight gradients are reproducible bit for bit") {

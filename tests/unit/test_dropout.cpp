@@ -12,8 +12,10 @@ TEST_CASE("dropout mask: keep rate, scale and determinism") {
   Tensor m = ops::dropout_mask({200, 500}, p, 42, "fc1");
   std::int64_t dropped = 0;
   for (float v : m.values()) {
-    if (v == 0.f) ++dropped;
-    else CHECK(v == doctest::Approx(1.0 / (1.0 - p)));
+    if (v == 0.f)
+      ++dropped;
+    else
+      CHECK(v == doctest::Approx(1.0 / (1.0 - p)));
   }
   CHECK(double(dropped) / m.numel() == doctest::Approx(p).epsilon(0.02));
   // The same (seed, key) draws the same mask; another key or seed draws another.
@@ -58,8 +60,10 @@ TEST_CASE("Dropout layer: same mask on any rank, identity in evaluation") {
   Tensor dx = a.backward(none, sa, dy, grads);
   for (std::int64_t i = 0; i < x.numel(); ++i) {
     // Where the output kept x (scaled), the gradient is scaled alike; where it dropped, zero.
-    if (ya.values()[i] == 0.f) CHECK(dx.values()[i] == 0.f);
-    else CHECK(dx.values()[i] == doctest::Approx(dy.values()[i] / 0.6f));
+    if (ya.values()[i] == 0.f)
+      CHECK(dx.values()[i] == 0.f);
+    else
+      CHECK(dx.values()[i] == doctest::Approx(dy.values()[i] / 0.6f));
   }
 
   Saved se;

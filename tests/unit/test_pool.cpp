@@ -61,7 +61,8 @@ void expect_close(const Tensor& got, const Tensor& want, const char* what, doubl
   std::int64_t bad = 0;
   for (std::int64_t i = 0; i < got.numel(); ++i) {
     if (!(std::abs(double(got.values()[i]) - want.values()[i]) <= tol)) {
-      if (bad < 5) MESSAGE(what << "[" << i << "]: got " << got.values()[i] << " want " << want.values()[i]);
+      if (bad < 5)
+        MESSAGE(what << "[" << i << "]: got " << got.values()[i] << " want " << want.values()[i]);
       ++bad;
     }
   }

@@ -30,8 +30,12 @@ struct Window2d {
                       "window padding must be non-negative, got {}x{}", pad_h, pad_w);
   }
 
-  std::int64_t out_h(std::int64_t in_h) const { return (in_h + 2 * pad_h - kernel_h) / stride_h + 1; }
-  std::int64_t out_w(std::int64_t in_w) const { return (in_w + 2 * pad_w - kernel_w) / stride_w + 1; }
+  std::int64_t out_h(std::int64_t in_h) const {
+    return (in_h + 2 * pad_h - kernel_h) / stride_h + 1;
+  }
+  std::int64_t out_w(std::int64_t in_w) const {
+    return (in_w + 2 * pad_w - kernel_w) / stride_w + 1;
+  }
 
   // [N, C, H, W] -> [N, channels, OH, OW]; throws ConfigError when the input is not NCHW or the
   // window does not fit in the padded input.

@@ -29,9 +29,8 @@ class Conv2d final : public Layer {
                                               stride, padding, padding, bias}) {}
 
   Conv2d(std::string name, const Conv2dOptions& o)
-      : Layer(std::move(name)),
-        m_opt(o),
-        m_window{o.kernel_h, o.kernel_w, o.stride_h, o.stride_w, o.pad_h, o.pad_w} {
+      : Layer(std::move(name)), m_opt(o), m_window{o.kernel_h, o.kernel_w, o.stride_h,
+                                                   o.stride_w, o.pad_h,    o.pad_w} {
     PIPELINE_CHECK_AS(ConfigError, o.in_channels > 0 && o.out_channels > 0,
                       "Conv2d '{}': channels must be positive, got {} -> {}", this->name(),
                       o.in_channels, o.out_channels);
@@ -40,7 +39,8 @@ class Conv2d final : public Layer {
                           o.pad_h >= 0 && o.pad_w >= 0,
                       "Conv2d '{}': kernel {}x{} and stride {}x{} must be positive and padding "
                       "{}x{} non-negative",
-                      this->name(), o.kernel_h, o.kernel_w, o.stride_h, o.stride_w, o.pad_h, o.pad_w);
+                      this->name(), o.kernel_h, o.kernel_w, o.stride_h, o.stride_w, o.pad_h,
+                      o.pad_w);
   }
 
   std::string kind() const override { return "Conv2d"; }

@@ -22,7 +22,8 @@ class Pool2dBase : public Layer {
              std::int64_t padding)
       : Layer(std::move(name)),
         m_window(ops::Window2d::square(kernel, stride == 0 ? kernel : stride, padding)) {
-    PIPELINE_CHECK_AS(ConfigError, kernel > 0 && stride >= 0 && padding >= 0 && 2 * padding <= kernel,
+    PIPELINE_CHECK_AS(ConfigError,
+                      kernel > 0 && stride >= 0 && padding >= 0 && 2 * padding <= kernel,
                       "{} '{}': kernel {} must be positive, stride {} non-negative (0: the kernel) "
                       "and padding {} at most half the kernel",
                       kind, this->name(), kernel, stride, padding);
@@ -103,7 +104,8 @@ class GlobalAvgPool final : public Layer {
 
   Shape output_shape(const Shape& in) const override {
     PIPELINE_CHECK_AS(ConfigError, in.rank() == 4 && in[2] > 0 && in[3] > 0,
-                      "GlobalAvgPool '{}' expects non-empty [N, C, H, W] input, got {}", name(), in);
+                      "GlobalAvgPool '{}' expects non-empty [N, C, H, W] input, got {}", name(),
+                      in);
     return Shape{in[0], in[1]};
   }
   double flops(const Shape& in) const override {
