@@ -48,7 +48,7 @@ double parse_quantity(std::string_view text, bool rate, const char* what) {
   bool ok = ec == std::errc() && ptr == s.data() + i && i > 0;
   if (rate) {
     if (unit.size() >= 2 && unit.compare(unit.size() - 2, 2, "/s") == 0) unit.resize(unit.size() - 2);
-    else if (unit.size() >= 5 && unit.compare(unit.size() - 3, 3, "bps") == 0) unit.replace(unit.size() - 3, 3, "bit");
+    else if (unit.size() >= 3 && unit.compare(unit.size() - 3, 3, "bps") == 0) unit.replace(unit.size() - 3, 3, "bit");
   }
   const Unit* found = nullptr;
   for (const Unit& u : kUnits)

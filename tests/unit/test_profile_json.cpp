@@ -1,0 +1,121 @@
+// profile.json round trip and validation: every kind of bad input is a ConfigError/IoError that
+// names the file and the offending field or value.
+#include <pipeline/core/error.hpp>
+#include <pipeline/profile/profile_json.hpp>
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <string>
+
+using namespace pipeline;
+
+namespace {
+
+Profile small_dag() {
+  Profile p;
+  p.model = "dag";
+  p.batch_size = 8;
+  p.device = "cpu: test";
+  for (int i = 0; i < 4; ++i) {
+    LayerProfile l;
+    l.name = fmt::format("l{}", i);
+    l.kind = "Linear";
+    l.forward_s = 0.001 * (i + 1);
+    l.backward_s = 0.002 * (i + 1);
+    l.backward_input_s = 0.001 * (i + 1);
+    l.backward_weight_s = 0.001 * (i + 1);
+    l.output_bytes = 1000 * (i + 1);
+    l.parameter_bytes = 10 * i;
+    l.flops = 1e6;
+    p.layers.push_back(l);
+  }
+  p.layers[2].inputs = {0};
+  p.layers[3].inputs = {1, 2};
+  return p;
+}
+
+std::string temp_path(const char* name) { return fmt::format("/tmp/pipeline_test_{}", name); }
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+std::string error_of(const std::string& text) {
+  std::string path = temp_path("bad.json");
+  write_text(path, text);
+  try {
+    read_profile(path);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("profile.json round trip keeps every field") {
+  Profile p = small_dag();
+  p.layers[1].source = false;
+  std::string path = temp_path("roundtrip.json");
+  write_profile(p, path);
+  Profile q = read_profile(path);
+  REQUIRE(q.size() == 4);
+  CHECK(q.model == "dag");
+  CHECK(q.batch_size == 8);
+  CHECK(q.device == "cpu: test");
+  for (int i = 0; i < 4; ++i) {
+    CHECK(q.layers[i].forward_s == p.layers[i].forward_s);
+    CHECK(q.layers[i].backward_s == p.layers[i].backward_s);
+    CHECK(q.layers[i].backward_weight_s == p.layers[i].backward_weight_s);
+    CHECK(q.layers[i].output_bytes == p.layers[i].output_bytes);
+    CHECK(q.layers[i].parameter_bytes == p.layers[i].parameter_bytes);
+    CHECK(q.layers[i].inputs == p.layers[i].inputs);
+    CHECK(q.layers[i].flops == p.layers[i].flops);
+  }
+  CHECK(!q.is_chain());
+  CHECK(q.predecessors(1) == std::vector<int>{0});
+  CHECK(q.predecessors(3) == std::vector<int>{1, 2});
+}
+
+TEST_CASE("bad profiles are rejected with a message naming the problem") {
+  const std::string good = profile_to_json(small_dag()).dump();
+  auto with = [&](auto edit) {
+    nlohmann::json j = nlohmann::json::parse(good);
+    edit(j);
+    return j.dump();
+  };
+  CHECK(error_of("").find("empty") != std::string::npos);
+  CHECK(error_of("{\"format\": ").find("malformed JSON") != std::string::npos);
+  CHECK(error_of("[1, 2]").find("object") != std::string::npos);
+  CHECK(error_of(with([](auto& j) { j["format"] = "pipeline.plan/1"; })).find("pipeline.plan/1") != std::string::npos);
+  CHECK(error_of(with([](auto& j) { j["layers"][2]["forward_s"] = -1.5; })).find("-1.5") != std::string::npos);
+  CHECK(error_of(with([](auto& j) { j["layers"][2]["backward_s"] = "slow"; })).find("backward_s") != std::string::npos);
+  CHECK(error_of(with([](auto& j) { j["layers"][1]["inputs"] = {7}; })).find("dangling input 7") != std::string::npos);
+  CHECK(error_of(with([](auto& j) {
+          j["layers"][1]["inputs"] = {3};
+        })).find("cycle") != std::string::npos);
+  CHECK(error_of(with([](auto& j) { j["layers"] = nlohmann::json::array(); })).find("no layers") != std::string::npos);
+  CHECK(error_of(with([](auto& j) { j["layers"][0].erase("output_bytes"); })).find("output_bytes") != std::string::npos);
+  CHECK(error_of(with([](auto& j) { j["layers"][0]["parameter_bytes"] = 1.5; })).find("parameter_bytes") != std::string::npos);
+  // NaN cannot be written as JSON by a conforming writer, but files may still hold it.
+  std::string nan_text = good;
+  auto pos = nan_text.find("\"forward_s\":");
+  nan_text.replace(pos, std::string("\"forward_s\":0.001").size(), "\"forward_s\":NaN");
+  CHECK(!error_of(nan_text).empty());
+  // The error names the file.
+  CHECK(error_of("{}").find(temp_path("bad.json")) != std::string::npos);
+}
+
+TEST_CASE("missing files are IoErrors and NaN times fail validation") {
+  CHECK_THROWS_AS(read_profile("/nonexistent/dir/profile.json"), IoError);
+  Profile p = small_dag();
+  p.layers[1].backward_s = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_AS(validate_profile(p, "x"), ConfigError);
+  CHECK_THROWS_AS(write_profile(small_dag(), "/nonexistent/dir/profile.json"), IoError);
+}

@@ -1,0 +1,46 @@
+// Bandwidth and memory units, the COUNT:BANDWIDTH level syntax and topology JSON.
+#include <pipeline/core/error.hpp>
+#include <pipeline/plan/topology_io.hpp>
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+using namespace pipeline;
+
+TEST_CASE("bandwidths and sizes with units") {
+  CHECK(parse_bandwidth("1e10") == doctest::Approx(1e10));
+  CHECK(parse_bandwidth("300GB/s") == doctest::Approx(300e9));
+  CHECK(parse_bandwidth("25Gbit/s") == doctest::Approx(25e9 / 8));
+  CHECK(parse_bandwidth("25 Gbps") == doctest::Approx(25e9 / 8));
+  CHECK(parse_bandwidth("1.25e9") == doctest::Approx(1.25e9));
+  CHECK(parse_bandwidth("10 GiB/s") == doctest::Approx(10.0 * 1073741824));
+  CHECK(parse_bytes("80GiB") == doctest::Approx(80.0 * 1073741824));
+  CHECK(parse_bytes("16GB") == doctest::Approx(16e9));
+  CHECK(parse_bytes("4e9") == doctest::Approx(4e9));
+  for (const char* bad : {"", "fast", "-5GB/s", "0", "10 parsecs", "1e10x", "nan", "inf"})
+    CHECK_THROWS_AS(parse_bandwidth(bad), ConfigError);
+  CHECK_THROWS_AS(parse_bytes("25Gbit"), ConfigError);  // bits are not a memory size
+  CHECK_THROWS_AS(parse_bytes("lots"), ConfigError);
+}
+
+TEST_CASE("levels and topologies") {
+  TopologyLevel l = parse_level("8:300GB/s");
+  CHECK(l.count == 8);
+  CHECK(l.bandwidth_bytes_per_s == doctest::Approx(3e11));
+  CHECK_THROWS_AS(parse_level("0:1e10"), ConfigError);
+  CHECK_THROWS_AS(parse_level("4"), ConfigError);
+  CHECK_THROWS_AS(parse_level("x:1e10"), ConfigError);
+  auto j = nlohmann::json::parse(R"({"levels": [{"count": 8, "bandwidth": "300GB/s"},
+                                                {"count": 4, "bandwidth": "25Gbit/s"}],
+                                     "memory_per_worker": "80GiB"})");
+  Topology t = topology_from_json(j, "t.json");
+  CHECK(t.workers() == 32);
+  CHECK(t.levels[1].bandwidth_bytes_per_s == doctest::Approx(25e9 / 8));
+  CHECK(*t.memory_bytes_per_worker == doctest::Approx(80.0 * 1073741824));
+  Topology back = topology_from_json(topology_to_json(t), "back");
+  CHECK(back.workers() == 32);
+  Topology empty;
+  CHECK_THROWS_AS(validate_topology(empty), ConfigError);
+  Topology zero{{{0, 1e10}}, {}};
+  CHECK_THROWS_AS(validate_topology(zero), ConfigError);
+}
