@@ -1,0 +1,61 @@
+// The profiler: measures every layer of a Sequential model and returns a Profile (profile.hpp),
+// the input of the partitioner and the simulator.
+//
+// Each layer is measured the way the runtime runs it: on the same number of threads
+// (pipeline::num_threads(), which the profiler also hands to Eigen and OpenMP so that they agree),
+// on a whole minibatch of `batch` samples, in training mode, with parameters from the layer's own
+// initialiser, and on real inputs — the model's input is random data of the input dtype (token ids
+// in [0, input_int_bound) for int32 inputs, standard normal values for float inputs) and every
+// later layer gets the previous layer's actual output. Per layer it records:
+//   forward_s           median over `repeat` forward passes (after `warmup` untimed ones)
+//   backward_s          median of the full backward (input and weight gradients together)
+//   backward_input_s    median of the input-gradient-only backward (GradParts::Input);
+//                       for a layer without weights the whole backward (= backward_s)
+//   backward_weight_s   median of the weight-gradient-only backward (GradParts::Weight);
+//                       0 for a layer without weights
+//   *_spread_s          interquartile range of the forward and full-backward repeats
+//   output_bytes        bytes of the layer's output for the whole minibatch
+//   parameter_bytes     bytes of trainable parameters (Layer::parameter_bytes)
+//   flops               Layer::flops for the minibatch's input shape
+//
+// Contract: `input_shape` is one sample's shape, without the batch dimension; batch, warmup >= 0
+// and repeat >= 1 are checked (ConfigError). Only the CPU is supported: Device::cuda() throws
+// ConfigError. The model's output gradient is random, as the loss's gradient would be; nothing is
+// printed.
+#pragma once
+
+#include <pipeline/core/device.hpp>
+#include <pipeline/core/dtype.hpp>
+#include <pipeline/core/shape.hpp>
+#include <pipeline/nn/sequential.hpp>
+#include <pipeline/nn/zoo.hpp>
+#include <pipeline/profile/profile.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace pipeline {
+
+struct ProfileOptions {
+  int warmup = 2;   // untimed runs before the timed ones (caches, allocator, thread pool)
+  int repeat = 10;  // timed runs; medians and interquartile ranges are taken over these
+  // Seed of the parameters, the random input, the output gradient and dropout masks.
+  std::uint64_t seed = 0;
+  // The model's input: float32 values, or int32 token ids below input_int_bound (the vocabulary).
+  DType input_dtype = DType::Float32;
+  std::int64_t input_int_bound = 2;
+  // Measure GradParts::Input and GradParts::Weight separately for layers with weights; off, the
+  // split fields stay 0 ("unknown") and profiling takes about half as long.
+  bool split_backward = true;
+};
+
+Profile profile(const Sequential& model, const Shape& input_shape, int batch, Device device,
+                const ProfileOptions& options = {});
+
+// A zoo model, with its own sample shape and input dtype (token ids below its vocabulary).
+Profile profile(const ZooModel& model, int batch, Device device, ProfileOptions options = {});
+
+// "cpu: <model name from /proc/cpuinfo> (<n> threads)": the profile's `device` string.
+std::string cpu_device_description(int threads);
+
+}  // namespace pipeline

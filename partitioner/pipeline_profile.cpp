@@ -1,0 +1,139 @@
+// pipeline-profile: measures every layer of a zoo model and writes profile.json
+// (pipeline.profile/1), plus a readable table on stdout. Errors go to stderr with a non-zero exit;
+// the profile is written through a temporary file and a rename, so a failure leaves no partial
+// file.
+#include <pipeline/core/error.hpp>
+#include <pipeline/core/threads.hpp>
+#include <pipeline/nn/zoo.hpp>
+#include <pipeline/profile/profile_json.hpp>
+#include <pipeline/profile/profiler.hpp>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, units[u]);
+}
+
+void print_table(const pipeline::Profile& p, const pipeline::ZooModel& z, double seconds) {
+  std::vector<std::int64_t> dims{p.batch_size};
+  dims.insert(dims.end(), z.sample_shape.dims().begin(), z.sample_shape.dims().end());
+  const auto shapes = z.model.shapes(pipeline::Shape(dims), z.model.all());
+
+  fmt::print("model {} ({} layers), batch {}, {}\n", p.model, p.size(), p.batch_size, p.device);
+  fmt::print("{:>3}  {:<12} {:<14} {:<20} {:>9} {:>24} {:>11} {:>11} {:>8}\n", "#", "layer", "kind",
+             "output shape", "fwd ms", "bwd ms (input/weight)", "output", "params", "GFLOP/s");
+  double fwd = 0, bwd = 0, flops = 0;
+  std::int64_t params = 0;
+  for (int i = 0; i < p.size(); ++i) {
+    const auto& l = p.layers[static_cast<std::size_t>(i)];
+    const std::string split = l.backward_input_s > 0 || l.backward_weight_s > 0
+                                  ? fmt::format("{:.3f} ({:.3f}/{:.3f})", l.backward_s * 1e3,
+                                                l.backward_input_s * 1e3, l.backward_weight_s * 1e3)
+                                  : fmt::format("{:.3f}", l.backward_s * 1e3);
+    fmt::print("{:>3}  {:<12} {:<14} {:<20} {:>9.3f} {:>24} {:>11} {:>11} {:>8.2f}\n", i, l.name,
+               l.kind, shapes[static_cast<std::size_t>(i) + 1].str(), l.forward_s * 1e3, split,
+               human_bytes(static_cast<double>(l.output_bytes)),
+               human_bytes(static_cast<double>(l.parameter_bytes)),
+               l.forward_s > 0 ? l.flops / l.forward_s / 1e9 : 0.0);
+    fwd += l.forward_s;
+    bwd += l.backward_s;
+    flops += l.flops;
+    params += l.parameter_bytes;
+  }
+  fmt::print(
+      "total: forward {:.3f} ms, backward {:.3f} ms, {} of parameters, {:.3f} GFLOP forward "
+      "({:.2f} GFLOP/s)\n",
+      fwd * 1e3, bwd * 1e3, human_bytes(static_cast<double>(params)), flops / 1e9,
+      fwd > 0 ? flops / fwd / 1e9 : 0.0);
+  fmt::print(
+      "times are medians; GFLOP/s is forward FLOPs over forward time; profiled in {:.1f} s\n",
+      seconds);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Measure every layer of a zoo model and write profile.json for pipeline-partition"};
+  std::string model_name, device_text = "cpu", output;
+  int batch = 64, threads = 0;
+  bool quiet = false, no_split = false;
+  pipeline::ProfileOptions opt;
+  pipeline::ZooOptions zoo;
+  app.add_option("--model", model_name,
+                 "zoo model: mlp, fashion-cnn, vgg16, resnet18, transformer-lm")
+      ->required();
+  app.add_option("--batch", batch, "minibatch size to profile (default 64)");
+  app.add_option("--device", device_text, "cpu (default) or cuda");
+  app.add_option("--warmup", opt.warmup, "untimed runs per measurement (default 2)");
+  app.add_option("--repeat", opt.repeat,
+                 "timed runs per measurement; medians over these (default 10)");
+  app.add_option("--threads", threads, "CPU threads (default: the machine's cores)");
+  app.add_option("--seed", opt.seed, "seed of parameters and inputs");
+  app.add_flag("--no-split", no_split, "skip the separate input- and weight-gradient measurements");
+  app.add_option("-o,--output", output, "write profile.json here")->required();
+  app.add_flag("-q,--quiet", quiet, "no table on stdout");
+  auto* images = app.add_option_group("image models (mlp, fashion-cnn, vgg16, resnet18)");
+  images->add_option("--image-size", zoo.image_size, "input height and width (default 28 or 32)");
+  images->add_option("--channels", zoo.channels, "input channels (default 1 or 3)");
+  images->add_option("--classes", zoo.num_classes, "output classes (default 10)");
+  images->add_option("--width", zoo.width, "channel/hidden width multiplier (default 1)");
+  auto* text = app.add_option_group("transformer-lm");
+  text->add_option("--seq-len", zoo.seq_len, "tokens per sample (default 64)");
+  text->add_option("--dim", zoo.dim, "model width (default 128)");
+  text->add_option("--heads", zoo.heads, "attention heads (default 4)");
+  text->add_option("--blocks", zoo.blocks, "transformer blocks (default 4)");
+  text->add_option("--vocab", zoo.vocab, "vocabulary size (default 256)");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    PIPELINE_CHECK_AS(ConfigError, device_text == "cpu" || device_text == "cuda",
+                      "--device must be cpu or cuda, got '{}'", device_text);
+    PIPELINE_CHECK_AS(ConfigError, batch >= 1, "--batch must be at least 1, got {}", batch);
+    PIPELINE_CHECK_AS(ConfigError, opt.repeat >= 1, "--repeat must be at least 1, got {}",
+                      opt.repeat);
+    PIPELINE_CHECK_AS(ConfigError, opt.warmup >= 0, "--warmup must be >= 0, got {}", opt.warmup);
+    PIPELINE_CHECK_AS(ConfigError, app.count("--threads") == 0 || threads >= 1,
+                      "--threads must be at least 1, got {}", threads);
+    // Fail before the measurements, not after them, when the output cannot be written.
+    const auto dir = std::filesystem::absolute(output).parent_path();
+    PIPELINE_CHECK_AS(IoError, std::filesystem::is_directory(dir),
+                      "cannot write profile '{}': directory '{}' does not exist", output,
+                      dir.string());
+    PIPELINE_CHECK_AS(IoError, !std::filesystem::is_directory(output),
+                      "cannot write profile '{}': it is a directory; give a file name", output);
+    opt.split_backward = !no_split;
+
+    pipeline::ZooModel z = pipeline::make_model(model_name, zoo);
+    pipeline::set_num_threads(threads > 0 ? threads : pipeline::default_num_threads());
+    const pipeline::Device device =
+        device_text == "cuda" ? pipeline::Device::cuda() : pipeline::Device::cpu();
+    pipeline::Profile p = pipeline::profile(z, batch, device, opt);
+    pipeline::write_profile(p, output);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!quiet) print_table(p, z, seconds);
+  } catch (const pipeline::Error& e) {
+    fmt::print(stderr, "pipeline-profile: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "pipeline-profile: unexpected error: {}\n", e.what());
+    return 2;
+  }
+  return 0;
+}

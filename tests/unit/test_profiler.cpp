@@ -1,0 +1,178 @@
+// The profiler on zoo models: one entry per layer with the layer's own sizes and FLOPs, positive
+// times, the backward split where the layer has weights, and a result that the JSON I/O and the
+// partitioner accept as it is.
+#include <pipeline/core/error.hpp>
+#include <pipeline/core/threads.hpp>
+#include <pipeline/plan/partition.hpp>
+#include <pipeline/profile/profile_json.hpp>
+#include <pipeline/profile/profiler.hpp>
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <string>
+
+using namespace pipeline;
+
+namespace {
+
+ProfileOptions quick() {
+  ProfileOptions o;
+  o.warmup = 1;
+  o.repeat = 3;
+  return o;
+}
+
+// Checks everything that follows from the model alone, and that the times are plausible.
+void check_against_model(const Profile& p, const ZooModel& z, int batch) {
+  const Sequential& m = z.model;
+  std::vector<std::int64_t> dims{batch};
+  dims.insert(dims.end(), z.sample_shape.dims().begin(), z.sample_shape.dims().end());
+  const auto shapes = m.shapes(Shape(dims), m.all());
+
+  CHECK(p.model == m.name());
+  CHECK(p.batch_size == batch);
+  CHECK(p.device.rfind("cpu: ", 0) == 0);
+  CHECK(p.device.find(std::to_string(num_threads()) + " thread") != std::string::npos);
+  CHECK(p.dtype == "float32");
+  REQUIRE(p.size() == m.size());
+  CHECK(p.is_chain());
+  for (int i = 0; i < m.size(); ++i) {
+    const LayerProfile& l = p.layers[static_cast<std::size_t>(i)];
+    const Layer& layer = m.layer(i);
+    CAPTURE(l.name);
+    CHECK(l.name == layer.name());
+    CHECK(l.kind == layer.kind());
+    CHECK(l.inputs.empty());
+    CHECK(l.forward_s > 0);
+    CHECK(l.backward_s > 0);
+    CHECK(l.forward_spread_s >= 0);
+    CHECK(l.backward_spread_s >= 0);
+    CHECK(l.output_bytes == 4 * shapes[static_cast<std::size_t>(i) + 1].numel());
+    CHECK(l.parameter_bytes == static_cast<std::int64_t>(layer.parameter_bytes()));
+    CHECK(l.flops == doctest::Approx(layer.flops(shapes[static_cast<std::size_t>(i)])));
+    if (layer.parameters().empty()) {
+      CHECK(l.parameter_bytes == 0);
+      CHECK(l.backward_weight_s == 0);
+      CHECK(l.backward_input_s == l.backward_s);
+    } else {
+      CHECK(l.parameter_bytes > 0);
+      CHECK(l.backward_input_s > 0);
+      CHECK(l.backward_weight_s > 0);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("profile of mlp and fashion-cnn matches the layers") {
+  const int batch = 4;
+  for (const char* name : {"mlp", "fashion-cnn"}) {
+    CAPTURE(name);
+    ZooModel z = make_model(name);
+    Profile p = profile(z, batch, Device::cpu(), quick());
+    check_against_model(p, z, batch);
+    if (std::string(name) == "fashion-cnn") {
+      // The convolutions and fc1 dominate; a ReLU costs far less than the convolution before it.
+      CHECK(p.layers[0].kind == "Conv2d");
+      CHECK(p.layers[0].flops == doctest::Approx(2.0 * batch * 32 * 28 * 28 * 25));
+      CHECK(p.layers[3].forward_s > p.layers[4].forward_s);
+    }
+  }
+}
+
+TEST_CASE("the Sequential overload and the zoo overload agree on everything but times") {
+  ZooModel z = make_model("mlp");
+  Profile a = profile(z.model, z.sample_shape, 3, Device::cpu(), quick());
+  Profile b = profile(z, 3, Device::cpu(), quick());
+  REQUIRE(a.size() == b.size());
+  for (int i = 0; i < a.size(); ++i) {
+    CHECK(a.layers[i].output_bytes == b.layers[i].output_bytes);
+    CHECK(a.layers[i].parameter_bytes == b.layers[i].parameter_bytes);
+    CHECK(a.layers[i].flops == b.layers[i].flops);
+  }
+}
+
+TEST_CASE("the transformer-lm embedding runs on int32 token ids") {
+  ZooOptions o;
+  o.seq_len = 8;
+  o.dim = 16;
+  o.heads = 2;
+  o.blocks = 1;
+  ZooModel z = make_model("transformer-lm", o);
+  Profile p = profile(z, 2, Device::cpu(), quick());
+  check_against_model(p, z, 2);
+  CHECK(p.layers[0].kind == z.model.layer(0).kind());
+}
+
+TEST_CASE("split_backward off leaves the split unknown") {
+  ProfileOptions o = quick();
+  o.split_backward = false;
+  Profile p = profile(make_model("mlp"), 2, Device::cpu(), o);
+  for (const auto& l : p.layers) {
+    CHECK(l.backward_s > 0);
+    CHECK(l.backward_input_s == 0);
+    CHECK(l.backward_weight_s == 0);
+  }
+}
+
+TEST_CASE("a profile survives the JSON round trip and is accepted by the partitioner") {
+  ZooModel z = make_model("fashion-cnn");
+  Profile p = profile(z, 4, Device::cpu(), quick());
+
+  Profile q = profile_from_json(profile_to_json(p), "round trip");
+  REQUIRE(q.size() == p.size());
+  CHECK(q.model == p.model);
+  CHECK(q.device == p.device);
+  CHECK(q.batch_size == p.batch_size);
+  for (int i = 0; i < p.size(); ++i) {
+    const auto &a = p.layers[i], &b = q.layers[i];
+    CHECK(a.name == b.name);
+    CHECK(a.kind == b.kind);
+    CHECK(a.forward_s == doctest::Approx(b.forward_s));
+    CHECK(a.backward_s == doctest::Approx(b.backward_s));
+    CHECK(a.backward_input_s == doctest::Approx(b.backward_input_s));
+    CHECK(a.backward_weight_s == doctest::Approx(b.backward_weight_s));
+    CHECK(a.forward_spread_s == doctest::Approx(b.forward_spread_s));
+    CHECK(a.output_bytes == b.output_bytes);
+    CHECK(a.parameter_bytes == b.parameter_bytes);
+    CHECK(a.flops == doctest::Approx(b.flops));
+  }
+
+  const std::string path = "test_profiler_profile.json";
+  write_profile(p, path);
+  Profile r = read_profile(path);
+  CHECK(r.size() == p.size());
+  std::remove(path.c_str());
+
+  Topology topo;
+  topo.levels.push_back({4, 1.25e9});
+  Plan plan = partition(r, topo);
+  REQUIRE(plan.num_stages() >= 1);
+  CHECK(plan.stages.front().begin == 0);
+  CHECK(plan.stages.back().end == p.size());
+  for (std::size_t s = 1; s < plan.stages.size(); ++s)
+    CHECK(plan.stages[s].begin == plan.stages[s - 1].end);
+  CHECK(plan.predicted.time_per_minibatch_s > 0);
+}
+
+TEST_CASE("bad arguments are ConfigErrors") {
+  ZooModel z = make_model("mlp");
+  CHECK_THROWS_AS(profile(z, 0, Device::cpu(), quick()), ConfigError);
+  ProfileOptions none = quick();
+  none.repeat = 0;
+  CHECK_THROWS_AS(profile(z, 2, Device::cpu(), none), ConfigError);
+  ProfileOptions negative = quick();
+  negative.warmup = -1;
+  CHECK_THROWS_AS(profile(z, 2, Device::cpu(), negative), ConfigError);
+#ifndef PIPELINE_WITH_CUDA
+  CHECK_THROWS_WITH_AS(profile(z, 2, Device::cuda(), quick()), doctest::Contains("no CUDA support"),
+                       ConfigError);
+#else
+  CHECK_THROWS_AS(profile(z, 2, Device::cuda(), quick()), ConfigError);
+#endif
+  // An input shape the first layer cannot take.
+  CHECK_THROWS_AS(profile(z.model, Shape{3, 5}, 2, Device::cpu(), quick()), ConfigError);
+  CHECK_THROWS_AS(profile(Sequential("empty"), Shape{4}, 2, Device::cpu(), quick()), ConfigError);
+}
