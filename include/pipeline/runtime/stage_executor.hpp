@@ -1,0 +1,198 @@
+// StageExecutor: runs one rank's action list of a Schedule — the runtime of a pipeline stage.
+//
+// Each rank builds only its own stage's layers' parameters, with Sequential::init over the
+// stage's LayerRange (every tensor is drawn from Rng(seed, "<layer>.<param>"), so the values are
+// those a single process with the same seed would have). It then executes its list of actions
+// exactly as the schedule gives them:
+//   F   forward through the stage with the weight version the policy picks (see below); the first
+//       stage takes the microbatch's inputs from the feed, the last stage scores the output
+//       against the labels with the loss scaled by 1/minibatch size (SequentialTrainer's
+//       convention, so microbatch gradients accumulate to the minibatch's gradient)
+//   B   backward with the weights its forward used; gradients accumulate into the stage's buffers
+//   I/W the split backward: input gradient first (each layer's output gradient is kept), then the
+//       weight gradient
+//   SA/SG  non-blocking sends of the output / the input gradient
+//   RA/RG  waits for receives that were posted ahead of time (a window of upcoming receives is
+//       always posted), so transfers overlap with compute
+//   AR  sum of the weight gradients over the stage's replicas (Stash: then divided by the
+//       replica count, since each replica's gradient is already a minibatch mean)
+//   ST  optional global gradient-norm clipping (one world allreduce, the same factor on every
+//       stage), a finiteness check naming the layer, and one optimizer update
+// Update policies: Flush — one weight version, gradients accumulate over the minibatch and the
+// step closes it (== sequential training); Stash — a step after every backward, each in-flight
+// microbatch keeps the version its forward used in the WeightStore (with vertical sync: the
+// version whose tag the input stage used, which travels with the activation).
+//
+// Per-microbatch state lives in an InFlightTable sized by the schedule's validated peak of
+// stashed activations on this rank; a context is freed as soon as its backward is done.
+//
+// Errors: the schedule is validated before anything runs (ConfigError on every rank alike); a
+// non-finite loss or gradient throws naming the step, microbatch and layer; communication waits
+// time out (TimeoutError with this rank's position in its list). The caller catches and aborts
+// the job through the communicator so that no peer hangs.
+//
+// Contract: the constructor and evaluate() are collective over all ranks of the communicator
+// (they create groups and reduce); train() is collective in the sense that every rank runs its
+// own list of the same schedule. One thread uses an executor at a time.
+#pragma once
+
+#include <pipeline/comm/communicator.hpp>
+#include <pipeline/core/tensor.hpp>
+#include <pipeline/data/dataset.hpp>
+#include <pipeline/nn/loss.hpp>
+#include <pipeline/nn/sequential.hpp>
+#include <pipeline/optim/optimizer.hpp>
+#include <pipeline/plan/plan.hpp>
+#include <pipeline/runtime/microbatch_context.hpp>
+#include <pipeline/runtime/weight_store.hpp>
+#include <pipeline/schedule/schedule.hpp>
+#include <pipeline/schedule/simulator.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pipeline {
+
+// Which layers every stage holds and which ranks hold it.
+struct PipelineLayout {
+  std::vector<LayerRange> stages;
+  std::vector<std::vector<int>> stage_ranks;  // stage -> its replicas' ranks, in replica order
+
+  int num_stages() const { return static_cast<int>(stages.size()); }
+  int num_ranks() const;
+  // The stage a rank runs (ConfigError when it runs none).
+  int stage_of(int rank) const;
+
+  // One stage per entry of `stage_layers`, rank s running stage s.
+  static PipelineLayout straight(std::vector<LayerRange> stage_layers);
+  // The plan's stages. Checks that the plan is for `model` (its name and its layer count) and
+  // that its stages cover the model's layers in order; ConfigError naming the problem otherwise.
+  static PipelineLayout from_plan(const Plan& plan, const Sequential& model);
+};
+
+// Where the first and last stages get their data. Minibatch indices are global over the run.
+struct MinibatchFeed {
+  // The whole minibatch (inputs and labels). Called only on ranks of the first and last stage,
+  // at most once per minibatch in order, so it may be backed by a DataLoader iterator.
+  std::function<Batch(std::int64_t minibatch)> load;
+  // Samples in a minibatch; called on every rank (receive buffers are sized from it).
+  std::function<std::int64_t(std::int64_t minibatch)> size;
+};
+
+struct ExecutorOptions {
+  std::uint64_t seed = 0;    // initial parameters and dropout masks (microbatch_seed)
+  float clip_norm = 0.f;     // global gradient-norm clipping (0: off)
+  bool record_trace = false; // keep every executed action's timing (trace_events())
+  // Receives posted ahead of the action that waits for them, per kind; more overlap for more
+  // memory held in posted buffers.
+  int receive_lookahead = 4;
+};
+
+// What the last stage observed for one minibatch (its own microbatches of it).
+struct MinibatchStats {
+  std::int64_t minibatch = 0;
+  double loss = 0;  // sum of the scaled microbatch losses: the minibatch's mean loss
+  std::int64_t correct = 0;
+  std::int64_t count = 0;
+};
+
+struct TrainResult {
+  std::int64_t minibatches = 0;  // minibatches of the schedule
+  std::int64_t steps = 0;        // optimizer steps this rank took
+  double loss = 0;               // last stage: mean over the minibatches it scored
+  std::int64_t correct = 0, count = 0;
+  double seconds = 0;
+  int peak_in_flight = 0;        // most microbatch contexts open at once
+  int peak_weight_versions = 1;
+};
+
+using LrFunction = std::function<float(std::int64_t step)>;
+
+class StageExecutor {
+ public:
+  StageExecutor(const Sequential& model, Shape sample_shape, DType input_dtype,
+                PipelineLayout layout, Communicator& comm, std::unique_ptr<Optimizer> optimizer,
+                const ExecutorOptions& options = {});
+  ~StageExecutor();
+  StageExecutor(const StageExecutor&) = delete;
+  StageExecutor& operator=(const StageExecutor&) = delete;
+
+  int rank() const { return m_comm->rank(); }
+  int stage() const { return m_stage; }
+  int replica() const { return m_replica; }
+  int replicas() const { return static_cast<int>(m_layout.stage_ranks[m_stage].size()); }
+  int num_stages() const { return m_layout.num_stages(); }
+  bool is_first_stage() const { return m_stage == 0; }
+  bool is_last_stage() const { return m_stage == num_stages() - 1; }
+  // The rank that writes metrics and prints results: replica 0 of the last stage.
+  bool is_loss_rank() const { return is_last_stage() && m_replica == 0; }
+  LayerRange layers() const { return m_layout.stages[m_stage]; }
+  const PipelineLayout& layout() const { return m_layout; }
+
+  // The latest weights of this stage's layers (params()[k] is layer layers().begin + k).
+  ModelParams& params();
+  const WeightStore& weights() const { return *m_store; }
+  Optimizer& optimizer() { return *m_optimizer; }
+  std::int64_t steps_done() const { return m_steps; }
+
+  // Runs this rank's list of `schedule`, whose minibatch 0 is the run's minibatch
+  // `first_minibatch`. The schedule must have this executor's stages and ranks; it is validated
+  // first. `lr(step)` gives the learning rate of the stage's optimizer step; `on_minibatch` (may
+  // be empty) is called on last-stage ranks when the loss of all their microbatches of a
+  // minibatch is known.
+  TrainResult train(const Schedule& schedule, const MinibatchFeed& feed, std::int64_t first_minibatch,
+                    const LrFunction& lr,
+                    const std::function<void(const MinibatchStats&)>& on_minibatch = {});
+
+  // Forward-only evaluation (Mode::Eval) of `batches` batches through the pipeline, batch u on
+  // replica u % r of every stage, with the latest weights. Collective over every rank; every rank
+  // returns the same result (loss is the mean per sample).
+  struct Eval {
+    double loss = 0;
+    double accuracy = 0;
+    std::int64_t count = 0;
+  };
+  Eval evaluate(const MinibatchFeed& feed, std::int64_t batches);
+
+  // Actions executed so far with their wall-clock start and end (seconds since construction),
+  // when ExecutorOptions::record_trace is set.
+  const std::vector<TraceEvent>& trace_events() const { return m_trace; }
+
+ private:
+  struct PostedRecv;
+  struct Run;
+
+  void execute(Run& run);
+  void do_forward(Run& run, const Action& a);
+  void do_backward(Run& run, const Action& a, GradParts parts);
+  void do_allreduce(Run& run, const Action& a);
+  void do_step(Run& run, const Action& a);
+  void post_receives(Run& run, std::size_t upto);
+  Tensor take_received(Run& run, std::size_t index);
+  Shape activation_shape(std::int64_t samples, int layer_end) const;
+  Batch microbatch_data(Run& run, int u);
+
+  const Sequential* m_model;
+  Shape m_sample_shape;
+  DType m_input_dtype;
+  PipelineLayout m_layout;
+  Communicator* m_comm;
+  std::unique_ptr<Optimizer> m_optimizer;
+  ExecutorOptions m_options;
+  int m_stage = 0;
+  int m_replica = 0;
+  Group m_replica_group;
+  Group m_last_stage_group;
+  std::unique_ptr<WeightStore> m_store;
+  ModelGrads m_grads;
+  SoftmaxCrossEntropy m_loss;
+  std::int64_t m_steps = 0;
+  std::vector<TraceEvent> m_trace;
+  double m_t0 = 0;
+  bool m_store_ready = false;
+};
+
+}  // namespace pipeline

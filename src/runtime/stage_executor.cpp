@@ -1,0 +1,603 @@
+// The stage executor: one rank's action list, executed with non-blocking communication.
+#include <pipeline/runtime/stage_executor.hpp>
+
+#include <pipeline/core/log.hpp>
+#include <pipeline/optim/flatten.hpp>
+#include <pipeline/optim/grad_clip.hpp>
+#include <pipeline/runtime/sequential_trainer.hpp>
+#include <pipeline/schedule/generator.hpp>
+#include <pipeline/schedule/validate.hpp>
+
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <map>
+
+namespace pipeline {
+
+// --- layout ------------------------------------------------------------------------------------
+
+int PipelineLayout::num_ranks() const {
+  int n = 0;
+  for (auto& s : stage_ranks)
+    for (int r : s) n = std::max(n, r + 1);
+  return n;
+}
+
+int PipelineLayout::stage_of(int rank) const {
+  for (int s = 0; s < num_stages(); ++s)
+    for (int r : stage_ranks[s])
+      if (r == rank) return s;
+  PIPELINE_FAIL(ConfigError, "rank {} runs no stage of the pipeline ({} stages over {} ranks)", rank,
+                num_stages(), num_ranks());
+}
+
+PipelineLayout PipelineLayout::straight(std::vector<LayerRange> stage_layers) {
+  PipelineLayout l;
+  for (std::size_t s = 0; s < stage_layers.size(); ++s)
+    l.stage_ranks.push_back({static_cast<int>(s)});
+  l.stages = std::move(stage_layers);
+  return l;
+}
+
+PipelineLayout PipelineLayout::from_plan(const Plan& plan, const Sequential& model) {
+  PIPELINE_CHECK_AS(ConfigError, plan.model.empty() || plan.model == model.name(),
+                    "the plan is for model '{}' but the program trains '{}': partition this model "
+                    "(or pass --model {})",
+                    plan.model, model.name(), plan.model);
+  PIPELINE_CHECK_AS(ConfigError, plan.num_stages() >= 1, "the plan has no stages");
+  PipelineLayout l;
+  int expect = 0, next_rank = 0;
+  for (int s = 0; s < plan.num_stages(); ++s) {
+    const PlanStage& st = plan.stages[s];
+    PIPELINE_CHECK_AS(ConfigError, st.layer_ids.empty(),
+                      "stage {} of the plan is not one contiguous layer range (layer_ids given); "
+                      "the runtime executes chains of layers only",
+                      s);
+    PIPELINE_CHECK_AS(ConfigError, st.begin == expect && st.end > st.begin,
+                      "stage {} of the plan covers layers [{}, {}) but should start at layer {}: "
+                      "stages must cover the model's layers in order",
+                      s, st.begin, st.end, expect);
+    expect = st.end;
+    std::vector<int> ranks = st.ranks;
+    if (ranks.empty())
+      for (int i = 0; i < std::max(1, st.replicas); ++i) ranks.push_back(next_rank + i);
+    next_rank += static_cast<int>(ranks.size());
+    l.stages.push_back({st.begin, st.end});
+    l.stage_ranks.push_back(std::move(ranks));
+  }
+  PIPELINE_CHECK_AS(ConfigError, expect == model.size(),
+                    "the plan's stages cover layers [0, {}) but model '{}' has {} layers: the plan "
+                    "was made for another model or another version of it",
+                    expect, model.name(), model.size());
+  return l;
+}
+
+// --- run state ---------------------------------------------------------------------------------
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// A double carried through a float allreduce without losing its low bits: hi + lo.
+void put_double(float* out, double v) {
+  const float hi = static_cast<float>(v);
+  out[0] = hi;
+  out[1] = static_cast<float>(v - static_cast<double>(hi));
+}
+double get_double(const float* in) {
+  return static_cast<double>(in[0]) + static_cast<double>(in[1]);
+}
+
+Tensor version_tensor(WeightStore::Tag tag) {
+  return Tensor::from_ints(Shape{2}, {static_cast<std::int32_t>(tag & 0x7fffffff),
+                                      static_cast<std::int32_t>(tag >> 31)});
+}
+WeightStore::Tag version_from(const Tensor& t) {
+  const std::int32_t* v = t.data<std::int32_t>();
+  return static_cast<WeightStore::Tag>(v[0]) | (static_cast<WeightStore::Tag>(v[1]) << 31);
+}
+
+}  // namespace
+
+struct StageExecutor::PostedRecv {
+  std::size_t index = 0;  // the receive action's index in the rank's list
+  Tensor buffer;
+  Request request;
+  Tensor version;  // vertical sync: the input stage's weight tag
+  Request version_request;
+};
+
+struct StageExecutor::Run {
+  const Schedule* schedule = nullptr;
+  const std::vector<Action>* actions = nullptr;
+  const MinibatchFeed* feed = nullptr;
+  std::int64_t first_minibatch = 0;
+  int microbatches = 1;  // per minibatch
+  bool eval = false;
+  bool stash = false;
+  bool vertical_sync = false;
+  const LrFunction* lr = nullptr;
+  const std::function<void(const MinibatchStats&)>* on_minibatch = nullptr;
+
+  std::unique_ptr<InFlightTable> table;
+  std::vector<std::size_t> recv_indices;  // indices of RA/RG actions, in order
+  std::size_t next_to_post = 0;           // into recv_indices
+  std::deque<PostedRecv> posted;
+
+  std::map<int, Tensor> inputs;        // received activations by microbatch
+  std::map<int, WeightStore::Tag> input_tags;
+  std::map<int, Tensor> output_grads;  // received gradients by microbatch
+  std::map<int, Tensor> input_grads;   // computed, to be sent
+  std::vector<Request> sends;
+
+  std::int64_t cached_minibatch = -1;
+  std::vector<Batch> cached;
+
+  std::map<std::int64_t, MinibatchStats> stats;  // last stage, per minibatch being scored
+  std::map<std::int64_t, int> scored;            // microbatches scored per minibatch
+  double eval_loss = 0;
+  std::int64_t eval_correct = 0, eval_count = 0;
+
+  std::size_t current = 0;
+  TrainResult result;
+
+  std::int64_t minibatch_of(int u) const { return first_minibatch + u / microbatches; }
+  int micro_of(int u) const { return u % microbatches; }
+  // The microbatch number that travels in tags: global over the run.
+  int global(int u) const {
+    return static_cast<int>(first_minibatch * microbatches + u);
+  }
+};
+
+// --- executor ----------------------------------------------------------------------------------
+
+StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType input_dtype,
+                             PipelineLayout layout, Communicator& comm,
+                             std::unique_ptr<Optimizer> optimizer, const ExecutorOptions& options)
+    : m_model(&model),
+      m_sample_shape(std::move(sample_shape)),
+      m_input_dtype(input_dtype),
+      m_layout(std::move(layout)),
+      m_comm(&comm),
+      m_optimizer(std::move(optimizer)),
+      m_options(options) {
+  PIPELINE_CHECK(m_optimizer != nullptr, "the stage executor needs an optimizer");
+  PIPELINE_CHECK_AS(ConfigError, m_layout.num_stages() >= 1 &&
+                                     m_layout.stages.size() == m_layout.stage_ranks.size(),
+                    "pipeline layout: {} layer ranges for {} stages", m_layout.stages.size(),
+                    m_layout.stage_ranks.size());
+  PIPELINE_CHECK_AS(ConfigError, m_layout.num_ranks() == comm.size(),
+                    "the pipeline needs {} ranks but the job has {}: start it with {} processes "
+                    "(mpirun -np {}) or partition for {} workers",
+                    m_layout.num_ranks(), comm.size(), m_layout.num_ranks(), m_layout.num_ranks(),
+                    comm.size());
+  int expect = 0;
+  for (int s = 0; s < m_layout.num_stages(); ++s) {
+    const LayerRange r = m_layout.stages[s];
+    PIPELINE_CHECK_AS(ConfigError, r.begin == expect && r.end > r.begin && r.end <= model.size(),
+                      "stage {} holds layers [{}, {}), expected a non-empty range starting at {} "
+                      "within the model's {} layers",
+                      s, r.begin, r.end, expect, model.size());
+    expect = r.end;
+  }
+  PIPELINE_CHECK_AS(ConfigError, expect == model.size(),
+                    "the stages cover layers [0, {}) of the model's {}", expect, model.size());
+  m_stage = m_layout.stage_of(comm.rank());
+  const auto& mine = m_layout.stage_ranks[m_stage];
+  m_replica = static_cast<int>(std::find(mine.begin(), mine.end(), comm.rank()) - mine.begin());
+  if (mine.size() > 1) m_replica_group = comm.create_group(mine);
+  m_store = std::make_unique<WeightStore>(model.init(m_options.seed, layers()));
+  m_grads = model.zero_grads(layers());
+  m_t0 = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+StageExecutor::~StageExecutor() = default;
+
+ModelParams& StageExecutor::params() { return m_store->latest(); }
+
+Shape StageExecutor::activation_shape(std::int64_t samples, int layer_end) const {
+  std::vector<std::int64_t> dims{samples};
+  dims.insert(dims.end(), m_sample_shape.dims().begin(), m_sample_shape.dims().end());
+  return m_model->shapes(Shape(std::move(dims)), {0, layer_end}).back();
+}
+
+Batch StageExecutor::microbatch_data(Run& run, int u) {
+  const std::int64_t mb = run.eval ? u : run.minibatch_of(u);
+  if (mb != run.cached_minibatch) {
+    PIPELINE_CHECK(static_cast<bool>(run.feed->load), "the feed has no load function");
+    Batch b = run.feed->load(mb);
+    PIPELINE_CHECK(b.size() == run.feed->size(mb),
+                   "the feed's minibatch {} has {} samples but its size function says {}", mb,
+                   b.size(), run.feed->size(mb));
+    run.cached = split_microbatches(b, run.eval ? 1 : run.microbatches);
+    run.cached_minibatch = mb;
+  }
+  return run.cached[static_cast<std::size_t>(run.eval ? 0 : run.micro_of(u))];
+}
+
+void StageExecutor::post_receives(Run& run, std::size_t upto) {
+  const auto& acts = *run.actions;
+  const std::size_t window = static_cast<std::size_t>(std::max(1, m_options.receive_lookahead));
+  while (run.next_to_post < run.recv_indices.size() &&
+         (run.posted.size() < window || run.recv_indices[run.next_to_post] <= upto)) {
+    const std::size_t idx = run.recv_indices[run.next_to_post++];
+    const Action& a = acts[idx];
+    const int u = a.microbatch;
+    std::int64_t samples = 0;
+    if (run.eval) {
+      samples = run.feed->size(u);
+    } else {
+      const std::int64_t n = run.feed->size(run.minibatch_of(u));
+      const int m = run.microbatches, i = run.micro_of(u);
+      samples = n / m + (i < n % m ? 1 : 0);
+    }
+    PostedRecv p;
+    p.index = idx;
+    const bool activation = a.kind == ActionKind::RecvActivation;
+    const LayerRange r = layers();
+    p.buffer = Tensor::empty(activation_shape(samples, activation ? r.begin : r.end));
+    Tag tag = activation ? Tag::activation(m_stage - 1, run.global(u))
+                         : Tag::gradient(m_stage + 1, run.global(u));
+    if (run.eval) tag = {TagKind::EvalActivation, m_stage - 1, u};
+    p.request = m_comm->irecv(p.buffer, a.peer, tag);
+    if (activation && run.vertical_sync) {
+      p.version = Tensor::empty(Shape{2}, DType::Int32);
+      p.version_request = m_comm->irecv(p.version, a.peer, Tag::version(m_stage - 1, run.global(u)));
+    }
+    run.posted.push_back(std::move(p));
+  }
+}
+
+Tensor StageExecutor::take_received(Run& run, std::size_t index) {
+  PIPELINE_CHECK(!run.posted.empty() && run.posted.front().index == index,
+                 "internal: receive of action {} was not posted in order", index);
+  PostedRecv p = std::move(run.posted.front());
+  run.posted.pop_front();
+  p.request.wait();
+  if (p.version.defined()) {
+    p.version_request.wait();
+    run.input_tags[(*run.actions)[index].microbatch] = version_from(p.version);
+  }
+  return p.buffer;
+}
+
+void StageExecutor::do_forward(Run& run, const Action& a) {
+  const int u = a.microbatch;
+  const LayerRange r = layers();
+  Tensor x;
+  Batch data;
+  if (is_first_stage() || is_last_stage()) data = microbatch_data(run, u);
+  if (is_first_stage()) {
+    x = data.inputs;
+  } else {
+    auto it = run.inputs.find(u);
+    PIPELINE_CHECK(it != run.inputs.end(),
+                   "forward of microbatch {} on stage {} before its activation was received", u,
+                   m_stage);
+    x = std::move(it->second);
+    run.inputs.erase(it);
+  }
+
+  if (run.eval) {
+    std::vector<Saved> saved;
+    Tensor y = m_model->forward(r, m_store->latest(), x, saved, {Mode::Eval, 0});
+    if (is_last_stage()) {
+      LossResult l = m_loss(y, data.labels, 1.f);
+      run.eval_loss += l.loss;
+      run.eval_correct += l.correct;
+      run.eval_count += l.count;
+    } else {
+      MicrobatchContext& c = run.table->open(u);
+      c.output = y;
+    }
+    return;
+  }
+
+  MicrobatchContext& c = run.table->open(u);
+  if (run.vertical_sync && !is_first_stage()) {
+    auto it = run.input_tags.find(u);
+    PIPELINE_CHECK(it != run.input_tags.end(),
+                   "vertical sync: no weight version arrived with microbatch {}", u);
+    c.input_tag = it->second;
+    run.input_tags.erase(it);
+    c.version = m_store->acquire(c.input_tag);
+  } else {
+    c.version = m_store->acquire_latest();
+    c.input_tag = c.version;
+  }
+  const std::int64_t mb = run.minibatch_of(u);
+  ForwardContext ctx{Mode::Train, microbatch_seed(m_options.seed, mb, run.micro_of(u))};
+  Tensor y = m_model->forward(r, m_store->params(c.version), x, c.saved, ctx);
+  c.samples = x.dim(0);
+  if (!is_last_stage()) {
+    c.output = y;
+    return;
+  }
+  const float scale = 1.f / static_cast<float>(run.feed->size(mb));
+  LossResult l = m_loss(y, data.labels, scale);
+  PIPELINE_CHECK(std::isfinite(l.loss),
+                 "loss became {} at step {} (microbatch {} of minibatch {}): lower the learning "
+                 "rate or enable gradient clipping (--clip-grad)",
+                 l.loss, mb, run.micro_of(u), mb);
+  c.loss_grad = std::move(l.grad);
+  MinibatchStats& st = run.stats[mb];
+  st.minibatch = mb;
+  st.loss += l.loss;
+  st.correct += l.correct;
+  st.count += l.count;
+  // This replica scores the microbatches u' of the minibatch with u' % replicas == replica.
+  int mine = 0;
+  for (int k = 0; k < run.microbatches; ++k) {
+    const int uu = static_cast<int>((mb - run.first_minibatch) * run.microbatches + k);
+    if (run.schedule->rank_of(m_stage, uu) == rank()) ++mine;
+  }
+  if (++run.scored[mb] == mine) {
+    run.result.loss += st.loss;
+    run.result.correct += st.correct;
+    run.result.count += st.count;
+    ++run.result.minibatches;
+    if (*run.on_minibatch) (*run.on_minibatch)(st);
+    run.stats.erase(mb);
+    run.scored.erase(mb);
+  }
+}
+
+void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
+  const int u = a.microbatch;
+  const LayerRange r = layers();
+  MicrobatchContext& c = run.table->at(u);
+  const ModelParams& w = m_store->params(c.version);
+  const bool need_dx = !is_first_stage();
+  const bool weight_only = parts == GradParts::Weight;
+
+  if (!weight_only) {
+    Tensor dy;
+    if (is_last_stage()) {
+      dy = std::move(c.loss_grad);
+    } else {
+      auto it = run.output_grads.find(u);
+      PIPELINE_CHECK(it != run.output_grads.end(),
+                     "backward of microbatch {} on stage {} before its gradient was received", u,
+                     m_stage);
+      dy = std::move(it->second);
+      run.output_grads.erase(it);
+    }
+    if (parts == GradParts::Both) {
+      Tensor dx = m_model->backward(r, w, c.saved, dy, m_grads, need_dx);
+      if (need_dx) run.input_grads[u] = std::move(dx);
+    } else {
+      // Input gradient only: keep every layer's output gradient for the weight pass.
+      c.layer_grads.assign(static_cast<std::size_t>(r.size()), Tensor{});
+      Tensor g = std::move(dy);
+      for (int i = r.end - 1; i >= r.begin; --i) {
+        const int k = i - r.begin;
+        c.layer_grads[static_cast<std::size_t>(k)] = g;
+        if (i == r.begin && !need_dx) break;
+        g = m_model->layer(i).backward(w[static_cast<std::size_t>(k)],
+                                       c.saved[static_cast<std::size_t>(k)], g,
+                                       std::span<Tensor>(), GradParts::Input);
+      }
+      if (need_dx) run.input_grads[u] = std::move(g);
+      return;  // the context lives on until W
+    }
+  } else {
+    PIPELINE_CHECK(!c.layer_grads.empty(),
+                   "weight gradient of microbatch {} on stage {} before its input gradient", u,
+                   m_stage);
+    for (int i = r.end - 1; i >= r.begin; --i) {
+      const auto k = static_cast<std::size_t>(i - r.begin);
+      m_model->layer(i).backward(w[k], c.saved[k], c.layer_grads[k], m_grads[k], GradParts::Weight);
+    }
+  }
+  m_store->release(c.version);
+  run.table->close(u);
+}
+
+void StageExecutor::do_allreduce(Run& run, const Action&) {
+  if (replicas() == 1) return;
+  std::vector<Tensor> g = flatten_grads(m_grads);
+  m_comm->allreduce_sum(std::span<Tensor>(g), m_replica_group);
+  // Under stash each replica's gradient is already a minibatch mean: the step takes their mean.
+  if (run.stash) scale(std::span<Tensor>(g), 1.f / static_cast<float>(replicas()));
+}
+
+void StageExecutor::do_step(Run& run, const Action& a) {
+  const LayerRange r = layers();
+  // Per-layer sums of squares: for clipping, and to name the layer whose gradient overflowed.
+  std::vector<double> layer_ss(static_cast<std::size_t>(r.size()), 0.0);
+  double local = 0;
+  for (int k = 0; k < r.size(); ++k) {
+    const auto& g = m_grads[static_cast<std::size_t>(k)];
+    layer_ss[static_cast<std::size_t>(k)] = sum_of_squares(std::span<const Tensor>(g));
+    local += layer_ss[static_cast<std::size_t>(k)];
+  }
+  const std::int64_t step = run.stash ? run.first_minibatch + std::int64_t{a.microbatch} * replicas()
+                                      : run.first_minibatch + a.microbatch;
+  if (!std::isfinite(local)) {
+    for (int k = 0; k < r.size(); ++k)
+      if (!std::isfinite(layer_ss[static_cast<std::size_t>(k)]))
+        PIPELINE_FAIL(Error,
+                      "gradient of layer '{}' (stage {}) became {} at step {}: lower the learning "
+                      "rate or enable gradient clipping (--clip-grad)",
+                      m_model->layer(r.begin + k).name(), m_stage,
+                      layer_ss[static_cast<std::size_t>(k)], step);
+  }
+  std::vector<Tensor> grads = flatten_grads(m_grads);
+  if (m_options.clip_norm > 0.f) {
+    // Replicas hold identical gradients after the allreduce: count each stage once.
+    Tensor t = Tensor::zeros(Shape{2});
+    if (m_replica == 0) put_double(t.data<float>(), local);
+    m_comm->allreduce_sum(t, m_comm->world());
+    const double norm = std::sqrt(get_double(t.data<float>()));
+    scale(std::span<Tensor>(grads), clip_factor(norm, m_options.clip_norm));
+  }
+  ModelParams& p = m_store->begin_step();
+  std::vector<Tensor> flat = flatten_params(p);
+  m_optimizer->step(flat, grads, (*run.lr)(step));
+  for (auto& g : grads) g.zero();
+  ++m_steps;
+  ++run.result.steps;
+}
+
+void StageExecutor::execute(Run& run) {
+  const auto& acts = *run.actions;
+  for (std::size_t i = 0; i < acts.size(); ++i)
+    if (is_recv(acts[i].kind)) run.recv_indices.push_back(i);
+
+  m_comm->set_context([this, &run] {
+    const auto& a = *run.actions;
+    return fmt::format("stage {} replica {}, action {} of {} ({})", m_stage, m_replica,
+                       run.current + 1, a.size(),
+                       run.current < a.size() ? to_string(a[run.current]) : std::string("end"));
+  });
+  struct ClearContext {
+    Communicator* c;
+    ~ClearContext() { c->set_context({}); }
+  } clear{m_comm};
+
+  const auto now = [this] {
+    return std::chrono::duration<double>(Clock::now().time_since_epoch()).count() - m_t0;
+  };
+  for (std::size_t i = 0; i < acts.size(); ++i) {
+    run.current = i;
+    const Action& a = acts[i];
+    PIPELINE_CHECK(a.stage == m_stage, "action {} ({}) is for stage {} but rank {} runs stage {}",
+                   i, to_string(a), a.stage, rank(), m_stage);
+    post_receives(run, i);
+    const double start = m_options.record_trace ? now() : 0;
+    switch (a.kind) {
+      case ActionKind::Forward: do_forward(run, a); break;
+      case ActionKind::Backward: do_backward(run, a, GradParts::Both); break;
+      case ActionKind::BackwardInput: do_backward(run, a, GradParts::Input); break;
+      case ActionKind::BackwardWeight: do_backward(run, a, GradParts::Weight); break;
+      case ActionKind::SendActivation: {
+        MicrobatchContext& c = run.table->at(a.microbatch);
+        PIPELINE_CHECK(c.output.defined(), "send of microbatch {}'s activation before its forward",
+                       a.microbatch);
+        Tag tag = run.eval ? Tag{TagKind::EvalActivation, m_stage, a.microbatch}
+                           : Tag::activation(m_stage, run.global(a.microbatch));
+        run.sends.push_back(m_comm->isend(c.output, a.peer, tag));
+        if (run.vertical_sync && !run.eval)
+          run.sends.push_back(m_comm->isend(version_tensor(c.input_tag), a.peer,
+                                            Tag::version(m_stage, run.global(a.microbatch))));
+        c.output = Tensor{};
+        if (run.eval) run.table->close(a.microbatch);
+        break;
+      }
+      case ActionKind::SendGradient: {
+        auto it = run.input_grads.find(a.microbatch);
+        PIPELINE_CHECK(it != run.input_grads.end(),
+                       "send of microbatch {}'s input gradient before its backward", a.microbatch);
+        run.sends.push_back(
+            m_comm->isend(it->second, a.peer, Tag::gradient(m_stage, run.global(a.microbatch))));
+        run.input_grads.erase(it);
+        break;
+      }
+      case ActionKind::RecvActivation:
+        run.inputs[a.microbatch] = take_received(run, i);
+        break;
+      case ActionKind::RecvGradient:
+        run.output_grads[a.microbatch] = take_received(run, i);
+        break;
+      case ActionKind::AllReduce: do_allreduce(run, a); break;
+      case ActionKind::Step: do_step(run, a); break;
+    }
+    if (m_options.record_trace) m_trace.push_back({rank(), a, start, now(), -1});
+    // Let completed sends go, so their buffers are freed early.
+    std::erase_if(run.sends, [](Request& r) { return r.test(); });
+  }
+  run.current = acts.size();
+  for (auto& r : run.sends) r.wait();
+  run.sends.clear();
+}
+
+TrainResult StageExecutor::train(const Schedule& schedule, const MinibatchFeed& feed,
+                                 std::int64_t first_minibatch, const LrFunction& lr,
+                                 const std::function<void(const MinibatchStats&)>& on_minibatch) {
+  PIPELINE_CHECK_AS(ConfigError, schedule.stage_ranks == m_layout.stage_ranks,
+                    "schedule '{}' has {} stages on ranks {} but the pipeline has {} stages on "
+                    "ranks {}: generate the schedule for this plan",
+                    schedule.name, schedule.num_stages(), schedule.stage_ranks, num_stages(),
+                    m_layout.stage_ranks);
+  PIPELINE_CHECK_AS(ConfigError, schedule.num_ranks() == m_comm->size(),
+                    "schedule '{}' is for {} ranks but the job has {}", schedule.name,
+                    schedule.num_ranks(), m_comm->size());
+  PIPELINE_CHECK_AS(ConfigError, !(m_options.clip_norm > 0.f && schedule.policy == UpdatePolicy::Stash &&
+                                   std::any_of(schedule.stage_ranks.begin(), schedule.stage_ranks.end(),
+                                               [](auto& r) { return r.size() > 1; })),
+                    "gradient clipping under a stash schedule with replicated stages: the stages "
+                    "step at different rates, so no global norm exists; use a flush schedule or no "
+                    "clipping");
+  const ValidationReport report = validate(schedule);
+  PIPELINE_CHECK(static_cast<bool>(feed.size), "the feed has no size function");
+
+  Run run;
+  run.schedule = &schedule;
+  run.actions = &schedule.ranks[static_cast<std::size_t>(rank())];
+  run.feed = &feed;
+  run.first_minibatch = first_minibatch;
+  run.microbatches = schedule.microbatches;
+  run.stash = schedule.policy == UpdatePolicy::Stash;
+  run.vertical_sync = run.stash && schedule.vertical_sync;
+  run.lr = &lr;
+  run.on_minibatch = &on_minibatch;
+  const int capacity = std::max(1, report.ranks[static_cast<std::size_t>(rank())].peak_activations);
+  run.table = std::make_unique<InFlightTable>(capacity);
+  m_store->set_policy(run.stash ? replicas() : 1, run.vertical_sync);
+
+  const auto t0 = Clock::now();
+  execute(run);
+  run.result.seconds = seconds_since(t0);
+  if (run.result.minibatches > 0) run.result.loss /= static_cast<double>(run.result.minibatches);
+  run.result.peak_in_flight = run.table->peak();
+  run.result.peak_weight_versions = m_store->peak();
+  PIPELINE_CHECK(run.table->size() == 0, "schedule '{}' ended with microbatches {} in flight",
+                 schedule.name, run.table->open_list());
+  return run.result;
+}
+
+StageExecutor::Eval StageExecutor::evaluate(const MinibatchFeed& feed, std::int64_t batches) {
+  PIPELINE_CHECK_AS(ConfigError, batches >= 0, "evaluation of {} batches", batches);
+  // A forward-only schedule: batch u runs on replica u % r of every stage.
+  Schedule sched;
+  sched.name = "eval";
+  sched.stage_ranks = m_layout.stage_ranks;
+  sched.minibatches = static_cast<int>(batches);
+  sched.ranks.resize(static_cast<std::size_t>(m_comm->size()));
+  for (int s = 0; s < num_stages(); ++s)
+    for (int u = 0; u < batches; ++u) sched.ranks[sched.rank_of(s, u)].push_back(forward(s, u));
+  insert_communication(sched);
+
+  Run run;
+  run.schedule = &sched;
+  run.actions = &sched.ranks[static_cast<std::size_t>(rank())];
+  run.feed = &feed;
+  run.eval = true;
+  std::function<void(const MinibatchStats&)> none;
+  run.on_minibatch = &none;
+  run.table = std::make_unique<InFlightTable>(1);
+  execute(run);
+
+  Tensor t = Tensor::zeros(Shape{6});
+  float* v = t.data<float>();
+  put_double(v, run.eval_loss);
+  put_double(v + 2, static_cast<double>(run.eval_correct));
+  put_double(v + 4, static_cast<double>(run.eval_count));
+  m_comm->allreduce_sum(t, m_comm->world());
+  Eval e;
+  e.count = static_cast<std::int64_t>(std::llround(get_double(v + 4)));
+  if (e.count > 0) {
+    e.loss = get_double(v) / static_cast<double>(e.count);
+    e.accuracy = get_double(v + 2) / static_cast<double>(e.count);
+  }
+  return e;
+}
+
+}  // namespace pipeline

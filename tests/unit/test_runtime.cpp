@@ -1,0 +1,522 @@
+// The pipeline runtime on the in-process communicator (one thread per rank): weight store and
+// in-flight table contracts; flush schedules equal SequentialTrainer with gradient accumulation;
+// 1F1B-stash equals an independent sequential reference of PipeDream's weight stashing; bad
+// input ends every rank with an error instead of a hang.
+#include <doctest/doctest.h>
+
+#include <pipeline/comm/comms/local.hpp>
+#include <pipeline/core/threads.hpp>
+#include <pipeline/data/synthetic.hpp>
+#include <pipeline/nn/layers/activation.hpp>
+#include <pipeline/nn/layers/dropout.hpp>
+#include <pipeline/nn/layers/linear.hpp>
+#include <pipeline/optim/flatten.hpp>
+#include <pipeline/optim/sgd.hpp>
+#include <pipeline/runtime/sequential_trainer.hpp>
+#include <pipeline/runtime/stage_executor.hpp>
+#include <pipeline/schedule/csv.hpp>
+#include <pipeline/schedule/generator.hpp>
+#include <pipeline/schedule/validate.hpp>
+
+#include <cmath>
+#include <mutex>
+#include <numeric>
+
+using namespace pipeline;
+
+namespace {
+
+constexpr int kFeatures = 12;
+constexpr int kClasses = 5;
+constexpr int kBatch = 8;
+constexpr float kLr = 0.05f;
+constexpr std::uint64_t kSeed = 7;
+
+Sequential small_model(float dropout = 0.25f) {
+  Sequential m("runtime-test-mlp");
+  m.emplace<Linear>("fc1", kFeatures, 16);
+  m.emplace<ReLU>("relu1");
+  m.emplace<Linear>("fc2", 16, 16);
+  m.emplace<ReLU>("relu2");
+  m.emplace<Dropout>("drop", dropout);
+  m.emplace<Linear>("fc3", 16, kClasses);
+  return m;
+}
+
+std::unique_ptr<Optimizer> make_sgd() {
+  return std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f, .weight_decay = 1e-3f});
+}
+
+const SyntheticDataset& dataset() {
+  static const SyntheticDataset d(Shape{kFeatures}, kClasses, 512, 3);
+  return d;
+}
+
+Batch minibatch(std::int64_t j) {
+  std::vector<std::int64_t> idx(kBatch);
+  std::iota(idx.begin(), idx.end(), j * kBatch);
+  return dataset().get(idx);
+}
+
+MinibatchFeed feed() {
+  return {[](std::int64_t j) { return minibatch(j); }, [](std::int64_t) { return std::int64_t{kBatch}; }};
+}
+
+// The largest |a - b| / (1 + |b|) over every parameter of layers [r.begin, r.end).
+double max_rel_diff(const ModelParams& got, const ModelParams& want, LayerRange r) {
+  double worst = 0;
+  for (int i = r.begin; i < r.end; ++i) {
+    const auto& g = got[static_cast<std::size_t>(i - r.begin)].params;
+    const auto& w = want[static_cast<std::size_t>(i)].params;
+    REQUIRE(g.size() == w.size());
+    for (std::size_t k = 0; k < g.size(); ++k) {
+      auto gv = g[k].values();
+      auto wv = w[k].values();
+      REQUIRE(gv.size() == wv.size());
+      for (std::size_t e = 0; e < gv.size(); ++e)
+        worst = std::max(worst, std::abs(double(gv[e]) - double(wv[e])) / (1.0 + std::abs(double(wv[e]))));
+    }
+  }
+  return worst;
+}
+
+// Every rank's final parameters of its own stage, collected from the rank threads.
+struct RankParams {
+  std::mutex mutex;
+  std::vector<ModelParams> params;
+  std::vector<LayerRange> ranges;
+  explicit RankParams(int n) : params(static_cast<std::size_t>(n)), ranges(static_cast<std::size_t>(n)) {}
+};
+
+// Trains `minibatches` minibatches of `schedule` on the layout; returns each rank's parameters.
+void run_pipeline(const Sequential& model, const PipelineLayout& layout, const Schedule& schedule,
+                  RankParams& out, float clip = 0.f) {
+  run_local(layout.num_ranks(), [&](Communicator& comm) {
+    StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
+                     {.seed = kSeed, .clip_norm = clip});
+    ex.train(schedule, feed(), 0, [](std::int64_t) { return kLr; });
+    std::lock_guard<std::mutex> lock(out.mutex);
+    out.params[static_cast<std::size_t>(comm.rank())] = ex.params();
+    out.ranges[static_cast<std::size_t>(comm.rank())] = ex.layers();
+  });
+}
+
+// --- an independent reference of PipeDream's weight stashing --------------------------------
+//
+// Each stage j keeps its history of weight versions W_j[0], W_j[1], ... (W_j[k] = after k
+// optimizer steps). Stage j with r_j replicas runs minibatch u on replica u % r_j as the m-th
+// (m = u / r_j) minibatch of that replica; 1F1B admits w_j forwards before the first backward and
+// then alternates, so the forward of the m-th minibatch comes after max(0, m - w_j) steps of the
+// stage. The forward and the backward of u both use that version (stashing). With vertical sync
+// every stage uses instead the version whose absorbed-minibatch count (tag = steps · r_j) is the
+// newest not above the input stage's tag for u. Step k of stage j applies the mean gradient of
+// minibatches [k r_j, (k + 1) r_j), each computed with the versions above.
+struct StashReference {
+  const Sequential& model;
+  std::vector<LayerRange> stages;
+  std::vector<int> replicas;
+  std::vector<int> warmup;
+  bool vertical_sync = false;
+
+  // The step count of stage j whose weights minibatch u uses.
+  int version(int j, int u) const {
+    const int own = std::max(0, u / replicas[j] - warmup[j]);
+    if (!vertical_sync) return own;
+    const int input_tag = replicas[0] * std::max(0, u / replicas[0] - warmup[0]);
+    return std::min(own, input_tag / replicas[j]);
+  }
+
+  ModelParams run(int minibatches) const {
+    const int p = static_cast<int>(stages.size());
+    std::vector<std::vector<ModelParams>> history(static_cast<std::size_t>(p));
+    std::vector<std::unique_ptr<Optimizer>> opt;
+    for (int j = 0; j < p; ++j) {
+      history[j].push_back(model.init(kSeed, stages[j]));
+      opt.push_back(make_sgd());
+    }
+    std::vector<std::vector<ModelGrads>> grads(static_cast<std::size_t>(p));
+    for (int u = 0; u < minibatches; ++u) {
+      Batch b = minibatch(u);
+      // Forward through every stage with its version for u, then backward.
+      std::vector<std::vector<Saved>> saved(static_cast<std::size_t>(p));
+      std::vector<ModelParams*> w(static_cast<std::size_t>(p));
+      Tensor h = b.inputs;
+      ForwardContext ctx{Mode::Train, microbatch_seed(kSeed, u, 0)};
+      for (int j = 0; j < p; ++j) {
+        const int v = version(j, u);
+        REQUIRE_MESSAGE(v < static_cast<int>(history[j].size()),
+                        "reference: stage " << j << " needs version " << v << " for minibatch " << u);
+        w[j] = &history[j][static_cast<std::size_t>(v)];
+        h = model.forward(stages[j], *w[j], h, saved[j], ctx);
+      }
+      LossResult l = SoftmaxCrossEntropy{}(h, b.labels, 1.f / kBatch);
+      Tensor g = l.grad;
+      for (int j = p - 1; j >= 0; --j) {
+        ModelGrads gj = model.zero_grads(stages[j]);
+        g = model.backward(stages[j], *w[j], saved[j], g, gj, j > 0);
+        grads[j].push_back(std::move(gj));
+      }
+      // Steps whose minibatches are all done.
+      for (int j = 0; j < p; ++j) {
+        const int r = replicas[j];
+        const int k = static_cast<int>(history[j].size()) - 1;
+        if (static_cast<int>(grads[j].size()) < (k + 1) * r) continue;
+        std::vector<Tensor> sum = flatten_grads(grads[j][static_cast<std::size_t>(k * r)]);
+        for (int i = 1; i < r; ++i) {
+          std::vector<Tensor> gi = flatten_grads(grads[j][static_cast<std::size_t>(k * r + i)]);
+          for (std::size_t t = 0; t < sum.size(); ++t) {
+            auto sv = sum[t].values();
+            auto iv = gi[t].values();
+            for (std::size_t e = 0; e < sv.size(); ++e) sv[e] += iv[e];
+          }
+        }
+        if (r > 1) scale(std::span<Tensor>(sum), 1.f / static_cast<float>(r));
+        ModelParams next;
+        for (auto& lp : history[j].back()) {
+          LayerParams c;
+          for (auto& t : lp.params) c.params.push_back(t.clone());
+          for (auto& t : lp.buffers) c.buffers.push_back(t.clone());
+          next.push_back(std::move(c));
+        }
+        std::vector<Tensor> flat = flatten_params(next);
+        opt[j]->step(flat, sum, kLr);
+        history[j].push_back(std::move(next));
+      }
+    }
+    // The whole model's final parameters, stage after stage.
+    ModelParams out;
+    for (int j = 0; j < p; ++j)
+      for (auto& lp : history[j].back()) out.push_back(lp);
+    return out;
+  }
+};
+
+// Steps before the forward of `u` on `rank` in the schedule's own list: the generator's order,
+// read independently of the executor, to check the reference's closed form.
+int steps_before_forward(const Schedule& s, int rank, int u) {
+  int steps = 0;
+  for (const Action& a : s.ranks[static_cast<std::size_t>(rank)]) {
+    if (a.kind == ActionKind::Forward && a.microbatch == u) return steps;
+    if (a.kind == ActionKind::Step) ++steps;
+  }
+  FAIL("no forward of " << u << " on rank " << rank);
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("WeightStore: copy-on-write steps, versions freed when no microbatch needs them") {
+  ModelParams p{LayerParams{{Tensor::full(Shape{2}, 1.f)}, {}}};
+  WeightStore store(std::move(p));
+  CHECK(store.latest_tag() == 0);
+  // Nothing references version 0: the step updates in place.
+  store.begin_step().at(0).params[0].fill(2.f);
+  CHECK(store.size() == 1);
+  CHECK(store.latest_tag() == 1);
+  const auto v1 = store.acquire_latest();
+  const auto v1b = store.acquire_latest();
+  CHECK(v1 == 1);
+  CHECK(store.references(1) == 2);
+  store.begin_step().at(0).params[0].fill(3.f);  // copy: version 1 is still in use
+  CHECK(store.size() == 2);
+  CHECK(store.params(1)[0].params[0].values()[0] == 2.f);
+  CHECK(store.latest()[0].params[0].values()[0] == 3.f);
+  store.release(v1);
+  CHECK(store.size() == 2);
+  store.release(v1b);
+  CHECK(store.size() == 1);  // freed as soon as its last microbatch is done
+  CHECK(store.peak() == 2);
+  CHECK_THROWS_WITH_AS(store.release(2), doctest::Contains("released more often"), Error);
+}
+
+TEST_CASE("WeightStore: vertical sync keeps every version a later request can select") {
+  ModelParams p{LayerParams{{Tensor::full(Shape{1}, 0.f)}, {}}};
+  WeightStore store(std::move(p), 2, /*vertical_sync=*/true);
+  for (int k = 1; k <= 3; ++k) store.begin_step().at(0).params[0].fill(float(k));
+  CHECK(store.tags() == std::vector<WeightStore::Tag>{0, 2, 4, 6});
+  const auto t = store.acquire(3);  // newest tag <= 3
+  CHECK(t == 2);
+  CHECK(store.tags() == std::vector<WeightStore::Tag>{2, 4, 6});  // 0 can never be selected again
+  CHECK(store.params(t)[0].params[0].values()[0] == 1.f);
+  CHECK_THROWS_WITH_AS(store.acquire(1), doctest::Contains("non-decreasing"), Error);
+  store.release(t);
+  const auto t6 = store.acquire(100);
+  CHECK(t6 == 6);
+  store.release(t6);
+  CHECK(store.tags() == std::vector<WeightStore::Tag>{6});
+}
+
+TEST_CASE("InFlightTable: the bound on stashed microbatches is enforced") {
+  InFlightTable t(2);
+  t.open(3);
+  t.open(4);
+  CHECK(t.size() == 2);
+  CHECK_THROWS_WITH_AS(t.open(5), doctest::Contains("all 2 in-flight slots are taken"), Error);
+  CHECK_THROWS_WITH_AS(t.open(3), doctest::Contains("already in flight"), Error);
+  t.close(3);
+  t.open(5);
+  CHECK(t.contains(5));
+  CHECK_FALSE(t.contains(3));
+  CHECK(t.peak() == 2);
+  CHECK_THROWS_WITH_AS(t.at(9), doctest::Contains("not in flight"), Error);
+}
+
+// Tolerance: on the straight pipelines every stage runs the same ops on the same microbatches in
+// the same order as the single process, so results are bitwise equal and the bound only guards
+// against thread-count-dependent gemm blocking. With a replicated stage the replicas' gradients
+// are summed in another association ((g0 + g2) + (g1 + g3) instead of g0 + g1 + g2 + g3): a few
+// float ulps per element per step, far below 1e-5 relative after 3 steps of SGD.
+TEST_CASE("flush schedules equal SequentialTrainer with gradient accumulation") {
+  set_num_threads(1);
+  const Sequential model = small_model();
+  const int minibatches = 3, micro = 4;
+  SequentialTrainer ref(model, model.init(kSeed), make_sgd(), kSeed);
+  for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
+
+  struct Case {
+    std::vector<LayerRange> stages;
+    std::vector<std::vector<int>> ranks;
+  };
+  const std::vector<Case> cases = {
+      {{{0, 3}, {3, 6}}, {{0}, {1}}},
+      {{{0, 1}, {1, 4}, {4, 6}}, {{0}, {1}, {2}}},
+      {{{0, 2}, {2, 3}, {3, 5}, {5, 6}}, {{0}, {1}, {2}, {3}}},
+      {{{0, 3}, {3, 6}}, {{0, 1}, {2}}},        // replicated input stage
+      {{{0, 2}, {2, 6}}, {{0}, {1, 2, 3}}},     // replicated last stage, 3 replicas
+  };
+  for (const std::string name : {"gpipe", "1f1b-flush"}) {
+    for (const auto& c : cases) {
+      PipelineLayout layout{c.stages, c.ranks};
+      ScheduleSpec spec;
+      spec.stage_ranks = c.ranks;
+      spec.microbatches = micro;
+      spec.minibatches = minibatches;
+      Schedule s = generate_schedule(name, spec);
+      CAPTURE(name);
+      CAPTURE(s.num_ranks());
+      RankParams out(layout.num_ranks());
+      run_pipeline(model, layout, s, out);
+      for (int r = 0; r < layout.num_ranks(); ++r)
+        CHECK(max_rel_diff(out.params[r], ref.params(), out.ranges[r]) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("flush with gradient clipping: one global factor, equal to the single process") {
+  set_num_threads(1);
+  const Sequential model = small_model();
+  const float clip = 0.05f;  // well below the gradient norm, so every step clips
+  SequentialTrainer ref(model, model.init(kSeed), make_sgd(), kSeed, clip);
+  double norm = 0;
+  for (int j = 0; j < 2; ++j) norm = ref.step(minibatch(j), kLr, 2).grad_norm;
+  CHECK(norm > clip);
+  PipelineLayout layout{{{0, 2}, {2, 4}, {4, 6}}, {{0}, {1}, {2}}};
+  Schedule s = generate_schedule("1f1b-flush", ScheduleSpec::straight(3, 2, 2));
+  RankParams out(3);
+  run_pipeline(model, layout, s, out, clip);
+  for (int r = 0; r < 3; ++r) CHECK(max_rel_diff(out.params[r], ref.params(), out.ranges[r]) <= 1e-5);
+}
+
+TEST_CASE("1f1b-stash equals the sequential reference of weight stashing") {
+  set_num_threads(1);
+  const Sequential model = small_model(0.f);
+  const int minibatches = 8;
+  struct Case {
+    std::vector<LayerRange> stages;
+    std::vector<std::vector<int>> ranks;
+    bool vsync;
+  };
+  const std::vector<Case> cases = {
+      {{{0, 2}, {2, 4}, {4, 6}}, {{0}, {1}, {2}}, false},
+      {{{0, 2}, {2, 4}, {4, 6}}, {{0}, {1}, {2}}, true},
+      {{{0, 1}, {1, 2}, {2, 5}, {5, 6}}, {{0}, {1}, {2}, {3}}, true},
+      {{{0, 3}, {3, 6}}, {{0, 1}, {2}}, false},  // replicated input stage
+      {{{0, 3}, {3, 6}}, {{0, 1}, {2}}, true},
+      {{{0, 3}, {3, 6}}, {{0}, {1, 2}}, false},  // replicated last stage
+  };
+  for (const auto& c : cases) {
+    ScheduleSpec spec;
+    spec.stage_ranks = c.ranks;
+    spec.minibatches = minibatches;
+    spec.vertical_sync = c.vsync;
+    Schedule s = generate_schedule("1f1b-stash", spec);
+    StashReference ref{model, c.stages, {}, {}, c.vsync};
+    for (int j = 0; j < static_cast<int>(c.stages.size()); ++j) {
+      ref.replicas.push_back(static_cast<int>(c.ranks[j].size()));
+      ref.warmup.push_back(std::min(detail::one_f_one_b_warmup(spec, j),
+                                    minibatches / ref.replicas[j] - 1));
+    }
+    // The closed form of the reference matches the generated order (without vertical sync the
+    // version is the steps taken before the forward).
+    for (int j = 0; j < static_cast<int>(c.stages.size()); ++j)
+      for (int u = 0; u < minibatches; ++u)
+        CHECK(std::max(0, u / ref.replicas[j] - ref.warmup[j]) ==
+              steps_before_forward(s, s.rank_of(j, u), u));
+    const ModelParams want = ref.run(minibatches);
+    PipelineLayout layout{c.stages, c.ranks};
+    RankParams out(layout.num_ranks());
+    run_pipeline(model, layout, s, out);
+    CAPTURE(c.vsync);
+    CAPTURE(layout.num_ranks());
+    for (int r = 0; r < layout.num_ranks(); ++r)
+      CHECK(max_rel_diff(out.params[r], want, out.ranges[r]) <= 1e-5);
+    // Stashing actually happened: the result differs from plain sequential SGD.
+    SequentialTrainer seq(model, model.init(kSeed), make_sgd(), kSeed);
+    for (int j = 0; j < minibatches; ++j) seq.step(minibatch(j), kLr);
+    CHECK(max_rel_diff(out.params[0], seq.params(), out.ranges[0]) > 1e-4);
+  }
+}
+
+TEST_CASE("1f1b-stash keeps at most the schedule's bound of stashes and versions") {
+  set_num_threads(1);
+  const Sequential model = small_model(0.f);
+  PipelineLayout layout{{{0, 2}, {2, 4}, {4, 6}}, {{0}, {1}, {2}}};
+  Schedule s = generate_schedule("1f1b-stash", ScheduleSpec::straight(3, 1, 6));
+  const ValidationReport report = validate(s);
+  std::mutex m;
+  std::vector<TrainResult> results(3);
+  run_local(3, [&](Communicator& comm) {
+    StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(), {.seed = kSeed});
+    TrainResult r = ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
+    std::lock_guard<std::mutex> lock(m);
+    results[static_cast<std::size_t>(comm.rank())] = r;
+  });
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK(results[r].peak_in_flight == report.ranks[r].peak_activations);
+    CHECK(results[r].peak_in_flight == 3 - r);  // PipeDream: p - s in flight on stage s
+    CHECK(results[r].peak_weight_versions <= results[r].peak_in_flight + 1);
+    CHECK(results[r].steps == 6);
+  }
+  CHECK(results[2].minibatches == 6);
+  CHECK(std::isfinite(results[2].loss));
+}
+
+TEST_CASE("evaluation through the pipeline equals the single process") {
+  set_num_threads(1);
+  const Sequential model = small_model();
+  SequentialTrainer ref(model, model.init(kSeed), make_sgd(), kSeed);
+  EvalResult want = ref.evaluate(dataset(), 64);
+  PipelineLayout layout{{{0, 3}, {3, 6}}, {{0}, {1, 2}}};
+  const std::int64_t n = dataset().size();
+  MinibatchFeed f{[&](std::int64_t u) {
+                    std::vector<std::int64_t> idx;
+                    for (std::int64_t i = u * 64; i < std::min(n, (u + 1) * 64); ++i) idx.push_back(i);
+                    return dataset().get(idx);
+                  },
+                  [&](std::int64_t u) { return std::min<std::int64_t>(64, n - u * 64); }};
+  std::mutex m;
+  std::vector<StageExecutor::Eval> got(3);
+  run_local(3, [&](Communicator& comm) {
+    StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(), {.seed = kSeed});
+    auto e = ex.evaluate(f, (n + 63) / 64);
+    std::lock_guard<std::mutex> lock(m);
+    got[static_cast<std::size_t>(comm.rank())] = e;
+  });
+  for (auto& e : got) {
+    CHECK(e.count == want.count);
+    CHECK(e.accuracy == doctest::Approx(want.accuracy));
+    CHECK(e.loss == doctest::Approx(want.loss).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("trace events record every executed action") {
+  set_num_threads(1);
+  const Sequential model = small_model();
+  PipelineLayout layout{{{0, 3}, {3, 6}}, {{0}, {1}}};
+  Schedule s = generate_schedule("1f1b-flush", ScheduleSpec::straight(2, 2, 1));
+  std::mutex m;
+  std::size_t events = 0;
+  run_local(2, [&](Communicator& comm) {
+    StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
+                     {.seed = kSeed, .record_trace = true});
+    ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
+    const auto& t = ex.trace_events();
+    CHECK(t.size() == s.ranks[static_cast<std::size_t>(comm.rank())].size());
+    for (std::size_t i = 1; i < t.size(); ++i) CHECK(t[i].start_s >= t[i - 1].end_s - 1e-9);
+    std::lock_guard<std::mutex> lock(m);
+    events += t.size();
+  });
+  CHECK(events == s.num_actions());
+}
+
+TEST_CASE("bad input: layouts, plans and schedules that cannot run fail on every rank") {
+  set_num_threads(1);
+  const Sequential model = small_model();
+  SUBCASE("layout for more ranks than the job has") {
+    PipelineLayout layout{{{0, 3}, {3, 6}}, {{0}, {1, 2}}};
+    CHECK_THROWS_WITH_AS(run_local(2, [&](Communicator& comm) {
+                           StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm,
+                                            make_sgd());
+                         }),
+                         doctest::Contains("needs 3 ranks but the job has 2"), ConfigError);
+  }
+  SUBCASE("plan for another model") {
+    Plan plan;
+    plan.model = "fashion-cnn";
+    plan.workers = 2;
+    plan.stages = {{0, 3, 1, {0}}, {3, 6, 1, {1}}};
+    CHECK_THROWS_WITH_AS(PipelineLayout::from_plan(plan, model),
+                         doctest::Contains("plan is for model 'fashion-cnn'"), ConfigError);
+    plan.model = model.name();
+    plan.stages = {{0, 3, 1, {0}}, {3, 9, 1, {1}}};
+    CHECK_THROWS_WITH_AS(PipelineLayout::from_plan(plan, model), doctest::Contains("has 6 layers"),
+                         ConfigError);
+  }
+  SUBCASE("a hand-written schedule that deadlocks is rejected before anything runs") {
+    // Both ranks wait for the other's message first.
+    Schedule s = schedule_from_csv(
+        "rank,actions\n"
+        "0,0RG0@1 0F0 0SA0@1 0B0 0ST0\n"
+        "1,1RA0@0 1F0 1B0 1SG0@0 1ST0\n");
+    PipelineLayout layout{{{0, 3}, {3, 6}}, {{0}, {1}}};
+    CHECK_THROWS_AS(run_local(2, [&](Communicator& comm) {
+                      StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd());
+                      ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
+                    }),
+                    ConfigError);
+  }
+  SUBCASE("a schedule for another pipeline") {
+    Schedule s = generate_schedule("gpipe", ScheduleSpec::straight(3, 2, 1));
+    PipelineLayout layout{{{0, 3}, {3, 6}}, {{0}, {1}}};
+    CHECK_THROWS_WITH_AS(run_local(2, [&](Communicator& comm) {
+                           StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm,
+                                            make_sgd());
+                           ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
+                         }),
+                         doctest::Contains("generate the schedule for this plan"), ConfigError);
+  }
+  SUBCASE("a rank that dies mid-run ends its peers instead of hanging them") {
+    LocalHub hub(3);
+    PipelineLayout layout{{{0, 2}, {2, 4}, {4, 6}}, {{0}, {1}, {2}}};
+    Schedule s = generate_schedule("1f1b-flush", ScheduleSpec::straight(3, 4, 2));
+    MinibatchFeed broken = feed();
+    broken.load = [](std::int64_t j) -> Batch {
+      if (j == 1) throw IoError("minibatch 1 is unreadable");
+      return minibatch(j);
+    };
+    CHECK_THROWS_WITH_AS(run_local(hub, [&](Communicator& comm) {
+                           comm.set_timeout(20);
+                           StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm,
+                                            make_sgd());
+                           ex.train(s, broken, 0, [](std::int64_t) { return kLr; });
+                         }),
+                         doctest::Contains("unreadable"), IoError);
+  }
+  SUBCASE("a non-finite loss names the step") {
+    PipelineLayout layout{{{0, 3}, {3, 6}}, {{0}, {1}}};
+    Schedule s = generate_schedule("gpipe", ScheduleSpec::straight(2, 1, 2));
+    MinibatchFeed poisoned = feed();
+    poisoned.load = [](std::int64_t j) {
+      Batch b = minibatch(j);
+      if (j == 1) b.inputs.values()[0] = std::numeric_limits<float>::infinity();
+      return b;
+    };
+    CHECK_THROWS_WITH_AS(run_local(2, [&](Communicator& comm) {
+                           StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm,
+                                            make_sgd());
+                           ex.train(s, poisoned, 0, [](std::int64_t) { return kLr; });
+                         }),
+                         doctest::Contains("at step 1"), Error);
+  }
+}
