@@ -1,0 +1,282 @@
+// The partitioner's optimum equals exhaustive enumeration of every partition on thousands of
+// random small instances (chains and DAGs, 1-3 levels, memory limits, replication, idle
+// workers, transfers) for both cost models; and its PipeDream-model times equal what PipeDream's
+// released optimizer prints ("Time per stage in pipeline") on the shipped profiles.
+#include <pipeline/core/error.hpp>
+#include <pipeline/core/rng.hpp>
+#include <pipeline/plan/antichain.hpp>
+#include <pipeline/plan/partition.hpp>
+#include <pipeline/profile/pipedream_graph.hpp>
+
+#include <doctest/doctest.h>
+
+#include "support/pipedream_profiles.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+
+using namespace pipeline;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Independent statement of the model: enumerate every chain of states s = k0 < ... < kn = e,
+// every replica count per stage and (with idle workers) every number of unused machines after
+// each stage, and take the best bottleneck. Upper levels use the best inner time of a segment.
+struct Brute {
+  const StateGraph& g;
+  const Topology& t;
+  const PartitionOptions& o;
+  bool pd;
+  bool transfer;
+  double R;
+
+  double diff(const std::vector<double>& v, int s, int e) const { return v[e] - (s < 0 ? 0.0 : v[s]); }
+
+  double seg_time(int level, int s, int e) const {
+    if (level == 0) return diff(g.compute_s, s, e);
+    return best(level - 1, s, e);
+  }
+
+  double best(int level, int s, int e) const {
+    int M = t.levels[level].count;
+    double result = kInf;
+    std::vector<int> ks{s}, rs;
+    std::vector<int> used;  // machines used up to and including each stage (with idle)
+    recurse(level, s, e, M, ks, rs, used, 0, 0.0, result);
+    return result;
+  }
+
+  // ks: boundaries so far (last = current end); m: machines counted so far (with idle).
+  void recurse(int level, int s, int e, int M, std::vector<int>& ks, std::vector<int>& rs, std::vector<int>& used, int m,
+               double worst, double& result) const {
+    int cur = ks.back();
+    if (cur == e) {
+      result = std::min(result, worst);
+      return;
+    }
+    for (int nxt = cur + 1; nxt <= e; ++nxt) {
+      if (!g.is_ancestor(cur, nxt) || (nxt != e && !g.is_ancestor(nxt, e))) continue;
+      int max_r = std::min(o.straight ? 1 : M, M - m);
+      for (int r = 1; r <= max_r; ++r) {
+        bool first = ks.size() == 1;
+        int idle_max = o.allow_idle ? M - m - r : 0;
+        for (int idle = 0; idle <= idle_max; ++idle) {
+          int mm = m + r;  // machines through this stage, as the DP counts them
+          double v = stage(level, cur, nxt, r, mm, M, first);
+          if (!std::isfinite(v)) continue;
+          if (nxt != e && idle == 0 && !o.allow_idle && mm == M) continue;
+          if (nxt == e && !o.allow_idle && mm + idle != M) continue;
+          ks.push_back(nxt);
+          recurse(level, s, e, M, ks, rs, used, mm + idle, std::max(worst, v), result);
+          ks.pop_back();
+        }
+      }
+    }
+  }
+
+  double stage(int level, int a, int b, int r, int m, int M, bool first) const {
+    double T = seg_time(level, a, b);
+    if (!std::isfinite(T)) return kInf;
+    double B = t.levels[level].bandwidth_bytes_per_s;
+    int G = 1;
+    for (int l = 0; l < level; ++l) G *= t.levels[l].count;
+    double share = pd ? (first ? (level == 0 ? 1.0 : t.levels[level - 1].count) : 1.0) : G;
+    double par = diff(g.parameter_bytes, a, b), act = diff(g.activation_bytes, a, b);
+    if (t.memory_bytes_per_worker) {
+      double mem = *t.memory_bytes_per_worker;
+      if (pd) {
+        if (std::ceil(double(M - m) / r) * (act + par) > mem) return kInf;
+      } else if (level == 0) {
+        int flight = (t.workers() - 1 - (m - r)) / r + 1;
+        if (par * (2 + o.optimizer_state_factor + flight - 1) + act * flight > mem) return kInf;
+      }
+    }
+    double v = (T + 4.0 * (r - 1) * par / (B * r * share)) / r;
+    if (transfer && !first) {
+      const auto& bytes = pd ? g.pipedream_boundary_bytes : g.boundary_bytes;
+      v = std::max(v, 2 * bytes[a] / (B * r * R));
+      if (b != g.size() - 1) v = std::max(v, 2 * bytes[b] / (B * r * R));
+    }
+    return v;
+  }
+};
+
+Profile random_profile(std::mt19937& rng, bool dag) {
+  std::uniform_int_distribution<int> nl(2, dag ? 6 : 6);
+  int n = nl(rng);
+  Profile p;
+  p.model = "random";
+  p.batch_size = 4;
+  std::uniform_real_distribution<double> time(0.0, 1.0);
+  std::uniform_int_distribution<int> bytes(0, 4), coin(0, 2);
+  for (int i = 0; i < n; ++i) {
+    LayerProfile l;
+    l.name = fmt::format("l{}", i);
+    // Coarse values make ties common, which is where tie-breaking bugs hide.
+    l.forward_s = std::round(time(rng) * 8) / 1000;
+    l.backward_s = std::round(time(rng) * 8) / 1000;
+    l.output_bytes = bytes(rng) * 2500000;
+    l.parameter_bytes = bytes(rng) * 5000000;
+    if (dag && i > 0) {
+      std::vector<int> in;
+      for (int j = 0; j < i; ++j)
+        if (j == i - 1 ? coin(rng) != 0 : coin(rng) == 0) in.push_back(j);
+      if (in.empty()) in.push_back(std::uniform_int_distribution<int>(0, i - 1)(rng));
+      l.inputs = in;
+    }
+    p.layers.push_back(l);
+  }
+  return p;
+}
+
+Topology random_topology(std::mt19937& rng) {
+  std::uniform_int_distribution<int> nlev(1, 3);
+  int levels = nlev(rng);
+  Topology t;
+  const int max_total = levels == 1 ? 6 : 8;
+  int total = 1;
+  for (int l = 0; l < levels; ++l) {
+    int cap = std::max(1, max_total / total);
+    int c = std::uniform_int_distribution<int>(1, std::min(cap, levels == 1 ? 6 : 3))(rng);
+    total *= c;
+    double bw = std::vector<double>{1e9, 1e10, 2.5e9}[std::uniform_int_distribution<int>(0, 2)(rng)];
+    t.levels.push_back({c, bw});
+  }
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("the optimum equals exhaustive enumeration on random small instances") {
+  std::mt19937 rng(20240611);
+  int checked = 0, infeasible = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    bool dag = iter % 2 == 1;
+    Profile p = random_profile(rng, dag);
+    Topology t = random_topology(rng);
+    PartitionOptions o;
+    o.cost_model = iter % 4 < 2 ? CostModel::Pipeline : CostModel::PipeDream;
+    o.straight = std::uniform_int_distribution<int>(0, 4)(rng) == 0;
+    o.allow_idle = std::uniform_int_distribution<int>(0, 2)(rng) == 0;
+    int tr = std::uniform_int_distribution<int>(0, 2)(rng);
+    o.ignore_transfer = tr == 0;
+    if (tr == 2) o.activation_compression = 2.0;
+    if (std::uniform_int_distribution<int>(0, 2)(rng) == 0)
+      t.memory_bytes_per_worker = std::uniform_int_distribution<int>(1, 12)(rng) * 1e7;
+    StateGraph g = StateGraph::build(p, 100000);
+    Brute brute{g, t, o, o.cost_model == CostModel::PipeDream,
+                !o.ignore_transfer && (o.cost_model == CostModel::Pipeline || o.activation_compression.has_value()),
+                o.activation_compression.value_or(1.0)};
+    double expect = brute.best(static_cast<int>(t.levels.size()) - 1, -1, g.size() - 1);
+    CAPTURE(iter);
+    CAPTURE(p.size());
+    CAPTURE(t.levels.size());
+    if (!std::isfinite(expect)) {
+      CHECK_THROWS_AS(partition(p, t, o), ConfigError);
+      ++infeasible;
+      continue;
+    }
+    Plan plan = partition(p, t, o);
+    CHECK(plan.predicted.time_per_minibatch_s == doctest::Approx(expect).epsilon(1e-12));
+    // Every layer lands in exactly one stage, and no rank serves two stages.
+    std::vector<int> owner(p.size(), 0), rank_used(t.workers(), 0);
+    for (const auto& s : plan.stages) {
+      if (s.layer_ids.empty())
+        for (int v = s.begin; v < s.end; ++v) ++owner[v];
+      else
+        for (int v : s.layer_ids) ++owner[v];
+      for (int r : s.ranks) ++rank_used[r];
+      if (o.straight) CHECK(s.replicas == 1);
+    }
+    for (int c : owner) CHECK(c == 1);
+    for (int c : rank_used) CHECK(c <= 1);
+    ++checked;
+  }
+  MESSAGE(checked << " instances matched, " << infeasible << " infeasible on both sides");
+  CHECK(checked > 1500);
+}
+
+TEST_CASE("deterministic ties and manual stages") {
+  Profile p;
+  p.model = "flat";
+  p.batch_size = 1;
+  for (int i = 0; i < 8; ++i) p.layers.push_back({fmt::format("l{}", i), "X", 0.001, 0.002, 0, 0, 0, 0, 100, 1000, 0, {}, false});
+  Topology t{{{4, 1e10}}, {}};
+  Plan a = partition(p, t), b = partition(p, t);
+  CHECK(a.config == b.config);
+  CHECK(a.predicted.time_per_minibatch_s == doctest::Approx(0.006));
+  Plan m = evaluate_stages(p, t, parse_manual_stages("0:2,2:4,4:6,6:8"));
+  CHECK(m.predicted.time_per_minibatch_s == doctest::Approx(0.006));
+  CHECK(m.config == "1-1-1-1");
+  CHECK_THROWS_AS(evaluate_stages(p, t, parse_manual_stages("0:2,3:8")), ConfigError);
+  CHECK_THROWS_AS(evaluate_stages(p, t, parse_manual_stages("0:2x4,2:8")), ConfigError);
+  CHECK_THROWS_AS(evaluate_stages(p, t, parse_manual_stages("0:2,2:7")), ConfigError);
+  CHECK_THROWS_AS(parse_manual_stages("0-2"), ConfigError);
+  CHECK_THROWS_AS(parse_manual_stages("0:2x0"), ConfigError);
+  Topology small{{{4, 1e10}}, 10.0};
+  CHECK_THROWS_WITH_AS(partition(p, small), doctest::Contains("smallest memory"), ConfigError);
+}
+
+TEST_CASE("PipeDream parity on the shipped profiles") {
+  std::string dir = testing::pipedream_profiles_dir();
+  if (dir.empty()) {
+    MESSAGE("shared/reference/pipedream-profiles not found; skipping");
+    return;
+  }
+  // "Time per stage in pipeline" printed by PipeDream's optimizer_graph_hierarchical.py
+  // (commit 7db6a1c) for the same profile, topology and flags.
+  struct Case {
+    const char* model;
+    std::vector<TopologyLevel> levels;
+    bool straight, idle;
+    std::optional<double> ratio, memory;
+    double expect;
+  };
+  const Case cases[] = {
+      {"alexnet", {{4, 1e10}}, false, false, {}, {}, 0.022186000000000004},
+      {"alexnet", {{16, 1e10}}, false, false, {}, {}, 0.005662875902040816},
+      {"alexnet", {{16, 1.25e9}}, false, false, 1.0, {}, 0.0150994944},
+      {"alexnet", {{8, 1e10}}, true, false, 1.0, {}, 0.032171},
+      {"alexnet", {{8, 1e9}}, false, true, 1.0, {}, 0.018874368},
+      {"vgg16", {{4, 1e10}}, false, false, {}, {}, 0.17017906240000003},
+      {"vgg16", {{8, 1e10}}, false, false, {}, {}, 0.08992645988571431},
+      {"vgg16", {{16, 1e10}}, false, false, {}, {}, 0.04322707431111117},
+      {"vgg16", {{16, 1.25e9}}, false, false, 1.0, {}, 0.05479489083076924},
+      {"vgg16", {{8, 1e10}}, true, false, 1.0, {}, 0.23559000000000002},
+      {"vgg16", {{8, 1e9}}, false, true, 1.0, {}, 0.10383317028571429},
+      {"vgg16", {{8, 1e10}}, false, false, {}, 4e9, 0.10827944520000002},
+      {"resnet18", {{16, 1e10}}, false, false, {}, {}, 0.016898391839999995},
+      {"resnet18", {{16, 1.25e9}}, false, false, 1.0, {}, 0.02442549714567901},
+      {"resnet18", {{8, 1e10}}, false, false, {}, 4e9, 0.0345134146},
+      {"squeezenet1_0", {{8, 1e10}}, true, false, 1.0, {}, 0.068269},
+      {"squeezenet1_0", {{8, 1e9}}, false, true, 1.0, {}, 0.03769312065306122},
+      {"gnmt", {{4, 1e10}}, false, false, {}, {}, 0.025868000000000002},
+      {"gnmt", {{16, 1e10}}, false, false, {}, {}, 0.011080999999999987},
+      {"gnmt", {{8, 1e9}}, false, true, 1.0, {}, 0.01928500000000001},
+      {"resnet50", {{16, 1e10}}, false, false, {}, {}, 0.028320726200000004},
+      {"resnet50", {{16, 1.25e9}}, false, false, 1.0, {}, 0.043847790044444446},
+      {"resnet50", {{8, 1e10}}, true, false, 1.0, {}, 0.0822083584},
+      {"resnet50", {{8, 1e10}}, false, false, {}, 4e9, 0.059899855599999996},
+      {"resnext50", {{16, 1e10}}, false, false, {}, {}, 0.038055635444897984},
+      {"resnext50", {{8, 1e9}}, false, true, 1.0, {}, 0.102760448},
+      {"_derived/compressed_graphs/inception_v3", {{4, 1e10}}, false, false, {}, {}, 0.17461284231111107},
+      {"_derived/compressed_graphs/inception_v3", {{8, 1e10}}, false, false, {}, {}, 0.08724295057777777},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.model);
+    CAPTURE(c.expect);
+    Profile p = read_pipedream_graph(dir + "/" + c.model + "/graph.txt");
+    Topology t{c.levels, c.memory};
+    PartitionOptions o;
+    o.cost_model = CostModel::PipeDream;
+    o.straight = c.straight;
+    o.allow_idle = c.idle;
+    o.activation_compression = c.ratio;
+    Plan plan = partition(p, t, o);
+    CHECK(plan.predicted.time_per_minibatch_s == doctest::Approx(c.expect).epsilon(1e-9));
+  }
+}
