@@ -63,6 +63,7 @@ class LocalCommunicator final : public Communicator {
   Group create_group(std::vector<int> ranks) override;
   const Group& world() const override { return m_world; }
   void allreduce_sum(std::span<Tensor> tensors, const Group& group) override;
+  using Communicator::allreduce_sum;  // the one-tensor overload
   void barrier() override;
 
   [[noreturn]] void abort(const std::string& reason) override;

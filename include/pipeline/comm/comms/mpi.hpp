@@ -1,0 +1,107 @@
+// MPI communicator (OpenMPI): the transport that carries a pipeline across hosts under mpirun.
+//
+//   int main(int argc, char** argv) {
+//     pipeline::MpiSession mpi(&argc, &argv);          // MPI_Init_thread ... MPI_Finalize
+//     pipeline::MpiCommunicator comm;                   // a private duplicate of MPI_COMM_WORLD
+//     try { ... } catch (const std::exception& e) { comm.abort(e.what()); }
+//   }
+//
+// Semantics are those of communicator.hpp, and:
+//  - point-to-point uses MPI_Isend/MPI_Irecv with the element count of the tensor and the MPI
+//    datatype of its dtype (MPI_FLOAT for float32); waits poll MPI_Test with a yield/sleep
+//    backoff, so that a rank waiting on an oversubscribed machine leaves the core to its peer;
+//  - tags are packed by a TagCodec sized from MPI_TAG_UB (tag.hpp): microbatches wrap modulo
+//    tag_codec().microbatch_window();
+//  - allreduce_sum packs the tensors into one buffer, reduces it to the group's first rank and
+//    broadcasts the result (non-blocking MPI_Ireduce + MPI_Ibcast, so the timeout applies), so
+//    every member receives the root's bits: replicas stay bitwise identical whatever algorithm
+//    MPI picks;
+//  - create_group is MPI_Comm_create_group, collective over the group's members only; it has
+//    no timeout (MPI offers no non-blocking form), which is why groups are made at start-up;
+//  - the communicator works on its own duplicate of the given MPI communicator with
+//    MPI_ERRORS_RETURN, so library traffic never mixes with the program's, and every MPI error
+//    is raised as pipeline::MpiError by PIPELINE_MPI_CHECK (mpi_check.hpp);
+//  - after a TimeoutError from a collective the communicator is not usable any more (MPI cannot
+//    cancel a collective): report and abort();
+//  - abort() calls MPI_Abort on MPI_COMM_WORLD: mpirun ends every rank.
+#pragma once
+
+#include <pipeline/comm/communicator.hpp>
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pipeline {
+
+enum class MpiThreadLevel { Single, Funneled, Serialized, Multiple };
+
+// RAII for MPI_Init_thread/MPI_Finalize. If MPI is already initialised (a test main, a host
+// program) the session only checks the thread level and does not finalise. Either way it sets
+// pipeline::detail::current_rank(), so every error and log line carries the world rank.
+class MpiSession {
+ public:
+  // Funneled is enough for a runtime whose MPI calls all come from one thread.
+  explicit MpiSession(int* argc = nullptr, char*** argv = nullptr,
+                      MpiThreadLevel required = MpiThreadLevel::Funneled);
+  ~MpiSession();  // finalises if this session initialised MPI; never throws
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+
+  int rank() const { return m_rank; }
+  int size() const { return m_size; }
+  // True when this session called MPI_Init_thread (and will call MPI_Finalize).
+  bool owns_mpi() const { return m_owns; }
+  MpiThreadLevel provided() const { return m_provided; }
+
+ private:
+  bool m_owns = false;
+  int m_rank = 0;
+  int m_size = 1;
+  MpiThreadLevel m_provided = MpiThreadLevel::Single;
+};
+
+namespace detail {
+struct MpiShared;
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Duplicates `comm` (a collective over it). max_stages: how many stages tags must tell apart;
+  // 0 picks up to 1024, as many as MPI_TAG_UB allows with a microbatch window of at least
+  // kMinMicrobatchWindow, and never fewer than the communicator's size.
+  explicit MpiCommunicator(MPI_Comm comm = MPI_COMM_WORLD, int max_stages = 0);
+  ~MpiCommunicator() override;
+
+  int rank() const override { return m_rank; }
+  int size() const override { return m_size; }
+  std::string_view backend() const override { return "mpi"; }
+
+  Request isend(const Tensor& tensor, int peer, Tag tag) override;
+  Request irecv(Tensor& into, int peer, Tag tag) override;
+
+  Group create_group(std::vector<int> ranks) override;
+  const Group& world() const override { return m_world; }
+  void allreduce_sum(std::span<Tensor> tensors, const Group& group) override;
+  using Communicator::allreduce_sum;  // the one-tensor overload
+  void barrier() override;
+
+  [[noreturn]] void abort(const std::string& reason) override;
+
+  // The library's duplicate communicator (for tests and for bootstrapping NCCL).
+  MPI_Comm handle() const;
+  const TagCodec& tag_codec() const { return m_codec; }
+
+ private:
+  std::shared_ptr<detail::MpiShared> m_shared;
+  int m_rank = 0;
+  int m_size = 1;
+  TagCodec m_codec;
+  Group m_world;
+  std::vector<float> m_pack;  // allreduce staging buffer, reused across calls
+};
+
+}  // namespace pipeline

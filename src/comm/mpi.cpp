@@ -1,0 +1,438 @@
+// MPI communicator: non-blocking point-to-point with polled, timed waits; deterministic
+// allreduce (reduce to the group's first rank, then broadcast); RAII for MPI itself, the
+// library's duplicate communicator and group sub-communicators.
+#include <pipeline/comm/comms/mpi.hpp>
+#include <pipeline/comm/mpi_check.hpp>
+#include <pipeline/core/log.hpp>
+
+#include <fmt/ranges.h>
+
+#include <bit>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace pipeline {
+namespace detail {
+
+namespace {
+
+bool mpi_finalized() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
+int to_mpi_level(MpiThreadLevel l) {
+  switch (l) {
+    case MpiThreadLevel::Single:
+      return MPI_THREAD_SINGLE;
+    case MpiThreadLevel::Funneled:
+      return MPI_THREAD_FUNNELED;
+    case MpiThreadLevel::Serialized:
+      return MPI_THREAD_SERIALIZED;
+    case MpiThreadLevel::Multiple:
+      return MPI_THREAD_MULTIPLE;
+  }
+  return MPI_THREAD_SINGLE;
+}
+
+MpiThreadLevel from_mpi_level(int l) {
+  if (l >= MPI_THREAD_MULTIPLE) return MpiThreadLevel::Multiple;
+  if (l >= MPI_THREAD_SERIALIZED) return MpiThreadLevel::Serialized;
+  if (l >= MPI_THREAD_FUNNELED) return MpiThreadLevel::Funneled;
+  return MpiThreadLevel::Single;
+}
+
+const char* level_name(MpiThreadLevel l) {
+  switch (l) {
+    case MpiThreadLevel::Single:
+      return "MPI_THREAD_SINGLE";
+    case MpiThreadLevel::Funneled:
+      return "MPI_THREAD_FUNNELED";
+    case MpiThreadLevel::Serialized:
+      return "MPI_THREAD_SERIALIZED";
+    case MpiThreadLevel::Multiple:
+      return "MPI_THREAD_MULTIPLE";
+  }
+  return "?";
+}
+
+// The MPI datatype that moves one element of `t`; 16-bit floats travel as raw 16-bit words.
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::Float32:
+      return MPI_FLOAT;
+    case DType::Int32:
+      return MPI_INT32_T;
+    case DType::BFloat16:
+    case DType::Float16:
+      return MPI_UINT16_T;
+  }
+  return MPI_BYTE;
+}
+
+// MPI counts are int: a larger tensor has to be split by the caller.
+int mpi_count(std::int64_t numel, std::string_view what) {
+  PIPELINE_CHECK(numel <= INT_MAX,
+                 "{}: {} elements exceed MPI's int element count ({}); split the tensor", what,
+                 numel, INT_MAX);
+  return static_cast<int>(numel);
+}
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string describe_tensor(const Tensor& t) {
+  return fmt::format("{} {} elements (shape {})", t.numel(), dtype_name(t.dtype()),
+                     t.shape().str());
+}
+
+}  // namespace
+
+// An operation that was still pending when its Request was dropped (error paths): kept, with the
+// buffer it reads or writes, until MPI reports it complete.
+struct Orphan {
+  MPI_Request request = MPI_REQUEST_NULL;
+  Tensor buffer;
+};
+
+// What the communicator and its Requests share; freed when the last of them goes.
+struct MpiShared {
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::vector<Orphan> orphans;
+
+  // Completes what it can of the orphans without blocking.
+  void sweep() {
+    std::erase_if(orphans, [](Orphan& o) {
+      int flag = 0;
+      if (MPI_Test(&o.request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return true;
+      return flag != 0;
+    });
+  }
+
+  ~MpiShared() {
+    if (mpi_finalized()) return;
+    sweep();
+    for (Orphan& o : orphans) {
+      // Still pending at shutdown: the job is failing. Let MPI drop the request and keep its
+      // buffer alive on purpose, since MPI may still touch it.
+      MPI_Request_free(&o.request);
+      new Tensor(std::move(o.buffer));
+    }
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  }
+};
+
+namespace {
+
+class MpiP2pRequest final : public RequestImpl {
+ public:
+  MpiP2pRequest(std::shared_ptr<MpiShared> shared, std::shared_ptr<WaitSettings> settings,
+                MPI_Request request, Tensor buffer, bool is_recv, int me, int peer, Tag tag)
+      : m_shared(std::move(shared)),
+        m_settings(std::move(settings)),
+        m_request(request),
+        m_buffer(std::move(buffer)),
+        m_is_recv(is_recv),
+        m_me(me),
+        m_peer(peer),
+        m_tag(tag) {}
+
+  ~MpiP2pRequest() override {
+    if (m_request == MPI_REQUEST_NULL || mpi_finalized()) return;
+    // A receive nobody waits for is cancelled; either way MPI may still use the buffer, so the
+    // communicator keeps both until MPI reports the request complete.
+    if (m_is_recv) MPI_Cancel(&m_request);
+    m_shared->orphans.push_back(Orphan{m_request, std::move(m_buffer)});
+  }
+
+  bool test() override {
+    int flag = 0;
+    MPI_Status status;
+    int rc = MPI_Test(&m_request, &flag, &status);
+    if (rc != MPI_SUCCESS) {
+      m_request = MPI_REQUEST_NULL;  // a failed request is not retried or cancelled
+      int cls = 0;
+      MPI_Error_class(rc, &cls);
+      if (m_is_recv && cls == MPI_ERR_TRUNCATE)
+        throw Error(fmt::format(
+            "{}rank {}: the message {} from rank {} is larger than the receive tensor, which "
+            "holds {}; sender and receiver must agree on the tensor's size and type",
+            rank_prefix(), m_me, m_tag.str(), m_peer, describe_tensor(m_buffer)));
+      mpi_fail(rc, what().c_str(), __FILE__, __LINE__);
+    }
+    if (!flag) return false;
+    m_request = MPI_REQUEST_NULL;
+    if (m_is_recv) {
+      int count = 0;
+      PIPELINE_MPI_CHECK(MPI_Get_count(&status, mpi_type(m_buffer.dtype()), &count));
+      PIPELINE_CHECK(count == m_buffer.numel(),
+                     "rank {}: the message {} from rank {} holds {} elements but the receive "
+                     "tensor holds {}; sender and receiver must agree on the tensor's size and "
+                     "type",
+                     m_me, m_tag.str(), m_peer, count, describe_tensor(m_buffer));
+    }
+    return true;
+  }
+
+  void wait() override {
+    auto t0 = Clock::now();
+    if (!poll_until([&] { return test(); }, m_settings->timeout_s))
+      throw_timeout(*m_settings, m_me, what(), seconds_since(t0));
+  }
+
+ private:
+  std::string what() const {
+    return m_is_recv ? fmt::format("a receive of {} from rank {}", m_tag.str(), m_peer)
+                     : fmt::format("a send of {} to rank {}", m_tag.str(), m_peer);
+  }
+
+  std::shared_ptr<MpiShared> m_shared;
+  std::shared_ptr<WaitSettings> m_settings;
+  MPI_Request m_request;
+  Tensor m_buffer;  // keeps the storage alive while MPI uses it
+  bool m_is_recv;
+  int m_me;
+  int m_peer;
+  Tag m_tag;
+};
+
+// A group's sub-communicator; the world group borrows the communicator's own.
+class MpiGroup final : public GroupImpl {
+ public:
+  MpiGroup(MPI_Comm comm, bool owned) : m_comm(comm), m_owned(owned) {}
+  ~MpiGroup() override {
+    if (m_owned && m_comm != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&m_comm);
+  }
+  MPI_Comm comm() const { return m_comm; }
+
+ private:
+  MPI_Comm m_comm;
+  bool m_owned;
+};
+
+// Stage capacity of the tag codec when the caller does not choose: up to 1024 stages, as many
+// as leave a microbatch window of kMinMicrobatchWindow under tag_ub, at least `size`.
+int default_max_stages(std::int64_t tag_ub, int size) {
+  int value_bits = std::bit_width(static_cast<std::uint64_t>(tag_ub + 1)) - 1;
+  int window_bits = std::bit_width(static_cast<std::uint64_t>(kMinMicrobatchWindow)) - 1;
+  int stage_bits = std::min(10, value_bits - kTagKindBits - window_bits);
+  int needed = std::bit_width(static_cast<std::uint32_t>(std::max(size, 1) - 1));
+  return 1 << std::max(stage_bits, needed);
+}
+
+// Group creation tag: equal on all members, different for different member lists.
+int group_tag(const std::vector<int>& ranks) {
+  std::uint32_t h = 2166136261u;
+  for (int r : ranks) h = (h ^ static_cast<std::uint32_t>(r)) * 16777619u;
+  return static_cast<int>(h % 32768u);
+}
+
+}  // namespace
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
+
+MpiSession::MpiSession(int* argc, char*** argv, MpiThreadLevel required) {
+  int initialized = 0;
+  PIPELINE_MPI_CHECK(MPI_Initialized(&initialized));
+  int provided = MPI_THREAD_SINGLE;
+  if (!initialized) {
+    PIPELINE_MPI_CHECK(MPI_Init_thread(argc, argv, detail::to_mpi_level(required), &provided));
+    m_owns = true;
+  } else {
+    PIPELINE_MPI_CHECK(MPI_Query_thread(&provided));
+  }
+  m_provided = detail::from_mpi_level(provided);
+  PIPELINE_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &m_rank));
+  PIPELINE_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &m_size));
+  detail::current_rank() = m_rank;
+  if (m_provided < required) {
+    std::string message = fmt::format(
+        "MPI provides thread support {} but {} is needed: use an MPI library built with thread "
+        "support",
+        detail::level_name(m_provided), detail::level_name(required));
+    if (m_owns) MPI_Finalize();
+    PIPELINE_FAIL(MpiError, "{}", message);
+  }
+}
+
+MpiSession::~MpiSession() {
+  if (m_owns && !detail::mpi_finalized()) MPI_Finalize();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, int max_stages)
+    : m_shared(std::make_shared<detail::MpiShared>()) {
+  int initialized = 0;
+  PIPELINE_MPI_CHECK(MPI_Initialized(&initialized));
+  PIPELINE_CHECK(initialized && !detail::mpi_finalized(),
+                 "MpiCommunicator: MPI is not initialised (create a pipeline::MpiSession first)");
+  PIPELINE_MPI_CHECK(MPI_Comm_dup(comm, &m_shared->comm));
+  PIPELINE_MPI_CHECK(MPI_Comm_set_errhandler(m_shared->comm, MPI_ERRORS_RETURN));
+  PIPELINE_MPI_CHECK(MPI_Comm_rank(m_shared->comm, &m_rank));
+  PIPELINE_MPI_CHECK(MPI_Comm_size(m_shared->comm, &m_size));
+
+  void* value = nullptr;
+  int found = 0;
+  PIPELINE_MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &value, &found));
+  std::int64_t tag_ub = found ? *static_cast<int*>(value) : 32767;
+  m_codec =
+      TagCodec(tag_ub, max_stages > 0 ? max_stages : detail::default_max_stages(tag_ub, m_size));
+
+  std::vector<int> all(static_cast<std::size_t>(m_size));
+  for (int r = 0; r < m_size; ++r) all[static_cast<std::size_t>(r)] = r;
+  m_world = Group(std::move(all), m_rank, this,
+                  std::make_shared<detail::MpiGroup>(m_shared->comm, /*owned=*/false));
+}
+
+MpiCommunicator::~MpiCommunicator() = default;
+
+MPI_Comm MpiCommunicator::handle() const {
+  return m_shared->comm;
+}
+
+Request MpiCommunicator::isend(const Tensor& tensor, int peer, Tag tag) {
+  check_p2p(tensor, peer, tag, "isend");
+  PIPELINE_CHECK(
+      tensor.device().is_cpu(),
+      "isend of {} to rank {}: the MPI communicator sends CPU tensors, this one is on {}",
+      tag.str(), peer, tensor.device().str());
+  int count = detail::mpi_count(tensor.numel(), "isend");
+  int mpi_tag = m_codec.encode(tag);
+  m_shared->sweep();
+  MPI_Request request = MPI_REQUEST_NULL;
+  PIPELINE_MPI_CHECK(MPI_Isend(tensor.raw(), count, detail::mpi_type(tensor.dtype()), peer, mpi_tag,
+                               m_shared->comm, &request));
+  return Request(std::make_unique<detail::MpiP2pRequest>(m_shared, wait_settings(), request, tensor,
+                                                         false, m_rank, peer, tag));
+}
+
+Request MpiCommunicator::irecv(Tensor& into, int peer, Tag tag) {
+  check_p2p(into, peer, tag, "irecv");
+  PIPELINE_CHECK(into.device().is_cpu(),
+                 "irecv of {} from rank {}: the MPI communicator receives into CPU tensors, this "
+                 "one is on {}",
+                 tag.str(), peer, into.device().str());
+  int count = detail::mpi_count(into.numel(), "irecv");
+  int mpi_tag = m_codec.encode(tag);
+  m_shared->sweep();
+  MPI_Request request = MPI_REQUEST_NULL;
+  PIPELINE_MPI_CHECK(MPI_Irecv(into.raw(), count, detail::mpi_type(into.dtype()), peer, mpi_tag,
+                               m_shared->comm, &request));
+  return Request(std::make_unique<detail::MpiP2pRequest>(m_shared, wait_settings(), request, into,
+                                                         true, m_rank, peer, tag));
+}
+
+Group MpiCommunicator::create_group(std::vector<int> ranks) {
+  int index = check_new_group(ranks);
+  if (ranks.size() == 1) return Group(std::move(ranks), index, this, nullptr);
+  MPI_Group all = MPI_GROUP_NULL, members = MPI_GROUP_NULL;
+  PIPELINE_MPI_CHECK(MPI_Comm_group(m_shared->comm, &all));
+  PIPELINE_MPI_CHECK(MPI_Group_incl(all, static_cast<int>(ranks.size()), ranks.data(), &members));
+  MPI_Comm sub = MPI_COMM_NULL;
+  int rc = MPI_Comm_create_group(m_shared->comm, members, detail::group_tag(ranks), &sub);
+  MPI_Group_free(&members);
+  MPI_Group_free(&all);
+  PIPELINE_MPI_CHECK(rc);
+  auto impl = std::make_shared<detail::MpiGroup>(sub, /*owned=*/true);
+  PIPELINE_MPI_CHECK(MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN));
+  return Group(std::move(ranks), index, this, std::move(impl));
+}
+
+void MpiCommunicator::allreduce_sum(std::span<Tensor> tensors, const Group& group) {
+  check_group(group, "allreduce_sum");
+  std::int64_t total = 0;
+  for (const Tensor& t : tensors) {
+    PIPELINE_CHECK(t.defined() && t.device().is_cpu() && t.dtype() == DType::Float32,
+                   "allreduce_sum: tensors must be defined float32 CPU tensors, got {} on {}",
+                   dtype_name(t.dtype()), t.device().str());
+    total += t.numel();
+  }
+  if (group.size() == 1 || tensors.empty()) return;
+  const int count = detail::mpi_count(total, "allreduce_sum");
+  auto* g = dynamic_cast<detail::MpiGroup*>(group.impl());
+  PIPELINE_CHECK(g != nullptr, "allreduce_sum: the group has no MPI communicator");
+
+  // One tensor is reduced in place; several are packed so that MPI sees one message.
+  float* buffer = nullptr;
+  if (tensors.size() == 1) {
+    buffer = tensors[0].data<float>();
+  } else {
+    m_pack.resize(static_cast<std::size_t>(total));
+    std::size_t at = 0;
+    for (const Tensor& t : tensors) {
+      std::memcpy(m_pack.data() + at, t.raw(), t.nbytes());
+      at += static_cast<std::size_t>(t.numel());
+    }
+    buffer = m_pack.data();
+  }
+
+  auto t0 = detail::Clock::now();
+  auto await = [&](MPI_Request& request, std::string_view phase) {
+    double left = timeout() - detail::seconds_since(t0);
+    bool done = detail::poll_until(
+        [&] {
+          int flag = 0;
+          PIPELINE_MPI_CHECK(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+          return flag != 0;
+        },
+        std::max(left, 0.0));
+    if (!done)
+      detail::throw_timeout(*wait_settings(), m_rank,
+                            fmt::format("allreduce_sum of {} floats over ranks [{}] ({})", total,
+                                        fmt::join(group.ranks(), ", "), phase),
+                            detail::seconds_since(t0));
+  };
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (group.index() == 0)
+    PIPELINE_MPI_CHECK(
+        MPI_Ireduce(MPI_IN_PLACE, buffer, count, MPI_FLOAT, MPI_SUM, 0, g->comm(), &request));
+  else
+    PIPELINE_MPI_CHECK(
+        MPI_Ireduce(buffer, nullptr, count, MPI_FLOAT, MPI_SUM, 0, g->comm(), &request));
+  await(request, "reduce to the group's first rank");
+  PIPELINE_MPI_CHECK(MPI_Ibcast(buffer, count, MPI_FLOAT, 0, g->comm(), &request));
+  await(request, "broadcast of the sum");
+
+  if (tensors.size() > 1) {
+    std::size_t at = 0;
+    for (Tensor& t : tensors) {
+      std::memcpy(t.raw(), m_pack.data() + at, t.nbytes());
+      at += static_cast<std::size_t>(t.numel());
+    }
+  }
+}
+
+void MpiCommunicator::barrier() {
+  auto t0 = detail::Clock::now();
+  MPI_Request request = MPI_REQUEST_NULL;
+  PIPELINE_MPI_CHECK(MPI_Ibarrier(m_shared->comm, &request));
+  bool done = detail::poll_until(
+      [&] {
+        int flag = 0;
+        PIPELINE_MPI_CHECK(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
+        return flag != 0;
+      },
+      timeout());
+  if (!done)
+    detail::throw_timeout(*wait_settings(), m_rank,
+                          fmt::format("a barrier of all {} ranks", m_size),
+                          detail::seconds_since(t0));
+}
+
+void MpiCommunicator::abort(const std::string& reason) {
+  log(LogLevel::Error, "{}: aborting the job on every rank: {}", detail::host_and_pid(), reason);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();  // MPI_Abort does not return; this only satisfies [[noreturn]]
+}
+
+}  // namespace pipeline
