@@ -35,8 +35,9 @@ void print_table(const pipeline::Profile& p, const pipeline::ZooModel& z, double
   const auto shapes = z.model.shapes(pipeline::Shape(dims), z.model.all());
 
   fmt::print("model {} ({} layers), batch {}, {}\n", p.model, p.size(), p.batch_size, p.device);
-  fmt::print("{:>3}  {:<12} {:<14} {:<20} {:>9} {:>24} {:>11} {:>11} {:>8}\n", "#", "layer", "kind",
-             "output shape", "fwd ms", "bwd ms (input/weight)", "output", "params", "GFLOP/s");
+  fmt::print("{:>3}  {:<12} {:<14} {:<20} {:>9} {:>24} {:>15} {:>11} {:>11} {:>8}\n", "#", "layer",
+             "kind", "output shape", "fwd ms", "bwd ms (input/weight)", "IQR fwd/bwd", "output",
+             "params", "GFLOP/s");
   double fwd = 0, bwd = 0, flops = 0;
   std::int64_t params = 0;
   for (int i = 0; i < p.size(); ++i) {
@@ -45,8 +46,10 @@ void print_table(const pipeline::Profile& p, const pipeline::ZooModel& z, double
                                   ? fmt::format("{:.3f} ({:.3f}/{:.3f})", l.backward_s * 1e3,
                                                 l.backward_input_s * 1e3, l.backward_weight_s * 1e3)
                                   : fmt::format("{:.3f}", l.backward_s * 1e3);
-    fmt::print("{:>3}  {:<12} {:<14} {:<20} {:>9.3f} {:>24} {:>11} {:>11} {:>8.2f}\n", i, l.name,
-               l.kind, shapes[static_cast<std::size_t>(i) + 1].str(), l.forward_s * 1e3, split,
+    fmt::print("{:>3}  {:<12} {:<14} {:<20} {:>9.3f} {:>24} {:>15} {:>11} {:>11} {:>8.2f}\n", i,
+               l.name, l.kind, shapes[static_cast<std::size_t>(i) + 1].str(), l.forward_s * 1e3,
+               split,
+               fmt::format("{:.3f}/{:.3f}", l.forward_spread_s * 1e3, l.backward_spread_s * 1e3),
                human_bytes(static_cast<double>(l.output_bytes)),
                human_bytes(static_cast<double>(l.parameter_bytes)),
                l.forward_s > 0 ? l.flops / l.forward_s / 1e9 : 0.0);
@@ -61,7 +64,8 @@ void print_table(const pipeline::Profile& p, const pipeline::ZooModel& z, double
       fwd * 1e3, bwd * 1e3, human_bytes(static_cast<double>(params)), flops / 1e9,
       fwd > 0 ? flops / fwd / 1e9 : 0.0);
   fmt::print(
-      "times are medians; GFLOP/s is forward FLOPs over forward time; profiled in {:.1f} s\n",
+      "times are medians over the repeats, IQR their interquartile range (ms); GFLOP/s is forward "
+      "FLOPs over forward time; profiled in {:.1f} s\n",
       seconds);
 }
 
