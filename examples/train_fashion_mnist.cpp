@@ -1,9 +1,17 @@
 // train_fashion_mnist: trains a zoo model on Fashion-MNIST and prints its test accuracy.
 //
 //   train_fashion_mnist [--model fashion-cnn] [--epochs 2] [--batch 64] [--lr 0.01] ...
+//   mpirun -np 4 train_fashion_mnist --plan plan.json --schedule 1f1b-stash --epochs 2
+//
+// With --plan, or under mpirun with more than one rank, the model is trained as a pipeline: one
+// rank per stage replica, executing the schedule (--schedule or --schedule-csv) with the stage
+// executor. Without --plan the job's rank 0 profiles the model, partitions it for the job's size
+// and prints the plan first. Any error ends every rank of the job (the failing rank logs it with
+// its rank and aborts the job through the communicator), never a hang.
 //
 // Logs go to stderr; stdout has the progress (a bar on a terminal, plain lines otherwise), one
 // line per evaluation and, last, "test accuracy: 0.9123".
+#include <pipeline/comm/comms/mpi.hpp>
 #include <pipeline/core/log.hpp>
 #include <pipeline/core/threads.hpp>
 #include <pipeline/data/fashion_mnist.hpp>
@@ -12,7 +20,9 @@
 #include <pipeline/optim/adamw.hpp>
 #include <pipeline/optim/lr_schedule.hpp>
 #include <pipeline/optim/sgd.hpp>
+#include <pipeline/plan/plan_json.hpp>
 #include <pipeline/runtime/metrics.hpp>
+#include <pipeline/runtime/pipeline_setup.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
 
 #include <CLI/CLI.hpp>
@@ -21,6 +31,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 
 #include "common/progress.hpp"
 
@@ -46,6 +58,11 @@ struct Options {
   std::string data = FashionMnist::kDefaultDir;
   std::string load, save, metrics;
   int eval_batch = 1000;
+  // Pipelined runs.
+  std::string plan, schedule, schedule_csv, trace;
+  int microbatches = 0;  // 0: flush schedules use one per stage; stash schedules 1
+  bool vertical_sync = false;
+  double comm_timeout = 0;  // 0: PIPELINE_COMM_TIMEOUT or the default
 };
 
 std::unique_ptr<Optimizer> make_optimizer(const Options& o) {
@@ -118,6 +135,166 @@ int run(const Options& o) {
   return 0;
 }
 
+// The job's size as mpirun announces it to its processes (1 when not under mpirun).
+int launcher_world_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
+  return 1;
+}
+
+std::string describe(const Plan& plan) {
+  std::string stages;
+  for (auto& s : plan.stages)
+    stages += fmt::format("{}[{}, {}){}", stages.empty() ? "" : " ", s.begin, s.end,
+                          s.replicas > 1 ? fmt::format("x{}", s.replicas) : "");
+  return fmt::format("plan for {} on {} workers: config {}, stages {}, predicted {:.0f} samples/s",
+                     plan.model, plan.workers, plan.config, stages, plan.predicted.samples_per_s);
+}
+
+int run_pipelined(const Options& o, Communicator& comm) {
+  if (o.comm_timeout > 0) comm.set_timeout(o.comm_timeout);
+  set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
+  ZooModel zoo = make_model(o.model);
+  PIPELINE_CHECK_AS(ConfigError, zoo.sample_shape == Shape({1, 28, 28}),
+                    "model '{}' takes inputs of shape {}, not Fashion-MNIST's [1, 28, 28]: use "
+                    "mlp or fashion-cnn",
+                    o.model, zoo.sample_shape);
+  PIPELINE_CHECK_AS(ConfigError, o.schedule_csv.empty() || o.schedule.empty(),
+                    "give either --schedule or --schedule-csv, not both");
+  FashionMnist train(o.data, Split::Train), test(o.data, Split::Test);
+
+  Plan plan;
+  if (o.plan.empty()) {
+    if (comm.rank() == 0)
+      log_info("no --plan: profiling {} at batch {} and partitioning it for {} workers", o.model,
+               o.batch, comm.size());
+    plan = auto_plan(zoo, comm, {.batch = o.batch});
+    if (comm.rank() == 0) fmt::print("{}\n", describe(plan));
+  } else {
+    plan = read_plan(o.plan);
+  }
+  check_plan_for_job(plan, zoo.model, comm.size());
+  const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
+
+  ScheduleRequest req;
+  req.name = o.schedule.empty() ? plan.schedule : o.schedule;
+  req.csv = o.schedule_csv;
+  req.vertical_sync = o.vertical_sync;
+  const bool stash = req.csv.empty() && req.name.rfind("1f1b-stash", 0) == 0;
+  req.microbatches = o.microbatches > 0 ? o.microbatches : (stash ? 1 : layout.num_stages());
+  req.in_flight = plan.in_flight > 1 ? plan.in_flight : 0;
+
+  DataLoader loader(train, {.batch_size = o.batch, .shuffle = !o.no_shuffle, .drop_last = true,
+                            .seed = o.seed});
+  const long per_epoch = static_cast<long>(loader.num_batches());
+  const long total = o.steps > 0 ? o.steps : per_epoch * o.epochs;
+  const int granularity = minibatch_granularity(req.name, layout);
+  // One schedule per epoch (the pipeline drains at its end); checked before anything runs.
+  auto segment_length = [&](long remaining) {
+    long n = std::min(per_epoch, remaining);
+    return n - n % granularity;
+  };
+  std::optional<Schedule> schedule;
+  if (!req.csv.empty()) {
+    schedule = make_schedule(req, layout, 0);
+  } else {
+    PIPELINE_CHECK_AS(ConfigError, segment_length(total) > 0,
+                      "{} steps cannot be dealt to the stage replicas of this plan: use a multiple "
+                      "of {}",
+                      total, granularity);
+    schedule = make_schedule(req, layout, static_cast<int>(segment_length(total)));
+  }
+  PIPELINE_CHECK_AS(ConfigError, o.batch >= schedule->microbatches,
+                    "a minibatch of {} samples cannot be cut into {} microbatches", o.batch,
+                    schedule->microbatches);
+
+  ExecutorOptions eo;
+  eo.seed = o.seed;
+  eo.clip_norm = o.clip_grad;
+  eo.record_trace = !o.trace.empty();
+  StageExecutor ex(zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o), eo);
+  if (!o.load.empty()) load_parameters(o.load, zoo.model, ex.params(), ex.layers());
+  if (comm.rank() == 0)
+    log_info("{}: {} stages on {} ranks, schedule {} ({} microbatch(es) per minibatch of {}), {} "
+             "threads per rank",
+             o.model, layout.num_stages(), comm.size(), schedule->name, schedule->microbatches,
+             o.batch, num_threads());
+
+  // Minibatch j of the run is batch j % per_epoch of epoch j / per_epoch.
+  std::optional<DataLoader::Epoch> epoch_order;
+  long epoch_of_order = -1;
+  MinibatchFeed feed{[&](std::int64_t j) {
+                       const long e = static_cast<long>(j / per_epoch);
+                       if (e != epoch_of_order) {
+                         epoch_order.emplace(loader.epoch(e));
+                         epoch_of_order = e;
+                       }
+                       return *DataLoader::Epoch::Iterator(&*epoch_order, j % per_epoch);
+                     },
+                     [&](std::int64_t) { return std::int64_t{o.batch}; }};
+  const std::int64_t test_batches = (test.size() + o.eval_batch - 1) / o.eval_batch;
+  DataLoader test_loader(test, {.batch_size = o.eval_batch, .shuffle = false});
+  MinibatchFeed test_feed{[&](std::int64_t u) { return test_loader.batch(0, u); },
+                          [&](std::int64_t u) {
+                            return std::min<std::int64_t>(o.eval_batch, test.size() - u * o.eval_batch);
+                          }};
+
+  const LrSchedule lr = LrSchedule::parse(o.lr_schedule, o.lr, total);
+  MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string());
+  examples::Progress progress("train", total);
+  const bool reporter = ex.is_loss_rank();
+  const int last_replicas = static_cast<int>(layout.stage_ranks.back().size());
+
+  long done = 0;
+  double accuracy = 0, train_s = 0;
+  std::int64_t samples = 0;
+  for (long epoch = 0; done < total; ++epoch) {
+    const long n = req.csv.empty() ? segment_length(total - done) : schedule->minibatches;
+    if (n <= 0) break;
+    if (req.csv.empty() && n != schedule->minibatches)
+      schedule = make_schedule(req, layout, static_cast<int>(n));
+    const auto t0 = Clock::now();
+    std::int64_t seen = 0;
+    auto on_minibatch = [&](const MinibatchStats& st) {
+      seen += st.count * last_replicas;
+      const double sps = static_cast<double>(seen) /
+                         std::max(1e-9, std::chrono::duration<double>(Clock::now() - t0).count());
+      metrics.write({{"step", st.minibatch + 1}, {"loss", st.loss}, {"samples_per_s", sps}});
+      progress.update(std::min<long>(total, static_cast<long>(done + (st.minibatch - epoch * per_epoch) + 1)),
+                      st.loss, sps);
+    };
+    TrainResult r = ex.train(*schedule, feed, epoch * per_epoch,
+                             [&](std::int64_t step) { return lr.lr_at(step); }, on_minibatch);
+    train_s += r.seconds;
+    samples += static_cast<std::int64_t>(n) * o.batch;
+    done += n;
+    if (reporter) progress.finish();
+    const bool epoch_done = n == per_epoch || done >= total;
+    if (epoch_done) {
+      StageExecutor::Eval e = ex.evaluate(test_feed, test_batches);
+      accuracy = e.accuracy;
+      metrics.write({{"epoch", epoch + 1}, {"test_accuracy", e.accuracy}, {"test_loss", e.loss},
+                     {"samples_per_s", static_cast<double>(n * o.batch) / r.seconds}});
+      if (reporter)
+        fmt::print("epoch {}: test loss {:.4f} test accuracy {:.4f}\n", epoch + 1, e.loss, e.accuracy);
+    }
+  }
+  if (reporter)
+    log_info("{} steps in {:.1f} s of training: {:.1f} samples/s through the pipeline", done,
+             train_s, static_cast<double>(samples) / std::max(train_s, 1e-9));
+  if (!o.save.empty()) {
+    const std::string path = per_rank_path(o.save, comm.rank(), comm.size());
+    save_parameters(path, zoo.model, ex.params(), ex.layers());
+    log_info("saved stage {}'s parameters to {}", ex.stage(), path);
+  }
+  if (!o.trace.empty())
+    write_rank_trace(per_rank_path(o.trace, comm.rank(), comm.size()), ex.trace_events(), *schedule,
+                     fmt::format("{} rank {}", schedule->name, comm.rank()));
+  comm.barrier();
+  if (reporter) fmt::print("test accuracy: {:.4f}\n", accuracy);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,7 +335,35 @@ int main(int argc, char** argv) {
   app.add_option("--save", o.save, "write the trained parameters here (safetensors)");
   app.add_option("--metrics", o.metrics, "write JSON-lines metrics here");
   app.add_option("--eval-batch", o.eval_batch, "batch size for evaluation")->check(CLI::Range(1, 65536));
+  app.add_option("--plan", o.plan, "train as a pipeline with this plan.json (pipeline-partition)");
+  app.add_option("--schedule", o.schedule,
+                 "pipeline schedule: gpipe, 1f1b-flush or 1f1b-stash (default: the plan's)")
+      ->check(CLI::IsMember({"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync"}));
+  app.add_option("--schedule-csv", o.schedule_csv, "a hand-written schedule (CSV), validated first")
+      ->check(CLI::ExistingFile);
+  app.add_option("--microbatches", o.microbatches,
+                 "microbatches per minibatch for flush schedules (default: one per stage)")
+      ->check(CLI::Range(1, 65536));
+  app.add_flag("--vertical-sync", o.vertical_sync,
+               "1f1b-stash: every stage uses the weight version the input stage used");
+  app.add_option("--comm-timeout", o.comm_timeout,
+                 "seconds any wait for a peer may take before the job ends with an error")
+      ->check(positive);
+  app.add_option("--trace", o.trace, "write this rank's executed schedule as a Chrome trace");
   CLI11_PARSE(app, argc, argv);
+  if (!o.plan.empty() || launcher_world_size() > 1) {
+    MpiSession mpi(&argc, &argv);
+    MpiCommunicator comm;
+    try {
+      return run_pipelined(o, comm);
+    } catch (const std::exception& e) {
+      std::fflush(stdout);
+      // The message already carries the rank; abort() logs it and ends every rank of the job.
+      fmt::print(stderr, "error: {}\n", e.what());
+      std::fflush(stderr);
+      comm.abort(e.what());
+    }
+  }
   try {
     return run(o);
   } catch (const std::exception& e) {

@@ -195,7 +195,6 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
   if (mine.size() > 1) m_replica_group = comm.create_group(mine);
   m_store = std::make_unique<WeightStore>(model.init(m_options.seed, layers()));
   m_grads = model.zero_grads(layers());
-  m_t0 = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
 }
 
 StageExecutor::~StageExecutor() = default;

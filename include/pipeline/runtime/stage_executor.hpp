@@ -157,8 +157,9 @@ class StageExecutor {
   };
   Eval evaluate(const MinibatchFeed& feed, std::int64_t batches);
 
-  // Actions executed so far with their wall-clock start and end (seconds since construction),
-  // when ExecutorOptions::record_trace is set.
+  // Actions executed so far with their start and end, when ExecutorOptions::record_trace is set.
+  // Times are seconds of the monotonic clock, which all processes of one host share, so the
+  // traces of the ranks of a job line up when merged.
   const std::vector<TraceEvent>& trace_events() const { return m_trace; }
 
  private:
