@@ -68,16 +68,17 @@ void check_against_model(const Profile& p, const ZooModel& z, int batch) {
 
 TEST_CASE("profile of mlp and fashion-cnn matches the layers") {
   const int batch = 4;
-  for (const char* name : {"mlp", "fashion-cnn"}) {
+  for (std::string name : {"mlp", "fashion-cnn"}) {
     CAPTURE(name);
     ZooModel z = make_model(name);
     Profile p = profile(z, batch, Device::cpu(), quick());
     check_against_model(p, z, batch);
-    if (std::string(name) == "fashion-cnn") {
-      // The convolutions and fc1 dominate; a ReLU costs far less than the convolution before it.
+    if (name == "fashion-cnn") {
+      // Times are not compared with each other: on a loaded machine any run can be preempted.
       CHECK(p.layers[0].kind == "Conv2d");
       CHECK(p.layers[0].flops == doctest::Approx(2.0 * batch * 32 * 28 * 28 * 25));
-      CHECK(p.layers[3].forward_s > p.layers[4].forward_s);
+      CHECK(p.layers[7].parameter_bytes == (3136 * 1024 + 1024) * 4);
+      CHECK(p.layers[7].output_bytes == batch * 1024 * 4);
     }
   }
 }
