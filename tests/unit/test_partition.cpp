@@ -265,6 +265,22 @@ TEST_CASE("PipeDream parity on the shipped profiles") {
       {"resnext50", {{8, 1e9}}, false, true, 1.0, {}, 0.102760448},
       {"_derived/compressed_graphs/inception_v3", {{4, 1e10}}, false, false, {}, {}, 0.17461284231111107},
       {"_derived/compressed_graphs/inception_v3", {{8, 1e10}}, false, false, {}, {}, 0.08724295057777777},
+      {"alexnet", {{4, 1e10}, {4, 1.25e9}}, false, false, {}, {}, 0.006011178400000001},
+      {"alexnet", {{8, 1e10}, {2, 1.25e9}}, false, false, {}, {}, 0.005782271600000004},
+      {"alexnet", {{2, 1e11}, {2, 1e10}, {4, 1.25e9}}, false, false, {}, {}, 0.006026226479999999},
+      {"vgg16", {{4, 1e10}, {4, 1.25e9}}, false, false, {}, {}, 0.044121074311111085},
+      {"vgg16", {{8, 1e10}, {2, 1.25e9}}, false, false, {}, {}, 0.04641190300000001},
+      {"vgg16", {{2, 1e11}, {2, 1e10}, {4, 1.25e9}}, false, false, {}, {}, 0.046811248599999994},
+      {"vgg16", {{4, 1e10}, {4, 1.25e9}}, false, false, 1.0, {}, 0.06713399693333331},
+      {"resnet18", {{4, 1e10}, {4, 1.25e9}}, false, false, {}, {}, 0.01709254},
+      {"resnet18", {{8, 1e10}, {2, 1.25e9}}, false, false, {}, {}, 0.01700137696},
+      {"resnet18", {{2, 1e11}, {2, 1e10}, {4, 1.25e9}}, false, false, {}, {}, 0.01690795684},
+      {"resnet18", {{4, 1e10}, {4, 1.25e9}}, false, false, 1.0, {}, 0.0234932072},
+      {"gnmt", {{2, 1e11}, {2, 1e10}, {4, 1.25e9}}, false, false, {}, {}, 0.010019644159999997},
+      {"squeezenet1_0", {{8, 1e10}, {2, 1.25e9}}, false, false, {}, {}, 0.01819307359999998},
+      {"squeezenet1_0", {{4, 1e10}, {4, 1.25e9}}, false, false, 1.0, {}, 0.018618375466666667},
+      {"resnet50", {{4, 1e10}, {4, 1.25e9}}, false, false, {}, {}, 0.028717022400000004},
+      {"resnet50", {{2, 1e11}, {2, 1e10}, {4, 1.25e9}}, false, false, {}, {}, 0.028018550879999955},
   };
   for (const Case& c : cases) {
     CAPTURE(c.model);
