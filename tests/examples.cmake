@@ -26,3 +26,35 @@ pipeline_expect_failure(not_safetensors "error: .*CMakeLists.txt" ${_train} --st
 pipeline_expect_failure(unwritable_metrics "cannot open metrics file" ${_train} --steps 1
                         --metrics /nonexistent/dir/metrics.jsonl)
 pipeline_expect_failure(model_not_for_images "not Fashion-MNIST" ${_train} --model transformer-lm)
+
+# Pipelined runs under mpirun (one rank per stage replica) and their bad input: every rank ends
+# with the error, never a hang.
+set(_mpirun ${MPIEXEC_EXECUTABLE} ${PIPELINE_MPIRUN_FLAGS} ${MPIEXEC_NUMPROC_FLAG})
+set(_plans ${CMAKE_CURRENT_SOURCE_DIR}/data/runtime)
+add_test(NAME example.train_fashion_mnist.pipeline_1f1b_stash
+         COMMAND ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json
+                 --schedule 1f1b-stash --steps 40 --batch 32 --threads 1 --eval-batch 2000
+                 --trace ${CMAKE_CURRENT_BINARY_DIR}/pipeline_trace.json)
+add_test(NAME example.train_fashion_mnist.pipeline_replicated_flush
+         COMMAND ${_mpirun} 3 ${_train} --model mlp --plan ${_plans}/mlp_3_replicated.json
+                 --schedule 1f1b-flush --microbatches 4 --steps 20 --batch 32 --threads 1
+                 --eval-batch 2000)
+add_test(NAME example.train_fashion_mnist.pipeline_auto_plan
+         COMMAND ${_mpirun} 2 ${_train} --model mlp --schedule gpipe --steps 20 --batch 32
+                 --threads 1 --eval-batch 2000)
+set_tests_properties(example.train_fashion_mnist.pipeline_1f1b_stash
+                     example.train_fashion_mnist.pipeline_replicated_flush
+                     example.train_fashion_mnist.pipeline_auto_plan
+                     PROPERTIES LABELS example PROCESSORS 2 TIMEOUT 300
+                     PASS_REGULAR_EXPRESSION "test accuracy: [01]\\.[0-9][0-9][0-9][0-9]")
+
+pipeline_expect_failure(plan_wrong_world "plan is for 2 workers but the job has 3 ranks"
+                        ${_mpirun} 3 ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2)
+pipeline_expect_failure(plan_wrong_model "plan is for model 'mlp' but the program trains 'fashion-cnn'"
+                        ${_mpirun} 2 ${_train} --plan ${_plans}/mlp_2.json --steps 2)
+pipeline_expect_failure(schedule_deadlock "deadlock|wait on each other|never"
+                        ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2
+                        --schedule-csv ${_plans}/deadlock_2.csv)
+pipeline_expect_failure(stash_with_microbatches "microbatches"
+                        ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2
+                        --schedule 1f1b-stash --microbatches 4)

@@ -18,11 +18,15 @@
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/validate.hpp>
 
+#include "support/stash_reference.hpp"
+
 #include <cmath>
 #include <mutex>
 #include <numeric>
 
 using namespace pipeline;
+using pipeline::testing::StashReference;
+using pipeline::testing::steps_before_forward;
 
 namespace {
 
@@ -99,108 +103,6 @@ void run_pipeline(const Sequential& model, const PipelineLayout& layout, const S
     out.params[static_cast<std::size_t>(comm.rank())] = ex.params();
     out.ranges[static_cast<std::size_t>(comm.rank())] = ex.layers();
   });
-}
-
-// --- an independent reference of PipeDream's weight stashing --------------------------------
-//
-// Each stage j keeps its history of weight versions W_j[0], W_j[1], ... (W_j[k] = after k
-// optimizer steps). Stage j with r_j replicas runs minibatch u on replica u % r_j as the m-th
-// (m = u / r_j) minibatch of that replica; 1F1B admits w_j forwards before the first backward and
-// then alternates, so the forward of the m-th minibatch comes after max(0, m - w_j) steps of the
-// stage. The forward and the backward of u both use that version (stashing). With vertical sync
-// every stage uses instead the version whose absorbed-minibatch count (tag = steps · r_j) is the
-// newest not above the input stage's tag for u. Step k of stage j applies the mean gradient of
-// minibatches [k r_j, (k + 1) r_j), each computed with the versions above.
-struct StashReference {
-  const Sequential& model;
-  std::vector<LayerRange> stages;
-  std::vector<int> replicas;
-  std::vector<int> warmup;
-  bool vertical_sync = false;
-
-  // The step count of stage j whose weights minibatch u uses.
-  int version(int j, int u) const {
-    const int own = std::max(0, u / replicas[j] - warmup[j]);
-    if (!vertical_sync) return own;
-    const int input_tag = replicas[0] * std::max(0, u / replicas[0] - warmup[0]);
-    return std::min(own, input_tag / replicas[j]);
-  }
-
-  ModelParams run(int minibatches) const {
-    const int p = static_cast<int>(stages.size());
-    std::vector<std::vector<ModelParams>> history(static_cast<std::size_t>(p));
-    std::vector<std::unique_ptr<Optimizer>> opt;
-    for (int j = 0; j < p; ++j) {
-      history[j].push_back(model.init(kSeed, stages[j]));
-      opt.push_back(make_sgd());
-    }
-    std::vector<std::vector<ModelGrads>> grads(static_cast<std::size_t>(p));
-    for (int u = 0; u < minibatches; ++u) {
-      Batch b = minibatch(u);
-      // Forward through every stage with its version for u, then backward.
-      std::vector<std::vector<Saved>> saved(static_cast<std::size_t>(p));
-      std::vector<ModelParams*> w(static_cast<std::size_t>(p));
-      Tensor h = b.inputs;
-      ForwardContext ctx{Mode::Train, microbatch_seed(kSeed, u, 0)};
-      for (int j = 0; j < p; ++j) {
-        const int v = version(j, u);
-        REQUIRE_MESSAGE(v < static_cast<int>(history[j].size()),
-                        "reference: stage " << j << " needs version " << v << " for minibatch " << u);
-        w[j] = &history[j][static_cast<std::size_t>(v)];
-        h = model.forward(stages[j], *w[j], h, saved[j], ctx);
-      }
-      LossResult l = SoftmaxCrossEntropy{}(h, b.labels, 1.f / kBatch);
-      Tensor g = l.grad;
-      for (int j = p - 1; j >= 0; --j) {
-        ModelGrads gj = model.zero_grads(stages[j]);
-        g = model.backward(stages[j], *w[j], saved[j], g, gj, j > 0);
-        grads[j].push_back(std::move(gj));
-      }
-      // Steps whose minibatches are all done.
-      for (int j = 0; j < p; ++j) {
-        const int r = replicas[j];
-        const int k = static_cast<int>(history[j].size()) - 1;
-        if (static_cast<int>(grads[j].size()) < (k + 1) * r) continue;
-        std::vector<Tensor> sum = flatten_grads(grads[j][static_cast<std::size_t>(k * r)]);
-        for (int i = 1; i < r; ++i) {
-          std::vector<Tensor> gi = flatten_grads(grads[j][static_cast<std::size_t>(k * r + i)]);
-          for (std::size_t t = 0; t < sum.size(); ++t) {
-            auto sv = sum[t].values();
-            auto iv = gi[t].values();
-            for (std::size_t e = 0; e < sv.size(); ++e) sv[e] += iv[e];
-          }
-        }
-        if (r > 1) scale(std::span<Tensor>(sum), 1.f / static_cast<float>(r));
-        ModelParams next;
-        for (auto& lp : history[j].back()) {
-          LayerParams c;
-          for (auto& t : lp.params) c.params.push_back(t.clone());
-          for (auto& t : lp.buffers) c.buffers.push_back(t.clone());
-          next.push_back(std::move(c));
-        }
-        std::vector<Tensor> flat = flatten_params(next);
-        opt[j]->step(flat, sum, kLr);
-        history[j].push_back(std::move(next));
-      }
-    }
-    // The whole model's final parameters, stage after stage.
-    ModelParams out;
-    for (int j = 0; j < p; ++j)
-      for (auto& lp : history[j].back()) out.push_back(lp);
-    return out;
-  }
-};
-
-// Steps before the forward of `u` on `rank` in the schedule's own list: the generator's order,
-// read independently of the executor, to check the reference's closed form.
-int steps_before_forward(const Schedule& s, int rank, int u) {
-  int steps = 0;
-  for (const Action& a : s.ranks[static_cast<std::size_t>(rank)]) {
-    if (a.kind == ActionKind::Forward && a.microbatch == u) return steps;
-    if (a.kind == ActionKind::Step) ++steps;
-  }
-  FAIL("no forward of " << u << " on rank " << rank);
-  return -1;
 }
 
 }  // namespace
@@ -340,7 +242,7 @@ TEST_CASE("1f1b-stash equals the sequential reference of weight stashing") {
     spec.minibatches = minibatches;
     spec.vertical_sync = c.vsync;
     Schedule s = generate_schedule("1f1b-stash", spec);
-    StashReference ref{model, c.stages, {}, {}, c.vsync};
+    StashReference ref{model, kSeed, kLr, make_sgd, minibatch, c.stages, {}, {}, c.vsync};
     for (int j = 0; j < static_cast<int>(c.stages.size()); ++j) {
       ref.replicas.push_back(static_cast<int>(c.ranks[j].size()));
       ref.warmup.push_back(std::min(detail::one_f_one_b_warmup(spec, j),
