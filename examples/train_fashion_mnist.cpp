@@ -243,7 +243,6 @@ int run_pipelined(const Options& o, Communicator& comm) {
   MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string());
   examples::Progress progress("train", total);
   const bool reporter = ex.is_loss_rank();
-  const int last_replicas = static_cast<int>(layout.stage_ranks.back().size());
 
   long done = 0;
   double accuracy = 0, train_s = 0;
@@ -256,7 +255,7 @@ int run_pipelined(const Options& o, Communicator& comm) {
     const auto t0 = Clock::now();
     std::int64_t seen = 0;
     auto on_minibatch = [&](const MinibatchStats& st) {
-      seen += st.count * last_replicas;
+      seen += st.count;
       const double sps = static_cast<double>(seen) /
                          std::max(1e-9, std::chrono::duration<double>(Clock::now() - t0).count());
       metrics.write({{"step", st.minibatch + 1}, {"loss", st.loss}, {"samples_per_s", sps}});

@@ -58,3 +58,14 @@ pipeline_expect_failure(schedule_deadlock "deadlock|wait on each other|never"
 pipeline_expect_failure(stash_with_microbatches "microbatches"
                         ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2
                         --schedule 1f1b-stash --microbatches 4)
+
+if(TARGET train_transformer_lm AND EXISTS /usr/share/games/fortunes/fortunes)
+  add_test(NAME example.train_transformer_lm.smoke
+           COMMAND $<TARGET_FILE:train_transformer_lm> --steps 20 --threads 1)
+  add_test(NAME example.train_transformer_lm.pipeline
+           COMMAND ${_mpirun} 2 $<TARGET_FILE:train_transformer_lm> --steps 20 --threads 1
+                   --schedule 1f1b-flush --microbatches 2)
+  set_tests_properties(example.train_transformer_lm.smoke example.train_transformer_lm.pipeline
+                       PROPERTIES LABELS example PROCESSORS 2 TIMEOUT 300
+                       PASS_REGULAR_EXPRESSION "validation loss: [0-9.]+ perplexity: [0-9.]+")
+endif()

@@ -337,7 +337,8 @@ void StageExecutor::do_forward(Run& run, const Action& a) {
     const int uu = static_cast<int>((mb - run.first_minibatch) * run.microbatches + k);
     if (run.schedule->rank_of(m_stage, uu) == rank()) ++mine;
   }
-  if (++run.scored[mb] == mine) {
+  // A replicated last stage completes a minibatch's statistics at its allreduce.
+  if (++run.scored[mb] == mine && replicas() == 1) {
     run.result.loss += st.loss;
     run.result.correct += st.correct;
     run.result.count += st.count;
@@ -399,10 +400,50 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
   run.table->close(u);
 }
 
-void StageExecutor::do_allreduce(Run& run, const Action&) {
+void StageExecutor::do_allreduce(Run& run, const Action& a) {
   if (replicas() == 1) return;
   std::vector<Tensor> g = flatten_grads(m_grads);
+  // On a replicated last stage the loss statistics of the minibatches this allreduce closes ride
+  // along (flush: minibatch k, split among the replicas; stash: minibatches k r .. k r + r - 1,
+  // one per replica), so the loss rank reports whole minibatches.
+  std::vector<std::int64_t> closes;
+  if (is_last_stage()) {
+    if (run.stash)
+      for (int i = 0; i < replicas(); ++i)
+        closes.push_back(run.first_minibatch + std::int64_t{a.microbatch} * replicas() + i);
+    else
+      closes.push_back(run.first_minibatch + a.microbatch);
+    Tensor stats = Tensor::zeros(Shape{static_cast<std::int64_t>(closes.size()) * 6});
+    float* v = stats.data<float>();
+    for (std::size_t i = 0; i < closes.size(); ++i) {
+      auto it = run.stats.find(closes[i]);
+      if (it == run.stats.end()) continue;
+      put_double(v + 6 * i, it->second.loss);
+      put_double(v + 6 * i + 2, static_cast<double>(it->second.correct));
+      put_double(v + 6 * i + 4, static_cast<double>(it->second.count));
+    }
+    g.push_back(stats);
+  }
   m_comm->allreduce_sum(std::span<Tensor>(g), m_replica_group);
+  if (is_last_stage()) {
+    const Tensor summed = g.back();
+    g.pop_back();
+    const float* v = summed.data<float>();
+    for (std::size_t i = 0; i < closes.size(); ++i) {
+      MinibatchStats st;
+      st.minibatch = closes[i];
+      st.loss = get_double(v + 6 * i);
+      st.correct = std::llround(get_double(v + 6 * i + 2));
+      st.count = std::llround(get_double(v + 6 * i + 4));
+      run.stats.erase(closes[i]);
+      run.scored.erase(closes[i]);
+      run.result.loss += st.loss;
+      run.result.correct += st.correct;
+      run.result.count += st.count;
+      ++run.result.minibatches;
+      if (m_replica == 0 && *run.on_minibatch) (*run.on_minibatch)(st);
+    }
+  }
   // Under stash each replica's gradient is already a minibatch mean: the step takes their mean.
   if (run.stash) scale(std::span<Tensor>(g), 1.f / static_cast<float>(replicas()));
 }

@@ -422,3 +422,38 @@ TEST_CASE("bad input: layouts, plans and schedules that cannot run fail on every
                          doctest::Contains("at step 1"), Error);
   }
 }
+
+TEST_CASE("a replicated last stage reports whole minibatches' losses, equal to the single process") {
+  set_num_threads(1);
+  const Sequential model = small_model();
+  SequentialTrainer ref(model, model.init(kSeed), make_sgd(), kSeed);
+  std::vector<double> want;
+  for (int j = 0; j < 3; ++j) want.push_back(ref.step(minibatch(j), kLr, 4).loss);
+  PipelineLayout layout{{{0, 2}, {2, 6}}, {{0}, {1, 2}}};
+  ScheduleSpec spec;
+  spec.stage_ranks = layout.stage_ranks;
+  spec.microbatches = 4;
+  spec.minibatches = 3;
+  Schedule s = generate_schedule("1f1b-flush", spec);
+  std::mutex m;
+  std::vector<MinibatchStats> got;
+  std::vector<TrainResult> results(3);
+  run_local(3, [&](Communicator& comm) {
+    StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(), {.seed = kSeed});
+    TrainResult r = ex.train(s, feed(), 0, [](std::int64_t) { return kLr; }, [&](const MinibatchStats& st) {
+      CHECK(ex.is_loss_rank());
+      std::lock_guard<std::mutex> lock(m);
+      got.push_back(st);
+    });
+    std::lock_guard<std::mutex> lock(m);
+    results[static_cast<std::size_t>(comm.rank())] = r;
+  });
+  REQUIRE(got.size() == 3);
+  for (int j = 0; j < 3; ++j) {
+    CHECK(got[j].minibatch == j);
+    CHECK(got[j].count == kBatch);
+    CHECK(got[j].loss == doctest::Approx(want[j]).epsilon(1e-5));
+  }
+  CHECK(results[1].minibatches == 3);
+  CHECK(results[2].minibatches == 3);
+}

@@ -91,7 +91,7 @@ struct ExecutorOptions {
   int receive_lookahead = 4;
 };
 
-// What the last stage observed for one minibatch (its own microbatches of it).
+// What the last stage observed for one minibatch.
 struct MinibatchStats {
   std::int64_t minibatch = 0;
   double loss = 0;  // sum of the scaled microbatch losses: the minibatch's mean loss
@@ -141,8 +141,9 @@ class StageExecutor {
   // Runs this rank's list of `schedule`, whose minibatch 0 is the run's minibatch
   // `first_minibatch`. The schedule must have this executor's stages and ranks; it is validated
   // first. `lr(step)` gives the learning rate of the stage's optimizer step; `on_minibatch` (may
-  // be empty) is called on last-stage ranks when the loss of all their microbatches of a
-  // minibatch is known.
+  // be empty) is called on the last stage when a minibatch's loss is known: on its only rank, or,
+  // for a replicated last stage, on replica 0 after the replicas' allreduce has summed the
+  // minibatch's statistics (TrainResult then counts whole minibatches on every replica).
   TrainResult train(const Schedule& schedule, const MinibatchFeed& feed, std::int64_t first_minibatch,
                     const LrFunction& lr,
                     const std::function<void(const MinibatchStats&)>& on_minibatch = {});
