@@ -61,9 +61,9 @@ pipeline_expect_failure(stash_with_microbatches "microbatches"
 
 if(TARGET train_transformer_lm AND EXISTS /usr/share/games/fortunes/fortunes)
   add_test(NAME example.train_transformer_lm.smoke
-           COMMAND $<TARGET_FILE:train_transformer_lm> --steps 20 --threads 1)
+           COMMAND $<TARGET_FILE:train_transformer_lm> --steps 30 --threads 1)
   add_test(NAME example.train_transformer_lm.pipeline
-           COMMAND ${_mpirun} 2 $<TARGET_FILE:train_transformer_lm> --steps 20 --threads 1
+           COMMAND ${_mpirun} 2 $<TARGET_FILE:train_transformer_lm> --steps 30 --threads 1
                    --schedule 1f1b-flush --microbatches 2)
   set_tests_properties(example.train_transformer_lm.smoke example.train_transformer_lm.pipeline
                        PROPERTIES LABELS example PROCESSORS 2 TIMEOUT 300
