@@ -1,26 +1,85 @@
 // Timing a schedule on a profile, a plan and a topology.
 #include <pipeline/schedule/simulator.hpp>
 
+#include <pipeline/plan/cost_model.hpp>
+
 #include "engine.hpp"
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 
 namespace pipeline {
 
-StageTiming stage_timing(const Profile& profile, const Plan& plan, int stage, double scale) {
-  PIPELINE_CHECK_AS(ConfigError, stage >= 0 && stage < plan.num_stages(),
-                    "stage {} is not in the plan (it has {} stages)", stage, plan.num_stages());
-  const PlanStage& ps = plan.stages[stage];
-  PIPELINE_CHECK_AS(ConfigError, 0 <= ps.begin && ps.begin < ps.end && ps.end <= profile.size(),
-                    "plan stage {} covers layers [{}, {}), which does not fit the profile's {} layers "
-                    "(was the plan made for another profile?)",
-                    stage, ps.begin, ps.end, profile.size());
+namespace {
+
+// The layers of a plan stage: its layer_ids, or the range [begin, end).
+std::vector<int> stage_layers(const PlanStage& ps) {
+  if (!ps.layer_ids.empty()) return ps.layer_ids;
+  std::vector<int> out;
+  for (int l = ps.begin; l < ps.end; ++l) out.push_back(l);
+  return out;
+}
+
+// layer -> the stage holding it. Throws ConfigError unless every layer of the profile is in
+// exactly one stage and no layer reads a layer of a later stage (data only flows forwards).
+std::vector<int> layer_stages(const Profile& profile, const Plan& plan) {
+  std::vector<int> owner(static_cast<std::size_t>(profile.size()), -1);
+  for (int s = 0; s < plan.num_stages(); ++s) {
+    const PlanStage& ps = plan.stages[s];
+    PIPELINE_CHECK_AS(ConfigError, 0 <= ps.begin && ps.begin < ps.end && ps.end <= profile.size(),
+                      "plan stage {} covers layers [{}, {}), which does not fit the profile's {} layers "
+                      "(was the plan made for another profile?)",
+                      s, ps.begin, ps.end, profile.size());
+    for (int l : stage_layers(ps)) {
+      PIPELINE_CHECK_AS(ConfigError, l >= ps.begin && l < ps.end,
+                        "plan stage {} lists layer {} outside its range [{}, {})", s, l, ps.begin, ps.end);
+      PIPELINE_CHECK_AS(ConfigError, owner[static_cast<std::size_t>(l)] < 0,
+                        "layer {} belongs to plan stages {} and {}; each layer must be in one stage", l,
+                        owner[static_cast<std::size_t>(l)], s);
+      owner[static_cast<std::size_t>(l)] = s;
+    }
+  }
+  for (int l = 0; l < profile.size(); ++l) {
+    const int s = owner[static_cast<std::size_t>(l)];
+    PIPELINE_CHECK_AS(ConfigError, s >= 0,
+                      "layer {} ('{}') is in no stage of the plan; a plan must cover every layer of the "
+                      "profile (was it made for another profile?)",
+                      l, profile.layers[static_cast<std::size_t>(l)].name);
+    for (int v : profile.predecessors(l))
+      PIPELINE_CHECK_AS(ConfigError, owner[static_cast<std::size_t>(v)] <= s,
+                        "layer {} of stage {} reads layer {} of the later stage {}; stages must follow "
+                        "the layers' data flow",
+                        l, s, v, owner[static_cast<std::size_t>(v)]);
+  }
+  return owner;
+}
+
+// Bytes crossing the cut after stage `s`: outputs of layers in stages <= s that a layer of a
+// later stage reads (the partitioner's boundary_bytes of that cut; for a chain the output of the
+// stage's last layer). In a linear pipeline all of it travels from stage s to stage s + 1.
+std::int64_t cut_bytes(const Profile& profile, const std::vector<int>& owner, int s) {
+  std::int64_t bytes = 0;
+  std::vector<char> counted(owner.size(), 0);
+  for (int j = 0; j < profile.size(); ++j) {
+    if (owner[static_cast<std::size_t>(j)] <= s) continue;
+    for (int v : profile.predecessors(j))
+      if (owner[static_cast<std::size_t>(v)] <= s && !counted[static_cast<std::size_t>(v)]) {
+        counted[static_cast<std::size_t>(v)] = 1;
+        bytes += profile.layers[static_cast<std::size_t>(v)].output_bytes;
+      }
+  }
+  return bytes;
+}
+
+StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::vector<int>& owner, int stage,
+                         double scale) {
+  const PlanStage& ps = plan.stages[static_cast<std::size_t>(stage)];
   StageTiming t;
   double input = 0, weight = 0;
   bool split = true;
-  for (int l = ps.begin; l < ps.end; ++l) {
-    const LayerProfile& lp = profile.layers[l];
+  for (int l : stage_layers(ps)) {
+    const LayerProfile& lp = profile.layers[static_cast<std::size_t>(l)];
     t.forward_s += lp.forward_s;
     t.backward_s += lp.backward_s;
     input += lp.backward_input_s;
@@ -35,28 +94,8 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, int stage, do
   } else {
     t.backward_input_s = t.backward_weight_s = t.backward_s / 2;
   }
-  // Bytes crossing the boundary after this stage: outputs of layers before `end` that a layer
-  // at or after `end` consumes (for a chain: the last layer's output).
-  auto crossing = [&](int end) {
-    std::vector<char> counted(static_cast<std::size_t>(std::max(end, 0)), 0);
-    std::int64_t bytes = 0;
-    for (int j = end; j < profile.size(); ++j) {
-      const auto& inputs = profile.layers[j].inputs;
-      auto take = [&](int v) {
-        if (v >= 0 && v < end && !counted[v]) {
-          counted[v] = 1;
-          bytes += profile.layers[v].output_bytes;
-        }
-      };
-      if (inputs.empty())
-        take(j - 1);
-      else
-        for (int v : inputs) take(v);
-    }
-    return bytes;
-  };
-  t.output_bytes = ps.end < profile.size() ? crossing(ps.end) : 0;
-  std::int64_t received = stage > 0 ? crossing(ps.begin) : 0;
+  t.output_bytes = stage + 1 < plan.num_stages() ? cut_bytes(profile, owner, stage) : 0;
+  const std::int64_t received = stage > 0 ? cut_bytes(profile, owner, stage - 1) : 0;
   t.activation_bytes += received;
   t.forward_s *= scale;
   t.backward_s *= scale;
@@ -65,6 +104,14 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, int stage, do
   t.output_bytes = static_cast<std::int64_t>(static_cast<double>(t.output_bytes) * scale);
   t.activation_bytes = static_cast<std::int64_t>(static_cast<double>(t.activation_bytes) * scale);
   return t;
+}
+
+}  // namespace
+
+StageTiming stage_timing(const Profile& profile, const Plan& plan, int stage, double scale) {
+  PIPELINE_CHECK_AS(ConfigError, stage >= 0 && stage < plan.num_stages(),
+                    "stage {} is not in the plan (it has {} stages)", stage, plan.num_stages());
+  return stage_timing(profile, plan, layer_stages(profile, plan), stage, scale);
 }
 
 double link_bandwidth(const Topology& topology, int a, int b) {
@@ -90,18 +137,23 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
                       plan.stages[s].ranks.empty() || plan.stages[s].ranks == schedule.stage_ranks[s],
                       "stage {} runs on different ranks in the plan and in schedule '{}'", s,
                       schedule.name);
-  PIPELINE_CHECK_AS(ConfigError, profile.batch_size > 0, "profile '{}' has batch size {}",
-                    profile.model, profile.batch_size);
+  PIPELINE_CHECK_AS(ConfigError, profile.batch_size > 0 || options.microbatch_size == 0,
+                    "profile '{}' does not say its batch size, so a microbatch size of {} cannot scale its "
+                    "times; leave the microbatch size at 0 (the profile's batch)",
+                    profile.model.empty() ? "profile" : profile.model, options.microbatch_size);
   PIPELINE_CHECK_AS(ConfigError, options.microbatch_size >= 0, "microbatch size must be >= 0, got {}",
                     options.microbatch_size);
   detail::check_local(schedule);
 
   const int microbatch_size = options.microbatch_size > 0 ? options.microbatch_size : profile.batch_size;
-  const double scale = static_cast<double>(microbatch_size) / profile.batch_size;
+  // A profile without a batch size (some imported PipeDream graphs) is timed as it is, and its
+  // samples per second are unknown (0), as the partitioner reports them.
+  const double scale = profile.batch_size > 0 ? static_cast<double>(microbatch_size) / profile.batch_size : 1.0;
+  const std::vector<int> owner = layer_stages(profile, plan);
   std::vector<StageTiming> timing;
   detail::EngineCosts costs;
   for (int s = 0; s < plan.num_stages(); ++s) {
-    StageTiming t = stage_timing(profile, plan, s, scale);
+    StageTiming t = stage_timing(profile, plan, owner, s, scale);
     detail::StageCosts c;
     c.forward_s = t.forward_s;
     c.backward_s = t.backward_s;
@@ -116,7 +168,9 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
       double bw = std::numeric_limits<double>::infinity();
       for (int a : group)
         for (int b : group) bw = std::min(bw, link_bandwidth(topology, a, b));
-      c.allreduce_s = options.allreduce_factor * (r - 1) / r * static_cast<double>(t.parameter_bytes) / bw +
+      // The partitioner's synchronisation time of one minibatch's gradients (sharers = 1: one
+      // flat ring over the group's slowest link), scaled when another ring constant is asked for.
+      c.allreduce_s = options.allreduce_factor / 4.0 * sync_time(static_cast<double>(t.parameter_bytes), r, bw, 1.0) +
                       2.0 * (r - 1) * options.latency_s;
     }
     costs.stages.push_back(c);
@@ -126,12 +180,26 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
   bool any_cost = options.latency_s > 0;
   for (auto& l : topology.levels) any_cost = any_cost || l.bandwidth_bytes_per_s > 0;
   if (any_cost) {
-    const double duplex = options.full_duplex ? 1.0 : 2.0;
-    costs.transfer_s = [&timing, &topology, &options, duplex](int src, int dst, int stage, ActionKind kind) {
+    // transfer_time() is the link time of one activation and its gradient on a half-duplex
+    // link, 2a/B, which is also each one's time when the two directions share the bandwidth.
+    // A rank's link towards a neighbour stage is shared evenly by the peers the round-robin
+    // dealing gives it there: with r and r' replicas on the two sides of a boundary each rank
+    // talks to r'/g resp. r/g peers (g = gcd), so a pair gets 1/(max(r, r')/g) of the bandwidth
+    // and the boundary carries 2a/(B min(r, r')) per minibatch — the partitioner's transfer term
+    // of the side with fewer replicas (a single rank feeding r replicas carries all of it).
+    std::vector<double> boundary_share(static_cast<std::size_t>(std::max(plan.num_stages() - 1, 0)), 1.0);
+    for (int s = 0; s + 1 < plan.num_stages(); ++s) {
+      const int a = schedule.replicas(s), b = schedule.replicas(s + 1);
+      boundary_share[static_cast<std::size_t>(s)] = static_cast<double>(std::max(a, b) / std::gcd(a, b));
+    }
+    const double duplex = options.full_duplex ? 0.5 : 1.0;
+    costs.transfer_s = [&timing, &topology, &options, duplex, boundary_share](int src, int dst, int stage,
+                                                                             ActionKind kind) {
       if (src == dst) return 0.0;
-      std::int64_t bytes = kind == ActionKind::SendActivation ? timing[stage].output_bytes
-                                                              : timing[stage - 1].output_bytes;
-      return duplex * static_cast<double>(bytes) / link_bandwidth(topology, src, dst) + options.latency_s;
+      const int boundary = kind == ActionKind::SendActivation ? stage : stage - 1;
+      const double bytes = static_cast<double>(timing[static_cast<std::size_t>(boundary)].output_bytes);
+      const double bandwidth = link_bandwidth(topology, src, dst) / boundary_share[static_cast<std::size_t>(boundary)];
+      return duplex * transfer_time(bytes, 1, bandwidth, 1.0) + options.latency_s;
     };
   }
 

@@ -275,3 +275,47 @@ TEST_CASE("Chrome trace and SVG timeline of a run") {
   Simulation bare = simulate(s, prof, equal_plan(4), {});
   CHECK_THROWS_WITH_AS(timeline_svg(bare, s), doctest::Contains("record_trace"), ConfigError);
 }
+
+TEST_CASE("DAG plans: a stage's layer_ids decide its compute and the bytes crossing its cuts") {
+  // 0 -> {1, 2} -> 3 (a diamond), then 4. Stage 0 = {0, 2}, stage 1 = {1, 3, 4}: layer 2 is not in
+  // [begin, end) order with layer 1, so both stages list their layers.
+  Profile prof = uniform_profile(5, 1e-3, 2e-3, 1000, 500);
+  prof.layers[1].inputs = {0};
+  prof.layers[2].inputs = {0};
+  prof.layers[2].forward_s = 4e-3;
+  prof.layers[2].output_bytes = 3000;
+  prof.layers[3].inputs = {1, 2};
+  Plan plan = make_plan({{3, 1}, {2, 1}});
+  plan.stages[0].layer_ids = {0, 2};
+  plan.stages[1].begin = 1;
+  plan.stages[1].layer_ids = {1, 3, 4};
+  StageTiming t0 = stage_timing(prof, plan, 0, 1.0);
+  StageTiming t1 = stage_timing(prof, plan, 1, 1.0);
+  CHECK(t0.forward_s == doctest::Approx(5e-3));
+  CHECK(t1.forward_s == doctest::Approx(3e-3));
+  CHECK(t0.parameter_bytes == 1000);
+  CHECK(t1.parameter_bytes == 1500);
+  // Layer 1 reads layer 0 and layer 3 reads layer 2: both outputs cross the cut.
+  CHECK(t0.output_bytes == 1000 + 3000);
+  CHECK(t1.output_bytes == 0);
+  CHECK(t1.activation_bytes == 3 * 1000 + 4000);  // its outputs and its received input
+  Simulation sim = simulate(generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 40)), prof, plan, {});
+  CHECK(sim.time_per_minibatch_s == doctest::Approx(5e-3 + 2 * 2e-3));
+
+  Plan twice = plan;
+  twice.stages[1].layer_ids = {2, 3, 4};
+  CHECK_THROWS_WITH_AS(stage_timing(prof, twice, 0, 1.0), doctest::Contains("layer 2 belongs to plan stages 0 and 1"),
+                       ConfigError);
+  Plan missing = plan;
+  missing.stages[1].layer_ids = {3, 4};
+  CHECK_THROWS_WITH_AS(simulate(generate_schedule("gpipe", ScheduleSpec::from_plan(missing, 2)), prof, missing, {}),
+                       doctest::Contains("layer 1 ('l1') is in no stage"), ConfigError);
+  Plan backwards = plan;
+  backwards.stages[0].layer_ids = {0, 1};
+  backwards.stages[1].layer_ids = {2, 3, 4};
+  backwards.stages[0].end = 2;
+  backwards.stages[1].begin = 2;
+  prof.layers[1].inputs = {2};
+  CHECK_THROWS_WITH_AS(stage_timing(prof, backwards, 0, 1.0), doctest::Contains("reads layer 2 of the later stage 1"),
+                       ConfigError);
+}

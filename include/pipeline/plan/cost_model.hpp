@@ -13,6 +13,11 @@
 //  - CostModel::Pipeline (default) shares the synchronisation by all inner workers of a group
 //    (S = product of the inner level counts) in both cases, charges transfers by default (R = 1),
 //    uses the bytes that really cross a cut, and counts memory as below.
+// The simulator (schedule/simulator.hpp) charges these same terms per microbatch and rank. Its
+// steady-state time per minibatch under 1F1B-stash equals the bottleneck computed here where the
+// two model the same thing and is larger, never smaller, where this formula leaves out what the
+// runtime waits for: transfer round trips that the in-flight minibatches cannot hide, and
+// replicas of a stage meeting at a blocking allreduce (tests/unit/test_simulator_partition.cpp).
 #pragma once
 
 #include <cmath>

@@ -1,22 +1,36 @@
 // Simulator: discrete-event timing of a schedule on a profile, a plan and a topology — the
 // prediction of a plan's throughput, bubbles and memory without running it.
 //
-// Cost model (the partitioner's, seen from the schedule's side):
-//  - compute: a stage's forward / backward time is the sum over its layers of the profile's
-//    times, scaled by microbatch_size / profile.batch_size. A split backward uses the profile's
-//    input/weight-gradient times where measured, half of the backward each otherwise. A step
-//    takes optimizer_step_s.
-//  - transfers: the bytes crossing a stage boundary (outputs of the stage's layers consumed by
-//    later layers, scaled like compute) at the bandwidth of the innermost topology level holding
-//    both ranks, plus latency_s. Unless full_duplex, a link's two directions share its bandwidth
-//    (each gets half), so an activation and its gradient cost 2·a/B per microbatch as in
-//    PipeDream's model. Messages on one link direction go one at a time. An empty topology, or
-//    a level of bandwidth 0, moves data for free.
-//  - allreduce among a stage's r replicas: allreduce_factor·(r−1)/r·|w|/B at the slowest level
-//    the group spans (4 = PipeDream's model: reduce-scatter and all-gather, each sending and
-//    receiving), plus 2(r−1)·latency_s; it blocks the replicas, like the runtime's.
+// Cost model: the partitioner's (plan/cost_model.hpp), whose functions it calls, seen from the
+// schedule's side:
+//  - compute: a stage's forward / backward time is the sum over its layers (PlanStage::layer_ids
+//    when set, else [begin, end)) of the profile's times, scaled by microbatch_size /
+//    profile.batch_size. A split backward uses the profile's input/weight-gradient times where
+//    measured, half of the backward each otherwise. A step takes optimizer_step_s.
+//  - transfers: the bytes crossing the cut after a stage (outputs of layers in it or earlier
+//    stages that a later stage reads, the partitioner's boundary bytes; scaled like compute) at
+//    the bandwidth of the innermost topology level holding both ranks, plus latency_s. One
+//    message costs transfer_time(a, 1, B, 1) = 2a/B: a link's two directions share its bandwidth
+//    (full_duplex: a/B). A rank's link towards a neighbour stage is shared evenly by the peers the
+//    round-robin dealing gives it there, so a boundary between r and r' replicas carries
+//    2a/(B·min(r, r')) per minibatch, the partitioner's transfer term. Messages on one link
+//    direction go one at a time. An empty topology, or a level of bandwidth 0, moves data free.
+//  - allreduce among a stage's r replicas: sync_time(|w|, r, B, 1) = 4(r−1)|w|/(rB) at the
+//    slowest level the group spans (scaled by allreduce_factor / 4), plus 2(r−1)·latency_s; it
+//    blocks the replicas, like the runtime's.
 //  - overlap: sends never block, receives are posted early and waited for where the schedule
 //    says, so transfers overlap with compute as the runtime's non-blocking communication does.
+// Agreement with the partitioner (tests/unit/test_simulator_partition.cpp): in the steady state
+// of 1F1B-stash the simulated time per minibatch equals the plan's predicted.time_per_minibatch_s
+// (the bottleneck of compute + sync and transfer per stage) when the model is the same, and is
+// never below it. It is above it where the partitioner's formula ignores what the runtime waits
+// for, and then the simulator is the right view:
+//  - transfer latency: with p − s minibatches in flight at stage s (PipeDream's warm-up), the
+//    round trip from stage s down to stage j and back — the forwards and backwards of stages
+//    s..j and two messages per boundary in between — is shared by only j − s + 1 minibatches, so
+//    slow links make the period max(prediction, max over s ≤ j of round trip / (j − s + 1));
+//  - replicated stages: replicas take minibatches in turn but meet at a blocking allreduce after
+//    each, which the partitioner's (T + sync)/r assumes costs them no waiting for one another.
 // Memory per rank: peak over time of stashed activations (per microbatch: the outputs of the
 // stage's layers plus its received input) plus weight versions times the stage's parameters.
 //
