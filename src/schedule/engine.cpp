@@ -7,6 +7,41 @@
 namespace pipeline::detail {
 namespace {
 
+// A first-in first-out queue in one vector that keeps its capacity: the engine pushes and pops
+// tens of millions of messages and in-flight records, and std::deque would allocate and free a
+// block every few of them. Removal from the middle (a receive out of order) shifts the tail.
+template <typename T>
+class Fifo {
+ public:
+  using iterator = typename std::vector<T>::iterator;
+  bool empty() const { return m_head == m_items.size(); }
+  std::size_t size() const { return m_items.size() - m_head; }
+  iterator begin() { return m_items.begin() + static_cast<std::ptrdiff_t>(m_head); }
+  iterator end() { return m_items.end(); }
+  T& front() { return m_items[m_head]; }
+  T& back() { return m_items.back(); }
+  const T& at(std::size_t i) const { return m_items[m_head + i]; }
+  void push_back(const T& v) {
+    if (m_head == m_items.size()) {
+      m_items.clear();
+      m_head = 0;
+    } else if (m_head >= 64 && m_head * 2 >= m_items.size()) {
+      m_items.erase(m_items.begin(), m_items.begin() + static_cast<std::ptrdiff_t>(m_head));
+      m_head = 0;
+    }
+    m_items.push_back(v);
+  }
+  void pop_front() { ++m_head; }
+  void erase(iterator it) {
+    if (it == begin()) pop_front();
+    else m_items.erase(it);
+  }
+
+ private:
+  std::vector<T> m_items;
+  std::size_t m_head = 0;
+};
+
 struct Message {
   std::int32_t stage;  // the sender's stage
   std::int32_t unit;
@@ -20,7 +55,7 @@ struct Message {
 struct Channel {
   int src = 0;
   bool gradient = false;
-  std::deque<Message> pending;
+  Fifo<Message> pending;
   double link_free = 0;
 };
 
@@ -36,7 +71,7 @@ struct StageSlot {
   int stage = 0;
   int version = 0;  // optimizer steps taken so far
   // Versions referenced by in-flight microbatches, as runs (version, count), oldest first.
-  std::deque<std::pair<int, int>> runs;
+  Fifo<std::pair<int, int>> runs;
 };
 
 struct RankState {
@@ -49,7 +84,7 @@ struct RankState {
   int wait_channel = -1;         // blocked on a receive from this inbox channel
   std::vector<Channel> inbox;
   std::vector<StageSlot> slots;
-  std::deque<InFlight> inflight;
+  Fifo<InFlight> inflight;
   std::vector<std::pair<std::int64_t, int>> received_versions;  // (stage<<32|unit, version)
   std::int64_t activation_bytes = 0;
   int forwards_seen = 0;
@@ -103,6 +138,9 @@ class Engine {
     if (m_ranks[r].queued || m_ranks[r].done) return;
     m_ranks[r].queued = true;
     m_work.push_back(r);
+    // The rank resumes soon, at an action that has long left the cache (the engine hops between
+    // ranks every few actions): start loading it now.
+    __builtin_prefetch(m_s.ranks[r].data() + m_ranks[r].pc);
   }
 
   StageSlot& slot(RankState& st, int stage) {
@@ -156,7 +194,7 @@ class Engine {
     if (!sl.runs.empty() && sl.runs.back().first == version)
       ++sl.runs.back().second;
     else
-      sl.runs.emplace_back(version, 1);
+      sl.runs.push_back({version, 1});
     if (auto* c = stage_costs(a.stage)) st.activation_bytes += c->activation_bytes;
     account_memory(r);
   }
@@ -181,9 +219,11 @@ class Engine {
     }
   }
 
-  int version_of(const RankState& st, const Action& a) const {
-    for (auto it = st.inflight.rbegin(); it != st.inflight.rend(); ++it)
-      if (it->stage == a.stage && it->unit == a.microbatch) return it->version;
+  int version_of(RankState& st, const Action& a) const {
+    for (std::size_t i = st.inflight.size(); i-- > 0;) {
+      const InFlight& f = st.inflight.at(i);
+      if (f.stage == a.stage && f.unit == a.microbatch) return f.version;
+    }
     return 0;
   }
 
