@@ -1,25 +1,73 @@
 // Partitioner speed: the shipped PipeDream profiles over 16 workers (one level), 4x4 and 8x2,
-// and synthetic 1,000-layer chains over 1,024 workers (8x8x16 three levels, and --straight).
-// Usage: bench_partition [pipedream-profiles dir]. Prints a table of wall-clock seconds.
+// synthetic 1,000-layer chains over 1,024 workers (8x8x16 three levels, and --straight), and
+// how time and peak memory grow with the number of states and workers.
+// Usage: bench_partition [pipedream-profiles dir] [--only SUBSTRING]
+// Every case runs in a child process, so its peak resident memory is its own (ru_maxrss).
+#include <pipeline/core/error.hpp>
 #include <pipeline/plan/antichain.hpp>
 #include <pipeline/plan/partition.hpp>
 #include <pipeline/profile/pipedream_graph.hpp>
 
 #include <fmt/format.h>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <random>
 
 using namespace pipeline;
 
 namespace {
 
-double seconds(const Profile& p, const Topology& t, const PartitionOptions& o, double* result) {
-  auto t0 = std::chrono::steady_clock::now();
-  Plan plan = partition(p, t, o);
-  *result = plan.predicted.time_per_minibatch_s;
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+struct Result {
+  double seconds = -1;  // < 0: failed
+  double time_per_minibatch = 0;
+  int states = 0;
+  double peak_mib = 0;
+};
+
+// Runs `work` in a child: wall seconds of partition() and the child's peak RSS.
+Result measure(const std::function<Profile()>& load, const Topology& t, const PartitionOptions& o) {
+  int fd[2];
+  if (pipe(fd) != 0) return {};
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fd[0]);
+    Result r;
+    try {
+      Profile p = load();
+      auto t0 = std::chrono::steady_clock::now();
+      Plan plan = partition(p, t, o);
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      r.time_per_minibatch = plan.predicted.time_per_minibatch_s;
+      if (p.is_chain()) r.states = p.size();
+      else {
+        try {
+          r.states = StateGraph::build(p, 5000).size();
+        } catch (const ConfigError&) {
+          r.states = -1;
+        }
+      }
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "error: {}\n", e.what());
+    }
+    ssize_t n = write(fd[1], &r, sizeof r);
+    _exit(n == static_cast<ssize_t>(sizeof r) ? 0 : 1);
+  }
+  close(fd[1]);
+  Result r;
+  if (read(fd[0], &r, sizeof r) != static_cast<ssize_t>(sizeof r)) r = {};
+  close(fd[0]);
+  int status = 0;
+  struct rusage ru {};
+  wait4(pid, &status, 0, &ru);
+  r.peak_mib = static_cast<double>(ru.ru_maxrss) / 1024.0;
+  return r;
 }
 
 Profile chain(int n) {
@@ -40,35 +88,81 @@ Profile chain(int n) {
   return p;
 }
 
+std::string cell(const Result& r) { return r.seconds < 0 ? std::string("fail") : fmt::format("{:.3f}", r.seconds); }
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir = argc > 1 ? argv[1] : "../shared/reference/pipedream-profiles";
-  fmt::print("{:<42} {:>10} {:>10} {:>10}\n", "profile", "16 (s)", "4x4 (s)", "8x2 (s)");
+  std::string dir = "../shared/reference/pipedream-profiles", only;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
+    else dir = argv[i];
+  }
+  auto wanted = [&](const std::string& name) { return only.empty() || name.find(only) != std::string::npos; };
+  std::fflush(stdout);
+
   const char* models[] = {"alexnet", "vgg16", "resnet18", "resnet50", "resnet101", "resnext50", "resnext101",
                           "squeezenet1_0", "densenet121", "inception_v3", "nasnetamobile", "nasnetalarge", "gnmt",
-                          "gnmt_large", "_derived/compressed_graphs/inception_v3"};
-  PartitionOptions o;
-  o.cost_model = CostModel::PipeDream;
-  double r = 0;
+                          "gnmt_large", "_derived/compressed_graphs/inception_v3",
+                          "_derived/compressed_graphs/nasnetamobile", "_derived/compressed_graphs/nasnetalarge"};
+  PartitionOptions pd;
+  pd.cost_model = CostModel::PipeDream;
   if (std::filesystem::exists(dir + "/vgg16/graph.txt")) {
+    fmt::print("| profile | states | 16 workers (s) | 4x4 (s) | 8x2 (s) | peak MiB |\n|---|---|---|---|---|---|\n");
+    std::fflush(stdout);
     for (const char* m : models) {
-      Profile p = read_pipedream_graph(dir + "/" + m + "/graph.txt");
-      double a = seconds(p, Topology{{{16, 1e10}}, {}}, o, &r);
-      double b = seconds(p, Topology{{{4, 1e10}, {4, 1.25e9}}, {}}, o, &r);
-      double c = seconds(p, Topology{{{8, 1e10}, {2, 1.25e9}}, {}}, o, &r);
-      fmt::print("{:<42} {:>10.3f} {:>10.3f} {:>10.3f}\n", m, a, b, c);
+      if (!wanted(m)) continue;
+      auto load = [&] { return read_pipedream_graph(dir + "/" + m + "/graph.txt"); };
+      Result a = measure(load, Topology{{{16, 1e10}}, {}}, pd);
+      Result b = measure(load, Topology{{{4, 1e10}, {4, 1.25e9}}, {}}, pd);
+      Result c = measure(load, Topology{{{8, 1e10}, {2, 1.25e9}}, {}}, pd);
+      fmt::print("| {} | {} | {} | {} | {} | {:.0f} |\n", m, c.states < 0 ? std::string("> 5000") : std::to_string(c.states), cell(a), cell(b), cell(c),
+                 std::max({a.peak_mib, b.peak_mib, c.peak_mib}));
+      std::fflush(stdout);
     }
   } else {
     fmt::print("(no PipeDream profiles at {})\n", dir);
   }
-  Profile c = chain(1000);
+
+  auto chain1000 = [] { return chain(1000); };
+  fmt::print("\n| chain case | time (s) | peak MiB | time per minibatch (s) |\n|---|---|---|---|\n");
+  std::fflush(stdout);
   PartitionOptions def;
-  double t3 = seconds(c, Topology{{{8, 3e11}, {8, 1e11}, {16, 3.125e9}}, {}}, def, &r);
-  fmt::print("chain 1000 layers, 8x8x16 = 1024 workers: {:.3f} s\n", t3);
+  if (wanted("8x8x16")) {
+    Result r = measure(chain1000, Topology{{{8, 3e11}, {8, 1e11}, {16, 3.125e9}}, {}}, def);
+    fmt::print("| 1000 layers, 8x8x16 = 1024 workers | {} | {:.0f} | {:.6f} |\n", cell(r), r.peak_mib, r.time_per_minibatch);
+    std::fflush(stdout);
+  }
   PartitionOptions st;
   st.straight = true;
-  double ts = seconds(c, Topology{{{1024, 1e10}}, {}}, st, &r);
-  fmt::print("chain 1000 layers, 1024 workers, straight: {:.3f} s\n", ts);
+  st.allow_idle = true;
+  if (wanted("straight")) {
+    Result r = measure(chain1000, Topology{{{1024, 1e10}}, {}}, st);
+    fmt::print("| 1000 layers, 1024 workers, straight (idle allowed: at most 1000 stages) | {} | {:.0f} | {:.6f} |\n",
+               cell(r), r.peak_mib, r.time_per_minibatch);
+    PartitionOptions exact;
+    exact.straight = true;
+    Result e = measure(chain1000, Topology{{{512, 1e10}}, {}}, exact);
+    fmt::print("| 1000 layers, 512 workers, straight (exactly 512 stages) | {} | {:.0f} | {:.6f} |\n", cell(e), e.peak_mib,
+               e.time_per_minibatch);
+    std::fflush(stdout);
+  }
+
+  if (wanted("scaling")) {
+    // Growth with states (chain length) and workers, one level and 8 x (workers/8) two levels.
+    fmt::print("\n| layers | workers | 1 level (s) | MiB | 8 x w/8 (s) | MiB | straight (s) | MiB |\n|---|---|---|---|---|---|---|---|\n");
+    std::fflush(stdout);
+    for (int n : {250, 500, 1000, 2000}) {
+      for (int w : {16, 64, 256, 1024}) {
+        auto load = [n] { return chain(n); };
+        Result one = measure(load, Topology{{{w, 1e10}}, {}}, def);
+        Result two = measure(load, Topology{{{8, 1e11}, {w / 8, 1.25e9}}, {}}, def);
+        Result s = measure(load, Topology{{{w, 1e10}}, {}}, st);
+        fmt::print("| {} | {} | {} | {:.0f} | {} | {:.0f} | {} | {:.0f} |\n", n, w, cell(one), one.peak_mib, cell(two),
+                   two.peak_mib, cell(s), s.peak_mib);
+        std::fflush(stdout);
+      }
+    }
+  }
   return 0;
 }

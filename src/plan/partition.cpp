@@ -43,20 +43,26 @@ class Solver {
     m_S = g.size();
   }
 
-  // Fills the per-level tables T_{l+1}(s, e) for every level below the outermost.
+  // Fills the per-level tables T_{l+1}(s, e) for every level below the outermost. Rows are
+  // independent, so they are solved in parallel.
   void solve_levels() {
     const int levels = static_cast<int>(m_t.levels.size());
     m_tables.resize(static_cast<std::size_t>(levels));
-    std::vector<Entry> row;
     for (int l = 0; l + 1 < levels; ++l) {
       const int M = count(l);
       auto& table = m_tables[static_cast<std::size_t>(l)];
       table.assign(static_cast<std::size_t>(m_S + 1) * static_cast<std::size_t>(m_S), kInf);
-      for (int s = -1; s < m_S - 1; ++s) {
-        solve_row(l, s, row);
-        for (int j = s + 1; j < m_S; ++j)
-          table[static_cast<std::size_t>(s + 1) * static_cast<std::size_t>(m_S) + static_cast<std::size_t>(j)] =
-              row[index(j, M)].t;
+      // Threads only pay off on large tables; small problems stay on the calling thread.
+#pragma omp parallel if (m_S >= 256)
+      {
+        std::vector<Entry> row;
+#pragma omp for schedule(dynamic, 4)
+        for (int s = -1; s < m_S - 1; ++s) {
+          solve_row(l, s, row);
+          for (int j = s + 1; j < m_S; ++j)
+            table[static_cast<std::size_t>(j) * static_cast<std::size_t>(m_S + 1) + static_cast<std::size_t>(s + 1)] =
+                row[index(j, M, M)].t;
+        }
       }
     }
   }
@@ -64,7 +70,7 @@ class Solver {
   double best_time(std::vector<Entry>& row) {
     const int top = static_cast<int>(m_t.levels.size()) - 1;
     solve_row(top, -1, row);
-    return row[index(m_S - 1, count(top))].t;
+    return row[index(m_S - 1, count(top), count(top))].t;
   }
 
   // Expands the optimum into final stages: (s, e, ranks).
@@ -74,7 +80,7 @@ class Solver {
     std::vector<Segment> segs;
     int j = e, m = count(level);
     while (true) {
-      const Entry& en = row[index(j, m)];
+      const Entry& en = row[index(j, m, count(level))];
       PIPELINE_CHECK(std::isfinite(en.t), "internal: no solution to expand at level {} ({}..{}, {})", level, s, j, m);
       if (en.k == -4) {
         --m;
@@ -102,8 +108,8 @@ class Solver {
   }
 
   int count(int level) const { return m_t.levels[static_cast<std::size_t>(level)].count; }
-  std::size_t index(int j, int m) const {
-    return static_cast<std::size_t>(j) * static_cast<std::size_t>(m_cur_M) + static_cast<std::size_t>(m - 1);
+  static std::size_t index(int j, int m, int M) {
+    return static_cast<std::size_t>(j) * static_cast<std::size_t>(M) + static_cast<std::size_t>(m - 1);
   }
 
   bool pipedream() const { return m_pd; }
@@ -114,7 +120,8 @@ class Solver {
  private:
   double seg_compute(int level, int s, int j) const {
     if (level == 0) return m_g.compute_s[static_cast<std::size_t>(j)] - (s < 0 ? 0.0 : m_g.compute_s[static_cast<std::size_t>(s)]);
-    return m_tables[static_cast<std::size_t>(level - 1)][static_cast<std::size_t>(s + 1) * static_cast<std::size_t>(m_S) + static_cast<std::size_t>(j)];
+    // Stored by end state, so that scanning splits k for one end state reads consecutive values.
+    return m_tables[static_cast<std::size_t>(level - 1)][static_cast<std::size_t>(j) * static_cast<std::size_t>(m_S + 1) + static_cast<std::size_t>(s + 1)];
   }
   double diff(const std::vector<double>& v, int s, int j) const {
     return v[static_cast<std::size_t>(j)] - (s < 0 ? 0.0 : v[static_cast<std::size_t>(s)]);
@@ -132,24 +139,56 @@ class Solver {
     return stage_memory_bytes(par, act, flight, m_o.optimizer_state_factor) <= *m_memory;
   }
 
+  // Candidate order on equal time (PipeDream model) or equal time and stages (Pipeline model):
+  // the single stage and the idle option first, as established before splits are scanned, then
+  // splits by (last-stage machines, split state) ascending.
+  static bool split_before(int mp, int k, const Entry& best) {
+    if (best.k < 0) return false;
+    return mp < best.mprime || (mp == best.mprime && k < best.k);
+  }
+  bool better_split(double v, int stages, int mp, int k, const Entry& best) const {
+    if (v != best.t) return v < best.t;
+    if (!m_pd && stages != best.stages) return stages < best.stages;
+    return split_before(mp, k, best);
+  }
+
   // A[j][m] for the segments starting after state s (s = -1: from the first layer), at `level`.
-  void solve_row(int level, int s, std::vector<Entry>& A) {
+  //
+  // Pruning: a stage on r machines of a level whose groups hold G workers takes at least its
+  // compute over r·G (compute and synchronisation are added, and an inner level's best time of
+  // a segment is at least its compute over the group), so a prefix on m - mp machines ending at
+  // k and a last stage on mp machines can only beat the best time t found so far when
+  //   compute(s..k) <= t·G·(m - mp)  and  compute(k..j) <= t·G·mp.
+  // Both bounds are applied to k (a window in compute order, shrinking as t improves) and, for
+  // each k, to mp (a range of last-stage machine counts). The search starts from the split that
+  // was best for the previous end state, which usually makes t tight before the scan begins.
+  void solve_row(int level, int s, std::vector<Entry>& A) const {
     const int M = count(level);
-    m_cur_M = M;
     const double B = m_t.levels[static_cast<std::size_t>(level)].bandwidth_bytes_per_s;
     const double G = m_group[static_cast<std::size_t>(level)];
     const double W = level == 0 ? 1.0 : count(level - 1);
     const double share_single = m_pd ? W : G;
     const double share_split = m_pd ? 1.0 : G;
     const bool final_level = level + 1 == static_cast<int>(m_t.levels.size());
-    A.assign(static_cast<std::size_t>(m_S) * static_cast<std::size_t>(M), Entry{});
+    const std::size_t SM = static_cast<std::size_t>(M);
+    A.assign(static_cast<std::size_t>(m_S) * SM, Entry{});
+    // first_finite[m']: the smallest state with a finite A[.][m'] so far (prefixes ending
+    // earlier cannot serve as a split on m' machines).
+    std::vector<int> first_finite(SM + 1, std::numeric_limits<int>::max());
+    // pos[m][mp]: where the window's lower end was for the previous end state (chains only).
+    std::vector<int> pos(!m_g.chain() ? 0 : m_o.straight ? SM + 1 : (SM + 1) * (SM + 1), s + 1);
     const double cs = s < 0 ? 0.0 : m_g.compute_s[static_cast<std::size_t>(s)];
+    const double slack = 1.0 + 1e-12;
+    const bool chain = m_g.chain();
+    int prev_j = -1;
     for (int j = s + 1; j < m_S; ++j) {
       if (!m_g.is_ancestor(s, j)) continue;
       const double T = seg_compute(level, s, j);
       const double par = diff(m_g.parameter_bytes, s, j);
       const double cj = m_g.compute_s[static_cast<std::size_t>(j)];
       const bool last_state = j == m_S - 1;
+      const auto& list = chain ? m_empty : m_g.ancestors_by_compute[static_cast<std::size_t>(j)];
+      Entry* row = &A[static_cast<std::size_t>(j) * SM];
       for (int m = 1; m <= M; ++m) {
         Entry best;
         if ((m == 1 || !m_o.straight) && std::isfinite(T) && fits(level, s, j, m, m, M)) {
@@ -158,60 +197,89 @@ class Solver {
           best.stages = 1;
         }
         if (m == 1) {
-          A[index(j, m)] = best;
+          row[0] = best;
+          if (std::isfinite(best.t)) first_finite[1] = std::min(first_finite[1], j);
           continue;
         }
         if (m_o.allow_idle) {
-          const Entry& prev = A[index(j, m - 1)];
+          const Entry& prev = row[m - 2];
           bool take = m_pd ? (!std::isfinite(best.t) || prev.t < best.t)
                            : (prev.t < best.t || (prev.t == best.t && prev.stages <= best.stages));
           if (take && std::isfinite(prev.t)) best = Entry{prev.t, -4, 0, prev.stages};
         }
         const int max_mp = m_o.straight ? 1 : m - 1;
-        const bool have_list = !m_g.chain();
-        const auto& list = have_list ? m_g.ancestors_by_compute[static_cast<std::size_t>(j)] : m_empty;
-        for (int mp = 1; mp <= max_mp; ++mp) {
-          // Both parts are bounded below by their compute over their workers, so only splits
-          // with compute_s[k] inside this window can beat the best so far.
-          const double slack = 1.0 + 1e-12;
-          const double lo = cj - best.t * slack * G * mp;
-          const double hi = cs + best.t * slack * G * (m - mp);
-          auto consider = [&](int k) {
-            if (k <= s || !m_g.is_ancestor(s, k)) return;
-            const Entry& a = A[index(k, m - mp)];
-            if (!std::isfinite(a.t) || a.t > best.t * slack) return;
-            double Tl = seg_compute(level, k, j);
-            if (!std::isfinite(Tl)) return;
-            double v = replicated_stage_time(Tl, diff(m_g.parameter_bytes, k, j), mp, B, share_split);
-            v = std::max(v, a.t);
-            if (m_transfer) {
-              v = std::max(v, transfer_time(boundary(k), mp, B, m_ratio));
-              if (!last_state) v = std::max(v, transfer_time(boundary(j), mp, B, m_ratio));
+        // The last-stage machine counts whose prefix can be finite at all.
+        int mp_min = 1;
+        while (mp_min <= max_mp && first_finite[static_cast<std::size_t>(m - mp_min)] >= j) ++mp_min;
+        int mp_max = max_mp;
+        while (mp_max >= mp_min && first_finite[static_cast<std::size_t>(m - mp_max)] >= j) --mp_max;
+        if (mp_min > mp_max) {
+          row[m - 1] = best;
+          if (std::isfinite(best.t)) first_finite[static_cast<std::size_t>(m)] = std::min(first_finite[static_cast<std::size_t>(m)], j);
+          continue;
+        }
+        auto consider = [&](int k, int mp) {
+          const Entry& a = A[static_cast<std::size_t>(k) * SM + static_cast<std::size_t>(m - mp - 1)];
+          if (!std::isfinite(a.t) || a.t > best.t) return;
+          double Tl = seg_compute(level, k, j);
+          if (!(Tl <= best.t * slack * mp)) return;  // infinite, or the last stage alone is slower
+          double v = replicated_stage_time(Tl, diff(m_g.parameter_bytes, k, j), mp, B, share_split);
+          v = std::max(v, a.t);
+          if (m_transfer) {
+            v = std::max(v, transfer_time(boundary(k), mp, B, m_ratio));
+            if (!last_state) v = std::max(v, transfer_time(boundary(j), mp, B, m_ratio));
+          }
+          const int stages = a.stages + 1;
+          if (!better_split(v, stages, mp, k, best)) return;
+          if (!fits(level, k, j, mp, m, M)) return;
+          best = Entry{v, k, mp, stages};
+        };
+        auto valid_split = [&](int k) { return k > s && k < j && (chain || (m_g.is_ancestor(s, k) && m_g.is_ancestor(k, j))); };
+        // Warm start: the split that was best for the previous end state.
+        if (prev_j >= 0) {
+          const Entry& pe = A[static_cast<std::size_t>(prev_j) * SM + static_cast<std::size_t>(m - 1)];
+          if (pe.k >= 0 && pe.mprime >= mp_min && pe.mprime <= mp_max && valid_split(pe.k)) consider(pe.k, pe.mprime);
+        }
+        // For each mp, scan k by ascending compute over the window
+        // [cj - t·G·mp, cs + t·G·(m - mp)], its upper end re-checked as t improves. For a chain
+        // the window's lower end moves little from one end state to the next, so it is found by
+        // walking from where it was (pos) instead of by binary search.
+        for (int mp = mp_min; mp <= mp_max; ++mp) {
+          const std::size_t pm = m_o.straight ? static_cast<std::size_t>(m) : static_cast<std::size_t>(m) * (SM + 1) + static_cast<std::size_t>(mp);
+          if (first_finite[static_cast<std::size_t>(m - mp)] >= j) continue;
+          const double bound0 = best.t * slack * G;
+          if (chain) {
+            int kb = s + 1;
+            if (std::isfinite(bound0)) {
+              const double x = cj - bound0 * mp;
+              int q = std::clamp(pos[pm], s + 1, j);
+              while (q > s + 1 && m_g.compute_s[static_cast<std::size_t>(q - 1)] >= x) --q;
+              while (q < j && m_g.compute_s[static_cast<std::size_t>(q)] < x) ++q;
+              pos[pm] = q;
+              kb = q;
             }
-            int stages = a.stages + 1;
-            bool better = m_pd ? v < best.t : (v < best.t || (v == best.t && stages < best.stages));
-            if (!better) return;
-            if (!fits(level, k, j, mp, m, M)) return;
-            best = Entry{v, k, mp, stages};
-          };
-          if (!have_list) {
-            int kb = s + 1, ke = j - 1;
-            if (std::isfinite(best.t)) {
-              kb = static_cast<int>(std::lower_bound(m_g.compute_s.begin() + (s + 1), m_g.compute_s.begin() + j, lo) - m_g.compute_s.begin());
-              ke = static_cast<int>(std::upper_bound(m_g.compute_s.begin() + (s + 1), m_g.compute_s.begin() + j, hi) - m_g.compute_s.begin()) - 1;
+            kb = std::max(kb, first_finite[static_cast<std::size_t>(m - mp)]);
+            for (int k = kb; k < j; ++k) {
+              if (m_g.compute_s[static_cast<std::size_t>(k)] - cs > best.t * slack * G * (m - mp)) break;
+              consider(k, mp);
             }
-            for (int k = kb; k <= ke; ++k) consider(k);
           } else {
-            auto b = list.begin(), e = list.end();
-            if (std::isfinite(best.t)) {
-              b = std::lower_bound(list.begin(), list.end(), lo, [&](int k, double x) { return m_g.compute_s[static_cast<std::size_t>(k)] < x; });
-              e = std::upper_bound(b, list.end(), hi, [&](double x, int k) { return x < m_g.compute_s[static_cast<std::size_t>(k)]; });
+            auto it = list.begin();
+            if (std::isfinite(bound0))
+              it = std::lower_bound(list.begin(), list.end(), cj - bound0 * mp,
+                                    [&](int k, double x) { return m_g.compute_s[static_cast<std::size_t>(k)] < x; });
+            for (; it != list.end(); ++it) {
+              const int k = *it;
+              if (m_g.compute_s[static_cast<std::size_t>(k)] - cs > best.t * slack * G * (m - mp)) break;
+              if (k <= s || !m_g.is_ancestor(s, k)) continue;
+              consider(k, mp);
             }
-            for (auto it = b; it != e; ++it) consider(*it);
           }
         }
-        A[index(j, m)] = best;
+        row[m - 1] = best;
+        if (std::isfinite(best.t)) first_finite[static_cast<std::size_t>(m)] = std::min(first_finite[static_cast<std::size_t>(m)], j);
       }
+      prev_j = j;
       if (final_level && s < 0 && j == m_S - 1) break;
     }
   }
@@ -222,7 +290,7 @@ class Solver {
   std::optional<double> m_memory;
   bool m_pd = false, m_transfer = true;
   double m_ratio = 1;
-  int m_workers = 1, m_S = 0, m_cur_M = 1;
+  int m_workers = 1, m_S = 0;
   std::vector<int> m_group;
   std::vector<std::vector<double>> m_tables;
   const std::vector<int> m_empty;
