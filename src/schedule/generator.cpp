@@ -2,6 +2,7 @@
 // point-to-point communication.
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/schedules/gpipe.hpp>
+#include <pipeline/schedule/schedules/interleaved.hpp>
 #include <pipeline/schedule/schedules/one_f_one_b.hpp>
 
 #include <fmt/ranges.h>
@@ -26,6 +27,17 @@ ScheduleSpec ScheduleSpec::straight(int stages, int microbatches, int minibatche
   return s;
 }
 
+ScheduleSpec ScheduleSpec::interleaved(int ranks, int stages_per_rank, int microbatches, int minibatches) {
+  PIPELINE_CHECK_AS(ConfigError, ranks > 0 && stages_per_rank > 0,
+                    "an interleaved pipeline needs ranks > 0 and stages per rank > 0, got {} and {}", ranks,
+                    stages_per_rank);
+  ScheduleSpec s;
+  for (int k = 0; k < ranks * stages_per_rank; ++k) s.stage_ranks.push_back({k % ranks});
+  s.microbatches = microbatches;
+  s.minibatches = minibatches;
+  return s;
+}
+
 ScheduleSpec ScheduleSpec::from_plan(const Plan& plan, int microbatches, int minibatches) {
   ScheduleSpec s;
   int next = 0;
@@ -43,7 +55,7 @@ ScheduleSpec ScheduleSpec::from_plan(const Plan& plan, int microbatches, int min
   return s;
 }
 
-void check_spec(const ScheduleSpec& spec) {
+void check_spec(const ScheduleSpec& spec, bool one_stage_per_rank) {
   PIPELINE_CHECK_AS(ConfigError, !spec.stage_ranks.empty(), "the schedule has no stages");
   PIPELINE_CHECK_AS(ConfigError, spec.microbatches > 0,
                     "microbatches per minibatch must be positive, got {}", spec.microbatches);
@@ -57,9 +69,10 @@ void check_spec(const ScheduleSpec& spec) {
     PIPELINE_CHECK_AS(ConfigError, !spec.stage_ranks[s].empty(), "stage {} has no ranks", s);
     for (int r : spec.stage_ranks[s]) {
       PIPELINE_CHECK_AS(ConfigError, r >= 0, "stage {} lists negative rank {}", s, r);
-      PIPELINE_CHECK_AS(ConfigError, owner[r] < 0,
+      PIPELINE_CHECK_AS(ConfigError, owner[r] < 0 || (!one_stage_per_rank && owner[r] != s),
                         "rank {} is listed by stage {} and stage {}; each rank runs one stage", r,
                         owner[r], s);
+      if (owner[r] >= 0) continue;
       owner[r] = s;
     }
   }
@@ -236,6 +249,7 @@ const GeneratorRegistry& GeneratorRegistry::builtin() {
     r.add("gpipe", gpipe_schedule);
     r.add("1f1b-flush", one_f_one_b_flush_schedule);
     r.add("1f1b-stash", one_f_one_b_stash_schedule);
+    r.add("interleaved-1f1b", interleaved_one_f_one_b_schedule);
     r.add("1f1b-stash-vsync", [](const ScheduleSpec& spec) {
       ScheduleSpec s = spec;
       s.vertical_sync = true;

@@ -143,7 +143,7 @@ TEST_CASE("replicated stages get minibatches round-robin and allreduce before ea
 
 TEST_CASE("the registry names its generators and can be extended") {
   auto names = GeneratorRegistry::builtin().names();
-  for (const char* n : {"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync"})
+  for (const char* n : {"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync", "interleaved-1f1b"})
     CHECK(std::find(names.begin(), names.end(), n) != names.end());
   CHECK_THROWS_WITH_AS(generate_schedule("interleaved", ScheduleSpec::straight(2, 2)),
                        doctest::Contains("known schedules: 1f1b-flush"), ConfigError);
@@ -191,4 +191,35 @@ TEST_CASE("validation names the rank and the action") {
     CHECK_THROWS_WITH_AS(validate(s), doctest::Contains("deadlock: rank 0 waits at action #2 `0RG0@1` for rank 1; rank 1 waits at action #0 `1RA1@0` for rank 0"),
                          ConfigError);
   }
+}
+
+TEST_CASE("interleaved 1F1B: every rank's stages in groups of p microbatches, validated") {
+  // p = 2 ranks, v = 2 stages each (stages 0, 2 on rank 0; 1, 3 on rank 1), m = 4.
+  Schedule s = generate_schedule("interleaved-1f1b", ScheduleSpec::interleaved(2, 2, 4));
+  CHECK(s.num_stages() == 4);
+  CHECK(s.stage_ranks == std::vector<std::vector<int>>{{0}, {1}, {0}, {1}});
+  // Rank 1: warm-up 2·0 + 1·2 = 2 forwards, then 1F1B; forwards take its stages in ascending
+  // order, backwards in descending order (the last stage's backward comes first), p at a time.
+  CHECK(to_string(compute_only(s.ranks[1])) == "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3");
+  // Rank 0: warm-up 2·1 + 1·2 = 4 forwards.
+  CHECK(to_string(compute_only(s.ranks[0])) == "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3");
+  CHECK(count(s.ranks[0], ActionKind::Step) == 2);
+  ValidationReport rep = validate(s);
+  CHECK(rep.ranks[0].peak_activations == 5);
+  CHECK(rep.ranks[1].peak_activations == 3);
+  // A hand-edited copy where rank 1 starts a backward before the forward is rejected.
+  Schedule bad = s;
+  std::swap(bad.ranks[1][0], bad.ranks[1][6]);
+  CHECK(!validation_error(bad).empty());
+
+  CHECK_THROWS_WITH_AS(generate_schedule("interleaved-1f1b", ScheduleSpec::interleaved(2, 2, 3)),
+                       doctest::Contains("multiple of 2; got 3"), ConfigError);
+  ScheduleSpec shuffled = ScheduleSpec::straight(3, 3);
+  std::swap(shuffled.stage_ranks[1], shuffled.stage_ranks[2]);
+  CHECK_THROWS_WITH_AS(generate_schedule("interleaved-1f1b", shuffled), doctest::Contains("stage k on rank k mod 3"),
+                       ConfigError);
+  ScheduleSpec uneven = ScheduleSpec::interleaved(2, 2, 4);
+  uneven.stage_ranks.push_back({0});
+  CHECK_THROWS_WITH_AS(generate_schedule("interleaved-1f1b", uneven), doctest::Contains("5 stages on 2 ranks"),
+                       ConfigError);
 }

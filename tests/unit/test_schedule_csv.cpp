@@ -28,6 +28,13 @@ TEST_CASE("generated schedules survive a CSV round trip") {
     CHECK(back.ranks == s.ranks);
     validate(back);
   }
+  // Several stages per rank: the stage -> rank map is read back from the actions.
+  Schedule s = generate_schedule("interleaved-1f1b", ScheduleSpec::interleaved(3, 2, 6, 2));
+  Schedule back = schedule_from_csv(schedule_to_csv(s));
+  CHECK(back.stage_ranks == s.stage_ranks);
+  CHECK(back.ranks == s.ranks);
+  CHECK(back.minibatches == 2);
+  validate(back);
 }
 
 TEST_CASE("a hand-written CSV without metadata infers its shape") {

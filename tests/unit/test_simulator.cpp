@@ -319,3 +319,40 @@ TEST_CASE("DAG plans: a stage's layer_ids decide its compute and the bytes cross
   CHECK_THROWS_WITH_AS(stage_timing(prof, backwards, 0, 1.0), doctest::Contains("reads layer 2 of the later stage 1"),
                        ConfigError);
 }
+
+TEST_CASE("interleaved 1F1B: bubble (p-1)/(v·m + p-1), i.e. (p-1)/(v·m) of the ideal time") {
+  for (int p : {1, 2, 4}) {
+    for (int v : {1, 2, 3}) {
+      for (int m : {p, 2 * p, 4 * p}) {
+        CAPTURE(p);
+        CAPTURE(v);
+        CAPTURE(m);
+        // v·p equal stages of 1 ms forward and 2 ms backward, stage k on rank k mod p.
+        Profile prof = uniform_profile(v * p);
+        Plan plan;
+        for (int k = 0; k < v * p; ++k) plan.stages.push_back({k, k + 1, 1, {k % p}});
+        plan.workers = p;
+        Schedule s = generate_schedule("interleaved-1f1b", ScheduleSpec::interleaved(p, v, m, 2));
+        Simulation sim = simulate(s, prof, plan, {});
+        const double expected = static_cast<double>(p - 1) / (v * m + p - 1);
+        CHECK(sim.bubble_fraction == doctest::Approx(expected).epsilon(1e-12));
+        const double ideal = m * v * 3e-3;  // one rank's compute per minibatch
+        CHECK(sim.time_per_minibatch_s == doctest::Approx(ideal * (1 + static_cast<double>(p - 1) / (v * m))).epsilon(1e-12));
+        for (auto& r : sim.ranks) {
+          CHECK(r.bubble_fraction == doctest::Approx(expected).epsilon(1e-12));
+          // The warm-up forwards plus the one the steady state adds, each a stage's activation.
+          int warmup = m == p ? m * v : std::min(m * v, 2 * (p - 1 - r.rank) + (v - 1) * p);
+          CHECK(r.peak_activations == std::min(m * v, warmup + 1));
+        }
+      }
+    }
+  }
+  // v = 1 is 1F1B-flush's bubble (covered above) with a deeper warm-up: 2(p-1-r) forwards, so
+  // compared with 1F1B-flush's p-1-r it holds more activations, never fewer.
+  Simulation one = simulate(generate_schedule("interleaved-1f1b", ScheduleSpec::interleaved(4, 1, 8)),
+                            uniform_profile(4), equal_plan(4), {});
+  Simulation flush = simulate(generate_schedule("1f1b-flush", ScheduleSpec::straight(4, 8)), uniform_profile(4),
+                              equal_plan(4), {});
+  CHECK(one.time_per_minibatch_s == doctest::Approx(flush.time_per_minibatch_s).epsilon(1e-12));
+  for (int r = 0; r < 4; ++r) CHECK(one.ranks[r].peak_activations >= flush.ranks[r].peak_activations);
+}

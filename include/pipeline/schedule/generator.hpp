@@ -35,13 +35,16 @@ struct ScheduleSpec {
 
   // p stages of one rank each (rank s runs stage s).
   static ScheduleSpec straight(int stages, int microbatches, int minibatches = 1);
+  // v·p stages on p ranks, stage k on rank k mod p (interleaved schedules).
+  static ScheduleSpec interleaved(int ranks, int stages_per_rank, int microbatches, int minibatches = 1);
   // The stages and replicas of a plan; in_flight from the plan.
   static ScheduleSpec from_plan(const Plan& plan, int microbatches, int minibatches = 1);
 };
 
 using ScheduleGenerator = std::function<Schedule(const ScheduleSpec&)>;
 
-// Generators by name. builtin() holds gpipe, 1f1b-flush, 1f1b-stash and 1f1b-stash-vsync;
+// Generators by name. builtin() holds gpipe, 1f1b-flush, 1f1b-stash, 1f1b-stash-vsync and
+// interleaved-1f1b;
 // copy it and add() to extend.
 class GeneratorRegistry {
  public:
@@ -66,8 +69,9 @@ Schedule generate_schedule(const std::string& name, const ScheduleSpec& spec);
 void insert_communication(Schedule& schedule);
 
 // Checks a spec and throws ConfigError on empty stages, ranks out of range or repeated, and
-// non-positive counts. Generators call it first.
-void check_spec(const ScheduleSpec& spec);
+// non-positive counts. Generators call it first; those that place several stages on one rank
+// (interleaved schedules) pass one_stage_per_rank = false.
+void check_spec(const ScheduleSpec& spec, bool one_stage_per_rank = true);
 
 namespace detail {
 // Warm-up depth of one replica of `stage` under 1F1B: PipeDream's

@@ -1,0 +1,23 @@
+// Interleaved 1F1B (Narayanan et al., SC'21, "virtual pipeline stages"): the model is cut into
+// v·p stages and rank r holds the v stages r, r + p, ..., r + (v−1)p, so a microbatch passes
+// every rank v times. Each rank runs a 1F1B order over (stage, microbatch) pairs taken in groups
+// of p microbatches per stage: forwards go through its stages in ascending order, backwards in
+// descending order; the warm-up is 2(p − 1 − r) + (v − 1)p forwards (all of them when m = p).
+// Per minibatch it ends with one optimizer step per stage it holds (flush semantics, equal to
+// sequential training).
+//
+// With equal stages and free communication the bubble shrinks by v: (p − 1) / (v·m + p − 1) of
+// the makespan, i.e. (p − 1) / (v·m) relative to the ideal time, at the price of v times the
+// point-to-point messages.
+//
+// Spec: stage_ranks has v·p stages of one replica each, stage k on rank k mod p
+// (ScheduleSpec::interleaved builds it); microbatches must be a multiple of p.
+#pragma once
+
+#include <pipeline/schedule/generator.hpp>
+
+namespace pipeline {
+
+Schedule interleaved_one_f_one_b_schedule(const ScheduleSpec& spec);
+
+}  // namespace pipeline
