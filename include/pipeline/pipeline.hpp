@@ -79,6 +79,7 @@
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/schedule.hpp>
 #include <pipeline/schedule/schedules/gpipe.hpp>
+#include <pipeline/schedule/schedules/interleaved.hpp>
 #include <pipeline/schedule/schedules/one_f_one_b.hpp>
 #include <pipeline/schedule/simulator.hpp>
 #include <pipeline/schedule/trace.hpp>
