@@ -135,6 +135,17 @@ void one_f_one_b_order(std::vector<Action>& out, int stage, const std::vector<in
   }
 }
 
+// Actions of one replica of `stage`, communication included: per microbatch a forward and a
+// backward with a receive and a send each, and a step (after an allreduce when replicated) per
+// minibatch (flush) or per backward (stash).
+std::size_t compute_capacity(const ScheduleSpec& spec, int stage, bool step_per_backward = false) {
+  const std::size_t r = spec.stage_ranks[static_cast<std::size_t>(stage)].size();
+  const std::size_t units = static_cast<std::size_t>(spec.microbatches) * static_cast<std::size_t>(spec.minibatches);
+  const std::size_t mine = (units + r - 1) / r;
+  const std::size_t closing = r > 1 ? 2 : 1;  // the allreduce (replicated stages) and the step
+  return 6 * mine + closing * (step_per_backward ? mine : static_cast<std::size_t>(spec.minibatches));
+}
+
 void close_minibatch(std::vector<Action>& out, int stage, int replicas, int minibatch) {
   if (replicas > 1) out.push_back({ActionKind::AllReduce, stage, minibatch, -1});
   out.push_back({ActionKind::Step, stage, minibatch, -1});
@@ -149,6 +160,9 @@ Schedule gpipe_schedule(const ScheduleSpec& spec) {
     int r = static_cast<int>(spec.stage_ranks[s].size());
     for (int i = 0; i < r; ++i) {
       auto& out = sched.ranks[spec.stage_ranks[s][i]];
+      // Room for every action this rank gets, communication included (insert_communication
+      // then fills it in place instead of allocating a second list).
+      out.reserve(compute_capacity(spec, s));
       for (int j = 0; j < spec.minibatches; ++j) {
         auto mbs = detail::replica_microbatches(spec, s, i, j * spec.microbatches, spec.microbatches);
         for (int u : mbs) out.push_back(forward(s, u));
@@ -169,6 +183,9 @@ Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
     int warmup = detail::one_f_one_b_warmup(spec, s);
     for (int i = 0; i < r; ++i) {
       auto& out = sched.ranks[spec.stage_ranks[s][i]];
+      // Room for every action this rank gets, communication included (insert_communication
+      // then fills it in place instead of allocating a second list).
+      out.reserve(compute_capacity(spec, s));
       for (int j = 0; j < spec.minibatches; ++j) {
         auto mbs = detail::replica_microbatches(spec, s, i, j * spec.microbatches, spec.microbatches);
         one_f_one_b_order(out, s, mbs, warmup, [] {});
@@ -201,6 +218,9 @@ Schedule one_f_one_b_stash_schedule(const ScheduleSpec& spec) {
     if (spec.in_flight > 0) warmup = std::min(warmup, spec.in_flight - 1);
     for (int i = 0; i < r; ++i) {
       auto& out = sched.ranks[spec.stage_ranks[s][i]];
+      // Room for every action this rank gets, communication included (insert_communication
+      // then fills it in place instead of allocating a second list).
+      out.reserve(compute_capacity(spec, s, /*step_per_backward=*/true));
       auto mbs = detail::replica_microbatches(spec, s, i, 0, units);
       int step = 0;
       one_f_one_b_order(out, s, mbs, warmup, [&] {
@@ -214,30 +234,41 @@ Schedule one_f_one_b_stash_schedule(const ScheduleSpec& spec) {
 }
 
 void insert_communication(Schedule& schedule) {
-  int last = schedule.num_stages() - 1;
-  for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
-    auto& in = schedule.ranks[rank];
-    std::size_t compute = 0;
-    for (auto& a : in) compute += is_p2p(a.kind) ? 0 : 1;
-    std::vector<Action> out;
-    out.reserve(compute * 3);
-    for (const Action& a : in) {
-      if (is_p2p(a.kind)) continue;
-      int s = a.stage, u = a.microbatch;
-      bool valid_stage = s >= 0 && s <= last && u >= 0;
-      if (valid_stage && a.kind == ActionKind::Forward && s > 0)
-        out.push_back({ActionKind::RecvActivation, s, u, schedule.rank_of(s - 1, u)});
-      if (valid_stage && (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardInput) &&
-          s < last)
-        out.push_back({ActionKind::RecvGradient, s, u, schedule.rank_of(s + 1, u)});
-      out.push_back(a);
-      if (valid_stage && a.kind == ActionKind::Forward && s < last)
-        out.push_back({ActionKind::SendActivation, s, u, schedule.rank_of(s + 1, u)});
-      if (valid_stage && (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardInput) &&
-          s > 0)
-        out.push_back({ActionKind::SendGradient, s, u, schedule.rank_of(s - 1, u)});
+  const int last = schedule.num_stages() - 1;
+  for (auto& list : schedule.ranks) {
+    list.erase(std::remove_if(list.begin(), list.end(), [](const Action& a) { return is_p2p(a.kind); }), list.end());
+    // Which messages a compute action needs: a receive before it and a send after it.
+    auto needs = [last](const Action& a, bool& recv_act, bool& recv_grad, bool& send_act, bool& send_grad) {
+      const bool valid = a.stage >= 0 && a.stage <= last && a.microbatch >= 0;
+      const bool fwd = valid && a.kind == ActionKind::Forward;
+      const bool bwd = valid && (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardInput);
+      recv_act = fwd && a.stage > 0;
+      send_act = fwd && a.stage < last;
+      recv_grad = bwd && a.stage < last;
+      send_grad = bwd && a.stage > 0;
+    };
+    const std::size_t n = list.size();
+    std::size_t total = n;
+    for (const Action& a : list) {
+      bool ra, rg, sa, sg;
+      needs(a, ra, rg, sa, sg);
+      total += ra + rg + sa + sg;
     }
-    in = std::move(out);
+    // Filled in place from the back: an action never moves to an earlier index, so it is read
+    // before anything overwrites it, and the generators reserve enough that nothing reallocates.
+    list.resize(total);
+    std::size_t w = total;
+    for (std::size_t i = n; i-- > 0;) {
+      const Action a = list[i];
+      bool ra, rg, sa, sg;
+      needs(a, ra, rg, sa, sg);
+      const int s = a.stage, u = a.microbatch;
+      if (sg) list[--w] = {ActionKind::SendGradient, s, u, schedule.rank_of(s - 1, u)};
+      if (sa) list[--w] = {ActionKind::SendActivation, s, u, schedule.rank_of(s + 1, u)};
+      list[--w] = a;
+      if (rg) list[--w] = {ActionKind::RecvGradient, s, u, schedule.rank_of(s + 1, u)};
+      if (ra) list[--w] = {ActionKind::RecvActivation, s, u, schedule.rank_of(s - 1, u)};
+    }
   }
 }
 

@@ -28,7 +28,8 @@ Schedule interleaved_one_f_one_b_schedule(const ScheduleSpec& spec) {
   Schedule sched = detail::empty_schedule(spec, "interleaved-1f1b", UpdatePolicy::Flush);
   for (int r = 0; r < p; ++r) {
     auto& out = sched.ranks[static_cast<std::size_t>(r)];
-    out.reserve(static_cast<std::size_t>(spec.minibatches) * static_cast<std::size_t>(2 * total + v));
+    // Room for the communication too, which insert_communication adds in place.
+    out.reserve(static_cast<std::size_t>(spec.minibatches) * static_cast<std::size_t>(6 * total + v));
     const int warmup = m == p ? total : std::min(total, 2 * (p - 1 - r) + (v - 1) * p);
     for (int j = 0; j < spec.minibatches; ++j) {
       const int base = j * m;
