@@ -73,8 +73,24 @@ class Solver {
     return row[index(m_S - 1, count(top), count(top))].t;
   }
 
-  // Expands the optimum into final stages: (s, e, ranks).
-  void expand(int level, int s, int e, const std::vector<int>& bases, std::vector<std::pair<Segment, std::vector<int>>>& out) {
+  // How one level of the search turns a segment's time T into its stage's time:
+  // max((T + sync) / r, transfer / r), exactly as solve_row computes it.
+  struct LevelStep {
+    double par = 0, bandwidth = 1, share = 1, transfer = -1;  // transfer < 0: none (first stage)
+    int replicas = 1;
+  };
+  struct Expanded {
+    Segment seg;
+    std::vector<int> ranks;
+    double compute_path = 0;   // compute and synchronisation through every level
+    double transfer_path = 0;  // the largest transfer term, carried through the outer levels
+  };
+
+  // Expands the optimum into final stages with their ranks, and replays the search's arithmetic
+  // on each of them (innermost level first), so that the per-stage breakdown is the search's own:
+  // the slowest stage's max(compute_path, transfer_path) is the optimum.
+  void expand(int level, int s, int e, const std::vector<int>& bases, std::vector<LevelStep> outer,
+              std::vector<Expanded>& out) const {
     std::vector<Entry> row;
     solve_row(level, s, row);
     std::vector<Segment> segs;
@@ -97,13 +113,45 @@ class Solver {
     std::reverse(segs.begin(), segs.end());
     int offset = 0;
     const int G = m_group[static_cast<std::size_t>(level)];
-    for (const Segment& sg : segs) {
+    const double B = m_t.levels[static_cast<std::size_t>(level)].bandwidth_bytes_per_s;
+    const double W = level == 0 ? 1.0 : count(level - 1);
+    for (std::size_t i = 0; i < segs.size(); ++i) {
+      const Segment& sg = segs[i];
       std::vector<int> sub;
       for (int b : bases)
         for (int r = 0; r < sg.machines; ++r) sub.push_back(b + (offset + r) * G);
       offset += sg.machines;
-      if (level == 0) out.push_back({sg, sub});
-      else expand(level - 1, sg.s, sg.e, sub, out);
+      LevelStep step;
+      step.par = diff(m_g.parameter_bytes, sg.s, sg.e);
+      step.bandwidth = B;
+      step.replicas = sg.machines;
+      if (i == 0) {
+        step.share = m_pd ? W : G;
+      } else {
+        step.share = m_pd ? 1.0 : G;
+        step.transfer = 0;
+        if (m_transfer) {
+          step.transfer = transfer_time(boundary(sg.s), sg.machines, B, m_ratio);
+          if (sg.e != m_S - 1) step.transfer = std::max(step.transfer, transfer_time(boundary(sg.e), sg.machines, B, m_ratio));
+        }
+      }
+      std::vector<LevelStep> path = outer;
+      path.push_back(step);
+      if (level > 0) {
+        expand(level - 1, sg.s, sg.e, sub, std::move(path), out);
+        continue;
+      }
+      Expanded x{sg, sub, diff(m_g.compute_s, sg.s, sg.e), 0.0};
+      bool any_transfer = false;
+      for (auto it = path.rbegin(); it != path.rend(); ++it) {
+        x.compute_path = replicated_stage_time(x.compute_path, it->par, it->replicas, it->bandwidth, it->share);
+        if (any_transfer) x.transfer_path = replicated_stage_time(x.transfer_path, it->par, it->replicas, it->bandwidth, it->share);
+        if (it->transfer >= 0 && m_transfer) {
+          x.transfer_path = any_transfer ? std::max(x.transfer_path, it->transfer) : it->transfer;
+          any_transfer = true;
+        }
+      }
+      out.push_back(std::move(x));
     }
   }
 
@@ -312,6 +360,9 @@ struct FinalStage {
   std::vector<int> layers;  // ascending
   int s, e;                 // states
   std::vector<int> ranks;
+  // From the search (negative: evaluate the stage flat): its time through every level as the
+  // search computed it, split into the compute-and-synchronisation path and the transfer path.
+  double compute_path = -1, transfer_path = 0;
 };
 
 // Which level the workers a and b are joined at (0: same innermost group).
@@ -351,9 +402,17 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     const double B = t.levels[static_cast<std::size_t>(lvl)].bandwidth_bytes_per_s;
     const double T = diff(g.compute_s, fs.s, fs.e), par = diff(g.parameter_bytes, fs.s, fs.e),
                  act = diff(g.activation_bytes, fs.s, fs.e);
-    ps.compute_s = T / r;
-    ps.sync_s = r > 1 ? sync_time(par, r, B, 1.0) / r : 0.0;
-    if (transfer) {
+    if (fs.compute_path >= 0) {
+      // The search's own numbers (every level's replication and synchronisation included).
+      ps.compute_s = T / r;
+      ps.sync_s = std::max(0.0, fs.compute_path - ps.compute_s);
+      ps.transfer_s = fs.transfer_path;
+      worst = std::max(worst, std::max(fs.compute_path, fs.transfer_path));
+    } else {
+      ps.compute_s = T / r;
+      ps.sync_s = r > 1 ? sync_time(par, r, B, 1.0) / r : 0.0;
+    }
+    if (transfer && fs.compute_path < 0) {
       const auto& bytes = pd ? g.pipedream_boundary_bytes : g.boundary_bytes;
       if (fs.s >= 0) {
         const int l2 = span_level(groups, stages[i - 1].ranks.front(), fs.ranks.front());
@@ -369,7 +428,7 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     if (check_memory && memory && ps.memory_bytes > *memory)
       PIPELINE_FAIL(ConfigError, "stage {} (layers {}..{}, {} replicas) needs {:.4g} bytes per worker, more than the {:.4g} available",
                     i, ps.begin, ps.end, r, ps.memory_bytes, *memory);
-    worst = std::max(worst, std::max(ps.compute_s + ps.sync_s, ps.transfer_s));
+    if (fs.compute_path < 0) worst = std::max(worst, std::max(ps.compute_s + ps.sync_s, ps.transfer_s));
     if (i) plan.config.push_back('-');
     plan.config.append(std::to_string(r));
     plan.stages.push_back(std::move(ps));
@@ -457,12 +516,14 @@ Plan partition(const Profile& profile, const Topology& topology, const Partition
     }
     PIPELINE_FAIL(ConfigError, "no feasible plan for this profile and topology");
   }
-  std::vector<std::pair<Segment, std::vector<int>>> parts;
-  solver->expand(static_cast<int>(topology.levels.size()) - 1, -1, g.size() - 1, {0}, parts);
+  std::vector<Solver::Expanded> parts;
+  solver->expand(static_cast<int>(topology.levels.size()) - 1, -1, g.size() - 1, {0}, {}, parts);
   std::vector<FinalStage> stages;
-  for (auto& [sg, ranks] : parts) stages.push_back({g.layers_between(sg.s, sg.e), sg.s, sg.e, ranks});
+  for (auto& x : parts)
+    stages.push_back({g.layers_between(x.seg.s, x.seg.e), x.seg.s, x.seg.e, x.ranks, x.compute_path, x.transfer_path});
   Plan plan;
-  describe(plan, g, topology, options, stages, memory, false);
+  const double slowest = describe(plan, g, topology, options, stages, memory, false);
+  PIPELINE_CHECK(slowest == best, "internal: the slowest stage of the expanded plan ({}) is not the optimum ({})", slowest, best);
   finish(plan, profile, topology, options, best);
   return plan;
 }

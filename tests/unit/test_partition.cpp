@@ -192,6 +192,10 @@ TEST_CASE("the optimum equals exhaustive enumeration on random small instances")
       for (int r : s.ranks) ++rank_used[r];
       if (o.straight) CHECK(s.replicas == 1);
     }
+    // The per-stage rows are the search's own numbers: the slowest row is the headline.
+    double slowest = 0;
+    for (const auto& s : plan.stages) slowest = std::max(slowest, std::max(s.compute_s + s.sync_s, s.transfer_s));
+    CHECK(slowest == doctest::Approx(plan.predicted.time_per_minibatch_s).epsilon(1e-12));
     for (int c : owner) CHECK(c == 1);
     for (int c : rank_used) CHECK(c <= 1);
     ++checked;
