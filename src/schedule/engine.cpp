@@ -107,7 +107,10 @@ class Engine {
     m_result.ranks.resize(s.ranks.size());
     for (int st = 0; st < s.num_stages(); ++st)
       for (int r : s.stage_ranks[st]) m_ranks[r].slots.push_back({st, 0, {}});
-    for (std::size_t r = 0; r < s.ranks.size(); ++r) {
+    // Only the steady-state period of stash schedules is measured over the window; skip the
+    // pass over every action otherwise.
+    const bool window = costs != nullptr && s.policy == UpdatePolicy::Stash;
+    for (std::size_t r = 0; window && r < s.ranks.size(); ++r) {
       int n = 0;
       for (auto& a : s.ranks[r]) n += a.kind == ActionKind::Forward ? 1 : 0;
       m_ranks[r].forwards_total = n;
