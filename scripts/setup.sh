@@ -9,6 +9,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   dataset-fashion-mnist fortunes
   python3
+  python3-torch
 )
 
 missing=()
