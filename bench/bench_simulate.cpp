@@ -36,7 +36,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // CPU seconds of this process: on a shared machine wall time also counts other programs' turns.
-double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
+double cpu_seconds() {
+  return static_cast<double>(std::clock()) / CLOCKS_PER_SEC;
+}
 
 std::string load_average() {
   std::ifstream in("/proc/loadavg");
@@ -52,9 +54,12 @@ int main(int argc, char** argv) {
   std::string results;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--ranks") ranks = std::atoi(argv[i + 1]);
-    else if (a == "--microbatches") microbatches = std::atoi(argv[i + 1]);
-    else if (a == "--results") results = argv[i + 1];
+    if (a == "--ranks")
+      ranks = std::atoi(argv[i + 1]);
+    else if (a == "--microbatches")
+      microbatches = std::atoi(argv[i + 1]);
+    else if (a == "--results")
+      results = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown option %s\n", a.c_str());
       return 2;
@@ -73,9 +78,9 @@ int main(int argc, char** argv) {
     plan.stages.push_back({s, s + 1, 1, {s}});
   }
 
-  std::string table = fmt::format("{:<12} {:>6} {:>8} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}\n", "schedule",
-                                  "ranks", "mbs", "actions", "gen s", "sim s", "total s", "total cpu s", "bubble",
-                                  "(p-1)/(m+p-1)");
+  std::string table = fmt::format(
+      "{:<12} {:>6} {:>8} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>12}\n", "schedule", "ranks",
+      "mbs", "actions", "gen s", "sim s", "total s", "total cpu s", "bubble", "(p-1)/(m+p-1)");
   table += std::string(110, '-') + "\n";
   for (const char* name : {"1f1b-flush", "gpipe", "1f1b-stash"}) {
     bool stash = std::string(name) == "1f1b-stash";
@@ -89,14 +94,17 @@ int main(int argc, char** argv) {
     double sim_s = seconds_since(t1);
     double cpu = cpu_seconds() - c0;
     double formula = static_cast<double>(ranks - 1) / (microbatches + ranks - 1);
-    table += fmt::format("{:<12} {:>6} {:>8} {:>12} {:>10.2f} {:>10.2f} {:>10.2f} {:>11.2f} {:>10.4f} {:>12}\n", name,
-                         ranks, microbatches, s.num_actions(), gen, sim_s, gen + sim_s, cpu,
-                         stash ? sim.steady_state_bubble_fraction : sim.bubble_fraction,
-                         stash ? std::string("0 (steady)") : fmt::format("{:.4f}", formula));
+    table += fmt::format(
+        "{:<12} {:>6} {:>8} {:>12} {:>10.2f} {:>10.2f} {:>10.2f} {:>11.2f} {:>10.4f} {:>12}\n",
+        name, ranks, microbatches, s.num_actions(), gen, sim_s, gen + sim_s, cpu,
+        stash ? sim.steady_state_bubble_fraction : sim.bubble_fraction,
+        stash ? std::string("0 (steady)") : fmt::format("{:.4f}", formula));
     std::fflush(stdout);
   }
-  const std::string header = fmt::format("bench_simulate: {} ranks x {} microbatches, equal stages, free links, {}, load average {}, {:%Y-%m-%d}\n",
-                                         ranks, microbatches, cpu_name(), load_average(), fmt::localtime(std::time(nullptr)));
+  const std::string header = fmt::format(
+      "bench_simulate: {} ranks x {} microbatches, equal stages, free links, {}, load average {}, "
+      "{:%Y-%m-%d}\n",
+      ranks, microbatches, cpu_name(), load_average(), fmt::localtime(std::time(nullptr)));
   std::fputs((header + table).c_str(), stdout);
   if (!results.empty()) {
     std::ofstream out(results, std::ios::app);

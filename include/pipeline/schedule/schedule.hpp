@@ -55,8 +55,8 @@ inline constexpr int kNumActionKinds = 10;
 std::string_view action_code(ActionKind kind);
 
 inline bool is_compute(ActionKind k) {
-  return k == ActionKind::Forward || k == ActionKind::Backward ||
-         k == ActionKind::BackwardInput || k == ActionKind::BackwardWeight;
+  return k == ActionKind::Forward || k == ActionKind::Backward || k == ActionKind::BackwardInput ||
+         k == ActionKind::BackwardWeight;
 }
 inline bool is_send(ActionKind k) {
   return k == ActionKind::SendActivation || k == ActionKind::SendGradient;
@@ -64,7 +64,9 @@ inline bool is_send(ActionKind k) {
 inline bool is_recv(ActionKind k) {
   return k == ActionKind::RecvActivation || k == ActionKind::RecvGradient;
 }
-inline bool is_p2p(ActionKind k) { return is_send(k) || is_recv(k); }
+inline bool is_p2p(ActionKind k) {
+  return is_send(k) || is_recv(k);
+}
 
 // 16 bytes: a schedule of 1,024 ranks x 10,000 microbatches holds ~60 million of these.
 struct Action {
@@ -76,8 +78,12 @@ struct Action {
   friend bool operator==(const Action&, const Action&) = default;
 };
 
-inline Action forward(int stage, int mb) { return {ActionKind::Forward, stage, mb, -1}; }
-inline Action backward(int stage, int mb) { return {ActionKind::Backward, stage, mb, -1}; }
+inline Action forward(int stage, int mb) {
+  return {ActionKind::Forward, stage, mb, -1};
+}
+inline Action backward(int stage, int mb) {
+  return {ActionKind::Backward, stage, mb, -1};
+}
 
 // How weights are updated, which decides what Step means and what the validator demands.
 enum class UpdatePolicy {
@@ -85,7 +91,7 @@ enum class UpdatePolicy {
   Stash,  // step after every backward; each in-flight microbatch keeps its weight version
 };
 
-std::string_view update_policy_name(UpdatePolicy p);  // "flush" / "stash"
+std::string_view update_policy_name(UpdatePolicy p);   // "flush" / "stash"
 UpdatePolicy parse_update_policy(std::string_view s);  // throws ConfigError
 
 struct Schedule {

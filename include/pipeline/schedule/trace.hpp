@@ -18,11 +18,12 @@ namespace pipeline {
 std::string chrome_trace_json(const Simulation& sim, const Schedule& schedule);
 
 struct SvgOptions {
-  int width = 1200;       // pixels of the time axis
+  int width = 1200;  // pixels of the time axis
   int row_height = 26;
-  std::string title;      // default: schedule name, ranks, microbatches
+  std::string title;  // default: schedule name, ranks, microbatches
 };
-std::string timeline_svg(const Simulation& sim, const Schedule& schedule, const SvgOptions& options = {});
+std::string timeline_svg(const Simulation& sim, const Schedule& schedule,
+                         const SvgOptions& options = {});
 
 // File versions; IoError when the file cannot be written. ConfigError when the simulation has no
 // recorded events.
