@@ -1,6 +1,7 @@
 // pipeline-simulate: predict a plan's throughput, bubbles and memory under a schedule.
 //
-//   pipeline-simulate --profile profile.json --plan plan.json [--schedule NAME | --schedule-csv FILE]
+//   pipeline-simulate --profile profile.json --plan plan.json [--schedule NAME | --schedule-csv
+//   FILE]
 //                     [--microbatches M] [--minibatches N] [--trace FILE] [--svg FILE] [--json]
 //
 // Prints a per-rank table (or, with --json, one JSON object) on stdout. The topology for transfer
@@ -17,9 +18,9 @@
 #include <pipeline/schedule/simulator.hpp>
 #include <pipeline/schedule/trace.hpp>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <numeric>
@@ -45,16 +46,23 @@ int run(int argc, char** argv) {
   bool as_json = false, full_duplex = false;
   app.add_option("--profile", profile_path, "profile.json")->required();
   app.add_option("--plan", plan_path, "plan.json")->required();
-  auto* by_name = app.add_option("--schedule", schedule_name,
-                                 "schedule generator (default: the plan's): " +
-                                     fmt::format("{}", fmt::join(GeneratorRegistry::builtin().names(), ", ")));
+  auto* by_name =
+      app.add_option("--schedule", schedule_name,
+                     "schedule generator (default: the plan's): " +
+                         fmt::format("{}", fmt::join(GeneratorRegistry::builtin().names(), ", ")));
   app.add_option("--schedule-csv", schedule_csv, "a schedule written as CSV")->excludes(by_name);
-  app.add_option("--microbatches", microbatches, "microbatches per minibatch (default: 4 x stages; 1 for stash)");
-  app.add_option("--minibatches", minibatches, "minibatches to simulate (default: 1; stash: 8 x workers)");
-  app.add_option("--microbatch-size", microbatch_size, "samples per microbatch (default: the profile's batch)");
+  app.add_option("--microbatches", microbatches,
+                 "microbatches per minibatch (default: 4 x stages; 1 for stash)");
+  app.add_option("--minibatches", minibatches,
+                 "minibatches to simulate (default: 1; stash: 8 x workers)");
+  app.add_option("--microbatch-size", microbatch_size,
+                 "samples per microbatch (default: the profile's batch)");
   std::string topology_path;
-  auto* level_opt = app.add_option("--level", levels, "topology level COUNT:BANDWIDTH, innermost first (repeat), e.g. 8:300GB/s");
-  app.add_option("--topology", topology_path, "topology JSON file instead of --level")->excludes(level_opt);
+  auto* level_opt =
+      app.add_option("--level", levels,
+                     "topology level COUNT:BANDWIDTH, innermost first (repeat), e.g. 8:300GB/s");
+  app.add_option("--topology", topology_path, "topology JSON file instead of --level")
+      ->excludes(level_opt);
   app.add_option("--latency", latency, "seconds per message");
   app.add_flag("--full-duplex", full_duplex, "links carry both directions at full bandwidth");
   app.add_option("--trace", trace_path, "write a Chrome-trace / Perfetto JSON");
@@ -88,7 +96,8 @@ int run(int argc, char** argv) {
   opt.latency_s = latency;
   opt.full_duplex = full_duplex;
   opt.record_trace = !trace_path.empty() || !svg_path.empty();
-  const Topology topology = topology_path.empty() ? parse_levels(levels) : read_topology(topology_path);
+  const Topology topology =
+      topology_path.empty() ? parse_levels(levels) : read_topology(topology_path);
   Simulation sim = simulate(schedule, profile, plan, topology, opt);
   if (!trace_path.empty()) write_chrome_trace(trace_path, sim, schedule);
   if (!svg_path.empty()) write_timeline_svg(svg_path, sim, schedule);
@@ -115,9 +124,10 @@ int run(int argc, char** argv) {
   }
   fmt::print("schedule {}: {} ranks, {} microbatch(es) x {} minibatch(es)\n", sim.schedule,
              schedule.num_ranks(), schedule.microbatches, schedule.minibatches);
-  fmt::print("time per minibatch {:.6f} s, {:.1f} samples/s, bubble {:.1f}% (steady state {:.1f}%)\n",
-             sim.time_per_minibatch_s, sim.samples_per_s, 100 * sim.bubble_fraction,
-             100 * sim.steady_state_bubble_fraction);
+  fmt::print(
+      "time per minibatch {:.6f} s, {:.1f} samples/s, bubble {:.1f}% (steady state {:.1f}%)\n",
+      sim.time_per_minibatch_s, sim.samples_per_s, 100 * sim.bubble_fraction,
+      100 * sim.steady_state_bubble_fraction);
   fmt::print("{:>5} {:>5} {:>8} {:>8} {:>11} {:>9} {:>14}\n", "rank", "stage", "bubble", "steady",
              "activations", "versions", "peak memory");
   for (auto& r : sim.ranks)

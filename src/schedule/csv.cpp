@@ -11,8 +11,10 @@ namespace pipeline {
 namespace {
 
 std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r'))
+    s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -89,14 +91,14 @@ Schedule schedule_from_csv(std::string_view text) {
     int cell = 1;
     while (comma != std::string_view::npos) {
       std::size_t next = line.find(',', comma + 1);
-      std::string_view c = line.substr(comma + 1, next == std::string_view::npos ? std::string_view::npos
-                                                                                  : next - comma - 1);
+      std::string_view c = line.substr(
+          comma + 1, next == std::string_view::npos ? std::string_view::npos : next - comma - 1);
       ++cell;
       try {
         for (const Action& a : parse_actions(c)) actions.push_back(a);
       } catch (const ConfigError& e) {
-        PIPELINE_FAIL(ConfigError, "schedule CSV line {} (rank {}), cell {}: {}", line_no, rank, cell,
-                      e.what());
+        PIPELINE_FAIL(ConfigError, "schedule CSV line {} (rank {}), cell {}: {}", line_no, rank,
+                      cell, e.what());
       }
       comma = next;
     }
@@ -141,9 +143,12 @@ Schedule schedule_from_csv(std::string_view text) {
     s.microbatches = std::max(1, (units + s.minibatches - 1) / s.minibatches);
   }
   if (meta.count("name")) s.name = meta["name"];
-  if (meta.count("microbatches")) s.microbatches = parse_int_field(meta["microbatches"], "microbatches", 1);
-  if (meta.count("minibatches")) s.minibatches = parse_int_field(meta["minibatches"], "minibatches", 1);
-  if (meta.count("vertical_sync")) s.vertical_sync = meta["vertical_sync"] == "1" || meta["vertical_sync"] == "true";
+  if (meta.count("microbatches"))
+    s.microbatches = parse_int_field(meta["microbatches"], "microbatches", 1);
+  if (meta.count("minibatches"))
+    s.minibatches = parse_int_field(meta["minibatches"], "minibatches", 1);
+  if (meta.count("vertical_sync"))
+    s.vertical_sync = meta["vertical_sync"] == "1" || meta["vertical_sync"] == "true";
   return s;
 }
 
@@ -152,7 +157,8 @@ void write_schedule_csv(const std::string& path, const Schedule& schedule) {
   PIPELINE_CHECK_AS(IoError, out.good(), "cannot open '{}' for writing the schedule CSV", path);
   out << schedule_to_csv(schedule);
   out.close();
-  PIPELINE_CHECK_AS(IoError, !out.fail(), "writing the schedule CSV '{}' failed (disk full?)", path);
+  PIPELINE_CHECK_AS(IoError, !out.fail(), "writing the schedule CSV '{}' failed (disk full?)",
+                    path);
 }
 
 Schedule read_schedule_csv(const std::string& path) {

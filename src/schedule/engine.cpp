@@ -33,8 +33,10 @@ class Fifo {
   }
   void pop_front() { ++m_head; }
   void erase(iterator it) {
-    if (it == begin()) pop_front();
-    else m_items.erase(it);
+    if (it == begin())
+      pop_front();
+    else
+      m_items.erase(it);
   }
 
  private:
@@ -80,8 +82,8 @@ struct RankState {
   double busy = 0;
   bool done = false;
   bool queued = false;
-  bool at_allreduce = false;     // arrived at the allreduce at pc, waiting for the others
-  int wait_channel = -1;         // blocked on a receive from this inbox channel
+  bool at_allreduce = false;  // arrived at the allreduce at pc, waiting for the others
+  int wait_channel = -1;      // blocked on a receive from this inbox channel
   std::vector<Channel> inbox;
   std::vector<StageSlot> slots;
   Fifo<InFlight> inflight;
@@ -103,7 +105,11 @@ std::int64_t key(int stage, int unit) {
 class Engine {
  public:
   Engine(const Schedule& s, const EngineCosts* costs, bool trace)
-      : m_s(s), m_costs(costs), m_trace(trace), m_ranks(s.ranks.size()), m_groups(s.stage_ranks.size()) {
+      : m_s(s),
+        m_costs(costs),
+        m_trace(trace),
+        m_ranks(s.ranks.size()),
+        m_groups(s.stage_ranks.size()) {
     m_result.ranks.resize(s.ranks.size());
     for (int st = 0; st < s.num_stages(); ++st)
       for (int r : s.stage_ranks[st]) m_ranks[r].slots.push_back({st, 0, {}});
@@ -154,7 +160,7 @@ class Engine {
 
   const StageCosts* stage_costs(int stage) const {
     return m_costs && stage < static_cast<int>(m_costs->stages.size()) ? &m_costs->stages[stage]
-                                                                        : nullptr;
+                                                                       : nullptr;
   }
 
   void account_memory(int r) {
@@ -287,7 +293,8 @@ class Engine {
         case ActionKind::SendGradient: {
           bool grad = a.kind == ActionKind::SendGradient;
           Channel& ch = channel(a.peer, r, grad);
-          double t = m_costs && m_costs->transfer_s ? m_costs->transfer_s(r, a.peer, a.stage, a.kind) : 0;
+          double t =
+              m_costs && m_costs->transfer_s ? m_costs->transfer_s(r, a.peer, a.stage, a.kind) : 0;
           double arrival = std::max(st.clock, ch.link_free) + t;
           ch.link_free = arrival;
           int version = m_s.vertical_sync && !grad ? version_of(st, a) : 0;
@@ -308,7 +315,8 @@ class Engine {
           int sender_stage = grad ? a.stage + 1 : a.stage - 1;
           Channel& ch = channel(r, a.peer, grad);
           auto it = ch.pending.begin();
-          while (it != ch.pending.end() && (it->unit != a.microbatch || it->stage != sender_stage)) ++it;
+          while (it != ch.pending.end() && (it->unit != a.microbatch || it->stage != sender_stage))
+            ++it;
           if (it == ch.pending.end()) {
             st.wait_channel = static_cast<int>(&ch - st.inbox.data());
             return;
@@ -371,7 +379,8 @@ class Engine {
 
   std::string describe(int r) const {
     const RankState& st = m_ranks[r];
-    return fmt::format("rank {} waits at action #{} `{}`", r, st.pc, to_string(m_s.ranks[r][st.pc]));
+    return fmt::format("rank {} waits at action #{} `{}`", r, st.pc,
+                       to_string(m_s.ranks[r][st.pc]));
   }
 
   [[noreturn]] void report_deadlock() const {
@@ -396,11 +405,12 @@ class Engine {
       const Action& a = m_s.ranks[path.back()][m_ranks[path.back()].pc];
       for (std::size_t i = 0; i < path.size(); ++i) {
         if (i) msg += "; ";
-        msg += describe(path[i]) + fmt::format(" for rank {}", i + 1 < path.size() ? path[i + 1] : r);
+        msg +=
+            describe(path[i]) + fmt::format(" for rank {}", i + 1 < path.size() ? path[i + 1] : r);
       }
       PIPELINE_FAIL(ConfigError,
-                    "schedule cannot finish: {}, which has finished without {} ({} ranks blocked)", msg,
-                    is_recv(a.kind) ? "sending it" : "reaching the allreduce", blocked);
+                    "schedule cannot finish: {}, which has finished without {} ({} ranks blocked)",
+                    msg, is_recv(a.kind) ? "sending it" : "reaching the allreduce", blocked);
     }
     for (std::size_t i = static_cast<std::size_t>(seen[r]); i < path.size(); ++i) {
       if (!msg.empty()) msg += "; ";
@@ -422,7 +432,8 @@ class Engine {
 
 }  // namespace
 
-EngineResult execute_schedule(const Schedule& schedule, const EngineCosts* costs, bool record_trace) {
+EngineResult execute_schedule(const Schedule& schedule, const EngineCosts* costs,
+                              bool record_trace) {
   return Engine(schedule, costs, record_trace).run();
 }
 

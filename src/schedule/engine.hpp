@@ -61,7 +61,8 @@ struct EngineResult {
 };
 
 // `costs` null: every duration is zero (validation).
-EngineResult execute_schedule(const Schedule& schedule, const EngineCosts* costs, bool record_trace);
+EngineResult execute_schedule(const Schedule& schedule, const EngineCosts* costs,
+                              bool record_trace);
 
 // The structural checks of validate(): every action is well-formed and on the right rank, every
 // dependency comes first on its rank, every send has its receive, update rules of the policy.

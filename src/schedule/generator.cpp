@@ -27,10 +27,12 @@ ScheduleSpec ScheduleSpec::straight(int stages, int microbatches, int minibatche
   return s;
 }
 
-ScheduleSpec ScheduleSpec::interleaved(int ranks, int stages_per_rank, int microbatches, int minibatches) {
-  PIPELINE_CHECK_AS(ConfigError, ranks > 0 && stages_per_rank > 0,
-                    "an interleaved pipeline needs ranks > 0 and stages per rank > 0, got {} and {}", ranks,
-                    stages_per_rank);
+ScheduleSpec ScheduleSpec::interleaved(int ranks, int stages_per_rank, int microbatches,
+                                       int minibatches) {
+  PIPELINE_CHECK_AS(
+      ConfigError, ranks > 0 && stages_per_rank > 0,
+      "an interleaved pipeline needs ranks > 0 and stages per rank > 0, got {} and {}", ranks,
+      stages_per_rank);
   ScheduleSpec s;
   for (int k = 0; k < ranks * stages_per_rank; ++k) s.stage_ranks.push_back({k % ranks});
   s.microbatches = microbatches;
@@ -78,7 +80,8 @@ void check_spec(const ScheduleSpec& spec, bool one_stage_per_rank) {
   }
   for (int r = 0; r < workers; ++r)
     PIPELINE_CHECK_AS(ConfigError, owner[r] >= 0,
-                      "rank {} belongs to no stage; ranks must be 0..{} without gaps", r, workers - 1);
+                      "rank {} belongs to no stage; ranks must be 0..{} without gaps", r,
+                      workers - 1);
 }
 
 namespace detail {
@@ -118,8 +121,8 @@ namespace {
 // Warm-up forwards, then one forward and one backward (oldest first), then the remaining
 // backwards. `after_backward` runs after each backward (the stash schedules step there).
 template <typename AfterBackward>
-void one_f_one_b_order(std::vector<Action>& out, int stage, const std::vector<int>& mbs,
-                       int warmup, AfterBackward&& after_backward) {
+void one_f_one_b_order(std::vector<Action>& out, int stage, const std::vector<int>& mbs, int warmup,
+                       AfterBackward&& after_backward) {
   int n = static_cast<int>(mbs.size());
   int w = std::min(warmup, n - 1);
   if (n == 0) return;
@@ -140,10 +143,12 @@ void one_f_one_b_order(std::vector<Action>& out, int stage, const std::vector<in
 // minibatch (flush) or per backward (stash).
 std::size_t compute_capacity(const ScheduleSpec& spec, int stage, bool step_per_backward = false) {
   const std::size_t r = spec.stage_ranks[static_cast<std::size_t>(stage)].size();
-  const std::size_t units = static_cast<std::size_t>(spec.microbatches) * static_cast<std::size_t>(spec.minibatches);
+  const std::size_t units =
+      static_cast<std::size_t>(spec.microbatches) * static_cast<std::size_t>(spec.minibatches);
   const std::size_t mine = (units + r - 1) / r;
   const std::size_t closing = r > 1 ? 2 : 1;  // the allreduce (replicated stages) and the step
-  return 6 * mine + closing * (step_per_backward ? mine : static_cast<std::size_t>(spec.minibatches));
+  return 6 * mine +
+         closing * (step_per_backward ? mine : static_cast<std::size_t>(spec.minibatches));
 }
 
 void close_minibatch(std::vector<Action>& out, int stage, int replicas, int minibatch) {
@@ -164,7 +169,8 @@ Schedule gpipe_schedule(const ScheduleSpec& spec) {
       // then fills it in place instead of allocating a second list).
       out.reserve(compute_capacity(spec, s));
       for (int j = 0; j < spec.minibatches; ++j) {
-        auto mbs = detail::replica_microbatches(spec, s, i, j * spec.microbatches, spec.microbatches);
+        auto mbs =
+            detail::replica_microbatches(spec, s, i, j * spec.microbatches, spec.microbatches);
         for (int u : mbs) out.push_back(forward(s, u));
         for (int u : mbs) out.push_back(backward(s, u));
         close_minibatch(out, s, r, j);
@@ -187,7 +193,8 @@ Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
       // then fills it in place instead of allocating a second list).
       out.reserve(compute_capacity(spec, s));
       for (int j = 0; j < spec.minibatches; ++j) {
-        auto mbs = detail::replica_microbatches(spec, s, i, j * spec.microbatches, spec.microbatches);
+        auto mbs =
+            detail::replica_microbatches(spec, s, i, j * spec.microbatches, spec.microbatches);
         one_f_one_b_order(out, s, mbs, warmup, [] {});
         close_minibatch(out, s, r, j);
       }
@@ -236,12 +243,16 @@ Schedule one_f_one_b_stash_schedule(const ScheduleSpec& spec) {
 void insert_communication(Schedule& schedule) {
   const int last = schedule.num_stages() - 1;
   for (auto& list : schedule.ranks) {
-    list.erase(std::remove_if(list.begin(), list.end(), [](const Action& a) { return is_p2p(a.kind); }), list.end());
+    list.erase(
+        std::remove_if(list.begin(), list.end(), [](const Action& a) { return is_p2p(a.kind); }),
+        list.end());
     // Which messages a compute action needs: a receive before it and a send after it.
-    auto needs = [last](const Action& a, bool& recv_act, bool& recv_grad, bool& send_act, bool& send_grad) {
+    auto needs = [last](const Action& a, bool& recv_act, bool& recv_grad, bool& send_act,
+                        bool& send_grad) {
       const bool valid = a.stage >= 0 && a.stage <= last && a.microbatch >= 0;
       const bool fwd = valid && a.kind == ActionKind::Forward;
-      const bool bwd = valid && (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardInput);
+      const bool bwd =
+          valid && (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardInput);
       recv_act = fwd && a.stage > 0;
       send_act = fwd && a.stage < last;
       recv_grad = bwd && a.stage < last;

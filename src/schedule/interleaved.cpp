@@ -9,19 +9,22 @@ Schedule interleaved_one_f_one_b_schedule(const ScheduleSpec& spec) {
   check_spec(spec, /*one_stage_per_rank=*/false);
   const int p = spec.num_ranks();
   const int stages = spec.num_stages();
-  PIPELINE_CHECK_AS(ConfigError, stages % p == 0,
-                    "interleaved-1f1b needs the same number of stages on every rank: {} stages on {} ranks; "
-                    "cut the model into a multiple of {} stages",
-                    stages, p, p);
+  PIPELINE_CHECK_AS(
+      ConfigError, stages % p == 0,
+      "interleaved-1f1b needs the same number of stages on every rank: {} stages on {} ranks; "
+      "cut the model into a multiple of {} stages",
+      stages, p, p);
   for (int s = 0; s < stages; ++s)
-    PIPELINE_CHECK_AS(ConfigError, spec.stage_ranks[s].size() == 1 && spec.stage_ranks[s][0] == s % p,
-                      "interleaved-1f1b places stage k on rank k mod {} without replicas, but stage {} runs on "
-                      "{} rank(s) starting with rank {}",
-                      p, s, spec.stage_ranks[s].size(), spec.stage_ranks[s][0]);
-  PIPELINE_CHECK_AS(ConfigError, spec.microbatches % p == 0,
-                    "interleaved-1f1b sends microbatches through the ranks in groups of {} (the ranks), so "
-                    "microbatches per minibatch must be a multiple of {}; got {}",
-                    p, p, spec.microbatches);
+    PIPELINE_CHECK_AS(
+        ConfigError, spec.stage_ranks[s].size() == 1 && spec.stage_ranks[s][0] == s % p,
+        "interleaved-1f1b places stage k on rank k mod {} without replicas, but stage {} runs on "
+        "{} rank(s) starting with rank {}",
+        p, s, spec.stage_ranks[s].size(), spec.stage_ranks[s][0]);
+  PIPELINE_CHECK_AS(
+      ConfigError, spec.microbatches % p == 0,
+      "interleaved-1f1b sends microbatches through the ranks in groups of {} (the ranks), so "
+      "microbatches per minibatch must be a multiple of {}; got {}",
+      p, p, spec.microbatches);
   const int v = stages / p;
   const int m = spec.microbatches;
   const int total = m * v;  // (stage, microbatch) pairs per rank and minibatch
@@ -29,7 +32,8 @@ Schedule interleaved_one_f_one_b_schedule(const ScheduleSpec& spec) {
   for (int r = 0; r < p; ++r) {
     auto& out = sched.ranks[static_cast<std::size_t>(r)];
     // Room for the communication too, which insert_communication adds in place.
-    out.reserve(static_cast<std::size_t>(spec.minibatches) * static_cast<std::size_t>(6 * total + v));
+    out.reserve(static_cast<std::size_t>(spec.minibatches) *
+                static_cast<std::size_t>(6 * total + v));
     const int warmup = m == p ? total : std::min(total, 2 * (p - 1 - r) + (v - 1) * p);
     for (int j = 0; j < spec.minibatches; ++j) {
       const int base = j * m;

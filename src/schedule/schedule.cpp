@@ -11,7 +11,9 @@ namespace {
 constexpr std::array<std::string_view, kNumActionKinds> kCodes = {"F",  "B",  "I",  "W",  "SA",
                                                                   "RA", "SG", "RG", "AR", "ST"};
 
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
 
 // Parses the digits of `s` starting at `pos`; returns false when there are none or they overflow.
 bool parse_int(std::string_view s, std::size_t& pos, std::int32_t& out) {
@@ -24,7 +26,9 @@ bool parse_int(std::string_view s, std::size_t& pos, std::int32_t& out) {
 
 }  // namespace
 
-std::string_view action_code(ActionKind kind) { return kCodes[static_cast<std::size_t>(kind)]; }
+std::string_view action_code(ActionKind kind) {
+  return kCodes[static_cast<std::size_t>(kind)];
+}
 
 std::string_view update_policy_name(UpdatePolicy p) {
   return p == UpdatePolicy::Flush ? "flush" : "stash";
@@ -37,7 +41,8 @@ UpdatePolicy parse_update_policy(std::string_view s) {
 }
 
 std::string to_string(const Action& a) {
-  if (is_p2p(a.kind)) return fmt::format("{}{}{}@{}", a.stage, action_code(a.kind), a.microbatch, a.peer);
+  if (is_p2p(a.kind))
+    return fmt::format("{}{}{}@{}", a.stage, action_code(a.kind), a.microbatch, a.peer);
   return fmt::format("{}{}{}", a.stage, action_code(a.kind), a.microbatch);
 }
 
@@ -48,7 +53,8 @@ Action parse_action(std::string_view token) {
   Action a;
   std::size_t pos = 0;
   if (!parse_int(token, pos, a.stage))
-    PIPELINE_FAIL(ConfigError, "action '{}' does not start with a stage number; {}", token, kExpected);
+    PIPELINE_FAIL(ConfigError, "action '{}' does not start with a stage number; {}", token,
+                  kExpected);
   std::size_t code_start = pos;
   while (pos < token.size() && token[pos] >= 'A' && token[pos] <= 'Z') ++pos;
   std::string_view code = token.substr(code_start, pos - code_start);
@@ -62,8 +68,8 @@ Action parse_action(std::string_view token) {
                   kExpected);
   if (is_p2p(a.kind)) {
     if (pos >= token.size() || token[pos] != '@')
-      PIPELINE_FAIL(ConfigError, "action '{}' is a send or receive and needs its peer rank as '@<rank>'",
-                    token);
+      PIPELINE_FAIL(ConfigError,
+                    "action '{}' is a send or receive and needs its peer rank as '@<rank>'", token);
     ++pos;
     if (!parse_int(token, pos, a.peer))
       PIPELINE_FAIL(ConfigError, "action '{}' has no peer rank after '@'", token);

@@ -27,30 +27,35 @@ std::vector<int> layer_stages(const Profile& profile, const Plan& plan) {
   std::vector<int> owner(static_cast<std::size_t>(profile.size()), -1);
   for (int s = 0; s < plan.num_stages(); ++s) {
     const PlanStage& ps = plan.stages[s];
-    PIPELINE_CHECK_AS(ConfigError, 0 <= ps.begin && ps.begin < ps.end && ps.end <= profile.size(),
-                      "plan stage {} covers layers [{}, {}), which does not fit the profile's {} layers "
-                      "(was the plan made for another profile?)",
-                      s, ps.begin, ps.end, profile.size());
+    PIPELINE_CHECK_AS(
+        ConfigError, 0 <= ps.begin && ps.begin < ps.end && ps.end <= profile.size(),
+        "plan stage {} covers layers [{}, {}), which does not fit the profile's {} layers "
+        "(was the plan made for another profile?)",
+        s, ps.begin, ps.end, profile.size());
     for (int l : stage_layers(ps)) {
       PIPELINE_CHECK_AS(ConfigError, l >= ps.begin && l < ps.end,
-                        "plan stage {} lists layer {} outside its range [{}, {})", s, l, ps.begin, ps.end);
-      PIPELINE_CHECK_AS(ConfigError, owner[static_cast<std::size_t>(l)] < 0,
-                        "layer {} belongs to plan stages {} and {}; each layer must be in one stage", l,
-                        owner[static_cast<std::size_t>(l)], s);
+                        "plan stage {} lists layer {} outside its range [{}, {})", s, l, ps.begin,
+                        ps.end);
+      PIPELINE_CHECK_AS(
+          ConfigError, owner[static_cast<std::size_t>(l)] < 0,
+          "layer {} belongs to plan stages {} and {}; each layer must be in one stage", l,
+          owner[static_cast<std::size_t>(l)], s);
       owner[static_cast<std::size_t>(l)] = s;
     }
   }
   for (int l = 0; l < profile.size(); ++l) {
     const int s = owner[static_cast<std::size_t>(l)];
-    PIPELINE_CHECK_AS(ConfigError, s >= 0,
-                      "layer {} ('{}') is in no stage of the plan; a plan must cover every layer of the "
-                      "profile (was it made for another profile?)",
-                      l, profile.layers[static_cast<std::size_t>(l)].name);
+    PIPELINE_CHECK_AS(
+        ConfigError, s >= 0,
+        "layer {} ('{}') is in no stage of the plan; a plan must cover every layer of the "
+        "profile (was it made for another profile?)",
+        l, profile.layers[static_cast<std::size_t>(l)].name);
     for (int v : profile.predecessors(l))
-      PIPELINE_CHECK_AS(ConfigError, owner[static_cast<std::size_t>(v)] <= s,
-                        "layer {} of stage {} reads layer {} of the later stage {}; stages must follow "
-                        "the layers' data flow",
-                        l, s, v, owner[static_cast<std::size_t>(v)]);
+      PIPELINE_CHECK_AS(
+          ConfigError, owner[static_cast<std::size_t>(v)] <= s,
+          "layer {} of stage {} reads layer {} of the later stage {}; stages must follow "
+          "the layers' data flow",
+          l, s, v, owner[static_cast<std::size_t>(v)]);
   }
   return owner;
 }
@@ -72,8 +77,8 @@ std::int64_t cut_bytes(const Profile& profile, const std::vector<int>& owner, in
   return bytes;
 }
 
-StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::vector<int>& owner, int stage,
-                         double scale) {
+StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::vector<int>& owner,
+                         int stage, double scale) {
   const PlanStage& ps = plan.stages[static_cast<std::size_t>(stage)];
   StageTiming t;
   double input = 0, weight = 0;
@@ -120,7 +125,8 @@ double link_bandwidth(const Topology& topology, int a, int b) {
   long long group = 1;
   for (const auto& level : topology.levels) {
     group *= std::max(level.count, 1);
-    if (a / group == b / group) return level.bandwidth_bytes_per_s > 0 ? level.bandwidth_bytes_per_s : kFree;
+    if (a / group == b / group)
+      return level.bandwidth_bytes_per_s > 0 ? level.bandwidth_bytes_per_s : kFree;
   }
   double outer = topology.levels.back().bandwidth_bytes_per_s;
   return outer > 0 ? outer : kFree;
@@ -128,27 +134,31 @@ double link_bandwidth(const Topology& topology, int a, int b) {
 
 Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan& plan,
                     const Topology& topology, const SimulateOptions& options) {
-  PIPELINE_CHECK_AS(ConfigError, plan.num_stages() == schedule.num_stages(),
-                    "the plan has {} stages but schedule '{}' has {}; generate the schedule from the "
-                    "plan",
-                    plan.num_stages(), schedule.name, schedule.num_stages());
+  PIPELINE_CHECK_AS(
+      ConfigError, plan.num_stages() == schedule.num_stages(),
+      "the plan has {} stages but schedule '{}' has {}; generate the schedule from the "
+      "plan",
+      plan.num_stages(), schedule.name, schedule.num_stages());
   for (int s = 0; s < plan.num_stages(); ++s)
-    PIPELINE_CHECK_AS(ConfigError,
-                      plan.stages[s].ranks.empty() || plan.stages[s].ranks == schedule.stage_ranks[s],
-                      "stage {} runs on different ranks in the plan and in schedule '{}'", s,
-                      schedule.name);
-  PIPELINE_CHECK_AS(ConfigError, profile.batch_size > 0 || options.microbatch_size == 0,
-                    "profile '{}' does not say its batch size, so a microbatch size of {} cannot scale its "
-                    "times; leave the microbatch size at 0 (the profile's batch)",
-                    profile.model.empty() ? "profile" : profile.model, options.microbatch_size);
-  PIPELINE_CHECK_AS(ConfigError, options.microbatch_size >= 0, "microbatch size must be >= 0, got {}",
-                    options.microbatch_size);
+    PIPELINE_CHECK_AS(
+        ConfigError,
+        plan.stages[s].ranks.empty() || plan.stages[s].ranks == schedule.stage_ranks[s],
+        "stage {} runs on different ranks in the plan and in schedule '{}'", s, schedule.name);
+  PIPELINE_CHECK_AS(
+      ConfigError, profile.batch_size > 0 || options.microbatch_size == 0,
+      "profile '{}' does not say its batch size, so a microbatch size of {} cannot scale its "
+      "times; leave the microbatch size at 0 (the profile's batch)",
+      profile.model.empty() ? "profile" : profile.model, options.microbatch_size);
+  PIPELINE_CHECK_AS(ConfigError, options.microbatch_size >= 0,
+                    "microbatch size must be >= 0, got {}", options.microbatch_size);
   detail::check_local(schedule);
 
-  const int microbatch_size = options.microbatch_size > 0 ? options.microbatch_size : profile.batch_size;
+  const int microbatch_size =
+      options.microbatch_size > 0 ? options.microbatch_size : profile.batch_size;
   // A profile without a batch size (some imported PipeDream graphs) is timed as it is, and its
   // samples per second are unknown (0), as the partitioner reports them.
-  const double scale = profile.batch_size > 0 ? static_cast<double>(microbatch_size) / profile.batch_size : 1.0;
+  const double scale =
+      profile.batch_size > 0 ? static_cast<double>(microbatch_size) / profile.batch_size : 1.0;
   const std::vector<int> owner = layer_stages(profile, plan);
   std::vector<StageTiming> timing;
   detail::EngineCosts costs;
@@ -170,7 +180,8 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
         for (int b : group) bw = std::min(bw, link_bandwidth(topology, a, b));
       // The partitioner's synchronisation time of one minibatch's gradients (sharers = 1: one
       // flat ring over the group's slowest link), scaled when another ring constant is asked for.
-      c.allreduce_s = options.allreduce_factor / 4.0 * sync_time(static_cast<double>(t.parameter_bytes), r, bw, 1.0) +
+      c.allreduce_s = options.allreduce_factor / 4.0 *
+                          sync_time(static_cast<double>(t.parameter_bytes), r, bw, 1.0) +
                       2.0 * (r - 1) * options.latency_s;
     }
     costs.stages.push_back(c);
@@ -187,18 +198,22 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     // talks to r'/g resp. r/g peers (g = gcd), so a pair gets 1/(max(r, r')/g) of the bandwidth
     // and the boundary carries 2a/(B min(r, r')) per minibatch — the partitioner's transfer term
     // of the side with fewer replicas (a single rank feeding r replicas carries all of it).
-    std::vector<double> boundary_share(static_cast<std::size_t>(std::max(plan.num_stages() - 1, 0)), 1.0);
+    std::vector<double> boundary_share(static_cast<std::size_t>(std::max(plan.num_stages() - 1, 0)),
+                                       1.0);
     for (int s = 0; s + 1 < plan.num_stages(); ++s) {
       const int a = schedule.replicas(s), b = schedule.replicas(s + 1);
-      boundary_share[static_cast<std::size_t>(s)] = static_cast<double>(std::max(a, b) / std::gcd(a, b));
+      boundary_share[static_cast<std::size_t>(s)] =
+          static_cast<double>(std::max(a, b) / std::gcd(a, b));
     }
     const double duplex = options.full_duplex ? 0.5 : 1.0;
-    costs.transfer_s = [&timing, &topology, &options, duplex, boundary_share](int src, int dst, int stage,
-                                                                             ActionKind kind) {
+    costs.transfer_s = [&timing, &topology, &options, duplex, boundary_share](
+                           int src, int dst, int stage, ActionKind kind) {
       if (src == dst) return 0.0;
       const int boundary = kind == ActionKind::SendActivation ? stage : stage - 1;
-      const double bytes = static_cast<double>(timing[static_cast<std::size_t>(boundary)].output_bytes);
-      const double bandwidth = link_bandwidth(topology, src, dst) / boundary_share[static_cast<std::size_t>(boundary)];
+      const double bytes =
+          static_cast<double>(timing[static_cast<std::size_t>(boundary)].output_bytes);
+      const double bandwidth =
+          link_bandwidth(topology, src, dst) / boundary_share[static_cast<std::size_t>(boundary)];
       return duplex * transfer_time(bytes, 1, bandwidth, 1.0) + options.latency_s;
     };
   }
@@ -226,8 +241,10 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     if (schedule.policy == UpdatePolicy::Stash && rec.window_forwards > 0) {
       double span = rec.window_end_s - rec.window_begin_s;
       if (span > 0) {
-        rs.steady_state_bubble_fraction = 1.0 - (rec.window_end_busy_s - rec.window_begin_busy_s) / span;
-        steady_period = std::max(steady_period, span / (rec.window_forwards * schedule.replicas(rs.stage)));
+        rs.steady_state_bubble_fraction =
+            1.0 - (rec.window_end_busy_s - rec.window_begin_busy_s) / span;
+        steady_period =
+            std::max(steady_period, span / (rec.window_forwards * schedule.replicas(rs.stage)));
       } else {
         rs.steady_state_bubble_fraction = 0;
       }
@@ -246,8 +263,10 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
   out.bubble_fraction = out.makespan_s > 0 ? 1.0 - busy / (n * out.makespan_s) : 0.0;
   out.steady_state_bubble_fraction = steady_ranks ? steady_bubble_sum / steady_ranks : 0.0;
   out.time_per_minibatch_s = out.makespan_s / schedule.minibatches;
-  if (schedule.policy == UpdatePolicy::Stash && steady_period > 0) out.time_per_minibatch_s = steady_period;
-  out.samples_per_s = out.time_per_minibatch_s > 0 ? out.samples_per_minibatch / out.time_per_minibatch_s : 0.0;
+  if (schedule.policy == UpdatePolicy::Stash && steady_period > 0)
+    out.time_per_minibatch_s = steady_period;
+  out.samples_per_s =
+      out.time_per_minibatch_s > 0 ? out.samples_per_minibatch / out.time_per_minibatch_s : 0.0;
   out.events = std::move(run.events);
   return out;
 }

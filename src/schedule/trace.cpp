@@ -12,29 +12,46 @@ namespace {
 
 const char* kind_name(ActionKind k) {
   switch (k) {
-    case ActionKind::Forward: return "forward";
-    case ActionKind::Backward: return "backward";
-    case ActionKind::BackwardInput: return "backward-input";
-    case ActionKind::BackwardWeight: return "backward-weight";
-    case ActionKind::SendActivation: return "send-activation";
-    case ActionKind::RecvActivation: return "recv-activation";
-    case ActionKind::SendGradient: return "send-gradient";
-    case ActionKind::RecvGradient: return "recv-gradient";
-    case ActionKind::AllReduce: return "allreduce";
-    case ActionKind::Step: return "step";
+    case ActionKind::Forward:
+      return "forward";
+    case ActionKind::Backward:
+      return "backward";
+    case ActionKind::BackwardInput:
+      return "backward-input";
+    case ActionKind::BackwardWeight:
+      return "backward-weight";
+    case ActionKind::SendActivation:
+      return "send-activation";
+    case ActionKind::RecvActivation:
+      return "recv-activation";
+    case ActionKind::SendGradient:
+      return "send-gradient";
+    case ActionKind::RecvGradient:
+      return "recv-gradient";
+    case ActionKind::AllReduce:
+      return "allreduce";
+    case ActionKind::Step:
+      return "step";
   }
   return "?";
 }
 
 const char* colour(ActionKind k) {
   switch (k) {
-    case ActionKind::Forward: return "#4e79a7";
-    case ActionKind::Backward: return "#59a14f";
-    case ActionKind::BackwardInput: return "#8cd17d";
-    case ActionKind::BackwardWeight: return "#2f7a3a";
-    case ActionKind::AllReduce: return "#f28e2b";
-    case ActionKind::Step: return "#b07aa1";
-    default: return "#999999";
+    case ActionKind::Forward:
+      return "#4e79a7";
+    case ActionKind::Backward:
+      return "#59a14f";
+    case ActionKind::BackwardInput:
+      return "#8cd17d";
+    case ActionKind::BackwardWeight:
+      return "#2f7a3a";
+    case ActionKind::AllReduce:
+      return "#f28e2b";
+    case ActionKind::Step:
+      return "#b07aa1";
+    default:
+      return "#999999";
   }
 }
 
@@ -72,11 +89,18 @@ std::string chrome_trace_json(const Simulation& sim, const Schedule& schedule) {
   std::vector<int> rank_stage(schedule.ranks.size(), 0);
   for (int s = schedule.num_stages() - 1; s >= 0; --s)
     for (int r : schedule.stage_ranks[s]) rank_stage[r] = s;
-  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", 0}, {"args", {{"name", sim.schedule}}}});
+  events.push_back(
+      {{"ph", "M"}, {"name", "process_name"}, {"pid", 0}, {"args", {{"name", sim.schedule}}}});
   for (std::size_t r = 0; r < schedule.ranks.size(); ++r) {
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", r},
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", 0},
+                      {"tid", r},
                       {"args", {{"name", fmt::format("rank {} (stage {})", r, rank_stage[r])}}}});
-    events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 0}, {"tid", r},
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_sort_index"},
+                      {"pid", 0},
+                      {"tid", r},
                       {"args", {{"sort_index", r}}}});
   }
   for (const TraceEvent& e : sim.events) {
@@ -84,21 +108,43 @@ std::string chrome_trace_json(const Simulation& sim, const Schedule& schedule) {
     json args = {{"stage", a.stage}, {"microbatch", a.microbatch}, {"action", to_string(a)}};
     if (is_send(a.kind)) {
       // A zero-length slice marks the post; the arrow starts there.
-      events.push_back({{"ph", "X"}, {"name", fmt::format("send {} to {}", a.microbatch, a.peer)},
-                        {"cat", kind_name(a.kind)}, {"pid", 0}, {"tid", e.rank}, {"ts", us(e.start_s)},
-                        {"dur", 0}, {"args", args}});
-      events.push_back({{"ph", "s"}, {"name", kind_name(a.kind)}, {"cat", "p2p"}, {"id", e.flow},
-                        {"pid", 0}, {"tid", e.rank}, {"ts", us(e.start_s)}});
+      events.push_back({{"ph", "X"},
+                        {"name", fmt::format("send {} to {}", a.microbatch, a.peer)},
+                        {"cat", kind_name(a.kind)},
+                        {"pid", 0},
+                        {"tid", e.rank},
+                        {"ts", us(e.start_s)},
+                        {"dur", 0},
+                        {"args", args}});
+      events.push_back({{"ph", "s"},
+                        {"name", kind_name(a.kind)},
+                        {"cat", "p2p"},
+                        {"id", e.flow},
+                        {"pid", 0},
+                        {"tid", e.rank},
+                        {"ts", us(e.start_s)}});
       continue;
     }
     std::string name = is_recv(a.kind) ? fmt::format("wait {}", a.microbatch)
                                        : fmt::format("{}{}", action_code(a.kind), a.microbatch);
-    events.push_back({{"ph", "X"}, {"name", name}, {"cat", kind_name(a.kind)}, {"pid", 0},
-                      {"tid", e.rank}, {"ts", us(e.start_s)}, {"dur", us(e.end_s - e.start_s)},
+    events.push_back({{"ph", "X"},
+                      {"name", name},
+                      {"cat", kind_name(a.kind)},
+                      {"pid", 0},
+                      {"tid", e.rank},
+                      {"ts", us(e.start_s)},
+                      {"dur", us(e.end_s - e.start_s)},
                       {"args", args}});
     if (is_recv(a.kind) && e.flow >= 0)
-      events.push_back({{"ph", "f"}, {"bp", "e"}, {"name", a.kind == ActionKind::RecvActivation ? "send-activation" : "send-gradient"},
-                        {"cat", "p2p"}, {"id", e.flow}, {"pid", 0}, {"tid", e.rank}, {"ts", us(e.end_s)}});
+      events.push_back(
+          {{"ph", "f"},
+           {"bp", "e"},
+           {"name", a.kind == ActionKind::RecvActivation ? "send-activation" : "send-gradient"},
+           {"cat", "p2p"},
+           {"id", e.flow},
+           {"pid", 0},
+           {"tid", e.rank},
+           {"ts", us(e.end_s)}});
   }
   json doc = {{"traceEvents", events},
               {"displayTimeUnit", "ms"},
@@ -109,7 +155,8 @@ std::string chrome_trace_json(const Simulation& sim, const Schedule& schedule) {
   return doc.dump();
 }
 
-std::string timeline_svg(const Simulation& sim, const Schedule& schedule, const SvgOptions& options) {
+std::string timeline_svg(const Simulation& sim, const Schedule& schedule,
+                         const SvgOptions& options) {
   check_events(sim);
   const int label_w = 110, top = 44, legend_h = 48;
   const int rows = schedule.num_ranks();
@@ -122,11 +169,12 @@ std::string timeline_svg(const Simulation& sim, const Schedule& schedule, const 
   for (int s = schedule.num_stages() - 1; s >= 0; --s)
     for (int r : schedule.stage_ranks[s]) rank_stage[r] = s;
 
-  std::string title = options.title.empty()
-                          ? fmt::format("{}: {} ranks, {} microbatch(es) x {} minibatch(es), bubble {:.1f}%",
-                                        sim.schedule, rows, schedule.microbatches, schedule.minibatches,
-                                        100 * sim.bubble_fraction)
-                          : options.title;
+  std::string title =
+      options.title.empty()
+          ? fmt::format("{}: {} ranks, {} microbatch(es) x {} minibatch(es), bubble {:.1f}%",
+                        sim.schedule, rows, schedule.microbatches, schedule.minibatches,
+                        100 * sim.bubble_fraction)
+          : options.title;
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" "
       "font-family=\"Helvetica, Arial, sans-serif\">\n"
@@ -147,25 +195,28 @@ std::string timeline_svg(const Simulation& sim, const Schedule& schedule, const 
     double w = (e.end_s - e.start_s) * px;
     if (w <= 0) continue;
     int y = top + e.rank * rh;
-    svg += fmt::format("<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\" stroke=\"white\" "
-                       "stroke-width=\"0.5\"><title>{} ({:.3f}-{:.3f} ms)</title></rect>\n",
-                       x, y + 1, w, rh - 2, colour(a.kind), to_string(a), e.start_s * 1e3, e.end_s * 1e3);
+    svg += fmt::format(
+        "<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\" stroke=\"white\" "
+        "stroke-width=\"0.5\"><title>{} ({:.3f}-{:.3f} ms)</title></rect>\n",
+        x, y + 1, w, rh - 2, colour(a.kind), to_string(a), e.start_s * 1e3, e.end_s * 1e3);
     std::string label = std::to_string(a.microbatch);
     if (w >= 7.0 * static_cast<double>(label.size()) + 2)
-      svg += fmt::format("<text x=\"{:.2f}\" y=\"{}\" font-size=\"11\" fill=\"white\" "
-                         "text-anchor=\"middle\">{}</text>\n",
-                         x + w / 2, y + rh / 2 + 4, label);
+      svg += fmt::format(
+          "<text x=\"{:.2f}\" y=\"{}\" font-size=\"11\" fill=\"white\" "
+          "text-anchor=\"middle\">{}</text>\n",
+          x + w / 2, y + rh / 2 + 4, label);
   }
   // Time axis.
   int axis_y = top + rows * rh + 4;
   double step = tick_step(span, 10);
-  svg += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#333\"/>\n", label_w, axis_y,
-                     label_w + options.width, axis_y);
+  svg += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#333\"/>\n", label_w,
+                     axis_y, label_w + options.width, axis_y);
   for (double t = 0; t <= span * (1 + 1e-9); t += step) {
     double x = label_w + t * px;
-    svg += fmt::format("<line x1=\"{:.2f}\" y1=\"{}\" x2=\"{:.2f}\" y2=\"{}\" stroke=\"#333\"/>"
-                       "<text x=\"{:.2f}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\">{:g} ms</text>\n",
-                       x, axis_y, x, axis_y + 4, x, axis_y + 17, t * 1e3);
+    svg += fmt::format(
+        "<line x1=\"{:.2f}\" y1=\"{}\" x2=\"{:.2f}\" y2=\"{}\" stroke=\"#333\"/>"
+        "<text x=\"{:.2f}\" y=\"{}\" font-size=\"11\" text-anchor=\"middle\">{:g} ms</text>\n",
+        x, axis_y, x, axis_y + 4, x, axis_y + 17, t * 1e3);
   }
   // Legend.
   int ly = axis_y + 30;
@@ -174,7 +225,8 @@ std::string timeline_svg(const Simulation& sim, const Schedule& schedule, const 
     ActionKind kind;
     const char* text;
   };
-  std::vector<Entry> legend = {{ActionKind::Forward, "forward"}, {ActionKind::Backward, "backward"}};
+  std::vector<Entry> legend = {{ActionKind::Forward, "forward"},
+                               {ActionKind::Backward, "backward"}};
   bool split = false, allreduce = false;
   for (auto& e : sim.events) {
     split = split || e.action.kind == ActionKind::BackwardInput;
@@ -186,14 +238,16 @@ std::string timeline_svg(const Simulation& sim, const Schedule& schedule, const 
   }
   if (allreduce) legend.push_back({ActionKind::AllReduce, "allreduce"});
   for (auto& item : legend) {
-    svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"14\" fill=\"{}\"/>"
-                       "<text x=\"{}\" y=\"{}\" font-size=\"12\">{}</text>\n",
-                       lx, ly, colour(item.kind), lx + 19, ly + 11, item.text);
+    svg += fmt::format(
+        "<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"14\" fill=\"{}\"/>"
+        "<text x=\"{}\" y=\"{}\" font-size=\"12\">{}</text>\n",
+        lx, ly, colour(item.kind), lx + 19, ly + 11, item.text);
     lx += 130;
   }
-  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"14\" fill=\"#e8e8e8\"/>"
-                     "<text x=\"{}\" y=\"{}\" font-size=\"12\">idle (bubble)</text>\n",
-                     lx, ly, lx + 19, ly + 11);
+  svg += fmt::format(
+      "<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"14\" fill=\"#e8e8e8\"/>"
+      "<text x=\"{}\" y=\"{}\" font-size=\"12\">idle (bubble)</text>\n",
+      lx, ly, lx + 19, ly + 11);
   svg += "</svg>\n";
   return svg;
 }

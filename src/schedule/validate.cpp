@@ -51,7 +51,8 @@ void check_local(const Schedule& s) {
     PIPELINE_CHECK_AS(ConfigError, !s.stage_ranks[st].empty(), "stage {} has no ranks", st);
     for (int r : s.stage_ranks[st]) {
       PIPELINE_CHECK_AS(ConfigError, r >= 0 && r < nranks,
-                        "stage {} lists rank {}, but the schedule has ranks 0..{}", st, r, nranks - 1);
+                        "stage {} lists rank {}, but the schedule has ranks 0..{}", st, r,
+                        nranks - 1);
       rank_stages[r].push_back(st);
     }
   }
@@ -60,7 +61,8 @@ void check_local(const Schedule& s) {
 
   for (int r = 0; r < nranks; ++r) {
     std::vector<Slot> slots;
-    for (int st : rank_stages[r]) slots.push_back({st, 0, 0, 0, 0, std::vector<std::uint8_t>(units, 0)});
+    for (int st : rank_stages[r])
+      slots.push_back({st, 0, 0, 0, 0, std::vector<std::uint8_t>(units, 0)});
     const auto& actions = s.ranks[r];
     for (std::size_t i = 0; i < actions.size(); ++i) {
       const Action& a = actions[i];
@@ -86,59 +88,71 @@ void check_local(const Schedule& s) {
         if (u != slot->steps)
           fail(fmt::format("step number {} out of order; expected {}", u, slot->steps));
         if (s.replicas(st) > 1 && slot->allreduces < u + 1)
-          fail(fmt::format("stage {} has {} replicas, so step {} needs its allreduce `{}AR{}` first",
-                           st, s.replicas(st), u, st, u));
+          fail(
+              fmt::format("stage {} has {} replicas, so step {} needs its allreduce `{}AR{}` first",
+                          st, s.replicas(st), u, st, u));
         if (s.policy == UpdatePolicy::Flush) {
           if (u >= s.minibatches)
-            fail(fmt::format("step {} closes no minibatch; the run has {} minibatches", u, s.minibatches));
+            fail(fmt::format("step {} closes no minibatch; the run has {} minibatches", u,
+                             s.minibatches));
           if (slot->outstanding > 0) {
             int open = 0;
-            while (open < units && !((slot->done[open] & kForward) && !(slot->done[open] & kWeightGrad))) ++open;
-            fail(fmt::format("step {} closes minibatch {} while microbatch {} still waits for its "
-                             "backward `{}B{}`",
-                             u, u, open, st, open));
+            while (open < units &&
+                   !((slot->done[open] & kForward) && !(slot->done[open] & kWeightGrad)))
+              ++open;
+            fail(
+                fmt::format("step {} closes minibatch {} while microbatch {} still waits for its "
+                            "backward `{}B{}`",
+                            u, u, open, st, open));
           }
           for (int v = u * s.microbatches; v < (u + 1) * s.microbatches; ++v)
             if (s.rank_of(st, v) == r && !(slot->done[v] & kWeightGrad))
-              fail(fmt::format("step {} closes minibatch {} before the backward of its microbatch "
-                               "{} `{}B{}`",
-                               u, u, v, st, v));
+              fail(
+                  fmt::format("step {} closes minibatch {} before the backward of its microbatch "
+                              "{} `{}B{}`",
+                              u, u, v, st, v));
         } else if (slot->steps >= slot->backwards) {
-          fail(fmt::format("stash schedules step once after each backward; this is step {} after "
-                           "{} backwards",
-                           u + 1, slot->backwards));
+          fail(
+              fmt::format("stash schedules step once after each backward; this is step {} after "
+                          "{} backwards",
+                          u + 1, slot->backwards));
         }
         ++slot->steps;
         continue;
       }
 
       if (u < 0 || u >= units)
-        fail(fmt::format("microbatch {} does not exist; the run has microbatches 0..{} ({} per "
-                         "minibatch x {} minibatches)",
-                         u, units - 1, s.microbatches, s.minibatches));
+        fail(
+            fmt::format("microbatch {} does not exist; the run has microbatches 0..{} ({} per "
+                        "minibatch x {} minibatches)",
+                        u, units - 1, s.microbatches, s.minibatches));
       if (s.rank_of(st, u) != r)
-        fail(fmt::format("microbatch {} of stage {} is dealt to rank {} (replica {} of {}), not to "
-                         "rank {}",
-                         u, st, s.rank_of(st, u), u % s.replicas(st), s.replicas(st), r));
+        fail(
+            fmt::format("microbatch {} of stage {} is dealt to rank {} (replica {} of {}), not to "
+                        "rank {}",
+                        u, st, s.rank_of(st, u), u % s.replicas(st), s.replicas(st), r));
       std::uint8_t& d = slot->done[u];
       auto once = [&](std::uint8_t bit, const char* what) {
-        if (d & bit) fail(fmt::format("{} of microbatch {} on stage {} happens twice", what, u, st));
+        if (d & bit)
+          fail(fmt::format("{} of microbatch {} on stage {} happens twice", what, u, st));
         d |= bit;
       };
       auto flush_version = [&](const char* what) {
         if (s.policy != UpdatePolicy::Flush) return;
         if (slot->steps < minibatch)
-          fail(fmt::format("{} of microbatch {} (minibatch {}) before step `{}ST{}` closes the "
-                           "previous minibatch",
-                           what, u, minibatch, st, minibatch - 1));
+          fail(
+              fmt::format("{} of microbatch {} (minibatch {}) before step `{}ST{}` closes the "
+                          "previous minibatch",
+                          what, u, minibatch, st, minibatch - 1));
         if (slot->steps > minibatch)
-          fail(fmt::format("{} of microbatch {} after step `{}ST{}` already closed its minibatch {}",
-                           what, u, st, minibatch, minibatch));
+          fail(
+              fmt::format("{} of microbatch {} after step `{}ST{}` already closed its minibatch {}",
+                          what, u, st, minibatch, minibatch));
       };
       auto check_peer = [&](int peer_stage, const char* role) {
         if (peer_stage < 0 || peer_stage > last)
-          fail(fmt::format("stage {} is the {} stage and has no {}", st, peer_stage < 0 ? "first" : "last",
-                           role));
+          fail(fmt::format("stage {} is the {} stage and has no {}", st,
+                           peer_stage < 0 ? "first" : "last", role));
         int expected = s.rank_of(peer_stage, u);
         if (a.peer != expected)
           fail(fmt::format("the peer is rank {}, but microbatch {} of stage {} runs on rank {}",
@@ -149,9 +163,10 @@ void check_local(const Schedule& s) {
         case ActionKind::Forward:
           flush_version("forward");
           if (st > 0 && !(d & kRecvAct))
-            fail(fmt::format("forward of microbatch {} on stage {} before receiving its input "
-                             "(expected `{}RA{}@{}` earlier on rank {})",
-                             u, st, st, u, s.rank_of(st - 1, u), r));
+            fail(
+                fmt::format("forward of microbatch {} on stage {} before receiving its input "
+                            "(expected `{}RA{}@{}` earlier on rank {})",
+                            u, st, st, u, s.rank_of(st - 1, u), r));
           once(kForward, "the forward");
           ++slot->outstanding;
           break;
@@ -162,9 +177,10 @@ void check_local(const Schedule& s) {
             fail(fmt::format("backward of microbatch {} on stage {} before its forward `{}F{}`", u,
                              st, st, u));
           if (st < last && !(d & kRecvGrad))
-            fail(fmt::format("backward of microbatch {} on stage {} before receiving its output "
-                             "gradient (expected `{}RG{}@{}` earlier on rank {})",
-                             u, st, st, u, s.rank_of(st + 1, u), r));
+            fail(
+                fmt::format("backward of microbatch {} on stage {} before receiving its output "
+                            "gradient (expected `{}RG{}@{}` earlier on rank {})",
+                            u, st, st, u, s.rank_of(st + 1, u), r));
           once(kInputGrad, "the backward");
           if (a.kind == ActionKind::Backward) {
             d |= kWeightGrad;
@@ -175,9 +191,10 @@ void check_local(const Schedule& s) {
         case ActionKind::BackwardWeight:
           flush_version("weight gradient");
           if (!(d & kInputGrad))
-            fail(fmt::format("weight gradient of microbatch {} on stage {} before its input "
-                             "gradient `{}I{}`",
-                             u, st, st, u));
+            fail(
+                fmt::format("weight gradient of microbatch {} on stage {} before its input "
+                            "gradient `{}I{}`",
+                            u, st, st, u));
           once(kWeightGrad, "the weight gradient");
           --slot->outstanding;
           ++slot->backwards;
@@ -196,8 +213,9 @@ void check_local(const Schedule& s) {
         case ActionKind::SendGradient:
           check_peer(st - 1, "previous stage to send gradients to");
           if (!(d & kInputGrad))
-            fail(fmt::format("sends the input gradient of microbatch {} before computing it in `{}B{}`",
-                             u, st, u));
+            fail(fmt::format(
+                "sends the input gradient of microbatch {} before computing it in `{}B{}`", u, st,
+                u));
           once(kSendGrad, "sending the gradient");
           break;
         case ActionKind::RecvGradient:
@@ -214,7 +232,8 @@ void check_local(const Schedule& s) {
     for (auto& sl : slots) {
       const int st = sl.stage;
       auto missing = [&](int u, const std::string& what) {
-        PIPELINE_FAIL(ConfigError, "rank {}: {} for microbatch {} of stage {} is missing", r, what, u, st);
+        PIPELINE_FAIL(ConfigError, "rank {}: {} for microbatch {} of stage {} is missing", r, what,
+                      u, st);
       };
       for (int u = 0; u < units; ++u) {
         if (s.rank_of(st, u) != r) continue;
@@ -223,20 +242,23 @@ void check_local(const Schedule& s) {
           missing(u, fmt::format("the receive `{}RA{}@{}`", st, u, s.rank_of(st - 1, u)));
         if (!(d & kForward)) missing(u, fmt::format("the forward `{}F{}`", st, u));
         if (st < last && !(d & kSendAct))
-          missing(u, fmt::format("the send `{}SA{}@{}` (after `{}F{}`)", st, u, s.rank_of(st + 1, u), st, u));
+          missing(u, fmt::format("the send `{}SA{}@{}` (after `{}F{}`)", st, u,
+                                 s.rank_of(st + 1, u), st, u));
         if (st < last && !(d & kRecvGrad))
           missing(u, fmt::format("the receive `{}RG{}@{}`", st, u, s.rank_of(st + 1, u)));
         if (!(d & kInputGrad)) missing(u, fmt::format("the backward `{}B{}`", st, u));
         if (!(d & kWeightGrad)) missing(u, fmt::format("the weight gradient `{}W{}`", st, u));
         if (st > 0 && !(d & kSendGrad))
-          missing(u, fmt::format("the send `{}SG{}@{}` (after `{}B{}`)", st, u, s.rank_of(st - 1, u), st, u));
+          missing(u, fmt::format("the send `{}SG{}@{}` (after `{}B{}`)", st, u,
+                                 s.rank_of(st - 1, u), st, u));
       }
       int expected_steps = s.policy == UpdatePolicy::Flush ? s.minibatches : sl.backwards;
       if (sl.steps != expected_steps)
-        PIPELINE_FAIL(ConfigError,
-                      "rank {}: stage {} takes {} optimizer steps; a {} schedule needs {} (`{}ST{}` is "
-                      "missing)",
-                      r, st, sl.steps, update_policy_name(s.policy), expected_steps, st, sl.steps);
+        PIPELINE_FAIL(
+            ConfigError,
+            "rank {}: stage {} takes {} optimizer steps; a {} schedule needs {} (`{}ST{}` is "
+            "missing)",
+            r, st, sl.steps, update_policy_name(s.policy), expected_steps, st, sl.steps);
       if (allreduces[st] < 0) {
         allreduces[st] = sl.allreduces;
         allreduce_rank[st] = r;

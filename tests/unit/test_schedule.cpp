@@ -27,7 +27,8 @@ int count(const std::vector<Action>& actions, ActionKind kind) {
 }  // namespace
 
 TEST_CASE("action tokens round-trip and bad tokens are named") {
-  for (const char* t : {"0F3", "12B0", "2I5", "2W5", "0SA3@1", "1RA3@0", "1SG3@0", "0RG3@1", "0AR2", "3ST10"})
+  for (const char* t :
+       {"0F3", "12B0", "2I5", "2W5", "0SA3@1", "1RA3@0", "1SG3@0", "0RG3@1", "0AR2", "3ST10"})
     CHECK(to_string(parse_action(t)) == t);
   Action a = parse_action("0SA3@1");
   CHECK(a.kind == ActionKind::SendActivation);
@@ -50,7 +51,8 @@ TEST_CASE("1F1B-flush on 4 stages: warm-up, steady 1F1B and cool-down, with comm
   CHECK(to_string(compute_only(s.ranks[3])) ==
         "3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5 3F6 3B6 3F7 3B7");
   // Communication inserted right around the compute that needs it.
-  CHECK(to_string(std::vector<Action>(s.ranks[1].begin(), s.ranks[1].begin() + 3)) == "1RA0@0 1F0 1SA0@2");
+  CHECK(to_string(std::vector<Action>(s.ranks[1].begin(), s.ranks[1].begin() + 3)) ==
+        "1RA0@0 1F0 1SA0@2");
   CHECK(s.ranks[0].back() == Action{ActionKind::Step, 0, 0, -1});
   CHECK(count(s.ranks[0], ActionKind::AllReduce) == 0);
   validate(s);
@@ -109,9 +111,9 @@ TEST_CASE("1F1B-stash admits in_flight minibatches at the input stage") {
 
 TEST_CASE("replicated stages get minibatches round-robin and allreduce before each step") {
   // PipeDream's 2-1-1 configuration of 4 workers, and a few others.
-  std::vector<std::vector<std::vector<int>>> configs = {
-      {{0, 1}, {2}, {3}}, {{0}, {1, 2}, {3}}, {{0}, {1}, {2, 3}}, {{0, 1, 2}, {3}}, {{0, 1}, {2, 3}},
-      {{0, 1, 2, 3}}};
+  std::vector<std::vector<std::vector<int>>> configs = {{{0, 1}, {2}, {3}}, {{0}, {1, 2}, {3}},
+                                                        {{0}, {1}, {2, 3}}, {{0, 1, 2}, {3}},
+                                                        {{0, 1}, {2, 3}},   {{0, 1, 2, 3}}};
   for (auto& cfg : configs) {
     for (std::string name : {"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync"}) {
       CAPTURE(name);
@@ -128,8 +130,7 @@ TEST_CASE("replicated stages get minibatches round-robin and allreduce before ea
           const auto& acts = s.ranks[cfg[st][i]];
           for (auto& a : acts)
             if (is_compute(a.kind)) CHECK(a.microbatch % r == i);
-          CHECK(count(acts, ActionKind::AllReduce) ==
-                (r == 1 ? 0 : count(acts, ActionKind::Step)));
+          CHECK(count(acts, ActionKind::AllReduce) == (r == 1 ? 0 : count(acts, ActionKind::Step)));
         }
       }
     }
@@ -143,7 +144,8 @@ TEST_CASE("replicated stages get minibatches round-robin and allreduce before ea
 
 TEST_CASE("the registry names its generators and can be extended") {
   auto names = GeneratorRegistry::builtin().names();
-  for (const char* n : {"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync", "interleaved-1f1b"})
+  for (const char* n :
+       {"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync", "interleaved-1f1b"})
     CHECK(std::find(names.begin(), names.end(), n) != names.end());
   CHECK_THROWS_WITH_AS(generate_schedule("interleaved", ScheduleSpec::straight(2, 2)),
                        doctest::Contains("known schedules: 1f1b-flush"), ConfigError);
@@ -157,26 +159,32 @@ TEST_CASE("the registry names its generators and can be extended") {
   CHECK_THROWS_AS(generate_schedule("gpipe", ScheduleSpec::straight(3, 0)), ConfigError);
   ScheduleSpec bad;
   bad.stage_ranks = {{0}, {0}};
-  CHECK_THROWS_WITH_AS(gpipe_schedule(bad), doctest::Contains("rank 0 is listed by stage 0 and stage 1"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(gpipe_schedule(bad),
+                       doctest::Contains("rank 0 is listed by stage 0 and stage 1"), ConfigError);
 }
 
 TEST_CASE("validation names the rank and the action") {
   Schedule s = one_f_one_b_flush_schedule(ScheduleSpec::straight(2, 2));
   SUBCASE("backward before its forward") {
     std::swap(s.ranks[1][1], s.ranks[1][2]);  // 1RA0@0 1F0 1B0 ... -> 1RA0@0 1B0 1F0
-    CHECK_THROWS_WITH_AS(validate(s), doctest::Contains("rank 1, action #1 `1B0`: backward of microbatch 0 on stage 1 before its forward"),
-                         ConfigError);
+    CHECK_THROWS_WITH_AS(
+        validate(s),
+        doctest::Contains(
+            "rank 1, action #1 `1B0`: backward of microbatch 0 on stage 1 before its forward"),
+        ConfigError);
   }
   SUBCASE("missing receive") {
     auto& r1 = s.ranks[1];
     r1.erase(std::find(r1.begin(), r1.end(), parse_action("1RA1@0")));
-    CHECK_THROWS_WITH_AS(validate(s), doctest::Contains("`1F1`: forward of microbatch 1 on stage 1 before receiving its input (expected `1RA1@0`"),
+    CHECK_THROWS_WITH_AS(validate(s),
+                         doctest::Contains("`1F1`: forward of microbatch 1 on stage 1 before "
+                                           "receiving its input (expected `1RA1@0`"),
                          ConfigError);
   }
   SUBCASE("wrong peer") {
     s.ranks[0][1].peer = 0;
-    CHECK_THROWS_WITH_AS(validate(s), doctest::Contains("rank 0, action #1 `0SA0@0`: the peer is rank 0"),
+    CHECK_THROWS_WITH_AS(validate(s),
+                         doctest::Contains("rank 0, action #1 `0SA0@0`: the peer is rank 0"),
                          ConfigError);
   }
   SUBCASE("missing step") {
@@ -188,7 +196,9 @@ TEST_CASE("validation names the rank and the action") {
     // that rank 1 needs first.
     s.ranks[1] = parse_actions("1RA1@0 1F1 1B1 1SG1@0 1RA0@0 1F0 1B0 1SG0@0 1ST0");
     s.ranks[0] = parse_actions("0F0 0SA0@1 0RG0@1 0B0 0F1 0SA1@1 0RG1@1 0B1 0ST0");
-    CHECK_THROWS_WITH_AS(validate(s), doctest::Contains("deadlock: rank 0 waits at action #2 `0RG0@1` for rank 1; rank 1 waits at action #0 `1RA1@0` for rank 0"),
+    CHECK_THROWS_WITH_AS(validate(s),
+                         doctest::Contains("deadlock: rank 0 waits at action #2 `0RG0@1` for rank "
+                                           "1; rank 1 waits at action #0 `1RA1@0` for rank 0"),
                          ConfigError);
   }
 }
@@ -200,9 +210,11 @@ TEST_CASE("interleaved 1F1B: every rank's stages in groups of p microbatches, va
   CHECK(s.stage_ranks == std::vector<std::vector<int>>{{0}, {1}, {0}, {1}});
   // Rank 1: warm-up 2·0 + 1·2 = 2 forwards, then 1F1B; forwards take its stages in ascending
   // order, backwards in descending order (the last stage's backward comes first), p at a time.
-  CHECK(to_string(compute_only(s.ranks[1])) == "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3");
+  CHECK(to_string(compute_only(s.ranks[1])) ==
+        "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3");
   // Rank 0: warm-up 2·1 + 1·2 = 4 forwards.
-  CHECK(to_string(compute_only(s.ranks[0])) == "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3");
+  CHECK(to_string(compute_only(s.ranks[0])) ==
+        "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3");
   CHECK(count(s.ranks[0], ActionKind::Step) == 2);
   ValidationReport rep = validate(s);
   CHECK(rep.ranks[0].peak_activations == 5);
@@ -216,10 +228,10 @@ TEST_CASE("interleaved 1F1B: every rank's stages in groups of p microbatches, va
                        doctest::Contains("multiple of 2; got 3"), ConfigError);
   ScheduleSpec shuffled = ScheduleSpec::straight(3, 3);
   std::swap(shuffled.stage_ranks[1], shuffled.stage_ranks[2]);
-  CHECK_THROWS_WITH_AS(generate_schedule("interleaved-1f1b", shuffled), doctest::Contains("stage k on rank k mod 3"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(generate_schedule("interleaved-1f1b", shuffled),
+                       doctest::Contains("stage k on rank k mod 3"), ConfigError);
   ScheduleSpec uneven = ScheduleSpec::interleaved(2, 2, 4);
   uneven.stage_ranks.push_back({0});
-  CHECK_THROWS_WITH_AS(generate_schedule("interleaved-1f1b", uneven), doctest::Contains("5 stages on 2 ranks"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(generate_schedule("interleaved-1f1b", uneven),
+                       doctest::Contains("5 stages on 2 ranks"), ConfigError);
 }

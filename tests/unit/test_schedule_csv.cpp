@@ -52,33 +52,37 @@ TEST_CASE("a hand-written CSV without metadata infers its shape") {
 }
 
 TEST_CASE("hand-written CSVs with mistakes are rejected naming the rank and the action") {
-  const char* header = "# pipeline.schedule/1 name=hand policy=flush microbatches=2 minibatches=1\n";
+  const char* header =
+      "# pipeline.schedule/1 name=hand policy=flush microbatches=2 minibatches=1\n";
   SUBCASE("deadlock") {
     // Each stage waits for the other: rank 1 wants microbatch 1 first, rank 0 sends it only
     // after the gradient of microbatch 0 came back.
     std::string csv = std::string(header) +
                       "0,0F0,0SA0@1,0RG0@1,0B0,0F1,0SA1@1,0RG1@1,0B1,0ST0\n"
                       "1,1RA1@0,1F1,1B1,1SG1@0,1RA0@0,1F0,1B0,1SG0@0,1ST0\n";
-    CHECK_THROWS_WITH_AS(validate(schedule_from_csv(csv)),
-                         doctest::Contains("deadlock: rank 0 waits at action #2 `0RG0@1` for rank 1; "
-                                           "rank 1 waits at action #0 `1RA1@0` for rank 0"),
-                         ConfigError);
+    CHECK_THROWS_WITH_AS(
+        validate(schedule_from_csv(csv)),
+        doctest::Contains("deadlock: rank 0 waits at action #2 `0RG0@1` for rank 1; "
+                          "rank 1 waits at action #0 `1RA1@0` for rank 0"),
+        ConfigError);
   }
   SUBCASE("missing receive") {
     std::string csv = std::string(header) +
                       "0,0F0,0SA0@1,0F1,0SA1@1,0RG0@1,0B0,0RG1@1,0B1,0ST0\n"
                       "1,1RA0@0,1F0,1F1,1B0,1SG0@0,1B1,1SG1@0,1ST0\n";
-    CHECK_THROWS_WITH_AS(validate(schedule_from_csv(csv)),
-                         doctest::Contains("rank 1, action #2 `1F1`: forward of microbatch 1 on stage 1 "
-                                           "before receiving its input (expected `1RA1@0`"),
-                         ConfigError);
+    CHECK_THROWS_WITH_AS(
+        validate(schedule_from_csv(csv)),
+        doctest::Contains("rank 1, action #2 `1F1`: forward of microbatch 1 on stage 1 "
+                          "before receiving its input (expected `1RA1@0`"),
+        ConfigError);
   }
   SUBCASE("a send nobody receives") {
     std::string csv = std::string(header) +
                       "0,0F0,0SA0@1,0F1,0SA1@1,0RG0@1,0B0,0RG1@1,0B1,0ST0\n"
                       "1,1RA0@0,1F0,1B0,1SG0@0,1SG1@0,1ST0\n";
     CHECK_THROWS_WITH_AS(validate(schedule_from_csv(csv)),
-                         doctest::Contains("rank 1, action #4 `1SG1@0`: sends the input gradient of microbatch 1 before computing it"),
+                         doctest::Contains("rank 1, action #4 `1SG1@0`: sends the input gradient "
+                                           "of microbatch 1 before computing it"),
                          ConfigError);
   }
   SUBCASE("backward before its forward") {
@@ -86,18 +90,20 @@ TEST_CASE("hand-written CSVs with mistakes are rejected naming the rank and the 
                       "0,0F0,0SA0@1,0F1,0SA1@1,0RG0@1,0B0,0RG1@1,0B1,0ST0\n"
                       "1,1RA0@0,1RA1@0,1B0,1F0,1F1,1SG0@0,1B1,1SG1@0,1ST0\n";
     CHECK_THROWS_WITH_AS(validate(schedule_from_csv(csv)),
-                         doctest::Contains("rank 1, action #2 `1B0`: backward of microbatch 0 on stage 1 before its forward `1F0`"),
+                         doctest::Contains("rank 1, action #2 `1B0`: backward of microbatch 0 on "
+                                           "stage 1 before its forward `1F0`"),
                          ConfigError);
   }
   SUBCASE("an unparsable cell") {
     std::string csv = std::string(header) + "0,0F0,0Q1\n";
-    CHECK_THROWS_WITH_AS(schedule_from_csv(csv),
-                         doctest::Contains("line 2 (rank 0), cell 3: action '0Q1' has unknown code 'Q'"),
-                         ConfigError);
+    CHECK_THROWS_WITH_AS(
+        schedule_from_csv(csv),
+        doctest::Contains("line 2 (rank 0), cell 3: action '0Q1' has unknown code 'Q'"),
+        ConfigError);
   }
   SUBCASE("a rank that is not a number") {
-    CHECK_THROWS_WITH_AS(schedule_from_csv("x,0F0\n"), doctest::Contains("rank 'x' is not an integer"),
-                         ConfigError);
+    CHECK_THROWS_WITH_AS(schedule_from_csv("x,0F0\n"),
+                         doctest::Contains("rank 'x' is not an integer"), ConfigError);
   }
 }
 

@@ -48,7 +48,9 @@ Plan make_plan(const std::vector<std::pair<int, int>>& stages) {
   return plan;
 }
 
-Plan equal_plan(int p) { return make_plan(std::vector<std::pair<int, int>>(p, {1, 1})); }
+Plan equal_plan(int p) {
+  return make_plan(std::vector<std::pair<int, int>>(p, {1, 1}));
+}
 
 }  // namespace
 
@@ -62,9 +64,11 @@ TEST_CASE("GPipe and 1F1B-flush bubble is (p-1)/(m+p-1) with equal stages and fr
       double expected = static_cast<double>(p - 1) / (m + p - 1);
       for (const char* name : {"gpipe", "1f1b-flush"}) {
         CAPTURE(name);
-        Simulation sim = simulate(generate_schedule(name, ScheduleSpec::straight(p, m, 3)), prof, plan, {});
+        Simulation sim =
+            simulate(generate_schedule(name, ScheduleSpec::straight(p, m, 3)), prof, plan, {});
         CHECK(sim.bubble_fraction == doctest::Approx(expected).epsilon(1e-12));
-        for (auto& r : sim.ranks) CHECK(r.bubble_fraction == doctest::Approx(expected).epsilon(1e-12));
+        for (auto& r : sim.ranks)
+          CHECK(r.bubble_fraction == doctest::Approx(expected).epsilon(1e-12));
         CHECK(sim.time_per_minibatch_s == doctest::Approx((m + p - 1) * 3e-3).epsilon(1e-12));
         CHECK(sim.samples_per_minibatch == m * 32);
         CHECK(sim.samples_per_s == doctest::Approx(m * 32 / ((m + p - 1) * 3e-3)));
@@ -77,8 +81,8 @@ TEST_CASE("1F1B-stash has no bubble in the steady state and runs at the bottlene
   for (int p : {2, 4, 5}) {
     CAPTURE(p);
     Profile prof = uniform_profile(p);
-    Simulation sim = simulate(generate_schedule("1f1b-stash", ScheduleSpec::straight(p, 1, 40)), prof,
-                              equal_plan(p), {});
+    Simulation sim = simulate(generate_schedule("1f1b-stash", ScheduleSpec::straight(p, 1, 40)),
+                              prof, equal_plan(p), {});
     CHECK(sim.time_per_minibatch_s == doctest::Approx(3e-3).epsilon(1e-12));
     CHECK(sim.steady_state_bubble_fraction == doctest::Approx(0).epsilon(1e-12));
     for (auto& r : sim.ranks) {
@@ -101,7 +105,8 @@ TEST_CASE("microbatch size scales compute") {
   Profile prof = uniform_profile(2);
   SimulateOptions opt;
   opt.microbatch_size = 8;  // a quarter of the profile's batch
-  Simulation sim = simulate(generate_schedule("gpipe", ScheduleSpec::straight(2, 4)), prof, equal_plan(2), {}, opt);
+  Simulation sim = simulate(generate_schedule("gpipe", ScheduleSpec::straight(2, 4)), prof,
+                            equal_plan(2), {}, opt);
   CHECK(sim.time_per_minibatch_s == doctest::Approx(5 * 0.75e-3));
   CHECK(sim.samples_per_minibatch == 32);
 }
@@ -119,25 +124,30 @@ TEST_CASE("transfers cost bytes over the crossed level's bandwidth and overlap w
   CHECK(link_bandwidth({}, 0, 5) == std::numeric_limits<double>::infinity());
 
   // GPipe, m = 1: F0, transfer, F1, B1, transfer back, B0. Half duplex: each direction 0.5 GB/s.
-  Simulation one = simulate(generate_schedule("gpipe", ScheduleSpec::straight(2, 1)), prof, plan, topo);
+  Simulation one =
+      simulate(generate_schedule("gpipe", ScheduleSpec::straight(2, 1)), prof, plan, topo);
   CHECK(one.makespan_s == doctest::Approx(6e-3 + 2 * 2e-3));
   SimulateOptions duplex;
   duplex.full_duplex = true;
   duplex.latency_s = 1e-4;
-  Simulation fd = simulate(generate_schedule("gpipe", ScheduleSpec::straight(2, 1)), prof, plan, topo, duplex);
+  Simulation fd =
+      simulate(generate_schedule("gpipe", ScheduleSpec::straight(2, 1)), prof, plan, topo, duplex);
   CHECK(fd.makespan_s == doctest::Approx(6e-3 + 2 * 1.1e-3));
 
   // Stash steady state: 2 ms per transfer and 3 ms of compute per stage overlap, but with the
   // 2 minibatches stage 0 admits, its round trip F0 + transfer + F1 + B1 + transfer + B0 = 10 ms
   // is not hidden: one minibatch per 5 ms. (The partitioner's formula assumes it is hidden.)
-  Simulation st = simulate(generate_schedule("1f1b-stash", ScheduleSpec::straight(2, 1, 40)), prof, plan, topo);
+  Simulation st =
+      simulate(generate_schedule("1f1b-stash", ScheduleSpec::straight(2, 1, 40)), prof, plan, topo);
   CHECK(st.time_per_minibatch_s == doctest::Approx(5e-3));
   // Free links hide nothing and cost nothing: the compute time.
-  Simulation free = simulate(generate_schedule("1f1b-stash", ScheduleSpec::straight(2, 1, 40)), prof, plan, {});
+  Simulation free =
+      simulate(generate_schedule("1f1b-stash", ScheduleSpec::straight(2, 1, 40)), prof, plan, {});
   CHECK(free.time_per_minibatch_s == doctest::Approx(3e-3));
   // A slower link: 8 ms per message, round trip (6 + 16) ms over 2 in flight.
   topo.levels[1].bandwidth_bytes_per_s = 0.25e9;
-  Simulation slow = simulate(generate_schedule("1f1b-stash", ScheduleSpec::straight(2, 1, 40)), prof, plan, topo);
+  Simulation slow =
+      simulate(generate_schedule("1f1b-stash", ScheduleSpec::straight(2, 1, 40)), prof, plan, topo);
   CHECK(slow.time_per_minibatch_s == doctest::Approx(11e-3));
 }
 
@@ -157,7 +167,8 @@ TEST_CASE("replicated stages: round-robin minibatches, ring allreduce, PipeDream
   CHECK(sim.ranks[0].stage == 0);
   CHECK(sim.ranks[2].stage == 1);
 
-  Simulation flush = simulate(generate_schedule("1f1b-flush", ScheduleSpec::from_plan(plan, 4, 2)), prof, plan, topo);
+  Simulation flush = simulate(generate_schedule("1f1b-flush", ScheduleSpec::from_plan(plan, 4, 2)),
+                              prof, plan, topo);
   CHECK(flush.time_per_minibatch_s > 0);
   CHECK(flush.bubble_fraction > 0);
   CHECK(flush.bubble_fraction < 1);
@@ -192,7 +203,8 @@ TEST_CASE("the simulator agrees with PipeDream's per-stage cost model in the ste
       int r = st.replicas;
       worst = std::max(worst, (T + 4.0 * (r - 1) * par / (B * r)) / r);
       if (s + 1 < plan.stages.size())
-        worst = std::max(worst, 2.0 * prof.layers[st.end - 1].output_bytes / (B * plan.stages[s + 1].replicas));
+        worst = std::max(
+            worst, 2.0 * prof.layers[st.end - 1].output_bytes / (B * plan.stages[s + 1].replicas));
     }
     return worst;
   };
@@ -200,8 +212,8 @@ TEST_CASE("the simulator agrees with PipeDream's per-stage cost model in the ste
                       std::vector<std::pair<int, int>>{{5, 3}, {2, 1}}}) {
     Plan plan = make_plan(stages);
     double predicted = pipedream(plan);
-    Simulation sim = simulate(generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 120)), prof,
-                              plan, topo);
+    Simulation sim = simulate(
+        generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 120)), prof, plan, topo);
     CHECK(sim.time_per_minibatch_s == doctest::Approx(predicted).epsilon(1e-6));
     CHECK(sim.samples_per_s == doctest::Approx(64 / predicted).epsilon(1e-6));
   }
@@ -211,8 +223,8 @@ TEST_CASE("the simulator agrees with PipeDream's per-stage cost model in the ste
   for (auto stages : {std::vector<std::pair<int, int>>{{3, 2}, {2, 1}, {2, 1}},
                       std::vector<std::pair<int, int>>{{4, 2}, {1, 1}, {2, 1}}}) {
     Plan plan = make_plan(stages);
-    Simulation sim = simulate(generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 120)), prof,
-                              plan, topo);
+    Simulation sim = simulate(
+        generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 120)), prof, plan, topo);
     CHECK(sim.time_per_minibatch_s > pipedream(plan));
     CHECK(sim.time_per_minibatch_s < 1.25 * pipedream(plan));
   }
@@ -221,13 +233,14 @@ TEST_CASE("the simulator agrees with PipeDream's per-stage cost model in the ste
 TEST_CASE("simulate rejects a plan that does not fit and an invalid schedule") {
   Profile prof = uniform_profile(3);
   Schedule s = generate_schedule("gpipe", ScheduleSpec::straight(2, 2));
-  CHECK_THROWS_WITH_AS(simulate(s, prof, equal_plan(3), {}), doctest::Contains("the plan has 3 stages"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(simulate(s, prof, equal_plan(3), {}),
+                       doctest::Contains("the plan has 3 stages"), ConfigError);
   Plan too_long = make_plan({{2, 1}, {2, 1}});
-  CHECK_THROWS_WITH_AS(simulate(s, prof, too_long, {}), doctest::Contains("does not fit the profile"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(simulate(s, prof, too_long, {}),
+                       doctest::Contains("does not fit the profile"), ConfigError);
   s.ranks[1].erase(s.ranks[1].begin());
-  CHECK_THROWS_WITH_AS(simulate(s, prof, equal_plan(2), {}), doctest::Contains("rank 1"), ConfigError);
+  CHECK_THROWS_WITH_AS(simulate(s, prof, equal_plan(2), {}), doctest::Contains("rank 1"),
+                       ConfigError);
 }
 
 TEST_CASE("trace events cover every action with matched flows") {
@@ -258,7 +271,9 @@ TEST_CASE("Chrome trace and SVG timeline of a run") {
   int slices = 0, flow_starts = 0, flow_ends = 0, tracks = 0;
   for (auto& e : doc["traceEvents"]) {
     std::string ph = e["ph"];
-    if (ph == "X" && e["dur"].get<double>() > 0 && e["cat"] != "recv-activation" && e["cat"] != "recv-gradient") ++slices;
+    if (ph == "X" && e["dur"].get<double>() > 0 && e["cat"] != "recv-activation" &&
+        e["cat"] != "recv-gradient")
+      ++slices;
     flow_starts += ph == "s";
     flow_ends += ph == "f";
     tracks += ph == "M" && e["name"] == "thread_name";
@@ -299,25 +314,27 @@ TEST_CASE("DAG plans: a stage's layer_ids decide its compute and the bytes cross
   CHECK(t0.output_bytes == 1000 + 3000);
   CHECK(t1.output_bytes == 0);
   CHECK(t1.activation_bytes == 3 * 1000 + 4000);  // its outputs and its received input
-  Simulation sim = simulate(generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 40)), prof, plan, {});
+  Simulation sim = simulate(generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 40)),
+                            prof, plan, {});
   CHECK(sim.time_per_minibatch_s == doctest::Approx(5e-3 + 2 * 2e-3));
 
   Plan twice = plan;
   twice.stages[1].layer_ids = {2, 3, 4};
-  CHECK_THROWS_WITH_AS(stage_timing(prof, twice, 0, 1.0), doctest::Contains("layer 2 belongs to plan stages 0 and 1"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(stage_timing(prof, twice, 0, 1.0),
+                       doctest::Contains("layer 2 belongs to plan stages 0 and 1"), ConfigError);
   Plan missing = plan;
   missing.stages[1].layer_ids = {3, 4};
-  CHECK_THROWS_WITH_AS(simulate(generate_schedule("gpipe", ScheduleSpec::from_plan(missing, 2)), prof, missing, {}),
-                       doctest::Contains("layer 1 ('l1') is in no stage"), ConfigError);
+  CHECK_THROWS_WITH_AS(
+      simulate(generate_schedule("gpipe", ScheduleSpec::from_plan(missing, 2)), prof, missing, {}),
+      doctest::Contains("layer 1 ('l1') is in no stage"), ConfigError);
   Plan backwards = plan;
   backwards.stages[0].layer_ids = {0, 1};
   backwards.stages[1].layer_ids = {2, 3, 4};
   backwards.stages[0].end = 2;
   backwards.stages[1].begin = 2;
   prof.layers[1].inputs = {2};
-  CHECK_THROWS_WITH_AS(stage_timing(prof, backwards, 0, 1.0), doctest::Contains("reads layer 2 of the later stage 1"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(stage_timing(prof, backwards, 0, 1.0),
+                       doctest::Contains("reads layer 2 of the later stage 1"), ConfigError);
 }
 
 TEST_CASE("interleaved 1F1B: bubble (p-1)/(v·m + p-1), i.e. (p-1)/(v·m) of the ideal time") {
@@ -337,7 +354,8 @@ TEST_CASE("interleaved 1F1B: bubble (p-1)/(v·m + p-1), i.e. (p-1)/(v·m) of the
         const double expected = static_cast<double>(p - 1) / (v * m + p - 1);
         CHECK(sim.bubble_fraction == doctest::Approx(expected).epsilon(1e-12));
         const double ideal = m * v * 3e-3;  // one rank's compute per minibatch
-        CHECK(sim.time_per_minibatch_s == doctest::Approx(ideal * (1 + static_cast<double>(p - 1) / (v * m))).epsilon(1e-12));
+        CHECK(sim.time_per_minibatch_s ==
+              doctest::Approx(ideal * (1 + static_cast<double>(p - 1) / (v * m))).epsilon(1e-12));
         for (auto& r : sim.ranks) {
           CHECK(r.bubble_fraction == doctest::Approx(expected).epsilon(1e-12));
           // The warm-up forwards plus the one the steady state adds, each a stage's activation.
@@ -349,10 +367,12 @@ TEST_CASE("interleaved 1F1B: bubble (p-1)/(v·m + p-1), i.e. (p-1)/(v·m) of the
   }
   // v = 1 is 1F1B-flush's bubble (covered above) with a deeper warm-up: 2(p-1-r) forwards, so
   // compared with 1F1B-flush's p-1-r it holds more activations, never fewer.
-  Simulation one = simulate(generate_schedule("interleaved-1f1b", ScheduleSpec::interleaved(4, 1, 8)),
-                            uniform_profile(4), equal_plan(4), {});
-  Simulation flush = simulate(generate_schedule("1f1b-flush", ScheduleSpec::straight(4, 8)), uniform_profile(4),
-                              equal_plan(4), {});
+  Simulation one =
+      simulate(generate_schedule("interleaved-1f1b", ScheduleSpec::interleaved(4, 1, 8)),
+               uniform_profile(4), equal_plan(4), {});
+  Simulation flush = simulate(generate_schedule("1f1b-flush", ScheduleSpec::straight(4, 8)),
+                              uniform_profile(4), equal_plan(4), {});
   CHECK(one.time_per_minibatch_s == doctest::Approx(flush.time_per_minibatch_s).epsilon(1e-12));
-  for (int r = 0; r < 4; ++r) CHECK(one.ranks[r].peak_activations >= flush.ranks[r].peak_activations);
+  for (int r = 0; r < 4; ++r)
+    CHECK(one.ranks[r].peak_activations >= flush.ranks[r].peak_activations);
 }

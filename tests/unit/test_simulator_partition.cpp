@@ -67,14 +67,15 @@ constexpr double kRoundTripTolerance = 1e-3;
 //    ignores the transfers' latency here, so only these can make the simulator slower.
 double straight_period(const Plan& plan, const Profile& profile, const Topology& topology) {
   const int p = plan.num_stages();
-  std::vector<double> compute(static_cast<std::size_t>(p)), message(static_cast<std::size_t>(p), 0.0);
+  std::vector<double> compute(static_cast<std::size_t>(p)),
+      message(static_cast<std::size_t>(p), 0.0);
   for (int s = 0; s < p; ++s) {
     StageTiming t = stage_timing(profile, plan, s, 1.0);
     compute[static_cast<std::size_t>(s)] = t.forward_s + t.backward_s;
     if (s + 1 < p)
-      message[static_cast<std::size_t>(s)] =
-          transfer_time(static_cast<double>(t.output_bytes), 1,
-                        link_bandwidth(topology, plan.stages[s].ranks[0], plan.stages[s + 1].ranks[0]), 1.0);
+      message[static_cast<std::size_t>(s)] = transfer_time(
+          static_cast<double>(t.output_bytes), 1,
+          link_bandwidth(topology, plan.stages[s].ranks[0], plan.stages[s + 1].ranks[0]), 1.0);
   }
   double period = plan.predicted.time_per_minibatch_s;
   for (int s = 0; s < p; ++s) {
@@ -89,21 +90,24 @@ double straight_period(const Plan& plan, const Profile& profile, const Topology&
 }
 
 bool straight(const Plan& plan) {
-  return std::all_of(plan.stages.begin(), plan.stages.end(), [](const PlanStage& s) { return s.replicas == 1; });
+  return std::all_of(plan.stages.begin(), plan.stages.end(),
+                     [](const PlanStage& s) { return s.replicas == 1; });
 }
 
 struct Outcome {
-  int equal = 0;          // simulator == partitioner
-  int round_trip = 0;     // simulator == the round-trip bound > partitioner
-  int replicated = 0;     // simulator >= partitioner with replicated stages
+  int equal = 0;       // simulator == partitioner
+  int round_trip = 0;  // simulator == the round-trip bound > partitioner
+  int replicated = 0;  // simulator >= partitioner with replicated stages
 };
 
-void check_plan(const Profile& profile, const Topology& topology, const PartitionOptions& options, Outcome& out) {
+void check_plan(const Profile& profile, const Topology& topology, const PartitionOptions& options,
+                Outcome& out) {
   Plan plan = partition(profile, topology, options);
   CAPTURE(plan.config);
   const double predicted = plan.predicted.time_per_minibatch_s;
   REQUIRE(predicted > 0);
-  Schedule schedule = generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, minibatches_for(plan)));
+  Schedule schedule =
+      generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, minibatches_for(plan)));
   Simulation sim = simulate(schedule, profile, plan, topology);
   CAPTURE(predicted);
   CAPTURE(sim.time_per_minibatch_s);
@@ -128,13 +132,15 @@ void check_plan(const Profile& profile, const Topology& topology, const Partitio
     CHECK(sim.time_per_minibatch_s >= predicted * (1 - 1e-9));
     ++out.replicated;
     // Data parallelism alone (one stage) is exactly the partitioner's (T + sync) / r.
-    if (plan.num_stages() == 1) CHECK(sim.time_per_minibatch_s == doctest::Approx(predicted).epsilon(1e-9));
+    if (plan.num_stages() == 1)
+      CHECK(sim.time_per_minibatch_s == doctest::Approx(predicted).epsilon(1e-9));
   }
 }
 
 }  // namespace
 
-TEST_CASE("simulated steady state of partitioned synthetic chains equals the partitioner's prediction") {
+TEST_CASE(
+    "simulated steady state of partitioned synthetic chains equals the partitioner's prediction") {
   Outcome out;
   for (unsigned seed : {1u, 2u, 3u, 4u}) {
     Profile profile = chain_profile(12 + static_cast<int>(seed), seed);
@@ -160,7 +166,9 @@ TEST_CASE("simulated steady state of partitioned synthetic chains equals the par
   CHECK(out.replicated > 0);
 }
 
-TEST_CASE("free transfers: the simulator equals the partitioner on straight pipelines, round trips included") {
+TEST_CASE(
+    "free transfers: the simulator equals the partitioner on straight pipelines, round trips "
+    "included") {
   // Fast links make transfers negligible, so every round trip is a mean of stage times and the
   // bottleneck stage alone sets the pace.
   for (unsigned seed : {5u, 6u, 7u}) {
@@ -170,11 +178,13 @@ TEST_CASE("free transfers: the simulator equals the partitioner on straight pipe
       PartitionOptions options;
       options.straight = true;
       Plan plan = partition(profile, topology, options);
-      Simulation sim = simulate(generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 48 * workers)),
-                                profile, plan, topology);
+      Simulation sim =
+          simulate(generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 48 * workers)),
+                   profile, plan, topology);
       CAPTURE(seed);
       CAPTURE(workers);
-      CHECK(sim.time_per_minibatch_s == doctest::Approx(plan.predicted.time_per_minibatch_s).epsilon(1e-9));
+      CHECK(sim.time_per_minibatch_s ==
+            doctest::Approx(plan.predicted.time_per_minibatch_s).epsilon(1e-9));
       CHECK(sim.steady_state_bubble_fraction >= 0);
     }
   }
@@ -208,6 +218,6 @@ TEST_CASE("simulated steady state of partitioned PipeDream profiles agrees with 
     }
   }
   CHECK(out.equal + out.round_trip > 0);
-  MESSAGE(fmt::format("{} equal, {} round-trip bound, {} replicated; {} stages not one layer range", out.equal,
-                      out.round_trip, out.replicated, dag_stages));
+  MESSAGE(fmt::format("{} equal, {} round-trip bound, {} replicated; {} stages not one layer range",
+                      out.equal, out.round_trip, out.replicated, dag_stages));
 }

@@ -36,7 +36,8 @@ struct ScheduleSpec {
   // p stages of one rank each (rank s runs stage s).
   static ScheduleSpec straight(int stages, int microbatches, int minibatches = 1);
   // v·p stages on p ranks, stage k on rank k mod p (interleaved schedules).
-  static ScheduleSpec interleaved(int ranks, int stages_per_rank, int microbatches, int minibatches = 1);
+  static ScheduleSpec interleaved(int ranks, int stages_per_rank, int microbatches,
+                                  int minibatches = 1);
   // The stages and replicas of a plan; in_flight from the plan.
   static ScheduleSpec from_plan(const Plan& plan, int microbatches, int minibatches = 1);
 };
