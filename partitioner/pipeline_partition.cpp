@@ -7,11 +7,15 @@
 #include <pipeline/plan/topology_io.hpp>
 #include <pipeline/profile/pipedream_graph.hpp>
 #include <pipeline/profile/profile_json.hpp>
+#include <pipeline/schedule/generator.hpp>
+#include <pipeline/schedule/simulator.hpp>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,7 +42,31 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
   fmt::print("time per minibatch {:.6f} s ({:.1f} samples/s)\n", p.time_per_minibatch_s, p.samples_per_s);
   fmt::print("data parallel      {:.6f} s   speedup over data parallelism {:.3f}x\n", p.data_parallel_time_per_minibatch_s,
              p.time_per_minibatch_s > 0 ? p.data_parallel_time_per_minibatch_s / p.time_per_minibatch_s : 0.0);
+  fmt::print("bubble fraction    {:.4f} ({} schedule, simulated)\n", p.bubble_fraction, plan.schedule);
   fmt::print("planned in {:.3f} s\n", seconds);
+}
+
+// The plan's bubble fraction from the schedule simulator, with pipeline-simulate's defaults: one
+// microbatch per minibatch and enough minibatches for a steady state (8 per worker, a multiple
+// of every stage's replica count) under a stash schedule, which reports its steady-state value;
+// 4 microbatches per stage and one minibatch under a flush schedule, which reports the whole
+// makespan's. The partitioner itself stays independent of the schedule library.
+double simulated_bubble_fraction(const pipeline::Plan& plan, const pipeline::Profile& profile,
+                                 const pipeline::Topology& topo) {
+  const bool stash = plan.schedule.rfind("1f1b-stash", 0) == 0;
+  int microbatches = stash ? 1 : 4 * plan.num_stages(), minibatches = 1;
+  if (stash) {
+    int lcm = 1, workers = 0;
+    for (const auto& s : plan.stages) {
+      lcm = std::lcm(lcm, std::max(s.replicas, 1));
+      workers += s.replicas;
+    }
+    minibatches = lcm * ((8 * workers + lcm - 1) / lcm);
+  }
+  pipeline::Schedule schedule =
+      pipeline::generate_schedule(plan.schedule, pipeline::ScheduleSpec::from_plan(plan, microbatches, minibatches));
+  pipeline::Simulation sim = pipeline::simulate(schedule, profile, plan, topo);
+  return stash ? sim.steady_state_bubble_fraction : sim.bubble_fraction;
 }
 
 }  // namespace
@@ -49,7 +77,7 @@ int main(int argc, char** argv) {
                                                                     topology_path;
   std::vector<std::string> levels;
   int workers = 0, batch = 0;
-  bool straight = false, allow_idle = false, ignore_transfer = false, quiet = false;
+  bool straight = false, allow_idle = false, ignore_transfer = false, quiet = false, no_simulate = false;
   std::optional<double> compression;
   std::size_t max_states = pipeline::PartitionOptions{}.max_states;
   auto* src = app.add_option("--profile", profile_path, "profile.json (pipeline.profile/1)");
@@ -69,6 +97,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-states", max_states, "antichain states before falling back to one topological order");
   app.add_option("-o,--output", output, "write plan.json here");
   app.add_flag("-q,--quiet", quiet, "no table on stdout");
+  app.add_flag("--no-simulate", no_simulate, "leave predicted.bubble_fraction at 0 instead of simulating the plan");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -107,6 +136,7 @@ int main(int argc, char** argv) {
                               ? pipeline::partition(profile, topo, opt)
                               : pipeline::evaluate_stages(profile, topo, pipeline::parse_manual_stages(stages_text), opt);
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!no_simulate) plan.predicted.bubble_fraction = simulated_bubble_fraction(plan, profile, topo);
     if (!output.empty()) pipeline::write_plan(plan, output);
     if (!quiet) print_table(plan, profile, topo, seconds);
   } catch (const pipeline::Error& e) {
