@@ -11,7 +11,6 @@
 //
 // Logs go to stderr; stdout has the progress (a bar on a terminal, plain lines otherwise), one
 // line per evaluation and, last, "test accuracy: 0.9123".
-#include <pipeline/comm/comms/mpi.hpp>
 #include <pipeline/core/log.hpp>
 #include <pipeline/core/threads.hpp>
 #include <pipeline/data/fashion_mnist.hpp>
@@ -29,12 +28,13 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <optional>
 
+#include "common/feeds.hpp"
+#include "common/pipeline_flags.hpp"
 #include "common/progress.hpp"
+#include "common/run_main.hpp"
+#include "common/validators.hpp"
 
 namespace {
 
@@ -58,11 +58,7 @@ struct Options {
   std::string data = FashionMnist::kDefaultDir;
   std::string load, save, metrics;
   int eval_batch = 1000;
-  // Pipelined runs.
-  std::string plan, schedule, schedule_csv, trace;
-  int microbatches = 0;  // 0: flush schedules use one per stage; stash schedules 1
-  bool vertical_sync = false;
-  double comm_timeout = 0;  // 0: PIPELINE_COMM_TIMEOUT or the default
+  examples::PipelineFlags pipeline;
 };
 
 std::unique_ptr<Optimizer> make_optimizer(const Options& o) {
@@ -71,13 +67,24 @@ std::unique_ptr<Optimizer> make_optimizer(const Options& o) {
   return std::make_unique<AdamW>(AdamWOptions{.weight_decay = o.weight_decay});
 }
 
-int run(const Options& o) {
-  set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
+// The --model, checked to take Fashion-MNIST's images.
+ZooModel image_model(const Options& o) {
   ZooModel zoo = make_model(o.model);
   PIPELINE_CHECK_AS(ConfigError, zoo.sample_shape == Shape({1, 28, 28}),
                     "model '{}' takes inputs of shape {}, not Fashion-MNIST's [1, 28, 28]: use "
                     "mlp or fashion-cnn",
                     o.model, zoo.sample_shape);
+  return zoo;
+}
+
+DataLoader train_loader(const Options& o, const FashionMnist& train) {
+  return DataLoader(train, {.batch_size = o.batch, .shuffle = !o.no_shuffle, .drop_last = true,
+                            .seed = o.seed});
+}
+
+int run(const Options& o) {
+  set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
+  ZooModel zoo = image_model(o);
   FashionMnist train(o.data, Split::Train), test(o.data, Split::Test);
   log_info("{}: {} train / {} test samples, {} threads", o.model, train.size(), test.size(),
            num_threads());
@@ -88,8 +95,7 @@ int run(const Options& o) {
     log_info("loaded parameters from {}", o.load);
   }
   SequentialTrainer trainer(zoo.model, std::move(params), make_optimizer(o), o.seed, o.clip_grad);
-  DataLoader loader(train, {.batch_size = o.batch, .shuffle = !o.no_shuffle, .drop_last = true,
-                            .seed = o.seed});
+  const DataLoader loader = train_loader(o, train);
   const long per_epoch = static_cast<long>(loader.num_batches());
   const long total = o.steps > 0 ? o.steps : per_epoch * o.epochs;
   const LrSchedule schedule = LrSchedule::parse(o.lr_schedule, o.lr, total);
@@ -135,13 +141,6 @@ int run(const Options& o) {
   return 0;
 }
 
-// The job's size as mpirun announces it to its processes (1 when not under mpirun).
-int launcher_world_size() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
-    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
-  return 1;
-}
-
 std::string describe(const Plan& plan) {
   std::string stages;
   for (auto& s : plan.stages)
@@ -152,40 +151,16 @@ std::string describe(const Plan& plan) {
 }
 
 int run_pipelined(const Options& o, Communicator& comm) {
-  if (o.comm_timeout > 0) comm.set_timeout(o.comm_timeout);
   set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
-  ZooModel zoo = make_model(o.model);
-  PIPELINE_CHECK_AS(ConfigError, zoo.sample_shape == Shape({1, 28, 28}),
-                    "model '{}' takes inputs of shape {}, not Fashion-MNIST's [1, 28, 28]: use "
-                    "mlp or fashion-cnn",
-                    o.model, zoo.sample_shape);
-  PIPELINE_CHECK_AS(ConfigError, o.schedule_csv.empty() || o.schedule.empty(),
-                    "give either --schedule or --schedule-csv, not both");
+  ZooModel zoo = image_model(o);
   FashionMnist train(o.data, Split::Train), test(o.data, Split::Test);
 
-  Plan plan;
-  if (o.plan.empty()) {
-    if (comm.rank() == 0)
-      log_info("no --plan: profiling {} at batch {} and partitioning it for {} workers", o.model,
-               o.batch, comm.size());
-    plan = auto_plan(zoo, comm, {.batch = o.batch});
-    if (comm.rank() == 0) fmt::print("{}\n", describe(plan));
-  } else {
-    plan = read_plan(o.plan);
-  }
-  check_plan_for_job(plan, zoo.model, comm.size());
+  const Plan plan = examples::plan_for_job(o.pipeline, zoo, comm, o.batch);
+  if (o.pipeline.plan.empty() && comm.rank() == 0) fmt::print("{}\n", describe(plan));
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
+  const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout);
 
-  ScheduleRequest req;
-  req.name = o.schedule.empty() ? plan.schedule : o.schedule;
-  req.csv = o.schedule_csv;
-  req.vertical_sync = o.vertical_sync;
-  const bool stash = req.csv.empty() && req.name.rfind("1f1b-stash", 0) == 0;
-  req.microbatches = o.microbatches > 0 ? o.microbatches : (stash ? 1 : layout.num_stages());
-  req.in_flight = plan.in_flight > 1 ? plan.in_flight : 0;
-
-  DataLoader loader(train, {.batch_size = o.batch, .shuffle = !o.no_shuffle, .drop_last = true,
-                            .seed = o.seed});
+  const DataLoader loader = train_loader(o, train);
   const long per_epoch = static_cast<long>(loader.num_batches());
   const long total = o.steps > 0 ? o.steps : per_epoch * o.epochs;
   const int granularity = minibatch_granularity(req.name, layout);
@@ -208,11 +183,8 @@ int run_pipelined(const Options& o, Communicator& comm) {
                     "a minibatch of {} samples cannot be cut into {} microbatches", o.batch,
                     schedule->microbatches);
 
-  ExecutorOptions eo;
-  eo.seed = o.seed;
-  eo.clip_norm = o.clip_grad;
-  eo.record_trace = !o.trace.empty();
-  StageExecutor ex(zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o), eo);
+  StageExecutor ex(zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
+                   examples::executor_options(o.pipeline, o.seed, o.clip_grad));
   if (!o.load.empty()) load_parameters(o.load, zoo.model, ex.params(), ex.layers());
   if (comm.rank() == 0)
     log_info("{}: {} stages on {} ranks, schedule {} ({} microbatch(es) per minibatch of {}), {} "
@@ -220,24 +192,9 @@ int run_pipelined(const Options& o, Communicator& comm) {
              o.model, layout.num_stages(), comm.size(), schedule->name, schedule->microbatches,
              o.batch, num_threads());
 
-  // Minibatch j of the run is batch j % per_epoch of epoch j / per_epoch.
-  std::optional<DataLoader::Epoch> epoch_order;
-  long epoch_of_order = -1;
-  MinibatchFeed feed{[&](std::int64_t j) {
-                       const long e = static_cast<long>(j / per_epoch);
-                       if (e != epoch_of_order) {
-                         epoch_order.emplace(loader.epoch(e));
-                         epoch_of_order = e;
-                       }
-                       return *DataLoader::Epoch::Iterator(&*epoch_order, j % per_epoch);
-                     },
-                     [&](std::int64_t) { return std::int64_t{o.batch}; }};
-  const std::int64_t test_batches = (test.size() + o.eval_batch - 1) / o.eval_batch;
-  DataLoader test_loader(test, {.batch_size = o.eval_batch, .shuffle = false});
-  MinibatchFeed test_feed{[&](std::int64_t u) { return test_loader.batch(0, u); },
-                          [&](std::int64_t u) {
-                            return std::min<std::int64_t>(o.eval_batch, test.size() - u * o.eval_batch);
-                          }};
+  const MinibatchFeed feed = examples::training_feed(loader);
+  const DataLoader test_loader(test, {.batch_size = o.eval_batch, .shuffle = false});
+  const MinibatchFeed test_feed = examples::evaluation_feed(test_loader);
 
   const LrSchedule lr = LrSchedule::parse(o.lr_schedule, o.lr, total);
   MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string());
@@ -270,7 +227,7 @@ int run_pipelined(const Options& o, Communicator& comm) {
     if (reporter) progress.finish();
     const bool epoch_done = n == per_epoch || done >= total;
     if (epoch_done) {
-      StageExecutor::Eval e = ex.evaluate(test_feed, test_batches);
+      StageExecutor::Eval e = ex.evaluate(test_feed, test_loader.num_batches());
       accuracy = e.accuracy;
       metrics.write({{"epoch", epoch + 1}, {"test_accuracy", e.accuracy}, {"test_loss", e.loss},
                      {"samples_per_s", static_cast<double>(n * o.batch) / r.seconds}});
@@ -286,9 +243,7 @@ int run_pipelined(const Options& o, Communicator& comm) {
     save_parameters(path, zoo.model, ex.params(), ex.layers());
     log_info("saved stage {}'s parameters to {}", ex.stage(), path);
   }
-  if (!o.trace.empty())
-    write_rank_trace(per_rank_path(o.trace, comm.rank(), comm.size()), ex.trace_events(), *schedule,
-                     fmt::format("{} rank {}", schedule->name, comm.rank()));
+  examples::write_trace_if_asked(o.pipeline, comm, ex, *schedule);
   comm.barrier();
   if (reporter) fmt::print("test accuracy: {:.4f}\n", accuracy);
   return 0;
@@ -299,16 +254,7 @@ int run_pipelined(const Options& o, Communicator& comm) {
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Train a model on Fashion-MNIST and report its test accuracy"};
-  const CLI::Validator positive(
-      [](std::string& s) {
-        double v = 0;
-        try {
-          v = std::stod(s);
-        } catch (...) {
-        }
-        return v > 0 && std::isfinite(v) ? std::string() : "must be a positive number, got " + s;
-      },
-      "POSITIVE");
+  const CLI::Validator positive = examples::positive_number();
   app.add_option("--model", o.model, "zoo model: fashion-cnn or mlp")->capture_default_str();
   app.add_option("--epochs", o.epochs, "passes over the training set")
       ->check(CLI::Range(1, 1000))->capture_default_str();
@@ -334,40 +280,8 @@ int main(int argc, char** argv) {
   app.add_option("--save", o.save, "write the trained parameters here (safetensors)");
   app.add_option("--metrics", o.metrics, "write JSON-lines metrics here");
   app.add_option("--eval-batch", o.eval_batch, "batch size for evaluation")->check(CLI::Range(1, 65536));
-  app.add_option("--plan", o.plan, "train as a pipeline with this plan.json (pipeline-partition)");
-  app.add_option("--schedule", o.schedule,
-                 "pipeline schedule: gpipe, 1f1b-flush or 1f1b-stash (default: the plan's)")
-      ->check(CLI::IsMember({"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync"}));
-  app.add_option("--schedule-csv", o.schedule_csv, "a hand-written schedule (CSV), validated first")
-      ->check(CLI::ExistingFile);
-  app.add_option("--microbatches", o.microbatches,
-                 "microbatches per minibatch for flush schedules (default: one per stage)")
-      ->check(CLI::Range(1, 65536));
-  app.add_flag("--vertical-sync", o.vertical_sync,
-               "1f1b-stash: every stage uses the weight version the input stage used");
-  app.add_option("--comm-timeout", o.comm_timeout,
-                 "seconds any wait for a peer may take before the job ends with an error")
-      ->check(positive);
-  app.add_option("--trace", o.trace, "write this rank's executed schedule as a Chrome trace");
-  CLI11_PARSE(app, argc, argv);
-  if (!o.plan.empty() || launcher_world_size() > 1) {
-    MpiSession mpi(&argc, &argv);
-    MpiCommunicator comm;
-    try {
-      return run_pipelined(o, comm);
-    } catch (const std::exception& e) {
-      std::fflush(stdout);
-      // The message already carries the rank; abort() logs it and ends every rank of the job.
-      fmt::print(stderr, "error: {}\n", e.what());
-      std::fflush(stderr);
-      comm.abort(e.what());
-    }
-  }
-  try {
-    return run(o);
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "error: {}\n", e.what());
-    return 1;
-  }
+  examples::add_pipeline_flags(app, o.pipeline);
+  return examples::run_main(
+      argc, argv, app, o.pipeline, [&] { return run(o); },
+      [&](Communicator& comm) { return run_pipelined(o, comm); });
 }

@@ -8,7 +8,6 @@
 // pipeline of the plan's stages (without --plan rank 0 profiles and partitions the model for the
 // job). The flags are the same either way. Logs go to stderr; stdout ends with
 // "validation loss: 2.1234 perplexity: 8.36".
-#include <pipeline/comm/comms/mpi.hpp>
 #include <pipeline/core/log.hpp>
 #include <pipeline/core/threads.hpp>
 #include <pipeline/data/loader.hpp>
@@ -26,9 +25,10 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <optional>
+
+#include "common/feeds.hpp"
+#include "common/pipeline_flags.hpp"
+#include "common/run_main.hpp"
 
 namespace {
 
@@ -47,17 +47,8 @@ struct Options {
   int threads = 0;
   std::int64_t seq_len = 64, dim = 64, heads = 4, blocks = 2;
   std::string metrics;
-  std::string plan, schedule, schedule_csv, trace;
-  int microbatches = 0;
-  bool vertical_sync = false;
-  double comm_timeout = 0;
+  examples::PipelineFlags pipeline;
 };
-
-int launcher_world_size() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
-    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
-  return 1;
-}
 
 ZooModel model_for(const Options& o) {
   ZooOptions z;
@@ -72,6 +63,18 @@ std::unique_ptr<Optimizer> make_optimizer(const Options& o) {
   return std::make_unique<AdamW>(AdamWOptions{.weight_decay = o.weight_decay});
 }
 
+// The training text, and its last tenth held out for validation.
+TextDataset train_text(const Options& o) {
+  return TextDataset(o.text, {.seq_len = o.seq_len, .stride = o.seq_len / 2, .end = 0.9});
+}
+TextDataset validation_text(const Options& o) {
+  return TextDataset(o.text, {.seq_len = o.seq_len, .stride = o.seq_len, .begin = 0.9});
+}
+
+DataLoader train_loader(const Options& o, const TextDataset& train) {
+  return DataLoader(train, {.batch_size = o.batch, .shuffle = true, .drop_last = true, .seed = o.seed});
+}
+
 void report(double loss_per_byte) {
   fmt::print("validation loss: {:.4f} perplexity: {:.2f}\n", loss_per_byte, std::exp(loss_per_byte));
 }
@@ -79,10 +82,9 @@ void report(double loss_per_byte) {
 int run_single(const Options& o) {
   set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
   ZooModel zoo = model_for(o);
-  TextDataset train(o.text, {.seq_len = o.seq_len, .stride = o.seq_len / 2, .end = 0.9});
-  TextDataset valid(o.text, {.seq_len = o.seq_len, .stride = o.seq_len, .begin = 0.9});
+  const TextDataset train = train_text(o), valid = validation_text(o);
   SequentialTrainer trainer(zoo.model, zoo.model.init(o.seed), make_optimizer(o), o.seed, o.clip_grad);
-  DataLoader loader(train, {.batch_size = o.batch, .shuffle = true, .drop_last = true, .seed = o.seed});
+  const DataLoader loader = train_loader(o, train);
   const LrSchedule lr = LrSchedule::parse(o.lr_schedule, o.lr, o.steps);
   MetricsWriter metrics(o.metrics);
   long step = 0;
@@ -105,48 +107,26 @@ int run_single(const Options& o) {
 }
 
 int run_pipelined(const Options& o, Communicator& comm) {
-  if (o.comm_timeout > 0) comm.set_timeout(o.comm_timeout);
   set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
   ZooModel zoo = model_for(o);
-  TextDataset train(o.text, {.seq_len = o.seq_len, .stride = o.seq_len / 2, .end = 0.9});
-  TextDataset valid(o.text, {.seq_len = o.seq_len, .stride = o.seq_len, .begin = 0.9});
-  Plan plan;
-  if (o.plan.empty()) {
-    plan = auto_plan(zoo, comm, {.batch = o.batch});
-    if (comm.rank() == 0) fmt::print("plan: {}\n", plan_to_json(plan).dump());
-  } else {
-    plan = read_plan(o.plan);
-  }
-  check_plan_for_job(plan, zoo.model, comm.size());
+  const TextDataset train = train_text(o), valid = validation_text(o);
+  const Plan plan = examples::plan_for_job(o.pipeline, zoo, comm, o.batch);
+  if (o.pipeline.plan.empty() && comm.rank() == 0) fmt::print("plan: {}\n", plan_to_json(plan).dump());
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
-  ScheduleRequest req;
-  req.name = o.schedule.empty() ? plan.schedule : o.schedule;
-  req.csv = o.schedule_csv;
-  req.vertical_sync = o.vertical_sync;
-  const bool stash = req.csv.empty() && req.name.rfind("1f1b-stash", 0) == 0;
-  req.microbatches = o.microbatches > 0 ? o.microbatches : (stash ? 1 : layout.num_stages());
+  const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout);
   const int g = minibatch_granularity(req.name, layout);
   const long steps = o.steps - o.steps % g;
   PIPELINE_CHECK_AS(ConfigError, steps > 0, "--steps {} is below the {} replicas to deal to", o.steps, g);
   Schedule schedule = make_schedule(req, layout, static_cast<int>(steps));
 
+  // --clip-grad is documented as ignored by 1f1b-stash, whose stages step at their own pace.
   StageExecutor ex(zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
-                   {.seed = o.seed, .clip_norm = stash ? 0.f : o.clip_grad, .record_trace = !o.trace.empty()});
-  DataLoader loader(train, {.batch_size = o.batch, .shuffle = true, .drop_last = true, .seed = o.seed});
-  const long per_epoch = static_cast<long>(loader.num_batches());
-  std::optional<DataLoader::Epoch> order;
-  long order_epoch = -1;
-  MinibatchFeed feed{[&](std::int64_t j) {
-                       const long e = static_cast<long>(j / per_epoch);
-                       if (e != order_epoch) {
-                         order.emplace(loader.epoch(e));
-                         order_epoch = e;
-                       }
-                       return *DataLoader::Epoch::Iterator(&*order, j % per_epoch);
-                     },
-                     [&](std::int64_t) { return std::int64_t{o.batch}; }};
+                   examples::executor_options(o.pipeline, o.seed,
+                                              examples::stashes(req) ? 0.f : o.clip_grad));
+  const DataLoader loader = train_loader(o, train);
   const LrSchedule lr = LrSchedule::parse(o.lr_schedule, o.lr, steps);
   MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string());
+  const MinibatchFeed feed = examples::training_feed(loader);
   TrainResult r = ex.train(schedule, feed, 0, [&](std::int64_t s) { return lr.lr_at(s); },
                            [&](const MinibatchStats& st) {
                              const double per_byte = st.loss / static_cast<double>(o.seq_len);
@@ -157,16 +137,10 @@ int run_pipelined(const Options& o, Communicator& comm) {
   if (ex.is_loss_rank())
     log_info("{} steps in {:.1f} s ({:.0f} samples/s through the pipeline)", steps, r.seconds,
              static_cast<double>(steps * o.batch) / r.seconds);
-  const std::int64_t vb = 64, batches = (valid.size() + vb - 1) / vb;
-  DataLoader vloader(valid, {.batch_size = vb, .shuffle = false});
-  StageExecutor::Eval e = ex.evaluate(
-      {[&](std::int64_t u) { return vloader.batch(0, u); },
-       [&](std::int64_t u) { return std::min<std::int64_t>(vb, valid.size() - u * vb); }},
-      batches);
+  const DataLoader vloader(valid, {.batch_size = 64, .shuffle = false});
+  StageExecutor::Eval e = ex.evaluate(examples::evaluation_feed(vloader), vloader.num_batches());
   metrics.write({{"validation_loss", e.loss}, {"perplexity", std::exp(e.loss)}});
-  if (!o.trace.empty())
-    write_rank_trace(per_rank_path(o.trace, comm.rank(), comm.size()), ex.trace_events(), schedule,
-                     fmt::format("{} rank {}", schedule.name, comm.rank()));
+  examples::write_trace_if_asked(o.pipeline, comm, ex, schedule);
   comm.barrier();
   if (ex.is_loss_rank()) report(e.loss);
   return 0;
@@ -193,34 +167,8 @@ int main(int argc, char** argv) {
   app.add_option("--heads", o.heads, "attention heads")->check(CLI::Range(1L, 256L))->capture_default_str();
   app.add_option("--blocks", o.blocks, "transformer blocks")->check(CLI::Range(1L, 256L))->capture_default_str();
   app.add_option("--metrics", o.metrics, "write JSON-lines metrics here");
-  app.add_option("--plan", o.plan, "train as a pipeline with this plan.json");
-  app.add_option("--schedule", o.schedule, "gpipe, 1f1b-flush or 1f1b-stash (default: the plan's)")
-      ->check(CLI::IsMember({"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync"}));
-  app.add_option("--schedule-csv", o.schedule_csv, "a hand-written schedule (CSV)")->check(CLI::ExistingFile);
-  app.add_option("--microbatches", o.microbatches, "microbatches per minibatch (flush schedules)")
-      ->check(CLI::Range(1, 65536));
-  app.add_flag("--vertical-sync", o.vertical_sync, "1f1b-stash with vertical sync");
-  app.add_option("--comm-timeout", o.comm_timeout, "seconds a wait for a peer may take")
-      ->check(CLI::Range(1e-3, 1e9));
-  app.add_option("--trace", o.trace, "write this rank's executed schedule as a Chrome trace");
-  CLI11_PARSE(app, argc, argv);
-  if (!o.plan.empty() || launcher_world_size() > 1) {
-    MpiSession mpi(&argc, &argv);
-    MpiCommunicator comm;
-    try {
-      return run_pipelined(o, comm);
-    } catch (const std::exception& e) {
-      std::fflush(stdout);
-      fmt::print(stderr, "error: {}\n", e.what());
-      std::fflush(stderr);
-      comm.abort(e.what());
-    }
-  }
-  try {
-    return run_single(o);
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "error: {}\n", e.what());
-    return 1;
-  }
+  examples::add_pipeline_flags(app, o.pipeline);
+  return examples::run_main(
+      argc, argv, app, o.pipeline, [&] { return run_single(o); },
+      [&](Communicator& comm) { return run_pipelined(o, comm); });
 }

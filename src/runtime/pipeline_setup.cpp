@@ -15,10 +15,17 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
 namespace pipeline {
+
+int launcher_world_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
+  return 1;
+}
 
 std::string broadcast_string(Communicator& comm, const std::string& text, int root) {
   // Length first, then the bytes packed four to an int32.

@@ -19,6 +19,11 @@
 
 namespace pipeline {
 
+// The job's size as the MPI launcher (mpirun, or a PMI/PMIx launcher) announces it to each of
+// its processes, 1 when the process was not started by one. Read from the environment, so a
+// program can decide between a single-process and a pipelined run before initialising MPI.
+int launcher_world_size();
+
 // `text` of rank `root` on every rank of the communicator (point-to-point from the root).
 std::string broadcast_string(Communicator& comm, const std::string& text, int root = 0);
 

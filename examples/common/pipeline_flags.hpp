@@ -1,0 +1,115 @@
+// The pipeline flags of the example programs (--plan, --schedule, --schedule-csv, --microbatches,
+// --vertical-sync, --comm-timeout, --trace) and what they turn into: the plan of the job, the
+// schedule request, the executor's options and the per-rank trace. Every example takes the same
+// flags with the same meaning, so a script can drive any of them the same way.
+//
+// All of it is called on every rank of the job with the same flags, so every rank derives the
+// same plan and schedule (see runtime/pipeline_setup.hpp).
+#pragma once
+
+#include <pipeline/core/error.hpp>
+#include <pipeline/core/log.hpp>
+#include <pipeline/plan/plan_json.hpp>
+#include <pipeline/runtime/pipeline_setup.hpp>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <string>
+
+#include "common/validators.hpp"
+
+namespace pipeline::examples {
+
+struct PipelineFlags {
+  std::string plan;          // empty: rank 0 profiles and partitions the model for the job
+  std::string schedule;      // empty: the plan's
+  std::string schedule_csv;  // a hand-written schedule instead of a generated one
+  std::string trace;         // empty: no trace
+  int microbatches = 0;      // 0: flush schedules use one per stage; stash schedules 1
+  bool vertical_sync = false;
+  double comm_timeout = 0;   // 0: PIPELINE_COMM_TIMEOUT or the default
+
+  // ConfigError for flags that contradict each other. A single-process run ignores these flags,
+  // so only a pipelined run checks them.
+  void check() const {
+    PIPELINE_CHECK_AS(ConfigError, schedule_csv.empty() || schedule.empty(),
+                      "give either --schedule or --schedule-csv, not both");
+  }
+
+  // With a plan, or when started by an MPI launcher with more than one process, the program
+  // trains as a pipeline; otherwise in this one process.
+  bool pipelined() const { return !plan.empty() || launcher_world_size() > 1; }
+};
+
+// Adds the pipeline flags to `app`, bound to `flags`.
+inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
+  app.add_option("--plan", flags.plan, "train as a pipeline with this plan.json (pipeline-partition)");
+  app.add_option("--schedule", flags.schedule,
+                 "pipeline schedule: gpipe, 1f1b-flush or 1f1b-stash (default: the plan's)")
+      ->check(CLI::IsMember({"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync"}));
+  app.add_option("--schedule-csv", flags.schedule_csv, "a hand-written schedule (CSV), validated first")
+      ->check(CLI::ExistingFile);
+  app.add_option("--microbatches", flags.microbatches,
+                 "microbatches per minibatch for flush schedules (default: one per stage)")
+      ->check(CLI::Range(1, 65536));
+  app.add_flag("--vertical-sync", flags.vertical_sync,
+               "1f1b-stash: every stage uses the weight version the input stage used");
+  app.add_option("--comm-timeout", flags.comm_timeout,
+                 "seconds any wait for a peer may take before the job ends with an error")
+      ->check(positive_number());
+  app.add_option("--trace", flags.trace, "write this rank's executed schedule as a Chrome trace");
+}
+
+// The plan of the job: --plan, or (without it) rank 0 profiles `zoo` at minibatch size `batch`
+// and partitions it for the job's ranks. Checked against the job and the model either way.
+// Collective.
+inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Communicator& comm, int batch) {
+  Plan plan;
+  if (flags.plan.empty()) {
+    if (comm.rank() == 0)
+      log_info("no --plan: profiling {} at batch {} and partitioning it for {} workers",
+               zoo.model.name(), batch, comm.size());
+    plan = auto_plan(zoo, comm, {.batch = batch});
+  } else {
+    plan = read_plan(flags.plan);
+  }
+  check_plan_for_job(plan, zoo.model, comm.size());
+  return plan;
+}
+
+// Whether the request is for a generated weight-stashing schedule (1f1b-stash, with or without
+// vertical sync): one microbatch per minibatch by default, and a step after every backward.
+inline bool stashes(const ScheduleRequest& request) {
+  return request.csv.empty() && request.name.rfind("1f1b-stash", 0) == 0;
+}
+
+// The schedule the flags ask for on the plan's layout; the plan gives the schedule's name unless
+// --schedule overrides it, and its warm-up depth.
+inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& plan,
+                                        const PipelineLayout& layout) {
+  ScheduleRequest req;
+  req.name = flags.schedule.empty() ? plan.schedule : flags.schedule;
+  req.csv = flags.schedule_csv;
+  req.vertical_sync = flags.vertical_sync;
+  // Flush schedules need a microbatch per stage to keep every stage busy; stash schedules
+  // pipeline whole minibatches instead.
+  req.microbatches = flags.microbatches > 0 ? flags.microbatches : (stashes(req) ? 1 : layout.num_stages());
+  req.in_flight = plan.in_flight > 1 ? plan.in_flight : 0;
+  return req;
+}
+
+inline ExecutorOptions executor_options(const PipelineFlags& flags, std::uint64_t seed, float clip_norm) {
+  return {.seed = seed, .clip_norm = clip_norm, .record_trace = !flags.trace.empty()};
+}
+
+// Writes this rank's executed actions to --trace (one file per rank), if it was given.
+inline void write_trace_if_asked(const PipelineFlags& flags, Communicator& comm,
+                                 const StageExecutor& executor, const Schedule& schedule) {
+  if (flags.trace.empty()) return;
+  write_rank_trace(per_rank_path(flags.trace, comm.rank(), comm.size()), executor.trace_events(),
+                   schedule, fmt::format("{} rank {}", schedule.name, comm.rank()));
+}
+
+}  // namespace pipeline::examples

@@ -1,0 +1,57 @@
+// The main() of an example program: parses the command line, then trains either in this process
+// or as a pipeline over an MPI job (PipelineFlags::pipelined), and turns any error into one
+// "error: <message>" line on stderr and a failed exit.
+//
+// A pipelined run that fails on one rank aborts the whole job through the communicator, so that
+// no peer is left waiting for a message that will never come; the message already names the rank.
+#pragma once
+
+#include <pipeline/comm/comms/mpi.hpp>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <exception>
+#include <functional>
+
+#include "common/pipeline_flags.hpp"
+
+namespace pipeline::examples {
+
+// `single()` trains in this process; `pipelined(comm)` on the job's world communicator, with
+// --comm-timeout applied and the pipeline flags checked. Returns main()'s exit status.
+inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& flags,
+                    const std::function<int()>& single,
+                    const std::function<int(Communicator&)>& pipelined) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  auto report = [](const std::exception& e) {
+    std::fflush(stdout);  // so that the error follows what was printed before it
+    fmt::print(stderr, "error: {}\n", e.what());
+    std::fflush(stderr);
+  };
+  if (flags.pipelined()) {
+    MpiSession mpi(&argc, &argv);
+    MpiCommunicator comm;
+    try {
+      flags.check();
+      if (flags.comm_timeout > 0) comm.set_timeout(flags.comm_timeout);
+      return pipelined(comm);
+    } catch (const std::exception& e) {
+      report(e);
+      comm.abort(e.what());
+    }
+  }
+  try {
+    return single();
+  } catch (const std::exception& e) {
+    report(e);
+    return 1;
+  }
+}
+
+}  // namespace pipeline::examples
