@@ -67,10 +67,11 @@ class Solver {
     }
   }
 
-  double best_time(std::vector<Entry>& row) {
+  // Solves the outermost row and keeps it for expand(), which would otherwise solve it again.
+  double best_time() {
     const int top = static_cast<int>(m_t.levels.size()) - 1;
-    solve_row(top, -1, row);
-    return row[index(m_S - 1, count(top), count(top))].t;
+    solve_row(top, -1, m_top_row);
+    return m_top_row[index(m_S - 1, count(top), count(top))].t;
   }
 
   // How one level of the search turns a segment's time T into its stage's time:
@@ -91,8 +92,10 @@ class Solver {
   // the slowest stage's max(compute_path, transfer_path) is the optimum.
   void expand(int level, int s, int e, const std::vector<int>& bases, std::vector<LevelStep> outer,
               std::vector<Expanded>& out) const {
-    std::vector<Entry> row;
-    solve_row(level, s, row);
+    std::vector<Entry> own;
+    const bool top = level + 1 == static_cast<int>(m_t.levels.size()) && s < 0 && !m_top_row.empty();
+    if (!top) solve_row(level, s, own);
+    const std::vector<Entry>& row = top ? m_top_row : own;
     std::vector<Segment> segs;
     int j = e, m = count(level);
     while (true) {
@@ -341,6 +344,7 @@ class Solver {
   int m_workers = 1, m_S = 0;
   std::vector<int> m_group;
   std::vector<std::vector<double>> m_tables;
+  std::vector<Entry> m_top_row;
   const std::vector<int> m_empty;
 };
 
@@ -477,38 +481,26 @@ Plan partition(const Profile& profile, const Topology& topology, const Partition
                       "activation compression ratio must be positive, got {}", *options.activation_compression);
   const StateGraph g = make_states(profile, options);
   std::optional<double> memory = topology.memory_bytes_per_worker;
-  auto solve = [&](std::optional<double> mem, std::vector<Entry>& row, Solver*& keep) -> double {
-    auto* s = new Solver(g, topology, options, mem);
+  auto solve = [&](std::optional<double> mem) {
+    auto s = std::make_unique<Solver>(g, topology, options, mem);
     s->solve_levels();
-    double t = s->best_time(row);
-    keep = s;
-    return t;
+    double t = s->best_time();
+    return std::make_pair(t, std::move(s));
   };
-  std::vector<Entry> row;
-  Solver* solver = nullptr;
-  double best = solve(memory, row, solver);
-  std::unique_ptr<Solver> owner(solver);
+  auto [best, solver] = solve(memory);
   if (!std::isfinite(best)) {
     std::string hint;
     if (memory) {
       // The smallest memory that admits a plan: the feasible set only grows with memory.
       double lo = *memory, hi = *memory * 2;
       for (int it = 0; it < 80; ++it) {
-        std::vector<Entry> r2;
-        Solver* s2 = nullptr;
-        bool ok = std::isfinite(solve(hi, r2, s2));
-        delete s2;
-        if (ok) break;
+        if (std::isfinite(solve(hi).first)) break;
         lo = hi;
         hi *= 2;
       }
       for (int it = 0; it < 40 && hi - lo > 1e-4 * hi; ++it) {
         double mid = 0.5 * (lo + hi);
-        std::vector<Entry> r2;
-        Solver* s2 = nullptr;
-        bool ok = std::isfinite(solve(mid, r2, s2));
-        delete s2;
-        (ok ? hi : lo) = mid;
+        (std::isfinite(solve(mid).first) ? hi : lo) = mid;
       }
       hint = fmt::format("; the smallest memory per worker that admits a plan is about {:.4g} bytes ({:.3f} GiB)", hi,
                          hi / 1073741824.0);
