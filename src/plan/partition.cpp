@@ -231,6 +231,15 @@ class Solver {
     const double cs = s < 0 ? 0.0 : m_g.compute_s[static_cast<std::size_t>(s)];
     const double slack = 1.0 + 1e-12;
     const bool chain = m_g.chain();
+    // DAGs: the states after s (descendants of s), as a dense flag per state, and for each end
+    // state j its splits (ancestors of j after s) in ascending compute with their compute. In a
+    // wide DAG most ancestors of j are not descendants of s; filtering them once per (s, j),
+    // instead of in every (machines, last-stage machines) window, is most of the DAG speed.
+    std::vector<char> after_s(chain ? 0 : static_cast<std::size_t>(m_S), 0);
+    if (!chain)
+      for (int k = s + 1; k < m_S; ++k) after_s[static_cast<std::size_t>(k)] = m_g.is_ancestor(s, k) ? 1 : 0;
+    std::vector<int> splits;
+    std::vector<double> split_compute;
     int prev_j = -1;
     for (int j = s + 1; j < m_S; ++j) {
       if (!m_g.is_ancestor(s, j)) continue;
@@ -238,7 +247,15 @@ class Solver {
       const double par = diff(m_g.parameter_bytes, s, j);
       const double cj = m_g.compute_s[static_cast<std::size_t>(j)];
       const bool last_state = j == m_S - 1;
-      const auto& list = chain ? m_empty : m_g.ancestors_by_compute[static_cast<std::size_t>(j)];
+      if (!chain) {
+        splits.clear();
+        split_compute.clear();
+        for (int k : m_g.ancestors_by_compute[static_cast<std::size_t>(j)])
+          if (after_s[static_cast<std::size_t>(k)]) {
+            splits.push_back(k);
+            split_compute.push_back(m_g.compute_s[static_cast<std::size_t>(k)]);
+          }
+      }
       Entry* row = &A[static_cast<std::size_t>(j) * SM];
       for (int m = 1; m <= M; ++m) {
         Entry best;
@@ -315,15 +332,13 @@ class Solver {
               consider(k, mp);
             }
           } else {
-            auto it = list.begin();
+            std::size_t i = 0;
             if (std::isfinite(bound0))
-              it = std::lower_bound(list.begin(), list.end(), cj - bound0 * mp,
-                                    [&](int k, double x) { return m_g.compute_s[static_cast<std::size_t>(k)] < x; });
-            for (; it != list.end(); ++it) {
-              const int k = *it;
-              if (m_g.compute_s[static_cast<std::size_t>(k)] - cs > best.t * slack * G * (m - mp)) break;
-              if (k <= s || !m_g.is_ancestor(s, k)) continue;
-              consider(k, mp);
+              i = static_cast<std::size_t>(std::lower_bound(split_compute.begin(), split_compute.end(), cj - bound0 * mp) -
+                                           split_compute.begin());
+            for (; i < splits.size(); ++i) {
+              if (split_compute[i] - cs > best.t * slack * G * (m - mp)) break;
+              consider(splits[i], mp);
             }
           }
         }
@@ -345,7 +360,6 @@ class Solver {
   std::vector<int> m_group;
   std::vector<std::vector<double>> m_tables;
   std::vector<Entry> m_top_row;
-  const std::vector<int> m_empty;
 };
 
 StateGraph make_states(const Profile& p, const PartitionOptions& o) {
