@@ -7,6 +7,8 @@
 #include <pipeline/profile/profile_json.hpp>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -41,6 +43,27 @@ class Solver {
     m_group.assign(static_cast<std::size_t>(levels) + 1, 1);
     for (int l = 0; l < levels; ++l) m_group[static_cast<std::size_t>(l) + 1] = m_group[static_cast<std::size_t>(l)] * t.levels[static_cast<std::size_t>(l)].count;
     m_S = g.size();
+    if (!g.chain()) index_by_compute();
+  }
+
+  // DAGs: the states in ascending compute (ties by index, the order of ancestors_by_compute),
+  // and for each state j the set of its ancestors as bits by that rank. The splits of a segment
+  // (s, j] are then one AND of two bit rows, already in compute order.
+  void index_by_compute() {
+    m_by_compute.resize(static_cast<std::size_t>(m_S));
+    for (int k = 0; k < m_S; ++k) m_by_compute[static_cast<std::size_t>(k)] = k;
+    std::stable_sort(m_by_compute.begin(), m_by_compute.end(), [&](int x, int y) {
+      return m_g.compute_s[static_cast<std::size_t>(x)] < m_g.compute_s[static_cast<std::size_t>(y)];
+    });
+    m_rank.resize(static_cast<std::size_t>(m_S));
+    for (int r = 0; r < m_S; ++r) m_rank[static_cast<std::size_t>(m_by_compute[static_cast<std::size_t>(r)])] = r;
+    m_words = (static_cast<std::size_t>(m_S) + 63) / 64;
+    m_ancestor_bits.assign(static_cast<std::size_t>(m_S) * m_words, 0);
+    for (int j = 0; j < m_S; ++j)
+      for (int k : m_g.ancestors_by_compute[static_cast<std::size_t>(j)]) {
+        const std::size_t r = static_cast<std::size_t>(m_rank[static_cast<std::size_t>(k)]);
+        m_ancestor_bits[static_cast<std::size_t>(j) * m_words + r / 64] |= std::uint64_t{1} << (r % 64);
+      }
   }
 
   // Fills the per-level tables T_{l+1}(s, e) for every level below the outermost. Rows are
@@ -235,9 +258,13 @@ class Solver {
     // state j its splits (ancestors of j after s) in ascending compute with their compute. In a
     // wide DAG most ancestors of j are not descendants of s; filtering them once per (s, j),
     // instead of in every (machines, last-stage machines) window, is most of the DAG speed.
-    std::vector<char> after_s(chain ? 0 : static_cast<std::size_t>(m_S), 0);
+    std::vector<std::uint64_t> after_s(chain ? 0 : m_words, 0);
     if (!chain)
-      for (int k = s + 1; k < m_S; ++k) after_s[static_cast<std::size_t>(k)] = m_g.is_ancestor(s, k) ? 1 : 0;
+      for (int k = s + 1; k < m_S; ++k)
+        if (m_g.is_ancestor(s, k)) {
+          const std::size_t r = static_cast<std::size_t>(m_rank[static_cast<std::size_t>(k)]);
+          after_s[r / 64] |= std::uint64_t{1} << (r % 64);
+        }
     std::vector<int> splits;
     std::vector<double> split_compute;
     int prev_j = -1;
@@ -250,8 +277,10 @@ class Solver {
       if (!chain) {
         splits.clear();
         split_compute.clear();
-        for (int k : m_g.ancestors_by_compute[static_cast<std::size_t>(j)])
-          if (after_s[static_cast<std::size_t>(k)]) {
+        const std::uint64_t* anc = &m_ancestor_bits[static_cast<std::size_t>(j) * m_words];
+        for (std::size_t w = 0; w < m_words; ++w)
+          for (std::uint64_t bits = anc[w] & after_s[w]; bits != 0; bits &= bits - 1) {
+            const int k = m_by_compute[w * 64 + static_cast<std::size_t>(std::countr_zero(bits))];
             splits.push_back(k);
             split_compute.push_back(m_g.compute_s[static_cast<std::size_t>(k)]);
           }
@@ -360,6 +389,9 @@ class Solver {
   std::vector<int> m_group;
   std::vector<std::vector<double>> m_tables;
   std::vector<Entry> m_top_row;
+  std::vector<int> m_by_compute, m_rank;          // DAGs: states by ascending compute, and back
+  std::size_t m_words = 0;
+  std::vector<std::uint64_t> m_ancestor_bits;     // DAGs: m_S rows of m_words, bits by rank
 };
 
 StateGraph make_states(const Profile& p, const PartitionOptions& o) {
