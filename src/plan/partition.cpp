@@ -220,10 +220,13 @@ class Solver {
     if (best.k < 0) return false;
     return mp < best.mprime || (mp == best.mprime && k < best.k);
   }
-  bool better_split(double v, int stages, int mp, int k, const Entry& best) const {
-    if (v != best.t) return v < best.t;
+  bool tie_wins(int stages, int mp, int k, const Entry& best) const {
     if (!m_pd && stages != best.stages) return stages < best.stages;
     return split_before(mp, k, best);
+  }
+  bool better_split(double v, int stages, int mp, int k, const Entry& best) const {
+    if (v != best.t) return v < best.t;
+    return tie_wins(stages, mp, k, best);
   }
 
   // A[j][m] for the segments starting after state s (s = -1: from the first layer), at `level`.
@@ -265,8 +268,12 @@ class Solver {
           const std::size_t r = static_cast<std::size_t>(m_rank[static_cast<std::size_t>(k)]);
           after_s[r / 64] |= std::uint64_t{1} << (r % 64);
         }
-    std::vector<int> splits;
-    std::vector<double> split_compute;
+    std::size_t n_splits = 0;
+    std::vector<int> splits(chain ? 0 : static_cast<std::size_t>(m_S));
+    std::vector<double> split_compute(splits.size());
+    // The largest parameter prefix among the splits so far in compute order: with it,
+    // compute + synchronisation of the last stage bounds the window's lower end (see below).
+    std::vector<double> split_param_max(splits.size());
     int prev_j = -1;
     for (int j = s + 1; j < m_S; ++j) {
       if (!m_g.is_ancestor(s, j)) continue;
@@ -275,14 +282,17 @@ class Solver {
       const double cj = m_g.compute_s[static_cast<std::size_t>(j)];
       const bool last_state = j == m_S - 1;
       if (!chain) {
-        splits.clear();
-        split_compute.clear();
+        n_splits = 0;
+        double pmax = 0;
         const std::uint64_t* anc = &m_ancestor_bits[static_cast<std::size_t>(j) * m_words];
         for (std::size_t w = 0; w < m_words; ++w)
           for (std::uint64_t bits = anc[w] & after_s[w]; bits != 0; bits &= bits - 1) {
             const int k = m_by_compute[w * 64 + static_cast<std::size_t>(std::countr_zero(bits))];
-            splits.push_back(k);
-            split_compute.push_back(m_g.compute_s[static_cast<std::size_t>(k)]);
+            splits[n_splits] = k;
+            split_compute[n_splits] = m_g.compute_s[static_cast<std::size_t>(k)];
+            pmax = std::max(pmax, m_g.parameter_bytes[static_cast<std::size_t>(k)]);
+            split_param_max[n_splits] = pmax;
+            ++n_splits;
           }
       }
       Entry* row = &A[static_cast<std::size_t>(j) * SM];
@@ -318,6 +328,10 @@ class Solver {
         auto consider = [&](int k, int mp) {
           const Entry& a = A[static_cast<std::size_t>(k) * SM + static_cast<std::size_t>(m - mp - 1)];
           if (!std::isfinite(a.t) || a.t > best.t) return;
+          // A prefix as slow as the best can at most tie with it (the split's time is at least
+          // the prefix's); settle the tie order before any arithmetic. Wide DAGs have many such
+          // splits: every prefix holding the bottleneck layer.
+          if (a.t == best.t && !tie_wins(a.stages + 1, mp, k, best)) return;
           double Tl = seg_compute(level, k, j);
           if (!(Tl <= best.t * slack * mp)) return;  // infinite, or the last stage alone is slower
           double v = replicated_stage_time(Tl, diff(m_g.parameter_bytes, k, j), mp, B, share_split);
@@ -341,6 +355,7 @@ class Solver {
         // [cj - t·G·mp, cs + t·G·(m - mp)], its upper end re-checked as t improves. For a chain
         // the window's lower end moves little from one end state to the next, so it is found by
         // walking from where it was (pos) instead of by binary search.
+        std::size_t hint = n_splits;  // DAGs: where the previous machine count's window began
         for (int mp = mp_min; mp <= mp_max; ++mp) {
           const std::size_t pm = m_o.straight ? static_cast<std::size_t>(m) : static_cast<std::size_t>(m) * (SM + 1) + static_cast<std::size_t>(mp);
           if (first_finite[static_cast<std::size_t>(m - mp)] >= j) continue;
@@ -361,11 +376,52 @@ class Solver {
               consider(k, mp);
             }
           } else {
+            // The last stage (k, j] on mp machines takes at least (C(k, j)/G + σ P(k, j))/mp with
+            // σ its synchronisation per parameter byte, so it can only be fast enough where
+            //   C_k + Gσ P_k >= C_j + Gσ P_j - t·G·mp.
+            // P_k is not monotone in compute order, but its running maximum is, so the first
+            // split where C_k + Gσ·max(P) reaches that value starts the window (a margin keeps
+            // rounding from dropping a tie). The search gallops from the previous machine
+            // count's start, which is usually near.
             std::size_t i = 0;
-            if (std::isfinite(bound0))
-              i = static_cast<std::size_t>(std::lower_bound(split_compute.begin(), split_compute.end(), cj - bound0 * mp) -
-                                           split_compute.begin());
-            for (; i < splits.size(); ++i) {
+            if (std::isfinite(bound0)) {
+              const double gs = G * sync_time(1.0, mp, B, share_split);
+              const double pj = m_g.parameter_bytes[static_cast<std::size_t>(j)];
+              const double x = cj + gs * pj - bound0 * mp;
+              const double xm = x - 1e-9 * (cj + gs * pj + bound0 * mp);
+              auto below = [&](std::size_t q) { return split_compute[q] + gs * split_param_max[q] < xm; };
+              std::size_t lo = 0, hi = n_splits;
+              if (hint < n_splits && below(hint)) {
+                lo = hint + 1;
+                std::size_t step = 1, q = lo;
+                while (q < n_splits && below(q)) {
+                  lo = q + 1;
+                  q = lo + step;
+                  step *= 2;
+                }
+                hi = std::min(q, n_splits);
+              } else {
+                hi = std::min(hint, n_splits);
+                std::size_t step = 1;
+                while (hi > 0) {
+                  const std::size_t q = hi >= step ? hi - step : 0;
+                  if (below(q)) {
+                    lo = q + 1;
+                    break;
+                  }
+                  hi = q;
+                  step *= 2;
+                }
+              }
+              while (lo < hi) {
+                const std::size_t mid = (lo + hi) / 2;
+                if (below(mid)) lo = mid + 1;
+                else hi = mid;
+              }
+              i = lo;
+              hint = lo;
+            }
+            for (; i < n_splits; ++i) {
               if (split_compute[i] - cs > best.t * slack * G * (m - mp)) break;
               consider(splits[i], mp);
             }
