@@ -363,10 +363,17 @@ class Solver {
           if (chain) {
             int kb = s + 1;
             if (std::isfinite(bound0)) {
-              const double x = cj - bound0 * mp;
+              // As for DAGs below: the last stage's compute plus synchronisation bounds the
+              // window's start; for a chain the parameter prefix is monotone itself.
+              const double gs = G * sync_time(1.0, mp, B, share_split);
+              const double pj = m_g.parameter_bytes[static_cast<std::size_t>(j)];
+              const double x = cj + gs * pj - bound0 * mp - 1e-9 * (cj + gs * pj + bound0 * mp);
+              auto key = [&](int q) {
+                return m_g.compute_s[static_cast<std::size_t>(q)] + gs * m_g.parameter_bytes[static_cast<std::size_t>(q)];
+              };
               int q = std::clamp(pos[pm], s + 1, j);
-              while (q > s + 1 && m_g.compute_s[static_cast<std::size_t>(q - 1)] >= x) --q;
-              while (q < j && m_g.compute_s[static_cast<std::size_t>(q)] < x) ++q;
+              while (q > s + 1 && key(q - 1) >= x) --q;
+              while (q < j && key(q) < x) ++q;
               pos[pm] = q;
               kb = q;
             }
