@@ -67,6 +67,8 @@ MPI_Datatype mpi_type(DType t) {
       return MPI_FLOAT;
     case DType::Int32:
       return MPI_INT32_T;
+    case DType::Int64:
+      return MPI_INT64_T;
     case DType::BFloat16:
     case DType::Float16:
       return MPI_UINT16_T;

@@ -36,6 +36,8 @@ const char* file_dtype(DType t) {
       return "F32";
     case DType::Int32:
       return "I32";
+    case DType::Int64:
+      return "I64";
     case DType::BFloat16:
       return "BF16";
     case DType::Float16:
@@ -150,12 +152,14 @@ SafetensorsReader::SafetensorsReader(std::string path) : m_path(std::move(path))
       e.dtype = DType::Float32;
     else if (dt == "I32")
       e.dtype = DType::Int32;
+    else if (dt == "I64")
+      e.dtype = DType::Int64;
     else if (dt == "BF16")
       e.dtype = DType::BFloat16;
     else if (dt == "F16")
       e.dtype = DType::Float16;
     else
-      bad(fmt::format("dtype '{}' is not supported (supported: F32, I32, BF16, F16)", dt));
+      bad(fmt::format("dtype '{}' is not supported (supported: F32, I32, I64, BF16, F16)", dt));
 
     std::vector<std::int64_t> dims;
     std::uint64_t numel = 1;

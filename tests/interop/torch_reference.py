@@ -266,7 +266,9 @@ def torch_init(cfg, batch, init_path, out):
             if isinstance(m, nn.BatchNorm2d):
                 m.running_mean.normal_(0.0, 0.2)
                 m.running_var.uniform_(0.5, 2.0)
-    write_safetensors(init_path, interchange_state(model))
+    # The whole state dict, as a PyTorch user would save it: the library loads what it needs and
+    # ignores extras such as BatchNorm's int64 num_batches_tracked.
+    write_safetensors(init_path, model.state_dict())
     model.eval()
     with torch.no_grad():
         out["init.logits"] = model(batch["input"]).clone()

@@ -9,7 +9,7 @@
 // Writing is atomic: the file is written to a temporary in the same directory, flushed to disk
 // and renamed over the destination, so a crash never leaves a half-written file under its name.
 // Reading validates everything before returning data — header length, JSON, dtypes (F32, I32,
-// BF16, F16), shapes, offsets in range, no overlaps or gaps, sizes equal to shape × dtype —
+// I64, BF16, F16), shapes, offsets in range, no overlaps or gaps, sizes equal to shape × dtype —
 // and reports any problem as IoError naming the file and the tensor.
 #pragma once
 
