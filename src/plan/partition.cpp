@@ -268,6 +268,10 @@ class Solver {
           const std::size_t r = static_cast<std::size_t>(m_rank[static_cast<std::size_t>(k)]);
           after_s[r / 64] |= std::uint64_t{1} << (r % 64);
         }
+    // G times the synchronisation per parameter byte of a split-off stage on r machines: the
+    // weight of parameters against compute in the window bounds below.
+    std::vector<double> sync_per_byte(SM + 1, 0.0);
+    for (int r = 1; r <= M; ++r) sync_per_byte[static_cast<std::size_t>(r)] = G * sync_time(1.0, r, B, share_split);
     std::size_t n_splits = 0;
     std::vector<int> splits(chain ? 0 : static_cast<std::size_t>(m_S));
     std::vector<double> split_compute(splits.size());
@@ -280,6 +284,7 @@ class Solver {
       const double T = seg_compute(level, s, j);
       const double par = diff(m_g.parameter_bytes, s, j);
       const double cj = m_g.compute_s[static_cast<std::size_t>(j)];
+      const double pj = m_g.parameter_bytes[static_cast<std::size_t>(j)];
       const bool last_state = j == m_S - 1;
       if (!chain) {
         n_splits = 0;
@@ -365,8 +370,7 @@ class Solver {
             if (std::isfinite(bound0)) {
               // As for DAGs below: the last stage's compute plus synchronisation bounds the
               // window's start; for a chain the parameter prefix is monotone itself.
-              const double gs = G * sync_time(1.0, mp, B, share_split);
-              const double pj = m_g.parameter_bytes[static_cast<std::size_t>(j)];
+              const double gs = sync_per_byte[static_cast<std::size_t>(mp)];
               const double x = cj + gs * pj - bound0 * mp - 1e-9 * (cj + gs * pj + bound0 * mp);
               auto key = [&](int q) {
                 return m_g.compute_s[static_cast<std::size_t>(q)] + gs * m_g.parameter_bytes[static_cast<std::size_t>(q)];
@@ -392,8 +396,7 @@ class Solver {
             // count's start, which is usually near.
             std::size_t i = 0;
             if (std::isfinite(bound0)) {
-              const double gs = G * sync_time(1.0, mp, B, share_split);
-              const double pj = m_g.parameter_bytes[static_cast<std::size_t>(j)];
+              const double gs = sync_per_byte[static_cast<std::size_t>(mp)];
               const double x = cj + gs * pj - bound0 * mp;
               const double xm = x - 1e-9 * (cj + gs * pj + bound0 * mp);
               auto below = [&](std::size_t q) { return split_compute[q] + gs * split_param_max[q] < xm; };
