@@ -235,10 +235,11 @@ class Solver {
   // compute over r·G (compute and synchronisation are added, and an inner level's best time of
   // a segment is at least its compute over the group), so a prefix on m - mp machines ending at
   // k and a last stage on mp machines can only beat the best time t found so far when
-  //   compute(s..k) <= t·G·(m - mp)  and  compute(k..j) <= t·G·mp.
-  // Both bounds are applied to k (a window in compute order, shrinking as t improves) and, for
-  // each k, to mp (a range of last-stage machine counts). The search starts from the split that
-  // was best for the previous end state, which usually makes t tight before the scan begins.
+  //   compute(s..k) <= t·G·(m - mp)  and  compute(k..j) + G·sync(k..j, mp) <= t·G·mp
+  // (the last stage, split off, always pays its synchronisation; a prefix may be one unreplicated
+  // stage that pays none). Both bounds are applied to k: a window in compute order, shrinking as
+  // t improves. The search starts from the split that was best for the previous end state,
+  // which usually makes t tight before the scan begins.
   void solve_row(int level, int s, std::vector<Entry>& A) const {
     const int M = count(level);
     const double B = m_t.levels[static_cast<std::size_t>(level)].bandwidth_bytes_per_s;
