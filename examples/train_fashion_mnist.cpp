@@ -43,12 +43,13 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   std::string model = "fashion-cnn";
-  int epochs = 2;
+  // Defaults reach >= 0.91 test accuracy with fashion-cnn (bench/RESULTS.md).
+  int epochs = 3;
   long steps = 0;  // 0: whole epochs
   int batch = 64;
-  float lr = 0.01f;
-  std::string lr_schedule = "constant";
-  std::string optimizer = "sgd";
+  float lr = 2e-3f;
+  std::string lr_schedule = "cosine";
+  std::string optimizer = "adamw";
   float momentum = 0.9f;
   float weight_decay = 0.f;
   float clip_grad = 0.f;
