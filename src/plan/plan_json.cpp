@@ -2,13 +2,12 @@
 
 #include <pipeline/core/error.hpp>
 
+#include "../core/json_io.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <cstdio>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 namespace pipeline {
 namespace {
@@ -22,14 +21,16 @@ T get(const json& j, const char* key, std::string_view where, std::string_view o
   try {
     return it->get<T>();
   } catch (const json::exception&) {
-    PIPELINE_FAIL(ConfigError, "{}: {} field \"{}\" has the wrong type: {}", origin, where, key, it->dump());
+    PIPELINE_FAIL(ConfigError, "{}: {} field \"{}\" has the wrong type: {}", origin, where, key,
+                  it->dump());
   }
 }
 
 double number_or(const json& j, const char* key, double fallback, std::string_view origin) {
   if (!j.contains(key)) return fallback;
   PIPELINE_CHECK_AS(ConfigError, j.at(key).is_number() && std::isfinite(j.at(key).get<double>()),
-                    "{}: field \"{}\" must be a finite number, got {}", origin, key, j.at(key).dump());
+                    "{}: field \"{}\" must be a finite number, got {}", origin, key,
+                    j.at(key).dump());
   return j.at(key).get<double>();
 }
 
@@ -40,7 +41,9 @@ json plan_to_json(const Plan& p) {
   for (const PlanStage& s : p.stages) {
     json sj = {{"layers", {s.begin, s.end}}, {"replicas", s.replicas}, {"ranks", s.ranks}};
     if (!s.layer_ids.empty()) sj["layer_ids"] = s.layer_ids;
-    sj["predicted"] = {{"compute_s", s.compute_s}, {"sync_s", s.sync_s}, {"transfer_s", s.transfer_s},
+    sj["predicted"] = {{"compute_s", s.compute_s},
+                       {"sync_s", s.sync_s},
+                       {"transfer_s", s.transfer_s},
                        {"memory_bytes", s.memory_bytes}};
     stages.push_back(std::move(sj));
   }
@@ -53,29 +56,36 @@ json plan_to_json(const Plan& p) {
   j["config"] = p.config;
   if (!p.cost_model.empty()) j["cost_model"] = p.cost_model;
   j["stages"] = std::move(stages);
-  j["predicted"] = {{"time_per_minibatch_s", p.predicted.time_per_minibatch_s},
-                    {"samples_per_s", p.predicted.samples_per_s},
-                    {"data_parallel_time_per_minibatch_s", p.predicted.data_parallel_time_per_minibatch_s},
-                    {"bubble_fraction", p.predicted.bubble_fraction},
-                    {"peak_memory_bytes", p.predicted.peak_memory_bytes}};
+  j["predicted"] = {
+      {"time_per_minibatch_s", p.predicted.time_per_minibatch_s},
+      {"samples_per_s", p.predicted.samples_per_s},
+      {"data_parallel_time_per_minibatch_s", p.predicted.data_parallel_time_per_minibatch_s},
+      {"bubble_fraction", p.predicted.bubble_fraction},
+      {"peak_memory_bytes", p.predicted.peak_memory_bytes}};
   return j;
 }
 
 Plan plan_from_json(const json& j, std::string_view origin) {
-  PIPELINE_CHECK_AS(ConfigError, j.is_object(), "{}: expected a JSON object, got {}", origin, j.type_name());
+  PIPELINE_CHECK_AS(ConfigError, j.is_object(), "{}: expected a JSON object, got {}", origin,
+                    j.type_name());
   auto format = get<std::string>(j, "format", "the plan", origin);
-  PIPELINE_CHECK_AS(ConfigError, format == kPlanFormat, "{}: format is \"{}\", expected \"{}\"", origin, format, kPlanFormat);
+  PIPELINE_CHECK_AS(ConfigError, format == kPlanFormat, "{}: format is \"{}\", expected \"{}\"",
+                    origin, format, kPlanFormat);
   Plan p;
   p.model = j.contains("model") ? get<std::string>(j, "model", "the plan", origin) : "";
   p.workers = get<int>(j, "workers", "the plan", origin);
-  PIPELINE_CHECK_AS(ConfigError, p.workers >= 1, "{}: workers = {}; need at least 1", origin, p.workers);
+  PIPELINE_CHECK_AS(ConfigError, p.workers >= 1, "{}: workers = {}; need at least 1", origin,
+                    p.workers);
   if (j.contains("schedule")) p.schedule = get<std::string>(j, "schedule", "the plan", origin);
   if (j.contains("in_flight")) p.in_flight = get<int>(j, "in_flight", "the plan", origin);
-  PIPELINE_CHECK_AS(ConfigError, p.in_flight >= 1, "{}: in_flight = {}; need at least 1", origin, p.in_flight);
+  PIPELINE_CHECK_AS(ConfigError, p.in_flight >= 1, "{}: in_flight = {}; need at least 1", origin,
+                    p.in_flight);
   if (j.contains("config")) p.config = get<std::string>(j, "config", "the plan", origin);
-  if (j.contains("cost_model")) p.cost_model = get<std::string>(j, "cost_model", "the plan", origin);
+  if (j.contains("cost_model"))
+    p.cost_model = get<std::string>(j, "cost_model", "the plan", origin);
   const json& stages = j.contains("stages") ? j.at("stages") : json();
-  PIPELINE_CHECK_AS(ConfigError, stages.is_array() && !stages.empty(), "{}: \"stages\" must be a non-empty array", origin);
+  PIPELINE_CHECK_AS(ConfigError, stages.is_array() && !stages.empty(),
+                    "{}: \"stages\" must be a non-empty array", origin);
   std::set<int> used;
   int prev_end = 0;
   for (std::size_t i = 0; i < stages.size(); ++i) {
@@ -85,25 +95,32 @@ Plan plan_from_json(const json& j, std::string_view origin) {
     PlanStage s;
     auto layers = get<std::vector<int>>(sj, "layers", where, origin);
     PIPELINE_CHECK_AS(ConfigError, layers.size() == 2 && layers[0] >= 0 && layers[1] > layers[0],
-                      "{}: {} \"layers\" must be [begin, end) with begin < end, got {}", origin, where, sj.at("layers").dump());
+                      "{}: {} \"layers\" must be [begin, end) with begin < end, got {}", origin,
+                      where, sj.at("layers").dump());
     s.begin = layers[0];
     s.end = layers[1];
     s.replicas = get<int>(sj, "replicas", where, origin);
-    PIPELINE_CHECK_AS(ConfigError, s.replicas >= 1, "{}: {} has {} replicas; need at least 1", origin, where, s.replicas);
+    PIPELINE_CHECK_AS(ConfigError, s.replicas >= 1, "{}: {} has {} replicas; need at least 1",
+                      origin, where, s.replicas);
     s.ranks = get<std::vector<int>>(sj, "ranks", where, origin);
-    PIPELINE_CHECK_AS(ConfigError, static_cast<int>(s.ranks.size()) == s.replicas, "{}: {} lists {} ranks for {} replicas",
-                      origin, where, s.ranks.size(), s.replicas);
+    PIPELINE_CHECK_AS(ConfigError, static_cast<int>(s.ranks.size()) == s.replicas,
+                      "{}: {} lists {} ranks for {} replicas", origin, where, s.ranks.size(),
+                      s.replicas);
     for (int r : s.ranks) {
-      PIPELINE_CHECK_AS(ConfigError, r >= 0 && r < p.workers, "{}: {} uses rank {}, outside 0..{}", origin, where, r, p.workers - 1);
-      PIPELINE_CHECK_AS(ConfigError, used.insert(r).second, "{}: rank {} serves more than one stage", origin, r);
+      PIPELINE_CHECK_AS(ConfigError, r >= 0 && r < p.workers, "{}: {} uses rank {}, outside 0..{}",
+                        origin, where, r, p.workers - 1);
+      PIPELINE_CHECK_AS(ConfigError, used.insert(r).second,
+                        "{}: rank {} serves more than one stage", origin, r);
     }
     if (sj.contains("layer_ids")) {
       s.layer_ids = get<std::vector<int>>(sj, "layer_ids", where, origin);
       for (int v : s.layer_ids)
-        PIPELINE_CHECK_AS(ConfigError, v >= s.begin && v < s.end, "{}: {} layer_ids entry {} is outside [{}, {})", origin, where,
-                          v, s.begin, s.end);
+        PIPELINE_CHECK_AS(ConfigError, v >= s.begin && v < s.end,
+                          "{}: {} layer_ids entry {} is outside [{}, {})", origin, where, v,
+                          s.begin, s.end);
     } else {
-      PIPELINE_CHECK_AS(ConfigError, s.begin == prev_end, "{}: {} starts at layer {} but the previous stage ended at {}", origin,
+      PIPELINE_CHECK_AS(ConfigError, s.begin == prev_end,
+                        "{}: {} starts at layer {} but the previous stage ended at {}", origin,
                         where, s.begin, prev_end);
     }
     prev_end = s.end;
@@ -121,42 +138,22 @@ Plan plan_from_json(const json& j, std::string_view origin) {
     PIPELINE_CHECK_AS(ConfigError, pj.is_object(), "{}: \"predicted\" must be an object", origin);
     p.predicted.time_per_minibatch_s = number_or(pj, "time_per_minibatch_s", 0, origin);
     p.predicted.samples_per_s = number_or(pj, "samples_per_s", 0, origin);
-    p.predicted.data_parallel_time_per_minibatch_s = number_or(pj, "data_parallel_time_per_minibatch_s", 0, origin);
+    p.predicted.data_parallel_time_per_minibatch_s =
+        number_or(pj, "data_parallel_time_per_minibatch_s", 0, origin);
     p.predicted.bubble_fraction = number_or(pj, "bubble_fraction", 0, origin);
     if (pj.contains("peak_memory_bytes"))
-      p.predicted.peak_memory_bytes = get<std::vector<std::int64_t>>(pj, "peak_memory_bytes", "predicted", origin);
+      p.predicted.peak_memory_bytes =
+          get<std::vector<std::int64_t>>(pj, "peak_memory_bytes", "predicted", origin);
   }
   return p;
 }
 
 Plan read_plan(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  PIPELINE_CHECK_AS(IoError, in.good(), "cannot open plan file '{}' for reading", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  PIPELINE_CHECK_AS(ConfigError, ss.str().find_first_not_of(" \t\r\n") != std::string::npos, "{}: the file is empty", path);
-  json j;
-  try {
-    j = json::parse(ss.str());
-  } catch (const json::exception& e) {
-    PIPELINE_FAIL(ConfigError, "{}: malformed JSON: {}", path, e.what());
-  }
-  return plan_from_json(j, path);
+  return plan_from_json(detail::read_json_file(path, "plan file", ""), path);
 }
 
 void write_plan(const Plan& plan, const std::string& path) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    PIPELINE_CHECK_AS(IoError, out.good(), "cannot open '{}' for writing", tmp);
-    out << plan_to_json(plan).dump(1) << '\n';
-    out.flush();
-    PIPELINE_CHECK_AS(IoError, out.good(), "writing '{}' failed (disk full?)", tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    PIPELINE_FAIL(IoError, "cannot rename '{}' to '{}'", tmp, path);
-  }
+  detail::write_file_atomically(path, plan_to_json(plan).dump(1) + '\n');
 }
 
 }  // namespace pipeline

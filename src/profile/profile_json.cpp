@@ -2,19 +2,19 @@
 
 #include <pipeline/core/error.hpp>
 
+#include "../core/json_io.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <cstdio>
-#include <fstream>
-#include <sstream>
 
 namespace pipeline {
 namespace {
 
 using nlohmann::json;
 
-const json& require(const json& obj, const char* key, std::string_view where, std::string_view origin) {
+const json& require(const json& obj, const char* key, std::string_view where,
+                    std::string_view origin) {
   auto it = obj.find(key);
   if (it == obj.end())
     PIPELINE_FAIL(ConfigError, "{}: {} has no field \"{}\"; add it (see DESIGN.md, profile.json)",
@@ -46,16 +46,19 @@ std::int64_t get_bytes(const json& obj, const char* key, std::string_view where,
                        std::string_view origin) {
   double v = get_number(obj, key, where, origin, true);
   if (!std::isfinite(v) || v < 0 || v > 9.0e18 || v != std::floor(v))
-    PIPELINE_FAIL(ConfigError, "{}: {} field \"{}\" must be a non-negative whole number of bytes, got {}",
+    PIPELINE_FAIL(ConfigError,
+                  "{}: {} field \"{}\" must be a non-negative whole number of bytes, got {}",
                   origin, where, key, obj.at(key).dump());
   return static_cast<std::int64_t>(v);
 }
 
-void check_time(double v, const char* field, int layer, const std::string& name, std::string_view origin) {
+void check_time(double v, const char* field, int layer, const std::string& name,
+                std::string_view origin) {
   if (!std::isfinite(v) || v < 0)
-    PIPELINE_FAIL(ConfigError,
-                  "{}: layer {} (\"{}\") has {} = {}; times must be finite and non-negative seconds",
-                  origin, layer, name, field, v);
+    PIPELINE_FAIL(
+        ConfigError,
+        "{}: layer {} (\"{}\") has {} = {}; times must be finite and non-negative seconds", origin,
+        layer, name, field, v);
 }
 
 }  // namespace
@@ -75,14 +78,16 @@ void validate_profile(const Profile& p, std::string_view origin) {
     check_time(l.backward_weight_s, "backward_weight_s", i, l.name, origin);
     check_time(l.forward_spread_s, "forward_spread_s", i, l.name, origin);
     check_time(l.backward_spread_s, "backward_spread_s", i, l.name, origin);
-    PIPELINE_CHECK_AS(ConfigError, l.output_bytes >= 0 && l.parameter_bytes >= 0,
-                      "{}: layer {} (\"{}\") has negative sizes (output_bytes = {}, parameter_bytes = {})",
-                      origin, i, l.name, l.output_bytes, l.parameter_bytes);
+    PIPELINE_CHECK_AS(
+        ConfigError, l.output_bytes >= 0 && l.parameter_bytes >= 0,
+        "{}: layer {} (\"{}\") has negative sizes (output_bytes = {}, parameter_bytes = {})",
+        origin, i, l.name, l.output_bytes, l.parameter_bytes);
     PIPELINE_CHECK_AS(ConfigError, std::isfinite(l.flops) && l.flops >= 0,
-                      "{}: layer {} (\"{}\") has flops = {}; must be finite and non-negative", origin,
-                      i, l.name, l.flops);
+                      "{}: layer {} (\"{}\") has flops = {}; must be finite and non-negative",
+                      origin, i, l.name, l.flops);
     PIPELINE_CHECK_AS(ConfigError, !(l.source && !l.inputs.empty()),
-                      "{}: layer {} (\"{}\") is marked \"source\" but lists inputs", origin, i, l.name);
+                      "{}: layer {} (\"{}\") is marked \"source\" but lists inputs", origin, i,
+                      l.name);
     for (int in : l.inputs) {
       PIPELINE_CHECK_AS(ConfigError, in >= 0 && in < n && in != i,
                         "{}: layer {} (\"{}\") has input {}, which is not another layer (0..{})",
@@ -119,16 +124,16 @@ Profile profile_from_json(const json& j, std::string_view origin) {
   PIPELINE_CHECK_AS(ConfigError, j.is_object(), "{}: expected a JSON object, got {}", origin,
                     j.type_name());
   std::string format = get_string(j, "format", "the profile", origin, true);
-  PIPELINE_CHECK_AS(ConfigError, format == kProfileFormat,
-                    "{}: format is \"{}\", expected \"{}\"", origin, format, kProfileFormat);
+  PIPELINE_CHECK_AS(ConfigError, format == kProfileFormat, "{}: format is \"{}\", expected \"{}\"",
+                    origin, format, kProfileFormat);
   Profile p;
   p.model = get_string(j, "model", "the profile", origin, false);
   p.device = get_string(j, "device", "the profile", origin, false);
   if (j.contains("dtype")) p.dtype = get_string(j, "dtype", "the profile", origin, true);
   double batch = get_number(j, "batch_size", "the profile", origin, true);
-  PIPELINE_CHECK_AS(ConfigError, std::isfinite(batch) && batch >= 0 && batch == std::floor(batch) && batch < 1e9,
-                    "{}: batch_size must be a non-negative integer, got {}", origin,
-                    j.at("batch_size").dump());
+  PIPELINE_CHECK_AS(
+      ConfigError, std::isfinite(batch) && batch >= 0 && batch == std::floor(batch) && batch < 1e9,
+      "{}: batch_size must be a non-negative integer, got {}", origin, j.at("batch_size").dump());
   p.batch_size = static_cast<int>(batch);
   const json& layers = require(j, "layers", "the profile", origin);
   PIPELINE_CHECK_AS(ConfigError, layers.is_array(), "{}: \"layers\" must be an array, got {}",
@@ -153,8 +158,9 @@ Profile profile_from_json(const json& j, std::string_view origin) {
     l.parameter_bytes = get_bytes(lj, "parameter_bytes", where, origin);
     if (lj.contains("inputs")) {
       const json& in = lj.at("inputs");
-      PIPELINE_CHECK_AS(ConfigError, in.is_array(), "{}: {} field \"inputs\" must be an array, got {}",
-                        origin, where, in.dump());
+      PIPELINE_CHECK_AS(ConfigError, in.is_array(),
+                        "{}: {} field \"inputs\" must be an array, got {}", origin, where,
+                        in.dump());
       for (const json& v : in) {
         PIPELINE_CHECK_AS(ConfigError, v.is_number_integer(),
                           "{}: {} field \"inputs\" must hold layer indices, got {}", origin, where,
@@ -211,36 +217,14 @@ json profile_to_json(const Profile& p) {
 }
 
 Profile read_profile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  PIPELINE_CHECK_AS(IoError, in.good(), "cannot open profile file '{}' for reading", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
-  PIPELINE_CHECK_AS(ConfigError, text.find_first_not_of(" \t\r\n") != std::string::npos,
-                    "{}: the file is empty; expected a pipeline.profile/1 JSON object", path);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    PIPELINE_FAIL(ConfigError, "{}: malformed JSON: {}", path, e.what());
-  }
-  return profile_from_json(j, path);
+  return profile_from_json(
+      detail::read_json_file(path, "profile file", "; expected a pipeline.profile/1 JSON object"),
+      path);
 }
 
 void write_profile(const Profile& profile, const std::string& path) {
   validate_profile(profile, path);
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    PIPELINE_CHECK_AS(IoError, out.good(), "cannot open '{}' for writing", tmp);
-    out << profile_to_json(profile).dump(1) << '\n';
-    out.flush();
-    PIPELINE_CHECK_AS(IoError, out.good(), "writing '{}' failed (disk full?)", tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    PIPELINE_FAIL(IoError, "cannot rename '{}' to '{}'", tmp, path);
-  }
+  detail::write_file_atomically(path, profile_to_json(profile).dump(1) + '\n');
 }
 
 }  // namespace pipeline
