@@ -3,29 +3,15 @@
 
 #include <doctest/doctest.h>
 
-#include <unistd.h>
 #include <filesystem>
 #include <fstream>
+
+#include "support/temp_dir.hpp"
 
 using namespace pipeline;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path =
-        fs::temp_directory_path() / fmt::format("pipeline_test_idx_{}_{}", ::getpid(), counter++);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 std::vector<std::uint8_t> read_bytes(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
@@ -46,7 +32,7 @@ IdxArray images(std::int64_t n) {
 }  // namespace
 
 TEST_CASE("IDX round trip, plain and gzipped") {
-  TempDir dir;
+  testing::TempDir dir("pipeline_test_idx");
   IdxArray a{{3, 2, 5}, {}};
   for (int i = 0; i < 30; ++i) a.data.push_back(static_cast<std::uint8_t>(i * 9));
   for (bool gz : {false, true}) {
@@ -64,7 +50,7 @@ TEST_CASE("IDX round trip, plain and gzipped") {
 }
 
 TEST_CASE("Truncated and corrupt IDX files give IoError") {
-  TempDir dir;
+  testing::TempDir dir("pipeline_test_idx");
   IdxArray a{{4, 3}, std::vector<std::uint8_t>(12, 5)};
   const std::string good = dir.file("good");
   write_idx(good, a, false);
@@ -106,7 +92,7 @@ TEST_CASE("Truncated and corrupt IDX files give IoError") {
 }
 
 TEST_CASE("FashionMnist reads a directory of IDX files, .gz or plain") {
-  TempDir dir;
+  testing::TempDir dir("pipeline_test_idx");
   IdxArray img = images(5);
   IdxArray lab{{5}, {0, 9, 3, 3, 1}};
   write_idx(dir.file("t10k-images-idx3-ubyte.gz"), img, true);

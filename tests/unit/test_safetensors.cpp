@@ -5,35 +5,16 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#include <unistd.h>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+
+#include "support/temp_dir.hpp"
 
 using namespace pipeline;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() / fmt::format("pipeline_test_st_{}_{}", ::getpid(), counter++);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  std::vector<std::string> listing() const {
-    std::vector<std::string> out;
-    for (auto& e : fs::directory_iterator(path)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-};
 
 std::vector<char> read_bytes(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
@@ -87,7 +68,7 @@ Sequential make_model(std::int64_t hidden = 4) {
 }  // namespace
 
 TEST_CASE("Round trip of named tensors with metadata") {
-  TempDir dir;
+  testing::TempDir dir("pipeline_test_st");
   NamedTensors t;
   t.emplace_back("w", Tensor::from_vector({2, 3}, {1, 2, 3, 4, 5, -6.5f}));
   t.emplace_back("labels", Tensor::from_ints({4}, {0, 7, -1, 2147483647}));
@@ -142,7 +123,7 @@ TEST_CASE("Round trip of named tensors with metadata") {
 
 TEST_CASE("A file written by another implementation reads") {
   // As written by the Python safetensors package (keys sorted, tensors packed in that order).
-  TempDir dir;
+  testing::TempDir dir("pipeline_test_st");
   const std::string header =
       R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
       R"("b":{"dtype":"I32","shape":[1,1],"data_offsets":[8,12]}})";
@@ -162,7 +143,7 @@ TEST_CASE("A file written by another implementation reads") {
 }
 
 TEST_CASE("Every kind of corruption is an IoError naming the file and the problem") {
-  TempDir dir;
+  testing::TempDir dir("pipeline_test_st");
   const std::string p = dir.file("bad.safetensors");
   auto entry = [](const char* name, const char* dtype, const char* shape, int b, int e) {
     return fmt::format(R"("{}":{{"dtype":"{}","shape":{},"data_offsets":[{},{}]}})", name, dtype,
@@ -210,7 +191,7 @@ TEST_CASE("Every kind of corruption is an IoError naming the file and the proble
 }
 
 TEST_CASE("Atomic writes leave no temporary behind") {
-  TempDir dir;
+  testing::TempDir dir("pipeline_test_st");
   NamedTensors t{{"a", Tensor::full({100}, 1.f)}};
   const std::string p = dir.file("ckpt.safetensors");
   save_safetensors(p, t);
@@ -235,7 +216,7 @@ TEST_CASE("Atomic writes leave no temporary behind") {
 }
 
 TEST_CASE("Model parameters save and load by layer-qualified name") {
-  TempDir dir;
+  testing::TempDir dir("pipeline_test_st");
   Sequential model = make_model();
   ModelParams params = model.init(42);
   params[1].buffers[0].fill(0.25f);
@@ -277,7 +258,7 @@ TEST_CASE("Model parameters save and load by layer-qualified name") {
 }
 
 TEST_CASE("Loading into a model of another shape names every mis-shaped tensor") {
-  TempDir dir;
+  testing::TempDir dir("pipeline_test_st");
   Sequential model = make_model(4);
   ModelParams params = model.init(1);
   const std::string p = dir.file("m.safetensors");
