@@ -11,8 +11,8 @@
 #include <pipeline/optim/sgd.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <numeric>
@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads)->check(CLI::Range(1, 1024));
   app.add_option("--steps", steps)->check(CLI::Range(1, 1000000));
   app.add_option("--warmup", warmup)->check(CLI::Range(0, 1000000));
-  app.add_option("--peak-gflops", peak_gflops, "fp32 peak of the machine (for the fraction column)");
+  app.add_option("--peak-gflops", peak_gflops,
+                 "fp32 peak of the machine (for the fraction column)");
   app.add_flag("--json", json, "print one JSON line instead of the table");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -48,15 +49,14 @@ int main(int argc, char** argv) {
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double sps = steps * static_cast<double>(batch) / dt;
     double fwd_flops = 0;
-    std::vector<std::int64_t> dims{1};
-    dims.insert(dims.end(), z.sample_shape.dims().begin(), z.sample_shape.dims().end());
-    std::vector<Shape> shapes = z.model.shapes(Shape(dims), z.model.all());
+    std::vector<Shape> shapes = z.model.shapes(z.input_shape(1), z.model.all());
     for (int i = 0; i < z.model.size(); ++i) fwd_flops += z.model.layer(i).flops(shapes[i]);
     double gflops = 3.0 * fwd_flops * sps / 1e9;
     if (json) {
-      fmt::print("{{\"model\": \"{}\", \"batch\": {}, \"threads\": {}, \"samples_per_s\": {:.2f}, "
-                 "\"gflops\": {:.2f}}}\n",
-                 model, batch, threads, sps, gflops);
+      fmt::print(
+          "{{\"model\": \"{}\", \"batch\": {}, \"threads\": {}, \"samples_per_s\": {:.2f}, "
+          "\"gflops\": {:.2f}}}\n",
+          model, batch, threads, sps, gflops);
     } else {
       fmt::print("| model | batch | threads | samples/s | training GFLOP/s | of peak |\n");
       fmt::print("|---|---|---|---|---|---|\n");

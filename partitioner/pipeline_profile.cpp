@@ -30,9 +30,7 @@ std::string human_bytes(double b) {
 }
 
 void print_table(const pipeline::Profile& p, const pipeline::ZooModel& z, double seconds) {
-  std::vector<std::int64_t> dims{p.batch_size};
-  dims.insert(dims.end(), z.sample_shape.dims().begin(), z.sample_shape.dims().end());
-  const auto shapes = z.model.shapes(pipeline::Shape(dims), z.model.all());
+  const auto shapes = z.model.shapes(z.input_shape(p.batch_size), z.model.all());
 
   fmt::print("model {} ({} layers), batch {}, {}\n", p.model, p.size(), p.batch_size, p.device);
   fmt::print("{:>3}  {:<12} {:<14} {:<20} {:>9} {:>24} {:>15} {:>11} {:>11} {:>8}\n", "#", "layer",

@@ -124,9 +124,7 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
   const int threads = num_threads();
   set_num_threads(threads);
 
-  std::vector<std::int64_t> dims{batch};
-  dims.insert(dims.end(), input_shape.dims().begin(), input_shape.dims().end());
-  const Shape batch_shape(dims);
+  const Shape batch_shape = input_shape.batched(batch);
   const std::vector<Shape> shapes = model.shapes(batch_shape, model.all());
 
   Profile out;

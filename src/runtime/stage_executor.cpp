@@ -30,8 +30,8 @@ int PipelineLayout::stage_of(int rank) const {
   for (int s = 0; s < num_stages(); ++s)
     for (int r : stage_ranks[s])
       if (r == rank) return s;
-  PIPELINE_FAIL(ConfigError, "rank {} runs no stage of the pipeline ({} stages over {} ranks)", rank,
-                num_stages(), num_ranks());
+  PIPELINE_FAIL(ConfigError, "rank {} runs no stage of the pipeline ({} stages over {} ranks)",
+                rank, num_stages(), num_ranks());
 }
 
 PipelineLayout PipelineLayout::straight(std::vector<LayerRange> stage_layers) {
@@ -131,7 +131,7 @@ struct StageExecutor::Run {
   std::size_t next_to_post = 0;           // into recv_indices
   std::deque<PostedRecv> posted;
 
-  std::map<int, Tensor> inputs;        // received activations by microbatch
+  std::map<int, Tensor> inputs;  // received activations by microbatch
   std::map<int, WeightStore::Tag> input_tags;
   std::map<int, Tensor> output_grads;  // received gradients by microbatch
   std::map<int, Tensor> input_grads;   // computed, to be sent
@@ -151,9 +151,7 @@ struct StageExecutor::Run {
   std::int64_t minibatch_of(int u) const { return first_minibatch + u / microbatches; }
   int micro_of(int u) const { return u % microbatches; }
   // The microbatch number that travels in tags: global over the run.
-  int global(int u) const {
-    return static_cast<int>(first_minibatch * microbatches + u);
-  }
+  int global(int u) const { return static_cast<int>(first_minibatch * microbatches + u); }
 };
 
 // --- executor ----------------------------------------------------------------------------------
@@ -169,10 +167,11 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
       m_optimizer(std::move(optimizer)),
       m_options(options) {
   PIPELINE_CHECK(m_optimizer != nullptr, "the stage executor needs an optimizer");
-  PIPELINE_CHECK_AS(ConfigError, m_layout.num_stages() >= 1 &&
-                                     m_layout.stages.size() == m_layout.stage_ranks.size(),
-                    "pipeline layout: {} layer ranges for {} stages", m_layout.stages.size(),
-                    m_layout.stage_ranks.size());
+  PIPELINE_CHECK_AS(
+      ConfigError,
+      m_layout.num_stages() >= 1 && m_layout.stages.size() == m_layout.stage_ranks.size(),
+      "pipeline layout: {} layer ranges for {} stages", m_layout.stages.size(),
+      m_layout.stage_ranks.size());
   PIPELINE_CHECK_AS(ConfigError, m_layout.num_ranks() == comm.size(),
                     "the pipeline needs {} ranks but the job has {}: start it with {} processes "
                     "(mpirun -np {}) or partition for {} workers",
@@ -199,12 +198,12 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
 
 StageExecutor::~StageExecutor() = default;
 
-ModelParams& StageExecutor::params() { return m_store->latest(); }
+ModelParams& StageExecutor::params() {
+  return m_store->latest();
+}
 
 Shape StageExecutor::activation_shape(std::int64_t samples, int layer_end) const {
-  std::vector<std::int64_t> dims{samples};
-  dims.insert(dims.end(), m_sample_shape.dims().begin(), m_sample_shape.dims().end());
-  return m_model->shapes(Shape(std::move(dims)), {0, layer_end}).back();
+  return m_model->shapes(m_sample_shape.batched(samples), {0, layer_end}).back();
 }
 
 Batch StageExecutor::microbatch_data(Run& run, int u) {
@@ -248,7 +247,8 @@ void StageExecutor::post_receives(Run& run, std::size_t upto) {
     p.request = m_comm->irecv(p.buffer, a.peer, tag);
     if (activation && run.vertical_sync) {
       p.version = Tensor::empty(Shape{2}, DType::Int32);
-      p.version_request = m_comm->irecv(p.version, a.peer, Tag::version(m_stage - 1, run.global(u)));
+      p.version_request =
+          m_comm->irecv(p.version, a.peer, Tag::version(m_stage - 1, run.global(u)));
     }
     run.posted.push_back(std::move(p));
   }
@@ -381,8 +381,8 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
         c.layer_grads[static_cast<std::size_t>(k)] = g;
         if (i == r.begin && !need_dx) break;
         g = m_model->layer(i).backward(w[static_cast<std::size_t>(k)],
-                                       c.saved[static_cast<std::size_t>(k)], g,
-                                       std::span<Tensor>(), GradParts::Input);
+                                       c.saved[static_cast<std::size_t>(k)], g, std::span<Tensor>(),
+                                       GradParts::Input);
       }
       if (need_dx) run.input_grads[u] = std::move(g);
       return;  // the context lives on until W
@@ -458,8 +458,9 @@ void StageExecutor::do_step(Run& run, const Action& a) {
     layer_ss[static_cast<std::size_t>(k)] = sum_of_squares(std::span<const Tensor>(g));
     local += layer_ss[static_cast<std::size_t>(k)];
   }
-  const std::int64_t step = run.stash ? run.first_minibatch + std::int64_t{a.microbatch} * replicas()
-                                      : run.first_minibatch + a.microbatch;
+  const std::int64_t step = run.stash
+                                ? run.first_minibatch + std::int64_t{a.microbatch} * replicas()
+                                : run.first_minibatch + a.microbatch;
   if (!std::isfinite(local)) {
     for (int k = 0; k < r.size(); ++k)
       if (!std::isfinite(layer_ss[static_cast<std::size_t>(k)]))
@@ -513,10 +514,18 @@ void StageExecutor::execute(Run& run) {
     post_receives(run, i);
     const double start = m_options.record_trace ? now() : 0;
     switch (a.kind) {
-      case ActionKind::Forward: do_forward(run, a); break;
-      case ActionKind::Backward: do_backward(run, a, GradParts::Both); break;
-      case ActionKind::BackwardInput: do_backward(run, a, GradParts::Input); break;
-      case ActionKind::BackwardWeight: do_backward(run, a, GradParts::Weight); break;
+      case ActionKind::Forward:
+        do_forward(run, a);
+        break;
+      case ActionKind::Backward:
+        do_backward(run, a, GradParts::Both);
+        break;
+      case ActionKind::BackwardInput:
+        do_backward(run, a, GradParts::Input);
+        break;
+      case ActionKind::BackwardWeight:
+        do_backward(run, a, GradParts::Weight);
+        break;
       case ActionKind::SendActivation: {
         MicrobatchContext& c = run.table->at(a.microbatch);
         PIPELINE_CHECK(c.output.defined(), "send of microbatch {}'s activation before its forward",
@@ -546,8 +555,12 @@ void StageExecutor::execute(Run& run) {
       case ActionKind::RecvGradient:
         run.output_grads[a.microbatch] = take_received(run, i);
         break;
-      case ActionKind::AllReduce: do_allreduce(run, a); break;
-      case ActionKind::Step: do_step(run, a); break;
+      case ActionKind::AllReduce:
+        do_allreduce(run, a);
+        break;
+      case ActionKind::Step:
+        do_step(run, a);
+        break;
     }
     if (m_options.record_trace) m_trace.push_back({rank(), a, start, now(), -1});
     // Let completed sends go, so their buffers are freed early.
@@ -569,9 +582,10 @@ TrainResult StageExecutor::train(const Schedule& schedule, const MinibatchFeed& 
   PIPELINE_CHECK_AS(ConfigError, schedule.num_ranks() == m_comm->size(),
                     "schedule '{}' is for {} ranks but the job has {}", schedule.name,
                     schedule.num_ranks(), m_comm->size());
-  PIPELINE_CHECK_AS(ConfigError, !(m_options.clip_norm > 0.f && schedule.policy == UpdatePolicy::Stash &&
-                                   std::any_of(schedule.stage_ranks.begin(), schedule.stage_ranks.end(),
-                                               [](auto& r) { return r.size() > 1; })),
+  PIPELINE_CHECK_AS(ConfigError,
+                    !(m_options.clip_norm > 0.f && schedule.policy == UpdatePolicy::Stash &&
+                      std::any_of(schedule.stage_ranks.begin(), schedule.stage_ranks.end(),
+                                  [](auto& r) { return r.size() > 1; })),
                     "gradient clipping under a stash schedule with replicated stages: the stages "
                     "step at different rates, so no global norm exists; use a flush schedule or no "
                     "clipping");

@@ -37,8 +37,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -50,6 +48,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "../support/temp_dir.hpp"
 
 #ifndef PIPELINE_TORCH_REFERENCE
 #error "PIPELINE_TORCH_REFERENCE must name tests/interop/torch_reference.py"
@@ -85,22 +85,6 @@ bool torch_available() {
   const std::string cmd = quoted(python()) + " -c 'import torch' >/dev/null 2>&1";
   return std::system(cmd.c_str()) == 0;
 }
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / fmt::format("pipeline_torch_parity_{}_{}", ::getpid(), tag);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
@@ -171,14 +155,12 @@ struct Worst {
 void run_case(const Case& c) {
   const ZooModel z = make_model(c.model, c.options);
   const Sequential& model = z.model;
-  TempDir dir(c.model);
+  testing::TempDir dir("pipeline_torch_parity_" + c.model);
 
   // The library's initial state, the batch and the options, for the script.
   ModelParams params = model.init(kSeed);
   save_parameters(dir.file("params.safetensors"), model, params, model.all());
-  std::vector<std::int64_t> in_dims{c.batch};
-  for (auto d : z.sample_shape.dims()) in_dims.push_back(d);
-  const Shape in_shape(in_dims);
+  const Shape in_shape = z.input_shape(c.batch);
   Rng rng(kSeed, "batch");
   Tensor input, labels;
   if (z.input_dtype == DType::Int32) {
@@ -300,9 +282,10 @@ void run_case(const Case& c) {
       CHECK(e.dtype == DType::Int64);
       ++counters;
     }
-  CHECK_MESSAGE(reader.entries().size() - counters == pnames.size() + bnames.size(),
-                fmt::format("torch_init.safetensors holds {} tensors ({} counters), the model {} + {}",
-                            reader.entries().size(), counters, pnames.size(), bnames.size()));
+  CHECK_MESSAGE(
+      reader.entries().size() - counters == pnames.size() + bnames.size(),
+      fmt::format("torch_init.safetensors holds {} tensors ({} counters), the model {} + {}",
+                  reader.entries().size(), counters, pnames.size(), bnames.size()));
   // PyTorch's draws must fit the library's initialisers (normalisation layers were randomised on
   // purpose and have constant initialisers, so they are skipped).
   for (int i = 0; i < model.size(); ++i) {

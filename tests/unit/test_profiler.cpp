@@ -27,9 +27,7 @@ ProfileOptions quick() {
 // Checks everything that follows from the model alone, and that the times are plausible.
 void check_against_model(const Profile& p, const ZooModel& z, int batch) {
   const Sequential& m = z.model;
-  std::vector<std::int64_t> dims{batch};
-  dims.insert(dims.end(), z.sample_shape.dims().begin(), z.sample_shape.dims().end());
-  const auto shapes = m.shapes(Shape(dims), m.all());
+  const auto shapes = m.shapes(z.input_shape(batch), m.all());
 
   CHECK(p.model == m.name());
   CHECK(p.batch_size == batch);

@@ -7,14 +7,6 @@
 
 using namespace pipeline;
 
-namespace {
-Shape batched(const ZooModel& z, std::int64_t n) {
-  std::vector<std::int64_t> d{n};
-  d.insert(d.end(), z.sample_shape.dims().begin(), z.sample_shape.dims().end());
-  return Shape(d);
-}
-}  // namespace
-
 TEST_CASE("fashion-cnn is exactly the published 2-conv network") {
   ZooModel z = make_model("fashion-cnn");
   std::vector<std::string> names, kinds;
@@ -45,7 +37,7 @@ TEST_CASE("every zoo model builds, infers shapes and runs forward and backward")
   for (const std::string& name : zoo_model_names()) {
     CAPTURE(name);
     ZooModel z = make_model(name, small);
-    Shape in = batched(z, 2);
+    Shape in = z.input_shape(2);
     Shape out = z.model.output_shape(in);
     CHECK(out[-1] == z.num_classes);
     ModelParams p = z.model.init(3);

@@ -32,7 +32,9 @@ class Shape {
     return n;
   }
   // Product of the extents after the first: the size of one sample for batched tensors.
-  std::int64_t inner() const { return m_dims.empty() ? 1 : numel() / std::max<std::int64_t>(m_dims[0], 1) ; }
+  std::int64_t inner() const {
+    return m_dims.empty() ? 1 : numel() / std::max<std::int64_t>(m_dims[0], 1);
+  }
 
   // The same shape with the outermost (batch) extent replaced.
   Shape with_batch(std::int64_t n) const {
@@ -40,6 +42,13 @@ class Shape {
     Shape s = *this;
     s.m_dims[0] = n;
     return s;
+  }
+
+  // A batch of `n` samples of this shape: {n, dims...}.
+  Shape batched(std::int64_t n) const {
+    std::vector<std::int64_t> dims{n};
+    dims.insert(dims.end(), m_dims.begin(), m_dims.end());
+    return Shape(std::move(dims));
   }
 
   bool operator==(const Shape&) const = default;
@@ -53,8 +62,7 @@ class Shape {
     return j;
   }
   void validate() const {
-    for (auto d : m_dims)
-      PIPELINE_CHECK_AS(ConfigError, d >= 0, "negative extent {} in shape", d);
+    for (auto d : m_dims) PIPELINE_CHECK_AS(ConfigError, d >= 0, "negative extent {} in shape", d);
   }
 
   std::vector<std::int64_t> m_dims;

@@ -68,12 +68,8 @@ class Dataset {
   }
   // Empty batch tensors of the right shapes for `count` samples.
   Batch allocate(std::int64_t count) const {
-    const Shape sample = sample_shape(), label = label_shape();
-    std::vector<std::int64_t> in{count}, lab{count};
-    in.insert(in.end(), sample.dims().begin(), sample.dims().end());
-    lab.insert(lab.end(), label.dims().begin(), label.dims().end());
-    return {Tensor::empty(Shape(std::move(in)), input_dtype()),
-            Tensor::empty(Shape(std::move(lab)), DType::Int32)};
+    return {Tensor::empty(sample_shape().batched(count), input_dtype()),
+            Tensor::empty(label_shape().batched(count), DType::Int32)};
   }
 };
 

@@ -20,10 +20,11 @@ namespace pipeline {
 
 struct ZooOptions {
   // Images (mlp, fashion-cnn, vgg16, resnet18).
-  std::int64_t channels = 0;     // 0: the model's default (1 for Fashion-MNIST models, 3 otherwise)
-  std::int64_t image_size = 0;   // 0: the model's default (28 for Fashion-MNIST models, 32 otherwise)
+  std::int64_t channels = 0;  // 0: the model's default (1 for Fashion-MNIST models, 3 otherwise)
+  std::int64_t image_size =
+      0;  // 0: the model's default (28 for Fashion-MNIST models, 32 otherwise)
   std::int64_t num_classes = 10;
-  double width = 1.0;            // channel / hidden-size multiplier for vgg16 and resnet18
+  double width = 1.0;  // channel / hidden-size multiplier for vgg16 and resnet18
   // Sequences (transformer-lm).
   std::int64_t vocab = 256;
   std::int64_t seq_len = 64;
@@ -35,9 +36,12 @@ struct ZooOptions {
 
 struct ZooModel {
   Sequential model;
-  Shape sample_shape;             // one sample's input shape, without the batch dimension
+  Shape sample_shape;  // one sample's input shape, without the batch dimension
   DType input_dtype = DType::Float32;
-  std::int64_t num_classes = 0;   // classes, or vocabulary size for language models
+  std::int64_t num_classes = 0;  // classes, or vocabulary size for language models
+
+  // The shape of a batch of `batch` inputs: {batch, sample_shape...}.
+  Shape input_shape(std::int64_t batch) const { return sample_shape.batched(batch); }
 };
 
 // Throws ConfigError naming the known models when `name` is not one of them.
