@@ -26,24 +26,22 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
+
 using namespace pipeline;
+using bench::cpu_name;
+using bench::cpu_seconds;
+using bench::load_average;
 
 namespace {
 
 struct Timing {
   double median_s, best_s, median_cpu_s;  // wall clock, and process CPU time of all threads
 };
-
-double cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
 
 Timing time_it(const std::function<void()>& fn, double min_seconds) {
   fn();  // warm-up: first-touch of buffers, thread pool start
@@ -62,22 +60,6 @@ Timing time_it(const std::function<void()>& fn, double min_seconds) {
   std::sort(runs.begin(), runs.end());
   std::sort(cpu.begin(), cpu.end());
   return {runs[runs.size() / 2], runs.front(), cpu[cpu.size() / 2]};
-}
-
-std::string cpu_name() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown CPU";
-}
-
-// The 1-minute load average: wall-clock columns are only meaningful when it is below the cores.
-std::string load_average() {
-  std::ifstream f("/proc/loadavg");
-  std::string first;
-  f >> first;
-  return first.empty() ? "?" : first;
 }
 
 Tensor random(const Shape& s, std::uint64_t seed) {
@@ -154,13 +136,6 @@ int main(int argc, char** argv) {
       fmt::format("bench_conv: batch {}, {} threads, {}, load average {}, {:%Y-%m-%d}\n", batch,
                   threads, cpu_name(), load_average(), fmt::localtime(std::time(nullptr)));
   std::fputs((header + table).c_str(), stdout);
-  if (!results.empty()) {
-    std::ofstream out(results, std::ios::app);
-    out << "\n```\n" << header << table << "```\n";
-    if (!out) {
-      std::fprintf(stderr, "could not append to %s\n", results.c_str());
-      return 1;
-    }
-  }
+  if (!results.empty() && !bench::append_results(results, header, table)) return 1;
   return 0;
 }

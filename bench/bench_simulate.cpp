@@ -16,35 +16,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <fstream>
 #include <string>
 
+#include "bench_util.hpp"
+
 using namespace pipeline;
+using bench::cpu_name;
+using bench::cpu_seconds;
+using bench::load_average;
 
 namespace {
 
-std::string cpu_name() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown cpu";
-}
-
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// CPU seconds of this process: on a shared machine wall time also counts other programs' turns.
-double cpu_seconds() {
-  return static_cast<double>(std::clock()) / CLOCKS_PER_SEC;
-}
-
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string one;
-  in >> one;
-  return one.empty() ? "?" : one;
 }
 
 }  // namespace
@@ -106,13 +90,6 @@ int main(int argc, char** argv) {
       "{:%Y-%m-%d}\n",
       ranks, microbatches, cpu_name(), load_average(), fmt::localtime(std::time(nullptr)));
   std::fputs((header + table).c_str(), stdout);
-  if (!results.empty()) {
-    std::ofstream out(results, std::ios::app);
-    out << "\n```\n" << header << table << "```\n";
-    if (!out) {
-      std::fprintf(stderr, "could not append to %s\n", results.c_str());
-      return 1;
-    }
-  }
+  if (!results.empty() && !bench::append_results(results, header, table)) return 1;
   return 0;
 }
