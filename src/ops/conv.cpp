@@ -123,6 +123,19 @@ struct Lowering {
         }
   }
 
+  // The [K, P] gemm operand of sample x: x itself when the convolution is pointwise, else its
+  // im2col written to col, through the padded buffer xp (pad_floats() floats, border zero).
+  const float* lower(const float* x, float* col, float* xp) const {
+    if (g.pointwise()) return x;
+    const float* src = x;
+    if (padded()) {
+      pad(x, xp);
+      src = xp;
+    }
+    im2col(src, col);
+    return col;
+  }
+
   // The adjoint of im2col: dxp[c, oh·SH + i, ow·SW + j] += col[...]. dxp must be zeroed.
   void col2im(const float* col, float* dxp) const {
     const std::int64_t P = g.pixels(), OW = g.ow;
@@ -254,17 +267,7 @@ void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, T
     std::fill_n(work.get() + t * per_thread + col_floats, pad_floats, 0.f);
   for_each_sample(g.n, threads, Split::Dynamic, [&](std::int64_t s, int t) {
     float* col = work.get() + t * per_thread;
-    const float* xs = xd + s * g.c * g.in_plane();
-    const float* lowered = xs;
-    if (!g.pointwise()) {
-      const float* src = xs;
-      if (low.padded()) {
-        low.pad(xs, col + col_floats);
-        src = col + col_floats;
-      }
-      low.im2col(src, col);
-      lowered = col;
-    }
+    const float* lowered = low.lower(xd + s * g.c * g.in_plane(), col, col + col_floats);
     MatrixMap Y(yd + s * g.m * P, g.m, P);
     Y.noalias() = W * ConstMatrixMap(lowered, K, P);
     if (bd) Y.colwise() += Eigen::Map<const Eigen::VectorXf>(bd, g.m);
@@ -326,17 +329,7 @@ void conv2d_backward_filter(const Tensor& x, const Tensor& dy, Tensor& dweight,
     std::fill_n(work.get() + t * per_thread + col_floats, pad_floats + acc_floats, 0.f);
   for_each_sample(g.n, threads, Split::Static, [&](std::int64_t s, int t) {
     float* col = work.get() + t * per_thread;
-    const float* xs = xd + s * g.c * g.in_plane();
-    const float* lowered = xs;
-    if (!g.pointwise()) {
-      const float* src = xs;
-      if (low.padded()) {
-        low.pad(xs, col + col_floats);
-        src = col + col_floats;
-      }
-      low.im2col(src, col);
-      lowered = col;
-    }
+    const float* lowered = low.lower(xd + s * g.c * g.in_plane(), col, col + col_floats);
     const ConstMatrixMap DY(dyd + s * g.m * P, g.m, P);
     const ConstMatrixMap X(lowered, K, P);
     if (acc_floats > 0)
