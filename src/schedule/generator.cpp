@@ -156,34 +156,13 @@ void close_minibatch(std::vector<Action>& out, int stage, int replicas, int mini
   out.push_back({ActionKind::Step, stage, minibatch, -1});
 }
 
-}  // namespace
-
-Schedule gpipe_schedule(const ScheduleSpec& spec) {
+// A flush schedule: every rank runs its share of each minibatch's microbatches, in the order
+// `order(out, stage, microbatches, warmup)` appends them (warmup: the stage's 1F1B warm-up
+// forwards), and then closes the minibatch.
+template <typename Order>
+Schedule flush_schedule(const ScheduleSpec& spec, std::string name, Order&& order) {
   check_spec(spec);
-  Schedule sched = detail::empty_schedule(spec, "gpipe", UpdatePolicy::Flush);
-  for (int s = 0; s < spec.num_stages(); ++s) {
-    int r = static_cast<int>(spec.stage_ranks[s].size());
-    for (int i = 0; i < r; ++i) {
-      auto& out = sched.ranks[spec.stage_ranks[s][i]];
-      // Room for every action this rank gets, communication included (insert_communication
-      // then fills it in place instead of allocating a second list).
-      out.reserve(compute_capacity(spec, s));
-      for (int j = 0; j < spec.minibatches; ++j) {
-        auto mbs =
-            detail::replica_microbatches(spec, s, i, j * spec.microbatches, spec.microbatches);
-        for (int u : mbs) out.push_back(forward(s, u));
-        for (int u : mbs) out.push_back(backward(s, u));
-        close_minibatch(out, s, r, j);
-      }
-    }
-  }
-  insert_communication(sched);
-  return sched;
-}
-
-Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
-  check_spec(spec);
-  Schedule sched = detail::empty_schedule(spec, "1f1b-flush", UpdatePolicy::Flush);
+  Schedule sched = detail::empty_schedule(spec, std::move(name), UpdatePolicy::Flush);
   for (int s = 0; s < spec.num_stages(); ++s) {
     int r = static_cast<int>(spec.stage_ranks[s].size());
     int warmup = detail::one_f_one_b_warmup(spec, s);
@@ -195,13 +174,28 @@ Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
       for (int j = 0; j < spec.minibatches; ++j) {
         auto mbs =
             detail::replica_microbatches(spec, s, i, j * spec.microbatches, spec.microbatches);
-        one_f_one_b_order(out, s, mbs, warmup, [] {});
+        order(out, s, mbs, warmup);
         close_minibatch(out, s, r, j);
       }
     }
   }
   insert_communication(sched);
   return sched;
+}
+
+}  // namespace
+
+Schedule gpipe_schedule(const ScheduleSpec& spec) {
+  return flush_schedule(spec, "gpipe", [](auto& out, int s, const auto& mbs, int) {
+    for (int u : mbs) out.push_back(forward(s, u));
+    for (int u : mbs) out.push_back(backward(s, u));
+  });
+}
+
+Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
+  return flush_schedule(spec, "1f1b-flush", [](auto& out, int s, const auto& mbs, int warmup) {
+    one_f_one_b_order(out, s, mbs, warmup, [] {});
+  });
 }
 
 Schedule one_f_one_b_stash_schedule(const ScheduleSpec& spec) {
