@@ -25,21 +25,29 @@ std::int64_t scaled(std::int64_t n, double width) {
   return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::lround(n * width)));
 }
 
-void check_image(std::string_view model, const ZooOptions& o, std::int64_t min_size) {
-  PIPELINE_CHECK_AS(ConfigError, o.channels > 0 && o.image_size >= min_size,
-                    "model '{}' needs at least {}x{} images with >= 1 channel, got {} channels of {}x{}",
-                    model, min_size, min_size, o.channels, o.image_size, o.image_size);
+// An empty image classifier named `model` taking [channels, size, size] float images: fills in
+// the default channels and size where the options leave them 0, then checks the options (images
+// at least min_size square).
+ZooModel image_model(std::string_view model, ZooOptions& o, std::int64_t default_channels,
+                     std::int64_t default_size, std::int64_t min_size) {
+  if (o.channels == 0) o.channels = default_channels;
+  if (o.image_size == 0) o.image_size = default_size;
+  PIPELINE_CHECK_AS(
+      ConfigError, o.channels > 0 && o.image_size >= min_size,
+      "model '{}' needs at least {}x{} images with >= 1 channel, got {} channels of {}x{}", model,
+      min_size, min_size, o.channels, o.image_size, o.image_size);
   PIPELINE_CHECK_AS(ConfigError, o.num_classes >= 2, "model '{}': num_classes must be >= 2, got {}",
                     model, o.num_classes);
   PIPELINE_CHECK_AS(ConfigError, o.width > 0 && std::isfinite(o.width),
                     "model '{}': width multiplier must be positive, got {}", model, o.width);
+  return ZooModel{Sequential(std::string(model)),
+                  {o.channels, o.image_size, o.image_size},
+                  DType::Float32,
+                  o.num_classes};
 }
 
 ZooModel mlp(ZooOptions o) {
-  if (o.channels == 0) o.channels = 1;
-  if (o.image_size == 0) o.image_size = 28;
-  check_image("mlp", o, 1);
-  ZooModel z{Sequential("mlp"), {o.channels, o.image_size, o.image_size}, DType::Float32, o.num_classes};
+  ZooModel z = image_model("mlp", o, 1, 28, 1);
   const std::int64_t in = o.channels * o.image_size * o.image_size;
   const std::int64_t hidden = scaled(256, o.width);
   z.model.emplace<Flatten>("flatten")
@@ -52,11 +60,7 @@ ZooModel mlp(ZooOptions o) {
 }
 
 ZooModel fashion_cnn(ZooOptions o) {
-  if (o.channels == 0) o.channels = 1;
-  if (o.image_size == 0) o.image_size = 28;
-  check_image("fashion-cnn", o, 4);
-  ZooModel z{Sequential("fashion-cnn"), {o.channels, o.image_size, o.image_size}, DType::Float32,
-             o.num_classes};
+  ZooModel z = image_model("fashion-cnn", o, 1, 28, 4);
   const std::int64_t s = o.image_size / 2 / 2;
   z.model.emplace<Conv2d>("conv1", o.channels, 32, 5, 1, 2)
       .emplace<ReLU>("relu1")
@@ -72,10 +76,7 @@ ZooModel fashion_cnn(ZooOptions o) {
 }
 
 ZooModel vgg16(ZooOptions o) {
-  if (o.channels == 0) o.channels = 3;
-  if (o.image_size == 0) o.image_size = 32;
-  check_image("vgg16", o, 32);
-  ZooModel z{Sequential("vgg16"), {o.channels, o.image_size, o.image_size}, DType::Float32, o.num_classes};
+  ZooModel z = image_model("vgg16", o, 3, 32, 32);
   // Configuration D of Simonyan & Zisserman: 13 convolutions in 5 blocks, each ending in a pool.
   const std::vector<std::vector<std::int64_t>> blocks = {
       {64, 64}, {128, 128}, {256, 256, 256}, {512, 512, 512}, {512, 512, 512}};
@@ -103,11 +104,7 @@ ZooModel vgg16(ZooOptions o) {
 }
 
 ZooModel resnet18(ZooOptions o) {
-  if (o.channels == 0) o.channels = 3;
-  if (o.image_size == 0) o.image_size = 32;
-  check_image("resnet18", o, 8);
-  ZooModel z{Sequential("resnet18"), {o.channels, o.image_size, o.image_size}, DType::Float32,
-             o.num_classes};
+  ZooModel z = image_model("resnet18", o, 3, 32, 8);
   std::int64_t in = scaled(64, o.width);
   z.model.emplace<Conv2d>("conv1", o.channels, in, 3, 1, 1, false)
       .emplace<BatchNorm2d>("bn1", in)
