@@ -12,19 +12,19 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <span>
-#include <tuple>
-#include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace pipeline::testing {
 
 struct GradCheckOptions {
-  float step = 1e-2f;         // central-difference step h
-  double tolerance = 2e-3;    // bound on Σ(a−n)² / Σ n² over the sampled coordinates
-  int max_coords = 48;        // coordinates sampled per tensor (all when the tensor is smaller)
+  float step = 1e-2f;       // central-difference step h
+  double tolerance = 2e-3;  // bound on Σ(a−n)² / Σ n² over the sampled coordinates
+  int max_coords = 48;      // coordinates sampled per tensor (all when the tensor is smaller)
   std::uint64_t seed = 1234;
   Mode mode = Mode::Train;
   float input_lo = -1.f, input_hi = 1.f;
@@ -102,6 +102,21 @@ inline void compare(const std::string& what, const std::vector<float>& analytic,
   }
 }
 
+// Checks that a backward split into an input-only and a weight-only pass (as the pipeline
+// schedules run it) gives exactly the input and parameter gradients of one combined pass, and
+// that the weight-only pass returns no input gradient.
+inline void check_split_backward(const Layer& layer, const LayerParams& p, const Saved& s,
+                                 const Tensor& dy) {
+  auto g_both = layer.zero_grads(), g_weight = layer.zero_grads();
+  Tensor dx_both = layer.backward(p, s, dy, g_both, GradParts::Both);
+  Tensor dx_input = layer.backward(p, s, dy, {}, GradParts::Input);
+  Tensor dx_weight = layer.backward(p, s, dy, g_weight, GradParts::Weight);
+  CHECK(dx_input.to_vector() == dx_both.to_vector());
+  CHECK_FALSE(dx_weight.defined());
+  for (std::size_t k = 0; k < g_both.size(); ++k)
+    CHECK(g_both[k].to_vector() == g_weight[k].to_vector());
+}
+
 // Checks dL/dx and dL/dparam for every parameter of `layer` at a random input of `input_shape`.
 inline void check_layer_gradients(const Layer& layer, const Shape& input_shape,
                                   GradCheckOptions o = {}) {
@@ -112,7 +127,8 @@ inline void check_layer_gradients(const Layer& layer, const Shape& input_shape,
     Rng rng(o.seed + 17 * (k + 1));
     for (float& v : params.params[k].values()) v += rng.uniform(-0.5f, 0.5f);
   }
-  Tensor x = o.input.defined() ? o.input : random_tensor(input_shape, o.seed + 1, o.input_lo, o.input_hi);
+  Tensor x =
+      o.input.defined() ? o.input : random_tensor(input_shape, o.seed + 1, o.input_lo, o.input_hi);
   REQUIRE(x.shape() == input_shape);
   ForwardContext ctx{o.mode, o.seed + 2};
 
