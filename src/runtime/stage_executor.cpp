@@ -104,6 +104,19 @@ WeightStore::Tag version_from(const Tensor& t) {
   return static_cast<WeightStore::Tag>(v[0]) | (static_cast<WeightStore::Tag>(v[1]) << 31);
 }
 
+// Removes and returns what was received for microbatch u. Receives are posted ahead of the
+// compute that needs them, so a missing entry means the action list ran compute before its
+// receive.
+Tensor take_by_microbatch(std::map<int, Tensor>& received, int u, const char* action,
+                          const char* what, int stage) {
+  auto it = received.find(u);
+  PIPELINE_CHECK(it != received.end(), "{} of microbatch {} on stage {} before its {} was received",
+                 action, u, stage, what);
+  Tensor t = std::move(it->second);
+  received.erase(it);
+  return t;
+}
+
 }  // namespace
 
 struct StageExecutor::PostedRecv {
@@ -276,12 +289,7 @@ void StageExecutor::do_forward(Run& run, const Action& a) {
   if (is_first_stage()) {
     x = data.inputs;
   } else {
-    auto it = run.inputs.find(u);
-    PIPELINE_CHECK(it != run.inputs.end(),
-                   "forward of microbatch {} on stage {} before its activation was received", u,
-                   m_stage);
-    x = std::move(it->second);
-    run.inputs.erase(it);
+    x = take_by_microbatch(run.inputs, u, "forward", "activation", m_stage);
   }
 
   if (run.eval) {
@@ -362,12 +370,7 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
     if (is_last_stage()) {
       dy = std::move(c.loss_grad);
     } else {
-      auto it = run.output_grads.find(u);
-      PIPELINE_CHECK(it != run.output_grads.end(),
-                     "backward of microbatch {} on stage {} before its gradient was received", u,
-                     m_stage);
-      dy = std::move(it->second);
-      run.output_grads.erase(it);
+      dy = take_by_microbatch(run.output_grads, u, "backward", "gradient", m_stage);
     }
     if (parts == GradParts::Both) {
       Tensor dx = m_model->backward(r, w, c.saved, dy, m_grads, need_dx);
