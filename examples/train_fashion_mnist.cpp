@@ -30,6 +30,7 @@
 #include <chrono>
 #include <optional>
 
+#include "common/fault_injection.hpp"
 #include "common/feeds.hpp"
 #include "common/pipeline_flags.hpp"
 #include "common/progress.hpp"
@@ -157,7 +158,7 @@ int run_pipelined(const Options& o, Communicator& comm) {
   FashionMnist train(o.data, Split::Train), test(o.data, Split::Test);
 
   const Plan plan = examples::plan_for_job(o.pipeline, zoo, comm, o.batch);
-  if (o.pipeline.plan.empty() && comm.rank() == 0) fmt::print("{}\n", describe(plan));
+  if (comm.rank() == 0) fmt::print("{}\n", describe(plan));
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
   const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout);
 
@@ -220,8 +221,13 @@ int run_pipelined(const Options& o, Communicator& comm) {
       progress.update(std::min<long>(total, static_cast<long>(done + (st.minibatch - epoch * per_epoch) + 1)),
                       st.loss, sps);
     };
-    TrainResult r = ex.train(*schedule, feed, epoch * per_epoch,
-                             [&](std::int64_t step) { return lr.lr_at(step); }, on_minibatch);
+    TrainResult r = ex.train(
+        *schedule, feed, epoch * per_epoch,
+        [&](std::int64_t step) {
+          examples::fault_injection_point(comm.rank(), step);  // testing only; see the header
+          return lr.lr_at(step);
+        },
+        on_minibatch);
     train_s += r.seconds;
     samples += static_cast<std::int64_t>(n) * o.batch;
     done += n;

@@ -69,3 +69,23 @@ if(TARGET train_transformer_lm AND EXISTS /usr/share/games/fortunes/fortunes)
                        PROPERTIES LABELS example PROCESSORS 2 TIMEOUT 300
                        PASS_REGULAR_EXPRESSION "validation loss: [0-9.]+ perplexity: [0-9.]+")
 endif()
+
+# A rank that dies mid-training (the fault-injection hook PIPELINE_TEST_DIE_AT_STEP of
+# examples/common/fault_injection.hpp): the job must fail well within --comm-timeout, with a line
+# from every survivor saying where it was. mpirun ends the survivors with SIGTERM as soon as it
+# sees the death; LIMIT (seconds, start-up included) is a fraction of the 120 s timeout.
+function(pipeline_expect_peer_death name ranks dead how)
+  add_test(NAME example.peer_death.${name}
+           COMMAND ${CMAKE_COMMAND} "-DCOMMAND=${ARGN}" -DRANKS=${ranks} -DDEAD=${dead} -DLIMIT=40
+                   -P ${CMAKE_CURRENT_SOURCE_DIR}/support/expect_peer_death.cmake)
+  set_tests_properties(example.peer_death.${name} PROPERTIES
+                       LABELS "example;mpi" PROCESSORS 2 TIMEOUT 300
+                       ENVIRONMENT "PIPELINE_TEST_DIE_AT_STEP=${dead}:5${how}")
+endfunction()
+foreach(n 2 4)
+  math(EXPR _dead "${n} / 2")
+  set(_job ${_mpirun} ${n} ${_train} --model mlp --plan ${_plans}/mlp_${n}.json
+           --schedule 1f1b-stash --steps 3000 --batch 32 --threads 1 --comm-timeout 120)
+  pipeline_expect_peer_death(exit_np${n} ${n} ${_dead} "" ${_job})
+  pipeline_expect_peer_death(sigkill_np${n} ${n} ${_dead} ":kill" ${_job})
+endforeach()

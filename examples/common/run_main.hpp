@@ -4,6 +4,8 @@
 //
 // A pipelined run that fails on one rank aborts the whole job through the communicator, so that
 // no peer is left waiting for a message that will never come; the message already names the rank.
+// A rank that dies without a word (killed, crashed) is reported by every survivor when mpirun
+// ends it (report_termination_on_sigterm).
 #pragma once
 
 #include <pipeline/comm/comms/mpi.hpp>
@@ -37,6 +39,9 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
   if (flags.pipelined()) {
     MpiSession mpi(&argc, &argv);
     MpiCommunicator comm;
+    // A rank that dies takes no part in abort(): mpirun then ends the others with SIGTERM, and
+    // each says where it was instead of vanishing.
+    report_termination_on_sigterm();
     try {
       flags.check();
       if (flags.comm_timeout > 0) comm.set_timeout(flags.comm_timeout);

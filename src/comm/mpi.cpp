@@ -167,7 +167,11 @@ class MpiP2pRequest final : public RequestImpl {
             "{}rank {}: the message {} from rank {} is larger than the receive tensor, which "
             "holds {}; sender and receiver must agree on the tensor's size and type",
             rank_prefix(), m_me, m_tag.str(), m_peer, describe_tensor(m_buffer)));
-      mpi_fail(rc, what().c_str(), __FILE__, __LINE__);
+      // A dead peer's broken connection can surface here instead of as mpirun's SIGTERM.
+      throw MpiError(fmt::format(
+          "{}rank {} ({}): {} failed with {}: rank {} may have died or lost its connection; "
+          "find its own error, or the rank mpirun names, in the job's output",
+          rank_prefix(), m_me, host_and_pid(), what(), mpi_error_string(rc), m_peer));
     }
     if (!flag) return false;
     m_request = MPI_REQUEST_NULL;
@@ -185,6 +189,8 @@ class MpiP2pRequest final : public RequestImpl {
 
   void wait() override {
     auto t0 = Clock::now();
+    if (test()) return;
+    const WaitNote note([&] { return what(); }, *m_settings);
     if (!poll_until([&] { return test(); }, m_settings->timeout_s))
       throw_timeout(*m_settings, m_me, what(), seconds_since(t0));
   }
@@ -379,6 +385,12 @@ void MpiCommunicator::allreduce_sum(std::span<Tensor> tensors, const Group& grou
 
   auto t0 = detail::Clock::now();
   auto await = [&](MPI_Request& request, std::string_view phase) {
+    const detail::WaitNote note(
+        [&] {
+          return fmt::format("allreduce_sum over ranks [{}] ({})", fmt::join(group.ranks(), ", "),
+                             phase);
+        },
+        *wait_settings());
     double left = timeout() - detail::seconds_since(t0);
     bool done = detail::poll_until(
         [&] {
@@ -417,6 +429,8 @@ void MpiCommunicator::barrier() {
   auto t0 = detail::Clock::now();
   MPI_Request request = MPI_REQUEST_NULL;
   PIPELINE_MPI_CHECK(MPI_Ibarrier(m_shared->comm, &request));
+  const detail::WaitNote note([&] { return fmt::format("a barrier of all {} ranks", m_size); },
+                              *wait_settings());
   bool done = detail::poll_until(
       [&] {
         int flag = 0;

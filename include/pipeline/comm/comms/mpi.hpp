@@ -23,7 +23,10 @@
 //    is raised as pipeline::MpiError by PIPELINE_MPI_CHECK (mpi_check.hpp);
 //  - after a TimeoutError from a collective the communicator is not usable any more (MPI cannot
 //    cancel a collective): report and abort();
-//  - abort() calls MPI_Abort on MPI_COMM_WORLD: mpirun ends every rank.
+//  - abort() calls MPI_Abort on MPI_COMM_WORLD: mpirun ends every rank;
+//  - a peer that dies: mpirun ends the survivors with SIGTERM, which report_termination_on_sigterm
+//    turns into one line per survivor saying where it was; an MPI error that a failing
+//    connection returns instead (MPI_ERRORS_RETURN) becomes an MpiError naming the peer.
 #pragma once
 
 #include <pipeline/comm/communicator.hpp>
@@ -66,7 +69,42 @@ class MpiSession {
 
 namespace detail {
 struct MpiShared;
-}
+
+bool termination_report_installed();
+void note_wait(std::string_view what, const WaitSettings& settings);
+void note_wait_ended();
+
+// While alive, records for report_termination_on_sigterm() what this process waits for
+// (`describe()`, e.g. "a receive of ... from rank 2") and where its caller is (the settings'
+// context); when it ends the record stays as "the last wait". Unless the report is installed it
+// costs one atomic load: `describe` is not called.
+class WaitNote {
+ public:
+  template <typename Describe>
+  WaitNote(Describe&& describe, const WaitSettings& settings) {
+    if (!termination_report_installed()) return;
+    note_wait(describe(), settings);
+    m_active = true;
+  }
+  ~WaitNote() {
+    if (m_active) note_wait_ended();
+  }
+  WaitNote(const WaitNote&) = delete;
+  WaitNote& operator=(const WaitNote&) = delete;
+
+ private:
+  bool m_active = false;
+};
+}  // namespace detail
+
+// For programs started by mpirun. When a rank dies, mpirun ends the other ranks with SIGTERM and
+// they vanish without a word. After this call a rank that receives SIGTERM first writes one line
+// to stderr: its rank, host and pid, the communicator wait it is blocked in (operation, peer,
+// tag) or its last one, and where its caller was (set_context: stage, action of the schedule);
+// then it dies of the signal as before. The handler only write(2)s text that the waits prepared,
+// so it is async-signal-safe. Call once, after the MpiSession; a program with its own SIGTERM
+// handling should not call it.
+void report_termination_on_sigterm();
 
 class MpiCommunicator final : public Communicator {
  public:
