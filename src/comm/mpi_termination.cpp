@@ -82,8 +82,8 @@ void on_sigterm(int sig) {
       "rank that mpirun names, or its own error line, in the job's output, fix that and run "
       "again\n");
 
-  // Die of the signal as without the handler (SA_RESETHAND restored the default action; the
-  // signal stays blocked until the handler returns).
+  // Die of the signal as without the handler: SA_RESETHAND restored the default action, which
+  // ends the process now or, where the signal is blocked inside its handler, when this returns.
   std::raise(sig);
 }
 
