@@ -1,0 +1,571 @@
+// bench_pipeline: training throughput of a balanced P-stage pipeline on P ranks against the same
+// model on one rank (same threads per rank), for 1f1b-stash, 1f1b-flush and gpipe on one plan,
+// next to the simulator's prediction of each run from a profile measured in the same job.
+//
+//   mpirun -np 2 bench_pipeline [--model mlp] [--width 3] [--batch 64] [--microbatches 8]
+//                               [--samples-per-run 6144] [--threads 1] [--repeat 3]
+//                               [--trace DIR] [--results FILE]
+//
+// One job measures everything, so that the ratios compare numbers taken under the same load:
+//  1. rank 0 profiles the model (pipeline::profile, --threads threads, microbatch-sized batches)
+//     while the other ranks wait; the P-stage split is the contiguous one whose slowest stage
+//     (forward + backward) is fastest; rank 0 also times one SGD step (and, for 1f1b-stash, the
+//     copy of a stashed weight version) per stage;
+//  2. ranks 0 and 1 time a ping-pong of the boundary activation (the simulator's link model);
+//  3. --repeat times, per schedule: rank 0 alone runs the schedule on a 1-stage pipeline of the
+//     whole model (a StageExecutor over MPI_COMM_SELF, so both runs execute the same code), then
+//     all ranks run it on the P-stage plan; each run is warmed up first and timed between
+//     barriers. Every run trains the same number of samples: --samples-per-run, in microbatches
+//     of --batch samples (1f1b-stash: one microbatch per minibatch; flush schedules:
+//     --microbatches per minibatch);
+//  4. rank 0 simulates every run (same plan, schedule and microbatch count) and prints
+//       predicted samples/s = samples per run / simulated makespan
+//     (the quantity the measurement takes: warm-up and drain included), the ratio measured /
+//     predicted, and the speedup of P ranks over one. The flush schedules' bubble bounds their
+//     speedup by P·m / (m + P − 1) (m microbatches per minibatch).
+// The per-rank columns come from the executor's trace of the median run: compute (F, B, ST),
+// waiting in receives (RA, RG) and the rest (sends, bookkeeping).
+#include <pipeline/comm/comms/mpi.hpp>
+#include <pipeline/core/threads.hpp>
+#include <pipeline/data/synthetic.hpp>
+#include <pipeline/nn/zoo.hpp>
+#include <pipeline/optim/flatten.hpp>
+#include <pipeline/optim/sgd.hpp>
+#include <pipeline/profile/profiler.hpp>
+#include <pipeline/runtime/pipeline_setup.hpp>
+#include <pipeline/runtime/stage_executor.hpp>
+#include <pipeline/schedule/simulator.hpp>
+#include <pipeline/schedule/trace.hpp>
+
+#include <CLI/CLI.hpp>
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "bench_util.hpp"
+
+using namespace pipeline;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Options {
+  std::string model = "mlp";
+  double width = 3.0;
+  int batch = 64;
+  int microbatches = 8;
+  int samples_per_run = 6144;
+  int threads = 1;
+  int repeat = 3;
+  int warmup_microbatches = 16;
+  int profile_repeat = 30;
+  double lr = 1e-3;
+  std::vector<std::string> schedules{"1f1b-stash", "1f1b-flush", "gpipe"};
+  std::string trace;
+  std::string results;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
+// Stage times of the profile: forward + backward of layers [begin, end).
+double range_time(const Profile& p, int begin, int end) {
+  double t = 0;
+  for (int i = begin; i < end; ++i)
+    t += p.layers[static_cast<std::size_t>(i)].forward_s + p.layers[static_cast<std::size_t>(i)].backward_s;
+  return t;
+}
+
+// The contiguous split of the profile's layers into `stages` ranges whose slowest stage is
+// fastest (a small dynamic program); returns the stage boundaries {0, c1, ..., n}.
+std::vector<int> balanced_split(const Profile& p, int stages) {
+  const int n = p.size();
+  PIPELINE_CHECK_AS(ConfigError, stages <= n, "{} stages for a model of {} layers", stages, n);
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  // best[k][i]: slowest stage of the best split of layers [0, i) into k stages.
+  std::vector<std::vector<double>> best(static_cast<std::size_t>(stages) + 1,
+                                        std::vector<double>(static_cast<std::size_t>(n) + 1, kInf));
+  std::vector<std::vector<int>> cut = std::vector<std::vector<int>>(
+      static_cast<std::size_t>(stages) + 1, std::vector<int>(static_cast<std::size_t>(n) + 1, 0));
+  best[0][0] = 0;
+  for (int k = 1; k <= stages; ++k)
+    for (int i = k; i <= n; ++i)
+      for (int j = k - 1; j < i; ++j) {
+        const double v = std::max(best[k - 1][static_cast<std::size_t>(j)], range_time(p, j, i));
+        if (v < best[k][static_cast<std::size_t>(i)]) {
+          best[k][static_cast<std::size_t>(i)] = v;
+          cut[k][static_cast<std::size_t>(i)] = j;
+        }
+      }
+  std::vector<int> bounds{n};
+  for (int k = stages, i = n; k >= 1; --k) {
+    i = cut[static_cast<std::size_t>(k)][static_cast<std::size_t>(i)];
+    bounds.push_back(i);
+  }
+  std::reverse(bounds.begin(), bounds.end());
+  return bounds;
+}
+
+Plan make_plan(const std::string& model, const std::vector<int>& bounds) {
+  Plan plan;
+  plan.model = model;
+  plan.workers = static_cast<int>(bounds.size()) - 1;
+  for (int s = 0; s + 1 < static_cast<int>(bounds.size()); ++s)
+    plan.stages.push_back({bounds[static_cast<std::size_t>(s)],
+                           bounds[static_cast<std::size_t>(s) + 1], 1, {s}});
+  return plan;
+}
+
+// Median seconds of one SGD (momentum) step over a stage's parameters and of one copy of them
+// (what a 1f1b-stash step adds when an in-flight microbatch still holds the current version).
+struct StepCost {
+  double step_s = 0;
+  double copy_s = 0;
+};
+
+StepCost time_step(const Sequential& model, LayerRange r) {
+  ModelParams params = model.init(1, r), copy = model.init(2, r);
+  ModelGrads grads = model.zero_grads(r);
+  Sgd sgd(SgdOptions{.momentum = 0.9f});
+  std::vector<Tensor> p = flatten_params(params), g = flatten_grads(grads), c = flatten_params(copy);
+  std::vector<double> steps, copies;
+  for (int i = 0; i < 25; ++i) {
+    auto t0 = Clock::now();
+    sgd.step(p, g, 1e-3f);
+    for (auto& t : g) t.zero();  // the executor clears the gradients after every step
+    const double s = seconds_since(t0);
+    t0 = Clock::now();
+    for (std::size_t k = 0; k < p.size(); ++k) c[k].copy_from(p[k]);
+    const double cs = seconds_since(t0);
+    if (i >= 5) {
+      steps.push_back(s);
+      copies.push_back(cs);
+    }
+  }
+  return {median(steps), median(copies)};
+}
+
+// One-way time of a message of `bytes` between ranks 0 and 1 (half a ping-pong round trip,
+// median of 50); 0 on other ranks and on a 1-rank job.
+double ping_pong(Communicator& comm, std::int64_t bytes) {
+  if (comm.size() < 2 || comm.rank() > 1) return 0;
+  Tensor t = Tensor::zeros(Shape{std::max<std::int64_t>(1, bytes / 4)});
+  const int peer = 1 - comm.rank();
+  std::vector<double> rtt;
+  for (int i = 0; i < 60; ++i) {
+    auto t0 = Clock::now();
+    if (comm.rank() == 0) {
+      comm.send(t, peer, Tag::control(0, 2));
+      comm.recv(t, peer, Tag::control(0, 3));
+    } else {
+      comm.recv(t, peer, Tag::control(0, 2));
+      comm.send(t, peer, Tag::control(0, 3));
+    }
+    if (i >= 10) rtt.push_back(seconds_since(t0));
+  }
+  return median(rtt) / 2;
+}
+
+// A double carried through a float allreduce: hi + lo.
+void put_double(float* out, double x) {
+  out[0] = static_cast<float>(x);
+  out[1] = static_cast<float>(x - static_cast<double>(out[0]));
+}
+double get_double(const float* in) { return static_cast<double>(in[0]) + static_cast<double>(in[1]); }
+
+struct RankBreakdown {
+  double compute_s = 0, recv_wait_s = 0, other_s = 0;
+};
+
+RankBreakdown breakdown(const std::vector<TraceEvent>& events, double wall_s) {
+  RankBreakdown b;
+  for (const TraceEvent& e : events) {
+    const double d = e.end_s - e.start_s;
+    switch (e.action.kind) {
+      case ActionKind::Forward:
+      case ActionKind::Backward:
+      case ActionKind::BackwardInput:
+      case ActionKind::BackwardWeight:
+      case ActionKind::Step:
+      case ActionKind::AllReduce:
+        b.compute_s += d;
+        break;
+      case ActionKind::RecvActivation:
+      case ActionKind::RecvGradient:
+        b.recv_wait_s += d;
+        break;
+      default:
+        break;
+    }
+  }
+  b.other_s = std::max(0.0, wall_s - b.compute_s - b.recv_wait_s);
+  return b;
+}
+
+struct Run {
+  double samples_per_s = 0;
+  std::vector<RankBreakdown> ranks;  // rank 0: every rank's, gathered
+  // Messages whose receiver was already waiting when the sender posted them: how long after the
+  // post the receiver's wait ended (transfer plus the wait loop's reaction), median and count.
+  double delivery_delay_s = 0;
+  int delivered_while_waiting = 0;
+};
+
+// Slot of one message in the gathered timing table: boundary b (between stages b and b + 1),
+// kind 0 activation / 1 gradient, microbatch u; three values: send post, wait start, wait end.
+std::size_t message_slot(int b, int kind, int u, int n) {
+  return (static_cast<std::size_t>(b) * 2 + static_cast<std::size_t>(kind)) * static_cast<std::size_t>(n) +
+         static_cast<std::size_t>(u);
+}
+
+// Every rank's sends and receive waits, summed into one table (each slot is written by one
+// rank), then the delivery delays of the messages a receiver was already waiting for.
+void delivery_delays(Communicator& comm, const std::vector<TraceEvent>& events, int n, Run& r) {
+  const int P = comm.size();
+  const std::size_t slots = static_cast<std::size_t>(std::max(0, P - 1)) * 2 * static_cast<std::size_t>(n);
+  if (slots == 0) return;
+  // Times relative to the first event, as two floats each (hi + lo), 3 per slot.
+  double t0 = events.empty() ? 0 : events.front().start_s;
+  Tensor first = Tensor::zeros(Shape{2});
+  put_double(first.data<float>(), comm.rank() == 0 ? t0 : 0.0);
+  comm.allreduce_sum(first, comm.world());
+  t0 = get_double(first.data<float>());
+  Tensor table = Tensor::zeros(Shape{static_cast<std::int64_t>(slots) * 6});
+  float* v = table.data<float>();
+  const int me = comm.rank();
+  for (const TraceEvent& e : events) {
+    const int u = e.action.microbatch;
+    if (u < 0 || u >= n) continue;
+    std::size_t slot = slots;
+    int value = 0;
+    switch (e.action.kind) {
+      case ActionKind::SendActivation: slot = message_slot(me, 0, u, n); value = 0; break;
+      case ActionKind::RecvActivation: slot = message_slot(me - 1, 0, u, n); value = 1; break;
+      case ActionKind::SendGradient: slot = message_slot(me - 1, 1, u, n); value = 0; break;
+      case ActionKind::RecvGradient: slot = message_slot(me, 1, u, n); value = 1; break;
+      default: break;
+    }
+    if (slot >= slots) continue;
+    put_double(v + 6 * slot + 2 * value, e.start_s - t0);
+    if (value == 1) put_double(v + 6 * slot + 4, e.end_s - t0);
+  }
+  comm.allreduce_sum(table, comm.world());
+  std::vector<double> delays;
+  for (std::size_t k = 0; k < slots; ++k) {
+    const double sent = get_double(v + 6 * k), start = get_double(v + 6 * k + 2),
+                 end = get_double(v + 6 * k + 4);
+    if (end == 0) continue;  // no such message (the last stage sends no activation)
+    if (start < sent) delays.push_back(end - sent);
+  }
+  r.delivered_while_waiting = static_cast<int>(delays.size());
+  r.delivery_delay_s = median(delays);
+}
+
+// Trains `total` microbatches of the schedule (after a warm-up) on `comm` and returns the
+// throughput measured on rank 0 between barriers, and every rank's time breakdown.
+Run run_schedule(const ZooModel& z, const Options& o, const std::string& name,
+                 const PipelineLayout& layout, Communicator& comm, const MinibatchFeed& feed,
+                 const std::string& trace_path) {
+  const bool stash = name.rfind("1f1b-stash", 0) == 0;
+  const int m = stash ? 1 : o.microbatches;
+  ScheduleRequest req;
+  req.name = name;
+  req.microbatches = m;
+  const int minibatches = o.samples_per_run / (o.batch * m);
+  const int warm = std::max(1, o.warmup_microbatches / m);
+  const Schedule warm_schedule = make_schedule(req, layout, warm);
+  const Schedule schedule = make_schedule(req, layout, minibatches);
+  ExecutorOptions eo;
+  eo.seed = 1;
+  StageExecutor warm_ex(z.model, z.sample_shape, z.input_dtype, layout, comm,
+                        std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f}), eo);
+  const LrFunction lr = [&](std::int64_t) { return static_cast<float>(o.lr); };
+  warm_ex.train(warm_schedule, feed, 0, lr);
+  eo.record_trace = true;
+  StageExecutor ex(z.model, z.sample_shape, z.input_dtype, layout, comm,
+                   std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f}), eo);
+  ex.train(warm_schedule, feed, 0, lr);  // this executor's own buffers and code paths, warm
+  comm.barrier();
+  const auto t0 = Clock::now();
+  const std::size_t first_event = ex.trace_events().size();
+  ex.train(schedule, feed, warm, lr);
+  comm.barrier();
+  const double wall = seconds_since(t0);
+  Run r;
+  r.samples_per_s = static_cast<double>(minibatches) * m * o.batch / wall;
+  std::vector<TraceEvent> events(ex.trace_events().begin() + static_cast<long>(first_event),
+                                 ex.trace_events().end());
+  const RankBreakdown mine = breakdown(events, wall);
+  Tensor all = Tensor::zeros(Shape{3 * comm.size()});
+  float* v = all.data<float>();
+  v[3 * comm.rank()] = static_cast<float>(mine.compute_s);
+  v[3 * comm.rank() + 1] = static_cast<float>(mine.recv_wait_s);
+  v[3 * comm.rank() + 2] = static_cast<float>(mine.other_s);
+  comm.allreduce_sum(all, comm.world());
+  for (int k = 0; k < comm.size(); ++k) r.ranks.push_back({v[3 * k], v[3 * k + 1], v[3 * k + 2]});
+  delivery_delays(comm, events, minibatches * m, r);
+  if (!trace_path.empty())
+    write_rank_trace(per_rank_path(trace_path, comm.rank(), comm.size()), events, schedule,
+                     fmt::format("{} rank {} (measured)", name, comm.rank()));
+  return r;
+}
+
+int run_bench(const Options& o, Communicator& world) {
+  const int P = world.size();
+  set_num_threads(o.threads);
+  ZooOptions zo;
+  zo.width = o.width;
+  ZooModel z = make_model(o.model, zo);
+  PIPELINE_CHECK_AS(ConfigError, z.input_dtype == DType::Float32,
+                    "bench_pipeline feeds synthetic images; '{}' takes token ids", o.model);
+  PIPELINE_CHECK_AS(ConfigError, o.samples_per_run % (o.batch * o.microbatches) == 0,
+                    "--samples-per-run {} must be a multiple of --batch x --microbatches = {}",
+                    o.samples_per_run, o.batch * o.microbatches);
+
+  // 1. Profile, split and step costs, on rank 0 while the others wait.
+  Profile prof;
+  std::vector<StepCost> step_costs;
+  std::string split_text;
+  if (world.rank() == 0) {
+    ProfileOptions po;
+    po.warmup = 3;
+    po.repeat = o.profile_repeat;
+    po.split_backward = false;
+    prof = profile(z, o.batch, Device::cpu(), po);
+    const std::vector<int> bounds = balanced_split(prof, P);
+    for (int s = 0; s < P; ++s)
+      step_costs.push_back(time_step(
+          z.model, {bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1]}));
+    split_text = fmt::format("{}", fmt::join(bounds, ","));
+  }
+  world.barrier();
+  split_text = broadcast_string(world, split_text, 0);
+  std::vector<int> bounds;
+  for (std::size_t at = 0; at < split_text.size();) {
+    std::size_t comma = split_text.find(',', at);
+    if (comma == std::string::npos) comma = split_text.size();
+    bounds.push_back(std::stoi(split_text.substr(at, comma - at)));
+    at = comma + 1;
+  }
+  const Plan plan = make_plan(o.model, bounds);
+  const PipelineLayout layout = PipelineLayout::from_plan(plan, z.model);
+  const Plan whole = make_plan(o.model, {0, z.model.size()});
+  const PipelineLayout one = PipelineLayout::from_plan(whole, z.model);
+
+  // 2. The link: the largest boundary activation of one microbatch.
+  std::int64_t boundary_bytes = 0;
+  for (int s = 0; s + 1 < P; ++s)
+    boundary_bytes = std::max<std::int64_t>(
+        boundary_bytes,
+        z.model.shapes(z.input_shape(o.batch), {0, bounds[static_cast<std::size_t>(s) + 1]})
+                .back()
+                .numel() *
+            4);
+  const double one_way_s = ping_pong(world, boundary_bytes);
+  world.barrier();
+
+  // The data: one synthetic minibatch, fed again for every minibatch (its values do not change
+  // the time of a float model).
+  const int mb_samples_max = o.batch * o.microbatches;
+  SyntheticDataset data(z.sample_shape, static_cast<int>(z.num_classes), mb_samples_max, 3);
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(mb_samples_max));
+  std::iota(idx.begin(), idx.end(), 0);
+  const Batch full = data.get(idx);
+
+  std::unique_ptr<MpiCommunicator> self;
+  if (world.rank() == 0) self = std::make_unique<MpiCommunicator>(MPI_COMM_SELF);
+
+  struct Row {
+    std::vector<double> single, pipelined;
+    std::vector<std::vector<RankBreakdown>> ranks;
+    std::vector<double> delay;
+    std::vector<int> delivered;
+  };
+  std::vector<Row> rows(o.schedules.size());
+  for (int rep = 0; rep < o.repeat; ++rep) {
+    for (std::size_t k = 0; k < o.schedules.size(); ++k) {
+      const std::string& name = o.schedules[k];
+      const bool stash = name.rfind("1f1b-stash", 0) == 0;
+      const std::int64_t mb_samples = stash ? o.batch : mb_samples_max;
+      const Batch b = full.slice(0, mb_samples);
+      const MinibatchFeed feed{[b](std::int64_t) { return b; },
+                               [mb_samples](std::int64_t) { return mb_samples; }};
+      const bool last_rep = rep + 1 == o.repeat;
+      std::string trace;
+      if (!o.trace.empty() && last_rep) {
+        std::filesystem::create_directories(o.trace);
+        trace = fmt::format("{}/{}.json", o.trace, name);
+      }
+      if (world.rank() == 0) {
+        Run r = run_schedule(z, o, name, one, *self, feed,
+                             trace.empty() ? "" : fmt::format("{}/{}.1rank.json", o.trace, name));
+        rows[k].single.push_back(r.samples_per_s);
+      }
+      world.barrier();
+      if (P > 1) {
+        Run r = run_schedule(z, o, name, layout, world, feed, trace);
+        rows[k].pipelined.push_back(r.samples_per_s);
+        rows[k].ranks.push_back(r.ranks);
+        rows[k].delay.push_back(r.delivery_delay_s);
+        rows[k].delivered.push_back(r.delivered_while_waiting);
+      }
+      world.barrier();
+    }
+  }
+  if (world.rank() != 0) return 0;
+
+  // 4. Predictions and the table.
+  const double step_s =
+      std::max_element(step_costs.begin(), step_costs.end(),
+                       [](auto& a, auto& b) { return a.step_s < b.step_s; })->step_s;
+  double copy_s = 0;
+  for (auto& c : step_costs) copy_s = std::max(copy_s, c.copy_s);
+  Topology topo;
+  if (P > 1 && one_way_s > 0)
+    topo.levels.push_back({P, static_cast<double>(boundary_bytes) / one_way_s});
+  auto predict = [&](const std::string& name, const Plan& pl, const PipelineLayout& lay,
+                     const std::string& trace_path) {
+    const bool stash = name.rfind("1f1b-stash", 0) == 0;
+    const int m = stash ? 1 : o.microbatches;
+    ScheduleRequest req;
+    req.name = name;
+    req.microbatches = m;
+    const Schedule s = make_schedule(req, lay, o.samples_per_run / (o.batch * m));
+    SimulateOptions so;
+    so.microbatch_size = o.batch;
+    so.full_duplex = true;
+    // A stash step copies the weights when an in-flight microbatch still holds them (every
+    // stage but the last of a pipeline); one stage never has another microbatch in flight.
+    so.optimizer_step_s = step_s + (stash && lay.num_stages() > 1 ? copy_s : 0);
+    so.record_trace = !trace_path.empty();
+    const Simulation sim = simulate(s, prof, pl, lay.num_stages() > 1 ? topo : Topology{}, so);
+    if (!trace_path.empty()) write_chrome_trace(trace_path, sim, s);
+    return o.samples_per_run / sim.makespan_s;
+  };
+
+  std::string stages;
+  for (int s = 0; s < P; ++s) {
+    const int b0 = bounds[static_cast<std::size_t>(s)], b1 = bounds[static_cast<std::size_t>(s) + 1];
+    stages += fmt::format("{}stage {}: layers [{}, {}) {}-{}, {:.2f} ms fwd+bwd per microbatch, "
+                          "step {:.3f} ms, weight copy {:.3f} ms\n",
+                          "  ", s, b0, b1, z.model.layer(b0).name(), z.model.layer(b1 - 1).name(),
+                          1e3 * range_time(prof, b0, b1), 1e3 * step_costs[static_cast<std::size_t>(s)].step_s,
+                          1e3 * step_costs[static_cast<std::size_t>(s)].copy_s);
+  }
+  double slowest = 0, fastest = std::numeric_limits<double>::infinity();
+  for (int s = 0; s < P; ++s) {
+    const double t = range_time(prof, bounds[static_cast<std::size_t>(s)],
+                                bounds[static_cast<std::size_t>(s) + 1]);
+    slowest = std::max(slowest, t);
+    fastest = std::min(fastest, t);
+  }
+  std::string header = fmt::format(
+      "bench_pipeline: {} (width {}), microbatches of {} samples, {} samples per run, {} thread(s) "
+      "per rank, {} ranks, {} repeat(s); {}, load average {} at the end, {:%Y-%m-%d %H:%M}\n"
+      "profile: {} layers, whole model {:.2f} ms fwd+bwd per microbatch; {}-stage split (slowest "
+      "stage / fastest = {:.3f}):\n{}"
+      "link: {} bytes one way in {:.1f} us (ping-pong), simulated at {:.2f} GB/s full duplex\n"
+      "flush schedules: {} microbatches per minibatch (bubble bound on the speedup P*m/(m+P-1) = "
+      "{:.2f}); 1f1b-stash: 1 microbatch per minibatch\n",
+      o.model, o.width, o.batch, o.samples_per_run, o.threads, P, o.repeat, bench::cpu_name(),
+      bench::load_average(), fmt::localtime(std::time(nullptr)), prof.size(),
+      1e3 * range_time(prof, 0, prof.size()), P, slowest / fastest, stages, boundary_bytes,
+      1e6 * one_way_s, one_way_s > 0 ? 1e-9 * static_cast<double>(boundary_bytes) / one_way_s : 0.0,
+      o.microbatches, static_cast<double>(P) * o.microbatches / (o.microbatches + P - 1));
+
+  auto spread = [](const std::vector<double>& v) {
+    if (v.empty()) return std::string("-");
+    auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    return fmt::format("{:.0f}-{:.0f}", *lo, *hi);
+  };
+  std::string table =
+      "| schedule | ranks | measured samples/s (median) | spread (min-max) | predicted samples/s | "
+      "measured/predicted | speedup over 1 rank |\n|---|---|---|---|---|---|---|\n";
+  std::string detail;
+  for (std::size_t k = 0; k < o.schedules.size(); ++k) {
+    const std::string& name = o.schedules[k];
+    const double single = median(rows[k].single);
+    const double pred1 =
+        predict(name, whole, one,
+                o.trace.empty() ? "" : fmt::format("{}/{}.1rank.sim.json", o.trace, name));
+    table += fmt::format("| {} | 1 | {:.0f} | {} | {:.0f} | {:.3f} | 1 |\n", name, single,
+                         spread(rows[k].single), pred1, single / pred1);
+    if (P == 1) continue;
+    const double piped = median(rows[k].pipelined);
+    const double predP = predict(
+        name, plan, layout, o.trace.empty() ? "" : fmt::format("{}/{}.sim.json", o.trace, name));
+    table += fmt::format("| {} | {} | {:.0f} | {} | {:.0f} | {:.3f} | {:.2f}x |\n", name, P, piped,
+                         spread(rows[k].pipelined), predP, piped / predP, piped / single);
+    // The breakdown of the run with the median throughput.
+    std::vector<std::size_t> order(rows[k].pipelined.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](auto a, auto b) { return rows[k].pipelined[a] < rows[k].pipelined[b]; });
+    const std::size_t mid = order[order.size() / 2];
+    const auto& br = rows[k].ranks[mid];
+    detail += fmt::format("  {}: {} messages arrived while their receiver waited; median delay "
+                          "from the send's post to the end of the wait {:.1f} us\n",
+                          name, rows[k].delivered[mid], 1e6 * rows[k].delay[mid]);
+    for (int r = 0; r < P; ++r)
+      detail += fmt::format("  {} rank {}: compute {:.3f} s, waiting in receives {:.3f} s, other "
+                            "{:.3f} s\n",
+                            name, r, br[static_cast<std::size_t>(r)].compute_s,
+                            br[static_cast<std::size_t>(r)].recv_wait_s,
+                            br[static_cast<std::size_t>(r)].other_s);
+  }
+  std::string out = header + table + "per-rank time of the median P-rank run (executor trace):\n" +
+                    detail;
+  std::fputs(out.c_str(), stdout);
+  std::fflush(stdout);
+  if (!o.results.empty() && !bench::append_results(o.results, "", out)) return 1;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"Pipelined training throughput against one rank, and the simulator's prediction"};
+  app.add_option("--model", o.model, "zoo model with float inputs")->capture_default_str();
+  app.add_option("--width", o.width, "the zoo's width multiplier")->capture_default_str();
+  app.add_option("--batch", o.batch, "samples per microbatch")->check(CLI::Range(1, 65536));
+  app.add_option("--microbatches", o.microbatches, "microbatches per minibatch (flush schedules)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--samples-per-run", o.samples_per_run, "samples trained per timed run")
+      ->check(CLI::Range(1, 1 << 30));
+  app.add_option("--threads", o.threads, "threads per rank")->check(CLI::Range(1, 1024));
+  app.add_option("--repeat", o.repeat, "timed runs per schedule")->check(CLI::Range(1, 1000));
+  app.add_option("--warmup-microbatches", o.warmup_microbatches)->check(CLI::Range(1, 1 << 20));
+  app.add_option("--profile-repeat", o.profile_repeat)->check(CLI::Range(1, 10000));
+  app.add_option("--schedules", o.schedules, "schedules to run")->delimiter(',');
+  app.add_option("--trace", o.trace, "write measured and simulated Chrome traces into this folder");
+  app.add_option("--results", o.results, "append the table to this file");
+  CLI11_PARSE(app, argc, argv);
+  MpiSession mpi(&argc, &argv);
+  MpiCommunicator world;
+  try {
+    return run_bench(o, world);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: %s\n", e.what());
+    world.abort(e.what());
+  }
+}
