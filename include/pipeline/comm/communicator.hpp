@@ -34,6 +34,7 @@
 
 #include <fmt/format.h>
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -106,17 +107,34 @@ struct WaitSettings {
       where.empty() ? "" : " while at ", where));
 }
 
+// Lowers the calling thread's timer slack to 1 us, once per thread. Linux lets a sleep of a
+// normal thread overrun by up to its slack (50 us by default) so that wake-ups can be merged;
+// a wait loop that sleeps 10-50 us at a time would otherwise sleep 60-100 us, and a message
+// that arrives while the receiver sleeps would be noticed that much later.
+inline void tighten_timer_slack() {
+  thread_local bool done = false;
+  if (done) return;
+  done = true;
+  ::prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+}
+
 // Polls `done` until it returns true or the limit passes. For the first 100 us it only yields
-// (a sleep costs ~60 us of timer slack, as much as a small message's round trip), then it sleeps
-// with a growing pause capped at 200 us, so that ranks of an oversubscribed machine leave the
-// core to the peer they wait for. Returns false on timeout.
+// (cheap when the peer runs on another core, and most small messages arrive by then); then it
+// sleeps, so that ranks of an oversubscribed machine leave the core to the peer they wait for,
+// with a pause that grows from 10 us to at most 50 us and a timer slack of 1 us. The pause bounds
+// how late a waiting rank notices its message, and every message on a pipeline's critical path
+// is waited for: with the earlier 20-200 us pauses and Linux's default 50 us slack, a waiting
+// receiver noticed a message ~200 us after its send was posted (the one-way transfer of a 192 KiB
+// activation takes ~40 us), which cost ~3 % of a 2-stage mlp pipeline's time per microbatch
+// (bench/RESULTS.md, bench_pipeline). Waking every 50 us costs a waiting rank ~2 % of a core.
+// Returns false on timeout.
 template <typename Done>
 bool poll_until(Done&& done, double timeout_s) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto deadline =
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-  auto pause = std::chrono::microseconds(20);
+  auto pause = std::chrono::microseconds(10);
   for (;;) {
     if (done()) return true;
     const auto now = Clock::now();
@@ -124,8 +142,9 @@ bool poll_until(Done&& done, double timeout_s) {
     if (now - start < std::chrono::microseconds(100)) {
       std::this_thread::yield();
     } else {
+      tighten_timer_slack();
       std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(200));
+      pause = std::min(pause * 2, std::chrono::microseconds(50));
     }
   }
 }
