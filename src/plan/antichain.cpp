@@ -3,21 +3,16 @@
 #include <pipeline/core/error.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <numeric>
-#include <unordered_map>
+#include <queue>
+#include <tuple>
 
 namespace pipeline {
 namespace {
 
 using Bits = std::vector<std::uint64_t>;
 
-struct BitsHash {
-  std::size_t operator()(const Bits& b) const {
-    std::uint64_t h = 1469598103934665603ull;
-    for (auto w : b) h = (h ^ w) * 1099511628211ull ^ (h >> 29);
-    return static_cast<std::size_t>(h);
-  }
-};
 
 bool test(const Bits& b, int i) { return (b[static_cast<std::size_t>(i) / 64] >> (i % 64)) & 1u; }
 void set(Bits& b, int i) { b[static_cast<std::size_t>(i) / 64] |= std::uint64_t{1} << (i % 64); }
@@ -27,7 +22,7 @@ void set(Bits& b, int i) { b[static_cast<std::size_t>(i) / 64] |= std::uint64_t{
 StateGraph StateGraph::linear(const Profile& p) {
   StateGraph g;
   g.m_chain = true;
-  g.m_layers = p.size();
+  g.m_layers = g.m_groups = p.size();
   const int n = p.size();
   std::vector<int> last_use(static_cast<std::size_t>(n), -1);
   for (int i = 0; i < n; ++i)
@@ -56,61 +51,376 @@ StateGraph StateGraph::linear(const Profile& p) {
   return g;
 }
 
-StateGraph StateGraph::build(const Profile& p, std::size_t max_states) {
-  if (p.is_chain()) return linear(p);
-  const int n = p.size();
-  const std::size_t lw = (static_cast<std::size_t>(n) + 63) / 64;
-  std::vector<std::vector<int>> pred(static_cast<std::size_t>(n)), succ(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i)
-    for (int in : p.predecessors(i)) {
-      pred[static_cast<std::size_t>(i)].push_back(in);
-      succ[static_cast<std::size_t>(in)].push_back(i);
+namespace {
+
+// The layer DAG with each layer's ancestors (down) and descendants (up) as bit sets.
+struct LayerDag {
+  int n = 0;
+  std::size_t words = 0;
+  std::vector<std::vector<int>> pred, succ;
+  std::vector<int> order;  // a topological order
+  std::vector<Bits> down, up;
+
+  explicit LayerDag(const Profile& p) : n(p.size()), words((static_cast<std::size_t>(p.size()) + 63) / 64) {
+    const auto N = static_cast<std::size_t>(n);
+    pred.resize(N);
+    succ.resize(N);
+    for (int i = 0; i < n; ++i)
+      for (int in : p.predecessors(i)) {
+        pred[static_cast<std::size_t>(i)].push_back(in);
+        succ[static_cast<std::size_t>(in)].push_back(i);
+      }
+    std::vector<int> indeg(N);
+    for (std::size_t i = 0; i < N; ++i) indeg[i] = static_cast<int>(pred[i].size());
+    for (int i = 0; i < n; ++i)
+      if (indeg[static_cast<std::size_t>(i)] == 0) order.push_back(i);
+    for (std::size_t q = 0; q < order.size(); ++q)
+      for (int s : succ[static_cast<std::size_t>(order[q])])
+        if (--indeg[static_cast<std::size_t>(s)] == 0) order.push_back(s);
+    PIPELINE_CHECK_AS(ConfigError, static_cast<int>(order.size()) == n, "the profile's layers form a cycle");
+    down.assign(N, Bits(words, 0));
+    up.assign(N, Bits(words, 0));
+    for (int v : order) {
+      Bits& d = down[static_cast<std::size_t>(v)];
+      set(d, v);
+      for (int u : pred[static_cast<std::size_t>(v)])
+        for (std::size_t w = 0; w < words; ++w) d[w] |= down[static_cast<std::size_t>(u)][w];
     }
-  // down(v): v and all its ancestors, in a topological order of the layers.
-  std::vector<int> order, indeg(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) indeg[static_cast<std::size_t>(i)] = static_cast<int>(pred[static_cast<std::size_t>(i)].size());
-  for (int i = 0; i < n; ++i)
-    if (indeg[static_cast<std::size_t>(i)] == 0) order.push_back(i);
-  for (std::size_t q = 0; q < order.size(); ++q)
-    for (int s : succ[static_cast<std::size_t>(order[q])])
-      if (--indeg[static_cast<std::size_t>(s)] == 0) order.push_back(s);
-  PIPELINE_CHECK_AS(ConfigError, static_cast<int>(order.size()) == n, "the profile's layers form a cycle");
-  std::vector<Bits> down(static_cast<std::size_t>(n), Bits(lw, 0));
-  for (int v : order) {
-    Bits& d = down[static_cast<std::size_t>(v)];
-    set(d, v);
-    for (int u : pred[static_cast<std::size_t>(v)])
-      for (std::size_t w = 0; w < lw; ++w) d[w] |= down[static_cast<std::size_t>(u)][w];
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      Bits& u = up[static_cast<std::size_t>(*it)];
+      set(u, *it);
+      for (int x : succ[static_cast<std::size_t>(*it)])
+        for (std::size_t w = 0; w < words; ++w) u[w] |= up[static_cast<std::size_t>(x)][w];
+    }
   }
 
-  // Breadth-first enumeration of the reachable ideals.
-  std::vector<Bits> states{down[0]};
-  std::unordered_map<Bits, int, BitsHash> index{{down[0], 0}};
-  std::vector<std::vector<int>> parents(1);
-  for (std::size_t q = 0; q < states.size(); ++q) {
-    const Bits cur = states[q];
-    for (int v = 0; v < n; ++v) {
-      if (test(cur, v)) continue;
-      bool reachable = false;
-      for (int u : pred[static_cast<std::size_t>(v)])
-        if (test(cur, u)) {
-          reachable = true;
-          break;
-        }
-      if (!reachable) continue;
-      Bits next = cur;
-      for (std::size_t w = 0; w < lw; ++w) next[w] |= down[static_cast<std::size_t>(v)][w];
-      auto [it, inserted] = index.emplace(next, static_cast<int>(states.size()));
-      if (inserted) {
-        PIPELINE_CHECK_AS(ConfigError, states.size() < max_states,
-                          "the layer DAG has more than {} antichain states", max_states);
-        states.push_back(std::move(next));
-        parents.emplace_back();
+  // Comparable with every other layer: every path of the model passes through it.
+  bool series(int v) const {
+    int c = 0;
+    for (std::size_t w = 0; w < words; ++w)
+      c += std::popcount(down[static_cast<std::size_t>(v)][w]) + std::popcount(up[static_cast<std::size_t>(v)][w]);
+    return c - 1 == n;
+  }
+};
+
+// The states of a layer grouping (group[v]: the group of layer v; a state never splits a group),
+// as layer bit sets in discovery order, and for each the states it was reached from. Returns
+// false as soon as there would be more than `cap`. The search runs on group bit sets: a state's
+// addable groups (outside it, with a predecessor inside) are carried from parent to child, so a
+// step costs the words of a few bit rows, and states live in one flat pool with an open-addressing
+// index (bisection in build_coarsened calls this a dozen times per profile).
+bool enumerate_states(const LayerDag& d, const std::vector<int>& group, std::size_t cap, std::vector<Bits>& states,
+                      std::vector<std::vector<int>>& parents) {
+  const int G = 1 + *std::max_element(group.begin(), group.end());
+  const std::size_t gw = (static_cast<std::size_t>(G) + 63) / 64;
+  auto gi = [](int g) { return static_cast<std::size_t>(g); };
+  std::vector<Bits> succ(gi(G), Bits(gw, 0)), closure(gi(G), Bits(gw, 0));
+  std::vector<std::vector<int>> pred(gi(G));
+  for (int v = 0; v < d.n; ++v)
+    for (int u : d.pred[static_cast<std::size_t>(v)]) {
+      const int a = group[static_cast<std::size_t>(u)], b = group[static_cast<std::size_t>(v)];
+      if (a == b) continue;
+      set(succ[gi(a)], b);
+      pred[gi(b)].push_back(a);
+    }
+  // closure[g]: g and every group below it, in a topological order of the groups.
+  std::vector<int> indeg(gi(G), 0), order;
+  for (int g = 0; g < G; ++g)
+    for (std::size_t w = 0; w < gw; ++w)
+      for (std::uint64_t bits = succ[gi(g)][w]; bits; bits &= bits - 1) ++indeg[w * 64 + static_cast<std::size_t>(std::countr_zero(bits))];
+  for (int g = 0; g < G; ++g)
+    if (indeg[gi(g)] == 0) order.push_back(g);
+  for (std::size_t q = 0; q < order.size(); ++q)
+    for (std::size_t w = 0; w < gw; ++w)
+      for (std::uint64_t bits = succ[gi(order[q])][w]; bits; bits &= bits - 1) {
+        const int x = static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(bits)));
+        if (--indeg[gi(x)] == 0) order.push_back(x);
       }
-      auto& par = parents[static_cast<std::size_t>(it->second)];
-      if (par.empty() || par.back() != static_cast<int>(q)) par.push_back(static_cast<int>(q));
+  PIPELINE_CHECK(static_cast<int>(order.size()) == G, "internal: merged layer groups form a cycle");
+  for (int g : order) {
+    set(closure[gi(g)], g);
+    for (int u : pred[gi(g)])
+      for (std::size_t w = 0; w < gw; ++w) closure[gi(g)][w] |= closure[gi(u)][w];
+  }
+
+  std::vector<std::uint64_t> pool, addable;  // state i: words [i·gw, (i+1)·gw)
+  std::vector<std::vector<int>> par;
+  std::size_t slots = 16;
+  while (slots < 2 * (cap + 1)) slots *= 2;
+  std::vector<int> table(slots, -1);
+  auto row = [&](std::vector<std::uint64_t>& v, std::size_t i) { return v.data() + i * gw; };
+  auto hash = [&](const std::uint64_t* x) {
+    std::uint64_t h = 1469598103934665603ull;
+    for (std::size_t w = 0; w < gw; ++w) h = (h ^ x[w]) * 1099511628211ull ^ (h >> 29);
+    return static_cast<std::size_t>(h);
+  };
+  // Index of the state `x`, inserted (with its addable groups) when new; -1 beyond the cap.
+  Bits next(gw), next_addable(gw);
+  auto find_or_insert = [&]() -> int {
+    std::size_t h = hash(next.data()) & (slots - 1);
+    for (; table[h] >= 0; h = (h + 1) & (slots - 1))
+      if (std::equal(next.begin(), next.end(), row(pool, static_cast<std::size_t>(table[h])))) return table[h];
+    if (par.size() >= cap) return -1;
+    table[h] = static_cast<int>(par.size());
+    pool.insert(pool.end(), next.begin(), next.end());
+    addable.insert(addable.end(), next_addable.begin(), next_addable.end());
+    par.emplace_back();
+    return table[h];
+  };
+  next = closure[gi(group[0])];
+  std::fill(next_addable.begin(), next_addable.end(), 0);
+  for (std::size_t w = 0; w < gw; ++w)
+    for (std::uint64_t bits = next[w]; bits; bits &= bits - 1)
+      for (std::size_t x = 0; x < gw; ++x) next_addable[x] |= succ[w * 64 + static_cast<std::size_t>(std::countr_zero(bits))][x];
+  for (std::size_t w = 0; w < gw; ++w) next_addable[w] &= ~next[w];
+  find_or_insert();
+  for (std::size_t q = 0; q < par.size(); ++q) {
+    for (std::size_t w = 0; w < gw; ++w)
+      for (std::uint64_t bits = row(addable, q)[w]; bits; bits &= bits - 1) {
+        const Bits& c = closure[w * 64 + static_cast<std::size_t>(std::countr_zero(bits))];
+        const std::uint64_t* cur = row(pool, q);
+        const std::uint64_t* cur_add = row(addable, q);
+        for (std::size_t x = 0; x < gw; ++x) {
+          next[x] = cur[x] | c[x];
+          next_addable[x] = cur_add[x];
+        }
+        // PipeDream's move: a group outside the state with a predecessor inside it, together
+        // with everything below it; the groups it brings in may make their successors addable.
+        for (std::size_t x = 0; x < gw; ++x)
+          for (std::uint64_t added = c[x] & ~cur[x]; added; added &= added - 1)
+            for (std::size_t y = 0; y < gw; ++y) next_addable[y] |= succ[x * 64 + static_cast<std::size_t>(std::countr_zero(added))][y];
+        for (std::size_t x = 0; x < gw; ++x) next_addable[x] &= ~next[x];
+        const int k = find_or_insert();
+        if (k < 0) return false;
+        auto& p = par[static_cast<std::size_t>(k)];
+        if (p.empty() || p.back() != static_cast<int>(q)) p.push_back(static_cast<int>(q));
+      }
+  }
+  // Back to layer bit sets.
+  std::vector<Bits> members(gi(G), Bits(d.words, 0));
+  for (int v = 0; v < d.n; ++v) set(members[gi(group[static_cast<std::size_t>(v)])], v);
+  states.assign(par.size(), Bits(d.words, 0));
+  for (std::size_t i = 0; i < par.size(); ++i)
+    for (std::size_t w = 0; w < gw; ++w)
+      for (std::uint64_t bits = row(pool, i)[w]; bits; bits &= bits - 1)
+        for (std::size_t x = 0; x < d.words; ++x) states[i][x] |= members[w * 64 + static_cast<std::size_t>(std::countr_zero(bits))][x];
+  parents = std::move(par);
+  return true;
+}
+
+// The order in which coarsening merges layer groups: repeatedly the lightest (compute) pair of
+// adjacent groups a -> b that can be merged without making the groups' graph cyclic (b is a's
+// only successor, or a is b's only predecessor). Layers that every path passes through are never
+// merged, so the cuts between blocks (the natural split points) stay states. Each entry is a
+// pair of layers whose groups are joined.
+std::vector<std::pair<int, int>> merge_sequence(const LayerDag& d, const Profile& p) {
+  const int n = d.n;
+  std::vector<int> root(static_cast<std::size_t>(n));
+  std::iota(root.begin(), root.end(), 0);
+  auto find = [&](int v) {
+    while (root[static_cast<std::size_t>(v)] != v) v = root[static_cast<std::size_t>(v)] = root[static_cast<std::size_t>(root[static_cast<std::size_t>(v)])];
+    return v;
+  };
+  std::vector<double> weight(static_cast<std::size_t>(n));
+  std::vector<char> series(static_cast<std::size_t>(n));
+  std::vector<std::vector<int>> out(static_cast<std::size_t>(n)), in(static_cast<std::size_t>(n));
+  for (int v = 0; v < n; ++v) {
+    const auto& l = p.layers[static_cast<std::size_t>(v)];
+    weight[static_cast<std::size_t>(v)] = l.forward_s + l.backward_s;
+    series[static_cast<std::size_t>(v)] = d.series(v);
+    out[static_cast<std::size_t>(v)] = d.succ[static_cast<std::size_t>(v)];
+    in[static_cast<std::size_t>(v)] = d.pred[static_cast<std::size_t>(v)];
+    std::sort(out[static_cast<std::size_t>(v)].begin(), out[static_cast<std::size_t>(v)].end());
+    std::sort(in[static_cast<std::size_t>(v)].begin(), in[static_cast<std::size_t>(v)].end());
+  }
+  using Candidate = std::tuple<double, int, int>;
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
+  auto offer = [&](int a) {
+    for (int b : out[static_cast<std::size_t>(a)])
+      if (!series[static_cast<std::size_t>(a)] && !series[static_cast<std::size_t>(b)])
+        queue.emplace(weight[static_cast<std::size_t>(a)] + weight[static_cast<std::size_t>(b)], a, b);
+  };
+  for (int v = 0; v < n; ++v) offer(v);
+  // Neighbour lists hold roots; relabelling after a merge keeps them sorted and unique.
+  auto relabel = [&](std::vector<int>& list) {
+    for (int& x : list) x = find(x);
+    std::sort(list.begin(), list.end());
+    list.erase(std::unique(list.begin(), list.end()), list.end());
+  };
+  std::vector<std::pair<int, int>> merges;
+  while (!queue.empty()) {
+    auto [w, a, b] = queue.top();
+    queue.pop();
+    if (find(a) != a || find(b) != b) continue;
+    const auto& oa = out[static_cast<std::size_t>(a)];
+    const auto& ib = in[static_cast<std::size_t>(b)];
+    if (!((oa.size() == 1 && oa[0] == b) || (ib.size() == 1 && ib[0] == a))) continue;
+    if (w != weight[static_cast<std::size_t>(a)] + weight[static_cast<std::size_t>(b)]) continue;  // stale
+    merges.emplace_back(a, b);
+    root[static_cast<std::size_t>(b)] = a;
+    weight[static_cast<std::size_t>(a)] += weight[static_cast<std::size_t>(b)];
+    std::vector<int> o = out[static_cast<std::size_t>(a)], i = in[static_cast<std::size_t>(a)];
+    o.insert(o.end(), out[static_cast<std::size_t>(b)].begin(), out[static_cast<std::size_t>(b)].end());
+    i.insert(i.end(), in[static_cast<std::size_t>(b)].begin(), in[static_cast<std::size_t>(b)].end());
+    relabel(o);
+    relabel(i);
+    o.erase(std::remove(o.begin(), o.end(), a), o.end());
+    i.erase(std::remove(i.begin(), i.end(), a), i.end());
+    out[static_cast<std::size_t>(a)] = std::move(o);
+    in[static_cast<std::size_t>(a)] = std::move(i);
+    out[static_cast<std::size_t>(b)].clear();
+    in[static_cast<std::size_t>(b)].clear();
+    // The merged group's neighbours now see one group where they saw two: their degrees may
+    // have dropped, which can make their own edges mergeable.
+    for (int x : in[static_cast<std::size_t>(a)]) {
+      relabel(out[static_cast<std::size_t>(x)]);
+      offer(x);
+    }
+    for (int x : out[static_cast<std::size_t>(a)]) {
+      relabel(in[static_cast<std::size_t>(x)]);
+      for (int y : in[static_cast<std::size_t>(x)])
+        if (y != a) offer(y);
+    }
+    offer(a);
+  }
+  return merges;
+}
+
+// Group ids (dense, by lowest layer) after the first k merges.
+std::vector<int> groups_after(const std::vector<std::pair<int, int>>& merges, std::size_t k, int n) {
+  std::vector<int> root(static_cast<std::size_t>(n));
+  std::iota(root.begin(), root.end(), 0);
+  auto find = [&](int v) {
+    while (root[static_cast<std::size_t>(v)] != v) v = root[static_cast<std::size_t>(v)];
+    return v;
+  };
+  for (std::size_t i = 0; i < k; ++i) root[static_cast<std::size_t>(find(merges[i].second))] = find(merges[i].first);
+  std::vector<int> id(static_cast<std::size_t>(n), -1), group(static_cast<std::size_t>(n));
+  int next = 0;
+  for (int v = 0; v < n; ++v) {
+    int r = find(v);
+    if (id[static_cast<std::size_t>(r)] < 0) id[static_cast<std::size_t>(r)] = next++;
+    group[static_cast<std::size_t>(v)] = id[static_cast<std::size_t>(r)];
+  }
+  return group;
+}
+
+}  // namespace
+
+// Builds a StateGraph from enumerated states; a friend, so that LayerDag stays out of the header.
+struct StateGraphAssembler {
+  static StateGraph assemble(const Profile& p, const LayerDag& d, const std::vector<Bits>& states,
+                             const std::vector<std::vector<int>>& parents, int groups);
+};
+
+StateGraph StateGraph::build(const Profile& p, std::size_t max_states) {
+  if (p.is_chain()) return linear(p);
+  LayerDag d(p);
+  std::vector<int> group(static_cast<std::size_t>(d.n));
+  std::iota(group.begin(), group.end(), 0);
+  std::vector<Bits> states;
+  std::vector<std::vector<int>> parents;
+  PIPELINE_CHECK_AS(ConfigError, enumerate_states(d, group, max_states, states, parents),
+                    "the layer DAG has more than {} antichain states", max_states);
+  return StateGraphAssembler::assemble(p, d, states, parents, d.n);
+}
+
+StateGraph StateGraph::build_coarsened(const Profile& p, std::size_t max_states) {
+  if (p.is_chain()) return linear(p);
+  LayerDag d(p);
+  const int n = d.n;
+  // The prefixes of one topological order (the profile's own when its inputs point backwards)
+  // join the coarse states when the budget leaves room for them: then every plan over that
+  // order, at layer granularity, is among the candidates too.
+  std::vector<int> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  for (int v = 0; v < n; ++v)
+    for (int u : d.pred[static_cast<std::size_t>(v)])
+      if (u > v) order = d.order;
+  const bool with_prefixes = max_states >= static_cast<std::size_t>(n + std::min(n, 200));
+  const std::size_t cap = with_prefixes ? max_states - static_cast<std::size_t>(n) : max_states;
+
+  const auto merges = merge_sequence(d, p);
+  std::vector<Bits> states;
+  std::vector<std::vector<int>> parents;
+  // Merging only removes states, so the fewest merges that fit are found by bisection.
+  std::size_t lo = 0, hi = merges.size();
+  PIPELINE_CHECK_AS(ConfigError, enumerate_states(d, groups_after(merges, hi, n), cap, states, parents),
+                    "the layer DAG has more than {} antichain states even with every mergeable layer merged", cap);
+  while (lo < hi) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    std::vector<Bits> s;
+    std::vector<std::vector<int>> par;
+    if (enumerate_states(d, groups_after(merges, mid, n), cap, s, par)) {
+      hi = mid;
+      states = std::move(s);
+      parents = std::move(par);
+    } else {
+      lo = mid + 1;
     }
   }
+  const auto group = groups_after(merges, hi, n);
+  if (with_prefixes) {
+    // Prefix t holds order[0..t). A coarse state C contains exactly the prefixes up to the first
+    // position it misses, and is contained in those from one past its last position: linking
+    // each C to the largest prefix below it, and each prefix to the coarse states that first
+    // fit in it, gives every subset relation by closure.
+    std::vector<int> pos(static_cast<std::size_t>(n));
+    for (int t = 0; t < n; ++t) pos[static_cast<std::size_t>(order[static_cast<std::size_t>(t)])] = t;
+    const std::size_t coarse = states.size();
+    std::vector<std::vector<int>> fits_at(static_cast<std::size_t>(n) + 1);
+    std::vector<int> first_miss(coarse);
+    std::vector<char> is_prefix(static_cast<std::size_t>(n) + 1, 0);
+    for (std::size_t c = 0; c < coarse; ++c) {
+      int last = -1, size = 0;
+      std::vector<char> in(static_cast<std::size_t>(n), 0);
+      for (int v = 0; v < n; ++v)
+        if (test(states[c], v)) {
+          last = std::max(last, pos[static_cast<std::size_t>(v)]);
+          in[static_cast<std::size_t>(pos[static_cast<std::size_t>(v)])] = 1;
+          ++size;
+        }
+      int miss = 0;
+      while (miss < n && in[static_cast<std::size_t>(miss)]) ++miss;
+      first_miss[c] = miss;
+      fits_at[static_cast<std::size_t>(last) + 1].push_back(static_cast<int>(c));
+      if (miss == size) is_prefix[static_cast<std::size_t>(size)] = 1;  // C is itself a prefix
+    }
+    std::vector<int> prefix_state(static_cast<std::size_t>(n) + 1, -1);
+    Bits prefix(d.words, 0);
+    std::vector<int> pending;  // coarse states below a prefix that is itself a coarse state
+    for (int t = 1; t <= n; ++t) {
+      set(prefix, order[static_cast<std::size_t>(t) - 1]);
+      const auto& fit = fits_at[static_cast<std::size_t>(t)];
+      pending.insert(pending.end(), fit.begin(), fit.end());
+      if (is_prefix[static_cast<std::size_t>(t)]) continue;
+      prefix_state[static_cast<std::size_t>(t)] = static_cast<int>(states.size());
+      states.push_back(prefix);
+      std::vector<int> par = std::move(pending);
+      pending.clear();
+      for (int u = t - 1; u >= 1; --u)
+        if (prefix_state[static_cast<std::size_t>(u)] >= 0) {
+          par.push_back(prefix_state[static_cast<std::size_t>(u)]);
+          break;
+        }
+      parents.push_back(std::move(par));
+    }
+    for (std::size_t c = 0; c < coarse; ++c)
+      for (int u = first_miss[c]; u >= 1; --u)
+        if (prefix_state[static_cast<std::size_t>(u)] >= 0) {
+          parents[c].push_back(prefix_state[static_cast<std::size_t>(u)]);
+          break;
+        }
+  }
+  return StateGraphAssembler::assemble(p, d, states, parents, 1 + *std::max_element(group.begin(), group.end()));
+}
+
+StateGraph StateGraphAssembler::assemble(const Profile& p, const LayerDag& d, const std::vector<Bits>& states,
+                                         const std::vector<std::vector<int>>& parents, int groups) {
+  const int n = d.n;
+  const std::size_t lw = d.words;
+  const auto& succ = d.succ;
+  const auto& down = d.down;
   const int s = static_cast<int>(states.size());
   auto popcount = [&](const Bits& b) {
     int c = 0;
@@ -132,10 +442,29 @@ StateGraph StateGraph::build(const Profile& p, std::size_t max_states) {
   StateGraph g;
   g.m_chain = false;
   g.m_layers = n;
+  g.m_groups = groups;
   g.m_layer_words = lw;
   g.m_state_words = (static_cast<std::size_t>(s) + 63) / 64;
   g.m_ancestors.assign(static_cast<std::size_t>(s) * g.m_state_words, 0);
   g.m_members.resize(static_cast<std::size_t>(s) * lw);
+  // leaving(f): the layers below f with an edge to a layer outside down(f), once per layer.
+  std::vector<Bits> leaving_of(static_cast<std::size_t>(n));
+  auto leaving = [&](int f) -> const Bits& {
+    Bits& out = leaving_of[static_cast<std::size_t>(f)];
+    if (!out.empty()) return out;
+    out.assign(lw, 0);
+    const Bits& df = down[static_cast<std::size_t>(f)];
+    for (int v = 0; v < n; ++v) {
+      if (v == f || !test(df, v)) continue;
+      for (int x : succ[static_cast<std::size_t>(v)])
+        if (!test(df, x)) {
+          set(out, v);
+          break;
+        }
+    }
+    return out;
+  };
+  Bits aug_bits(lw, 0);
   for (int i = 0; i < s; ++i) {
     int old = perm[static_cast<std::size_t>(i)];
     const Bits& b = states[static_cast<std::size_t>(old)];
@@ -147,53 +476,33 @@ StateGraph StateGraph::build(const Profile& p, std::size_t max_states) {
       for (std::size_t w = 0; w < g.m_state_words; ++w) anc[w] |= pa[w];
       anc[static_cast<std::size_t>(pi) / 64] |= std::uint64_t{1} << (pi % 64);
     }
-    std::vector<int> frontier;
-    for (int v = 0; v < n; ++v) {
-      if (!test(b, v)) continue;
-      bool inside = false;
-      for (int x : succ[static_cast<std::size_t>(v)])
-        if (test(b, x)) inside = true;
-      if (!inside) frontier.push_back(v);
-    }
+    // PipeDream's augmented antichain: the frontier (layers with no successor inside) and, for
+    // each frontier layer f, the layers below f with an edge leaving down(f).
+    std::fill(aug_bits.begin(), aug_bits.end(), 0);
     double c = 0, a = 0, w = 0, cut = 0, aug = 0;
-    for (int v = 0; v < n; ++v) {
-      if (!test(b, v)) continue;
-      const auto& l = p.layers[static_cast<std::size_t>(v)];
-      c += l.forward_s + l.backward_s;
-      a += static_cast<double>(l.output_bytes);
-      w += static_cast<double>(l.parameter_bytes);
-      bool leaves = false;
-      for (int x : succ[static_cast<std::size_t>(v)])
-        if (!test(b, x)) leaves = true;
-      if (leaves) cut += static_cast<double>(l.output_bytes);
-      // PipeDream's augmented antichain: the frontier (no successor inside), plus any layer v
-      // below a frontier layer f with an edge to a layer outside down(f).
-      bool augmented = std::find(frontier.begin(), frontier.end(), v) != frontier.end();
-      for (std::size_t fi = 0; fi < frontier.size() && !augmented; ++fi) {
-        int f = frontier[fi];
-        if (f == v || !test(down[static_cast<std::size_t>(f)], v)) continue;
-        for (int x : succ[static_cast<std::size_t>(v)])
-          if (!test(down[static_cast<std::size_t>(f)], x)) {
-            augmented = true;
-            break;
-          }
+    for (std::size_t word = 0; word < lw; ++word)
+      for (std::uint64_t bits = b[word]; bits; bits &= bits - 1) {
+        const int v = static_cast<int>(word * 64 + static_cast<std::size_t>(std::countr_zero(bits)));
+        const auto& l = p.layers[static_cast<std::size_t>(v)];
+        c += l.forward_s + l.backward_s;
+        a += static_cast<double>(l.output_bytes);
+        w += static_cast<double>(l.parameter_bytes);
+        bool inside = false, leaves = false;
+        for (int x : succ[static_cast<std::size_t>(v)]) (test(b, x) ? inside : leaves) = true;
+        if (leaves) cut += static_cast<double>(l.output_bytes);
+        if (!inside) {
+          set(aug_bits, v);
+          for (std::size_t x = 0; x < lw; ++x) aug_bits[x] |= leaving(v)[x];
+        }
       }
-      if (augmented) aug += static_cast<double>(l.output_bytes);
-    }
+    for (std::size_t word = 0; word < lw; ++word)
+      for (std::uint64_t bits = aug_bits[word]; bits; bits &= bits - 1)
+        aug += static_cast<double>(p.layers[word * 64 + static_cast<std::size_t>(std::countr_zero(bits))].output_bytes);
     g.compute_s.push_back(c);
     g.activation_bytes.push_back(a);
     g.parameter_bytes.push_back(w);
     g.boundary_bytes.push_back(cut);
     g.pipedream_boundary_bytes.push_back(aug);
-  }
-  g.ancestors_by_compute.resize(static_cast<std::size_t>(s));
-  for (int j = 0; j < s; ++j) {
-    auto& list = g.ancestors_by_compute[static_cast<std::size_t>(j)];
-    for (int k = 0; k < j; ++k)
-      if (g.is_ancestor(k, j)) list.push_back(k);
-    std::stable_sort(list.begin(), list.end(), [&](int x, int y) {
-      return g.compute_s[static_cast<std::size_t>(x)] < g.compute_s[static_cast<std::size_t>(y)];
-    });
   }
   return g;
 }

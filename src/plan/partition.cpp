@@ -46,7 +46,7 @@ class Solver {
     if (!g.chain()) index_by_compute();
   }
 
-  // DAGs: the states in ascending compute (ties by index, the order of ancestors_by_compute),
+  // DAGs: the states in ascending compute (ties by index),
   // and for each state j the set of its ancestors as bits by that rank. The splits of a segment
   // (s, j] are then one AND of two bit rows, already in compute order.
   void index_by_compute() {
@@ -60,10 +60,10 @@ class Solver {
     m_words = (static_cast<std::size_t>(m_S) + 63) / 64;
     m_ancestor_bits.assign(static_cast<std::size_t>(m_S) * m_words, 0);
     for (int j = 0; j < m_S; ++j)
-      for (int k : m_g.ancestors_by_compute[static_cast<std::size_t>(j)]) {
+      m_g.for_each_ancestor(j, [&](int k) {
         const std::size_t r = static_cast<std::size_t>(m_rank[static_cast<std::size_t>(k)]);
         m_ancestor_bits[static_cast<std::size_t>(j) * m_words + r / 64] |= std::uint64_t{1} << (r % 64);
-      }
+      });
   }
 
   // Fills the per-level tables T_{l+1}(s, e) for every level below the outermost. Rows are
@@ -461,16 +461,33 @@ class Solver {
   std::vector<std::uint64_t> m_ancestor_bits;     // DAGs: m_S rows of m_words, bits by rank
 };
 
-StateGraph make_states(const Profile& p, const PartitionOptions& o) {
+std::size_t state_budget(const Topology& t, const PartitionOptions& o) {
+  if (o.max_states > 0) return o.max_states;
+  return t.levels.size() == 1 ? 4000 : 1500;
+}
+
+StateGraph make_states(const Profile& p, std::size_t max_states) {
   if (p.is_chain()) return StateGraph::linear(p);
+  const std::string_view name = p.model.empty() ? std::string_view("profile") : std::string_view(p.model);
+  auto too_many = [](const ConfigError& e) { return std::string_view(e.what()).find("antichain states") != std::string_view::npos; };
   try {
-    return StateGraph::build(p, o.max_states);
+    return StateGraph::build(p, max_states);
   } catch (const ConfigError& e) {
-    if (std::string_view(e.what()).find("antichain states") == std::string_view::npos) throw;
-    log_warn("{}: more than {} antichain states; planning over one topological order of the layers instead",
-             p.model.empty() ? "profile" : p.model, o.max_states);
-    return StateGraph::linear(p);
+    if (!too_many(e)) throw;
   }
+  try {
+    StateGraph g = StateGraph::build_coarsened(p, max_states);
+    log_info("{}: more than {} antichain states; planning over the {} states of the DAG with its {} layers merged "
+             "into {} groups (raise --max-states for finer splits)",
+             name, max_states, g.size(), g.num_layers(), g.num_groups());
+    return g;
+  } catch (const ConfigError& e) {
+    if (!too_many(e)) throw;
+  }
+  log_warn("{}: more than {} antichain states even with its layers merged; planning over one topological order of "
+           "the layers instead",
+           name, max_states);
+  return StateGraph::linear(p);
 }
 
 struct FinalStage {
@@ -592,7 +609,7 @@ Plan partition(const Profile& profile, const Topology& topology, const Partition
   if (options.activation_compression)
     PIPELINE_CHECK_AS(ConfigError, std::isfinite(*options.activation_compression) && *options.activation_compression > 0,
                       "activation compression ratio must be positive, got {}", *options.activation_compression);
-  const StateGraph g = make_states(profile, options);
+  const StateGraph g = make_states(profile, state_budget(topology, options));
   std::optional<double> memory = topology.memory_bytes_per_worker;
   auto solve = [&](std::optional<double> mem) {
     auto s = std::make_unique<Solver>(g, topology, options, mem);

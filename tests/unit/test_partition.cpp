@@ -300,3 +300,133 @@ TEST_CASE("PipeDream parity on the shipped profiles") {
     CHECK(plan.predicted.time_per_minibatch_s == doctest::Approx(c.expect).epsilon(1e-9));
   }
 }
+
+namespace {
+
+// A wide random DAG: each layer reads one or two earlier layers, rarely the previous one, so
+// parallel branches (and many antichain states) are common.
+Profile wide_profile(std::mt19937& rng, int n) {
+  Profile p;
+  p.model = "wide";
+  p.batch_size = 4;
+  std::uniform_real_distribution<double> time(0.0, 1.0);
+  std::uniform_int_distribution<int> bytes(0, 4), two(0, 1);
+  for (int i = 0; i < n; ++i) {
+    LayerProfile l;
+    l.name = fmt::format("l{}", i);
+    l.forward_s = std::round(time(rng) * 8 + 1) / 1000;
+    l.backward_s = std::round(time(rng) * 8) / 1000;
+    l.output_bytes = bytes(rng) * 2500000;
+    l.parameter_bytes = bytes(rng) * 5000000;
+    if (i > 0) {
+      std::uniform_int_distribution<int> any(std::max(0, i - 5), i - 1);
+      std::vector<int> in{any(rng)};
+      if (two(rng) && i > 1) in.push_back(any(rng));
+      std::sort(in.begin(), in.end());
+      in.erase(std::unique(in.begin(), in.end()), in.end());
+      l.inputs = in;
+    }
+    p.layers.push_back(l);
+  }
+  return p;
+}
+
+std::vector<char> members(const StateGraph& g, int state, int n) {
+  std::vector<char> in(static_cast<std::size_t>(n), 0);
+  for (int v : g.layers_between(-1, state)) in[static_cast<std::size_t>(v)] = 1;
+  return in;
+}
+
+}  // namespace
+
+TEST_CASE("coarsened antichain states: ideals, subset order, series cuts and prefixes kept, optimum over them") {
+  std::mt19937 rng(4242);
+  int coarsened = 0, with_prefixes = 0;
+  for (int iter = 0; iter < 300; ++iter) {
+    const int n = std::uniform_int_distribution<int>(7, 11)(rng);
+    Profile p = wide_profile(rng, n);
+    if (p.is_chain()) continue;
+    const int exact = StateGraph::build(p, 1000000).size();
+    if (exact < 8) continue;
+    const std::size_t cap = std::uniform_int_distribution<std::size_t>(4, static_cast<std::size_t>(exact) - 1)(rng);
+    CAPTURE(iter);
+    CAPTURE(exact);
+    CAPTURE(cap);
+    StateGraph g;
+    try {
+      g = StateGraph::build_coarsened(p, cap);
+    } catch (const ConfigError&) {
+      continue;  // nothing left to merge: partition() plans over one topological order
+    }
+    ++coarsened;
+    REQUIRE(static_cast<std::size_t>(g.size()) <= cap);
+    CHECK(g.num_groups() < n);
+    std::vector<std::vector<char>> sets;
+    for (int j = 0; j < g.size(); ++j) sets.push_back(members(g, j, n));
+    for (int j = 0; j < g.size(); ++j) {
+      // A state is closed under predecessors, and the state order is the subset order.
+      for (int v = 0; v < n; ++v)
+        if (sets[j][v])
+          for (int u : p.predecessors(v)) CHECK(sets[j][u]);
+      for (int k = 0; k < g.size(); ++k) {
+        bool subset = k != j, strict = false;
+        for (int v = 0; v < n; ++v) {
+          if (sets[k][v] && !sets[j][v]) subset = false;
+          if (!sets[k][v] && sets[j][v]) strict = true;
+        }
+        CHECK(g.is_ancestor(k, j) == (subset && strict));
+      }
+    }
+    CHECK(std::count(sets.back().begin(), sets.back().end(), 1) == n);
+    // The cut after a layer that every path passes through is always a state.
+    StateGraph full = StateGraph::build(p, 1000000);
+    const bool prefixes = cap >= static_cast<std::size_t>(n + std::min(n, 200));
+    with_prefixes += prefixes;
+    for (int v = 0; v < n; ++v) {
+      std::vector<char> below(static_cast<std::size_t>(n), 0), above(static_cast<std::size_t>(n), 0);
+      below[v] = above[v] = 1;
+      for (int i = v; i >= 0; --i)
+        if (below[i])
+          for (int u : p.predecessors(i)) below[u] = 1;
+      for (int i = v; i < n; ++i)
+        for (int u : p.predecessors(i))
+          if (above[u]) above[i] = 1;
+      int comparable = 0;
+      for (int i = 0; i < n; ++i) comparable += below[i] || above[i];
+      if (comparable != n) continue;
+      CHECK(std::find(sets.begin(), sets.end(), below) != sets.end());
+    }
+    if (prefixes)
+      for (int t = 1; t <= n; ++t) {
+        std::vector<char> prefix(static_cast<std::size_t>(n), 0);
+        std::fill(prefix.begin(), prefix.begin() + t, 1);
+        CHECK(std::find(sets.begin(), sets.end(), prefix) != sets.end());
+      }
+    // partition() with that budget finds the optimum over exactly these states.
+    Topology t = random_topology(rng);
+    if (t.workers() > 4) t.levels.resize(1);
+    PartitionOptions o;
+    o.cost_model = iter % 2 ? CostModel::Pipeline : CostModel::PipeDream;
+    o.max_states = cap;
+    o.allow_idle = iter % 3 == 0;
+    Brute brute{g, t, o, o.cost_model == CostModel::PipeDream, o.cost_model == CostModel::Pipeline, 1.0};
+    const double expect = brute.best(static_cast<int>(t.levels.size()) - 1, -1, g.size() - 1);
+    if (!std::isfinite(expect)) continue;
+    Plan plan = partition(p, t, o);
+    CHECK(plan.predicted.time_per_minibatch_s == doctest::Approx(expect).epsilon(1e-12));
+    // Never worse than the full antichain optimum's lower bound... and, with the prefixes,
+    // never worse than the best plan over the layer order.
+    Brute exact_brute{full, t, o, brute.pd, brute.transfer, 1.0};
+    CHECK(plan.predicted.time_per_minibatch_s >=
+          exact_brute.best(static_cast<int>(t.levels.size()) - 1, -1, full.size() - 1) * (1 - 1e-12));
+    if (prefixes) {
+      StateGraph lin = StateGraph::linear(p);
+      Brute lin_brute{lin, t, o, brute.pd, brute.transfer, 1.0};
+      CHECK(plan.predicted.time_per_minibatch_s <=
+            lin_brute.best(static_cast<int>(t.levels.size()) - 1, -1, lin.size() - 1) * (1 + 1e-12));
+    }
+  }
+  MESSAGE(coarsened << " coarsened DAGs checked, " << with_prefixes << " with the layer order's prefixes");
+  CHECK(coarsened > 150);
+  CHECK(with_prefixes > 20);
+}

@@ -15,6 +15,7 @@
 
 #include <pipeline/profile/profile.hpp>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -26,6 +27,12 @@ class StateGraph {
   // Throws ConfigError when the profile is not a DAG or the state count exceeds max_states
   // (the caller can then fall back to `linear`).
   static StateGraph build(const Profile& profile, std::size_t max_states);
+  // For DAGs with more states than that: the antichain states of a coarser DAG, in which groups
+  // of layers are merged (the lightest mergeable neighbours first; never a layer that every path
+  // passes through) just enough that at most max_states remain. Every state is still a set of
+  // whole layers closed under ancestors; stages just cannot split a merged group. Throws
+  // ConfigError when even merging every mergeable pair leaves more than max_states.
+  static StateGraph build_coarsened(const Profile& profile, std::size_t max_states);
   // States = prefixes of the layer order (valid for any profile whose inputs point backwards).
   static StateGraph linear(const Profile& profile);
 
@@ -38,9 +45,18 @@ class StateGraph {
     return (m_ancestors[static_cast<std::size_t>(b) * m_state_words + static_cast<std::size_t>(a) / 64] >>
             (a % 64)) & 1u;
   }
+  // Calls f(k) for every ancestor state k of j (DAGs), ascending.
+  template <class F>
+  void for_each_ancestor(int j, F&& f) const {
+    const std::uint64_t* row = &m_ancestors[static_cast<std::size_t>(j) * m_state_words];
+    for (std::size_t w = 0; w < m_state_words; ++w)
+      for (std::uint64_t bits = row[w]; bits; bits &= bits - 1) f(static_cast<int>(w * 64) + std::countr_zero(bits));
+  }
   // Layers of P(b) \ P(a), ascending (a < 0: all of P(b)).
   std::vector<int> layers_between(int a, int b) const;
   int num_layers() const { return m_layers; }
+  // Groups of layers the states respect: num_layers() unless built by build_coarsened.
+  int num_groups() const { return m_groups; }
 
   // Prefix sums over P(i).
   std::vector<double> compute_s;         // Σ forward_s + backward_s
@@ -48,12 +64,11 @@ class StateGraph {
   std::vector<double> parameter_bytes;   // Σ parameter_bytes
   std::vector<double> boundary_bytes;
   std::vector<double> pipedream_boundary_bytes;
-  // States that are ancestors of j, ascending compute_s (ties by index); empty for chains.
-  std::vector<std::vector<int>> ancestors_by_compute;
 
  private:
+  friend struct StateGraphAssembler;
   bool m_chain = true;
-  int m_layers = 0;
+  int m_layers = 0, m_groups = 0;
   std::size_t m_state_words = 0, m_layer_words = 0;
   std::vector<std::uint64_t> m_ancestors;  // size × m_state_words bits
   std::vector<std::uint64_t> m_members;    // size × m_layer_words bits (empty for chains)

@@ -10,8 +10,8 @@
 // Contract: the profile is validated; the topology has at least one level of positive counts
 // and bandwidths. With a memory limit, a plan whose every stage fits is returned, or
 // ConfigError says the smallest memory per worker for which one would. DAG profiles with more
-// than `max_states` antichain states are planned over a single topological order of their
-// layers instead (a warning is logged), which keeps every stage a contiguous layer range.
+// than `max_states` antichain states are planned over the antichain states of a coarsened DAG
+// (StateGraph::build_coarsened; logged), never worse than planning over one topological order.
 #pragma once
 
 #include <pipeline/plan/cost_model.hpp>
@@ -35,7 +35,10 @@ struct PartitionOptions {
   // Pipeline model: 1 when unset.
   std::optional<double> activation_compression;
   double optimizer_state_factor = 1.0;  // Pipeline model memory: optimizer copies of the weights
-  std::size_t max_states = 4000;
+  // Antichain states the search may use (0: 4000 on one level; 1500 on several, whose inner
+  // levels keep a table over every pair of states). A DAG with more is planned over the states of
+  // a coarsened DAG, with one topological order's prefixes added (StateGraph::build_coarsened).
+  std::size_t max_states = 0;
 };
 
 // A stage of a manual plan: [begin, end) layer range replicated `replicas` times.
