@@ -30,6 +30,43 @@ struct Segment {
   int s, e, machines;
 };
 
+// The first index in [lo, hi) where below() is false (hi if none), for a below() that holds on a
+// prefix of the range. It gallops from `hint`, so it costs little when the answer moved little
+// since the previous call — the search's window starts move by a few states per end state.
+template <class Below>
+std::size_t first_not_below(std::size_t lo, std::size_t hi, std::size_t hint, Below&& below) {
+  hint = std::clamp(hint, lo, hi);
+  std::size_t a = lo, b = hi;  // the answer lies in [a, b]
+  if (hint < hi && below(hint)) {
+    a = hint + 1;
+    for (std::size_t step = 1;; step *= 2) {
+      const std::size_t q = a + step - 1;
+      if (q >= hi) break;
+      if (!below(q)) {
+        b = q;
+        break;
+      }
+      a = q + 1;
+    }
+  } else {
+    b = hint;
+    for (std::size_t step = 1; b > lo; step *= 2) {
+      const std::size_t q = b - std::min(step, b - lo);
+      if (below(q)) {
+        a = q + 1;
+        break;
+      }
+      b = q;
+    }
+  }
+  while (a < b) {
+    const std::size_t mid = a + (b - a) / 2;
+    if (below(mid)) a = mid + 1;
+    else b = mid;
+  }
+  return a;
+}
+
 // One partitioning problem: the states, the options and every level's parameters.
 class Solver {
  public:
@@ -376,11 +413,10 @@ class Solver {
               auto key = [&](int q) {
                 return m_g.compute_s[static_cast<std::size_t>(q)] + gs * m_g.parameter_bytes[static_cast<std::size_t>(q)];
               };
-              int q = std::clamp(pos[pm], s + 1, j);
-              while (q > s + 1 && key(q - 1) >= x) --q;
-              while (q < j && key(q) < x) ++q;
-              pos[pm] = q;
-              kb = q;
+              const auto first = first_not_below(static_cast<std::size_t>(s + 1), static_cast<std::size_t>(j),
+                                                 static_cast<std::size_t>(std::max(pos[pm], s + 1)),
+                                                 [&](std::size_t q) { return key(static_cast<int>(q)) < x; });
+              kb = pos[pm] = static_cast<int>(first);
             }
             kb = std::max(kb, first_finite[static_cast<std::size_t>(m - mp)]);
             for (int k = kb; k < j; ++k) {
@@ -401,36 +437,7 @@ class Solver {
               const double x = cj + gs * pj - bound0 * mp;
               const double xm = x - 1e-9 * (cj + gs * pj + bound0 * mp);
               auto below = [&](std::size_t q) { return split_compute[q] + gs * split_param_max[q] < xm; };
-              std::size_t lo = 0, hi = n_splits;
-              if (hint < n_splits && below(hint)) {
-                lo = hint + 1;
-                std::size_t step = 1, q = lo;
-                while (q < n_splits && below(q)) {
-                  lo = q + 1;
-                  q = lo + step;
-                  step *= 2;
-                }
-                hi = std::min(q, n_splits);
-              } else {
-                hi = std::min(hint, n_splits);
-                std::size_t step = 1;
-                while (hi > 0) {
-                  const std::size_t q = hi >= step ? hi - step : 0;
-                  if (below(q)) {
-                    lo = q + 1;
-                    break;
-                  }
-                  hi = q;
-                  step *= 2;
-                }
-              }
-              while (lo < hi) {
-                const std::size_t mid = (lo + hi) / 2;
-                if (below(mid)) lo = mid + 1;
-                else hi = mid;
-              }
-              i = lo;
-              hint = lo;
+              i = hint = first_not_below(0, n_splits, hint, below);
             }
             for (; i < n_splits; ++i) {
               if (split_compute[i] - cs > best.t * slack * G * (m - mp)) break;
