@@ -2,6 +2,7 @@
 #include <pipeline/runtime/stage_executor.hpp>
 
 #include <pipeline/core/log.hpp>
+#include <pipeline/core/threads.hpp>
 #include <pipeline/optim/flatten.hpp>
 #include <pipeline/optim/grad_clip.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
@@ -9,6 +10,8 @@
 #include <pipeline/schedule/validate.hpp>
 
 #include <fmt/ranges.h>
+
+#include <sched.h>
 
 #include <chrono>
 #include <cmath>
@@ -102,6 +105,14 @@ Tensor version_tensor(WeightStore::Tag tag) {
 WeightStore::Tag version_from(const Tensor& t) {
   const std::int32_t* v = t.data<std::int32_t>();
   return static_cast<WeightStore::Tag>(v[0]) | (static_cast<WeightStore::Tag>(v[1]) << 31);
+}
+
+// CPUs this process may run on (its affinity mask), 0 when unknown.
+int allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+  return CPU_COUNT(&set);
 }
 
 // Removes and returns what was received for microbatch u. Receives are posted ahead of the
@@ -205,6 +216,18 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
   const auto& mine = m_layout.stage_ranks[m_stage];
   m_replica = static_cast<int>(std::find(mine.begin(), mine.end(), comm.rank()) - mine.begin());
   if (mine.size() > 1) m_replica_group = comm.create_group(mine);
+  // mpirun binds each rank to one core by default. More compute threads than the rank's CPUs
+  // share them, and every OpenMP parallel region then ends waiting for a thread that is not
+  // running while its sibling spins (libgomp's default wait policy): with 2 threads per rank,
+  // bench_pipeline's mlp took 116 ms per microbatch instead of 7-9 ms, 878 samples/s on 2 ranks
+  // instead of ~12,000 (bench/RESULTS.md). Extra threads cannot add compute there, so the rank
+  // runs on as many threads as it has CPUs.
+  if (const int cpus = allowed_cpus(); cpus > 0 && num_threads() > cpus) {
+    log_warn("{} threads per rank were asked for but rank {} may run on only {} CPU(s) (mpirun "
+             "binds each rank to a core unless started with --bind-to none): using {}",
+             num_threads(), comm.rank(), cpus, cpus);
+    set_num_threads(cpus);
+  }
   m_store = std::make_unique<WeightStore>(model.init(m_options.seed, layers()));
   m_grads = model.zero_grads(layers());
 }

@@ -122,11 +122,13 @@ inline void tighten_timer_slack() {
 // (cheap when the peer runs on another core, and most small messages arrive by then); then it
 // sleeps, so that ranks of an oversubscribed machine leave the core to the peer they wait for,
 // with a pause that grows from 10 us to at most 50 us and a timer slack of 1 us. The pause bounds
-// how late a waiting rank notices its message, and every message on a pipeline's critical path
-// is waited for: with the earlier 20-200 us pauses and Linux's default 50 us slack, a waiting
-// receiver noticed a message ~200 us after its send was posted (the one-way transfer of a 192 KiB
-// activation takes ~40 us), which cost ~3 % of a 2-stage mlp pipeline's time per microbatch
-// (bench/RESULTS.md, bench_pipeline). Waking every 50 us costs a waiting rank ~2 % of a core.
+// how late a waiting rank notices its message, and in a pipeline every message on the critical
+// path is waited for. bench_pipeline (2-stage mlp, 192 KiB activations, one rank per core;
+// bench/RESULTS.md) measures from a send's post to the end of the receiver's wait a median of
+// ~170-240 us with the former 20-200 us pauses at Linux's default 50 us slack, ~100-145 us with
+// these, against ~40 us for the transfer itself (one way of a ping-pong); 80-100 of the run's
+// ~200 messages are waited for, so that is ~1.5 % of its time. Yielding for 1 ms instead gave
+// ~75 us on a quiet machine but ~2 ms once another program shared a rank's core, so waits sleep.
 // Returns false on timeout.
 template <typename Done>
 bool poll_until(Done&& done, double timeout_s) {
