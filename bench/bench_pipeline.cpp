@@ -43,10 +43,10 @@
 #include <pipeline/schedule/simulator.hpp>
 #include <pipeline/schedule/trace.hpp>
 
-#include <CLI/CLI.hpp>
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
 
 #include <sys/resource.h>
 
@@ -98,7 +98,8 @@ double median(std::vector<double> v) {
 double range_time(const Profile& p, int begin, int end) {
   double t = 0;
   for (int i = begin; i < end; ++i)
-    t += p.layers[static_cast<std::size_t>(i)].forward_s + p.layers[static_cast<std::size_t>(i)].backward_s;
+    t += p.layers[static_cast<std::size_t>(i)].forward_s +
+         p.layers[static_cast<std::size_t>(i)].backward_s;
   return t;
 }
 
@@ -137,8 +138,8 @@ Plan make_plan(const std::string& model, const std::vector<int>& bounds) {
   plan.model = model;
   plan.workers = static_cast<int>(bounds.size()) - 1;
   for (int s = 0; s + 1 < static_cast<int>(bounds.size()); ++s)
-    plan.stages.push_back({bounds[static_cast<std::size_t>(s)],
-                           bounds[static_cast<std::size_t>(s) + 1], 1, {s}});
+    plan.stages.push_back(
+        {bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1], 1, {s}});
   return plan;
 }
 
@@ -153,7 +154,8 @@ StepCost time_step(const Sequential& model, LayerRange r) {
   ModelParams params = model.init(1, r), copy = model.init(2, r);
   ModelGrads grads = model.zero_grads(r);
   Sgd sgd(SgdOptions{.momentum = 0.9f});
-  std::vector<Tensor> p = flatten_params(params), g = flatten_grads(grads), c = flatten_params(copy);
+  std::vector<Tensor> p = flatten_params(params), g = flatten_grads(grads),
+                      c = flatten_params(copy);
   std::vector<double> steps, copies;
   for (int i = 0; i < 25; ++i) {
     auto t0 = Clock::now();
@@ -197,7 +199,9 @@ void put_double(float* out, double x) {
   out[0] = static_cast<float>(x);
   out[1] = static_cast<float>(x - static_cast<double>(out[0]));
 }
-double get_double(const float* in) { return static_cast<double>(in[0]) + static_cast<double>(in[1]); }
+double get_double(const float* in) {
+  return static_cast<double>(in[0]) + static_cast<double>(in[1]);
+}
 
 struct RankBreakdown {
   double compute_s = 0, recv_wait_s = 0, other_s = 0;
@@ -251,7 +255,8 @@ struct Run {
 // Slot of one message in the gathered timing table: boundary b (between stages b and b + 1),
 // kind 0 activation / 1 gradient, microbatch u; three values: send post, wait start, wait end.
 std::size_t message_slot(int b, int kind, int u, int n) {
-  return (static_cast<std::size_t>(b) * 2 + static_cast<std::size_t>(kind)) * static_cast<std::size_t>(n) +
+  return (static_cast<std::size_t>(b) * 2 + static_cast<std::size_t>(kind)) *
+             static_cast<std::size_t>(n) +
          static_cast<std::size_t>(u);
 }
 
@@ -259,7 +264,8 @@ std::size_t message_slot(int b, int kind, int u, int n) {
 // rank), then the delivery delays of the messages a receiver was already waiting for.
 void delivery_delays(Communicator& comm, const std::vector<TraceEvent>& events, int n, Run& r) {
   const int P = comm.size();
-  const std::size_t slots = static_cast<std::size_t>(std::max(0, P - 1)) * 2 * static_cast<std::size_t>(n);
+  const std::size_t slots =
+      static_cast<std::size_t>(std::max(0, P - 1)) * 2 * static_cast<std::size_t>(n);
   if (slots == 0) return;
   // Times relative to the first event, as two floats each (hi + lo), 3 per slot.
   double t0 = events.empty() ? 0 : events.front().start_s;
@@ -276,11 +282,24 @@ void delivery_delays(Communicator& comm, const std::vector<TraceEvent>& events, 
     std::size_t slot = slots;
     int value = 0;
     switch (e.action.kind) {
-      case ActionKind::SendActivation: slot = message_slot(me, 0, u, n); value = 0; break;
-      case ActionKind::RecvActivation: slot = message_slot(me - 1, 0, u, n); value = 1; break;
-      case ActionKind::SendGradient: slot = message_slot(me - 1, 1, u, n); value = 0; break;
-      case ActionKind::RecvGradient: slot = message_slot(me, 1, u, n); value = 1; break;
-      default: break;
+      case ActionKind::SendActivation:
+        slot = message_slot(me, 0, u, n);
+        value = 0;
+        break;
+      case ActionKind::RecvActivation:
+        slot = message_slot(me - 1, 0, u, n);
+        value = 1;
+        break;
+      case ActionKind::SendGradient:
+        slot = message_slot(me - 1, 1, u, n);
+        value = 0;
+        break;
+      case ActionKind::RecvGradient:
+        slot = message_slot(me, 1, u, n);
+        value = 1;
+        break;
+      default:
+        break;
     }
     if (slot >= slots) continue;
     put_double(v + 6 * slot + 2 * value, e.start_s - t0);
@@ -460,8 +479,9 @@ int run_bench(const Options& o, Communicator& world) {
 
   // 4. Predictions and the table.
   const double step_s =
-      std::max_element(step_costs.begin(), step_costs.end(),
-                       [](auto& a, auto& b) { return a.step_s < b.step_s; })->step_s;
+      std::max_element(step_costs.begin(), step_costs.end(), [](auto& a, auto& b) {
+        return a.step_s < b.step_s;
+      })->step_s;
   double copy_s = 0;
   for (auto& c : step_costs) copy_s = std::max(copy_s, c.copy_s);
   Topology topo;
@@ -489,12 +509,14 @@ int run_bench(const Options& o, Communicator& world) {
 
   std::string stages;
   for (int s = 0; s < P; ++s) {
-    const int b0 = bounds[static_cast<std::size_t>(s)], b1 = bounds[static_cast<std::size_t>(s) + 1];
-    stages += fmt::format("{}stage {}: layers [{}, {}) {}-{}, {:.2f} ms fwd+bwd per microbatch, "
-                          "step {:.3f} ms, weight copy {:.3f} ms\n",
-                          "  ", s, b0, b1, z.model.layer(b0).name(), z.model.layer(b1 - 1).name(),
-                          1e3 * range_time(prof, b0, b1), 1e3 * step_costs[static_cast<std::size_t>(s)].step_s,
-                          1e3 * step_costs[static_cast<std::size_t>(s)].copy_s);
+    const int b0 = bounds[static_cast<std::size_t>(s)],
+              b1 = bounds[static_cast<std::size_t>(s) + 1];
+    stages += fmt::format(
+        "{}stage {}: layers [{}, {}) {}-{}, {:.2f} ms fwd+bwd per microbatch, "
+        "step {:.3f} ms, weight copy {:.3f} ms\n",
+        "  ", s, b0, b1, z.model.layer(b0).name(), z.model.layer(b1 - 1).name(),
+        1e3 * range_time(prof, b0, b1), 1e3 * step_costs[static_cast<std::size_t>(s)].step_s,
+        1e3 * step_costs[static_cast<std::size_t>(s)].copy_s);
   }
   double slowest = 0, fastest = std::numeric_limits<double>::infinity();
   for (int s = 0; s < P; ++s) {
@@ -559,20 +581,20 @@ int run_bench(const Options& o, Communicator& world) {
               [&](auto a, auto b) { return rows[k].pipelined[a] < rows[k].pipelined[b]; });
     const std::size_t mid = order[order.size() / 2];
     const auto& br = rows[k].ranks[mid];
-    detail += fmt::format("  {}: {} messages arrived while their receiver waited; median delay "
-                          "from the send's post to the end of the wait {:.1f} us\n",
-                          name, rows[k].delivered[mid], 1e6 * rows[k].delay[mid]);
+    detail += fmt::format(
+        "  {}: {} messages arrived while their receiver waited; median delay "
+        "from the send's post to the end of the wait {:.1f} us\n",
+        name, rows[k].delivered[mid], 1e6 * rows[k].delay[mid]);
     for (int r = 0; r < P; ++r)
-      detail += fmt::format("  {} rank {}: compute {:.3f} s, waiting in receives {:.3f} s, other "
-                            "{:.3f} s; CPU time / wall {:.2f}, {:.0f} involuntary context switches\n",
-                            name, r, br[static_cast<std::size_t>(r)].compute_s,
-                            br[static_cast<std::size_t>(r)].recv_wait_s,
-                            br[static_cast<std::size_t>(r)].other_s,
-                            br[static_cast<std::size_t>(r)].cpu_share,
-                            br[static_cast<std::size_t>(r)].preempted);
+      detail += fmt::format(
+          "  {} rank {}: compute {:.3f} s, waiting in receives {:.3f} s, other "
+          "{:.3f} s; CPU time / wall {:.2f}, {:.0f} involuntary context switches\n",
+          name, r, br[static_cast<std::size_t>(r)].compute_s,
+          br[static_cast<std::size_t>(r)].recv_wait_s, br[static_cast<std::size_t>(r)].other_s,
+          br[static_cast<std::size_t>(r)].cpu_share, br[static_cast<std::size_t>(r)].preempted);
   }
-  std::string out = header + table + "per-rank time of the median P-rank run (executor trace):\n" +
-                    detail;
+  std::string out =
+      header + table + "per-rank time of the median P-rank run (executor trace):\n" + detail;
   std::fputs(out.c_str(), stdout);
   std::fflush(stdout);
   if (!o.results.empty() && !bench::append_results(o.results, "", out)) return 1;

@@ -223,9 +223,10 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
   // instead of ~12,000 (bench/RESULTS.md). Extra threads cannot add compute there, so the rank
   // runs on as many threads as it has CPUs.
   if (const int cpus = allowed_cpus(); cpus > 0 && num_threads() > cpus) {
-    log_warn("{} threads per rank were asked for but rank {} may run on only {} CPU(s) (mpirun "
-             "binds each rank to a core unless started with --bind-to none): using {}",
-             num_threads(), comm.rank(), cpus, cpus);
+    log_warn(
+        "{} threads per rank were asked for but rank {} may run on only {} CPU(s) (mpirun "
+        "binds each rank to a core unless started with --bind-to none): using {}",
+        num_threads(), comm.rank(), cpus, cpus);
     set_num_threads(cpus);
   }
   m_store = std::make_unique<WeightStore>(model.init(m_options.seed, layers()));
