@@ -593,8 +593,8 @@ int run_bench(const Options& o, Communicator& world) {
           br[static_cast<std::size_t>(r)].recv_wait_s, br[static_cast<std::size_t>(r)].other_s,
           br[static_cast<std::size_t>(r)].cpu_share, br[static_cast<std::size_t>(r)].preempted);
   }
-  std::string out =
-      header + table + "per-rank time of the median P-rank run (executor trace):\n" + detail;
+  std::string out = header + table;
+  if (P > 1) out += "per-rank time of the median P-rank run (executor trace):\n" + detail;
   std::fputs(out.c_str(), stdout);
   std::fflush(stdout);
   if (!o.results.empty() && !bench::append_results(o.results, "", out)) return 1;
