@@ -38,20 +38,6 @@ Summary summarize(std::vector<double> samples) {
   return {quantile(samples, 0.5), quantile(samples, 0.75) - quantile(samples, 0.25)};
 }
 
-// Runs `fn` warmup + repeat times and returns the timed durations in seconds.
-template <typename Fn>
-std::vector<double> time_runs(int warmup, int repeat, Fn&& fn) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> out;
-  out.reserve(static_cast<std::size_t>(repeat));
-  for (int i = 0; i < repeat; ++i) {
-    const auto t0 = Clock::now();
-    fn();
-    out.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return out;
-}
-
 Tensor random_input(const Shape& shape, const ProfileOptions& o) {
   Rng rng(o.seed, "profile.input");
   if (o.input_dtype == DType::Int32) {
@@ -137,55 +123,93 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
   ctx.mode = Mode::Train;
   ctx.seed = options.seed;
 
-  Tensor x = random_input(batch_shape, options);
-  for (int i = 0; i < model.size(); ++i) {
+  // Every repetition is a whole training pass, as the runtime runs it: the forward of every layer
+  // in order, then the backward of every layer in reverse, each layer timed on its own inside
+  // the pass. Timing one layer many times in a row instead keeps its weights and buffers hot in
+  // the caches, and a layer inside a real step was up to 14% slower than that (bench/RESULTS.md).
+  const int n = model.size();
+  const auto N = static_cast<std::size_t>(n);
+  std::vector<LayerParams> params;
+  std::vector<std::vector<Tensor>> grads;
+  for (int i = 0; i < n; ++i) {
+    params.push_back(model.layer(i).init(options.seed));
+    grads.push_back(model.layer(i).zero_grads());
+  }
+  std::vector<Saved> saved(N);
+  std::vector<Tensor> outputs(N), output_grads(N);
+  std::vector<std::vector<double>> fwd(N), bwd(N), bwd_input(N), bwd_weight(N);
+  const Tensor input = random_input(batch_shape, options);
+  // The model's output gradient stands for what the loss would send back.
+  Tensor loss_grad = Tensor::empty(shapes.back(), DType::Float32);
+  Rng(options.seed, "profile.grad").fill_normal(loss_grad, 0.f, 1.f);
+  auto timed = [](auto&& fn) {
+    const auto t0 = Clock::now();
+    fn();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  for (int rep = 0; rep < options.warmup + options.repeat; ++rep) {
+    const bool record = rep >= options.warmup;
+    for (int i = 0; i < n; ++i) {
+      const auto I = static_cast<std::size_t>(i);
+      const Tensor& x = i == 0 ? input : outputs[I - 1];
+      const double t = timed([&] {
+        saved[I] = Saved{};
+        outputs[I] = model.layer(i).forward(params[I], x, saved[I], ctx);
+      });
+      if (record) fwd[I].push_back(t);
+      PIPELINE_CHECK(outputs[I].shape() == shapes[I + 1], "layer '{}' ({}) produced shape {} but reports output shape {}",
+                     model.layer(i).name(), model.layer(i).kind(), outputs[I].shape(), shapes[I + 1]);
+    }
+    for (int i = n - 1; i >= 0; --i) {
+      const auto I = static_cast<std::size_t>(i);
+      if (i == n - 1) output_grads[I] = loss_grad;
+      std::span<Tensor> g(grads[I]);
+      Tensor dx;
+      const double t = timed([&] { dx = model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Both); });
+      if (record) bwd[I].push_back(t);
+      if (i > 0) output_grads[I - 1] = dx;
+    }
+    if (!options.split_backward || !record) continue;
+    // The split halves, each as its own pass over the layers with weights (the schedules that
+    // split the backward run all input gradients first, the weight gradients later).
+    for (int i = n - 1; i >= 0; --i) {
+      const auto I = static_cast<std::size_t>(i);
+      if (grads[I].empty()) continue;
+      std::span<Tensor> g(grads[I]);
+      bwd_input[I].push_back(timed([&] { (void)model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Input); }));
+    }
+    for (int i = n - 1; i >= 0; --i) {
+      const auto I = static_cast<std::size_t>(i);
+      if (grads[I].empty()) continue;
+      std::span<Tensor> g(grads[I]);
+      bwd_weight[I].push_back(timed([&] { (void)model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Weight); }));
+    }
+  }
+
+  for (int i = 0; i < n; ++i) {
+    const auto I = static_cast<std::size_t>(i);
     const Layer& layer = model.layer(i);
-    LayerParams params = layer.init(options.seed);
-    std::vector<Tensor> grads = layer.zero_grads();
-    const bool has_weights = !grads.empty();
-
-    Saved saved;
-    Tensor y;
-    const auto fwd = time_runs(options.warmup, options.repeat, [&] {
-      saved = Saved{};
-      y = layer.forward(params, x, saved, ctx);
-    });
-    PIPELINE_CHECK(y.shape() == shapes[static_cast<std::size_t>(i) + 1],
-                   "layer '{}' ({}) produced shape {} but reports output shape {}", layer.name(),
-                   layer.kind(), y.shape(), shapes[static_cast<std::size_t>(i) + 1]);
-
-    // The output gradient stands for what the loss and later layers would send back.
-    Tensor dy = Tensor::empty(y.shape(), DType::Float32);
-    Rng(options.seed, "profile.grad." + layer.name()).fill_normal(dy, 0.f, 1.f);
-    std::span<Tensor> g(grads);
-    const auto backward_with = [&](GradParts parts) {
-      return time_runs(options.warmup, options.repeat,
-                       [&] { (void)layer.backward(params, saved, dy, g, parts); });
-    };
-
     LayerProfile lp;
     lp.name = layer.name();
     lp.kind = layer.kind();
-    const Summary f = summarize(fwd);
-    const Summary b = summarize(backward_with(GradParts::Both));
+    const Summary f = summarize(fwd[I]);
+    const Summary b = summarize(bwd[I]);
     lp.forward_s = f.median;
     lp.forward_spread_s = f.spread;
     lp.backward_s = b.median;
     lp.backward_spread_s = b.spread;
     if (options.split_backward) {
-      if (has_weights) {
-        lp.backward_input_s = summarize(backward_with(GradParts::Input)).median;
-        lp.backward_weight_s = summarize(backward_with(GradParts::Weight)).median;
+      if (!grads[I].empty()) {
+        lp.backward_input_s = summarize(bwd_input[I]).median;
+        lp.backward_weight_s = summarize(bwd_weight[I]).median;
       } else {
         lp.backward_input_s = lp.backward_s;  // no weights: the whole backward is dL/dx
       }
     }
-    lp.output_bytes = static_cast<std::int64_t>(y.nbytes());
+    lp.output_bytes = static_cast<std::int64_t>(outputs[I].nbytes());
     lp.parameter_bytes = static_cast<std::int64_t>(layer.parameter_bytes());
-    lp.flops = layer.flops(shapes[static_cast<std::size_t>(i)]);
+    lp.flops = layer.flops(shapes[I]);
     out.layers.push_back(std::move(lp));
-
-    x = y;  // the next layer runs on this layer's real output
   }
   return out;
 }

@@ -6,8 +6,10 @@
 // on a whole minibatch of `batch` samples, in training mode, with parameters from the layer's own
 // initialiser, and on real inputs — the model's input is random data of the input dtype (token ids
 // in [0, input_int_bound) for int32 inputs, standard normal values for float inputs) and every
-// later layer gets the previous layer's actual output. Per layer it records:
-//   forward_s           median over `repeat` forward passes (after `warmup` untimed ones)
+// later layer gets the previous layer's actual output. Each repetition is a whole training pass
+// (every layer's forward in order, then every backward in reverse) with each layer timed inside
+// it, so that a layer meets the caches a training step leaves it. Per layer it records:
+//   forward_s           median over `repeat` passes (after `warmup` untimed ones)
 //   backward_s          median of the full backward (input and weight gradients together)
 //   backward_input_s    median of the input-gradient-only backward (GradParts::Input);
 //                       for a layer without weights the whole backward (= backward_s)
