@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <thread>
 
+#include <sched.h>
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -26,8 +28,17 @@ void set_num_threads(int n) {
 
 int num_threads() { return g_threads > 0 ? g_threads : default_num_threads(); }
 
+int allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 int default_num_threads() {
-  int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // A rank bound to one core sees one CPU here (1 / local rounds up to 1); unbound ranks share
+  // the mask with the job's other ranks on this host.
+  const int cpus = allowed_cpus();
   int local = 1;
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
     if (const char* v = std::getenv(var)) {
@@ -35,7 +46,7 @@ int default_num_threads() {
       break;
     }
   }
-  return std::max(1, hw / local);
+  return std::max(1, cpus / local);
 }
 
 }  // namespace pipeline

@@ -11,8 +11,6 @@
 
 #include <fmt/ranges.h>
 
-#include <sched.h>
-
 #include <chrono>
 #include <cmath>
 #include <deque>
@@ -107,13 +105,6 @@ WeightStore::Tag version_from(const Tensor& t) {
   return static_cast<WeightStore::Tag>(v[0]) | (static_cast<WeightStore::Tag>(v[1]) << 31);
 }
 
-// CPUs this process may run on (its affinity mask), 0 when unknown.
-int allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
-  return CPU_COUNT(&set);
-}
 
 // Removes and returns what was received for microbatch u. Receives are posted ahead of the
 // compute that needs them, so a missing entry means the action list ran compute before its
@@ -222,7 +213,7 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
   // bench_pipeline's mlp took 116 ms per microbatch instead of 7-9 ms, 878 samples/s on 2 ranks
   // instead of ~12,000 (bench/RESULTS.md). Extra threads cannot add compute there, so the rank
   // runs on as many threads as it has CPUs.
-  if (const int cpus = allowed_cpus(); cpus > 0 && num_threads() > cpus) {
+  if (const int cpus = allowed_cpus(); num_threads() > cpus) {
     log_warn(
         "{} threads per rank were asked for but rank {} may run on only {} CPU(s) (mpirun "
         "binds each rank to a core unless started with --bind-to none): using {}",

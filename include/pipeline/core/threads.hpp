@@ -6,8 +6,12 @@ namespace pipeline {
 
 void set_num_threads(int n);
 int num_threads();
-// Hardware threads of this machine divided by the number of processes of the job on this host
-// (OMPI_COMM_WORLD_LOCAL_SIZE when launched by mpirun), at least 1.
+// The CPUs this process may run on (its affinity mask: mpirun binds each rank to one core by
+// default), or the machine's hardware threads when the mask cannot be read.
+int allowed_cpus();
+// allowed_cpus() divided by the number of processes of the job on this host
+// (OMPI_COMM_WORLD_LOCAL_SIZE when launched by mpirun), at least 1. More threads than a rank's
+// CPUs stall every parallel region on the descheduled thread.
 int default_num_threads();
 
 }  // namespace pipeline
