@@ -317,16 +317,24 @@ void delivery_delays(Communicator& comm, const std::vector<TraceEvent>& events, 
   r.delivery_delay_s = median(delays);
 }
 
+bool is_stash(const std::string& schedule) { return schedule.rfind("1f1b-stash", 0) == 0; }
+
+// The schedule request of a run: 1f1b-stash steps after every microbatch (one per minibatch),
+// the flush schedules accumulate o.microbatches per minibatch.
+ScheduleRequest request_for(const std::string& name, const Options& o) {
+  ScheduleRequest req;
+  req.name = name;
+  req.microbatches = is_stash(name) ? 1 : o.microbatches;
+  return req;
+}
+
 // Trains `total` microbatches of the schedule (after a warm-up) on `comm` and returns the
 // throughput measured on rank 0 between barriers, and every rank's time breakdown.
 Run run_schedule(const ZooModel& z, const Options& o, const std::string& name,
                  const PipelineLayout& layout, Communicator& comm, const MinibatchFeed& feed,
                  const std::string& trace_path) {
-  const bool stash = name.rfind("1f1b-stash", 0) == 0;
-  const int m = stash ? 1 : o.microbatches;
-  ScheduleRequest req;
-  req.name = name;
-  req.microbatches = m;
+  const ScheduleRequest req = request_for(name, o);
+  const int m = req.microbatches;
   const int minibatches = o.samples_per_run / (o.batch * m);
   const int warm = std::max(1, o.warmup_microbatches / m);
   const Schedule warm_schedule = make_schedule(req, layout, warm);
@@ -448,8 +456,7 @@ int run_bench(const Options& o, Communicator& world) {
   for (int rep = 0; rep < o.repeat; ++rep) {
     for (std::size_t k = 0; k < o.schedules.size(); ++k) {
       const std::string& name = o.schedules[k];
-      const bool stash = name.rfind("1f1b-stash", 0) == 0;
-      const std::int64_t mb_samples = stash ? o.batch : mb_samples_max;
+      const std::int64_t mb_samples = is_stash(name) ? o.batch : mb_samples_max;
       const Batch b = full.slice(0, mb_samples);
       const MinibatchFeed feed{[b](std::int64_t) { return b; },
                                [mb_samples](std::int64_t) { return mb_samples; }};
@@ -489,18 +496,14 @@ int run_bench(const Options& o, Communicator& world) {
     topo.levels.push_back({P, static_cast<double>(boundary_bytes) / one_way_s});
   auto predict = [&](const std::string& name, const Plan& pl, const PipelineLayout& lay,
                      const std::string& trace_path) {
-    const bool stash = name.rfind("1f1b-stash", 0) == 0;
-    const int m = stash ? 1 : o.microbatches;
-    ScheduleRequest req;
-    req.name = name;
-    req.microbatches = m;
-    const Schedule s = make_schedule(req, lay, o.samples_per_run / (o.batch * m));
+    const ScheduleRequest req = request_for(name, o);
+    const Schedule s = make_schedule(req, lay, o.samples_per_run / (o.batch * req.microbatches));
     SimulateOptions so;
     so.microbatch_size = o.batch;
     so.full_duplex = true;
     // A stash step copies the weights when an in-flight microbatch still holds them (every
     // stage but the last of a pipeline); one stage never has another microbatch in flight.
-    so.optimizer_step_s = step_s + (stash && lay.num_stages() > 1 ? copy_s : 0);
+    so.optimizer_step_s = step_s + (is_stash(name) && lay.num_stages() > 1 ? copy_s : 0);
     so.record_trace = !trace_path.empty();
     const Simulation sim = simulate(s, prof, pl, lay.num_stages() > 1 ? topo : Topology{}, so);
     if (!trace_path.empty()) write_chrome_trace(trace_path, sim, s);
