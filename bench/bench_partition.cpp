@@ -66,7 +66,7 @@ Result measure(const std::function<Profile()>& load, const Topology& t, const Pa
       if (p.is_chain()) r.states = p.size();
       else {
         // The states partition() used: all antichain states within its budget, else coarsened.
-        const std::size_t budget = o.max_states > 0 ? o.max_states : t.levels.size() == 1 ? 4000 : 1500;
+        const std::size_t budget = antichain_state_budget(t, o);
         try {
           r.states = StateGraph::build(p, budget).size();
         } catch (const ConfigError&) {

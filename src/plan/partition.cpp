@@ -468,11 +468,6 @@ class Solver {
   std::vector<std::uint64_t> m_ancestor_bits;     // DAGs: m_S rows of m_words, bits by rank
 };
 
-std::size_t state_budget(const Topology& t, const PartitionOptions& o) {
-  if (o.max_states > 0) return o.max_states;
-  return t.levels.size() == 1 ? 4000 : 1500;
-}
-
 StateGraph make_states(const Profile& p, std::size_t max_states) {
   if (p.is_chain()) return StateGraph::linear(p);
   const std::string_view name = p.model.empty() ? std::string_view("profile") : std::string_view(p.model);
@@ -610,13 +605,18 @@ double data_parallel_time(const Profile& p, const Topology& t, const PartitionOp
   return time;
 }
 
+std::size_t antichain_state_budget(const Topology& topology, const PartitionOptions& options) {
+  if (options.max_states > 0) return options.max_states;
+  return topology.levels.size() == 1 ? 4000 : 1500;
+}
+
 Plan partition(const Profile& profile, const Topology& topology, const PartitionOptions& options) {
   validate_profile(profile, profile.model.empty() ? "profile" : profile.model);
   validate_topology(topology);
   if (options.activation_compression)
     PIPELINE_CHECK_AS(ConfigError, std::isfinite(*options.activation_compression) && *options.activation_compression > 0,
                       "activation compression ratio must be positive, got {}", *options.activation_compression);
-  const StateGraph g = make_states(profile, state_budget(topology, options));
+  const StateGraph g = make_states(profile, antichain_state_budget(topology, options));
   std::optional<double> memory = topology.memory_bytes_per_worker;
   auto solve = [&](std::optional<double> mem) {
     auto s = std::make_unique<Solver>(g, topology, options, mem);

@@ -3,6 +3,7 @@
 // workers, transfers) for both cost models; and its PipeDream-model times equal what PipeDream's
 // released optimizer prints ("Time per stage in pipeline") on the shipped profiles.
 #include <pipeline/core/error.hpp>
+#include <pipeline/core/log.hpp>
 #include <pipeline/core/rng.hpp>
 #include <pipeline/plan/antichain.hpp>
 #include <pipeline/plan/partition.hpp>
@@ -342,6 +343,9 @@ std::vector<char> members(const StateGraph& g, int state, int n) {
 TEST_CASE("coarsened antichain states: ideals, subset order, series cuts and prefixes kept, optimum over them") {
   std::mt19937 rng(4242);
   int coarsened = 0, with_prefixes = 0;
+  // partition() logs every coarsening; hundreds of those lines say nothing here.
+  const LogLevel saved_threshold = log_threshold();
+  log_threshold() = LogLevel::Warn;
   for (int iter = 0; iter < 300; ++iter) {
     const int n = std::uniform_int_distribution<int>(7, 11)(rng);
     Profile p = wide_profile(rng, n);
@@ -426,6 +430,7 @@ TEST_CASE("coarsened antichain states: ideals, subset order, series cuts and pre
             lin_brute.best(static_cast<int>(t.levels.size()) - 1, -1, lin.size() - 1) * (1 + 1e-12));
     }
   }
+  log_threshold() = saved_threshold;
   MESSAGE(coarsened << " coarsened DAGs checked, " << with_prefixes << " with the layer order's prefixes");
   CHECK(coarsened > 150);
   CHECK(with_prefixes > 20);

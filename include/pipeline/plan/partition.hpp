@@ -50,6 +50,10 @@ struct ManualStage {
 
 Plan partition(const Profile& profile, const Topology& topology, const PartitionOptions& options = {});
 
+// The antichain states partition() may use on this topology: options.max_states, or by default
+// 4,000 on one level and 1,500 on several.
+std::size_t antichain_state_budget(const Topology& topology, const PartitionOptions& options);
+
 // "0:5x2,5:12,12:20" → stages; throws ConfigError on syntax errors.
 std::vector<ManualStage> parse_manual_stages(std::string_view text);
 
