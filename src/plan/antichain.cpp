@@ -208,6 +208,18 @@ bool enumerate_states(const LayerDag& d, const std::vector<int>& group, std::siz
   return true;
 }
 
+// Layer groups as a union-find forest; join(a, b) puts b's group under a's root.
+struct DisjointSets {
+  std::vector<int> parent;
+  explicit DisjointSets(int n) : parent(static_cast<std::size_t>(n)) { std::iota(parent.begin(), parent.end(), 0); }
+  int find(int v) {
+    while (parent[static_cast<std::size_t>(v)] != v)
+      v = parent[static_cast<std::size_t>(v)] = parent[static_cast<std::size_t>(parent[static_cast<std::size_t>(v)])];
+    return v;
+  }
+  void join(int a, int b) { parent[static_cast<std::size_t>(find(b))] = find(a); }
+};
+
 // The order in which coarsening merges layer groups: repeatedly the lightest (compute) pair of
 // adjacent groups a -> b that can be merged without making the groups' graph cyclic (b is a's
 // only successor, or a is b's only predecessor). Layers that every path passes through are never
@@ -215,12 +227,8 @@ bool enumerate_states(const LayerDag& d, const std::vector<int>& group, std::siz
 // pair of layers whose groups are joined.
 std::vector<std::pair<int, int>> merge_sequence(const LayerDag& d, const Profile& p) {
   const int n = d.n;
-  std::vector<int> root(static_cast<std::size_t>(n));
-  std::iota(root.begin(), root.end(), 0);
-  auto find = [&](int v) {
-    while (root[static_cast<std::size_t>(v)] != v) v = root[static_cast<std::size_t>(v)] = root[static_cast<std::size_t>(root[static_cast<std::size_t>(v)])];
-    return v;
-  };
+  DisjointSets sets(n);
+  auto find = [&](int v) { return sets.find(v); };
   std::vector<double> weight(static_cast<std::size_t>(n));
   std::vector<char> series(static_cast<std::size_t>(n));
   std::vector<std::vector<int>> out(static_cast<std::size_t>(n)), in(static_cast<std::size_t>(n));
@@ -257,7 +265,7 @@ std::vector<std::pair<int, int>> merge_sequence(const LayerDag& d, const Profile
     if (!((oa.size() == 1 && oa[0] == b) || (ib.size() == 1 && ib[0] == a))) continue;
     if (w != weight[static_cast<std::size_t>(a)] + weight[static_cast<std::size_t>(b)]) continue;  // stale
     merges.emplace_back(a, b);
-    root[static_cast<std::size_t>(b)] = a;
+    sets.join(a, b);
     weight[static_cast<std::size_t>(a)] += weight[static_cast<std::size_t>(b)];
     std::vector<int> o = out[static_cast<std::size_t>(a)], i = in[static_cast<std::size_t>(a)];
     o.insert(o.end(), out[static_cast<std::size_t>(b)].begin(), out[static_cast<std::size_t>(b)].end());
@@ -288,13 +296,9 @@ std::vector<std::pair<int, int>> merge_sequence(const LayerDag& d, const Profile
 
 // Group ids (dense, by lowest layer) after the first k merges.
 std::vector<int> groups_after(const std::vector<std::pair<int, int>>& merges, std::size_t k, int n) {
-  std::vector<int> root(static_cast<std::size_t>(n));
-  std::iota(root.begin(), root.end(), 0);
-  auto find = [&](int v) {
-    while (root[static_cast<std::size_t>(v)] != v) v = root[static_cast<std::size_t>(v)];
-    return v;
-  };
-  for (std::size_t i = 0; i < k; ++i) root[static_cast<std::size_t>(find(merges[i].second))] = find(merges[i].first);
+  DisjointSets sets(n);
+  auto find = [&](int v) { return sets.find(v); };
+  for (std::size_t i = 0; i < k; ++i) sets.join(merges[i].first, merges[i].second);
   std::vector<int> id(static_cast<std::size_t>(n), -1), group(static_cast<std::size_t>(n));
   int next = 0;
   for (int v = 0; v < n; ++v) {
