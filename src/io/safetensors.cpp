@@ -14,6 +14,7 @@
 #include <set>
 
 #include <fcntl.h>
+#include <zlib.h>
 #include <unistd.h>
 
 namespace pipeline {
@@ -257,7 +258,7 @@ NamedTensors load_safetensors(const std::string& path, Metadata* metadata) {
 
 // --- writing -----------------------------------------------------------------------------------
 
-void save_safetensors(const std::string& path, const NamedTensors& tensors,
+FileDigest save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const Metadata& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
@@ -304,10 +305,18 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     ::unlink(tmp.c_str());
     PIPELINE_FAIL(IoError, "writing '{}' failed while {}: {}", path, what, std::strerror(err));
   };
-  if (!write_all(fd, len_bytes, 8) || !write_all(fd, text.data(), text.size()))
-    fail("writing the header");
+  // The digest covers exactly the bytes written, so a reader can check the file against it.
+  FileDigest digest;
+  digest.crc32 = static_cast<std::uint32_t>(::crc32(0L, Z_NULL, 0));
+  auto put = [&](const void* data, std::size_t n) {
+    if (!write_all(fd, data, n)) return false;
+    digest.crc32 = crc32_update(digest.crc32, data, n);
+    digest.bytes += n;
+    return true;
+  };
+  if (!put(len_bytes, 8) || !put(text.data(), text.size())) fail("writing the header");
   for (auto& [name, t] : tensors)
-    if (!write_all(fd, t.raw(), t.nbytes())) fail("writing tensor data");
+    if (!put(t.raw(), t.nbytes())) fail("writing tensor data");
   if (::fsync(fd) != 0) fail("flushing to disk");
   if (::close(fd) != 0) {
     const int err = errno;
@@ -326,6 +335,41 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     ::fsync(dfd);
     ::close(dfd);
   }
+  return digest;
+}
+
+const char* safetensors_dtype(DType dtype) {
+  return file_dtype(dtype);
+}
+
+std::uint32_t crc32_update(std::uint32_t crc, const void* data, std::size_t n) {
+  // zlib takes 32-bit lengths: feed larger buffers in pieces.
+  const auto* p = static_cast<const Bytef*>(data);
+  uLong c = crc;
+  while (n > 0) {
+    const auto piece = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
+    c = ::crc32(c, p, piece);
+    p += piece;
+    n -= piece;
+  }
+  return static_cast<std::uint32_t>(c);
+}
+
+FileDigest digest_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  PIPELINE_CHECK_AS(IoError, in.good(), "cannot open '{}' to check it: {}", path,
+                    std::strerror(errno));
+  FileDigest d;
+  d.crc32 = static_cast<std::uint32_t>(::crc32(0L, Z_NULL, 0));
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const auto got = static_cast<std::size_t>(in.gcount());
+    d.crc32 = crc32_update(d.crc32, buf.data(), got);
+    d.bytes += got;
+  }
+  PIPELINE_CHECK_AS(IoError, in.eof(), "reading '{}' to check it failed", path);
+  return d;
 }
 
 // --- model parameters --------------------------------------------------------------------------

@@ -62,8 +62,21 @@ class SafetensorsReader {
   Metadata m_metadata;
 };
 
-void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const Metadata& metadata = {});
+// Size and zlib CRC-32 of a file's bytes.
+struct FileDigest {
+  std::uint64_t bytes = 0;
+  std::uint32_t crc32 = 0;
+};
+
+// Returns the digest of the bytes written, so that a manifest can record it.
+FileDigest save_safetensors(const std::string& path, const NamedTensors& tensors,
+                            const Metadata& metadata = {});
+// The digest of a file as it is on disk; IoError when it cannot be read.
+FileDigest digest_file(const std::string& path);
+// Extends a CRC-32 over [data, data + n) (any size).
+std::uint32_t crc32_update(std::uint32_t crc, const void* data, std::size_t n);
+// The dtype as safetensors headers spell it: F32, I32, I64, BF16, F16.
+const char* safetensors_dtype(DType dtype);
 // Every tensor in file order; metadata is filled when given.
 NamedTensors load_safetensors(const std::string& path, Metadata* metadata = nullptr);
 

@@ -1,0 +1,149 @@
+// Checkpoints of a training run: writing them without stalling the pipeline, finding the newest
+// complete one, and restoring a stage from it under any plan. The on-disk layout and the
+// manifest are described in checkpoint_manifest.hpp.
+//
+// Writing (Checkpointer): at a checkpoint step every stage's first replica copies its layers'
+// parameters, buffers and optimizer state to memory — the only part that holds up training —
+// and a background thread writes that copy as the stage's shard (temporary file, fsync, rename,
+// directory fsync). The shard's record (size, CRC-32, tensor list) goes to the coordinator (the
+// first stage's first replica), which writes the manifest, atomically and last, once every
+// shard is on disk, then deletes checkpoints beyond the newest `keep` and directories left
+// incomplete by an interrupted write. Records travel as messages that poll() sends and receives
+// without blocking, so the manifest appears within a step of the last shard; finish() waits for
+// it. One checkpoint is in flight at a time: save() first finishes the previous one.
+//
+// Checkpoints are taken between pipeline segments, when no microbatch is in flight, so each stage
+// holds exactly one weight version: there are no stashed versions to save, and a run resumed
+// under 1F1B-stash starts its pipeline afresh from the newest weights.
+//
+// Reading: find_latest_checkpoint() returns the newest directory with a manifest (skipping, and
+// naming, directories without one); restore_stage() loads one stage's layers from whichever shards
+// hold them, rejecting a shard whose CRC-32 or size disagrees with the manifest, or a tensor whose
+// dtype or shape disagrees with the manifest or the model, with the file and tensor named.
+//
+// Collective use: the Checkpointer's constructor (it cleans up incomplete directories and
+// synchronises) is collective; save(), poll() and finish() are called by every rank at the same
+// steps, and only writers and the coordinator do anything in them.
+#pragma once
+
+#include <pipeline/comm/communicator.hpp>
+#include <pipeline/nn/sequential.hpp>
+#include <pipeline/optim/optimizer.hpp>
+#include <pipeline/runtime/checkpoint_manifest.hpp>
+#include <pipeline/runtime/stage_executor.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pipeline {
+
+struct CheckpointOptions {
+  std::string dir;          // checkpoints go to <dir>/step-<step>/
+  std::int64_t every = 0;   // steps between checkpoints (0: only when asked, e.g. preemption)
+  int keep = 2;             // complete checkpoints kept (older ones are deleted)
+};
+
+// What a run records about itself in every manifest (and what a resume checks it against).
+struct CheckpointRunInfo {
+  std::string model;
+  std::string schedule = "sequential";
+  std::string optimizer;
+  std::uint64_t seed = 0;
+  std::int64_t batch_size = 0;
+  int world_size = 1;
+  nlohmann::json plan;  // null for a single-process run
+};
+
+// Who writes which shard: one writer per stage (its first replica), and the coordinator.
+struct CheckpointRole {
+  int stage = 0;
+  LayerRange layers;
+  bool writer = true;
+  int coordinator = 0;                     // rank that writes manifests
+  std::vector<int> stage_writers;          // stage -> writer rank
+  std::vector<LayerRange> stage_layers;    // stage -> its layers
+
+  // A single process holding every layer.
+  static CheckpointRole single(const Sequential& model);
+  // Rank `rank` of a pipeline.
+  static CheckpointRole for_layout(const PipelineLayout& layout, int rank);
+};
+
+// The step-<step> directory name for a step ("step-000000200").
+std::string checkpoint_dir_name(std::int64_t step);
+
+class Checkpointer {
+ public:
+  // `comm` is null for a single process. Collective.
+  Checkpointer(CheckpointOptions options, CheckpointRunInfo info, CheckpointRole role,
+               Communicator* comm);
+  ~Checkpointer();  // waits for writes in flight (their errors are logged, not thrown)
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  const CheckpointOptions& options() const { return m_options; }
+  // Whether the regular cadence asks for a checkpoint after `step` steps.
+  bool due(std::int64_t step) const { return m_options.every > 0 && step > 0 && step % m_options.every == 0; }
+
+  // Copies this stage's state after `step` steps and starts writing it; `params` are the stage's
+  // layers' (params[k] is layer role.layers.begin + k). Finishes the previous checkpoint first.
+  void save(std::int64_t step, const Sequential& model, const ModelParams& params,
+            const Optimizer& optimizer);
+  // Moves writes in flight along without blocking (see the header comment). Call every step.
+  void poll();
+  // Blocks until the checkpoint in flight, if any, is complete. Returns the directory of the
+  // newest checkpoint this run completed (on the coordinator; empty elsewhere or if none).
+  std::string finish();
+
+  std::int64_t last_saved_step() const { return m_last_step; }
+  // Time save() held up training: the last one and the longest so far, in seconds.
+  double last_stall_s() const { return m_last_stall_s; }
+  double max_stall_s() const { return m_max_stall_s; }
+
+ private:
+  struct InFlight;
+
+  void send_record(InFlight& f, const CheckpointShard& record);
+  void take_own_shard(InFlight& f, bool block);
+  void receive_records(InFlight& f, bool block);
+  void start_manifest(InFlight& f);
+  // Moves the checkpoint in flight along (waiting for each part when `block`); true once done.
+  bool advance(bool block);
+
+  CheckpointOptions m_options;
+  CheckpointRunInfo m_info;
+  CheckpointRole m_role;
+  Communicator* m_comm;
+  std::unique_ptr<InFlight> m_flight;
+  std::int64_t m_last_step = -1;
+  std::string m_last_complete;
+  double m_last_stall_s = 0, m_max_stall_s = 0;
+};
+
+struct Checkpoint {
+  std::string path;  // the step-<step> directory
+  CheckpointManifest manifest;
+};
+
+// The newest complete checkpoint in `dir` (nullopt when there is none or the directory does not
+// exist). Directories without a manifest are skipped with a warning naming them; a manifest that
+// exists but does not parse is an error (ConfigError naming the file), never silently skipped.
+std::optional<Checkpoint> find_latest_checkpoint(const std::string& dir);
+
+// ConfigError when the run cannot continue the checkpoint: another model, seed, batch size or
+// optimizer (each names the flag to change).
+void check_resume_compatible(const CheckpointManifest& manifest, const CheckpointRunInfo& run);
+
+// Loads layers `r` of `model` (into `params`, allocated when empty) and their optimizer state
+// from the checkpoint's shards, verifying checksums, dtypes and shapes (IoError naming the file
+// and tensor). Optimizer state is restored only when the checkpoint has it for every parameter.
+void restore_stage(const Checkpoint& checkpoint, const Sequential& model, LayerRange r,
+                   ModelParams& params, Optimizer& optimizer);
+
+}  // namespace pipeline

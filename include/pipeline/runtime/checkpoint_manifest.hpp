@@ -1,0 +1,73 @@
+// The manifest of a training checkpoint: what the checkpoint holds and how to verify it.
+//
+// A checkpoint is a directory `<dir>/step-<step, 9 digits>/` with one safetensors shard per
+// pipeline stage (`stage-<s>.safetensors`, written by the stage's first replica) and this
+// manifest, `manifest.json`, written last: a checkpoint exists only once its manifest does, so a
+// job that dies while writing leaves a directory without one, which resume skips.
+//
+//   {"format": "pipeline.checkpoint/1", "step": 200, "model": "fashion-cnn",
+//    "world_size": 4, "schedule": "1f1b-flush", "optimizer": "adamw", "seed": 1,
+//    "batch_size": 64, "weight_versions": 1, "plan": {...plan.json...} or null,
+//    "shards": [{"file": "stage-0.safetensors", "stage": 0, "layers": [0, 4],
+//                "bytes": 13712, "crc32": 3735928559,
+//                "tensors": [{"name": "conv1.weight", "dtype": "F32", "shape": [32, 1, 3, 3]},
+//                            ...]}]}
+//
+// `step` counts the optimizer steps (minibatches) done; training resumes with minibatch `step`,
+// whose data, dropout masks and learning rate follow from the step and the seed alone (the data
+// order of epoch e is drawn from (seed, e); masks from (seed, step, microbatch)), so nothing else
+// of the random state needs saving. Shards hold tensors under layer-qualified names (PyTorch's
+// `conv1.weight`, `bn1.running_mean`; optimizer state as `optimizer.conv1.weight.exp_avg`), so a
+// run may resume under another plan: every rank loads the tensors of its own layers from
+// whichever shards hold them.
+#pragma once
+
+#include <pipeline/core/shape.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pipeline {
+
+struct CheckpointTensor {
+  std::string name;
+  std::string dtype;  // the safetensors spelling: F32, I32, I64, ...
+  Shape shape;
+};
+
+struct CheckpointShard {
+  std::string file;  // relative to the checkpoint directory
+  int stage = 0;
+  int layer_begin = 0, layer_end = 0;  // [begin, end) of the model's layers
+  std::uint64_t bytes = 0;
+  std::uint32_t crc32 = 0;  // zlib's CRC-32 of the whole file
+  std::vector<CheckpointTensor> tensors;
+
+  bool holds_layer(int layer) const { return layer_begin <= layer && layer < layer_end; }
+};
+
+struct CheckpointManifest {
+  static constexpr const char* kFormat = "pipeline.checkpoint/1";
+
+  std::int64_t step = 0;
+  std::string model;
+  int world_size = 1;
+  std::string schedule;   // "sequential" for a single-process run
+  std::string optimizer;  // Optimizer::kind()
+  std::uint64_t seed = 0;
+  std::int64_t batch_size = 0;
+  int weight_versions = 1;  // weight versions each stage held (always 1: checkpoints are drained)
+  nlohmann::json plan;      // the run's plan.json; null for a single-process run
+  std::vector<CheckpointShard> shards;
+};
+
+nlohmann::json manifest_to_json(const CheckpointManifest& manifest);
+
+// Parses and validates a manifest (format, field types, shard layer ranges that cover the model's
+// layers once each). `origin` names the file in errors. ConfigError on anything malformed.
+CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std::string& origin);
+
+}  // namespace pipeline
