@@ -27,10 +27,12 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <memory>
 #include <optional>
 
-#include "common/fault_injection.hpp"
+#include "common/checkpointing.hpp"
 #include "common/feeds.hpp"
 #include "common/pipeline_flags.hpp"
 #include "common/progress.hpp"
@@ -61,6 +63,7 @@ struct Options {
   std::string load, save, metrics;
   int eval_batch = 1000;
   examples::PipelineFlags pipeline;
+  examples::CheckpointFlags checkpoints;
 };
 
 std::unique_ptr<Optimizer> make_optimizer(const Options& o) {
@@ -84,6 +87,18 @@ DataLoader train_loader(const Options& o, const FashionMnist& train) {
                             .seed = o.seed});
 }
 
+// What the run records in its checkpoints and checks on resume.
+CheckpointRunInfo run_info(const Options& o, const Optimizer& optimizer, int world_size,
+                           const Plan* plan) {
+  return {.model = o.model,
+          .schedule = plan ? examples::schedule_name(o.pipeline, *plan) : "sequential",
+          .optimizer = optimizer.kind(),
+          .seed = o.seed,
+          .batch_size = o.batch,
+          .world_size = world_size,
+          .plan = plan ? plan_to_json(*plan) : nlohmann::json()};
+}
+
 int run(const Options& o) {
   set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
   ZooModel zoo = image_model(o);
@@ -97,44 +112,59 @@ int run(const Options& o) {
     log_info("loaded parameters from {}", o.load);
   }
   SequentialTrainer trainer(zoo.model, std::move(params), make_optimizer(o), o.seed, o.clip_grad);
+  const CheckpointRunInfo info = run_info(o, trainer.optimizer(), 1, nullptr);
+  std::int64_t start = 0;
+  if (auto c = examples::checkpoint_to_resume(o.checkpoints, info, true)) {
+    restore_stage(*c, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
+    start = c->manifest.step;
+  }
+  std::unique_ptr<Checkpointer> checkpoints;
+  if (o.checkpoints.writes()) {
+    checkpoints = std::make_unique<Checkpointer>(
+        CheckpointOptions{o.checkpoints.output_dir(), o.checkpoints.every, o.checkpoints.keep}, info,
+        CheckpointRole::single(zoo.model), nullptr);
+    catch_preemption_signals();
+  }
   const DataLoader loader = train_loader(o, train);
   const long per_epoch = static_cast<long>(loader.num_batches());
   const long total = o.steps > 0 ? o.steps : per_epoch * o.epochs;
   const LrSchedule schedule = LrSchedule::parse(o.lr_schedule, o.lr, total);
-  MetricsWriter metrics(o.metrics);
-  examples::Progress progress("train", total);
+  MetricsWriter metrics(o.metrics, start > 0);
+  examples::Progress progress("train", total, start);
 
-  long step = 0;
   double accuracy = 0;
   bool evaluated = false;
-  const auto start = Clock::now();
+  const auto t0 = Clock::now();
   double busy_s = 0;
-  for (int epoch = 0; step < total; ++epoch) {
-    for (const Batch& batch : loader.epoch(epoch)) {
-      if (step >= total) break;
-      auto t0 = Clock::now();
-      StepResult r = trainer.step(batch, schedule.lr_at(step));
-      double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-      busy_s += dt;
-      ++step;
-      double sps = static_cast<double>(batch.size()) / dt;
-      metrics.write({{"step", step}, {"loss", r.loss}, {"samples_per_s", sps}});
-      progress.update(step, r.loss, sps);
-    }
+  auto evaluate = [&](std::int64_t epoch) {
     progress.finish();
-    bool epoch_done = step % per_epoch == 0 || step >= total;
-    if (epoch_done) {
-      EvalResult e = trainer.evaluate(test, o.eval_batch);
-      accuracy = e.accuracy;
-      evaluated = true;
-      metrics.write({{"epoch", epoch + 1}, {"test_accuracy", e.accuracy}, {"test_loss", e.loss}});
-      fmt::print("epoch {}: test loss {:.4f} test accuracy {:.4f}\n", epoch + 1, e.loss, e.accuracy);
-    }
+    EvalResult e = trainer.evaluate(test, o.eval_batch);
+    accuracy = e.accuracy;
+    evaluated = true;
+    metrics.write({{"epoch", epoch + 1}, {"test_accuracy", e.accuracy}, {"test_loss", e.loss}});
+    fmt::print("epoch {}: test loss {:.4f} test accuracy {:.4f}\n", epoch + 1, e.loss, e.accuracy);
+  };
+  const examples::RunProgress done = examples::train_single(
+      trainer, zoo.model, loader, schedule, start, total, checkpoints.get(),
+      [&](std::int64_t step, const StepResult& r, double dt) {
+        busy_s += dt;
+        const double sps = static_cast<double>(o.batch) / dt;
+        metrics.write({{"step", step}, {"loss", r.loss}, {"samples_per_s", sps}});
+        progress.update(step, r.loss, sps);
+      },
+      evaluate);
+  progress.finish();
+  if (done.preempted) {
+    examples::announce_preemption(done, preemption_signal());
+    return 0;
   }
   if (!evaluated) accuracy = trainer.evaluate(test, o.eval_batch).accuracy;
-  const double wall = std::chrono::duration<double>(Clock::now() - start).count();
-  log_info("{} steps in {:.1f} s ({:.1f} samples/s while training)", step, wall,
-           step * o.batch / std::max(busy_s, 1e-9));
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  log_info("{} steps in {:.1f} s ({:.1f} samples/s while training)", done.position - start, wall,
+           static_cast<double>((done.position - start) * o.batch) / std::max(busy_s, 1e-9));
+  if (checkpoints)
+    log_info("checkpoint of step {} in '{}' (longest stall {:.1f} ms)", done.position,
+             done.checkpoint, checkpoints->max_stall_s() * 1e3);
   if (!o.save.empty()) {
     save_parameters(o.save, zoo.model, trainer.params(), zoo.model.all());
     log_info("saved parameters to {}", o.save);
@@ -165,92 +195,84 @@ int run_pipelined(const Options& o, Communicator& comm) {
   const DataLoader loader = train_loader(o, train);
   const long per_epoch = static_cast<long>(loader.num_batches());
   const long total = o.steps > 0 ? o.steps : per_epoch * o.epochs;
-  const int granularity = minibatch_granularity(req.name, layout);
-  // One schedule per epoch (the pipeline drains at its end); checked before anything runs.
-  auto segment_length = [&](long remaining) {
-    long n = std::min(per_epoch, remaining);
-    return n - n % granularity;
-  };
-  std::optional<Schedule> schedule;
-  if (!req.csv.empty()) {
-    schedule = make_schedule(req, layout, 0);
-  } else {
-    PIPELINE_CHECK_AS(ConfigError, segment_length(total) > 0,
-                      "{} steps cannot be dealt to the stage replicas of this plan: use a multiple "
-                      "of {}",
-                      total, granularity);
-    schedule = make_schedule(req, layout, static_cast<int>(segment_length(total)));
-  }
-  PIPELINE_CHECK_AS(ConfigError, o.batch >= schedule->microbatches,
+  PIPELINE_CHECK_AS(ConfigError, o.batch >= req.microbatches,
                     "a minibatch of {} samples cannot be cut into {} microbatches", o.batch,
-                    schedule->microbatches);
+                    req.microbatches);
 
   StageExecutor ex(zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
                    examples::executor_options(o.pipeline, o.seed, o.clip_grad));
   if (!o.load.empty()) load_parameters(o.load, zoo.model, ex.params(), ex.layers());
+  const CheckpointRunInfo info = run_info(o, ex.optimizer(), comm.size(), &plan);
+  std::int64_t start = 0;
+  if (auto c = examples::checkpoint_to_resume(o.checkpoints, info, comm.rank() == 0)) {
+    restore_stage(*c, zoo.model, ex.layers(), ex.params(), ex.optimizer());
+    start = c->manifest.step;
+  }
+  std::unique_ptr<Checkpointer> checkpoints;
+  if (o.checkpoints.writes()) {
+    checkpoints = std::make_unique<Checkpointer>(
+        CheckpointOptions{o.checkpoints.output_dir(), o.checkpoints.every, o.checkpoints.keep}, info,
+        CheckpointRole::for_layout(layout, comm.rank()), &comm);
+    catch_preemption_signals();
+  }
   if (comm.rank() == 0)
     log_info("{}: {} stages on {} ranks, schedule {} ({} microbatch(es) per minibatch of {}), {} "
              "threads per rank",
-             o.model, layout.num_stages(), comm.size(), schedule->name, schedule->microbatches,
-             o.batch, num_threads());
+             o.model, layout.num_stages(), comm.size(), info.schedule, req.microbatches, o.batch,
+             num_threads());
 
   const MinibatchFeed feed = examples::training_feed(loader);
   const DataLoader test_loader(test, {.batch_size = o.eval_batch, .shuffle = false});
   const MinibatchFeed test_feed = examples::evaluation_feed(test_loader);
 
   const LrSchedule lr = LrSchedule::parse(o.lr_schedule, o.lr, total);
-  MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string());
-  examples::Progress progress("train", total);
+  MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string(), start > 0);
+  examples::Progress progress("train", total, start);
   const bool reporter = ex.is_loss_rank();
 
-  long done = 0;
   double accuracy = 0, train_s = 0;
-  std::int64_t samples = 0;
-  for (long epoch = 0; done < total; ++epoch) {
-    const long n = req.csv.empty() ? segment_length(total - done) : schedule->minibatches;
-    if (n <= 0) break;
-    if (req.csv.empty() && n != schedule->minibatches)
-      schedule = make_schedule(req, layout, static_cast<int>(n));
-    const auto t0 = Clock::now();
-    std::int64_t seen = 0;
-    auto on_minibatch = [&](const MinibatchStats& st) {
-      seen += st.count;
-      const double sps = static_cast<double>(seen) /
-                         std::max(1e-9, std::chrono::duration<double>(Clock::now() - t0).count());
-      metrics.write({{"step", st.minibatch + 1}, {"loss", st.loss}, {"samples_per_s", sps}});
-      progress.update(std::min<long>(total, static_cast<long>(done + (st.minibatch - epoch * per_epoch) + 1)),
-                      st.loss, sps);
-    };
-    TrainResult r = ex.train(
-        *schedule, feed, epoch * per_epoch,
-        [&](std::int64_t step) {
-          examples::fault_injection_point(comm.rank(), step);  // testing only; see the header
-          return lr.lr_at(step);
-        },
-        on_minibatch);
-    train_s += r.seconds;
-    samples += static_cast<std::int64_t>(n) * o.batch;
-    done += n;
+  examples::PipelinedLoop loop;
+  loop.request = &req;
+  loop.layout = &layout;
+  loop.feed = &feed;
+  loop.lr = &lr;
+  loop.per_epoch = per_epoch;
+  loop.total = total;
+  loop.checkpoints = checkpoints.get();
+  loop.on_minibatch = [&](const MinibatchStats& st, double sps) {
+    metrics.write({{"step", st.minibatch + 1}, {"loss", st.loss}, {"samples_per_s", sps}});
+    progress.update(static_cast<long>(st.minibatch + 1), st.loss, sps);
+  };
+  loop.on_epoch_end = [&](std::int64_t epoch, const TrainResult& r) {
     if (reporter) progress.finish();
-    const bool epoch_done = n == per_epoch || done >= total;
-    if (epoch_done) {
-      StageExecutor::Eval e = ex.evaluate(test_feed, test_loader.num_batches());
-      accuracy = e.accuracy;
-      metrics.write({{"epoch", epoch + 1}, {"test_accuracy", e.accuracy}, {"test_loss", e.loss},
-                     {"samples_per_s", static_cast<double>(n * o.batch) / r.seconds}});
-      if (reporter)
-        fmt::print("epoch {}: test loss {:.4f} test accuracy {:.4f}\n", epoch + 1, e.loss, e.accuracy);
-    }
+    StageExecutor::Eval e = ex.evaluate(test_feed, test_loader.num_batches());
+    accuracy = e.accuracy;
+    metrics.write({{"epoch", epoch + 1}, {"test_accuracy", e.accuracy}, {"test_loss", e.loss},
+                   {"samples_per_s", static_cast<double>(r.count) / std::max(r.seconds, 1e-9)}});
+    if (reporter)
+      fmt::print("epoch {}: test loss {:.4f} test accuracy {:.4f}\n", epoch + 1, e.loss, e.accuracy);
+  };
+  std::optional<Schedule> schedule;
+  const examples::RunProgress done = examples::train_pipelined(ex, comm, loop, start, schedule, train_s);
+  if (reporter) progress.finish();
+  if (done.preempted) {
+    if (comm.rank() == checkpoints->coordinator())
+      examples::announce_preemption(done, preemption_signal());
+    return 0;
   }
+  const std::int64_t samples = (done.position - start) * o.batch;
   if (reporter)
-    log_info("{} steps in {:.1f} s of training: {:.1f} samples/s through the pipeline", done,
-             train_s, static_cast<double>(samples) / std::max(train_s, 1e-9));
+    log_info("{} steps in {:.1f} s of training: {:.1f} samples/s through the pipeline",
+             done.position - start, train_s, static_cast<double>(samples) / std::max(train_s, 1e-9));
+  if (checkpoints && !done.checkpoint.empty())
+    log_info("checkpoint of step {} in '{}' (longest stall {:.1f} ms)", done.position,
+             done.checkpoint, checkpoints->max_stall_s() * 1e3);
   if (!o.save.empty()) {
     const std::string path = per_rank_path(o.save, comm.rank(), comm.size());
     save_parameters(path, zoo.model, ex.params(), ex.layers());
     log_info("saved stage {}'s parameters to {}", ex.stage(), path);
   }
-  examples::write_trace_if_asked(o.pipeline, comm, ex, *schedule);
+  if (schedule) examples::write_trace_if_asked(o.pipeline, comm, ex, *schedule);
   comm.barrier();
   if (reporter) fmt::print("test accuracy: {:.4f}\n", accuracy);
   return 0;
@@ -288,6 +310,7 @@ int main(int argc, char** argv) {
   app.add_option("--metrics", o.metrics, "write JSON-lines metrics here");
   app.add_option("--eval-batch", o.eval_batch, "batch size for evaluation")->check(CLI::Range(1, 65536));
   examples::add_pipeline_flags(app, o.pipeline);
+  examples::add_checkpoint_flags(app, o.checkpoints);
   return examples::run_main(
       argc, argv, app, o.pipeline, [&] { return run(o); },
       [&](Communicator& comm) { return run_pipelined(o, comm); });

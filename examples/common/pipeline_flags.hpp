@@ -85,6 +85,12 @@ inline bool stashes(const ScheduleRequest& request) {
   return request.csv.empty() && request.name.rfind("1f1b-stash", 0) == 0;
 }
 
+// The name of the schedule the run uses: --schedule, the CSV file's, or the plan's.
+inline std::string schedule_name(const PipelineFlags& flags, const Plan& plan) {
+  if (!flags.schedule_csv.empty()) return "csv:" + flags.schedule_csv;
+  return flags.schedule.empty() ? plan.schedule : flags.schedule;
+}
+
 // The schedule the flags ask for on the plan's layout; the plan gives the schedule's name unless
 // --schedule overrides it, and its warm-up depth.
 inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& plan,

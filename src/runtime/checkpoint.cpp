@@ -26,10 +26,10 @@ namespace pipeline {
 
 // --- manifest ----------------------------------------------------------------------------------
 
-nlohmann::json manifest_to_json(const CheckpointManifest& m) {
-  nlohmann::json shards = nlohmann::json::array();
+nlohmann::ordered_json manifest_to_json(const CheckpointManifest& m) {
+  nlohmann::ordered_json shards = nlohmann::ordered_json::array();
   for (auto& s : m.shards) {
-    nlohmann::json tensors = nlohmann::json::array();
+    nlohmann::ordered_json tensors = nlohmann::ordered_json::array();
     for (auto& t : s.tensors)
       tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape.dims()}});
     shards.push_back({{"file", s.file},
@@ -39,6 +39,7 @@ nlohmann::json manifest_to_json(const CheckpointManifest& m) {
                       {"crc32", s.crc32},
                       {"tensors", std::move(tensors)}});
   }
+  // The format first (DESIGN.md's convention), then the fields in the order a reader wants them.
   return {{"format", CheckpointManifest::kFormat},
           {"step", m.step},
           {"model", m.model},
@@ -48,7 +49,7 @@ nlohmann::json manifest_to_json(const CheckpointManifest& m) {
           {"seed", m.seed},
           {"batch_size", m.batch_size},
           {"weight_versions", m.weight_versions},
-          {"plan", m.plan},
+          {"plan", nlohmann::ordered_json::parse(m.plan.dump())},
           {"shards", std::move(shards)}};
 }
 
@@ -319,8 +320,8 @@ CheckpointShard write_shard(const std::string& dir, int stage, LayerRange r,
 
 CheckpointShard shard_from_json(const std::string& text) {
   // Reuses the manifest's checks by wrapping the record in a minimal manifest.
-  nlohmann::json shard = nlohmann::json::parse(text);
-  nlohmann::json m = {{"format", CheckpointManifest::kFormat},
+  nlohmann::ordered_json shard = nlohmann::ordered_json::parse(text);
+  nlohmann::ordered_json m = {{"format", CheckpointManifest::kFormat},
                       {"step", 0},
                       {"model", ""},
                       {"world_size", 1},
@@ -330,7 +331,7 @@ CheckpointShard shard_from_json(const std::string& text) {
                       {"batch_size", 1},
                       {"weight_versions", 1},
                       {"plan", nullptr},
-                      {"shards", nlohmann::json::array({shard})}};
+                      {"shards", nlohmann::ordered_json::array({shard})}};
   // A shard alone need not start at layer 0: shift it for the coverage check, then restore.
   const int begin = shard.at("layers")[0].get<int>();
   m["shards"][0]["layers"] = {0, shard.at("layers")[1].get<int>() - begin};

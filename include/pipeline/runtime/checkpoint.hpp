@@ -88,6 +88,7 @@ class Checkpointer {
   Checkpointer& operator=(const Checkpointer&) = delete;
 
   const CheckpointOptions& options() const { return m_options; }
+  int coordinator() const { return m_role.coordinator; }
   // Whether the regular cadence asks for a checkpoint after `step` steps.
   bool due(std::int64_t step) const { return m_options.every > 0 && step > 0 && step % m_options.every == 0; }
 

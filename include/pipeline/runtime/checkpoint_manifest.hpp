@@ -64,7 +64,7 @@ struct CheckpointManifest {
   std::vector<CheckpointShard> shards;
 };
 
-nlohmann::json manifest_to_json(const CheckpointManifest& manifest);
+nlohmann::ordered_json manifest_to_json(const CheckpointManifest& manifest);
 
 // Parses and validates a manifest (format, field types, shard layer ranges that cover the model's
 // layers once each). `origin` names the file in errors. ConfigError on anything malformed.

@@ -19,9 +19,10 @@ namespace pipeline {
 class MetricsWriter {
  public:
   MetricsWriter() = default;  // disabled: write() does nothing
-  explicit MetricsWriter(const std::string& path) {
+  // `append`: keep what the file holds (a resumed run continues its records).
+  explicit MetricsWriter(const std::string& path, bool append = false) {
     if (path.empty()) return;
-    m_file.reset(std::fopen(path.c_str(), "w"));
+    m_file.reset(std::fopen(path.c_str(), append ? "a" : "w"));
     PIPELINE_CHECK_AS(IoError, m_file != nullptr, "cannot open metrics file '{}' for writing: {}",
                       path, std::strerror(errno));
     m_path = path;

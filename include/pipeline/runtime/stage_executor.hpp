@@ -131,6 +131,7 @@ class StageExecutor {
   bool is_loss_rank() const { return is_last_stage() && m_replica == 0; }
   LayerRange layers() const { return m_layout.stages[m_stage]; }
   const PipelineLayout& layout() const { return m_layout; }
+  const Sequential& model() const { return *m_model; }
 
   // The latest weights of this stage's layers (params()[k] is layer layers().begin + k).
   ModelParams& params();

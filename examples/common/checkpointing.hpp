@@ -1,0 +1,253 @@
+// Checkpoints, resume and preemption for the example programs: the flags
+//   --checkpoint-dir DIR --checkpoint-every STEPS [--checkpoint-keep K] --resume DIR
+// and the training loops that honour them, one for a single process and one for a pipeline.
+//
+// A run's position is the global index of the next minibatch to train (minibatch j is batch
+// j % B of epoch j / B); the checkpoint of position p resumes at p with the same data, masks and
+// learning rate (checkpoint_manifest.hpp). Resuming from DIR with no checkpoint in it starts from
+// the beginning, so a job script may always pass --resume. New checkpoints go to --checkpoint-dir,
+// or to the --resume directory when only that is given.
+//
+// The pipelined loop trains in segments: a segment ends at each epoch's end, at each checkpoint
+// step and — when checkpoints are on and the schedule flushes — after every minibatch (a flush
+// schedule drains there anyway). Between segments no microbatch is in flight: checkpoints are
+// taken there, and the ranks agree there on a stop request (SIGTERM/SIGINT), so under a flush
+// schedule a request is honoured after the current minibatch; under 1f1b-stash, whose pipeline
+// only drains at segment ends, at the next checkpoint step or epoch end.
+#pragma once
+
+#include <pipeline/core/log.hpp>
+#include <pipeline/data/loader.hpp>
+#include <pipeline/optim/lr_schedule.hpp>
+#include <pipeline/plan/plan_json.hpp>
+#include <pipeline/runtime/checkpoint.hpp>
+#include <pipeline/runtime/pipeline_setup.hpp>
+#include <pipeline/runtime/preemption.hpp>
+#include <pipeline/runtime/sequential_trainer.hpp>
+#include <pipeline/runtime/stage_executor.hpp>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/fault_injection.hpp"
+#include "common/pipeline_flags.hpp"
+
+namespace pipeline::examples {
+
+struct CheckpointFlags {
+  std::string dir;
+  long every = 0;
+  int keep = 2;
+  std::string resume;
+
+  // Where new checkpoints go (empty: none are written).
+  std::string output_dir() const { return dir.empty() ? resume : dir; }
+  bool writes() const { return !output_dir().empty(); }
+};
+
+inline void add_checkpoint_flags(CLI::App& app, CheckpointFlags& flags) {
+  app.add_option("--checkpoint-dir", flags.dir,
+                 "write checkpoints (parameters, optimizer state, step) under this directory");
+  app.add_option("--checkpoint-every", flags.every,
+                 "steps between checkpoints (0: only at the end and when stopped by a signal)")
+      ->check(CLI::Range(0L, 1L << 40));
+  app.add_option("--checkpoint-keep", flags.keep, "complete checkpoints to keep")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--resume", flags.resume,
+                 "continue from the newest complete checkpoint in this directory (from the start "
+                 "when it has none)");
+}
+
+// The checkpoint to resume from, checked against the run; logs what it does.
+inline std::optional<Checkpoint> checkpoint_to_resume(const CheckpointFlags& flags,
+                                                      const CheckpointRunInfo& run, bool log) {
+  if (flags.resume.empty()) return std::nullopt;
+  std::optional<Checkpoint> c = find_latest_checkpoint(flags.resume);
+  if (!c) {
+    if (log) log_info("no checkpoint in '{}' yet: starting from step 0", flags.resume);
+    return std::nullopt;
+  }
+  check_resume_compatible(c->manifest, run);
+  if (log) {
+    log_info("resuming from '{}' at step {} (written by {} rank(s) under {})", c->path,
+             c->manifest.step, c->manifest.world_size, c->manifest.schedule);
+    if (c->manifest.world_size != run.world_size || c->manifest.plan != run.plan)
+      log_info("the checkpoint was written under another plan: every rank loads its own layers "
+               "from the shards that hold them");
+  }
+  return c;
+}
+
+// Where a run stands between steps: `position` is the next minibatch's global index.
+struct RunProgress {
+  std::int64_t position = 0;
+  bool preempted = false;
+  std::string checkpoint;  // the last checkpoint completed (coordinator only)
+};
+
+inline void announce_preemption(const RunProgress& p, int signal) {
+  fmt::print("stopped by signal {} after step {}: checkpoint '{}' written; continue with --resume\n",
+             signal, p.position, p.checkpoint);
+  std::fflush(stdout);
+}
+
+// The single-process loop: steps `trainer` from `start` to `total`; `on_step(step, result, dt)`
+// after each step (step counts from 1) and `on_epoch_end(epoch)` when an epoch's last batch is
+// done. Checkpoints when due and when a stop is requested (then returns with preempted set).
+inline RunProgress train_single(SequentialTrainer& trainer, const Sequential& model,
+                                const DataLoader& loader, const LrSchedule& lr, std::int64_t start,
+                                std::int64_t total, Checkpointer* checkpoints,
+                                const std::function<void(std::int64_t, const StepResult&, double)>& on_step,
+                                const std::function<void(std::int64_t)>& on_epoch_end = {}) {
+  using Clock = std::chrono::steady_clock;
+  const std::int64_t per_epoch = loader.num_batches();
+  RunProgress p{start};
+  auto checkpoint = [&] {
+    checkpoints->save(p.position, model, trainer.params(), trainer.optimizer());
+    p.checkpoint = checkpoints->finish();
+  };
+  while (p.position < total) {
+    const std::int64_t epoch = p.position / per_epoch;
+    const DataLoader::Epoch order = loader.epoch(epoch);
+    for (DataLoader::Epoch::Iterator it(&order, p.position % per_epoch); it != order.end(); ++it) {
+      if (p.position >= total) break;
+      const auto t0 = Clock::now();
+      StepResult r = trainer.step(*it, lr.lr_at(p.position));
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      ++p.position;
+      if (on_step) on_step(p.position, r, dt);
+      if (checkpoints) {
+        if (checkpoints->due(p.position)) checkpoints->save(p.position, model, trainer.params(), trainer.optimizer());
+        checkpoints->poll();
+        if (preemption_requested()) {
+          if (checkpoints->last_saved_step() != p.position) checkpoint();
+          p.checkpoint = checkpoints->finish();
+          p.preempted = true;
+          return p;
+        }
+      }
+    }
+    if (p.position % per_epoch == 0 && on_epoch_end) on_epoch_end(p.position / per_epoch - 1);
+  }
+  if (checkpoints) {
+    if (checkpoints->last_saved_step() != p.position) checkpoint();
+    p.checkpoint = checkpoints->finish();
+  }
+  return p;
+}
+
+// What the pipelined loop needs besides the executor.
+struct PipelinedLoop {
+  const ScheduleRequest* request = nullptr;
+  const PipelineLayout* layout = nullptr;
+  const MinibatchFeed* feed = nullptr;
+  const LrSchedule* lr = nullptr;
+  std::int64_t per_epoch = 0;  // minibatches in an epoch of the loader
+  std::int64_t total = 0;      // the run ends before minibatch `total`
+  Checkpointer* checkpoints = nullptr;
+  std::function<void(const MinibatchStats&, double samples_per_s)> on_minibatch;
+  std::function<void(std::int64_t epoch, const TrainResult&)> on_epoch_end;
+};
+
+// The pipelined loop from `start`; returns where it stopped. The last schedule run is kept in
+// `last_schedule` (for traces). Every rank calls it with the same arguments.
+inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const PipelinedLoop& loop,
+                                   std::int64_t start, std::optional<Schedule>& last_schedule,
+                                   double& train_seconds) {
+  using Clock = std::chrono::steady_clock;
+  const ScheduleRequest& req = *loop.request;
+  const int g = minibatch_granularity(req.name, *loop.layout);
+  // Minibatches of an epoch that can be dealt to the replicas; the rest of the epoch is skipped.
+  const std::int64_t usable = loop.per_epoch - loop.per_epoch % g;
+  PIPELINE_CHECK_AS(ConfigError, usable > 0,
+                    "an epoch of {} minibatches cannot be dealt to the stage replicas of this plan "
+                    "(a multiple of {} is needed): use a smaller --batch",
+                    loop.per_epoch, g);
+  Checkpointer* ckpt = loop.checkpoints;
+  PIPELINE_CHECK_AS(ConfigError, !ckpt || ckpt->options().every % g == 0,
+                    "--checkpoint-every {} must be a multiple of {} for this plan (its stage "
+                    "replicas take minibatches in groups of {})",
+                    ckpt ? ckpt->options().every : 0, g, g);
+  const bool flush = req.csv.empty() && !stashes(req);
+  const std::int64_t every = ckpt && ckpt->options().every > 0 ? ckpt->options().every
+                                                               : std::numeric_limits<std::int64_t>::max();
+
+  RunProgress p{start};
+  auto skip_epoch_tail = [&] {
+    if (p.position % loop.per_epoch >= usable) p.position += loop.per_epoch - p.position % loop.per_epoch;
+  };
+  auto checkpoint = [&] {
+    ckpt->save(p.position, ex.model(), ex.params(), ex.optimizer());
+  };
+  skip_epoch_tail();
+  while (p.position < loop.total) {
+    const std::int64_t epoch_begin = p.position / loop.per_epoch * loop.per_epoch;
+    std::int64_t end = std::min(loop.total, epoch_begin + usable);
+    if (every != std::numeric_limits<std::int64_t>::max()) end = std::min(end, (p.position / every + 1) * every);
+    if (ckpt && flush) end = std::min(end, p.position + g);
+    std::int64_t n = end - p.position;
+    n -= n % g;
+    if (!req.csv.empty()) {
+      // A hand-written schedule has its own length: the run proceeds in whole copies of it.
+      if (!last_schedule) last_schedule = make_schedule(req, *loop.layout, 0);
+      n = last_schedule->minibatches;
+      if (p.position + n > loop.total) break;
+    } else {
+      PIPELINE_CHECK_AS(ConfigError, n > 0 || p.position > start,
+                        "{} steps cannot be dealt to the stage replicas of this plan: use a "
+                        "multiple of {}",
+                        loop.total - start, g);
+      if (n <= 0) break;  // the run's last minibatches cannot be dealt to the replicas
+      if (!last_schedule || last_schedule->minibatches != n)
+        last_schedule = make_schedule(req, *loop.layout, static_cast<int>(n));
+    }
+    PIPELINE_CHECK_AS(ConfigError, loop.feed->size(p.position) >= last_schedule->microbatches,
+                      "a minibatch of {} samples cannot be cut into {} microbatches",
+                      loop.feed->size(p.position), last_schedule->microbatches);
+    const auto t0 = Clock::now();
+    std::int64_t seen = 0;
+    TrainResult r = ex.train(
+        *last_schedule, *loop.feed, p.position,
+        [&](std::int64_t step) {
+          fault_injection_point(comm.rank(), step);  // testing only; see the header
+          if (ckpt) ckpt->poll();
+          return loop.lr->lr_at(step);
+        },
+        [&](const MinibatchStats& st) {
+          seen += st.count;
+          const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+          if (loop.on_minibatch) loop.on_minibatch(st, static_cast<double>(seen) / std::max(s, 1e-9));
+        });
+    train_seconds += r.seconds;
+    p.position += n;
+    const bool epoch_done = p.position == epoch_begin + usable || p.position >= loop.total;
+    if (epoch_done && loop.on_epoch_end) loop.on_epoch_end(epoch_begin / loop.per_epoch, r);
+    skip_epoch_tail();
+    if (!ckpt) continue;
+    if (ckpt->due(p.position)) checkpoint();
+    ckpt->poll();
+    if (preemption_agreed(comm)) {
+      if (ckpt->last_saved_step() != p.position) checkpoint();
+      p.checkpoint = ckpt->finish();
+      p.preempted = true;
+      return p;
+    }
+  }
+  if (ckpt) {
+    if (ckpt->last_saved_step() != p.position) checkpoint();
+    p.checkpoint = ckpt->finish();
+  }
+  return p;
+}
+
+}  // namespace pipeline::examples

@@ -1,0 +1,36 @@
+// Preemption: SIGTERM or SIGINT — what a batch scheduler or a cloud sends before it takes the
+// machines back — asks a run to finish its current step, write a checkpoint and exit.
+//
+// catch_preemption_signals() installs handlers for both. The first signal only sets a flag (and
+// writes one line saying so); the training loop reads it between steps. A pipelined run must
+// stop every rank after the same step, so its ranks agree on the flag at segment boundaries
+// (preemption_agreed, a one-number allreduce). A second signal ends the process at once, through
+// the handler that was installed before (the "where was this rank" report of MPI programs) or
+// the default action.
+//
+// Under mpirun, a signal to mpirun reaches the ranks only after mpirun's grace period
+// (`--mca odls_base_sigkill_timeout SECONDS`, 1 s by default) and SIGKILL follows one more period
+// later: give the job a period longer than a step plus a checkpoint. Signals sent to the ranks
+// themselves (as schedulers do to every process of a job) act at once.
+#pragma once
+
+#include <pipeline/comm/communicator.hpp>
+
+namespace pipeline {
+
+// Installs the SIGTERM and SIGINT handlers (again: no effect).
+void catch_preemption_signals();
+
+// Whether this process has received SIGTERM or SIGINT since the handlers were installed.
+bool preemption_requested();
+
+// The signal received (SIGTERM or SIGINT), 0 when none.
+int preemption_signal();
+
+// Whether any rank of `comm` has been asked to stop. Collective over the world group.
+bool preemption_agreed(Communicator& comm);
+
+// For tests: forgets a received signal.
+void reset_preemption_request();
+
+}  // namespace pipeline
