@@ -24,8 +24,8 @@
 #include <pipeline/runtime/pipeline_setup.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -68,7 +68,8 @@ struct Options {
 
 std::unique_ptr<Optimizer> make_optimizer(const Options& o) {
   if (o.optimizer == "sgd")
-    return std::make_unique<Sgd>(SgdOptions{.momentum = o.momentum, .weight_decay = o.weight_decay});
+    return std::make_unique<Sgd>(
+        SgdOptions{.momentum = o.momentum, .weight_decay = o.weight_decay});
   return std::make_unique<AdamW>(AdamWOptions{.weight_decay = o.weight_decay});
 }
 
@@ -83,20 +84,8 @@ ZooModel image_model(const Options& o) {
 }
 
 DataLoader train_loader(const Options& o, const FashionMnist& train) {
-  return DataLoader(train, {.batch_size = o.batch, .shuffle = !o.no_shuffle, .drop_last = true,
-                            .seed = o.seed});
-}
-
-// What the run records in its checkpoints and checks on resume.
-CheckpointRunInfo run_info(const Options& o, const Optimizer& optimizer, int world_size,
-                           const Plan* plan) {
-  return {.model = o.model,
-          .schedule = plan ? examples::schedule_name(o.pipeline, *plan) : "sequential",
-          .optimizer = optimizer.kind(),
-          .seed = o.seed,
-          .batch_size = o.batch,
-          .world_size = world_size,
-          .plan = plan ? plan_to_json(*plan) : nlohmann::json()};
+  return DataLoader(
+      train, {.batch_size = o.batch, .shuffle = !o.no_shuffle, .drop_last = true, .seed = o.seed});
 }
 
 int run(const Options& o) {
@@ -112,19 +101,12 @@ int run(const Options& o) {
     log_info("loaded parameters from {}", o.load);
   }
   SequentialTrainer trainer(zoo.model, std::move(params), make_optimizer(o), o.seed, o.clip_grad);
-  const CheckpointRunInfo info = run_info(o, trainer.optimizer(), 1, nullptr);
-  std::int64_t start = 0;
-  if (auto c = examples::checkpoint_to_resume(o.checkpoints, info, true)) {
-    restore_stage(*c, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
-    start = c->manifest.step;
-  }
-  std::unique_ptr<Checkpointer> checkpoints;
-  if (o.checkpoints.writes()) {
-    checkpoints = std::make_unique<Checkpointer>(
-        CheckpointOptions{o.checkpoints.output_dir(), o.checkpoints.every, o.checkpoints.keep}, info,
-        CheckpointRole::single(zoo.model), nullptr);
-    catch_preemption_signals();
-  }
+  const CheckpointRunInfo info = examples::checkpoint_run_info(o.model, trainer.optimizer(), o.seed,
+                                                               o.batch, 1, o.pipeline, nullptr);
+  const std::int64_t start = examples::resume_if_asked(
+      o.checkpoints, info, true, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
+  const auto checkpoints =
+      examples::make_checkpointer(o.checkpoints, info, CheckpointRole::single(zoo.model), nullptr);
   const DataLoader loader = train_loader(o, train);
   const long per_epoch = static_cast<long>(loader.num_batches());
   const long total = o.steps > 0 ? o.steps : per_epoch * o.epochs;
@@ -195,31 +177,22 @@ int run_pipelined(const Options& o, Communicator& comm) {
   const DataLoader loader = train_loader(o, train);
   const long per_epoch = static_cast<long>(loader.num_batches());
   const long total = o.steps > 0 ? o.steps : per_epoch * o.epochs;
-  PIPELINE_CHECK_AS(ConfigError, o.batch >= req.microbatches,
-                    "a minibatch of {} samples cannot be cut into {} microbatches", o.batch,
-                    req.microbatches);
 
   StageExecutor ex(zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
                    examples::executor_options(o.pipeline, o.seed, o.clip_grad));
   if (!o.load.empty()) load_parameters(o.load, zoo.model, ex.params(), ex.layers());
-  const CheckpointRunInfo info = run_info(o, ex.optimizer(), comm.size(), &plan);
-  std::int64_t start = 0;
-  if (auto c = examples::checkpoint_to_resume(o.checkpoints, info, comm.rank() == 0)) {
-    restore_stage(*c, zoo.model, ex.layers(), ex.params(), ex.optimizer());
-    start = c->manifest.step;
-  }
-  std::unique_ptr<Checkpointer> checkpoints;
-  if (o.checkpoints.writes()) {
-    checkpoints = std::make_unique<Checkpointer>(
-        CheckpointOptions{o.checkpoints.output_dir(), o.checkpoints.every, o.checkpoints.keep}, info,
-        CheckpointRole::for_layout(layout, comm.rank()), &comm);
-    catch_preemption_signals();
-  }
+  const CheckpointRunInfo info = examples::checkpoint_run_info(
+      o.model, ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline, &plan);
+  const std::int64_t start = examples::resume_if_asked(
+      o.checkpoints, info, comm.rank() == 0, zoo.model, ex.layers(), ex.params(), ex.optimizer());
+  const auto checkpoints = examples::make_checkpointer(
+      o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm);
   if (comm.rank() == 0)
-    log_info("{}: {} stages on {} ranks, schedule {} ({} microbatch(es) per minibatch of {}), {} "
-             "threads per rank",
-             o.model, layout.num_stages(), comm.size(), info.schedule, req.microbatches, o.batch,
-             num_threads());
+    log_info(
+        "{}: {} stages on {} ranks, schedule {} ({} microbatch(es) per minibatch of {}), {} "
+        "threads per rank",
+        o.model, layout.num_stages(), comm.size(), info.schedule, req.microbatches, o.batch,
+        num_threads());
 
   const MinibatchFeed feed = examples::training_feed(loader);
   const DataLoader test_loader(test, {.batch_size = o.eval_batch, .shuffle = false});
@@ -247,13 +220,17 @@ int run_pipelined(const Options& o, Communicator& comm) {
     if (reporter) progress.finish();
     StageExecutor::Eval e = ex.evaluate(test_feed, test_loader.num_batches());
     accuracy = e.accuracy;
-    metrics.write({{"epoch", epoch + 1}, {"test_accuracy", e.accuracy}, {"test_loss", e.loss},
+    metrics.write({{"epoch", epoch + 1},
+                   {"test_accuracy", e.accuracy},
+                   {"test_loss", e.loss},
                    {"samples_per_s", static_cast<double>(r.count) / std::max(r.seconds, 1e-9)}});
     if (reporter)
-      fmt::print("epoch {}: test loss {:.4f} test accuracy {:.4f}\n", epoch + 1, e.loss, e.accuracy);
+      fmt::print("epoch {}: test loss {:.4f} test accuracy {:.4f}\n", epoch + 1, e.loss,
+                 e.accuracy);
   };
   std::optional<Schedule> schedule;
-  const examples::RunProgress done = examples::train_pipelined(ex, comm, loop, start, schedule, train_s);
+  const examples::RunProgress done =
+      examples::train_pipelined(ex, comm, loop, start, schedule, train_s);
   if (reporter) progress.finish();
   if (done.preempted) {
     if (comm.rank() == checkpoints->coordinator())
@@ -263,7 +240,8 @@ int run_pipelined(const Options& o, Communicator& comm) {
   const std::int64_t samples = (done.position - start) * o.batch;
   if (reporter)
     log_info("{} steps in {:.1f} s of training: {:.1f} samples/s through the pipeline",
-             done.position - start, train_s, static_cast<double>(samples) / std::max(train_s, 1e-9));
+             done.position - start, train_s,
+             static_cast<double>(samples) / std::max(train_s, 1e-9));
   if (checkpoints && !done.checkpoint.empty())
     log_info("checkpoint of step {} in '{}' (longest stall {:.1f} ms)", done.position,
              done.checkpoint, checkpoints->max_stall_s() * 1e3);
@@ -286,29 +264,38 @@ int main(int argc, char** argv) {
   const CLI::Validator positive = examples::positive_number();
   app.add_option("--model", o.model, "zoo model: fashion-cnn or mlp")->capture_default_str();
   app.add_option("--epochs", o.epochs, "passes over the training set")
-      ->check(CLI::Range(1, 1000))->capture_default_str();
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   app.add_option("--steps", o.steps, "stop after this many optimizer steps (0: whole epochs)")
       ->check(CLI::Range(0L, 1L << 40));
-  app.add_option("--batch", o.batch, "minibatch size")->check(CLI::Range(1, 65536))->capture_default_str();
+  app.add_option("--batch", o.batch, "minibatch size")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   app.add_option("--lr", o.lr, "learning rate")->check(positive)->capture_default_str();
   app.add_option("--lr-schedule", o.lr_schedule,
                  "constant, step:<every>:<gamma>, cosine[:<steps>[:<min>]], warmup:<n>+<schedule>")
       ->capture_default_str();
   app.add_option("--optimizer", o.optimizer, "sgd or adamw")
-      ->check(CLI::IsMember({"sgd", "adamw"}))->capture_default_str();
-  app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.f, 0.999f))->capture_default_str();
+      ->check(CLI::IsMember({"sgd", "adamw"}))
+      ->capture_default_str();
+  app.add_option("--momentum", o.momentum, "SGD momentum")
+      ->check(CLI::Range(0.f, 0.999f))
+      ->capture_default_str();
   app.add_option("--weight-decay", o.weight_decay, "weight decay")->check(CLI::Range(0.f, 1.f));
   app.add_option("--clip-grad", o.clip_grad, "clip the global gradient norm to this (0: off)")
       ->check(CLI::Range(0.f, 1e9f));
-  app.add_option("--seed", o.seed, "seed of initial weights, shuffling and dropout")->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of initial weights, shuffling and dropout")
+      ->capture_default_str();
   app.add_flag("--no-shuffle", o.no_shuffle, "visit the training set in file order");
   app.add_option("--threads", o.threads, "CPU threads (default: cores / ranks on this host)")
       ->check(CLI::Range(1, 1024));
-  app.add_option("--data", o.data, "directory with the Fashion-MNIST IDX files")->capture_default_str();
+  app.add_option("--data", o.data, "directory with the Fashion-MNIST IDX files")
+      ->capture_default_str();
   app.add_option("--load", o.load, "initial parameters (safetensors)");
   app.add_option("--save", o.save, "write the trained parameters here (safetensors)");
   app.add_option("--metrics", o.metrics, "write JSON-lines metrics here");
-  app.add_option("--eval-batch", o.eval_batch, "batch size for evaluation")->check(CLI::Range(1, 65536));
+  app.add_option("--eval-batch", o.eval_batch, "batch size for evaluation")
+      ->check(CLI::Range(1, 65536));
   examples::add_pipeline_flags(app, o.pipeline);
   examples::add_checkpoint_flags(app, o.checkpoints);
   return examples::run_main(

@@ -20,12 +20,16 @@
 #include <pipeline/runtime/pipeline_setup.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
+#include <optional>
 
+#include "common/checkpointing.hpp"
 #include "common/feeds.hpp"
 #include "common/pipeline_flags.hpp"
 #include "common/run_main.hpp"
@@ -48,6 +52,7 @@ struct Options {
   std::int64_t seq_len = 64, dim = 64, heads = 4, blocks = 2;
   std::string metrics;
   examples::PipelineFlags pipeline;
+  examples::CheckpointFlags checkpoints;
 };
 
 ZooModel model_for(const Options& o) {
@@ -72,34 +77,49 @@ TextDataset validation_text(const Options& o) {
 }
 
 DataLoader train_loader(const Options& o, const TextDataset& train) {
-  return DataLoader(train, {.batch_size = o.batch, .shuffle = true, .drop_last = true, .seed = o.seed});
+  return DataLoader(train,
+                    {.batch_size = o.batch, .shuffle = true, .drop_last = true, .seed = o.seed});
 }
 
 void report(double loss_per_byte) {
-  fmt::print("validation loss: {:.4f} perplexity: {:.2f}\n", loss_per_byte, std::exp(loss_per_byte));
+  fmt::print("validation loss: {:.4f} perplexity: {:.2f}\n", loss_per_byte,
+             std::exp(loss_per_byte));
 }
 
 int run_single(const Options& o) {
   set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
   ZooModel zoo = model_for(o);
   const TextDataset train = train_text(o), valid = validation_text(o);
-  SequentialTrainer trainer(zoo.model, zoo.model.init(o.seed), make_optimizer(o), o.seed, o.clip_grad);
+  SequentialTrainer trainer(zoo.model, zoo.model.init(o.seed), make_optimizer(o), o.seed,
+                            o.clip_grad);
+  const CheckpointRunInfo info = examples::checkpoint_run_info(
+      "transformer-lm", trainer.optimizer(), o.seed, o.batch, 1, o.pipeline, nullptr);
+  const std::int64_t start = examples::resume_if_asked(
+      o.checkpoints, info, true, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
+  const auto checkpoints =
+      examples::make_checkpointer(o.checkpoints, info, CheckpointRole::single(zoo.model), nullptr);
   const DataLoader loader = train_loader(o, train);
   const LrSchedule lr = LrSchedule::parse(o.lr_schedule, o.lr, o.steps);
-  MetricsWriter metrics(o.metrics);
-  long step = 0;
+  MetricsWriter metrics(o.metrics, start > 0);
   const auto t0 = Clock::now();
-  for (int epoch = 0; step < o.steps; ++epoch)
-    for (const Batch& b : loader.epoch(epoch)) {
-      if (step >= o.steps) break;
-      StepResult r = trainer.step(b, lr.lr_at(step));
-      ++step;
-      const double per_byte = r.loss / static_cast<double>(o.seq_len);
-      metrics.write({{"step", step}, {"loss", per_byte}});
-      if (step % 50 == 0 || step == o.steps) fmt::print("step {}/{} loss {:.4f}\n", step, o.steps, per_byte);
-    }
+  const examples::RunProgress done =
+      examples::train_single(trainer, zoo.model, loader, lr, start, o.steps, checkpoints.get(),
+                             [&](std::int64_t step, const StepResult& r, double) {
+                               const double per_byte = r.loss / static_cast<double>(o.seq_len);
+                               metrics.write({{"step", step}, {"loss", per_byte}});
+                               if (step % 50 == 0 || step == o.steps)
+                                 fmt::print("step {}/{} loss {:.4f}\n", step, o.steps, per_byte);
+                             });
+  if (done.preempted) {
+    examples::announce_preemption(done, preemption_signal());
+    return 0;
+  }
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  log_info("{} steps in {:.1f} s ({:.0f} samples/s)", step, s, step * o.batch / s);
+  log_info("{} steps in {:.1f} s ({:.0f} samples/s)", done.position - start, s,
+           static_cast<double>((done.position - start) * o.batch) / s);
+  if (checkpoints)
+    log_info("checkpoint of step {} in '{}' (longest stall {:.1f} ms)", done.position,
+             done.checkpoint, checkpoints->max_stall_s() * 1e3);
   EvalResult e = trainer.evaluate(valid, 64);
   metrics.write({{"validation_loss", e.loss}, {"perplexity", std::exp(e.loss)}});
   report(e.loss);
@@ -111,36 +131,63 @@ int run_pipelined(const Options& o, Communicator& comm) {
   ZooModel zoo = model_for(o);
   const TextDataset train = train_text(o), valid = validation_text(o);
   const Plan plan = examples::plan_for_job(o.pipeline, zoo, comm, o.batch);
-  if (o.pipeline.plan.empty() && comm.rank() == 0) fmt::print("plan: {}\n", plan_to_json(plan).dump());
+  if (o.pipeline.plan.empty() && comm.rank() == 0)
+    fmt::print("plan: {}\n", plan_to_json(plan).dump());
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
   const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout);
   const int g = minibatch_granularity(req.name, layout);
   const long steps = o.steps - o.steps % g;
-  PIPELINE_CHECK_AS(ConfigError, steps > 0, "--steps {} is below the {} replicas to deal to", o.steps, g);
-  Schedule schedule = make_schedule(req, layout, static_cast<int>(steps));
+  PIPELINE_CHECK_AS(ConfigError, steps > 0, "--steps {} is below the {} replicas to deal to",
+                    o.steps, g);
 
   // --clip-grad is documented as ignored by 1f1b-stash, whose stages step at their own pace.
-  StageExecutor ex(zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
-                   examples::executor_options(o.pipeline, o.seed,
-                                              examples::stashes(req) ? 0.f : o.clip_grad));
+  StageExecutor ex(
+      zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
+      examples::executor_options(o.pipeline, o.seed, examples::stashes(req) ? 0.f : o.clip_grad));
+  const CheckpointRunInfo info = examples::checkpoint_run_info(
+      "transformer-lm", ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline, &plan);
+  const std::int64_t start = examples::resume_if_asked(
+      o.checkpoints, info, comm.rank() == 0, zoo.model, ex.layers(), ex.params(), ex.optimizer());
+  const auto checkpoints = examples::make_checkpointer(
+      o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm);
   const DataLoader loader = train_loader(o, train);
   const LrSchedule lr = LrSchedule::parse(o.lr_schedule, o.lr, steps);
-  MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string());
+  MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string(), start > 0);
   const MinibatchFeed feed = examples::training_feed(loader);
-  TrainResult r = ex.train(schedule, feed, 0, [&](std::int64_t s) { return lr.lr_at(s); },
-                           [&](const MinibatchStats& st) {
-                             const double per_byte = st.loss / static_cast<double>(o.seq_len);
-                             metrics.write({{"step", st.minibatch + 1}, {"loss", per_byte}});
-                             if ((st.minibatch + 1) % 50 == 0 || st.minibatch + 1 == steps)
-                               fmt::print("step {}/{} loss {:.4f}\n", st.minibatch + 1, steps, per_byte);
-                           });
+  examples::PipelinedLoop loop;
+  loop.request = &req;
+  loop.layout = &layout;
+  loop.feed = &feed;
+  loop.lr = &lr;
+  loop.per_epoch = loader.num_batches();
+  loop.total = steps;
+  loop.checkpoints = checkpoints.get();
+  loop.on_minibatch = [&](const MinibatchStats& st, double) {
+    const double per_byte = st.loss / static_cast<double>(o.seq_len);
+    metrics.write({{"step", st.minibatch + 1}, {"loss", per_byte}});
+    if ((st.minibatch + 1) % 50 == 0 || st.minibatch + 1 == steps)
+      fmt::print("step {}/{} loss {:.4f}\n", st.minibatch + 1, steps, per_byte);
+  };
+  std::optional<Schedule> schedule;
+  double train_s = 0;
+  const examples::RunProgress done =
+      examples::train_pipelined(ex, comm, loop, start, schedule, train_s);
+  if (done.preempted) {
+    if (comm.rank() == checkpoints->coordinator())
+      examples::announce_preemption(done, preemption_signal());
+    return 0;
+  }
   if (ex.is_loss_rank())
-    log_info("{} steps in {:.1f} s ({:.0f} samples/s through the pipeline)", steps, r.seconds,
-             static_cast<double>(steps * o.batch) / r.seconds);
+    log_info("{} steps in {:.1f} s ({:.0f} samples/s through the pipeline)", done.position - start,
+             train_s,
+             static_cast<double>((done.position - start) * o.batch) / std::max(train_s, 1e-9));
+  if (checkpoints && !done.checkpoint.empty())
+    log_info("checkpoint of step {} in '{}' (longest stall {:.1f} ms)", done.position,
+             done.checkpoint, checkpoints->max_stall_s() * 1e3);
   const DataLoader vloader(valid, {.batch_size = 64, .shuffle = false});
   StageExecutor::Eval e = ex.evaluate(examples::evaluation_feed(vloader), vloader.num_batches());
   metrics.write({{"validation_loss", e.loss}, {"perplexity", std::exp(e.loss)}});
-  examples::write_trace_if_asked(o.pipeline, comm, ex, schedule);
+  if (schedule) examples::write_trace_if_asked(o.pipeline, comm, ex, *schedule);
   comm.barrier();
   if (ex.is_loss_rank()) report(e.loss);
   return 0;
@@ -152,22 +199,41 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Train the byte-level transformer-lm on a text file; report loss and perplexity"};
   app.add_option("--text", o.text, "training text (a tenth at the end is held out)")
-      ->check(CLI::ExistingFile)->capture_default_str();
-  app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::Range(1L, 1L << 30))->capture_default_str();
-  app.add_option("--batch", o.batch, "sequences per minibatch")->check(CLI::Range(1, 65536))->capture_default_str();
-  app.add_option("--lr", o.lr, "peak learning rate (AdamW)")->check(CLI::Range(1e-8f, 10.f))->capture_default_str();
-  app.add_option("--lr-schedule", o.lr_schedule, "learning-rate schedule (lr_schedule.hpp)")->capture_default_str();
-  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->check(CLI::Range(0.f, 1.f));
-  app.add_option("--clip-grad", o.clip_grad, "global gradient-norm clip (0: off; ignored by 1f1b-stash)")
+      ->check(CLI::ExistingFile)
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps")
+      ->check(CLI::Range(1L, 1L << 30))
+      ->capture_default_str();
+  app.add_option("--batch", o.batch, "sequences per minibatch")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  app.add_option("--lr", o.lr, "peak learning rate (AdamW)")
+      ->check(CLI::Range(1e-8f, 10.f))
+      ->capture_default_str();
+  app.add_option("--lr-schedule", o.lr_schedule, "learning-rate schedule (lr_schedule.hpp)")
+      ->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")
+      ->check(CLI::Range(0.f, 1.f));
+  app.add_option("--clip-grad", o.clip_grad,
+                 "global gradient-norm clip (0: off; ignored by 1f1b-stash)")
       ->check(CLI::Range(0.f, 1e9f));
   app.add_option("--seed", o.seed, "seed of weights, shuffling and dropout")->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads per rank")->check(CLI::Range(1, 1024));
-  app.add_option("--seq-len", o.seq_len, "context length in bytes")->check(CLI::Range(2L, 4096L))->capture_default_str();
-  app.add_option("--dim", o.dim, "model width")->check(CLI::Range(4L, 8192L))->capture_default_str();
-  app.add_option("--heads", o.heads, "attention heads")->check(CLI::Range(1L, 256L))->capture_default_str();
-  app.add_option("--blocks", o.blocks, "transformer blocks")->check(CLI::Range(1L, 256L))->capture_default_str();
+  app.add_option("--seq-len", o.seq_len, "context length in bytes")
+      ->check(CLI::Range(2L, 4096L))
+      ->capture_default_str();
+  app.add_option("--dim", o.dim, "model width")
+      ->check(CLI::Range(4L, 8192L))
+      ->capture_default_str();
+  app.add_option("--heads", o.heads, "attention heads")
+      ->check(CLI::Range(1L, 256L))
+      ->capture_default_str();
+  app.add_option("--blocks", o.blocks, "transformer blocks")
+      ->check(CLI::Range(1L, 256L))
+      ->capture_default_str();
   app.add_option("--metrics", o.metrics, "write JSON-lines metrics here");
   examples::add_pipeline_flags(app, o.pipeline);
+  examples::add_checkpoint_flags(app, o.checkpoints);
   return examples::run_main(
       argc, argv, app, o.pipeline, [&] { return run_single(o); },
       [&](Communicator& comm) { return run_pipelined(o, comm); });

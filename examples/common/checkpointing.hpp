@@ -26,8 +26,8 @@
 #include <pipeline/runtime/sequential_trainer.hpp>
 #include <pipeline/runtime/stage_executor.hpp>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -68,6 +68,20 @@ inline void add_checkpoint_flags(CLI::App& app, CheckpointFlags& flags) {
                  "when it has none)");
 }
 
+// What a run records in its checkpoints and checks on resume; `plan` is null for one process.
+inline CheckpointRunInfo checkpoint_run_info(const std::string& model, const Optimizer& optimizer,
+                                             std::uint64_t seed, std::int64_t batch_size,
+                                             int world_size, const PipelineFlags& flags,
+                                             const Plan* plan) {
+  return {.model = model,
+          .schedule = plan ? schedule_name(flags, *plan) : "sequential",
+          .optimizer = optimizer.kind(),
+          .seed = seed,
+          .batch_size = batch_size,
+          .world_size = world_size,
+          .plan = plan ? plan_to_json(*plan) : nlohmann::json()};
+}
+
 // The checkpoint to resume from, checked against the run; logs what it does.
 inline std::optional<Checkpoint> checkpoint_to_resume(const CheckpointFlags& flags,
                                                       const CheckpointRunInfo& run, bool log) {
@@ -82,9 +96,33 @@ inline std::optional<Checkpoint> checkpoint_to_resume(const CheckpointFlags& fla
     log_info("resuming from '{}' at step {} (written by {} rank(s) under {})", c->path,
              c->manifest.step, c->manifest.world_size, c->manifest.schedule);
     if (c->manifest.world_size != run.world_size || c->manifest.plan != run.plan)
-      log_info("the checkpoint was written under another plan: every rank loads its own layers "
-               "from the shards that hold them");
+      log_info(
+          "the checkpoint was written under another plan: every rank loads its own layers "
+          "from the shards that hold them");
   }
+  return c;
+}
+
+// Restores layers `r` (params, optimizer) from the checkpoint --resume names, if any; returns
+// the step the run starts from.
+inline std::int64_t resume_if_asked(const CheckpointFlags& flags, const CheckpointRunInfo& run,
+                                    bool log, const Sequential& model, LayerRange r,
+                                    ModelParams& params, Optimizer& optimizer) {
+  const std::optional<Checkpoint> c = checkpoint_to_resume(flags, run, log);
+  if (!c) return 0;
+  restore_stage(*c, model, r, params, optimizer);
+  return c->manifest.step;
+}
+
+// The run's checkpoint writer (null without --checkpoint-dir or --resume), with SIGTERM/SIGINT
+// turned into stop requests. Collective.
+inline std::unique_ptr<Checkpointer> make_checkpointer(const CheckpointFlags& flags,
+                                                       const CheckpointRunInfo& run,
+                                                       CheckpointRole role, Communicator* comm) {
+  if (!flags.writes()) return nullptr;
+  auto c = std::make_unique<Checkpointer>(
+      CheckpointOptions{flags.output_dir(), flags.every, flags.keep}, run, std::move(role), comm);
+  catch_preemption_signals();
   return c;
 }
 
@@ -96,19 +134,20 @@ struct RunProgress {
 };
 
 inline void announce_preemption(const RunProgress& p, int signal) {
-  fmt::print("stopped by signal {} after step {}: checkpoint '{}' written; continue with --resume\n",
-             signal, p.position, p.checkpoint);
+  fmt::print(
+      "stopped by signal {} after step {}: checkpoint '{}' written; continue with --resume\n",
+      signal, p.position, p.checkpoint);
   std::fflush(stdout);
 }
 
 // The single-process loop: steps `trainer` from `start` to `total`; `on_step(step, result, dt)`
 // after each step (step counts from 1) and `on_epoch_end(epoch)` when an epoch's last batch is
 // done. Checkpoints when due and when a stop is requested (then returns with preempted set).
-inline RunProgress train_single(SequentialTrainer& trainer, const Sequential& model,
-                                const DataLoader& loader, const LrSchedule& lr, std::int64_t start,
-                                std::int64_t total, Checkpointer* checkpoints,
-                                const std::function<void(std::int64_t, const StepResult&, double)>& on_step,
-                                const std::function<void(std::int64_t)>& on_epoch_end = {}) {
+inline RunProgress train_single(
+    SequentialTrainer& trainer, const Sequential& model, const DataLoader& loader,
+    const LrSchedule& lr, std::int64_t start, std::int64_t total, Checkpointer* checkpoints,
+    const std::function<void(std::int64_t, const StepResult&, double)>& on_step,
+    const std::function<void(std::int64_t)>& on_epoch_end = {}) {
   using Clock = std::chrono::steady_clock;
   const std::int64_t per_epoch = loader.num_batches();
   RunProgress p{start};
@@ -127,7 +166,8 @@ inline RunProgress train_single(SequentialTrainer& trainer, const Sequential& mo
       ++p.position;
       if (on_step) on_step(p.position, r, dt);
       if (checkpoints) {
-        if (checkpoints->due(p.position)) checkpoints->save(p.position, model, trainer.params(), trainer.optimizer());
+        if (checkpoints->due(p.position))
+          checkpoints->save(p.position, model, trainer.params(), trainer.optimizer());
         checkpoints->poll();
         if (preemption_requested()) {
           if (checkpoints->last_saved_step() != p.position) checkpoint();
@@ -179,21 +219,22 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
                     "replicas take minibatches in groups of {})",
                     ckpt ? ckpt->options().every : 0, g, g);
   const bool flush = req.csv.empty() && !stashes(req);
-  const std::int64_t every = ckpt && ckpt->options().every > 0 ? ckpt->options().every
-                                                               : std::numeric_limits<std::int64_t>::max();
+  const std::int64_t every = ckpt && ckpt->options().every > 0
+                                 ? ckpt->options().every
+                                 : std::numeric_limits<std::int64_t>::max();
 
   RunProgress p{start};
   auto skip_epoch_tail = [&] {
-    if (p.position % loop.per_epoch >= usable) p.position += loop.per_epoch - p.position % loop.per_epoch;
+    if (p.position % loop.per_epoch >= usable)
+      p.position += loop.per_epoch - p.position % loop.per_epoch;
   };
-  auto checkpoint = [&] {
-    ckpt->save(p.position, ex.model(), ex.params(), ex.optimizer());
-  };
+  auto checkpoint = [&] { ckpt->save(p.position, ex.model(), ex.params(), ex.optimizer()); };
   skip_epoch_tail();
   while (p.position < loop.total) {
     const std::int64_t epoch_begin = p.position / loop.per_epoch * loop.per_epoch;
     std::int64_t end = std::min(loop.total, epoch_begin + usable);
-    if (every != std::numeric_limits<std::int64_t>::max()) end = std::min(end, (p.position / every + 1) * every);
+    if (every != std::numeric_limits<std::int64_t>::max())
+      end = std::min(end, (p.position / every + 1) * every);
     if (ckpt && flush) end = std::min(end, p.position + g);
     std::int64_t n = end - p.position;
     n -= n % g;
@@ -226,7 +267,8 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
         [&](const MinibatchStats& st) {
           seen += st.count;
           const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-          if (loop.on_minibatch) loop.on_minibatch(st, static_cast<double>(seen) / std::max(s, 1e-9));
+          if (loop.on_minibatch)
+            loop.on_minibatch(st, static_cast<double>(seen) / std::max(s, 1e-9));
         });
     train_seconds += r.seconds;
     p.position += n;

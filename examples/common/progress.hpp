@@ -9,11 +9,11 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <unistd.h>
 
 namespace pipeline::examples {
 
@@ -63,8 +63,8 @@ class Progress {
       if (std::string(v) == "bar") return true;
       if (std::string(v) == "lines") return false;
     }
-    const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
-                          std::getenv("PMIX_RANK");
+    const bool launched =
+        std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
     return !launched && isatty(fileno(stdout));
   }
 

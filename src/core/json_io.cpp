@@ -39,7 +39,8 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   // file or the whole new one, and once this returns the new one survives a power loss.
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  PIPELINE_CHECK_AS(IoError, fd >= 0, "cannot open '{}' for writing: {}", tmp, std::strerror(errno));
+  PIPELINE_CHECK_AS(IoError, fd >= 0, "cannot open '{}' for writing: {}", tmp,
+                    std::strerror(errno));
   std::size_t done = 0;
   bool ok = true;
   while (ok && done < text.size()) {
@@ -60,7 +61,8 @@ void write_file_atomically(const std::string& path, const std::string& text) {
     PIPELINE_FAIL(IoError, "cannot rename '{}' to '{}'", tmp, path);
   }
   const auto slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, std::max<std::size_t>(slash, 1));
+  const std::string dir =
+      slash == std::string::npos ? "." : path.substr(0, std::max<std::size_t>(slash, 1));
   if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);

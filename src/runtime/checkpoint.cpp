@@ -12,10 +12,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
-#include <map>
 #include <cstring>
+#include <filesystem>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "../core/json_io.hpp"
@@ -131,18 +131,19 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
     const Fields f{shards[i], origin, fmt::format("shard {}", i)};
     CheckpointShard s;
     s.file = f.string("file");
-    PIPELINE_CHECK_AS(ConfigError,
-                      !s.file.empty() && s.file.find('/') == std::string::npos && s.file != "." &&
-                          s.file != "..",
-                      "checkpoint manifest '{}': shard {} names file '{}', which is not a plain "
-                      "file name inside the checkpoint",
-                      origin, i, s.file);
+    PIPELINE_CHECK_AS(
+        ConfigError,
+        !s.file.empty() && s.file.find('/') == std::string::npos && s.file != "." && s.file != "..",
+        "checkpoint manifest '{}': shard {} names file '{}', which is not a plain "
+        "file name inside the checkpoint",
+        origin, i, s.file);
     s.stage = static_cast<int>(f.integer("stage", 0, 1 << 20));
     const auto& layers = f.at("layers");
     PIPELINE_CHECK_AS(ConfigError,
                       layers.is_array() && layers.size() == 2 && layers[0].is_number_integer() &&
                           layers[1].is_number_integer(),
-                      "checkpoint manifest '{}': shard {} 'layers' must be [begin, end]", origin, i);
+                      "checkpoint manifest '{}': shard {} 'layers' must be [begin, end]", origin,
+                      i);
     const auto b = layers[0].get<std::int64_t>(), e = layers[1].get<std::int64_t>();
     PIPELINE_CHECK_AS(ConfigError, 0 <= b && b < e && e <= (1 << 24),
                       "checkpoint manifest '{}': shard {} has layers [{}, {}), not a non-empty "
@@ -162,7 +163,8 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
       ct.dtype = t.string("dtype");
       const auto& shape = t.at("shape");
       PIPELINE_CHECK_AS(ConfigError, shape.is_array() && shape.size() <= 8,
-                        "checkpoint manifest '{}': tensor '{}' has no valid shape", origin, ct.name);
+                        "checkpoint manifest '{}': tensor '{}' has no valid shape", origin,
+                        ct.name);
       std::vector<std::int64_t> dims;
       for (auto& d : shape) {
         PIPELINE_CHECK_AS(ConfigError, d.is_number_integer() && d.get<std::int64_t>() >= 0,
@@ -314,7 +316,8 @@ CheckpointShard write_shard(const std::string& dir, int stage, LayerRange r,
   const FileDigest d = save_safetensors((fs::path(dir) / s.file).string(), tensors, metadata);
   s.bytes = d.bytes;
   s.crc32 = d.crc32;
-  for (auto& [name, t] : tensors) s.tensors.push_back({name, safetensors_dtype(t.dtype()), t.shape()});
+  for (auto& [name, t] : tensors)
+    s.tensors.push_back({name, safetensors_dtype(t.dtype()), t.shape()});
   return s;
 }
 
@@ -322,16 +325,16 @@ CheckpointShard shard_from_json(const std::string& text) {
   // Reuses the manifest's checks by wrapping the record in a minimal manifest.
   nlohmann::ordered_json shard = nlohmann::ordered_json::parse(text);
   nlohmann::ordered_json m = {{"format", CheckpointManifest::kFormat},
-                      {"step", 0},
-                      {"model", ""},
-                      {"world_size", 1},
-                      {"schedule", ""},
-                      {"optimizer", ""},
-                      {"seed", 0},
-                      {"batch_size", 1},
-                      {"weight_versions", 1},
-                      {"plan", nullptr},
-                      {"shards", nlohmann::ordered_json::array({shard})}};
+                              {"step", 0},
+                              {"model", ""},
+                              {"world_size", 1},
+                              {"schedule", ""},
+                              {"optimizer", ""},
+                              {"seed", 0},
+                              {"batch_size", 1},
+                              {"weight_versions", 1},
+                              {"plan", nullptr},
+                              {"shards", nlohmann::ordered_json::array({shard})}};
   // A shard alone need not start at layer 0: shift it for the coverage check, then restore.
   const int begin = shard.at("layers")[0].get<int>();
   m["shards"][0]["layers"] = {0, shard.at("layers")[1].get<int>() - begin};
@@ -373,7 +376,10 @@ struct Checkpointer::InFlight {
 
 Checkpointer::Checkpointer(CheckpointOptions options, CheckpointRunInfo info, CheckpointRole role,
                            Communicator* comm)
-    : m_options(std::move(options)), m_info(std::move(info)), m_role(std::move(role)), m_comm(comm) {
+    : m_options(std::move(options)),
+      m_info(std::move(info)),
+      m_role(std::move(role)),
+      m_comm(comm) {
   PIPELINE_CHECK_AS(ConfigError, !m_options.dir.empty(), "checkpointing needs a directory");
   PIPELINE_CHECK_AS(ConfigError, m_options.keep >= 1,
                     "--checkpoint-keep must be at least 1, got {}", m_options.keep);
@@ -390,7 +396,8 @@ Checkpointer::Checkpointer(CheckpointOptions options, CheckpointRunInfo info, Ch
     // write that an earlier job did not finish.
     for (const auto& d : step_dirs(m_options.dir))
       if (!d.complete) {
-        log_warn("deleting incomplete checkpoint '{}' (its write was interrupted)", d.path.string());
+        log_warn("deleting incomplete checkpoint '{}' (its write was interrupted)",
+                 d.path.string());
         remove_dir(d.path);
       }
   }
@@ -424,11 +431,10 @@ void Checkpointer::save(std::int64_t step, const Sequential& model, const ModelP
                   {"model", model.name()},
                   {"step", std::to_string(step)},
                   {"layers", fmt::format("{}:{}", m_role.layers.begin, m_role.layers.end)}};
-    f->shard = std::async(std::launch::async, [dir = f->path, stage = m_role.stage,
-                                               r = m_role.layers, state = std::move(state),
-                                               meta = std::move(meta)] {
-      return write_shard(dir, stage, r, state, meta);
-    });
+    f->shard = std::async(
+        std::launch::async,
+        [dir = f->path, stage = m_role.stage, r = m_role.layers, state = std::move(state),
+         meta = std::move(meta)] { return write_shard(dir, stage, r, state, meta); });
   }
   if (rank == m_role.coordinator) {
     const std::size_t stages = m_role.stage_writers.size();
@@ -451,7 +457,8 @@ void Checkpointer::save(std::int64_t step, const Sequential& model, const ModelP
 void Checkpointer::send_record(InFlight& f, const CheckpointShard& record) {
   const std::string text = shard_to_json(record);
   f.record_length = Tensor::from_ints(Shape{1}, {static_cast<std::int32_t>(text.size())});
-  f.record_body = Tensor::zeros(Shape{static_cast<std::int64_t>((text.size() + 3) / 4)}, DType::Int32);
+  f.record_body =
+      Tensor::zeros(Shape{static_cast<std::int64_t>((text.size() + 3) / 4)}, DType::Int32);
   std::memcpy(f.record_body.raw(), text.data(), text.size());
   f.sends.push_back(m_comm->isend(f.record_length, m_role.coordinator,
                                   Tag::control(m_role.stage, kRecordLength)));
@@ -501,8 +508,8 @@ void Checkpointer::start_manifest(InFlight& f) {
   m.batch_size = m_info.batch_size;
   m.plan = m_info.plan;
   for (auto& r : f.records) m.shards.push_back(*r);
-  f.manifest = std::async(std::launch::async, [m = std::move(m), path = f.path,
-                                               dir = m_options.dir, keep = m_options.keep] {
+  f.manifest = std::async(std::launch::async, [m = std::move(m), path = f.path, dir = m_options.dir,
+                                               keep = m_options.keep] {
     detail::write_file_atomically((fs::path(path) / "manifest.json").string(),
                                   manifest_to_json(m).dump(1));
     prune(dir, keep);
@@ -561,9 +568,10 @@ std::optional<Checkpoint> find_latest_checkpoint(const std::string& dir) {
     const std::string file = (d.path / "manifest.json").string();
     const nlohmann::json j = detail::read_json_file(file, "checkpoint manifest", "");
     Checkpoint c{d.path.string(), parse_checkpoint_manifest(j.dump(), file)};
-    PIPELINE_CHECK_AS(ConfigError, c.manifest.step == d.step,
-                      "checkpoint manifest '{}' is for step {} but sits in the directory of step {}",
-                      file, c.manifest.step, d.step);
+    PIPELINE_CHECK_AS(
+        ConfigError, c.manifest.step == d.step,
+        "checkpoint manifest '{}' is for step {} but sits in the directory of step {}", file,
+        c.manifest.step, d.step);
     return c;
   }
   return std::nullopt;
@@ -574,10 +582,11 @@ void check_resume_compatible(const CheckpointManifest& m, const CheckpointRunInf
                     "the checkpoint is of model '{}' but this run trains '{}': resume with the "
                     "model it was written for (--model {})",
                     m.model, run.model, m.model);
-  PIPELINE_CHECK_AS(ConfigError, m.seed == run.seed,
-                    "the checkpoint was written by a run with --seed {} but this run has --seed "
-                    "{}: the data order and dropout masks follow the seed, so resume with --seed {}",
-                    m.seed, run.seed, m.seed);
+  PIPELINE_CHECK_AS(
+      ConfigError, m.seed == run.seed,
+      "the checkpoint was written by a run with --seed {} but this run has --seed "
+      "{}: the data order and dropout masks follow the seed, so resume with --seed {}",
+      m.seed, run.seed, m.seed);
   PIPELINE_CHECK_AS(ConfigError, m.batch_size == run.batch_size,
                     "the checkpoint was written with --batch {} but this run has --batch {}: "
                     "resume with --batch {}",
@@ -634,15 +643,14 @@ void restore_stage(const Checkpoint& checkpoint, const Sequential& model, LayerR
     const SafetensorsEntry* e = o.reader->find(name);
     if (it == o.listed.end() && e == nullptr) return nullptr;
     PIPELINE_CHECK_AS(IoError, it != o.listed.end() && e != nullptr,
-                      "checkpoint shard '{}': tensor '{}' is {} the manifest but {} the file",
-                      file, name, it != o.listed.end() ? "in" : "not in",
-                      e != nullptr ? "in" : "not in");
+                      "checkpoint shard '{}': tensor '{}' is {} the manifest but {} the file", file,
+                      name, it != o.listed.end() ? "in" : "not in", e != nullptr ? "in" : "not in");
     const CheckpointTensor& listed = *it->second;
-    PIPELINE_CHECK_AS(IoError,
-                      listed.dtype == safetensors_dtype(e->dtype) && listed.shape == e->shape,
-                      "checkpoint shard '{}': tensor '{}' is {} {} in the file but {} {} in the "
-                      "manifest",
-                      file, name, safetensors_dtype(e->dtype), e->shape, listed.dtype, listed.shape);
+    PIPELINE_CHECK_AS(
+        IoError, listed.dtype == safetensors_dtype(e->dtype) && listed.shape == e->shape,
+        "checkpoint shard '{}': tensor '{}' is {} {} in the file but {} {} in the "
+        "manifest",
+        file, name, safetensors_dtype(e->dtype), e->shape, listed.dtype, listed.shape);
     PIPELINE_CHECK_AS(IoError, e->dtype == dtype && e->shape == shape,
                       "checkpoint shard '{}': tensor '{}' is {} {} but model '{}' needs {} {}: the "
                       "checkpoint is of another model or configuration",
@@ -701,10 +709,13 @@ void restore_stage(const Checkpoint& checkpoint, const Sequential& model, LayerR
     return;
   }
   PIPELINE_CHECK(static_cast<int>(params.size()) == r.size(),
-                 "restore: parameters for {} layers given for a range of {}", params.size(), r.size());
+                 "restore: parameters for {} layers given for a range of {}", params.size(),
+                 r.size());
   for (std::size_t k = 0; k < loaded.size(); ++k) {
-    for (std::size_t j = 0; j < loaded[k].params.size(); ++j) params[k].params[j].copy_from(loaded[k].params[j]);
-    for (std::size_t j = 0; j < loaded[k].buffers.size(); ++j) params[k].buffers[j].copy_from(loaded[k].buffers[j]);
+    for (std::size_t j = 0; j < loaded[k].params.size(); ++j)
+      params[k].params[j].copy_from(loaded[k].params[j]);
+    for (std::size_t j = 0; j < loaded[k].buffers.size(); ++j)
+      params[k].buffers[j].copy_from(loaded[k].buffers[j]);
   }
 }
 

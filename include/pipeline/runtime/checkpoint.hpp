@@ -44,9 +44,9 @@
 namespace pipeline {
 
 struct CheckpointOptions {
-  std::string dir;          // checkpoints go to <dir>/step-<step>/
-  std::int64_t every = 0;   // steps between checkpoints (0: only when asked, e.g. preemption)
-  int keep = 2;             // complete checkpoints kept (older ones are deleted)
+  std::string dir;         // checkpoints go to <dir>/step-<step>/
+  std::int64_t every = 0;  // steps between checkpoints (0: only when asked, e.g. preemption)
+  int keep = 2;            // complete checkpoints kept (older ones are deleted)
 };
 
 // What a run records about itself in every manifest (and what a resume checks it against).
@@ -65,9 +65,9 @@ struct CheckpointRole {
   int stage = 0;
   LayerRange layers;
   bool writer = true;
-  int coordinator = 0;                     // rank that writes manifests
-  std::vector<int> stage_writers;          // stage -> writer rank
-  std::vector<LayerRange> stage_layers;    // stage -> its layers
+  int coordinator = 0;                   // rank that writes manifests
+  std::vector<int> stage_writers;        // stage -> writer rank
+  std::vector<LayerRange> stage_layers;  // stage -> its layers
 
   // A single process holding every layer.
   static CheckpointRole single(const Sequential& model);
@@ -90,7 +90,9 @@ class Checkpointer {
   const CheckpointOptions& options() const { return m_options; }
   int coordinator() const { return m_role.coordinator; }
   // Whether the regular cadence asks for a checkpoint after `step` steps.
-  bool due(std::int64_t step) const { return m_options.every > 0 && step > 0 && step % m_options.every == 0; }
+  bool due(std::int64_t step) const {
+    return m_options.every > 0 && step > 0 && step % m_options.every == 0;
+  }
 
   // Copies this stage's state after `step` steps and starts writing it; `params` are the stage's
   // layers' (params[k] is layer role.layers.begin + k). Finishes the previous checkpoint first.
