@@ -1,0 +1,302 @@
+// Checkpoints: the manifest format and its checks, writing (single process and a 3-stage pipeline
+// of in-process ranks), pruning, skipping interrupted writes, restoring under another partition,
+// and rejecting corrupt shards with the file and tensor named.
+#include <pipeline/comm/comms/local.hpp>
+#include <pipeline/io/safetensors.hpp>
+#include <pipeline/nn/zoo.hpp>
+#include <pipeline/optim/adamw.hpp>
+#include <pipeline/optim/flatten.hpp>
+#include <pipeline/optim/sgd.hpp>
+#include <pipeline/runtime/checkpoint.hpp>
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../support/temp_dir.hpp"
+
+using namespace pipeline;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A model whose parameters and optimizer state have moved away from their initial values.
+struct Trained {
+  ZooModel zoo = make_model("mlp");
+  ModelParams params;
+  std::unique_ptr<Optimizer> optimizer = std::make_unique<AdamW>();
+
+  explicit Trained(std::uint64_t seed = 3, int steps = 2) {
+    params = zoo.model.init(seed);
+    std::vector<Tensor> p = flatten_params(params);
+    Rng rng(seed, "grads");
+    for (int s = 0; s < steps; ++s) {
+      std::vector<Tensor> g;
+      for (auto& t : p) {
+        Tensor x = Tensor::empty(t.shape());
+        float* v = x.data<float>();
+        for (std::int64_t i = 0; i < x.numel(); ++i) v[i] = static_cast<float>(rng.uniform() - 0.5);
+        g.push_back(x);
+      }
+      optimizer->step(p, g, 1e-2f);
+    }
+  }
+};
+
+CheckpointRunInfo info_for(const Trained& t, int world = 1) {
+  return {.model = t.zoo.model.name(), .optimizer = "adamw", .seed = 3, .batch_size = 32,
+          .world_size = world};
+}
+
+bool same(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.raw(), b.raw(), static_cast<std::size_t>(a.nbytes())) == 0;
+}
+
+void check_equal(const ModelParams& a, const ModelParams& b) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t l = 0; l < a.size(); ++l) {
+    REQUIRE(a[l].params.size() == b[l].params.size());
+    for (std::size_t k = 0; k < a[l].params.size(); ++k) CHECK(same(a[l].params[k], b[l].params[k]));
+    for (std::size_t k = 0; k < a[l].buffers.size(); ++k) CHECK(same(a[l].buffers[k], b[l].buffers[k]));
+  }
+}
+
+void check_equal(const Optimizer& a, const Optimizer& b) {
+  REQUIRE(a.state().size() == b.state().size());
+  for (std::size_t i = 0; i < a.state().size(); ++i) {
+    CHECK(a.state()[i].step == b.state()[i].step);
+    for (std::size_t k = 0; k < a.state()[i].buffers.size(); ++k)
+      CHECK(same(a.state()[i].buffers[k], b.state()[i].buffers[k]));
+  }
+}
+
+void save_single(const std::string& dir, Trained& t, std::int64_t step, int keep = 2) {
+  Checkpointer c({dir, 0, keep}, info_for(t), CheckpointRole::single(t.zoo.model), nullptr);
+  c.save(step, t.zoo.model, t.params, *t.optimizer);
+  CHECK(c.finish() == (fs::path(dir) / checkpoint_dir_name(step)).string());
+}
+
+std::string message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint manifest: round trip and malformed manifests") {
+  CheckpointManifest m;
+  m.step = 12;
+  m.model = "mlp";
+  m.world_size = 2;
+  m.schedule = "1f1b-flush";
+  m.optimizer = "adamw";
+  m.seed = 0xfedcba9876543210ULL;
+  m.batch_size = 64;
+  m.plan = {{"format", "pipeline.plan/1"}};
+  m.shards = {{"stage-1.safetensors", 1, 3, 6, 100, 0xdeadbeef, {{"fc3.bias", "F32", Shape{10}}}},
+              {"stage-0.safetensors", 0, 0, 3, 200, 7, {{"fc1.weight", "F32", Shape{4, 5}}}}};
+  const std::string text = manifest_to_json(m).dump();
+  CHECK(text.rfind("{\"format\":\"pipeline.checkpoint/1\"", 0) == 0);
+  const CheckpointManifest back = parse_checkpoint_manifest(text, "m.json");
+  CHECK(back.step == 12);
+  CHECK(back.seed == m.seed);
+  CHECK(back.plan == m.plan);
+  REQUIRE(back.shards.size() == 2);
+  CHECK(back.shards[0].crc32 == 0xdeadbeef);
+  CHECK(back.shards[0].tensors[0].shape == Shape{10});
+  CHECK(back.shards[1].holds_layer(2));
+  CHECK_FALSE(back.shards[1].holds_layer(3));
+
+  auto broken = [&](auto edit) {
+    nlohmann::json j = nlohmann::json::parse(text);
+    edit(j);
+    return message_of([&] { parse_checkpoint_manifest(j.dump(), "m.json"); });
+  };
+  CHECK(broken([](auto& j) { j["format"] = "pipeline.checkpoint/9"; }).find("format") != std::string::npos);
+  CHECK(broken([](auto& j) { j.erase("step"); }).find("has no 'step'") != std::string::npos);
+  CHECK(broken([](auto& j) { j["step"] = -1; }).find("'step'") != std::string::npos);
+  CHECK(broken([](auto& j) { j["shards"][0]["file"] = "../x"; }).find("not a plain file name") !=
+        std::string::npos);
+  CHECK(broken([](auto& j) { j["shards"][0]["layers"] = {4, 6}; }).find("cover the layers once") !=
+        std::string::npos);
+  CHECK(broken([](auto& j) { j["shards"] = nlohmann::json::array(); }).find("non-empty") !=
+        std::string::npos);
+  CHECK(broken([](auto& j) { j["shards"][1]["tensors"][0]["shape"] = {-1}; }).find("bad dimension") !=
+        std::string::npos);
+  CHECK(message_of([] { parse_checkpoint_manifest("{\"format\":", "m.json"); }).find("not valid JSON") !=
+        std::string::npos);
+}
+
+TEST_CASE("checkpoint: single process, written and restored exactly (parameters and optimizer)") {
+  testing::TempDir dir("ckpt_single");
+  Trained t;
+  save_single(dir.path.string(), t, 7);
+  const auto c = find_latest_checkpoint(dir.path.string());
+  REQUIRE(c.has_value());
+  CHECK(c->manifest.step == 7);
+  CHECK(c->manifest.shards.size() == 1);
+  check_resume_compatible(c->manifest, info_for(t));
+
+  Trained fresh(99, 0);
+  restore_stage(*c, fresh.zoo.model, fresh.zoo.model.all(), fresh.params, *fresh.optimizer);
+  check_equal(t.params, fresh.params);
+  check_equal(*t.optimizer, *fresh.optimizer);
+
+  // Into empty parameters: allocated from the layers.
+  ModelParams empty;
+  AdamW opt;
+  restore_stage(*c, t.zoo.model, {1, 4}, empty, opt);
+  CHECK(empty.size() == 3);
+  CHECK(same(empty[0].params[0], t.params[1].params[0]));
+}
+
+TEST_CASE("checkpoint: keep the newest K, skip and delete interrupted writes") {
+  testing::TempDir dir("ckpt_keep");
+  Trained t;
+  for (int step : {1, 2, 3, 4}) save_single(dir.path.string(), t, step, 2);
+  CHECK(dir.listing() == std::vector<std::string>{checkpoint_dir_name(3), checkpoint_dir_name(4)});
+
+  // A write interrupted after its shard, before its manifest: never loaded.
+  const fs::path partial = dir.path / checkpoint_dir_name(9);
+  fs::create_directories(partial);
+  fs::copy_file(dir.path / checkpoint_dir_name(4) / "stage-0.safetensors", partial / "stage-0.safetensors");
+  const auto c = find_latest_checkpoint(dir.path.string());
+  REQUIRE(c.has_value());
+  CHECK(c->manifest.step == 4);
+  // A new run's writer deletes it before writing anything.
+  Checkpointer w({dir.path.string(), 0, 2}, info_for(t), CheckpointRole::single(t.zoo.model), nullptr);
+  CHECK_FALSE(fs::exists(partial));
+  CHECK_FALSE(find_latest_checkpoint((dir.path / "nothing-here").string()).has_value());
+}
+
+TEST_CASE("checkpoint: corrupt shards and manifests are rejected, naming the file and tensor") {
+  testing::TempDir dir("ckpt_corrupt");
+  Trained t;
+  save_single(dir.path.string(), t, 5);
+  const fs::path step_dir = dir.path / checkpoint_dir_name(5);
+  const std::string shard = (step_dir / "stage-0.safetensors").string();
+  const std::string manifest = (step_dir / "manifest.json").string();
+  const std::string original = [&] {
+    std::ifstream in(manifest);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  auto restore = [&](const Sequential& model) {
+    return message_of([&] {
+      const auto c = find_latest_checkpoint(dir.path.string());
+      ModelParams p;
+      AdamW opt;
+      restore_stage(*c, model, model.all(), p, opt);
+    });
+  };
+
+  SUBCASE("a flipped byte: the CRC-32 disagrees") {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+    f.close();
+    const std::string e = restore(t.zoo.model);
+    CHECK(e.find(shard) != std::string::npos);
+    CHECK(e.find("CRC-32") != std::string::npos);
+  }
+  SUBCASE("a truncated shard") {
+    fs::resize_file(shard, fs::file_size(shard) - 10);
+    CHECK(restore(t.zoo.model).find("is corrupt") != std::string::npos);
+  }
+  SUBCASE("the manifest's tensor shape disagrees with the file") {
+    nlohmann::json j = nlohmann::json::parse(original);
+    j["shards"][0]["tensors"][0]["shape"] = {1, 2};
+    std::ofstream(manifest) << j.dump();
+    const std::string e = restore(t.zoo.model);
+    CHECK(e.find("fc1.weight") != std::string::npos);
+    CHECK(e.find("in the manifest") != std::string::npos);
+  }
+  SUBCASE("another model: the tensor's shape disagrees with the model") {
+    ZooOptions wide;
+    wide.width = 2.0;
+    ZooModel other = make_model("mlp", wide);
+    const std::string e = restore(other.model);
+    CHECK(e.find("fc1.weight") != std::string::npos);
+    CHECK(e.find("needs") != std::string::npos);
+  }
+  SUBCASE("a manifest that does not parse is an error, not skipped") {
+    std::ofstream(manifest) << "{\"format\": \"pipeline.checkpoint/1\", \"step\": ";
+    CHECK(message_of([&] { find_latest_checkpoint(dir.path.string()); }).find(manifest) !=
+          std::string::npos);
+  }
+  SUBCASE("resume checks: model, seed, batch, optimizer") {
+    const auto c = find_latest_checkpoint(dir.path.string());
+    CheckpointRunInfo run = info_for(t);
+    run.seed = 4;
+    CHECK(message_of([&] { check_resume_compatible(c->manifest, run); }).find("--seed 3") !=
+          std::string::npos);
+    run = info_for(t);
+    run.batch_size = 16;
+    CHECK(message_of([&] { check_resume_compatible(c->manifest, run); }).find("--batch 32") !=
+          std::string::npos);
+    run = info_for(t);
+    run.optimizer = "sgd";
+    CHECK(message_of([&] { check_resume_compatible(c->manifest, run); }).find("--optimizer adamw") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("checkpoint: a 3-stage pipeline of in-process ranks, restored under another partition") {
+  testing::TempDir dir("ckpt_pipeline");
+  Trained whole;
+  const Sequential& model = whole.zoo.model;
+  // Stages [0, 2) [2, 4) [4, 6), the middle one replicated: ranks 0 | 1 2 | 3.
+  PipelineLayout layout;
+  layout.stages = {{0, 2}, {2, 4}, {4, model.size()}};
+  layout.stage_ranks = {{0}, {1, 2}, {3}};
+  // Each stage's slice of the trained parameters and optimizer state.
+  auto slice = [&](LayerRange r) {
+    ModelParams p;
+    for (int i = r.begin; i < r.end; ++i) {
+      LayerParams lp;
+      for (auto& t : whole.params[static_cast<std::size_t>(i)].params) lp.params.push_back(t.clone());
+      for (auto& t : whole.params[static_cast<std::size_t>(i)].buffers) lp.buffers.push_back(t.clone());
+      p.push_back(std::move(lp));
+    }
+    auto opt = std::make_unique<AdamW>();
+    const auto names = parameter_names(model, r);
+    const auto all = whole.optimizer->state_tensors(parameter_names(model, model.all()));
+    opt->load_state_tensors(all, parameter_shapes(model, r), names);
+    return std::make_pair(std::move(p), std::move(opt));
+  };
+  run_local(4, [&](Communicator& comm) {
+    const CheckpointRole role = CheckpointRole::for_layout(layout, comm.rank());
+    CHECK(role.writer == (comm.rank() != 2));
+    auto [params, opt] = slice(role.layers);
+    Checkpointer c({dir.path.string(), 10, 2}, info_for(whole, 4), role, &comm);
+    for (std::int64_t step = 10; step <= 30; step += 10) {
+      CHECK(c.due(step));
+      c.save(step, model, params, *opt);
+      for (int i = 0; i < 5; ++i) c.poll();
+    }
+    const std::string done = c.finish();
+    CHECK(done == (comm.rank() == 0 ? (dir.path / checkpoint_dir_name(30)).string() : ""));
+    CHECK(c.max_stall_s() >= 0);
+  });
+  CHECK(dir.listing() == std::vector<std::string>{checkpoint_dir_name(20), checkpoint_dir_name(30)});
+  const auto c = find_latest_checkpoint(dir.path.string());
+  REQUIRE(c.has_value());
+  CHECK(c->manifest.world_size == 4);
+  CHECK(c->manifest.shards.size() == 3);
+
+  // One process with every layer, and two stages split elsewhere: each loads what it holds.
+  Trained fresh(11, 0);
+  restore_stage(*c, model, model.all(), fresh.params, *fresh.optimizer);
+  check_equal(whole.params, fresh.params);
+  check_equal(*whole.optimizer, *fresh.optimizer);
+  ModelParams tail;
+  AdamW opt;
+  restore_stage(*c, model, {1, 5}, tail, opt);
+  CHECK(same(tail[0].params[0], whole.params[1].params[0]));
+  CHECK(opt.state().size() == parameter_shapes(model, {1, 5}).size());
+}
