@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# Checkpoint, resume and stop-signal scenarios of the example trainers, as users run them:
+#
+#   checkpoint_scenarios.sh CASE TRAIN_FASHION_MNIST PLANS_DIR MPIRUN...
+#
+# CASE is one of
+#   bitwise-<schedule>  a pipelined run resumed at step 20 (from a copy of its checkpoints) ends
+#                       with exactly the parameters and losses of the run that never stopped
+#                       (schedule: sequential, gpipe, 1f1b-flush, 1f1b-stash)
+#   replan              a 4-rank 4-stage checkpoint resumed on 2 ranks (2 stages) and on 3 ranks
+#                       (a replicated stage): the first losses after resuming equal the 4-rank
+#                       run's, and training continues
+#   sigkill             a rank SIGKILLed mid-run; the relaunch with --resume continues from the
+#                       last complete checkpoint and loses at most one checkpoint interval
+#   interrupted         a checkpoint whose write was cut short (no manifest, truncated shard) is
+#                       never loaded: the previous one is; a rank killed while its checkpoint is
+#                       being written leaves only complete checkpoints to resume from
+#   sigterm             SIGTERM to mpirun: every rank finishes its step, the job checkpoints,
+#                       names the checkpoint and exits; --resume continues from that step
+# Exits non-zero with a message on the first failed check.
+set -euo pipefail
+
+case_name=$1
+train=$2
+plans=$3
+shift 3
+mpirun=("$@")
+work=$(mktemp -d "${TMPDIR:-/tmp}/checkpoint_${case_name}.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+fail() {
+  echo "FAIL ($case_name): $*" >&2
+  exit 1
+}
+
+common=(--model mlp --batch 32 --threads 1 --eval-batch 10000)
+
+# Losses per step from a metrics file, one "step loss" line each (repr keeps every bit).
+losses() {
+  python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "step" in r:
+        print(r["step"], repr(r["loss"]))' "$1"
+}
+
+# The step a run resumed from, from its log.
+resumed_step() {
+  sed -n "s/.*resuming from '.*' at step \([0-9]*\).*/\1/p" "$1" | head -1
+}
+
+run_bitwise() {
+  local schedule=$1 job
+  if [[ $schedule == sequential ]]; then
+    job=("$train")
+  else
+    job=("${mpirun[@]}" 2 "$train" --plan "$plans/mlp_2.json" --schedule "$schedule")
+  fi
+  "${job[@]}" "${common[@]}" --steps 40 --checkpoint-dir "$work/a" --checkpoint-every 10 \
+    --checkpoint-keep 10 --metrics "$work/a.jsonl" --save "$work/a.safetensors" > "$work/a.log" 2>&1 ||
+    { cat "$work/a.log"; fail "the uninterrupted run failed"; }
+  mkdir "$work/b"
+  cp -r "$work/a/step-000000010" "$work/a/step-000000020" "$work/b/"
+  "${job[@]}" "${common[@]}" --steps 40 --resume "$work/b" --checkpoint-every 10 \
+    --metrics "$work/b.jsonl" --save "$work/b.safetensors" > "$work/b.log" 2>&1 ||
+    { cat "$work/b.log"; fail "the resumed run failed"; }
+  [[ $(resumed_step "$work/b.log") == 20 ]] || { cat "$work/b.log"; fail "did not resume at step 20"; }
+  losses "$work/a.jsonl" | awk '$1 > 20' > "$work/a.losses"
+  losses "$work/b.jsonl" > "$work/b.losses"
+  [[ $(wc -l < "$work/b.losses") == 20 ]] || fail "the resumed run logged $(wc -l < "$work/b.losses") steps, not 20"
+  diff "$work/a.losses" "$work/b.losses" || fail "losses after resuming differ from the run that never stopped"
+  local n=0
+  for f in "$work"/a*.safetensors; do
+    cmp "$f" "$work/b${f#"$work"/a}" || fail "parameters $f differ after resuming"
+    n=$((n + 1))
+  done
+  cmp "$work/a/step-000000040/stage-0.safetensors" "$work/b/step-000000040/stage-0.safetensors" ||
+    fail "the final checkpoints differ"
+  echo "$schedule: resumed at step 20, losses of steps 21-40 and $n parameter file(s) bit-identical"
+}
+
+run_replan() {
+  "${mpirun[@]}" 4 "$train" "${common[@]}" --plan "$plans/mlp_4.json" --schedule 1f1b-flush \
+    --microbatches 4 --steps 40 --checkpoint-dir "$work/a" --checkpoint-every 10 \
+    --checkpoint-keep 10 --metrics "$work/a.jsonl" > "$work/a.log" 2>&1 ||
+    { cat "$work/a.log"; fail "the 4-rank run failed"; }
+  losses "$work/a.jsonl" > "$work/a.losses"
+  for ranks in 2 3; do
+    local plan=$plans/mlp_2.json
+    [[ $ranks == 3 ]] && plan=$plans/mlp_3_replicated.json
+    rm -rf "$work/b" && mkdir "$work/b" && cp -r "$work/a/step-000000020" "$work/b/"
+    "${mpirun[@]}" "$ranks" "$train" "${common[@]}" --plan "$plan" --schedule 1f1b-flush \
+      --microbatches 4 --steps 40 --resume "$work/b" --metrics "$work/b$ranks.jsonl" \
+      > "$work/b.log" 2>&1 || { cat "$work/b.log"; fail "the resume on $ranks ranks failed"; }
+    [[ $(resumed_step "$work/b.log") == 20 ]] || { cat "$work/b.log"; fail "$ranks ranks did not resume at step 20"; }
+    grep -q "written under another plan" "$work/b.log" || fail "the resume on $ranks ranks did not say the plan changed"
+    losses "$work/b$ranks.jsonl" > "$work/b.losses"
+    python3 - "$work/a.losses" "$work/b.losses" "$ranks" <<'EOF'
+import sys
+a = dict(l.split() for l in open(sys.argv[1]))
+b = [l.split() for l in open(sys.argv[2])]
+ranks = sys.argv[3]
+assert len(b) == 20 and b[0][0] == "21", f"{ranks} ranks trained steps {b[0][0]}..{b[-1][0]}"
+# The same minibatch, microbatches and weights: the first step is exact; later steps may differ
+# in the last bits (the replicas' allreduce sums microbatch gradients in another order).
+worst = max(abs(float(l) - float(a[s])) / abs(float(a[s])) for s, l in b)
+assert b[0][1] == a["21"] or abs(float(b[0][1]) - float(a["21"])) <= 1e-6 * abs(float(a["21"])), \
+    f"{ranks} ranks: loss at step 21 is {b[0][1]}, the 4-rank run had {a['21']}"
+assert worst < 1e-4, f"{ranks} ranks drift from the 4-rank run by {worst:.2e}"
+print(f"4 ranks -> {ranks} ranks: loss at step 21 {b[0][1]} (4 ranks: {a['21']}), "
+      f"steps 21-40 within {worst:.1e} relative")
+EOF
+  done
+}
+
+run_sigkill() {
+  local every=50 die=175
+  PIPELINE_TEST_DIE_AT_STEP=1:$die:kill "${mpirun[@]}" 2 "$train" "${common[@]}" \
+    --plan "$plans/mlp_2.json" --schedule 1f1b-flush --steps 400 --checkpoint-dir "$work/a" \
+    --checkpoint-every $every > "$work/a.log" 2>&1 && fail "the job with a killed rank succeeded"
+  "${mpirun[@]}" 2 "$train" "${common[@]}" --plan "$plans/mlp_2.json" --schedule 1f1b-flush \
+    --steps 400 --resume "$work/a" --checkpoint-every $every > "$work/b.log" 2>&1 ||
+    { cat "$work/b.log"; fail "the relaunch failed"; }
+  local from
+  from=$(resumed_step "$work/b.log")
+  [[ -n $from ]] || { cat "$work/b.log"; fail "the relaunch did not resume"; }
+  local lost=$((die - from))
+  ((lost >= 0 && lost <= every)) || fail "resumed at step $from after dying at step $die: $lost steps lost, more than the interval $every"
+  grep -q "test accuracy" "$work/b.log" || fail "the resumed run did not finish"
+  echo "rank 1 SIGKILLed at step $die; resumed at step $from: $lost steps lost (interval $every)"
+}
+
+run_interrupted() {
+  "$train" "${common[@]}" --steps 30 --checkpoint-dir "$work/a" --checkpoint-every 10 \
+    --checkpoint-keep 3 > "$work/a.log" 2>&1 || { cat "$work/a.log"; fail "the run failed"; }
+  # The newest write cut short: its shard half-written, no manifest yet.
+  rm "$work/a/step-000000030/manifest.json"
+  truncate -s 100 "$work/a/step-000000030/stage-0.safetensors"
+  "$train" "${common[@]}" --steps 40 --resume "$work/a" > "$work/b.log" 2>&1 ||
+    { cat "$work/b.log"; fail "the resume failed"; }
+  [[ $(resumed_step "$work/b.log") == 20 ]] || { cat "$work/b.log"; fail "did not resume from the previous checkpoint (20)"; }
+  grep -q "step-000000030.*no manifest" "$work/b.log" || fail "the skipped checkpoint was not named"
+  echo "an interrupted checkpoint (step 30) was skipped; resumed from step 20"
+
+  # A rank killed right after a checkpoint's write began (its shard may be incomplete).
+  PIPELINE_TEST_DIE_AT_STEP=1:100:kill "${mpirun[@]}" 2 "$train" "${common[@]}" \
+    --plan "$plans/mlp_2.json" --schedule gpipe --steps 400 --checkpoint-dir "$work/c" \
+    --checkpoint-every 50 > "$work/c.log" 2>&1 && fail "the job with a killed rank succeeded"
+  for d in "$work"/c/step-*; do
+    [[ -f $d/manifest.json ]] || echo "left incomplete by the kill: $(basename "$d")"
+  done
+  "${mpirun[@]}" 2 "$train" "${common[@]}" --plan "$plans/mlp_2.json" --schedule gpipe \
+    --steps 120 --resume "$work/c" > "$work/d.log" 2>&1 || { cat "$work/d.log"; fail "the resume failed"; }
+  local from
+  from=$(resumed_step "$work/d.log")
+  [[ $from == 50 || $from == 100 ]] || { cat "$work/d.log"; fail "resumed from step '$from', expected 50 or 100"; }
+  echo "rank killed as checkpoint 100 was written: resumed from the complete checkpoint of step $from"
+}
+
+run_sigterm() {
+  # mpirun passes SIGTERM on to the ranks after its grace period and SIGKILLs them one period
+  # later (odls_base_sigkill_timeout): 3 s is ample for a step and a checkpoint of this model.
+  "${mpirun[@]}" 2 --mca odls_base_sigkill_timeout 3 "$train" "${common[@]}" \
+    --plan "$plans/mlp_2.json" --schedule 1f1b-flush --steps 1000000 --checkpoint-dir "$work/a" \
+    --checkpoint-every 1000 > "$work/a.log" 2>&1 &
+  local job=$!
+  for _ in $(seq 600); do
+    [[ -f $work/a/step-000001000/manifest.json ]] && break
+    sleep 0.1
+  done
+  [[ -f $work/a/step-000001000/manifest.json ]] || { kill -KILL $job; cat "$work/a.log"; fail "no checkpoint appeared"; }
+  kill -TERM $job
+  local waited=0
+  while kill -0 $job 2> /dev/null; do
+    sleep 0.2
+    waited=$((waited + 1))
+    ((waited < 300)) || { kill -KILL $job; fail "the job did not stop within 60 s of SIGTERM"; }
+  done
+  wait $job || true
+  local line step
+  line=$(grep "stopped by signal 15 after step" "$work/a.log") || { cat "$work/a.log"; fail "no stop message"; }
+  step=$(sed -n 's/.*after step \([0-9]*\):.*/\1/p' <<< "$line")
+  [[ -f $work/a/step-$(printf %09d "$step")/manifest.json ]] || fail "the named checkpoint of step $step is missing"
+  [[ $(grep -c "stop requested" "$work/a.log") == 2 ]] || { cat "$work/a.log"; fail "not every rank saw the stop request"; }
+  "${mpirun[@]}" 2 "$train" "${common[@]}" --plan "$plans/mlp_2.json" --schedule 1f1b-flush \
+    --steps $((step + 40)) --resume "$work/a" > "$work/b.log" 2>&1 || { cat "$work/b.log"; fail "the resume failed"; }
+  [[ $(resumed_step "$work/b.log") == "$step" ]] || { cat "$work/b.log"; fail "did not resume at step $step"; }
+  echo "SIGTERM to mpirun: both ranks stopped after step $step with its checkpoint; resumed there"
+}
+
+case $case_name in
+  bitwise-*) run_bitwise "${case_name#bitwise-}" ;;
+  replan) run_replan ;;
+  sigkill) run_sigkill ;;
+  interrupted) run_interrupted ;;
+  sigterm) run_sigterm ;;
+  *) fail "unknown case" ;;
+esac
