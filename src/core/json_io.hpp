@@ -16,6 +16,11 @@ namespace pipeline::detail {
 nlohmann::json read_json_file(const std::string& path, std::string_view what,
                               std::string_view empty_hint);
 
+// Parses JSON text that came from `origin` (a path, or a name for text held in memory) with the
+// same errors as read_json_file: ConfigError when it is blank or malformed.
+nlohmann::json parse_json_text(std::string_view text, std::string_view origin,
+                               std::string_view empty_hint);
+
 // Writes `text` to `path` through `path`.tmp and a rename, so that a reader never sees half a file.
 void write_file_atomically(const std::string& path, const std::string& text);
 

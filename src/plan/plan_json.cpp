@@ -148,6 +148,10 @@ Plan plan_from_json(const json& j, std::string_view origin) {
   return p;
 }
 
+Plan parse_plan(std::string_view text, std::string_view origin) {
+  return plan_from_json(detail::parse_json_text(text, origin, ""), origin);
+}
+
 Plan read_plan(const std::string& path) {
   return plan_from_json(detail::read_json_file(path, "plan file", ""), path);
 }

@@ -186,6 +186,10 @@ nlohmann::json topology_to_json(const Topology& t) {
   return j;
 }
 
+Topology parse_topology(std::string_view text, std::string_view origin) {
+  return topology_from_json(detail::parse_json_text(text, origin, ""), origin);
+}
+
 Topology read_topology(const std::string& path) {
   return topology_from_json(detail::read_json_file(path, "topology file", ""), path);
 }

@@ -20,6 +20,8 @@ inline constexpr std::string_view kPlanFormat = "pipeline.plan/1";
 
 nlohmann::json plan_to_json(const Plan& plan);
 Plan plan_from_json(const nlohmann::json& j, std::string_view origin);
+// Parses the text of a plan.json; `origin` names it in error messages.
+Plan parse_plan(std::string_view text, std::string_view origin);
 Plan read_plan(const std::string& path);
 void write_plan(const Plan& plan, const std::string& path);
 

@@ -29,6 +29,8 @@ void validate_topology(const Topology& topology);
 
 Topology topology_from_json(const nlohmann::json& j, std::string_view origin);
 nlohmann::json topology_to_json(const Topology& topology);
+// Parses the JSON text of a topology; `origin` names it in error messages.
+Topology parse_topology(std::string_view text, std::string_view origin);
 Topology read_topology(const std::string& path);
 
 // "8x300 GB/s, 4x25 Gbit/s, 80 GiB per worker" style summary for logs and tables.

@@ -29,6 +29,8 @@ void validate_profile(const Profile& profile, std::string_view origin);
 Profile profile_from_json(const nlohmann::json& j, std::string_view origin);
 nlohmann::json profile_to_json(const Profile& profile);
 
+// Parses the text of a profile.json; `origin` names it in error messages (a path, "stdin").
+Profile parse_profile(std::string_view text, std::string_view origin);
 Profile read_profile(const std::string& path);
 void write_profile(const Profile& profile, const std::string& path);
 
