@@ -59,10 +59,10 @@ pipeline_expect_failure(stash_with_microbatches "microbatches"
                         ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2
                         --schedule 1f1b-stash --microbatches 4)
 
-# Checkpoints, resume (same plan bit-identical, another plan, after SIGKILL, after an interrupted
+# Checkpoints, resume (same plan bit-identical, 1f1b-stash, another plan, after SIGKILL, after an interrupted
 # write) and SIGTERM to mpirun, driven as a user drives them (support/checkpoint_scenarios.sh).
-foreach(_case bitwise-sequential bitwise-gpipe bitwise-1f1b-flush bitwise-1f1b-stash replan sigkill
-        interrupted sigterm)
+foreach(_case bitwise-sequential bitwise-gpipe bitwise-1f1b-flush stash replan sigkill
+        interrupted sigterm sigterm-stash)
   add_test(NAME example.checkpoint.${_case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/checkpoint_scenarios.sh ${_case} ${_train}
                    ${_plans} ${_mpirun})

@@ -8,12 +8,13 @@
 // the beginning, so a job script may always pass --resume. New checkpoints go to --checkpoint-dir,
 // or to the --resume directory when only that is given.
 //
-// The pipelined loop trains in segments: a segment ends at each epoch's end, at each checkpoint
-// step and — when checkpoints are on and the schedule flushes — after every minibatch (a flush
-// schedule drains there anyway). Between segments no microbatch is in flight: checkpoints are
-// taken there, and the ranks agree there on a stop request (SIGTERM/SIGINT), so under a flush
-// schedule a request is honoured after the current minibatch; under 1f1b-stash, whose pipeline
-// only drains at segment ends, at the next checkpoint step or epoch end.
+// A pipelined run checkpoints while its pipeline runs: each stage copies its state right after
+// the optimizer step that completes the checkpoint's step, so no schedule drains for it. Under a
+// flush schedule no microbatch of the next minibatch has started on that stage then, so a resume
+// is bit-identical; under 1f1b-stash the in-flight microbatches are not saved and the resumed
+// pipeline starts afresh from the newest weights. A stop request (SIGTERM/SIGINT) is agreed on by
+// the ranks while the pipeline runs (StopAgreement): every rank stops a few minibatches later
+// (twice the schedule's lead), at the same step, and checkpoints there.
 #pragma once
 
 #include <pipeline/core/log.hpp>
@@ -25,6 +26,7 @@
 #include <pipeline/runtime/preemption.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
 #include <pipeline/runtime/stage_executor.hpp>
+#include <pipeline/runtime/stop_agreement.hpp>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -200,7 +202,8 @@ struct PipelinedLoop {
 };
 
 // The pipelined loop from `start`; returns where it stopped. The last schedule run is kept in
-// `last_schedule` (for traces). Every rank calls it with the same arguments.
+// `last_schedule` (for traces). Every rank calls it with the same arguments. Schedules run an
+// epoch at a time (the pipeline drains at each epoch's end, where it is evaluated).
 inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const PipelinedLoop& loop,
                                    std::int64_t start, std::optional<Schedule>& last_schedule,
                                    double& train_seconds) {
@@ -218,25 +221,20 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
                     "--checkpoint-every {} must be a multiple of {} for this plan (its stage "
                     "replicas take minibatches in groups of {})",
                     ckpt ? ckpt->options().every : 0, g, g);
-  const bool flush = req.csv.empty() && !stashes(req);
-  const std::int64_t every = ckpt && ckpt->options().every > 0
-                                 ? ckpt->options().every
-                                 : std::numeric_limits<std::int64_t>::max();
 
   RunProgress p{start};
+  std::unique_ptr<StopAgreement> stop;
+  auto checkpoint = [&](std::int64_t position) {
+    ckpt->save(position, ex.model(), ex.params(), ex.optimizer());
+  };
   auto skip_epoch_tail = [&] {
     if (p.position % loop.per_epoch >= usable)
       p.position += loop.per_epoch - p.position % loop.per_epoch;
   };
-  auto checkpoint = [&] { ckpt->save(p.position, ex.model(), ex.params(), ex.optimizer()); };
   skip_epoch_tail();
   while (p.position < loop.total) {
     const std::int64_t epoch_begin = p.position / loop.per_epoch * loop.per_epoch;
-    std::int64_t end = std::min(loop.total, epoch_begin + usable);
-    if (every != std::numeric_limits<std::int64_t>::max())
-      end = std::min(end, (p.position / every + 1) * every);
-    if (ckpt && flush) end = std::min(end, p.position + g);
-    std::int64_t n = end - p.position;
+    std::int64_t n = std::min(loop.total, epoch_begin + usable) - p.position;
     n -= n % g;
     if (!req.csv.empty()) {
       // A hand-written schedule has its own length: the run proceeds in whole copies of it.
@@ -255,13 +253,15 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
     PIPELINE_CHECK_AS(ConfigError, loop.feed->size(p.position) >= last_schedule->microbatches,
                       "a minibatch of {} samples cannot be cut into {} microbatches",
                       loop.feed->size(p.position), last_schedule->microbatches);
+    if (ckpt && !stop)
+      stop = std::make_unique<StopAgreement>(comm, ckpt->coordinator(), stop_margin(*last_schedule),
+                                             g);
     const auto t0 = Clock::now();
     std::int64_t seen = 0;
     TrainResult r = ex.train(
         *last_schedule, *loop.feed, p.position,
         [&](std::int64_t step) {
           fault_injection_point(comm.rank(), step);  // testing only; see the header
-          if (ckpt) ckpt->poll();
           return loop.lr->lr_at(step);
         },
         [&](const MinibatchStats& st) {
@@ -269,24 +269,35 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
           const double s = std::chrono::duration<double>(Clock::now() - t0).count();
           if (loop.on_minibatch)
             loop.on_minibatch(st, static_cast<double>(seen) / std::max(s, 1e-9));
+        },
+        [&](std::int64_t position) {
+          if (!ckpt) return;
+          if (ckpt->due(position)) checkpoint(position);
+          ckpt->poll();
+          if (ex.stop_position() < 0)
+            if (auto k = stop->poll(position)) ex.stop_before(*k);
         });
     train_seconds += r.seconds;
-    p.position += n;
-    const bool epoch_done = p.position == epoch_begin + usable || p.position >= loop.total;
-    if (epoch_done && loop.on_epoch_end) loop.on_epoch_end(epoch_begin / loop.per_epoch, r);
-    skip_epoch_tail();
-    if (!ckpt) continue;
-    if (ckpt->due(p.position)) checkpoint();
-    ckpt->poll();
-    if (preemption_agreed(comm)) {
-      if (ckpt->last_saved_step() != p.position) checkpoint();
-      p.checkpoint = ckpt->finish();
+    const std::int64_t end = p.position + n;
+    if (ex.stop_position() >= 0 && ex.stop_position() < end) {
+      p.position = ex.stop_position();
       p.preempted = true;
+    } else {
+      p.position = end;
+      const bool epoch_done = p.position == epoch_begin + usable || p.position >= loop.total;
+      if (epoch_done && loop.on_epoch_end) loop.on_epoch_end(epoch_begin / loop.per_epoch, r);
+      skip_epoch_tail();
+      // A request that came too late to be agreed within the run stops the job here.
+      p.preempted = stop && stop->any_requested();
+    }
+    if (p.preempted) {
+      if (ckpt->last_saved_step() != p.position) checkpoint(p.position);
+      p.checkpoint = ckpt->finish();
       return p;
     }
   }
   if (ckpt) {
-    if (ckpt->last_saved_step() != p.position) checkpoint();
+    if (ckpt->last_saved_step() != p.position) checkpoint(p.position);
     p.checkpoint = ckpt->finish();
   }
   return p;

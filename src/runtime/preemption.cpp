@@ -80,13 +80,6 @@ int preemption_signal() {
   return state().signal.load(std::memory_order_relaxed);
 }
 
-bool preemption_agreed(Communicator& comm) {
-  Tensor flag = Tensor::zeros(Shape{1});
-  flag.data<float>()[0] = preemption_requested() ? 1.f : 0.f;
-  comm.allreduce_sum(flag, comm.world());
-  return flag.data<float>()[0] > 0.f;
-}
-
 void reset_preemption_request() {
   state().signal.store(0);
 }

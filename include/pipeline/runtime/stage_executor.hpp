@@ -83,9 +83,9 @@ struct MinibatchFeed {
 };
 
 struct ExecutorOptions {
-  std::uint64_t seed = 0;    // initial parameters and dropout masks (microbatch_seed)
-  float clip_norm = 0.f;     // global gradient-norm clipping (0: off)
-  bool record_trace = false; // keep every executed action's timing (trace_events())
+  std::uint64_t seed = 0;     // initial parameters and dropout masks (microbatch_seed)
+  float clip_norm = 0.f;      // global gradient-norm clipping (0: off)
+  bool record_trace = false;  // keep every executed action's timing (trace_events())
   // Receives posted ahead of the action that waits for them, per kind; more overlap for more
   // memory held in posted buffers.
   int receive_lookahead = 4;
@@ -105,11 +105,14 @@ struct TrainResult {
   double loss = 0;               // last stage: mean over the minibatches it scored
   std::int64_t correct = 0, count = 0;
   double seconds = 0;
-  int peak_in_flight = 0;        // most microbatch contexts open at once
+  int peak_in_flight = 0;  // most microbatch contexts open at once
   int peak_weight_versions = 1;
 };
 
 using LrFunction = std::function<float(std::int64_t step)>;
+// Called after each optimizer step with the number of minibatches the stage has absorbed since
+// the start of the run (its position: the global index of the next minibatch it will train).
+using StepDoneFunction = std::function<void(std::int64_t position)>;
 
 class StageExecutor {
  public:
@@ -145,9 +148,19 @@ class StageExecutor {
   // be empty) is called on the last stage when a minibatch's loss is known: on its only rank, or,
   // for a replicated last stage, on replica 0 after the replicas' allreduce has summed the
   // minibatch's statistics (TrainResult then counts whole minibatches on every replica).
-  TrainResult train(const Schedule& schedule, const MinibatchFeed& feed, std::int64_t first_minibatch,
-                    const LrFunction& lr,
-                    const std::function<void(const MinibatchStats&)>& on_minibatch = {});
+  TrainResult train(const Schedule& schedule, const MinibatchFeed& feed,
+                    std::int64_t first_minibatch, const LrFunction& lr,
+                    const std::function<void(const MinibatchStats&)>& on_minibatch = {},
+                    const StepDoneFunction& on_step_done = {});
+
+  // Ends the running train() early: actions of minibatches `minibatch` and later (global
+  // indices) are skipped and their posted receives cancelled, so the stage stops after the step
+  // that brings it to `minibatch`. Called from train()'s callbacks, on every rank with the same
+  // value (StopAgreement), early enough that no rank has started such a minibatch: a rank that
+  // already has throws. `minibatch` must end a group of the stage's replicas' steps.
+  void stop_before(std::int64_t minibatch);
+  // The stop requested for the running (or last) train(), -1 when none.
+  std::int64_t stop_position() const { return m_stop_before; }
 
   // Forward-only evaluation (Mode::Eval) of `batches` batches through the pipeline, batch u on
   // replica u % r of every stage, with the latest weights. Collective over every rank; every rank
@@ -177,6 +190,7 @@ class StageExecutor {
   Tensor take_received(Run& run, std::size_t index);
   Shape activation_shape(std::int64_t samples, int layer_end) const;
   Batch microbatch_data(Run& run, int u);
+  std::int64_t minibatch_of(const Run& run, const Action& a) const;
 
   const Sequential* m_model;
   Shape m_sample_shape;
@@ -196,6 +210,8 @@ class StageExecutor {
   std::vector<TraceEvent> m_trace;
   double m_t0 = 0;
   bool m_store_ready = false;
+  Run* m_run = nullptr;  // the train() in progress
+  std::int64_t m_stop_before = -1;
 };
 
 }  // namespace pipeline
