@@ -46,8 +46,9 @@ std::int64_t stop_margin(const Schedule& schedule) {
 }
 
 StopAgreement::StopAgreement(Communicator& comm, int coordinator, std::int64_t margin,
-                             int granularity)
+                             int granularity, std::function<bool()> asked)
     : m_comm(&comm),
+      m_asked(asked ? std::move(asked) : std::function<bool()>(preemption_requested)),
       m_coordinator(coordinator),
       m_margin(margin),
       m_granularity(std::max(1, granularity)) {
@@ -86,13 +87,13 @@ std::optional<std::int64_t> StopAgreement::poll(std::int64_t position) {
   std::erase_if(m_sends, [](Request& r) { return r.test(); });
   if (m_decided) return m_decided;
   if (m_comm->rank() == m_coordinator) {
-    bool asked = preemption_requested();
+    bool asked = m_asked();
     for (auto& r : m_request_recvs)
       if (r.pending() && r.test()) asked = true;
     if (asked) decide(position);
     return m_decided;
   }
-  if (preemption_requested() && !m_told) {
+  if (!m_told && m_asked()) {
     m_request_out = position_tensor(position);
     m_sends.push_back(m_comm->isend(m_request_out, m_coordinator, Tag::control(0, kStopRequest)));
     m_told = true;
@@ -103,7 +104,7 @@ std::optional<std::int64_t> StopAgreement::poll(std::int64_t position) {
 
 bool StopAgreement::any_requested() {
   Tensor flag = Tensor::zeros(Shape{1});
-  flag.data<float>()[0] = preemption_requested() || m_decided ? 1.f : 0.f;
+  flag.data<float>()[0] = m_asked() || m_decided ? 1.f : 0.f;
   m_comm->allreduce_sum(flag, m_comm->world());
   return flag.data<float>()[0] > 0.f;
 }

@@ -21,6 +21,7 @@
 #include <pipeline/schedule/schedule.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -32,7 +33,9 @@ std::int64_t stop_margin(const Schedule& schedule);
 
 class StopAgreement {
  public:
-  StopAgreement(Communicator& comm, int coordinator, std::int64_t margin, int granularity);
+  // `asked` says whether this rank has been asked to stop (default: a received SIGTERM/SIGINT).
+  StopAgreement(Communicator& comm, int coordinator, std::int64_t margin, int granularity,
+                std::function<bool()> asked = {});
   ~StopAgreement();
   StopAgreement(const StopAgreement&) = delete;
   StopAgreement& operator=(const StopAgreement&) = delete;
@@ -49,6 +52,7 @@ class StopAgreement {
   void decide(std::int64_t position);
 
   Communicator* m_comm;
+  std::function<bool()> m_asked;
   int m_coordinator;
   std::int64_t m_margin;
   int m_granularity;
