@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -88,9 +89,18 @@ inline CheckpointRunInfo checkpoint_run_info(const std::string& model, const Opt
 inline std::optional<Checkpoint> checkpoint_to_resume(const CheckpointFlags& flags,
                                                       const CheckpointRunInfo& run, bool log) {
   if (flags.resume.empty()) return std::nullopt;
+  std::error_code ec;
+  PIPELINE_CHECK_AS(
+      ConfigError,
+      !std::filesystem::exists(flags.resume, ec) || std::filesystem::is_directory(flags.resume, ec),
+      "--resume '{}' is not a directory: give the directory that --checkpoint-dir "
+      "wrote (it holds step-<n> directories)",
+      flags.resume);
   std::optional<Checkpoint> c = find_latest_checkpoint(flags.resume);
   if (!c) {
-    if (log) log_info("no checkpoint in '{}' yet: starting from step 0", flags.resume);
+    if (log)
+      log_warn("no checkpoint in '{}'{}: starting from step 0", flags.resume,
+               std::filesystem::exists(flags.resume, ec) ? " yet" : " (it does not exist)");
     return std::nullopt;
   }
   check_resume_compatible(c->manifest, run);
@@ -101,6 +111,10 @@ inline std::optional<Checkpoint> checkpoint_to_resume(const CheckpointFlags& fla
       log_info(
           "the checkpoint was written under another plan: every rank loads its own layers "
           "from the shards that hold them");
+    if (run.schedule.rfind("1f1b-stash", 0) == 0)
+      log_info(
+          "1f1b-stash: in-flight microbatches and their stashed weight versions are not "
+          "part of a checkpoint; the pipeline starts afresh from the newest weights");
   }
   return c;
 }

@@ -21,6 +21,8 @@
 #   sigterm             SIGTERM to mpirun: every rank finishes its step, the job checkpoints,
 #                       names the checkpoint and exits; --resume continues from that step
 #                       (1f1b-flush on 2 ranks; sigterm-stash: 1f1b-stash on 4 ranks)
+#   refused             resuming with another seed, batch, optimizer or model, from a corrupt
+#                       shard, or from a file, fails with the problem and the fix named
 # Exits non-zero with a message on the first failed check.
 set -euo pipefail
 
@@ -207,12 +209,38 @@ run_sigterm() {
   echo "$schedule, $ranks ranks, SIGTERM to mpirun: every rank stopped after step $step with its checkpoint; resumed there"
 }
 
+# Runs "$@", which must fail with output matching $expect.
+expect_refusal() {
+  local expect=$1
+  shift
+  if "$@" > "$work/r.log" 2>&1; then fail "accepted: $*"; fi
+  grep -Eq "$expect" "$work/r.log" || { cat "$work/r.log"; fail "no '$expect' in the error of: $*"; }
+}
+
+run_refused() {
+  "$train" "${common[@]}" --steps 10 --checkpoint-dir "$work/a" --checkpoint-every 5 \
+    > "$work/a.log" 2>&1 || { cat "$work/a.log"; fail "the run failed"; }
+  local run=("$train" --threads 1 --steps 20)
+  local resume=("${run[@]}" --batch 32 --resume "$work/a")
+  expect_refusal "resume with --seed 1" "${resume[@]}" --model mlp --seed 2
+  expect_refusal "resume with --batch 32" "${run[@]}" --model mlp --batch 16 --resume "$work/a"
+  expect_refusal "resume with --optimizer adamw" "${resume[@]}" --model mlp --optimizer sgd
+  expect_refusal "model 'mlp'.*--model mlp" "${resume[@]}" --model fashion-cnn
+  expect_refusal "is not a directory" "${run[@]}" --model mlp --resume "$work/a.log"
+  expect_refusal "cannot create the checkpoint directory" "${run[@]}" --model mlp \
+    --checkpoint-dir "$work/a.log/sub"
+  printf 'x' | dd of="$work/a/step-000000010/stage-0.safetensors" bs=1 seek=100 conv=notrunc 2> /dev/null
+  expect_refusal "stage-0.safetensors' is corrupt.*CRC-32" "${resume[@]}" --model mlp
+  echo "resuming with another seed, batch, optimizer or model, from a corrupt shard or a file: refused, naming the fix"
+}
+
 case $case_name in
   bitwise-*) run_bitwise "${case_name#bitwise-}" ;;
   stash) run_bitwise 1f1b-stash ;;
   replan) run_replan ;;
   sigkill) run_sigkill ;;
   interrupted) run_interrupted ;;
+  refused) run_refused ;;
   sigterm) run_sigterm 1f1b-flush 2 "$plans/mlp_2.json" ;;
   sigterm-stash) run_sigterm 1f1b-stash 4 "$plans/mlp_4.json" ;;
   *) fail "unknown case" ;;
