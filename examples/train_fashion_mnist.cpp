@@ -144,9 +144,7 @@ int run(const Options& o) {
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   log_info("{} steps in {:.1f} s ({:.1f} samples/s while training)", done.position - start, wall,
            static_cast<double>((done.position - start) * o.batch) / std::max(busy_s, 1e-9));
-  if (checkpoints)
-    log_info("checkpoint of step {} in '{}' (longest stall {:.1f} ms)", done.position,
-             done.checkpoint, checkpoints->max_stall_s() * 1e3);
+  examples::report_checkpoints(checkpoints.get(), done);
   if (!o.save.empty()) {
     save_parameters(o.save, zoo.model, trainer.params(), zoo.model.all());
     log_info("saved parameters to {}", o.save);
@@ -242,9 +240,7 @@ int run_pipelined(const Options& o, Communicator& comm) {
     log_info("{} steps in {:.1f} s of training: {:.1f} samples/s through the pipeline",
              done.position - start, train_s,
              static_cast<double>(samples) / std::max(train_s, 1e-9));
-  if (checkpoints && !done.checkpoint.empty())
-    log_info("checkpoint of step {} in '{}' (longest stall {:.1f} ms)", done.position,
-             done.checkpoint, checkpoints->max_stall_s() * 1e3);
+  examples::report_checkpoints(checkpoints.get(), done);
   if (!o.save.empty()) {
     const std::string path = per_rank_path(o.save, comm.rank(), comm.size());
     save_parameters(path, zoo.model, ex.params(), ex.layers());

@@ -117,9 +117,7 @@ int run_single(const Options& o) {
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   log_info("{} steps in {:.1f} s ({:.0f} samples/s)", done.position - start, s,
            static_cast<double>((done.position - start) * o.batch) / s);
-  if (checkpoints)
-    log_info("checkpoint of step {} in '{}' (longest stall {:.1f} ms)", done.position,
-             done.checkpoint, checkpoints->max_stall_s() * 1e3);
+  examples::report_checkpoints(checkpoints.get(), done);
   EvalResult e = trainer.evaluate(valid, 64);
   metrics.write({{"validation_loss", e.loss}, {"perplexity", std::exp(e.loss)}});
   report(e.loss);
@@ -181,9 +179,7 @@ int run_pipelined(const Options& o, Communicator& comm) {
     log_info("{} steps in {:.1f} s ({:.0f} samples/s through the pipeline)", done.position - start,
              train_s,
              static_cast<double>((done.position - start) * o.batch) / std::max(train_s, 1e-9));
-  if (checkpoints && !done.checkpoint.empty())
-    log_info("checkpoint of step {} in '{}' (longest stall {:.1f} ms)", done.position,
-             done.checkpoint, checkpoints->max_stall_s() * 1e3);
+  examples::report_checkpoints(checkpoints.get(), done);
   const DataLoader vloader(valid, {.batch_size = 64, .shuffle = false});
   StageExecutor::Eval e = ex.evaluate(examples::evaluation_feed(vloader), vloader.num_batches());
   metrics.write({{"validation_loss", e.loss}, {"perplexity", std::exp(e.loss)}});

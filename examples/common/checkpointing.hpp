@@ -149,6 +149,17 @@ struct RunProgress {
   std::string checkpoint;  // the last checkpoint completed (coordinator only)
 };
 
+// One log line per rank that writes checkpoints: the longest time a checkpoint held up its
+// training, and (on the coordinator) the newest checkpoint.
+inline void report_checkpoints(const Checkpointer* checkpoints, const RunProgress& p) {
+  if (!checkpoints || checkpoints->last_saved_step() < 0) return;
+  if (p.checkpoint.empty())
+    log_info("checkpoints held up this rank for {:.2f} ms at most", checkpoints->max_stall_s() * 1e3);
+  else
+    log_info("checkpoint of step {} in '{}'; checkpoints held up this rank for {:.2f} ms at most",
+             p.position, p.checkpoint, checkpoints->max_stall_s() * 1e3);
+}
+
 inline void announce_preemption(const RunProgress& p, int signal) {
   fmt::print(
       "stopped by signal {} after step {}: checkpoint '{}' written; continue with --resume\n",

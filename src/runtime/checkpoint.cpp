@@ -281,30 +281,47 @@ void prune(const std::string& dir, int keep) {
   }
 }
 
-// A copy of the stage's state under its checkpoint names.
+// A copy of the stage's state under its checkpoint names, into the tensors of `reuse` (the
+// previous checkpoint's copy) when they match: fresh allocations would add page faults to the
+// time the copy holds up training, tens of milliseconds for a few hundred megabytes.
 NamedTensors snapshot(const Sequential& model, LayerRange r, const ModelParams& params,
-                      const Optimizer& optimizer) {
+                      const Optimizer& optimizer, NamedTensors reuse) {
   PIPELINE_CHECK(static_cast<int>(params.size()) == r.size(),
                  "checkpoint: parameters for {} layers given for a stage of {}", params.size(),
                  r.size());
   NamedTensors out;
+  out.reserve(reuse.size());
+  auto add = [&](std::string name, const Tensor& t) {
+    const std::size_t k = out.size();
+    if (k < reuse.size() && reuse[k].first == name && reuse[k].second.shape() == t.shape() &&
+        reuse[k].second.dtype() == t.dtype()) {
+      reuse[k].second.copy_from(t);
+      out.push_back(std::move(reuse[k]));
+    } else {
+      out.emplace_back(std::move(name), t.clone());
+    }
+  };
   for (int i = r.begin; i < r.end; ++i) {
     const Layer& layer = model.layer(i);
     const LayerParams& p = params[static_cast<std::size_t>(i - r.begin)];
     const auto specs = layer.parameters();
     const auto bufs = layer.buffers();
     for (std::size_t j = 0; j < specs.size(); ++j)
-      out.emplace_back(layer.name() + "." + specs[j].name, p.params.at(j).clone());
-    for (std::size_t j = 0; j < bufs.size(); ++j)
-      out.emplace_back(layer.name() + "." + bufs[j].name, p.buffers.at(j).clone());
+      add(layer.name() + "." + specs[j].name, p.params.at(j));
+    for (std::size_t j = 0; j < bufs.size(); ++j) add(layer.name() + "." + bufs[j].name, p.buffers.at(j));
   }
   if (!optimizer.state().empty()) {
     const std::vector<std::string> names = parameter_names(model, r);
-    for (auto& [name, t] : optimizer.state_tensors(names))
-      out.emplace_back("optimizer." + name, t.clone());
+    for (auto& [name, t] : optimizer.state_tensors(names)) add("optimizer." + name, t);
   }
   return out;
 }
+
+// What the background write gives back: the shard's record, and the copy it wrote (for reuse).
+struct WrittenShard {
+  CheckpointShard record;
+  NamedTensors state;
+};
 
 CheckpointShard write_shard(const std::string& dir, int stage, LayerRange r,
                             const NamedTensors& tensors, const Metadata& metadata) {
@@ -361,7 +378,7 @@ constexpr int kRecordBody = 3;
 struct Checkpointer::InFlight {
   std::int64_t step = 0;
   std::string path;
-  std::future<CheckpointShard> shard;  // writers: the background write of this rank's shard
+  std::future<WrittenShard> shard;  // writers: the background write of this rank's shard
   bool shard_done = false;
   // Non-coordinator writers: the record on its way to the coordinator.
   Tensor record_length, record_body;
@@ -426,7 +443,7 @@ void Checkpointer::save(std::int64_t step, const Sequential& model, const ModelP
     fs::create_directories(f->path, ec);
     PIPELINE_CHECK_AS(IoError, !ec, "cannot create checkpoint directory '{}': {}", f->path,
                       ec.message());
-    NamedTensors state = snapshot(model, m_role.layers, params, optimizer);
+    NamedTensors state = snapshot(model, m_role.layers, params, optimizer, std::move(m_spare));
     Metadata meta{{"format", "pipeline.checkpoint-shard/1"},
                   {"model", model.name()},
                   {"step", std::to_string(step)},
@@ -434,7 +451,10 @@ void Checkpointer::save(std::int64_t step, const Sequential& model, const ModelP
     f->shard = std::async(
         std::launch::async,
         [dir = f->path, stage = m_role.stage, r = m_role.layers, state = std::move(state),
-         meta = std::move(meta)] { return write_shard(dir, stage, r, state, meta); });
+         meta = std::move(meta)]() mutable {
+          CheckpointShard record = write_shard(dir, stage, r, state, meta);
+          return WrittenShard{std::move(record), std::move(state)};
+        });
   }
   if (rank == m_role.coordinator) {
     const std::size_t stages = m_role.stage_writers.size();
@@ -469,7 +489,9 @@ void Checkpointer::send_record(InFlight& f, const CheckpointShard& record) {
 void Checkpointer::take_own_shard(InFlight& f, bool block) {
   if (!m_role.writer || f.shard_done) return;
   if (!block && f.shard.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
-  CheckpointShard record = f.shard.get();  // rethrows a failed write
+  WrittenShard written = f.shard.get();  // rethrows a failed write
+  m_spare = std::move(written.state);
+  CheckpointShard& record = written.record;
   f.shard_done = true;
   const int rank = m_comm ? m_comm->rank() : 0;
   if (rank == m_role.coordinator)

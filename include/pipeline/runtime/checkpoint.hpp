@@ -124,6 +124,7 @@ class Checkpointer {
   CheckpointRole m_role;
   Communicator* m_comm;
   std::unique_ptr<InFlight> m_flight;
+  NamedTensors m_spare;  // the last checkpoint's copy of the state, reused by the next
   std::int64_t m_last_step = -1;
   std::string m_last_complete;
   double m_last_stall_s = 0, m_max_stall_s = 0;
