@@ -1,6 +1,8 @@
 // Dataflow execution of a schedule: timing, stash accounting and deadlock detection.
 #include "engine.hpp"
 
+#include <pipeline/schedule/validate.hpp>
+
 #include <algorithm>
 #include <deque>
 
@@ -408,16 +410,23 @@ class Engine {
         msg +=
             describe(path[i]) + fmt::format(" for rank {}", i + 1 < path.size() ? path[i + 1] : r);
       }
-      PIPELINE_FAIL(ConfigError,
-                    "schedule cannot finish: {}, which has finished without {} ({} ranks blocked)",
-                    msg, is_recv(a.kind) ? "sending it" : "reaching the allreduce", blocked);
+      throw ScheduleDeadlock(
+          fmt::format("{}schedule cannot finish: {}, which has finished without {} ({} ranks "
+                      "blocked) ({}:{})",
+                      detail::rank_prefix(), msg,
+                      is_recv(a.kind) ? "sending it" : "reaching the allreduce", blocked, __FILE__,
+                      __LINE__),
+          path);
     }
+    std::vector<int> cycle(path.begin() + seen[r], path.end());
     for (std::size_t i = static_cast<std::size_t>(seen[r]); i < path.size(); ++i) {
       if (!msg.empty()) msg += "; ";
       msg += describe(path[i]) +
              fmt::format(" for rank {}", i + 1 < path.size() ? path[i + 1] : path[seen[r]]);
     }
-    PIPELINE_FAIL(ConfigError, "deadlock: {} ({} ranks blocked in all)", msg, blocked);
+    throw ScheduleDeadlock(fmt::format("{}deadlock: {} ({} ranks blocked in all) ({}:{})",
+                                       detail::rank_prefix(), msg, blocked, __FILE__, __LINE__),
+                           std::move(cycle));
   }
 
   const Schedule& m_s;

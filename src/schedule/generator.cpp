@@ -4,10 +4,16 @@
 #include <pipeline/schedule/schedules/gpipe.hpp>
 #include <pipeline/schedule/schedules/interleaved.hpp>
 #include <pipeline/schedule/schedules/one_f_one_b.hpp>
+#include <pipeline/schedule/validate.hpp>
+
+#include "engine.hpp"
 
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
 
 namespace pipeline {
 
@@ -91,6 +97,17 @@ int one_f_one_b_warmup(const ScheduleSpec& spec, int stage) {
   for (int s = 0; s < stage; ++s) before += static_cast<int>(spec.stage_ranks[s].size());
   int replicas = static_cast<int>(spec.stage_ranks[stage].size());
   return std::max(0, (spec.num_ranks() - 1 - before) / replicas);
+}
+
+std::vector<int> stash_warmups(const ScheduleSpec& spec) {
+  std::vector<int> out;
+  for (int s = 0; s < spec.num_stages(); ++s) {
+    int w = one_f_one_b_warmup(spec, s);
+    // Capping every stage (not only the input) keeps warm-ups non-increasing along the pipeline.
+    if (spec.in_flight > 0) w = std::min(w, spec.in_flight - 1);
+    out.push_back(w);
+  }
+  return out;
 }
 
 std::vector<int> replica_microbatches(const ScheduleSpec& spec, int stage, int replica, int first,
@@ -198,25 +215,12 @@ Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
   });
 }
 
-Schedule one_f_one_b_stash_schedule(const ScheduleSpec& spec) {
-  check_spec(spec);
-  PIPELINE_CHECK_AS(ConfigError, spec.microbatches == 1,
-                    "1f1b-stash steps after every minibatch and has no microbatches; got {} "
-                    "microbatches per minibatch — use 1 (or a flush schedule)",
-                    spec.microbatches);
+Schedule detail::stash_schedule_with(const ScheduleSpec& spec, const std::vector<int>& warmups) {
   Schedule sched = detail::empty_schedule(
       spec, spec.vertical_sync ? "1f1b-stash-vsync" : "1f1b-stash", UpdatePolicy::Stash);
-  int units = spec.minibatches;
+  const int units = spec.minibatches;
   for (int s = 0; s < spec.num_stages(); ++s) {
-    int r = static_cast<int>(spec.stage_ranks[s].size());
-    PIPELINE_CHECK_AS(ConfigError, units % r == 0,
-                      "1f1b-stash: {} minibatches cannot be dealt evenly to the {} replicas of "
-                      "stage {} (their allreduces must pair up); use a multiple of {}",
-                      units, r, s, r);
-    // Capping every stage (not only the input) keeps warm-ups non-increasing along the pipeline,
-    // which is what lets replicated stages meet at their allreduces without deadlock.
-    int warmup = detail::one_f_one_b_warmup(spec, s);
-    if (spec.in_flight > 0) warmup = std::min(warmup, spec.in_flight - 1);
+    const int r = static_cast<int>(spec.stage_ranks[s].size());
     for (int i = 0; i < r; ++i) {
       auto& out = sched.ranks[spec.stage_ranks[s][i]];
       // Room for every action this rank gets, communication included (insert_communication
@@ -224,7 +228,7 @@ Schedule one_f_one_b_stash_schedule(const ScheduleSpec& spec) {
       out.reserve(compute_capacity(spec, s, /*step_per_backward=*/true));
       auto mbs = detail::replica_microbatches(spec, s, i, 0, units);
       int step = 0;
-      one_f_one_b_order(out, s, mbs, warmup, [&] {
+      one_f_one_b_order(out, s, mbs, warmups[static_cast<std::size_t>(s)], [&] {
         close_minibatch(out, s, r, step);
         ++step;
       });
@@ -233,6 +237,168 @@ Schedule one_f_one_b_stash_schedule(const ScheduleSpec& spec) {
   insert_communication(sched);
   return sched;
 }
+
+Schedule one_f_one_b_stash_schedule(const ScheduleSpec& spec) {
+  check_spec(spec);
+  PIPELINE_CHECK_AS(ConfigError, spec.microbatches == 1,
+                    "1f1b-stash steps after every minibatch and has no microbatches; got {} "
+                    "microbatches per minibatch — use 1 (or a flush schedule)",
+                    spec.microbatches);
+  for (int s = 0; s < spec.num_stages(); ++s) {
+    const int r = static_cast<int>(spec.stage_ranks[s].size());
+    PIPELINE_CHECK_AS(ConfigError, spec.minibatches % r == 0,
+                      "1f1b-stash: {} minibatches cannot be dealt evenly to the {} replicas of "
+                      "stage {} (their allreduces must pair up); use a multiple of {}",
+                      spec.minibatches, r, s, r);
+  }
+  std::vector<int> warmups = detail::stash_warmups(spec);
+  const bool replicated = std::any_of(spec.stage_ranks.begin(), spec.stage_ranks.end(),
+                                      [](auto& r) { return r.size() > 1; });
+  // A pipeline without replicas runs under PipeDream's warm-ups, at the rate it predicts.
+  if (!replicated) return detail::stash_schedule_with(spec, warmups);
+  warmups = detail::replicated_stash_warmups(spec);
+  Schedule sched = detail::stash_schedule_with(spec, warmups);
+  // The warm-ups were chosen on a shorter run; the schedule's own length is checked too.
+  detail::lower_until_valid(spec, warmups, sched);
+  return sched;
+}
+
+namespace detail {
+namespace {
+
+// The stage of every rank.
+std::vector<int> stages_of_ranks(const ScheduleSpec& spec) {
+  std::vector<int> out(static_cast<std::size_t>(spec.num_ranks()));
+  for (int s = 0; s < spec.num_stages(); ++s)
+    for (int r : spec.stage_ranks[static_cast<std::size_t>(s)])
+      out[static_cast<std::size_t>(r)] = s;
+  return out;
+}
+
+// The time the schedule takes on a balanced pipeline — the pipeline the planner builds, every
+// stage taking the same time per minibatch: a replica of a stage with r replicas spends r units
+// on a forward and 2r on a backward — with free communication; infinity when it deadlocks.
+double balanced_makespan(const ScheduleSpec& spec, const std::vector<int>& warmups) {
+  EngineCosts costs;
+  for (auto& ranks : spec.stage_ranks) {
+    StageCosts c;
+    c.forward_s = static_cast<double>(ranks.size());
+    c.backward_s = 2.0 * static_cast<double>(ranks.size());
+    costs.stages.push_back(c);
+  }
+  try {
+    const EngineResult result = execute_schedule(stash_schedule_with(spec, warmups), &costs, false);
+    double end = 0;
+    for (auto& r : result.ranks) end = std::max(end, r.finish_s);
+    return end;
+  } catch (const ScheduleDeadlock&) {
+    return std::numeric_limits<double>::infinity();
+  }
+}
+
+}  // namespace
+
+void lower_until_valid(const ScheduleSpec& spec, std::vector<int>& warmups, Schedule& sched) {
+  const std::vector<int> stage_of = stages_of_ranks(spec);
+  // Without any warm-up a microbatch's backward depends on earlier microbatches only, so this
+  // ends with a schedule that runs.
+  for (;;) {
+    try {
+      validate(sched);
+      return;
+    } catch (const ScheduleDeadlock& d) {
+      int deepest = -1;
+      for (int r : d.ranks()) {
+        const auto s = static_cast<std::size_t>(stage_of[static_cast<std::size_t>(r)]);
+        if (warmups[s] > 0 &&
+            (deepest < 0 || warmups[s] > warmups[static_cast<std::size_t>(deepest)]))
+          deepest = static_cast<int>(s);
+      }
+      if (deepest < 0) throw;  // not a warm-up's doing: a bug the message names
+      --warmups[static_cast<std::size_t>(deepest)];
+      sched = stash_schedule_with(spec, warmups);
+    }
+  }
+}
+
+constexpr int kMaxSearchedRanks = 64;
+
+std::vector<int> replicated_stash_warmups(const ScheduleSpec& spec) {
+  // With replicas the allreduces couple the replicas' orders, and PipeDream's warm-ups may wait
+  // on each other across uneven replica counts (its 4-2-3-3-2-1-1 deadlocks) or leave stages
+  // starved. The warm-ups are searched instead: a hill climb over one-step changes of a stage's
+  // depth that minimises the balanced pipeline's makespan (balanced_makespan) on a run of a few
+  // rounds per worker, starting from PipeDream's depths lowered until they run. Depths stay
+  // within a straight pipeline's (workers after the stage), the input stage's within in_flight.
+  ScheduleSpec probe = spec;
+  int lcm = 1;
+  for (auto& r : spec.stage_ranks) lcm = std::lcm(lcm, static_cast<int>(r.size()));
+  probe.minibatches = lcm * ((8 * spec.num_ranks() + lcm - 1) / lcm);
+  std::vector<int> limit;
+  int before = 0;
+  for (int s = 0; s < spec.num_stages(); ++s) {
+    int l = spec.num_ranks() - before - 1;
+    if (s == 0 && spec.in_flight > 0) l = std::min(l, spec.in_flight - 1);
+    limit.push_back(std::max(0, l));
+    before += static_cast<int>(spec.stage_ranks[static_cast<std::size_t>(s)].size());
+  }
+  // Starts: PipeDream's depths lowered until they run; depths that keep every stage's window of
+  // microbatches in flight (replicas × (depth + 1)) no larger than the stage before it; PipeDream's
+  // depths with only the input stage capped, lowered until they run; none.
+  std::vector<std::vector<int>> starts;
+  starts.push_back(stash_warmups(probe));
+  Schedule first = stash_schedule_with(probe, starts.back());
+  lower_until_valid(probe, starts.back(), first);
+  std::vector<int> windowed;
+  int window = 0;
+  for (int s = 0; s < spec.num_stages(); ++s) {
+    const int r = static_cast<int>(spec.stage_ranks[static_cast<std::size_t>(s)].size());
+    const int w =
+        s == 0 ? limit[0] : std::clamp(window / r - 1, 0, limit[static_cast<std::size_t>(s)]);
+    windowed.push_back(w);
+    window = r * (w + 1);
+  }
+  starts.push_back(windowed);
+  // PipeDream's depths with only the input stage capped by in_flight, lowered until they run.
+  std::vector<int> uncapped;
+  for (int s = 0; s < spec.num_stages(); ++s)
+    uncapped.push_back(std::min(one_f_one_b_warmup(spec, s), limit[static_cast<std::size_t>(s)]));
+  Schedule second = stash_schedule_with(probe, uncapped);
+  lower_until_valid(probe, uncapped, second);
+  starts.push_back(uncapped);
+  starts.push_back(std::vector<int>(limit.size(), 0));
+  // Each evaluation simulates the whole probe run: beyond 64 ranks the search would take longer
+  // than the run it plans, so the first start is taken as it is.
+  if (spec.num_ranks() > kMaxSearchedRanks) return starts.front();
+  std::vector<int> best;
+  double best_s = std::numeric_limits<double>::infinity();
+  for (std::vector<int> at : starts) {
+    double at_s = balanced_makespan(probe, at);
+    if (!std::isfinite(at_s)) continue;
+    for (bool improved = true; improved;) {
+      improved = false;
+      for (std::size_t s = 0; s < at.size(); ++s)
+        for (int step : {+1, -1}) {
+          std::vector<int> candidate = at;
+          candidate[s] += step;
+          if (candidate[s] < 0 || candidate[s] > limit[s]) continue;
+          const double t = balanced_makespan(probe, candidate);
+          if (t < at_s * (1 - 1e-9)) {
+            at = std::move(candidate);
+            at_s = t;
+            improved = true;
+          }
+        }
+    }
+    if (at_s < best_s) {
+      best = std::move(at);
+      best_s = at_s;
+    }
+  }
+  return best;
+}
+
+}  // namespace detail
 
 void insert_communication(Schedule& schedule) {
   const int last = schedule.num_stages() - 1;

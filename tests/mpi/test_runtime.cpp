@@ -49,7 +49,9 @@ Sequential model(float dropout) {
   return m;
 }
 
-std::unique_ptr<Optimizer> make_sgd() { return std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f}); }
+std::unique_ptr<Optimizer> make_sgd() {
+  return std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f});
+}
 
 Batch minibatch(std::int64_t j) {
   static const SyntheticDataset data(Shape{kFeatures}, kClasses, 256, 5);
@@ -59,7 +61,8 @@ Batch minibatch(std::int64_t j) {
 }
 
 MinibatchFeed feed() {
-  return {[](std::int64_t j) { return minibatch(j); }, [](std::int64_t) { return std::int64_t{kBatch}; }};
+  return {[](std::int64_t j) { return minibatch(j); },
+          [](std::int64_t) { return std::int64_t{kBatch}; }};
 }
 
 double max_rel_diff(const ModelParams& got, const ModelParams& want, LayerRange r) {
@@ -69,7 +72,8 @@ double max_rel_diff(const ModelParams& got, const ModelParams& want, LayerRange 
       auto g = got[static_cast<std::size_t>(i - r.begin)].params[k].values();
       auto w = want[static_cast<std::size_t>(i)].params[k].values();
       for (std::size_t e = 0; e < g.size(); ++e)
-        worst = std::max(worst, std::abs(double(g[e]) - double(w[e])) / (1.0 + std::abs(double(w[e]))));
+        worst =
+            std::max(worst, std::abs(double(g[e]) - double(w[e])) / (1.0 + std::abs(double(w[e]))));
     }
   return worst;
 }
@@ -114,7 +118,8 @@ TEST_CASE("flush schedules over MPI equal SequentialTrainer") {
       spec.microbatches = micro;
       spec.minibatches = minibatches;
       Schedule s = generate_schedule(name, spec);
-      StageExecutor ex(m, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(), {.seed = kSeed});
+      StageExecutor ex(m, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
+                       {.seed = kSeed});
       ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
       CAPTURE(name);
       CAPTURE(replicated);
@@ -143,16 +148,17 @@ TEST_CASE("1f1b-stash over MPI equals the weight-stashing reference") {
     testing::StashReference ref{m, kSeed, kLr, make_sgd, minibatch, layout.stages, {}, {}, c.vsync};
     for (int j = 0; j < layout.num_stages(); ++j) {
       ref.replicas.push_back(static_cast<int>(layout.stage_ranks[j].size()));
-      ref.warmup.push_back(
-          std::min(detail::one_f_one_b_warmup(spec, j), minibatches / ref.replicas[j] - 1));
+      ref.warmup.push_back(testing::schedule_warmup(s, layout.stage_ranks[j].front()));
     }
     const ModelParams want = ref.run(minibatches);
-    StageExecutor ex(m, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(), {.seed = kSeed});
+    StageExecutor ex(m, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
+                     {.seed = kSeed});
     TrainResult r = ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
     CAPTURE(c.replicated);
     CAPTURE(c.vsync);
     CHECK(max_rel_diff(ex.params(), want, ex.layers()) <= 1e-5);
-    CHECK(r.peak_in_flight <= validate(s).ranks[static_cast<std::size_t>(comm.rank())].peak_activations);
+    CHECK(r.peak_in_flight <=
+          validate(s).ranks[static_cast<std::size_t>(comm.rank())].peak_activations);
   }
 }
 

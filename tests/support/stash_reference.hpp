@@ -123,4 +123,14 @@ inline int steps_before_forward(const Schedule& s, int rank, int u) {
   PIPELINE_FAIL(Error, "no forward of {} on rank {}", u, rank);
 }
 
+// The warm-up depth `rank` runs under: its forwards before its first backward, less one.
+inline int schedule_warmup(const Schedule& s, int rank) {
+  int forwards = 0;
+  for (const Action& a : s.ranks[static_cast<std::size_t>(rank)]) {
+    if (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardInput) break;
+    if (a.kind == ActionKind::Forward) ++forwards;
+  }
+  return std::max(0, forwards - 1);
+}
+
 }  // namespace pipeline::testing

@@ -63,7 +63,8 @@ Batch minibatch(std::int64_t j) {
 }
 
 MinibatchFeed feed() {
-  return {[](std::int64_t j) { return minibatch(j); }, [](std::int64_t) { return std::int64_t{kBatch}; }};
+  return {[](std::int64_t j) { return minibatch(j); },
+          [](std::int64_t) { return std::int64_t{kBatch}; }};
 }
 
 // The largest |a - b| / (1 + |b|) over every parameter of layers [r.begin, r.end).
@@ -78,7 +79,8 @@ double max_rel_diff(const ModelParams& got, const ModelParams& want, LayerRange 
       auto wv = w[k].values();
       REQUIRE(gv.size() == wv.size());
       for (std::size_t e = 0; e < gv.size(); ++e)
-        worst = std::max(worst, std::abs(double(gv[e]) - double(wv[e])) / (1.0 + std::abs(double(wv[e]))));
+        worst = std::max(worst,
+                         std::abs(double(gv[e]) - double(wv[e])) / (1.0 + std::abs(double(wv[e]))));
     }
   }
   return worst;
@@ -89,7 +91,8 @@ struct RankParams {
   std::mutex mutex;
   std::vector<ModelParams> params;
   std::vector<LayerRange> ranges;
-  explicit RankParams(int n) : params(static_cast<std::size_t>(n)), ranges(static_cast<std::size_t>(n)) {}
+  explicit RankParams(int n)
+      : params(static_cast<std::size_t>(n)), ranges(static_cast<std::size_t>(n)) {}
 };
 
 // Trains `minibatches` minibatches of `schedule` on the layout; returns each rank's parameters.
@@ -183,8 +186,8 @@ TEST_CASE("flush schedules equal SequentialTrainer with gradient accumulation") 
       {{{0, 3}, {3, 6}}, {{0}, {1}}},
       {{{0, 1}, {1, 4}, {4, 6}}, {{0}, {1}, {2}}},
       {{{0, 2}, {2, 3}, {3, 5}, {5, 6}}, {{0}, {1}, {2}, {3}}},
-      {{{0, 3}, {3, 6}}, {{0, 1}, {2}}},        // replicated input stage
-      {{{0, 2}, {2, 6}}, {{0}, {1, 2, 3}}},     // replicated last stage, 3 replicas
+      {{{0, 3}, {3, 6}}, {{0, 1}, {2}}},     // replicated input stage
+      {{{0, 2}, {2, 6}}, {{0}, {1, 2, 3}}},  // replicated last stage, 3 replicas
   };
   for (const std::string name : {"gpipe", "1f1b-flush"}) {
     for (const auto& c : cases) {
@@ -216,7 +219,8 @@ TEST_CASE("flush with gradient clipping: one global factor, equal to the single 
   Schedule s = generate_schedule("1f1b-flush", ScheduleSpec::straight(3, 2, 2));
   RankParams out(3);
   run_pipeline(model, layout, s, out, clip);
-  for (int r = 0; r < 3; ++r) CHECK(max_rel_diff(out.params[r], ref.params(), out.ranges[r]) <= 1e-5);
+  for (int r = 0; r < 3; ++r)
+    CHECK(max_rel_diff(out.params[r], ref.params(), out.ranges[r]) <= 1e-5);
 }
 
 TEST_CASE("1f1b-stash equals the sequential reference of weight stashing") {
@@ -245,8 +249,7 @@ TEST_CASE("1f1b-stash equals the sequential reference of weight stashing") {
     StashReference ref{model, kSeed, kLr, make_sgd, minibatch, c.stages, {}, {}, c.vsync};
     for (int j = 0; j < static_cast<int>(c.stages.size()); ++j) {
       ref.replicas.push_back(static_cast<int>(c.ranks[j].size()));
-      ref.warmup.push_back(std::min(detail::one_f_one_b_warmup(spec, j),
-                                    minibatches / ref.replicas[j] - 1));
+      ref.warmup.push_back(pipeline::testing::schedule_warmup(s, c.ranks[j].front()));
     }
     // The closed form of the reference matches the generated order (without vertical sync the
     // version is the steps taken before the forward).
@@ -278,7 +281,8 @@ TEST_CASE("1f1b-stash keeps at most the schedule's bound of stashes and versions
   std::mutex m;
   std::vector<TrainResult> results(3);
   run_local(3, [&](Communicator& comm) {
-    StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(), {.seed = kSeed});
+    StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
+                     {.seed = kSeed});
     TrainResult r = ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
     std::lock_guard<std::mutex> lock(m);
     results[static_cast<std::size_t>(comm.rank())] = r;
@@ -303,14 +307,16 @@ TEST_CASE("evaluation through the pipeline equals the single process") {
   const std::int64_t n = dataset().size();
   MinibatchFeed f{[&](std::int64_t u) {
                     std::vector<std::int64_t> idx;
-                    for (std::int64_t i = u * 64; i < std::min(n, (u + 1) * 64); ++i) idx.push_back(i);
+                    for (std::int64_t i = u * 64; i < std::min(n, (u + 1) * 64); ++i)
+                      idx.push_back(i);
                     return dataset().get(idx);
                   },
                   [&](std::int64_t u) { return std::min<std::int64_t>(64, n - u * 64); }};
   std::mutex m;
   std::vector<StageExecutor::Eval> got(3);
   run_local(3, [&](Communicator& comm) {
-    StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(), {.seed = kSeed});
+    StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
+                     {.seed = kSeed});
     auto e = ex.evaluate(f, (n + 63) / 64);
     std::lock_guard<std::mutex> lock(m);
     got[static_cast<std::size_t>(comm.rank())] = e;
@@ -347,10 +353,11 @@ TEST_CASE("bad input: layouts, plans and schedules that cannot run fail on every
   const Sequential model = small_model();
   SUBCASE("layout for more ranks than the job has") {
     PipelineLayout layout{{{0, 3}, {3, 6}}, {{0}, {1, 2}}};
-    CHECK_THROWS_WITH_AS(run_local(2, [&](Communicator& comm) {
-                           StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm,
-                                            make_sgd());
-                         }),
+    CHECK_THROWS_WITH_AS(run_local(2,
+                                   [&](Communicator& comm) {
+                                     StageExecutor ex(model, Shape{kFeatures}, DType::Float32,
+                                                      layout, comm, make_sgd());
+                                   }),
                          doctest::Contains("needs 3 ranks but the job has 2"), ConfigError);
   }
   SUBCASE("plan for another model") {
@@ -372,20 +379,23 @@ TEST_CASE("bad input: layouts, plans and schedules that cannot run fail on every
         "0,0RG0@1 0F0 0SA0@1 0B0 0ST0\n"
         "1,1RA0@0 1F0 1B0 1SG0@0 1ST0\n");
     PipelineLayout layout{{{0, 3}, {3, 6}}, {{0}, {1}}};
-    CHECK_THROWS_AS(run_local(2, [&](Communicator& comm) {
-                      StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd());
-                      ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
-                    }),
+    CHECK_THROWS_AS(run_local(2,
+                              [&](Communicator& comm) {
+                                StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout,
+                                                 comm, make_sgd());
+                                ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
+                              }),
                     ConfigError);
   }
   SUBCASE("a schedule for another pipeline") {
     Schedule s = generate_schedule("gpipe", ScheduleSpec::straight(3, 2, 1));
     PipelineLayout layout{{{0, 3}, {3, 6}}, {{0}, {1}}};
-    CHECK_THROWS_WITH_AS(run_local(2, [&](Communicator& comm) {
-                           StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm,
-                                            make_sgd());
-                           ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
-                         }),
+    CHECK_THROWS_WITH_AS(run_local(2,
+                                   [&](Communicator& comm) {
+                                     StageExecutor ex(model, Shape{kFeatures}, DType::Float32,
+                                                      layout, comm, make_sgd());
+                                     ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
+                                   }),
                          doctest::Contains("generate the schedule for this plan"), ConfigError);
   }
   SUBCASE("a rank that dies mid-run ends its peers instead of hanging them") {
@@ -397,12 +407,13 @@ TEST_CASE("bad input: layouts, plans and schedules that cannot run fail on every
       if (j == 1) throw IoError("minibatch 1 is unreadable");
       return minibatch(j);
     };
-    CHECK_THROWS_WITH_AS(run_local(hub, [&](Communicator& comm) {
-                           comm.set_timeout(20);
-                           StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm,
-                                            make_sgd());
-                           ex.train(s, broken, 0, [](std::int64_t) { return kLr; });
-                         }),
+    CHECK_THROWS_WITH_AS(run_local(hub,
+                                   [&](Communicator& comm) {
+                                     comm.set_timeout(20);
+                                     StageExecutor ex(model, Shape{kFeatures}, DType::Float32,
+                                                      layout, comm, make_sgd());
+                                     ex.train(s, broken, 0, [](std::int64_t) { return kLr; });
+                                   }),
                          doctest::Contains("unreadable"), IoError);
   }
   SUBCASE("a non-finite loss names the step") {
@@ -414,16 +425,18 @@ TEST_CASE("bad input: layouts, plans and schedules that cannot run fail on every
       if (j == 1) b.inputs.values()[0] = std::numeric_limits<float>::infinity();
       return b;
     };
-    CHECK_THROWS_WITH_AS(run_local(2, [&](Communicator& comm) {
-                           StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm,
-                                            make_sgd());
-                           ex.train(s, poisoned, 0, [](std::int64_t) { return kLr; });
-                         }),
+    CHECK_THROWS_WITH_AS(run_local(2,
+                                   [&](Communicator& comm) {
+                                     StageExecutor ex(model, Shape{kFeatures}, DType::Float32,
+                                                      layout, comm, make_sgd());
+                                     ex.train(s, poisoned, 0, [](std::int64_t) { return kLr; });
+                                   }),
                          doctest::Contains("at step 1"), Error);
   }
 }
 
-TEST_CASE("a replicated last stage reports whole minibatches' losses, equal to the single process") {
+TEST_CASE(
+    "a replicated last stage reports whole minibatches' losses, equal to the single process") {
   set_num_threads(1);
   const Sequential model = small_model();
   SequentialTrainer ref(model, model.init(kSeed), make_sgd(), kSeed);
@@ -439,12 +452,15 @@ TEST_CASE("a replicated last stage reports whole minibatches' losses, equal to t
   std::vector<MinibatchStats> got;
   std::vector<TrainResult> results(3);
   run_local(3, [&](Communicator& comm) {
-    StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(), {.seed = kSeed});
-    TrainResult r = ex.train(s, feed(), 0, [](std::int64_t) { return kLr; }, [&](const MinibatchStats& st) {
-      CHECK(ex.is_loss_rank());
-      std::lock_guard<std::mutex> lock(m);
-      got.push_back(st);
-    });
+    StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
+                     {.seed = kSeed});
+    TrainResult r = ex.train(
+        s, feed(), 0, [](std::int64_t) { return kLr; },
+        [&](const MinibatchStats& st) {
+          CHECK(ex.is_loss_rank());
+          std::lock_guard<std::mutex> lock(m);
+          got.push_back(st);
+        });
     std::lock_guard<std::mutex> lock(m);
     results[static_cast<std::size_t>(comm.rank())] = r;
   });

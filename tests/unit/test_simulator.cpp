@@ -218,15 +218,16 @@ TEST_CASE("the simulator agrees with PipeDream's per-stage cost model in the ste
     CHECK(sim.samples_per_s == doctest::Approx(64 / predicted).epsilon(1e-6));
   }
   // Where replicas must meet at an allreduce while a single downstream rank serves them one after
-  // the other, PipeDream's warm-up depth cannot hide the wait: the simulator (like the runtime)
-  // is slower than the formula, never faster.
+  // the other, PipeDream's own warm-up depths cannot hide the wait (the simulator was up to 25%
+  // slower than the formula with them); the depths the generator searches for replicated stages
+  // do, and the simulator is never faster than the formula.
   for (auto stages : {std::vector<std::pair<int, int>>{{3, 2}, {2, 1}, {2, 1}},
                       std::vector<std::pair<int, int>>{{4, 2}, {1, 1}, {2, 1}}}) {
     Plan plan = make_plan(stages);
     Simulation sim = simulate(
         generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 120)), prof, plan, topo);
-    CHECK(sim.time_per_minibatch_s > pipedream(plan));
-    CHECK(sim.time_per_minibatch_s < 1.25 * pipedream(plan));
+    CHECK(sim.time_per_minibatch_s >= pipedream(plan) * (1 - 1e-9));
+    CHECK(sim.time_per_minibatch_s < 1.01 * pipedream(plan));
   }
 }
 

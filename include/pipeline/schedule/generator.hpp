@@ -78,6 +78,17 @@ namespace detail {
 // Warm-up depth of one replica of `stage` under 1F1B: PipeDream's
 // (workers - 1 - ranks before the stage) / replicas, i.e. p - 1 - s for a straight pipeline.
 int one_f_one_b_warmup(const ScheduleSpec& spec, int stage);
+// Warm-up depth of every stage under 1F1B-stash before any deadlock check: PipeDream's depth,
+// capped by spec.in_flight - 1 on every stage (non-increasing along the pipeline).
+std::vector<int> stash_warmups(const ScheduleSpec& spec);
+// Warm-up depths for 1F1B-stash on a pipeline with replicated stages, chosen by simulation (see
+// generator.cpp): every depth vector returned runs without deadlock on a run of a few rounds.
+std::vector<int> replicated_stash_warmups(const ScheduleSpec& spec);
+// Lowers `warmups` (the deepest among the stages of each deadlock found) until `sched`, the
+// 1F1B-stash schedule for them, validates; `sched` is regenerated as they change.
+void lower_until_valid(const ScheduleSpec& spec, std::vector<int>& warmups, Schedule& sched);
+// 1F1B-stash with the given warm-up depth per stage (one_f_one_b_stash_schedule picks them).
+Schedule stash_schedule_with(const ScheduleSpec& spec, const std::vector<int>& warmups);
 // The microbatches among [first, first + count) that replica `replica` of `stage` runs.
 std::vector<int> replica_microbatches(const ScheduleSpec& spec, int stage, int replica, int first,
                                       int count);

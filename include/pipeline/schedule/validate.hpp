@@ -19,12 +19,25 @@
 // between the oldest in use and the newest).
 #pragma once
 
+#include <pipeline/core/error.hpp>
 #include <pipeline/schedule/schedule.hpp>
 
 #include <string>
 #include <vector>
 
 namespace pipeline {
+
+// The ranks of a schedule wait on each other forever (or on a rank that has finished): thrown
+// by validate() and simulate(); `ranks` are the ranks of the cycle, in wait-for order.
+class ScheduleDeadlock : public ConfigError {
+ public:
+  ScheduleDeadlock(const std::string& message, std::vector<int> ranks)
+      : ConfigError(message), m_ranks(std::move(ranks)) {}
+  const std::vector<int>& ranks() const { return m_ranks; }
+
+ private:
+  std::vector<int> m_ranks;
+};
 
 struct RankStash {
   int rank = 0;

@@ -1,0 +1,206 @@
+// Schedules for any replica counts: every schedule kind validates and simulates on random plans
+// (up to 32 workers, random replica vectors, depths, rank orders and in_flight), PipeDream's
+// uneven configurations that used to deadlock (4-2-3-3-2-1-1, 9-1-2-1-1-1-1) run, and every plan
+// the partitioner emits for PipeDream's published profiles schedules, validates and simulates.
+#include <pipeline/core/rng.hpp>
+#include <pipeline/plan/partition.hpp>
+#include <pipeline/profile/pipedream_graph.hpp>
+#include <pipeline/schedule/generator.hpp>
+#include <pipeline/schedule/simulator.hpp>
+#include <pipeline/schedule/validate.hpp>
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <filesystem>
+#include <numeric>
+
+#include "../support/pipedream_profiles.hpp"
+
+using namespace pipeline;
+
+namespace {
+
+const std::vector<std::string> kKinds = {"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync"};
+
+bool is_stash(const std::string& kind) {
+  return kind.rfind("1f1b-stash", 0) == 0;
+}
+
+int replica_lcm(const Plan& plan) {
+  int l = 1;
+  for (auto& s : plan.stages) l = std::lcm(l, s.replicas);
+  return l;
+}
+
+// A plan of one layer per stage over a uniform profile (1 ms forward, 2 ms backward per layer).
+struct Case {
+  Profile profile;
+  Plan plan;
+  Topology topology;
+};
+
+Case random_case(Rng& rng) {
+  Case c;
+  const int workers = 1 + static_cast<int>(rng.below(32));
+  std::vector<int> replicas;
+  for (int left = workers; left > 0;) {
+    const int r = 1 + static_cast<int>(rng.below(static_cast<std::uint64_t>(std::min(left, 8))));
+    replicas.push_back(r);
+    left -= r;
+  }
+  std::vector<int> order(static_cast<std::size_t>(workers));
+  std::iota(order.begin(), order.end(), 0);
+  if (rng.below(2) == 1)
+    for (int i = workers - 1; i > 0; --i)
+      std::swap(order[static_cast<std::size_t>(i)],
+                order[rng.below(static_cast<std::uint64_t>(i) + 1)]);
+  c.profile.model = "uniform";
+  c.profile.batch_size = 32;
+  int next = 0;
+  for (std::size_t s = 0; s < replicas.size(); ++s) {
+    LayerProfile l;
+    l.name = fmt::format("layer{}", s);
+    l.kind = "Linear";
+    l.forward_s = 1e-3;
+    l.backward_s = 2e-3;
+    l.output_bytes = 1 << 16;
+    l.parameter_bytes = 1 << 12;
+    c.profile.layers.push_back(l);
+    PlanStage st;
+    st.begin = static_cast<int>(s);
+    st.end = static_cast<int>(s) + 1;
+    st.replicas = replicas[s];
+    for (int i = 0; i < replicas[s]; ++i)
+      st.ranks.push_back(order[static_cast<std::size_t>(next++)]);
+    c.plan.stages.push_back(st);
+  }
+  c.plan.model = "uniform";
+  c.plan.workers = workers;
+  c.plan.in_flight = static_cast<int>(rng.below(9));
+  c.topology = Topology{{{workers, 1e10}}, {}};
+  return c;
+}
+
+// Generates, validates and simulates `kind` for the plan; returns the error, empty when fine.
+std::string check_kind(const Case& c, const std::string& kind, int microbatches) {
+  const int l = replica_lcm(c.plan);
+  const int minibatches = is_stash(kind) ? l * 2 : 2;
+  try {
+    Schedule s = generate_schedule(
+        kind, ScheduleSpec::from_plan(c.plan, is_stash(kind) ? 1 : microbatches, minibatches));
+    validate(s);
+    Simulation sim = simulate(s, c.profile, c.plan, c.topology);
+    if (!(sim.makespan_s > 0)) return "no time";
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("every schedule kind validates and simulates on random replicated plans") {
+  Rng rng(17, "replicated-plans");
+  int checked = 0;
+  for (int t = 0; t < 150; ++t) {
+    const Case c = random_case(rng);
+    if (replica_lcm(c.plan) > 420) continue;  // stash needs a multiple of every replica count
+    std::vector<int> config;
+    for (auto& s : c.plan.stages) config.push_back(s.replicas);
+    const int microbatches = 1 + static_cast<int>(rng.below(12));
+    for (const std::string& kind : kKinds) {
+      CAPTURE(kind);
+      CAPTURE(fmt::format("{}", fmt::join(config, "-")));
+      CAPTURE(c.plan.in_flight);
+      CHECK(check_kind(c, kind, microbatches) == "");
+      ++checked;
+    }
+  }
+  MESSAGE(checked, " schedules checked");
+  CHECK(checked > 400);
+}
+
+TEST_CASE("PipeDream's uneven replica counts run, faster than without warm-up") {
+  const std::string dir = testing::pipedream_profiles_dir();
+  if (dir.empty()) {
+    MESSAGE("shared/reference/pipedream-profiles not found; skipping");
+    return;
+  }
+  struct Expect {
+    const char* model;
+    std::vector<TopologyLevel> levels;
+    const char* config;
+  };
+  for (const Expect& e : {Expect{"alexnet", {{16, 1e9}}, "4-2-3-3-2-1-1"},
+                          Expect{"vgg16", {{16, 1e9}}, "9-1-2-1-1-1-1"}}) {
+    CAPTURE(std::string(e.model));
+    const Profile profile = read_pipedream_graph(dir + "/" + e.model + "/graph.txt");
+    const Topology topology{e.levels, {}};
+    PartitionOptions o;
+    o.cost_model = CostModel::PipeDream;
+    o.ignore_transfer = true;
+    const Plan plan = partition(profile, topology, o);
+    CHECK(plan.config == e.config);
+    const ScheduleSpec spec = ScheduleSpec::from_plan(plan, 1, replica_lcm(plan) * 8);
+    const Schedule s = generate_schedule("1f1b-stash", spec);
+    CHECK(validation_error(s) == "");
+    // The depths found beat running without any warm-up (the fallback that always runs).
+    const Topology fast{{{topology.workers(), 1e13}}, {}};
+    const double found = simulate(s, profile, plan, fast).samples_per_s;
+    const double none =
+        simulate(detail::stash_schedule_with(spec, std::vector<int>(plan.stages.size(), 0)),
+                 profile, plan, fast)
+            .samples_per_s;
+    MESSAGE(std::string(e.model), " ", std::string(e.config), ": ", found,
+            " samples/s with the depths found, ", none, " without warm-up, ",
+            plan.predicted.samples_per_s, " predicted");
+    CHECK(found > 1.5 * none);
+  }
+}
+
+TEST_CASE("every plan of PipeDream's profiles schedules, validates and simulates") {
+  const std::string dir = testing::pipedream_profiles_dir();
+  if (dir.empty()) {
+    MESSAGE("shared/reference/pipedream-profiles not found; skipping");
+    return;
+  }
+  int plans = 0, schedules = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const auto graph = entry.path() / "graph.txt";
+    if (!std::filesystem::exists(graph)) continue;
+    const std::string model = entry.path().filename().string();
+    // The NASNets and Inception-v3 are planned over coarsened states (seconds each): one topology.
+    const bool heavy = model.rfind("nasnet", 0) == 0 || model == "inception_v3";
+    const Profile profile = read_pipedream_graph(graph.string());
+    std::vector<std::vector<TopologyLevel>> topologies = {{{16, 1e9}}};
+    if (!heavy)
+      for (auto t : std::vector<std::vector<TopologyLevel>>{
+               {{4, 1e10}}, {{8, 1.25e9}}, {{32, 1e9}}, {{4, 1e10}, {4, 1.25e9}}})
+        topologies.push_back(t);
+    for (const auto& levels : topologies)
+      for (CostModel model_kind : {CostModel::PipeDream, CostModel::Pipeline}) {
+        const Topology topology{levels, {}};
+        PartitionOptions o;
+        o.cost_model = model_kind;
+        const Plan plan = partition(profile, topology, o);
+        ++plans;
+        for (const std::string& kind :
+             {std::string("1f1b-stash"), std::string("1f1b-flush"), std::string("gpipe")}) {
+          CAPTURE(model);
+          CAPTURE(plan.config);
+          CAPTURE(kind);
+          const int minibatches = is_stash(kind) ? replica_lcm(plan) * 4 : 1;
+          const Schedule s = generate_schedule(
+              kind, ScheduleSpec::from_plan(plan, is_stash(kind) ? 1 : 2 * plan.num_stages(),
+                                            minibatches));
+          CHECK(validation_error(s) == "");
+          CHECK(simulate(s, profile, plan, topology).makespan_s > 0);
+          ++schedules;
+        }
+      }
+  }
+  MESSAGE(plans, " plans, ", schedules, " schedules");
+  CHECK(plans >= 40);
+}
