@@ -59,6 +59,12 @@ pipeline_expect_failure(stash_with_microbatches "microbatches"
                         ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2
                         --schedule 1f1b-stash --microbatches 4)
 
+# Uneven replication (1-2-3 on 6 ranks): flush equals one process, stash learns.
+add_test(NAME example.uneven_replicas
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/uneven_replicas.sh ${_train}
+                 ${_plans}/mlp_6_uneven.json ${_mpirun})
+set_tests_properties(example.uneven_replicas PROPERTIES LABELS "example;mpi" PROCESSORS 2 TIMEOUT 300)
+
 # Checkpoints, resume (same plan bit-identical, 1f1b-stash, another plan, after SIGKILL, after an interrupted
 # write) and SIGTERM to mpirun, driven as a user drives them (support/checkpoint_scenarios.sh).
 foreach(_case bitwise-sequential bitwise-gpipe bitwise-1f1b-flush stash replan sigkill
