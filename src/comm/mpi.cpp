@@ -398,7 +398,7 @@ void MpiCommunicator::allreduce_sum(std::span<Tensor> tensors, const Group& grou
           PIPELINE_MPI_CHECK(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
           return flag != 0;
         },
-        std::max(left, 0.0));
+        std::max(left, 0.0), detail::PollMode::Spin);
     if (!done)
       detail::throw_timeout(*wait_settings(), m_rank,
                             fmt::format("allreduce_sum of {} floats over ranks [{}] ({})", total,
@@ -437,7 +437,7 @@ void MpiCommunicator::barrier() {
         PIPELINE_MPI_CHECK(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
         return flag != 0;
       },
-      timeout());
+      timeout(), detail::PollMode::Spin);
   if (!done)
     detail::throw_timeout(*wait_settings(), m_rank,
                           fmt::format("a barrier of all {} ranks", m_size),

@@ -129,9 +129,16 @@ inline void tighten_timer_slack() {
 // these, against ~40 us for the transfer itself (one way of a ping-pong); 80-100 of the run's
 // ~200 messages are waited for, so that is ~1.5 % of its time. Yielding for 1 ms instead gave
 // ~75 us on a quiet machine but ~2 ms once another program shared a rank's core, so waits sleep.
+//
+// PollMode::Spin never sleeps: for MPI's non-blocking collectives, which advance only inside
+// MPI_Test — a large allreduce is many rounds of fragments, each waiting for the next test, so
+// sleeping between tests stretched a 13 MB gradient allreduce of a 2-rank data-parallel
+// fashion-cnn to ~210 ms and made it slower than one rank. Spinning still yields the core.
 // Returns false on timeout.
+enum class PollMode { Sleep, Spin };
+
 template <typename Done>
-bool poll_until(Done&& done, double timeout_s) {
+bool poll_until(Done&& done, double timeout_s, PollMode mode = PollMode::Sleep) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto deadline =
@@ -141,7 +148,7 @@ bool poll_until(Done&& done, double timeout_s) {
     if (done()) return true;
     const auto now = Clock::now();
     if (now >= deadline) return done();
-    if (now - start < std::chrono::microseconds(100)) {
+    if (mode == PollMode::Spin || now - start < std::chrono::microseconds(100)) {
       std::this_thread::yield();
     } else {
       tighten_timer_slack();
