@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <limits>
 #include <set>
 
 namespace pipeline {
@@ -24,6 +25,50 @@ T get(const json& j, const char* key, std::string_view where, std::string_view o
     PIPELINE_FAIL(ConfigError, "{}: {} field \"{}\" has the wrong type: {}", origin, where, key,
                   it->dump());
   }
+}
+
+// Integers are read only from JSON integers within [lo, hi]: nlohmann's get<int>() would
+// truncate 1.5 and convert 1e300 with undefined behaviour.
+std::int64_t integer_value(const json& v, std::int64_t lo, std::int64_t hi, std::string_view what,
+                           std::string_view origin) {
+  const bool fits =
+      (v.is_number_unsigned() && v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi)) ||
+      (v.is_number_integer() && !v.is_number_unsigned() && v.get<std::int64_t>() >= lo &&
+       v.get<std::int64_t>() <= hi);
+  PIPELINE_CHECK_AS(ConfigError, fits, "{}: {} must be an integer in [{}, {}], got {}", origin,
+                    what, lo, hi, v.dump());
+  return v.get<std::int64_t>();
+}
+
+int get_int(const json& j, const char* key, std::string_view where, std::string_view origin) {
+  auto it = j.find(key);
+  PIPELINE_CHECK_AS(ConfigError, it != j.end(), "{}: {} has no field \"{}\"", origin, where, key);
+  return static_cast<int>(integer_value(*it, std::numeric_limits<int>::min(),
+                                        std::numeric_limits<int>::max(),
+                                        fmt::format("{} field \"{}\"", where, key), origin));
+}
+
+std::vector<std::int64_t> get_integers(const json& j, const char* key, std::int64_t lo,
+                                       std::int64_t hi, std::string_view where,
+                                       std::string_view origin) {
+  auto it = j.find(key);
+  PIPELINE_CHECK_AS(ConfigError, it != j.end(), "{}: {} has no field \"{}\"", origin, where, key);
+  PIPELINE_CHECK_AS(ConfigError, it->is_array(), "{}: {} field \"{}\" must be an array, got {}",
+                    origin, where, key, it->dump());
+  std::vector<std::int64_t> out;
+  for (const json& v : *it)
+    out.push_back(
+        integer_value(v, lo, hi, fmt::format("{} field \"{}\" entry", where, key), origin));
+  return out;
+}
+
+std::vector<int> get_ints(const json& j, const char* key, std::string_view where,
+                          std::string_view origin) {
+  std::vector<int> out;
+  for (std::int64_t v : get_integers(j, key, std::numeric_limits<int>::min(),
+                                     std::numeric_limits<int>::max(), where, origin))
+    out.push_back(static_cast<int>(v));
+  return out;
 }
 
 double number_or(const json& j, const char* key, double fallback, std::string_view origin) {
@@ -73,11 +118,11 @@ Plan plan_from_json(const json& j, std::string_view origin) {
                     origin, format, kPlanFormat);
   Plan p;
   p.model = j.contains("model") ? get<std::string>(j, "model", "the plan", origin) : "";
-  p.workers = get<int>(j, "workers", "the plan", origin);
+  p.workers = get_int(j, "workers", "the plan", origin);
   PIPELINE_CHECK_AS(ConfigError, p.workers >= 1, "{}: workers = {}; need at least 1", origin,
                     p.workers);
   if (j.contains("schedule")) p.schedule = get<std::string>(j, "schedule", "the plan", origin);
-  if (j.contains("in_flight")) p.in_flight = get<int>(j, "in_flight", "the plan", origin);
+  if (j.contains("in_flight")) p.in_flight = get_int(j, "in_flight", "the plan", origin);
   PIPELINE_CHECK_AS(ConfigError, p.in_flight >= 1, "{}: in_flight = {}; need at least 1", origin,
                     p.in_flight);
   if (j.contains("config")) p.config = get<std::string>(j, "config", "the plan", origin);
@@ -93,16 +138,16 @@ Plan plan_from_json(const json& j, std::string_view origin) {
     std::string where = fmt::format("stage {}", i);
     PIPELINE_CHECK_AS(ConfigError, sj.is_object(), "{}: {} must be an object", origin, where);
     PlanStage s;
-    auto layers = get<std::vector<int>>(sj, "layers", where, origin);
+    auto layers = get_ints(sj, "layers", where, origin);
     PIPELINE_CHECK_AS(ConfigError, layers.size() == 2 && layers[0] >= 0 && layers[1] > layers[0],
                       "{}: {} \"layers\" must be [begin, end) with begin < end, got {}", origin,
                       where, sj.at("layers").dump());
     s.begin = layers[0];
     s.end = layers[1];
-    s.replicas = get<int>(sj, "replicas", where, origin);
+    s.replicas = get_int(sj, "replicas", where, origin);
     PIPELINE_CHECK_AS(ConfigError, s.replicas >= 1, "{}: {} has {} replicas; need at least 1",
                       origin, where, s.replicas);
-    s.ranks = get<std::vector<int>>(sj, "ranks", where, origin);
+    s.ranks = get_ints(sj, "ranks", where, origin);
     PIPELINE_CHECK_AS(ConfigError, static_cast<int>(s.ranks.size()) == s.replicas,
                       "{}: {} lists {} ranks for {} replicas", origin, where, s.ranks.size(),
                       s.replicas);
@@ -113,7 +158,7 @@ Plan plan_from_json(const json& j, std::string_view origin) {
                         "{}: rank {} serves more than one stage", origin, r);
     }
     if (sj.contains("layer_ids")) {
-      s.layer_ids = get<std::vector<int>>(sj, "layer_ids", where, origin);
+      s.layer_ids = get_ints(sj, "layer_ids", where, origin);
       for (int v : s.layer_ids)
         PIPELINE_CHECK_AS(ConfigError, v >= s.begin && v < s.end,
                           "{}: {} layer_ids entry {} is outside [{}, {})", origin, where, v,
@@ -143,7 +188,8 @@ Plan plan_from_json(const json& j, std::string_view origin) {
     p.predicted.bubble_fraction = number_or(pj, "bubble_fraction", 0, origin);
     if (pj.contains("peak_memory_bytes"))
       p.predicted.peak_memory_bytes =
-          get<std::vector<std::int64_t>>(pj, "peak_memory_bytes", "predicted", origin);
+          get_integers(pj, "peak_memory_bytes", 0, std::numeric_limits<std::int64_t>::max(),
+                       "predicted", origin);
   }
   return p;
 }

@@ -1,0 +1,83 @@
+// plan.json: the round trip, and malformed plans rejected as ConfigError naming the field —
+// including numbers that are not integers where integers belong (1.5 workers, 1e91 bytes), which
+// were once truncated or converted with undefined behaviour (found by fuzz/plan_json.cpp).
+#include <pipeline/core/error.hpp>
+#include <pipeline/plan/plan_json.hpp>
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+using namespace pipeline;
+
+namespace {
+
+const char* kPlan = R"({"format": "pipeline.plan/1", "model": "mlp", "workers": 3,
+  "schedule": "1f1b-flush", "in_flight": 2, "config": "2-1",
+  "stages": [{"layers": [0, 2], "replicas": 2, "ranks": [0, 1]},
+             {"layers": [2, 5], "replicas": 1, "ranks": [2]}],
+  "predicted": {"time_per_minibatch_s": 0.02, "peak_memory_bytes": [100, 100, 5000000000]}})";
+
+// The message of the ConfigError that parsing `edit`ed kPlan throws; empty when it parses.
+template <typename Edit>
+std::string error_of(Edit edit) {
+  nlohmann::json j = nlohmann::json::parse(kPlan);
+  edit(j);
+  try {
+    parse_plan(j.dump(), "plan.json");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool mentions(const std::string& message, const std::string& part) {
+  return message.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("plan.json round trip") {
+  const Plan p = parse_plan(kPlan, "plan.json");
+  CHECK(p.workers == 3);
+  REQUIRE(p.num_stages() == 2);
+  CHECK(p.stages[0].ranks == std::vector<int>{0, 1});
+  CHECK(p.predicted.peak_memory_bytes.back() == 5000000000);
+  const Plan q = parse_plan(plan_to_json(p).dump(), "again");
+  CHECK(q.stages[1].begin == 2);
+  CHECK(q.stages[1].end == 5);
+  CHECK(q.predicted.peak_memory_bytes == p.predicted.peak_memory_bytes);
+}
+
+TEST_CASE("integer fields of plan.json take only integers in range") {
+  CHECK(error_of([](auto&) {}).empty());
+  CHECK(mentions(error_of([](auto& j) { j["workers"] = 1.5; }), "\"workers\""));
+  CHECK(mentions(error_of([](auto& j) { j["workers"] = 1e300; }), "\"workers\""));
+  CHECK(mentions(error_of([](auto& j) { j["workers"] = 4294967299u; }), "\"workers\""));
+  CHECK(mentions(error_of([](auto& j) { j["in_flight"] = "2"; }), "\"in_flight\""));
+  CHECK(mentions(error_of([](auto& j) { j["stages"][0]["layers"] = {0, 2.5}; }), "\"layers\""));
+  CHECK(mentions(error_of([](auto& j) { j["stages"][0]["ranks"] = {0, -1e30}; }), "\"ranks\""));
+  CHECK(mentions(error_of([](auto& j) { j["stages"][1]["replicas"] = true; }), "\"replicas\""));
+  CHECK(mentions(error_of([](auto& j) { j["predicted"]["peak_memory_bytes"] = {1e91}; }),
+                 "\"peak_memory_bytes\""));
+  CHECK(mentions(error_of([](auto& j) { j["predicted"]["peak_memory_bytes"] = {-1}; }),
+                 "\"peak_memory_bytes\""));
+  CHECK(mentions(error_of([](auto& j) { j["predicted"]["peak_memory_bytes"] = 7; }),
+                 "\"peak_memory_bytes\""));
+}
+
+TEST_CASE("malformed plans name the problem and the origin") {
+  CHECK(mentions(error_of([](auto& j) { j["format"] = "pipeline.profile/1"; }), "format"));
+  CHECK(mentions(error_of([](auto& j) { j["stages"] = nlohmann::json::array(); }), "stages"));
+  CHECK(mentions(error_of([](auto& j) { j["stages"][1]["ranks"] = {1}; }),
+                 "rank 1 serves more than one stage"));
+  CHECK(mentions(error_of([](auto& j) { j["stages"][1]["layers"] = {3, 5}; }), "previous stage"));
+  CHECK_THROWS_AS(parse_plan("", "empty.json"), ConfigError);
+  try {
+    parse_plan("{\"format\": ", "broken.json");
+    FAIL("malformed JSON parsed");
+  } catch (const ConfigError& e) {
+    CHECK(mentions(e.what(), "broken.json"));
+  }
+}
