@@ -62,6 +62,40 @@ std::string_view field_value(std::string_view kv, std::string_view key, std::str
   return trim(kv.substr(eq + 1));
 }
 
+// RFC 3629 UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF. Node ids and
+// descriptions become layer names and kinds, which profile.json (JSON) can only hold as UTF-8.
+bool is_utf8(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = 0;
+    unsigned lo = 0x80, hi = 0xBF;  // allowed range of the first continuation byte
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      n = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      n = 2;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      n = 3;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return false;
+    }
+    if (s.size() - i <= n) return false;
+    for (std::size_t k = 1; k <= n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
 }  // namespace
 
 Profile parse_pipedream_graph(std::string_view text, std::string_view origin, std::string model) {
@@ -101,6 +135,10 @@ Profile parse_pipedream_graph(std::string_view text, std::string_view origin, st
     RawNode n;
     n.id = std::string(trim(parts[0]));
     n.desc = std::string(trim(parts[1]));
+    PIPELINE_CHECK_AS(ConfigError, is_utf8(n.id) && is_utf8(n.desc),
+                      "{}:{}: the node's id or description is not UTF-8 text; is this a PipeDream "
+                      "graph.txt?",
+                      origin, line_no);
     auto meta = split(parts[2], ", ");
     if (meta.size() != 4)
       PIPELINE_FAIL(ConfigError,
@@ -122,6 +160,13 @@ Profile parse_pipedream_graph(std::string_view text, std::string_view origin, st
     }
     n.parameters = parse_double(field_value(meta[3], "parameter_size", origin, line_no), origin,
                                 line_no, "parameter_size");
+    // Checked here, where the line is known: beyond it llround() has no defined result.
+    PIPELINE_CHECK_AS(ConfigError,
+                      n.activation <= static_cast<double>(kMaxProfileBytes) &&
+                          n.parameters <= static_cast<double>(kMaxProfileBytes),
+                      "{}:{}: node '{}' has activation_size {} and parameter_size {}; sizes above "
+                      "{} bytes are not plausible",
+                      origin, line_no, n.id, n.activation, n.parameters, kMaxProfileBytes);
     PIPELINE_CHECK_AS(ConfigError, !index.count(n.id), "{}:{}: node '{}' is defined twice", origin,
                       line_no, n.id);
     index.emplace(n.id, static_cast<int>(nodes.size()));

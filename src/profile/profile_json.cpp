@@ -47,10 +47,10 @@ std::string get_string(const json& obj, const char* key, std::string_view where,
 std::int64_t get_bytes(const json& obj, const char* key, std::string_view where,
                        std::string_view origin) {
   double v = get_number(obj, key, where, origin, true);
-  if (!std::isfinite(v) || v < 0 || v > 9.0e18 || v != std::floor(v))
+  if (!std::isfinite(v) || v < 0 || v > static_cast<double>(kMaxProfileBytes) || v != std::floor(v))
     PIPELINE_FAIL(ConfigError,
-                  "{}: {} field \"{}\" must be a non-negative whole number of bytes, got {}",
-                  origin, where, key, obj.at(key).dump());
+                  "{}: {} field \"{}\" must be a whole number of bytes in [0, {}], got {}", origin,
+                  where, key, kMaxProfileBytes, obj.at(key).dump());
   return static_cast<std::int64_t>(v);
 }
 
@@ -81,9 +81,12 @@ void validate_profile(const Profile& p, std::string_view origin) {
     check_time(l.forward_spread_s, "forward_spread_s", i, l.name, origin);
     check_time(l.backward_spread_s, "backward_spread_s", i, l.name, origin);
     PIPELINE_CHECK_AS(
-        ConfigError, l.output_bytes >= 0 && l.parameter_bytes >= 0,
-        "{}: layer {} (\"{}\") has negative sizes (output_bytes = {}, parameter_bytes = {})",
-        origin, i, l.name, l.output_bytes, l.parameter_bytes);
+        ConfigError,
+        l.output_bytes >= 0 && l.parameter_bytes >= 0 && l.output_bytes <= kMaxProfileBytes &&
+            l.parameter_bytes <= kMaxProfileBytes,
+        "{}: layer {} (\"{}\") has sizes out of range (output_bytes = {}, parameter_bytes = {}); "
+        "sizes are 0 to {} bytes",
+        origin, i, l.name, l.output_bytes, l.parameter_bytes, kMaxProfileBytes);
     PIPELINE_CHECK_AS(ConfigError, std::isfinite(l.flops) && l.flops >= 0,
                       "{}: layer {} (\"{}\") has flops = {}; must be finite and non-negative",
                       origin, i, l.name, l.flops);

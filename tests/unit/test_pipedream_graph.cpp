@@ -46,6 +46,21 @@ TEST_CASE("graph.txt errors") {
       "\tnode1 -- node2\n\tnode2 -- node3\n\tnode3 -- node2\n";
   CHECK_THROWS_AS(parse_pipedream_graph(cycle, "e", ""), ConfigError);
   CHECK_THROWS_AS(read_pipedream_graph("/nonexistent/graph.txt"), IoError);
+  // Names become profile.json strings, which must be UTF-8, and sizes must fit profile.json
+  // (found by fuzz/pipedream_graph.cpp: such graphs imported, then could not be written).
+  auto node = [](const std::string& id, const std::string& desc, const std::string& act) {
+    return id + " -- " + desc + " -- forward_compute_time=1, backward_compute_time=0, " +
+           "activation_size=" + act + ", parameter_size=0\n";
+  };
+  CHECK_THROWS_WITH_AS(parse_pipedream_graph(node("n", "Conv2d(\xff)", "1"), "e", ""),
+                       doctest::Contains("not UTF-8"), ConfigError);
+  CHECK_THROWS_AS(parse_pipedream_graph(node("n\xc3", "X", "1"), "e", ""), ConfigError);
+  CHECK_THROWS_AS(parse_pipedream_graph(node("n\xed\xa0\x80", "X", "1"), "e", ""), ConfigError);
+  const std::string accented = "n\xc3\xa9\xf0\x9f\x98\x80";  // U+00E9 and U+1F600
+  CHECK(parse_pipedream_graph(node(accented, "X", "1"), "e", "").layers[0].name == accented);
+  CHECK_THROWS_WITH_AS(parse_pipedream_graph(node("n", "X", "9.1e18"), "e", ""),
+                       doctest::Contains("not plausible"), ConfigError);
+  CHECK_THROWS_AS(parse_pipedream_graph(node("n", "X", "[1e308; 1e308]"), "e", ""), ConfigError);
 }
 
 TEST_CASE("every shipped PipeDream profile imports; state counts match PipeDream") {

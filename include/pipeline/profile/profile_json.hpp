@@ -16,12 +16,18 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace pipeline {
 
 inline constexpr std::string_view kProfileFormat = "pipeline.profile/1";
+
+// The largest output or parameter size a profile holds, in bytes: a round bound below INT64_MAX,
+// so that a size read from JSON as a double converts to std::int64_t in range. A profile from any
+// source (profiler, profile.json, PipeDream import) must stay within it to be written and read.
+inline constexpr std::int64_t kMaxProfileBytes = 9'000'000'000'000'000'000;
 
 // Throws ConfigError naming `origin` when the profile is not usable (see the header comment).
 void validate_profile(const Profile& profile, std::string_view origin);
