@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -134,13 +135,17 @@ Schedule schedule_from_csv(std::string_view text) {
   }
   s.policy = steps0 == backwards0 && steps0 > 1 ? UpdatePolicy::Stash : UpdatePolicy::Flush;
   if (meta.count("policy")) s.policy = parse_update_policy(meta["policy"]);
-  int units = max_unit + 1;
+  // The run's microbatches are numbered with ints (Schedule::num_microbatches()).
+  PIPELINE_CHECK_AS(ConfigError, max_unit < std::numeric_limits<int>::max(),
+                    "schedule CSV names microbatch {}; a run has at most {} microbatches", max_unit,
+                    std::numeric_limits<int>::max());
+  const int units = max_unit + 1;
   if (s.policy == UpdatePolicy::Stash) {
     s.microbatches = 1;
     s.minibatches = std::max(1, units);
   } else {
     s.minibatches = std::max(1, steps0);
-    s.microbatches = std::max(1, (units + s.minibatches - 1) / s.minibatches);
+    s.microbatches = std::max(1, units / s.minibatches + (units % s.minibatches != 0));
   }
   if (meta.count("name")) s.name = meta["name"];
   if (meta.count("microbatches"))

@@ -5,7 +5,9 @@
 
 #include "engine.hpp"
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 
 namespace pipeline {
 namespace detail {
@@ -22,13 +24,20 @@ enum Done : std::uint8_t {
   kSendGrad = 64,
 };
 
+// One stage on one rank. Of a stage with R replicas, replica k is dealt microbatches k, k + R,
+// k + 2R, ..., so `done` holds only those: microbatch u is done[u / R].
 struct Slot {
   int stage = 0;
+  int replicas = 1;
+  int replica = 0;
   int steps = 0;
   int allreduces = 0;
   int backwards = 0;
   int outstanding = 0;  // forwards whose backward has not finished
+  int actions = 0;
   std::vector<std::uint8_t> done;
+
+  int dealt(int units) const { return units > replica ? (units - 1 - replica) / replicas + 1 : 0; }
 };
 
 [[noreturn]] void fail_at(int rank, std::size_t index, const Action& a, const std::string& what) {
@@ -39,12 +48,17 @@ struct Slot {
 
 void check_local(const Schedule& s) {
   const int stages = s.num_stages();
-  const int units = s.num_microbatches();
   const int last = stages - 1;
   PIPELINE_CHECK_AS(ConfigError, stages > 0, "schedule '{}' has no stages", s.name);
   PIPELINE_CHECK_AS(ConfigError, s.microbatches > 0 && s.minibatches > 0,
                     "schedule '{}' needs positive microbatches and minibatches, got {} and {}",
                     s.name, s.microbatches, s.minibatches);
+  PIPELINE_CHECK_AS(ConfigError,
+                    std::int64_t{s.microbatches} * s.minibatches <= std::numeric_limits<int>::max(),
+                    "schedule '{}' has {} microbatches per minibatch x {} minibatches, more than "
+                    "{} microbatches in all",
+                    s.name, s.microbatches, s.minibatches, std::numeric_limits<int>::max());
+  const int units = s.num_microbatches();
   const int nranks = s.num_ranks();
   std::vector<std::vector<int>> rank_stages(static_cast<std::size_t>(nranks));
   for (int st = 0; st < stages; ++st) {
@@ -53,6 +67,8 @@ void check_local(const Schedule& s) {
       PIPELINE_CHECK_AS(ConfigError, r >= 0 && r < nranks,
                         "stage {} lists rank {}, but the schedule has ranks 0..{}", st, r,
                         nranks - 1);
+      PIPELINE_CHECK_AS(ConfigError, rank_stages[r].empty() || rank_stages[r].back() != st,
+                        "stage {} lists rank {} twice; each replica is a different rank", st, r);
       rank_stages[r].push_back(st);
     }
   }
@@ -60,10 +76,33 @@ void check_local(const Schedule& s) {
   std::vector<int> allreduce_rank(static_cast<std::size_t>(stages), -1);
 
   for (int r = 0; r < nranks; ++r) {
-    std::vector<Slot> slots;
-    for (int st : rank_stages[r])
-      slots.push_back({st, 0, 0, 0, 0, std::vector<std::uint8_t>(units, 0)});
     const auto& actions = s.ranks[r];
+    std::vector<Slot> slots;
+    for (int st : rank_stages[r]) {
+      const auto& holders = s.stage_ranks[st];
+      Slot slot;
+      slot.stage = st;
+      slot.replicas = static_cast<int>(holders.size());
+      slot.replica =
+          static_cast<int>(std::find(holders.begin(), holders.end(), r) - holders.begin());
+      slots.push_back(std::move(slot));
+    }
+    // Every microbatch dealt to a slot needs at least a forward and a backward there, so a slot
+    // with fewer actions than microbatches is wrong; saying so first keeps the memory and time
+    // of the checks below proportional to the schedule's actions, whatever counts it declares.
+    for (const Action& a : actions)
+      for (auto& sl : slots)
+        if (sl.stage == a.stage) ++sl.actions;
+    for (auto& sl : slots) {
+      if (sl.actions < sl.dealt(units))
+        PIPELINE_FAIL(ConfigError,
+                      "rank {}: stage {} is dealt {} of the run's {} microbatches ({} per "
+                      "minibatch x {} minibatches) but the rank has only {} actions for it; each "
+                      "microbatch needs at least a forward and a backward",
+                      r, sl.stage, sl.dealt(units), units, s.microbatches, s.minibatches,
+                      sl.actions);
+      sl.done.assign(static_cast<std::size_t>(sl.dealt(units)), 0);
+    }
     for (std::size_t i = 0; i < actions.size(); ++i) {
       const Action& a = actions[i];
       auto fail = [&](const std::string& what) { fail_at(r, i, a, what); };
@@ -96,17 +135,21 @@ void check_local(const Schedule& s) {
             fail(fmt::format("step {} closes no minibatch; the run has {} minibatches", u,
                              s.minibatches));
           if (slot->outstanding > 0) {
-            int open = 0;
-            while (open < units &&
-                   !((slot->done[open] & kForward) && !(slot->done[open] & kWeightGrad)))
-              ++open;
+            int open = slot->replica;
+            while (open < units && !((slot->done[open / slot->replicas] & kForward) &&
+                                     !(slot->done[open / slot->replicas] & kWeightGrad)))
+              open += slot->replicas;
             fail(
                 fmt::format("step {} closes minibatch {} while microbatch {} still waits for its "
                             "backward `{}B{}`",
                             u, u, open, st, open));
           }
-          for (int v = u * s.microbatches; v < (u + 1) * s.microbatches; ++v)
-            if (s.rank_of(st, v) == r && !(slot->done[v] & kWeightGrad))
+          // The minibatch's microbatches dealt to this replica: v = replica (mod replicas).
+          const int first = u * s.microbatches;
+          for (int v = first +
+                       (slot->replica - first % slot->replicas + slot->replicas) % slot->replicas;
+               v < first + s.microbatches; v += slot->replicas)
+            if (!(slot->done[v / slot->replicas] & kWeightGrad))
               fail(
                   fmt::format("step {} closes minibatch {} before the backward of its microbatch "
                               "{} `{}B{}`",
@@ -131,7 +174,7 @@ void check_local(const Schedule& s) {
             fmt::format("microbatch {} of stage {} is dealt to rank {} (replica {} of {}), not to "
                         "rank {}",
                         u, st, s.rank_of(st, u), u % s.replicas(st), s.replicas(st), r));
-      std::uint8_t& d = slot->done[u];
+      std::uint8_t& d = slot->done[u / slot->replicas];
       auto once = [&](std::uint8_t bit, const char* what) {
         if (d & bit)
           fail(fmt::format("{} of microbatch {} on stage {} happens twice", what, u, st));
@@ -235,9 +278,8 @@ void check_local(const Schedule& s) {
         PIPELINE_FAIL(ConfigError, "rank {}: {} for microbatch {} of stage {} is missing", r, what,
                       u, st);
       };
-      for (int u = 0; u < units; ++u) {
-        if (s.rank_of(st, u) != r) continue;
-        std::uint8_t d = sl.done[u];
+      for (int u = sl.replica; u < units; u += sl.replicas) {
+        std::uint8_t d = sl.done[u / sl.replicas];
         if (st > 0 && !(d & kRecvAct))
           missing(u, fmt::format("the receive `{}RA{}@{}`", st, u, s.rank_of(st - 1, u)));
         if (!(d & kForward)) missing(u, fmt::format("the forward `{}F{}`", st, u));

@@ -107,6 +107,26 @@ TEST_CASE("hand-written CSVs with mistakes are rejected naming the rank and the 
   }
 }
 
+// Counts and numbers at the limits of int (found by fuzz/schedule_csv.cpp: they overflowed, and a
+// tiny file declaring a huge run made validate() allocate and scan every declared microbatch).
+TEST_CASE("CSVs that declare enormous runs are rejected quickly") {
+  CHECK_THROWS_WITH_AS(schedule_from_csv("0,0F2147483647\n"),
+                       doctest::Contains("names microbatch 2147483647"), ConfigError);
+  CHECK_THROWS_WITH_AS(validate(schedule_from_csv("# pipeline.schedule/1 microbatches=2147483647 "
+                                                  "minibatches=2147483647\n0,0F0,0B0,0ST0\n")),
+                       doctest::Contains("more than 2147483647 microbatches in all"), ConfigError);
+  CHECK_THROWS_WITH_AS(
+      validate(schedule_from_csv("# pipeline.schedule/1 policy=stash\n"
+                                 "0,0F2147483646,0B2147483646,0ST0\n")),
+      doctest::Contains("rank 0: stage 0 is dealt 2147483647 of the run's 2147483647 microbatches"),
+      ConfigError);
+  // A replicated stage is dealt every other microbatch; its checks see only those.
+  CHECK_THROWS_WITH_AS(validate(schedule_from_csv("# pipeline.schedule/1 microbatches=1000000 "
+                                                  "minibatches=1\n0,0F0,0B0\n1,0F1,0B1,0ST0\n")),
+                       doctest::Contains("stage 0 is dealt 500000 of the run's 1000000"),
+                       ConfigError);
+}
+
 TEST_CASE("schedule CSV files") {
   auto path = (std::filesystem::temp_directory_path() / "pipeline_test_schedule.csv").string();
   Schedule s = generate_schedule("1f1b-flush", ScheduleSpec::straight(3, 4));
