@@ -1,0 +1,49 @@
+# Run-time options for tests built with sanitizers (the asan and fuzz presets).
+#
+# pipeline_sanitizer_environment(<var> [MPI]) sets <var> to the ENVIRONMENT entries a test needs
+# when CMAKE_CXX_FLAGS enable AddressSanitizer or UBSan, and to nothing otherwise, so that
+# ordinary builds run their tests unchanged; pipeline_apply_sanitizer_environment() adds them to
+# the tests of a directory. The options make every finding fail the test (UBSan prints the stack
+# and halts; -fno-sanitize-recover=undefined in the presets already makes it fatal) and point each
+# sanitizer at its suppression file in tests/support/, where every entry says which third-party
+# false positive it silences and why it is one.
+function(pipeline_sanitizer_environment out_var)
+  # MPI: LSan must unwind through OpenMPI's libraries, built without frame pointers, to see the
+  # frames that lsan.supp names; the slow unwinder does, at a cost only MPI tests need to pay.
+  cmake_parse_arguments(arg "MPI" "" "" ${ARGN})
+  set(env)
+  set(supp ${PROJECT_SOURCE_DIR}/tests/support)
+  if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=[^ ]*address")
+    set(asan "halt_on_error=1:detect_leaks=1:strict_string_checks=1:check_initialization_order=1")
+    string(APPEND asan ":detect_stack_use_after_return=1:suppressions=${supp}/asan.supp")
+    set(lsan "suppressions=${supp}/lsan.supp:print_suppressions=0")
+    if(arg_MPI)
+      string(APPEND asan ":fast_unwind_on_malloc=0")
+    endif()
+    list(APPEND env "ASAN_OPTIONS=${asan}" "LSAN_OPTIONS=${lsan}")
+  endif()
+  if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=[^ ]*undefined")
+    list(APPEND env
+         "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=${supp}/ubsan.supp")
+  endif()
+  set(${out_var} "${env}" PARENT_SCOPE)
+endfunction()
+
+# Appends the sanitizer environment to every test defined so far in the calling directory (call
+# it at the end of each CMakeLists.txt that adds tests); tests labelled `mpi` get the MPI variant.
+function(pipeline_apply_sanitizer_environment)
+  pipeline_sanitizer_environment(env)
+  pipeline_sanitizer_environment(mpi_env MPI)
+  if(NOT env)
+    return()
+  endif()
+  get_property(tests DIRECTORY PROPERTY TESTS)
+  foreach(t IN LISTS tests)
+    get_property(labels TEST ${t} PROPERTY LABELS)
+    if("mpi" IN_LIST labels)
+      set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${mpi_env})
+    else()
+      set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${env})
+    endif()
+  endforeach()
+endfunction()
