@@ -12,9 +12,10 @@
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/runtime/pipeline_setup.hpp>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -29,7 +30,7 @@ struct PipelineFlags {
   std::string trace;         // empty: no trace
   int microbatches = 0;      // 0: flush schedules use one per stage; stash schedules 1
   bool vertical_sync = false;
-  double comm_timeout = 0;   // 0: PIPELINE_COMM_TIMEOUT or the default
+  double comm_timeout = 0;  // 0: PIPELINE_COMM_TIMEOUT or the default
 
   // ConfigError for flags that contradict each other. A single-process run ignores these flags,
   // so only a pipelined run checks them.
@@ -45,14 +46,17 @@ struct PipelineFlags {
 
 // Adds the pipeline flags to `app`, bound to `flags`.
 inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
-  app.add_option("--plan", flags.plan, "train as a pipeline with this plan.json (pipeline-partition)");
+  app.add_option("--plan", flags.plan,
+                 "train as a pipeline with this plan.json (pipeline-partition)");
   app.add_option("--schedule", flags.schedule,
                  "pipeline schedule: gpipe, 1f1b-flush or 1f1b-stash (default: the plan's)")
       ->check(CLI::IsMember({"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync"}));
-  app.add_option("--schedule-csv", flags.schedule_csv, "a hand-written schedule (CSV), validated first")
+  app.add_option("--schedule-csv", flags.schedule_csv,
+                 "a hand-written schedule (CSV), validated first")
       ->check(CLI::ExistingFile);
   app.add_option("--microbatches", flags.microbatches,
-                 "microbatches per minibatch for flush schedules (default: one per stage)")
+                 "microbatches per minibatch for flush schedules (default: stages x the most "
+                 "replicas of a stage)")
       ->check(CLI::Range(1, 65536));
   app.add_flag("--vertical-sync", flags.vertical_sync,
                "1f1b-stash: every stage uses the weight version the input stage used");
@@ -65,7 +69,8 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
 // The plan of the job: --plan, or (without it) rank 0 profiles `zoo` at minibatch size `batch`
 // and partitions it for the job's ranks. Checked against the job and the model either way.
 // Collective.
-inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Communicator& comm, int batch) {
+inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Communicator& comm,
+                         int batch) {
   Plan plan;
   if (flags.plan.empty()) {
     if (comm.rank() == 0)
@@ -99,14 +104,20 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
   req.name = flags.schedule.empty() ? plan.schedule : flags.schedule;
   req.csv = flags.schedule_csv;
   req.vertical_sync = flags.vertical_sync;
-  // Flush schedules need a microbatch per stage to keep every stage busy; stash schedules
-  // pipeline whole minibatches instead.
-  req.microbatches = flags.microbatches > 0 ? flags.microbatches : (stashes(req) ? 1 : layout.num_stages());
+  // Flush schedules need a microbatch per stage to keep every stage busy, and one per replica to
+  // keep every replica busy (with one microbatch a data-parallel minibatch ran on one replica
+  // while the other waited at the allreduce); stash schedules pipeline whole minibatches instead.
+  std::size_t replicas = 1;
+  for (auto& r : layout.stage_ranks) replicas = std::max(replicas, r.size());
+  req.microbatches = flags.microbatches > 0 ? flags.microbatches
+                     : stashes(req)         ? 1
+                                            : layout.num_stages() * static_cast<int>(replicas);
   req.in_flight = plan.in_flight > 1 ? plan.in_flight : 0;
   return req;
 }
 
-inline ExecutorOptions executor_options(const PipelineFlags& flags, std::uint64_t seed, float clip_norm) {
+inline ExecutorOptions executor_options(const PipelineFlags& flags, std::uint64_t seed,
+                                        float clip_norm) {
   return {.seed = seed, .clip_norm = clip_norm, .record_trace = !flags.trace.empty()};
 }
 
