@@ -29,6 +29,13 @@ TEST_CASE("tensor rejects bad shapes and accesses with a clear error") {
   CHECK_THROWS_AS(Shape({2, -1}), ConfigError);
   CHECK_THROWS_WITH_AS(Tensor::empty({2}, DType::Float32, Device::cuda(0)),
                        doctest::Contains("no CUDA support"), ConfigError);
+  // Sizes from files (safetensors headers, found by fuzz/safetensors.cpp): an element count
+  // beyond int64, or a byte count beyond size_t, is an error, not a wrapped small allocation.
+  CHECK_THROWS_WITH_AS(Shape({1LL << 40, 1LL << 40}), doctest::Contains("more elements"),
+                       ConfigError);
+  CHECK(Shape({1LL << 40, 0, 1LL << 40}).numel() == 0);
+  CHECK_THROWS_WITH_AS(Tensor::empty({1LL << 40, 1LL << 22}), doctest::Contains("more bytes"),
+                       ConfigError);
 }
 
 TEST_CASE("int32 tensors hold labels") {

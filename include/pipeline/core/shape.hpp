@@ -61,8 +61,15 @@ class Shape {
     PIPELINE_CHECK(j >= 0 && j < r, "dimension {} out of range for shape {}", i, str());
     return j;
   }
+  // Extents are non-negative and their product fits numel()'s int64, so no shape read from a
+  // file can make an element count overflow.
   void validate() const {
-    for (auto d : m_dims) PIPELINE_CHECK_AS(ConfigError, d >= 0, "negative extent {} in shape", d);
+    std::int64_t n = 1;
+    for (auto d : m_dims) {
+      PIPELINE_CHECK_AS(ConfigError, d >= 0, "negative extent {} in shape", d);
+      PIPELINE_CHECK_AS(ConfigError, !__builtin_mul_overflow(n, d, &n),
+                        "shape {} has more elements than a 64-bit count holds", str());
+    }
   }
 
   std::vector<std::int64_t> m_dims;

@@ -14,7 +14,9 @@
 #include <pipeline/core/shape.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <span>
 #include <type_traits>
@@ -28,6 +30,12 @@ class Tensor {
 
   // Uninitialised storage.
   static Tensor empty(Shape shape, DType dtype = DType::Float32, Device device = Device::cpu()) {
+    // The byte count below must not wrap: a wrapped count allocates a few bytes for a tensor
+    // that claims many more elements.
+    PIPELINE_CHECK_AS(ConfigError,
+                      static_cast<std::uint64_t>(shape.numel()) <=
+                          std::numeric_limits<std::size_t>::max() / dtype_size(dtype),
+                      "a tensor of shape {} needs more bytes than memory can address", shape);
     Tensor t;
     t.m_shape = std::move(shape);
     t.m_dtype = dtype;
