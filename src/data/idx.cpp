@@ -88,12 +88,14 @@ IdxArray read_idx(const std::string& path) {
     total *= n;
   }
 
-  // Grow the buffer as data arrives, so a header that lies about its size cannot make us
-  // allocate more than the file holds.
+  // Grow the buffer as data arrives, doubling from 1 MiB up to 64 MiB steps, so a header that
+  // lies about its size cannot make us allocate much more than the file holds.
   const std::size_t expected = static_cast<std::size_t>(total);
   std::size_t have = 0;
   while (have < expected) {
-    const std::size_t chunk = std::min<std::size_t>(expected - have, std::size_t{64} << 20);
+    const std::size_t step =
+        std::clamp<std::size_t>(have, std::size_t{1} << 20, std::size_t{64} << 20);
+    const std::size_t chunk = std::min<std::size_t>(expected - have, step);
     out.data.resize(have + chunk);
     const std::size_t got = read_some(f.get(), out.data.data() + have, chunk, path);
     have += got;
