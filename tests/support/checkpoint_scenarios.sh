@@ -134,13 +134,16 @@ EOF
 }
 
 run_sigkill() {
-  local every=50 die=175
-  PIPELINE_TEST_DIE_AT_STEP=1:$die:kill "${mpirun[@]}" 2 "$train" "${common[@]}" \
-    --plan "$plans/mlp_2.json" --schedule 1f1b-flush --steps 400 --checkpoint-dir "$work/a" \
-    --checkpoint-every $every > "$work/a.log" 2>&1 && fail "the job with a killed rank succeeded"
-  "${mpirun[@]}" 2 "$train" "${common[@]}" --plan "$plans/mlp_2.json" --schedule 1f1b-flush \
-    --steps 400 --resume "$work/a" --checkpoint-every $every > "$work/b.log" 2>&1 ||
-    { cat "$work/b.log"; fail "the relaunch failed"; }
+  # Steps of 512 samples: the 40 steps between checkpoint 150 and the kill at 190 take far longer
+  # than writing a checkpoint, so the test does not depend on how fast this machine's disk is.
+  local every=50 die=190
+  local opts=(--model mlp --batch 512 --threads 1 --eval-batch 10000 --plan "$plans/mlp_2.json"
+    --schedule 1f1b-flush --steps 400)
+  PIPELINE_TEST_DIE_AT_STEP=1:$die:kill "${mpirun[@]}" 2 "$train" "${opts[@]}" \
+    --checkpoint-dir "$work/a" --checkpoint-every $every > "$work/a.log" 2>&1 &&
+    fail "the job with a killed rank succeeded"
+  "${mpirun[@]}" 2 "$train" "${opts[@]}" --resume "$work/a" --checkpoint-every $every \
+    > "$work/b.log" 2>&1 || { cat "$work/b.log"; fail "the relaunch failed"; }
   local from
   from=$(resumed_step "$work/b.log")
   [[ -n $from ]] || { cat "$work/b.log"; fail "the relaunch did not resume"; }
@@ -162,14 +165,16 @@ run_interrupted() {
   grep -q "step-000000030.*no manifest" "$work/b.log" || fail "the skipped checkpoint was not named"
   echo "an interrupted checkpoint (step 30) was skipped; resumed from step 20"
 
-  # A rank killed right after a checkpoint's write began (its shard may be incomplete).
-  PIPELINE_TEST_DIE_AT_STEP=1:100:kill "${mpirun[@]}" 2 "$train" "${common[@]}" \
+  # A rank killed right after a checkpoint's write began (its shard may be incomplete). Steps of
+  # 512 samples leave checkpoint 50 ample time to complete before step 100.
+  local big=(--model mlp --batch 512 --threads 1 --eval-batch 10000)
+  PIPELINE_TEST_DIE_AT_STEP=1:100:kill "${mpirun[@]}" 2 "$train" "${big[@]}" \
     --plan "$plans/mlp_2.json" --schedule gpipe --steps 400 --checkpoint-dir "$work/c" \
     --checkpoint-every 50 > "$work/c.log" 2>&1 && fail "the job with a killed rank succeeded"
   for d in "$work"/c/step-*; do
     [[ -f $d/manifest.json ]] || echo "left incomplete by the kill: $(basename "$d")"
   done
-  "${mpirun[@]}" 2 "$train" "${common[@]}" --plan "$plans/mlp_2.json" --schedule gpipe \
+  "${mpirun[@]}" 2 "$train" "${big[@]}" --plan "$plans/mlp_2.json" --schedule gpipe \
     --steps 120 --resume "$work/c" > "$work/d.log" 2>&1 || { cat "$work/d.log"; fail "the resume failed"; }
   local from
   from=$(resumed_step "$work/d.log")
