@@ -123,7 +123,10 @@ SafetensorsReader::SafetensorsReader(std::string path) : m_path(std::move(path))
   PIPELINE_CHECK_AS(IoError, duplicate.empty(), "'{}': tensor '{}' appears twice in the header",
                     m_path, duplicate);
 
-  for (auto& [name, value] : header.items()) {
+  for (auto& item : header.items()) {
+    // Not a structured binding: clang before 16 cannot capture one in the lambda below.
+    const std::string& name = item.key();
+    auto& value = item.value();
     if (name == "__metadata__") {
       PIPELINE_CHECK_AS(IoError, value.is_object(), "'{}': __metadata__ is not a JSON object",
                         m_path);
