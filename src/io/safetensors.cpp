@@ -172,7 +172,9 @@ SafetensorsReader::SafetensorsReader(std::string path) : m_path(std::move(path))
         bad(fmt::format("shape {} has an extent that is not a non-negative integer",
                         value["shape"].dump()));
       const std::uint64_t n = d.get<std::uint64_t>();
-      if (n > (std::uint64_t{1} << 48) || (n != 0 && numel > (std::uint64_t{1} << 62) / n))
+      // At most 2^59 elements, so that their bytes (8 per element at most) fit 64 bits: a shape
+      // of 2^62 F32 elements wrapped to 0 bytes and matched empty data_offsets.
+      if (n > (std::uint64_t{1} << 48) || (n != 0 && numel > (std::uint64_t{1} << 59) / n))
         bad(fmt::format("shape {} is implausibly large", value["shape"].dump()));
       numel *= n;
       dims.push_back(static_cast<std::int64_t>(n));

@@ -186,6 +186,8 @@ TEST_CASE("Every kind of corruption is an IoError naming the file and the proble
   expect(R"({"x":[1,2]})", 8, "not a JSON object");
   expect(R"({"__metadata__":{"a":1}})", 0, "not a string");
   expect(obj({entry("x", "F32", "[4294967296,4294967296]", 0, 8)}), 8, "implausibly large");
+  // 2^62 F32 elements: 2^64 bytes, which wrapped to 0 and matched empty data_offsets (fuzzing).
+  expect(obj({entry("x", "F32", "[1099511627776,4194304]", 0, 0)}), 0, "implausibly large");
   CHECK_THROWS_WITH_AS(SafetensorsReader{dir.file("absent")}, doctest::Contains("does not exist"),
                        IoError);
 }
