@@ -69,11 +69,15 @@
 #include <pipeline/profile/profile.hpp>
 #include <pipeline/profile/profile_json.hpp>
 #include <pipeline/profile/profiler.hpp>
+#include <pipeline/runtime/checkpoint.hpp>
+#include <pipeline/runtime/checkpoint_manifest.hpp>
 #include <pipeline/runtime/metrics.hpp>
 #include <pipeline/runtime/microbatch_context.hpp>
 #include <pipeline/runtime/pipeline_setup.hpp>
+#include <pipeline/runtime/preemption.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
 #include <pipeline/runtime/stage_executor.hpp>
+#include <pipeline/runtime/stop_agreement.hpp>
 #include <pipeline/runtime/weight_store.hpp>
 #include <pipeline/schedule/csv.hpp>
 #include <pipeline/schedule/generator.hpp>
