@@ -92,6 +92,58 @@ struct Fields {
 
 constexpr std::int64_t kMaxI64 = std::numeric_limits<std::int64_t>::max();
 
+// One shard record of a manifest (also what a writer sends the coordinator); `index` and
+// `origin` name it in errors.
+CheckpointShard parse_shard(const nlohmann::json& j, const std::string& origin, std::size_t index) {
+  const std::size_t i = index;
+  const Fields f{j, origin, fmt::format("shard {}", i)};
+  CheckpointShard s;
+  s.file = f.string("file");
+  PIPELINE_CHECK_AS(
+      ConfigError,
+      !s.file.empty() && s.file.find('/') == std::string::npos && s.file != "." && s.file != "..",
+      "checkpoint manifest '{}': shard {} names file '{}', which is not a plain "
+      "file name inside the checkpoint",
+      origin, i, s.file);
+  s.stage = static_cast<int>(f.integer("stage", 0, 1 << 20));
+  const auto& layers = f.at("layers");
+  PIPELINE_CHECK_AS(ConfigError,
+                    layers.is_array() && layers.size() == 2 && layers[0].is_number_integer() &&
+                        layers[1].is_number_integer(),
+                    "checkpoint manifest '{}': shard {} 'layers' must be [begin, end]", origin, i);
+  const auto b = layers[0].get<std::int64_t>(), e = layers[1].get<std::int64_t>();
+  PIPELINE_CHECK_AS(ConfigError, 0 <= b && b < e && e <= (1 << 24),
+                    "checkpoint manifest '{}': shard {} has layers [{}, {}), not a non-empty "
+                    "range",
+                    origin, i, b, e);
+  s.layer_begin = static_cast<int>(b);
+  s.layer_end = static_cast<int>(e);
+  s.bytes = static_cast<std::uint64_t>(f.integer("bytes", 8, kMaxI64));
+  s.crc32 = static_cast<std::uint32_t>(f.integer("crc32", 0, 0xffffffffLL));
+  const auto& tensors = f.at("tensors");
+  PIPELINE_CHECK_AS(ConfigError, tensors.is_array(),
+                    "checkpoint manifest '{}': shard {} 'tensors' must be an array", origin, i);
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    const Fields t{tensors[k], origin, fmt::format("shard {} tensor {}", i, k)};
+    CheckpointTensor ct;
+    ct.name = t.string("name");
+    ct.dtype = t.string("dtype");
+    const auto& shape = t.at("shape");
+    PIPELINE_CHECK_AS(ConfigError, shape.is_array() && shape.size() <= 8,
+                      "checkpoint manifest '{}': tensor '{}' has no valid shape", origin, ct.name);
+    std::vector<std::int64_t> dims;
+    for (auto& d : shape) {
+      PIPELINE_CHECK_AS(ConfigError, d.is_number_integer() && d.get<std::int64_t>() >= 0,
+                        "checkpoint manifest '{}': tensor '{}' has a bad dimension {}", origin,
+                        ct.name, d.dump());
+      dims.push_back(d.get<std::int64_t>());
+    }
+    ct.shape = Shape(dims);
+    s.tensors.push_back(std::move(ct));
+  }
+  return s;
+}
+
 }  // namespace
 
 CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std::string& origin) {
@@ -127,56 +179,8 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
   const auto& shards = top.at("shards");
   PIPELINE_CHECK_AS(ConfigError, shards.is_array() && !shards.empty(),
                     "checkpoint manifest '{}': 'shards' must be a non-empty array", origin);
-  for (std::size_t i = 0; i < shards.size(); ++i) {
-    const Fields f{shards[i], origin, fmt::format("shard {}", i)};
-    CheckpointShard s;
-    s.file = f.string("file");
-    PIPELINE_CHECK_AS(
-        ConfigError,
-        !s.file.empty() && s.file.find('/') == std::string::npos && s.file != "." && s.file != "..",
-        "checkpoint manifest '{}': shard {} names file '{}', which is not a plain "
-        "file name inside the checkpoint",
-        origin, i, s.file);
-    s.stage = static_cast<int>(f.integer("stage", 0, 1 << 20));
-    const auto& layers = f.at("layers");
-    PIPELINE_CHECK_AS(ConfigError,
-                      layers.is_array() && layers.size() == 2 && layers[0].is_number_integer() &&
-                          layers[1].is_number_integer(),
-                      "checkpoint manifest '{}': shard {} 'layers' must be [begin, end]", origin,
-                      i);
-    const auto b = layers[0].get<std::int64_t>(), e = layers[1].get<std::int64_t>();
-    PIPELINE_CHECK_AS(ConfigError, 0 <= b && b < e && e <= (1 << 24),
-                      "checkpoint manifest '{}': shard {} has layers [{}, {}), not a non-empty "
-                      "range",
-                      origin, i, b, e);
-    s.layer_begin = static_cast<int>(b);
-    s.layer_end = static_cast<int>(e);
-    s.bytes = static_cast<std::uint64_t>(f.integer("bytes", 8, kMaxI64));
-    s.crc32 = static_cast<std::uint32_t>(f.integer("crc32", 0, 0xffffffffLL));
-    const auto& tensors = f.at("tensors");
-    PIPELINE_CHECK_AS(ConfigError, tensors.is_array(),
-                      "checkpoint manifest '{}': shard {} 'tensors' must be an array", origin, i);
-    for (std::size_t k = 0; k < tensors.size(); ++k) {
-      const Fields t{tensors[k], origin, fmt::format("shard {} tensor {}", i, k)};
-      CheckpointTensor ct;
-      ct.name = t.string("name");
-      ct.dtype = t.string("dtype");
-      const auto& shape = t.at("shape");
-      PIPELINE_CHECK_AS(ConfigError, shape.is_array() && shape.size() <= 8,
-                        "checkpoint manifest '{}': tensor '{}' has no valid shape", origin,
-                        ct.name);
-      std::vector<std::int64_t> dims;
-      for (auto& d : shape) {
-        PIPELINE_CHECK_AS(ConfigError, d.is_number_integer() && d.get<std::int64_t>() >= 0,
-                          "checkpoint manifest '{}': tensor '{}' has a bad dimension {}", origin,
-                          ct.name, d.dump());
-        dims.push_back(d.get<std::int64_t>());
-      }
-      ct.shape = Shape(dims);
-      s.tensors.push_back(std::move(ct));
-    }
-    m.shards.push_back(std::move(s));
-  }
+  for (std::size_t i = 0; i < shards.size(); ++i)
+    m.shards.push_back(parse_shard(shards[i], origin, i));
   // The shards must hold each layer once, from layer 0 on without gaps.
   std::vector<const CheckpointShard*> order;
   for (auto& s : m.shards) order.push_back(&s);
@@ -308,7 +312,8 @@ NamedTensors snapshot(const Sequential& model, LayerRange r, const ModelParams& 
     const auto bufs = layer.buffers();
     for (std::size_t j = 0; j < specs.size(); ++j)
       add(layer.name() + "." + specs[j].name, p.params.at(j));
-    for (std::size_t j = 0; j < bufs.size(); ++j) add(layer.name() + "." + bufs[j].name, p.buffers.at(j));
+    for (std::size_t j = 0; j < bufs.size(); ++j)
+      add(layer.name() + "." + bufs[j].name, p.buffers.at(j));
   }
   if (!optimizer.state().empty()) {
     const std::vector<std::string> names = parameter_names(model, r);
@@ -339,26 +344,13 @@ CheckpointShard write_shard(const std::string& dir, int stage, LayerRange r,
 }
 
 CheckpointShard shard_from_json(const std::string& text) {
-  // Reuses the manifest's checks by wrapping the record in a minimal manifest.
-  nlohmann::ordered_json shard = nlohmann::ordered_json::parse(text);
-  nlohmann::ordered_json m = {{"format", CheckpointManifest::kFormat},
-                              {"step", 0},
-                              {"model", ""},
-                              {"world_size", 1},
-                              {"schedule", ""},
-                              {"optimizer", ""},
-                              {"seed", 0},
-                              {"batch_size", 1},
-                              {"weight_versions", 1},
-                              {"plan", nullptr},
-                              {"shards", nlohmann::ordered_json::array({shard})}};
-  // A shard alone need not start at layer 0: shift it for the coverage check, then restore.
-  const int begin = shard.at("layers")[0].get<int>();
-  m["shards"][0]["layers"] = {0, shard.at("layers")[1].get<int>() - begin};
-  CheckpointShard s = parse_checkpoint_manifest(m.dump(), "a shard record").shards.front();
-  s.layer_begin += begin;
-  s.layer_end += begin;
-  return s;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    PIPELINE_FAIL(ConfigError, "a checkpoint shard record is not valid JSON: {}", e.what());
+  }
+  return parse_shard(j, "a shard record", 0);
 }
 
 std::string shard_to_json(const CheckpointShard& s) {
@@ -448,13 +440,12 @@ void Checkpointer::save(std::int64_t step, const Sequential& model, const ModelP
                   {"model", model.name()},
                   {"step", std::to_string(step)},
                   {"layers", fmt::format("{}:{}", m_role.layers.begin, m_role.layers.end)}};
-    f->shard = std::async(
-        std::launch::async,
-        [dir = f->path, stage = m_role.stage, r = m_role.layers, state = std::move(state),
-         meta = std::move(meta)]() mutable {
-          CheckpointShard record = write_shard(dir, stage, r, state, meta);
-          return WrittenShard{std::move(record), std::move(state)};
-        });
+    f->shard = std::async(std::launch::async,
+                          [dir = f->path, stage = m_role.stage, r = m_role.layers,
+                           state = std::move(state), meta = std::move(meta)]() mutable {
+                            CheckpointShard record = write_shard(dir, stage, r, state, meta);
+                            return WrittenShard{std::move(record), std::move(state)};
+                          });
   }
   if (rank == m_role.coordinator) {
     const std::size_t stages = m_role.stage_writers.size();
