@@ -96,15 +96,6 @@ double get_double(const float* in) {
   return static_cast<double>(in[0]) + static_cast<double>(in[1]);
 }
 
-Tensor version_tensor(WeightStore::Tag tag) {
-  return Tensor::from_ints(Shape{2}, {static_cast<std::int32_t>(tag & 0x7fffffff),
-                                      static_cast<std::int32_t>(tag >> 31)});
-}
-WeightStore::Tag version_from(const Tensor& t) {
-  const std::int32_t* v = t.data<std::int32_t>();
-  return static_cast<WeightStore::Tag>(v[0]) | (static_cast<WeightStore::Tag>(v[1]) << 31);
-}
-
 // Removes and returns what was received for microbatch u. Receives are posted ahead of the
 // compute that needs them, so a missing entry means the action list ran compute before its
 // receive.
@@ -310,7 +301,7 @@ Tensor StageExecutor::take_received(Run& run, std::size_t index) {
   p.request.wait();
   if (p.version.defined()) {
     p.version_request.wait();
-    run.input_tags[(*run.actions)[index].microbatch] = version_from(p.version);
+    run.input_tags[(*run.actions)[index].microbatch] = int64_from_message(p.version);
   }
   return p.buffer;
 }
@@ -578,7 +569,7 @@ void StageExecutor::execute(Run& run) {
                            : Tag::activation(m_stage, run.global(a.microbatch));
         run.sends.push_back(m_comm->isend(c.output, a.peer, tag));
         if (run.vertical_sync && !run.eval)
-          run.sends.push_back(m_comm->isend(version_tensor(c.input_tag), a.peer,
+          run.sends.push_back(m_comm->isend(int64_message(c.input_tag), a.peer,
                                             Tag::version(m_stage, run.global(a.microbatch))));
         c.output = Tensor{};
         if (run.eval) run.table->close(a.microbatch);

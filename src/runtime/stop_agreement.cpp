@@ -13,15 +13,6 @@ namespace {
 constexpr int kStopRequest = 6;
 constexpr int kStopDecision = 7;
 
-Tensor position_tensor(std::int64_t v) {
-  return Tensor::from_ints(
-      Shape{2}, {static_cast<std::int32_t>(v & 0x7fffffff), static_cast<std::int32_t>(v >> 31)});
-}
-std::int64_t position_from(const Tensor& t) {
-  const std::int32_t* v = t.data<std::int32_t>();
-  return static_cast<std::int64_t>(v[0]) | (static_cast<std::int64_t>(v[1]) << 31);
-}
-
 }  // namespace
 
 std::int64_t stop_margin(const Schedule& schedule) {
@@ -78,7 +69,7 @@ void StopAgreement::decide(std::int64_t position) {
   log_info("stop requested: every rank stops before minibatch {}", k);
   for (int r = 0; r < m_comm->size(); ++r) {
     if (r == m_coordinator) continue;
-    m_send_buffers.push_back(position_tensor(k));
+    m_send_buffers.push_back(int64_message(k));
     m_sends.push_back(m_comm->isend(m_send_buffers.back(), r, Tag::control(0, kStopDecision)));
   }
 }
@@ -94,11 +85,12 @@ std::optional<std::int64_t> StopAgreement::poll(std::int64_t position) {
     return m_decided;
   }
   if (!m_told && m_asked()) {
-    m_request_out = position_tensor(position);
+    m_request_out = int64_message(position);
     m_sends.push_back(m_comm->isend(m_request_out, m_coordinator, Tag::control(0, kStopRequest)));
     m_told = true;
   }
-  if (m_decision_recv.pending() && m_decision_recv.test()) m_decided = position_from(m_decision_in);
+  if (m_decision_recv.pending() && m_decision_recv.test())
+    m_decided = int64_from_message(m_decision_in);
   return m_decided;
 }
 

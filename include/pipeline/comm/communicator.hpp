@@ -246,6 +246,17 @@ class Group {
   std::shared_ptr<GroupImpl> m_impl;
 };
 
+// An int64 (a weight version tag, a minibatch position) as a message: two int32s, the low 31
+// bits and the rest, since messages carry int32 and float32 tensors.
+inline Tensor int64_message(std::int64_t v) {
+  return Tensor::from_ints(
+      Shape{2}, {static_cast<std::int32_t>(v & 0x7fffffff), static_cast<std::int32_t>(v >> 31)});
+}
+inline std::int64_t int64_from_message(const Tensor& t) {
+  const std::int32_t* v = t.data<std::int32_t>();
+  return static_cast<std::int64_t>(v[0]) | (static_cast<std::int64_t>(v[1]) << 31);
+}
+
 class Communicator {
  public:
   Communicator() : m_wait(std::make_shared<detail::WaitSettings>()) {
