@@ -11,6 +11,7 @@
 #include <pipeline/core/log.hpp>
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/runtime/pipeline_setup.hpp>
+#include <pipeline/schedule/generator.hpp>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -49,8 +50,9 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
   app.add_option("--plan", flags.plan,
                  "train as a pipeline with this plan.json (pipeline-partition)");
   app.add_option("--schedule", flags.schedule,
-                 "pipeline schedule: gpipe, 1f1b-flush or 1f1b-stash (default: the plan's)")
-      ->check(CLI::IsMember({"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync"}));
+                 "pipeline schedule: gpipe, 1f1b-flush, zb-h1, 1f1b-stash, ... (default: the "
+                 "plan's)")
+      ->check(CLI::IsMember(GeneratorRegistry::builtin().names()));
   app.add_option("--schedule-csv", flags.schedule_csv,
                  "a hand-written schedule (CSV), validated first")
       ->check(CLI::ExistingFile);

@@ -4,6 +4,7 @@
 #include <pipeline/schedule/schedules/gpipe.hpp>
 #include <pipeline/schedule/schedules/interleaved.hpp>
 #include <pipeline/schedule/schedules/one_f_one_b.hpp>
+#include <pipeline/schedule/schedules/zero_bubble.hpp>
 #include <pipeline/schedule/validate.hpp>
 
 #include "engine.hpp"
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <numeric>
 
@@ -158,13 +160,15 @@ void one_f_one_b_order(std::vector<Action>& out, int stage, const std::vector<in
 // Actions of one replica of `stage`, communication included: per microbatch a forward and a
 // backward with a receive and a send each, and a step (after an allreduce when replicated) per
 // minibatch (flush) or per backward (stash).
-std::size_t compute_capacity(const ScheduleSpec& spec, int stage, bool step_per_backward = false) {
+// A split backward (I and W) makes that seven actions per microbatch.
+std::size_t compute_capacity(const ScheduleSpec& spec, int stage, bool step_per_backward = false,
+                             bool split_backward = false) {
   const std::size_t r = spec.stage_ranks[static_cast<std::size_t>(stage)].size();
   const std::size_t units =
       static_cast<std::size_t>(spec.microbatches) * static_cast<std::size_t>(spec.minibatches);
   const std::size_t mine = (units + r - 1) / r;
   const std::size_t closing = r > 1 ? 2 : 1;  // the allreduce (replicated stages) and the step
-  return 6 * mine +
+  return (split_backward ? 7 : 6) * mine +
          closing * (step_per_backward ? mine : static_cast<std::size_t>(spec.minibatches));
 }
 
@@ -177,7 +181,8 @@ void close_minibatch(std::vector<Action>& out, int stage, int replicas, int mini
 // `order(out, stage, microbatches, warmup)` appends them (warmup: the stage's 1F1B warm-up
 // forwards), and then closes the minibatch.
 template <typename Order>
-Schedule flush_schedule(const ScheduleSpec& spec, std::string name, Order&& order) {
+Schedule flush_schedule(const ScheduleSpec& spec, std::string name, Order&& order,
+                        bool split_backward = false) {
   check_spec(spec);
   Schedule sched = detail::empty_schedule(spec, std::move(name), UpdatePolicy::Flush);
   for (int s = 0; s < spec.num_stages(); ++s) {
@@ -187,7 +192,7 @@ Schedule flush_schedule(const ScheduleSpec& spec, std::string name, Order&& orde
       auto& out = sched.ranks[spec.stage_ranks[s][i]];
       // Room for every action this rank gets, communication included (insert_communication
       // then fills it in place instead of allocating a second list).
-      out.reserve(compute_capacity(spec, s));
+      out.reserve(compute_capacity(spec, s, /*step_per_backward=*/false, split_backward));
       for (int j = 0; j < spec.minibatches; ++j) {
         auto mbs =
             detail::replica_microbatches(spec, s, i, j * spec.microbatches, spec.microbatches);
@@ -213,6 +218,36 @@ Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
   return flush_schedule(spec, "1f1b-flush", [](auto& out, int s, const auto& mbs, int warmup) {
     one_f_one_b_order(out, s, mbs, warmup, [] {});
   });
+}
+
+Schedule zero_bubble_h1_schedule(const ScheduleSpec& spec) {
+  check_spec(spec);
+  const int first_warmup = detail::one_f_one_b_warmup(spec, 0);
+  Schedule sched = flush_schedule(spec, "zb-h1", [&](auto& out, int s, const auto& mbs, int warmup) {
+    // Stage s defers its weight gradients by the warm-up it runs short of the first stage's (s on
+    // a straight pipeline), so every stage holds as many microbatches as the first does under
+    // 1F1B, and those deferred W's fill the cool-down while the I's race down the pipeline.
+    const std::size_t lag = static_cast<std::size_t>(first_warmup - warmup);
+    const int n = static_cast<int>(mbs.size());
+    const int w = std::min(warmup, n);
+    std::deque<int> pending;  // microbatches whose I ran and whose W has not
+    auto input_grad = [&](int u) {
+      out.push_back({ActionKind::BackwardInput, s, u, -1});
+      pending.push_back(u);
+      if (pending.size() > lag) {
+        out.push_back({ActionKind::BackwardWeight, s, pending.front(), -1});
+        pending.pop_front();
+      }
+    };
+    for (int k = 0; k < w; ++k) out.push_back(forward(s, mbs[k]));
+    for (int k = w; k < n; ++k) {
+      out.push_back(forward(s, mbs[k]));
+      input_grad(mbs[k - w]);
+    }
+    for (int k = n - w; k < n; ++k) input_grad(mbs[k]);
+    for (int u : pending) out.push_back({ActionKind::BackwardWeight, s, u, -1});
+  }, /*split_backward=*/true);
+  return sched;
 }
 
 Schedule detail::stash_schedule_with(const ScheduleSpec& spec, const std::vector<int>& warmups) {
@@ -452,6 +487,7 @@ const GeneratorRegistry& GeneratorRegistry::builtin() {
     r.add("1f1b-flush", one_f_one_b_flush_schedule);
     r.add("1f1b-stash", one_f_one_b_stash_schedule);
     r.add("interleaved-1f1b", interleaved_one_f_one_b_schedule);
+    r.add("zb-h1", zero_bubble_h1_schedule);
     r.add("1f1b-stash-vsync", [](const ScheduleSpec& spec) {
       ScheduleSpec s = spec;
       s.vertical_sync = true;

@@ -22,7 +22,8 @@ using namespace pipeline;
 
 namespace {
 
-const std::vector<std::string> kKinds = {"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync"};
+const std::vector<std::string> kKinds = {"gpipe", "1f1b-flush", "zb-h1", "1f1b-stash",
+                                         "1f1b-stash-vsync"};
 
 bool is_stash(const std::string& kind) {
   return kind.rfind("1f1b-stash", 0) == 0;

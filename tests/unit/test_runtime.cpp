@@ -189,7 +189,7 @@ TEST_CASE("flush schedules equal SequentialTrainer with gradient accumulation") 
       {{{0, 3}, {3, 6}}, {{0, 1}, {2}}},     // replicated input stage
       {{{0, 2}, {2, 6}}, {{0}, {1, 2, 3}}},  // replicated last stage, 3 replicas
   };
-  for (const std::string name : {"gpipe", "1f1b-flush"}) {
+  for (const std::string name : {"gpipe", "1f1b-flush", "zb-h1"}) {
     for (const auto& c : cases) {
       PipelineLayout layout{c.stages, c.ranks};
       ScheduleSpec spec;

@@ -2,6 +2,7 @@
 #include <pipeline/schedule/schedule.hpp>
 #include <pipeline/schedule/schedules/gpipe.hpp>
 #include <pipeline/schedule/schedules/one_f_one_b.hpp>
+#include <pipeline/schedule/schedules/zero_bubble.hpp>
 #include <pipeline/schedule/validate.hpp>
 
 #include <doctest/doctest.h>
@@ -76,6 +77,44 @@ TEST_CASE("1F1B keeps at most p - s activations in flight at stage s, GPipe keep
   }
 }
 
+TEST_CASE("ZB-H1: I's in 1F1B order, stage s defers s W's, every stage holds p microbatches") {
+  const int p = 4, m = 8;
+  Schedule s = zero_bubble_h1_schedule(ScheduleSpec::straight(p, m, 2));
+  CHECK(s.name == "zb-h1");
+  CHECK(s.policy == UpdatePolicy::Flush);
+  ValidationReport rep = validate(s);
+  for (int st = 0; st < p; ++st) {
+    CAPTURE(st);
+    CHECK(rep.ranks[st].peak_activations == p);
+    const std::vector<Action> compute = compute_only(s.ranks[st]);
+    CHECK(count(s.ranks[st], ActionKind::Backward) == 0);
+    CHECK(count(s.ranks[st], ActionKind::BackwardInput) == 2 * m);
+    CHECK(count(s.ranks[st], ActionKind::BackwardWeight) == 2 * m);
+    // Forwards and I's alone are 1F1B's order: p - 1 - s warm-up forwards, then F I pairs.
+    std::vector<Action> no_w;
+    for (auto& a : compute)
+      if (a.kind != ActionKind::BackwardWeight) no_w.push_back(a);
+    for (int k = 0; k < p - 1 - st; ++k) CHECK(no_w[k] == forward(st, k));
+    CHECK(no_w[p - 1 - st] == forward(st, p - 1 - st));
+    CHECK(no_w[p - st] == Action{ActionKind::BackwardInput, st, 0, -1});
+    // In the steady state the W's run `st` microbatches behind the I's.
+    std::vector<int> pending;
+    for (auto& a : compute) {
+      if (a.kind == ActionKind::BackwardInput) pending.push_back(a.microbatch);
+      if (a.kind == ActionKind::BackwardWeight) {
+        CHECK(a.microbatch == pending.front());
+        pending.erase(pending.begin());
+        const bool draining = a.microbatch % m >= m - st;  // the minibatch's last W's
+        if (!draining) CHECK(static_cast<int>(pending.size()) == st);
+      }
+    }
+  }
+  // The last W of a minibatch comes before its step.
+  const auto& last = s.ranks[p - 1];
+  auto step = std::find(last.begin(), last.end(), Action{ActionKind::Step, p - 1, 0, -1});
+  CHECK(*(step - 1) == Action{ActionKind::BackwardWeight, p - 1, m - 1, -1});
+}
+
 TEST_CASE("1F1B-stash keeps p - s weight versions at stage s (PipeDream's weight stashing)") {
   for (int p : {2, 4, 6}) {
     CAPTURE(p);
@@ -115,7 +154,7 @@ TEST_CASE("replicated stages get minibatches round-robin and allreduce before ea
                                                         {{0}, {1}, {2, 3}}, {{0, 1, 2}, {3}},
                                                         {{0, 1}, {2, 3}},   {{0, 1, 2, 3}}};
   for (auto& cfg : configs) {
-    for (std::string name : {"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync"}) {
+    for (std::string name : {"gpipe", "1f1b-flush", "zb-h1", "1f1b-stash", "1f1b-stash-vsync"}) {
       CAPTURE(name);
       ScheduleSpec spec;
       spec.stage_ranks = cfg;
@@ -145,7 +184,7 @@ TEST_CASE("replicated stages get minibatches round-robin and allreduce before ea
 TEST_CASE("the registry names its generators and can be extended") {
   auto names = GeneratorRegistry::builtin().names();
   for (const char* n :
-       {"gpipe", "1f1b-flush", "1f1b-stash", "1f1b-stash-vsync", "interleaved-1f1b"})
+       {"gpipe", "1f1b-flush", "zb-h1", "1f1b-stash", "1f1b-stash-vsync", "interleaved-1f1b"})
     CHECK(std::find(names.begin(), names.end(), n) != names.end());
   CHECK_THROWS_WITH_AS(generate_schedule("interleaved", ScheduleSpec::straight(2, 2)),
                        doctest::Contains("known schedules: 1f1b-flush"), ConfigError);

@@ -77,6 +77,46 @@ TEST_CASE("GPipe and 1F1B-flush bubble is (p-1)/(m+p-1) with equal stages and fr
   }
 }
 
+TEST_CASE("ZB-H1: bubble (p-1)(T_F + T_I - T_W), a third of 1F1B's when the three are equal") {
+  // T_F = 1 ms and the split backward T_I = 1.5 ms, T_W = 0.5 ms (measured), or 1 ms each (the
+  // profile's 2 ms backward halved when the split is not measured).
+  for (double input_s : {1e-3, 1.5e-3}) {
+    for (int p : {1, 2, 3, 4, 8}) {
+      for (int m : {p, 2 * p, 4 * p}) {
+        CAPTURE(input_s);
+        CAPTURE(p);
+        CAPTURE(m);
+        Profile prof = uniform_profile(p);
+        const double weight_s = 2e-3 - input_s;
+        if (input_s != 1e-3)
+          for (auto& l : prof.layers) {
+            l.backward_input_s = input_s;
+            l.backward_weight_s = weight_s;
+          }
+        const Plan plan = equal_plan(p);
+        Simulation zb =
+            simulate(generate_schedule("zb-h1", ScheduleSpec::straight(p, m, 3)), prof, plan, {});
+        Simulation flush = simulate(generate_schedule("1f1b-flush", ScheduleSpec::straight(p, m, 3)),
+                                    prof, plan, {});
+        const double bubble = (p - 1) * (1e-3 + input_s - weight_s);
+        CHECK(zb.time_per_minibatch_s == doctest::Approx(m * 3e-3 + bubble).epsilon(1e-12));
+        CHECK(flush.time_per_minibatch_s - m * 3e-3 ==
+              doctest::Approx((p - 1) * 3e-3).epsilon(1e-12));
+        for (std::size_t r = 0; r < zb.ranks.size(); ++r) {
+          CHECK(zb.ranks[r].bubble_fraction ==
+                doctest::Approx(bubble / (m * 3e-3 + bubble)).epsilon(1e-12));
+          // Every stage holds at most what the first stage holds under 1F1B.
+          CHECK(zb.ranks[r].peak_activations == std::min(m, p));
+          CHECK(zb.ranks[r].peak_activations <= flush.ranks[0].peak_activations);
+        }
+        if (p > 1 && input_s == 1e-3)
+          CHECK((zb.time_per_minibatch_s - m * 3e-3) * 3 ==
+                doctest::Approx(flush.time_per_minibatch_s - m * 3e-3).epsilon(1e-12));
+      }
+    }
+  }
+}
+
 TEST_CASE("1F1B-stash has no bubble in the steady state and runs at the bottleneck's rate") {
   for (int p : {2, 4, 5}) {
     CAPTURE(p);
