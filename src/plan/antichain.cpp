@@ -33,13 +33,15 @@ StateGraph StateGraph::linear(const Profile& p) {
                         i, in);
       last_use[static_cast<std::size_t>(in)] = std::max(last_use[static_cast<std::size_t>(in)], i);
     }
-  double c = 0, a = 0, w = 0;
+  double c = 0, a = 0, w = 0, f = 0;
   for (int i = 0; i < n; ++i) {
     const auto& l = p.layers[static_cast<std::size_t>(i)];
     c += l.forward_s + l.backward_s;
+    f += l.forward_s;
     a += static_cast<double>(l.output_bytes);
     w += static_cast<double>(l.parameter_bytes);
     g.compute_s.push_back(c);
+    g.forward_s.push_back(f);
     g.activation_bytes.push_back(a);
     g.parameter_bytes.push_back(w);
     double cut = 0;
@@ -483,12 +485,13 @@ StateGraph StateGraphAssembler::assemble(const Profile& p, const LayerDag& d, co
     // PipeDream's augmented antichain: the frontier (layers with no successor inside) and, for
     // each frontier layer f, the layers below f with an edge leaving down(f).
     std::fill(aug_bits.begin(), aug_bits.end(), 0);
-    double c = 0, a = 0, w = 0, cut = 0, aug = 0;
+    double c = 0, f = 0, a = 0, w = 0, cut = 0, aug = 0;
     for (std::size_t word = 0; word < lw; ++word)
       for (std::uint64_t bits = b[word]; bits; bits &= bits - 1) {
         const int v = static_cast<int>(word * 64 + static_cast<std::size_t>(std::countr_zero(bits)));
         const auto& l = p.layers[static_cast<std::size_t>(v)];
         c += l.forward_s + l.backward_s;
+        f += l.forward_s;
         a += static_cast<double>(l.output_bytes);
         w += static_cast<double>(l.parameter_bytes);
         bool inside = false, leaves = false;
@@ -503,6 +506,7 @@ StateGraph StateGraphAssembler::assemble(const Profile& p, const LayerDag& d, co
       for (std::uint64_t bits = aug_bits[word]; bits; bits &= bits - 1)
         aug += static_cast<double>(p.layers[word * 64 + static_cast<std::size_t>(std::countr_zero(bits))].output_bytes);
     g.compute_s.push_back(c);
+    g.forward_s.push_back(f);
     g.activation_bytes.push_back(a);
     g.parameter_bytes.push_back(w);
     g.boundary_bytes.push_back(cut);

@@ -145,7 +145,37 @@ class Solver {
     std::vector<int> ranks;
     double compute_path = 0;   // compute and synchronisation through every level
     double transfer_path = 0;  // the largest transfer term, carried through the outer levels
+    bool recompute = false;    // the stage recomputes its activations
   };
+
+  // How the search runs a stage (s..j] on r machines when its subproblem uses m of the level's M
+  // machines: whether it fits in memory, and whether it recomputes its activations to fit (or
+  // because every stage must), which adds its forward time to its compute.
+  struct StageMode {
+    bool fits = true;
+    bool recompute = false;
+    double extra_s = 0;  // the second forward's time, per minibatch
+  };
+  StageMode mode(int level, int s, int j, int r, int m, int M) const {
+    // Recomputation is a property of the final stages, which level 0 forms; the outer levels see
+    // its cost in the inner tables' times.
+    const bool can = !m_pd && level == 0 && m_o.recompute != Recompute::None;
+    const StageMode recomputed{true, true, can ? diff(m_g.forward_s, s, j) : 0.0};
+    if (can && m_o.recompute == Recompute::All && !m_memory) return recomputed;
+    if (!m_memory) return {};
+    double par = diff(m_g.parameter_bytes, s, j), act = diff(m_g.activation_bytes, s, j);
+    if (m_pd) return {pipedream_stage_memory_bytes(par, act, M, m, r) <= *m_memory};
+    if (level != 0) return {};  // inner stages were checked one level down
+    int flight = in_flight(m_workers, m - r, r);
+    if (m_o.recompute != Recompute::All &&
+        stage_memory_bytes(par, act, flight, m_o.optimizer_state_factor) <= *m_memory)
+      return {};
+    if (!can) return {false};
+    const double input = s < 0 ? 0.0 : m_g.boundary_bytes[static_cast<std::size_t>(s)];
+    if (recompute_stage_memory_bytes(par, act, input, flight, m_o.optimizer_state_factor) <= *m_memory)
+      return recomputed;
+    return {false};
+  }
 
   // Expands the optimum into final stages with their ranks, and replays the search's arithmetic
   // on each of them (innermost level first), so that the per-stage breakdown is the search's own:
@@ -176,6 +206,7 @@ class Solver {
     std::reverse(segs.begin(), segs.end());
     int offset = 0;
     const int G = m_group[static_cast<std::size_t>(level)];
+    const int level_machines = count(level);
     const double B = m_t.levels[static_cast<std::size_t>(level)].bandwidth_bytes_per_s;
     const double W = level == 0 ? 1.0 : count(level - 1);
     for (std::size_t i = 0; i < segs.size(); ++i) {
@@ -204,7 +235,9 @@ class Solver {
         expand(level - 1, sg.s, sg.e, sub, std::move(path), out);
         continue;
       }
-      Expanded x{sg, sub, diff(m_g.compute_s, sg.s, sg.e), 0.0};
+      // The mode the search gave this stage: the subproblem used `offset` machines through it.
+      const StageMode md = mode(level, sg.s, sg.e, sg.machines, offset, level_machines);
+      Expanded x{sg, sub, diff(m_g.compute_s, sg.s, sg.e) + md.extra_s, 0.0, md.recompute};
       bool any_transfer = false;
       for (auto it = path.rbegin(); it != path.rend(); ++it) {
         x.compute_path = replicated_stage_time(x.compute_path, it->par, it->replicas, it->bandwidth, it->share);
@@ -240,16 +273,6 @@ class Solver {
   double boundary(int k) const {
     return m_pd ? m_g.pipedream_boundary_bytes[static_cast<std::size_t>(k)] : m_g.boundary_bytes[static_cast<std::size_t>(k)];
   }
-  // Memory test of a stage (s..j] with r machines when the subproblem uses m of M.
-  bool fits(int level, int s, int j, int r, int m, int M) const {
-    if (!m_memory) return true;
-    double par = diff(m_g.parameter_bytes, s, j), act = diff(m_g.activation_bytes, s, j);
-    if (m_pd) return pipedream_stage_memory_bytes(par, act, M, m, r) <= *m_memory;
-    if (level != 0) return true;  // inner stages were checked one level down
-    int flight = in_flight(m_workers, m - r, r);
-    return stage_memory_bytes(par, act, flight, m_o.optimizer_state_factor) <= *m_memory;
-  }
-
   // Candidate order on equal time (PipeDream model) or equal time and stages (Pipeline model):
   // the single stage and the idle option first, as established before splits are scanned, then
   // splits by (last-stage machines, split state) ascending.
@@ -341,8 +364,9 @@ class Solver {
       Entry* row = &A[static_cast<std::size_t>(j) * SM];
       for (int m = 1; m <= M; ++m) {
         Entry best;
-        if ((m == 1 || !m_o.straight) && std::isfinite(T) && fits(level, s, j, m, m, M)) {
-          best.t = replicated_stage_time(T, par, m, B, share_single);
+        const StageMode single = (m == 1 || !m_o.straight) && std::isfinite(T) ? mode(level, s, j, m, m, M) : StageMode{false};
+        if (single.fits) {
+          best.t = replicated_stage_time(T + single.extra_s, par, m, B, share_single);
           best.k = -2;
           best.stages = 1;
         }
@@ -377,6 +401,9 @@ class Solver {
           if (a.t == best.t && !tie_wins(a.stages + 1, mp, k, best)) return;
           double Tl = seg_compute(level, k, j);
           if (!(Tl <= best.t * slack * mp)) return;  // infinite, or the last stage alone is slower
+          const StageMode md = mode(level, k, j, mp, m, M);
+          if (!md.fits) return;
+          Tl += md.extra_s;
           double v = replicated_stage_time(Tl, diff(m_g.parameter_bytes, k, j), mp, B, share_split);
           v = std::max(v, a.t);
           if (m_transfer) {
@@ -385,7 +412,6 @@ class Solver {
           }
           const int stages = a.stages + 1;
           if (!better_split(v, stages, mp, k, best)) return;
-          if (!fits(level, k, j, mp, m, M)) return;
           best = Entry{v, k, mp, stages};
         };
         auto valid_split = [&](int k) { return k > s && k < j && (chain || (m_g.is_ancestor(s, k) && m_g.is_ancestor(k, j))); };
@@ -499,6 +525,7 @@ struct FinalStage {
   // From the search (negative: evaluate the stage flat): its time through every level as the
   // search computed it, split into the compute-and-synchronisation path and the transfer path.
   double compute_path = -1, transfer_path = 0;
+  bool recompute = false;  // from the search; a flat evaluation decides in describe()
 };
 
 // Which level the workers a and b are joined at (0: same innermost group).
@@ -536,8 +563,16 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     int lo = *std::min_element(fs.ranks.begin(), fs.ranks.end()), hi = *std::max_element(fs.ranks.begin(), fs.ranks.end());
     const int lvl = span_level(groups, lo, hi);
     const double B = t.levels[static_cast<std::size_t>(lvl)].bandwidth_bytes_per_s;
-    const double T = diff(g.compute_s, fs.s, fs.e), par = diff(g.parameter_bytes, fs.s, fs.e),
-                 act = diff(g.activation_bytes, fs.s, fs.e);
+    const double par = diff(g.parameter_bytes, fs.s, fs.e), act = diff(g.activation_bytes, fs.s, fs.e);
+    const double input = fs.s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(fs.s)];
+    const int flight = in_flight(N, lo, r);
+    const double stash_bytes = stage_memory_bytes(par, act, flight, o.optimizer_state_factor);
+    const double recompute_bytes = recompute_stage_memory_bytes(par, act, input, flight, o.optimizer_state_factor);
+    ps.recompute = fs.recompute;
+    if (fs.compute_path < 0 && !pd)
+      ps.recompute = o.recompute == Recompute::All ||
+                     (o.recompute == Recompute::Auto && memory && stash_bytes > *memory && recompute_bytes <= *memory);
+    const double T = diff(g.compute_s, fs.s, fs.e) + (ps.recompute ? diff(g.forward_s, fs.s, fs.e) : 0.0);
     if (fs.compute_path >= 0) {
       // The search's own numbers (every level's replication and synchronisation included).
       ps.compute_s = T / r;
@@ -560,10 +595,15 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
       }
     }
     if (pd) ps.memory_bytes = pipedream_stage_memory_bytes(par, act, N, lo + r, r);
-    else ps.memory_bytes = stage_memory_bytes(par, act, in_flight(N, lo, r), o.optimizer_state_factor);
-    if (check_memory && memory && ps.memory_bytes > *memory)
-      PIPELINE_FAIL(ConfigError, "stage {} (layers {}..{}, {} replicas) needs {:.4g} bytes per worker, more than the {:.4g} available",
-                    i, ps.begin, ps.end, r, ps.memory_bytes, *memory);
+    else ps.memory_bytes = ps.recompute ? recompute_bytes : stash_bytes;
+    if (check_memory && memory && ps.memory_bytes > *memory) {
+      const bool recompute_fits = !pd && !ps.recompute && recompute_bytes <= *memory;
+      PIPELINE_FAIL(ConfigError, "stage {} (layers {}..{}, {} replicas) needs {:.4g} bytes per worker, more than the {:.4g} available{}",
+                    i, ps.begin, ps.end, r, ps.memory_bytes, *memory,
+                    recompute_fits ? fmt::format("; with activation recomputation it needs {:.4g}: pass --recompute auto",
+                                                 recompute_bytes)
+                                   : std::string());
+    }
     if (fs.compute_path < 0) worst = std::max(worst, std::max(ps.compute_s + ps.sync_s, ps.transfer_s));
     if (i) plan.config.push_back('-');
     plan.config.append(std::to_string(r));
@@ -576,6 +616,12 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
   return worst;
 }
 
+void check_recompute(const PartitionOptions& o) {
+  PIPELINE_CHECK_AS(ConfigError, !(o.cost_model == CostModel::PipeDream && o.recompute == Recompute::All),
+                    "--recompute all needs the pipeline cost model: PipeDream's model has no recomputation "
+                    "(drop --cost-model pipedream, or use --recompute none)");
+}
+
 void finish(Plan& plan, const Profile& p, const Topology& t, const PartitionOptions& o, double time) {
   plan.model = p.model;
   plan.workers = t.workers();
@@ -584,6 +630,147 @@ void finish(Plan& plan, const Profile& p, const Topology& t, const PartitionOpti
   plan.predicted.time_per_minibatch_s = time;
   plan.predicted.samples_per_s = time > 0 ? p.batch_size / time : 0.0;
   plan.predicted.data_parallel_time_per_minibatch_s = data_parallel_time(p, t, o);
+}
+
+// Interleaved plans (options.virtual_stages != 1): what partition() and evaluate_stages() both
+// demand of the request.
+void check_interleaved_request(const Profile& p, const Topology& t, const PartitionOptions& o) {
+  const int v = o.virtual_stages, w = t.workers();
+  PIPELINE_CHECK_AS(ConfigError, v >= 1, "virtual stages per worker must be at least 1, got {}", v);
+  if (v == 1) return;
+  PIPELINE_CHECK_AS(ConfigError, o.cost_model == CostModel::Pipeline,
+                    "interleaved plans ({} virtual stages per worker) use the pipeline cost model; "
+                    "PipeDream's optimizer has none (drop --cost-model pipedream)",
+                    v);
+  PIPELINE_CHECK_AS(ConfigError, !o.allow_idle,
+                    "interleaved plans ({} virtual stages per worker) put stages on every worker; "
+                    "--allow-idle does not apply (give fewer workers instead)",
+                    v);
+  PIPELINE_CHECK_AS(ConfigError, o.recompute != Recompute::All,
+                    "interleaved plans ({} virtual stages per worker) do not recompute "
+                    "activations yet; use --recompute none",
+                    v);
+  PIPELINE_CHECK_AS(ConfigError, w >= 2,
+                    "interleaved plans need at least 2 workers ({} virtual stages on {} worker "
+                    "would only add transfers); use --virtual-stages 1",
+                    v, w);
+  PIPELINE_CHECK_AS(ConfigError, std::int64_t{v} * w <= p.size(),
+                    "{} virtual stages per worker on {} workers make {} stages but the model has "
+                    "only {} layers; use at most {} virtual stages",
+                    v, w, std::int64_t{v} * w, p.size(), std::max(1, p.size() / w));
+}
+
+// The interleaved plan whose stage k is the layer range [cuts[k], cuts[k + 1]) on rank k mod p:
+// describe()'s per-stage breakdown, with the memory and time of interleaved 1F1B (a flush
+// schedule: one weight version; each rank's time is the sum over its stages). Returns the
+// slowest stage's max(compute, transfer), and the plan in `plan`.
+double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, const Topology& t,
+                            const PartitionOptions& o, const std::vector<int>& cuts) {
+  const int w = t.workers(), stages = static_cast<int>(cuts.size()) - 1;
+  std::vector<FinalStage> fs(static_cast<std::size_t>(stages));
+  for (int k = 0; k < stages; ++k) {
+    FinalStage& f = fs[static_cast<std::size_t>(k)];
+    for (int l = cuts[static_cast<std::size_t>(k)]; l < cuts[static_cast<std::size_t>(k) + 1]; ++l)
+      f.layers.push_back(l);
+    f.s = cuts[static_cast<std::size_t>(k)] - 1;
+    f.e = cuts[static_cast<std::size_t>(k) + 1] - 1;
+    f.ranks = {k % w};
+  }
+  const double slowest = describe(plan, g, t, o, fs, std::nullopt, false);
+  std::vector<double> compute(static_cast<std::size_t>(w), 0.0), transfer = compute,
+                                                                 memory = compute;
+  const auto at = [](const std::vector<double>& v, int i) {
+    return i < 0 ? 0.0 : v[static_cast<std::size_t>(i)];
+  };
+  for (int k = 0; k < stages; ++k) {
+    PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
+    const FinalStage& f = fs[static_cast<std::size_t>(k)];
+    ps.memory_bytes = stage_memory_bytes(at(g.parameter_bytes, f.e) - at(g.parameter_bytes, f.s),
+                                         at(g.activation_bytes, f.e) - at(g.activation_bytes, f.s),
+                                         1, o.optimizer_state_factor);
+    const auto r = static_cast<std::size_t>(k % w);
+    compute[r] += ps.compute_s + ps.sync_s;
+    transfer[r] += ps.transfer_s;
+    memory[r] += ps.memory_bytes;
+  }
+  double time = 0;
+  for (int r = 0; r < w; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    time = std::max(time, std::max(compute[i], transfer[i]));
+    plan.predicted.peak_memory_bytes[i] = static_cast<std::int64_t>(memory[i]);
+    if (t.memory_bytes_per_worker && memory[i] > *t.memory_bytes_per_worker)
+      PIPELINE_FAIL(ConfigError,
+                    "the interleaved plan ({} stages per worker) needs {:.4g} bytes on rank {} "
+                    "(stages {}, {}, ...), more than the {:.4g} available; use fewer virtual "
+                    "stages, more workers or more memory",
+                    o.virtual_stages, memory[i], r, r, r + w, *t.memory_bytes_per_worker);
+  }
+  plan.in_flight = 1;
+  finish(plan, p, t, o, time);
+  plan.schedule = "interleaved-1f1b";
+  plan.virtual_stages = o.virtual_stages;
+  return slowest;
+}
+
+// Exact DP over the cut points of the layer order: v·p contiguous stages, stage k on rank
+// k mod p, minimising the slowest stage's max(compute, transfer in, transfer out).
+Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionOptions& o) {
+  const StateGraph g = StateGraph::linear(p);
+  const int w = t.workers(), n = g.size(), stages = o.virtual_stages * w;
+  const bool charge = !o.ignore_transfer;
+  const double R = o.activation_compression.value_or(1.0);
+  std::vector<int> groups(t.levels.size() + 1, 1);
+  for (std::size_t l = 0; l < t.levels.size(); ++l) groups[l + 1] = groups[l] * t.levels[l].count;
+  // The bandwidth of the cut after stage k: between ranks k mod p and (k + 1) mod p.
+  std::vector<double> bandwidth(static_cast<std::size_t>(stages), 0.0);
+  for (int k = 0; k < stages; ++k)
+    bandwidth[static_cast<std::size_t>(k)] =
+        t.levels[static_cast<std::size_t>(span_level(groups, k % w, (k + 1) % w))].bandwidth_bytes_per_s;
+  // Seconds of the transfer across the cut after stage k, which ends before layer j.
+  const auto cut_time = [&](int k, int j) {
+    if (!charge) return 0.0;
+    return transfer_time(g.boundary_bytes[static_cast<std::size_t>(j) - 1], 1, bandwidth[static_cast<std::size_t>(k)], R);
+  };
+  const auto prefix = [&](int j) { return j == 0 ? 0.0 : g.compute_s[static_cast<std::size_t>(j) - 1]; };
+  // best[k][j]: the slowest of the first k stages when they cover layers [0, j); from[k][j]: where
+  // the k-th of them starts.
+  const auto width = static_cast<std::size_t>(n) + 1;
+  const auto cell = [&](int k, int j) { return static_cast<std::size_t>(k) * width + static_cast<std::size_t>(j); };
+  std::vector<double> best((static_cast<std::size_t>(stages) + 1) * width, kInf);
+  std::vector<int> from(best.size(), -1);
+  best[0] = 0;
+  for (int k = 1; k <= stages; ++k) {
+    const int stage = k - 1;
+    for (int j = k; j <= n - (stages - k); ++j) {
+      const double out = k < stages ? cut_time(stage, j) : 0.0;
+      double b = kInf;
+      int f = -1;
+      for (int i = k - 1; i < j; ++i) {
+        const double before = best[cell(k - 1, i)];
+        if (!(before < b)) continue;
+        double cost = std::max(prefix(j) - prefix(i), out);
+        if (stage > 0) cost = std::max(cost, cut_time(stage - 1, i));
+        const double cand = std::max(before, cost);
+        if (cand < b) {
+          b = cand;
+          f = i;
+        }
+      }
+      best[cell(k, j)] = b;
+      from[cell(k, j)] = f;
+    }
+  }
+  const double optimum = best[cell(stages, n)];
+  PIPELINE_CHECK(std::isfinite(optimum), "internal: no interleaved plan of {} stages over {} layers", stages, n);
+  std::vector<int> cuts(static_cast<std::size_t>(stages) + 1, 0);
+  cuts.back() = n;
+  for (int k = stages; k > 0; --k)
+    cuts[static_cast<std::size_t>(k) - 1] = from[cell(k, cuts[static_cast<std::size_t>(k)])];
+  Plan plan;
+  const double slowest = describe_interleaved(plan, p, g, t, o, cuts);
+  PIPELINE_CHECK(slowest == optimum, "internal: the slowest stage of the interleaved plan ({}) is not the optimum ({})",
+                 slowest, optimum);
+  return plan;
 }
 
 }  // namespace
@@ -616,31 +803,40 @@ Plan partition(const Profile& profile, const Topology& topology, const Partition
   if (options.activation_compression)
     PIPELINE_CHECK_AS(ConfigError, std::isfinite(*options.activation_compression) && *options.activation_compression > 0,
                       "activation compression ratio must be positive, got {}", *options.activation_compression);
+  check_recompute(options);
+  check_interleaved_request(profile, topology, options);
+  if (options.virtual_stages > 1) return partition_interleaved(profile, topology, options);
   const StateGraph g = make_states(profile, antichain_state_budget(topology, options));
   std::optional<double> memory = topology.memory_bytes_per_worker;
-  auto solve = [&](std::optional<double> mem) {
-    auto s = std::make_unique<Solver>(g, topology, options, mem);
+  auto solve = [&](std::optional<double> mem, const PartitionOptions& opts) {
+    auto s = std::make_unique<Solver>(g, topology, opts, mem);
     s->solve_levels();
     double t = s->best_time();
     return std::make_pair(t, std::move(s));
   };
-  auto [best, solver] = solve(memory);
+  auto [best, solver] = solve(memory, options);
   if (!std::isfinite(best)) {
     std::string hint;
     if (memory) {
       // The smallest memory that admits a plan: the feasible set only grows with memory.
       double lo = *memory, hi = *memory * 2;
       for (int it = 0; it < 80; ++it) {
-        if (std::isfinite(solve(hi).first)) break;
+        if (std::isfinite(solve(hi, options).first)) break;
         lo = hi;
         hi *= 2;
       }
       for (int it = 0; it < 40 && hi - lo > 1e-4 * hi; ++it) {
         double mid = 0.5 * (lo + hi);
-        (std::isfinite(solve(mid).first) ? hi : lo) = mid;
+        (std::isfinite(solve(mid, options).first) ? hi : lo) = mid;
       }
       hint = fmt::format("; the smallest memory per worker that admits a plan is about {:.4g} bytes ({:.3f} GiB)", hi,
                          hi / 1073741824.0);
+      if (options.recompute == Recompute::None && options.cost_model == CostModel::Pipeline) {
+        PartitionOptions with = options;
+        with.recompute = Recompute::Auto;
+        if (std::isfinite(solve(memory, with).first))
+          hint += "; with activation recomputation a plan fits: pass --recompute auto";
+      }
       PIPELINE_FAIL(ConfigError, "no plan fits in {:.4g} bytes of memory per worker{}", *memory, hint);
     }
     PIPELINE_FAIL(ConfigError, "no feasible plan for this profile and topology");
@@ -649,12 +845,20 @@ Plan partition(const Profile& profile, const Topology& topology, const Partition
   solver->expand(static_cast<int>(topology.levels.size()) - 1, -1, g.size() - 1, {0}, {}, parts);
   std::vector<FinalStage> stages;
   for (auto& x : parts)
-    stages.push_back({g.layers_between(x.seg.s, x.seg.e), x.seg.s, x.seg.e, x.ranks, x.compute_path, x.transfer_path});
+    stages.push_back({g.layers_between(x.seg.s, x.seg.e), x.seg.s, x.seg.e, x.ranks, x.compute_path, x.transfer_path,
+                      x.recompute});
   Plan plan;
   const double slowest = describe(plan, g, topology, options, stages, memory, false);
   PIPELINE_CHECK(slowest == best, "internal: the slowest stage of the expanded plan ({}) is not the optimum ({})", slowest, best);
   finish(plan, profile, topology, options, best);
   return plan;
+}
+
+Recompute parse_recompute(std::string_view text) {
+  if (text == "none") return Recompute::None;
+  if (text == "auto") return Recompute::Auto;
+  if (text == "all") return Recompute::All;
+  PIPELINE_FAIL(ConfigError, "--recompute '{}': expected none, auto or all", text);
 }
 
 std::vector<ManualStage> parse_manual_stages(std::string_view text) {
@@ -696,6 +900,7 @@ Plan evaluate_stages(const Profile& profile, const Topology& topology, const std
   validate_profile(profile, profile.model.empty() ? "profile" : profile.model);
   validate_topology(topology);
   PIPELINE_CHECK_AS(ConfigError, !manual.empty(), "a manual plan needs at least one stage");
+  check_recompute(options);
   int next = 0, workers = 0;
   for (const ManualStage& m : manual) {
     PIPELINE_CHECK_AS(ConfigError, m.begin == next,
@@ -706,6 +911,25 @@ Plan evaluate_stages(const Profile& profile, const Topology& topology, const std
   }
   PIPELINE_CHECK_AS(ConfigError, next == profile.size(), "manual stages end at layer {} but the model has {} layers", next,
                     profile.size());
+  check_interleaved_request(profile, topology, options);
+  if (options.virtual_stages > 1) {
+    const int w = topology.workers();
+    PIPELINE_CHECK_AS(ConfigError, static_cast<std::int64_t>(manual.size()) == std::int64_t{options.virtual_stages} * w,
+                      "an interleaved plan of {} virtual stages per worker on {} workers has {} stages, got {}",
+                      options.virtual_stages, w, std::int64_t{options.virtual_stages} * w, manual.size());
+    std::vector<int> cuts;
+    for (const ManualStage& m : manual) {
+      PIPELINE_CHECK_AS(ConfigError, m.replicas == 1,
+                        "stage {}:{} asks for {} replicas, but the stages of an interleaved plan "
+                        "(--virtual-stages {}) are not replicated",
+                        m.begin, m.end, m.replicas, options.virtual_stages);
+      cuts.push_back(m.begin);
+    }
+    cuts.push_back(next);
+    Plan plan;
+    describe_interleaved(plan, profile, StateGraph::linear(profile), topology, options, cuts);
+    return plan;
+  }
   PIPELINE_CHECK_AS(ConfigError, workers <= topology.workers(), "manual stages use {} workers but the topology has only {}",
                     workers, topology.workers());
   PIPELINE_CHECK_AS(ConfigError, !(options.straight && workers != static_cast<int>(manual.size())),

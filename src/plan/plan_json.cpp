@@ -86,6 +86,7 @@ json plan_to_json(const Plan& p) {
   for (const PlanStage& s : p.stages) {
     json sj = {{"layers", {s.begin, s.end}}, {"replicas", s.replicas}, {"ranks", s.ranks}};
     if (!s.layer_ids.empty()) sj["layer_ids"] = s.layer_ids;
+    if (s.recompute) sj["recompute"] = true;
     sj["predicted"] = {{"compute_s", s.compute_s},
                        {"sync_s", s.sync_s},
                        {"transfer_s", s.transfer_s},
@@ -93,9 +94,10 @@ json plan_to_json(const Plan& p) {
     stages.push_back(std::move(sj));
   }
   json j;
-  j["format"] = kPlanFormat;
+  j["format"] = p.interleaved() ? kPlanFormatInterleaved : kPlanFormat;
   j["model"] = p.model;
   j["workers"] = p.workers;
+  if (p.interleaved()) j["virtual_stages"] = p.virtual_stages;
   j["schedule"] = p.schedule;
   j["in_flight"] = p.in_flight;
   j["config"] = p.config;
@@ -114,13 +116,28 @@ Plan plan_from_json(const json& j, std::string_view origin) {
   PIPELINE_CHECK_AS(ConfigError, j.is_object(), "{}: expected a JSON object, got {}", origin,
                     j.type_name());
   auto format = get<std::string>(j, "format", "the plan", origin);
-  PIPELINE_CHECK_AS(ConfigError, format == kPlanFormat, "{}: format is \"{}\", expected \"{}\"",
-                    origin, format, kPlanFormat);
+  const bool version2 = format == kPlanFormatInterleaved;
+  PIPELINE_CHECK_AS(ConfigError, format == kPlanFormat || version2,
+                    "{}: format is \"{}\", expected \"{}\" (or \"{}\" for an interleaved plan)",
+                    origin, format, kPlanFormat, kPlanFormatInterleaved);
   Plan p;
   p.model = j.contains("model") ? get<std::string>(j, "model", "the plan", origin) : "";
   p.workers = get_int(j, "workers", "the plan", origin);
   PIPELINE_CHECK_AS(ConfigError, p.workers >= 1, "{}: workers = {}; need at least 1", origin,
                     p.workers);
+  if (j.contains("virtual_stages"))
+    p.virtual_stages = get_int(j, "virtual_stages", "the plan", origin);
+  if (version2)
+    PIPELINE_CHECK_AS(ConfigError, j.contains("virtual_stages") && p.virtual_stages >= 2,
+                      "{}: a \"{}\" plan is interleaved and needs \"virtual_stages\" >= 2 (stages "
+                      "per rank), got {}",
+                      origin, kPlanFormatInterleaved,
+                      j.contains("virtual_stages") ? j.at("virtual_stages").dump() : "none");
+  else
+    PIPELINE_CHECK_AS(ConfigError, p.virtual_stages == 1,
+                      "{}: virtual_stages = {} needs format \"{}\"; a \"{}\" plan has one stage "
+                      "per rank",
+                      origin, p.virtual_stages, kPlanFormatInterleaved, kPlanFormat);
   if (j.contains("schedule")) p.schedule = get<std::string>(j, "schedule", "the plan", origin);
   if (j.contains("in_flight")) p.in_flight = get_int(j, "in_flight", "the plan", origin);
   PIPELINE_CHECK_AS(ConfigError, p.in_flight >= 1, "{}: in_flight = {}; need at least 1", origin,
@@ -154,9 +171,18 @@ Plan plan_from_json(const json& j, std::string_view origin) {
     for (int r : s.ranks) {
       PIPELINE_CHECK_AS(ConfigError, r >= 0 && r < p.workers, "{}: {} uses rank {}, outside 0..{}",
                         origin, where, r, p.workers - 1);
-      PIPELINE_CHECK_AS(ConfigError, used.insert(r).second,
-                        "{}: rank {} serves more than one stage", origin, r);
+      if (!p.interleaved())
+        PIPELINE_CHECK_AS(ConfigError, used.insert(r).second,
+                          "{}: rank {} serves more than one stage", origin, r);
     }
+    if (p.interleaved())
+      PIPELINE_CHECK_AS(
+          ConfigError,
+          s.replicas == 1 && s.ranks.front() == static_cast<int>(i) % p.workers &&
+              !sj.contains("layer_ids"),
+          "{}: {} of an interleaved plan ({} stages per rank) must be one contiguous layer range "
+          "on rank {} alone (stage k on rank k mod workers), got ranks {}",
+          origin, where, p.virtual_stages, static_cast<int>(i) % p.workers, sj.at("ranks").dump());
     if (sj.contains("layer_ids")) {
       s.layer_ids = get_ints(sj, "layer_ids", where, origin);
       for (int v : s.layer_ids)
@@ -169,6 +195,12 @@ Plan plan_from_json(const json& j, std::string_view origin) {
                         where, s.begin, prev_end);
     }
     prev_end = s.end;
+    if (sj.contains("recompute")) {
+      PIPELINE_CHECK_AS(ConfigError, sj.at("recompute").is_boolean(),
+                        "{}: {} field \"recompute\" must be true or false, got {}", origin, where,
+                        sj.at("recompute").dump());
+      s.recompute = sj.at("recompute").get<bool>();
+    }
     if (sj.contains("predicted") && sj.at("predicted").is_object()) {
       const json& pj = sj.at("predicted");
       s.compute_s = number_or(pj, "compute_s", 0, origin);
@@ -178,6 +210,14 @@ Plan plan_from_json(const json& j, std::string_view origin) {
     }
     p.stages.push_back(std::move(s));
   }
+  if (p.interleaved())
+    PIPELINE_CHECK_AS(ConfigError,
+                      static_cast<std::int64_t>(p.num_stages()) ==
+                          std::int64_t{p.virtual_stages} * p.workers,
+                      "{}: an interleaved plan of {} stages per rank on {} workers needs {} "
+                      "stages, got {}",
+                      origin, p.virtual_stages, p.workers,
+                      std::int64_t{p.virtual_stages} * p.workers, p.num_stages());
   if (j.contains("predicted")) {
     const json& pj = j.at("predicted");
     PIPELINE_CHECK_AS(ConfigError, pj.is_object(), "{}: \"predicted\" must be an object", origin);

@@ -11,10 +11,12 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <deque>
 #include <map>
+#include <utility>
 
 namespace pipeline {
 
@@ -109,7 +111,40 @@ Tensor take_by_microbatch(std::map<int, Tensor>& received, int u, const char* ac
   return t;
 }
 
+// Bytes of distinct storage among the tensors added: each allocation counted once, as far as
+// the views of it that were added reach (a slice of a larger batch counts up to its end).
+class StorageCounter {
+ public:
+  void add(const Tensor& t) {
+    if (t.defined() && t.nbytes() > 0) m_views.emplace_back(t.storage_id(), t.storage_end());
+  }
+  void add(const Saved& s) {
+    for (auto& t : s.tensors) add(t);
+    for (auto& c : s.children) add(c);
+  }
+  std::int64_t bytes() {
+    std::sort(m_views.begin(), m_views.end());
+    std::int64_t n = 0;
+    for (std::size_t i = 0; i < m_views.size(); ++i)
+      if (i + 1 == m_views.size() || m_views[i + 1].first != m_views[i].first)
+        n += static_cast<std::int64_t>(m_views[i].second);  // the largest end of this storage
+    return n;
+  }
+
+ private:
+  std::vector<std::pair<const void*, std::size_t>> m_views;
+};
+
 }  // namespace
+
+void StageMemory::include(const StageMemory& now) {
+  parameter_bytes = std::max(parameter_bytes, now.parameter_bytes);
+  gradient_bytes = std::max(gradient_bytes, now.gradient_bytes);
+  optimizer_bytes = std::max(optimizer_bytes, now.optimizer_bytes);
+  stashed_weight_bytes = std::max(stashed_weight_bytes, now.stashed_weight_bytes);
+  activation_bytes = std::max(activation_bytes, now.activation_bytes);
+  total_bytes = std::max(total_bytes, now.total_bytes);
+}
 
 struct StageExecutor::PostedRecv {
   std::size_t index = 0;  // the receive action's index in the rank's list
@@ -214,12 +249,73 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
   }
   m_store = std::make_unique<WeightStore>(model.init(m_options.seed, layers()));
   m_grads = model.zero_grads(layers());
+  m_recompute = static_cast<std::size_t>(m_stage) < m_options.recompute.size() &&
+                m_options.recompute[static_cast<std::size_t>(m_stage)];
 }
 
 StageExecutor::~StageExecutor() = default;
 
 ModelParams& StageExecutor::params() {
   return m_store->latest();
+}
+
+StageMemory StageExecutor::measure(const Run* run) const {
+  StorageCounter latest, others, grads, optimizer, activations;
+  m_store->for_each_tensor([&](const Tensor& t, bool is_latest) { (is_latest ? latest : others).add(t); });
+  for (auto& layer : m_grads)
+    for (auto& g : layer) grads.add(g);
+  for (auto& s : m_optimizer->state())
+    for (auto& b : s.buffers) optimizer.add(b);
+  if (run != nullptr && run->table) {
+    run->table->for_each_open([&](const MicrobatchContext& c) {
+      for (auto& s : c.saved) activations.add(s);
+      for (auto& g : c.layer_grads) activations.add(g);
+      activations.add(c.input);
+      activations.add(c.output);
+      activations.add(c.loss_grad);
+      activations.add(c.labels);
+    });
+    for (auto& [u, t] : run->inputs) activations.add(t);
+    for (auto& [u, t] : run->output_grads) activations.add(t);
+    for (auto& [u, t] : run->input_grads) activations.add(t);
+  }
+  StageMemory m;
+  m.parameter_bytes = latest.bytes();
+  m.gradient_bytes = grads.bytes();
+  m.optimizer_bytes = optimizer.bytes();
+  m.stashed_weight_bytes = others.bytes();
+  m.activation_bytes = activations.bytes();
+  m.total_bytes = m.parameter_bytes + m.gradient_bytes + m.optimizer_bytes +
+                  m.stashed_weight_bytes + m.activation_bytes;
+  return m;
+}
+
+StageMemory StageExecutor::memory_now() const {
+  return measure(m_run);
+}
+
+void StageExecutor::sample_memory(Run& run) {
+  if (run.eval) return;
+  const StageMemory now = measure(&run);
+  run.result.peak_memory.include(now);
+  m_peak_memory.include(now);
+}
+
+void StageExecutor::recompute_forward(MicrobatchContext& c) {
+  PIPELINE_CHECK(c.input.defined(),
+                 "microbatch {} on stage {} has no stashed input to recompute its forward from",
+                 c.microbatch, m_stage);
+  ModelParams& w = m_store->params(c.version);
+  // The first forward already updated the layers' buffers (batch-norm running statistics); the
+  // second one must leave them as they were.
+  std::vector<Tensor> buffers;
+  for (auto& layer : w)
+    for (auto& b : layer.buffers) buffers.push_back(b.clone());
+  m_model->forward(layers(), w, c.input, c.saved, {Mode::Train, c.seed});
+  std::size_t i = 0;
+  for (auto& layer : w)
+    for (auto& b : layer.buffers) b.copy_from(buffers[i++]);
+  c.input = Tensor{};  // what backward needs of it, the saved records hold
 }
 
 Shape StageExecutor::activation_shape(std::int64_t samples, int layer_end) const {
@@ -349,8 +445,15 @@ void StageExecutor::do_forward(Run& run, const Action& a) {
   ForwardContext ctx{Mode::Train, microbatch_seed(m_options.seed, mb, run.micro_of(u))};
   Tensor y = m_model->forward(r, m_store->params(c.version), x, c.saved, ctx);
   c.samples = x.dim(0);
+  if (m_recompute) {
+    // Keep the input and the dropout seed; the saved records are rebuilt at backward.
+    c.input = x;
+    c.seed = ctx.seed;
+    c.saved.clear();
+  }
   if (!is_last_stage()) {
     c.output = y;
+    sample_memory(run);
     return;
   }
   const float scale = 1.f / static_cast<float>(run.feed->size(mb));
@@ -381,6 +484,7 @@ void StageExecutor::do_forward(Run& run, const Action& a) {
     run.stats.erase(mb);
     run.scored.erase(mb);
   }
+  sample_memory(run);
 }
 
 void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
@@ -392,6 +496,7 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
   const bool weight_only = parts == GradParts::Weight;
 
   if (!weight_only) {
+    if (m_recompute) recompute_forward(c);
     Tensor dy;
     if (is_last_stage()) {
       dy = std::move(c.loss_grad);
@@ -401,6 +506,7 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
     if (parts == GradParts::Both) {
       Tensor dx = m_model->backward(r, w, c.saved, dy, m_grads, need_dx);
       if (need_dx) run.input_grads[u] = std::move(dx);
+      sample_memory(run);  // saved records, the output gradient and the input gradient at once
     } else {
       // Input gradient only: keep every layer's output gradient for the weight pass.
       c.layer_grads.assign(static_cast<std::size_t>(r.size()), Tensor{});
@@ -414,6 +520,7 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
                                        GradParts::Input);
       }
       if (need_dx) run.input_grads[u] = std::move(g);
+      sample_memory(run);
       return;  // the context lives on until W
     }
   } else {
@@ -424,6 +531,7 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
       const auto k = static_cast<std::size_t>(i - r.begin);
       m_model->layer(i).backward(w[k], c.saved[k], c.layer_grads[k], m_grads[k], GradParts::Weight);
     }
+    sample_memory(run);
   }
   m_store->release(c.version);
   run.table->close(u);
@@ -512,6 +620,7 @@ void StageExecutor::do_step(Run& run, const Action& a) {
   std::vector<Tensor> flat = flatten_params(p);
   m_optimizer->step(flat, grads, (*run.lr)(step));
   for (auto& g : grads) g.zero();
+  sample_memory(run);  // a new weight version, and the optimizer state from the first step on
   ++m_steps;
   ++run.result.steps;
   if (*run.on_step_done) (*run.on_step_done)(step + (run.stash ? replicas() : 1));
@@ -645,6 +754,7 @@ TrainResult StageExecutor::train(const Schedule& schedule, const MinibatchFeed& 
   m_store->set_policy(run.stash ? replicas() : 1, run.vertical_sync);
 
   const auto t0 = Clock::now();
+  sample_memory(run);
   m_run = &run;
   struct Clear {
     Run*& r;

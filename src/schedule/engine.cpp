@@ -73,7 +73,8 @@ struct InFlight {
 // Weight versions of one stage held by one rank.
 struct StageSlot {
   int stage = 0;
-  int version = 0;  // optimizer steps taken so far
+  int version = 0;    // optimizer steps taken so far
+  int requested = 0;  // DoubleBuffered: the newest version a forward has used
   // Versions referenced by in-flight microbatches, as runs (version, count), oldest first.
   Fifo<std::pair<int, int>> runs;
 };
@@ -114,10 +115,10 @@ class Engine {
         m_groups(s.stage_ranks.size()) {
     m_result.ranks.resize(s.ranks.size());
     for (int st = 0; st < s.num_stages(); ++st)
-      for (int r : s.stage_ranks[st]) m_ranks[r].slots.push_back({st, 0, {}});
-    // Only the steady-state period of stash schedules is measured over the window; skip the
-    // pass over every action otherwise.
-    const bool window = costs != nullptr && s.policy == UpdatePolicy::Stash;
+      for (int r : s.stage_ranks[st]) m_ranks[r].slots.push_back({st, 0, 0, {}});
+    // Only schedules without flushes (stash, 2BW) have a steady-state period, measured over the
+    // window; skip the pass over every action otherwise.
+    const bool window = costs != nullptr && s.policy != UpdatePolicy::Flush;
     for (std::size_t r = 0; window && r < s.ranks.size(); ++r) {
       int n = 0;
       for (auto& a : s.ranks[r]) n += a.kind == ActionKind::Forward ? 1 : 0;
@@ -172,7 +173,13 @@ class Engine {
     std::int64_t weight_bytes = 0;
     for (auto& sl : st.slots) {
       int v;
-      if (m_s.vertical_sync && !sl.runs.empty())
+      if (m_s.policy == UpdatePolicy::DoubleBuffered) {
+        // The runtime's store keeps what in-flight microbatches use and every version a later
+        // minibatch may still ask for: from the one after version - 1 steps on.
+        int oldest = std::max(sl.version - 1, sl.requested);
+        if (!sl.runs.empty()) oldest = std::min(oldest, sl.runs.front().first);
+        v = sl.version - oldest + 1;
+      } else if (m_s.vertical_sync && !sl.runs.empty())
         v = sl.version - sl.runs.front().first + 1;  // every version in between is still due
       else
         v = static_cast<int>(sl.runs.size()) +
@@ -191,7 +198,10 @@ class Engine {
     RankState& st = m_ranks[r];
     StageSlot& sl = slot(st, a.stage);
     int version = sl.version;
-    if (m_s.vertical_sync && a.stage > 0) {
+    if (m_s.policy == UpdatePolicy::DoubleBuffered) {
+      version = double_buffered_version(a.microbatch / m_s.microbatches);
+      sl.requested = std::max(sl.requested, version);
+    } else if (m_s.vertical_sync && a.stage > 0) {
       auto k = key(a.stage, a.microbatch);
       for (std::size_t i = 0; i < st.received_versions.size(); ++i)
         if (st.received_versions[i].first == k) {
@@ -208,6 +218,14 @@ class Engine {
       sl.runs.push_back({version, 1});
     if (auto* c = stage_costs(a.stage)) st.activation_bytes += c->activation_bytes;
     account_memory(r);
+  }
+
+  // A recomputing stage's rebuilt activations: taken at the start of B (or I), given back at the
+  // end of B (or W).
+  void hold_recomputed(int r, const StageCosts* c, int sign) {
+    if (!c || c->recompute_bytes == 0) return;
+    m_ranks[r].activation_bytes += sign * c->recompute_bytes;
+    if (sign > 0) account_memory(r);
   }
 
   // Releases the microbatch's activations (at B, or at W of a split backward).
@@ -275,15 +293,19 @@ class Engine {
           break;
         }
         case ActionKind::Backward:
+          hold_recomputed(r, c, 1);
           compute(r, a, c ? c->backward_s : 0);
           on_release(r, a);
+          hold_recomputed(r, c, -1);
           break;
         case ActionKind::BackwardInput:
+          hold_recomputed(r, c, 1);
           compute(r, a, c ? c->backward_input_s : 0);
           break;
         case ActionKind::BackwardWeight:
           compute(r, a, c ? c->backward_weight_s : 0);
           on_release(r, a);
+          hold_recomputed(r, c, -1);
           break;
         case ActionKind::Step: {
           compute(r, a, c ? c->step_s : 0);

@@ -29,6 +29,9 @@ struct StageCosts {
   double step_s = 0;
   double allreduce_s = 0;
   std::int64_t activation_bytes = 0;  // stashed per microbatch between its forward and backward
+  // Rebuilt by a recomputing stage at the start of a backward (B, or I of a split one) and held
+  // until it ends (B) or until its W.
+  std::int64_t recompute_bytes = 0;
   std::int64_t parameter_bytes = 0;   // one weight version
 };
 

@@ -106,8 +106,18 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   t.backward_s *= scale;
   t.backward_input_s *= scale;
   t.backward_weight_s *= scale;
+  if (ps.recompute) {
+    // The forward runs again at the start of the backward (of its input-gradient half when
+    // split), and only the stage's input stays stashed between the two.
+    t.recompute = true;
+    t.backward_s += t.forward_s;
+    t.backward_input_s += t.forward_s;
+    t.recompute_bytes = t.activation_bytes - received;
+    t.activation_bytes = received;
+  }
   t.output_bytes = static_cast<std::int64_t>(static_cast<double>(t.output_bytes) * scale);
   t.activation_bytes = static_cast<std::int64_t>(static_cast<double>(t.activation_bytes) * scale);
+  t.recompute_bytes = static_cast<std::int64_t>(static_cast<double>(t.recompute_bytes) * scale);
   return t;
 }
 
@@ -171,6 +181,7 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     c.backward_weight_s = t.backward_weight_s;
     c.step_s = options.optimizer_step_s;
     c.activation_bytes = t.activation_bytes;
+    c.recompute_bytes = t.recompute_bytes;
     c.parameter_bytes = t.parameter_bytes;
     const auto& group = schedule.stage_ranks[s];
     int r = static_cast<int>(group.size());
@@ -238,13 +249,14 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     rs.busy_s = rec.busy_s;
     rs.bubble_fraction = out.makespan_s > 0 ? 1.0 - rec.busy_s / out.makespan_s : 0.0;
     rs.steady_state_bubble_fraction = rs.bubble_fraction;
-    if (schedule.policy == UpdatePolicy::Stash && rec.window_forwards > 0) {
+    if (schedule.policy != UpdatePolicy::Flush && rec.window_forwards > 0) {
       double span = rec.window_end_s - rec.window_begin_s;
       if (span > 0) {
         rs.steady_state_bubble_fraction =
             1.0 - (rec.window_end_busy_s - rec.window_begin_busy_s) / span;
         steady_period =
-            std::max(steady_period, span / (rec.window_forwards * schedule.replicas(rs.stage)));
+            std::max(steady_period, span * schedule.microbatches /
+                                        (rec.window_forwards * schedule.replicas(rs.stage)));
       } else {
         rs.steady_state_bubble_fraction = 0;
       }
@@ -263,7 +275,7 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
   out.bubble_fraction = out.makespan_s > 0 ? 1.0 - busy / (n * out.makespan_s) : 0.0;
   out.steady_state_bubble_fraction = steady_ranks ? steady_bubble_sum / steady_ranks : 0.0;
   out.time_per_minibatch_s = out.makespan_s / schedule.minibatches;
-  if (schedule.policy == UpdatePolicy::Stash && steady_period > 0)
+  if (schedule.policy != UpdatePolicy::Flush && steady_period > 0)
     out.time_per_minibatch_s = steady_period;
   out.samples_per_s =
       out.time_per_minibatch_s > 0 ? out.samples_per_minibatch / out.time_per_minibatch_s : 0.0;

@@ -142,6 +142,10 @@ class Tensor {
 
   // True when both tensors view the same bytes (used to detect in-place aliasing).
   bool same_storage(const Tensor& o) const { return m_storage == o.m_storage; }
+  // The allocation this tensor views (null when undefined) and where its bytes end in it: what a
+  // memory count needs to count storage shared by several views once.
+  const void* storage_id() const { return m_storage.get(); }
+  std::size_t storage_end() const { return m_offset + nbytes(); }
 
  private:
   template <typename T>

@@ -60,6 +60,7 @@ class StateGraph {
 
   // Prefix sums over P(i).
   std::vector<double> compute_s;         // Σ forward_s + backward_s
+  std::vector<double> forward_s;         // Σ forward_s (what recomputation adds)
   std::vector<double> activation_bytes;  // Σ output_bytes
   std::vector<double> parameter_bytes;   // Σ parameter_bytes
   std::vector<double> boundary_bytes;

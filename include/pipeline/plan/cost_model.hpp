@@ -61,6 +61,25 @@ inline double stage_memory_bytes(double parameter_bytes, double activation_bytes
          activation_bytes * in_flight_minibatches;
 }
 
+// The same stage with activation recomputation: it keeps only its input (`input_bytes`, the
+// bytes crossing into it) per in-flight minibatch and runs its forward again at backward, so one
+// minibatch's activations are held at a time, during its backward. It costs one more forward:
+// the stage's compute becomes forward + backward + forward.
+inline double recompute_stage_memory_bytes(double parameter_bytes, double activation_bytes,
+                                           double input_bytes, int in_flight_minibatches,
+                                           double optimizer_state_factor) {
+  return parameter_bytes * (2.0 + optimizer_state_factor + (in_flight_minibatches - 1)) +
+         input_bytes * in_flight_minibatches + activation_bytes;
+}
+
+// Which stages recompute their activations: none, those that would not fit in memory otherwise
+// (auto), or all.
+enum class Recompute { None, Auto, All };
+
+inline std::string_view to_string(Recompute r) {
+  return r == Recompute::None ? "none" : r == Recompute::Auto ? "auto" : "all";
+}
+
 // PipeDream's memory test for a stage of r replicas when the stage and all stages before it use m
 // of the level's M machines: ceil((M - m) / r) * (A + P).
 inline double pipedream_stage_memory_bytes(double parameter_bytes, double activation_bytes, int machines,

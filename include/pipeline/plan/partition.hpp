@@ -9,9 +9,21 @@
 //
 // Contract: the profile is validated; the topology has at least one level of positive counts
 // and bandwidths. With a memory limit, a plan whose every stage fits is returned, or
-// ConfigError says the smallest memory per worker for which one would. DAG profiles with more
+// ConfigError says the smallest memory per worker for which one would (and, when recomputation
+// is off but would make a plan fit, says so). DAG profiles with more
 // than `max_states` antichain states are planned over the antichain states of a coarsened DAG
 // (StateGraph::build_coarsened; logged), never worse than planning over one topological order.
+//
+// Interleaved plans (PartitionOptions::virtual_stages = v > 1): the p workers form a straight
+// pipeline (no replicas) and the model, in its layer order, is cut into v·p contiguous stages,
+// stage k on rank k mod p. An exact dynamic program over the cut points minimises the slowest
+// stage's time: max(compute, transfer in, transfer out) with the cost model's transfer_time at
+// the bandwidth of the level joining the two ranks (ties: the earlier cut). The plan's
+// time_per_minibatch_s is the slowest rank's steady-state time, the sum over its v stages of
+// their compute (or of their transfers, if larger); the memory per rank is the sum over its
+// stages of weights, gradient, optimizer state and one minibatch of activations, which is the
+// peak of interleaved 1F1B with as many microbatches as workers (every pair in flight) and an
+// upper bound with more. With a memory limit the plan must fit or ConfigError names the rank.
 #pragma once
 
 #include <pipeline/plan/cost_model.hpp>
@@ -35,10 +47,18 @@ struct PartitionOptions {
   // Pipeline model: 1 when unset.
   std::optional<double> activation_compression;
   double optimizer_state_factor = 1.0;  // Pipeline model memory: optimizer copies of the weights
+  // Activation recomputation (Pipeline model only): None stashes every stage's activations; Auto
+  // recomputes a stage exactly when stashing would not fit in memory and recomputing does (its
+  // compute then includes a second forward, so the search still picks the fastest plan that
+  // fits); All recomputes every stage. The plan's stages say which recompute.
+  Recompute recompute = Recompute::None;
   // Antichain states the search may use (0: 4000 on one level; 1500 on several, whose inner
   // levels keep a table over every pair of states). A DAG with more is planned over the states of
   // a coarsened DAG, with one topological order's prefixes added (StateGraph::build_coarsened).
   std::size_t max_states = 0;
+  // Stages per worker: 1 for PipeDream's plans; v > 1 plans an interleaved pipeline of v·p
+  // stages (see above; implies a straight pipeline on every worker, Pipeline cost model).
+  int virtual_stages = 1;
 };
 
 // A stage of a manual plan: [begin, end) layer range replicated `replicas` times.
@@ -54,12 +74,17 @@ Plan partition(const Profile& profile, const Topology& topology, const Partition
 // 4,000 on one level and 1,500 on several.
 std::size_t antichain_state_budget(const Topology& topology, const PartitionOptions& options);
 
+// "none" | "auto" | "all" → Recompute; ConfigError naming the choices otherwise.
+Recompute parse_recompute(std::string_view text);
+
 // "0:5x2,5:12,12:20" → stages; throws ConfigError on syntax errors.
 std::vector<ManualStage> parse_manual_stages(std::string_view text);
 
 // Evaluates a user-chosen plan with the same cost model (stages over the profile's layer order,
 // ranks assigned consecutively). Throws ConfigError when the stages do not cover the model
 // exactly in order, use more workers than the topology has, or (with a memory limit) do not fit.
+// With options.virtual_stages = v > 1 the stages form an interleaved plan: exactly v·p of them,
+// without replicas, stage k on rank k mod p.
 Plan evaluate_stages(const Profile& profile, const Topology& topology, const std::vector<ManualStage>& stages,
                      const PartitionOptions& options = {});
 

@@ -1,6 +1,11 @@
 // Plan: a model split into contiguous stages, each replicated over some workers (ranks), with
 // the schedule to run and the partitioner's prediction. Serialised as plan.json
-// (format "pipeline.plan/1", see DESIGN.md).
+// (format "pipeline.plan/1", see DESIGN.md; "pipeline.plan/2" for interleaved plans).
+//
+// Interleaved plans (virtual_stages = v > 1, Narayanan et al. SC'21): the model is cut into v·p
+// contiguous stages over p workers and stage k runs on rank k mod p alone, so every rank holds v
+// non-adjacent layer ranges and a microbatch passes every rank v times. Such a plan runs under
+// the interleaved-1f1b schedule (ScheduleSpec::from_plan builds its spec).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +22,9 @@ struct PlanStage {
   // For a DAG profile whose stage is not one contiguous range: the exact layers of the stage
   // (ascending; begin/end then bound them). Empty when the stage is exactly [begin, end).
   std::vector<int> layer_ids;
+  // Activation recomputation: the stage keeps only its input per in-flight microbatch and runs
+  // its forward again during backward (plan.json "recompute": true; absent means false).
+  bool recompute = false;
   // The partitioner's breakdown of this stage, per minibatch (0 when unknown): compute over its
   // replicas, weight synchronisation, the larger of its input and output transfers, and the
   // predicted memory per worker.
@@ -41,10 +49,14 @@ struct Plan {
   int in_flight = 1;   // minibatches admitted at the input stage (PipeDream's warm-up depth)
   std::string config;  // PipeDream notation: replicas per stage joined by '-'
   std::string cost_model;  // "pipeline" or "pipedream" (empty when unknown)
+  // Stages per rank: 1 for a plain pipeline (each rank serves one stage), v > 1 for an
+  // interleaved plan (stages.size() == v · workers, stage k on rank k mod workers, no replicas).
+  int virtual_stages = 1;
   std::vector<PlanStage> stages;
   PlanPrediction predicted;
 
   int num_stages() const { return static_cast<int>(stages.size()); }
+  bool interleaved() const { return virtual_stages > 1; }
 };
 
 }  // namespace pipeline

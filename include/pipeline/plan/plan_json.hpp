@@ -1,10 +1,21 @@
-// plan.json I/O: the "pipeline.plan/1" format of DESIGN.md.
+// plan.json I/O: the "pipeline.plan/1" format of DESIGN.md, and "pipeline.plan/2" for
+// interleaved plans.
 //
 // Extension fields: per stage "layer_ids" (only for a DAG stage that is not one contiguous
-// range) and "predicted" {compute_s, sync_s, transfer_s, memory_bytes}; at the top level
+// range), "recompute" (true when the stage recomputes its activations; written only then, so a
+// plan without recomputation reads and writes exactly as before, and needs no new format
+// version) and "predicted" {compute_s, sync_s, transfer_s, memory_bytes}; at the top level
 // "cost_model". Reading validates the format, that stages are non-empty, that every stage has
 // `replicas` distinct ranks in [0, workers) and that no rank serves two stages; failures throw
 // ConfigError (contents) or IoError (file) naming the file and the field.
+//
+// Versions: an interleaved plan (Plan::virtual_stages = v > 1) is written as "pipeline.plan/2"
+// with a top-level "virtual_stages": v; every other plan is still written as "pipeline.plan/1",
+// byte for byte as before. The bump is only for the plans that need it because a rank of such a
+// plan serves v stages: a reader that knows only /1 would have to refuse it anyway, and now says
+// so by its format check instead of a misleading "rank serves more than one stage". Both versions
+// are read. A /2 plan must have v >= 2, exactly v · workers contiguous stages of one replica,
+// stage k on rank k mod workers; a /1 plan must not have "virtual_stages" other than 1.
 #pragma once
 
 #include <pipeline/plan/plan.hpp>
@@ -17,6 +28,7 @@
 namespace pipeline {
 
 inline constexpr std::string_view kPlanFormat = "pipeline.plan/1";
+inline constexpr std::string_view kPlanFormatInterleaved = "pipeline.plan/2";
 
 nlohmann::json plan_to_json(const Plan& plan);
 Plan plan_from_json(const nlohmann::json& j, std::string_view origin);

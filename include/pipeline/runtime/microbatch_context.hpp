@@ -29,9 +29,14 @@ struct MicrobatchContext {
   Tensor output;                    // the forward's output until it is sent (or scored)
   std::vector<Tensor> layer_grads;  // split backward: each layer's output gradient, from I to W
   std::int64_t samples = 0;
+  // Activation recomputation: the stage's input, kept instead of `saved` between the forward and
+  // the backward, and the forward's dropout seed, so the recomputed forward draws the same masks.
+  Tensor input;
+  std::uint64_t seed = 0;
 
+  // Nominal bytes (views of one storage counted per view); StageExecutor measures real bytes.
   std::size_t bytes() const {
-    std::size_t n = 0;
+    std::size_t n = input.defined() ? input.nbytes() : 0;
     for (auto& s : saved) n += s.bytes();
     for (auto& g : layer_grads) n += g.defined() ? g.nbytes() : 0;
     return n + (loss_grad.defined() ? loss_grad.nbytes() : 0);
@@ -64,6 +69,13 @@ class InFlightTable {
                   "cannot start microbatch {}: all {} in-flight slots are taken (microbatches {}); "
                   "the schedule keeps more activations than its validated bound",
                   mb, capacity(), open_list());
+  }
+
+  // Calls f(context) for every open context.
+  template <class F>
+  void for_each_open(F&& f) const {
+    for (auto& slot : m_slots)
+      if (slot.microbatch >= 0) f(slot);
   }
 
   MicrobatchContext& at(int mb) {

@@ -26,6 +26,20 @@
 // Per-microbatch state lives in an InFlightTable sized by the schedule's validated peak of
 // stashed activations on this rank; a context is freed as soon as its backward is done.
 //
+// Activation recomputation (ExecutorOptions::recompute, the plan's per-stage choice): the
+// forward keeps only the stage's input and frees what its layers saved; the backward (or the I
+// of a split one) first runs the forward again with the same weight version and the same
+// dropout seed (microbatch_seed of the run seed, minibatch and microbatch), with the layers'
+// buffers (batch-norm running statistics) put back afterwards, so gradients and weights equal a
+// stashing stage's bit for bit.
+//
+// Memory as measured (StageMemory): after every forward, backward and step the executor counts
+// the bytes of storage it holds — each allocation once, however many tensors view it — and
+// keeps the peak: the latest weights, the gradient accumulators, the optimizer state, the other
+// weight versions (stashed, and spare copies kept for reuse) and the per-microbatch state
+// (saved records or recomputation inputs, outputs not yet sent, received activations and
+// gradients not yet used, input gradients not yet sent).
+//
 // Errors: the schedule is validated before anything runs (ConfigError on every rank alike); a
 // non-finite loss or gradient throws naming the step, microbatch and layer; communication waits
 // time out (TimeoutError with this rank's position in its list). The caller catches and aborts
@@ -89,6 +103,21 @@ struct ExecutorOptions {
   // Receives posted ahead of the action that waits for them, per kind; more overlap for more
   // memory held in posted buffers.
   int receive_lookahead = 4;
+  // Per stage of the layout: the stage recomputes its activations in backward instead of
+  // stashing them (PlanStage::recompute). Empty, or shorter than the stages: no recomputation.
+  std::vector<bool> recompute;
+};
+
+// Bytes of storage a stage's rank holds, by what for. Each field of a peak is its own maximum
+// over the run; total_bytes is the maximum of their sum at one moment.
+struct StageMemory {
+  std::int64_t parameter_bytes = 0;       // the latest weights and buffers
+  std::int64_t gradient_bytes = 0;        // gradient accumulators
+  std::int64_t optimizer_bytes = 0;       // optimizer state (momentum, Adam moments)
+  std::int64_t stashed_weight_bytes = 0;  // weight versions besides the latest, and spare copies
+  std::int64_t activation_bytes = 0;      // per-microbatch state (see StageExecutor)
+  std::int64_t total_bytes = 0;
+  void include(const StageMemory& now);   // raises every field to at least `now`'s
 };
 
 // What the last stage observed for one minibatch.
@@ -107,6 +136,7 @@ struct TrainResult {
   double seconds = 0;
   int peak_in_flight = 0;  // most microbatch contexts open at once
   int peak_weight_versions = 1;
+  StageMemory peak_memory;  // of this run
 };
 
 using LrFunction = std::function<float(std::int64_t step)>;
@@ -141,6 +171,12 @@ class StageExecutor {
   const WeightStore& weights() const { return *m_store; }
   Optimizer& optimizer() { return *m_optimizer; }
   std::int64_t steps_done() const { return m_steps; }
+  // Whether this rank's stage recomputes its activations.
+  bool recomputes() const { return m_recompute; }
+  // The peak bytes held over every train() so far (TrainResult::peak_memory has one run's).
+  const StageMemory& peak_memory() const { return m_peak_memory; }
+  // The bytes held now.
+  StageMemory memory_now() const;
 
   // Runs this rank's list of `schedule`, whose minibatch 0 is the run's minibatch
   // `first_minibatch`. The schedule must have this executor's stages and ranks; it is validated
@@ -191,6 +227,9 @@ class StageExecutor {
   Shape activation_shape(std::int64_t samples, int layer_end) const;
   Batch microbatch_data(Run& run, int u);
   std::int64_t minibatch_of(const Run& run, const Action& a) const;
+  void recompute_forward(MicrobatchContext& c);
+  StageMemory measure(const Run* run) const;
+  void sample_memory(Run& run);
 
   const Sequential* m_model;
   Shape m_sample_shape;
@@ -210,6 +249,8 @@ class StageExecutor {
   std::vector<TraceEvent> m_trace;
   double m_t0 = 0;
   bool m_store_ready = false;
+  bool m_recompute = false;
+  StageMemory m_peak_memory;
   Run* m_run = nullptr;  // the train() in progress
   std::int64_t m_stop_before = -1;
 };

@@ -127,6 +127,21 @@ class WeightStore {
       if (v.tag == tag) return v.refs;
     return 0;
   }
+  // Calls f(tensor, latest) for every tensor the store holds: each version's parameters and
+  // buffers (latest: of the newest version) and the spare copies kept for reuse (not latest).
+  template <class F>
+  void for_each_tensor(F&& f) const {
+    for (std::size_t i = 0; i < m_versions.size(); ++i)
+      for (auto& layer : m_versions[i].params) {
+        for (auto& t : layer.params) f(t, i + 1 == m_versions.size());
+        for (auto& t : layer.buffers) f(t, i + 1 == m_versions.size());
+      }
+    for (auto& spare : m_spare)
+      for (auto& layer : spare) {
+        for (auto& t : layer.params) f(t, false);
+        for (auto& t : layer.buffers) f(t, false);
+      }
+  }
   std::vector<Tag> tags() const {
     std::vector<Tag> out;
     for (auto& v : m_versions) out.push_back(v.tag);

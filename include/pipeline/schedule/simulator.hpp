@@ -32,10 +32,12 @@
 //  - replicated stages: replicas take minibatches in turn but meet at a blocking allreduce after
 //    each, which the partitioner's (T + sync)/r assumes costs them no waiting for one another.
 // Memory per rank: peak over time of stashed activations (per microbatch: the outputs of the
-// stage's layers plus its received input) plus weight versions times the stage's parameters.
+// stage's layers plus its received input; a recomputing stage only its input, plus the outputs
+// of the one microbatch whose backward is running) plus weight versions times the stage's
+// parameters. Recomputation also charges the stage's forward time again inside its backward.
 //
-// Reported: time per minibatch (flush schedules: makespan / minibatches; stash schedules: the
-// steady-state period, measured on every rank from its forward n/4 to its forward 3n/4, the
+// Reported: time per minibatch (flush schedules: makespan / minibatches; stash and 2BW schedules:
+// the steady-state period, measured on every rank from its forward n/4 to its forward 3n/4, the
 // slowest rank's), samples/s, bubble fraction (idle share of the makespan) overall and per rank,
 // and its steady-state value over the same window.
 #pragma once
@@ -79,6 +81,11 @@ struct StageTiming {
   std::int64_t output_bytes = 0;      // sent to the next stage per microbatch
   std::int64_t activation_bytes = 0;  // stashed per in-flight microbatch
   std::int64_t parameter_bytes = 0;
+  // A recomputing stage (PlanStage::recompute) stashes only its input (activation_bytes) and
+  // rebuilds these bytes at backward, holding them until its backward (or its W) ends; its
+  // backward and backward_input times include the forward it runs again.
+  bool recompute = false;
+  std::int64_t recompute_bytes = 0;
 };
 
 // `scale` = microbatch size / profile batch size. Throws ConfigError when the stage's layer
