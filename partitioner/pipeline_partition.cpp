@@ -30,15 +30,18 @@ std::string layers_text(const pipeline::PlanStage& s) {
 void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, const pipeline::Topology& topo, double seconds) {
   fmt::print("model {} ({} layers), {} workers: {}, cost model {}\n", plan.model.empty() ? "?" : plan.model,
              profile.size(), plan.workers, pipeline::describe_topology(topo), plan.cost_model);
-  fmt::print("{:>5}  {:<24} {:>8} {:>12} {:>12} {:>10} {:>12}\n", "stage", "layers", "replicas", "compute ms", "transfer ms",
-             "sync ms", "memory GB");
+  fmt::print("{:>5}  {:<24} {:>8} {:>12} {:>12} {:>10} {:>12} {:>10}\n", "stage", "layers", "replicas", "compute ms",
+             "transfer ms", "sync ms", "memory GB", "recompute");
   for (std::size_t i = 0; i < plan.stages.size(); ++i) {
     const auto& s = plan.stages[i];
-    fmt::print("{:>5}  {:<24} {:>8} {:>12.3f} {:>12.3f} {:>10.3f} {:>12.3f}\n", i, layers_text(s), s.replicas, s.compute_s * 1e3,
-               s.transfer_s * 1e3, s.sync_s * 1e3, s.memory_bytes / 1e9);
+    fmt::print("{:>5}  {:<24} {:>8} {:>12.3f} {:>12.3f} {:>10.3f} {:>12.3f} {:>10}\n", i, layers_text(s), s.replicas,
+               s.compute_s * 1e3, s.transfer_s * 1e3, s.sync_s * 1e3, s.memory_bytes / 1e9, s.recompute ? "yes" : "no");
   }
   const auto& p = plan.predicted;
   fmt::print("config {}   in flight {}\n", plan.config, plan.in_flight);
+  if (plan.interleaved())
+    fmt::print("interleaved: {} virtual stages per worker, stage k on rank k mod {}\n", plan.virtual_stages,
+               plan.workers);
   fmt::print("time per minibatch {:.6f} s ({:.1f} samples/s)\n", p.time_per_minibatch_s, p.samples_per_s);
   fmt::print("data parallel      {:.6f} s   speedup over data parallelism {:.3f}x\n", p.data_parallel_time_per_minibatch_s,
              p.time_per_minibatch_s > 0 ? p.data_parallel_time_per_minibatch_s / p.time_per_minibatch_s : 0.0);
@@ -50,11 +53,12 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
 // microbatch per minibatch and enough minibatches for a steady state (8 per worker, a multiple
 // of every stage's replica count) under a stash schedule, which reports its steady-state value;
 // 4 microbatches per stage and one minibatch under a flush schedule, which reports the whole
-// makespan's. The partitioner itself stays independent of the schedule library.
+// makespan's (an interleaved plan: 4 microbatches per worker, as for a plain plan on as many
+// workers). The partitioner itself stays independent of the schedule library.
 double simulated_bubble_fraction(const pipeline::Plan& plan, const pipeline::Profile& profile,
                                  const pipeline::Topology& topo) {
   const bool stash = plan.schedule.rfind("1f1b-stash", 0) == 0;
-  int microbatches = stash ? 1 : 4 * plan.num_stages(), minibatches = 1;
+  int microbatches = stash ? 1 : 4 * (plan.interleaved() ? plan.workers : plan.num_stages()), minibatches = 1;
   if (stash) {
     int lcm = 1, workers = 0;
     for (const auto& s : plan.stages) {
@@ -76,10 +80,11 @@ int main(int argc, char** argv) {
   std::string profile_path, pipedream_path, output, stages_text, cost_model = "pipeline", bandwidth_text, memory_text,
                                                                     topology_path;
   std::vector<std::string> levels;
-  int workers = 0, batch = 0;
+  int workers = 0, batch = 0, virtual_stages = 1;
   bool straight = false, allow_idle = false, ignore_transfer = false, quiet = false, no_simulate = false;
   std::optional<double> compression;
   std::size_t max_states = pipeline::PartitionOptions{}.max_states;
+  std::string recompute = "auto";
   auto* src = app.add_option("--profile", profile_path, "profile.json (pipeline.profile/1)");
   app.add_option("--pipedream", pipedream_path, "PipeDream graph.txt instead of a profile.json")->excludes(src);
   app.add_option("--workers", workers, "workers of a one-level topology");
@@ -87,6 +92,10 @@ int main(int argc, char** argv) {
   app.add_option("--level", levels, "COUNT:BANDWIDTH, repeated, innermost first (e.g. --level 4:1e10 --level 4:1.25e9)");
   app.add_option("--topology", topology_path, "topology JSON file instead of --workers/--level");
   app.add_option("--memory", memory_text, "memory per worker (bytes, or 16GB, 80GiB)");
+  app.add_option("--recompute", recompute,
+                 "activation recomputation: auto (default: the stages that would not fit in --memory otherwise), "
+                 "all stages, or none")
+      ->check(CLI::IsMember({"none", "auto", "all"}));
   app.add_option("--cost-model", cost_model, "pipeline (default) or pipedream")->check(CLI::IsMember({"pipeline", "pipedream"}));
   app.add_flag("--straight", straight, "no replicated stages");
   app.add_flag("--allow-idle", allow_idle, "leave workers unused when that is no slower");
@@ -94,6 +103,9 @@ int main(int argc, char** argv) {
   app.add_option("--activation-compression", compression, "activation compression ratio R (transfers cost 2a/(B r R))");
   app.add_option("--stages", stages_text, "evaluate this plan instead: BEGIN:END[xREPLICAS],... e.g. 0:5x2,5:12,12:20");
   app.add_option("--batch", batch, "batch size of the profile (overrides the file)");
+  app.add_option("--virtual-stages", virtual_stages,
+                 "V > 1: an interleaved plan of V·p stages over the p workers, stage k on rank k mod p, "
+                 "to run under interleaved-1f1b (default 1)");
   app.add_option("--max-states", max_states,
                  "antichain states the search may use; a DAG with more is planned over a coarsened DAG "
                  "(default 0: 4000 on one level, 1500 on several)");
@@ -133,6 +145,11 @@ int main(int argc, char** argv) {
     opt.ignore_transfer = ignore_transfer;
     opt.activation_compression = compression;
     opt.max_states = max_states;
+    // PipeDream's model has no recomputation: auto leaves it off there.
+    opt.recompute = opt.cost_model == pipeline::CostModel::PipeDream && recompute == "auto"
+                        ? pipeline::Recompute::None
+                        : pipeline::parse_recompute(recompute);
+    opt.virtual_stages = virtual_stages;
 
     pipeline::Plan plan = stages_text.empty()
                               ? pipeline::partition(profile, topo, opt)

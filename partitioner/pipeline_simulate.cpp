@@ -4,6 +4,10 @@
 //   FILE]
 //                     [--microbatches M] [--minibatches N] [--trace FILE] [--svg FILE] [--json]
 //
+// `--schedule interleaved` names interleaved-1f1b, the schedule of interleaved plans (plan.json
+// "virtual_stages" > 1), which is also their default; such a plan's default microbatch count is
+// 4 per worker (a multiple of the workers, as the schedule needs).
+//
 // Prints a per-rank table (or, with --json, one JSON object) on stdout. The topology for transfer
 // and allreduce costs is given innermost level first with repeated --level COUNT:BANDWIDTH, or
 // as a topology JSON file (--topology, the partitioner's format); without either communication
@@ -37,6 +41,15 @@ Topology parse_levels(const std::vector<std::string>& levels) {
   return t;
 }
 
+// The stages a rank runs (several on an interleaved plan's ranks).
+std::vector<int> stages_of(const Schedule& schedule, int rank) {
+  std::vector<int> out;
+  for (int s = 0; s < schedule.num_stages(); ++s)
+    for (int r : schedule.stage_ranks[static_cast<std::size_t>(s)])
+      if (r == rank) out.push_back(s);
+  return out;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"Predict a pipeline plan's throughput, bubbles and memory under a schedule"};
   std::string profile_path, plan_path, schedule_name, schedule_csv, trace_path, svg_path;
@@ -49,7 +62,8 @@ int run(int argc, char** argv) {
   auto* by_name =
       app.add_option("--schedule", schedule_name,
                      "schedule generator (default: the plan's): " +
-                         fmt::format("{}", fmt::join(GeneratorRegistry::builtin().names(), ", ")));
+                         fmt::format("{}", fmt::join(GeneratorRegistry::builtin().names(), ", ")) +
+                         " (interleaved = interleaved-1f1b)");
   app.add_option("--schedule-csv", schedule_csv, "a schedule written as CSV")->excludes(by_name);
   app.add_option("--microbatches", microbatches,
                  "microbatches per minibatch (default: 4 x stages; 1 for stash)");
@@ -77,8 +91,10 @@ int run(int argc, char** argv) {
     schedule = read_schedule_csv(schedule_csv);
   } else {
     std::string name = schedule_name.empty() ? plan.schedule : schedule_name;
+    if (name == "interleaved") name = "interleaved-1f1b";
     bool stash = name.rfind("1f1b-stash", 0) == 0;
-    if (microbatches <= 0) microbatches = stash ? 1 : 4 * plan.num_stages();
+    if (microbatches <= 0)
+      microbatches = stash ? 1 : 4 * (plan.interleaved() ? plan.workers : plan.num_stages());
     if (minibatches <= 0) {
       minibatches = 1;
       if (stash) {
@@ -107,6 +123,7 @@ int run(int argc, char** argv) {
     for (auto& r : sim.ranks)
       ranks.push_back({{"rank", r.rank},
                        {"stage", r.stage},
+                       {"stages", stages_of(schedule, r.rank)},
                        {"bubble_fraction", r.bubble_fraction},
                        {"steady_state_bubble_fraction", r.steady_state_bubble_fraction},
                        {"peak_activations", r.peak_activations},
@@ -128,10 +145,11 @@ int run(int argc, char** argv) {
       "time per minibatch {:.6f} s, {:.1f} samples/s, bubble {:.1f}% (steady state {:.1f}%)\n",
       sim.time_per_minibatch_s, sim.samples_per_s, 100 * sim.bubble_fraction,
       100 * sim.steady_state_bubble_fraction);
-  fmt::print("{:>5} {:>5} {:>8} {:>8} {:>11} {:>9} {:>14}\n", "rank", "stage", "bubble", "steady",
+  fmt::print("{:>5} {:>7} {:>8} {:>8} {:>11} {:>9} {:>14}\n", "rank", "stages", "bubble", "steady",
              "activations", "versions", "peak memory");
   for (auto& r : sim.ranks)
-    fmt::print("{:>5} {:>5} {:>7.1f}% {:>7.1f}% {:>11} {:>9} {:>14}\n", r.rank, r.stage,
+    fmt::print("{:>5} {:>7} {:>7.1f}% {:>7.1f}% {:>11} {:>9} {:>14}\n", r.rank,
+               fmt::format("{}", fmt::join(stages_of(schedule, r.rank), ",")),
                100 * r.bubble_fraction, 100 * r.steady_state_bubble_fraction, r.peak_activations,
                r.peak_weight_versions, r.peak_memory_bytes);
   return 0;

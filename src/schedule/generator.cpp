@@ -49,6 +49,22 @@ ScheduleSpec ScheduleSpec::interleaved(int ranks, int stages_per_rank, int micro
 }
 
 ScheduleSpec ScheduleSpec::from_plan(const Plan& plan, int microbatches, int minibatches) {
+  if (plan.interleaved()) {
+    // v·p stages, stage k on rank k mod p (plan_from_json checks that plan.json says so).
+    const int v = plan.virtual_stages;
+    PIPELINE_CHECK_AS(ConfigError, plan.num_stages() % v == 0,
+                      "an interleaved plan of {} stages per rank has {} stages, not a multiple "
+                      "of {}",
+                      v, plan.num_stages(), v);
+    ScheduleSpec s = interleaved(plan.num_stages() / v, v, microbatches, minibatches);
+    for (int k = 0; k < plan.num_stages(); ++k)
+      PIPELINE_CHECK_AS(ConfigError,
+                        plan.stages[k].ranks.empty() || plan.stages[k].ranks == s.stage_ranks[k],
+                        "stage {} of the interleaved plan runs on ranks {} but must run on rank "
+                        "{} alone (stage k on rank k mod {})",
+                        k, plan.stages[k].ranks, s.stage_ranks[k][0], plan.num_stages() / v);
+    return s;
+  }
   ScheduleSpec s;
   int next = 0;
   for (auto& st : plan.stages) {

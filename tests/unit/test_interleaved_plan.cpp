@@ -1,0 +1,297 @@
+// Interleaved plans (v > 1 virtual stages per rank): plan.json's "pipeline.plan/2" round trip
+// and the old format still read; ScheduleSpec::from_plan gives interleaved-1f1b's spec; the
+// partitioner's v·p-stage plan on random profiles is valid, covers the layers, equals exhaustive
+// enumeration of the cuts, and schedules, validates and simulates; bad requests are ConfigErrors.
+#include <pipeline/core/error.hpp>
+#include <pipeline/plan/partition.hpp>
+#include <pipeline/plan/plan_json.hpp>
+#include <pipeline/schedule/generator.hpp>
+#include <pipeline/schedule/simulator.hpp>
+#include <pipeline/schedule/validate.hpp>
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+
+using namespace pipeline;
+
+namespace {
+
+const char* kOldPlan = R"({"format": "pipeline.plan/1", "model": "mlp", "workers": 2,
+  "schedule": "1f1b-stash", "in_flight": 2, "config": "1-1",
+  "stages": [{"layers": [0, 3], "replicas": 1, "ranks": [0]},
+             {"layers": [3, 6], "replicas": 1, "ranks": [1]}]})";
+
+const char* kInterleavedPlan = R"({"format": "pipeline.plan/2", "model": "mlp", "workers": 2,
+  "virtual_stages": 2, "schedule": "interleaved-1f1b", "in_flight": 1, "config": "1-1-1-1",
+  "stages": [{"layers": [0, 2], "replicas": 1, "ranks": [0]},
+             {"layers": [2, 3], "replicas": 1, "ranks": [1]},
+             {"layers": [3, 5], "replicas": 1, "ranks": [0]},
+             {"layers": [5, 6], "replicas": 1, "ranks": [1]}],
+  "predicted": {"time_per_minibatch_s": 0.02, "peak_memory_bytes": [100, 200]}})";
+
+// The message of the ConfigError that parsing `edit`ed `text` throws; empty when it parses.
+std::string error_of(const char* text, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = nlohmann::json::parse(text);
+  edit(j);
+  try {
+    parse_plan(j.dump(), "plan.json");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+Profile random_chain(std::mt19937& rng, int layers) {
+  Profile p;
+  p.model = "random";
+  p.batch_size = 16;
+  std::uniform_real_distribution<double> time(0.0005, 0.01);
+  std::uniform_int_distribution<int> bytes(1, 64);
+  for (int i = 0; i < layers; ++i) {
+    LayerProfile l;
+    l.name = fmt::format("l{}", i);
+    l.kind = "Linear";
+    l.forward_s = time(rng);
+    l.backward_s = 2 * time(rng);
+    l.output_bytes = std::int64_t{bytes(rng)} * 100000;
+    l.parameter_bytes = std::int64_t{bytes(rng)} * 4096;
+    p.layers.push_back(l);
+  }
+  return p;
+}
+
+// Independent statement of the objective: every way of cutting the chain into `stages`
+// non-empty ranges, stage k on rank k mod p; a stage costs max(compute, transfer in, transfer
+// out) with transfers 2a/B at the bandwidth of the level joining the two ranks.
+double brute_force(const Profile& p, const Topology& t, int stages, bool transfer) {
+  const int n = p.size(), w = t.workers();
+  auto level_bandwidth = [&](int a, int b) {
+    int size = 1;
+    for (std::size_t l = 0; l < t.levels.size(); ++l) {
+      size *= t.levels[l].count;
+      if (a / size == b / size) return t.levels[l].bandwidth_bytes_per_s;
+    }
+    return t.levels.back().bandwidth_bytes_per_s;
+  };
+  auto cut = [&](int k, int layer_end) {  // the cut after stage k, before layer layer_end
+    if (!transfer) return 0.0;
+    return 2.0 * static_cast<double>(p.layers[static_cast<std::size_t>(layer_end) - 1].output_bytes) /
+           level_bandwidth(k % w, (k + 1) % w);
+  };
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<int> cuts{0};
+  std::function<void(int)> go = [&](int k) {
+    if (k == stages - 1) {
+      cuts.push_back(n);
+      double worst = 0;
+      for (int s = 0; s < stages; ++s) {
+        double c = 0;
+        for (int l = cuts[s]; l < cuts[s + 1]; ++l) c += p.layers[l].forward_s + p.layers[l].backward_s;
+        if (s > 0) c = std::max(c, cut(s - 1, cuts[s]));
+        if (s + 1 < stages) c = std::max(c, cut(s, cuts[s + 1]));
+        worst = std::max(worst, c);
+      }
+      best = std::min(best, worst);
+      cuts.pop_back();
+      return;
+    }
+    for (int e = cuts.back() + 1; e <= n - (stages - 1 - k); ++e) {
+      cuts.push_back(e);
+      go(k + 1);
+      cuts.pop_back();
+    }
+  };
+  go(0);
+  return best;
+}
+
+}  // namespace
+
+TEST_CASE("plan.json: an interleaved plan round-trips as pipeline.plan/2, old plans still load") {
+  const Plan old = parse_plan(kOldPlan, "old.json");
+  CHECK(old.virtual_stages == 1);
+  CHECK_FALSE(old.interleaved());
+  // A plain plan is still written as version 1, without the new field.
+  const nlohmann::json old_out = plan_to_json(old);
+  CHECK(old_out.at("format") == "pipeline.plan/1");
+  CHECK_FALSE(old_out.contains("virtual_stages"));
+
+  const Plan p = parse_plan(kInterleavedPlan, "plan.json");
+  CHECK(p.virtual_stages == 2);
+  CHECK(p.interleaved());
+  REQUIRE(p.num_stages() == 4);
+  CHECK(p.stages[2].begin == 3);
+  CHECK(p.stages[2].ranks == std::vector<int>{0});
+  const nlohmann::json out = plan_to_json(p);
+  CHECK(out.at("format") == "pipeline.plan/2");
+  CHECK(out.at("virtual_stages") == 2);
+  const Plan q = parse_plan(out.dump(), "again");
+  CHECK(q.virtual_stages == 2);
+  REQUIRE(q.num_stages() == 4);
+  for (int k = 0; k < 4; ++k) {
+    CHECK(q.stages[k].begin == p.stages[k].begin);
+    CHECK(q.stages[k].end == p.stages[k].end);
+    CHECK(q.stages[k].ranks == p.stages[k].ranks);
+  }
+  CHECK(q.predicted.peak_memory_bytes == p.predicted.peak_memory_bytes);
+  CHECK(q.schedule == "interleaved-1f1b");
+}
+
+TEST_CASE("plan.json: what an interleaved plan must say, and what a version-1 plan must not") {
+  CHECK(error_of(kInterleavedPlan, [](auto&) {}).empty());
+  // Version 1 keeps one stage per rank: the field needs version 2.
+  CHECK_MESSAGE(error_of(kOldPlan, [](auto& j) { j["virtual_stages"] = 2; }).find("pipeline.plan/2") !=
+                    std::string::npos,
+                "version 1 with virtual stages");
+  CHECK(error_of(kOldPlan, [](auto& j) { j["virtual_stages"] = 1; }).empty());
+  CHECK(error_of(kInterleavedPlan, [](auto& j) { j["format"] = "pipeline.plan/1"; }).find("pipeline.plan/2") !=
+        std::string::npos);
+  CHECK(error_of(kInterleavedPlan, [](auto& j) { j.erase("virtual_stages"); }).find("virtual_stages") !=
+        std::string::npos);
+  CHECK(error_of(kInterleavedPlan, [](auto& j) { j["virtual_stages"] = 1; }).find("virtual_stages") !=
+        std::string::npos);
+  CHECK(error_of(kInterleavedPlan, [](auto& j) { j["virtual_stages"] = 1.5; }).find("virtual_stages") !=
+        std::string::npos);
+  // Stage k on rank k mod p, without replicas, and exactly v·p stages.
+  CHECK(error_of(kInterleavedPlan, [](auto& j) { j["stages"][2]["ranks"] = {1}; }).find("rank 0 alone") !=
+        std::string::npos);
+  CHECK(!error_of(kInterleavedPlan, [](auto& j) {
+           j["stages"][1]["replicas"] = 2;
+           j["stages"][1]["ranks"] = {1, 0};
+         }).empty());
+  CHECK(error_of(kInterleavedPlan, [](auto& j) { j["virtual_stages"] = 3; }).find("needs 6 stages") !=
+        std::string::npos);
+  CHECK(!error_of(kInterleavedPlan, [](auto& j) { j["stages"][2]["layers"] = {4, 5}; }).empty());
+  CHECK(!error_of(kInterleavedPlan, [](auto& j) { j["stages"][2]["layer_ids"] = {3, 4}; }).empty());
+}
+
+TEST_CASE("ScheduleSpec::from_plan: an interleaved plan gives interleaved-1f1b's spec") {
+  const Plan p = parse_plan(kInterleavedPlan, "plan.json");
+  const ScheduleSpec spec = ScheduleSpec::from_plan(p, 4, 2);
+  const ScheduleSpec expect = ScheduleSpec::interleaved(2, 2, 4, 2);
+  CHECK(spec.stage_ranks == expect.stage_ranks);
+  CHECK(spec.microbatches == 4);
+  CHECK(spec.minibatches == 2);
+  const Schedule s = generate_schedule(p.schedule, spec);
+  CHECK(s.num_ranks() == 2);
+  CHECK(s.num_stages() == 4);
+  validate(s);
+  // Plans written by hand may leave ranks out: stage k then runs on rank k mod p.
+  Plan bare = p;
+  for (auto& st : bare.stages) st.ranks.clear();
+  CHECK(ScheduleSpec::from_plan(bare, 4).stage_ranks == expect.stage_ranks);
+  // A schedule for one stage per rank refuses the layout.
+  CHECK_THROWS_AS(generate_schedule("1f1b-flush", spec), ConfigError);
+}
+
+TEST_CASE("partition --virtual-stages: random chains, the optimum of every cut, and a plan that runs") {
+  std::mt19937 rng(20261124);
+  int checked = 0;
+  for (int iter = 0; iter < 300; ++iter) {
+    CAPTURE(iter);
+    const int w = std::uniform_int_distribution<int>(2, 3)(rng);
+    const int v = std::uniform_int_distribution<int>(2, 3)(rng);
+    const int n = std::uniform_int_distribution<int>(v * w, std::min(11, v * w + 4))(rng);
+    const Profile p = random_chain(rng, n);
+    Topology t;
+    if (iter % 3 == 2 && w == 2)
+      t.levels = {{1, 1e9}, {2, 2e8}};
+    else
+      t.levels = {{w, std::uniform_real_distribution<double>(1e8, 1e10)(rng)}};
+    PartitionOptions o;
+    o.virtual_stages = v;
+    o.ignore_transfer = iter % 4 == 3;
+    const Plan plan = partition(p, t, o);
+    CHECK(plan.virtual_stages == v);
+    CHECK(plan.interleaved());
+    CHECK(plan.schedule == "interleaved-1f1b");
+    CHECK(plan.workers == w);
+    REQUIRE(plan.num_stages() == v * w);
+    // Contiguous, non-empty, covering every layer once; stage k on rank k mod p.
+    int next = 0;
+    double slowest = 0;
+    std::vector<double> rank_compute(static_cast<std::size_t>(w), 0.0);
+    for (int k = 0; k < plan.num_stages(); ++k) {
+      const PlanStage& s = plan.stages[k];
+      CHECK(s.begin == next);
+      CHECK(s.end > s.begin);
+      CHECK(s.layer_ids.empty());
+      CHECK(s.replicas == 1);
+      CHECK(s.ranks == std::vector<int>{k % w});
+      next = s.end;
+      slowest = std::max(slowest, std::max(s.compute_s, s.transfer_s));
+      rank_compute[static_cast<std::size_t>(k % w)] += s.compute_s;
+    }
+    CHECK(next == n);
+    CHECK(slowest == doctest::Approx(brute_force(p, t, v * w, !o.ignore_transfer)).epsilon(1e-12));
+    // The headline is the slowest rank's sum over its stages.
+    CHECK(plan.predicted.time_per_minibatch_s >=
+          *std::max_element(rank_compute.begin(), rank_compute.end()) - 1e-15);
+    CHECK(plan.predicted.peak_memory_bytes.size() == static_cast<std::size_t>(w));
+    // plan.json keeps it, and it schedules, validates and simulates.
+    const Plan again = parse_plan(plan_to_json(plan).dump(), "partitioned");
+    CHECK(again.virtual_stages == v);
+    const Schedule sched = generate_schedule(again.schedule, ScheduleSpec::from_plan(again, 2 * w, 2));
+    validate(sched);
+    const Simulation sim = simulate(sched, p, again, t);
+    CHECK(sim.makespan_s > 0);
+    // Every microbatch passes through every stage: 2 minibatches of 2p microbatches, the ideal
+    // time per minibatch is the slowest rank's compute.
+    CHECK(sim.time_per_minibatch_s >=
+          2 * w * *std::max_element(rank_compute.begin(), rank_compute.end()) * (1 - 1e-12));
+    ++checked;
+  }
+  CHECK(checked == 300);
+}
+
+TEST_CASE("partition --virtual-stages: manual stages, and clear errors for what cannot be planned") {
+  Profile p;
+  p.model = "flat";
+  p.batch_size = 1;
+  for (int i = 0; i < 8; ++i)
+    p.layers.push_back({fmt::format("l{}", i), "X", 0.001, 0.002, 0, 0, 0, 0, 100, 1000, 0, {}, false});
+  Topology t{{{2, 1e10}}, {}};
+  PartitionOptions o;
+  o.virtual_stages = 2;
+  // Eight equal layers over four stages: two each; each rank holds two stages of 6 ms.
+  const Plan plan = partition(p, t, o);
+  for (int k = 0; k < 4; ++k) CHECK(plan.stages[k].end - plan.stages[k].begin == 2);
+  CHECK(plan.predicted.time_per_minibatch_s == doctest::Approx(0.012));
+  const Plan manual = evaluate_stages(p, t, parse_manual_stages("0:1,1:4,4:6,6:8"), o);
+  CHECK(manual.virtual_stages == 2);
+  CHECK(manual.stages[1].ranks == std::vector<int>{1});
+  CHECK(manual.predicted.time_per_minibatch_s == doctest::Approx(0.015));  // rank 1: 3 + 2 layers
+
+  auto fails = [&](PartitionOptions opt, const Topology& topo, const char* what) {
+    CHECK_THROWS_WITH_AS(partition(p, topo, opt), doctest::Contains(what), ConfigError);
+  };
+  PartitionOptions bad = o;
+  bad.virtual_stages = 0;
+  fails(bad, t, "at least 1");
+  bad.virtual_stages = 5;
+  fails(bad, t, "only 8 layers");
+  bad = o;
+  bad.cost_model = CostModel::PipeDream;
+  fails(bad, t, "pipeline cost model");
+  bad = o;
+  bad.allow_idle = true;
+  fails(bad, t, "--allow-idle");
+  fails(o, Topology{{{1, 1e10}}, {}}, "at least 2 workers");
+  fails(o, Topology{{{2, 1e10}}, 1000.0}, "more than the 1000 available");
+  CHECK_THROWS_WITH_AS(evaluate_stages(p, t, parse_manual_stages("0:2x2,2:4,4:6,6:8"), o),
+                       doctest::Contains("not replicated"), ConfigError);
+  CHECK_THROWS_WITH_AS(evaluate_stages(p, t, parse_manual_stages("0:4,4:8"), o),
+                       doctest::Contains("has 4 stages, got 2"), ConfigError);
+  // One virtual stage is the ordinary planner.
+  PartitionOptions one;
+  one.virtual_stages = 1;
+  CHECK_FALSE(partition(p, t, one).interleaved());
+}
