@@ -85,6 +85,7 @@
 #include <pipeline/schedule/schedules/gpipe.hpp>
 #include <pipeline/schedule/schedules/interleaved.hpp>
 #include <pipeline/schedule/schedules/one_f_one_b.hpp>
+#include <pipeline/schedule/schedules/two_buffered.hpp>
 #include <pipeline/schedule/schedules/zero_bubble.hpp>
 #include <pipeline/schedule/simulator.hpp>
 #include <pipeline/schedule/trace.hpp>

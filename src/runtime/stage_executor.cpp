@@ -163,6 +163,8 @@ struct StageExecutor::Run {
   bool eval = false;
   bool stash = false;
   bool vertical_sync = false;
+  bool two_buffered = false;       // UpdatePolicy::DoubleBuffered (2BW)
+  WeightStore::Tag first_tag = 0;  // the store's latest version when the run began
   const LrFunction* lr = nullptr;
   const std::function<void(const MinibatchStats&)>* on_minibatch = nullptr;
   const StepDoneFunction* on_step_done = nullptr;
@@ -437,6 +439,11 @@ void StageExecutor::do_forward(Run& run, const Action& a) {
     c.input_tag = it->second;
     run.input_tags.erase(it);
     c.version = m_store->acquire(c.input_tag);
+  } else if (run.two_buffered) {
+    // 2BW: the whole minibatch runs on the weights after one step less than it closes.
+    const auto k = static_cast<int>(run.minibatch_of(u) - run.first_minibatch);
+    c.version = m_store->acquire(run.first_tag + double_buffered_version(k));
+    c.input_tag = c.version;
   } else {
     c.version = m_store->acquire_latest();
     c.input_tag = c.version;
@@ -616,6 +623,8 @@ void StageExecutor::do_step(Run& run, const Action& a) {
     const double norm = std::sqrt(get_double(t.data<float>()));
     scale(std::span<Tensor>(grads), clip_factor(norm, m_options.clip_norm));
   }
+  // 2BW: after step k only minibatches from k + 1 on run, on the weights after k steps or later.
+  if (run.two_buffered) m_store->forget_below(m_store->latest_tag());
   ModelParams& p = m_store->begin_step();
   std::vector<Tensor> flat = flatten_params(p);
   m_optimizer->step(flat, grads, (*run.lr)(step));
@@ -745,13 +754,16 @@ TrainResult StageExecutor::train(const Schedule& schedule, const MinibatchFeed& 
   run.microbatches = schedule.microbatches;
   run.stash = schedule.policy == UpdatePolicy::Stash;
   run.vertical_sync = run.stash && schedule.vertical_sync;
+  run.two_buffered = schedule.policy == UpdatePolicy::DoubleBuffered;
   run.lr = &lr;
   run.on_minibatch = &on_minibatch;
   run.on_step_done = &on_step_done;
   m_stop_before = -1;
   const int capacity = std::max(1, report.ranks[static_cast<std::size_t>(rank())].peak_activations);
   run.table = std::make_unique<InFlightTable>(capacity);
-  m_store->set_policy(run.stash ? replicas() : 1, run.vertical_sync);
+  // 2BW selects versions by tag like vertical sync: the store keeps what a later request may use.
+  m_store->set_policy(run.stash ? replicas() : 1, run.vertical_sync || run.two_buffered);
+  run.first_tag = m_store->latest_tag();
 
   const auto t0 = Clock::now();
   sample_memory(run);

@@ -4,6 +4,7 @@
 #include <pipeline/schedule/schedules/gpipe.hpp>
 #include <pipeline/schedule/schedules/interleaved.hpp>
 #include <pipeline/schedule/schedules/one_f_one_b.hpp>
+#include <pipeline/schedule/schedules/two_buffered.hpp>
 #include <pipeline/schedule/schedules/zero_bubble.hpp>
 #include <pipeline/schedule/validate.hpp>
 
@@ -266,6 +267,46 @@ Schedule zero_bubble_h1_schedule(const ScheduleSpec& spec) {
   return sched;
 }
 
+Schedule two_buffered_schedule(const ScheduleSpec& spec) {
+  check_spec(spec);
+  for (int s = 0; s < spec.num_stages(); ++s) {
+    const int r = static_cast<int>(spec.stage_ranks[s].size());
+    const int need = detail::one_f_one_b_warmup(spec, s) * r;
+    PIPELINE_CHECK_AS(ConfigError, spec.microbatches >= need,
+                      "2bw: stage {} runs {} warm-up forwards on each of its {} replica(s), so a "
+                      "minibatch needs at least {} microbatches for its weights to be ready at "
+                      "its first forward; got {} — use --microbatches {} or more",
+                      s, need / r, r, need, spec.microbatches, need);
+  }
+  Schedule sched = detail::empty_schedule(spec, "2bw", UpdatePolicy::DoubleBuffered);
+  const int m = spec.microbatches;
+  const int units = m * spec.minibatches;
+  for (int s = 0; s < spec.num_stages(); ++s) {
+    const int r = static_cast<int>(spec.stage_ranks[s].size());
+    for (int i = 0; i < r; ++i) {
+      auto& out = sched.ranks[spec.stage_ranks[s][i]];
+      out.reserve(compute_capacity(spec, s));
+      const auto mbs = detail::replica_microbatches(spec, s, i, 0, units);
+      // Minibatch k closes once this replica's microbatches below (k + 1) m are done; a replica
+      // dealt none of a minibatch's microbatches closes it with the others all the same.
+      std::size_t backwards = 0;
+      int closed = 0;
+      auto close_done = [&] {
+        while (closed < spec.minibatches &&
+               (backwards == mbs.size() || mbs[backwards] >= (closed + 1) * m))
+          close_minibatch(out, s, r, closed++);
+      };
+      close_done();
+      one_f_one_b_order(out, s, mbs, detail::one_f_one_b_warmup(spec, s), [&] {
+        ++backwards;
+        close_done();
+      });
+    }
+  }
+  insert_communication(sched);
+  return sched;
+}
+
 Schedule detail::stash_schedule_with(const ScheduleSpec& spec, const std::vector<int>& warmups) {
   Schedule sched = detail::empty_schedule(
       spec, spec.vertical_sync ? "1f1b-stash-vsync" : "1f1b-stash", UpdatePolicy::Stash);
@@ -504,6 +545,7 @@ const GeneratorRegistry& GeneratorRegistry::builtin() {
     r.add("1f1b-stash", one_f_one_b_stash_schedule);
     r.add("interleaved-1f1b", interleaved_one_f_one_b_schedule);
     r.add("zb-h1", zero_bubble_h1_schedule);
+    r.add("2bw", two_buffered_schedule);
     r.add("1f1b-stash-vsync", [](const ScheduleSpec& spec) {
       ScheduleSpec s = spec;
       s.vertical_sync = true;

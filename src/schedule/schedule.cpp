@@ -31,13 +31,22 @@ std::string_view action_code(ActionKind kind) {
 }
 
 std::string_view update_policy_name(UpdatePolicy p) {
-  return p == UpdatePolicy::Flush ? "flush" : "stash";
+  switch (p) {
+    case UpdatePolicy::Flush:
+      return "flush";
+    case UpdatePolicy::Stash:
+      return "stash";
+    case UpdatePolicy::DoubleBuffered:
+      return "2bw";
+  }
+  return "?";
 }
 
 UpdatePolicy parse_update_policy(std::string_view s) {
   if (s == "flush") return UpdatePolicy::Flush;
   if (s == "stash") return UpdatePolicy::Stash;
-  PIPELINE_FAIL(ConfigError, "unknown update policy '{}'; expected 'flush' or 'stash'", s);
+  if (s == "2bw") return UpdatePolicy::DoubleBuffered;
+  PIPELINE_FAIL(ConfigError, "unknown update policy '{}'; expected 'flush', 'stash' or '2bw'", s);
 }
 
 std::string to_string(const Action& a) {

@@ -130,11 +130,12 @@ void check_local(const Schedule& s) {
           fail(
               fmt::format("stage {} has {} replicas, so step {} needs its allreduce `{}AR{}` first",
                           st, s.replicas(st), u, st, u));
-        if (s.policy == UpdatePolicy::Flush) {
+        if (s.policy != UpdatePolicy::Stash) {
           if (u >= s.minibatches)
             fail(fmt::format("step {} closes no minibatch; the run has {} minibatches", u,
                              s.minibatches));
-          if (slot->outstanding > 0) {
+          // Under 2BW the next minibatches' forwards may be in flight; under Flush nothing may.
+          if (s.policy == UpdatePolicy::Flush && slot->outstanding > 0) {
             int open = slot->replica;
             while (open < units && !((slot->done[open / slot->replicas] & kForward) &&
                                      !(slot->done[open / slot->replicas] & kWeightGrad)))
@@ -180,8 +181,21 @@ void check_local(const Schedule& s) {
           fail(fmt::format("{} of microbatch {} on stage {} happens twice", what, u, st));
         d |= bit;
       };
-      auto flush_version = [&](const char* what) {
-        if (s.policy != UpdatePolicy::Flush) return;
+      auto version_check = [&](const char* what) {
+        if (s.policy == UpdatePolicy::Stash) return;
+        if (s.policy == UpdatePolicy::DoubleBuffered) {
+          // The weights after max(0, k - 1) steps must exist, and step k must not have run.
+          const int version = double_buffered_version(minibatch);
+          if (slot->steps < version)
+            fail(fmt::format("{} of microbatch {} (minibatch {}) needs the weights after {} "
+                             "steps, but step `{}ST{}` has not run yet",
+                             what, u, minibatch, version, st, version - 1));
+          if (slot->steps > minibatch)
+            fail(fmt::format("{} of microbatch {} after step `{}ST{}` already closed its "
+                             "minibatch {}",
+                             what, u, st, minibatch, minibatch));
+          return;
+        }
         if (slot->steps < minibatch)
           fail(
               fmt::format("{} of microbatch {} (minibatch {}) before step `{}ST{}` closes the "
@@ -204,7 +218,7 @@ void check_local(const Schedule& s) {
 
       switch (a.kind) {
         case ActionKind::Forward:
-          flush_version("forward");
+          version_check("forward");
           if (st > 0 && !(d & kRecvAct))
             fail(
                 fmt::format("forward of microbatch {} on stage {} before receiving its input "
@@ -215,7 +229,7 @@ void check_local(const Schedule& s) {
           break;
         case ActionKind::Backward:
         case ActionKind::BackwardInput:
-          flush_version("backward");
+          version_check("backward");
           if (!(d & kForward))
             fail(fmt::format("backward of microbatch {} on stage {} before its forward `{}F{}`", u,
                              st, st, u));
@@ -232,7 +246,7 @@ void check_local(const Schedule& s) {
           }
           break;
         case ActionKind::BackwardWeight:
-          flush_version("weight gradient");
+          version_check("weight gradient");
           if (!(d & kInputGrad))
             fail(
                 fmt::format("weight gradient of microbatch {} on stage {} before its input "
@@ -294,7 +308,7 @@ void check_local(const Schedule& s) {
           missing(u, fmt::format("the send `{}SG{}@{}` (after `{}B{}`)", st, u,
                                  s.rank_of(st - 1, u), st, u));
       }
-      int expected_steps = s.policy == UpdatePolicy::Flush ? s.minibatches : sl.backwards;
+      int expected_steps = s.policy == UpdatePolicy::Stash ? sl.backwards : s.minibatches;
       if (sl.steps != expected_steps)
         PIPELINE_FAIL(
             ConfigError,

@@ -23,7 +23,7 @@ using namespace pipeline;
 namespace {
 
 const std::vector<std::string> kKinds = {"gpipe", "1f1b-flush", "zb-h1", "1f1b-stash",
-                                         "1f1b-stash-vsync"};
+                                         "1f1b-stash-vsync", "2bw"};
 
 bool is_stash(const std::string& kind) {
   return kind.rfind("1f1b-stash", 0) == 0;
@@ -87,10 +87,15 @@ Case random_case(Rng& rng) {
 // Generates, validates and simulates `kind` for the plan; returns the error, empty when fine.
 std::string check_kind(const Case& c, const std::string& kind, int microbatches) {
   const int l = replica_lcm(c.plan);
-  const int minibatches = is_stash(kind) ? l * 2 : 2;
+  const int minibatches = is_stash(kind) ? l * 2 : kind == "2bw" ? 3 : 2;
   try {
-    Schedule s = generate_schedule(
-        kind, ScheduleSpec::from_plan(c.plan, is_stash(kind) ? 1 : microbatches, minibatches));
+    ScheduleSpec spec =
+        ScheduleSpec::from_plan(c.plan, is_stash(kind) ? 1 : microbatches, minibatches);
+    if (kind == "2bw")  // at least every stage's warm-up x replicas (two_buffered.hpp)
+      for (int s = 0; s < spec.num_stages(); ++s)
+        spec.microbatches = std::max(spec.microbatches, detail::one_f_one_b_warmup(spec, s) *
+                                                            static_cast<int>(c.plan.stages[s].replicas));
+    Schedule s = generate_schedule(kind, spec);
     validate(s);
     Simulation sim = simulate(s, c.profile, c.plan, c.topology);
     if (!(sim.makespan_s > 0)) return "no time";

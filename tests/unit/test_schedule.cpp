@@ -2,6 +2,7 @@
 #include <pipeline/schedule/schedule.hpp>
 #include <pipeline/schedule/schedules/gpipe.hpp>
 #include <pipeline/schedule/schedules/one_f_one_b.hpp>
+#include <pipeline/schedule/schedules/two_buffered.hpp>
 #include <pipeline/schedule/schedules/zero_bubble.hpp>
 #include <pipeline/schedule/validate.hpp>
 
@@ -115,6 +116,34 @@ TEST_CASE("ZB-H1: I's in 1F1B order, stage s defers s W's, every stage holds p m
   CHECK(*(step - 1) == Action{ActionKind::BackwardWeight, p - 1, m - 1, -1});
 }
 
+TEST_CASE("2BW: 1F1B without flushes, a step per minibatch, two weight versions") {
+  const int p = 4, m = 4, n = 5;
+  Schedule s = two_buffered_schedule(ScheduleSpec::straight(p, m, n));
+  CHECK(s.name == "2bw");
+  CHECK(s.policy == UpdatePolicy::DoubleBuffered);
+  ValidationReport rep = validate(s);
+  for (int st = 0; st < p; ++st) {
+    CAPTURE(st);
+    const auto& acts = s.ranks[st];
+    CHECK(count(acts, ActionKind::Step) == n);
+    CHECK(rep.ranks[st].peak_activations == p - st);
+    CHECK(rep.ranks[st].peak_weight_versions <= 2);
+    // Step k comes right after the backward of minibatch k's last microbatch.
+    std::vector<Action> no_steps;
+    for (auto& a : acts)
+      if (a.kind == ActionKind::Step) CHECK(no_steps.back() == backward(st, (a.microbatch + 1) * m - 1));
+      else if (is_compute(a.kind)) no_steps.push_back(a);
+  }
+  // No flush: on the first stage the next minibatch's forwards run before the step.
+  const auto& first = s.ranks[0];
+  const auto step0 = std::find(first.begin(), first.end(), Action{ActionKind::Step, 0, 0, -1});
+  CHECK(std::find(first.begin(), step0, forward(0, m)) != step0);
+  CHECK(rep.ranks[0].peak_weight_versions == 2);
+  // Too few microbatches for the warm-up: the first forward would need weights not made yet.
+  CHECK_THROWS_WITH_AS(two_buffered_schedule(ScheduleSpec::straight(4, 2, 3)),
+                       doctest::Contains("at least 3 microbatches"), ConfigError);
+}
+
 TEST_CASE("1F1B-stash keeps p - s weight versions at stage s (PipeDream's weight stashing)") {
   for (int p : {2, 4, 6}) {
     CAPTURE(p);
@@ -154,7 +183,8 @@ TEST_CASE("replicated stages get minibatches round-robin and allreduce before ea
                                                         {{0}, {1}, {2, 3}}, {{0, 1, 2}, {3}},
                                                         {{0, 1}, {2, 3}},   {{0, 1, 2, 3}}};
   for (auto& cfg : configs) {
-    for (std::string name : {"gpipe", "1f1b-flush", "zb-h1", "1f1b-stash", "1f1b-stash-vsync"}) {
+    for (std::string name :
+         {"gpipe", "1f1b-flush", "zb-h1", "2bw", "1f1b-stash", "1f1b-stash-vsync"}) {
       CAPTURE(name);
       ScheduleSpec spec;
       spec.stage_ranks = cfg;
@@ -184,7 +214,7 @@ TEST_CASE("replicated stages get minibatches round-robin and allreduce before ea
 TEST_CASE("the registry names its generators and can be extended") {
   auto names = GeneratorRegistry::builtin().names();
   for (const char* n :
-       {"gpipe", "1f1b-flush", "zb-h1", "1f1b-stash", "1f1b-stash-vsync", "interleaved-1f1b"})
+       {"gpipe", "1f1b-flush", "zb-h1", "2bw", "1f1b-stash", "1f1b-stash-vsync", "interleaved-1f1b"})
     CHECK(std::find(names.begin(), names.end(), n) != names.end());
   CHECK_THROWS_WITH_AS(generate_schedule("interleaved", ScheduleSpec::straight(2, 2)),
                        doctest::Contains("known schedules: 1f1b-flush"), ConfigError);

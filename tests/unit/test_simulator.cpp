@@ -117,6 +117,29 @@ TEST_CASE("ZB-H1: bubble (p-1)(T_F + T_I - T_W), a third of 1F1B's when the thre
   }
 }
 
+TEST_CASE("2BW: no bubble in the steady state, two weight versions on every stage") {
+  for (int p : {2, 3, 4}) {
+    for (int m : {p - 1, p, 2 * p}) {
+      CAPTURE(p);
+      CAPTURE(m);
+      Profile prof = uniform_profile(p);
+      Simulation sim = simulate(generate_schedule("2bw", ScheduleSpec::straight(p, m, 16)), prof,
+                                equal_plan(p), {});
+      CHECK(sim.time_per_minibatch_s == doctest::Approx(m * 3e-3).epsilon(1e-9));
+      CHECK(sim.steady_state_bubble_fraction == doctest::Approx(0).epsilon(1e-9));
+      for (auto& r : sim.ranks) {
+        CHECK(r.peak_weight_versions == 2);
+        CHECK(r.peak_weight_bytes == 2 * 500);
+        CHECK(r.peak_activations == p - r.rank);
+      }
+      // 1F1B-stash, one minibatch per microbatch, holds p - s versions instead.
+      Simulation stash = simulate(generate_schedule("1f1b-stash", ScheduleSpec::straight(p, 1, 16)),
+                                  prof, equal_plan(p), {});
+      CHECK(stash.ranks[0].peak_weight_versions == p);
+    }
+  }
+}
+
 TEST_CASE("1F1B-stash has no bubble in the steady state and runs at the bottleneck's rate") {
   for (int p : {2, 4, 5}) {
     CAPTURE(p);

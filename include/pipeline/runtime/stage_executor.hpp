@@ -21,7 +21,10 @@
 // Update policies: Flush — one weight version, gradients accumulate over the minibatch and the
 // step closes it (== sequential training); Stash — a step after every backward, each in-flight
 // microbatch keeps the version its forward used in the WeightStore (with vertical sync: the
-// version whose tag the input stage used, which travels with the activation).
+// version whose tag the input stage used, which travels with the activation); DoubleBuffered
+// (2BW) — gradients accumulate over the minibatch as under Flush, but minibatch k runs on the
+// version one step older than the latest (the store keeps two), so the next minibatch need not
+// wait for the step. A 2BW run starts with both buffers equal (so does a resumed one).
 //
 // Per-microbatch state lives in an InFlightTable sized by the schedule's validated peak of
 // stashed activations on this rank; a context is freed as soon as its backward is done.

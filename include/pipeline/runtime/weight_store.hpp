@@ -93,6 +93,10 @@ class WeightStore {
     return best->tag;
   }
 
+  // Promises that no later acquire() asks for a tag below `tag`, so versions only such a request
+  // could select are freed once unreferenced (2BW: after step k no minibatch needs tag k - 1).
+  void forget_below(Tag tag) { raise_floor(tag); }
+
   ModelParams& params(Tag tag) { return find(tag).params; }
   const ModelParams& params(Tag tag) const { return const_cast<WeightStore*>(this)->find(tag).params; }
 

@@ -44,8 +44,8 @@ struct ScheduleSpec {
 
 using ScheduleGenerator = std::function<Schedule(const ScheduleSpec&)>;
 
-// Generators by name. builtin() holds gpipe, 1f1b-flush, zb-h1, 1f1b-stash, 1f1b-stash-vsync and
-// interleaved-1f1b;
+// Generators by name. builtin() holds gpipe, 1f1b-flush, zb-h1, 1f1b-stash, 1f1b-stash-vsync,
+// 2bw and interleaved-1f1b;
 // copy it and add() to extend.
 class GeneratorRegistry {
  public:

@@ -20,7 +20,11 @@
 //    closes minibatch k (gradients accumulated over its microbatches); under
 //    UpdatePolicy::Stash a step follows every backward and each in-flight microbatch keeps the
 //    weight version its forward used (PipeDream's weight stashing). With vertical sync every
-//    stage uses the version the input stage used, which travels with the activation.
+//    stage uses the version the input stage used, which travels with the activation. Under
+//    UpdatePolicy::DoubleBuffered (PipeDream-2BW) step k also closes minibatch k, but the next
+//    minibatches do not wait for it: every microbatch of minibatch k runs forward and backward
+//    with the weights after k − 1 steps (W(k+1) = W(k) − lr·∇f(W(k−1))), so a stage holds two
+//    weight versions.
 //
 // Text form, one token per action: <stage><code><number>[@<peer>], e.g. `0F3` (stage 0, forward,
 // microbatch 3), `1B0`, `2I5`, `2W5`, `0SA3@1` (stage 0 sends the activation of microbatch 3 to
@@ -89,9 +93,17 @@ inline Action backward(int stage, int mb) {
 enum class UpdatePolicy {
   Flush,  // accumulate over the minibatch's microbatches, step once: equals sequential training
   Stash,  // step after every backward; each in-flight microbatch keeps its weight version
+  // Step once per minibatch without a flush; minibatch k computes its gradient with the weights
+  // after k − 1 steps (after 0 for k = 0): two weight versions per stage (PipeDream-2BW).
+  DoubleBuffered,
 };
 
-std::string_view update_policy_name(UpdatePolicy p);   // "flush" / "stash"
+// The weight version (steps taken) the microbatches of minibatch k use under DoubleBuffered.
+inline int double_buffered_version(int minibatch) {
+  return minibatch > 0 ? minibatch - 1 : 0;
+}
+
+std::string_view update_policy_name(UpdatePolicy p);   // "flush" / "stash" / "2bw"
 UpdatePolicy parse_update_policy(std::string_view s);  // throws ConfigError
 
 struct Schedule {

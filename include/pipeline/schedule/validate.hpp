@@ -11,6 +11,8 @@
 //    send has its receive and every receive its send;
 //  - Flush: step k closes minibatch k, after every backward of the minibatch and (replicated
 //    stages) its allreduce, before any forward of the next; Stash: one step per backward;
+//    DoubleBuffered (2BW): step k closes minibatch k as under Flush, and every forward and
+//    backward of minibatch k runs after step k − 2 (its weights exist) and before step k;
 //  - replicas of a stage run the same allreduces;
 //  - the ranks, each running its list in order with non-blocking sends and blocking receives,
 //    all finish; otherwise the ranks and actions that wait on each other are named.
