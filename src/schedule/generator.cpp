@@ -174,6 +174,30 @@ void one_f_one_b_order(std::vector<Action>& out, int stage, const std::vector<in
   }
 }
 
+// 1F1B's order of forwards and input gradients (I); each W follows once `lag` I's are pending,
+// and the last ones close the list.
+void zero_bubble_order(std::vector<Action>& out, int stage, const std::vector<int>& mbs, int warmup,
+                       int lag) {
+  const int n = static_cast<int>(mbs.size());
+  const int w = std::min(warmup, n);
+  std::deque<int> pending;  // microbatches whose I ran and whose W has not
+  auto input_grad = [&](int u) {
+    out.push_back({ActionKind::BackwardInput, stage, u, -1});
+    pending.push_back(u);
+    if (static_cast<int>(pending.size()) > lag) {
+      out.push_back({ActionKind::BackwardWeight, stage, pending.front(), -1});
+      pending.pop_front();
+    }
+  };
+  for (int k = 0; k < w; ++k) out.push_back(forward(stage, mbs[k]));
+  for (int k = w; k < n; ++k) {
+    out.push_back(forward(stage, mbs[k]));
+    input_grad(mbs[k - w]);
+  }
+  for (int k = n - w; k < n; ++k) input_grad(mbs[k]);
+  for (int u : pending) out.push_back({ActionKind::BackwardWeight, stage, u, -1});
+}
+
 // Actions of one replica of `stage`, communication included: per microbatch a forward and a
 // backward with a receive and a send each, and a step (after an allreduce when replicated) per
 // minibatch (flush) or per backward (stash).
@@ -240,30 +264,15 @@ Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
 Schedule zero_bubble_h1_schedule(const ScheduleSpec& spec) {
   check_spec(spec);
   const int first_warmup = detail::one_f_one_b_warmup(spec, 0);
-  Schedule sched = flush_schedule(spec, "zb-h1", [&](auto& out, int s, const auto& mbs, int warmup) {
-    // Stage s defers its weight gradients by the warm-up it runs short of the first stage's (s on
-    // a straight pipeline), so every stage holds as many microbatches as the first does under
-    // 1F1B, and those deferred W's fill the cool-down while the I's race down the pipeline.
-    const std::size_t lag = static_cast<std::size_t>(first_warmup - warmup);
-    const int n = static_cast<int>(mbs.size());
-    const int w = std::min(warmup, n);
-    std::deque<int> pending;  // microbatches whose I ran and whose W has not
-    auto input_grad = [&](int u) {
-      out.push_back({ActionKind::BackwardInput, s, u, -1});
-      pending.push_back(u);
-      if (pending.size() > lag) {
-        out.push_back({ActionKind::BackwardWeight, s, pending.front(), -1});
-        pending.pop_front();
-      }
-    };
-    for (int k = 0; k < w; ++k) out.push_back(forward(s, mbs[k]));
-    for (int k = w; k < n; ++k) {
-      out.push_back(forward(s, mbs[k]));
-      input_grad(mbs[k - w]);
-    }
-    for (int k = n - w; k < n; ++k) input_grad(mbs[k]);
-    for (int u : pending) out.push_back({ActionKind::BackwardWeight, s, u, -1});
-  }, /*split_backward=*/true);
+  // Stage s defers its W's by the warm-up it runs short of the first stage's (s on a straight
+  // pipeline), so every stage holds as many microbatches as the first does under 1F1B, and the
+  // deferred W's fill the cool-down while the I's race down the pipeline.
+  Schedule sched = flush_schedule(
+      spec, "zb-h1",
+      [&](auto& out, int s, const auto& mbs, int warmup) {
+        zero_bubble_order(out, s, mbs, warmup, first_warmup - warmup);
+      },
+      /*split_backward=*/true);
   return sched;
 }
 
