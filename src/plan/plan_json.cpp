@@ -211,13 +211,13 @@ Plan plan_from_json(const json& j, std::string_view origin) {
     p.stages.push_back(std::move(s));
   }
   if (p.interleaved())
-    PIPELINE_CHECK_AS(ConfigError,
-                      static_cast<std::int64_t>(p.num_stages()) ==
-                          std::int64_t{p.virtual_stages} * p.workers,
-                      "{}: an interleaved plan of {} stages per rank on {} workers needs {} "
-                      "stages, got {}",
-                      origin, p.virtual_stages, p.workers,
-                      std::int64_t{p.virtual_stages} * p.workers, p.num_stages());
+    PIPELINE_CHECK_AS(
+        ConfigError,
+        static_cast<std::int64_t>(p.num_stages()) == std::int64_t{p.virtual_stages} * p.workers,
+        "{}: an interleaved plan of {} stages per rank on {} workers needs {} "
+        "stages, got {}",
+        origin, p.virtual_stages, p.workers, std::int64_t{p.virtual_stages} * p.workers,
+        p.num_stages());
   if (j.contains("predicted")) {
     const json& pj = j.at("predicted");
     PIPELINE_CHECK_AS(ConfigError, pj.is_object(), "{}: \"predicted\" must be an object", origin);

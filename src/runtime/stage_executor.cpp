@@ -37,6 +37,14 @@ int PipelineLayout::stage_of(int rank) const {
                 rank, num_stages(), num_ranks());
 }
 
+std::vector<int> PipelineLayout::stages_of(int rank) const {
+  std::vector<int> out;
+  for (int s = 0; s < num_stages(); ++s)
+    for (int r : stage_ranks[s])
+      if (r == rank) out.push_back(s);
+  return out;
+}
+
 PipelineLayout PipelineLayout::straight(std::vector<LayerRange> stage_layers) {
   PipelineLayout l;
   for (std::size_t s = 0; s < stage_layers.size(); ++s)
@@ -154,6 +162,27 @@ struct StageExecutor::PostedRecv {
   Request version_request;
 };
 
+// One of a rank's stages while another one is active (several stages per rank, interleaved
+// plans): what StageExecutor keeps per stage, swapped with its members by activate().
+struct StageExecutor::StageSlot {
+  int stage = 0;
+  int replica = 0;
+  Group replica_group;
+  std::unique_ptr<WeightStore> store;
+  ModelGrads grads;
+  std::vector<ParamState> optimizer_state;  // the optimizer's per-parameter state for the stage
+  bool recompute = false;
+};
+
+// The per-stage part of a run, parked with its StageSlot.
+struct StageExecutor::RunSlot {
+  std::unique_ptr<InFlightTable> table;
+  std::map<int, Tensor> inputs;
+  std::map<int, WeightStore::Tag> input_tags;
+  std::map<int, Tensor> output_grads;
+  std::map<int, Tensor> input_grads;
+};
+
 struct StageExecutor::Run {
   const Schedule* schedule = nullptr;
   const std::vector<Action>* actions = nullptr;
@@ -180,6 +209,9 @@ struct StageExecutor::Run {
   std::map<int, Tensor> output_grads;  // received gradients by microbatch
   std::map<int, Tensor> input_grads;   // computed, to be sent
   std::vector<Request> sends;
+  // Several stages per rank: the per-stage state above of the stages not active now, by their
+  // index in StageExecutor::m_my_stages (the active one's entry is empty).
+  std::vector<RunSlot> parked;
 
   std::int64_t cached_minibatch = -1;
   std::vector<Batch> cached;
@@ -253,12 +285,72 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
   m_grads = model.zero_grads(layers());
   m_recompute = static_cast<std::size_t>(m_stage) < m_options.recompute.size() &&
                 m_options.recompute[static_cast<std::size_t>(m_stage)];
+  // The rank's other stages (interleaved plans), parked until an action of theirs activates them.
+  m_my_stages = m_layout.stages_of(comm.rank());
+  m_slots.resize(m_my_stages.size());
+  for (std::size_t i = 1; i < m_my_stages.size(); ++i) {
+    const int s = m_my_stages[i];
+    PIPELINE_CHECK_AS(ConfigError, mine.size() == 1 && m_layout.stage_ranks[s].size() == 1,
+                      "rank {} holds stages {} and {}, one of them replicated: a rank may hold "
+                      "several stages (an interleaved plan) only when none of them is replicated",
+                      comm.rank(), m_stage, s);
+    StageSlot& slot = m_slots[i];
+    slot.stage = s;
+    slot.store = std::make_unique<WeightStore>(model.init(m_options.seed, m_layout.stages[s]));
+    slot.grads = model.zero_grads(m_layout.stages[s]);
+    slot.recompute = static_cast<std::size_t>(s) < m_options.recompute.size() &&
+                     m_options.recompute[static_cast<std::size_t>(s)];
+  }
+}
+
+void StageExecutor::activate(Run& run, int stage) {
+  if (stage == m_stage) return;
+  const auto it = std::find(m_my_stages.begin(), m_my_stages.end(), stage);
+  PIPELINE_CHECK(it != m_my_stages.end(),
+                 "an action of stage {} on rank {}, which runs stage(s) {}", stage, rank(),
+                 m_my_stages);
+  run.parked.resize(m_slots.size());
+  const auto exchange = [&](std::size_t i) {
+    StageSlot& s = m_slots[i];
+    std::swap(m_stage, s.stage);
+    std::swap(m_replica, s.replica);
+    std::swap(m_replica_group, s.replica_group);
+    std::swap(m_store, s.store);
+    std::swap(m_grads, s.grads);
+    std::swap(m_optimizer->state(), s.optimizer_state);
+    std::swap(m_recompute, s.recompute);
+    RunSlot& r = run.parked[i];
+    std::swap(run.table, r.table);
+    std::swap(run.inputs, r.inputs);
+    std::swap(run.input_tags, r.input_tags);
+    std::swap(run.output_grads, r.output_grads);
+    std::swap(run.input_grads, r.input_grads);
+  };
+  exchange(m_active);  // park the active stage
+  m_active = static_cast<std::size_t>(it - m_my_stages.begin());
+  exchange(m_active);  // and take out the requested one
+}
+
+void StageExecutor::for_each_stage(Run& run, const std::function<void()>& f) {
+  for (int s : m_my_stages) {
+    activate(run, s);
+    f();
+  }
+  activate(run, m_my_stages.front());
 }
 
 StageExecutor::~StageExecutor() = default;
 
 ModelParams& StageExecutor::params() {
   return m_store->latest();
+}
+
+ModelParams& StageExecutor::params(int stage) {
+  if (stage == m_stage) return m_store->latest();
+  const auto it = std::find(m_my_stages.begin(), m_my_stages.end(), stage);
+  PIPELINE_CHECK(it != m_my_stages.end(), "rank {} holds stage(s) {}, not stage {}", rank(),
+                 m_my_stages, stage);
+  return m_slots[static_cast<std::size_t>(it - m_my_stages.begin())].store->latest();
 }
 
 StageMemory StageExecutor::measure(const Run* run) const {
@@ -268,18 +360,38 @@ StageMemory StageExecutor::measure(const Run* run) const {
     for (auto& g : layer) grads.add(g);
   for (auto& s : m_optimizer->state())
     for (auto& b : s.buffers) optimizer.add(b);
+  // The rank's parked stages (interleaved plans) hold theirs too.
+  for (std::size_t i = 0; i < m_slots.size(); ++i) {
+    const StageSlot& slot = m_slots[i];
+    if (i == m_active || !slot.store) continue;
+    slot.store->for_each_tensor(
+        [&](const Tensor& t, bool is_latest) { (is_latest ? latest : others).add(t); });
+    for (auto& layer : slot.grads)
+      for (auto& g : layer) grads.add(g);
+    for (auto& s : slot.optimizer_state)
+      for (auto& b : s.buffers) optimizer.add(b);
+  }
   if (run != nullptr && run->table) {
-    run->table->for_each_open([&](const MicrobatchContext& c) {
+    const auto add_context = [&](const MicrobatchContext& c) {
       for (auto& s : c.saved) activations.add(s);
       for (auto& g : c.layer_grads) activations.add(g);
       activations.add(c.input);
       activations.add(c.output);
       activations.add(c.loss_grad);
       activations.add(c.labels);
-    });
+    };
+    run->table->for_each_open(add_context);
     for (auto& [u, t] : run->inputs) activations.add(t);
     for (auto& [u, t] : run->output_grads) activations.add(t);
     for (auto& [u, t] : run->input_grads) activations.add(t);
+    for (std::size_t i = 0; i < run->parked.size(); ++i) {
+      const RunSlot& r = run->parked[i];
+      if (i == m_active) continue;
+      if (r.table) r.table->for_each_open(add_context);
+      for (auto& [u, t] : r.inputs) activations.add(t);
+      for (auto& [u, t] : r.output_grads) activations.add(t);
+      for (auto& [u, t] : r.input_grads) activations.add(t);
+    }
   }
   StageMemory m;
   m.parameter_bytes = latest.bytes();
@@ -358,16 +470,17 @@ void StageExecutor::post_receives(Run& run, std::size_t upto) {
     PostedRecv p;
     p.index = idx;
     const bool activation = a.kind == ActionKind::RecvActivation;
-    const LayerRange r = layers();
+    // The receive's own stage, which on a rank of several stages need not be the active one.
+    const LayerRange r = m_layout.stages[static_cast<std::size_t>(a.stage)];
     p.buffer = Tensor::empty(activation_shape(samples, activation ? r.begin : r.end));
-    Tag tag = activation ? Tag::activation(m_stage - 1, run.global(u))
-                         : Tag::gradient(m_stage + 1, run.global(u));
-    if (run.eval) tag = {TagKind::EvalActivation, m_stage - 1, u};
+    Tag tag = activation ? Tag::activation(a.stage - 1, run.global(u))
+                         : Tag::gradient(a.stage + 1, run.global(u));
+    if (run.eval) tag = {TagKind::EvalActivation, a.stage - 1, u};
     p.request = m_comm->irecv(p.buffer, a.peer, tag);
     if (activation && run.vertical_sync) {
       p.version = Tensor::empty(Shape{2}, DType::Int32);
       p.version_request =
-          m_comm->irecv(p.version, a.peer, Tag::version(m_stage - 1, run.global(u)));
+          m_comm->irecv(p.version, a.peer, Tag::version(a.stage - 1, run.global(u)));
     }
     run.posted.push_back(std::move(p));
   }
@@ -657,8 +770,10 @@ void StageExecutor::execute(Run& run) {
   for (std::size_t i = 0; i < acts.size(); ++i) {
     run.current = i;
     const Action& a = acts[i];
-    PIPELINE_CHECK(a.stage == m_stage, "action {} ({}) is for stage {} but rank {} runs stage {}",
-                   i, to_string(a), a.stage, rank(), m_stage);
+    PIPELINE_CHECK(std::find(m_my_stages.begin(), m_my_stages.end(), a.stage) != m_my_stages.end(),
+                   "action {} ({}) is for stage {} but rank {} runs stage(s) {}", i, to_string(a),
+                   a.stage, rank(), m_my_stages);
+    activate(run, a.stage);
     if (!run.eval) {
       const std::int64_t mb = minibatch_of(run, a);
       if (m_stop_before >= 0 && mb >= m_stop_before) continue;
@@ -760,9 +875,12 @@ TrainResult StageExecutor::train(const Schedule& schedule, const MinibatchFeed& 
   run.on_step_done = &on_step_done;
   m_stop_before = -1;
   const int capacity = std::max(1, report.ranks[static_cast<std::size_t>(rank())].peak_activations);
-  run.table = std::make_unique<InFlightTable>(capacity);
-  // 2BW selects versions by tag like vertical sync: the store keeps what a later request may use.
-  m_store->set_policy(run.stash ? replicas() : 1, run.vertical_sync || run.two_buffered);
+  // Every stage of the rank (several on an interleaved plan) gets its table and store policy.
+  for_each_stage(run, [&] {
+    run.table = std::make_unique<InFlightTable>(capacity);
+    // 2BW selects versions by tag like vertical sync: the store keeps what a later request may use.
+    m_store->set_policy(run.stash ? replicas() : 1, run.vertical_sync || run.two_buffered);
+  });
   run.first_tag = m_store->latest_tag();
 
   const auto t0 = Clock::now();
@@ -775,10 +893,16 @@ TrainResult StageExecutor::train(const Schedule& schedule, const MinibatchFeed& 
   execute(run);
   run.result.seconds = seconds_since(t0);
   if (run.result.minibatches > 0) run.result.loss /= static_cast<double>(run.result.minibatches);
-  run.result.peak_in_flight = run.table->peak();
-  run.result.peak_weight_versions = m_store->peak();
-  PIPELINE_CHECK(run.table->size() == 0, "schedule '{}' ended with microbatches {} in flight",
-                 schedule.name, run.table->open_list());
+  // Summed over the rank's stages (one, or several on an interleaved plan).
+  run.result.peak_in_flight = 0;
+  run.result.peak_weight_versions = 0;
+  for_each_stage(run, [&] {
+    run.result.peak_in_flight += run.table->peak();
+    run.result.peak_weight_versions += m_store->peak();
+    PIPELINE_CHECK(run.table->size() == 0,
+                   "schedule '{}' ended with microbatches {} of stage {} in flight", schedule.name,
+                   run.table->open_list(), m_stage);
+  });
   return run.result;
 }
 
@@ -801,8 +925,9 @@ StageExecutor::Eval StageExecutor::evaluate(const MinibatchFeed& feed, std::int6
   run.eval = true;
   std::function<void(const MinibatchStats&)> none;
   run.on_minibatch = &none;
-  run.table = std::make_unique<InFlightTable>(1);
+  for_each_stage(run, [&] { run.table = std::make_unique<InFlightTable>(1); });
   execute(run);
+  for_each_stage(run, [] {});  // the rank's first stage is active between calls
 
   Tensor t = Tensor::zeros(Shape{6});
   float* v = t.data<float>();

@@ -83,7 +83,8 @@ double brute_force(const Profile& p, const Topology& t, int stages, bool transfe
   };
   auto cut = [&](int k, int layer_end) {  // the cut after stage k, before layer layer_end
     if (!transfer) return 0.0;
-    return 2.0 * static_cast<double>(p.layers[static_cast<std::size_t>(layer_end) - 1].output_bytes) /
+    return 2.0 *
+           static_cast<double>(p.layers[static_cast<std::size_t>(layer_end) - 1].output_bytes) /
            level_bandwidth(k % w, (k + 1) % w);
   };
   double best = std::numeric_limits<double>::infinity();
@@ -94,7 +95,8 @@ double brute_force(const Profile& p, const Topology& t, int stages, bool transfe
       double worst = 0;
       for (int s = 0; s < stages; ++s) {
         double c = 0;
-        for (int l = cuts[s]; l < cuts[s + 1]; ++l) c += p.layers[l].forward_s + p.layers[l].backward_s;
+        for (int l = cuts[s]; l < cuts[s + 1]; ++l)
+          c += p.layers[l].forward_s + p.layers[l].backward_s;
         if (s > 0) c = std::max(c, cut(s - 1, cuts[s]));
         if (s + 1 < stages) c = std::max(c, cut(s, cuts[s + 1]));
         worst = std::max(worst, c);
@@ -148,27 +150,34 @@ TEST_CASE("plan.json: an interleaved plan round-trips as pipeline.plan/2, old pl
 TEST_CASE("plan.json: what an interleaved plan must say, and what a version-1 plan must not") {
   CHECK(error_of(kInterleavedPlan, [](auto&) {}).empty());
   // Version 1 keeps one stage per rank: the field needs version 2.
-  CHECK_MESSAGE(error_of(kOldPlan, [](auto& j) { j["virtual_stages"] = 2; }).find("pipeline.plan/2") !=
-                    std::string::npos,
-                "version 1 with virtual stages");
+  CHECK_MESSAGE(
+      error_of(kOldPlan, [](auto& j) { j["virtual_stages"] = 2; }).find("pipeline.plan/2") !=
+          std::string::npos,
+      "version 1 with virtual stages");
   CHECK(error_of(kOldPlan, [](auto& j) { j["virtual_stages"] = 1; }).empty());
-  CHECK(error_of(kInterleavedPlan, [](auto& j) { j["format"] = "pipeline.plan/1"; }).find("pipeline.plan/2") !=
-        std::string::npos);
-  CHECK(error_of(kInterleavedPlan, [](auto& j) { j.erase("virtual_stages"); }).find("virtual_stages") !=
-        std::string::npos);
-  CHECK(error_of(kInterleavedPlan, [](auto& j) { j["virtual_stages"] = 1; }).find("virtual_stages") !=
-        std::string::npos);
-  CHECK(error_of(kInterleavedPlan, [](auto& j) { j["virtual_stages"] = 1.5; }).find("virtual_stages") !=
-        std::string::npos);
+  CHECK(error_of(kInterleavedPlan, [](auto& j) {
+          j["format"] = "pipeline.plan/1";
+        }).find("pipeline.plan/2") != std::string::npos);
+  CHECK(error_of(kInterleavedPlan, [](auto& j) {
+          j.erase("virtual_stages");
+        }).find("virtual_stages") != std::string::npos);
+  CHECK(error_of(kInterleavedPlan, [](auto& j) {
+          j["virtual_stages"] = 1;
+        }).find("virtual_stages") != std::string::npos);
+  CHECK(error_of(kInterleavedPlan, [](auto& j) {
+          j["virtual_stages"] = 1.5;
+        }).find("virtual_stages") != std::string::npos);
   // Stage k on rank k mod p, without replicas, and exactly v·p stages.
-  CHECK(error_of(kInterleavedPlan, [](auto& j) { j["stages"][2]["ranks"] = {1}; }).find("rank 0 alone") !=
-        std::string::npos);
+  CHECK(error_of(kInterleavedPlan, [](auto& j) {
+          j["stages"][2]["ranks"] = {1};
+        }).find("rank 0 alone") != std::string::npos);
   CHECK(!error_of(kInterleavedPlan, [](auto& j) {
            j["stages"][1]["replicas"] = 2;
            j["stages"][1]["ranks"] = {1, 0};
          }).empty());
-  CHECK(error_of(kInterleavedPlan, [](auto& j) { j["virtual_stages"] = 3; }).find("needs 6 stages") !=
-        std::string::npos);
+  CHECK(error_of(kInterleavedPlan, [](auto& j) {
+          j["virtual_stages"] = 3;
+        }).find("needs 6 stages") != std::string::npos);
   CHECK(!error_of(kInterleavedPlan, [](auto& j) { j["stages"][2]["layers"] = {4, 5}; }).empty());
   CHECK(!error_of(kInterleavedPlan, [](auto& j) { j["stages"][2]["layer_ids"] = {3, 4}; }).empty());
 }
@@ -192,7 +201,8 @@ TEST_CASE("ScheduleSpec::from_plan: an interleaved plan gives interleaved-1f1b's
   CHECK_THROWS_AS(generate_schedule("1f1b-flush", spec), ConfigError);
 }
 
-TEST_CASE("partition --virtual-stages: random chains, the optimum of every cut, and a plan that runs") {
+TEST_CASE(
+    "partition --virtual-stages: random chains, the optimum of every cut, and a plan that runs") {
   std::mt19937 rng(20261124);
   int checked = 0;
   for (int iter = 0; iter < 300; ++iter) {
@@ -239,7 +249,8 @@ TEST_CASE("partition --virtual-stages: random chains, the optimum of every cut, 
     // plan.json keeps it, and it schedules, validates and simulates.
     const Plan again = parse_plan(plan_to_json(plan).dump(), "partitioned");
     CHECK(again.virtual_stages == v);
-    const Schedule sched = generate_schedule(again.schedule, ScheduleSpec::from_plan(again, 2 * w, 2));
+    const Schedule sched =
+        generate_schedule(again.schedule, ScheduleSpec::from_plan(again, 2 * w, 2));
     validate(sched);
     const Simulation sim = simulate(sched, p, again, t);
     CHECK(sim.makespan_s > 0);
@@ -252,12 +263,14 @@ TEST_CASE("partition --virtual-stages: random chains, the optimum of every cut, 
   CHECK(checked == 300);
 }
 
-TEST_CASE("partition --virtual-stages: manual stages, and clear errors for what cannot be planned") {
+TEST_CASE(
+    "partition --virtual-stages: manual stages, and clear errors for what cannot be planned") {
   Profile p;
   p.model = "flat";
   p.batch_size = 1;
   for (int i = 0; i < 8; ++i)
-    p.layers.push_back({fmt::format("l{}", i), "X", 0.001, 0.002, 0, 0, 0, 0, 100, 1000, 0, {}, false});
+    p.layers.push_back(
+        {fmt::format("l{}", i), "X", 0.001, 0.002, 0, 0, 0, 0, 100, 1000, 0, {}, false});
   Topology t{{{2, 1e10}}, {}};
   PartitionOptions o;
   o.virtual_stages = 2;

@@ -48,6 +48,14 @@
 // time out (TimeoutError with this rank's position in its list). The caller catches and aborts
 // the job through the communicator so that no peer hangs.
 //
+// Several stages per rank (interleaved plans, Plan::virtual_stages > 1): a rank may hold any
+// number of unreplicated stages. Each has its own weights, gradients, optimizer state and
+// in-flight table; the executor activates the stage of every action before running it (the code
+// that runs an action sees that stage through stage(), layers(), params() and the members it
+// reads), and parks the others. Tags already name the sending stage, so a rank's stages never
+// receive each other's messages. Between calls the rank's first stage is the active one;
+// per-stage accessors (stage(), layers(), params(), weights()) refer to it.
+//
 // Contract: the constructor and evaluate() are collective over all ranks of the communicator
 // (they create groups and reduce); train() is collective in the sense that every rank runs its
 // own list of the same schedule. One thread uses an executor at a time.
@@ -80,8 +88,10 @@ struct PipelineLayout {
 
   int num_stages() const { return static_cast<int>(stages.size()); }
   int num_ranks() const;
-  // The stage a rank runs (ConfigError when it runs none).
+  // The stage a rank runs, its first one if it runs several (ConfigError when it runs none).
   int stage_of(int rank) const;
+  // Every stage a rank runs, ascending (several on an interleaved plan; empty when none).
+  std::vector<int> stages_of(int rank) const;
 
   // One stage per entry of `stage_layers`, rank s running stage s.
   static PipelineLayout straight(std::vector<LayerRange> stage_layers);
@@ -164,13 +174,17 @@ class StageExecutor {
   bool is_first_stage() const { return m_stage == 0; }
   bool is_last_stage() const { return m_stage == num_stages() - 1; }
   // The rank that writes metrics and prints results: replica 0 of the last stage.
-  bool is_loss_rank() const { return is_last_stage() && m_replica == 0; }
+  bool is_loss_rank() const { return m_layout.stage_ranks.back().front() == rank(); }
+  // The stages this rank holds, ascending: one, or v of an interleaved plan.
+  const std::vector<int>& stages() const { return m_my_stages; }
   LayerRange layers() const { return m_layout.stages[m_stage]; }
   const PipelineLayout& layout() const { return m_layout; }
   const Sequential& model() const { return *m_model; }
 
   // The latest weights of this stage's layers (params()[k] is layer layers().begin + k).
   ModelParams& params();
+  // The latest weights of any of this rank's stages (layout().stages[stage]'s layers).
+  ModelParams& params(int stage);
   const WeightStore& weights() const { return *m_store; }
   Optimizer& optimizer() { return *m_optimizer; }
   std::int64_t steps_done() const { return m_steps; }
@@ -219,6 +233,8 @@ class StageExecutor {
  private:
   struct PostedRecv;
   struct Run;
+  struct StageSlot;
+  struct RunSlot;
 
   void execute(Run& run);
   void do_forward(Run& run, const Action& a);
@@ -233,6 +249,10 @@ class StageExecutor {
   void recompute_forward(MicrobatchContext& c);
   StageMemory measure(const Run* run) const;
   void sample_memory(Run& run);
+  // Several stages per rank: makes `stage` (one of this rank's) the active one.
+  void activate(Run& run, int stage);
+  // Calls f() with each of this rank's stages active in turn, then activates its first stage.
+  void for_each_stage(Run& run, const std::function<void()>& f);
 
   const Sequential* m_model;
   Shape m_sample_shape;
@@ -255,6 +275,10 @@ class StageExecutor {
   bool m_recompute = false;
   StageMemory m_peak_memory;
   Run* m_run = nullptr;  // the train() in progress
+  // This rank's stages (ascending) and the parked state of all but the active one, m_active.
+  std::vector<int> m_my_stages;
+  std::vector<StageSlot> m_slots;
+  std::size_t m_active = 0;
   std::int64_t m_stop_before = -1;
 };
 
