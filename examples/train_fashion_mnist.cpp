@@ -34,6 +34,7 @@
 
 #include "common/checkpointing.hpp"
 #include "common/feeds.hpp"
+#include "common/memory_report.hpp"
 #include "common/pipeline_flags.hpp"
 #include "common/progress.hpp"
 #include "common/run_main.hpp"
@@ -171,13 +172,15 @@ int run_pipelined(const Options& o, Communicator& comm) {
   if (comm.rank() == 0) fmt::print("{}\n", describe(plan));
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
   const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout);
+  examples::check_interleaved_run(plan, !o.checkpoints.output_dir().empty(),
+                                  !o.save.empty() || !o.load.empty());
 
   const DataLoader loader = train_loader(o, train);
   const long per_epoch = static_cast<long>(loader.num_batches());
   const long total = o.steps > 0 ? o.steps : per_epoch * o.epochs;
 
   StageExecutor ex(zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
-                   examples::executor_options(o.pipeline, o.seed, o.clip_grad));
+                   examples::executor_options(o.pipeline, plan, o.seed, o.clip_grad));
   if (!o.load.empty()) load_parameters(o.load, zoo.model, ex.params(), ex.layers());
   const CheckpointRunInfo info = examples::checkpoint_run_info(
       o.model, ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline, &plan);
@@ -247,6 +250,8 @@ int run_pipelined(const Options& o, Communicator& comm) {
     log_info("saved stage {}'s parameters to {}", ex.stage(), path);
   }
   if (schedule) examples::write_trace_if_asked(o.pipeline, comm, ex, *schedule);
+  examples::report_peak_memory(ex, comm, plan, examples::recompute_stages(o.pipeline, plan),
+                               metrics, reporter);
   comm.barrier();
   if (reporter) fmt::print("test accuracy: {:.4f}\n", accuracy);
   return 0;

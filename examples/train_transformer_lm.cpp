@@ -31,6 +31,7 @@
 
 #include "common/checkpointing.hpp"
 #include "common/feeds.hpp"
+#include "common/memory_report.hpp"
 #include "common/pipeline_flags.hpp"
 #include "common/run_main.hpp"
 
@@ -133,6 +134,7 @@ int run_pipelined(const Options& o, Communicator& comm) {
     fmt::print("plan: {}\n", plan_to_json(plan).dump());
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
   const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout);
+  examples::check_interleaved_run(plan, !o.checkpoints.output_dir().empty(), false);
   const int g = minibatch_granularity(req.name, layout);
   const long steps = o.steps - o.steps % g;
   PIPELINE_CHECK_AS(ConfigError, steps > 0, "--steps {} is below the {} replicas to deal to",
@@ -141,7 +143,8 @@ int run_pipelined(const Options& o, Communicator& comm) {
   // --clip-grad is documented as ignored by 1f1b-stash, whose stages step at their own pace.
   StageExecutor ex(
       zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
-      examples::executor_options(o.pipeline, o.seed, examples::stashes(req) ? 0.f : o.clip_grad));
+      examples::executor_options(o.pipeline, plan, o.seed,
+                                 examples::stashes(req) ? 0.f : o.clip_grad));
   const CheckpointRunInfo info = examples::checkpoint_run_info(
       "transformer-lm", ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline, &plan);
   const std::int64_t start = examples::resume_if_asked(
@@ -184,6 +187,8 @@ int run_pipelined(const Options& o, Communicator& comm) {
   StageExecutor::Eval e = ex.evaluate(examples::evaluation_feed(vloader), vloader.num_batches());
   metrics.write({{"validation_loss", e.loss}, {"perplexity", std::exp(e.loss)}});
   if (schedule) examples::write_trace_if_asked(o.pipeline, comm, ex, *schedule);
+  examples::report_peak_memory(ex, comm, plan, examples::recompute_stages(o.pipeline, plan),
+                               metrics, ex.is_loss_rank());
   comm.barrier();
   if (ex.is_loss_rank()) report(e.loss);
   return 0;

@@ -1,7 +1,7 @@
 // The pipeline flags of the example programs (--plan, --schedule, --schedule-csv, --microbatches,
-// --vertical-sync, --comm-timeout, --trace) and what they turn into: the plan of the job, the
-// schedule request, the executor's options and the per-rank trace. Every example takes the same
-// flags with the same meaning, so a script can drive any of them the same way.
+// --vertical-sync, --recompute, --comm-timeout, --trace) and what they turn into: the plan of
+// the job, the schedule request, the executor's options and the per-rank trace. Every example
+// takes the same flags with the same meaning, so a script can drive any of them the same way.
 //
 // All of it is called on every rank of the job with the same flags, so every rank derives the
 // same plan and schedule (see runtime/pipeline_setup.hpp).
@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/validators.hpp"
 
@@ -32,6 +33,9 @@ struct PipelineFlags {
   int microbatches = 0;      // 0: flush schedules use one per stage; stash schedules 1
   bool vertical_sync = false;
   double comm_timeout = 0;  // 0: PIPELINE_COMM_TIMEOUT or the default
+  // Activation recomputation: "auto" runs the plan's per-stage choice, "all" every stage,
+  // "none" no stage.
+  std::string recompute = "auto";
 
   // ConfigError for flags that contradict each other. A single-process run ignores these flags,
   // so only a pipelined run checks them.
@@ -62,6 +66,10 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
       ->check(CLI::Range(1, 65536));
   app.add_flag("--vertical-sync", flags.vertical_sync,
                "1f1b-stash: every stage uses the weight version the input stage used");
+  app.add_option("--recompute", flags.recompute,
+                 "activation recomputation: auto (the plan's choice per stage), all or none")
+      ->check(CLI::IsMember({"none", "auto", "all"}))
+      ->capture_default_str();
   app.add_option("--comm-timeout", flags.comm_timeout,
                  "seconds any wait for a peer may take before the job ends with an error")
       ->check(positive_number());
@@ -104,7 +112,15 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
                                         const PipelineLayout& layout) {
   ScheduleRequest req;
   req.name = flags.schedule.empty() ? plan.schedule : flags.schedule;
+  if (req.name == "interleaved") req.name = "interleaved-1f1b";
   req.csv = flags.schedule_csv;
+  // An interleaved plan's ranks hold several stages, which only interleaved-1f1b orders (its
+  // default microbatch count below, one per stage, is a multiple of the workers, as it needs).
+  PIPELINE_CHECK_AS(ConfigError,
+                    !plan.interleaved() || !req.csv.empty() || req.name == "interleaved-1f1b",
+                    "the plan is interleaved ({} stages per rank): run it with --schedule "
+                    "interleaved-1f1b (its default), not {}",
+                    plan.virtual_stages, req.name);
   req.vertical_sync = flags.vertical_sync;
   // Flush schedules need a microbatch per stage to keep every stage busy, and one per replica to
   // keep every replica busy (with one microbatch a data-parallel minibatch ran on one replica
@@ -118,9 +134,34 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
   return req;
 }
 
-inline ExecutorOptions executor_options(const PipelineFlags& flags, std::uint64_t seed,
-                                        float clip_norm) {
-  return {.seed = seed, .clip_norm = clip_norm, .record_trace = !flags.trace.empty()};
+// Interleaved plans (several stages per rank) write neither checkpoints nor --save/--load
+// parameter files yet: both keep one stage per rank. ConfigError naming the flag.
+inline void check_interleaved_run(const Plan& plan, bool checkpoints, bool parameter_files) {
+  if (!plan.interleaved()) return;
+  PIPELINE_CHECK_AS(ConfigError, !checkpoints,
+                    "checkpoints of an interleaved plan ({} stages per rank) are not supported "
+                    "yet: drop --checkpoint-dir/--resume, or partition without --virtual-stages",
+                    plan.virtual_stages);
+  PIPELINE_CHECK_AS(ConfigError, !parameter_files,
+                    "--save/--load of an interleaved plan ({} stages per rank) are not supported "
+                    "yet; partition without --virtual-stages",
+                    plan.virtual_stages);
+}
+
+// Which stages of the plan recompute their activations under --recompute.
+inline std::vector<bool> recompute_stages(const PipelineFlags& flags, const Plan& plan) {
+  std::vector<bool> out;
+  for (const PlanStage& s : plan.stages)
+    out.push_back(flags.recompute == "all" || (flags.recompute == "auto" && s.recompute));
+  return out;
+}
+
+inline ExecutorOptions executor_options(const PipelineFlags& flags, const Plan& plan,
+                                        std::uint64_t seed, float clip_norm) {
+  return {.seed = seed,
+          .clip_norm = clip_norm,
+          .record_trace = !flags.trace.empty(),
+          .recompute = recompute_stages(flags, plan)};
 }
 
 // Writes this rank's executed actions to --trace (one file per rank), if it was given.

@@ -167,11 +167,11 @@ class Solver {
     if (m_pd) return {pipedream_stage_memory_bytes(par, act, M, m, r) <= *m_memory};
     if (level != 0) return {};  // inner stages were checked one level down
     int flight = in_flight(m_workers, m - r, r);
+    const double input = s < 0 ? 0.0 : m_g.boundary_bytes[static_cast<std::size_t>(s)];
     if (m_o.recompute != Recompute::All &&
-        stage_memory_bytes(par, act, flight, m_o.optimizer_state_factor) <= *m_memory)
+        stage_memory_bytes(par, act, flight, m_o.optimizer_state_factor, input) <= *m_memory)
       return {};
     if (!can) return {false};
-    const double input = s < 0 ? 0.0 : m_g.boundary_bytes[static_cast<std::size_t>(s)];
     if (recompute_stage_memory_bytes(par, act, input, flight, m_o.optimizer_state_factor) <= *m_memory)
       return recomputed;
     return {false};
@@ -566,7 +566,7 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     const double par = diff(g.parameter_bytes, fs.s, fs.e), act = diff(g.activation_bytes, fs.s, fs.e);
     const double input = fs.s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(fs.s)];
     const int flight = in_flight(N, lo, r);
-    const double stash_bytes = stage_memory_bytes(par, act, flight, o.optimizer_state_factor);
+    const double stash_bytes = stage_memory_bytes(par, act, flight, o.optimizer_state_factor, input);
     const double recompute_bytes = recompute_stage_memory_bytes(par, act, input, flight, o.optimizer_state_factor);
     ps.recompute = fs.recompute;
     if (fs.compute_path < 0 && !pd)

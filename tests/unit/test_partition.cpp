@@ -93,7 +93,10 @@ struct Brute {
         if (std::ceil(double(M - m) / r) * (act + par) > mem) return kInf;
       } else if (level == 0) {
         int flight = (t.workers() - 1 - (m - r)) / r + 1;
-        if (par * (2 + o.optimizer_state_factor + flight - 1) + act * flight > mem) return kInf;
+        // The stage input (bytes crossing into it) is held per in-flight minibatch, and once more
+        // as the input gradient of the backward in progress.
+        double in = a < 0 ? 0.0 : g.boundary_bytes[a];
+        if (par * (2 + o.optimizer_state_factor + flight - 1) + (act + in) * flight + in > mem) return kInf;
       }
     }
     double v = (T + 4.0 * (r - 1) * par / (B * r * share)) / r;

@@ -53,23 +53,25 @@ inline int in_flight(int workers, int ranks_before, int replicas) {
 
 // Bytes per worker of a stage under 1F1B-stash (Pipeline cost model): the working weights, their
 // gradient, the optimizer state (`optimizer_state_factor` copies, 1 for momentum SGD, 2 for
-// Adam), one stashed weight version per in-flight minibatch beyond the newest, and the
-// activations of every in-flight minibatch.
+// Adam), one stashed weight version per in-flight minibatch beyond the newest, the activations
+// of every in-flight minibatch with the stage input it received (`input_bytes`, the bytes
+// crossing into the stage; 0 for the first stage), and the input gradient of the backward in
+// progress, as large as the input. The runtime's measured peak (StageMemory) holds just these.
 inline double stage_memory_bytes(double parameter_bytes, double activation_bytes, int in_flight_minibatches,
-                                 double optimizer_state_factor) {
+                                 double optimizer_state_factor, double input_bytes = 0) {
   return parameter_bytes * (2.0 + optimizer_state_factor + (in_flight_minibatches - 1)) +
-         activation_bytes * in_flight_minibatches;
+         (activation_bytes + input_bytes) * in_flight_minibatches + input_bytes;
 }
 
-// The same stage with activation recomputation: it keeps only its input (`input_bytes`, the
-// bytes crossing into it) per in-flight minibatch and runs its forward again at backward, so one
-// minibatch's activations are held at a time, during its backward. It costs one more forward:
-// the stage's compute becomes forward + backward + forward.
+// The same stage with activation recomputation: it keeps only its input per in-flight minibatch
+// and runs its forward again at backward, so one minibatch's activations are held at a time,
+// during its backward (with its input gradient). It costs one more forward: the stage's compute
+// becomes forward + backward + forward.
 inline double recompute_stage_memory_bytes(double parameter_bytes, double activation_bytes,
                                            double input_bytes, int in_flight_minibatches,
                                            double optimizer_state_factor) {
   return parameter_bytes * (2.0 + optimizer_state_factor + (in_flight_minibatches - 1)) +
-         input_bytes * in_flight_minibatches + activation_bytes;
+         input_bytes * in_flight_minibatches + activation_bytes + input_bytes;
 }
 
 // Which stages recompute their activations: none, those that would not fit in memory otherwise

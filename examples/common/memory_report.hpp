@@ -1,0 +1,95 @@
+// The end-of-run memory report of the example programs: every rank's measured peak bytes
+// (StageExecutor::peak_memory) next to the planner's estimate for its stage
+// (PlanStage::memory_bytes), printed as a table and written to the metrics, one line per rank.
+//
+// The planner's estimate is for its own assumptions: minibatches of the profile's batch size
+// under 1F1B with weight stashing and the plan's in-flight depth; under a flush schedule or
+// another batch size the two differ by design.
+#pragma once
+
+#include <pipeline/comm/communicator.hpp>
+#include <pipeline/plan/plan.hpp>
+#include <pipeline/runtime/metrics.hpp>
+#include <pipeline/runtime/stage_executor.hpp>
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace pipeline::examples {
+
+// Every rank's peak memory, on every rank. Collective. Each value travels as two floats (high
+// part and remainder), exact to 2^48 bytes; a slot has one non-zero contributor, so the sum is
+// exact.
+inline std::vector<StageMemory> gather_peak_memory(const StageExecutor& ex, Communicator& comm) {
+  constexpr int kFields = 6;
+  const int n = comm.size();
+  Tensor t = Tensor::zeros(Shape{static_cast<std::int64_t>(n) * kFields * 2});
+  const StageMemory& m = ex.peak_memory();
+  const std::int64_t mine[kFields] = {m.parameter_bytes,      m.gradient_bytes,
+                                      m.optimizer_bytes,      m.stashed_weight_bytes,
+                                      m.activation_bytes,     m.total_bytes};
+  float* v = t.data<float>() + static_cast<std::ptrdiff_t>(comm.rank()) * kFields * 2;
+  for (int i = 0; i < kFields; ++i) {
+    const double d = static_cast<double>(mine[i]);
+    v[2 * i] = static_cast<float>(d);
+    v[2 * i + 1] = static_cast<float>(d - static_cast<double>(v[2 * i]));
+  }
+  comm.allreduce_sum(t, comm.world());
+  std::vector<StageMemory> out(static_cast<std::size_t>(n));
+  const float* all = t.data<float>();
+  for (int r = 0; r < n; ++r) {
+    std::int64_t f[kFields];
+    for (int i = 0; i < kFields; ++i) {
+      const float* p = all + (static_cast<std::ptrdiff_t>(r) * kFields + i) * 2;
+      f[i] = static_cast<std::int64_t>(static_cast<double>(p[0]) + static_cast<double>(p[1]));
+    }
+    out[static_cast<std::size_t>(r)] = {f[0], f[1], f[2], f[3], f[4], f[5]};
+  }
+  return out;
+}
+
+// Prints the table (when `print`) and writes one metrics line per rank. Collective (gathers).
+inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, const Plan& plan,
+                               const std::vector<bool>& recompute, MetricsWriter& metrics,
+                               bool print) {
+  const std::vector<StageMemory> all = gather_peak_memory(ex, comm);
+  const PipelineLayout& layout = ex.layout();
+  constexpr double kMiB = 1048576.0;
+  if (print)
+    fmt::print(
+        "memory per rank, measured peak bytes held (MiB; each part at its own peak) vs the "
+        "planner's estimate:\n{:>4} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} "
+        "{:>10}\n",
+        "rank", "stage", "recompute", "params", "grads", "optimizer", "stashed w", "activation",
+        "peak", "planned");
+  for (int s = 0; s < layout.num_stages(); ++s)
+    for (int r : layout.stage_ranks[static_cast<std::size_t>(s)]) {
+      const StageMemory& m = all[static_cast<std::size_t>(r)];
+      const bool rc = static_cast<std::size_t>(s) < recompute.size() &&
+                      recompute[static_cast<std::size_t>(s)];
+      const double planned = static_cast<std::size_t>(s) < plan.stages.size()
+                                 ? plan.stages[static_cast<std::size_t>(s)].memory_bytes
+                                 : 0.0;
+      if (print)
+        fmt::print("{:>4} {:>5} {:>9} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} "
+                   "{:>10}\n",
+                   r, s, rc ? "yes" : "no", m.parameter_bytes / kMiB, m.gradient_bytes / kMiB,
+                   m.optimizer_bytes / kMiB, m.stashed_weight_bytes / kMiB,
+                   m.activation_bytes / kMiB, m.total_bytes / kMiB,
+                   planned > 0 ? fmt::format("{:.3f}", planned / kMiB) : std::string("-"));
+      metrics.write({{"memory_rank", r},
+                     {"stage", s},
+                     {"recompute", rc},
+                     {"measured_peak_bytes", m.total_bytes},
+                     {"parameter_bytes", m.parameter_bytes},
+                     {"gradient_bytes", m.gradient_bytes},
+                     {"optimizer_bytes", m.optimizer_bytes},
+                     {"stashed_weight_bytes", m.stashed_weight_bytes},
+                     {"activation_bytes", m.activation_bytes},
+                     {"planned_bytes", planned}});
+    }
+}
+
+}  // namespace pipeline::examples
