@@ -128,6 +128,7 @@ class StorageCounter {
   }
   void add(const Saved& s) {
     for (auto& t : s.tensors) add(t);
+    for (auto& t : s.child_output_grads) add(t);
     for (auto& c : s.children) add(c);
   }
   std::int64_t bytes() {

@@ -104,13 +104,17 @@ inline void compare(const std::string& what, const std::vector<float>& analytic,
 
 // Checks that a backward split into an input-only and a weight-only pass (as the pipeline
 // schedules run it) gives exactly the input and parameter gradients of one combined pass, and
-// that the weight-only pass returns no input gradient.
+// that the weight-only pass returns no input gradient (a composite's from what its input pass
+// kept).
 inline void check_split_backward(const Layer& layer, const LayerParams& p, const Saved& s,
                                  const Tensor& dy) {
   auto g_both = layer.zero_grads(), g_weight = layer.zero_grads();
   Tensor dx_both = layer.backward(p, s, dy, g_both, GradParts::Both);
   Tensor dx_input = layer.backward(p, s, dy, {}, GradParts::Input);
+  // A composite keeps its children's output gradients for the weight pass, which uses them up.
+  if (!layer.children().empty() && !p.params.empty()) CHECK_FALSE(s.child_output_grads.empty());
   Tensor dx_weight = layer.backward(p, s, dy, g_weight, GradParts::Weight);
+  CHECK(s.child_output_grads.empty());
   CHECK(dx_input.to_vector() == dx_both.to_vector());
   CHECK_FALSE(dx_weight.defined());
   for (std::size_t k = 0; k < g_both.size(); ++k)

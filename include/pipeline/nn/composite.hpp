@@ -10,6 +10,11 @@
 // backward_child(), which slice the composite's LayerParams and gradient buffers per child and
 // keep one Saved record per child in Saved::children (indexed like children()). The subclass may
 // keep its own tensors in Saved::tensors.
+//
+// A split backward (zero-bubble schedules) calls backward twice: input gradient only, then
+// weight gradient only. The first pass keeps every child's output gradient in the record
+// (Saved::child_output_grads); the second then computes each child's weight gradient from it
+// directly, so the two passes together cost one whole backward.
 #pragma once
 
 #include <pipeline/nn/layer.hpp>
@@ -108,10 +113,35 @@ class Composite : public Layer {
     if (grads.empty())
       parts = static_cast<GradParts>(static_cast<unsigned>(parts) &
                                      static_cast<unsigned>(GradParts::Input));
+    const Child& c = m_children.at(static_cast<std::size_t>(i));
+    if (!has_part(parts, GradParts::Weight) && c.param_end > c.param_begin) {
+      // An input-gradient pass: keep what the weight pass will need.
+      saved.child_output_grads.resize(m_children.size());
+      saved.child_output_grads[static_cast<std::size_t>(i)] = dy;
+    }
     if (static_cast<unsigned>(parts) == 0) return {};
     return m_children.at(static_cast<std::size_t>(i))
         .layer->backward(child_params(p, i), saved.children[static_cast<std::size_t>(i)], dy, g,
                          parts);
+  }
+
+  // The dataflow of the backward (called for every pass but a weight pass after an input pass).
+  virtual Tensor composite_backward(const LayerParams& p, const Saved& saved, const Tensor& dy,
+                                    std::span<Tensor> grads, GradParts parts) const = 0;
+
+  Tensor backward_impl(const LayerParams& p, const Saved& saved, const Tensor& dy,
+                       std::span<Tensor> grads, GradParts parts) const final {
+    if (parts != GradParts::Weight || saved.child_output_grads.size() != m_children.size())
+      return composite_backward(p, saved, dy, grads, parts);
+    for (int i = 0; i < num_children(); ++i) {
+      const Tensor& child_dy = saved.child_output_grads[static_cast<std::size_t>(i)];
+      if (!child_dy.defined()) continue;  // no weights
+      m_children[static_cast<std::size_t>(i)].layer->backward(
+          child_params(p, i), saved.children[static_cast<std::size_t>(i)], child_dy,
+          child_grads(grads, i), GradParts::Weight);
+    }
+    saved.child_output_grads.clear();
+    return {};
   }
 
   // Parts for an inner child: its input gradient always (later children need it to reach the

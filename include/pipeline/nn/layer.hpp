@@ -67,10 +67,16 @@ struct ForwardContext {
 struct Saved {
   std::vector<Tensor> tensors;
   std::vector<Saved> children;
+  // A composite's input-gradient-only pass keeps here the output gradient of each child with
+  // weights (indexed like its children), so that its weight pass runs each child's weight
+  // gradient directly instead of the input gradients through the children again. Written during
+  // backward, whose record is const: hence mutable.
+  mutable std::vector<Tensor> child_output_grads;
   std::size_t bytes() const {
     std::size_t n = 0;
     for (auto& t : tensors) n += t.nbytes();
     for (auto& c : children) n += c.bytes();
+    for (auto& t : child_output_grads) n += t.nbytes();
     return n;
   }
 };

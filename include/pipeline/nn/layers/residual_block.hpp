@@ -77,8 +77,8 @@ class ResidualBlock final : public Composite {
     return forward_child(m_relu2, p, h, saved, ctx);
   }
 
-  Tensor backward_impl(const LayerParams& p, const Saved& saved, const Tensor& dy,
-                       std::span<Tensor> grads, GradParts parts) const override {
+  Tensor composite_backward(const LayerParams& p, const Saved& saved, const Tensor& dy,
+                            std::span<Tensor> grads, GradParts parts) const override {
     const GradParts inner = inner_parts(parts), entry = entry_parts(parts);
     Tensor g = backward_child(m_relu2, p, saved, dy, grads, inner);  // d(sum)
     Tensor r = backward_child(m_bn2, p, saved, g, grads, inner);

@@ -105,8 +105,8 @@ class TransformerBlock final : public Composite {
     return m;
   }
 
-  Tensor backward_impl(const LayerParams& p, const Saved& saved, const Tensor& dy,
-                       std::span<Tensor> grads, GradParts parts) const override {
+  Tensor composite_backward(const LayerParams& p, const Saved& saved, const Tensor& dy,
+                            std::span<Tensor> grads, GradParts parts) const override {
     const Tensor& qkv = saved.tensors.at(0);
     const Tensor& probs = saved.tensors.at(1);
     const bool drop = saved.tensors.size() == 4;
