@@ -38,7 +38,7 @@ StateGraph StateGraph::linear(const Profile& p) {
     const auto& l = p.layers[static_cast<std::size_t>(i)];
     c += l.forward_s + l.backward_s;
     f += l.forward_s;
-    a += static_cast<double>(l.output_bytes);
+    a += static_cast<double>(stash_bytes(l));
     w += static_cast<double>(l.parameter_bytes);
     g.compute_s.push_back(c);
     g.forward_s.push_back(f);
@@ -492,7 +492,7 @@ StateGraph StateGraphAssembler::assemble(const Profile& p, const LayerDag& d, co
         const auto& l = p.layers[static_cast<std::size_t>(v)];
         c += l.forward_s + l.backward_s;
         f += l.forward_s;
-        a += static_cast<double>(l.output_bytes);
+        a += static_cast<double>(stash_bytes(l));
         w += static_cast<double>(l.parameter_bytes);
         bool inside = false, leaves = false;
         for (int x : succ[static_cast<std::size_t>(v)]) (test(b, x) ? inside : leaves) = true;

@@ -82,11 +82,12 @@ void validate_profile(const Profile& p, std::string_view origin) {
     check_time(l.backward_spread_s, "backward_spread_s", i, l.name, origin);
     PIPELINE_CHECK_AS(
         ConfigError,
-        l.output_bytes >= 0 && l.parameter_bytes >= 0 && l.output_bytes <= kMaxProfileBytes &&
-            l.parameter_bytes <= kMaxProfileBytes,
-        "{}: layer {} (\"{}\") has sizes out of range (output_bytes = {}, parameter_bytes = {}); "
-        "sizes are 0 to {} bytes",
-        origin, i, l.name, l.output_bytes, l.parameter_bytes, kMaxProfileBytes);
+        l.output_bytes >= 0 && l.parameter_bytes >= 0 && l.saved_bytes >= 0 &&
+            l.output_bytes <= kMaxProfileBytes && l.parameter_bytes <= kMaxProfileBytes &&
+            l.saved_bytes <= kMaxProfileBytes,
+        "{}: layer {} (\"{}\") has sizes out of range (output_bytes = {}, parameter_bytes = {}, "
+        "saved_bytes = {}); sizes are 0 to {} bytes",
+        origin, i, l.name, l.output_bytes, l.parameter_bytes, l.saved_bytes, kMaxProfileBytes);
     PIPELINE_CHECK_AS(ConfigError, std::isfinite(l.flops) && l.flops >= 0,
                       "{}: layer {} (\"{}\") has flops = {}; must be finite and non-negative",
                       origin, i, l.name, l.flops);
@@ -161,6 +162,7 @@ Profile profile_from_json(const json& j, std::string_view origin) {
     l.flops = get_number(lj, "flops", where, origin, false);
     l.output_bytes = get_bytes(lj, "output_bytes", where, origin);
     l.parameter_bytes = get_bytes(lj, "parameter_bytes", where, origin);
+    if (lj.contains("saved_bytes")) l.saved_bytes = get_bytes(lj, "saved_bytes", where, origin);
     if (lj.contains("inputs")) {
       const json& in = lj.at("inputs");
       PIPELINE_CHECK_AS(ConfigError, in.is_array(),
@@ -208,6 +210,7 @@ json profile_to_json(const Profile& p) {
       lj["backward_spread_s"] = l.backward_spread_s;
     }
     if (l.flops != 0) lj["flops"] = l.flops;
+    if (l.saved_bytes != 0) lj["saved_bytes"] = l.saved_bytes;
     if (l.source) lj["source"] = true;
     layers.push_back(std::move(lj));
   }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -186,6 +187,19 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
     }
   }
 
+  // Saved storage, each allocation counted at the first layer that keeps it.
+  std::set<const void*> kept;
+  auto saved_bytes = [&](const Saved& s) {
+    std::int64_t bytes = 0;
+    auto visit = [&](auto&& self, const Saved& node) -> void {
+      for (const Tensor& t : node.tensors)
+        if (t.defined() && kept.insert(t.storage_id()).second)
+          bytes += static_cast<std::int64_t>(t.storage_end());
+      for (const Saved& c : node.children) self(self, c);
+    };
+    visit(visit, s);
+    return bytes;
+  };
   for (int i = 0; i < n; ++i) {
     const auto I = static_cast<std::size_t>(i);
     const Layer& layer = model.layer(i);
@@ -208,6 +222,7 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
     }
     lp.output_bytes = static_cast<std::int64_t>(outputs[I].nbytes());
     lp.parameter_bytes = static_cast<std::int64_t>(layer.parameter_bytes());
+    lp.saved_bytes = saved_bytes(saved[I]);
     lp.flops = layer.flops(shapes[I]);
     out.layers.push_back(std::move(lp));
   }

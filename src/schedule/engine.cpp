@@ -228,6 +228,13 @@ class Engine {
     if (sign > 0) account_memory(r);
   }
 
+  // The layer-output gradients an I keeps for its W.
+  void hold_split_gradients(int r, const StageCosts* c, int sign) {
+    if (!c || c->split_gradient_bytes == 0) return;
+    m_ranks[r].activation_bytes += sign * c->split_gradient_bytes;
+    if (sign > 0) account_memory(r);
+  }
+
   // Releases the microbatch's activations (at B, or at W of a split backward).
   void on_release(int r, const Action& a) {
     RankState& st = m_ranks[r];
@@ -300,12 +307,14 @@ class Engine {
           break;
         case ActionKind::BackwardInput:
           hold_recomputed(r, c, 1);
+          hold_split_gradients(r, c, 1);
           compute(r, a, c ? c->backward_input_s : 0);
           break;
         case ActionKind::BackwardWeight:
           compute(r, a, c ? c->backward_weight_s : 0);
           on_release(r, a);
           hold_recomputed(r, c, -1);
+          hold_split_gradients(r, c, -1);
           break;
         case ActionKind::Step: {
           compute(r, a, c ? c->step_s : 0);

@@ -32,6 +32,8 @@ struct StageCosts {
   // Rebuilt by a recomputing stage at the start of a backward (B, or I of a split one) and held
   // until it ends (B) or until its W.
   std::int64_t recompute_bytes = 0;
+  // A split backward keeps the gradients of the stage's layer outputs from its I until its W.
+  std::int64_t split_gradient_bytes = 0;
   std::int64_t parameter_bytes = 0;   // one weight version
 };
 

@@ -91,7 +91,8 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
     weight += lp.backward_weight_s;
     split = split && (lp.backward_input_s > 0 || lp.backward_weight_s > 0 || lp.backward_s == 0);
     t.parameter_bytes += lp.parameter_bytes;
-    t.activation_bytes += lp.output_bytes;
+    t.activation_bytes += stash_bytes(lp);
+    t.split_gradient_bytes += lp.output_bytes;
   }
   if (split && input + weight > 0) {
     t.backward_input_s = input;
@@ -118,6 +119,8 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   t.output_bytes = static_cast<std::int64_t>(static_cast<double>(t.output_bytes) * scale);
   t.activation_bytes = static_cast<std::int64_t>(static_cast<double>(t.activation_bytes) * scale);
   t.recompute_bytes = static_cast<std::int64_t>(static_cast<double>(t.recompute_bytes) * scale);
+  t.split_gradient_bytes =
+      static_cast<std::int64_t>(static_cast<double>(t.split_gradient_bytes) * scale);
   return t;
 }
 
@@ -182,6 +185,7 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     c.step_s = options.optimizer_step_s;
     c.activation_bytes = t.activation_bytes;
     c.recompute_bytes = t.recompute_bytes;
+    c.split_gradient_bytes = t.split_gradient_bytes;
     c.parameter_bytes = t.parameter_bytes;
     const auto& group = schedule.stage_ranks[s];
     int r = static_cast<int>(group.size());

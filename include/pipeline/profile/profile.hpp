@@ -28,7 +28,18 @@ struct LayerProfile {
   // A layer with no predecessor at all although it is not layer 0 (a second model input, such as
   // GNMT's `hidden`). Its `inputs` must then be empty. Serialised as "source": true.
   bool source = false;
+  // Bytes the layer keeps from its forward for its backward, for the whole minibatch, counting
+  // storage that an earlier layer already keeps (a ReLU's output that the next Linear saves as
+  // its input) only at the first: what stashing one microbatch costs. 0 when unknown (PipeDream
+  // profiles), and then output_bytes stands for it (stash_bytes()).
+  std::int64_t saved_bytes = 0;
 };
+
+// What the memory models charge per stashed minibatch for a layer: its measured saved bytes, or
+// its output when they were not measured.
+inline std::int64_t stash_bytes(const LayerProfile& l) {
+  return l.saved_bytes > 0 ? l.saved_bytes : l.output_bytes;
+}
 
 struct Profile {
   std::string model;

@@ -31,9 +31,11 @@
 //    slow links make the period max(prediction, max over s ≤ j of round trip / (j − s + 1));
 //  - replicated stages: replicas take minibatches in turn but meet at a blocking allreduce after
 //    each, which the partitioner's (T + sync)/r assumes costs them no waiting for one another.
-// Memory per rank: peak over time of stashed activations (per microbatch: the outputs of the
-// stage's layers plus its received input; a recomputing stage only its input, plus the outputs
-// of the one microbatch whose backward is running) plus weight versions times the stage's
+// Memory per rank: peak over time of stashed activations (per microbatch: what the stage's
+// layers save for backward — stash_bytes() of the profile, their outputs where that was not
+// measured — plus its received input; a recomputing stage only its input, plus the saved bytes
+// of the one microbatch whose backward is running; a split backward also the gradients of the
+// stage's layer outputs from its I to its W) plus weight versions times the stage's
 // parameters. Recomputation also charges the stage's forward time again inside its backward.
 //
 // Reported: time per minibatch (flush schedules: makespan / minibatches; stash and 2BW schedules:
@@ -80,6 +82,8 @@ struct StageTiming {
   double backward_weight_s = 0;
   std::int64_t output_bytes = 0;      // sent to the next stage per microbatch
   std::int64_t activation_bytes = 0;  // stashed per in-flight microbatch
+  // Held from a split backward's I to its W: the gradients of the stage's layer outputs.
+  std::int64_t split_gradient_bytes = 0;
   std::int64_t parameter_bytes = 0;
   // A recomputing stage (PlanStage::recompute) stashes only its input (activation_bytes) and
   // rebuilds these bytes at backward, holding them until its backward (or its W) ends; its
