@@ -61,16 +61,18 @@
 #include <vector>
 
 #include "bench_util.hpp"
+#include "pipeline_costs.hpp"
 
 using namespace pipeline;
+using pipeline::bench::median;
+using pipeline::bench::ping_pong;
+using pipeline::bench::seconds_since;
+using pipeline::bench::StepCost;
+using pipeline::bench::time_step;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 struct Options {
   std::string model = "mlp";
@@ -87,12 +89,6 @@ struct Options {
   std::string trace;
   std::string results;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-}
 
 // Stage times of the profile: forward + backward of layers [begin, end).
 double range_time(const Profile& p, int begin, int end) {
@@ -141,57 +137,6 @@ Plan make_plan(const std::string& model, const std::vector<int>& bounds) {
     plan.stages.push_back(
         {bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1], 1, {s}});
   return plan;
-}
-
-// Median seconds of one SGD (momentum) step over a stage's parameters and of one copy of them
-// (what a 1f1b-stash step adds when an in-flight microbatch still holds the current version).
-struct StepCost {
-  double step_s = 0;
-  double copy_s = 0;
-};
-
-StepCost time_step(const Sequential& model, LayerRange r) {
-  ModelParams params = model.init(1, r), copy = model.init(2, r);
-  ModelGrads grads = model.zero_grads(r);
-  Sgd sgd(SgdOptions{.momentum = 0.9f});
-  std::vector<Tensor> p = flatten_params(params), g = flatten_grads(grads),
-                      c = flatten_params(copy);
-  std::vector<double> steps, copies;
-  for (int i = 0; i < 25; ++i) {
-    auto t0 = Clock::now();
-    sgd.step(p, g, 1e-3f);
-    for (auto& t : g) t.zero();  // the executor clears the gradients after every step
-    const double s = seconds_since(t0);
-    t0 = Clock::now();
-    for (std::size_t k = 0; k < p.size(); ++k) c[k].copy_from(p[k]);
-    const double cs = seconds_since(t0);
-    if (i >= 5) {
-      steps.push_back(s);
-      copies.push_back(cs);
-    }
-  }
-  return {median(steps), median(copies)};
-}
-
-// One-way time of a message of `bytes` between ranks 0 and 1 (half a ping-pong round trip,
-// median of 50); 0 on other ranks and on a 1-rank job.
-double ping_pong(Communicator& comm, std::int64_t bytes) {
-  if (comm.size() < 2 || comm.rank() > 1) return 0;
-  Tensor t = Tensor::zeros(Shape{std::max<std::int64_t>(1, bytes / 4)});
-  const int peer = 1 - comm.rank();
-  std::vector<double> rtt;
-  for (int i = 0; i < 60; ++i) {
-    auto t0 = Clock::now();
-    if (comm.rank() == 0) {
-      comm.send(t, peer, Tag::control(0, 2));
-      comm.recv(t, peer, Tag::control(0, 3));
-    } else {
-      comm.recv(t, peer, Tag::control(0, 2));
-      comm.send(t, peer, Tag::control(0, 3));
-    }
-    if (i >= 10) rtt.push_back(seconds_since(t0));
-  }
-  return median(rtt) / 2;
 }
 
 // A double carried through a float allreduce: hi + lo.
