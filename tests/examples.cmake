@@ -59,6 +59,18 @@ pipeline_expect_failure(stash_with_microbatches "microbatches"
                         ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2
                         --schedule 1f1b-stash --microbatches 4)
 
+# An interleaved plan as a user reaches it: pipeline-partition --virtual-stages 2, its timeline
+# from pipeline-simulate --schedule interleaved, and the trainer on 2 ranks under the plan's
+# interleaved-1f1b, whose losses equal one process's.
+if(TARGET pipeline-profile AND TARGET pipeline-partition AND TARGET pipeline-simulate)
+  add_test(NAME example.interleaved_plan
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/interleaved_scenario.sh
+                   $<TARGET_FILE:pipeline-profile> $<TARGET_FILE:pipeline-partition>
+                   $<TARGET_FILE:pipeline-simulate> ${_train} ${_mpirun})
+  set_tests_properties(example.interleaved_plan PROPERTIES LABELS "example;mpi" PROCESSORS 2
+                       TIMEOUT 300)
+endif()
+
 # Uneven replication (1-2-3 on 6 ranks): flush equals one process, stash learns.
 add_test(NAME example.uneven_replicas
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/uneven_replicas.sh ${_train}

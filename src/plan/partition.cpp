@@ -762,6 +762,36 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
   }
   const double optimum = best[cell(stages, n)];
   PIPELINE_CHECK(std::isfinite(optimum), "internal: no interleaved plan of {} stages over {} layers", stages, n);
+  // Among the cuts whose every stage is within the optimum, the one with the least sum of squared
+  // stage times: the most even one, so that each rank's sum over its stages (its time per
+  // minibatch under interleaved 1F1B) is balanced too. Without it, a layer slower than all the
+  // others fixes the optimum and the earliest cuts within it could leave a rank almost idle.
+  std::vector<double>& squares = best;
+  std::fill(squares.begin(), squares.end(), kInf);
+  std::fill(from.begin(), from.end(), -1);
+  squares[0] = 0;
+  for (int k = 1; k <= stages; ++k) {
+    const int stage = k - 1;
+    for (int j = k; j <= n - (stages - k); ++j) {
+      const double out = k < stages ? cut_time(stage, j) : 0.0;
+      double b = kInf;
+      int f = -1;
+      for (int i = k - 1; i < j; ++i) {
+        const double before = squares[cell(k - 1, i)];
+        if (!std::isfinite(before)) continue;
+        double cost = std::max(prefix(j) - prefix(i), out);
+        if (stage > 0) cost = std::max(cost, cut_time(stage - 1, i));
+        if (cost > optimum) continue;
+        const double cand = before + cost * cost;
+        if (cand < b) {
+          b = cand;
+          f = i;
+        }
+      }
+      squares[cell(k, j)] = b;
+      from[cell(k, j)] = f;
+    }
+  }
   std::vector<int> cuts(static_cast<std::size_t>(stages) + 1, 0);
   cuts.back() = n;
   for (int k = stages; k > 0; --k)

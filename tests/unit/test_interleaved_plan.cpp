@@ -303,6 +303,19 @@ TEST_CASE(
                        doctest::Contains("not replicated"), ConfigError);
   CHECK_THROWS_WITH_AS(evaluate_stages(p, t, parse_manual_stages("0:4,4:8"), o),
                        doctest::Contains("has 4 stages, got 2"), ConfigError);
+  // One layer slower than the rest fixes the optimum; within it the cut is the most even one
+  // (stages of 1, 10, 5 and 5 ms: ranks of 6 and 15 ms), not the earliest (1, 10, 1, 9 ms).
+  Profile skewed = p;
+  skewed.layers.resize(6);
+  const double ms[] = {1, 10, 1, 4, 4, 1};
+  for (int i = 0; i < 6; ++i) {
+    skewed.layers[i].forward_s = ms[i] / 3000;
+    skewed.layers[i].backward_s = 2 * ms[i] / 3000;
+  }
+  const Plan even = partition(skewed, t, o);
+  CHECK(even.stages[2].begin == 2);
+  CHECK(even.stages[3].begin == 4);
+  CHECK(even.predicted.time_per_minibatch_s == doctest::Approx(0.015));
   // One virtual stage is the ordinary planner.
   PartitionOptions one;
   one.virtual_stages = 1;

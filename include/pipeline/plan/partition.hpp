@@ -18,7 +18,9 @@
 // pipeline (no replicas) and the model, in its layer order, is cut into v·p contiguous stages,
 // stage k on rank k mod p. An exact dynamic program over the cut points minimises the slowest
 // stage's time: max(compute, transfer in, transfer out) with the cost model's transfer_time at
-// the bandwidth of the level joining the two ranks (ties: the earlier cut). The plan's
+// the bandwidth of the level joining the two ranks; among the cuts that reach it, a second pass
+// takes the one with the least sum of squared stage times (the most even; ties: the earlier
+// cut), which also evens out each rank's sum over its stages. The plan's
 // time_per_minibatch_s is the slowest rank's steady-state time, the sum over its v stages of
 // their compute (or of their transfers, if larger); the memory per rank is the sum over its
 // stages of weights, gradient, optimizer state and one minibatch of activations, which is the
