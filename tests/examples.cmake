@@ -59,6 +59,17 @@ pipeline_expect_failure(stash_with_microbatches "microbatches"
                         ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2
                         --schedule 1f1b-stash --microbatches 4)
 
+# Activation recomputation as a user reaches it: pipeline-partition under a memory cap that only
+# recomputation meets (--recompute none fails naming the fix, auto recomputes), then the trainer
+# on that plan, its measured peak per rank under the cap.
+if(TARGET pipeline-profile AND TARGET pipeline-partition)
+  add_test(NAME example.recompute_under_memory_cap
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/recompute_scenario.sh
+                   $<TARGET_FILE:pipeline-profile> $<TARGET_FILE:pipeline-partition> ${_train} ${_mpirun})
+  set_tests_properties(example.recompute_under_memory_cap PROPERTIES LABELS "example;mpi" PROCESSORS 2
+                       TIMEOUT 300)
+endif()
+
 # An interleaved plan as a user reaches it: pipeline-partition --virtual-stages 2, its timeline
 # from pipeline-simulate --schedule interleaved, and the trainer on 2 ranks under the plan's
 # interleaved-1f1b, whose losses equal one process's.
