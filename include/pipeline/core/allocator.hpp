@@ -1,10 +1,12 @@
 // Storage allocation. CPU buffers are 64-byte aligned so that Eigen's AVX-512 paths can use
-// aligned loads; CUDA buffers come from a hook the CUDA module installs, so that the core never
-// includes CUDA headers and a CPU-only build has no CUDA symbols.
+// aligned loads, and come from the caching host allocator (host_allocator.hpp); CUDA buffers
+// come from a hook the CUDA module installs, so that the core never includes CUDA headers and a
+// CPU-only build has no CUDA symbols.
 #pragma once
 
 #include <pipeline/core/device.hpp>
 #include <pipeline/core/error.hpp>
+#include <pipeline/core/host_allocator.hpp>
 
 #include <cstddef>
 #include <cstdlib>
@@ -30,9 +32,10 @@ inline std::shared_ptr<std::byte> allocate_bytes(std::size_t bytes, Device devic
   std::size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
   if (rounded == 0) rounded = kAlign;
   if (device.is_cpu()) {
-    void* p = std::aligned_alloc(kAlign, rounded);
-    if (!p) PIPELINE_FAIL(Error, "out of host memory allocating {} bytes", bytes);
-    return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
+    void* p = host_allocator().allocate(rounded);
+    return std::shared_ptr<std::byte>(static_cast<std::byte*>(p), [rounded](std::byte* q) {
+      host_allocator().deallocate(q, rounded);
+    });
   }
   auto& a = cuda_allocator();
   PIPELINE_CHECK_AS(ConfigError, a.allocate != nullptr,

@@ -1,0 +1,111 @@
+// The caching host allocator: reuse by size class, statistics, limits, threads, and a training
+// step that reaches the system for nothing once warm.
+#include <pipeline/core/host_allocator.hpp>
+#include <pipeline/core/tensor.hpp>
+#include <pipeline/core/threads.hpp>
+#include <pipeline/data/synthetic.hpp>
+#include <pipeline/nn/zoo.hpp>
+#include <pipeline/optim/sgd.hpp>
+#include <pipeline/runtime/sequential_trainer.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+using namespace pipeline;
+
+namespace {
+
+bool cached_build() {
+  // Under AddressSanitizer every request goes to the C library.
+  HostAllocator a;
+  void* p = a.allocate(1 << 20);
+  a.deallocate(p, 1 << 20);
+  return a.stats().cached_bytes > 0;
+}
+
+}  // namespace
+
+TEST_CASE("size classes: 64-byte aligned, 8 per power of two from 64 KiB") {
+  CHECK(HostAllocator::rounded_size(1) == 64);
+  CHECK(HostAllocator::rounded_size(100) == 128);
+  if (!cached_build()) return;
+  CHECK(HostAllocator::rounded_size(64 << 10) == 64 << 10);
+  CHECK(HostAllocator::rounded_size((64 << 10) + 1) == (64 << 10) + (8 << 10));
+  CHECK(HostAllocator::rounded_size(1000000) == 1048576);  // step 65536 below 2^20
+  for (std::size_t n = 64 << 10; n < (std::size_t{1} << 26); n = n * 5 / 4 + 13) {
+    const std::size_t r = HostAllocator::rounded_size(n);
+    CHECK(r >= n);
+    CHECK(r % 64 == 0);
+    CHECK(static_cast<double>(r - n) <= 0.125 * static_cast<double>(n) + 64);
+  }
+}
+
+TEST_CASE("freed large blocks are reused; small ones go to the C library") {
+  HostAllocator a;
+  void* p = a.allocate(300000);
+  CHECK(reinterpret_cast<std::uintptr_t>(p) % 64 == 0);
+  static_cast<char*>(p)[299999] = 1;  // the whole request is writable
+  a.deallocate(p, 300000);
+  if (!cached_build()) return;
+  HostAllocatorStats s = a.stats();
+  CHECK(s.in_use_bytes == 0);
+  CHECK(s.cached_bytes == static_cast<std::int64_t>(HostAllocator::rounded_size(300000)));
+  CHECK(s.system_allocations == 1);
+  // Another request of the same class gets the block back.
+  void* q = a.allocate(310000);
+  CHECK(q == p);
+  s = a.stats();
+  CHECK(s.cache_hits == 1);
+  CHECK(s.cached_bytes == 0);
+  CHECK(s.peak_in_use_bytes == static_cast<std::int64_t>(HostAllocator::rounded_size(300000)));
+  a.deallocate(q, 310000);
+  void* small = a.allocate(1000);
+  a.deallocate(small, 1000);
+  CHECK(a.stats().system_allocations == 1);  // small requests are not counted
+  a.release_cached();
+  CHECK(a.stats().cached_bytes == 0);
+  // Beyond the limit a freed block goes back to the system.
+  a.set_cache_limit(100000);
+  void* big = a.allocate(1 << 20);
+  a.deallocate(big, 1 << 20);
+  CHECK(a.stats().cached_bytes == 0);
+}
+
+TEST_CASE("threads allocate and free concurrently") {
+  HostAllocator a;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&a, t] {
+      for (int i = 0; i < 500; ++i) {
+        const std::size_t n = (std::size_t{64} << 10) + static_cast<std::size_t>((i * 7 + t) % 5) * 40000;
+        auto* p = static_cast<unsigned char*>(a.allocate(n));
+        p[0] = p[n - 1] = static_cast<unsigned char>(i);
+        a.deallocate(p, n);
+      }
+    });
+  for (auto& t : threads) t.join();
+  const HostAllocatorStats s = a.stats();
+  CHECK(s.in_use_bytes == 0);
+  if (cached_build()) CHECK(s.system_allocations <= 4 * 5);  // at most one per class per thread
+}
+
+TEST_CASE("a warm training step reaches the system for no tensor") {
+  if (!cached_build()) return;
+  set_num_threads(1);
+  ZooOptions zo;
+  zo.blocks = 2;
+  const ZooModel z = make_model("transformer-lm", zo);
+  SequentialTrainer trainer(z.model, z.model.init(1), std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f}), 1);
+  Batch b;
+  b.inputs = Tensor::zeros(z.input_shape(4), DType::Int32);
+  b.labels = Tensor::zeros(z.input_shape(4), DType::Int32);
+  for (int i = 0; i < 2; ++i) trainer.step(b, 1e-3f, 2);
+  const std::int64_t before = host_allocator().stats().system_allocations;
+  trainer.step(b, 1e-3f, 2);
+  CHECK(host_allocator().stats().system_allocations == before);
+  CHECK(host_allocator().stats().cache_hits > 0);
+}
