@@ -42,7 +42,11 @@ add_test(NAME example.train_fashion_mnist.pipeline_replicated_flush
 add_test(NAME example.train_fashion_mnist.pipeline_auto_plan
          COMMAND ${_mpirun} 2 ${_train} --model mlp --schedule gpipe --steps 20 --batch 32
                  --threads 1 --eval-batch 2000)
+add_test(NAME example.train_fashion_mnist.pipeline_2bw
+         COMMAND ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --schedule 2bw
+                 --microbatches 4 --steps 40 --batch 32 --threads 1 --eval-batch 2000)
 set_tests_properties(example.train_fashion_mnist.pipeline_1f1b_stash
+                     example.train_fashion_mnist.pipeline_2bw
                      example.train_fashion_mnist.pipeline_replicated_flush
                      example.train_fashion_mnist.pipeline_auto_plan
                      PROPERTIES LABELS example PROCESSORS 2 TIMEOUT 300
@@ -55,6 +59,9 @@ pipeline_expect_failure(plan_wrong_model "plan is for model 'mlp' but the progra
 pipeline_expect_failure(schedule_deadlock "deadlock|wait on each other|never"
                         ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2
                         --schedule-csv ${_plans}/deadlock_2.csv)
+pipeline_expect_failure(2bw_too_few_microbatches "needs at least 3 microbatches"
+                        ${_mpirun} 4 ${_train} --model mlp --plan ${_plans}/mlp_4.json --steps 2
+                        --schedule 2bw --microbatches 2)
 pipeline_expect_failure(stash_with_microbatches "microbatches"
                         ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2
                         --schedule 1f1b-stash --microbatches 4)
