@@ -13,6 +13,7 @@
 #include <pipeline/runtime/stage_executor.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdint>
 #include <vector>
@@ -67,18 +68,25 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
   for (int s = 0; s < layout.num_stages(); ++s)
     for (int r : layout.stage_ranks[static_cast<std::size_t>(s)]) {
       const StageMemory& m = all[static_cast<std::size_t>(r)];
-      const bool rc = static_cast<std::size_t>(s) < recompute.size() &&
-                      recompute[static_cast<std::size_t>(s)];
-      const double planned = static_cast<std::size_t>(s) < plan.stages.size()
-                                 ? plan.stages[static_cast<std::size_t>(s)].memory_bytes
-                                 : 0.0;
+      // A rank of an interleaved plan holds several stages: one row for all of them, at its
+      // first, beside the sum of their estimates.
+      const std::vector<int> held = layout.stages_of(r);
+      if (held.front() != s) continue;
+      bool rc = false;
+      double planned = 0;
+      for (int h : held) {
+        const auto k = static_cast<std::size_t>(h);
+        rc = rc || (k < recompute.size() && recompute[k]);
+        if (k < plan.stages.size()) planned += plan.stages[k].memory_bytes;
+      }
       if (print)
-        fmt::print("{:>4} {:>5} {:>9} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} "
-                   "{:>10}\n",
-                   r, s, rc ? "yes" : "no", m.parameter_bytes / kMiB, m.gradient_bytes / kMiB,
-                   m.optimizer_bytes / kMiB, m.stashed_weight_bytes / kMiB,
-                   m.activation_bytes / kMiB, m.total_bytes / kMiB,
-                   planned > 0 ? fmt::format("{:.3f}", planned / kMiB) : std::string("-"));
+        fmt::print(
+            "{:>4} {:>5} {:>9} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} "
+            "{:>10}\n",
+            r, fmt::format("{}", fmt::join(held, ",")), rc ? "yes" : "no", m.parameter_bytes / kMiB,
+            m.gradient_bytes / kMiB, m.optimizer_bytes / kMiB, m.stashed_weight_bytes / kMiB,
+            m.activation_bytes / kMiB, m.total_bytes / kMiB,
+            planned > 0 ? fmt::format("{:.3f}", planned / kMiB) : std::string("-"));
       metrics.write({{"memory_rank", r},
                      {"stage", s},
                      {"recompute", rc},
