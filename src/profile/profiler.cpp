@@ -139,6 +139,21 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
   std::vector<Saved> saved(N);
   std::vector<Tensor> outputs(N), output_grads(N);
   std::vector<std::vector<double>> fwd(N), bwd(N), bwd_input(N), bwd_weight(N);
+  // What an input-gradient pass keeps for the weight pass: the layer's output gradient and, in a
+  // composite, its children's (Saved::child_output_grads), each allocation once.
+  std::vector<std::int64_t> split_kept(N, 0);
+  auto split_kept_bytes = [](const Saved& s, const Tensor& dy) {
+    std::set<const void*> seen{dy.storage_id()};
+    std::int64_t bytes = static_cast<std::int64_t>(dy.storage_end());
+    auto visit = [&](auto&& self, const Saved& node) -> void {
+      for (const Tensor& t : node.child_output_grads)
+        if (t.defined() && seen.insert(t.storage_id()).second)
+          bytes += static_cast<std::int64_t>(t.storage_end());
+      for (const Saved& c : node.children) self(self, c);
+    };
+    visit(visit, s);
+    return bytes;
+  };
   const Tensor input = random_input(batch_shape, options);
   // The model's output gradient stands for what the loss would send back.
   Tensor loss_grad = Tensor::empty(shapes.back(), DType::Float32);
@@ -178,6 +193,7 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
       if (grads[I].empty()) continue;
       std::span<Tensor> g(grads[I]);
       bwd_input[I].push_back(timed([&] { (void)model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Input); }));
+      split_kept[I] = split_kept_bytes(saved[I], output_grads[I]);
     }
     for (int i = n - 1; i >= 0; --i) {
       const auto I = static_cast<std::size_t>(i);
@@ -223,6 +239,7 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
     lp.output_bytes = static_cast<std::int64_t>(outputs[I].nbytes());
     lp.parameter_bytes = static_cast<std::int64_t>(layer.parameter_bytes());
     lp.saved_bytes = saved_bytes(saved[I]);
+    lp.split_kept_bytes = split_kept[I];
     lp.flops = layer.flops(shapes[I]);
     out.layers.push_back(std::move(lp));
   }

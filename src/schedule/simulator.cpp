@@ -92,7 +92,7 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
     split = split && (lp.backward_input_s > 0 || lp.backward_weight_s > 0 || lp.backward_s == 0);
     t.parameter_bytes += lp.parameter_bytes;
     t.activation_bytes += stash_bytes(lp);
-    t.split_gradient_bytes += lp.output_bytes;
+    t.split_gradient_bytes += split_kept_bytes(lp);
   }
   if (split && input + weight > 0) {
     t.backward_input_s = input;

@@ -62,6 +62,8 @@ std::string error_of(const std::string& text) {
 TEST_CASE("profile.json round trip keeps every field") {
   Profile p = small_dag();
   p.layers[1].source = false;
+  p.layers[2].saved_bytes = 4096;
+  p.layers[2].split_kept_bytes = 2048;
   std::string path = temp_path("roundtrip.json");
   write_profile(p, path);
   Profile q = read_profile(path);
@@ -77,7 +79,13 @@ TEST_CASE("profile.json round trip keeps every field") {
     CHECK(q.layers[i].parameter_bytes == p.layers[i].parameter_bytes);
     CHECK(q.layers[i].inputs == p.layers[i].inputs);
     CHECK(q.layers[i].flops == p.layers[i].flops);
+    CHECK(q.layers[i].saved_bytes == p.layers[i].saved_bytes);
+    CHECK(q.layers[i].split_kept_bytes == p.layers[i].split_kept_bytes);
   }
+  // Unmeasured, the memory models fall back to the layer's output.
+  CHECK(stash_bytes(q.layers[0]) == q.layers[0].output_bytes);
+  CHECK(stash_bytes(q.layers[2]) == 4096);
+  CHECK(split_kept_bytes(q.layers[2]) == 2048);
   CHECK(!q.is_chain());
   CHECK(q.predecessors(1) == std::vector<int>{0});
   CHECK(q.predecessors(3) == std::vector<int>{1, 2});

@@ -3,6 +3,8 @@
 // partitioner accept as it is.
 #include <pipeline/core/error.hpp>
 #include <pipeline/core/threads.hpp>
+#include <pipeline/nn/layers/activation.hpp>
+#include <pipeline/nn/layers/linear.hpp>
 #include <pipeline/plan/partition.hpp>
 #include <pipeline/profile/profile_json.hpp>
 #include <pipeline/profile/profiler.hpp>
@@ -103,6 +105,30 @@ TEST_CASE("the transformer-lm embedding runs on int32 token ids") {
   Profile p = profile(z, 2, Device::cpu(), quick());
   check_against_model(p, z, 2);
   CHECK(p.layers[0].kind == z.model.layer(0).kind());
+}
+
+TEST_CASE("saved bytes: what each layer keeps for backward, shared storage counted once") {
+  ZooOptions o;
+  o.seq_len = 8;
+  o.dim = 16;
+  o.heads = 2;
+  o.blocks = 2;
+  const ZooModel z = make_model("transformer-lm", o);
+  const Profile p = profile(z, 2, Device::cpu(), quick());
+  // A transformer block keeps far more than its output (attention probabilities, the MLP's
+  // hidden activations, norms' statistics), and its split backward keeps its children's output
+  // gradients from I to W.
+  CHECK(p.layers[1].saved_bytes > 4 * p.layers[1].output_bytes);
+  CHECK(p.layers[1].split_kept_bytes > p.layers[1].output_bytes);
+  // Tanh keeps its output, which the next Linear saves as its input: counted at the Tanh only.
+  Sequential m("saved-bytes");
+  m.emplace<Linear>("fc1", 8, 16);
+  m.emplace<Tanh>("tanh");
+  m.emplace<Linear>("fc2", 16, 4);
+  const Profile q = profile(m, Shape{8}, 4, Device::cpu(), quick());
+  CHECK(q.layers[0].saved_bytes == 4 * 8 * 4);   // fc1: its input
+  CHECK(q.layers[1].saved_bytes == 4 * 16 * 4);  // tanh: its output
+  CHECK(q.layers[2].saved_bytes == 0);           // fc2: the same tensor
 }
 
 TEST_CASE("split_backward off leaves the split unknown") {

@@ -33,12 +33,20 @@ struct LayerProfile {
   // its input) only at the first: what stashing one microbatch costs. 0 when unknown (PipeDream
   // profiles), and then output_bytes stands for it (stash_bytes()).
   std::int64_t saved_bytes = 0;
+  // Bytes a split backward keeps from the input-gradient half to the weight half: the layer's
+  // output gradient, and a composite's children's output gradients. 0 when not measured, and
+  // then output_bytes stands for it (split_kept_bytes()).
+  std::int64_t split_kept_bytes = 0;
 };
 
 // What the memory models charge per stashed minibatch for a layer: its measured saved bytes, or
 // its output when they were not measured.
 inline std::int64_t stash_bytes(const LayerProfile& l) {
   return l.saved_bytes > 0 ? l.saved_bytes : l.output_bytes;
+}
+
+inline std::int64_t split_kept_bytes(const LayerProfile& l) {
+  return l.split_kept_bytes > 0 ? l.split_kept_bytes : l.output_bytes;
 }
 
 struct Profile {
