@@ -1,6 +1,7 @@
 // Chrome-trace JSON and SVG timelines of simulated runs.
 #include <pipeline/schedule/trace.hpp>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -165,9 +166,19 @@ std::string timeline_svg(const Simulation& sim, const Schedule& schedule,
   const double px = options.width / span;
   const int width = label_w + options.width + 20;
   const int height = top + rows * rh + 28 + legend_h;
-  std::vector<int> rank_stage(schedule.ranks.size(), 0);
-  for (int s = schedule.num_stages() - 1; s >= 0; --s)
-    for (int r : schedule.stage_ranks[s]) rank_stage[r] = s;
+  // The stages of each rank: one, or several on an interleaved schedule, whose later ones (the
+  // rank's later virtual stages) are drawn lighter.
+  std::vector<std::vector<int>> rank_stages(schedule.ranks.size());
+  for (int s = 0; s < schedule.num_stages(); ++s)
+    for (int r : schedule.stage_ranks[s]) rank_stages[static_cast<std::size_t>(r)].push_back(s);
+  const auto chunk_opacity = [&](int rank, int stage) {
+    const auto& mine = rank_stages[static_cast<std::size_t>(rank)];
+    if (mine.size() < 2) return 1.0;
+    const auto c = std::find(mine.begin(), mine.end(), stage) - mine.begin();
+    return 1.0 - 0.5 * static_cast<double>(c) / static_cast<double>(mine.size() - 1);
+  };
+  bool interleaved = false;
+  for (const auto& mine : rank_stages) interleaved = interleaved || mine.size() > 1;
 
   std::string title =
       options.title.empty()
@@ -183,10 +194,14 @@ std::string timeline_svg(const Simulation& sim, const Schedule& schedule,
       width, height, width, height, label_w, title);
   for (int r = 0; r < rows; ++r) {
     int y = top + r * rh;
+    const auto& mine = rank_stages[static_cast<std::size_t>(r)];
+    const std::string stages = mine.size() == 1 ? fmt::format("stage {}", mine[0])
+                               : mine.empty()   ? std::string("no stage")
+                                                : fmt::format("stages {}", fmt::join(mine, ","));
     svg += fmt::format(
-        "<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"end\">rank {} (stage {})</text>\n"
+        "<text x=\"{}\" y=\"{}\" font-size=\"12\" text-anchor=\"end\">rank {} ({})</text>\n"
         "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#e8e8e8\"/>\n",
-        label_w - 8, y + rh / 2 + 4, r, rank_stage[r], label_w, y + 1, options.width, rh - 2);
+        label_w - 8, y + rh / 2 + 4, r, stages, label_w, y + 1, options.width, rh - 2);
   }
   for (const TraceEvent& e : sim.events) {
     const Action& a = e.action;
@@ -195,10 +210,13 @@ std::string timeline_svg(const Simulation& sim, const Schedule& schedule,
     double w = (e.end_s - e.start_s) * px;
     if (w <= 0) continue;
     int y = top + e.rank * rh;
+    const double opacity = chunk_opacity(e.rank, a.stage);
     svg += fmt::format(
-        "<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\" stroke=\"white\" "
-        "stroke-width=\"0.5\"><title>{} ({:.3f}-{:.3f} ms)</title></rect>\n",
-        x, y + 1, w, rh - 2, colour(a.kind), to_string(a), e.start_s * 1e3, e.end_s * 1e3);
+        "<rect x=\"{:.2f}\" y=\"{}\" width=\"{:.2f}\" height=\"{}\" fill=\"{}\"{} "
+        "stroke=\"white\" stroke-width=\"0.5\"><title>{} ({:.3f}-{:.3f} ms)</title></rect>\n",
+        x, y + 1, w, rh - 2, colour(a.kind),
+        opacity < 1 ? fmt::format(" fill-opacity=\"{:.2f}\"", opacity) : std::string(),
+        to_string(a), e.start_s * 1e3, e.end_s * 1e3);
     std::string label = std::to_string(a.microbatch);
     if (w >= 7.0 * static_cast<double>(label.size()) + 2)
       svg += fmt::format(
@@ -248,6 +266,11 @@ std::string timeline_svg(const Simulation& sim, const Schedule& schedule,
       "<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"14\" fill=\"#e8e8e8\"/>"
       "<text x=\"{}\" y=\"{}\" font-size=\"12\">idle (bubble)</text>\n",
       lx, ly, lx + 19, ly + 11);
+  if (interleaved)
+    svg += fmt::format(
+        "<text x=\"{}\" y=\"{}\" font-size=\"12\">(lighter: a rank's later virtual "
+        "stages)</text>\n",
+        lx + 130, ly + 11);
   svg += "</svg>\n";
   return svg;
 }

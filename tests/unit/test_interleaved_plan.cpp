@@ -316,6 +316,24 @@ TEST_CASE(
   CHECK(even.stages[2].begin == 2);
   CHECK(even.stages[3].begin == 4);
   CHECK(even.predicted.time_per_minibatch_s == doctest::Approx(0.015));
+  // Equal layers and free communication: the partitioned plan's interleaved bubble is exactly
+  // (p - 1) / (v·m + p - 1), against 1F1B's (p - 1) / (m + p - 1) on the straight plan.
+  Topology four{{{4, 1e10}}, {}};
+  PartitionOptions free = o;
+  free.ignore_transfer = true;
+  const Plan interleaved = partition(p, four, free);
+  const Simulation il =
+      simulate(generate_schedule("interleaved-1f1b", ScheduleSpec::from_plan(interleaved, 8)), p,
+               interleaved, Topology{});
+  CHECK(il.bubble_fraction == doctest::Approx(3.0 / 19));
+  PartitionOptions plain;
+  plain.straight = true;
+  plain.ignore_transfer = true;
+  const Plan straight = partition(p, four, plain);
+  REQUIRE(straight.num_stages() == 4);
+  const Simulation flat = simulate(
+      generate_schedule("1f1b-flush", ScheduleSpec::from_plan(straight, 8)), p, straight, {});
+  CHECK(flat.bubble_fraction == doctest::Approx(3.0 / 11));
   // One virtual stage is the ordinary planner.
   PartitionOptions one;
   one.virtual_stages = 1;
