@@ -49,13 +49,21 @@ struct ChannelKey {
   }
 };
 
-// One group's collective rounds: members arrive with their tensors; the last to arrive sums
-// them in group order, writes the sum into every member's tensors and opens the next round.
-struct Collective {
-  std::uint64_t generation = 0;
+// One collective call of a group (the n-th allreduce or barrier every member makes on it):
+// members arrive with their tensors; the last to arrive sums them in group order and writes the
+// sum into every member's tensors. Several rounds of a group may be open at once (non-blocking
+// allreduces of gradient buckets), each member filling them in its own call order.
+struct Round {
   int arrived = 0;
+  bool done = false;
   std::vector<std::vector<Tensor>> slots;
-  std::string error;  // of the round that just ended
+  std::string error;
+};
+
+// A group's open rounds by call number, and every member's next call number.
+struct Collective {
+  std::vector<std::uint64_t> next;
+  std::map<std::uint64_t, std::shared_ptr<Round>> rounds;
 };
 
 std::string describe_tensor(const Tensor& t) {
@@ -180,6 +188,60 @@ class LocalRecvRequest final : public RequestImpl {
   Tag m_tag;
 };
 
+// A member's part in one round of a group's collective.
+class LocalCollectiveRequest final : public RequestImpl {
+ public:
+  LocalCollectiveRequest(std::shared_ptr<LocalHubState> hub, std::shared_ptr<WaitSettings> settings,
+                         std::shared_ptr<Round> round, int me, std::string what, int members)
+      : m_hub(std::move(hub)),
+        m_settings(std::move(settings)),
+        m_round(std::move(round)),
+        m_me(me),
+        m_what(std::move(what)),
+        m_members(members) {}
+
+  // A round left before it completed keeps this member's tensors (and their storage) and fills
+  // them when the others arrive; nothing to undo.
+  ~LocalCollectiveRequest() override = default;
+
+  bool test() override {
+    std::lock_guard lock(m_hub->mu);
+    if (m_round->done) return finish();
+    m_hub->check_not_aborted(m_me);
+    return false;
+  }
+
+  void wait() override {
+    auto t0 = Clock::now();
+    std::unique_lock lock(m_hub->mu);
+    bool ready = m_hub->cv.wait_until(lock, deadline_after(m_settings->timeout_s),
+                                      [&] { return m_round->done || m_hub->aborted; });
+    if (m_round->done) {
+      finish();
+      return;
+    }
+    if (ready) m_hub->throw_aborted(m_me);
+    const int arrived = m_round->arrived;
+    lock.unlock();
+    throw_timeout(*m_settings, m_me,
+                  fmt::format("{} ({} of {} members arrived)", m_what, arrived, m_members),
+                  seconds_since(t0));
+  }
+
+ private:
+  bool finish() {
+    if (!m_round->error.empty()) throw Error(m_round->error);
+    return true;
+  }
+
+  std::shared_ptr<LocalHubState> m_hub;
+  std::shared_ptr<WaitSettings> m_settings;
+  std::shared_ptr<Round> m_round;
+  int m_me;
+  std::string m_what;
+  int m_members;
+};
+
 }  // namespace
 }  // namespace detail
 
@@ -282,77 +344,71 @@ Group LocalCommunicator::create_group(std::vector<int> ranks) {
   return Group(std::move(ranks), index, this, nullptr);
 }
 
-void LocalCommunicator::allreduce_sum(std::span<Tensor> tensors, const Group& group) {
-  reduce_in_group(tensors, group, "allreduce_sum");
+Request LocalCommunicator::iallreduce_sum(std::span<Tensor> tensors, const Group& group) {
+  return join_round(tensors, group, "allreduce_sum");
 }
 
 void LocalCommunicator::barrier() {
-  reduce_in_group(std::span<Tensor>(), m_world, "barrier");
+  join_round(std::span<Tensor>(), m_world, "barrier").wait();
 }
 
-void LocalCommunicator::reduce_in_group(std::span<Tensor> tensors, const Group& group,
-                                        std::string_view op) {
+Request LocalCommunicator::join_round(std::span<Tensor> tensors, const Group& group,
+                                      std::string_view op) {
   check_group(group, op);
   for (const Tensor& t : tensors)
     PIPELINE_CHECK(t.defined() && t.device().is_cpu() && t.dtype() == DType::Float32,
                    "{}: tensors must be defined float32 CPU tensors, got {} on {}", op,
                    dtype_name(t.dtype()), t.device().str());
   const int n = group.size();
-  auto t0 = detail::Clock::now();
   std::unique_lock lock(m_hub->mu);
   m_hub->check_not_aborted(m_rank);
   auto& c = m_hub->collectives[group.ranks()];
-  if (c.slots.size() != static_cast<std::size_t>(n)) c.slots.resize(static_cast<std::size_t>(n));
-  const std::uint64_t generation = c.generation;
-  c.slots[static_cast<std::size_t>(group.index())].assign(tensors.begin(), tensors.end());
-  if (++c.arrived == n) {
+  if (c.next.size() != static_cast<std::size_t>(n)) c.next.resize(static_cast<std::size_t>(n), 0);
+  const std::uint64_t call = c.next[static_cast<std::size_t>(group.index())]++;
+  auto& slot = c.rounds[call];
+  if (!slot) {
+    slot = std::make_shared<detail::Round>();
+    slot->slots.resize(static_cast<std::size_t>(n));
+  }
+  std::shared_ptr<detail::Round> round = slot;
+  round->slots[static_cast<std::size_t>(group.index())].assign(tensors.begin(), tensors.end());
+  if (++round->arrived == n) {
     // Last to arrive: check that the members agree, then sum in group order and hand the one
     // result to everyone, so all members hold the same bits.
-    c.error.clear();
-    const auto& first = c.slots[0];
-    for (int m = 1; m < n && c.error.empty(); ++m) {
-      const auto& other = c.slots[static_cast<std::size_t>(m)];
+    const auto& first = round->slots[0];
+    for (int m = 1; m < n && round->error.empty(); ++m) {
+      const auto& other = round->slots[static_cast<std::size_t>(m)];
       bool same = other.size() == first.size();
       for (std::size_t i = 0; same && i < first.size(); ++i)
         same = other[i].numel() == first[i].numel();
       if (!same)
-        c.error = fmt::format(
+        round->error = fmt::format(
             "{} over ranks [{}]: rank {} passed {} tensors and rank {} passed {}, or their "
             "element counts differ; every member must pass the same shapes",
             op, fmt::join(group.ranks(), ", "), group.ranks()[0], first.size(),
             group.ranks()[static_cast<std::size_t>(m)], other.size());
     }
-    if (c.error.empty()) {
+    if (round->error.empty()) {
       for (std::size_t i = 0; i < first.size(); ++i) {
         Tensor sum = first[i].clone();
         float* s = sum.data<float>();
         const std::int64_t count = sum.numel();
         for (int m = 1; m < n; ++m) {
-          const float* x = c.slots[static_cast<std::size_t>(m)][i].data<float>();
+          const float* x = round->slots[static_cast<std::size_t>(m)][i].data<float>();
           for (std::int64_t k = 0; k < count; ++k) s[k] += x[k];
         }
-        for (int m = 0; m < n; ++m) c.slots[static_cast<std::size_t>(m)][i].copy_from(sum);
+        for (int m = 0; m < n; ++m) round->slots[static_cast<std::size_t>(m)][i].copy_from(sum);
       }
     }
-    for (auto& s : c.slots) s.clear();
-    c.arrived = 0;
-    ++c.generation;
+    for (auto& s : round->slots) s.clear();
+    round->done = true;
+    c.rounds.erase(call);
     lock.unlock();
     m_hub->cv.notify_all();
-    lock.lock();
-  } else {
-    bool ready = m_hub->cv.wait_until(lock, detail::deadline_after(timeout()),
-                                      [&] { return c.generation != generation || m_hub->aborted; });
-    if (!ready) {
-      lock.unlock();
-      detail::throw_timeout(*wait_settings(), m_rank,
-                            fmt::format("{} over ranks [{}] ({} of {} members arrived)", op,
-                                        fmt::join(group.ranks(), ", "), c.arrived, n),
-                            detail::seconds_since(t0));
-    }
-    if (c.generation == generation) m_hub->throw_aborted(m_rank);
   }
-  if (!c.error.empty()) throw Error(c.error);
+  return Request(std::make_unique<detail::LocalCollectiveRequest>(
+      m_hub, wait_settings(), std::move(round), m_rank,
+      fmt::format("{} over ranks [{}]", op, fmt::join(group.ranks(), ", ")), n));
 }
 
 void LocalCommunicator::abort(const std::string& reason) {

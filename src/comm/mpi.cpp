@@ -1,5 +1,5 @@
-// MPI communicator: non-blocking point-to-point with polled, timed waits; deterministic
-// allreduce (reduce to the group's first rank, then broadcast); RAII for MPI itself, the
+// MPI communicator: non-blocking point-to-point with polled, timed waits; deterministic,
+// non-blocking allreduce over point-to-point messages (sums in group order); RAII for MPI itself, the
 // library's duplicate communicator and group sub-communicators.
 #include <pipeline/comm/comms/mpi.hpp>
 #include <pipeline/comm/mpi_check.hpp>
@@ -211,18 +211,242 @@ class MpiP2pRequest final : public RequestImpl {
   Tag m_tag;
 };
 
-// A group's sub-communicator; the world group borrows the communicator's own.
+// A group's own communicator (the world group's is a duplicate of the library's), which carries
+// only the group's allreduce messages, tagged with the call's number so that the messages of
+// several allreduces in flight (gradient buckets) never match each other's receives.
 class MpiGroup final : public GroupImpl {
  public:
-  MpiGroup(MPI_Comm comm, bool owned) : m_comm(comm), m_owned(owned) {}
+  explicit MpiGroup(MPI_Comm comm) : m_comm(comm) {}
   ~MpiGroup() override {
-    if (m_owned && m_comm != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&m_comm);
+    if (m_comm != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&m_comm);
   }
   MPI_Comm comm() const { return m_comm; }
+  // The tag of the group's next collective call (MPI guarantees tags up to 32767).
+  int next_tag() { return static_cast<int>(m_calls++ % 32768u); }
 
  private:
   MPI_Comm m_comm;
-  bool m_owned;
+  std::uint32_t m_calls = 0;
+};
+
+// One allreduce_sum of a group, as a state machine that test() advances without blocking:
+//  1. gather: in a group of up to `direct_limit` members every member sends its data to every
+//     other one; in a larger group the members send theirs to the first member only;
+//  2. sum: who has everything (every member, or the first) sums element by element in group
+//     order, ((x0 + x1) + x2) + ..., into its own buffer; then (larger groups) the first member
+//     sends the sum to the others (3. scatter).
+// Every member thus holds the same bits, and the result of an element does not depend on how the
+// tensors were split into calls or on MPI's choice of collective algorithm. A two-member group
+// (data parallelism on two ranks) moves each gradient once each way, at the same time.
+// Point-to-point messages rather than MPI_Iallreduce because Open MPI's non-blocking collectives
+// move a large buffer in 16 KiB fragments that each wait for the next MPI_Test, so a collective
+// polled between layers hardly moves; a large point-to-point message goes in one copy (CMA) after
+// one or two tests.
+class MpiAllreduceRequest final : public RequestImpl {
+ public:
+  MpiAllreduceRequest(std::shared_ptr<MpiShared> shared, std::shared_ptr<WaitSettings> settings,
+                      MPI_Comm comm, int tag, std::vector<Tensor> tensors, std::int64_t total,
+                      int index, std::vector<int> ranks, int me, bool direct)
+      : m_shared(std::move(shared)),
+        m_settings(std::move(settings)),
+        m_comm(comm),
+        m_tag(tag),
+        m_tensors(std::move(tensors)),
+        m_count(static_cast<int>(total)),
+        m_index(index),
+        m_ranks(std::move(ranks)),
+        m_me(me),
+        m_direct(direct) {
+    const int n = static_cast<int>(m_ranks.size());
+    if (m_tensors.size() == 1) {
+      m_buffer = m_tensors[0];  // reduced in place
+    } else {
+      m_buffer = Tensor::empty(Shape{total});
+      std::size_t at = 0;
+      float* b = m_buffer.data<float>();
+      for (const Tensor& t : m_tensors) {
+        std::memcpy(b + at, t.raw(), t.nbytes());
+        at += static_cast<std::size_t>(t.numel());
+      }
+    }
+    m_others.resize(static_cast<std::size_t>(n));
+    if (m_direct || m_index == 0) {
+      for (int m = 0; m < n; ++m) {
+        if (m == m_index) continue;
+        m_others[static_cast<std::size_t>(m)] = Tensor::empty(Shape{total});
+        post(m_others[static_cast<std::size_t>(m)], m, /*recv=*/true);
+      }
+    }
+    if (m_direct) {
+      for (int m = 0; m < n; ++m)
+        if (m != m_index) post(m_buffer, m, /*recv=*/false);
+    } else if (m_index != 0) {
+      post(m_buffer, 0, /*recv=*/false);
+    }
+  }
+
+  ~MpiAllreduceRequest() override {
+    if (mpi_finalized()) return;
+    // Dropped before completion (an error elsewhere): MPI may still use the buffers, so the
+    // communicator keeps them until MPI reports each message complete.
+    for (Pending& p : m_pending)
+      if (p.request != MPI_REQUEST_NULL) {
+        if (p.recv) MPI_Cancel(&p.request);
+        m_shared->orphans.push_back(Orphan{p.request, p.buffer});
+      }
+  }
+
+  bool test() override {
+    if (m_phase == Phase::Gather) {
+      if (!test_pending()) return false;
+      if (m_direct || m_index == 0) sum_in_group_order();
+      m_pending.clear();
+      if (m_direct) {
+        m_phase = Phase::Done;
+      } else {
+        m_phase = Phase::Scatter;
+        const int n = static_cast<int>(m_ranks.size());
+        if (m_index == 0)
+          for (int m = 1; m < n; ++m) post(m_buffer, m, /*recv=*/false);
+        else
+          post(m_buffer, 0, /*recv=*/true);
+      }
+    }
+    if (m_phase == Phase::Scatter) {
+      if (!test_pending()) return false;
+      m_pending.clear();
+      m_phase = Phase::Done;
+    }
+    if (m_tensors.size() > 1 && !m_unpacked) {
+      std::size_t at = 0;
+      const float* b = m_buffer.data<float>();
+      for (Tensor& t : m_tensors) {
+        std::memcpy(t.raw(), b + at, t.nbytes());
+        at += static_cast<std::size_t>(t.numel());
+      }
+      m_unpacked = true;
+    }
+    return true;
+  }
+
+  void wait() override {
+    auto t0 = Clock::now();
+    if (test()) return;
+    const WaitNote note([&] { return what(); }, *m_settings);
+    if (!poll_until([&] { return test(); }, m_settings->timeout_s, PollMode::Spin))
+      throw_timeout(*m_settings, m_me, what(), seconds_since(t0));
+  }
+
+ private:
+  enum class Phase { Gather, Scatter, Done };
+  struct Pending {
+    MPI_Request request = MPI_REQUEST_NULL;
+    Tensor buffer;
+    int member = 0;
+    bool recv = false;
+  };
+
+  void post(const Tensor& buffer, int member, bool recv) {
+    Pending p;
+    p.buffer = buffer;
+    p.member = member;
+    p.recv = recv;
+    if (recv)
+      PIPELINE_MPI_CHECK(MPI_Irecv(p.buffer.raw(), m_count, MPI_FLOAT, member, m_tag, m_comm,
+                                   &p.request));
+    else
+      PIPELINE_MPI_CHECK(MPI_Isend(p.buffer.raw(), m_count, MPI_FLOAT, member, m_tag, m_comm,
+                                   &p.request));
+    m_pending.push_back(std::move(p));
+  }
+
+  // Tests every message of the phase; true once all are complete.
+  bool test_pending() {
+    bool all = true;
+    for (Pending& p : m_pending) {
+      if (p.request == MPI_REQUEST_NULL) continue;
+      int flag = 0;
+      MPI_Status status;
+      const int rc = MPI_Test(&p.request, &flag, &status);
+      if (rc != MPI_SUCCESS) {
+        p.request = MPI_REQUEST_NULL;
+        int cls = 0;
+        MPI_Error_class(rc, &cls);
+        if (cls == MPI_ERR_TRUNCATE)
+          throw Error(fmt::format(
+              "{}rank {}: {}: rank {} sent more than this rank's {} floats; every member must "
+              "pass the same shapes",
+              rank_prefix(), m_me, what(), m_ranks[static_cast<std::size_t>(p.member)], m_count));
+        throw MpiError(fmt::format(
+            "{}rank {} ({}): {} failed with {}: rank {} may have died or lost its connection; "
+            "find its own error, or the rank mpirun names, in the job's output",
+            rank_prefix(), m_me, host_and_pid(), what(), mpi_error_string(rc),
+            m_ranks[static_cast<std::size_t>(p.member)]));
+      }
+      if (!flag) {
+        all = false;
+        continue;
+      }
+      if (p.recv) {
+        int count = 0;
+        PIPELINE_MPI_CHECK(MPI_Get_count(&status, MPI_FLOAT, &count));
+        PIPELINE_CHECK(count == m_count,
+                       "rank {}: {}: rank {} passed {} floats and this rank {}; every member must "
+                       "pass the same shapes",
+                       m_me, what(), m_ranks[static_cast<std::size_t>(p.member)], count, m_count);
+      }
+    }
+    return all;
+  }
+
+  // out[k] = ((x0[k] + x1[k]) + x2[k]) + ..., this member's own data standing as its x, in
+  // blocks that stay in the cache.
+  void sum_in_group_order() {
+    const int n = static_cast<int>(m_ranks.size());
+    std::vector<const float*> x(static_cast<std::size_t>(n));
+    for (int m = 0; m < n; ++m)
+      x[static_cast<std::size_t>(m)] = m == m_index
+                                           ? m_buffer.data<float>()
+                                           : m_others[static_cast<std::size_t>(m)].data<float>();
+    float* out = m_buffer.data<float>();
+    constexpr int kBlock = 4096;
+    float acc[kBlock];
+    for (int b = 0; b < m_count; b += kBlock) {
+      const int len = std::min(kBlock, m_count - b);
+      std::memcpy(acc, x[0] + b, static_cast<std::size_t>(len) * sizeof(float));
+      for (int m = 1; m < n; ++m) {
+        const float* xm = x[static_cast<std::size_t>(m)] + b;
+        for (int k = 0; k < len; ++k) acc[k] += xm[k];
+      }
+      std::memcpy(out + b, acc, static_cast<std::size_t>(len) * sizeof(float));
+    }
+    m_others.clear();  // back to the allocator's cache
+  }
+
+  std::string what() const {
+    return fmt::format("allreduce_sum of {} floats over ranks [{}] ({})", m_count,
+                       fmt::join(m_ranks, ", "),
+                       m_phase == Phase::Gather
+                           ? (m_direct ? "exchange among the members"
+                                       : "gather to the group's first rank")
+                           : "broadcast of the sum");
+  }
+
+  std::shared_ptr<MpiShared> m_shared;
+  std::shared_ptr<WaitSettings> m_settings;
+  MPI_Comm m_comm;
+  int m_tag;
+  std::vector<Tensor> m_tensors;
+  Tensor m_buffer;               // the data, packed when there are several tensors
+  std::vector<Tensor> m_others;  // the other members' data, by group index
+  int m_count;
+  int m_index;
+  std::vector<int> m_ranks;
+  int m_me;
+  bool m_direct;
+  Phase m_phase = Phase::Gather;
+  bool m_unpacked = false;
+  std::vector<Pending> m_pending;
 };
 
 // Stage capacity of the tag codec when the caller does not choose: up to 1024 stages, as many
@@ -297,8 +521,12 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, int max_stages)
 
   std::vector<int> all(static_cast<std::size_t>(m_size));
   for (int r = 0; r < m_size; ++r) all[static_cast<std::size_t>(r)] = r;
-  m_world = Group(std::move(all), m_rank, this,
-                  std::make_shared<detail::MpiGroup>(m_shared->comm, /*owned=*/false));
+  // The world group's allreduce messages get a communicator of their own, apart from the
+  // point-to-point traffic whose tags fill the library communicator's tag space.
+  MPI_Comm world_group = MPI_COMM_NULL;
+  PIPELINE_MPI_CHECK(MPI_Comm_dup(m_shared->comm, &world_group));
+  PIPELINE_MPI_CHECK(MPI_Comm_set_errhandler(world_group, MPI_ERRORS_RETURN));
+  m_world = Group(std::move(all), m_rank, this, std::make_shared<detail::MpiGroup>(world_group));
 }
 
 MpiCommunicator::~MpiCommunicator() = default;
@@ -350,12 +578,12 @@ Group MpiCommunicator::create_group(std::vector<int> ranks) {
   MPI_Group_free(&members);
   MPI_Group_free(&all);
   PIPELINE_MPI_CHECK(rc);
-  auto impl = std::make_shared<detail::MpiGroup>(sub, /*owned=*/true);
+  auto impl = std::make_shared<detail::MpiGroup>(sub);
   PIPELINE_MPI_CHECK(MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN));
   return Group(std::move(ranks), index, this, std::move(impl));
 }
 
-void MpiCommunicator::allreduce_sum(std::span<Tensor> tensors, const Group& group) {
+Request MpiCommunicator::iallreduce_sum(std::span<Tensor> tensors, const Group& group) {
   check_group(group, "allreduce_sum");
   std::int64_t total = 0;
   for (const Tensor& t : tensors) {
@@ -364,65 +592,21 @@ void MpiCommunicator::allreduce_sum(std::span<Tensor> tensors, const Group& grou
                    dtype_name(t.dtype()), t.device().str());
     total += t.numel();
   }
-  if (group.size() == 1 || tensors.empty()) return;
-  const int count = detail::mpi_count(total, "allreduce_sum");
+  if (group.size() == 1 || tensors.empty()) return Request();
+  detail::mpi_count(total, "allreduce_sum");
   auto* g = dynamic_cast<detail::MpiGroup*>(group.impl());
   PIPELINE_CHECK(g != nullptr, "allreduce_sum: the group has no MPI communicator");
+  m_shared->sweep();
+  return Request(std::make_unique<detail::MpiAllreduceRequest>(
+      m_shared, wait_settings(), g->comm(), g->next_tag(),
+      std::vector<Tensor>(tensors.begin(), tensors.end()), total, group.index(), group.ranks(),
+      m_rank, group.size() <= m_direct_limit));
+}
 
-  // One tensor is reduced in place; several are packed so that MPI sees one message.
-  float* buffer = nullptr;
-  if (tensors.size() == 1) {
-    buffer = tensors[0].data<float>();
-  } else {
-    m_pack.resize(static_cast<std::size_t>(total));
-    std::size_t at = 0;
-    for (const Tensor& t : tensors) {
-      std::memcpy(m_pack.data() + at, t.raw(), t.nbytes());
-      at += static_cast<std::size_t>(t.numel());
-    }
-    buffer = m_pack.data();
-  }
-
-  auto t0 = detail::Clock::now();
-  auto await = [&](MPI_Request& request, std::string_view phase) {
-    const detail::WaitNote note(
-        [&] {
-          return fmt::format("allreduce_sum over ranks [{}] ({})", fmt::join(group.ranks(), ", "),
-                             phase);
-        },
-        *wait_settings());
-    double left = timeout() - detail::seconds_since(t0);
-    bool done = detail::poll_until(
-        [&] {
-          int flag = 0;
-          PIPELINE_MPI_CHECK(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
-          return flag != 0;
-        },
-        std::max(left, 0.0), detail::PollMode::Spin);
-    if (!done)
-      detail::throw_timeout(*wait_settings(), m_rank,
-                            fmt::format("allreduce_sum of {} floats over ranks [{}] ({})", total,
-                                        fmt::join(group.ranks(), ", "), phase),
-                            detail::seconds_since(t0));
-  };
-  MPI_Request request = MPI_REQUEST_NULL;
-  if (group.index() == 0)
-    PIPELINE_MPI_CHECK(
-        MPI_Ireduce(MPI_IN_PLACE, buffer, count, MPI_FLOAT, MPI_SUM, 0, g->comm(), &request));
-  else
-    PIPELINE_MPI_CHECK(
-        MPI_Ireduce(buffer, nullptr, count, MPI_FLOAT, MPI_SUM, 0, g->comm(), &request));
-  await(request, "reduce to the group's first rank");
-  PIPELINE_MPI_CHECK(MPI_Ibcast(buffer, count, MPI_FLOAT, 0, g->comm(), &request));
-  await(request, "broadcast of the sum");
-
-  if (tensors.size() > 1) {
-    std::size_t at = 0;
-    for (Tensor& t : tensors) {
-      std::memcpy(t.raw(), m_pack.data() + at, t.nbytes());
-      at += static_cast<std::size_t>(t.numel());
-    }
-  }
+void MpiCommunicator::set_allreduce_direct_limit(int members) {
+  PIPELINE_CHECK_AS(ConfigError, members >= 1,
+                    "allreduce direct limit {}: must be at least 1 member", members);
+  m_direct_limit = members;
 }
 
 void MpiCommunicator::barrier() {

@@ -14,10 +14,18 @@
 //    tensor must have exactly the element count and dtype of the message; anything else is an
 //    error, never a silent truncation. Messages from one peer with one tag are received in the
 //    order they were sent. A Request must complete or be destroyed before its communicator.
-//  - Collectives (allreduce_sum, barrier, create_group) must be called by every member of the
-//    group in the same order. allreduce_sum is in place, float32 only, the tensors' shapes must
-//    match across members, and every member receives bitwise the same result (replicas stay
-//    identical and all ranks compute the same clip factor).
+//  - Collectives (allreduce_sum, iallreduce_sum, barrier, create_group) must be called by every
+//    member of the group in the same order. allreduce_sum is in place, float32 only, the tensors'
+//    shapes must match across members, and every member receives bitwise the same result
+//    (replicas stay identical and all ranks compute the same clip factor): each element is the
+//    sum over the members taken in group order, ((x0 + x1) + x2) + ..., so the result does not
+//    depend on how tensors are split into calls (a bucketed gradient allreduce equals one call
+//    over all of them, bit for bit).
+//  - iallreduce_sum is allreduce_sum without the wait: it returns a Request at once, and several
+//    may be in flight on one group (one per gradient bucket). Until the Request completes the
+//    tensors must not be read or written; then they hold the sum. The sum progresses when its
+//    Request is tested or waited for (MPI moves its messages also while other Requests are), so
+//    a caller that tests it between pieces of compute overlaps the two, without a thread.
 //  - Every wait — Request::wait, allreduce_sum, barrier — gives up after timeout() seconds with
 //    a pipeline::TimeoutError that names the operation, the peer and tag, how long it waited,
 //    the caller's context (set_context) and how to raise the limit. The default limit is
@@ -282,10 +290,18 @@ class Communicator {
   // All ranks, in rank order.
   virtual const Group& world() const = 0;
 
-  // In-place elementwise sum of each tensor over the group's members.
-  virtual void allreduce_sum(std::span<Tensor> tensors, const Group& group) = 0;
+  // In-place elementwise sum of each tensor over the group's members: iallreduce_sum, waited for.
+  void allreduce_sum(std::span<Tensor> tensors, const Group& group) {
+    iallreduce_sum(tensors, group).wait();
+  }
   void allreduce_sum(Tensor& tensor, const Group& group) {
     allreduce_sum(std::span<Tensor>(&tensor, 1), group);
+  }
+  // Non-blocking allreduce_sum; see the contract at the top of this file. A Request of a group of
+  // one member is complete at once.
+  virtual Request iallreduce_sum(std::span<Tensor> tensors, const Group& group) = 0;
+  Request iallreduce_sum(Tensor& tensor, const Group& group) {
+    return iallreduce_sum(std::span<Tensor>(&tensor, 1), group);
   }
   virtual void barrier() = 0;
 

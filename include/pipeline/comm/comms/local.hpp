@@ -4,7 +4,9 @@
 // stages sharing one device. Semantics are those of communicator.hpp, plus:
 //  - sends are eager: isend copies the tensor and completes at once, so a send never waits;
 //  - allreduce_sum sums the members' tensors once, in group order, and hands every member that
-//    one result, so results are bitwise identical on all members;
+//    one result, so results are bitwise identical on all members; iallreduce_sum joins the round
+//    and returns, and the last member to join does the sum for everyone (so a Request may
+//    complete without being tested);
 //  - abort() (or hub.abort) wakes every rank blocked in a wait and makes it, and every later
 //    call, throw CommAbortedError naming the rank that aborted and why;
 //  - tensors must live on the CPU.
@@ -62,15 +64,16 @@ class LocalCommunicator final : public Communicator {
 
   Group create_group(std::vector<int> ranks) override;
   const Group& world() const override { return m_world; }
-  void allreduce_sum(std::span<Tensor> tensors, const Group& group) override;
-  using Communicator::allreduce_sum;  // the one-tensor overload
+  Request iallreduce_sum(std::span<Tensor> tensors, const Group& group) override;
+  using Communicator::iallreduce_sum;  // the one-tensor overload
   void barrier() override;
 
   [[noreturn]] void abort(const std::string& reason) override;
 
  private:
-  // allreduce_sum and barrier (a sum of no tensors over the world); `op` names it in errors.
-  void reduce_in_group(std::span<Tensor> tensors, const Group& group, std::string_view op);
+  // Joins the group's next collective round: iallreduce_sum, and barrier (a sum of no tensors
+  // over the world); `op` names it in errors.
+  Request join_round(std::span<Tensor> tensors, const Group& group, std::string_view op);
 
   std::shared_ptr<detail::LocalHubState> m_hub;
   int m_rank = 0;

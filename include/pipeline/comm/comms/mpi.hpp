@@ -12,10 +12,13 @@
 //    backoff, so that a rank waiting on an oversubscribed machine leaves the core to its peer;
 //  - tags are packed by a TagCodec sized from MPI_TAG_UB (tag.hpp): microbatches wrap modulo
 //    tag_codec().microbatch_window();
-//  - allreduce_sum packs the tensors into one buffer, reduces it to the group's first rank and
-//    broadcasts the result (non-blocking MPI_Ireduce + MPI_Ibcast, so the timeout applies), so
-//    every member receives the root's bits: replicas stay bitwise identical whatever algorithm
-//    MPI picks;
+//  - iallreduce_sum (and allreduce_sum, which waits for it) packs the tensors into one buffer
+//    and moves it with non-blocking point-to-point messages on the group's own communicator:
+//    groups of up to allreduce_direct_limit() members (4) exchange their buffers directly, each
+//    member summing them in group order; larger groups send theirs to the first member, which
+//    sums in group order and sends the result back. Every member gets bitwise the same result,
+//    independent of the split into calls and of MPI's collective algorithms. Waits poll without
+//    sleeping (PollMode::Spin) and time out like receives;
 //  - create_group is MPI_Comm_create_group, collective over the group's members only; it has
 //    no timeout (MPI offers no non-blocking form), which is why groups are made at start-up;
 //  - the communicator works on its own duplicate of the given MPI communicator with
@@ -123,9 +126,16 @@ class MpiCommunicator final : public Communicator {
 
   Group create_group(std::vector<int> ranks) override;
   const Group& world() const override { return m_world; }
-  void allreduce_sum(std::span<Tensor> tensors, const Group& group) override;
-  using Communicator::allreduce_sum;  // the one-tensor overload
+  Request iallreduce_sum(std::span<Tensor> tensors, const Group& group) override;
+  using Communicator::iallreduce_sum;  // the one-tensor overload
   void barrier() override;
+
+  // Groups of at most this many members exchange allreduce data directly (every member sends
+  // its buffer to every other one: (n - 1) buffers each way per member, one round); larger groups
+  // gather to their first member and receive its sum (two rounds, the first member moving
+  // 2 (n - 1) buffers). Both give the same bits. Default 4.
+  void set_allreduce_direct_limit(int members);
+  int allreduce_direct_limit() const { return m_direct_limit; }
 
   [[noreturn]] void abort(const std::string& reason) override;
 
@@ -139,7 +149,7 @@ class MpiCommunicator final : public Communicator {
   int m_size = 1;
   TagCodec m_codec;
   Group m_world;
-  std::vector<float> m_pack;  // allreduce staging buffer, reused across calls
+  int m_direct_limit = 4;
 };
 
 }  // namespace pipeline
