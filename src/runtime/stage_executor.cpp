@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <map>
 #include <utility>
 
@@ -217,6 +218,13 @@ struct StageExecutor::Run {
   std::int64_t cached_minibatch = -1;
   std::vector<Batch> cached;
 
+  // Replicated stage: by action index, whether the action is the last B (or W) before an AR,
+  // the one that starts the gradient buckets; the buckets' allreduces in flight.
+  std::vector<char> closes_gradients;
+  std::vector<Request> buckets_in_flight;
+  std::size_t buckets_started = 0;
+  AllReduceTiming allreduce;  // of the allreduce under way (record_trace)
+
   std::map<std::int64_t, MinibatchStats> stats;  // last stage, per minibatch being scored
   std::map<std::int64_t, int> scored;            // microbatches scored per minibatch
   double eval_loss = 0;
@@ -284,6 +292,25 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
   }
   m_store = std::make_unique<WeightStore>(model.init(m_options.seed, layers()));
   m_grads = model.zero_grads(layers());
+  if (mine.size() > 1) {
+    // Gradient buckets, in backward order: layers from the stage's last one down until a bucket
+    // holds allreduce_bucket_bytes; layers without parameters ride with their neighbours.
+    const LayerRange r = layers();
+    const std::int64_t limit =
+        m_options.overlap_allreduce ? std::max<std::int64_t>(1, m_options.allreduce_bucket_bytes)
+                                    : std::numeric_limits<std::int64_t>::max();
+    std::int64_t bytes = 0;
+    int end = r.end;
+    for (int i = r.end - 1; i >= r.begin; --i) {
+      for (const Tensor& g : m_grads[static_cast<std::size_t>(i - r.begin)])
+        bytes += static_cast<std::int64_t>(g.nbytes());
+      if (bytes >= limit || i == r.begin) {
+        m_bucket_layers.push_back({i, end});
+        end = i;
+        bytes = 0;
+      }
+    }
+  }
   m_recompute = static_cast<std::size_t>(m_stage) < m_options.recompute.size() &&
                 m_options.recompute[static_cast<std::size_t>(m_stage)];
   // The rank's other stages (interleaved plans), parked until an action of theirs activates them.
@@ -625,7 +652,22 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
       dy = take_by_microbatch(run.output_grads, u, "backward", "gradient", m_stage);
     }
     if (parts == GradParts::Both) {
-      Tensor dx = m_model->backward(r, w, c.saved, dy, m_grads, need_dx);
+      Tensor dx;
+      if (m_bucket_layers.empty()) {
+        dx = m_model->backward(r, w, c.saved, dy, m_grads, need_dx);
+      } else {
+        // Sequential::backward layer by layer, so that finished buckets start their allreduce.
+        const bool closes = run.closes_gradients[run.current] != 0;
+        Tensor g = std::move(dy);
+        for (int i = r.end - 1; i >= r.begin; --i) {
+          const auto k = static_cast<std::size_t>(i - r.begin);
+          const bool input = need_dx || i > r.begin;
+          g = m_model->layer(i).backward(w[k], c.saved[k], g, m_grads[k],
+                                         input ? GradParts::Both : GradParts::Weight);
+          after_layer_backward(run, i, closes);
+        }
+        if (need_dx) dx = std::move(g);
+      }
       if (need_dx) run.input_grads[u] = std::move(dx);
       sample_memory(run);  // saved records, the output gradient and the input gradient at once
     } else {
@@ -648,9 +690,11 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
     PIPELINE_CHECK(!c.layer_grads.empty(),
                    "weight gradient of microbatch {} on stage {} before its input gradient", u,
                    m_stage);
+    const bool closes = !m_bucket_layers.empty() && run.closes_gradients[run.current] != 0;
     for (int i = r.end - 1; i >= r.begin; --i) {
       const auto k = static_cast<std::size_t>(i - r.begin);
       m_model->layer(i).backward(w[k], c.saved[k], c.layer_grads[k], m_grads[k], GradParts::Weight);
+      if (!m_bucket_layers.empty()) after_layer_backward(run, i, closes);
     }
     sample_memory(run);
   }
@@ -658,8 +702,53 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
   run.table->close(u);
 }
 
+double StageExecutor::trace_now() const {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count() - m_t0;
+}
+
+void StageExecutor::start_bucket(Run& run, std::size_t b) {
+  const LayerRange layers_of = m_bucket_layers[b];
+  std::vector<Tensor> g;
+  std::int64_t bytes = 0;
+  for (int i = layers_of.begin; i < layers_of.end; ++i)
+    for (const Tensor& t : m_grads[static_cast<std::size_t>(i - layers().begin)]) {
+      g.push_back(t);
+      bytes += static_cast<std::int64_t>(t.nbytes());
+    }
+  if (m_options.record_trace) {
+    if (run.allreduce.buckets == 0) run.allreduce.start_s = trace_now();
+    ++run.allreduce.buckets;
+    run.allreduce.bytes += bytes;
+  }
+  if (!g.empty())
+    run.buckets_in_flight.push_back(m_comm->iallreduce_sum(std::span<Tensor>(g), m_replica_group));
+  ++run.buckets_started;
+}
+
+void StageExecutor::progress_allreduce(Run& run) {
+  if (run.buckets_in_flight.empty()) return;
+  bool all = true;
+  for (Request& q : run.buckets_in_flight) all = q.test() && all;
+  if (all) {
+    run.buckets_in_flight.clear();
+    if (m_options.record_trace && run.buckets_started == m_bucket_layers.size())
+      run.allreduce.end_s = trace_now();
+  }
+}
+
+void StageExecutor::after_layer_backward(Run& run, int layer, bool closes) {
+  // Buckets are in backward order: the next one is complete when its first layer is done.
+  if (closes && run.buckets_started < m_bucket_layers.size() &&
+      m_bucket_layers[run.buckets_started].begin == layer)
+    start_bucket(run, run.buckets_started);
+  progress_allreduce(run);
+}
+
 void StageExecutor::do_allreduce(Run& run, const Action& a) {
   if (replicas() == 1) return;
+  // Buckets no backward started (this replica ran no backward of the minibatch, or overlap is
+  // off) start now, in the same order on every replica.
+  while (run.buckets_started < m_bucket_layers.size()) start_bucket(run, run.buckets_started);
   std::vector<Tensor> g = flatten_grads(m_grads);
   // On a replicated last stage the loss statistics of the minibatches this allreduce closes ride
   // along (flush: minibatch k, split among the replicas; stash: minibatches k r .. k r + r - 1,
@@ -681,8 +770,18 @@ void StageExecutor::do_allreduce(Run& run, const Action& a) {
       put_double(v + 6 * i + 4, static_cast<double>(it->second.count));
     }
     g.push_back(stats);
+    run.buckets_in_flight.push_back(m_comm->iallreduce_sum(stats, m_replica_group));
   }
-  m_comm->allreduce_sum(std::span<Tensor>(g), m_replica_group);
+  for (Request& q : run.buckets_in_flight) q.wait();
+  run.buckets_in_flight.clear();
+  if (m_options.record_trace) {
+    run.allreduce.stage = m_stage;
+    run.allreduce.microbatch = a.microbatch;
+    if (run.allreduce.end_s < run.allreduce.start_s) run.allreduce.end_s = trace_now();
+    m_allreduce_trace.push_back(run.allreduce);
+  }
+  run.allreduce = AllReduceTiming{};
+  run.buckets_started = 0;
   if (is_last_stage()) {
     const Tensor summed = g.back();
     g.pop_back();
@@ -753,6 +852,19 @@ void StageExecutor::execute(Run& run) {
   const auto& acts = *run.actions;
   for (std::size_t i = 0; i < acts.size(); ++i)
     if (is_recv(acts[i].kind)) run.recv_indices.push_back(i);
+  // The backward after which the gradients of each AR are final: the last B or W before it.
+  run.closes_gradients.assign(acts.size(), 0);
+  if (!m_bucket_layers.empty() && m_options.overlap_allreduce) {
+    std::size_t last = acts.size();
+    for (std::size_t i = 0; i < acts.size(); ++i) {
+      const ActionKind k = acts[i].kind;
+      if (k == ActionKind::Backward || k == ActionKind::BackwardWeight) last = i;
+      if (k == ActionKind::AllReduce) {
+        if (last < acts.size()) run.closes_gradients[last] = 1;
+        last = acts.size();
+      }
+    }
+  }
 
   m_comm->set_context([this, &run] {
     const auto& a = *run.actions;
@@ -832,8 +944,9 @@ void StageExecutor::execute(Run& run) {
         break;
     }
     if (m_options.record_trace) m_trace.push_back({rank(), a, start, now(), -1});
-    // Let completed sends go, so their buffers are freed early.
+    // Let completed sends go, so their buffers are freed early; move the gradient buckets on.
     std::erase_if(run.sends, [](Request& r) { return r.test(); });
+    progress_allreduce(run);
   }
   run.current = acts.size();
   for (auto& r : run.sends) r.wait();

@@ -94,6 +94,11 @@ struct RankState {
   std::int64_t activation_bytes = 0;
   int forwards_seen = 0;
   int forwards_total = 0;
+  // Overlapped allreduce: by action index, the backwards that close an AR's gradients; the
+  // start and duration of the latest one run.
+  std::vector<char> closes;
+  double close_start = -1;
+  double close_s = 0;
 };
 
 struct Group {
@@ -116,6 +121,23 @@ class Engine {
     m_result.ranks.resize(s.ranks.size());
     for (int st = 0; st < s.num_stages(); ++st)
       for (int r : s.stage_ranks[st]) m_ranks[r].slots.push_back({st, 0, 0, {}});
+    // The last B or W before each AR of a stage whose allreduce overlaps (as the executor's).
+    for (std::size_t r = 0; costs != nullptr && r < s.ranks.size(); ++r) {
+      const auto& acts = s.ranks[r];
+      std::vector<std::size_t> last(s.stage_ranks.size(), acts.size());
+      for (std::size_t i = 0; i < acts.size(); ++i) {
+        const Action& a = acts[i];
+        const StageCosts* c = stage_costs(a.stage);
+        if (!c || c->bucket_s.empty()) continue;
+        auto& l = last[static_cast<std::size_t>(a.stage)];
+        if (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardWeight) l = i;
+        if (a.kind == ActionKind::AllReduce && l < acts.size()) {
+          m_ranks[r].closes.resize(acts.size(), 0);
+          m_ranks[r].closes[l] = 1;
+          l = acts.size();
+        }
+      }
+    }
     // Only schedules without flushes (stash, 2BW) have a steady-state period, measured over the
     // window; skip the pass over every action otherwise.
     const bool window = costs != nullptr && s.policy != UpdatePolicy::Flush;
@@ -301,6 +323,7 @@ class Engine {
         }
         case ActionKind::Backward:
           hold_recomputed(r, c, 1);
+          note_close(r, c ? c->backward_s : 0);
           compute(r, a, c ? c->backward_s : 0);
           on_release(r, a);
           hold_recomputed(r, c, -1);
@@ -311,6 +334,7 @@ class Engine {
           compute(r, a, c ? c->backward_input_s : 0);
           break;
         case ActionKind::BackwardWeight:
+          note_close(r, c ? c->backward_weight_s : 0);
           compute(r, a, c ? c->backward_weight_s : 0);
           on_release(r, a);
           hold_recomputed(r, c, -1);
@@ -375,6 +399,24 @@ class Engine {
           g.latest = std::max(g.latest, st.clock);
           if (g.arrived < static_cast<int>(members.size())) return;
           double done = g.latest + (c ? c->allreduce_s : 0);
+          if (c && !c->bucket_s.empty()) {
+            // Bucket j is ready when every replica's closing backward has run bucket_ready[j]
+            // of its time (a replica that ran none: when it arrived); the link takes one bucket
+            // at a time.
+            double link = 0;
+            for (std::size_t j = 0; j < c->bucket_s.size(); ++j) {
+              double ready = 0;
+              for (int m : members) {
+                const RankState& ms = m_ranks[m];
+                ready = std::max(ready, ms.close_start >= 0
+                                            ? ms.close_start + c->bucket_ready[j] * ms.close_s
+                                            : ms.clock);
+              }
+              link = std::max(link, ready) + c->bucket_s[j];
+            }
+            done = std::max(g.latest, link);
+            for (int m : members) m_ranks[m].close_start = -1;
+          }
           g = Group{};
           for (int m : members) {
             RankState& ms = m_ranks[m];
@@ -389,6 +431,14 @@ class Engine {
       }
     }
     st.done = true;
+  }
+
+  // Before a backward: when it closes an AR's gradients, when it starts and how long it takes.
+  void note_close(int r, double d) {
+    RankState& st = m_ranks[r];
+    if (st.closes.empty() || !st.closes[st.pc]) return;
+    st.close_start = st.clock;
+    st.close_s = d;
   }
 
   void compute(int r, const Action& a, double d) {

@@ -3,7 +3,8 @@
 // Every rank runs its list in order with its own clock. Compute advances the clock by the
 // stage's cost; a send posts a message that arrives after the transfer time (messages on one
 // link are serialised) and never blocks; a receive waits until its message has arrived; an
-// allreduce waits for all replicas of the stage and then takes the ring time. Because ranks
+// allreduce waits for all replicas of the stage and then takes the ring time, or, overlapped,
+// ends when the last of its buckets (started during the replicas' last backwards) has. Because ranks
 // share nothing but messages, running each rank as far as it can and waking it when what it
 // waits for arrives gives the same times as a global event queue, in O(actions).
 //
@@ -28,6 +29,12 @@ struct StageCosts {
   double backward_weight_s = 0;
   double step_s = 0;
   double allreduce_s = 0;
+  // Overlapped allreduce (SimulateOptions::overlap_allreduce): the gradients go in buckets; bucket
+  // j may start once every replica's last backward before the AR (B or W) has run the fraction
+  // bucket_ready[j] of its time, takes bucket_s[j], and buckets go one after another. Empty: one
+  // blocking allreduce of allreduce_s once all replicas have arrived at the AR.
+  std::vector<double> bucket_ready;
+  std::vector<double> bucket_s;
   std::int64_t activation_bytes = 0;  // stashed per microbatch between its forward and backward
   // Rebuilt by a recomputing stage at the start of a backward (B, or I of a split one) and held
   // until it ends (B) or until its W.

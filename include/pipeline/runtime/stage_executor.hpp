@@ -15,7 +15,14 @@
 //   RA/RG  waits for receives that were posted ahead of time (a window of upcoming receives is
 //       always posted), so transfers overlap with compute
 //   AR  sum of the weight gradients over the stage's replicas (Stash: then divided by the
-//       replica count, since each replica's gradient is already a minibatch mean)
+//       replica count, since each replica's gradient is already a minibatch mean). The sum runs
+//       in buckets of layers, in backward order (ExecutorOptions::allreduce_bucket_bytes): the
+//       last B (or W) of this replica before the AR starts a bucket's non-blocking allreduce as
+//       soon as it has finished the bucket's layers and tests the buckets in flight after every
+//       layer, so the transfers overlap the rest of the backward (as DDP does); AR itself only
+//       waits for what is still in flight. Each element is summed over the replicas in replica
+//       order whatever the buckets (communicator.hpp), so the result is bitwise that of one
+//       allreduce of all gradients at the AR.
 //   ST  optional global gradient-norm clipping (one world allreduce, the same factor on every
 //       stage), a finiteness check naming the layer, and one optimizer update
 // Update policies: Flush — one weight version, gradients accumulate over the minibatch and the
@@ -119,6 +126,24 @@ struct ExecutorOptions {
   // Per stage of the layout: the stage recomputes its activations in backward instead of
   // stashing them (PlanStage::recompute). Empty, or shorter than the stages: no recomputation.
   std::vector<bool> recompute;
+  // Replicated stages: start the gradient allreduce during the backward, in buckets of layers
+  // of at least this many gradient bytes (the last bucket, the stage's first layers, may be
+  // smaller). false: one allreduce of every gradient at the AR action (no overlap).
+  bool overlap_allreduce = true;
+  std::int64_t allreduce_bucket_bytes = std::int64_t{4} << 20;
+};
+
+// One gradient allreduce of a replicated stage (with ExecutorOptions::record_trace): when its
+// first bucket started and when the last one was seen complete, on the trace's clock. The AR
+// action's own trace event is the wait for what was still in flight at the AR; with overlap it
+// is shorter than end_s - start_s.
+struct AllReduceTiming {
+  int stage = 0;
+  int microbatch = 0;  // the AR action's
+  int buckets = 0;     // allreduce calls of the gradients
+  std::int64_t bytes = 0;
+  double start_s = 0;
+  double end_s = 0;
 };
 
 // Bytes of storage a stage's rank holds, by what for. Each field of a peak is its own maximum
@@ -229,6 +254,11 @@ class StageExecutor {
   // Times are seconds of the monotonic clock, which all processes of one host share, so the
   // traces of the ranks of a job line up when merged.
   const std::vector<TraceEvent>& trace_events() const { return m_trace; }
+  // The gradient allreduces so far (replicated stages, with ExecutorOptions::record_trace).
+  const std::vector<AllReduceTiming>& allreduce_timings() const { return m_allreduce_trace; }
+  // The buckets of this rank's stage's gradients, in the order they are reduced (backward):
+  // each a range of the stage's layers, [begin, end) in model indices. Empty unless replicated.
+  const std::vector<LayerRange>& allreduce_buckets() const { return m_bucket_layers; }
 
  private:
   struct PostedRecv;
@@ -240,6 +270,12 @@ class StageExecutor {
   void do_forward(Run& run, const Action& a);
   void do_backward(Run& run, const Action& a, GradParts parts);
   void do_allreduce(Run& run, const Action& a);
+  // Gradient buckets: start bucket `b`'s allreduce; test those in flight; after layer `layer`
+  // (model index) of a backward that closes the minibatch, start the buckets it completes.
+  void start_bucket(Run& run, std::size_t b);
+  void progress_allreduce(Run& run);
+  void after_layer_backward(Run& run, int layer, bool closes);
+  double trace_now() const;
   void do_step(Run& run, const Action& a);
   void post_receives(Run& run, std::size_t upto);
   Tensor take_received(Run& run, std::size_t index);
@@ -270,6 +306,8 @@ class StageExecutor {
   SoftmaxCrossEntropy m_loss;
   std::int64_t m_steps = 0;
   std::vector<TraceEvent> m_trace;
+  std::vector<AllReduceTiming> m_allreduce_trace;
+  std::vector<LayerRange> m_bucket_layers;  // see allreduce_buckets()
   double m_t0 = 0;
   bool m_store_ready = false;
   bool m_recompute = false;
