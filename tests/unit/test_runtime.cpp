@@ -86,13 +86,31 @@ double max_rel_diff(const ModelParams& got, const ModelParams& want, LayerRange 
   return worst;
 }
 
-// Every rank's final parameters of its own stage, collected from the rank threads.
+// Every rank's final parameters of its own stage and its run's result, collected from the rank
+// threads.
 struct RankParams {
   std::mutex mutex;
   std::vector<ModelParams> params;
   std::vector<LayerRange> ranges;
+  std::vector<TrainResult> results;
   explicit RankParams(int n)
-      : params(static_cast<std::size_t>(n)), ranges(static_cast<std::size_t>(n)) {}
+      : params(static_cast<std::size_t>(n)),
+        ranges(static_cast<std::size_t>(n)),
+        results(static_cast<std::size_t>(n)) {}
+};
+
+// The layouts the synchronous schedules are checked on: 2, 3 and 4 stages, and a replicated
+// first and last stage.
+struct LayoutCase {
+  std::vector<LayerRange> stages;
+  std::vector<std::vector<int>> ranks;
+};
+const std::vector<LayoutCase> kLayouts = {
+    {{{0, 3}, {3, 6}}, {{0}, {1}}},
+    {{{0, 1}, {1, 4}, {4, 6}}, {{0}, {1}, {2}}},
+    {{{0, 2}, {2, 3}, {3, 5}, {5, 6}}, {{0}, {1}, {2}, {3}}},
+    {{{0, 3}, {3, 6}}, {{0, 1}, {2}}},     // replicated input stage
+    {{{0, 2}, {2, 6}}, {{0}, {1, 2, 3}}},  // replicated last stage, 3 replicas
 };
 
 // Trains `minibatches` minibatches of `schedule` on the layout; returns each rank's parameters.
@@ -101,8 +119,9 @@ void run_pipeline(const Sequential& model, const PipelineLayout& layout, const S
   run_local(layout.num_ranks(), [&](Communicator& comm) {
     StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
                      {.seed = kSeed, .clip_norm = clip});
-    ex.train(schedule, feed(), 0, [](std::int64_t) { return kLr; });
+    TrainResult r = ex.train(schedule, feed(), 0, [](std::int64_t) { return kLr; });
     std::lock_guard<std::mutex> lock(out.mutex);
+    out.results[static_cast<std::size_t>(comm.rank())] = r;
     out.params[static_cast<std::size_t>(comm.rank())] = ex.params();
     out.ranges[static_cast<std::size_t>(comm.rank())] = ex.layers();
   });
@@ -178,19 +197,8 @@ TEST_CASE("flush schedules equal SequentialTrainer with gradient accumulation") 
   SequentialTrainer ref(model, model.init(kSeed), make_sgd(), kSeed);
   for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
 
-  struct Case {
-    std::vector<LayerRange> stages;
-    std::vector<std::vector<int>> ranks;
-  };
-  const std::vector<Case> cases = {
-      {{{0, 3}, {3, 6}}, {{0}, {1}}},
-      {{{0, 1}, {1, 4}, {4, 6}}, {{0}, {1}, {2}}},
-      {{{0, 2}, {2, 3}, {3, 5}, {5, 6}}, {{0}, {1}, {2}, {3}}},
-      {{{0, 3}, {3, 6}}, {{0, 1}, {2}}},     // replicated input stage
-      {{{0, 2}, {2, 6}}, {{0}, {1, 2, 3}}},  // replicated last stage, 3 replicas
-  };
   for (const std::string name : {"gpipe", "1f1b-flush", "zb-h1"}) {
-    for (const auto& c : cases) {
+    for (const auto& c : kLayouts) {
       PipelineLayout layout{c.stages, c.ranks};
       ScheduleSpec spec;
       spec.stage_ranks = c.ranks;
@@ -253,17 +261,7 @@ TEST_CASE("2bw equals its reference: gradients one step stale, two weight versio
   SequentialTrainer seq(model, model.init(kSeed), make_sgd(), kSeed);
   for (int j = 0; j < minibatches; ++j) seq.step(minibatch(j), kLr, micro);
   CHECK(max_rel_diff(want, seq.params(), {0, model.size()}) > 1e-4);
-  struct Case {
-    std::vector<LayerRange> stages;
-    std::vector<std::vector<int>> ranks;
-  };
-  const std::vector<Case> cases = {
-      {{{0, 3}, {3, 6}}, {{0}, {1}}},
-      {{{0, 1}, {1, 4}, {4, 6}}, {{0}, {1}, {2}}},
-      {{{0, 2}, {2, 3}, {3, 5}, {5, 6}}, {{0}, {1}, {2}, {3}}},
-      {{{0, 3}, {3, 6}}, {{0, 1}, {2}}},  // replicated input stage
-  };
-  for (const auto& c : cases) {
+  for (const auto& c : kLayouts) {
     PipelineLayout layout{c.stages, c.ranks};
     ScheduleSpec spec;
     spec.stage_ranks = c.ranks;
@@ -272,20 +270,11 @@ TEST_CASE("2bw equals its reference: gradients one step stale, two weight versio
     Schedule s = generate_schedule("2bw", spec);
     CAPTURE(s.num_ranks());
     RankParams out(layout.num_ranks());
-    std::vector<TrainResult> results(static_cast<std::size_t>(layout.num_ranks()));
-    run_local(layout.num_ranks(), [&](Communicator& comm) {
-      StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
-                       {.seed = kSeed});
-      TrainResult r = ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
-      std::lock_guard<std::mutex> lock(out.mutex);
-      results[static_cast<std::size_t>(comm.rank())] = r;
-      out.params[static_cast<std::size_t>(comm.rank())] = ex.params();
-      out.ranges[static_cast<std::size_t>(comm.rank())] = ex.layers();
-    });
+    run_pipeline(model, layout, s, out);
     for (int r = 0; r < layout.num_ranks(); ++r) {
       CHECK(max_rel_diff(out.params[r], want, out.ranges[r]) <= 1e-5);
-      CHECK(results[static_cast<std::size_t>(r)].steps == minibatches);
-      CHECK(results[static_cast<std::size_t>(r)].peak_weight_versions == 2);
+      CHECK(out.results[static_cast<std::size_t>(r)].steps == minibatches);
+      CHECK(out.results[static_cast<std::size_t>(r)].peak_weight_versions == 2);
     }
   }
 }
