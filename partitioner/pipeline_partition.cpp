@@ -1,9 +1,18 @@
 // pipeline-partition: profile.json (or a PipeDream graph.txt) + topology → plan.json, and a
 // readable table of the plan on stdout. Errors go to stderr with a non-zero exit.
+//
+// Mixed clusters: worker types in the topology (file "types", or --type NAME:COUNT[:PRICE[:MEM]]
+// with --bandwidth) and a profile per type (--profile TYPE=profile.json, repeated). Cost
+// planning: --samples N with --deadline D (the cheapest plan that trains N samples by then),
+// --budget B (the fastest within B) or --frontier (the time/cost Pareto frontier; also
+// --frontier-json FILE, --frontier-svg FILE); prices per worker-hour from the topology or --price.
 #include <pipeline/core/error.hpp>
 #include <pipeline/core/log.hpp>
+#include <pipeline/plan/cost_plan.hpp>
+#include <pipeline/plan/device_profiles.hpp>
 #include <pipeline/plan/partition.hpp>
 #include <pipeline/plan/plan_json.hpp>
+#include <pipeline/plan/typed_partition.hpp>
 #include <pipeline/plan/topology_io.hpp>
 #include <pipeline/profile/pipedream_graph.hpp>
 #include <pipeline/profile/profile_json.hpp>
@@ -15,6 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -30,12 +40,14 @@ std::string layers_text(const pipeline::PlanStage& s) {
 void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, const pipeline::Topology& topo, double seconds) {
   fmt::print("model {} ({} layers), {} workers: {}, cost model {}\n", plan.model.empty() ? "?" : plan.model,
              profile.size(), plan.workers, pipeline::describe_topology(topo), plan.cost_model);
-  fmt::print("{:>5}  {:<24} {:>8} {:>12} {:>12} {:>10} {:>12} {:>10}\n", "stage", "layers", "replicas", "compute ms",
-             "transfer ms", "sync ms", "memory GB", "recompute");
+  const bool typed = std::any_of(plan.stages.begin(), plan.stages.end(), [](const auto& s) { return !s.device.empty(); });
+  fmt::print("{:>5}  {:<24} {:>8} {:>12} {:>12} {:>10} {:>12} {:>10}{}\n", "stage", "layers", "replicas", "compute ms",
+             "transfer ms", "sync ms", "memory GB", "recompute", typed ? "  device" : "");
   for (std::size_t i = 0; i < plan.stages.size(); ++i) {
     const auto& s = plan.stages[i];
-    fmt::print("{:>5}  {:<24} {:>8} {:>12.3f} {:>12.3f} {:>10.3f} {:>12.3f} {:>10}\n", i, layers_text(s), s.replicas,
-               s.compute_s * 1e3, s.transfer_s * 1e3, s.sync_s * 1e3, s.memory_bytes / 1e9, s.recompute ? "yes" : "no");
+    fmt::print("{:>5}  {:<24} {:>8} {:>12.3f} {:>12.3f} {:>10.3f} {:>12.3f} {:>10}{}\n", i, layers_text(s), s.replicas,
+               s.compute_s * 1e3, s.transfer_s * 1e3, s.sync_s * 1e3, s.memory_bytes / 1e9, s.recompute ? "yes" : "no",
+               typed ? "  " + s.device : std::string());
   }
   const auto& p = plan.predicted;
   fmt::print("config {}   in flight {}\n", plan.config, plan.in_flight);
@@ -56,7 +68,7 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
 // makespan's (an interleaved plan: 4 microbatches per worker, as for a plain plan on as many
 // workers). The partitioner itself stays independent of the schedule library.
 double simulated_bubble_fraction(const pipeline::Plan& plan, const pipeline::Profile& profile,
-                                 const pipeline::Topology& topo) {
+                                 const pipeline::Topology& topo, const pipeline::DeviceProfiles* device_profiles) {
   const bool stash = plan.schedule.rfind("1f1b-stash", 0) == 0;
   int microbatches = stash ? 1 : 4 * (plan.interleaved() ? plan.workers : plan.num_stages()), minibatches = 1;
   if (stash) {
@@ -69,29 +81,67 @@ double simulated_bubble_fraction(const pipeline::Plan& plan, const pipeline::Pro
   }
   pipeline::Schedule schedule =
       pipeline::generate_schedule(plan.schedule, pipeline::ScheduleSpec::from_plan(plan, microbatches, minibatches));
-  pipeline::Simulation sim = pipeline::simulate(schedule, profile, plan, topo);
+  pipeline::SimulateOptions options;
+  options.device_profiles = device_profiles;
+  pipeline::Simulation sim = pipeline::simulate(schedule, profile, plan, topo, options);
   return stash ? sim.steady_state_bubble_fraction : sim.bubble_fraction;
+}
+
+// The stages' device types joined like the config ("h100-a100-a100"); "" for an untyped plan.
+std::string devices_text(const pipeline::Plan& plan) {
+  std::string s;
+  for (const auto& st : plan.stages) {
+    if (st.device.empty()) return "";
+    s += (s.empty() ? "" : "-") + st.device;
+  }
+  return s;
+}
+
+void print_frontier(const std::vector<pipeline::CostedPlan>& frontier, const pipeline::Topology& topo, double samples) {
+  fmt::print("time/cost frontier for {:.6g} samples ({} plans; none is both faster and cheaper than another):\n", samples,
+             frontier.size());
+  fmt::print("{:>3}  {:>9} {:>12} {:>10}  {:<24} {:<16} {:>12}  {}\n", "#", "time", "cost", "per hour", "workers", "config",
+             "s/minibatch", topo.typed() ? "devices" : "");
+  for (std::size_t i = 0; i < frontier.size(); ++i) {
+    const auto& c = frontier[i];
+    fmt::print("{:>3}  {:>9} {:>12.2f} {:>10.2f}  {:<24} {:<16} {:>12.6f}  {}\n", i, pipeline::format_duration(c.time_s),
+               c.cost, c.price_per_hour, pipeline::describe_workers(c, topo), c.plan.config,
+               c.plan.predicted.time_per_minibatch_s, devices_text(c.plan));
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Split a profiled model into pipeline stages (PipeDream's dynamic program)"};
-  std::string profile_path, pipedream_path, output, stages_text, cost_model = "pipeline", bandwidth_text, memory_text,
-                                                                    topology_path;
-  std::vector<std::string> levels;
+  std::string pipedream_path, output, stages_text, cost_model = "pipeline", bandwidth_text, memory_text, topology_path;
+  std::vector<std::string> levels, profile_args, type_args;
+  std::string price_text, deadline_text, frontier_json, frontier_svg;
+  std::optional<double> samples, budget;
+  bool frontier = false;
   int workers = 0, batch = 0, virtual_stages = 1;
   bool straight = false, allow_idle = false, ignore_transfer = false, quiet = false, no_simulate = false;
   std::optional<double> compression;
   std::size_t max_states = pipeline::PartitionOptions{}.max_states;
   std::string recompute = "auto";
-  auto* src = app.add_option("--profile", profile_path, "profile.json (pipeline.profile/1)");
+  auto* src = app.add_option("--profile", profile_args,
+                             "profile.json (pipeline.profile/1); on a mixed cluster TYPE=profile.json, once per worker type");
   app.add_option("--pipedream", pipedream_path, "PipeDream graph.txt instead of a profile.json")->excludes(src);
   app.add_option("--workers", workers, "workers of a one-level topology");
   app.add_option("--bandwidth", bandwidth_text, "bandwidth of a one-level topology (bytes/s, or 300GB/s, 25Gbit/s)");
   app.add_option("--level", levels, "COUNT:BANDWIDTH, repeated, innermost first (e.g. --level 4:1e10 --level 4:1.25e9)");
   app.add_option("--topology", topology_path, "topology JSON file instead of --workers/--level");
   app.add_option("--memory", memory_text, "memory per worker (bytes, or 16GB, 80GiB)");
+  app.add_option("--type", type_args,
+                 "worker type NAME:COUNT[:PRICE[:MEMORY]], repeated, on one --bandwidth level (e.g. --type h100:8:4.5:80GiB "
+                 "--type a100:16:1.9:40GiB)");
+  app.add_option("--price", price_text, "price per worker-hour (currency units) of a topology of one kind of worker");
+  app.add_option("--samples", samples, "samples to train, for --deadline, --budget and --frontier");
+  app.add_option("--deadline", deadline_text, "the cheapest plan that trains --samples by then (90s, 45m, 6h, 2d)");
+  app.add_option("--budget", budget, "the fastest plan that trains --samples within this cost (currency units)");
+  app.add_flag("--frontier", frontier, "print the time/cost Pareto frontier of the plans for --samples");
+  app.add_option("--frontier-json", frontier_json, "write the frontier as JSON");
+  app.add_option("--frontier-svg", frontier_svg, "write the frontier (and every candidate) as an SVG plot");
   app.add_option("--recompute", recompute,
                  "activation recomputation: auto (default: the stages that would not fit in --memory otherwise), "
                  "all stages, or none")
@@ -116,16 +166,38 @@ int main(int argc, char** argv) {
 
   try {
     auto t0 = std::chrono::steady_clock::now();
-    PIPELINE_CHECK_AS(ConfigError, !profile_path.empty() || !pipedream_path.empty(),
+    PIPELINE_CHECK_AS(ConfigError, !profile_args.empty() || !pipedream_path.empty(),
                       "give the model: --profile profile.json or --pipedream graph.txt");
-    pipeline::Profile profile =
-        profile_path.empty() ? pipeline::read_pipedream_graph(pipedream_path) : pipeline::read_profile(profile_path);
-    if (batch > 0) profile.batch_size = batch;
+    pipeline::DeviceProfiles profiles;
+    bool named = false;
+    if (profile_args.empty()) profiles[""] = pipeline::read_pipedream_graph(pipedream_path);
+    for (std::size_t i = 0; i < profile_args.size(); ++i) {
+      auto [type, path] = pipeline::split_profile_argument(profile_args[i]);
+      PIPELINE_CHECK_AS(ConfigError, i == 0 || named == !type.empty(),
+                        "--profile '{}': give either one plain profile or TYPE=profile.json for every worker type",
+                        profile_args[i]);
+      named = !type.empty();
+      PIPELINE_CHECK_AS(ConfigError, profiles.count(type) == 0, "--profile: worker type '{}' is given twice", type);
+      profiles[type] = pipeline::read_profile(path);
+    }
+    for (auto& [type, p] : profiles)
+      if (batch > 0) p.batch_size = batch;
+    pipeline::check_device_profiles(profiles);
+    const pipeline::Profile& profile = profiles.begin()->second;
 
     pipeline::Topology topo;
+    for (const auto& t : type_args) topo.types.push_back(pipeline::parse_worker_type(t));
     if (!topology_path.empty()) {
-      PIPELINE_CHECK_AS(ConfigError, levels.empty() && workers == 0, "--topology excludes --workers and --level");
+      PIPELINE_CHECK_AS(ConfigError, levels.empty() && workers == 0 && type_args.empty(),
+                        "--topology excludes --workers, --level and --type");
       topo = pipeline::read_topology(topology_path);
+    } else if (!type_args.empty() && levels.empty()) {
+      PIPELINE_CHECK_AS(ConfigError, !bandwidth_text.empty(), "--type needs --bandwidth (the network between the workers)");
+      int total = 0;
+      for (const auto& t : topo.types) total += t.count;
+      PIPELINE_CHECK_AS(ConfigError, workers == 0 || workers == total,
+                        "--workers {} disagrees with the --type counts, {} in all; leave --workers out", workers, total);
+      topo.levels.push_back({total, pipeline::parse_bandwidth(bandwidth_text)});
     } else if (!levels.empty()) {
       PIPELINE_CHECK_AS(ConfigError, workers == 0 && bandwidth_text.empty(), "--level excludes --workers/--bandwidth");
       for (const auto& l : levels) topo.levels.push_back(pipeline::parse_level(l));
@@ -136,7 +208,24 @@ int main(int argc, char** argv) {
       topo.levels.push_back({workers, pipeline::parse_bandwidth(bandwidth_text)});
     }
     if (!memory_text.empty()) topo.memory_bytes_per_worker = pipeline::parse_bytes(memory_text);
+    if (!price_text.empty()) topo.price_per_worker_hour = pipeline::parse_price(price_text);
     pipeline::validate_topology(topo);
+    if (topo.typed())
+      PIPELINE_CHECK_AS(ConfigError, named,
+                        "the topology has worker types; give a profile for each: --profile TYPE=profile.json");
+    else
+      PIPELINE_CHECK_AS(ConfigError, !named && profiles.size() == 1,
+                        "--profile TYPE=profile.json needs worker types in the topology (--type or \"types\"); "
+                        "for one kind of worker give one plain --profile");
+    const bool costing = !deadline_text.empty() || budget || frontier || !frontier_json.empty() || !frontier_svg.empty();
+    PIPELINE_CHECK_AS(ConfigError, !costing || samples,
+                      "--deadline, --budget and --frontier need --samples N (the samples to train)");
+    PIPELINE_CHECK_AS(ConfigError, costing || !samples,
+                      "--samples needs --deadline, --budget or --frontier (what to plan for)");
+    PIPELINE_CHECK_AS(ConfigError, deadline_text.empty() || !budget, "give --deadline or --budget, not both");
+    PIPELINE_CHECK_AS(ConfigError, !costing || stages_text.empty(), "--stages evaluates one plan; it excludes --samples");
+    PIPELINE_CHECK_AS(ConfigError, !budget || (std::isfinite(*budget) && *budget > 0),
+                      "--budget must be a positive amount, got {}", budget.value_or(0));
 
     pipeline::PartitionOptions opt;
     opt.cost_model = cost_model == "pipedream" ? pipeline::CostModel::PipeDream : pipeline::CostModel::Pipeline;
@@ -151,13 +240,43 @@ int main(int argc, char** argv) {
                         : pipeline::parse_recompute(recompute);
     opt.virtual_stages = virtual_stages;
 
-    pipeline::Plan plan = stages_text.empty()
-                              ? pipeline::partition(profile, topo, opt)
-                              : pipeline::evaluate_stages(profile, topo, pipeline::parse_manual_stages(stages_text), opt);
+    pipeline::Plan plan;
+    std::optional<pipeline::CostedPlan> chosen;
+    if (costing) {
+      const double deadline = deadline_text.empty() ? 0.0 : pipeline::parse_duration(deadline_text);
+      const auto candidates = pipeline::cost_candidates(profiles, topo, opt, *samples);
+      const auto front = pipeline::pareto_frontier(candidates);
+      if (frontier && !quiet) print_frontier(front, topo, *samples);
+      if (!frontier_json.empty()) pipeline::write_frontier_json(frontier_json, front, topo, *samples);
+      if (!frontier_svg.empty()) pipeline::write_frontier_svg(frontier_svg, front, candidates, topo, *samples);
+      chosen = !deadline_text.empty() ? pipeline::cheapest_within_deadline(candidates, deadline, *samples)
+               : budget               ? pipeline::fastest_within_budget(candidates, *budget, *samples)
+                                      : front.front();
+      plan = chosen->plan;
+    } else if (topo.typed()) {
+      PIPELINE_CHECK_AS(ConfigError, stages_text.empty(), "--stages is not supported with worker types yet");
+      plan = pipeline::partition_typed(profiles, topo, opt);
+    } else {
+      plan = stages_text.empty()
+                 ? pipeline::partition(profile, topo, opt)
+                 : pipeline::evaluate_stages(profile, topo, pipeline::parse_manual_stages(stages_text), opt);
+    }
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!no_simulate) plan.predicted.bubble_fraction = simulated_bubble_fraction(plan, profile, topo);
+    if (!no_simulate)
+      plan.predicted.bubble_fraction = simulated_bubble_fraction(plan, profile, topo, topo.typed() ? &profiles : nullptr);
     if (!output.empty()) pipeline::write_plan(plan, output);
-    if (!quiet) print_table(plan, profile, topo, seconds);
+    if (!quiet) {
+      if (frontier && chosen) fmt::print("\n");
+      print_table(plan, profile, topo, seconds);
+      if (chosen)
+        fmt::print("trains {:.6g} samples in {} for {:.2f} ({} at {:.2f} per hour){}\n", *samples,
+                   pipeline::format_duration(chosen->time_s), chosen->cost, pipeline::describe_workers(*chosen, topo),
+                   chosen->price_per_hour,
+                   !deadline_text.empty() ? fmt::format("; the cheapest plan within the deadline of {}",
+                                                        pipeline::format_duration(pipeline::parse_duration(deadline_text)))
+                   : budget ? fmt::format("; the fastest plan within the budget of {:.2f}", *budget)
+                            : std::string("; the fastest plan"));
+    }
   } catch (const pipeline::Error& e) {
     fmt::print(stderr, "pipeline-partition: error: {}\n", e.what());
     return 1;

@@ -12,8 +12,12 @@
 // and allreduce costs is given innermost level first with repeated --level COUNT:BANDWIDTH, or
 // as a topology JSON file (--topology, the partitioner's format); without either communication
 // is free.
+//
+// Plans over a mixed cluster (stages with a "device" type) take a profile per type:
+// --profile h100=h100.json --profile a100=a100.json; each stage is timed from its type's.
 #include <pipeline/core/error.hpp>
 #include <pipeline/core/log.hpp>
+#include <pipeline/plan/device_profiles.hpp>
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/plan/topology_io.hpp>
 #include <pipeline/profile/profile_json.hpp>
@@ -52,12 +56,15 @@ std::vector<int> stages_of(const Schedule& schedule, int rank) {
 
 int run(int argc, char** argv) {
   CLI::App app{"Predict a pipeline plan's throughput, bubbles and memory under a schedule"};
-  std::string profile_path, plan_path, schedule_name, schedule_csv, trace_path, svg_path;
+  std::string plan_path, schedule_name, schedule_csv, trace_path, svg_path;
+  std::vector<std::string> profile_args;
   int microbatches = 0, minibatches = 0, microbatch_size = 0;
   std::vector<std::string> levels;
   double latency = 0;
   bool as_json = false, full_duplex = false;
-  app.add_option("--profile", profile_path, "profile.json")->required();
+  app.add_option("--profile", profile_args,
+                 "profile.json; for a plan over worker types TYPE=profile.json, once per type")
+      ->required();
   app.add_option("--plan", plan_path, "plan.json")->required();
   auto* by_name =
       app.add_option("--schedule", schedule_name,
@@ -84,8 +91,27 @@ int run(int argc, char** argv) {
   app.add_flag("--json", as_json, "print the result as JSON");
   CLI11_PARSE(app, argc, argv);
 
-  Profile profile = read_profile(profile_path);
+  DeviceProfiles profiles;
+  bool named = false;
+  for (std::size_t i = 0; i < profile_args.size(); ++i) {
+    auto [type, path] = split_profile_argument(profile_args[i]);
+    PIPELINE_CHECK_AS(ConfigError, i == 0 || named == !type.empty(),
+                      "--profile '{}': give either one plain profile or TYPE=profile.json for "
+                      "every worker type",
+                      profile_args[i]);
+    named = !type.empty();
+    PIPELINE_CHECK_AS(ConfigError, profiles.count(type) == 0,
+                      "--profile: worker type '{}' is given twice", type);
+    profiles[type] = read_profile(path);
+  }
+  check_device_profiles(profiles);
+  const Profile& profile = profiles.begin()->second;
   Plan plan = read_plan(plan_path);
+  for (const PlanStage& st : plan.stages)
+    PIPELINE_CHECK_AS(ConfigError, st.device.empty() || profiles.count(st.device) == 1,
+                      "{}: a stage runs on worker type '{}'; give its profile with --profile "
+                      "{}=profile.json",
+                      plan_path, st.device, st.device);
   Schedule schedule;
   if (!schedule_csv.empty()) {
     schedule = read_schedule_csv(schedule_csv);
@@ -112,6 +138,7 @@ int run(int argc, char** argv) {
   opt.latency_s = latency;
   opt.full_duplex = full_duplex;
   opt.record_trace = !trace_path.empty() || !svg_path.empty();
+  if (named) opt.device_profiles = &profiles;
   const Topology topology =
       topology_path.empty() ? parse_levels(levels) : read_topology(topology_path);
   Simulation sim = simulate(schedule, profile, plan, topology, opt);

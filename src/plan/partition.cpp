@@ -827,9 +827,20 @@ std::size_t antichain_state_budget(const Topology& topology, const PartitionOpti
   return topology.levels.size() == 1 ? 4000 : 1500;
 }
 
-Plan partition(const Profile& profile, const Topology& topology, const PartitionOptions& options) {
+StateGraph planning_states(const Profile& profile, std::size_t max_states) { return make_states(profile, max_states); }
+
+namespace {
+
+// partition(), and with explain = false try_partition(): nullopt where partition() would search
+// for the memory that admits a plan and throw.
+std::optional<Plan> partition_impl(const Profile& profile, const Topology& topology, const PartitionOptions& options,
+                                   bool explain) {
   validate_profile(profile, profile.model.empty() ? "profile" : profile.model);
   validate_topology(topology);
+  PIPELINE_CHECK_AS(ConfigError, !topology.typed(),
+                    "the topology has worker types ({} of them); plan it with a profile per type "
+                    "(partition_typed, or pipeline-partition --profile TYPE=profile.json for each)",
+                    topology.types.size());
   if (options.activation_compression)
     PIPELINE_CHECK_AS(ConfigError, std::isfinite(*options.activation_compression) && *options.activation_compression > 0,
                       "activation compression ratio must be positive, got {}", *options.activation_compression);
@@ -845,6 +856,7 @@ Plan partition(const Profile& profile, const Topology& topology, const Partition
     return std::make_pair(t, std::move(s));
   };
   auto [best, solver] = solve(memory, options);
+  if (!std::isfinite(best) && !explain) return std::nullopt;
   if (!std::isfinite(best)) {
     std::string hint;
     if (memory) {
@@ -882,6 +894,16 @@ Plan partition(const Profile& profile, const Topology& topology, const Partition
   PIPELINE_CHECK(slowest == best, "internal: the slowest stage of the expanded plan ({}) is not the optimum ({})", slowest, best);
   finish(plan, profile, topology, options, best);
   return plan;
+}
+
+}  // namespace
+
+Plan partition(const Profile& profile, const Topology& topology, const PartitionOptions& options) {
+  return *partition_impl(profile, topology, options, true);
+}
+
+std::optional<Plan> try_partition(const Profile& profile, const Topology& topology, const PartitionOptions& options) {
+  return partition_impl(profile, topology, options, false);
 }
 
 Recompute parse_recompute(std::string_view text) {
@@ -929,6 +951,10 @@ Plan evaluate_stages(const Profile& profile, const Topology& topology, const std
                      const PartitionOptions& options) {
   validate_profile(profile, profile.model.empty() ? "profile" : profile.model);
   validate_topology(topology);
+  PIPELINE_CHECK_AS(ConfigError, !topology.typed(),
+                    "manual stages are evaluated on a topology of one kind of worker; this one has {} "
+                    "worker types",
+                    topology.types.size());
   PIPELINE_CHECK_AS(ConfigError, !manual.empty(), "a manual plan needs at least one stage");
   check_recompute(options);
   int next = 0, workers = 0;

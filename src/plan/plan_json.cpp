@@ -87,6 +87,7 @@ json plan_to_json(const Plan& p) {
     json sj = {{"layers", {s.begin, s.end}}, {"replicas", s.replicas}, {"ranks", s.ranks}};
     if (!s.layer_ids.empty()) sj["layer_ids"] = s.layer_ids;
     if (s.recompute) sj["recompute"] = true;
+    if (!s.device.empty()) sj["device"] = s.device;
     sj["predicted"] = {{"compute_s", s.compute_s},
                        {"sync_s", s.sync_s},
                        {"transfer_s", s.transfer_s},
@@ -200,6 +201,13 @@ Plan plan_from_json(const json& j, std::string_view origin) {
                         "{}: {} field \"recompute\" must be true or false, got {}", origin, where,
                         sj.at("recompute").dump());
       s.recompute = sj.at("recompute").get<bool>();
+    }
+    if (sj.contains("device")) {
+      const json& d = sj.at("device");
+      PIPELINE_CHECK_AS(ConfigError, d.is_string() && !d.get<std::string>().empty(),
+                        "{}: {} field \"device\" must be a worker type name, got {}", origin,
+                        where, d.dump());
+      s.device = d.get<std::string>();
     }
     if (sj.contains("predicted") && sj.at("predicted").is_object()) {
       const json& pj = sj.at("predicted");

@@ -10,6 +10,8 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <string>
+#include <vector>
 
 namespace pipeline {
 namespace {
@@ -93,6 +95,14 @@ double json_quantity(const nlohmann::json& v, bool rate, const char* what,
   return parse_quantity(v.get<std::string>(), rate, what);
 }
 
+double json_price(const nlohmann::json& v, const char* what, std::string_view origin) {
+  PIPELINE_CHECK_AS(ConfigError,
+                    v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0,
+                    "{}: {} must be a non-negative number (currency units per worker-hour), got {}",
+                    origin, what, v.dump());
+  return v.get<double>();
+}
+
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KB", "MB", "GB", "TB"};
   int u = 0;
@@ -101,6 +111,17 @@ std::string human_bytes(double b) {
     ++u;
   }
   return fmt::format("{:.4g} {}", b, units[u]);
+}
+
+// Type names are written into plan.json and given on command lines as NAME=FILE.
+void check_type_name(std::string_view name) {
+  const bool ok = !name.empty() && name.size() <= 64 &&
+                  std::all_of(name.begin(), name.end(), [](char c) {
+                    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' ||
+                           c == '.';
+                  });
+  PIPELINE_CHECK_AS(ConfigError, ok,
+                    "worker type name '{}' must be 1 to 64 letters, digits, '_', '-' or '.'", name);
 }
 
 }  // namespace
@@ -150,6 +171,91 @@ void validate_topology(const Topology& t) {
     PIPELINE_CHECK_AS(
         ConfigError, std::isfinite(*t.memory_bytes_per_worker) && *t.memory_bytes_per_worker > 0,
         "memory per worker is {} bytes; need a positive size", *t.memory_bytes_per_worker);
+  if (t.price_per_worker_hour)
+    PIPELINE_CHECK_AS(ConfigError,
+                      std::isfinite(*t.price_per_worker_hour) && *t.price_per_worker_hour >= 0,
+                      "price per worker-hour is {}; need a non-negative number",
+                      *t.price_per_worker_hour);
+  if (!t.typed()) return;
+  PIPELINE_CHECK_AS(ConfigError, t.levels.size() == 1,
+                    "a topology with worker types has one level (the network every stage may "
+                    "use), got {}; give one level whose count is the types' total",
+                    t.levels.size());
+  long long typed = 0;
+  for (std::size_t i = 0; i < t.types.size(); ++i) {
+    const WorkerType& w = t.types[i];
+    check_type_name(w.name);
+    for (std::size_t k = 0; k < i; ++k)
+      PIPELINE_CHECK_AS(ConfigError, t.types[k].name != w.name,
+                        "worker type '{}' is listed twice", w.name);
+    PIPELINE_CHECK_AS(ConfigError, w.count >= 1, "worker type '{}' has {} workers; need at least 1",
+                      w.name, w.count);
+    typed += w.count;
+    if (w.memory_bytes_per_worker)
+      PIPELINE_CHECK_AS(ConfigError,
+                        std::isfinite(*w.memory_bytes_per_worker) && *w.memory_bytes_per_worker > 0,
+                        "worker type '{}' has memory {} bytes; need a positive size", w.name,
+                        *w.memory_bytes_per_worker);
+    if (w.price_per_worker_hour)
+      PIPELINE_CHECK_AS(ConfigError,
+                        std::isfinite(*w.price_per_worker_hour) && *w.price_per_worker_hour >= 0,
+                        "worker type '{}' has price {} per hour; need a non-negative number",
+                        w.name, *w.price_per_worker_hour);
+  }
+  PIPELINE_CHECK_AS(ConfigError, typed == t.levels.front().count,
+                    "the worker types have {} workers in all but the level has {}; make them equal",
+                    typed, t.levels.front().count);
+}
+
+std::optional<double> type_memory(const Topology& t, std::size_t type) {
+  const auto& m = t.types.at(type).memory_bytes_per_worker;
+  return m ? m : t.memory_bytes_per_worker;
+}
+
+std::optional<double> type_price(const Topology& t, std::size_t type) {
+  const auto& p = t.types.at(type).price_per_worker_hour;
+  return p ? p : t.price_per_worker_hour;
+}
+
+double parse_price(std::string_view text) {
+  std::string s(text);
+  double v = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  PIPELINE_CHECK_AS(ConfigError,
+                    ec == std::errc() && ptr == s.data() + s.size() && !s.empty() &&
+                        std::isfinite(v) && v >= 0,
+                    "cannot parse price '{}': expected a non-negative number (currency units per "
+                    "worker-hour), e.g. 2.5",
+                    text);
+  return v;
+}
+
+WorkerType parse_worker_type(std::string_view text) {
+  std::vector<std::string_view> parts;
+  for (std::size_t pos = 0;;) {
+    const auto colon = text.find(':', pos);
+    parts.push_back(text.substr(pos, colon == std::string_view::npos ? colon : colon - pos));
+    if (colon == std::string_view::npos) break;
+    pos = colon + 1;
+  }
+  PIPELINE_CHECK_AS(ConfigError, parts.size() >= 2 && parts.size() <= 4,
+                    "cannot parse worker type '{}': expected NAME:COUNT[:PRICE[:MEMORY]], e.g. "
+                    "h100:8:4.5:80GiB",
+                    text);
+  WorkerType w;
+  w.name = std::string(parts[0]);
+  check_type_name(w.name);
+  int n = 0;
+  auto [ptr, ec] = std::from_chars(parts[1].data(), parts[1].data() + parts[1].size(), n);
+  PIPELINE_CHECK_AS(ConfigError,
+                    ec == std::errc() && ptr == parts[1].data() + parts[1].size() && n >= 1 &&
+                        n <= (1 << 20),
+                    "cannot parse worker type '{}': the count '{}' must be a positive integer",
+                    text, parts[1]);
+  w.count = n;
+  if (parts.size() >= 3 && !parts[2].empty()) w.price_per_worker_hour = parse_price(parts[2]);
+  if (parts.size() == 4) w.memory_bytes_per_worker = parse_bytes(parts[3]);
+  return w;
 }
 
 Topology topology_from_json(const nlohmann::json& j, std::string_view origin) {
@@ -173,6 +279,37 @@ Topology topology_from_json(const nlohmann::json& j, std::string_view origin) {
   if (j.contains("memory_per_worker") && !j.at("memory_per_worker").is_null())
     t.memory_bytes_per_worker =
         json_quantity(j.at("memory_per_worker"), false, "memory_per_worker", origin);
+  if (j.contains("price_per_worker_hour") && !j.at("price_per_worker_hour").is_null())
+    t.price_per_worker_hour = json_price(j.at("price_per_worker_hour"), "price_per_worker_hour", origin);
+  if (j.contains("types")) {
+    PIPELINE_CHECK_AS(ConfigError, j.at("types").is_array(),
+                      "{}: \"types\" must be an array of worker types, got {}", origin,
+                      j.at("types").dump());
+    for (const auto& tj : j.at("types")) {
+      PIPELINE_CHECK_AS(ConfigError,
+                        tj.is_object() && tj.contains("name") && tj.at("name").is_string() &&
+                            tj.contains("count"),
+                        "{}: each worker type needs a \"name\" string and a \"count\", got {}",
+                        origin, tj.dump());
+      PIPELINE_CHECK_AS(ConfigError,
+                        tj.at("count").is_number_integer() &&
+                            tj.at("count").get<long long>() >= 1 &&
+                            tj.at("count").get<long long>() <= (1 << 20),
+                        "{}: worker type count must be a positive integer, got {}", origin,
+                        tj.at("count").dump());
+      WorkerType w;
+      w.name = tj.at("name").get<std::string>();
+      w.count = tj.at("count").get<int>();
+      if (tj.contains("memory_per_worker") && !tj.at("memory_per_worker").is_null())
+        w.memory_bytes_per_worker =
+            json_quantity(tj.at("memory_per_worker"), false, "memory_per_worker", origin);
+      if (tj.contains("price_per_worker_hour") && !tj.at("price_per_worker_hour").is_null())
+        w.price_per_worker_hour =
+            json_price(tj.at("price_per_worker_hour"), "price_per_worker_hour", origin);
+      t.types.push_back(std::move(w));
+    }
+    PIPELINE_CHECK_AS(ConfigError, !t.types.empty(), "{}: \"types\" is empty; leave it out for one kind of worker", origin);
+  }
   validate_topology(t);
   return t;
 }
@@ -183,6 +320,17 @@ nlohmann::json topology_to_json(const Topology& t) {
     levels.push_back({{"count", l.count}, {"bandwidth", l.bandwidth_bytes_per_s}});
   nlohmann::json j = {{"levels", levels}};
   if (t.memory_bytes_per_worker) j["memory_per_worker"] = *t.memory_bytes_per_worker;
+  if (t.price_per_worker_hour) j["price_per_worker_hour"] = *t.price_per_worker_hour;
+  if (t.typed()) {
+    nlohmann::json types = nlohmann::json::array();
+    for (const WorkerType& w : t.types) {
+      nlohmann::json tj = {{"name", w.name}, {"count", w.count}};
+      if (w.memory_bytes_per_worker) tj["memory_per_worker"] = *w.memory_bytes_per_worker;
+      if (w.price_per_worker_hour) tj["price_per_worker_hour"] = *w.price_per_worker_hour;
+      types.push_back(std::move(tj));
+    }
+    j["types"] = std::move(types);
+  }
   return j;
 }
 
@@ -202,6 +350,12 @@ std::string describe_topology(const Topology& t) {
   }
   if (t.memory_bytes_per_worker)
     s += fmt::format(", {} per worker", human_bytes(*t.memory_bytes_per_worker));
+  if (t.price_per_worker_hour) s += fmt::format(", {:.4g} per worker-hour", *t.price_per_worker_hour);
+  for (const WorkerType& w : t.types) {
+    s += fmt::format("; {} x {}", w.count, w.name);
+    if (w.memory_bytes_per_worker) s += fmt::format(" ({})", human_bytes(*w.memory_bytes_per_worker));
+    if (w.price_per_worker_hour) s += fmt::format(" at {:.4g}/h", *w.price_per_worker_hour);
+  }
   return s;
 }
 

@@ -145,6 +145,23 @@ double link_bandwidth(const Topology& topology, int a, int b) {
   return outer > 0 ? outer : kFree;
 }
 
+namespace {
+
+// The profile that times a stage: its device type's, when the options carry per-type profiles.
+const Profile& stage_profile(const Profile& profile, const Plan& plan, int stage,
+                             const SimulateOptions& options) {
+  const std::string& device = plan.stages[static_cast<std::size_t>(stage)].device;
+  if (device.empty() || options.device_profiles == nullptr) return profile;
+  const auto it = options.device_profiles->find(device);
+  PIPELINE_CHECK_AS(ConfigError, it != options.device_profiles->end(),
+                    "plan stage {} runs on worker type '{}', which has no profile; give one "
+                    "(pipeline-simulate --profile {}=profile.json)",
+                    stage, device, device);
+  return it->second;
+}
+
+}  // namespace
+
 Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan& plan,
                     const Topology& topology, const SimulateOptions& options) {
   PIPELINE_CHECK_AS(
@@ -176,7 +193,7 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
   std::vector<StageTiming> timing;
   detail::EngineCosts costs;
   for (int s = 0; s < plan.num_stages(); ++s) {
-    StageTiming t = stage_timing(profile, plan, owner, s, scale);
+    StageTiming t = stage_timing(stage_profile(profile, plan, s, options), plan, owner, s, scale);
     detail::StageCosts c;
     c.forward_s = t.forward_s;
     c.backward_s = t.backward_s;

@@ -75,4 +75,9 @@ class StateGraph {
   std::vector<std::uint64_t> m_members;    // size × m_layer_words bits (empty for chains)
 };
 
+// The states partition() plans a profile over: the antichain states, those of a coarsened DAG
+// when there are more than max_states, one topological order's prefixes when even that has too
+// many (logged), and a chain's prefixes for a chain.
+StateGraph planning_states(const Profile& profile, std::size_t max_states);
+
 }  // namespace pipeline

@@ -70,7 +70,14 @@ struct ManualStage {
   int replicas = 1;
 };
 
+// Topologies with worker types are planned by partition_typed (typed_partition.hpp) and refused
+// here with ConfigError.
 Plan partition(const Profile& profile, const Topology& topology, const PartitionOptions& options = {});
+
+// partition(), but nullopt instead of ConfigError when no plan fits in memory, without the
+// search for the memory that would admit one (what cost planning asks of many sub-clusters).
+std::optional<Plan> try_partition(const Profile& profile, const Topology& topology,
+                                  const PartitionOptions& options = {});
 
 // The antichain states partition() may use on this topology: options.max_states, or by default
 // 4,000 on one level and 1,500 on several.

@@ -1,5 +1,5 @@
-// Plan: a model split into contiguous stages, each replicated over some workers (ranks), with
-// the schedule to run and the partitioner's prediction. Serialised as plan.json
+// Plan: a model split into contiguous stages, each replicated over some workers (ranks) of one
+// worker type, with the schedule to run and the partitioner's prediction. Serialised as plan.json
 // (format "pipeline.plan/1", see DESIGN.md; "pipeline.plan/2" for interleaved plans).
 //
 // Interleaved plans (virtual_stages = v > 1, Narayanan et al. SC'21): the model is cut into v·p
@@ -25,6 +25,10 @@ struct PlanStage {
   // Activation recomputation: the stage keeps only its input per in-flight microbatch and runs
   // its forward again during backward (plan.json "recompute": true; absent means false).
   bool recompute = false;
+  // The worker type the stage runs on, for a plan over a mixed cluster (Topology::types;
+  // plan.json "device": "h100", absent for a plan over one kind of worker). Its replicas are all
+  // of that type, and the simulator times the stage from that type's profile.
+  std::string device;
   // The partitioner's breakdown of this stage, per minibatch (0 when unknown): compute over its
   // replicas, weight synchronisation, the larger of its input and output transfers, and the
   // predicted memory per worker.

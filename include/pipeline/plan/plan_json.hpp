@@ -4,8 +4,9 @@
 // Extension fields: per stage "layer_ids" (only for a DAG stage that is not one contiguous
 // range), "recompute" (true when the stage recomputes its activations; written only then, so a
 // plan without recomputation reads and writes exactly as before, and needs no new format
-// version) and "predicted" {compute_s, sync_s, transfer_s, memory_bytes}; at the top level
-// "cost_model". Reading validates the format, that stages are non-empty, that every stage has
+// version), "device" (the worker type of the stage in a plan over a mixed cluster, e.g. "h100";
+// written only for such plans, so plans over one kind of worker read and write as before) and
+// "predicted" {compute_s, sync_s, transfer_s, memory_bytes}; at the top level "cost_model". Reading validates the format, that stages are non-empty, that every stage has
 // `replicas` distinct ranks in [0, workers) and that no rank serves two stages; failures throw
 // ConfigError (contents) or IoError (file) naming the file and the field.
 //

@@ -4,6 +4,14 @@
 //    "memory_per_worker": "80GiB"}
 // (levels innermost first; a bandwidth or size may also be a plain number of bytes(/s)).
 //
+// Prices and worker types (both optional; files without them load as before):
+//   {"levels": [{"count": 24, "bandwidth": "25Gbit/s"}],
+//    "price_per_worker_hour": 2.0,
+//    "types": [{"name": "h100", "count": 8, "memory_per_worker": "80GiB", "price_per_worker_hour": 4.5},
+//              {"name": "a100", "count": 16, "memory_per_worker": "40GiB", "price_per_worker_hour": 1.9}]}
+// A type without memory or price takes the top-level one. With types there is exactly one level
+// and its count is the types' total (topology.hpp says why).
+//
 // Units: decimal B, KB, MB, GB, TB (powers of 1000), binary KiB, MiB, GiB, TiB (powers of 1024),
 // and for bandwidths bit, Kbit, Mbit, Gbit, Tbit (divided by 8), each optionally followed by
 // "/s" ("ps" for bits: "25Gbps"). Anything unparsable, zero, negative or not finite is a
@@ -13,6 +21,9 @@
 #include <pipeline/plan/topology.hpp>
 
 #include <nlohmann/json_fwd.hpp>
+
+#include <cstddef>
+#include <optional>
 
 #include <string>
 #include <string_view>
@@ -24,8 +35,18 @@ double parse_bytes(std::string_view text);      // bytes
 TopologyLevel parse_level(std::string_view text);  // "4:1e10", "8:300GB/s"
 
 // Throws ConfigError when the topology has no levels, a count below 1, a bandwidth that is not
-// positive, or a memory that is not positive.
+// positive, a memory that is not positive, or a negative price; with worker types, when a name
+// is empty, repeated or not [A-Za-z0-9_.-], a count is below 1, there is more than one level or
+// the counts do not add up to the level's.
 void validate_topology(const Topology& topology);
+
+// A worker type's memory and price, falling back to the topology's.
+std::optional<double> type_memory(const Topology& topology, std::size_t type);
+std::optional<double> type_price(const Topology& topology, std::size_t type);
+
+double parse_price(std::string_view text);  // "2.5": non-negative currency units per worker-hour
+// Command-line worker type NAME:COUNT[:PRICE[:MEMORY]], e.g. "h100:8:4.5:80GiB".
+WorkerType parse_worker_type(std::string_view text);
 
 Topology topology_from_json(const nlohmann::json& j, std::string_view origin);
 nlohmann::json topology_to_json(const Topology& topology);

@@ -4,7 +4,8 @@
 // Cost model: the partitioner's (plan/cost_model.hpp), whose functions it calls, seen from the
 // schedule's side:
 //  - compute: a stage's forward / backward time is the sum over its layers (PlanStage::layer_ids
-//    when set, else [begin, end)) of the profile's times, scaled by microbatch_size /
+//    when set, else [begin, end)) of the profile's times (on a mixed cluster, of the profile of
+//    the stage's device type, SimulateOptions::device_profiles), scaled by microbatch_size /
 //    profile.batch_size. A split backward uses the profile's input/weight-gradient times where
 //    measured, half of the backward each otherwise. A step takes optimizer_step_s.
 //  - transfers: the bytes crossing the cut after a stage (outputs of layers in it or earlier
@@ -44,6 +45,7 @@
 // and its steady-state value over the same window.
 #pragma once
 
+#include <pipeline/plan/device_profiles.hpp>
 #include <pipeline/plan/plan.hpp>
 #include <pipeline/plan/topology.hpp>
 #include <pipeline/profile/profile.hpp>
@@ -62,6 +64,10 @@ struct SimulateOptions {
   double allreduce_factor = 4.0;
   bool full_duplex = false;
   bool record_trace = false;  // keep every action's start and end in Simulation::events
+  // Mixed clusters: a profile per worker type (not owned; must outlive the call). A stage whose
+  // plan entry names a device type is timed from that type's profile (ConfigError when it has
+  // none); without this every stage is timed from the profile passed to simulate().
+  const DeviceProfiles* device_profiles = nullptr;
 };
 
 // One executed action. Sends: start is when it was posted, end the arrival at the receiver.
