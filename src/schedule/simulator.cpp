@@ -124,6 +124,35 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   return t;
 }
 
+// The executor's gradient buckets of a replicated stage (ExecutorOptions::allreduce_bucket_bytes,
+// layers from the last one down), each with the fraction of the stage's backward after which it
+// is complete (from the profile's per-layer backward times; parameterless layers go with the
+// bucket below them, and a stage without backward time completes each bucket at its end) and its
+// share of the allreduce: that of its bytes, plus the latency term, which every bucket pays.
+void overlap_buckets(const Profile& profile, const PlanStage& ps, detail::StageCosts& c, int r,
+                     const SimulateOptions& options) {
+  const std::vector<int> layers = stage_layers(ps);
+  double total_s = 0, total_bytes = 0;
+  for (int l : layers) {
+    total_s += profile.layers[static_cast<std::size_t>(l)].backward_s;
+    total_bytes += static_cast<double>(profile.layers[static_cast<std::size_t>(l)].parameter_bytes);
+  }
+  const double latency = 2.0 * (r - 1) * options.latency_s;
+  const double bandwidth_part = c.allreduce_s - latency;
+  const double limit = static_cast<double>(std::max<std::int64_t>(1, options.allreduce_bucket_bytes));
+  double done_s = 0, bytes = 0;
+  for (std::size_t i = layers.size(); i-- > 0;) {
+    const LayerProfile& lp = profile.layers[static_cast<std::size_t>(layers[i])];
+    done_s += lp.backward_s;
+    bytes += static_cast<double>(lp.parameter_bytes);
+    if (bytes >= limit || i == 0) {
+      c.bucket_ready.push_back(total_s > 0 && i > 0 ? done_s / total_s : 1.0);
+      c.bucket_s.push_back((total_bytes > 0 ? bandwidth_part * bytes / total_bytes : 0) + latency);
+      bytes = 0;
+    }
+  }
+}
+
 }  // namespace
 
 StageTiming stage_timing(const Profile& profile, const Plan& plan, int stage, double scale) {
@@ -215,6 +244,8 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
       c.allreduce_s = options.allreduce_factor / 4.0 *
                           sync_time(static_cast<double>(t.parameter_bytes), r, bw, 1.0) +
                       2.0 * (r - 1) * options.latency_s;
+      if (options.overlap_allreduce)
+        overlap_buckets(profile, plan.stages[static_cast<std::size_t>(s)], c, r, options);
     }
     costs.stages.push_back(c);
     timing.push_back(t);

@@ -1,5 +1,5 @@
 // The in-process communicator: point-to-point matching by (peer, tag), neighbours on one rank,
-// bitwise-exact allreduce over groups, timeouts that say what they waited for, and failures
+// bitwise-exact allreduce over groups (also non-blocking, several in flight), timeouts that say what they waited for, and failures
 // that end every rank instead of hanging. Also the tag codec shared with MPI.
 #include <doctest/doctest.h>
 
@@ -300,4 +300,63 @@ TEST_CASE("local: timeout from PIPELINE_COMM_TIMEOUT, validated") {
   CHECK_THROWS_AS(c->set_timeout(-1), ConfigError);
   Tensor x = Tensor::zeros({1});
   CHECK_THROWS_AS(c->isend(x, 1, Tag::activation(0, 0)), ConfigError);  // peer out of range
+}
+
+TEST_CASE("local: non-blocking allreduces, several in flight, equal one allreduce bit for bit") {
+  const int n = 3;
+  // Non-exact values (thirds of integers), so the check also covers the order of summation.
+  auto values = [](int r, int size, float shift) {
+    Tensor t = Tensor::empty({size});
+    for (int i = 0; i < size; ++i)
+      t.data<float>()[i] = (static_cast<float>(i * (r + 2)) + shift) / 3.0f;
+    return t;
+  };
+  run_local(n, [&](Communicator& comm) {
+    const int r = comm.rank();
+    // The same data as three buckets in flight at once, and as one blocking allreduce.
+    std::vector<Tensor> buckets = {values(r, 100, 0.5f), values(r, 7, 1.5f), values(r, 33, 2.5f)};
+    std::vector<Tensor> whole = {buckets[0].clone(), buckets[1].clone(), buckets[2].clone()};
+    // Ranks start them at different moments: rank 2 only after its own first one completed
+    // elsewhere, so rounds of one group are filled in different orders by different members.
+    if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::vector<Request> reqs;
+    for (auto& b : buckets) reqs.push_back(comm.iallreduce_sum(b, comm.world()));
+    // Nothing was summed before every member started: rank 0 and 1 see them pending or not,
+    // but they complete in any order of tests and waits.
+    while (!reqs[2].test()) std::this_thread::yield();
+    reqs[0].wait();
+    CHECK(reqs[1].test());  // the last member to join summed every round at once
+    comm.allreduce_sum(whole, comm.world());
+    for (std::size_t k = 0; k < buckets.size(); ++k)
+      CHECK(std::memcmp(buckets[k].raw(), whole[k].raw(), whole[k].nbytes()) == 0);
+    // The closed form of the first element of bucket 1: (1.5 / 3) summed three times, in order.
+    const float third = 1.5f / 3.0f;
+    CHECK(std::memcmp(buckets[1].raw(), std::vector<float>{(third + third) + third}.data(),
+                      sizeof(float)) == 0);
+    // A group of one completes at once.
+    Group solo = comm.create_group({r});
+    Tensor y = Tensor::full({2}, 4.0f);
+    Request q = comm.iallreduce_sum(y, solo);
+    CHECK(q.test());
+    CHECK(y.values()[1] == 4.0f);
+  });
+}
+
+TEST_CASE("local: a non-blocking allreduce that a member never joins times out naming it") {
+  std::string message;
+  try {
+    run_local(2, [](Communicator& comm) {
+      if (comm.rank() == 1) return;
+      comm.set_timeout(0.2);
+      Tensor x = Tensor::zeros({3});
+      Request q = comm.iallreduce_sum(x, comm.world());
+      CHECK_FALSE(q.test());
+      q.wait();
+    });
+  } catch (const TimeoutError& e) {
+    message = e.what();
+  }
+  CAPTURE(message);
+  CHECK(message.find("allreduce_sum over ranks [0, 1] (1 of 2 members arrived)") !=
+        std::string::npos);
 }

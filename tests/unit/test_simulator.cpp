@@ -440,3 +440,50 @@ TEST_CASE("interleaved 1F1B: bubble (p-1)/(v·m + p-1), i.e. (p-1)/(v·m) of the
   for (int r = 0; r < 4; ++r)
     CHECK(one.ranks[r].peak_activations >= flush.ranks[r].peak_activations);
 }
+
+TEST_CASE("overlapped allreduce: buckets start during the last backward, the AR waits for the rest") {
+  // Data parallelism (config 2): one stage of 4 layers on two replicas, 1F1B-flush with one
+  // microbatch per replica. Per microbatch F = 4 ms, B = 8 ms; the 4 MB of gradients take
+  // 4(r-1)|w|/(rB) = 8 ms at 1 GB/s.
+  Profile prof = uniform_profile(4, 1e-3, 2e-3, 1000, 1'000'000);
+  Plan plan = make_plan({{4, 2}});
+  Topology topo;
+  topo.levels = {{2, 1e9}};
+  const Schedule s = generate_schedule("1f1b-flush", ScheduleSpec::from_plan(plan, 2, 1));
+  auto period = [&](bool overlap, std::int64_t bucket_bytes, double latency = 0) {
+    SimulateOptions o;
+    o.overlap_allreduce = overlap;
+    o.allreduce_bucket_bytes = bucket_bytes;
+    o.latency_s = latency;
+    return simulate(s, prof, plan, topo, o).time_per_minibatch_s;
+  };
+  // Blocking: F + B + the whole allreduce.
+  CHECK(period(false, 1'000'000) == doctest::Approx(20e-3).epsilon(1e-9));
+  // One bucket per layer: ready at 1/4, 2/4, 3/4 and the end of B (6, 8, 10, 12 ms), 2 ms each
+  // on the link one after another: the last ends at 14 ms, 2 ms after the backward.
+  CHECK(period(true, 1'000'000) == doctest::Approx(14e-3).epsilon(1e-9));
+  // Two buckets of two layers: ready at 8 and 12 ms, 4 ms each: 16 ms.
+  CHECK(period(true, 2'000'000) == doctest::Approx(16e-3).epsilon(1e-9));
+  // One bucket: ready when B ends, as the blocking allreduce.
+  CHECK(period(true, std::int64_t{1} << 40) == doctest::Approx(20e-3).epsilon(1e-9));
+  // Latency: every bucket pays the allreduce's 2(r-1) latencies: 2 + 0.2 ms each, from 6 ms.
+  CHECK(period(true, 1'000'000, 1e-4) == doctest::Approx(14.8e-3).epsilon(1e-9));
+  CHECK(period(false, 1'000'000, 1e-4) == doctest::Approx(20.2e-3).epsilon(1e-9));
+
+  // 1F1B-stash on 2-1: the replicated stage's AR follows every backward; overlap hides all but
+  // the last bucket's share, so the replicated stage's period drops from (T + 8 ms)/2 with 4
+  // layers of 3 ms (T = 12 ms): 10 ms, to (12 + 2)/2 = 7 ms, and the single stage (2 layers,
+  // 6 ms) stays below it.
+  Profile prof6 = uniform_profile(6, 1e-3, 2e-3, 1000, 1'000'000);
+  Plan plan21 = make_plan({{4, 2}, {2, 1}});
+  Topology topo3;
+  topo3.levels = {{3, 1e9}};
+  const Schedule stash = generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan21, 1, 60));
+  SimulateOptions o;
+  const double blocking = simulate(stash, prof6, plan21, topo3, o).time_per_minibatch_s;
+  o.overlap_allreduce = true;
+  o.allreduce_bucket_bytes = 1'000'000;
+  const double overlapped = simulate(stash, prof6, plan21, topo3, o).time_per_minibatch_s;
+  CHECK(blocking == doctest::Approx(10e-3).epsilon(1e-6));
+  CHECK(overlapped == doctest::Approx(7e-3).epsilon(1e-3));
+}

@@ -18,7 +18,8 @@
 //    direction go one at a time. An empty topology, or a level of bandwidth 0, moves data free.
 //  - allreduce among a stage's r replicas: sync_time(|w|, r, B, 1) = 4(r−1)|w|/(rB) at the
 //    slowest level the group spans (scaled by allreduce_factor / 4), plus 2(r−1)·latency_s; it
-//    blocks the replicas, like the runtime's.
+//    blocks the replicas once all have arrived, or (overlap_allreduce, as the runtime does) runs
+//    in buckets that start during the replicas' last backward before it.
 //  - overlap: sends never block, receives are posted early and waited for where the schedule
 //    says, so transfers overlap with compute as the runtime's non-blocking communication does.
 // Agreement with the partitioner (tests/unit/test_simulator_partition.cpp): in the steady state
@@ -62,6 +63,16 @@ struct SimulateOptions {
   double latency_s = 0;     // per point-to-point message
   double optimizer_step_s = 0;
   double allreduce_factor = 4.0;
+  // Model the runtime's overlapped gradient allreduce (ExecutorOptions::overlap_allreduce): the
+  // stage's gradients go in buckets of at least allreduce_bucket_bytes, by layer in backward
+  // order; a bucket starts when every replica's last backward before the AR has finished its
+  // layers (the fraction of the backward's time that the layers up to it take in the profile),
+  // buckets share the link one after another (each its share of the allreduce time, and the
+  // latency), and the AR waits for the last. Off: the AR blocks for the whole allreduce once
+  // every replica has arrived, as the partitioner's formula assumes (its plans' predictions are
+  // for that model).
+  bool overlap_allreduce = false;
+  std::int64_t allreduce_bucket_bytes = std::int64_t{4} << 20;
   bool full_duplex = false;
   bool record_trace = false;  // keep every action's start and end in Simulation::events
   // Mixed clusters: a profile per worker type (not owned; must outlive the call). A stage whose
