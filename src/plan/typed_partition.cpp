@@ -41,7 +41,8 @@ struct Cell {
 struct TypedPartitioner::Impl {
   PartitionOptions options;
   Topology topology;
-  const Profile* reference = nullptr;
+  std::string model;  // the profiles' model name and batch size (the profiles are not kept)
+  int batch_size = 0;
   StateGraph g;
   std::vector<TypeData> types;
   std::vector<std::size_t> stride;  // mixed radix of usage vectors
@@ -169,16 +170,18 @@ TypedPartitioner::TypedPartitioner(const DeviceProfiles& profiles, const Topolog
   PIPELINE_CHECK_AS(ConfigError, profiles.size() == topology.types.size(),
                     "{} profiles given for the topology's {} worker types; give exactly one per type",
                     profiles.size(), topology.types.size());
-  x.reference = &profiles.find(topology.types.front().name)->second;
+  const Profile& reference = profiles.find(topology.types.front().name)->second;
+  x.model = reference.model;
+  x.batch_size = reference.batch_size;
   // One set of states for every type, from the first type's profile (the types' profiles share
   // their layers, so the states are the same; only the sums over them differ).
-  x.g = planning_states(*x.reference, antichain_state_budget(topology, options));
+  x.g = planning_states(reference, antichain_state_budget(topology, options));
   x.S = x.g.size();
   std::vector<std::vector<int>> members(static_cast<std::size_t>(x.S));
   for (int i = 0; i < x.S; ++i) members[static_cast<std::size_t>(i)] = x.g.layers_between(-1, i);
-  std::vector<std::vector<int>> successors(static_cast<std::size_t>(x.reference->size()));
-  for (int l = 0; l < x.reference->size(); ++l)
-    for (int p : x.reference->predecessors(l)) successors[static_cast<std::size_t>(p)].push_back(l);
+  std::vector<std::vector<int>> successors(static_cast<std::size_t>(reference.size()));
+  for (int l = 0; l < reference.size(); ++l)
+    for (int p : reference.predecessors(l)) successors[static_cast<std::size_t>(p)].push_back(l);
   for (std::size_t t = 0; t < topology.types.size(); ++t) {
     const WorkerType& wt = topology.types[t];
     const Profile& p = profiles.find(wt.name)->second;
@@ -282,7 +285,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
   PIPELINE_CHECK_AS(ConfigError, std::isfinite(best), "no plan uses exactly the workers ({}) asked for",
                     fmt::format("{}", fmt::join(usage(index), ", ")));
   Plan plan;
-  plan.model = x.reference->model;
+  plan.model = x.model;
   plan.workers = x.total[index];
   plan.schedule = "1f1b-stash";
   plan.cost_model = std::string(to_string(CostModel::Pipeline));
@@ -322,7 +325,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
   for (const PlanStage& ps : plan.stages)
     for (int r : ps.ranks) plan.predicted.peak_memory_bytes[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(ps.memory_bytes);
   plan.predicted.time_per_minibatch_s = best;
-  plan.predicted.samples_per_s = best > 0 ? x.reference->batch_size / best : 0.0;
+  plan.predicted.samples_per_s = best > 0 ? x.batch_size / best : 0.0;
   // Data parallelism on the fastest single type: every worker of one type holds the whole model.
   double dp = kInf;
   for (const TypeData& d : x.types)

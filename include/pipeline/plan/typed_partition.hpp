@@ -47,7 +47,8 @@ namespace pipeline {
 class TypedPartitioner {
  public:
   // Solves every usage vector. `profiles` holds one profile per type of `topology` (which must
-  // be typed), keyed by type name; check_device_profiles() must hold for them.
+  // be typed), keyed by type name; check_device_profiles() must hold for them. Neither is kept:
+  // the solver holds what it derived from them.
   TypedPartitioner(const DeviceProfiles& profiles, const Topology& topology, const PartitionOptions& options = {});
   ~TypedPartitioner();
   TypedPartitioner(TypedPartitioner&&) noexcept;
