@@ -1,10 +1,20 @@
 // bench_pipeline: training throughput of a balanced P-stage pipeline on P ranks against the same
 // model on one rank (same threads per rank), for 1f1b-stash, 1f1b-flush and gpipe on one plan,
-// next to the simulator's prediction of each run from a profile measured in the same job.
+// next to the simulator's prediction of each run from a profile measured in the same job; with
+// --configs, of plans with replicated stages too (PipeDream's notation, replicas per stage:
+// "2" is data parallelism on 2 ranks, "2-1" a replicated first stage and one more stage).
 //
 //   mpirun -np 2 bench_pipeline [--model mlp] [--width 3] [--batch 64] [--microbatches 8]
 //                               [--samples-per-run 6144] [--threads 1] [--repeat 3]
-//                               [--trace DIR] [--results FILE]
+//                               [--configs 2,1-1,1-2,2-1,3-1] [--trace DIR] [--results FILE]
+//
+// Configs whose replicas do not add up to the job's P ranks are skipped (so one list serves
+// -np 2, 3 and 4). A config's split is the contiguous one whose slowest stage, forward +
+// backward over its replicas, is fastest. Replicated stages reduce their gradients in buckets
+// that overlap the backward (ExecutorOptions defaults), and the simulator models the same
+// (SimulateOptions::overlap_allreduce, same bucket size), with the allreduce's bytes at the
+// ping-pong's bandwidth like the activations; the runtime's summing and copying of gradients
+// is CPU work the simulator does not charge.
 //
 // One job measures everything, so that the ratios compare numbers taken under the same load:
 //  1. rank 0 profiles the model (pipeline::profile, --threads threads, microbatch-sized batches)
@@ -86,6 +96,7 @@ struct Options {
   int profile_repeat = 30;
   double lr = 1e-3;
   std::vector<std::string> schedules{"1f1b-stash", "1f1b-flush", "gpipe"};
+  std::vector<std::string> configs;  // empty: P stages of one replica each
   std::string trace;
   std::string results;
 };
@@ -99,9 +110,11 @@ double range_time(const Profile& p, int begin, int end) {
   return t;
 }
 
-// The contiguous split of the profile's layers into `stages` ranges whose slowest stage is
-// fastest (a small dynamic program); returns the stage boundaries {0, c1, ..., n}.
-std::vector<int> balanced_split(const Profile& p, int stages) {
+// The contiguous split of the profile's layers into as many ranges as `replicas` has stages
+// whose slowest stage (its time over its replicas) is fastest (a small dynamic program);
+// returns the stage boundaries {0, c1, ..., n}.
+std::vector<int> balanced_split(const Profile& p, const std::vector<int>& replicas) {
+  const int stages = static_cast<int>(replicas.size());
   const int n = p.size();
   PIPELINE_CHECK_AS(ConfigError, stages <= n, "{} stages for a model of {} layers", stages, n);
   constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -114,7 +127,9 @@ std::vector<int> balanced_split(const Profile& p, int stages) {
   for (int k = 1; k <= stages; ++k)
     for (int i = k; i <= n; ++i)
       for (int j = k - 1; j < i; ++j) {
-        const double v = std::max(best[k - 1][static_cast<std::size_t>(j)], range_time(p, j, i));
+        const double v =
+            std::max(best[k - 1][static_cast<std::size_t>(j)],
+                     range_time(p, j, i) / replicas[static_cast<std::size_t>(k) - 1]);
         if (v < best[k][static_cast<std::size_t>(i)]) {
           best[k][static_cast<std::size_t>(i)] = v;
           cut[k][static_cast<std::size_t>(i)] = j;
@@ -129,14 +144,39 @@ std::vector<int> balanced_split(const Profile& p, int stages) {
   return bounds;
 }
 
-Plan make_plan(const std::string& model, const std::vector<int>& bounds) {
+// Stage s holds layers [bounds[s], bounds[s + 1]) on replicas[s] ranks, ranks in stage order.
+Plan make_plan(const std::string& model, const std::vector<int>& bounds,
+               const std::vector<int>& replicas) {
   Plan plan;
   plan.model = model;
-  plan.workers = static_cast<int>(bounds.size()) - 1;
-  for (int s = 0; s + 1 < static_cast<int>(bounds.size()); ++s)
-    plan.stages.push_back(
-        {bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1], 1, {s}});
+  int rank = 0;
+  for (int s = 0; s + 1 < static_cast<int>(bounds.size()); ++s) {
+    PlanStage st{bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1],
+                 replicas[static_cast<std::size_t>(s)], {}};
+    for (int r = 0; r < st.replicas; ++r) st.ranks.push_back(rank++);
+    plan.stages.push_back(st);
+  }
+  plan.workers = rank;
+  plan.config = fmt::format("{}", fmt::join(replicas, "-"));
   return plan;
+}
+
+// "2-1" -> {2, 1}; ConfigError for anything but positive counts joined by '-'.
+std::vector<int> parse_config(const std::string& text) {
+  std::vector<int> out;
+  for (std::size_t at = 0; at <= text.size();) {
+    std::size_t dash = text.find('-', at);
+    if (dash == std::string::npos) dash = text.size();
+    const std::string part = text.substr(at, dash - at);
+    PIPELINE_CHECK_AS(ConfigError,
+                      !part.empty() && part.size() < 5 &&
+                          part.find_first_not_of("0123456789") == std::string::npos &&
+                          std::stoi(part) > 0,
+                      "--configs: '{}' is not replicas per stage joined by '-' (e.g. 2-1)", text);
+    out.push_back(std::stoi(part));
+    at = dash + 1;
+  }
+  return out;
 }
 
 // A double carried through a float allreduce: hi + lo.
@@ -281,7 +321,10 @@ Run run_schedule(const ZooModel& z, const Options& o, const std::string& name,
   const ScheduleRequest req = request_for(name, o);
   const int m = req.microbatches;
   const int minibatches = o.samples_per_run / (o.batch * m);
-  const int warm = std::max(1, o.warmup_microbatches / m);
+  // 1f1b-stash steps a replicated stage once per round of its replicas' minibatches.
+  const int granularity = minibatch_granularity(name, layout);
+  const int warm_min = std::max(1, o.warmup_microbatches / m);
+  const int warm = (warm_min + granularity - 1) / granularity * granularity;
   const Schedule warm_schedule = make_schedule(req, layout, warm);
   const Schedule schedule = make_schedule(req, layout, minibatches);
   ExecutorOptions eo;
@@ -326,6 +369,16 @@ Run run_schedule(const ZooModel& z, const Options& o, const std::string& name,
   return r;
 }
 
+// One plan the job measures: replicas per stage, the split and what rank 0 timed of it.
+struct Config {
+  std::string name;
+  std::vector<int> replicas;
+  std::vector<int> bounds;
+  Plan plan;
+  PipelineLayout layout;
+  std::vector<StepCost> steps;  // rank 0: per stage
+};
+
 int run_bench(const Options& o, Communicator& world) {
   const int P = world.size();
   set_num_threads(o.threads);
@@ -338,9 +391,27 @@ int run_bench(const Options& o, Communicator& world) {
                     "--samples-per-run {} must be a multiple of --batch x --microbatches = {}",
                     o.samples_per_run, o.batch * o.microbatches);
 
-  // 1. Profile, split and step costs, on rank 0 while the others wait.
+  // The configs of this job's size.
+  std::vector<Config> configs;
+  std::vector<std::string> skipped;
+  if (o.configs.empty()) {
+    configs.push_back({fmt::format("{}", fmt::join(std::vector<int>(P, 1), "-")),
+                       std::vector<int>(P, 1), {}, {}, {}, {}});
+  }
+  for (const std::string& text : o.configs) {
+    std::vector<int> replicas = parse_config(text);
+    if (std::accumulate(replicas.begin(), replicas.end(), 0) == P)
+      configs.push_back({text, std::move(replicas), {}, {}, {}, {}});
+    else
+      skipped.push_back(text);
+  }
+  PIPELINE_CHECK_AS(ConfigError, !configs.empty(),
+                    "none of --configs {} runs on {} ranks (the replicas must add up to the job's "
+                    "size)",
+                    o.configs, P);
+
+  // 1. Profile, splits and step costs, on rank 0 while the others wait.
   Profile prof;
-  std::vector<StepCost> step_costs;
   std::string split_text;
   if (world.rank() == 0) {
     ProfileOptions po;
@@ -348,35 +419,44 @@ int run_bench(const Options& o, Communicator& world) {
     po.repeat = o.profile_repeat;
     po.split_backward = false;
     prof = profile(z, o.batch, Device::cpu(), po);
-    const std::vector<int> bounds = balanced_split(prof, P);
-    for (int s = 0; s < P; ++s)
-      step_costs.push_back(time_step(
-          z.model, {bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1]}));
-    split_text = fmt::format("{}", fmt::join(bounds, ","));
+    for (Config& c : configs) {
+      c.bounds = balanced_split(prof, c.replicas);
+      for (std::size_t s = 0; s < c.replicas.size(); ++s)
+        c.steps.push_back(time_step(z.model, {c.bounds[s], c.bounds[s + 1]}));
+      split_text += fmt::format("{}{}", split_text.empty() ? "" : ";", fmt::join(c.bounds, ","));
+    }
   }
   world.barrier();
   split_text = broadcast_string(world, split_text, 0);
-  std::vector<int> bounds;
-  for (std::size_t at = 0; at < split_text.size();) {
-    std::size_t comma = split_text.find(',', at);
-    if (comma == std::string::npos) comma = split_text.size();
-    bounds.push_back(std::stoi(split_text.substr(at, comma - at)));
-    at = comma + 1;
+  {
+    std::size_t at = 0;
+    for (Config& c : configs) {
+      std::size_t end = split_text.find(';', at);
+      if (end == std::string::npos) end = split_text.size();
+      c.bounds.clear();
+      for (std::size_t i = at; i < end;) {
+        std::size_t comma = split_text.find(',', i);
+        if (comma == std::string::npos || comma > end) comma = end;
+        c.bounds.push_back(std::stoi(split_text.substr(i, comma - i)));
+        i = comma + 1;
+      }
+      at = end + 1;
+      c.plan = make_plan(o.model, c.bounds, c.replicas);
+      c.layout = PipelineLayout::from_plan(c.plan, z.model);
+    }
   }
-  const Plan plan = make_plan(o.model, bounds);
-  const PipelineLayout layout = PipelineLayout::from_plan(plan, z.model);
-  const Plan whole = make_plan(o.model, {0, z.model.size()});
+  const Plan whole = make_plan(o.model, {0, z.model.size()}, {1});
   const PipelineLayout one = PipelineLayout::from_plan(whole, z.model);
 
-  // 2. The link: the largest boundary activation of one microbatch.
+  // 2. The link: the largest boundary activation of one microbatch over every config.
   std::int64_t boundary_bytes = 0;
-  for (int s = 0; s + 1 < P; ++s)
-    boundary_bytes = std::max<std::int64_t>(
-        boundary_bytes,
-        z.model.shapes(z.input_shape(o.batch), {0, bounds[static_cast<std::size_t>(s) + 1]})
-                .back()
-                .numel() *
-            4);
+  for (const Config& c : configs)
+    for (std::size_t s = 1; s + 1 < c.bounds.size(); ++s)
+      boundary_bytes = std::max<std::int64_t>(
+          boundary_bytes,
+          z.model.shapes(z.input_shape(o.batch), {0, c.bounds[s]}).back().numel() * 4);
+  if (boundary_bytes == 0)  // data parallelism only: a message of the size of the input
+    boundary_bytes = z.input_shape(o.batch).numel() * 4;
   const double one_way_s = ping_pong(world, boundary_bytes);
   world.barrier();
 
@@ -392,15 +472,20 @@ int run_bench(const Options& o, Communicator& world) {
   if (world.rank() == 0) self = std::make_unique<MpiCommunicator>(MPI_COMM_SELF);
 
   struct Row {
+    std::size_t config = 0;
+    std::string schedule;
     std::vector<double> single, pipelined;
     std::vector<std::vector<RankBreakdown>> ranks;
     std::vector<double> delay;
     std::vector<int> delivered;
   };
-  std::vector<Row> rows(o.schedules.size());
+  std::vector<Row> rows;
+  for (std::size_t c = 0; c < configs.size(); ++c)
+    for (const std::string& name : o.schedules) rows.push_back({c, name, {}, {}, {}, {}, {}});
   for (int rep = 0; rep < o.repeat; ++rep) {
-    for (std::size_t k = 0; k < o.schedules.size(); ++k) {
-      const std::string& name = o.schedules[k];
+    for (Row& row : rows) {
+      const Config& cfg = configs[row.config];
+      const std::string& name = row.schedule;
       const std::int64_t mb_samples = is_stash(name) ? o.batch : mb_samples_max;
       const Batch b = full.slice(0, mb_samples);
       const MinibatchFeed feed{[b](std::int64_t) { return b; },
@@ -409,20 +494,20 @@ int run_bench(const Options& o, Communicator& world) {
       std::string trace;
       if (!o.trace.empty() && last_rep) {
         std::filesystem::create_directories(o.trace);
-        trace = fmt::format("{}/{}.json", o.trace, name);
+        trace = fmt::format("{}/{}.{}.json", o.trace, cfg.name, name);
       }
       if (world.rank() == 0) {
         Run r = run_schedule(z, o, name, one, *self, feed,
                              trace.empty() ? "" : fmt::format("{}/{}.1rank.json", o.trace, name));
-        rows[k].single.push_back(r.samples_per_s);
+        row.single.push_back(r.samples_per_s);
       }
       world.barrier();
       if (P > 1) {
-        Run r = run_schedule(z, o, name, layout, world, feed, trace);
-        rows[k].pipelined.push_back(r.samples_per_s);
-        rows[k].ranks.push_back(r.ranks);
-        rows[k].delay.push_back(r.delivery_delay_s);
-        rows[k].delivered.push_back(r.delivered_while_waiting);
+        Run r = run_schedule(z, o, name, cfg.layout, world, feed, trace);
+        row.pipelined.push_back(r.samples_per_s);
+        row.ranks.push_back(r.ranks);
+        row.delay.push_back(r.delivery_delay_s);
+        row.delivered.push_back(r.delivered_while_waiting);
       }
       world.barrier();
     }
@@ -430,62 +515,74 @@ int run_bench(const Options& o, Communicator& world) {
   if (world.rank() != 0) return 0;
 
   // 4. Predictions and the table.
-  const double step_s =
-      std::max_element(step_costs.begin(), step_costs.end(), [](auto& a, auto& b) {
-        return a.step_s < b.step_s;
-      })->step_s;
-  double copy_s = 0;
-  for (auto& c : step_costs) copy_s = std::max(copy_s, c.copy_s);
   Topology topo;
   if (P > 1 && one_way_s > 0)
     topo.levels.push_back({P, static_cast<double>(boundary_bytes) / one_way_s});
   auto predict = [&](const std::string& name, const Plan& pl, const PipelineLayout& lay,
-                     const std::string& trace_path) {
+                     const std::vector<StepCost>& steps, const std::string& trace_path) {
     const ScheduleRequest req = request_for(name, o);
     const Schedule s = make_schedule(req, lay, o.samples_per_run / (o.batch * req.microbatches));
+    double step_s = 0, copy_s = 0;
+    for (const StepCost& c : steps) {
+      step_s = std::max(step_s, c.step_s);
+      copy_s = std::max(copy_s, c.copy_s);
+    }
     SimulateOptions so;
     so.microbatch_size = o.batch;
     so.full_duplex = true;
     // A stash step copies the weights when an in-flight microbatch still holds them (every
     // stage but the last of a pipeline); one stage never has another microbatch in flight.
     so.optimizer_step_s = step_s + (is_stash(name) && lay.num_stages() > 1 ? copy_s : 0);
+    // The executor's allreduce: buckets overlapping the backward, of its default size.
+    so.overlap_allreduce = ExecutorOptions{}.overlap_allreduce;
+    so.allreduce_bucket_bytes = ExecutorOptions{}.allreduce_bucket_bytes;
     so.record_trace = !trace_path.empty();
-    const Simulation sim = simulate(s, prof, pl, lay.num_stages() > 1 ? topo : Topology{}, so);
+    const Simulation sim = simulate(s, prof, pl, lay.num_ranks() > 1 ? topo : Topology{}, so);
     if (!trace_path.empty()) write_chrome_trace(trace_path, sim, s);
     return o.samples_per_run / sim.makespan_s;
   };
+  const StepCost whole_step = time_step(z.model, {0, z.model.size()});
 
   std::string stages;
-  for (int s = 0; s < P; ++s) {
-    const int b0 = bounds[static_cast<std::size_t>(s)],
-              b1 = bounds[static_cast<std::size_t>(s) + 1];
-    stages += fmt::format(
-        "{}stage {}: layers [{}, {}) {}-{}, {:.2f} ms fwd+bwd per microbatch, "
-        "step {:.3f} ms, weight copy {:.3f} ms\n",
-        "  ", s, b0, b1, z.model.layer(b0).name(), z.model.layer(b1 - 1).name(),
-        1e3 * range_time(prof, b0, b1), 1e3 * step_costs[static_cast<std::size_t>(s)].step_s,
-        1e3 * step_costs[static_cast<std::size_t>(s)].copy_s);
-  }
-  double slowest = 0, fastest = std::numeric_limits<double>::infinity();
-  for (int s = 0; s < P; ++s) {
-    const double t = range_time(prof, bounds[static_cast<std::size_t>(s)],
-                                bounds[static_cast<std::size_t>(s) + 1]);
-    slowest = std::max(slowest, t);
-    fastest = std::min(fastest, t);
+  for (const Config& c : configs) {
+    double slowest = 0, fastest = std::numeric_limits<double>::infinity();
+    for (std::size_t s = 0; s < c.replicas.size(); ++s) {
+      const double t = range_time(prof, c.bounds[s], c.bounds[s + 1]) / c.replicas[s];
+      slowest = std::max(slowest, t);
+      fastest = std::min(fastest, t);
+    }
+    stages += fmt::format("config {}: {} stage(s), slowest stage over its replicas / fastest = "
+                          "{:.3f}\n",
+                          c.name, c.replicas.size(), slowest / fastest);
+    for (std::size_t s = 0; s < c.replicas.size(); ++s) {
+      const int b0 = c.bounds[s], b1 = c.bounds[s + 1];
+      std::int64_t param_bytes = 0;
+      for (int l = b0; l < b1; ++l) param_bytes += prof.layers[static_cast<std::size_t>(l)].parameter_bytes;
+      stages += fmt::format(
+          "  stage {}: layers [{}, {}) {}-{} on {} replica(s), {:.2f} ms fwd+bwd per microbatch, "
+          "{:.2f} MB of gradients, step {:.3f} ms, weight copy {:.3f} ms\n",
+          s, b0, b1, z.model.layer(b0).name(), z.model.layer(b1 - 1).name(), c.replicas[s],
+          1e3 * range_time(prof, b0, b1), 1e-6 * static_cast<double>(param_bytes),
+          1e3 * c.steps[s].step_s, 1e3 * c.steps[s].copy_s);
+    }
   }
   std::string header = fmt::format(
       "bench_pipeline: {} (width {}), microbatches of {} samples, {} samples per run, {} thread(s) "
       "per rank, {} ranks, {} repeat(s); {}, load average {} at the end, {:%Y-%m-%d %H:%M}\n"
-      "profile: {} layers, whole model {:.2f} ms fwd+bwd per microbatch; {}-stage split (slowest "
-      "stage / fastest = {:.3f}):\n{}"
-      "link: {} bytes one way in {:.1f} us (ping-pong), simulated at {:.2f} GB/s full duplex\n"
-      "flush schedules: {} microbatches per minibatch (bubble bound on the speedup P*m/(m+P-1) = "
-      "{:.2f}); 1f1b-stash: 1 microbatch per minibatch\n",
+      "profile: {} layers, whole model {:.2f} ms fwd+bwd per microbatch\n{}{}"
+      "link: {} bytes one way in {:.1f} us (ping-pong), simulated at {:.2f} GB/s full duplex "
+      "(activations and allreduce buckets of {} MiB, overlapping the backward)\n"
+      "flush schedules: {} microbatches per minibatch (bubble bound on the speedup of P stages "
+      "P*m/(m+P-1) = {:.2f}); 1f1b-stash: 1 microbatch per minibatch\n",
       o.model, o.width, o.batch, o.samples_per_run, o.threads, P, o.repeat, bench::cpu_name(),
       bench::load_average(), fmt::localtime(std::time(nullptr)), prof.size(),
-      1e3 * range_time(prof, 0, prof.size()), P, slowest / fastest, stages, boundary_bytes,
-      1e6 * one_way_s, one_way_s > 0 ? 1e-9 * static_cast<double>(boundary_bytes) / one_way_s : 0.0,
-      o.microbatches, static_cast<double>(P) * o.microbatches / (o.microbatches + P - 1));
+      1e3 * range_time(prof, 0, prof.size()), stages,
+      skipped.empty() ? std::string()
+                      : fmt::format("skipped (not {} ranks): {}\n", P, fmt::join(skipped, ", ")),
+      boundary_bytes, 1e6 * one_way_s,
+      one_way_s > 0 ? 1e-9 * static_cast<double>(boundary_bytes) / one_way_s : 0.0,
+      ExecutorOptions{}.allreduce_bucket_bytes >> 20, o.microbatches,
+      static_cast<double>(P) * o.microbatches / (o.microbatches + P - 1));
 
   auto spread = [](const std::vector<double>& v) {
     if (v.empty()) return std::string("-");
@@ -493,51 +590,58 @@ int run_bench(const Options& o, Communicator& world) {
     return fmt::format("{:.0f}-{:.0f}", *lo, *hi);
   };
   std::string table =
-      "| schedule | ranks | measured samples/s (median) | spread (min-max) | predicted samples/s | "
-      "measured/predicted | speedup over 1 rank, median of the repetitions' ratios (min-max) |\n"
-      "|---|---|---|---|---|---|---|\n";
+      "| config | schedule | ranks | measured samples/s (median) | spread (min-max) | predicted "
+      "samples/s | measured/predicted | speedup over 1 rank, median of the repetitions' ratios "
+      "(min-max) |\n"
+      "|---|---|---|---|---|---|---|---|\n";
   std::string detail;
-  for (std::size_t k = 0; k < o.schedules.size(); ++k) {
-    const std::string& name = o.schedules[k];
-    const double single = median(rows[k].single);
+  std::vector<std::string> single_done;
+  for (const Row& row : rows) {
+    const Config& cfg = configs[row.config];
+    const std::string& name = row.schedule;
+    const double single = median(row.single);
     const double pred1 =
-        predict(name, whole, one,
+        predict(name, whole, one, {whole_step},
                 o.trace.empty() ? "" : fmt::format("{}/{}.1rank.sim.json", o.trace, name));
-    table += fmt::format("| {} | 1 | {:.0f} | {} | {:.0f} | {:.3f} | 1 |\n", name, single,
-                         spread(rows[k].single), pred1, single / pred1);
+    if (std::find(single_done.begin(), single_done.end(), name) == single_done.end()) {
+      table += fmt::format("| 1 | {} | 1 | {:.0f} | {} | {:.0f} | {:.3f} | 1 |\n", name, single,
+                           spread(row.single), pred1, single / pred1);
+      single_done.push_back(name);
+    }
     if (P == 1) continue;
-    const double piped = median(rows[k].pipelined);
+    const double piped = median(row.pipelined);
     const double predP = predict(
-        name, plan, layout, o.trace.empty() ? "" : fmt::format("{}/{}.sim.json", o.trace, name));
+        name, cfg.plan, cfg.layout, cfg.steps,
+        o.trace.empty() ? "" : fmt::format("{}/{}.{}.sim.json", o.trace, cfg.name, name));
     // Each repetition's P-rank run divided by the 1-rank run just before it: a burst of load
     // from other programs then spoils one ratio, not the medians of both columns.
     std::vector<double> ratios;
-    for (std::size_t i = 0; i < rows[k].pipelined.size(); ++i)
-      ratios.push_back(rows[k].pipelined[i] / rows[k].single[i]);
+    for (std::size_t i = 0; i < row.pipelined.size(); ++i)
+      ratios.push_back(row.pipelined[i] / row.single[i]);
     auto [rlo, rhi] = std::minmax_element(ratios.begin(), ratios.end());
     // The P-rank ratio over the 1-rank one: what remains when the profile's own error, which
     // both predictions share, is divided out — the simulator's model of the schedule.
     table += fmt::format(
-        "| {} | {} | {:.0f} | {} | {:.0f} | {:.3f} ({:.3f} of the 1-rank ratio) | {:.2f}x "
+        "| {} | {} | {} | {:.0f} | {} | {:.0f} | {:.3f} ({:.3f} of the 1-rank ratio) | {:.2f}x "
         "({:.2f}-{:.2f}) |\n",
-        name, P, piped, spread(rows[k].pipelined), predP, piped / predP,
+        cfg.name, name, P, piped, spread(row.pipelined), predP, piped / predP,
         (piped / predP) / (single / pred1), median(ratios), *rlo, *rhi);
     // The breakdown of the run with the median throughput.
-    std::vector<std::size_t> order(rows[k].pipelined.size());
+    std::vector<std::size_t> order(row.pipelined.size());
     std::iota(order.begin(), order.end(), 0);
     std::sort(order.begin(), order.end(),
-              [&](auto a, auto b) { return rows[k].pipelined[a] < rows[k].pipelined[b]; });
+              [&](auto a, auto b) { return row.pipelined[a] < row.pipelined[b]; });
     const std::size_t mid = order[order.size() / 2];
-    const auto& br = rows[k].ranks[mid];
+    const auto& br = row.ranks[mid];
     detail += fmt::format(
-        "  {}: {} messages arrived while their receiver waited; median delay "
+        "  {} {}: {} messages arrived while their receiver waited; median delay "
         "from the send's post to the end of the wait {:.1f} us\n",
-        name, rows[k].delivered[mid], 1e6 * rows[k].delay[mid]);
+        cfg.name, name, row.delivered[mid], 1e6 * row.delay[mid]);
     for (int r = 0; r < P; ++r)
       detail += fmt::format(
-          "  {} rank {}: compute {:.3f} s, waiting in receives {:.3f} s, other "
-          "{:.3f} s; CPU time / wall {:.2f}, {:.0f} involuntary context switches\n",
-          name, r, br[static_cast<std::size_t>(r)].compute_s,
+          "  {} {} rank {}: compute and allreduce waits {:.3f} s, waiting in receives {:.3f} s, "
+          "other {:.3f} s; CPU time / wall {:.2f}, {:.0f} involuntary context switches\n",
+          cfg.name, name, r, br[static_cast<std::size_t>(r)].compute_s,
           br[static_cast<std::size_t>(r)].recv_wait_s, br[static_cast<std::size_t>(r)].other_s,
           br[static_cast<std::size_t>(r)].cpu_share, br[static_cast<std::size_t>(r)].preempted);
   }
@@ -567,6 +671,11 @@ int main(int argc, char** argv) {
   app.add_option("--warmup-microbatches", o.warmup_microbatches)->check(CLI::Range(1, 1 << 20));
   app.add_option("--profile-repeat", o.profile_repeat)->check(CLI::Range(1, 10000));
   app.add_option("--schedules", o.schedules, "schedules to run")->delimiter(',');
+  app.add_option("--configs", o.configs,
+                 "plans to run, replicas per stage joined by '-' (2, 1-1, 2-1, ...); those whose "
+                 "replicas do not add up to the job's ranks are skipped (default: one stage per "
+                 "rank)")
+      ->delimiter(',');
   app.add_option("--trace", o.trace, "write measured and simulated Chrome traces into this folder");
   app.add_option("--results", o.results, "append the table to this file");
   CLI11_PARSE(app, argc, argv);
