@@ -191,7 +191,7 @@ std::string format_duration(double seconds, bool round_up) {
   if (seconds >= 2 * 86400) {
     unit = "d";
     v = seconds / 86400;
-  } else if (seconds >= 2 * 3600) {
+  } else if (seconds >= 3600) {
     unit = "h";
     v = seconds / 3600;
   } else if (seconds >= 120) {

@@ -129,12 +129,19 @@ struct TypedPartitioner::Impl {
     cell(s, v) = best;
   }
 
+  // Rows depend on the rows after them, cells of a row do not depend on one another: one thread
+  // team for the whole solve, a barrier per row. Worth it only when a row has enough work (a
+  // barrier costs milliseconds when another job holds the cores).
   void solve() {
     table.assign(static_cast<std::size_t>(S + 1) * U, Cell{});
     cell(S - 1, 0) = Cell{0.0, -1, -1, 0, 0};
+    int workers = 0;
+    for (const TypeData& d : types) workers += d.count;
+    const long long n = static_cast<long long>(U);
+    const bool parallel = static_cast<double>(U) * S * workers > 2e7;
+#pragma omp parallel if (parallel)
     for (int s = S - 2; s >= -1; --s) {
-      const long long n = static_cast<long long>(U);
-#pragma omp parallel for schedule(dynamic, 8) if (static_cast<double>(U) * S * S > 1e6)
+#pragma omp for schedule(dynamic, 16)
       for (long long v = 1; v < n; ++v) solve_cell(s, static_cast<std::size_t>(v));
     }
   }
