@@ -646,10 +646,6 @@ void check_interleaved_request(const Profile& p, const Topology& t, const Partit
                     "interleaved plans ({} virtual stages per worker) put stages on every worker; "
                     "--allow-idle does not apply (give fewer workers instead)",
                     v);
-  PIPELINE_CHECK_AS(ConfigError, o.recompute != Recompute::All,
-                    "interleaved plans ({} virtual stages per worker) do not recompute "
-                    "activations yet; use --recompute none",
-                    v);
   PIPELINE_CHECK_AS(ConfigError, w >= 2,
                     "interleaved plans need at least 2 workers ({} virtual stages on {} worker "
                     "would only add transfers); use --virtual-stages 1",
@@ -685,9 +681,13 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   for (int k = 0; k < stages; ++k) {
     PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
     const FinalStage& f = fs[static_cast<std::size_t>(k)];
-    ps.memory_bytes = stage_memory_bytes(at(g.parameter_bytes, f.e) - at(g.parameter_bytes, f.s),
-                                         at(g.activation_bytes, f.e) - at(g.activation_bytes, f.s),
-                                         1, o.optimizer_state_factor);
+    const double par = at(g.parameter_bytes, f.e) - at(g.parameter_bytes, f.s),
+                 act = at(g.activation_bytes, f.e) - at(g.activation_bytes, f.s),
+                 input = at(g.boundary_bytes, f.s);
+    // describe() decided recomputation: every stage under --recompute all, none otherwise.
+    ps.memory_bytes = ps.recompute
+                          ? recompute_stage_memory_bytes(par, act, input, 1, o.optimizer_state_factor)
+                          : stage_memory_bytes(par, act, 1, o.optimizer_state_factor, input);
     const auto r = static_cast<std::size_t>(k % w);
     compute[r] += ps.compute_s + ps.sync_s;
     transfer[r] += ps.transfer_s;
@@ -702,8 +702,9 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
       PIPELINE_FAIL(ConfigError,
                     "the interleaved plan ({} stages per worker) needs {:.4g} bytes on rank {} "
                     "(stages {}, {}, ...), more than the {:.4g} available; use fewer virtual "
-                    "stages, more workers or more memory",
-                    o.virtual_stages, memory[i], r, r, r + w, *t.memory_bytes_per_worker);
+                    "stages, more workers or more memory{}",
+                    o.virtual_stages, memory[i], r, r, r + w, *t.memory_bytes_per_worker,
+                    o.recompute == Recompute::All ? "" : ", or recompute activations (--recompute all)");
   }
   plan.in_flight = 1;
   finish(plan, p, t, o, time);
@@ -731,7 +732,15 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
     if (!charge) return 0.0;
     return transfer_time(g.boundary_bytes[static_cast<std::size_t>(j) - 1], 1, bandwidth[static_cast<std::size_t>(k)], R);
   };
-  const auto prefix = [&](int j) { return j == 0 ? 0.0 : g.compute_s[static_cast<std::size_t>(j) - 1]; };
+  // Compute of the stage [i, j), in describe()'s arithmetic; under --recompute all every stage
+  // runs its forward twice.
+  const bool twice = o.recompute == Recompute::All;
+  const auto diff = [&](const std::vector<double>& v, int i, int j) {
+    return v[static_cast<std::size_t>(j) - 1] - (i == 0 ? 0.0 : v[static_cast<std::size_t>(i) - 1]);
+  };
+  const auto stage_compute = [&](int i, int j) {
+    return diff(g.compute_s, i, j) + (twice ? diff(g.forward_s, i, j) : 0.0);
+  };
   // best[k][j]: the slowest of the first k stages when they cover layers [0, j); from[k][j]: where
   // the k-th of them starts.
   const auto width = static_cast<std::size_t>(n) + 1;
@@ -748,7 +757,7 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
       for (int i = k - 1; i < j; ++i) {
         const double before = best[cell(k - 1, i)];
         if (!(before < b)) continue;
-        double cost = std::max(prefix(j) - prefix(i), out);
+        double cost = std::max(stage_compute(i, j), out);
         if (stage > 0) cost = std::max(cost, cut_time(stage - 1, i));
         const double cand = std::max(before, cost);
         if (cand < b) {
@@ -779,7 +788,7 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
       for (int i = k - 1; i < j; ++i) {
         const double before = squares[cell(k - 1, i)];
         if (!std::isfinite(before)) continue;
-        double cost = std::max(prefix(j) - prefix(i), out);
+        double cost = std::max(stage_compute(i, j), out);
         if (stage > 0) cost = std::max(cost, cut_time(stage - 1, i));
         if (cost > optimum) continue;
         const double cand = before + cost * cost;

@@ -334,6 +334,16 @@ TEST_CASE(
   const Simulation flat = simulate(
       generate_schedule("1f1b-flush", ScheduleSpec::from_plan(straight, 8)), p, straight, {});
   CHECK(flat.bubble_fraction == doctest::Approx(3.0 / 11));
+  // --recompute all: every stage keeps only its input and runs its forward twice (4 ms per
+  // layer: two stages of two layers per rank, 16 ms); plan.json keeps the choice.
+  PartitionOptions all = o;
+  all.recompute = Recompute::All;
+  const Plan recomputed = parse_plan(plan_to_json(partition(p, t, all)).dump(), "recomputed");
+  CHECK(recomputed.predicted.time_per_minibatch_s == doctest::Approx(0.016));
+  for (const PlanStage& s : recomputed.stages) CHECK(s.recompute);
+  // The estimate holds one minibatch per stage, its activations either stashed or rebuilt in the
+  // backward: the same bound with or without recomputation.
+  CHECK(recomputed.stages[1].memory_bytes == plan.stages[1].memory_bytes);
   // One virtual stage is the ordinary planner.
   PartitionOptions one;
   one.virtual_stages = 1;

@@ -26,6 +26,8 @@
 // stages of weights, gradient, optimizer state and one minibatch of activations, which is the
 // peak of interleaved 1F1B with as many microbatches as workers (every pair in flight) and an
 // upper bound with more. With a memory limit the plan must fit or ConfigError names the rank.
+// Recomputation: under Recompute::All every stage keeps only its input and runs its forward
+// twice (its compute includes the second forward); Auto recomputes no stage of such a plan.
 #pragma once
 
 #include <pipeline/plan/cost_model.hpp>
