@@ -15,6 +15,8 @@
 namespace pipeline {
 namespace {
 
+constexpr double kHuge = 1e300;
+
 double checked_price(const Topology& t, std::size_t type) {
   const auto p = type_price(t, type);
   PIPELINE_CHECK_AS(ConfigError, p.has_value(),
@@ -244,40 +246,50 @@ void write_frontier_json(const std::string& path, const std::vector<CostedPlan>&
 
 std::string frontier_svg(const std::vector<CostedPlan>& frontier, const std::vector<CostedPlan>& candidates,
                          const Topology& topology, double samples) {
-  const double W = 720, H = 440, left = 80, right = 200, top = 40, bottom = 60;
-  double tmax = 0, cmax = 0;
-  for (const auto* set : {&frontier, &candidates})
-    for (const CostedPlan& c : *set) {
-      tmax = std::max(tmax, c.time_s / 3600);
-      cmax = std::max(cmax, c.cost);
-    }
-  // Axis ends at a round 1, 2 or 5 times a power of ten.
-  auto nice = [](double v) {
-    if (!(v > 0)) return 1.0;
-    const double p = std::pow(10.0, std::floor(std::log10(v)));
-    for (double m : {1.0, 2.0, 5.0, 10.0})
-      if (m * p >= v) return m * p;
+  const double W = 760, H = 460, left = 80, right = 200, top = 40, bottom = 60;
+  // The axes span the frontier (candidates far slower than its slowest point would squeeze it
+  // into a corner; they are left out and counted in the caption). Ends at round steps.
+  double tmin = kHuge, tmax = 0, cmin = kHuge, cmax = 0;
+  for (const CostedPlan& c : frontier) {
+    tmin = std::min(tmin, c.time_s / 3600);
+    tmax = std::max(tmax, c.time_s / 3600);
+    cmin = std::min(cmin, c.cost);
+    cmax = std::max(cmax, c.cost);
+  }
+  if (frontier.empty()) tmin = cmin = 0, tmax = cmax = 1;
+  const auto step_of = [](double span) {
+    const double raw = span / 5, p = std::pow(10.0, std::floor(std::log10(raw)));
+    for (double m : {1.0, 2.0, 5.0})
+      if (m * p >= raw) return m * p;
     return 10 * p;
   };
-  const double tx = nice(tmax * 1.05), cy = nice(cmax * 1.05);
+  const double tspan = std::max(tmax * 1.3, 1e-9), tstep = step_of(tspan), t1 = std::ceil(tspan / tstep) * tstep;
+  double cspan = std::max(cmax - cmin, 1e-9 + 0.1 * cmax);
+  const double cstep = step_of(cspan * 1.4);
+  const double c0 = std::max(0.0, std::floor((cmin - 0.2 * cspan) / cstep) * cstep);
+  const double c1 = std::ceil((cmax + 0.2 * cspan) / cstep) * cstep;
   const double pw = W - left - right, ph = H - top - bottom;
-  auto X = [&](double hours) { return left + pw * hours / tx; };
-  auto Y = [&](double cost) { return top + ph * (1 - cost / cy); };
+  auto X = [&](double hours) { return left + pw * hours / t1; };
+  auto Y = [&](double cost) { return top + ph * (1 - (cost - c0) / (c1 - c0)); };
+  auto inside = [&](const CostedPlan& c) { return c.time_s / 3600 <= t1 && c.cost >= c0 && c.cost <= c1; };
+  std::size_t outside = 0;
+  for (const CostedPlan& c : candidates) outside += inside(c) ? 0 : 1;
   std::string svg = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
       "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n",
       W, H);
-  svg += fmt::format("<text x=\"{}\" y=\"20\" font-size=\"13\">Plans for {:.6g} samples: time against cost "
-                     "(blue: Pareto frontier)</text>\n",
-                     left, samples);
-  for (int i = 0; i <= 5; ++i) {
-    const double hx = tx * i / 5, cv = cy * i / 5;
-    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#eee\"/>\n", X(hx), top,
+  svg += fmt::format("<text x=\"{}\" y=\"20\" font-size=\"13\">Plans for {:.6g} samples: time against cost (blue: "
+                     "the Pareto frontier; grey: other worker choices{})</text>\n",
+                     left, samples, outside ? fmt::format(", {} beyond the axes", outside) : std::string());
+  for (double v = 0; v <= t1 * (1 + 1e-9); v += tstep) {
+    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#eee\"/>\n", X(v), top,
                        top + ph);
-    svg += fmt::format("<line x1=\"{1}\" y1=\"{0:.1f}\" x2=\"{2}\" y2=\"{0:.1f}\" stroke=\"#eee\"/>\n", Y(cv), left,
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:.4g}</text>\n", X(v), top + ph + 16, v);
+  }
+  for (double v = c0; v <= c1 * (1 + 1e-9); v += cstep) {
+    svg += fmt::format("<line x1=\"{1}\" y1=\"{0:.1f}\" x2=\"{2}\" y2=\"{0:.1f}\" stroke=\"#eee\"/>\n", Y(v), left,
                        left + pw);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:.3g}</text>\n", X(hx), top + ph + 16, hx);
-    svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.4g}</text>\n", left - 6, Y(cv) + 4, cv);
+    svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.4g}</text>\n", left - 6, Y(v) + 4, v);
   }
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", left,
                      top, pw, ph);
@@ -287,10 +299,11 @@ std::string frontier_svg(const std::vector<CostedPlan>& frontier, const std::vec
                      "(currency units)</text>\n",
                      top + ph / 2, top + ph / 2);
   for (const CostedPlan& c : candidates)
-    svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"#bbb\"><title>{}: {}, {:.2f}</title>"
-                       "</circle>\n",
-                       X(c.time_s / 3600), Y(c.cost), describe_workers(c, topology), format_duration(c.time_s),
-                       c.cost);
+    if (inside(c))
+      svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"#bbb\"><title>{}: {}, {:.2f}</title>"
+                         "</circle>\n",
+                         X(c.time_s / 3600), Y(c.cost), describe_workers(c, topology), format_duration(c.time_s),
+                         c.cost);
   // The frontier as a step line: from each point, the cost holds until the next point's time.
   if (!frontier.empty()) {
     std::string path = fmt::format("M{:.1f},{:.1f}", X(frontier[0].time_s / 3600), Y(frontier[0].cost));
@@ -299,15 +312,20 @@ std::string frontier_svg(const std::vector<CostedPlan>& frontier, const std::vec
     path += fmt::format(" H{:.1f}", left + pw);
     svg += fmt::format("<path d=\"{}\" fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\"/>\n", path);
   }
+  double last_label_y = -kHuge;
   for (std::size_t i = 0; i < frontier.size(); ++i) {
     const CostedPlan& c = frontier[i];
     svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"#1f77b4\"><title>{}: {}, {:.2f}, config "
                        "{}</title></circle>\n",
                        X(c.time_s / 3600), Y(c.cost), describe_workers(c, topology), format_duration(c.time_s), c.cost,
                        c.plan.config);
-    if (frontier.size() <= 12 || i % (frontier.size() / 12 + 1) == 0)
-      svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"#1f77b4\">{}</text>\n", X(c.time_s / 3600) + 6,
-                         Y(c.cost) - 6, describe_workers(c, topology));
+    if (frontier.size() <= 12 || i % (frontier.size() / 12 + 1) == 0) {
+      // Costs fall along the frontier, so labels go down the plot: keep each a line below the last.
+      const double y = std::max(Y(c.cost) - 7, last_label_y + 13);
+      last_label_y = y;
+      svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"#1f77b4\">{} ({}, {:.2f})</text>\n",
+                         X(c.time_s / 3600) + 7, y, describe_workers(c, topology), format_duration(c.time_s), c.cost);
+    }
   }
   svg += "</svg>\n";
   return svg;
