@@ -23,9 +23,11 @@
 #include <cmath>
 #include <numeric>
 
+#include "support/param_compare.hpp"
 #include "support/stash_reference.hpp"
 
 using namespace pipeline;
+using pipeline::testing::max_rel_diff;
 
 namespace {
 
@@ -63,19 +65,6 @@ Batch minibatch(std::int64_t j) {
 MinibatchFeed feed() {
   return {[](std::int64_t j) { return minibatch(j); },
           [](std::int64_t) { return std::int64_t{kBatch}; }};
-}
-
-double max_rel_diff(const ModelParams& got, const ModelParams& want, LayerRange r) {
-  double worst = 0;
-  for (int i = r.begin; i < r.end; ++i)
-    for (std::size_t k = 0; k < got[static_cast<std::size_t>(i - r.begin)].params.size(); ++k) {
-      auto g = got[static_cast<std::size_t>(i - r.begin)].params[k].values();
-      auto w = want[static_cast<std::size_t>(i)].params[k].values();
-      for (std::size_t e = 0; e < g.size(); ++e)
-        worst =
-            std::max(worst, std::abs(double(g[e]) - double(w[e])) / (1.0 + std::abs(double(w[e]))));
-    }
-  return worst;
 }
 
 // Stages of two layers on the world's ranks: `world` stages, or with `replicate_first` a

@@ -15,6 +15,7 @@
 #include <pipeline/runtime/stage_executor.hpp>
 #include <pipeline/schedule/generator.hpp>
 
+#include "support/param_compare.hpp"
 #include "support/stash_reference.hpp"
 
 #include <cmath>
@@ -23,6 +24,7 @@
 #include <numeric>
 
 using namespace pipeline;
+using pipeline::testing::max_rel_diff;
 
 namespace {
 
@@ -58,23 +60,6 @@ Batch minibatch(std::int64_t j) {
 MinibatchFeed feed() {
   return {[](std::int64_t j) { return minibatch(j); },
           [](std::int64_t) { return std::int64_t{kBatch}; }};
-}
-
-double max_rel_diff(const ModelParams& got, const ModelParams& want, LayerRange r) {
-  double worst = 0;
-  for (int i = r.begin; i < r.end; ++i) {
-    const auto& g = got[static_cast<std::size_t>(i - r.begin)].params;
-    const auto& w = want[static_cast<std::size_t>(i)].params;
-    REQUIRE(g.size() == w.size());
-    for (std::size_t k = 0; k < g.size(); ++k) {
-      auto gv = g[k].values();
-      auto wv = w[k].values();
-      for (std::size_t e = 0; e < gv.size(); ++e)
-        worst = std::max(worst,
-                         std::abs(double(gv[e]) - double(wv[e])) / (1.0 + std::abs(double(wv[e]))));
-    }
-  }
-  return worst;
 }
 
 bool bitwise_equal(const ModelParams& a, const ModelParams& b) {

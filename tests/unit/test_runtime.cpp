@@ -18,6 +18,7 @@
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/validate.hpp>
 
+#include "support/param_compare.hpp"
 #include "support/stash_reference.hpp"
 
 #include <cmath>
@@ -25,6 +26,7 @@
 #include <numeric>
 
 using namespace pipeline;
+using pipeline::testing::max_rel_diff;
 using pipeline::testing::StashReference;
 using pipeline::testing::steps_before_forward;
 
@@ -65,25 +67,6 @@ Batch minibatch(std::int64_t j) {
 MinibatchFeed feed() {
   return {[](std::int64_t j) { return minibatch(j); },
           [](std::int64_t) { return std::int64_t{kBatch}; }};
-}
-
-// The largest |a - b| / (1 + |b|) over every parameter of layers [r.begin, r.end).
-double max_rel_diff(const ModelParams& got, const ModelParams& want, LayerRange r) {
-  double worst = 0;
-  for (int i = r.begin; i < r.end; ++i) {
-    const auto& g = got[static_cast<std::size_t>(i - r.begin)].params;
-    const auto& w = want[static_cast<std::size_t>(i)].params;
-    REQUIRE(g.size() == w.size());
-    for (std::size_t k = 0; k < g.size(); ++k) {
-      auto gv = g[k].values();
-      auto wv = w[k].values();
-      REQUIRE(gv.size() == wv.size());
-      for (std::size_t e = 0; e < gv.size(); ++e)
-        worst = std::max(worst,
-                         std::abs(double(gv[e]) - double(wv[e])) / (1.0 + std::abs(double(wv[e]))));
-    }
-  }
-  return worst;
 }
 
 // Every rank's final parameters of its own stage and its run's result, collected from the rank
