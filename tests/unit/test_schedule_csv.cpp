@@ -10,7 +10,7 @@
 using namespace pipeline;
 
 TEST_CASE("generated schedules survive a CSV round trip") {
-  for (std::string name : {"gpipe", "1f1b-flush", "zb-h1", "1f1b-stash", "1f1b-stash-vsync"}) {
+  for (std::string name : {"gpipe", "1f1b-flush", "zb-h1", "2bw", "1f1b-stash", "1f1b-stash-vsync"}) {
     CAPTURE(name);
     ScheduleSpec spec;
     spec.stage_ranks = {{0, 1}, {2}, {3}};
