@@ -19,10 +19,11 @@ constexpr double kHuge = 1e300;
 
 double checked_price(const Topology& t, std::size_t type) {
   const auto p = type_price(t, type);
-  PIPELINE_CHECK_AS(ConfigError, p.has_value(),
-                    "worker type '{}' has no price; give it \"price_per_worker_hour\" in the topology "
-                    "(or --type NAME:COUNT:PRICE)",
-                    t.types[type].name);
+  PIPELINE_CHECK_AS(
+      ConfigError, p.has_value(),
+      "worker type '{}' has no price; give it \"price_per_worker_hour\" in the topology "
+      "(or --type NAME:COUNT:PRICE)",
+      t.types[type].name);
   return *p;
 }
 
@@ -50,7 +51,9 @@ void sub_topologies(Topology t, std::vector<Topology>& out) {
 }
 
 // Candidate order of preference on equal keys: fewer workers, then the earlier candidate.
-bool fewer(const CostedPlan& a, const CostedPlan& b) { return a.plan.workers < b.plan.workers; }
+bool fewer(const CostedPlan& a, const CostedPlan& b) {
+  return a.plan.workers < b.plan.workers;
+}
 
 }  // namespace
 
@@ -67,7 +70,8 @@ std::vector<CostedPlan> cost_candidates(const DeviceProfiles& profiles, const To
   std::vector<CostedPlan> out;
   if (topology.typed()) {
     std::vector<double> prices;
-    for (std::size_t t = 0; t < topology.types.size(); ++t) prices.push_back(checked_price(topology, t));
+    for (std::size_t t = 0; t < topology.types.size(); ++t)
+      prices.push_back(checked_price(topology, t));
     TypedPartitioner planner(profiles, topology, options);
     for (std::size_t v = 1; v < planner.num_usages(); ++v) {
       if (!std::isfinite(planner.best_time(v))) continue;
@@ -85,8 +89,9 @@ std::vector<CostedPlan> cost_candidates(const DeviceProfiles& profiles, const To
                     "the topology has one kind of worker but {} profiles were given; give one "
                     "profile, or worker types in the topology",
                     profiles.size());
-  PIPELINE_CHECK_AS(ConfigError, topology.price_per_worker_hour.has_value(),
-                    "the topology has no price; give \"price_per_worker_hour\" in the topology or --price");
+  PIPELINE_CHECK_AS(
+      ConfigError, topology.price_per_worker_hour.has_value(),
+      "the topology has no price; give \"price_per_worker_hour\" in the topology or --price");
   const Profile& profile = profiles.begin()->second;
   std::vector<Topology> subs;
   sub_topologies(topology, subs);
@@ -101,7 +106,7 @@ std::vector<CostedPlan> cost_candidates(const DeviceProfiles& profiles, const To
     out.push_back(std::move(c));
   }
   if (out.empty()) partition(profile, topology, options);  // throws with the memory that would fit
-  std::reverse(out.begin(), out.end());                   // ascending in workers
+  std::reverse(out.begin(), out.end());                    // ascending in workers
   return out;
 }
 
@@ -119,46 +124,53 @@ std::vector<CostedPlan> pareto_frontier(const std::vector<CostedPlan>& candidate
   return out;
 }
 
-const CostedPlan& cheapest_within_deadline(const std::vector<CostedPlan>& candidates, double deadline_s,
-                                           double samples) {
+const CostedPlan& cheapest_within_deadline(const std::vector<CostedPlan>& candidates,
+                                           double deadline_s, double samples) {
   PIPELINE_CHECK_AS(ConfigError, !candidates.empty(), "no candidate plans");
   const CostedPlan* best = nullptr;
   const CostedPlan* fastest = &candidates.front();
   for (const CostedPlan& c : candidates) {
-    if (c.time_s < fastest->time_s || (c.time_s == fastest->time_s && c.cost < fastest->cost)) fastest = &c;
+    if (c.time_s < fastest->time_s || (c.time_s == fastest->time_s && c.cost < fastest->cost))
+      fastest = &c;
     if (c.time_s > deadline_s) continue;
     if (!best || c.cost < best->cost ||
-        (c.cost == best->cost && (c.time_s < best->time_s || (c.time_s == best->time_s && fewer(c, *best)))))
+        (c.cost == best->cost &&
+         (c.time_s < best->time_s || (c.time_s == best->time_s && fewer(c, *best)))))
       best = &c;
   }
   if (!best)
-    PIPELINE_FAIL(ConfigError,
-                  "the fastest plan takes {} for {:.6g} samples ({} workers, config {}, {:.4g} s per "
-                  "minibatch); the deadline is {}: raise --deadline to {} or add workers",
-                  format_duration(fastest->time_s), samples, fastest->plan.workers, fastest->plan.config,
-                  fastest->plan.predicted.time_per_minibatch_s, format_duration(deadline_s),
-                  format_duration(fastest->time_s, true));
+    PIPELINE_FAIL(
+        ConfigError,
+        "the fastest plan takes {} for {:.6g} samples ({} workers, config {}, {:.4g} s per "
+        "minibatch); the deadline is {}: raise --deadline to {} or add workers",
+        format_duration(fastest->time_s), samples, fastest->plan.workers, fastest->plan.config,
+        fastest->plan.predicted.time_per_minibatch_s, format_duration(deadline_s),
+        format_duration(fastest->time_s, true));
   return *best;
 }
 
-const CostedPlan& fastest_within_budget(const std::vector<CostedPlan>& candidates, double budget, double samples) {
+const CostedPlan& fastest_within_budget(const std::vector<CostedPlan>& candidates, double budget,
+                                        double samples) {
   PIPELINE_CHECK_AS(ConfigError, !candidates.empty(), "no candidate plans");
   const CostedPlan* best = nullptr;
   const CostedPlan* cheapest = &candidates.front();
   for (const CostedPlan& c : candidates) {
-    if (c.cost < cheapest->cost || (c.cost == cheapest->cost && c.time_s < cheapest->time_s)) cheapest = &c;
+    if (c.cost < cheapest->cost || (c.cost == cheapest->cost && c.time_s < cheapest->time_s))
+      cheapest = &c;
     if (c.cost > budget) continue;
     if (!best || c.time_s < best->time_s ||
-        (c.time_s == best->time_s && (c.cost < best->cost || (c.cost == best->cost && fewer(c, *best)))))
+        (c.time_s == best->time_s &&
+         (c.cost < best->cost || (c.cost == best->cost && fewer(c, *best)))))
       best = &c;
   }
   if (!best) {
     const double need = std::ceil(cheapest->cost * 100.0) / 100.0;
-    PIPELINE_FAIL(ConfigError,
-                  "the cheapest plan costs {:.2f} for {:.6g} samples ({} workers for {}, config {}); the "
-                  "budget is {:.2f}: raise --budget to {:.2f} or use cheaper workers",
-                  need, samples, cheapest->plan.workers, format_duration(cheapest->time_s),
-                  cheapest->plan.config, budget, need);
+    PIPELINE_FAIL(
+        ConfigError,
+        "the cheapest plan costs {:.2f} for {:.6g} samples ({} workers for {}, config {}); the "
+        "budget is {:.2f}: raise --budget to {:.2f} or use cheaper workers",
+        need, samples, cheapest->plan.workers, format_duration(cheapest->time_s),
+        cheapest->plan.config, budget, need);
   }
   return *best;
 }
@@ -170,20 +182,34 @@ double parse_duration(std::string_view text) {
   double unit = 1;
   if (!s.empty()) {
     switch (s.back()) {
-      case 's': unit = 1; s.pop_back(); break;
-      case 'm': unit = 60; s.pop_back(); break;
-      case 'h': unit = 3600; s.pop_back(); break;
-      case 'd': unit = 86400; s.pop_back(); break;
-      default: break;
+      case 's':
+        unit = 1;
+        s.pop_back();
+        break;
+      case 'm':
+        unit = 60;
+        s.pop_back();
+        break;
+      case 'h':
+        unit = 3600;
+        s.pop_back();
+        break;
+      case 'd':
+        unit = 86400;
+        s.pop_back();
+        break;
+      default:
+        break;
     }
   }
   double v = 0;
   auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  PIPELINE_CHECK_AS(ConfigError,
-                    !s.empty() && ec == std::errc() && ptr == s.data() + s.size() && std::isfinite(v) && v > 0,
-                    "cannot parse duration '{}': expected a positive number with a unit s, m, h or d, e.g. "
-                    "90s, 45m, 6h, 2d",
-                    text);
+  PIPELINE_CHECK_AS(
+      ConfigError,
+      !s.empty() && ec == std::errc() && ptr == s.data() + s.size() && std::isfinite(v) && v > 0,
+      "cannot parse duration '{}': expected a positive number with a unit s, m, h or d, e.g. "
+      "90s, 45m, 6h, 2d",
+      text);
   return v * unit;
 }
 
@@ -212,16 +238,19 @@ std::string describe_workers(const CostedPlan& c, const Topology& t) {
   if (!t.typed()) return fmt::format("{} worker{}", c.plan.workers, c.plan.workers == 1 ? "" : "s");
   std::string s;
   for (std::size_t i = 0; i < t.types.size() && i < c.workers.size(); ++i)
-    if (c.workers[i] > 0) s += fmt::format("{}{} {}", s.empty() ? "" : " + ", c.workers[i], t.types[i].name);
+    if (c.workers[i] > 0)
+      s += fmt::format("{}{} {}", s.empty() ? "" : " + ", c.workers[i], t.types[i].name);
   return s;
 }
 
-nlohmann::json frontier_to_json(const std::vector<CostedPlan>& frontier, const Topology& topology, double samples) {
+nlohmann::json frontier_to_json(const std::vector<CostedPlan>& frontier, const Topology& topology,
+                                double samples) {
   nlohmann::json points = nlohmann::json::array();
   for (const CostedPlan& c : frontier) {
     nlohmann::json workers = nlohmann::json::object();
     if (topology.typed())
-      for (std::size_t i = 0; i < topology.types.size(); ++i) workers[topology.types[i].name] = c.workers[i];
+      for (std::size_t i = 0; i < topology.types.size(); ++i)
+        workers[topology.types[i].name] = c.workers[i];
     else
       workers["workers"] = c.plan.workers;
     nlohmann::json devices = nlohmann::json::array();
@@ -239,13 +268,14 @@ nlohmann::json frontier_to_json(const std::vector<CostedPlan>& frontier, const T
   return {{"samples", samples}, {"points", points}};
 }
 
-void write_frontier_json(const std::string& path, const std::vector<CostedPlan>& frontier, const Topology& topology,
-                         double samples) {
+void write_frontier_json(const std::string& path, const std::vector<CostedPlan>& frontier,
+                         const Topology& topology, double samples) {
   detail::write_file_atomically(path, frontier_to_json(frontier, topology, samples).dump(1) + '\n');
 }
 
-std::string frontier_svg(const std::vector<CostedPlan>& frontier, const std::vector<CostedPlan>& candidates,
-                         const Topology& topology, double samples) {
+std::string frontier_svg(const std::vector<CostedPlan>& frontier,
+                         const std::vector<CostedPlan>& candidates, const Topology& topology,
+                         double samples) {
   const double W = 760, H = 460, left = 80, right = 200, top = 40, bottom = 60;
   // The axes span the frontier (candidates far slower than its slowest point would squeeze it
   // into a corner; they are left out and counted in the caption). Ends at round steps.
@@ -263,7 +293,8 @@ std::string frontier_svg(const std::vector<CostedPlan>& frontier, const std::vec
       if (m * p >= raw) return m * p;
     return 10 * p;
   };
-  const double tspan = std::max(tmax * 1.3, 1e-9), tstep = step_of(tspan), t1 = std::ceil(tspan / tstep) * tstep;
+  const double tspan = std::max(tmax * 1.3, 1e-9), tstep = step_of(tspan),
+               t1 = std::ceil(tspan / tstep) * tstep;
   double cspan = std::max(cmax - cmin, 1e-9 + 0.1 * cmax);
   const double cstep = step_of(cspan * 1.4);
   const double c0 = std::max(0.0, std::floor((cmin - 0.2 * cspan) / cstep) * cstep);
@@ -271,60 +302,80 @@ std::string frontier_svg(const std::vector<CostedPlan>& frontier, const std::vec
   const double pw = W - left - right, ph = H - top - bottom;
   auto X = [&](double hours) { return left + pw * hours / t1; };
   auto Y = [&](double cost) { return top + ph * (1 - (cost - c0) / (c1 - c0)); };
-  auto inside = [&](const CostedPlan& c) { return c.time_s / 3600 <= t1 && c.cost >= c0 && c.cost <= c1; };
+  auto inside = [&](const CostedPlan& c) {
+    return c.time_s / 3600 <= t1 && c.cost >= c0 && c.cost <= c1;
+  };
   std::size_t outside = 0;
   for (const CostedPlan& c : candidates) outside += inside(c) ? 0 : 1;
   std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} {1}\" "
-      "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n",
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0}\" height=\"{1}\" viewBox=\"0 0 {0} "
+      "{1}\" "
+      "font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"{0}\" height=\"{1}\" "
+      "fill=\"white\"/>\n",
       W, H);
-  svg += fmt::format("<text x=\"{}\" y=\"20\" font-size=\"13\">Plans for {:.6g} samples: time against cost (blue: "
-                     "the Pareto frontier; grey: other worker choices{})</text>\n",
-                     left, samples, outside ? fmt::format(", {} beyond the axes", outside) : std::string());
+  svg += fmt::format(
+      "<text x=\"{}\" y=\"20\" font-size=\"13\">Plans for {:.6g} samples: time against cost (blue: "
+      "the Pareto frontier; grey: other worker choices{})</text>\n",
+      left, samples, outside ? fmt::format(", {} beyond the axes", outside) : std::string());
   for (double v = 0; v <= t1 * (1 + 1e-9); v += tstep) {
-    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#eee\"/>\n", X(v), top,
-                       top + ph);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:.4g}</text>\n", X(v), top + ph + 16, v);
+    svg +=
+        fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#eee\"/>\n",
+                    X(v), top, top + ph);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">{:.4g}</text>\n", X(v),
+                       top + ph + 16, v);
   }
   for (double v = c0; v <= c1 * (1 + 1e-9); v += cstep) {
-    svg += fmt::format("<line x1=\"{1}\" y1=\"{0:.1f}\" x2=\"{2}\" y2=\"{0:.1f}\" stroke=\"#eee\"/>\n", Y(v), left,
-                       left + pw);
-    svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.4g}</text>\n", left - 6, Y(v) + 4, v);
+    svg +=
+        fmt::format("<line x1=\"{1}\" y1=\"{0:.1f}\" x2=\"{2}\" y2=\"{0:.1f}\" stroke=\"#eee\"/>\n",
+                    Y(v), left, left + pw);
+    svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.4g}</text>\n", left - 6,
+                       Y(v) + 4, v);
   }
-  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", left,
-                     top, pw, ph);
-  svg += fmt::format("<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">time to train (hours)</text>\n",
-                     left + pw / 2, H - 18);
-  svg += fmt::format("<text x=\"18\" y=\"{:.1f}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {:.1f})\">cost "
-                     "(currency units)</text>\n",
-                     top + ph / 2, top + ph / 2);
+  svg += fmt::format(
+      "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", left,
+      top, pw, ph);
+  svg += fmt::format(
+      "<text x=\"{:.1f}\" y=\"{}\" text-anchor=\"middle\">time to train (hours)</text>\n",
+      left + pw / 2, H - 18);
+  svg += fmt::format(
+      "<text x=\"18\" y=\"{:.1f}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {:.1f})\">cost "
+      "(currency units)</text>\n",
+      top + ph / 2, top + ph / 2);
   for (const CostedPlan& c : candidates)
     if (inside(c))
-      svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"#bbb\"><title>{}: {}, {:.2f}</title>"
-                         "</circle>\n",
-                         X(c.time_s / 3600), Y(c.cost), describe_workers(c, topology), format_duration(c.time_s),
-                         c.cost);
+      svg += fmt::format(
+          "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"2.5\" fill=\"#bbb\"><title>{}: {}, "
+          "{:.2f}</title>"
+          "</circle>\n",
+          X(c.time_s / 3600), Y(c.cost), describe_workers(c, topology), format_duration(c.time_s),
+          c.cost);
   // The frontier as a step line: from each point, the cost holds until the next point's time.
   if (!frontier.empty()) {
-    std::string path = fmt::format("M{:.1f},{:.1f}", X(frontier[0].time_s / 3600), Y(frontier[0].cost));
+    std::string path =
+        fmt::format("M{:.1f},{:.1f}", X(frontier[0].time_s / 3600), Y(frontier[0].cost));
     for (std::size_t i = 1; i < frontier.size(); ++i)
       path += fmt::format(" H{:.1f} V{:.1f}", X(frontier[i].time_s / 3600), Y(frontier[i].cost));
     path += fmt::format(" H{:.1f}", left + pw);
-    svg += fmt::format("<path d=\"{}\" fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\"/>\n", path);
+    svg += fmt::format("<path d=\"{}\" fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\"/>\n",
+                       path);
   }
   double last_label_y = -kHuge;
   for (std::size_t i = 0; i < frontier.size(); ++i) {
     const CostedPlan& c = frontier[i];
-    svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"#1f77b4\"><title>{}: {}, {:.2f}, config "
-                       "{}</title></circle>\n",
-                       X(c.time_s / 3600), Y(c.cost), describe_workers(c, topology), format_duration(c.time_s), c.cost,
-                       c.plan.config);
+    svg += fmt::format(
+        "<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"#1f77b4\"><title>{}: {}, {:.2f}, "
+        "config "
+        "{}</title></circle>\n",
+        X(c.time_s / 3600), Y(c.cost), describe_workers(c, topology), format_duration(c.time_s),
+        c.cost, c.plan.config);
     if (frontier.size() <= 12 || i % (frontier.size() / 12 + 1) == 0) {
       // Costs fall along the frontier, so labels go down the plot: keep each a line below the last.
       const double y = std::max(Y(c.cost) - 7, last_label_y + 13);
       last_label_y = y;
-      svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"#1f77b4\">{} ({}, {:.2f})</text>\n",
-                         X(c.time_s / 3600) + 7, y, describe_workers(c, topology), format_duration(c.time_s), c.cost);
+      svg +=
+          fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"#1f77b4\">{} ({}, {:.2f})</text>\n",
+                      X(c.time_s / 3600) + 7, y, describe_workers(c, topology),
+                      format_duration(c.time_s), c.cost);
     }
   }
   svg += "</svg>\n";
@@ -332,7 +383,8 @@ std::string frontier_svg(const std::vector<CostedPlan>& frontier, const std::vec
 }
 
 void write_frontier_svg(const std::string& path, const std::vector<CostedPlan>& frontier,
-                        const std::vector<CostedPlan>& candidates, const Topology& topology, double samples) {
+                        const std::vector<CostedPlan>& candidates, const Topology& topology,
+                        double samples) {
   detail::write_file_atomically(path, frontier_svg(frontier, candidates, topology, samples));
 }
 

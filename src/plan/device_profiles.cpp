@@ -9,24 +9,27 @@ void check_device_profiles(const DeviceProfiles& profiles) {
   PIPELINE_CHECK_AS(ConfigError, !profiles.empty(), "no profile given; give one per worker type");
   const auto& [first_name, first] = *profiles.begin();
   for (const auto& [name, p] : profiles) {
-    const std::string label = name.empty() ? std::string("profile") : fmt::format("profile of '{}'", name);
+    const std::string label =
+        name.empty() ? std::string("profile") : fmt::format("profile of '{}'", name);
     validate_profile(p, label);
     if (&p == &first) continue;
     PIPELINE_CHECK_AS(ConfigError, p.size() == first.size(),
                       "the {} has {} layers but the profile of '{}' has {}; every type's profile "
                       "must describe the same model",
                       label, p.size(), first_name, first.size());
-    PIPELINE_CHECK_AS(ConfigError, p.batch_size == first.batch_size,
-                      "the {} is at batch size {} but the profile of '{}' at {}; profile every type "
-                      "at the same batch size (or pass --batch)",
-                      label, p.batch_size, first_name, first.batch_size);
+    PIPELINE_CHECK_AS(
+        ConfigError, p.batch_size == first.batch_size,
+        "the {} is at batch size {} but the profile of '{}' at {}; profile every type "
+        "at the same batch size (or pass --batch)",
+        label, p.batch_size, first_name, first.batch_size);
     for (int i = 0; i < p.size(); ++i) {
       const auto& a = p.layers[static_cast<std::size_t>(i)];
       const auto& b = first.layers[static_cast<std::size_t>(i)];
-      PIPELINE_CHECK_AS(ConfigError, a.name == b.name && p.predecessors(i) == first.predecessors(i),
-                        "layer {} of the {} is '{}' but in the profile of '{}' it is '{}' (or their "
-                        "inputs differ); every type's profile must describe the same model",
-                        i, label, a.name, first_name, b.name);
+      PIPELINE_CHECK_AS(
+          ConfigError, a.name == b.name && p.predecessors(i) == first.predecessors(i),
+          "layer {} of the {} is '{}' but in the profile of '{}' it is '{}' (or their "
+          "inputs differ); every type's profile must describe the same model",
+          i, label, a.name, first_name, b.name);
     }
   }
 }

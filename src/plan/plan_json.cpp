@@ -205,8 +205,8 @@ Plan plan_from_json(const json& j, std::string_view origin) {
     if (sj.contains("device")) {
       const json& d = sj.at("device");
       PIPELINE_CHECK_AS(ConfigError, d.is_string() && !d.get<std::string>().empty(),
-                        "{}: {} field \"device\" must be a worker type name, got {}", origin,
-                        where, d.dump());
+                        "{}: {} field \"device\" must be a worker type name, got {}", origin, where,
+                        d.dump());
       s.device = d.get<std::string>();
     }
     if (sj.contains("predicted") && sj.at("predicted").is_object()) {

@@ -115,11 +115,10 @@ std::string human_bytes(double b) {
 
 // Type names are written into plan.json and given on command lines as NAME=FILE.
 void check_type_name(std::string_view name) {
-  const bool ok = !name.empty() && name.size() <= 64 &&
-                  std::all_of(name.begin(), name.end(), [](char c) {
-                    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' ||
-                           c == '.';
-                  });
+  const bool ok =
+      !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+      });
   PIPELINE_CHECK_AS(ConfigError, ok,
                     "worker type name '{}' must be 1 to 64 letters, digits, '_', '-' or '.'", name);
 }
@@ -172,10 +171,9 @@ void validate_topology(const Topology& t) {
         ConfigError, std::isfinite(*t.memory_bytes_per_worker) && *t.memory_bytes_per_worker > 0,
         "memory per worker is {} bytes; need a positive size", *t.memory_bytes_per_worker);
   if (t.price_per_worker_hour)
-    PIPELINE_CHECK_AS(ConfigError,
-                      std::isfinite(*t.price_per_worker_hour) && *t.price_per_worker_hour >= 0,
-                      "price per worker-hour is {}; need a non-negative number",
-                      *t.price_per_worker_hour);
+    PIPELINE_CHECK_AS(
+        ConfigError, std::isfinite(*t.price_per_worker_hour) && *t.price_per_worker_hour >= 0,
+        "price per worker-hour is {}; need a non-negative number", *t.price_per_worker_hour);
   if (!t.typed()) return;
   PIPELINE_CHECK_AS(ConfigError, t.levels.size() == 1,
                     "a topology with worker types has one level (the network every stage may "
@@ -186,8 +184,8 @@ void validate_topology(const Topology& t) {
     const WorkerType& w = t.types[i];
     check_type_name(w.name);
     for (std::size_t k = 0; k < i; ++k)
-      PIPELINE_CHECK_AS(ConfigError, t.types[k].name != w.name,
-                        "worker type '{}' is listed twice", w.name);
+      PIPELINE_CHECK_AS(ConfigError, t.types[k].name != w.name, "worker type '{}' is listed twice",
+                        w.name);
     PIPELINE_CHECK_AS(ConfigError, w.count >= 1, "worker type '{}' has {} workers; need at least 1",
                       w.name, w.count);
     typed += w.count;
@@ -221,12 +219,12 @@ double parse_price(std::string_view text) {
   std::string s(text);
   double v = 0;
   auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  PIPELINE_CHECK_AS(ConfigError,
-                    ec == std::errc() && ptr == s.data() + s.size() && !s.empty() &&
-                        std::isfinite(v) && v >= 0,
-                    "cannot parse price '{}': expected a non-negative number (currency units per "
-                    "worker-hour), e.g. 2.5",
-                    text);
+  PIPELINE_CHECK_AS(
+      ConfigError,
+      ec == std::errc() && ptr == s.data() + s.size() && !s.empty() && std::isfinite(v) && v >= 0,
+      "cannot parse price '{}': expected a non-negative number (currency units per "
+      "worker-hour), e.g. 2.5",
+      text);
   return v;
 }
 
@@ -247,11 +245,10 @@ WorkerType parse_worker_type(std::string_view text) {
   check_type_name(w.name);
   int n = 0;
   auto [ptr, ec] = std::from_chars(parts[1].data(), parts[1].data() + parts[1].size(), n);
-  PIPELINE_CHECK_AS(ConfigError,
-                    ec == std::errc() && ptr == parts[1].data() + parts[1].size() && n >= 1 &&
-                        n <= (1 << 20),
-                    "cannot parse worker type '{}': the count '{}' must be a positive integer",
-                    text, parts[1]);
+  PIPELINE_CHECK_AS(
+      ConfigError,
+      ec == std::errc() && ptr == parts[1].data() + parts[1].size() && n >= 1 && n <= (1 << 20),
+      "cannot parse worker type '{}': the count '{}' must be a positive integer", text, parts[1]);
   w.count = n;
   if (parts.size() >= 3 && !parts[2].empty()) w.price_per_worker_hour = parse_price(parts[2]);
   if (parts.size() == 4) w.memory_bytes_per_worker = parse_bytes(parts[3]);
@@ -280,7 +277,8 @@ Topology topology_from_json(const nlohmann::json& j, std::string_view origin) {
     t.memory_bytes_per_worker =
         json_quantity(j.at("memory_per_worker"), false, "memory_per_worker", origin);
   if (j.contains("price_per_worker_hour") && !j.at("price_per_worker_hour").is_null())
-    t.price_per_worker_hour = json_price(j.at("price_per_worker_hour"), "price_per_worker_hour", origin);
+    t.price_per_worker_hour =
+        json_price(j.at("price_per_worker_hour"), "price_per_worker_hour", origin);
   if (j.contains("types")) {
     PIPELINE_CHECK_AS(ConfigError, j.at("types").is_array(),
                       "{}: \"types\" must be an array of worker types, got {}", origin,
@@ -308,7 +306,8 @@ Topology topology_from_json(const nlohmann::json& j, std::string_view origin) {
             json_price(tj.at("price_per_worker_hour"), "price_per_worker_hour", origin);
       t.types.push_back(std::move(w));
     }
-    PIPELINE_CHECK_AS(ConfigError, !t.types.empty(), "{}: \"types\" is empty; leave it out for one kind of worker", origin);
+    PIPELINE_CHECK_AS(ConfigError, !t.types.empty(),
+                      "{}: \"types\" is empty; leave it out for one kind of worker", origin);
   }
   validate_topology(t);
   return t;
@@ -350,10 +349,12 @@ std::string describe_topology(const Topology& t) {
   }
   if (t.memory_bytes_per_worker)
     s += fmt::format(", {} per worker", human_bytes(*t.memory_bytes_per_worker));
-  if (t.price_per_worker_hour) s += fmt::format(", {:.4g} per worker-hour", *t.price_per_worker_hour);
+  if (t.price_per_worker_hour)
+    s += fmt::format(", {:.4g} per worker-hour", *t.price_per_worker_hour);
   for (const WorkerType& w : t.types) {
     s += fmt::format("; {} x {}", w.count, w.name);
-    if (w.memory_bytes_per_worker) s += fmt::format(" ({})", human_bytes(*w.memory_bytes_per_worker));
+    if (w.memory_bytes_per_worker)
+      s += fmt::format(" ({})", human_bytes(*w.memory_bytes_per_worker));
     if (w.price_per_worker_hour) s += fmt::format(" at {:.4g}/h", *w.price_per_worker_hour);
   }
   return s;

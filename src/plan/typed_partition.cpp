@@ -54,7 +54,9 @@ struct TypedPartitioner::Impl {
   std::vector<Cell> table;  // (S + 1) rows (s + 1 = 0..S) of U cells
 
   Cell& cell(int s, std::size_t v) { return table[static_cast<std::size_t>(s + 1) * U + v]; }
-  const Cell& cell(int s, std::size_t v) const { return table[static_cast<std::size_t>(s + 1) * U + v]; }
+  const Cell& cell(int s, std::size_t v) const {
+    return table[static_cast<std::size_t>(s + 1) * U + v];
+  }
   int digit(std::size_t v, std::size_t t) const {
     return static_cast<int>(v / stride[t] % static_cast<std::size_t>(types[t].count + 1));
   }
@@ -74,8 +76,10 @@ struct TypedPartitioner::Impl {
     const double par = diff(d.parameter, s, j), act = diff(d.activation, s, j);
     const double input = s < 0 ? 0.0 : d.boundary[static_cast<std::size_t>(s)];
     const int flight = in_flight(w, 0, r);
-    const double stash = stage_memory_bytes(par, act, flight, options.optimizer_state_factor, input);
-    const double again = recompute_stage_memory_bytes(par, act, input, flight, options.optimizer_state_factor);
+    const double stash =
+        stage_memory_bytes(par, act, flight, options.optimizer_state_factor, input);
+    const double again =
+        recompute_stage_memory_bytes(par, act, input, flight, options.optimizer_state_factor);
     const bool can = options.recompute != Recompute::None;
     const Mode recomputed{true, true, diff(d.forward, s, j), again};
     if (can && options.recompute == Recompute::All && !d.memory) return recomputed;
@@ -92,10 +96,13 @@ struct TypedPartitioner::Impl {
   };
   StageCost stage_cost(const TypeData& d, int s, int j, int r, const Mode& md) const {
     StageCost c;
-    c.compute_path = replicated_stage_time(diff(d.compute, s, j) + md.extra_s, diff(d.parameter, s, j), r, bandwidth, 1.0);
+    c.compute_path = replicated_stage_time(diff(d.compute, s, j) + md.extra_s,
+                                           diff(d.parameter, s, j), r, bandwidth, 1.0);
     if (transfer && s >= 0) {
       c.transfer = transfer_time(d.boundary[static_cast<std::size_t>(s)], r, bandwidth, ratio);
-      if (j != S - 1) c.transfer = std::max(c.transfer, transfer_time(d.boundary[static_cast<std::size_t>(j)], r, bandwidth, ratio));
+      if (j != S - 1)
+        c.transfer = std::max(c.transfer, transfer_time(d.boundary[static_cast<std::size_t>(j)], r,
+                                                        bandwidth, ratio));
     }
     return c;
   }
@@ -154,15 +161,19 @@ TypedPartitioner::TypedPartitioner(const DeviceProfiles& profiles, const Topolog
   PIPELINE_CHECK_AS(ConfigError, topology.typed(),
                     "the topology has no worker types; plan it with partition() and one profile");
   check_device_profiles(profiles);
-  PIPELINE_CHECK_AS(ConfigError, options.cost_model == CostModel::Pipeline,
-                    "planning over worker types uses the pipeline cost model (drop --cost-model pipedream)");
-  PIPELINE_CHECK_AS(ConfigError, options.virtual_stages == 1,
-                    "planning over worker types makes plans of one stage per worker; --virtual-stages {} "
-                    "is not supported there",
-                    options.virtual_stages);
+  PIPELINE_CHECK_AS(
+      ConfigError, options.cost_model == CostModel::Pipeline,
+      "planning over worker types uses the pipeline cost model (drop --cost-model pipedream)");
+  PIPELINE_CHECK_AS(
+      ConfigError, options.virtual_stages == 1,
+      "planning over worker types makes plans of one stage per worker; --virtual-stages {} "
+      "is not supported there",
+      options.virtual_stages);
   if (options.activation_compression)
-    PIPELINE_CHECK_AS(ConfigError, std::isfinite(*options.activation_compression) && *options.activation_compression > 0,
-                      "activation compression ratio must be positive, got {}", *options.activation_compression);
+    PIPELINE_CHECK_AS(
+        ConfigError,
+        std::isfinite(*options.activation_compression) && *options.activation_compression > 0,
+        "activation compression ratio must be positive, got {}", *options.activation_compression);
   Impl& x = *m;
   x.options = options;
   x.topology = topology;
@@ -172,11 +183,13 @@ TypedPartitioner::TypedPartitioner(const DeviceProfiles& profiles, const Topolog
   for (std::size_t t = 0; t < topology.types.size(); ++t) {
     const WorkerType& wt = topology.types[t];
     PIPELINE_CHECK_AS(ConfigError, profiles.count(wt.name) == 1,
-                      "worker type '{}' has no profile; give --profile {}=profile.json", wt.name, wt.name);
+                      "worker type '{}' has no profile; give --profile {}=profile.json", wt.name,
+                      wt.name);
   }
-  PIPELINE_CHECK_AS(ConfigError, profiles.size() == topology.types.size(),
-                    "{} profiles given for the topology's {} worker types; give exactly one per type",
-                    profiles.size(), topology.types.size());
+  PIPELINE_CHECK_AS(
+      ConfigError, profiles.size() == topology.types.size(),
+      "{} profiles given for the topology's {} worker types; give exactly one per type",
+      profiles.size(), topology.types.size());
   const Profile& reference = profiles.find(topology.types.front().name)->second;
   x.model = reference.model;
   x.batch_size = reference.batch_size;
@@ -225,10 +238,11 @@ TypedPartitioner::TypedPartitioner(const DeviceProfiles& profiles, const Topolog
   for (const TypeData& d : x.types) {
     x.stride.push_back(x.U);
     x.U *= static_cast<std::size_t>(d.count) + 1;
-    PIPELINE_CHECK_AS(ConfigError, x.U * static_cast<std::size_t>(x.S + 1) <= kMaxCells,
-                      "planning {} states over these worker types needs more than {} (state, workers) "
-                      "cells; use fewer types or workers",
-                      x.S, kMaxCells);
+    PIPELINE_CHECK_AS(
+        ConfigError, x.U * static_cast<std::size_t>(x.S + 1) <= kMaxCells,
+        "planning {} states over these worker types needs more than {} (state, workers) "
+        "cells; use fewer types or workers",
+        x.S, kMaxCells);
   }
   x.total.assign(x.U, 0);
   for (std::size_t v = 0; v < x.U; ++v)
@@ -240,8 +254,12 @@ TypedPartitioner::~TypedPartitioner() = default;
 TypedPartitioner::TypedPartitioner(TypedPartitioner&&) noexcept = default;
 TypedPartitioner& TypedPartitioner::operator=(TypedPartitioner&&) noexcept = default;
 
-int TypedPartitioner::num_types() const { return static_cast<int>(m->types.size()); }
-std::size_t TypedPartitioner::num_usages() const { return m->U; }
+int TypedPartitioner::num_types() const {
+  return static_cast<int>(m->types.size());
+}
+std::size_t TypedPartitioner::num_usages() const {
+  return m->U;
+}
 
 std::vector<int> TypedPartitioner::usage(std::size_t index) const {
   PIPELINE_CHECK(index < m->U, "usage index {} out of range ({} usages)", index, m->U);
@@ -251,12 +269,13 @@ std::vector<int> TypedPartitioner::usage(std::size_t index) const {
 }
 
 std::size_t TypedPartitioner::usage_index(const std::vector<int>& u) const {
-  PIPELINE_CHECK_AS(ConfigError, u.size() == m->types.size(), "a usage has {} counts for {} worker types", u.size(),
-                    m->types.size());
+  PIPELINE_CHECK_AS(ConfigError, u.size() == m->types.size(),
+                    "a usage has {} counts for {} worker types", u.size(), m->types.size());
   std::size_t v = 0;
   for (std::size_t t = 0; t < u.size(); ++t) {
-    PIPELINE_CHECK_AS(ConfigError, u[t] >= 0 && u[t] <= m->types[t].count, "{} workers of type '{}', which has {}",
-                      u[t], m->types[t].name, m->types[t].count);
+    PIPELINE_CHECK_AS(ConfigError, u[t] >= 0 && u[t] <= m->types[t].count,
+                      "{} workers of type '{}', which has {}", u[t], m->types[t].name,
+                      m->types[t].count);
     v += static_cast<std::size_t>(u[t]) * m->stride[t];
   }
   return v;
@@ -272,16 +291,22 @@ std::size_t TypedPartitioner::fastest() const {
   for (std::size_t v = 1; v < m->U; ++v) {
     const double t = best_time(v);
     if (!std::isfinite(t)) continue;
-    if (best == 0 || t < best_time(best) || (t == best_time(best) && m->total[v] < m->total[best])) best = v;
+    if (best == 0 || t < best_time(best) || (t == best_time(best) && m->total[v] < m->total[best]))
+      best = v;
   }
   if (best == 0) {
     std::string what;
     for (const TypeData& d : m->types)
-      what += fmt::format("{}{} x {} ({})", what.empty() ? "" : ", ", d.count, d.name,
-                          d.memory ? fmt::format("{:.4g} bytes each", *d.memory) : std::string("no memory limit"));
+      what += fmt::format(
+          "{}{} x {} ({})", what.empty() ? "" : ", ", d.count, d.name,
+          d.memory ? fmt::format("{:.4g} bytes each", *d.memory) : std::string("no memory limit"));
     PIPELINE_FAIL(ConfigError,
-                  "no plan fits on any subset of the workers ({}){}; give the types more memory or add workers",
-                  what, m->options.recompute == Recompute::None ? "; activation recomputation may help: --recompute auto" : "");
+                  "no plan fits on any subset of the workers ({}){}; give the types more memory or "
+                  "add workers",
+                  what,
+                  m->options.recompute == Recompute::None
+                      ? "; activation recomputation may help: --recompute auto"
+                      : "");
   }
   return best;
 }
@@ -289,7 +314,8 @@ std::size_t TypedPartitioner::fastest() const {
 Plan TypedPartitioner::plan(std::size_t index) const {
   const Impl& x = *m;
   const double best = best_time(index);
-  PIPELINE_CHECK_AS(ConfigError, std::isfinite(best), "no plan uses exactly the workers ({}) asked for",
+  PIPELINE_CHECK_AS(ConfigError, std::isfinite(best),
+                    "no plan uses exactly the workers ({}) asked for",
                     fmt::format("{}", fmt::join(usage(index), ", ")));
   Plan plan;
   plan.model = x.model;
@@ -325,23 +351,29 @@ Plan TypedPartitioner::plan(std::size_t index) const {
     v -= static_cast<std::size_t>(c.replicas) * x.stride[static_cast<std::size_t>(c.type)];
     s = c.j;
   }
-  PIPELINE_CHECK(worst == best, "internal: the slowest stage of the expanded typed plan ({}) is not the optimum ({})",
-                 worst, best);
+  PIPELINE_CHECK(
+      worst == best,
+      "internal: the slowest stage of the expanded typed plan ({}) is not the optimum ({})", worst,
+      best);
   plan.in_flight = in_flight(plan.workers, 0, plan.stages.front().replicas);
   plan.predicted.peak_memory_bytes.assign(static_cast<std::size_t>(plan.workers), 0);
   for (const PlanStage& ps : plan.stages)
-    for (int r : ps.ranks) plan.predicted.peak_memory_bytes[static_cast<std::size_t>(r)] = static_cast<std::int64_t>(ps.memory_bytes);
+    for (int r : ps.ranks)
+      plan.predicted.peak_memory_bytes[static_cast<std::size_t>(r)] =
+          static_cast<std::int64_t>(ps.memory_bytes);
   plan.predicted.time_per_minibatch_s = best;
   plan.predicted.samples_per_s = best > 0 ? x.batch_size / best : 0.0;
   // Data parallelism on the fastest single type: every worker of one type holds the whole model.
   double dp = kInf;
   for (const TypeData& d : x.types)
-    dp = std::min(dp, replicated_stage_time(d.compute.back(), d.parameter.back(), d.count, x.bandwidth, 1.0));
+    dp = std::min(
+        dp, replicated_stage_time(d.compute.back(), d.parameter.back(), d.count, x.bandwidth, 1.0));
   plan.predicted.data_parallel_time_per_minibatch_s = dp;
   return plan;
 }
 
-Plan partition_typed(const DeviceProfiles& profiles, const Topology& topology, const PartitionOptions& options) {
+Plan partition_typed(const DeviceProfiles& profiles, const Topology& topology,
+                     const PartitionOptions& options) {
   TypedPartitioner p(profiles, topology, options);
   return p.plan(p.fastest());
 }

@@ -87,8 +87,11 @@ Instance random_instance(std::mt19937& rng, bool priced) {
   }
   x.topology.levels.push_back({total, bw(rng)});
   // Memory tight enough, some of the time, that stashing (or anything) stops fitting somewhere.
-  if (coin(rng) == 0) x.topology.memory_bytes_per_worker = std::uniform_real_distribution<double>(4e6, 2e7)(rng);
-  if (coin(rng) == 0) x.topology.types[0].memory_bytes_per_worker = std::uniform_real_distribution<double>(4e6, 2e7)(rng);
+  if (coin(rng) == 0)
+    x.topology.memory_bytes_per_worker = std::uniform_real_distribution<double>(4e6, 2e7)(rng);
+  if (coin(rng) == 0)
+    x.topology.types[0].memory_bytes_per_worker =
+        std::uniform_real_distribution<double>(4e6, 2e7)(rng);
   const int r = coin(rng);
   x.options.recompute = r == 0 ? Recompute::All : r == 1 ? Recompute::None : Recompute::Auto;
   x.options.straight = coin(rng) == 0;
@@ -114,7 +117,8 @@ double evaluate(const Instance& x, const std::vector<BruteStage>& stages) {
     const BruteStage& s = stages[i];
     const WorkerType& w = x.topology.types[static_cast<std::size_t>(s.type)];
     const Profile& p = x.profiles.at(w.name);
-    const std::optional<double> memory = w.memory_bytes_per_worker ? w.memory_bytes_per_worker : x.topology.memory_bytes_per_worker;
+    const std::optional<double> memory =
+        w.memory_bytes_per_worker ? w.memory_bytes_per_worker : x.topology.memory_bytes_per_worker;
     double C = 0, F = 0, P = 0, A = 0;
     for (int l = s.begin; l < s.end; ++l) {
       const LayerProfile& lp = p.layers[static_cast<std::size_t>(l)];
@@ -123,8 +127,11 @@ double evaluate(const Instance& x, const std::vector<BruteStage>& stages) {
       P += static_cast<double>(lp.parameter_bytes);
       A += static_cast<double>(stash_bytes(lp));
     }
-    const double in = i > 0 ? static_cast<double>(p.layers[static_cast<std::size_t>(s.begin - 1)].output_bytes) : 0.0;
-    const double out = static_cast<double>(p.layers[static_cast<std::size_t>(s.end - 1)].output_bytes);
+    const double in =
+        i > 0 ? static_cast<double>(p.layers[static_cast<std::size_t>(s.begin - 1)].output_bytes)
+              : 0.0;
+    const double out =
+        static_cast<double>(p.layers[static_cast<std::size_t>(s.end - 1)].output_bytes);
     const int r = s.replicas;
     const int flight = (after - 1) / r + 1;
     after -= r;
@@ -152,16 +159,19 @@ double evaluate(const Instance& x, const std::vector<BruteStage>& stages) {
 }
 
 // Every plan of the instance: the best time for each usage vector (as a map over the vectors).
-void enumerate(const Instance& x, int begin, std::vector<int>& left, std::vector<BruteStage>& stages,
-               std::map<std::vector<int>, double>& best) {
+void enumerate(const Instance& x, int begin, std::vector<int>& left,
+               std::vector<BruteStage>& stages, std::map<std::vector<int>, double>& best) {
   const int L = x.profiles.begin()->second.size();
   if (begin == L) {
     std::vector<int> used;
-    for (std::size_t t = 0; t < left.size(); ++t) used.push_back(x.topology.types[t].count - left[t]);
+    for (std::size_t t = 0; t < left.size(); ++t)
+      used.push_back(x.topology.types[t].count - left[t]);
     const double v = evaluate(x, stages);
     auto it = best.find(used);
-    if (it == best.end()) best[used] = v;
-    else it->second = std::min(it->second, v);
+    if (it == best.end())
+      best[used] = v;
+    else
+      it->second = std::min(it->second, v);
     return;
   }
   for (int end = begin + 1; end <= L; ++end)
@@ -256,7 +266,8 @@ TEST_CASE("typed partitioner: one type equals partition() on one level") {
     const int n = std::uniform_int_distribution<int>(1, 7)(rng);
     const double bw = std::uniform_real_distribution<double>(1e8, 1e10)(rng);
     Topology flat{{{n, bw}}};
-    if (trial % 3 == 0) flat.memory_bytes_per_worker = std::uniform_real_distribution<double>(5e6, 3e7)(rng);
+    if (trial % 3 == 0)
+      flat.memory_bytes_per_worker = std::uniform_real_distribution<double>(5e6, 3e7)(rng);
     PartitionOptions o;
     o.recompute = trial % 2 ? Recompute::Auto : Recompute::None;
     Topology typed = flat;
@@ -285,7 +296,8 @@ TEST_CASE("typed partitioner: one type equals partition() on a DAG's antichain s
     REQUIRE_FALSE(p.is_chain());
     const int n = std::uniform_int_distribution<int>(1, 5)(rng);
     Topology flat{{{n, std::uniform_real_distribution<double>(1e8, 1e10)(rng)}}};
-    if (trial % 2) flat.memory_bytes_per_worker = std::uniform_real_distribution<double>(5e6, 3e7)(rng);
+    if (trial % 2)
+      flat.memory_bytes_per_worker = std::uniform_real_distribution<double>(5e6, 3e7)(rng);
     Topology typed = flat;
     typed.types = {WorkerType{"only", n, std::nullopt, std::nullopt}};
     TypedPartitioner solver(DeviceProfiles{{"only", p}}, typed);
@@ -315,8 +327,10 @@ TEST_CASE("typed partitioner: the heavy layers go to the fast type") {
   const Plan plan = partition_typed({{"fast", fast}, {"slow", slow}}, t);
   CHECK(plan.predicted.time_per_minibatch_s == doctest::Approx(1.6e-3).epsilon(1e-6));
   for (const PlanStage& s : plan.stages) {
-    if (s.begin < 2) CHECK(s.device == "fast");
-    else CHECK(s.device == "slow");
+    if (s.begin < 2)
+      CHECK(s.device == "fast");
+    else
+      CHECK(s.device == "slow");
   }
   // And the other way round: when the slow type is the only one with enough workers to spread
   // the light layers, a plan without the fast type is slower.
@@ -324,26 +338,31 @@ TEST_CASE("typed partitioner: the heavy layers go to the fast type") {
   CHECK(solver.best_time(solver.usage_index({0, 3})) > 2 * plan.predicted.time_per_minibatch_s);
   // plan.json keeps the devices; a plan without them is written without the field.
   const Plan back = plan_from_json(plan_to_json(plan), "typed");
-  for (std::size_t i = 0; i < plan.stages.size(); ++i) CHECK(back.stages[i].device == plan.stages[i].device);
+  for (std::size_t i = 0; i < plan.stages.size(); ++i)
+    CHECK(back.stages[i].device == plan.stages[i].device);
 }
 
 TEST_CASE("typed partitioner and partition(): requests they refuse") {
   std::mt19937 rng(2);
   const Profile p = chain({1, 2, 3}, rng);
   Topology t{{{3, 1e10}}};
-  t.types = {WorkerType{"a", 1, std::nullopt, std::nullopt}, WorkerType{"b", 2, std::nullopt, std::nullopt}};
+  t.types = {WorkerType{"a", 1, std::nullopt, std::nullopt},
+             WorkerType{"b", 2, std::nullopt, std::nullopt}};
   CHECK_THROWS_WITH_AS(partition(p, t), doctest::Contains("worker types"), ConfigError);
-  CHECK_THROWS_WITH_AS(partition_typed({{"a", p}}, t), doctest::Contains("'b' has no profile"), ConfigError);
+  CHECK_THROWS_WITH_AS(partition_typed({{"a", p}}, t), doctest::Contains("'b' has no profile"),
+                       ConfigError);
   PartitionOptions pd;
   pd.cost_model = CostModel::PipeDream;
   CHECK_THROWS_AS(partition_typed({{"a", p}, {"b", p}}, t, pd), ConfigError);
   Profile other = p;
   other.layers.pop_back();
-  CHECK_THROWS_WITH_AS(partition_typed({{"a", p}, {"b", other}}, t), doctest::Contains("same model"), ConfigError);
+  CHECK_THROWS_WITH_AS(partition_typed({{"a", p}, {"b", other}}, t),
+                       doctest::Contains("same model"), ConfigError);
   // Memory nothing fits in: the error names the types.
   Topology tiny = t;
   tiny.memory_bytes_per_worker = 10;
-  CHECK_THROWS_WITH_AS(partition_typed({{"a", p}, {"b", p}}, tiny), doctest::Contains("no plan fits"), ConfigError);
+  CHECK_THROWS_WITH_AS(partition_typed({{"a", p}, {"b", p}}, tiny),
+                       doctest::Contains("no plan fits"), ConfigError);
 }
 
 TEST_CASE("simulator: each stage timed from its device type's profile") {
@@ -368,12 +387,14 @@ TEST_CASE("simulator: each stage timed from its device type's profile") {
   const Simulation typed = simulate(schedule, slow, plan, Topology{}, o);
   const auto& f = fast.layers[0];
   const auto& s = slow.layers[1];
-  CHECK(typed.makespan_s == doctest::Approx(f.forward_s + s.forward_s + s.backward_s + f.backward_s));
+  CHECK(typed.makespan_s ==
+        doctest::Approx(f.forward_s + s.forward_s + s.backward_s + f.backward_s));
   const Simulation untyped = simulate(schedule, slow, plan, Topology{});
   CHECK(untyped.makespan_s > typed.makespan_s);
   const DeviceProfiles missing{{"slow", slow}};
   o.device_profiles = &missing;
-  CHECK_THROWS_WITH_AS(simulate(schedule, slow, plan, Topology{}, o), doctest::Contains("'fast'"), ConfigError);
+  CHECK_THROWS_WITH_AS(simulate(schedule, slow, plan, Topology{}, o), doctest::Contains("'fast'"),
+                       ConfigError);
 }
 
 TEST_CASE("durations: parse and format") {
@@ -417,7 +438,8 @@ TEST_CASE("cost planning on worker types: deadline, budget and frontier against 
     for (const auto& [u, t] : best) {
       if (!std::isfinite(t)) continue;
       double price = 0;
-      for (std::size_t i = 0; i < u.size(); ++i) price += u[i] * *x.topology.types[i].price_per_worker_hour;
+      for (std::size_t i = 0; i < u.size(); ++i)
+        price += u[i] * *x.topology.types[i].price_per_worker_hour;
       const double time = t * samples / 32;
       all.push_back({time, time / 3600 * price});
     }
@@ -465,7 +487,8 @@ TEST_CASE("cost planning on worker types: deadline, budget and frontier against 
     // Every candidate is on the frontier or dominated by a point of it.
     for (const CostedPlan& c : candidates) {
       bool covered = false;
-      for (const CostedPlan& f : front) covered = covered || (f.time_s <= c.time_s && f.cost <= c.cost);
+      for (const CostedPlan& f : front)
+        covered = covered || (f.time_s <= c.time_s && f.cost <= c.cost);
       CHECK(covered);
     }
     ++checked;
@@ -491,13 +514,16 @@ TEST_CASE("cost planning on one kind of worker: sub-clusters of whole groups") {
   Topology two{{{2, 1e10}, {3, 1e9}}};
   two.price_per_worker_hour = 1.0;
   std::vector<int> workers;
-  for (const CostedPlan& c : cost_candidates({{"", p}}, two, {}, 1e5)) workers.push_back(c.plan.workers);
+  for (const CostedPlan& c : cost_candidates({{"", p}}, two, {}, 1e5))
+    workers.push_back(c.plan.workers);
   CHECK(workers == std::vector<int>{1, 2, 4, 6});
   Topology unpriced{{{4, 1e10}}};
-  CHECK_THROWS_WITH_AS(cost_candidates({{"", p}}, unpriced, {}, 1e5), doctest::Contains("no price"), ConfigError);
+  CHECK_THROWS_WITH_AS(cost_candidates({{"", p}}, unpriced, {}, 1e5), doctest::Contains("no price"),
+                       ConfigError);
   Profile unbatched = p;
   unbatched.batch_size = 0;
-  CHECK_THROWS_WITH_AS(cost_candidates({{"", unbatched}}, one, {}, 1e5), doctest::Contains("batch size"), ConfigError);
+  CHECK_THROWS_WITH_AS(cost_candidates({{"", unbatched}}, one, {}, 1e5),
+                       doctest::Contains("batch size"), ConfigError);
   // The frontier JSON and SVG name every point.
   const auto front = pareto_frontier(candidates);
   const nlohmann::json j = frontier_to_json(front, one, 1e5);
@@ -509,8 +535,9 @@ TEST_CASE("cost planning on one kind of worker: sub-clusters of whole groups") {
 
 TEST_CASE("topology and plan.json round trips with and without types, prices and devices") {
   // An old topology: no types, no price; written back without them.
-  const Topology old = parse_topology(R"({"levels": [{"count": 4, "bandwidth": "25Gbit/s"}], "memory_per_worker": "16GiB"})",
-                                      "old");
+  const Topology old = parse_topology(
+      R"({"levels": [{"count": 4, "bandwidth": "25Gbit/s"}], "memory_per_worker": "16GiB"})",
+      "old");
   CHECK_FALSE(old.typed());
   CHECK_FALSE(old.price_per_worker_hour.has_value());
   const nlohmann::json oj = topology_to_json(old);
@@ -529,15 +556,16 @@ TEST_CASE("topology and plan.json round trips with and without types, prices and
   CHECK(*type_price(t, 1) == 2.0);
   const Topology back = topology_from_json(topology_to_json(t), "back");
   CHECK(topology_to_json(back) == topology_to_json(t));
-  for (const char* bad : {
-           R"({"levels": [{"count": 24, "bandwidth": 1e9}], "types": [{"name": "a", "count": 8}]})",  // 8 != 24
-           R"({"levels": [{"count": 2, "bandwidth": 1e9}, {"count": 2, "bandwidth": 1e9}], "types": [{"name": "a", "count": 4}]})",
-           R"({"levels": [{"count": 2, "bandwidth": 1e9}], "types": [{"name": "a", "count": 1}, {"name": "a", "count": 1}]})",
-           R"({"levels": [{"count": 1, "bandwidth": 1e9}], "types": [{"name": "a b", "count": 1}]})",
-           R"({"levels": [{"count": 1, "bandwidth": 1e9}], "types": [{"name": "a", "count": 0}]})",
-           R"({"levels": [{"count": 1, "bandwidth": 1e9}], "types": [{"name": "a", "count": 1, "price_per_worker_hour": -1}]})",
-           R"({"levels": [{"count": 1, "bandwidth": 1e9}], "types": []})",
-           R"({"levels": [{"count": 1, "bandwidth": 1e9}], "price_per_worker_hour": "cheap"})"})
+  for (
+      const char* bad :
+      {R"({"levels": [{"count": 24, "bandwidth": 1e9}], "types": [{"name": "a", "count": 8}]})",  // 8 != 24
+       R"({"levels": [{"count": 2, "bandwidth": 1e9}, {"count": 2, "bandwidth": 1e9}], "types": [{"name": "a", "count": 4}]})",
+       R"({"levels": [{"count": 2, "bandwidth": 1e9}], "types": [{"name": "a", "count": 1}, {"name": "a", "count": 1}]})",
+       R"({"levels": [{"count": 1, "bandwidth": 1e9}], "types": [{"name": "a b", "count": 1}]})",
+       R"({"levels": [{"count": 1, "bandwidth": 1e9}], "types": [{"name": "a", "count": 0}]})",
+       R"({"levels": [{"count": 1, "bandwidth": 1e9}], "types": [{"name": "a", "count": 1, "price_per_worker_hour": -1}]})",
+       R"({"levels": [{"count": 1, "bandwidth": 1e9}], "types": []})",
+       R"({"levels": [{"count": 1, "bandwidth": 1e9}], "price_per_worker_hour": "cheap"})"})
     CHECK_THROWS_AS(parse_topology(bad, "bad"), ConfigError);
   const WorkerType w = parse_worker_type("h100:8:4.5:80GiB");
   CHECK(w.name == "h100");
@@ -549,7 +577,8 @@ TEST_CASE("topology and plan.json round trips with and without types, prices and
     CHECK_THROWS_AS(parse_worker_type(bad), ConfigError);
 
   // plan.json: "device" is written only when set, and read back; old plans load unchanged.
-  const std::string old_plan = R"({"format": "pipeline.plan/1", "model": "m", "workers": 2, "stages": [
+  const std::string old_plan =
+      R"({"format": "pipeline.plan/1", "model": "m", "workers": 2, "stages": [
       {"layers": [0, 2], "replicas": 1, "ranks": [0]}, {"layers": [2, 4], "replicas": 1, "ranks": [1]}]})";
   const Plan p = parse_plan(old_plan, "old");
   CHECK(p.stages[0].device.empty());

@@ -37,10 +37,10 @@ namespace pipeline {
 
 struct CostedPlan {
   Plan plan;
-  std::vector<int> workers;     // per worker type, topology order; untyped: {plan.workers}
-  double time_s = 0;            // to train the requested samples
-  double cost = 0;              // currency units for that time
-  double price_per_hour = 0;    // of all the plan's workers together
+  std::vector<int> workers;   // per worker type, topology order; untyped: {plan.workers}
+  double time_s = 0;          // to train the requested samples
+  double cost = 0;            // currency units for that time
+  double price_per_hour = 0;  // of all the plan's workers together
 };
 
 // Every candidate with a plan (ConfigError when none has one, or a price or the profile's batch
@@ -54,11 +54,12 @@ std::vector<CostedPlan> pareto_frontier(const std::vector<CostedPlan>& candidate
 // The cheapest candidate that trains in at most `deadline_s` (ties: the faster, then fewer
 // workers). ConfigError when none does, saying how long the fastest takes: "the fastest plan
 // takes 7.4h for N samples ...; the deadline is 6h: raise --deadline to 7.4h or add workers".
-const CostedPlan& cheapest_within_deadline(const std::vector<CostedPlan>& candidates, double deadline_s,
-                                           double samples);
+const CostedPlan& cheapest_within_deadline(const std::vector<CostedPlan>& candidates,
+                                           double deadline_s, double samples);
 // The fastest candidate that costs at most `budget` (ties: the cheaper, then fewer workers).
 // ConfigError when none does, saying what the cheapest costs.
-const CostedPlan& fastest_within_budget(const std::vector<CostedPlan>& candidates, double budget, double samples);
+const CostedPlan& fastest_within_budget(const std::vector<CostedPlan>& candidates, double budget,
+                                        double samples);
 
 // "90s", "45m", "6h", "2d", "1.5h" (a plain number is seconds) -> seconds; ConfigError on
 // anything else, zero or negative.
@@ -71,14 +72,17 @@ std::string describe_workers(const CostedPlan& plan, const Topology& topology);
 
 // {"samples": N, "points": [{"time_s", "time", "cost", "price_per_hour", "workers": {"h100": 8},
 //  "config", "devices", "time_per_minibatch_s"}]}
-nlohmann::json frontier_to_json(const std::vector<CostedPlan>& frontier, const Topology& topology, double samples);
-void write_frontier_json(const std::string& path, const std::vector<CostedPlan>& frontier, const Topology& topology,
-                         double samples);
+nlohmann::json frontier_to_json(const std::vector<CostedPlan>& frontier, const Topology& topology,
+                                double samples);
+void write_frontier_json(const std::string& path, const std::vector<CostedPlan>& frontier,
+                         const Topology& topology, double samples);
 // An SVG scatter of every candidate (grey) with the frontier as a step line (blue), time in
 // hours on x, cost on y, each frontier point labelled with its workers.
-std::string frontier_svg(const std::vector<CostedPlan>& frontier, const std::vector<CostedPlan>& candidates,
-                         const Topology& topology, double samples);
+std::string frontier_svg(const std::vector<CostedPlan>& frontier,
+                         const std::vector<CostedPlan>& candidates, const Topology& topology,
+                         double samples);
 void write_frontier_svg(const std::string& path, const std::vector<CostedPlan>& frontier,
-                        const std::vector<CostedPlan>& candidates, const Topology& topology, double samples);
+                        const std::vector<CostedPlan>& candidates, const Topology& topology,
+                        double samples);
 
 }  // namespace pipeline

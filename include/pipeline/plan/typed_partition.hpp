@@ -49,7 +49,8 @@ class TypedPartitioner {
   // Solves every usage vector. `profiles` holds one profile per type of `topology` (which must
   // be typed), keyed by type name; check_device_profiles() must hold for them. Neither is kept:
   // the solver holds what it derived from them.
-  TypedPartitioner(const DeviceProfiles& profiles, const Topology& topology, const PartitionOptions& options = {});
+  TypedPartitioner(const DeviceProfiles& profiles, const Topology& topology,
+                   const PartitionOptions& options = {});
   ~TypedPartitioner();
   TypedPartitioner(TypedPartitioner&&) noexcept;
   TypedPartitioner& operator=(TypedPartitioner&&) noexcept;
@@ -74,6 +75,7 @@ class TypedPartitioner {
 };
 
 // The fastest plan over a mixed cluster, on any subset of its workers.
-Plan partition_typed(const DeviceProfiles& profiles, const Topology& topology, const PartitionOptions& options = {});
+Plan partition_typed(const DeviceProfiles& profiles, const Topology& topology,
+                     const PartitionOptions& options = {});
 
 }  // namespace pipeline
