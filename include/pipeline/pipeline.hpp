@@ -60,11 +60,14 @@
 #include <pipeline/optim/sgd.hpp>
 #include <pipeline/plan/antichain.hpp>
 #include <pipeline/plan/cost_model.hpp>
+#include <pipeline/plan/cost_plan.hpp>
+#include <pipeline/plan/device_profiles.hpp>
 #include <pipeline/plan/partition.hpp>
 #include <pipeline/plan/plan.hpp>
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/plan/topology.hpp>
 #include <pipeline/plan/topology_io.hpp>
+#include <pipeline/plan/typed_partition.hpp>
 #include <pipeline/profile/pipedream_graph.hpp>
 #include <pipeline/profile/profile.hpp>
 #include <pipeline/profile/profile_json.hpp>
