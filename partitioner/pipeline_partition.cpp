@@ -11,6 +11,7 @@
 #include <pipeline/plan/cost_plan.hpp>
 #include <pipeline/plan/device_profiles.hpp>
 #include <pipeline/plan/partition.hpp>
+#include <pipeline/plan/placement.hpp>
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/plan/typed_partition.hpp>
 #include <pipeline/plan/topology_io.hpp>
@@ -162,6 +163,17 @@ int main(int argc, char** argv) {
   app.add_option("-o,--output", output, "write plan.json here");
   app.add_flag("-q,--quiet", quiet, "no table on stdout");
   app.add_flag("--no-simulate", no_simulate, "leave predicted.bubble_fraction at 0 instead of simulating the plan");
+  // Several hosts: an OpenMPI rankfile that puts each rank on the host the topology assigns it.
+  std::string hosts_path, rankfile_path;
+  pipeline::PlacementOptions placement_options;
+  auto* hosts_opt = app.add_option("--hosts", hosts_path, "OpenMPI hostfile (NAME [slots=N] per line) to place the ranks on");
+  app.add_option("--rankfile", rankfile_path, "write an OpenMPI rankfile here (mpirun --rankfile FILE) placing rank r "
+                                              "on host r / (workers per host)")
+      ->needs(hosts_opt);
+  hosts_opt->needs("--rankfile");
+  app.add_option("--host-level", placement_options.host_level,
+                 "topology levels inside one host (default: 1 with several levels, 0 with one: a host per worker)");
+  app.add_option("--cores-per-rank", placement_options.cores_per_rank, "cores each rank is bound to in the rankfile (1)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -264,7 +276,14 @@ int main(int argc, char** argv) {
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!no_simulate)
       plan.predicted.bubble_fraction = simulated_bubble_fraction(plan, profile, topo, topo.typed() ? &profiles : nullptr);
+    std::vector<pipeline::RankPlacement> placement;  // placed before anything is written
+    if (!rankfile_path.empty())
+      placement = pipeline::place_ranks(plan, topo, pipeline::read_hostfile(hosts_path), placement_options);
     if (!output.empty()) pipeline::write_plan(plan, output);
+    if (!rankfile_path.empty()) {
+      pipeline::write_rankfile(rankfile_path, placement);
+      if (!quiet) fmt::print("{}: {}\n", rankfile_path, pipeline::describe_placement(placement));
+    }
     if (!quiet) {
       if (frontier && chosen) fmt::print("\n");
       print_table(plan, profile, topo, seconds);

@@ -1,0 +1,157 @@
+#include <pipeline/plan/placement.hpp>
+
+#include <pipeline/core/error.hpp>
+
+#include "../core/json_io.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace pipeline {
+
+namespace {
+
+int parse_count(const std::string& value, const std::string& token, const std::string& where) {
+  int n = 0;
+  auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  PIPELINE_CHECK_AS(ConfigError, ec == std::errc() && ptr == value.data() + value.size() && n >= 1,
+                    "{}: '{}' needs a positive whole number of slots", where, token);
+  return n;
+}
+
+}  // namespace
+
+std::vector<HostEntry> parse_hostfile(const std::string& text, const std::string& source) {
+  std::vector<HostEntry> hosts;
+  std::set<std::string> seen;
+  std::istringstream in(text);
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    std::istringstream words(line);
+    std::string name, token;
+    if (!(words >> name)) continue;
+    const std::string where = fmt::format("{} line {}", source, number);
+    PIPELINE_CHECK_AS(ConfigError, name.find('=') == std::string::npos,
+                      "{}: expected a host name first, got '{}' (lines read NAME [slots=N])", where,
+                      name);
+    PIPELINE_CHECK_AS(ConfigError, seen.insert(name).second,
+                      "{}: host '{}' is listed twice; give it once with its slots", where, name);
+    HostEntry host{name, std::nullopt};
+    std::optional<int> max_slots;
+    // OpenMPI's keywords: slots (count is its old name) and max_slots; others (cpu bindings and
+    // the like) do not bear on placement and are left to mpirun.
+    while (words >> token) {
+      const auto eq = token.find('=');
+      const std::string key = token.substr(0, eq),
+                        value = eq == std::string::npos ? "" : token.substr(eq + 1);
+      if (key == "slots" || key == "count")
+        host.slots = parse_count(value, token, where);
+      else if (key == "max_slots" || key == "max-slots")
+        max_slots = parse_count(value, token, where);
+    }
+    if (max_slots) host.slots = std::min(host.slots.value_or(*max_slots), *max_slots);
+    hosts.push_back(std::move(host));
+  }
+  PIPELINE_CHECK_AS(ConfigError, !hosts.empty(), "{} lists no hosts (one per line: NAME [slots=N])",
+                    source);
+  return hosts;
+}
+
+std::vector<HostEntry> read_hostfile(const std::string& path) {
+  std::ifstream f(path);
+  PIPELINE_CHECK_AS(ConfigError, f.good(), "cannot open hostfile '{}'", path);
+  std::ostringstream text;
+  text << f.rdbuf();
+  return parse_hostfile(text.str(), path);
+}
+
+int resolve_host_level(const Topology& topology, const PlacementOptions& options) {
+  const int levels = static_cast<int>(topology.levels.size());
+  const int k = options.host_level.value_or(levels > 1 ? 1 : 0);
+  PIPELINE_CHECK_AS(ConfigError, k >= 0 && k <= levels,
+                    "host level {} is outside the topology's {} level(s); give 0 (one worker per "
+                    "host) to {} (all "
+                    "on one host)",
+                    k, levels, levels);
+  return k;
+}
+
+std::vector<RankPlacement> place_ranks(const Plan& plan, const Topology& topology,
+                                       const std::vector<HostEntry>& hosts,
+                                       const PlacementOptions& options) {
+  PIPELINE_CHECK_AS(ConfigError, options.cores_per_rank >= 1,
+                    "cores per rank must be at least 1, got {}", options.cores_per_rank);
+  const int workers = topology.workers();
+  PIPELINE_CHECK_AS(ConfigError, plan.workers == workers,
+                    "the plan is for {} workers but the topology has {}; place it with the "
+                    "topology it was planned for",
+                    plan.workers, workers);
+  for (const auto& s : plan.stages)
+    for (int r : s.ranks)
+      PIPELINE_CHECK_AS(ConfigError, r >= 0 && r < workers, "the plan has rank {}, outside 0..{}",
+                        r, workers - 1);
+
+  const int k = resolve_host_level(topology, options);
+  int per_host = 1;
+  for (int l = 0; l < k; ++l) per_host *= topology.levels[static_cast<std::size_t>(l)].count;
+  const int needed = (workers + per_host - 1) / per_host;
+  PIPELINE_CHECK_AS(ConfigError, static_cast<int>(hosts.size()) >= needed,
+                    "the plan needs {} hosts ({} ranks, {} per host at host level {}) but the "
+                    "hostfile lists {}; add "
+                    "hosts, or plan for {} workers",
+                    needed, workers, per_host, k, hosts.size(),
+                    static_cast<int>(hosts.size()) * per_host);
+
+  std::vector<RankPlacement> placement;
+  placement.reserve(static_cast<std::size_t>(workers));
+  for (int r = 0; r < workers; ++r) {
+    const HostEntry& host = hosts[static_cast<std::size_t>(r / per_host)];
+    const int local = r % per_host;
+    PIPELINE_CHECK_AS(ConfigError, !host.slots || local < *host.slots,
+                      "host '{}' has {} slots but the plan puts {} ranks on it ({} per host at "
+                      "host level {}); give "
+                      "it slots={}, or a topology whose host level has {} workers",
+                      host.name, host.slots.value_or(0), std::min(per_host, workers - r + local),
+                      per_host, k, per_host, host.slots.value_or(0));
+    placement.push_back(
+        {r, host.name, local, local * options.cores_per_rank, options.cores_per_rank});
+  }
+  return placement;
+}
+
+std::string describe_placement(const std::vector<RankPlacement>& placement) {
+  std::string text;
+  for (std::size_t i = 0; i < placement.size();) {
+    std::size_t j = i;
+    while (j + 1 < placement.size() && placement[j + 1].host == placement[i].host) ++j;
+    const auto& a = placement[i];
+    text += text.empty() ? "" : ", ";
+    text += i == j ? fmt::format("rank {} on {}", a.rank, a.host)
+                   : fmt::format("ranks {}-{} on {}", a.rank, placement[j].rank, a.host);
+    i = j + 1;
+  }
+  return text;
+}
+
+std::string rankfile_text(const std::vector<RankPlacement>& placement) {
+  std::string text;
+  for (const auto& p : placement) {
+    const std::string cores = p.cores == 1
+                                  ? fmt::format("{}", p.first_core)
+                                  : fmt::format("{}-{}", p.first_core, p.first_core + p.cores - 1);
+    text += fmt::format("rank {}={} slot={}\n", p.rank, p.host, cores);
+  }
+  return text;
+}
+
+void write_rankfile(const std::string& path, const std::vector<RankPlacement>& placement) {
+  detail::write_file_atomically(path, rankfile_text(placement));
+}
+
+}  // namespace pipeline

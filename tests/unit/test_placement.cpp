@@ -1,0 +1,131 @@
+// Placing a plan's ranks on hosts: OpenMPI hostfiles, rank r on host r / (workers per host) for
+// the topology's host level, the rankfile text, and the errors when hosts or slots are too few.
+#include <pipeline/core/error.hpp>
+#include <pipeline/plan/placement.hpp>
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+using namespace pipeline;
+
+namespace {
+
+// `workers` ranks as stages of `per_stage` replicas each.
+Plan plan_of(int workers, int per_stage) {
+  Plan p;
+  p.workers = workers;
+  for (int r = 0; r < workers; r += per_stage) {
+    PlanStage s;
+    s.begin = r;
+    s.end = r + 1;
+    s.replicas = per_stage;
+    for (int i = 0; i < per_stage; ++i) s.ranks.push_back(r + i);
+    p.stages.push_back(s);
+  }
+  return p;
+}
+
+Topology levels(std::vector<int> counts) {
+  Topology t;
+  for (int c : counts) t.levels.push_back({c, 1e9});
+  return t;
+}
+
+std::string error_of(const Plan& plan, const Topology& t, const std::vector<HostEntry>& hosts,
+                     PlacementOptions o = {}) {
+  try {
+    place_ranks(plan, t, hosts, o);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("OpenMPI hostfiles") {
+  const auto hosts = parse_hostfile(
+      "# the lab\nnode-a slots=4\n\n  node-b max_slots=2 slots=8  # two cores\nnode-c\n"
+      "node-d count=3 cpu=2\n");
+  REQUIRE(hosts.size() == 4);
+  CHECK(hosts[0].name == "node-a");
+  CHECK(hosts[0].slots == 4);
+  CHECK(hosts[1].slots == 2);  // max_slots bounds slots
+  CHECK(!hosts[2].slots);
+  CHECK(hosts[3].slots == 3);
+  CHECK_THROWS_WITH_AS(parse_hostfile("a\nb\na slots=2\n", "h.txt"),
+                       doctest::Contains("h.txt line 3: host 'a' is listed twice"), ConfigError);
+  CHECK_THROWS_WITH_AS(parse_hostfile("a slots=0\n"), doctest::Contains("positive whole number"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(parse_hostfile("a slots=two\n"), doctest::Contains("'slots=two'"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(parse_hostfile("slots=2\n"), doctest::Contains("expected a host name"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(parse_hostfile("# nothing\n\n", "empty.txt"),
+                       doctest::Contains("empty.txt lists no hosts"), ConfigError);
+  CHECK_THROWS_WITH_AS(read_hostfile("/nonexistent/hosts.txt"),
+                       doctest::Contains("cannot open hostfile"), ConfigError);
+}
+
+TEST_CASE(
+    "the innermost level is one host; a one-level topology puts every worker on its own host") {
+  const std::vector<HostEntry> hosts{{"a", std::nullopt}, {"b", std::nullopt}, {"c", std::nullopt}};
+  // 2 servers of 2 workers: stage replicas (0,1) and (2,3) each on one server.
+  auto p = place_ranks(plan_of(4, 2), levels({2, 2}), hosts);
+  REQUIRE(p.size() == 4);
+  CHECK(p[0].host == "a");
+  CHECK(p[1].host == "a");
+  CHECK(p[1].local_index == 1);
+  CHECK(p[2].host == "b");
+  CHECK(p[3].host == "b");
+  CHECK(describe_placement(p) == "ranks 0-1 on a, ranks 2-3 on b");
+  CHECK(rankfile_text(p) == "rank 0=a slot=0\nrank 1=a slot=1\nrank 2=b slot=0\nrank 3=b slot=1\n");
+
+  // One level: its bandwidth is the hosts' network.
+  p = place_ranks(plan_of(2, 1), levels({2}), hosts);
+  CHECK(describe_placement(p) == "rank 0 on a, rank 1 on b");
+  CHECK(rankfile_text(p) == "rank 0=a slot=0\nrank 1=b slot=0\n");
+
+  // Three levels with the two innermost inside a host (2 sockets of 2 workers per server).
+  PlacementOptions two;
+  two.host_level = 2;
+  two.cores_per_rank = 3;
+  p = place_ranks(plan_of(8, 1), levels({2, 2, 2}), hosts, two);
+  CHECK(describe_placement(p) == "ranks 0-3 on a, ranks 4-7 on b");
+  CHECK(p[7].first_core == 9);
+  CHECK(rankfile_text(p).find("rank 7=b slot=9-11\n") != std::string::npos);
+
+  // Everything on one host.
+  PlacementOptions all;
+  all.host_level = 1;
+  CHECK(describe_placement(place_ranks(plan_of(3, 1), levels({3}), hosts, all)) ==
+        "ranks 0-2 on a");
+  CHECK(describe_placement(place_ranks(plan_of(1, 1), levels({1}), hosts)) == "rank 0 on a");
+}
+
+TEST_CASE("too few hosts or slots, and plans that do not fit the topology, are refused") {
+  const std::vector<HostEntry> one{{"a", std::nullopt}};
+  CHECK(error_of(plan_of(4, 2), levels({2, 2}), one)
+            .find("the plan needs 2 hosts (4 ranks, 2 per host at host level 1) but the hostfile "
+                  "lists 1") != std::string::npos);
+  CHECK(error_of(plan_of(2, 1), levels({2}), one).find("needs 2 hosts") != std::string::npos);
+  const std::vector<HostEntry> small{{"a", 1}, {"b", 2}};
+  CHECK(error_of(plan_of(4, 2), levels({2, 2}), small)
+            .find("host 'a' has 1 slots but the plan puts 2 ranks on it") != std::string::npos);
+  const std::vector<HostEntry> enough{{"a", 2}, {"b", 2}};
+  CHECK(error_of(plan_of(4, 2), levels({2, 2}), enough).empty());
+  CHECK(error_of(plan_of(2, 1), levels({2, 2}), enough)
+            .find("the plan is for 2 workers but the topology has 4") != std::string::npos);
+  PlacementOptions deep;
+  deep.host_level = 3;
+  CHECK(error_of(plan_of(4, 2), levels({2, 2}), enough, deep).find("host level 3 is outside") !=
+        std::string::npos);
+  PlacementOptions no_cores;
+  no_cores.cores_per_rank = 0;
+  CHECK(error_of(plan_of(4, 2), levels({2, 2}), enough, no_cores).find("cores per rank") !=
+        std::string::npos);
+  Plan bad = plan_of(2, 1);
+  bad.stages[1].ranks = {5};
+  CHECK(error_of(bad, levels({2}), enough).find("rank 5") != std::string::npos);
+}
