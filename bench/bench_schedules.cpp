@@ -242,20 +242,23 @@ int run_bench(const Options& o, Communicator& world) {
                          predicted, measured / predicted, 100 * sim.bubble_fraction, mem);
     for (int q = 0; q < P; ++q) {
       const StageMemory& m = rows[k].memory[q];
-      // The planner's estimate is the 1F1B-stash one (p - s minibatches in flight, gradients and
-      // one optimizer copy of the weights); a rank of an interleaved plan holds several stages.
+      // The planner's estimate counts minibatches of the profile's batch: p - s of them in flight
+      // for 1F1B-stash, whose minibatch here is one microbatch of that batch, so only that row
+      // compares like with like (the others hold microbatches of a larger minibatch).
       double planned = 0;
       for (auto& st : pl.stages)
         if (!st.ranks.empty() && st.ranks[0] == q) planned += st.memory_bytes;
+      const std::string planner =
+          is_stash(name) ? fmt::format("; planner {:.1f}", planned / 1048576.0) : std::string();
       detail += fmt::format(
           "  {} rank {}: weights {:.1f} MiB, stashed versions {:.1f}, activations {:.1f}, "
           "gradients {:.1f}, optimizer {:.1f}, total {:.1f} MiB (simulated: weights {:.1f}, "
-          "activations {:.1f}; planner {:.1f})\n",
+          "activations {:.1f}{})\n",
           name, q, m.parameter_bytes / 1048576.0, m.stashed_weight_bytes / 1048576.0,
           m.activation_bytes / 1048576.0, m.gradient_bytes / 1048576.0,
           m.optimizer_bytes / 1048576.0, m.total_bytes / 1048576.0,
           sim.ranks[q].peak_weight_bytes / 1048576.0, sim.ranks[q].peak_activation_bytes / 1048576.0,
-          planned / 1048576.0);
+          planner);
     }
   }
   std::string stages;
