@@ -7,6 +7,8 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libeigen3-dev libfmt-dev doctest-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
   libopenmpi-dev openmpi-bin
+  # Several hosts on one machine (tests/support/netns_hosts.sh): ip netns, veth, bridge, tc.
+  iproute2
   # The fuzz preset: clang, its libFuzzer and sanitizer runtimes, and LLVM's OpenMP (the library
   # uses OpenMP, and clang does not link GCC's libgomp).
   clang libclang-rt-14-dev libomp-14-dev

@@ -136,3 +136,18 @@ foreach(n 2 4)
   pipeline_expect_peer_death(exit_np${n} ${n} ${_dead} "" ${_job})
   pipeline_expect_peer_death(sigkill_np${n} ${n} ${_dead} ":kill" ${_job})
 endforeach()
+
+# Several hosts made on this machine (support/netns_hosts.sh: network namespaces on a bridge, 100
+# Mbit/s out of each): pipeline-partition's rankfile places the ranks, a 2-stage pipeline trains
+# across the hosts at the simulator's predicted throughput (within 15%), and a 4-stage one on
+# 2 hosts x 2 ranks equals the same plan on one host. Needs root and iproute2 (skipped otherwise);
+# serial, as its throughput check wants the cores to itself.
+if(TARGET pipeline-profile AND TARGET pipeline-partition AND TARGET pipeline-simulate)
+  add_test(NAME example.multihost_netns
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/multihost_scenario.sh
+                   $<TARGET_FILE:pipeline-profile> $<TARGET_FILE:pipeline-partition>
+                   $<TARGET_FILE:pipeline-simulate> ${_train} ${MPIEXEC_EXECUTABLE} ${PIPELINE_MPIRUN_FLAGS})
+  set_tests_properties(example.multihost_netns PROPERTIES LABELS "example;mpi;multihost" PROCESSORS 2
+                       RUN_SERIAL TRUE TIMEOUT 300 SKIP_RETURN_CODE 77
+                       PASS_REGULAR_EXPRESSION "test accuracy: [01]\\.[0-9][0-9][0-9][0-9]")
+endif()
