@@ -151,3 +151,12 @@ if(TARGET pipeline-profile AND TARGET pipeline-partition AND TARGET pipeline-sim
                        RUN_SERIAL TRUE TIMEOUT 300 SKIP_RETURN_CODE 77
                        PASS_REGULAR_EXPRESSION "test accuracy: [01]\\.[0-9][0-9][0-9][0-9]")
 endif()
+
+# Fewer hosts than the plan needs is refused, naming how many it needs (no rankfile is written).
+if(TARGET pipeline-partition)
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/one_host.txt "node-a slots=4\n")
+  pipeline_expect_failure(too_few_hosts "the plan needs 2 hosts .4 ranks, 2 per host at host level 1. but the hostfile lists 1"
+                          $<TARGET_FILE:pipeline-partition> --profile ${CMAKE_CURRENT_SOURCE_DIR}/data/partition/chain.json
+                          --level 2:10Gbit/s --level 2:1Gbit/s --hosts ${CMAKE_CURRENT_BINARY_DIR}/one_host.txt
+                          --rankfile ${CMAKE_CURRENT_BINARY_DIR}/too_few_hosts_rankfile.txt)
+endif()
