@@ -37,7 +37,8 @@
 //     the 1-rank run just before it. The flush schedules' bubble bounds
 //     their speedup by P·m / (m + P − 1) (m microbatches per minibatch).
 // The per-rank lines come from the executor's trace of the median P-rank run: compute (F, B,
-// ST), waiting in receives (RA, RG) and the rest (sends, bookkeeping); the process's CPU time
+// ST), allreduce waits (AR: what the backward did not hide), waiting in receives (RA, RG) and the
+// rest (sends, bookkeeping); the process's CPU time
 // over the wall time and its involuntary context switches (another program on the rank's core
 // shows there); and, over all messages that arrived while their receiver was already waiting,
 // the median time from the send's post to the end of the wait (transfer plus wait-loop reaction).
@@ -189,7 +190,8 @@ double get_double(const float* in) {
 }
 
 struct RankBreakdown {
-  double compute_s = 0, recv_wait_s = 0, other_s = 0;
+  // allreduce_s: the AR actions, i.e. the waits for what the backward did not hide.
+  double compute_s = 0, allreduce_s = 0, recv_wait_s = 0, other_s = 0;
   // CPU seconds of the process over the run's wall time, and the times the kernel took the core
   // away (involuntary context switches): a rank that shares its core with another program shows
   // a low share or many switches, and its run says little about the pipeline.
@@ -213,8 +215,10 @@ RankBreakdown breakdown(const std::vector<TraceEvent>& events, double wall_s) {
       case ActionKind::BackwardInput:
       case ActionKind::BackwardWeight:
       case ActionKind::Step:
-      case ActionKind::AllReduce:
         b.compute_s += d;
+        break;
+      case ActionKind::AllReduce:
+        b.allreduce_s += d;
         break;
       case ActionKind::RecvActivation:
       case ActionKind::RecvGradient:
@@ -224,7 +228,7 @@ RankBreakdown breakdown(const std::vector<TraceEvent>& events, double wall_s) {
         break;
     }
   }
-  b.other_s = std::max(0.0, wall_s - b.compute_s - b.recv_wait_s);
+  b.other_s = std::max(0.0, wall_s - b.compute_s - b.allreduce_s - b.recv_wait_s);
   return b;
 }
 
@@ -352,16 +356,18 @@ Run run_schedule(const ZooModel& z, const Options& o, const std::string& name,
   std::vector<TraceEvent> events(ex.trace_events().begin() + static_cast<long>(first_event),
                                  ex.trace_events().end());
   const RankBreakdown mine = breakdown(events, wall);
-  Tensor all = Tensor::zeros(Shape{5 * comm.size()});
+  Tensor all = Tensor::zeros(Shape{6 * comm.size()});
   float* v = all.data<float>();
-  v[5 * comm.rank()] = static_cast<float>(mine.compute_s);
-  v[5 * comm.rank() + 1] = static_cast<float>(mine.recv_wait_s);
-  v[5 * comm.rank() + 2] = static_cast<float>(mine.other_s);
-  v[5 * comm.rank() + 3] = static_cast<float>(cpu / wall);
-  v[5 * comm.rank() + 4] = static_cast<float>(switches);
+  v[6 * comm.rank()] = static_cast<float>(mine.compute_s);
+  v[6 * comm.rank() + 1] = static_cast<float>(mine.allreduce_s);
+  v[6 * comm.rank() + 2] = static_cast<float>(mine.recv_wait_s);
+  v[6 * comm.rank() + 3] = static_cast<float>(mine.other_s);
+  v[6 * comm.rank() + 4] = static_cast<float>(cpu / wall);
+  v[6 * comm.rank() + 5] = static_cast<float>(switches);
   comm.allreduce_sum(all, comm.world());
   for (int k = 0; k < comm.size(); ++k)
-    r.ranks.push_back({v[5 * k], v[5 * k + 1], v[5 * k + 2], v[5 * k + 3], v[5 * k + 4]});
+    r.ranks.push_back(
+        {v[6 * k], v[6 * k + 1], v[6 * k + 2], v[6 * k + 3], v[6 * k + 4], v[6 * k + 5]});
   delivery_delays(comm, events, minibatches * m, r);
   if (!trace_path.empty())
     write_rank_trace(per_rank_path(trace_path, comm.rank(), comm.size()), events, schedule,
@@ -639,9 +645,11 @@ int run_bench(const Options& o, Communicator& world) {
         cfg.name, name, row.delivered[mid], 1e6 * row.delay[mid]);
     for (int r = 0; r < P; ++r)
       detail += fmt::format(
-          "  {} {} rank {}: compute and allreduce waits {:.3f} s, waiting in receives {:.3f} s, "
-          "other {:.3f} s; CPU time / wall {:.2f}, {:.0f} involuntary context switches\n",
+          "  {} {} rank {}: compute {:.3f} s, allreduce waits {:.3f} s, waiting in receives "
+          "{:.3f} s, other {:.3f} s; CPU time / wall {:.2f}, {:.0f} involuntary context "
+          "switches\n",
           cfg.name, name, r, br[static_cast<std::size_t>(r)].compute_s,
+          br[static_cast<std::size_t>(r)].allreduce_s,
           br[static_cast<std::size_t>(r)].recv_wait_s, br[static_cast<std::size_t>(r)].other_s,
           br[static_cast<std::size_t>(r)].cpu_share, br[static_cast<std::size_t>(r)].preempted);
   }

@@ -86,6 +86,14 @@ int run(int argc, char** argv) {
       ->excludes(level_opt);
   app.add_option("--latency", latency, "seconds per message");
   app.add_flag("--full-duplex", full_duplex, "links carry both directions at full bandwidth");
+  bool overlap_allreduce = false;
+  std::int64_t bucket_bytes = std::int64_t{4} << 20;
+  app.add_flag("--overlap-allreduce", overlap_allreduce,
+               "replicated stages reduce their gradients in buckets overlapping the last backward, "
+               "as the runtime does (default: one blocking allreduce, the partitioner's model)");
+  app.add_option("--allreduce-bucket-bytes", bucket_bytes,
+                 "bucket size with --overlap-allreduce (the runtime's default: 4 MiB)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--trace", trace_path, "write a Chrome-trace / Perfetto JSON");
   app.add_option("--svg", svg_path, "write an SVG timeline");
   app.add_flag("--json", as_json, "print the result as JSON");
@@ -137,6 +145,8 @@ int run(int argc, char** argv) {
   opt.microbatch_size = microbatch_size;
   opt.latency_s = latency;
   opt.full_duplex = full_duplex;
+  opt.overlap_allreduce = overlap_allreduce;
+  opt.allreduce_bucket_bytes = bucket_bytes;
   opt.record_trace = !trace_path.empty() || !svg_path.empty();
   if (named) opt.device_profiles = &profiles;
   const Topology topology =
