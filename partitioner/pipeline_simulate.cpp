@@ -15,12 +15,25 @@
 //
 // Plans over a mixed cluster (stages with a "device" type) take a profile per type:
 // --profile h100=h100.json --profile a100=a100.json; each stage is timed from its type's.
+//
+// Stragglers: --slow-rank RANK:FACTOR (repeatable) makes that rank's forwards and backwards take
+// FACTOR times as long (the runtime's PIPELINE_TEST_SLOW_RANK=RANK:FACTOR); --jitter CV
+// multiplies every one by a lognormal factor of mean 1 and that coefficient of variation,
+// reproducible from --seed S.
+//
+// Transient resources: --availability trace.csv --samples N (no --plan) replays a run of N
+// samples on the trace's rows `time_s,workers`, re-planned by the partitioner at each change
+// with --restart-cost (default 60s) per re-plan, against a static plan on the workers always
+// there, and prints the time and cost of each (price from --price or the topology's) and the
+// elastic run's segments (schedule/availability.hpp).
 #include <pipeline/core/error.hpp>
 #include <pipeline/core/log.hpp>
+#include <pipeline/plan/cost_plan.hpp>
 #include <pipeline/plan/device_profiles.hpp>
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/plan/topology_io.hpp>
 #include <pipeline/profile/profile_json.hpp>
+#include <pipeline/schedule/availability.hpp>
 #include <pipeline/schedule/csv.hpp>
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/simulator.hpp>
@@ -31,6 +44,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <charconv>
+#include <cmath>
 #include <numeric>
 
 namespace {
@@ -43,6 +58,77 @@ Topology parse_levels(const std::vector<std::string>& levels) {
   Topology t;
   for (const auto& l : levels) t.levels.push_back(parse_level(l));
   return t;
+}
+
+// --slow-rank RANK:FACTOR, into per-rank factors (1 for ranks not named).
+std::vector<double> parse_slow_ranks(const std::vector<std::string>& specs) {
+  std::vector<double> out;
+  for (const std::string& s : specs) {
+    const std::size_t colon = s.find(':');
+    int rank = -1;
+    double factor = 0;
+    bool ok = colon != std::string::npos;
+    if (ok) {
+      auto [p, ec] = std::from_chars(s.data(), s.data() + colon, rank);
+      ok = ec == std::errc() && p == s.data() + colon && rank >= 0 && rank < 1 << 20;
+    }
+    if (ok) {
+      auto [p, ec] = std::from_chars(s.data() + colon + 1, s.data() + s.size(), factor);
+      ok = ec == std::errc() && p == s.data() + s.size() && std::isfinite(factor) && factor > 0;
+    }
+    PIPELINE_CHECK_AS(ConfigError, ok,
+                      "--slow-rank '{}' is not RANK:FACTOR with a rank >= 0 and a factor > 0 "
+                      "(e.g. 1:3 for rank 1 three times slower)",
+                      s);
+    if (out.size() <= static_cast<std::size_t>(rank))
+      out.resize(static_cast<std::size_t>(rank) + 1, 1.0);
+    out[static_cast<std::size_t>(rank)] = factor;
+  }
+  return out;
+}
+
+// --availability: the elastic run against the static one, and the elastic run's segments.
+int replay_trace(const Profile& profile, const std::string& trace_path, const Topology& topology,
+                 double samples, const std::string& restart_text, const std::string& price_text) {
+  PIPELINE_CHECK_AS(ConfigError, samples > 0,
+                    "--availability needs --samples N, the samples to train (> 0)");
+  PIPELINE_CHECK_AS(ConfigError, !topology.levels.empty(),
+                    "--availability needs the links: --level COUNT:BANDWIDTH or --topology "
+                    "(the outermost count is taken from the trace)");
+  AvailabilityOptions o;
+  o.samples = samples;
+  o.restart_s = restart_text == "0" ? 0.0 : parse_duration(restart_text);
+  if (!price_text.empty()) o.price_per_worker_hour = parse_price(price_text);
+  o.partition.recompute = Recompute::Auto;
+  const auto trace = read_availability_csv(trace_path);
+  const AvailabilityReplay r = replay_availability(profile, topology, trace, o);
+  const auto money = [&](double v) {
+    return r.priced ? fmt::format("{:.2f}", v) : std::string("-");
+  };
+  fmt::print("{}: {} rows, {:g} samples, restart {} per re-plan\n", trace_path, trace.size(),
+             samples, format_duration(o.restart_s));
+  fmt::print("{:>9} {:>9} {:>6} {:>8} {:<16} {:>12} {:>8} {:>12} {:>10}\n", "start", "end", "avail",
+             "workers", "config", "s/minibatch", "restart", "samples", "cost");
+  for (const AvailabilitySegment& s : r.elastic.segments)
+    fmt::print("{:>9} {:>9} {:>6} {:>8} {:<16} {:>12.6f} {:>8} {:>12.4g} {:>10}\n",
+               format_duration(s.start_s), format_duration(s.end_s), s.available, s.workers,
+               s.workers ? (s.replanned ? "*" : "") + s.config : "(waiting)",
+               s.time_per_minibatch_s, format_duration(s.restart_s), s.samples, money(s.cost));
+  fmt::print("elastic: {} ({:.0f} s), cost {}, {:.1f} worker-hours, {} restart(s)\n",
+             format_duration(r.elastic.time_s), r.elastic.time_s, money(r.elastic.cost),
+             r.elastic.worker_hours, r.elastic.restarts);
+  if (r.fixed.feasible)
+    fmt::print("static on {} workers (config {}): {} ({:.0f} s), cost {}, {:.1f} worker-hours\n",
+               r.static_workers, r.fixed.segments.front().config, format_duration(r.fixed.time_s),
+               r.fixed.time_s, money(r.fixed.cost), r.fixed.worker_hours);
+  else
+    fmt::print(
+        "static: none (the trace has no workers, or none a plan fits on, for the whole run)\n");
+  if (r.fixed.feasible && r.elastic.time_s > 0)
+    fmt::print("elastic / static: time {:.2f}x, cost {}\n", r.elastic.time_s / r.fixed.time_s,
+               r.priced && r.fixed.cost > 0 ? fmt::format("{:.2f}x", r.elastic.cost / r.fixed.cost)
+                                            : std::string("-"));
+  return 0;
 }
 
 // The stages a rank runs (several on an interleaved plan's ranks).
@@ -65,7 +151,7 @@ int run(int argc, char** argv) {
   app.add_option("--profile", profile_args,
                  "profile.json; for a plan over worker types TYPE=profile.json, once per type")
       ->required();
-  app.add_option("--plan", plan_path, "plan.json")->required();
+  app.add_option("--plan", plan_path, "plan.json (required but with --availability)");
   auto* by_name =
       app.add_option("--schedule", schedule_name,
                      "schedule generator (default: the plan's): " +
@@ -97,6 +183,26 @@ int run(int argc, char** argv) {
   app.add_option("--trace", trace_path, "write a Chrome-trace / Perfetto JSON");
   app.add_option("--svg", svg_path, "write an SVG timeline");
   app.add_flag("--json", as_json, "print the result as JSON");
+  std::vector<std::string> slow_ranks;
+  double jitter_cv = 0;
+  std::uint64_t seed = 0;
+  app.add_option("--slow-rank", slow_ranks,
+                 "RANK:FACTOR: that rank computes FACTOR times slower (repeat for several)");
+  app.add_option("--jitter", jitter_cv,
+                 "coefficient of variation of a lognormal factor (mean 1) on every compute "
+                 "action's time (default 0: none)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", seed, "seed of the jitter (default 0)");
+  std::string availability_path, restart_text = "60s", price_text;
+  double samples = 0;
+  app.add_option("--availability", availability_path,
+                 "CSV of rows time_s,workers: replay --samples N on these transient workers, "
+                 "re-planned at each change, against a static plan (no --plan)");
+  app.add_option("--samples", samples, "samples to train, with --availability");
+  app.add_option("--restart-cost", restart_text,
+                 "checkpoint-and-restart time per re-plan, with --availability (default 60s)");
+  app.add_option("--price", price_text,
+                 "price per worker-hour, with --availability (default: the topology's)");
   CLI11_PARSE(app, argc, argv);
 
   DeviceProfiles profiles;
@@ -114,6 +220,12 @@ int run(int argc, char** argv) {
   }
   check_device_profiles(profiles);
   const Profile& profile = profiles.begin()->second;
+  if (!availability_path.empty())
+    return replay_trace(profile, availability_path,
+                        topology_path.empty() ? parse_levels(levels) : read_topology(topology_path),
+                        samples, restart_text, price_text);
+  PIPELINE_CHECK_AS(ConfigError, !plan_path.empty(),
+                    "--plan is required (but with --availability, which plans by itself)");
   Plan plan = read_plan(plan_path);
   for (const PlanStage& st : plan.stages)
     PIPELINE_CHECK_AS(ConfigError, st.device.empty() || profiles.count(st.device) == 1,
@@ -151,6 +263,13 @@ int run(int argc, char** argv) {
   if (named) opt.device_profiles = &profiles;
   const Topology topology =
       topology_path.empty() ? parse_levels(levels) : read_topology(topology_path);
+  opt.rank_slowdown = parse_slow_ranks(slow_ranks);
+  PIPELINE_CHECK_AS(ConfigError,
+                    opt.rank_slowdown.size() <= static_cast<std::size_t>(schedule.num_ranks()),
+                    "--slow-rank names rank {}, but the schedule has ranks 0..{}",
+                    opt.rank_slowdown.size() - 1, schedule.num_ranks() - 1);
+  opt.jitter_cv = jitter_cv;
+  opt.jitter_seed = seed;
   Simulation sim = simulate(schedule, profile, plan, topology, opt);
   if (!trace_path.empty()) write_chrome_trace(trace_path, sim, schedule);
   if (!svg_path.empty()) write_timeline_svg(svg_path, sim, schedule);

@@ -82,6 +82,7 @@
 #include <pipeline/runtime/stage_executor.hpp>
 #include <pipeline/runtime/stop_agreement.hpp>
 #include <pipeline/runtime/weight_store.hpp>
+#include <pipeline/schedule/availability.hpp>
 #include <pipeline/schedule/csv.hpp>
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/schedule.hpp>

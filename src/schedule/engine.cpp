@@ -1,10 +1,13 @@
 // Dataflow execution of a schedule: timing, stash accounting and deadlock detection.
 #include "engine.hpp"
 
+#include <pipeline/core/rng.hpp>
 #include <pipeline/schedule/validate.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
+#include <optional>
 
 namespace pipeline::detail {
 namespace {
@@ -99,6 +102,7 @@ struct RankState {
   std::vector<char> closes;
   double close_start = -1;
   double close_s = 0;
+  std::optional<Rng> jitter;  // with EngineCosts::jitter_cv > 0
 };
 
 struct Group {
@@ -119,6 +123,13 @@ class Engine {
         m_ranks(s.ranks.size()),
         m_groups(s.stage_ranks.size()) {
     m_result.ranks.resize(s.ranks.size());
+    if (costs != nullptr && costs->jitter_cv > 0) {
+      // Lognormal of mean 1 and coefficient of variation cv: sigma^2 = ln(1 + cv^2), mu =
+      // -sigma^2/2.
+      m_jitter_sigma = std::sqrt(std::log1p(costs->jitter_cv * costs->jitter_cv));
+      for (std::size_t r = 0; r < s.ranks.size(); ++r)
+        m_ranks[r].jitter.emplace(costs->jitter_seed, fmt::format("jitter.rank{}", r));
+    }
     for (int st = 0; st < s.num_stages(); ++st)
       for (int r : s.stage_ranks[st]) m_ranks[r].slots.push_back({st, 0, 0, {}});
     // The last B or W before each AR of a stage whose allreduce overlaps (as the executor's).
@@ -318,28 +329,32 @@ class Engine {
           }
           ++st.forwards_seen;
           on_forward(r, a);
-          compute(r, a, c ? c->forward_s : 0);
+          compute(r, a, straggle(r, c ? c->forward_s : 0));
           break;
         }
-        case ActionKind::Backward:
+        case ActionKind::Backward: {
           hold_recomputed(r, c, 1);
-          note_close(r, c ? c->backward_s : 0);
-          compute(r, a, c ? c->backward_s : 0);
+          const double d = straggle(r, c ? c->backward_s : 0);
+          note_close(r, d);
+          compute(r, a, d);
           on_release(r, a);
           hold_recomputed(r, c, -1);
           break;
+        }
         case ActionKind::BackwardInput:
           hold_recomputed(r, c, 1);
           hold_split_gradients(r, c, 1);
-          compute(r, a, c ? c->backward_input_s : 0);
+          compute(r, a, straggle(r, c ? c->backward_input_s : 0));
           break;
-        case ActionKind::BackwardWeight:
-          note_close(r, c ? c->backward_weight_s : 0);
-          compute(r, a, c ? c->backward_weight_s : 0);
+        case ActionKind::BackwardWeight: {
+          const double d = straggle(r, c ? c->backward_weight_s : 0);
+          note_close(r, d);
+          compute(r, a, d);
           on_release(r, a);
           hold_recomputed(r, c, -1);
           hold_split_gradients(r, c, -1);
           break;
+        }
         case ActionKind::Step: {
           compute(r, a, c ? c->step_s : 0);
           ++slot(st, a.stage).version;
@@ -441,6 +456,17 @@ class Engine {
     st.close_s = d;
   }
 
+  // A compute action's time on rank r under the costs' slowdown and jitter.
+  double straggle(int r, double d) {
+    if (!m_costs) return d;
+    if (static_cast<std::size_t>(r) < m_costs->rank_slowdown.size())
+      d *= m_costs->rank_slowdown[static_cast<std::size_t>(r)];
+    if (auto& g = m_ranks[r].jitter)
+      d *= std::exp(m_jitter_sigma * static_cast<double>(g->normal()) -
+                    m_jitter_sigma * m_jitter_sigma / 2);
+    return d;
+  }
+
   void compute(int r, const Action& a, double d) {
     RankState& st = m_ranks[r];
     record(r, a, st.clock, st.clock + d);
@@ -514,6 +540,7 @@ class Engine {
   const EngineCosts* m_costs;
   bool m_trace;
   std::vector<RankState> m_ranks;
+  double m_jitter_sigma = 0;
   std::vector<Group> m_groups;
   std::vector<int> m_work;
   int m_next_flow = 0;

@@ -49,6 +49,14 @@ struct EngineCosts {
   // Seconds to move one message of `kind` (SendActivation / SendGradient) of `stage` from
   // rank src to rank dst. Empty: free.
   std::function<double(int src, int dst, int stage, ActionKind kind)> transfer_s;
+  // Stragglers (SimulateOptions::rank_slowdown, jitter_cv): every forward and backward (B, I, W)
+  // of rank r takes rank_slowdown[r] times its cost (empty or missing: 1), times, with
+  // jitter_cv > 0, a lognormal factor of mean 1 and that coefficient of variation drawn from
+  // Rng(jitter_seed, "jitter.rank<r>") in the rank's action order, so a run is reproducible
+  // whatever order the engine visits the ranks in.
+  std::vector<double> rank_slowdown;
+  double jitter_cv = 0;
+  std::uint64_t jitter_seed = 0;
 };
 
 struct RankRecord {

@@ -6,6 +6,7 @@
 #include "engine.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <numeric>
 
@@ -211,6 +212,14 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
   PIPELINE_CHECK_AS(ConfigError, options.microbatch_size >= 0,
                     "microbatch size must be >= 0, got {}", options.microbatch_size);
   detail::check_local(schedule);
+  for (std::size_t r = 0; r < options.rank_slowdown.size(); ++r)
+    PIPELINE_CHECK_AS(ConfigError,
+                      std::isfinite(options.rank_slowdown[r]) && options.rank_slowdown[r] > 0,
+                      "slowdown of rank {} must be a positive factor (1: nominal), got {}", r,
+                      options.rank_slowdown[r]);
+  PIPELINE_CHECK_AS(ConfigError, std::isfinite(options.jitter_cv) && options.jitter_cv >= 0,
+                    "jitter coefficient of variation must be >= 0 (0: none), got {}",
+                    options.jitter_cv);
 
   const int microbatch_size =
       options.microbatch_size > 0 ? options.microbatch_size : profile.batch_size;
@@ -250,6 +259,9 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     costs.stages.push_back(c);
     timing.push_back(t);
   }
+  costs.rank_slowdown = options.rank_slowdown;
+  costs.jitter_cv = options.jitter_cv;
+  costs.jitter_seed = options.jitter_seed;
   // Free links and zero latency leave transfer_s empty, so the engine skips the call.
   bool any_cost = options.latency_s > 0;
   for (auto& l : topology.levels) any_cost = any_cost || l.bandwidth_bytes_per_s > 0;

@@ -79,6 +79,15 @@ struct SimulateOptions {
   // plan entry names a device type is timed from that type's profile (ConfigError when it has
   // none); without this every stage is timed from the profile passed to simulate().
   const DeviceProfiles* device_profiles = nullptr;
+  // Stragglers: rank r's forwards and backwards take rank_slowdown[r] times their cost (1:
+  // nominal; ranks past the end run at 1), e.g. {1, 3} slows rank 1 threefold, as
+  // PIPELINE_TEST_SLOW_RANK=1:3 does in the runtime. Each factor must be positive.
+  std::vector<double> rank_slowdown;
+  // Jitter: every forward and backward also takes a factor drawn from a lognormal distribution
+  // of mean 1 and this coefficient of variation (0: none), from a stream per rank seeded by
+  // jitter_seed, so a simulation is reproducible from its seed.
+  double jitter_cv = 0;
+  std::uint64_t jitter_seed = 0;
 };
 
 // One executed action. Sends: start is when it was posted, end the arrival at the receiver.
