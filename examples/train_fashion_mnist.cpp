@@ -179,8 +179,10 @@ int run_pipelined(const Options& o, Communicator& comm) {
   const long per_epoch = static_cast<long>(loader.num_batches());
   const long total = o.steps > 0 ? o.steps : per_epoch * o.epochs;
 
-  StageExecutor ex(zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
-                   examples::executor_options(o.pipeline, plan, o.seed, o.clip_grad));
+  StageExecutor ex(
+      zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
+      examples::with_injected_slowdown(
+          examples::executor_options(o.pipeline, plan, o.seed, o.clip_grad), comm.rank()));
   if (!o.load.empty()) load_parameters(o.load, zoo.model, ex.params(), ex.layers());
   const CheckpointRunInfo info = examples::checkpoint_run_info(
       o.model, ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline, &plan);

@@ -160,3 +160,30 @@ if(TARGET pipeline-partition)
                           --level 2:10Gbit/s --level 2:1Gbit/s --hosts ${CMAKE_CURRENT_BINARY_DIR}/one_host.txt
                           --rankfile ${CMAKE_CURRENT_BINARY_DIR}/too_few_hosts_rankfile.txt)
 endif()
+
+# A straggler among replicas (PIPELINE_TEST_SLOW_RANK of examples/common/fault_injection.hpp): one
+# replica of a 2-replica stage slowed 3x lowers the measured throughput as `pipeline-simulate
+# --slow-rank 1:3` predicts on this machine's profile, within 25%. Serial: it times the run.
+if(TARGET pipeline-profile AND TARGET pipeline-simulate)
+  add_test(NAME example.slow_rank
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/slow_rank_scenario.sh
+                   $<TARGET_FILE:pipeline-profile> $<TARGET_FILE:pipeline-simulate> ${_train}
+                   ${_plans}/mlp_2_data_parallel.json 3 ${_mpirun})
+  set_tests_properties(example.slow_rank PROPERTIES LABELS "example;mpi" PROCESSORS 2 RUN_SERIAL TRUE
+                       TIMEOUT 300)
+endif()
+
+# pipeline-simulate --availability: a trace with a worker lost and more gained, replayed against
+# the static plan; a bad row is refused naming its line.
+if(TARGET pipeline-simulate)
+  set(_avail_dir ${CMAKE_CURRENT_SOURCE_DIR}/data/availability)
+  add_test(NAME example.availability_trace
+           COMMAND $<TARGET_FILE:pipeline-simulate> --profile ${CMAKE_CURRENT_SOURCE_DIR}/data/partition/chain.json
+                   --availability ${_avail_dir}/day.csv --samples 2e8 --level 8:10Gbit/s
+                   --restart-cost 5m --price 2.5)
+  set_tests_properties(example.availability_trace PROPERTIES LABELS example
+                       PASS_REGULAR_EXPRESSION "elastic: .*restart.*\nstatic on [0-9]+ workers")
+  pipeline_expect_failure(availability_bad_row "bad_row.csv line 3: workers 'many'"
+                          $<TARGET_FILE:pipeline-simulate> --profile ${CMAKE_CURRENT_SOURCE_DIR}/data/partition/chain.json
+                          --availability ${_avail_dir}/bad_row.csv --samples 1e6 --level 4:10Gbit/s)
+endif()

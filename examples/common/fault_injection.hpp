@@ -1,26 +1,40 @@
-// Fault-injection hook for testing only: lets one rank of a pipelined run die mid-training, so
-// that tests can check what the surviving ranks do (tests/examples.cmake, peer_death tests).
+// Fault-injection hooks for testing only: let one rank of a pipelined run die mid-training, or
+// straggle, so that tests can check what the other ranks do (tests/examples.cmake).
 //
 //   PIPELINE_TEST_DIE_AT_STEP=RANK:STEP[:kill]
 //
 // makes rank RANK end itself when it reaches optimizer step STEP (0-based, counted over the
 // whole run): with _exit(1), as a crash that skips every destructor and MPI_Finalize would, or
-// with SIGKILL when ":kill" is given. Unset (the normal case) it does nothing. The variable is
-// read once; a malformed value is a ConfigError, so a test cannot silently inject nothing.
+// with SIGKILL when ":kill" is given.
+//
+//   PIPELINE_TEST_SLOW_RANK=RANK:FACTOR
+//
+// makes rank RANK compute FACTOR (>= 1) times slower: after each forward and backward it sleeps
+// (FACTOR - 1) times the action's measured time (ExecutorOptions::after_compute), as a slower
+// device would; `pipeline-simulate --slow-rank RANK:FACTOR` predicts the effect.
+//
+// Unset (the normal case) they do nothing. Each variable is read once; a malformed value is a
+// ConfigError, so a test cannot silently inject nothing.
 #pragma once
 
 #include <pipeline/core/error.hpp>
+#include <pipeline/runtime/stage_executor.hpp>
+#include <pipeline/schedule/schedule.hpp>
 
 #include <fmt/format.h>
 
 #include <unistd.h>
 
+#include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <optional>
 #include <string>
+#include <thread>
 
 namespace pipeline::examples {
 
@@ -59,6 +73,42 @@ inline void fault_injection_point(int rank, std::int64_t step) {
   std::fflush(stderr);
   if (death->kill) std::raise(SIGKILL);
   ::_exit(1);
+}
+
+struct InjectedSlowdown {
+  int rank = -1;
+  double factor = 1;
+};
+
+// The PIPELINE_TEST_SLOW_RANK request, if any.
+inline std::optional<InjectedSlowdown> injected_slowdown_from_env() {
+  const char* v = std::getenv("PIPELINE_TEST_SLOW_RANK");
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  InjectedSlowdown d;
+  char rest = 0;
+  const int n = std::sscanf(v, "%d:%lf%c", &d.rank, &d.factor, &rest);
+  PIPELINE_CHECK_AS(ConfigError, n == 2 && d.rank >= 0 && std::isfinite(d.factor) && d.factor >= 1,
+                    "PIPELINE_TEST_SLOW_RANK='{}' is not RANK:FACTOR with a factor >= 1 (a "
+                    "testing hook: unset it for normal runs)",
+                    v);
+  return d;
+}
+
+// For ExecutorOptions::after_compute: on the slowed rank, sleeps (FACTOR - 1) times each compute
+// action's time; elsewhere (and unset) empty.
+inline std::function<void(const Action&, double)> injected_slowdown(int rank) {
+  static const std::optional<InjectedSlowdown> slow = injected_slowdown_from_env();
+  if (!slow || slow->rank != rank || slow->factor == 1) return {};
+  const double extra = slow->factor - 1;
+  return [extra](const Action&, double seconds) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(extra * seconds));
+  };
+}
+
+// `options` with the PIPELINE_TEST_SLOW_RANK hook for this rank, if it is the slowed one.
+inline ExecutorOptions with_injected_slowdown(ExecutorOptions options, int rank) {
+  if (auto hook = injected_slowdown(rank)) options.after_compute = std::move(hook);
+  return options;
 }
 
 }  // namespace pipeline::examples

@@ -893,7 +893,7 @@ void StageExecutor::execute(Run& run) {
       run.frontier = std::max(run.frontier, mb);
     }
     post_receives(run, i);
-    const double start = m_options.record_trace ? now() : 0;
+    const double start = m_options.record_trace || m_options.after_compute ? now() : 0;
     switch (a.kind) {
       case ActionKind::Forward:
         do_forward(run, a);
@@ -943,6 +943,7 @@ void StageExecutor::execute(Run& run) {
         do_step(run, a);
         break;
     }
+    if (m_options.after_compute && is_compute(a.kind)) m_options.after_compute(a, now() - start);
     if (m_options.record_trace) m_trace.push_back({rank(), a, start, now(), -1});
     // Let completed sends go, so their buffers are freed early; move the gradient buckets on.
     std::erase_if(run.sends, [](Request& r) { return r.test(); });

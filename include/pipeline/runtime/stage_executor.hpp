@@ -131,6 +131,10 @@ struct ExecutorOptions {
   // smaller). false: one allreduce of every gradient at the AR action (no overlap).
   bool overlap_allreduce = true;
   std::int64_t allreduce_bucket_bytes = std::int64_t{4} << 20;
+  // Called after every forward and backward (B, I, W) with the action and the seconds it took;
+  // what it does counts as part of the action (a test's slowed rank sleeps here,
+  // examples/common/fault_injection.hpp). Empty: nothing.
+  std::function<void(const Action&, double seconds)> after_compute;
 };
 
 // One gradient allreduce of a replicated stage (with ExecutorOptions::record_trace): when its

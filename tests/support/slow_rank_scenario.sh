@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# A straggler among replicas, measured and predicted:
+#   slow_rank_scenario.sh PIPELINE_PROFILE PIPELINE_SIMULATE TRAIN_FASHION_MNIST PLAN FACTOR MPIRUN...
+# trains PLAN (a stage on 2 replicas) on 2 ranks twice, nominal and with rank 1 slowed FACTOR
+# times (PIPELINE_TEST_SLOW_RANK=1:FACTOR), and checks that the measured throughput drops by
+# the factor `pipeline-simulate --slow-rank 1:FACTOR` predicts on this machine's profile, within
+# TOLERANCE (default 0.25: the runtime's per-step overheads, which the hook does not slow, and a
+# shared 2-core machine). Prints one line for bench/RESULTS.md.
+set -euo pipefail
+profile_tool=$1
+simulate=$2
+train=$3
+plan=$4
+factor=$5
+shift 5
+mpirun=("$@")
+tolerance=${TOLERANCE:-0.25}
+steps=${STEPS:-300}
+work=$(mktemp -d "${TMPDIR:-/tmp}/slow_rank.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+batch=${BATCH:-1024}
+
+"$profile_tool" --model mlp --batch $batch --threads 1 -o "$work/profile.json" > "$work/profile.log" 2>&1 ||
+  { cat "$work/profile.log"; exit 1; }
+"$simulate" --profile "$work/profile.json" --plan "$plan" --json > "$work/nominal.json"
+"$simulate" --profile "$work/profile.json" --plan "$plan" --slow-rank "1:$factor" --json \
+  > "$work/slow.json"
+
+run() {  # run NAME [ENV...]: samples/s of a training run
+  local name=$1
+  shift
+  env "$@" "${mpirun[@]}" 2 "$train" --model mlp --plan "$plan" --schedule 1f1b-stash \
+    --steps "$steps" --batch $batch --threads 1 --eval-batch 10000 > "$work/$name.log" 2>&1 ||
+    { cat "$work/$name.log"; exit 1; }
+  sed -n 's/.*of training: \([0-9.]*\) samples\/s.*/\1/p' "$work/$name.log" | tail -1
+}
+nominal=$(run nominal)
+slowed=$(run slow PIPELINE_TEST_SLOW_RANK="1:$factor")
+python3 - "$work/nominal.json" "$work/slow.json" "$nominal" "$slowed" "$factor" "$tolerance" <<'PY'
+import json, sys
+nom, slow = (json.load(open(p)) for p in sys.argv[1:3])
+measured_nominal, measured_slow = float(sys.argv[3]), float(sys.argv[4])
+factor, tolerance = float(sys.argv[5]), float(sys.argv[6])
+predicted = slow["samples_per_s"] / nom["samples_per_s"]
+measured = measured_slow / measured_nominal
+print(f"rank 1 of a 2-replica stage slowed {factor:g}x: measured {measured_nominal:.0f} -> "
+      f"{measured_slow:.0f} samples/s (x{measured:.3f}); simulator {nom['samples_per_s']:.0f} -> "
+      f"{slow['samples_per_s']:.0f} samples/s (x{predicted:.3f}); "
+      f"relative error {abs(measured - predicted) / predicted:.1%}")
+assert abs(measured - predicted) <= tolerance * predicted, \
+    f"measured throughput ratio {measured:.3f} is not within {tolerance:.0%} of the predicted {predicted:.3f}"
+PY
