@@ -114,6 +114,7 @@ int replay_trace(const Profile& profile, const std::string& trace_path, const To
                format_duration(s.start_s), format_duration(s.end_s), s.available, s.workers,
                s.workers ? (s.replanned ? "*" : "") + s.config : "(waiting)",
                s.time_per_minibatch_s, format_duration(s.restart_s), s.samples, money(s.cost));
+  fmt::print("(*: a new plan starts there; each but the first pays the restart)\n");
   fmt::print("elastic: {} ({:.0f} s), cost {}, {:.1f} worker-hours, {} restart(s)\n",
              format_duration(r.elastic.time_s), r.elastic.time_s, money(r.elastic.cost),
              r.elastic.worker_hours, r.elastic.restarts);
