@@ -98,6 +98,7 @@ struct Options {
   double lr = 1e-3;
   std::vector<std::string> schedules{"1f1b-stash", "1f1b-flush", "gpipe"};
   std::vector<std::string> configs;  // empty: P stages of one replica each
+  bool overlap = true;               // ExecutorOptions::overlap_allreduce, and the simulator's
   std::string trace;
   std::string results;
 };
@@ -333,6 +334,7 @@ Run run_schedule(const ZooModel& z, const Options& o, const std::string& name,
   const Schedule schedule = make_schedule(req, layout, minibatches);
   ExecutorOptions eo;
   eo.seed = 1;
+  eo.overlap_allreduce = o.overlap;
   StageExecutor warm_ex(z.model, z.sample_shape, z.input_dtype, layout, comm,
                         std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f}), eo);
   const LrFunction lr = [&](std::int64_t) { return static_cast<float>(o.lr); };
@@ -540,7 +542,7 @@ int run_bench(const Options& o, Communicator& world) {
     // stage but the last of a pipeline); one stage never has another microbatch in flight.
     so.optimizer_step_s = step_s + (is_stash(name) && lay.num_stages() > 1 ? copy_s : 0);
     // The executor's allreduce: buckets overlapping the backward, of its default size.
-    so.overlap_allreduce = ExecutorOptions{}.overlap_allreduce;
+    so.overlap_allreduce = o.overlap;
     so.allreduce_bucket_bytes = ExecutorOptions{}.allreduce_bucket_bytes;
     so.record_trace = !trace_path.empty();
     const Simulation sim = simulate(s, prof, pl, lay.num_ranks() > 1 ? topo : Topology{}, so);
@@ -577,7 +579,7 @@ int run_bench(const Options& o, Communicator& world) {
       "per rank, {} ranks, {} repeat(s); {}, load average {} at the end, {:%Y-%m-%d %H:%M}\n"
       "profile: {} layers, whole model {:.2f} ms fwd+bwd per microbatch\n{}{}"
       "link: {} bytes one way in {:.1f} us (ping-pong), simulated at {:.2f} GB/s full duplex "
-      "(activations and allreduce buckets of {} MiB, overlapping the backward)\n"
+      "(activations and allreduce buckets of {} MiB, {})\n"
       "flush schedules: {} microbatches per minibatch (bubble bound on the speedup of P stages "
       "P*m/(m+P-1) = {:.2f}); 1f1b-stash: 1 microbatch per minibatch\n",
       o.model, o.width, o.batch, o.samples_per_run, o.threads, P, o.repeat, bench::cpu_name(),
@@ -587,7 +589,9 @@ int run_bench(const Options& o, Communicator& world) {
                       : fmt::format("skipped (not {} ranks): {}\n", P, fmt::join(skipped, ", ")),
       boundary_bytes, 1e6 * one_way_s,
       one_way_s > 0 ? 1e-9 * static_cast<double>(boundary_bytes) / one_way_s : 0.0,
-      ExecutorOptions{}.allreduce_bucket_bytes >> 20, o.microbatches,
+      ExecutorOptions{}.allreduce_bucket_bytes >> 20,
+      o.overlap ? "overlapping the backward" : "no overlap: one allreduce at AR (--no-overlap)",
+      o.microbatches,
       static_cast<double>(P) * o.microbatches / (o.microbatches + P - 1));
 
   auto spread = [](const std::vector<double>& v) {
@@ -684,6 +688,9 @@ int main(int argc, char** argv) {
                  "replicas do not add up to the job's ranks are skipped (default: one stage per "
                  "rank)")
       ->delimiter(',');
+  app.add_flag("!--no-overlap", o.overlap,
+               "replicated stages reduce all gradients at the AR action, not in buckets during "
+               "the backward (runtime and simulator)");
   app.add_option("--trace", o.trace, "write measured and simulated Chrome traces into this folder");
   app.add_option("--results", o.results, "append the table to this file");
   CLI11_PARSE(app, argc, argv);
