@@ -64,6 +64,7 @@ AvailabilityRun run_trace(PlanCache& plans, const std::vector<AvailabilityChange
   const Plan* current = nullptr;
   double left = options.samples;
   double pending_restart = 0;
+  bool started = false;
   for (std::size_t i = 0; i < trace.size() && left > 0; ++i) {
     const double start = trace[i].time_s;
     const double end = i + 1 < trace.size() ? trace[i + 1].time_s : kForever;
@@ -82,9 +83,13 @@ AvailabilityRun run_trace(PlanCache& plans, const std::vector<AvailabilityChange
       if (move < stay) next = &*candidate;
     }
     if (next != current) {
+      // The first start is no restart, even after waiting for workers: there is nothing to
+      // checkpoint and load yet.
       seg.replanned = next != nullptr;
-      pending_restart = next != nullptr && i > 0 ? options.restart_s : 0;
-      if (seg.replanned && i > 0) ++run.restarts;
+      const bool restart = seg.replanned && started;
+      pending_restart = restart ? options.restart_s : 0;
+      if (restart) ++run.restarts;
+      started = started || seg.replanned;
       current = next;
     }
     if (current == nullptr) {

@@ -184,6 +184,15 @@ TEST_CASE("availability: no workers for a while, a restart cut short, and the st
   // A trace that ends with nobody never finishes.
   CHECK_THROWS_WITH_AS(replay_availability(p, one_level(4), {{0, 4, 1}, {10, 0, 2}}, o),
                        doctest::Contains("line 2"), ConfigError);
+  // Waiting for the first workers: the first start pays no restart.
+  const AvailabilityReplay late_start =
+      replay_availability(p, one_level(4), {{0, 0, 1}, {50, 4, 2}}, o);
+  REQUIRE(late_start.elastic.segments.size() == 2);
+  CHECK(late_start.elastic.segments[0].workers == 0);
+  CHECK(late_start.elastic.segments[1].restart_s == 0);
+  CHECK(late_start.elastic.restarts == 0);
+  CHECK(late_start.elastic.time_s == doctest::Approx(50 + 1e6 * seconds_per_sample(p, 4)));
+  CHECK_FALSE(late_start.fixed.feasible);
   // Workers lost after the static run would have ended do not count against it.
   const AvailabilityReplay after =
       replay_availability(p, one_level(4), {{0, 4, 1}, {1e9, 1, 2}}, o);
