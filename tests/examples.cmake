@@ -187,3 +187,13 @@ if(TARGET pipeline-simulate)
                           $<TARGET_FILE:pipeline-simulate> --profile ${CMAKE_CURRENT_SOURCE_DIR}/data/partition/chain.json
                           --availability ${_avail_dir}/bad_row.csv --samples 1e6 --level 4:10Gbit/s)
 endif()
+
+# pipeline-simulate --slow-rank and --jitter on the partitioner's plan, as the README shows them.
+if(TARGET pipeline-simulate AND TARGET pipeline-partition)
+  add_test(NAME example.simulate_stragglers
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/simulate_stragglers.sh
+                   $<TARGET_FILE:pipeline-partition> $<TARGET_FILE:pipeline-simulate>
+                   ${CMAKE_CURRENT_SOURCE_DIR}/data/partition/chain.json)
+  set_tests_properties(example.simulate_stragglers PROPERTIES LABELS example
+                       PASS_REGULAR_EXPRESSION "^samples/s: .*\nok")
+endif()
