@@ -9,26 +9,12 @@
 
 #include <string>
 
+#include "support/uniform_profile.hpp"
+
 using namespace pipeline;
+using pipeline::testing::uniform_profile;
 
 namespace {
-
-// `layers` equal layers: forward 1 ms, backward 2 ms per minibatch of 32.
-Profile uniform_profile(int layers) {
-  Profile p;
-  p.model = "uniform";
-  p.batch_size = 32;
-  for (int i = 0; i < layers; ++i) {
-    LayerProfile l;
-    l.name = fmt::format("l{}", i);
-    l.forward_s = 1e-3;
-    l.backward_s = 2e-3;
-    l.output_bytes = 1000;
-    l.parameter_bytes = 500;
-    p.layers.push_back(l);
-  }
-  return p;
-}
 
 Topology one_level(int workers, double price = 2.0) {
   Topology t;

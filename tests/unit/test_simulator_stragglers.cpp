@@ -5,42 +5,13 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include "support/uniform_profile.hpp"
+
 using namespace pipeline;
+using pipeline::testing::uniform_profile;
+using pipeline::testing::make_plan;
 
 namespace {
-
-Profile uniform_profile(int layers) {
-  Profile p;
-  p.model = "uniform";
-  p.batch_size = 32;
-  for (int i = 0; i < layers; ++i) {
-    LayerProfile l;
-    l.name = fmt::format("l{}", i);
-    l.forward_s = 1e-3;
-    l.backward_s = 2e-3;
-    l.output_bytes = 1000;
-    l.parameter_bytes = 500;
-    p.layers.push_back(l);
-  }
-  return p;
-}
-
-// Stages given as (layer count, replicas), ranks in order.
-Plan make_plan(const std::vector<std::pair<int, int>>& stages) {
-  Plan plan;
-  int layer = 0, rank = 0;
-  for (auto [n, r] : stages) {
-    PlanStage s;
-    s.begin = layer;
-    s.end = layer + n;
-    s.replicas = r;
-    for (int i = 0; i < r; ++i) s.ranks.push_back(rank++);
-    layer += n;
-    plan.stages.push_back(s);
-  }
-  plan.workers = rank;
-  return plan;
-}
 
 Simulation run(const Plan& plan, const Profile& prof, const SimulateOptions& o,
                const std::string& schedule = "1f1b-stash", int microbatches = 1,
