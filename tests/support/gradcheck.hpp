@@ -34,13 +34,6 @@ struct GradCheckOptions {
   Tensor input;  // used instead of a random input when defined
 };
 
-inline LayerParams deep_copy(const LayerParams& p) {
-  LayerParams q;
-  for (auto& t : p.params) q.params.push_back(t.clone());
-  for (auto& t : p.buffers) q.buffers.push_back(t.clone());
-  return q;
-}
-
 inline Tensor random_tensor(const Shape& s, std::uint64_t seed, float lo = -1.f, float hi = 1.f) {
   Tensor t = Tensor::empty(s);
   Rng rng(seed);
@@ -51,7 +44,7 @@ inline Tensor random_tensor(const Shape& s, std::uint64_t seed, float lo = -1.f,
 // L(x, params) = Σ forward(x) ⊙ r, in double.
 inline double weighted_sum(const Layer& layer, const LayerParams& params, const Tensor& x,
                            const Tensor& r, const ForwardContext& ctx) {
-  LayerParams p = deep_copy(params);  // forward may update buffers (batch-norm statistics)
+  LayerParams p = params.clone();  // forward may update buffers (batch-norm statistics)
   Saved saved;
   Tensor y = layer.forward(p, x, saved, ctx);
   double s = 0;
@@ -139,7 +132,7 @@ inline void check_layer_gradients(const Layer& layer, const Shape& input_shape,
   Shape out_shape = layer.output_shape(input_shape);
   Tensor r = random_tensor(out_shape, o.seed + 3);
 
-  LayerParams p = deep_copy(params);
+  LayerParams p = params.clone();
   Saved saved;
   Tensor y = layer.forward(p, x, saved, ctx);
   REQUIRE(y.shape() == out_shape);

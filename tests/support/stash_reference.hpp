@@ -92,13 +92,7 @@ struct StashReference {
           }
         }
         if (r > 1) scale(std::span<Tensor>(sum), 1.f / static_cast<float>(r));
-        ModelParams next;
-        for (auto& lp : history[j].back()) {
-          LayerParams c;
-          for (auto& t : lp.params) c.params.push_back(t.clone());
-          for (auto& t : lp.buffers) c.buffers.push_back(t.clone());
-          next.push_back(std::move(c));
-        }
+        ModelParams next = clone_params(history[j].back());
         std::vector<Tensor> flat = flatten_params(next);
         opt[j]->step(flat, sum, lr);
         history[j].push_back(std::move(next));

@@ -257,12 +257,7 @@ TEST_CASE("checkpoint: a 3-stage pipeline of in-process ranks, restored under an
   // Each stage's slice of the trained parameters and optimizer state.
   auto slice = [&](LayerRange r) {
     ModelParams p;
-    for (int i = r.begin; i < r.end; ++i) {
-      LayerParams lp;
-      for (auto& t : whole.params[static_cast<std::size_t>(i)].params) lp.params.push_back(t.clone());
-      for (auto& t : whole.params[static_cast<std::size_t>(i)].buffers) lp.buffers.push_back(t.clone());
-      p.push_back(std::move(lp));
-    }
+    for (int i = r.begin; i < r.end; ++i) p.push_back(whole.params[static_cast<std::size_t>(i)].clone());
     auto opt = std::make_unique<AdamW>();
     const auto names = parameter_names(model, r);
     const auto all = whole.optimizer->state_tensors(parameter_names(model, model.all()));

@@ -201,16 +201,6 @@ TEST_CASE("flush schedules equal SequentialTrainer with gradient accumulation") 
 // PipeDream-2BW, independently of the executor: minibatch j's gradient, accumulated over its
 // microbatches, is taken at the weights after max(0, j - 1) steps and applied to the latest.
 static ModelParams two_buffered_reference(const Sequential& model, int minibatches, int micro) {
-  auto copy = [](const ModelParams& src) {
-    ModelParams out;
-    for (auto& lp : src) {
-      LayerParams c;
-      for (auto& t : lp.params) c.params.push_back(t.clone());
-      for (auto& t : lp.buffers) c.buffers.push_back(t.clone());
-      out.push_back(std::move(c));
-    }
-    return out;
-  };
   std::vector<ModelParams> history;
   history.push_back(model.init(kSeed));
   auto opt = make_sgd();
@@ -226,7 +216,7 @@ static ModelParams two_buffered_reference(const Sequential& model, int minibatch
       LossResult l = SoftmaxCrossEntropy{}(y, mb.labels, 1.f / static_cast<float>(b.size()));
       model.backward(model.all(), w, saved, l.grad, g, false);
     }
-    ModelParams next = copy(history.back());
+    ModelParams next = clone_params(history.back());
     std::vector<Tensor> flat = flatten_params(next);
     std::vector<Tensor> grads = flatten_grads(g);
     opt->step(flat, grads, kLr);

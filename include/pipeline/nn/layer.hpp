@@ -51,6 +51,13 @@ struct LayerParams {
     for (auto& t : buffers) n += t.nbytes();
     return n;
   }
+  // A deep copy.
+  LayerParams clone() const {
+    LayerParams c;
+    for (auto& t : params) c.params.push_back(t.clone());
+    for (auto& t : buffers) c.buffers.push_back(t.clone());
+    return c;
+  }
 };
 
 enum class Mode { Train, Eval };

@@ -20,6 +20,14 @@ namespace pipeline {
 using ModelParams = std::vector<LayerParams>;
 using ModelGrads = std::vector<std::vector<Tensor>>;
 
+// A deep copy of every layer's parameters and buffers.
+inline ModelParams clone_params(const ModelParams& params) {
+  ModelParams out;
+  out.reserve(params.size());
+  for (auto& layer : params) out.push_back(layer.clone());
+  return out;
+}
+
 struct LayerRange {
   int begin = 0;
   int end = 0;

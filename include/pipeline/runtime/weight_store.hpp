@@ -189,16 +189,7 @@ class WeightStore {
 
   // A deep copy of `src`, into a spare version's tensors when one is available.
   ModelParams copy_of(const ModelParams& src) {
-    if (m_spare.empty()) {
-      ModelParams out;
-      for (auto& layer : src) {
-        LayerParams lp;
-        for (auto& t : layer.params) lp.params.push_back(t.clone());
-        for (auto& t : layer.buffers) lp.buffers.push_back(t.clone());
-        out.push_back(std::move(lp));
-      }
-      return out;
-    }
+    if (m_spare.empty()) return clone_params(src);
     ModelParams out = std::move(m_spare.back());
     m_spare.pop_back();
     for (std::size_t l = 0; l < src.size(); ++l) {
