@@ -129,9 +129,8 @@ std::vector<int> balanced_split(const Profile& p, const std::vector<int>& replic
   for (int k = 1; k <= stages; ++k)
     for (int i = k; i <= n; ++i)
       for (int j = k - 1; j < i; ++j) {
-        const double v =
-            std::max(best[k - 1][static_cast<std::size_t>(j)],
-                     range_time(p, j, i) / replicas[static_cast<std::size_t>(k) - 1]);
+        const double v = std::max(best[k - 1][static_cast<std::size_t>(j)],
+                                  range_time(p, j, i) / replicas[static_cast<std::size_t>(k) - 1]);
         if (v < best[k][static_cast<std::size_t>(i)]) {
           best[k][static_cast<std::size_t>(i)] = v;
           cut[k][static_cast<std::size_t>(i)] = j;
@@ -153,8 +152,10 @@ Plan make_plan(const std::string& model, const std::vector<int>& bounds,
   plan.model = model;
   int rank = 0;
   for (int s = 0; s + 1 < static_cast<int>(bounds.size()); ++s) {
-    PlanStage st{bounds[static_cast<std::size_t>(s)], bounds[static_cast<std::size_t>(s) + 1],
-                 replicas[static_cast<std::size_t>(s)], {}};
+    PlanStage st{bounds[static_cast<std::size_t>(s)],
+                 bounds[static_cast<std::size_t>(s) + 1],
+                 replicas[static_cast<std::size_t>(s)],
+                 {}};
     for (int r = 0; r < st.replicas; ++r) st.ranks.push_back(rank++);
     plan.stages.push_back(st);
   }
@@ -307,7 +308,9 @@ void delivery_delays(Communicator& comm, const std::vector<TraceEvent>& events, 
   r.delivery_delay_s = median(delays);
 }
 
-bool is_stash(const std::string& schedule) { return schedule.rfind("1f1b-stash", 0) == 0; }
+bool is_stash(const std::string& schedule) {
+  return schedule.rfind("1f1b-stash", 0) == 0;
+}
 
 // The schedule request of a run: 1f1b-stash steps after every microbatch (one per minibatch),
 // the flush schedules accumulate o.microbatches per minibatch.
@@ -404,7 +407,11 @@ int run_bench(const Options& o, Communicator& world) {
   std::vector<std::string> skipped;
   if (o.configs.empty()) {
     configs.push_back({fmt::format("{}", fmt::join(std::vector<int>(P, 1), "-")),
-                       std::vector<int>(P, 1), {}, {}, {}, {}});
+                       std::vector<int>(P, 1),
+                       {},
+                       {},
+                       {},
+                       {}});
   }
   for (const std::string& text : o.configs) {
     std::vector<int> replicas = parse_config(text);
@@ -559,13 +566,15 @@ int run_bench(const Options& o, Communicator& world) {
       slowest = std::max(slowest, t);
       fastest = std::min(fastest, t);
     }
-    stages += fmt::format("config {}: {} stage(s), slowest stage over its replicas / fastest = "
-                          "{:.3f}\n",
-                          c.name, c.replicas.size(), slowest / fastest);
+    stages += fmt::format(
+        "config {}: {} stage(s), slowest stage over its replicas / fastest = "
+        "{:.3f}\n",
+        c.name, c.replicas.size(), slowest / fastest);
     for (std::size_t s = 0; s < c.replicas.size(); ++s) {
       const int b0 = c.bounds[s], b1 = c.bounds[s + 1];
       std::int64_t param_bytes = 0;
-      for (int l = b0; l < b1; ++l) param_bytes += prof.layers[static_cast<std::size_t>(l)].parameter_bytes;
+      for (int l = b0; l < b1; ++l)
+        param_bytes += prof.layers[static_cast<std::size_t>(l)].parameter_bytes;
       stages += fmt::format(
           "  stage {}: layers [{}, {}) {}-{} on {} replica(s), {:.2f} ms fwd+bwd per microbatch, "
           "{:.2f} MB of gradients, step {:.3f} ms, weight copy {:.3f} ms\n",
@@ -591,8 +600,7 @@ int run_bench(const Options& o, Communicator& world) {
       one_way_s > 0 ? 1e-9 * static_cast<double>(boundary_bytes) / one_way_s : 0.0,
       ExecutorOptions{}.allreduce_bucket_bytes >> 20,
       o.overlap ? "overlapping the backward" : "no overlap: one allreduce at AR (--no-overlap)",
-      o.microbatches,
-      static_cast<double>(P) * o.microbatches / (o.microbatches + P - 1));
+      o.microbatches, static_cast<double>(P) * o.microbatches / (o.microbatches + P - 1));
 
   auto spread = [](const std::vector<double>& v) {
     if (v.empty()) return std::string("-");
@@ -620,9 +628,9 @@ int run_bench(const Options& o, Communicator& world) {
     }
     if (P == 1) continue;
     const double piped = median(row.pipelined);
-    const double predP = predict(
-        name, cfg.plan, cfg.layout, cfg.steps,
-        o.trace.empty() ? "" : fmt::format("{}/{}.{}.sim.json", o.trace, cfg.name, name));
+    const double predP =
+        predict(name, cfg.plan, cfg.layout, cfg.steps,
+                o.trace.empty() ? "" : fmt::format("{}/{}.{}.sim.json", o.trace, cfg.name, name));
     // Each repetition's P-rank run divided by the 1-rank run just before it: a burst of load
     // from other programs then spoils one ratio, not the medians of both columns.
     std::vector<double> ratios;
@@ -653,9 +661,9 @@ int run_bench(const Options& o, Communicator& world) {
           "{:.3f} s, other {:.3f} s; CPU time / wall {:.2f}, {:.0f} involuntary context "
           "switches\n",
           cfg.name, name, r, br[static_cast<std::size_t>(r)].compute_s,
-          br[static_cast<std::size_t>(r)].allreduce_s,
-          br[static_cast<std::size_t>(r)].recv_wait_s, br[static_cast<std::size_t>(r)].other_s,
-          br[static_cast<std::size_t>(r)].cpu_share, br[static_cast<std::size_t>(r)].preempted);
+          br[static_cast<std::size_t>(r)].allreduce_s, br[static_cast<std::size_t>(r)].recv_wait_s,
+          br[static_cast<std::size_t>(r)].other_s, br[static_cast<std::size_t>(r)].cpu_share,
+          br[static_cast<std::size_t>(r)].preempted);
   }
   std::string out = header + table;
   if (P > 1) out += "per-rank time of the median P-rank run (executor trace):\n" + detail;

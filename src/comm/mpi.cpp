@@ -1,6 +1,6 @@
 // MPI communicator: non-blocking point-to-point with polled, timed waits; deterministic,
-// non-blocking allreduce over point-to-point messages (sums in group order); RAII for MPI itself, the
-// library's duplicate communicator and group sub-communicators.
+// non-blocking allreduce over point-to-point messages (sums in group order); RAII for MPI itself,
+// the library's duplicate communicator and group sub-communicators.
 #include <pipeline/comm/comms/mpi.hpp>
 #include <pipeline/comm/mpi_check.hpp>
 #include <pipeline/core/log.hpp>
@@ -352,11 +352,11 @@ class MpiAllreduceRequest final : public RequestImpl {
     p.member = member;
     p.recv = recv;
     if (recv)
-      PIPELINE_MPI_CHECK(MPI_Irecv(p.buffer.raw(), m_count, MPI_FLOAT, member, m_tag, m_comm,
-                                   &p.request));
+      PIPELINE_MPI_CHECK(
+          MPI_Irecv(p.buffer.raw(), m_count, MPI_FLOAT, member, m_tag, m_comm, &p.request));
     else
-      PIPELINE_MPI_CHECK(MPI_Isend(p.buffer.raw(), m_count, MPI_FLOAT, member, m_tag, m_comm,
-                                   &p.request));
+      PIPELINE_MPI_CHECK(
+          MPI_Isend(p.buffer.raw(), m_count, MPI_FLOAT, member, m_tag, m_comm, &p.request));
     m_pending.push_back(std::move(p));
   }
 
@@ -424,12 +424,11 @@ class MpiAllreduceRequest final : public RequestImpl {
   }
 
   std::string what() const {
-    return fmt::format("allreduce_sum of {} floats over ranks [{}] ({})", m_count,
-                       fmt::join(m_ranks, ", "),
-                       m_phase == Phase::Gather
-                           ? (m_direct ? "exchange among the members"
-                                       : "gather to the group's first rank")
-                           : "broadcast of the sum");
+    return fmt::format(
+        "allreduce_sum of {} floats over ranks [{}] ({})", m_count, fmt::join(m_ranks, ", "),
+        m_phase == Phase::Gather
+            ? (m_direct ? "exchange among the members" : "gather to the group's first rank")
+            : "broadcast of the sum");
   }
 
   std::shared_ptr<MpiShared> m_shared;

@@ -296,9 +296,9 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
     // Gradient buckets, in backward order: layers from the stage's last one down until a bucket
     // holds allreduce_bucket_bytes; layers without parameters ride with their neighbours.
     const LayerRange r = layers();
-    const std::int64_t limit =
-        m_options.overlap_allreduce ? std::max<std::int64_t>(1, m_options.allreduce_bucket_bytes)
-                                    : std::numeric_limits<std::int64_t>::max();
+    const std::int64_t limit = m_options.overlap_allreduce
+                                   ? std::max<std::int64_t>(1, m_options.allreduce_bucket_bytes)
+                                   : std::numeric_limits<std::int64_t>::max();
     std::int64_t bytes = 0;
     int end = r.end;
     for (int i = r.end - 1; i >= r.begin; --i) {

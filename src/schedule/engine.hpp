@@ -4,8 +4,8 @@
 // stage's cost; a send posts a message that arrives after the transfer time (messages on one
 // link are serialised) and never blocks; a receive waits until its message has arrived; an
 // allreduce waits for all replicas of the stage and then takes the ring time, or, overlapped,
-// ends when the last of its buckets (started during the replicas' last backwards) has. Because ranks
-// share nothing but messages, running each rank as far as it can and waking it when what it
+// ends when the last of its buckets (started during the replicas' last backwards) has. Because
+// ranks share nothing but messages, running each rank as far as it can and waking it when what it
 // waits for arrives gives the same times as a global event queue, in O(actions).
 //
 // Preconditions: the schedule passed detail::check_local() (every send has its receive and

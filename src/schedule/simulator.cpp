@@ -140,7 +140,8 @@ void overlap_buckets(const Profile& profile, const PlanStage& ps, detail::StageC
   }
   const double latency = 2.0 * (r - 1) * options.latency_s;
   const double bandwidth_part = c.allreduce_s - latency;
-  const double limit = static_cast<double>(std::max<std::int64_t>(1, options.allreduce_bucket_bytes));
+  const double limit =
+      static_cast<double>(std::max<std::int64_t>(1, options.allreduce_bucket_bytes));
   double done_s = 0, bytes = 0;
   for (std::size_t i = layers.size(); i-- > 0;) {
     const LayerProfile& lp = profile.layers[static_cast<std::size_t>(layers[i])];

@@ -229,7 +229,8 @@ TEST_CASE("non-blocking allreduces in flight together equal one allreduce, bit f
   float base = 0;
   for (int q : g.ranks()) base += static_cast<float>(q);
   CHECK(a.values()[4999] == base + 4999.0f * static_cast<float>(g.size()));
-  CHECK(b.values()[2] == 10.0f * static_cast<float>(n * (n - 1) / 2) + 2.0f * static_cast<float>(n));
+  CHECK(b.values()[2] ==
+        10.0f * static_cast<float>(n * (n - 1) / 2) + 2.0f * static_cast<float>(n));
   comm.barrier();
 }
 

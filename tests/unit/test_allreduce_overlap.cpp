@@ -150,9 +150,9 @@ TEST_CASE("bucketed allreduce: every schedule kind gives bitwise the weights of 
     std::vector<std::vector<int>> ranks;
   };
   const std::vector<Case> cases = {
-      {{{0, 6}}, {{0, 1}}},                     // data parallelism (config 2)
-      {{{0, 5}, {5, 6}}, {{0, 1}, {2}}},        // replicated input stage
-      {{{0, 2}, {2, 6}}, {{0}, {1, 2, 3}}},     // replicated last stage, 3 replicas
+      {{{0, 6}}, {{0, 1}}},                  // data parallelism (config 2)
+      {{{0, 5}, {5, 6}}, {{0, 1}, {2}}},     // replicated input stage
+      {{{0, 2}, {2, 6}}, {{0}, {1, 2, 3}}},  // replicated last stage, 3 replicas
   };
   SequentialTrainer flush_ref(model, model.init(kSeed), make_sgd(), kSeed);
   for (int j = 0; j < minibatches; ++j) flush_ref.step(minibatch(j), kLr, micro);
@@ -179,7 +179,8 @@ TEST_CASE("bucketed allreduce: every schedule kind gives bitwise the weights of 
           CHECK(max_rel_diff(one[r].params, flush_ref.params(), one[r].layers) <= 1e-5);
       }
       if (name == "1f1b-stash") {
-        pipeline::testing::StashReference ref{model, kSeed, kLr, make_sgd, minibatch, c.stages, {}, {}, false};
+        pipeline::testing::StashReference ref{model,    kSeed, kLr, make_sgd, minibatch,
+                                              c.stages, {},    {},  false};
         for (std::size_t j = 0; j < c.stages.size(); ++j) {
           ref.replicas.push_back(static_cast<int>(c.ranks[j].size()));
           ref.warmup.push_back(pipeline::testing::schedule_warmup(s, c.ranks[j].front()));

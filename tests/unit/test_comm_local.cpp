@@ -1,6 +1,7 @@
 // The in-process communicator: point-to-point matching by (peer, tag), neighbours on one rank,
-// bitwise-exact allreduce over groups (also non-blocking, several in flight), timeouts that say what they waited for, and failures
-// that end every rank instead of hanging. Also the tag codec shared with MPI.
+// bitwise-exact allreduce over groups (also non-blocking, several in flight), timeouts that say
+// what they waited for, and failures that end every rank instead of hanging. Also the tag codec
+// shared with MPI.
 #include <doctest/doctest.h>
 
 #include <pipeline/comm/comms/local.hpp>

@@ -410,7 +410,8 @@ TEST_CASE("interleaved 1F1B: bubble (p-1)/(v·m + p-1), i.e. (p-1)/(v·m) of the
     CHECK(one.ranks[r].peak_activations >= flush.ranks[r].peak_activations);
 }
 
-TEST_CASE("overlapped allreduce: buckets start during the last backward, the AR waits for the rest") {
+TEST_CASE(
+    "overlapped allreduce: buckets start during the last backward, the AR waits for the rest") {
   // Data parallelism (config 2): one stage of 4 layers on two replicas, 1F1B-flush with one
   // microbatch per replica. Per microbatch F = 4 ms, B = 8 ms; the 4 MB of gradients take
   // 4(r-1)|w|/(rB) = 8 ms at 1 GB/s.
