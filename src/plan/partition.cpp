@@ -741,6 +741,12 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
   const auto stage_compute = [&](int i, int j) {
     return diff(g.compute_s, i, j) + (twice ? diff(g.forward_s, i, j) : 0.0);
   };
+  // Stage `stage` over layers [i, j): its compute, its transfer out (`out`, hoisted by the callers
+  // out of their loop over i) and its transfer in, whichever is slowest.
+  const auto stage_cost = [&](int stage, int i, int j, double out) {
+    const double cost = std::max(stage_compute(i, j), out);
+    return stage > 0 ? std::max(cost, cut_time(stage - 1, i)) : cost;
+  };
   // best[k][j]: the slowest of the first k stages when they cover layers [0, j); from[k][j]: where
   // the k-th of them starts.
   const auto width = static_cast<std::size_t>(n) + 1;
@@ -757,8 +763,7 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
       for (int i = k - 1; i < j; ++i) {
         const double before = best[cell(k - 1, i)];
         if (!(before < b)) continue;
-        double cost = std::max(stage_compute(i, j), out);
-        if (stage > 0) cost = std::max(cost, cut_time(stage - 1, i));
+        const double cost = stage_cost(stage, i, j, out);
         const double cand = std::max(before, cost);
         if (cand < b) {
           b = cand;
@@ -788,8 +793,7 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
       for (int i = k - 1; i < j; ++i) {
         const double before = squares[cell(k - 1, i)];
         if (!std::isfinite(before)) continue;
-        double cost = std::max(stage_compute(i, j), out);
-        if (stage > 0) cost = std::max(cost, cut_time(stage - 1, i));
+        const double cost = stage_cost(stage, i, j, out);
         if (cost > optimum) continue;
         const double cand = before + cost * cost;
         if (cand < b) {
