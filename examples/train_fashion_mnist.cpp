@@ -215,6 +215,7 @@ int run_pipelined(const Options& o, Communicator& comm) {
   loop.per_epoch = per_epoch;
   loop.total = total;
   loop.checkpoints = checkpoints.get();
+  loop.rebalance_every = examples::rebalance_segment(o.pipeline, layout, comm.rank());
   loop.on_minibatch = [&](const MinibatchStats& st, double sps) {
     metrics.write({{"step", st.minibatch + 1}, {"loss", st.loss}, {"samples_per_s", sps}});
     progress.update(static_cast<long>(st.minibatch + 1), st.loss, sps);

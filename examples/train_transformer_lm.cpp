@@ -164,6 +164,7 @@ int run_pipelined(const Options& o, Communicator& comm) {
   loop.per_epoch = loader.num_batches();
   loop.total = steps;
   loop.checkpoints = checkpoints.get();
+  loop.rebalance_every = examples::rebalance_segment(o.pipeline, layout, comm.rank());
   loop.on_minibatch = [&](const MinibatchStats& st, double) {
     const double per_byte = st.loss / static_cast<double>(o.seq_len);
     metrics.write({{"step", st.minibatch + 1}, {"loss", per_byte}});

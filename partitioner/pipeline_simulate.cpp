@@ -19,7 +19,9 @@
 // Stragglers: --slow-rank RANK:FACTOR (repeatable) makes that rank's forwards and backwards take
 // FACTOR times as long (the runtime's PIPELINE_TEST_SLOW_RANK=RANK:FACTOR); --jitter CV
 // multiplies every one by a lognormal factor of mean 1 and that coefficient of variation,
-// reproducible from --seed S.
+// reproducible from --seed S. --rebalance deals the microbatches of replicated stages by their
+// ranks' speed under those factors, as the trainers' --rebalance does from measured speeds (flush
+// schedules; schedule/dealing.hpp), instead of round-robin.
 //
 // Transient resources: --availability trace.csv --samples N (no --plan) replays a run of N
 // samples on the trace's rows `time_s,workers`, re-planned by the partitioner at each change
@@ -35,6 +37,7 @@
 #include <pipeline/profile/profile_json.hpp>
 #include <pipeline/schedule/availability.hpp>
 #include <pipeline/schedule/csv.hpp>
+#include <pipeline/schedule/dealing.hpp>
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/simulator.hpp>
 #include <pipeline/schedule/trace.hpp>
@@ -194,6 +197,10 @@ int run(int argc, char** argv) {
                  "action's time (default 0: none)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--seed", seed, "seed of the jitter (default 0)");
+  bool rebalance = false;
+  app.add_flag("--rebalance", rebalance,
+               "deal replicated stages' microbatches by their ranks' speed under --slow-rank "
+               "(flush schedules), as the trainers' --rebalance does");
   std::string availability_path, restart_text = "60s", price_text;
   double samples = 0;
   app.add_option("--availability", availability_path,
@@ -252,8 +259,17 @@ int run(int argc, char** argv) {
         minibatches = lcm * ((8 * workers + lcm - 1) / lcm);
       }
     }
-    schedule = generate_schedule(name, ScheduleSpec::from_plan(plan, microbatches, minibatches));
+    ScheduleSpec spec = ScheduleSpec::from_plan(plan, microbatches, minibatches);
+    if (rebalance) {
+      std::vector<double> seconds = parse_slow_ranks(slow_ranks);
+      seconds.resize(static_cast<std::size_t>(std::max<int>(spec.num_ranks(), 1)), 1.0);
+      spec.dealing = dealing_by_speed(spec, seconds);
+    }
+    schedule = generate_schedule(name, spec);
   }
+  PIPELINE_CHECK_AS(ConfigError, !rebalance || schedule_csv.empty(),
+                    "--rebalance generates the schedule's dealing; it cannot change a CSV "
+                    "schedule's");
   SimulateOptions opt;
   opt.microbatch_size = microbatch_size;
   opt.latency_s = latency;
@@ -302,6 +318,11 @@ int run(int argc, char** argv) {
       "time per minibatch {:.6f} s, {:.1f} samples/s, bubble {:.1f}% (steady state {:.1f}%)\n",
       sim.time_per_minibatch_s, sim.samples_per_s, 100 * sim.bubble_fraction,
       100 * sim.steady_state_bubble_fraction);
+  for (int st = 0; st < schedule.num_stages(); ++st)
+    if (rebalance && schedule.replicas(st) > 1)
+      fmt::print("stage {} deals {} of {} microbatches to ranks {}\n", st,
+                 fmt::join(dealt_counts(schedule, st), ":"), schedule.microbatches,
+                 fmt::join(schedule.stage_ranks[st], ","));
   fmt::print("{:>5} {:>7} {:>8} {:>8} {:>11} {:>9} {:>14}\n", "rank", "stages", "bubble", "steady",
              "activations", "versions", "peak memory");
   for (auto& r : sim.ranks)

@@ -25,10 +25,13 @@
 #include <pipeline/runtime/pipeline_setup.hpp>
 #include <pipeline/runtime/preemption.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
+#include <pipeline/runtime/speed_rebalancer.hpp>
 #include <pipeline/runtime/stage_executor.hpp>
 #include <pipeline/runtime/stop_agreement.hpp>
+#include <pipeline/schedule/dealing.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -154,7 +157,8 @@ struct RunProgress {
 inline void report_checkpoints(const Checkpointer* checkpoints, const RunProgress& p) {
   if (!checkpoints || checkpoints->last_saved_step() < 0) return;
   if (p.checkpoint.empty())
-    log_info("checkpoints held up this rank for {:.2f} ms at most", checkpoints->max_stall_s() * 1e3);
+    log_info("checkpoints held up this rank for {:.2f} ms at most",
+             checkpoints->max_stall_s() * 1e3);
   else
     log_info("checkpoint of step {} in '{}'; checkpoints held up this rank for {:.2f} ms at most",
              p.position, p.checkpoint, checkpoints->max_stall_s() * 1e3);
@@ -222,9 +226,55 @@ struct PipelinedLoop {
   std::int64_t per_epoch = 0;  // minibatches in an epoch of the loader
   std::int64_t total = 0;      // the run ends before minibatch `total`
   Checkpointer* checkpoints = nullptr;
+  // > 0: run in segments of this many minibatches and deal each segment's microbatches by the
+  // speed the ranks measured (SpeedRebalancer); 0: one schedule per epoch, round-robin.
+  int rebalance_every = 0;
   std::function<void(const MinibatchStats&, double samples_per_s)> on_minibatch;
   std::function<void(std::int64_t epoch, const TrainResult&)> on_epoch_end;
 };
+
+// Adds a run segment's result to `total` (the segments of one epoch).
+inline void add_segment(TrainResult& total, const TrainResult& segment) {
+  const std::int64_t n = total.minibatches + segment.minibatches;
+  if (n > 0)
+    total.loss = (total.loss * static_cast<double>(total.minibatches) +
+                  segment.loss * static_cast<double>(segment.minibatches)) /
+                 static_cast<double>(n);
+  total.minibatches = n;
+  total.steps += segment.steps;
+  total.correct += segment.correct;
+  total.count += segment.count;
+  total.seconds += segment.seconds;
+  total.forwards += segment.forwards;
+  total.compute_seconds += segment.compute_seconds;
+  total.peak_in_flight = std::max(total.peak_in_flight, segment.peak_in_flight);
+  total.peak_weight_versions = std::max(total.peak_weight_versions, segment.peak_weight_versions);
+  total.peak_memory.include(segment.peak_memory);
+}
+
+// Says how each replicated stage deals its microbatches when that changes (rank 0, --rebalance):
+// "rebalance at minibatch 20: stage 0 deals 6:2 of 8 microbatches to ranks 0,1 (1.02, 3.05 ms
+// per microbatch)". `last` holds what was reported before, per stage.
+inline void report_dealing(const Schedule& schedule, const ScheduleRequest& req,
+                           std::int64_t position, std::vector<std::vector<int>>& last) {
+  for (int s = 0; s < schedule.num_stages(); ++s) {
+    if (schedule.replicas(s) < 2) continue;
+    std::vector<int> counts = dealt_counts(schedule, s);
+    if (last.size() <= static_cast<std::size_t>(s)) last.resize(static_cast<std::size_t>(s) + 1);
+    if (counts == last[static_cast<std::size_t>(s)]) continue;
+    last[static_cast<std::size_t>(s)] = counts;
+    std::string speeds = "speeds not measured yet";
+    if (!req.seconds_per_rank.empty()) {
+      std::vector<std::string> ms;
+      for (int rank : schedule.stage_ranks[s])
+        ms.push_back(fmt::format("{:.2f}", 1e3 * req.seconds_per_rank[rank]));
+      speeds = fmt::format("{} ms per microbatch", fmt::join(ms, ", "));
+    }
+    log_info("rebalance at minibatch {}: stage {} deals {} of {} microbatches to ranks {} ({})",
+             position, s, fmt::join(counts, ":"), schedule.microbatches,
+             fmt::join(schedule.stage_ranks[s], ","), speeds);
+  }
+}
 
 // The pipelined loop from `start`; returns where it stopped. The last schedule run is kept in
 // `last_schedule` (for traces). Every rank calls it with the same arguments. Schedules run an
@@ -233,7 +283,10 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
                                    std::int64_t start, std::optional<Schedule>& last_schedule,
                                    double& train_seconds) {
   using Clock = std::chrono::steady_clock;
-  const ScheduleRequest& req = *loop.request;
+  ScheduleRequest req = *loop.request;
+  std::optional<SpeedRebalancer> rebalancer;
+  std::vector<std::vector<int>> reported_dealing;
+  if (loop.rebalance_every > 0) rebalancer.emplace(comm);
   const int g = minibatch_granularity(req.name, *loop.layout);
   // Minibatches of an epoch that can be dealt to the replicas; the rest of the epoch is skipped.
   const std::int64_t usable = loop.per_epoch - loop.per_epoch % g;
@@ -248,6 +301,7 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
                     ckpt ? ckpt->options().every : 0, g, g);
 
   RunProgress p{start};
+  TrainResult epoch_result;  // the segments of the epoch in progress, summed
   std::unique_ptr<StopAgreement> stop;
   auto checkpoint = [&](std::int64_t position) {
     ckpt->save(position, ex.model(), ex.params(), ex.optimizer());
@@ -272,8 +326,16 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
                         "multiple of {}",
                         loop.total - start, g);
       if (n <= 0) break;  // the run's last minibatches cannot be dealt to the replicas
-      if (!last_schedule || last_schedule->minibatches != n)
+      if (rebalancer) {
+        n = std::min<std::int64_t>(n, loop.rebalance_every);
+        req.seconds_per_rank = rebalancer->seconds_per_microbatch();
+        last_schedule.reset();  // the dealing may have changed
+      }
+      if (!last_schedule || last_schedule->minibatches != n) {
         last_schedule = make_schedule(req, *loop.layout, static_cast<int>(n));
+        if (rebalancer && comm.rank() == 0)
+          report_dealing(*last_schedule, req, p.position, reported_dealing);
+      }
     }
     PIPELINE_CHECK_AS(ConfigError, loop.feed->size(p.position) >= last_schedule->microbatches,
                       "a minibatch of {} samples cannot be cut into {} microbatches",
@@ -303,6 +365,8 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
             if (auto k = stop->poll(position)) ex.stop_before(*k);
         });
     train_seconds += r.seconds;
+    if (rebalancer) rebalancer->observe(r);
+    add_segment(epoch_result, r);
     const std::int64_t end = p.position + n;
     if (ex.stop_position() >= 0 && ex.stop_position() < end) {
       p.position = ex.stop_position();
@@ -310,7 +374,10 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
     } else {
       p.position = end;
       const bool epoch_done = p.position == epoch_begin + usable || p.position >= loop.total;
-      if (epoch_done && loop.on_epoch_end) loop.on_epoch_end(epoch_begin / loop.per_epoch, r);
+      if (epoch_done) {
+        if (loop.on_epoch_end) loop.on_epoch_end(epoch_begin / loop.per_epoch, epoch_result);
+        epoch_result = TrainResult{};
+      }
       skip_epoch_tail();
       // A request that came too late to be agreed within the run stops the job here.
       p.preempted = stop && stop->any_requested();

@@ -36,6 +36,10 @@ struct PipelineFlags {
   // Activation recomputation: "auto" runs the plan's per-stage choice, "all" every stage,
   // "none" no stage.
   std::string recompute = "auto";
+  // Straggler mitigation: deal replicated stages' microbatches by the replicas' measured speed,
+  // re-measured every `rebalance_every` minibatches (runtime/speed_rebalancer.hpp).
+  bool rebalance = false;
+  int rebalance_every = 10;
 
   // ConfigError for flags that contradict each other. A single-process run ignores these flags,
   // so only a pipelined run checks them.
@@ -69,6 +73,13 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
   app.add_option("--recompute", flags.recompute,
                  "activation recomputation: auto (the plan's choice per stage), all or none")
       ->check(CLI::IsMember({"none", "auto", "all"}))
+      ->capture_default_str();
+  app.add_flag("--rebalance", flags.rebalance,
+               "deal each replicated stage's microbatches by its replicas' measured speed, so a "
+               "slow replica hands work to its peers (flush schedules: gpipe, 1f1b-flush, zb-h1)");
+  app.add_option("--rebalance-every", flags.rebalance_every,
+                 "with --rebalance: minibatches between re-measurements of the replicas' speed")
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   app.add_option("--comm-timeout", flags.comm_timeout,
                  "seconds any wait for a peer may take before the job ends with an error")
@@ -131,7 +142,26 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
                      : stashes(req)         ? 1
                                             : layout.num_stages() * static_cast<int>(replicas);
   req.in_flight = plan.in_flight > 1 ? plan.in_flight : 0;
+  PIPELINE_CHECK_AS(ConfigError,
+                    !flags.rebalance ||
+                        (req.csv.empty() &&
+                         (req.name == "gpipe" || req.name == "1f1b-flush" || req.name == "zb-h1")),
+                    "--rebalance deals microbatches by speed, which only flush schedules (gpipe, "
+                    "1f1b-flush, zb-h1) can follow; {} deals them round-robin: add --schedule "
+                    "1f1b-flush",
+                    req.csv.empty() ? req.name : "a CSV schedule");
   return req;
+}
+
+// Minibatches per run segment between speed measurements (PipelinedLoop::rebalance_every): 0
+// when --rebalance is off or no stage of the layout is replicated (then there is nothing to
+// re-deal, which rank 0 says).
+inline int rebalance_segment(const PipelineFlags& flags, const PipelineLayout& layout, int rank) {
+  if (!flags.rebalance) return 0;
+  for (auto& r : layout.stage_ranks)
+    if (r.size() > 1) return flags.rebalance_every;
+  if (rank == 0) log_warn("--rebalance: no stage of the plan is replicated; nothing to re-deal");
+  return 0;
 }
 
 // Interleaved plans (several stages per rank) write neither checkpoints nor --save/--load

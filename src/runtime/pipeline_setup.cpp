@@ -6,6 +6,7 @@
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/profile/profiler.hpp>
 #include <pipeline/schedule/csv.hpp>
+#include <pipeline/schedule/dealing.hpp>
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/trace.hpp>
 #include <pipeline/schedule/validate.hpp>
@@ -92,7 +93,8 @@ int minibatch_granularity(const std::string& schedule_name, const PipelineLayout
   return l;
 }
 
-Schedule make_schedule(const ScheduleRequest& request, const PipelineLayout& layout, int minibatches) {
+Schedule make_schedule(const ScheduleRequest& request, const PipelineLayout& layout,
+                       int minibatches) {
   Schedule s;
   if (!request.csv.empty()) {
     s = read_schedule_csv(request.csv);
@@ -103,6 +105,8 @@ Schedule make_schedule(const ScheduleRequest& request, const PipelineLayout& lay
     spec.minibatches = minibatches;
     spec.vertical_sync = request.vertical_sync;
     spec.in_flight = request.in_flight;
+    if (!request.seconds_per_rank.empty())
+      spec.dealing = dealing_by_speed(spec, request.seconds_per_rank);
     s = generate_schedule(request.name, spec);
   }
   PIPELINE_CHECK_AS(ConfigError, s.stage_ranks == layout.stage_ranks,

@@ -383,7 +383,8 @@ ModelParams& StageExecutor::params(int stage) {
 
 StageMemory StageExecutor::measure(const Run* run) const {
   StorageCounter latest, others, grads, optimizer, activations;
-  m_store->for_each_tensor([&](const Tensor& t, bool is_latest) { (is_latest ? latest : others).add(t); });
+  m_store->for_each_tensor(
+      [&](const Tensor& t, bool is_latest) { (is_latest ? latest : others).add(t); });
   for (auto& layer : m_grads)
     for (auto& g : layer) grads.add(g);
   for (auto& s : m_optimizer->state())
@@ -893,7 +894,8 @@ void StageExecutor::execute(Run& run) {
       run.frontier = std::max(run.frontier, mb);
     }
     post_receives(run, i);
-    const double start = m_options.record_trace || m_options.after_compute ? now() : 0;
+    const bool compute = is_compute(a.kind);
+    const double start = compute || m_options.record_trace ? now() : 0;
     switch (a.kind) {
       case ActionKind::Forward:
         do_forward(run, a);
@@ -943,7 +945,13 @@ void StageExecutor::execute(Run& run) {
         do_step(run, a);
         break;
     }
-    if (m_options.after_compute && is_compute(a.kind)) m_options.after_compute(a, now() - start);
+    if (compute) {
+      if (m_options.after_compute) m_options.after_compute(a, now() - start);
+      if (!run.eval) {
+        run.result.compute_seconds += now() - start;
+        run.result.forwards += a.kind == ActionKind::Forward;
+      }
+    }
     if (m_options.record_trace) m_trace.push_back({rank(), a, start, now(), -1});
     // Let completed sends go, so their buffers are freed early; move the gradient buckets on.
     std::erase_if(run.sends, [](Request& r) { return r.test(); });

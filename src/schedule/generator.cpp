@@ -107,6 +107,24 @@ void check_spec(const ScheduleSpec& spec, bool one_stage_per_rank) {
     PIPELINE_CHECK_AS(ConfigError, owner[r] >= 0,
                       "rank {} belongs to no stage; ranks must be 0..{} without gaps", r,
                       workers - 1);
+  PIPELINE_CHECK_AS(ConfigError, spec.dealing.size() <= spec.stage_ranks.size(),
+                    "the dealing names {} stages but the schedule has {}", spec.dealing.size(),
+                    spec.stage_ranks.size());
+  const std::int64_t units = std::int64_t{spec.microbatches} * spec.minibatches;
+  for (std::size_t s = 0; s < spec.dealing.size(); ++s) {
+    const auto& d = spec.dealing[s];
+    if (d.empty()) continue;
+    PIPELINE_CHECK_AS(ConfigError, static_cast<std::int64_t>(d.size()) == units,
+                      "the dealing of stage {} gives {} microbatches a replica but the run has {} "
+                      "({} per minibatch x {} minibatches)",
+                      s, d.size(), units, spec.microbatches, spec.minibatches);
+    const int r = static_cast<int>(spec.stage_ranks[s].size());
+    for (std::size_t u = 0; u < d.size(); ++u)
+      PIPELINE_CHECK_AS(ConfigError, d[u] >= 0 && d[u] < r,
+                        "the dealing gives microbatch {} of stage {} to replica {}, but the stage "
+                        "has replicas 0..{}",
+                        u, s, d[u], r - 1);
+  }
 }
 
 namespace detail {
@@ -129,12 +147,25 @@ std::vector<int> stash_warmups(const ScheduleSpec& spec) {
   return out;
 }
 
+void require_round_robin(const ScheduleSpec& spec, const std::string& schedule) {
+  for (std::size_t s = 0; s < spec.dealing.size(); ++s)
+    PIPELINE_CHECK_AS(ConfigError, spec.dealing[s].empty(),
+                      "{} deals microbatches to the replicas of a stage round-robin (its weight "
+                      "versions and allreduces depend on it), so it cannot follow the dealing "
+                      "given for stage {}; deal by speed with a flush schedule (gpipe, 1f1b-flush, "
+                      "zb-h1)",
+                      schedule, s);
+}
+
 std::vector<int> replica_microbatches(const ScheduleSpec& spec, int stage, int replica, int first,
                                       int count) {
-  int r = static_cast<int>(spec.stage_ranks[stage].size());
+  const int r = static_cast<int>(spec.stage_ranks[stage].size());
+  const bool dealt =
+      static_cast<std::size_t>(stage) < spec.dealing.size() && !spec.dealing[stage].empty();
   std::vector<int> out;
   for (int u = first; u < first + count; ++u)
-    if (u % r == replica) out.push_back(u);
+    if ((dealt ? spec.dealing[stage][static_cast<std::size_t>(u)] : u % r) == replica)
+      out.push_back(u);
   return out;
 }
 
@@ -146,6 +177,7 @@ Schedule empty_schedule(const ScheduleSpec& spec, std::string name, UpdatePolicy
   s.microbatches = spec.microbatches;
   s.minibatches = spec.minibatches;
   s.stage_ranks = spec.stage_ranks;
+  s.dealing = spec.dealing;
   s.ranks.resize(static_cast<std::size_t>(spec.num_ranks()));
   return s;
 }
@@ -154,47 +186,67 @@ Schedule empty_schedule(const ScheduleSpec& spec, std::string name, UpdatePolicy
 
 namespace {
 
-// Warm-up forwards, then one forward and one backward (oldest first), then the remaining
-// backwards. `after_backward` runs after each backward (the stash schedules step there).
-template <typename AfterBackward>
-void one_f_one_b_order(std::vector<Action>& out, int stage, const std::vector<int>& mbs, int warmup,
-                       AfterBackward&& after_backward) {
-  int n = static_cast<int>(mbs.size());
-  int w = std::min(warmup, n - 1);
-  if (n == 0) return;
-  for (int k = 0; k < w; ++k) out.push_back(forward(stage, mbs[k]));
-  for (int k = w; k < n; ++k) {
-    out.push_back(forward(stage, mbs[k]));
-    out.push_back(backward(stage, mbs[k - w]));
-    after_backward();
+// How many of a replica's microbatches `mbs` (ascending) have run their forward before the
+// backward of each one: 1F1B's warm-up of `warmup` forwards, then one more per backward.
+std::vector<int> forwards_before(std::size_t n, int warmup) {
+  std::vector<int> out(n);
+  for (std::size_t k = 0; k < n; ++k)
+    out[k] = static_cast<int>(std::min(n, k + 1 + static_cast<std::size_t>(std::max(warmup, 0))));
+  return out;
+}
+
+// The same for a dealing other than round-robin, where a replica's share of the microbatches is
+// uneven: before the backward of microbatch u, the forwards of all its microbatches up to
+// u + depth (global numbers). With a depth that falls along the pipeline (the ranks after the
+// stage), a stage that waits for the gradient of u has already sent every activation the next
+// stage needs for its own backward of u, so no dealing deadlocks; on round-robin dealing it gives
+// the warm-ups above.
+std::vector<int> forwards_before_by_depth(const std::vector<int>& mbs, int depth) {
+  std::vector<int> out(mbs.size());
+  std::size_t f = 0;
+  for (std::size_t k = 0; k < mbs.size(); ++k) {
+    f = std::max(f, k + 1);
+    while (f < mbs.size() && mbs[f] <= mbs[k] + depth) ++f;
+    out[k] = static_cast<int>(f);
   }
-  for (int k = n - w; k < n; ++k) {
+  return out;
+}
+
+// Forwards and backwards (oldest first) of `mbs`, with `before[k]` forwards run before the k-th
+// backward (forwards_before). `after_backward` runs after each backward (the stash schedules
+// step there).
+template <typename AfterBackward>
+void one_f_one_b_order(std::vector<Action>& out, int stage, const std::vector<int>& mbs,
+                       const std::vector<int>& before, AfterBackward&& after_backward) {
+  std::size_t f = 0;
+  for (std::size_t k = 0; k < mbs.size(); ++k) {
+    for (; f < static_cast<std::size_t>(before[k]); ++f) out.push_back(forward(stage, mbs[f]));
     out.push_back(backward(stage, mbs[k]));
     after_backward();
   }
 }
 
+template <typename AfterBackward>
+void one_f_one_b_order(std::vector<Action>& out, int stage, const std::vector<int>& mbs, int warmup,
+                       AfterBackward&& after_backward) {
+  one_f_one_b_order(out, stage, mbs, forwards_before(mbs.size(), warmup), after_backward);
+}
+
 // 1F1B's order of forwards and input gradients (I); each W follows once `lag` I's are pending,
 // and the last ones close the list.
-void zero_bubble_order(std::vector<Action>& out, int stage, const std::vector<int>& mbs, int warmup,
-                       int lag) {
-  const int n = static_cast<int>(mbs.size());
-  const int w = std::min(warmup, n);
+void zero_bubble_order(std::vector<Action>& out, int stage, const std::vector<int>& mbs,
+                       const std::vector<int>& before, int lag) {
   std::deque<int> pending;  // microbatches whose I ran and whose W has not
-  auto input_grad = [&](int u) {
-    out.push_back({ActionKind::BackwardInput, stage, u, -1});
-    pending.push_back(u);
+  std::size_t f = 0;
+  for (std::size_t k = 0; k < mbs.size(); ++k) {
+    for (; f < static_cast<std::size_t>(before[k]); ++f) out.push_back(forward(stage, mbs[f]));
+    out.push_back({ActionKind::BackwardInput, stage, mbs[k], -1});
+    pending.push_back(mbs[k]);
     if (static_cast<int>(pending.size()) > lag) {
       out.push_back({ActionKind::BackwardWeight, stage, pending.front(), -1});
       pending.pop_front();
     }
-  };
-  for (int k = 0; k < w; ++k) out.push_back(forward(stage, mbs[k]));
-  for (int k = w; k < n; ++k) {
-    out.push_back(forward(stage, mbs[k]));
-    input_grad(mbs[k - w]);
   }
-  for (int k = n - w; k < n; ++k) input_grad(mbs[k]);
   for (int u : pending) out.push_back({ActionKind::BackwardWeight, stage, u, -1});
 }
 
@@ -219,25 +271,33 @@ void close_minibatch(std::vector<Action>& out, int stage, int replicas, int mini
 }
 
 // A flush schedule: every rank runs its share of each minibatch's microbatches, in the order
-// `order(out, stage, microbatches, warmup)` appends them (warmup: the stage's 1F1B warm-up
-// forwards), and then closes the minibatch.
+// `order(out, stage, microbatches, before)` appends them (before: forwards_before for the
+// stage's 1F1B warm-up, by depth when the spec deals other than round-robin), and then closes
+// the minibatch.
 template <typename Order>
 Schedule flush_schedule(const ScheduleSpec& spec, std::string name, Order&& order,
                         bool split_backward = false) {
   check_spec(spec);
   Schedule sched = detail::empty_schedule(spec, std::move(name), UpdatePolicy::Flush);
+  const bool dealt = std::any_of(spec.dealing.begin(), spec.dealing.end(),
+                                 [](const auto& d) { return !d.empty(); });
+  int ranks_before = 0;
   for (int s = 0; s < spec.num_stages(); ++s) {
     int r = static_cast<int>(spec.stage_ranks[s].size());
-    int warmup = detail::one_f_one_b_warmup(spec, s);
+    const int warmup = detail::one_f_one_b_warmup(spec, s);
+    const int depth = spec.num_ranks() - 1 - ranks_before;
+    ranks_before += r;
     for (int i = 0; i < r; ++i) {
       auto& out = sched.ranks[spec.stage_ranks[s][i]];
       // Room for every action this rank gets, communication included (insert_communication
       // then fills it in place instead of allocating a second list).
-      out.reserve(compute_capacity(spec, s, /*step_per_backward=*/false, split_backward));
+      if (!dealt)
+        out.reserve(compute_capacity(spec, s, /*step_per_backward=*/false, split_backward));
       for (int j = 0; j < spec.minibatches; ++j) {
         auto mbs =
             detail::replica_microbatches(spec, s, i, j * spec.microbatches, spec.microbatches);
-        order(out, s, mbs, warmup);
+        order(out, s, mbs,
+              dealt ? forwards_before_by_depth(mbs, depth) : forwards_before(mbs.size(), warmup));
         close_minibatch(out, s, r, j);
       }
     }
@@ -249,16 +309,17 @@ Schedule flush_schedule(const ScheduleSpec& spec, std::string name, Order&& orde
 }  // namespace
 
 Schedule gpipe_schedule(const ScheduleSpec& spec) {
-  return flush_schedule(spec, "gpipe", [](auto& out, int s, const auto& mbs, int) {
+  return flush_schedule(spec, "gpipe", [](auto& out, int s, const auto& mbs, const auto&) {
     for (int u : mbs) out.push_back(forward(s, u));
     for (int u : mbs) out.push_back(backward(s, u));
   });
 }
 
 Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
-  return flush_schedule(spec, "1f1b-flush", [](auto& out, int s, const auto& mbs, int warmup) {
-    one_f_one_b_order(out, s, mbs, warmup, [] {});
-  });
+  return flush_schedule(spec, "1f1b-flush",
+                        [](auto& out, int s, const auto& mbs, const std::vector<int>& before) {
+                          one_f_one_b_order(out, s, mbs, before, [] {});
+                        });
 }
 
 Schedule zero_bubble_h1_schedule(const ScheduleSpec& spec) {
@@ -269,8 +330,8 @@ Schedule zero_bubble_h1_schedule(const ScheduleSpec& spec) {
   // deferred W's fill the cool-down while the I's race down the pipeline.
   Schedule sched = flush_schedule(
       spec, "zb-h1",
-      [&](auto& out, int s, const auto& mbs, int warmup) {
-        zero_bubble_order(out, s, mbs, warmup, first_warmup - warmup);
+      [&](auto& out, int s, const auto& mbs, const std::vector<int>& before) {
+        zero_bubble_order(out, s, mbs, before, first_warmup - detail::one_f_one_b_warmup(spec, s));
       },
       /*split_backward=*/true);
   return sched;
@@ -278,6 +339,7 @@ Schedule zero_bubble_h1_schedule(const ScheduleSpec& spec) {
 
 Schedule two_buffered_schedule(const ScheduleSpec& spec) {
   check_spec(spec);
+  detail::require_round_robin(spec, "2bw");
   for (int s = 0; s < spec.num_stages(); ++s) {
     const int r = static_cast<int>(spec.stage_ranks[s].size());
     const int need = detail::one_f_one_b_warmup(spec, s) * r;
@@ -341,6 +403,7 @@ Schedule detail::stash_schedule_with(const ScheduleSpec& spec, const std::vector
 
 Schedule one_f_one_b_stash_schedule(const ScheduleSpec& spec) {
   check_spec(spec);
+  detail::require_round_robin(spec, "1f1b-stash");
   PIPELINE_CHECK_AS(ConfigError, spec.microbatches == 1,
                     "1f1b-stash steps after every minibatch and has no microbatches; got {} "
                     "microbatches per minibatch — use 1 (or a flush schedule)",

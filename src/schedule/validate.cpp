@@ -24,8 +24,9 @@ enum Done : std::uint8_t {
   kSendGrad = 64,
 };
 
-// One stage on one rank. Of a stage with R replicas, replica k is dealt microbatches k, k + R,
-// k + 2R, ..., so `done` holds only those: microbatch u is done[u / R].
+// One stage on one rank. Round-robin gives replica k of a stage with R replicas microbatches
+// k, k + R, k + 2R, ..., so `done` holds only those: microbatch u is done[u / R]. A schedule with
+// its own dealing numbers each replica's microbatches in order instead (`position`).
 struct Slot {
   int stage = 0;
   int replicas = 1;
@@ -35,9 +36,14 @@ struct Slot {
   int backwards = 0;
   int outstanding = 0;  // forwards whose backward has not finished
   int actions = 0;
+  int dealt = 0;                               // microbatches of the run dealt to this replica
+  const std::vector<int>* position = nullptr;  // dealing: u -> its index among the replica's
   std::vector<std::uint8_t> done;
 
-  int dealt(int units) const { return units > replica ? (units - 1 - replica) / replicas + 1 : 0; }
+  std::size_t index(int u) const {
+    return static_cast<std::size_t>(position ? (*position)[static_cast<std::size_t>(u)]
+                                             : u / replicas);
+  }
 };
 
 [[noreturn]] void fail_at(int rank, std::size_t index, const Action& a, const std::string& what) {
@@ -72,6 +78,39 @@ void check_local(const Schedule& s) {
       rank_stages[r].push_back(st);
     }
   }
+  // A dealing other than round-robin: every microbatch on one replica, flush schedules only (the
+  // weight versions and allreduce pairing of the others follow the round-robin rotation).
+  PIPELINE_CHECK_AS(ConfigError, s.dealing.size() <= static_cast<std::size_t>(stages),
+                    "schedule '{}' deals microbatches for {} stages but has {}", s.name,
+                    s.dealing.size(), stages);
+  std::vector<std::vector<int>> position(static_cast<std::size_t>(stages));
+  std::vector<std::vector<int>> dealt(static_cast<std::size_t>(stages));
+  for (int st = 0; st < stages; ++st) {
+    const int reps = s.replicas(st);
+    auto& count = dealt[static_cast<std::size_t>(st)];
+    count.assign(static_cast<std::size_t>(reps), 0);
+    if (s.round_robin(st)) {
+      for (int k = 0; k < reps; ++k) count[k] = units > k ? (units - 1 - k) / reps + 1 : 0;
+      continue;
+    }
+    PIPELINE_CHECK_AS(ConfigError, s.policy == UpdatePolicy::Flush,
+                      "schedule '{}' ({}) deals stage {}'s microbatches other than round-robin; "
+                      "only flush schedules can",
+                      s.name, update_policy_name(s.policy), st);
+    const auto& d = s.dealing[static_cast<std::size_t>(st)];
+    PIPELINE_CHECK_AS(ConfigError, static_cast<std::int64_t>(d.size()) == units,
+                      "schedule '{}' deals {} microbatches of stage {} but the run has {}", s.name,
+                      d.size(), st, units);
+    auto& pos = position[static_cast<std::size_t>(st)];
+    pos.resize(d.size());
+    for (std::size_t u = 0; u < d.size(); ++u) {
+      PIPELINE_CHECK_AS(ConfigError, d[u] >= 0 && d[u] < reps,
+                        "schedule '{}' deals microbatch {} of stage {} to replica {}, but the "
+                        "stage has replicas 0..{}",
+                        s.name, u, st, d[u], reps - 1);
+      pos[u] = count[static_cast<std::size_t>(d[u])]++;
+    }
+  }
   std::vector<int> allreduces(static_cast<std::size_t>(stages), -1);
   std::vector<int> allreduce_rank(static_cast<std::size_t>(stages), -1);
 
@@ -85,6 +124,8 @@ void check_local(const Schedule& s) {
       slot.replicas = static_cast<int>(holders.size());
       slot.replica =
           static_cast<int>(std::find(holders.begin(), holders.end(), r) - holders.begin());
+      slot.dealt = dealt[static_cast<std::size_t>(st)][static_cast<std::size_t>(slot.replica)];
+      if (!s.round_robin(st)) slot.position = &position[static_cast<std::size_t>(st)];
       slots.push_back(std::move(slot));
     }
     // Every microbatch dealt to a slot needs at least a forward and a backward there, so a slot
@@ -94,14 +135,13 @@ void check_local(const Schedule& s) {
       for (auto& sl : slots)
         if (sl.stage == a.stage) ++sl.actions;
     for (auto& sl : slots) {
-      if (sl.actions < sl.dealt(units))
+      if (sl.actions < sl.dealt)
         PIPELINE_FAIL(ConfigError,
                       "rank {}: stage {} is dealt {} of the run's {} microbatches ({} per "
                       "minibatch x {} minibatches) but the rank has only {} actions for it; each "
                       "microbatch needs at least a forward and a backward",
-                      r, sl.stage, sl.dealt(units), units, s.microbatches, s.minibatches,
-                      sl.actions);
-      sl.done.assign(static_cast<std::size_t>(sl.dealt(units)), 0);
+                      r, sl.stage, sl.dealt, units, s.microbatches, s.minibatches, sl.actions);
+      sl.done.assign(static_cast<std::size_t>(sl.dealt), 0);
     }
     for (std::size_t i = 0; i < actions.size(); ++i) {
       const Action& a = actions[i];
@@ -136,21 +176,20 @@ void check_local(const Schedule& s) {
                              s.minibatches));
           // Under 2BW the next minibatches' forwards may be in flight; under Flush nothing may.
           if (s.policy == UpdatePolicy::Flush && slot->outstanding > 0) {
-            int open = slot->replica;
-            while (open < units && !((slot->done[open / slot->replicas] & kForward) &&
-                                     !(slot->done[open / slot->replicas] & kWeightGrad)))
-              open += slot->replicas;
+            int open = 0;
+            while (open < units && !(s.replica_of(st, open) == slot->replica &&
+                                     (slot->done[slot->index(open)] & kForward) &&
+                                     !(slot->done[slot->index(open)] & kWeightGrad)))
+              ++open;
             fail(
                 fmt::format("step {} closes minibatch {} while microbatch {} still waits for its "
                             "backward `{}B{}`",
                             u, u, open, st, open));
           }
-          // The minibatch's microbatches dealt to this replica: v = replica (mod replicas).
+          // The minibatch's microbatches dealt to this replica.
           const int first = u * s.microbatches;
-          for (int v = first +
-                       (slot->replica - first % slot->replicas + slot->replicas) % slot->replicas;
-               v < first + s.microbatches; v += slot->replicas)
-            if (!(slot->done[v / slot->replicas] & kWeightGrad))
+          for (int v = first; v < first + s.microbatches; ++v)
+            if (s.replica_of(st, v) == slot->replica && !(slot->done[slot->index(v)] & kWeightGrad))
               fail(
                   fmt::format("step {} closes minibatch {} before the backward of its microbatch "
                               "{} `{}B{}`",
@@ -174,8 +213,8 @@ void check_local(const Schedule& s) {
         fail(
             fmt::format("microbatch {} of stage {} is dealt to rank {} (replica {} of {}), not to "
                         "rank {}",
-                        u, st, s.rank_of(st, u), u % s.replicas(st), s.replicas(st), r));
-      std::uint8_t& d = slot->done[u / slot->replicas];
+                        u, st, s.rank_of(st, u), s.replica_of(st, u), s.replicas(st), r));
+      std::uint8_t& d = slot->done[slot->index(u)];
       auto once = [&](std::uint8_t bit, const char* what) {
         if (d & bit)
           fail(fmt::format("{} of microbatch {} on stage {} happens twice", what, u, st));
@@ -187,13 +226,15 @@ void check_local(const Schedule& s) {
           // The weights after max(0, k - 1) steps must exist, and step k must not have run.
           const int version = double_buffered_version(minibatch);
           if (slot->steps < version)
-            fail(fmt::format("{} of microbatch {} (minibatch {}) needs the weights after {} "
-                             "steps, but step `{}ST{}` has not run yet",
-                             what, u, minibatch, version, st, version - 1));
+            fail(
+                fmt::format("{} of microbatch {} (minibatch {}) needs the weights after {} "
+                            "steps, but step `{}ST{}` has not run yet",
+                            what, u, minibatch, version, st, version - 1));
           if (slot->steps > minibatch)
-            fail(fmt::format("{} of microbatch {} after step `{}ST{}` already closed its "
-                             "minibatch {}",
-                             what, u, st, minibatch, minibatch));
+            fail(
+                fmt::format("{} of microbatch {} after step `{}ST{}` already closed its "
+                            "minibatch {}",
+                            what, u, st, minibatch, minibatch));
           return;
         }
         if (slot->steps < minibatch)
@@ -292,8 +333,10 @@ void check_local(const Schedule& s) {
         PIPELINE_FAIL(ConfigError, "rank {}: {} for microbatch {} of stage {} is missing", r, what,
                       u, st);
       };
-      for (int u = sl.replica; u < units; u += sl.replicas) {
-        std::uint8_t d = sl.done[u / sl.replicas];
+      const bool rr = s.round_robin(st);
+      for (int u = rr ? sl.replica : 0; u < units; u += rr ? sl.replicas : 1) {
+        if (!rr && s.replica_of(st, u) != sl.replica) continue;
+        const std::uint8_t d = sl.done[sl.index(u)];
         if (st > 0 && !(d & kRecvAct))
           missing(u, fmt::format("the receive `{}RA{}@{}`", st, u, s.rank_of(st - 1, u)));
         if (!(d & kForward)) missing(u, fmt::format("the forward `{}F{}`", st, u));

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <numeric>
 
@@ -22,8 +23,8 @@ using namespace pipeline;
 
 namespace {
 
-const std::vector<std::string> kKinds = {"gpipe", "1f1b-flush", "zb-h1", "1f1b-stash",
-                                         "1f1b-stash-vsync", "2bw"};
+const std::vector<std::string> kKinds = {"gpipe",      "1f1b-flush",       "zb-h1",
+                                         "1f1b-stash", "1f1b-stash-vsync", "2bw"};
 
 bool is_stash(const std::string& kind) {
   return kind.rfind("1f1b-stash", 0) == 0;
@@ -93,8 +94,9 @@ std::string check_kind(const Case& c, const std::string& kind, int microbatches)
         ScheduleSpec::from_plan(c.plan, is_stash(kind) ? 1 : microbatches, minibatches);
     if (kind == "2bw")  // at least every stage's warm-up x replicas (two_buffered.hpp)
       for (int s = 0; s < spec.num_stages(); ++s)
-        spec.microbatches = std::max(spec.microbatches, detail::one_f_one_b_warmup(spec, s) *
-                                                            static_cast<int>(c.plan.stages[s].replicas));
+        spec.microbatches =
+            std::max(spec.microbatches, detail::one_f_one_b_warmup(spec, s) *
+                                            static_cast<int>(c.plan.stages[s].replicas));
     Schedule s = generate_schedule(kind, spec);
     validate(s);
     Simulation sim = simulate(s, c.profile, c.plan, c.topology);
@@ -126,6 +128,57 @@ TEST_CASE("every schedule kind validates and simulates on random replicated plan
   }
   MESSAGE(checked, " schedules checked");
   CHECK(checked > 400);
+}
+
+TEST_CASE("flush schedules follow any dealing of microbatches to replicas; the others refuse one") {
+  Rng rng(23, "dealt-plans");
+  int checked = 0;
+  for (int t = 0; t < 120; ++t) {
+    const Case c = random_case(rng);
+    const int microbatches = 1 + static_cast<int>(rng.below(12));
+    const int minibatches = 1 + static_cast<int>(rng.below(3));
+    ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, microbatches, minibatches);
+    // Any replica for each microbatch, including none of a minibatch for some replicas; a
+    // stage of one replica left round-robin or dealt all to replica 0.
+    spec.dealing.resize(spec.stage_ranks.size());
+    for (std::size_t st = 0; st < spec.stage_ranks.size(); ++st) {
+      const auto r = spec.stage_ranks[st].size();
+      if (r == 1 && rng.below(2) == 0) continue;
+      for (int u = 0; u < microbatches * minibatches; ++u)
+        spec.dealing[st].push_back(static_cast<std::int32_t>(rng.below(r)));
+    }
+    std::vector<int> config;
+    for (auto& st : c.plan.stages) config.push_back(st.replicas);
+    CAPTURE(fmt::format("{}", fmt::join(config, "-")));
+    CAPTURE(microbatches);
+    for (const std::string kind : {"gpipe", "1f1b-flush", "zb-h1"}) {
+      CAPTURE(kind);
+      std::string error;
+      try {
+        const Schedule s = generate_schedule(kind, spec);
+        validate(s);
+        for (std::size_t st = 0; st < spec.dealing.size(); ++st)
+          for (std::size_t u = 0; u < spec.dealing[st].size(); ++u)
+            REQUIRE(s.replica_of(static_cast<int>(st), static_cast<int>(u)) == spec.dealing[st][u]);
+        const Simulation sim = simulate(s, c.profile, c.plan, c.topology);
+        if (!(sim.makespan_s > 0)) error = "no time";
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      CHECK(error == "");
+      ++checked;
+    }
+    const bool replicated = std::any_of(config.begin(), config.end(), [](int r) { return r > 1; });
+    bool dealt = false;
+    for (auto& d : spec.dealing) dealt = dealt || !d.empty();
+    if (!replicated || !dealt) continue;
+    for (const std::string kind : {"1f1b-stash", "2bw"}) {
+      CAPTURE(kind);
+      CHECK_THROWS_WITH_AS(generate_schedule(kind, spec), doctest::Contains("round-robin"),
+                           ConfigError);
+    }
+  }
+  CHECK(checked >= 300);
 }
 
 TEST_CASE("PipeDream's uneven replica counts run, faster than without warm-up") {

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <pipeline/comm/comms/local.hpp>
+#include <pipeline/core/rng.hpp>
 #include <pipeline/core/threads.hpp>
 #include <pipeline/data/synthetic.hpp>
 #include <pipeline/nn/layers/activation.hpp>
@@ -15,6 +16,7 @@
 #include <pipeline/runtime/sequential_trainer.hpp>
 #include <pipeline/runtime/stage_executor.hpp>
 #include <pipeline/schedule/csv.hpp>
+#include <pipeline/schedule/dealing.hpp>
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/validate.hpp>
 
@@ -22,6 +24,7 @@
 #include "support/stash_reference.hpp"
 
 #include <cmath>
+#include <map>
 #include <mutex>
 #include <numeric>
 
@@ -192,6 +195,58 @@ TEST_CASE("flush schedules equal SequentialTrainer with gradient accumulation") 
       CAPTURE(s.num_ranks());
       RankParams out(layout.num_ranks());
       run_pipeline(model, layout, s, out);
+      for (int r = 0; r < layout.num_ranks(); ++r)
+        CHECK(max_rel_diff(out.params[r], ref.params(), out.ranges[r]) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("flush schedules dealt by speed equal SequentialTrainer; each microbatch runs once") {
+  set_num_threads(1);
+  const Sequential model = small_model();
+  const int minibatches = 3, micro = 5;
+  SequentialTrainer ref(model, model.init(kSeed), make_sgd(), kSeed);
+  for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
+  // Replicated input and last stages, and two replicated stages next to each other.
+  const std::vector<LayoutCase> layouts = {
+      kLayouts[3], kLayouts[4], {{{0, 3}, {3, 6}}, {{0, 1}, {2, 3, 4}}}};
+  Rng rng(11, "dealt-runtime");
+  for (const std::string name : {"gpipe", "1f1b-flush", "zb-h1"}) {
+    for (const auto& c : layouts) {
+      PipelineLayout layout{c.stages, c.ranks};
+      ScheduleSpec spec;
+      spec.stage_ranks = c.ranks;
+      spec.microbatches = micro;
+      spec.minibatches = minibatches;
+      // Random speeds per rank, as a rebalancer would measure them.
+      std::vector<double> seconds;
+      for (int r = 0; r < layout.num_ranks(); ++r) seconds.push_back(1.0 + rng.below(4));
+      spec.dealing = dealing_by_speed(spec, seconds);
+      const Schedule s = generate_schedule(name, spec);
+      CAPTURE(name);
+      CAPTURE(seconds);
+      // Which rank ran each stage's forward of each microbatch.
+      std::mutex mutex;
+      std::map<std::pair<int, int>, std::vector<int>> ran;
+      RankParams out(layout.num_ranks());
+      run_local(layout.num_ranks(), [&](Communicator& comm) {
+        ExecutorOptions o{.seed = kSeed};
+        o.after_compute = [&, rank = comm.rank()](const Action& a, double) {
+          if (a.kind != ActionKind::Forward) return;
+          std::lock_guard<std::mutex> lock(mutex);
+          ran[{a.stage, a.microbatch}].push_back(rank);
+        };
+        StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(), o);
+        ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
+        std::lock_guard<std::mutex> lock(out.mutex);
+        out.params[static_cast<std::size_t>(comm.rank())] = ex.params();
+        out.ranges[static_cast<std::size_t>(comm.rank())] = ex.layers();
+      });
+      CHECK(ran.size() == static_cast<std::size_t>(layout.num_stages() * micro * minibatches));
+      for (auto& [key, ranks] : ran) {
+        REQUIRE(ranks.size() == 1);
+        CHECK(ranks[0] == s.rank_of(key.first, key.second));
+      }
       for (int r = 0; r < layout.num_ranks(); ++r)
         CHECK(max_rel_diff(out.params[r], ref.params(), out.ranges[r]) <= 1e-5);
     }

@@ -32,8 +32,8 @@ std::string broadcast_string(Communicator& comm, const std::string& text, int ro
 void check_plan_for_job(const Plan& plan, const Sequential& model, int world_size);
 
 struct AutoPlanOptions {
-  int batch = 64;                       // profile batch size (the minibatch size)
-  double bandwidth_bytes_per_s = 5e9;   // between ranks of one host (shared memory)
+  int batch = 64;                      // profile batch size (the minibatch size)
+  double bandwidth_bytes_per_s = 5e9;  // between ranks of one host (shared memory)
   int profile_repeat = 3;
 };
 
@@ -47,11 +47,16 @@ struct ScheduleRequest {
   int microbatches = 1;             // per minibatch (flush schedules)
   bool vertical_sync = false;
   int in_flight = 0;                // 0: the plan's (or PipeDream's NOAM)
+  // Seconds per microbatch of every rank (SpeedRebalancer): replicated stages deal their
+  // microbatches by these speeds (schedule/dealing.hpp; flush schedules only). Empty:
+  // round-robin.
+  std::vector<double> seconds_per_rank;
 };
 
 // The schedule for `minibatches` minibatches on the layout, generated or read, then validated;
 // ConfigError when it cannot be executed (naming the rank and action) or does not fit the layout.
-Schedule make_schedule(const ScheduleRequest& request, const PipelineLayout& layout, int minibatches);
+Schedule make_schedule(const ScheduleRequest& request, const PipelineLayout& layout,
+                       int minibatches);
 
 // Minibatches a run segment must be a multiple of: the replica counts' least common multiple for
 // stash schedules (each replica's allreduces must pair up), 1 otherwise.

@@ -159,7 +159,7 @@ struct StageMemory {
   std::int64_t stashed_weight_bytes = 0;  // weight versions besides the latest, and spare copies
   std::int64_t activation_bytes = 0;      // per-microbatch state (see StageExecutor)
   std::int64_t total_bytes = 0;
-  void include(const StageMemory& now);   // raises every field to at least `now`'s
+  void include(const StageMemory& now);  // raises every field to at least `now`'s
 };
 
 // What the last stage observed for one minibatch.
@@ -176,6 +176,10 @@ struct TrainResult {
   double loss = 0;               // last stage: mean over the minibatches it scored
   std::int64_t correct = 0, count = 0;
   double seconds = 0;
+  // This rank's forwards and the seconds its compute actions (F, B, I, W, with
+  // ExecutorOptions::after_compute) took: its speed, without the time it waited for others.
+  std::int64_t forwards = 0;
+  double compute_seconds = 0;
   int peak_in_flight = 0;  // most microbatch contexts open at once
   int peak_weight_versions = 1;
   StageMemory peak_memory;  // of this run

@@ -29,6 +29,10 @@ struct ScheduleSpec {
   // i.e. one warm-up of (workers - 1 - ranks before s) / replicas(s) forwards per stage.
   int in_flight = 0;
   bool vertical_sync = false;
+  // stage -> the replica of each of the run's microbatches (Schedule::dealing; dealing.hpp
+  // deals them by the replicas' speed). Empty: round-robin. Flush schedules (gpipe, 1f1b-flush,
+  // zb-h1) follow any dealing; the others deal round-robin and refuse one.
+  std::vector<std::vector<std::int32_t>> dealing;
 
   int num_stages() const { return static_cast<int>(stage_ranks.size()); }
   int num_ranks() const;
@@ -69,9 +73,10 @@ Schedule generate_schedule(const std::string& name, const ScheduleSpec& spec);
 // round-robin dealing: microbatch u of stage s lives on schedule.rank_of(s, u).
 void insert_communication(Schedule& schedule);
 
-// Checks a spec and throws ConfigError on empty stages, ranks out of range or repeated, and
-// non-positive counts. Generators call it first; those that place several stages on one rank
-// (interleaved schedules) pass one_stage_per_rank = false.
+// Checks a spec and throws ConfigError on empty stages, ranks out of range or repeated,
+// non-positive counts, and a dealing that does not give each microbatch one replica. Generators
+// call it first; those that place several stages on one rank (interleaved schedules) pass
+// one_stage_per_rank = false.
 void check_spec(const ScheduleSpec& spec, bool one_stage_per_rank = true);
 
 namespace detail {
@@ -89,7 +94,11 @@ std::vector<int> replicated_stash_warmups(const ScheduleSpec& spec);
 void lower_until_valid(const ScheduleSpec& spec, std::vector<int>& warmups, Schedule& sched);
 // 1F1B-stash with the given warm-up depth per stage (one_f_one_b_stash_schedule picks them).
 Schedule stash_schedule_with(const ScheduleSpec& spec, const std::vector<int>& warmups);
-// The microbatches among [first, first + count) that replica `replica` of `stage` runs.
+// ConfigError when the spec deals microbatches other than round-robin: for the generators whose
+// schedule depends on it (stash, 2BW, interleaved).
+void require_round_robin(const ScheduleSpec& spec, const std::string& schedule);
+// The microbatches among [first, first + count) that replica `replica` of `stage` runs (the
+// spec's dealing, round-robin without one).
 std::vector<int> replica_microbatches(const ScheduleSpec& spec, int stage, int replica, int first,
                                       int count);
 // An empty schedule for the spec (ranks sized, stage_ranks copied, counts set).

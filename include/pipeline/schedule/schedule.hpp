@@ -8,7 +8,9 @@
 //
 // Microbatches are numbered globally over the run: microbatch u belongs to minibatch
 // u / microbatches. A stage with r replicas hands microbatch u to its replica u % r (PipeDream's
-// round-robin dealing), so a rank only ever sees every r-th microbatch of its stage.
+// round-robin dealing), so a rank only ever sees every r-th microbatch of its stage — unless the
+// schedule carries its own dealing (Schedule::dealing: flush schedules whose microbatches are
+// dealt by the replicas' speed, schedule/dealing.hpp).
 //
 // Semantics the runtime and simulator share:
 //  - sends are posted without blocking (MPI_Isend / NCCL in a side stream); a rank never waits
@@ -116,16 +118,26 @@ struct Schedule {
   // stage_ranks[s][u % size]). A rank may hold several stages (interleaved schedules).
   std::vector<std::vector<int>> stage_ranks;
   std::vector<std::vector<Action>> ranks;  // rank -> its actions in execution order
+  // stage -> the replica (index into stage_ranks[stage]) of each of the run's microbatches.
+  // Empty, or empty for a stage: round-robin (microbatch u on replica u % replicas).
+  std::vector<std::vector<std::int32_t>> dealing;
 
   int num_stages() const { return static_cast<int>(stage_ranks.size()); }
   int num_ranks() const { return static_cast<int>(ranks.size()); }
   int num_microbatches() const { return microbatches * minibatches; }
   int replicas(int stage) const { return static_cast<int>(stage_ranks[stage].size()); }
-  // The rank that runs microbatch `mb` of `stage`.
-  int rank_of(int stage, int mb) const {
-    const auto& r = stage_ranks[stage];
-    return r.size() == 1 ? r[0] : r[static_cast<std::size_t>(mb) % r.size()];
+  bool round_robin(int stage) const {
+    return static_cast<std::size_t>(stage) >= dealing.size() || dealing[stage].empty();
   }
+  // The replica of `stage` (index into stage_ranks[stage]) that runs microbatch `mb`.
+  int replica_of(int stage, int mb) const {
+    const auto n = stage_ranks[stage].size();
+    if (n == 1) return 0;
+    return round_robin(stage) ? static_cast<int>(static_cast<std::size_t>(mb) % n)
+                              : dealing[stage][static_cast<std::size_t>(mb)];
+  }
+  // The rank that runs microbatch `mb` of `stage`.
+  int rank_of(int stage, int mb) const { return stage_ranks[stage][replica_of(stage, mb)]; }
   std::size_t num_actions() const {
     std::size_t n = 0;
     for (auto& r : ranks) n += r.size();
