@@ -1,4 +1,5 @@
 // Slow ranks and jitter in the simulator (SimulateOptions::rank_slowdown, jitter_cv).
+#include <pipeline/schedule/dealing.hpp>
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/simulator.hpp>
 
@@ -54,6 +55,28 @@ TEST_CASE("one replica of a 2-replica stage slowed 3x: the stage waits for it at
   const Plan plan = make_plan({{3, 2}, {1, 1}});
   CHECK(run(plan, prof, o).time_per_minibatch_s ==
         doctest::Approx(run(plan, prof, {}).time_per_minibatch_s).epsilon(0.02));
+}
+
+TEST_CASE("re-dealing a slowed replica's microbatches: the stage runs at the pair's joint speed") {
+  const Profile prof = uniform_profile(4);
+  const Plan plan = make_plan({{4, 2}});
+  const int micro = 8;
+  auto run_dealt = [&](const std::vector<double>& slowdown, bool rebalance) {
+    ScheduleSpec spec = ScheduleSpec::from_plan(plan, micro, 4);
+    if (rebalance) spec.dealing = dealing_by_speed(spec, slowdown);
+    SimulateOptions o;
+    o.rank_slowdown = slowdown;
+    return simulate(generate_schedule("1f1b-flush", spec), prof, plan, {}, o);
+  };
+  const Simulation base = run_dealt({1.0, 1.0}, false);
+  const Simulation slow = run_dealt({1.0, 3.0}, false);
+  const Simulation dealt = run_dealt({1.0, 3.0}, true);
+  // Round-robin: 4 microbatches each, the slow one takes 12 units; dealt 6:2, both take 6.
+  CHECK(slow.time_per_minibatch_s == doctest::Approx(3 * base.time_per_minibatch_s));
+  CHECK(dealt.time_per_minibatch_s == doctest::Approx(1.5 * base.time_per_minibatch_s));
+  // Nominal speeds leave the dealing round-robin: nothing changes.
+  CHECK(run_dealt({1.0, 1.0}, true).time_per_minibatch_s ==
+        doctest::Approx(base.time_per_minibatch_s));
 }
 
 TEST_CASE("jitter: reproducible from its seed, mean 1, and never faster than the bottleneck") {
