@@ -197,10 +197,11 @@ std::vector<int> forwards_before(std::size_t n, int warmup) {
 
 // The same for a dealing other than round-robin, where a replica's share of the microbatches is
 // uneven: before the backward of microbatch u, the forwards of all its microbatches up to
-// u + depth (global numbers). With a depth that falls along the pipeline (the ranks after the
-// stage), a stage that waits for the gradient of u has already sent every activation the next
-// stage needs for its own backward of u, so no dealing deadlocks; on round-robin dealing it gives
-// the warm-ups above.
+// u + depth (global numbers). With a depth that never rises along the pipeline, a stage that
+// waits for the gradient of u has already sent every activation the next stage needs for its
+// own backward of u, so no dealing deadlocks. The flush schedules use the depth of round-robin
+// dealing, warm-up x replicas: floor((ranks after the stage's first - 1) / r) r falls by at
+// least one per stage, and on round-robin dealing it gives the warm-ups above.
 std::vector<int> forwards_before_by_depth(const std::vector<int>& mbs, int depth) {
   std::vector<int> out(mbs.size());
   std::size_t f = 0;
@@ -281,12 +282,12 @@ Schedule flush_schedule(const ScheduleSpec& spec, std::string name, Order&& orde
   Schedule sched = detail::empty_schedule(spec, std::move(name), UpdatePolicy::Flush);
   const bool dealt = std::any_of(spec.dealing.begin(), spec.dealing.end(),
                                  [](const auto& d) { return !d.empty(); });
-  int ranks_before = 0;
   for (int s = 0; s < spec.num_stages(); ++s) {
     int r = static_cast<int>(spec.stage_ranks[s].size());
     const int warmup = detail::one_f_one_b_warmup(spec, s);
-    const int depth = spec.num_ranks() - 1 - ranks_before;
-    ranks_before += r;
+    // The depth round-robin dealing runs at (warmup forwards of every replica), which falls
+    // along the pipeline (see forwards_before_by_depth).
+    const int depth = warmup * r;
     for (int i = 0; i < r; ++i) {
       auto& out = sched.ranks[spec.stage_ranks[s][i]];
       // Room for every action this rank gets, communication included (insert_communication

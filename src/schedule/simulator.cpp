@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 
 namespace pipeline {
@@ -269,27 +270,48 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
   if (any_cost) {
     // transfer_time() is the link time of one activation and its gradient on a half-duplex
     // link, 2a/B, which is also each one's time when the two directions share the bandwidth.
-    // A rank's link towards a neighbour stage is shared evenly by the peers the round-robin
-    // dealing gives it there: with r and r' replicas on the two sides of a boundary each rank
-    // talks to r'/g resp. r/g peers (g = gcd), so a pair gets 1/(max(r, r')/g) of the bandwidth
-    // and the boundary carries 2a/(B min(r, r')) per minibatch — the partitioner's transfer term
-    // of the side with fewer replicas (a single rank feeding r replicas carries all of it).
-    std::vector<double> boundary_share(static_cast<std::size_t>(std::max(plan.num_stages() - 1, 0)),
-                                       1.0);
-    for (int s = 0; s + 1 < plan.num_stages(); ++s) {
+    // A rank's link towards a neighbour stage is shared by the peers it talks to there, each pair
+    // getting the share of the rank's messages across the boundary that it carries — the
+    // smaller of the sender's and the receiver's share. Under round-robin dealing, with r and r'
+    // replicas on the two sides of a boundary, each rank talks to r'/g resp. r/g peers (g = gcd)
+    // evenly, so a pair gets 1/(max(r, r')/g) of the bandwidth and the boundary carries
+    // 2a/(B min(r, r')) per minibatch — the partitioner's transfer term of the side with fewer
+    // replicas (a single rank feeding r replicas carries all of it). A dealing by speed
+    // (Schedule::dealing) gives uneven pairs, whose shares are counted from it.
+    const int boundaries = std::max(plan.num_stages() - 1, 0);
+    std::vector<double> boundary_share(static_cast<std::size_t>(boundaries), 1.0);
+    // Dealt boundaries: (lower rank, upper rank) -> the pair's share.
+    std::vector<std::map<std::pair<int, int>, double>> pair_share(
+        static_cast<std::size_t>(boundaries));
+    for (int s = 0; s < boundaries; ++s) {
       const int a = schedule.replicas(s), b = schedule.replicas(s + 1);
       boundary_share[static_cast<std::size_t>(s)] =
-          static_cast<double>(std::max(a, b) / std::gcd(a, b));
+          1.0 / static_cast<double>(std::max(a, b) / std::gcd(a, b));
+      if (schedule.round_robin(s) && schedule.round_robin(s + 1)) continue;
+      std::map<std::pair<int, int>, int> pair;
+      std::map<int, int> lower, upper;
+      for (int u = 0; u < schedule.num_microbatches(); ++u) {
+        const int lo = schedule.rank_of(s, u), hi = schedule.rank_of(s + 1, u);
+        ++pair[{lo, hi}];
+        ++lower[lo];
+        ++upper[hi];
+      }
+      for (auto& [key, n] : pair)
+        pair_share[static_cast<std::size_t>(s)][key] =
+            std::min(static_cast<double>(n) / lower[key.first],
+                     static_cast<double>(n) / upper[key.second]);
     }
     const double duplex = options.full_duplex ? 0.5 : 1.0;
-    costs.transfer_s = [&timing, &topology, &options, duplex, boundary_share](
+    costs.transfer_s = [&timing, &topology, &options, duplex, boundary_share, pair_share](
                            int src, int dst, int stage, ActionKind kind) {
       if (src == dst) return 0.0;
-      const int boundary = kind == ActionKind::SendActivation ? stage : stage - 1;
-      const double bytes =
-          static_cast<double>(timing[static_cast<std::size_t>(boundary)].output_bytes);
-      const double bandwidth =
-          link_bandwidth(topology, src, dst) / boundary_share[static_cast<std::size_t>(boundary)];
+      const bool forward = kind == ActionKind::SendActivation;
+      const auto boundary = static_cast<std::size_t>(forward ? stage : stage - 1);
+      const double bytes = static_cast<double>(timing[boundary].output_bytes);
+      double share = boundary_share[boundary];
+      if (!pair_share[boundary].empty())
+        share = pair_share[boundary].at(forward ? std::pair{src, dst} : std::pair{dst, src});
+      const double bandwidth = link_bandwidth(topology, src, dst) * share;
       return duplex * transfer_time(bytes, 1, bandwidth, 1.0) + options.latency_s;
     };
   }

@@ -14,9 +14,10 @@
 //    stages that a later stage reads, the partitioner's boundary bytes; scaled like compute) at
 //    the bandwidth of the innermost topology level holding both ranks, plus latency_s. One
 //    message costs transfer_time(a, 1, B, 1) = 2a/B: a link's two directions share its bandwidth
-//    (full_duplex: a/B). A rank's link towards a neighbour stage is shared evenly by the peers the
-//    round-robin dealing gives it there, so a boundary between r and r' replicas carries
-//    2a/(B·min(r, r')) per minibatch, the partitioner's transfer term. Messages on one link
+//    (full_duplex: a/B). A rank's link towards a neighbour stage is shared by the peers the
+//    dealing gives it there, each pair getting its share of the messages; under round-robin a
+//    boundary between r and r' replicas then carries 2a/(B·min(r, r')) per minibatch, the
+//    partitioner's transfer term. Messages on one link
 //    direction go one at a time. An empty topology, or a level of bandwidth 0, moves data free.
 //  - allreduce among a stage's r replicas: sync_time(|w|, r, B, 1) = 4(r−1)|w|/(rB) at the
 //    slowest level the group spans (scaled by allreduce_factor / 4), plus 2(r−1)·latency_s; it
