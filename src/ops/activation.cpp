@@ -1,5 +1,6 @@
 #include <pipeline/ops/activation.hpp>
 
+#include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
 
 #include <unsupported/Eigen/SpecialFunctions>
@@ -10,6 +11,10 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+
+#if PIPELINE_WITH_CUDA
+#include "activation.cuh"
 #endif
 
 namespace pipeline::ops {
@@ -53,6 +58,22 @@ void check_same_size(const char* what, const Tensor& a, const Tensor& b) {
                  a.shape(), b.shape());
 }
 
+#if PIPELINE_WITH_CUDA
+kernels::ActivationKind kernel_kind(Activation a) {
+  switch (a) {
+    case Activation::ReLU:
+      return kernels::ActivationKind::ReLU;
+    case Activation::GELU:
+      return kernels::ActivationKind::GELU;
+    case Activation::Tanh:
+      return kernels::ActivationKind::Tanh;
+    case Activation::Sigmoid:
+      return kernels::ActivationKind::Sigmoid;
+  }
+  PIPELINE_FAIL(Error, "activation {} has no CUDA kernel", static_cast<int>(a));
+}
+#endif
+
 }  // namespace
 
 std::string_view activation_name(Activation a) {
@@ -71,6 +92,14 @@ std::string_view activation_name(Activation a) {
 
 void activation_forward(Activation a, const Tensor& x, Tensor& y) {
   check_same_size("activation_forward", x, y);
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("activation_forward", {&x, &y}); d.is_cuda()) {
+    const detail::CudaScope cuda(d);
+    kernels::activation_forward(cuda.stream(), kernel_kind(a), x.device_data<float>(),
+                                y.device_data<float>(), x.numel());
+    return;
+  }
+#endif
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   for_chunks(x.numel(), [&](std::int64_t b, std::int64_t n) {
@@ -97,6 +126,15 @@ void activation_forward(Activation a, const Tensor& x, Tensor& y) {
 void activation_backward(Activation a, const Tensor& saved, const Tensor& dy, Tensor& dx) {
   check_same_size("activation_backward", saved, dy);
   check_same_size("activation_backward", dy, dx);
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("activation_backward", {&saved, &dy, &dx});
+      d.is_cuda()) {
+    const detail::CudaScope cuda(d);
+    kernels::activation_backward(cuda.stream(), kernel_kind(a), saved.device_data<float>(),
+                                 dy.device_data<float>(), dx.device_data<float>(), dy.numel());
+    return;
+  }
+#endif
   const float* sp = saved.data<float>();
   const float* gp = dy.data<float>();
   float* dp = dx.data<float>();
@@ -127,13 +165,13 @@ void activation_backward(Activation a, const Tensor& saved, const Tensor& dy, Te
 }
 
 Tensor activation_forward(Activation a, const Tensor& x) {
-  Tensor y = Tensor::empty(x.shape());
+  Tensor y = Tensor::empty(x.shape(), DType::Float32, x.device());
   activation_forward(a, x, y);
   return y;
 }
 
 Tensor activation_backward(Activation a, const Tensor& saved, const Tensor& dy) {
-  Tensor dx = Tensor::empty(dy.shape());
+  Tensor dx = Tensor::empty(dy.shape(), DType::Float32, dy.device());
   activation_backward(a, saved, dy, dx);
   return dx;
 }

@@ -1,7 +1,14 @@
 #include <pipeline/ops/softmax_xent.hpp>
 
+#include "cuda_dispatch.hpp"
+
 #include <algorithm>
 #include <cmath>
+#include <limits>
+
+#if PIPELINE_WITH_CUDA
+#include "softmax_xent.cuh"
+#endif
 
 namespace pipeline::ops {
 
@@ -20,6 +27,24 @@ SoftmaxXentResult softmax_cross_entropy(const Tensor& logits, const Tensor& labe
   PIPELINE_CHECK(grad.shape() == logits.shape(),
                  "softmax_cross_entropy: gradient is {} but must be {}", grad.shape(),
                  logits.shape());
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("softmax_cross_entropy", {&logits, &labels, &grad});
+      d.is_cuda()) {
+    PIPELINE_CHECK_AS(ConfigError, classes <= std::numeric_limits<std::int32_t>::max(),
+                      "softmax_cross_entropy on {}: {} classes exceed the kernel's 2^31 - 1",
+                      d.str(), classes);
+    const detail::CudaScope cuda(d);
+    Tensor workspace = cuda.scratch_bytes(kernels::softmax_xent_workspace_bytes(rows));
+    const kernels::SoftmaxXentTotals t = kernels::softmax_xent(
+        cuda.stream(), logits.device_data<float>(), labels.device_data<std::int32_t>(), rows,
+        classes, scale, grad.device_data<float>(), workspace.raw());
+    PIPELINE_CHECK_AS(ConfigError, t.bad_label.index < 0,
+                      "label {} of sample {} is outside [0, {}): check the dataset's labels and "
+                      "the model's class count",
+                      t.bad_label.value, t.bad_label.index, classes);
+    return {t.loss, t.correct, rows};
+  }
+#endif
   const std::int32_t* y = labels.data<std::int32_t>();
   for (std::int64_t r = 0; r < rows; ++r)
     PIPELINE_CHECK_AS(ConfigError, y[r] >= 0 && y[r] < classes,

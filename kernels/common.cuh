@@ -1,0 +1,92 @@
+// Device-side building blocks shared by the kernels in this folder: warp and block reductions,
+// grid sizing. Included only by .cu files (it holds __device__ code); launchers are declared in
+// each kernel's own .cuh.
+//
+// Reductions here are deterministic: the order in which values are combined depends only on the
+// block size and the thread that holds each value, never on timing, so the same input on the
+// same launch configuration gives the same bits on every run.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace pipeline::kernels::detail {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kWarp = 32;
+// Grid-stride kernels never launch more blocks than this: enough to fill any current GPU many
+// times over, and well below every grid limit.
+constexpr std::int64_t kMaxGridBlocks = 1 << 16;
+
+// Blocks of `threads` for `work` items, each thread taking at least one, capped at
+// kMaxGridBlocks (the kernel then strides).
+inline unsigned grid_for(std::int64_t work, int threads) {
+  const std::int64_t blocks = (work + threads - 1) / threads;
+  return static_cast<unsigned>(std::clamp<std::int64_t>(blocks, 1, kMaxGridBlocks));
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_max(T v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1)
+    v = max(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ T warp_min(T v) {
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset >>= 1)
+    v = min(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+
+// Sum over the block; every thread gets the total. blockDim.x must be a multiple of 32 (every
+// launcher here guarantees it) and every thread of the block must call it. `scratch` holds at
+// least 32 values; it may be reused by the next call (the leading barrier protects it).
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : T(0);
+  return warp_sum(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T block_max(T v, T* scratch, T lowest) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : lowest;
+  return warp_max(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T block_min(T v, T* scratch, T highest) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int warps = blockDim.x / kWarp;
+  v = warp_min(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : highest;
+  return warp_min(v);
+}
+
+}  // namespace pipeline::kernels::detail
