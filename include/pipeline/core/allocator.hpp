@@ -15,14 +15,42 @@
 
 namespace pipeline {
 
-// Allocates and frees device memory; installed by the CUDA module at start-up.
+// Device memory for the core: allocation, copies and fills, installed by the CUDA device layer
+// (src/cuda/device_memory.cpp) the first time a device tensor is made, so that the core never
+// includes CUDA headers and a CPU-only build has no CUDA symbols. All of them work on the calling
+// thread's current stream of the device (cuda/stream.hpp).
 struct DeviceAllocator {
   void* (*allocate)(std::size_t bytes, int device) = nullptr;
   void (*deallocate)(void* ptr, int device) noexcept = nullptr;
+  // Copies `bytes` between any two devices, the CPU included. A copy that involves the CPU has
+  // completed when it returns (the host may read or reuse its buffer); a device-to-device copy is
+  // queued on the destination's current stream.
+  void (*copy)(void* dst, Device dst_device, const void* src, Device src_device,
+               std::size_t bytes) = nullptr;
+  void (*zero)(void* dst, int device, std::size_t bytes) = nullptr;
+  void (*fill)(float* dst, int device, float value, std::size_t count) = nullptr;
 };
 
+#if PIPELINE_WITH_CUDA
+namespace cuda {
+void install_device_hooks();  // src/cuda/device_memory.cpp
+}
+#endif
+
+// The installed device functions; ConfigError naming the device in a build without CUDA.
 inline DeviceAllocator& cuda_allocator() {
   static DeviceAllocator a;
+  return a;
+}
+inline const DeviceAllocator& device_functions(Device device) {
+  auto& a = cuda_allocator();
+#if PIPELINE_WITH_CUDA
+  if (a.allocate == nullptr) cuda::install_device_hooks();
+#endif
+  PIPELINE_CHECK_AS(ConfigError, a.allocate != nullptr,
+                    "a tensor on {} was requested but this build has no CUDA support: "
+                    "rebuild with -DPIPELINE_WITH_CUDA=ON or use the CPU",
+                    device.str());
   return a;
 }
 
@@ -37,11 +65,7 @@ inline std::shared_ptr<std::byte> allocate_bytes(std::size_t bytes, Device devic
       host_allocator().deallocate(q, rounded);
     });
   }
-  auto& a = cuda_allocator();
-  PIPELINE_CHECK_AS(ConfigError, a.allocate != nullptr,
-                    "a tensor on {} was requested but this build has no CUDA support: "
-                    "rebuild with -DPIPELINE_WITH_CUDA=ON or use the CPU",
-                    device.str());
+  const DeviceAllocator& a = device_functions(device);
   int index = device.index;
   void* p = a.allocate(rounded, index);
   auto free_fn = a.deallocate;

@@ -43,13 +43,13 @@ class Tensor {
     t.m_storage = allocate_bytes(static_cast<std::size_t>(t.m_shape.numel()) * dtype_size(dtype), device);
     return t;
   }
-  static Tensor zeros(Shape shape, DType dtype = DType::Float32) {
-    Tensor t = empty(std::move(shape), dtype);
+  static Tensor zeros(Shape shape, DType dtype = DType::Float32, Device device = Device::cpu()) {
+    Tensor t = empty(std::move(shape), dtype, device);
     t.zero();
     return t;
   }
-  static Tensor full(Shape shape, float value) {
-    Tensor t = empty(std::move(shape));
+  static Tensor full(Shape shape, float value, Device device = Device::cpu()) {
+    Tensor t = empty(std::move(shape), DType::Float32, device);
     t.fill(value);
     return t;
   }
@@ -92,6 +92,19 @@ class Tensor {
     check_host_access<T>();
     return reinterpret_cast<const T*>(raw());
   }
+  // The elements on the tensor's own device (a device pointer for a CUDA tensor): for kernels
+  // and copies, never for host access.
+  template <typename T>
+  T* device_data() {
+    check_dtype<T>();
+    return reinterpret_cast<T*>(raw());
+  }
+  template <typename T>
+  const T* device_data() const {
+    check_dtype<T>();
+    return reinterpret_cast<const T*>(raw());
+  }
+
   std::span<float> values() { return {data<float>(), static_cast<std::size_t>(numel())}; }
   std::span<const float> values() const {
     return {data<float>(), static_cast<std::size_t>(numel())};
@@ -125,19 +138,44 @@ class Tensor {
     return t;
   }
 
-  // Copies the elements of src (same element count, CPU) into this tensor's storage.
+  // The same elements on `device`: this tensor when it is already there, else a copy (complete
+  // when it returns if either side is the CPU; see DeviceAllocator::copy).
+  Tensor to(Device device) const {
+    if (device == m_device) return *this;
+    Tensor t = empty(m_shape, m_dtype, device);
+    t.copy_from(*this);
+    return t;
+  }
+
+  // Copies the elements of src (same element count and dtype, any device) into this tensor.
   void copy_from(const Tensor& src) {
     PIPELINE_CHECK(src.numel() == numel() && src.dtype() == dtype(),
                    "copy_from: source {} does not match destination {}", src.shape(), shape());
-    PIPELINE_CHECK(m_device.is_cpu() && src.device().is_cpu(),
-                   "copy_from between devices needs the device copy op");
-    if (nbytes() > 0) std::memmove(raw(), src.raw(), nbytes());
+    if (nbytes() == 0) return;
+    if (m_device.is_cpu() && src.device().is_cpu()) {
+      std::memmove(raw(), src.raw(), nbytes());
+      return;
+    }
+    const Device on = m_device.is_cpu() ? src.device() : m_device;
+    device_functions(on).copy(raw(), m_device, src.raw(), src.device(), nbytes());
   }
 
-  void fill(float value) { std::fill_n(data<float>(), numel(), value); }
+  void fill(float value) {
+    if (m_device.is_cpu()) {
+      std::fill_n(data<float>(), numel(), value);
+      return;
+    }
+    check_dtype<float>();
+    if (numel() > 0)
+      device_functions(m_device).fill(device_data<float>(), m_device.index, value,
+                                      static_cast<std::size_t>(numel()));
+  }
   void zero() {
-    PIPELINE_CHECK(m_device.is_cpu(), "zero() on {} needs the device op", m_device.str());
-    if (nbytes() > 0) std::memset(raw(), 0, nbytes());
+    if (nbytes() == 0) return;
+    if (m_device.is_cpu())
+      std::memset(raw(), 0, nbytes());
+    else
+      device_functions(m_device).zero(raw(), m_device.index, nbytes());
   }
 
   // True when both tensors view the same bytes (used to detect in-place aliasing).
@@ -152,6 +190,10 @@ class Tensor {
   void check_host_access() const {
     PIPELINE_CHECK(m_device.is_cpu(), "host access to a tensor on {}: copy it to the CPU first",
                    m_device.str());
+    check_dtype<T>();
+  }
+  template <typename T>
+  void check_dtype() const {
     if constexpr (std::is_same_v<T, float>)
       PIPELINE_CHECK(m_dtype == DType::Float32, "float access to a {} tensor", dtype_name(m_dtype));
     else if constexpr (std::is_same_v<T, std::int32_t>)

@@ -1,0 +1,115 @@
+#include <pipeline/cuda/device_memory.hpp>
+
+#include <pipeline/cuda/stream.hpp>
+
+#include "fill.cuh"
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace pipeline::cuda {
+
+namespace {
+
+PoolDriver cuda_driver(int device) {
+  PoolDriver d;
+  d.allocate = [device](std::size_t bytes) -> void* {
+    DeviceGuard guard(device);
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // not sticky: the pool releases its cache and retries
+      return nullptr;
+    }
+    PIPELINE_CUDA_CHECK(e);
+    return p;
+  };
+  d.free = [device](void* p) {
+    DeviceGuard guard(device);
+    PIPELINE_CUDA_CHECK(cudaFree(p));
+  };
+  d.record_event = [device](StreamHandle stream) -> EventHandle {
+    DeviceGuard guard(device);
+    cudaEvent_t e = nullptr;
+    PIPELINE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    PIPELINE_CUDA_CHECK(cudaEventRecord(e, static_cast<cudaStream_t>(stream)));
+    return e;
+  };
+  d.event_done = [](EventHandle event) {
+    const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (e == cudaErrorNotReady) return false;
+    PIPELINE_CUDA_CHECK(e);
+    return true;
+  };
+  d.wait_event = [](EventHandle event) {
+    PIPELINE_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)));
+  };
+  d.destroy_event = [](EventHandle event) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(event)); };
+  return d;
+}
+
+std::mutex g_pools_mutex;
+std::vector<CachingPool*> g_pools;  // by device; leaked on purpose (see the header)
+
+void* allocate(std::size_t bytes, int device) {
+  return device_pool(device).allocate(bytes, current_stream(device));
+}
+
+void deallocate(void* ptr, int device) noexcept { device_pool(device).deallocate(ptr); }
+
+void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
+  const int device = dst_device.is_cuda() ? dst_device.index : src_device.index;
+  DeviceGuard guard(device);
+  cudaStream_t stream = current_stream(device);
+  PIPELINE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+  // The host side may be read or reused as soon as this returns.
+  if (dst_device.is_cpu() || src_device.is_cpu()) PIPELINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void zero(void* dst, int device, std::size_t bytes) {
+  DeviceGuard guard(device);
+  PIPELINE_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, current_stream(device)));
+}
+
+void fill(float* dst, int device, float value, std::size_t count) {
+  DeviceGuard guard(device);
+  kernels::fill_f32(current_stream(device), dst, value, count);
+}
+
+}  // namespace
+
+CachingPool& device_pool(int device) {
+  std::lock_guard<std::mutex> lock(g_pools_mutex);
+  const int n = device_count();
+  PIPELINE_CHECK_AS(ConfigError, device >= 0 && device < n,
+                    "cuda:{} does not exist: this process sees {} CUDA device(s){}", device, n,
+                    n == 0 ? " (no GPU or no driver; CUDA_VISIBLE_DEVICES may hide them)" : "");
+  if (g_pools.size() <= static_cast<std::size_t>(device))
+    g_pools.resize(static_cast<std::size_t>(device) + 1, nullptr);
+  auto& pool = g_pools[static_cast<std::size_t>(device)];
+  if (pool == nullptr) pool = new CachingPool(cuda_driver(device), "cuda:" + std::to_string(device));
+  return *pool;
+}
+
+PoolStats device_memory_stats(int device) { return device_pool(device).stats(); }
+
+void record_stream(const Tensor& t, cudaStream_t stream) {
+  PIPELINE_CHECK(t.device().is_cuda(), "record_stream: the tensor is on {}, not a CUDA device",
+                 t.device().str());
+  device_pool(t.device().index).record_stream(const_cast<void*>(t.storage_id()), stream);
+}
+
+void install_device_hooks() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto& a = cuda_allocator();
+    a.deallocate = deallocate;
+    a.copy = copy;
+    a.zero = zero;
+    a.fill = fill;
+    a.allocate = allocate;  // last: the core tests it to know whether the hooks are in
+  });
+}
+
+}  // namespace pipeline::cuda

@@ -1,0 +1,157 @@
+// The device caching allocator's policy (cuda/caching_pool.hpp) on a fake driver: size classes,
+// reuse without the driver in a steady state, stream order, cross-stream events, statistics, and
+// the out-of-memory path (cache released and retried, then an error naming the figures).
+#include <pipeline/cuda/caching_pool.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <map>
+#include <set>
+
+using namespace pipeline;
+using namespace pipeline::cuda;
+
+namespace {
+
+// A device of `capacity` bytes; events complete when the test says so.
+struct FakeDevice {
+  std::size_t capacity = std::size_t{1} << 30;
+  std::size_t used = 0;
+  std::map<void*, std::size_t> blocks;
+  std::map<EventHandle, bool> events;
+  int next_event = 1;
+  int waits = 0;
+
+  PoolDriver driver() {
+    PoolDriver d;
+    d.allocate = [this](std::size_t bytes) -> void* {
+      if (used + bytes > capacity) return nullptr;
+      void* p = std::malloc(bytes);
+      blocks[p] = bytes;
+      used += bytes;
+      return p;
+    };
+    d.free = [this](void* p) {
+      used -= blocks.at(p);
+      blocks.erase(p);
+      std::free(p);
+    };
+    d.record_event = [this](StreamHandle) {
+      auto e = reinterpret_cast<EventHandle>(static_cast<std::intptr_t>(next_event++));
+      events[e] = false;
+      return e;
+    };
+    d.event_done = [this](EventHandle e) { return events.at(e); };
+    d.wait_event = [this](EventHandle e) {
+      ++waits;
+      events.at(e) = true;
+    };
+    d.destroy_event = [this](EventHandle e) { events.erase(e); };
+    return d;
+  }
+  void complete_all() {
+    for (auto& [e, done] : events) done = true;
+  }
+};
+
+StreamHandle stream(int i) { return reinterpret_cast<StreamHandle>(static_cast<std::intptr_t>(i)); }
+
+}  // namespace
+
+TEST_CASE("size classes: 512-byte steps up to 1 MiB, then eighths of a power of two") {
+  CHECK(CachingPool::size_class(0) == 512);
+  CHECK(CachingPool::size_class(1) == 512);
+  CHECK(CachingPool::size_class(513) == 1024);
+  CHECK(CachingPool::size_class(std::size_t{1} << 20) == std::size_t{1} << 20);
+  CHECK(CachingPool::size_class((std::size_t{1} << 20) + 1) == (std::size_t{1} << 20) + (1 << 17));
+  for (std::size_t bytes : {std::size_t{3'000'000}, std::size_t{123'456'789}, std::size_t{1} << 33}) {
+    const std::size_t c = CachingPool::size_class(bytes);
+    CHECK(c >= bytes);
+    CHECK(static_cast<double>(c) <= 1.125 * static_cast<double>(bytes));
+  }
+}
+
+TEST_CASE("a steady state of the same sizes makes no driver call") {
+  FakeDevice dev;
+  CachingPool pool(dev.driver(), "cuda:0");
+  const std::vector<std::size_t> step = {4096, 1 << 20, 3'000'000, 100, 4096};
+  for (int iteration = 0; iteration < 5; ++iteration) {
+    std::vector<void*> held;
+    for (std::size_t b : step) held.push_back(pool.allocate(b, stream(1)));
+    std::set<void*> distinct(held.begin(), held.end());
+    CHECK(distinct.size() == held.size());
+    for (void* p : held) pool.deallocate(p);
+  }
+  const PoolStats s = pool.stats();
+  CHECK(s.requests == 25);
+  CHECK(s.driver_allocations == 5);  // the first iteration only
+  CHECK(s.in_use_bytes == 0);
+  CHECK(s.cached_bytes == static_cast<std::int64_t>(dev.used));
+  CHECK(s.peak_in_use_bytes == static_cast<std::int64_t>(dev.used));
+  pool.release_cached();
+  CHECK(dev.used == 0);
+  CHECK(pool.stats().driver_frees == 5);
+  CHECK(pool.stats().cached_bytes == 0);
+}
+
+TEST_CASE("stream order: a freed block is reused on its stream at once, never on another") {
+  FakeDevice dev;
+  CachingPool pool(dev.driver(), "cuda:0");
+  void* a = pool.allocate(1000, stream(1));
+  pool.deallocate(a);
+  CHECK(pool.allocate(1000, stream(1)) == a);  // same stream: reused
+  void* b = pool.allocate(1000, stream(1));
+  pool.deallocate(b);
+  void* c = pool.allocate(1000, stream(2));  // another stream: a new block
+  CHECK(c != b);
+  CHECK(pool.stats().driver_allocations == 2 + 1);
+}
+
+TEST_CASE("a block used on another stream waits for that stream's event") {
+  FakeDevice dev;
+  CachingPool pool(dev.driver(), "cuda:0");
+  void* a = pool.allocate(2048, stream(1));
+  pool.record_stream(a, stream(2));
+  pool.record_stream(a, stream(2));  // once is enough
+  pool.record_stream(a, stream(1));  // its own stream: nothing to record
+  pool.deallocate(a);
+  CHECK(dev.events.size() == 1);
+  void* b = pool.allocate(2048, stream(1));
+  CHECK(b != a);  // stream 2 may still be using it
+  dev.complete_all();
+  pool.deallocate(b);
+  void* c = pool.allocate(2048, stream(1));
+  void* d = pool.allocate(2048, stream(1));
+  CHECK(std::set<void*>{c, d} == std::set<void*>{a, b});
+  CHECK(dev.events.empty());  // destroyed once done
+  CHECK_THROWS_AS(pool.record_stream(reinterpret_cast<void*>(0x10), stream(2)), Error);
+}
+
+TEST_CASE("out of memory: the cache is released and the request retried, then a clear error") {
+  FakeDevice dev;
+  dev.capacity = 10 << 20;
+  CachingPool pool(dev.driver(), "cuda:3");
+  void* a = pool.allocate(6 << 20, stream(1));
+  pool.deallocate(a);  // cached, 6 MiB
+  void* b = pool.allocate(8 << 20, stream(1));  // needs the cache released first
+  CHECK(b != nullptr);
+  CHECK(pool.stats().driver_frees == 1);
+  CHECK(pool.stats().cached_bytes == 0);
+  try {
+    (void)pool.allocate(4 << 20, stream(1));
+    FAIL("expected an out-of-memory error");
+  } catch (const CudaError& e) {
+    const std::string m = e.what();
+    CHECK(m.find("out of memory on cuda:3") != std::string::npos);
+    CHECK(m.find("asked for 4.00 MiB") != std::string::npos);
+    CHECK(m.find("8.00 MiB in use") != std::string::npos);
+    CHECK(m.find("lower the microbatch size") != std::string::npos);
+  }
+  // A block waiting for another stream is waited for when memory is needed back.
+  pool.record_stream(b, stream(2));
+  pool.deallocate(b);
+  void* c = pool.allocate(9 << 20, stream(1));
+  CHECK(c != nullptr);
+  CHECK(dev.waits == 1);
+}
