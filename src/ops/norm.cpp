@@ -1,9 +1,15 @@
 #include <pipeline/ops/norm.hpp>
 
+#include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
 
 #include <cmath>
+#include <limits>
 #include <vector>
+
+#if PIPELINE_WITH_CUDA
+#include "layer_norm.cuh"
+#endif
 
 namespace pipeline::ops {
 
@@ -56,12 +62,53 @@ double channel_sum(const NchwDims& d, std::int64_t c, Fn&& f) {
   return s;
 }
 
+#if PIPELINE_WITH_CUDA
+// The checks of check_vector and layer_norm_features, for tensors on a CUDA device.
+void check_cuda_vector(const char* op, const char* what, const Tensor& t, std::int64_t n) {
+  PIPELINE_CHECK(t.defined() && t.dtype() == DType::Float32,
+                 "{}: {} must be a defined float32 tensor", op, what);
+  PIPELINE_CHECK(t.numel() == n, "{}: {} has shape {} but {} elements are needed", op, what,
+                 t.shape(), n);
+}
+
+std::int64_t cuda_layer_norm_features(const Tensor& x, const Tensor& weight) {
+  PIPELINE_CHECK(x.defined() && x.dtype() == DType::Float32 && weight.defined() &&
+                     weight.dtype() == DType::Float32,
+                 "layer_norm: x and weight must be defined float32 tensors");
+  const std::int64_t f = weight.numel();
+  PIPELINE_CHECK(f > 0 && x.rank() >= 1 && x.dim(-1) == f,
+                 "layer_norm over {} features does not fit input {}: the last extent must be {}", f,
+                 x.shape(), f);
+  PIPELINE_CHECK(f <= std::numeric_limits<std::int32_t>::max(),
+                 "layer_norm on {}: {} features exceed the kernel's 2^31 - 1", x.device().str(), f);
+  return f;
+}
+#endif
+
 }  // namespace
 
 // ---- layer norm ------------------------------------------------------------------------------
 
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                         Tensor& y, Tensor& mean, Tensor& rstd) {
+#if PIPELINE_WITH_CUDA
+  if (const Device d =
+          detail::common_device("layer_norm_forward", {&x, &weight, &bias, &y, &mean, &rstd});
+      d.is_cuda()) {
+    const std::int64_t f = cuda_layer_norm_features(x, weight);
+    const std::int64_t rows = x.numel() / f;
+    check_cuda_vector("layer_norm_forward", "bias", bias, f);
+    check_cuda_vector("layer_norm_forward", "y", y, x.numel());
+    check_cuda_vector("layer_norm_forward", "mean", mean, rows);
+    check_cuda_vector("layer_norm_forward", "rstd", rstd, rows);
+    PIPELINE_CHECK(eps > 0.f, "layer_norm_forward: eps must be positive, got {}", eps);
+    const detail::CudaScope cuda(d);
+    kernels::layer_norm_forward(cuda.stream(), x.device_data<float>(), weight.device_data<float>(),
+                                bias.device_data<float>(), rows, f, eps, y.device_data<float>(),
+                                mean.device_data<float>(), rstd.device_data<float>());
+    return;
+  }
+#endif
   const std::int64_t f = layer_norm_features(x, weight);
   const std::int64_t rows = x.numel() / f;
   check_vector("layer_norm_forward", "bias", bias, f);
@@ -90,6 +137,29 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
 void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                          const Tensor& rstd, const Tensor& dy, Tensor* dx, Tensor* dweight,
                          Tensor* dbias) {
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("layer_norm_backward",
+                                             {&x, &weight, &mean, &rstd, &dy, dx, dweight, dbias});
+      d.is_cuda()) {
+    const std::int64_t f = cuda_layer_norm_features(x, weight);
+    const std::int64_t rows = x.numel() / f;
+    check_cuda_vector("layer_norm_backward", "mean", mean, rows);
+    check_cuda_vector("layer_norm_backward", "rstd", rstd, rows);
+    check_cuda_vector("layer_norm_backward", "dy", dy, x.numel());
+    if (dx) check_cuda_vector("layer_norm_backward", "dx", *dx, x.numel());
+    if (dweight) check_cuda_vector("layer_norm_backward", "dweight", *dweight, f);
+    if (dbias) check_cuda_vector("layer_norm_backward", "dbias", *dbias, f);
+    const detail::CudaScope cuda(d);
+    Tensor workspace = cuda.scratch_floats(
+        dweight || dbias ? kernels::layer_norm_backward_workspace_floats(rows, f) : 0);
+    kernels::layer_norm_backward(
+        cuda.stream(), x.device_data<float>(), weight.device_data<float>(),
+        mean.device_data<float>(), rstd.device_data<float>(), dy.device_data<float>(), rows, f,
+        dx ? dx->device_data<float>() : nullptr, dweight ? dweight->device_data<float>() : nullptr,
+        dbias ? dbias->device_data<float>() : nullptr, workspace.device_data<float>());
+    return;
+  }
+#endif
   const std::int64_t f = layer_norm_features(x, weight);
   const std::int64_t rows = x.numel() / f;
   check_vector("layer_norm_backward", "mean", mean, rows);

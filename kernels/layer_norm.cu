@@ -1,0 +1,239 @@
+// Layer norm forward and backward over the last dimension of a [rows, features] matrix.
+//
+// Forward and the input gradient take one block per row. Rows of up to 8 values per thread
+// (features <= 8192) stay in registers, so x (and dy) are read once and y (dx) written once;
+// longer rows re-read global memory for each pass. The forward computes the mean and then the
+// centred sum of squares, two passes as the CPU op does (one-pass E[x²] − E[x]² loses the
+// variance when |mean| >> std), and every expression is written as the CPU's, term for term
+// (src/ops/norm.cpp): the forward's sums divided by the float feature count, rstd =
+// 1 / sqrt(var + eps) (IEEE division and square root, not rsqrtf), the backward's means as sums
+// times 1/f; only the summation order differs.
+//
+// The weight and bias gradients are column sums over the rows (Σ_r dy ⊙ x̂ and Σ_r dy): a block
+// of 32 columns × 8 row lanes sums a chunk of rows, reading mean and rstd once per row, and the
+// chunks are added in order by the deterministic finish of reduce.cu.
+#include "common.cuh"
+#include "layer_norm.cuh"
+
+#include <pipeline/cuda/check.hpp>
+
+namespace pipeline::kernels {
+
+namespace {
+constexpr int kItems = 8;          // values a thread keeps in registers on the cached path
+constexpr int kMaxThreads = 1024;  // threads of a row block
+constexpr int kColumns = 32;       // parameter-gradient block: columns
+constexpr int kLanes = 8;          // parameter-gradient block: row lanes
+
+// About 4 values per thread, a whole number of warps, at most kMaxThreads.
+int row_threads(std::int64_t features) {
+  const std::int64_t t = (features / 4 + detail::kWarp - 1) / detail::kWarp * detail::kWarp;
+  return static_cast<int>(std::clamp<std::int64_t>(t, detail::kWarp, kMaxThreads));
+}
+}  // namespace
+
+// Items > 0: thread holds columns threadIdx.x + k·blockDim.x, k < Items (needs
+// features <= Items·blockDim.x). Items == 0: any width, global memory re-read per pass.
+template <int Items>
+static __global__ __launch_bounds__(kMaxThreads) void layer_norm_forward_kernel(
+    const float* x, const float* weight, const float* bias, std::int64_t rows, int features,
+    float eps, float* y, float* mean, float* rstd) {
+  __shared__ float scratch[detail::kWarp];
+  const int tid = threadIdx.x, threads = blockDim.x;
+  const float fn = static_cast<float>(features);
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * features;
+    float* yr = y + r * features;
+    float part = 0.f, m, var;
+    if constexpr (Items > 0) {
+      float v[Items];
+#pragma unroll
+      for (int k = 0; k < Items; ++k) {
+        const int c = tid + k * threads;
+        v[k] = c < features ? xr[c] : 0.f;
+        part += v[k];
+      }
+      m = detail::block_sum(part, scratch) / fn;
+      part = 0.f;
+#pragma unroll
+      for (int k = 0; k < Items; ++k) {
+        const int c = tid + k * threads;
+        if (c < features) {
+          const float d = v[k] - m;
+          part += d * d;
+        }
+      }
+      var = detail::block_sum(part, scratch) / fn;
+      const float rs = 1.f / sqrtf(var + eps);
+#pragma unroll
+      for (int k = 0; k < Items; ++k) {
+        const int c = tid + k * threads;
+        if (c < features) yr[c] = (v[k] - m) * rs * weight[c] + bias[c];
+      }
+      if (tid == 0) {
+        mean[r] = m;
+        rstd[r] = rs;
+      }
+    } else {
+      for (int c = tid; c < features; c += threads) part += xr[c];
+      m = detail::block_sum(part, scratch) / fn;
+      part = 0.f;
+      for (int c = tid; c < features; c += threads) {
+        const float d = xr[c] - m;
+        part += d * d;
+      }
+      var = detail::block_sum(part, scratch) / fn;
+      const float rs = 1.f / sqrtf(var + eps);
+      for (int c = tid; c < features; c += threads) yr[c] = (xr[c] - m) * rs * weight[c] + bias[c];
+      if (tid == 0) {
+        mean[r] = m;
+        rstd[r] = rs;
+      }
+    }
+  }
+}
+
+template <int Items>
+static __global__ __launch_bounds__(kMaxThreads) void layer_norm_backward_dx_kernel(
+    const float* x, const float* weight, const float* mean, const float* rstd, const float* dy,
+    std::int64_t rows, int features, float* dx) {
+  __shared__ float scratch[detail::kWarp];
+  const int tid = threadIdx.x, threads = blockDim.x;
+  const float inv_f = 1.f / static_cast<float>(features);
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * features;
+    const float* gr = dy + r * features;
+    float* dr = dx + r * features;
+    const float m = mean[r], rs = rstd[r];
+    float g_part = 0.f, gx_part = 0.f;
+    if constexpr (Items > 0) {
+      float xhat[Items], gw[Items];
+#pragma unroll
+      for (int k = 0; k < Items; ++k) {
+        const int c = tid + k * threads;
+        xhat[k] = c < features ? (xr[c] - m) * rs : 0.f;
+        gw[k] = c < features ? gr[c] * weight[c] : 0.f;
+        g_part += gw[k];
+        gx_part += gw[k] * xhat[k];
+      }
+      const float g_mean = detail::block_sum(g_part, scratch) * inv_f;
+      const float gx_mean = detail::block_sum(gx_part, scratch) * inv_f;
+#pragma unroll
+      for (int k = 0; k < Items; ++k) {
+        const int c = tid + k * threads;
+        if (c < features) dr[c] = rs * (gw[k] - g_mean - xhat[k] * gx_mean);
+      }
+    } else {
+      for (int c = tid; c < features; c += threads) {
+        const float xh = (xr[c] - m) * rs, g = gr[c] * weight[c];
+        g_part += g;
+        gx_part += g * xh;
+      }
+      const float g_mean = detail::block_sum(g_part, scratch) * inv_f;
+      const float gx_mean = detail::block_sum(gx_part, scratch) * inv_f;
+      for (int c = tid; c < features; c += threads) {
+        const float xh = (xr[c] - m) * rs, g = gr[c] * weight[c];
+        dr[c] = rs * (g - g_mean - xh * gx_mean);
+      }
+    }
+  }
+}
+
+// Column sums over rows [blockIdx.y · rows_per_chunk, +rows_per_chunk) for the 32 columns of
+// blockIdx.x: Σ dy ⊙ (x − mean) · rstd and Σ dy. With partials set they go to
+// partials_w / partials_b [chunk, c]; otherwise they are added to dweight / dbias (each
+// skipped when null).
+static __global__ void layer_norm_param_grad_kernel(const float* x, const float* mean,
+                                                    const float* rstd, const float* dy,
+                                                    std::int64_t rows, std::int64_t cols,
+                                                    std::int64_t rows_per_chunk, float* partials_w,
+                                                    float* partials_b, float* dweight,
+                                                    float* dbias) {
+  __shared__ float lanes_w[kLanes][kColumns + 1];
+  __shared__ float lanes_b[kLanes][kColumns + 1];
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kColumns + threadIdx.x;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * rows_per_chunk;
+  const std::int64_t r1 = min(rows, r0 + rows_per_chunk);
+  float acc_w = 0.f, acc_b = 0.f;
+  if (c < cols) {
+    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kLanes) {
+      const float g = dy[r * cols + c];
+      acc_w += g * (x[r * cols + c] - mean[r]) * rstd[r];
+      acc_b += g;
+    }
+  }
+  lanes_w[threadIdx.y][threadIdx.x] = acc_w;
+  lanes_b[threadIdx.y][threadIdx.x] = acc_b;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float sw = lanes_w[0][threadIdx.x], sb = lanes_b[0][threadIdx.x];
+#pragma unroll
+    for (int k = 1; k < kLanes; ++k) {
+      sw += lanes_w[k][threadIdx.x];
+      sb += lanes_b[k][threadIdx.x];
+    }
+    const std::int64_t at = static_cast<std::int64_t>(blockIdx.y) * cols + c;
+    if (partials_w) {
+      partials_w[at] = sw;
+      partials_b[at] = sb;
+    } else {
+      if (dweight) dweight[c] += sw;
+      if (dbias) dbias[c] += sb;
+    }
+  }
+}
+
+void layer_norm_forward(cudaStream_t stream, const float* x, const float* weight, const float* bias,
+                        std::int64_t rows, std::int64_t features, float eps, float* y, float* mean,
+                        float* rstd) {
+  if (rows <= 0 || features <= 0) return;
+  const int threads = row_threads(features);
+  const unsigned blocks =
+      static_cast<unsigned>(std::min<std::int64_t>(rows, detail::kMaxGridBlocks));
+  const int f = static_cast<int>(features);
+  if (features <= static_cast<std::int64_t>(threads) * kItems)
+    layer_norm_forward_kernel<kItems>
+        <<<blocks, threads, 0, stream>>>(x, weight, bias, rows, f, eps, y, mean, rstd);
+  else
+    layer_norm_forward_kernel<0>
+        <<<blocks, threads, 0, stream>>>(x, weight, bias, rows, f, eps, y, mean, rstd);
+  PIPELINE_CUDA_LAUNCH_CHECK();
+}
+
+void layer_norm_backward(cudaStream_t stream, const float* x, const float* weight,
+                         const float* mean, const float* rstd, const float* dy, std::int64_t rows,
+                         std::int64_t features, float* dx, float* dweight, float* dbias,
+                         float* workspace) {
+  if (rows <= 0 || features <= 0) return;
+  if (dx) {
+    const int threads = row_threads(features);
+    const unsigned blocks =
+        static_cast<unsigned>(std::min<std::int64_t>(rows, detail::kMaxGridBlocks));
+    const int f = static_cast<int>(features);
+    if (features <= static_cast<std::int64_t>(threads) * kItems)
+      layer_norm_backward_dx_kernel<kItems>
+          <<<blocks, threads, 0, stream>>>(x, weight, mean, rstd, dy, rows, f, dx);
+    else
+      layer_norm_backward_dx_kernel<0>
+          <<<blocks, threads, 0, stream>>>(x, weight, mean, rstd, dy, rows, f, dx);
+    PIPELINE_CUDA_LAUNCH_CHECK();
+  }
+  if (!dweight && !dbias) return;
+  const ColumnSplit split = column_split(rows, features);
+  const dim3 grid(static_cast<unsigned>((features + kColumns - 1) / kColumns),
+                  static_cast<unsigned>(split.chunks));
+  const dim3 block(kColumns, kLanes);
+  const bool two_pass = split.chunks > 1;
+  float* partials_w = two_pass ? workspace : nullptr;
+  float* partials_b = two_pass ? workspace + split.chunks * features : nullptr;
+  layer_norm_param_grad_kernel<<<grid, block, 0, stream>>>(x, mean, rstd, dy, rows, features,
+                                                           split.rows_per_chunk, partials_w,
+                                                           partials_b, dweight, dbias);
+  PIPELINE_CUDA_LAUNCH_CHECK();
+  if (two_pass) {
+    if (dweight) column_partials_finish(stream, partials_w, split.chunks, features, dweight);
+    if (dbias) column_partials_finish(stream, partials_b, split.chunks, features, dbias);
+  }
+}
+
+}  // namespace pipeline::kernels
