@@ -2,6 +2,12 @@
 
 #include "eigen_maps.hpp"
 
+#if PIPELINE_WITH_CUDA
+#include <pipeline/cuda/blas.hpp>
+
+#include "cuda_dispatch.hpp"
+#endif
+
 namespace pipeline::ops {
 
 using detail::as_matrix;
@@ -17,6 +23,15 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   PIPELINE_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n,
                  "gemm shapes do not agree: op(A) is {}x{}, op(B) is {}x{}, C is {}", m, k, kb, n,
                  c.shape());
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("gemm", {&a, &b, &c}); d.is_cuda()) {
+    const detail::CudaScope cuda(d);
+    cuda::gemm_f32(cuda.stream(), d.index, trans_a, trans_b, m, n, k, alpha,
+                   a.device_data<float>(), a.dim(1), b.device_data<float>(), b.dim(1), beta,
+                   c.device_data<float>(), c.dim(1));
+    return;
+  }
+#endif
   auto C = as_matrix(c);
   if (m == 0 || n == 0) return;
   if (k == 0) {
@@ -38,7 +53,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 Tensor matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b) {
   PIPELINE_CHECK(a.rank() == 2 && b.rank() == 2, "matmul needs matrices, got {} and {}", a.shape(),
                  b.shape());
-  Tensor c = Tensor::empty({trans_a ? a.dim(1) : a.dim(0), trans_b ? b.dim(0) : b.dim(1)});
+  Tensor c = Tensor::empty({trans_a ? a.dim(1) : a.dim(0), trans_b ? b.dim(0) : b.dim(1)},
+                           DType::Float32, a.device());
   gemm(a, trans_a, b, trans_b, c, 1.f, 0.f);
   return c;
 }

@@ -2,7 +2,8 @@
 //
 // A, B and C are rank-2 tensors (reshape batched tensors first; reshape is free). op(X) is X or
 // its transpose. beta = 1 accumulates into C, which is how gradient accumulation over
-// microbatches is expressed. CPU: Eigen's blocked, vectorised, threaded gemm.
+// microbatches is expressed. CPU: Eigen's blocked, vectorised, threaded gemm. CUDA (all three on
+// one device): cuBLASLt in fp32, or TF32 where cuda::set_allow_tf32 allows it (cuda/blas.hpp).
 #pragma once
 
 #include <pipeline/core/tensor.hpp>

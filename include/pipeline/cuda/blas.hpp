@@ -1,0 +1,40 @@
+// Matrix products on the GPU through cuBLASLt: the CUDA side of ops::gemm, and a fused
+// bias (+ ReLU) epilogue that saves the separate passes over the output a bias add and an
+// activation would make.
+//
+// Row-major operands, as everywhere in the library: C (m x n) = alpha op(A) op(B) + beta C is
+// computed as the column-major product C^T = op(B)^T op(A)^T, which is the same memory. The
+// algorithm is chosen by cuBLASLt's heuristic once per shape (and transposes, epilogue, compute
+// type) and cached; its workspace (32 MiB per device) comes from the caching allocator.
+//
+// Precision: fp32 inputs and accumulation by default, so results match the CPU to fp32 rounding.
+// set_allow_tf32(true) lets the tensor cores round inputs to TF32 (10-bit mantissa), several times
+// faster and about 1e-3 relative error: an explicit choice, like PyTorch's
+// torch.backends.cuda.matmul.allow_tf32.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace pipeline::cuda {
+
+// Whether fp32 matrix products may use TF32 tensor cores (process-wide; default false).
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+enum class GemmEpilogue {
+  None,
+  Bias,      // C[i][j] += bias[j] (after alpha and beta)
+  ReluBias,  // C[i][j] = max(0, C[i][j] + bias[j])
+};
+
+// C = alpha op(A) op(B) + beta C (then the epilogue), all row-major fp32 on `device`, queued on
+// `stream`. A is m x k after op (stored k x m when trans_a), B is k x n after op; lda/ldb/ldc
+// are the row strides (the stored column counts). bias: n floats, for the Bias epilogues.
+void gemm_f32(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::int64_t m,
+              std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
+              const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc,
+              GemmEpilogue epilogue = GemmEpilogue::None, const float* bias = nullptr);
+
+}  // namespace pipeline::cuda

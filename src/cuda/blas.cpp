@@ -1,0 +1,148 @@
+#include <pipeline/core/error.hpp>
+#include <pipeline/cuda/blas.hpp>
+#include <pipeline/cuda/check.hpp>
+#include <pipeline/cuda/device_memory.hpp>
+#include <pipeline/cuda/stream.hpp>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <tuple>
+
+namespace pipeline::cuda {
+
+namespace {
+
+std::atomic<bool> g_allow_tf32{false};
+
+constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
+
+// What decides the algorithm: shapes, strides, transposes, epilogue, compute type, beta != 0.
+using AlgoKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                           std::int64_t, bool, bool, int, bool, bool>;
+
+// One cuBLASLt handle, workspace and algorithm cache per device and thread (a stage thread of an
+// in-process pipeline has its own, so nothing is shared between concurrent streams).
+struct BlasContext {
+  int device = 0;
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
+
+  explicit BlasContext(int d) : device(d) {
+    DeviceGuard guard(device);
+    PIPELINE_CUBLAS_CHECK(cublasLtCreate(&handle));
+    workspace = device_pool(device).allocate(kWorkspaceBytes, nullptr);
+  }
+  ~BlasContext() {
+    // Thread exit: the pool keeps the workspace for reuse; the handle goes.
+    if (workspace != nullptr) device_pool(device).deallocate(workspace);
+    if (handle != nullptr) (void)cublasLtDestroy(handle);
+  }
+  BlasContext(const BlasContext&) = delete;
+  BlasContext& operator=(const BlasContext&) = delete;
+};
+
+BlasContext& context(int device) {
+  thread_local std::map<int, std::unique_ptr<BlasContext>> contexts;
+  auto& c = contexts[device];
+  if (!c) c = std::make_unique<BlasContext>(device);
+  return *c;
+}
+
+// RAII for the descriptors of one call.
+struct MatmulDesc {
+  cublasLtMatmulDesc_t desc = nullptr;
+  ~MatmulDesc() {
+    if (desc) (void)cublasLtMatmulDescDestroy(desc);
+  }
+};
+struct Layout {
+  cublasLtMatrixLayout_t layout = nullptr;
+  ~Layout() {
+    if (layout) (void)cublasLtMatrixLayoutDestroy(layout);
+  }
+};
+struct Preference {
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~Preference() {
+    if (pref) (void)cublasLtMatmulPreferenceDestroy(pref);
+  }
+};
+
+}  // namespace
+
+void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
+bool allow_tf32() { return g_allow_tf32; }
+
+void gemm_f32(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::int64_t m,
+              std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
+              const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc,
+              GemmEpilogue epilogue, const float* bias) {
+  if (m == 0 || n == 0) return;
+  PIPELINE_CHECK(epilogue == GemmEpilogue::None || bias != nullptr,
+                 "gemm_f32: a bias epilogue needs the bias");
+  DeviceGuard guard(device);
+  BlasContext& ctx = context(device);
+  const bool tf32 = g_allow_tf32;
+  const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+
+  // Column-major view: C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m). Row-major B (stored rows x
+  // cols with stride ldb) is the column-major matrix B^T with leading dimension ldb, so the first
+  // operand is B with B's transpose flag, the second A with A's.
+  MatmulDesc op;
+  PIPELINE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op.desc, compute, CUDA_R_32F));
+  const cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  PIPELINE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  PIPELINE_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (epilogue != GemmEpilogue::None) {
+    // The bias runs along the column-major output's rows: one value per n, as wanted.
+    const cublasLtEpilogue_t e =
+        epilogue == GemmEpilogue::Bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_RELU_BIAS;
+    PIPELINE_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)));
+    PIPELINE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                         &bias, sizeof(bias)));
+  }
+  // Stored shapes (column-major rows x cols) of the two operands and of C^T.
+  Layout la, lb, lc;
+  const std::uint64_t a_rows = trans_b ? static_cast<std::uint64_t>(k) : static_cast<std::uint64_t>(n);
+  const std::uint64_t a_cols = trans_b ? static_cast<std::uint64_t>(n) : static_cast<std::uint64_t>(k);
+  const std::uint64_t b_rows = trans_a ? static_cast<std::uint64_t>(m) : static_cast<std::uint64_t>(k);
+  const std::uint64_t b_cols = trans_a ? static_cast<std::uint64_t>(k) : static_cast<std::uint64_t>(m);
+  PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la.layout, CUDA_R_32F, a_rows, a_cols, ldb));
+  PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb.layout, CUDA_R_32F, b_rows, b_cols, lda));
+  PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc.layout, CUDA_R_32F,
+                                                   static_cast<std::uint64_t>(n),
+                                                   static_cast<std::uint64_t>(m), ldc));
+
+  const AlgoKey key{m, n, k, lda, ldb, ldc, trans_a, trans_b, static_cast<int>(epilogue), tf32,
+                    beta != 0.f};
+  auto it = ctx.algos.find(key);
+  if (it == ctx.algos.end()) {
+    Preference pref;
+    PIPELINE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.pref));
+    const std::size_t workspace = kWorkspaceBytes;
+    PIPELINE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    PIPELINE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.handle, op.desc, la.layout, lb.layout,
+                                                         lc.layout, lc.layout, pref.pref, 1,
+                                                         &result, &found));
+    PIPELINE_CHECK_AS(CudaError, found > 0,
+                      "cuBLASLt has no algorithm for a {}x{}x{} fp32 product (transposes {}/{}) "
+                      "on {}",
+                      m, n, k, trans_a, trans_b, current_device_name());
+    it = ctx.algos.emplace(key, result.algo).first;
+  }
+  // k == 0 is a valid product: the result is beta C (plus the epilogue).
+  PIPELINE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op.desc, &alpha, b, la.layout, a, lb.layout,
+                                       &beta, c, lc.layout, c, lc.layout, &it->second,
+                                       ctx.workspace, kWorkspaceBytes, stream));
+}
+
+}  // namespace pipeline::cuda

@@ -1,0 +1,108 @@
+// ops::gemm on CUDA (cuBLASLt) against the CPU gemm: every transpose, alpha/beta, odd and empty
+// shapes, fp32 and TF32; the fused bias and bias+ReLU epilogues against gemm, add_bias and relu on
+// the CPU; a mixed-device call is refused.
+#include <pipeline/core/rng.hpp>
+#include <pipeline/cuda/blas.hpp>
+#include <pipeline/cuda/stream.hpp>
+#include <pipeline/ops/activation.hpp>
+#include <pipeline/ops/bias.hpp>
+#include <pipeline/ops/gemm.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+
+using namespace pipeline;
+
+namespace {
+
+Tensor random(Shape shape, Rng& rng) {
+  Tensor t = Tensor::empty(std::move(shape));
+  for (float& v : t.values()) v = rng.uniform(-1.f, 1.f);
+  return t;
+}
+
+// max |x - y| / (max |y| + tiny), with the first mismatches printed.
+double normalized_error(const Tensor& got, const Tensor& want) {
+  const auto g = got.to(Device::cpu()).to_vector();
+  const auto w = want.to_vector();
+  REQUIRE(g.size() == w.size());
+  double scale = 1e-30, err = 0;
+  for (float v : w) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+  int shown = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const double e = std::fabs(static_cast<double>(g[i]) - w[i]);
+    if (e / scale > 1e-5 && shown++ < 5) MESSAGE("index ", i, ": gpu ", g[i], ", cpu ", w[i]);
+    err = std::max(err, e);
+  }
+  return err / scale;
+}
+
+}  // namespace
+
+TEST_CASE("gemm on CUDA equals the CPU gemm for every transpose and alpha, beta") {
+  Rng rng(3, "gemm-gpu");
+  struct Dims {
+    std::int64_t m, n, k;
+  };
+  for (const Dims d : {Dims{1, 1, 1}, Dims{7, 5, 3}, Dims{64, 128, 96}, Dims{257, 33, 511},
+                       Dims{5, 9, 0}}) {
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      const Tensor a = random(ta ? Shape{d.k, d.m} : Shape{d.m, d.k}, rng);
+      const Tensor b = random(tb ? Shape{d.n, d.k} : Shape{d.k, d.n}, rng);
+      for (const float beta : {0.f, 1.f, 0.5f}) {
+        Tensor c = random(Shape{d.m, d.n}, rng);
+        Tensor c_gpu = c.to(Device::cuda(0));
+        ops::gemm(a, ta, b, tb, c, 0.75f, beta);
+        ops::gemm(a.to(Device::cuda(0)), ta, b.to(Device::cuda(0)), tb, c_gpu, 0.75f, beta);
+        CAPTURE(d.m);
+        CAPTURE(d.n);
+        CAPTURE(d.k);
+        CAPTURE(ta);
+        CAPTURE(tb);
+        CAPTURE(beta);
+        CHECK(normalized_error(c_gpu, c) <= 1e-5);
+      }
+    }
+  }
+}
+
+TEST_CASE("TF32 is off by default and, when allowed, within TF32 rounding") {
+  CHECK(!cuda::allow_tf32());
+  Rng rng(4, "gemm-tf32");
+  const Tensor a = random(Shape{128, 256}, rng), b = random(Shape{256, 64}, rng);
+  const Tensor want = ops::matmul(a, false, b, false);
+  cuda::set_allow_tf32(true);
+  const Tensor got = ops::matmul(a.to(Device::cuda(0)), false, b.to(Device::cuda(0)), false);
+  cuda::set_allow_tf32(false);
+  CHECK(got.device() == Device::cuda(0));
+  CHECK(normalized_error(got, want) <= 1e-2);
+}
+
+TEST_CASE("bias and bias+ReLU epilogues equal gemm, add_bias and relu") {
+  Rng rng(5, "gemm-epilogue");
+  const std::int64_t m = 37, n = 70, k = 45;
+  const Tensor x = random(Shape{m, k}, rng), w = random(Shape{n, k}, rng), bias = random(Shape{n}, rng);
+  Tensor want = ops::matmul(x, false, w, true);
+  ops::add_bias(want, bias);
+  Tensor want_relu = Tensor::empty(want.shape());
+  ops::activation_forward(ops::Activation::ReLU, want, want_relu);
+  const Tensor xd = x.to(Device::cuda(0)), wd = w.to(Device::cuda(0)), bd = bias.to(Device::cuda(0));
+  for (const auto epilogue : {cuda::GemmEpilogue::Bias, cuda::GemmEpilogue::ReluBias}) {
+    Tensor y = Tensor::empty(Shape{m, n}, DType::Float32, Device::cuda(0));
+    cuda::gemm_f32(cuda::current_stream(0), 0, false, true, m, n, k, 1.f, xd.device_data<float>(), k,
+                   wd.device_data<float>(), k, 0.f, y.device_data<float>(), n, epilogue,
+                   bd.device_data<float>());
+    CHECK(normalized_error(y, epilogue == cuda::GemmEpilogue::Bias ? want : want_relu) <= 1e-5);
+  }
+}
+
+TEST_CASE("gemm with tensors on two devices is refused naming both") {
+  Rng rng(6, "gemm-mixed");
+  const Tensor a = random(Shape{4, 4}, rng);
+  Tensor c = Tensor::zeros(Shape{4, 4}, DType::Float32, Device::cuda(0));
+  CHECK_THROWS_WITH_AS(ops::gemm(a, false, a, false, c), doctest::Contains("cpu and cuda:0"),
+                       ConfigError);
+}
