@@ -2,10 +2,16 @@
 
 #include <pipeline/core/threads.hpp>
 
+#include "cuda_dispatch.hpp"
+
 #include <Eigen/Core>
 
 #include <algorithm>
 #include <cmath>
+
+#if PIPELINE_WITH_CUDA
+#include "optimizer.cuh"
+#endif
 
 namespace pipeline::ops {
 
@@ -43,10 +49,56 @@ void for_chunks(std::int64_t n, Fn&& fn) {
   }
 }
 
+// Adam's bias corrections in double: beta2^step underflows gracefully and 1 - beta^step keeps its
+// digits for small steps; the per-element work stays in float.
+struct AdamScalars {
+  float step_size, inv_sqrt_bc2;
+};
+AdamScalars adam_scalars(std::int64_t step, const AdamWParams& p) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(step));
+  return {static_cast<float>(p.lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2))};
+}
+
+#if PIPELINE_WITH_CUDA
+// check_pair for tensors on a CUDA device (same device already checked).
+void check_cuda_pair(const char* op, const Tensor& param, const Tensor& other, const char* what) {
+  PIPELINE_CHECK(other.defined() && other.dtype() == DType::Float32,
+                 "{}: {} must be a defined float32 tensor", op, what);
+  PIPELINE_CHECK(other.numel() == param.numel(),
+                 "{}: {} has shape {} ({} elements) but the parameter has shape {} ({} elements)",
+                 op, what, other.shape(), other.numel(), param.shape(), param.numel());
+}
+#endif
+
 }  // namespace
 
 void sgd_update(Tensor& param, const Tensor& grad, Tensor* momentum_buffer, bool first_step,
                 const SgdParams& p) {
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("sgd_update", {&param, &grad, momentum_buffer});
+      d.is_cuda()) {
+    check_cuda_pair("sgd_update", param, param, "the parameter");
+    check_cuda_pair("sgd_update", param, grad, "the gradient");
+    const bool use_momentum = p.momentum != 0.f;
+    if (use_momentum) {
+      PIPELINE_CHECK(momentum_buffer != nullptr, "sgd_update: momentum {} needs a momentum buffer",
+                     p.momentum);
+      check_cuda_pair("sgd_update", param, *momentum_buffer, "the momentum buffer");
+    }
+    PIPELINE_CHECK_AS(ConfigError, !p.nesterov || (use_momentum && p.dampening == 0.f),
+                      "Nesterov momentum needs momentum > 0 and dampening 0 (got momentum {}, "
+                      "dampening {})",
+                      p.momentum, p.dampening);
+    const detail::CudaScope cuda(d);
+    const kernels::SgdTensor t{param.device_data<float>(), grad.device_data<float>(),
+                               use_momentum ? momentum_buffer->device_data<float>() : nullptr,
+                               param.numel()};
+    kernels::sgd_update(cuda.stream(), &t, 1,
+                        {p.lr, p.momentum, p.dampening, p.weight_decay, p.nesterov, first_step});
+    return;
+  }
+#endif
   PIPELINE_CHECK(param.dtype() == DType::Float32 && param.device().is_cpu(),
                  "sgd_update: the parameter must be a float32 CPU tensor");
   check_pair("sgd_update", param, grad, "the gradient");
@@ -90,6 +142,29 @@ void sgd_update(Tensor& param, const Tensor& grad, Tensor* momentum_buffer, bool
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                   std::int64_t step, const AdamWParams& p) {
+#if PIPELINE_WITH_CUDA
+  if (const Device d =
+          detail::common_device("adamw_update", {&param, &grad, &exp_avg, &exp_avg_sq});
+      d.is_cuda()) {
+    check_cuda_pair("adamw_update", param, param, "the parameter");
+    check_cuda_pair("adamw_update", param, grad, "the gradient");
+    check_cuda_pair("adamw_update", param, exp_avg, "exp_avg");
+    check_cuda_pair("adamw_update", param, exp_avg_sq, "exp_avg_sq");
+    PIPELINE_CHECK(step >= 1, "adamw_update: step counts from 1, got {}", step);
+    PIPELINE_CHECK_AS(ConfigError,
+                      p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f,
+                      "Adam betas must lie in [0, 1), got ({}, {})", p.beta1, p.beta2);
+    const AdamScalars a = adam_scalars(step, p);
+    const detail::CudaScope cuda(d);
+    const kernels::AdamWTensor t{param.device_data<float>(), grad.device_data<float>(),
+                                 exp_avg.device_data<float>(), exp_avg_sq.device_data<float>(),
+                                 param.numel()};
+    kernels::adamw_update(cuda.stream(), &t, 1,
+                          {a.step_size, a.inv_sqrt_bc2, p.beta1, p.beta2, p.eps, p.weight_decay,
+                           1.f - p.lr * p.weight_decay, p.decoupled});
+    return;
+  }
+#endif
   PIPELINE_CHECK(param.dtype() == DType::Float32 && param.device().is_cpu(),
                  "adamw_update: the parameter must be a float32 CPU tensor");
   check_pair("adamw_update", param, grad, "the gradient");
@@ -99,12 +174,8 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
   PIPELINE_CHECK_AS(ConfigError, p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f,
                     "Adam betas must lie in [0, 1), got ({}, {})", p.beta1, p.beta2);
 
-  // Bias corrections in double: beta2^step underflows gracefully and 1 - beta^step keeps its
-  // digits for small steps; the per-element work stays in float.
-  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(step));
-  const float step_size = static_cast<float>(p.lr / bc1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  const AdamScalars scalars = adam_scalars(step, p);
+  const float step_size = scalars.step_size, inv_sqrt_bc2 = scalars.inv_sqrt_bc2;
   const float b1 = p.beta1, b2 = p.beta2, eps = p.eps, wd = p.weight_decay;
   const float decay = 1.f - p.lr * p.weight_decay;
   const bool decoupled = p.decoupled;
@@ -129,6 +200,15 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
 }
 
 double sum_of_squares(const Tensor& x) {
+#if PIPELINE_WITH_CUDA
+  if (x.device().is_cuda()) {
+    PIPELINE_CHECK(x.dtype() == DType::Float32, "sum_of_squares: expected a float32 tensor");
+    const detail::CudaScope cuda(x.device());
+    Tensor workspace = cuda.scratch_bytes(kernels::kSumOfSquaresWorkspace * sizeof(double));
+    return kernels::sum_of_squares(cuda.stream(), x.device_data<float>(), x.numel(),
+                                   static_cast<double*>(workspace.raw()));
+  }
+#endif
   PIPELINE_CHECK(x.dtype() == DType::Float32 && x.device().is_cpu(),
                  "sum_of_squares: expected a float32 CPU tensor");
   // Float sums over short blocks (vectorised), added up in double: the rounding error stays near
@@ -144,6 +224,13 @@ double sum_of_squares(const Tensor& x) {
 }
 
 void scale_inplace(Tensor& x, float factor) {
+#if PIPELINE_WITH_CUDA
+  if (x.device().is_cuda()) {
+    const detail::CudaScope cuda(x.device());
+    kernels::scale(cuda.stream(), x.device_data<float>(), x.numel(), factor);
+    return;
+  }
+#endif
   PIPELINE_CHECK(x.dtype() == DType::Float32 && x.device().is_cpu(),
                  "scale_inplace: expected a float32 CPU tensor");
   float* p = x.data<float>();
