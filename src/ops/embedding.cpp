@@ -1,8 +1,16 @@
 #include <pipeline/ops/embedding.hpp>
 
+#include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
 
 #include <algorithm>
+#include <limits>
+
+#if PIPELINE_WITH_CUDA
+#include "bias.cuh"
+#include "check_range.cuh"
+#include "embedding.cuh"
+#endif
 
 namespace pipeline::ops {
 
@@ -32,6 +40,28 @@ void check_table(const char* what, const Tensor& t) {
                  dtype_name(t.dtype()), t.shape());
 }
 
+#if PIPELINE_WITH_CUDA
+// check_ids for ids on a CUDA device: the same error, found by a kernel (waits for the stream).
+void check_cuda_ids(const detail::CudaScope& cuda, const Tensor& ids, std::int64_t vocab) {
+  PIPELINE_CHECK(ids.dtype() == DType::Int32,
+                 "embedding: ids must be an int32 tensor, got {} on {}", dtype_name(ids.dtype()),
+                 ids.device().str());
+  PIPELINE_CHECK(ids.numel() <= std::numeric_limits<std::int32_t>::max(),
+                 "embedding on {}: {} ids exceed the kernels' 2^31 - 1", ids.device().str(),
+                 ids.numel());
+  const std::int32_t hi = static_cast<std::int32_t>(
+      std::min<std::int64_t>(vocab, std::numeric_limits<std::int32_t>::max()));
+  Tensor scratch = cuda.scratch_bytes(sizeof(kernels::RangeViolation));
+  const kernels::RangeViolation bad =
+      kernels::find_out_of_range_sync(cuda.stream(), ids.device_data<std::int32_t>(), ids.numel(),
+                                      0, hi, static_cast<kernels::RangeViolation*>(scratch.raw()));
+  PIPELINE_CHECK(bad.index < 0,
+                 "embedding: id {} at flat position {} of ids {} is out of range for a vocabulary "
+                 "of {}: ids must lie in [0, {})",
+                 bad.value, bad.index, ids.shape(), vocab, vocab);
+}
+#endif
+
 }  // namespace
 
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
@@ -39,6 +69,17 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
   const std::int64_t vocab = table.dim(0), dim = table.dim(1), n = ids.numel();
   PIPELINE_CHECK(out.numel() == n * dim, "embedding_forward: output {} cannot hold {} rows of {}",
                  out.shape(), n, dim);
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("embedding_forward", {&ids, &table, &out});
+      d.is_cuda()) {
+    PIPELINE_CHECK(out.dtype() == DType::Float32, "embedding_forward: the output must be float32");
+    const detail::CudaScope cuda(d);
+    check_cuda_ids(cuda, ids, vocab);
+    kernels::embedding_forward(cuda.stream(), ids.device_data<std::int32_t>(), n,
+                               table.device_data<float>(), dim, out.device_data<float>());
+    return;
+  }
+#endif
   check_ids(ids, vocab);
   const std::int32_t* ip = ids.data<std::int32_t>();
   const float* tp = table.data<float>();
@@ -54,6 +95,21 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   PIPELINE_CHECK(dout.numel() == n * dim,
                  "embedding_backward: output gradient {} does not hold {} rows of {}", dout.shape(),
                  n, dim);
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("embedding_backward", {&ids, &dout, &dtable});
+      d.is_cuda()) {
+    PIPELINE_CHECK(dim <= std::int64_t{65535} * 128,
+                   "embedding_backward on {}: rows of {} exceed the kernel's 65535 x 128 columns",
+                   d.str(), dim);
+    const detail::CudaScope cuda(d);
+    check_cuda_ids(cuda, ids, vocab);
+    Tensor workspace = cuda.scratch_bytes(kernels::embedding_backward_workspace_bytes(n, vocab));
+    kernels::embedding_backward(cuda.stream(), ids.device_data<std::int32_t>(), n,
+                                dout.device_data<float>(), dim, vocab, dtable.device_data<float>(),
+                                workspace.raw());
+    return;
+  }
+#endif
   check_ids(ids, vocab);
   const std::int32_t* ip = ids.data<std::int32_t>();
   auto G = as_matrix(dout, n, dim);
@@ -80,6 +136,15 @@ void add_positions(Tensor& out, std::int64_t steps, const Tensor& pos) {
                  "add_positions: output {} is not a whole number of [{}, {}] sequences",
                  out.shape(), steps, dim);
   const std::int64_t rows = out.numel() / (steps * dim);
+#if PIPELINE_WITH_CUDA
+  // Per sequence, out += the first `steps` rows of pos: a bias of steps · dim features.
+  if (const Device d = detail::common_device("add_positions", {&out, &pos}); d.is_cuda()) {
+    const detail::CudaScope cuda(d);
+    kernels::add_bias(cuda.stream(), out.device_data<float>(), pos.device_data<float>(), rows,
+                      steps * dim);
+    return;
+  }
+#endif
   auto P = as_matrix(pos).topRows(steps);
   for (std::int64_t r = 0; r < rows; ++r)
     detail::MatrixMap(out.data<float>() + r * steps * dim, steps, dim) += P;
@@ -95,6 +160,16 @@ void positions_grad(const Tensor& dout, std::int64_t steps, Tensor& dpos) {
                  "positions_grad: gradient {} is not a whole number of [{}, {}] sequences",
                  dout.shape(), steps, dim);
   const std::int64_t rows = dout.numel() / (steps * dim);
+#if PIPELINE_WITH_CUDA
+  // The bias gradient of steps · dim features, summed over the sequences.
+  if (const Device d = detail::common_device("positions_grad", {&dout, &dpos}); d.is_cuda()) {
+    const detail::CudaScope cuda(d);
+    Tensor workspace = cuda.scratch_floats(kernels::bias_grad_workspace_floats(rows, steps * dim));
+    kernels::bias_grad(cuda.stream(), dout.device_data<float>(), rows, steps * dim,
+                       dpos.device_data<float>(), workspace.device_data<float>());
+    return;
+  }
+#endif
   auto P = as_matrix(dpos).topRows(steps);
   for (std::int64_t r = 0; r < rows; ++r)
     P += detail::ConstMatrixMap(dout.data<float>() + r * steps * dim, steps, dim);
