@@ -101,7 +101,10 @@ int run(const Options& o) {
     load_parameters(o.load, zoo.model, params, zoo.model.all());
     log_info("loaded parameters from {}", o.load);
   }
-  SequentialTrainer trainer(zoo.model, std::move(params), make_optimizer(o), o.seed, o.clip_grad);
+  const Device device = parse_device(o.pipeline.device);
+  if (!device.is_cpu()) log_info("training on {}", device.str());
+  SequentialTrainer trainer(zoo.model, to_device(params, device), make_optimizer(o), o.seed,
+                            o.clip_grad);
   const CheckpointRunInfo info = examples::checkpoint_run_info(o.model, trainer.optimizer(), o.seed,
                                                                o.batch, 1, o.pipeline, nullptr);
   const std::int64_t start = examples::resume_if_asked(

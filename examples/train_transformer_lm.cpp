@@ -91,8 +91,10 @@ int run_single(const Options& o) {
   set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
   ZooModel zoo = model_for(o);
   const TextDataset train = train_text(o), valid = validation_text(o);
-  SequentialTrainer trainer(zoo.model, zoo.model.init(o.seed), make_optimizer(o), o.seed,
-                            o.clip_grad);
+  const Device device = parse_device(o.pipeline.device);
+  if (!device.is_cpu()) log_info("training on {}", device.str());
+  SequentialTrainer trainer(zoo.model, to_device(zoo.model.init(o.seed), device),
+                            make_optimizer(o), o.seed, o.clip_grad);
   const CheckpointRunInfo info = examples::checkpoint_run_info(
       "transformer-lm", trainer.optimizer(), o.seed, o.batch, 1, o.pipeline, nullptr);
   const std::int64_t start = examples::resume_if_asked(

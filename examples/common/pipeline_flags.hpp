@@ -41,11 +41,19 @@ struct PipelineFlags {
   bool rebalance = false;
   int rebalance_every = 10;
 
+  // Where a single-process run trains (parse_device: cpu, cuda, cuda:N).
+  std::string device = "cpu";
+
   // ConfigError for flags that contradict each other. A single-process run ignores these flags,
   // so only a pipelined run checks them.
   void check() const {
     PIPELINE_CHECK_AS(ConfigError, schedule_csv.empty() || schedule.empty(),
                       "give either --schedule or --schedule-csv, not both");
+    PIPELINE_CHECK_AS(ConfigError, parse_device(device).is_cpu(),
+                      "--device {}: a pipelined run (--plan, or several ranks under mpirun) trains "
+                      "on CPU ranks; pipelines on GPUs are not built yet. Train on the GPU in one "
+                      "process (no --plan, no mpirun), or drop --device",
+                      device);
   }
 
   // With a plan, or when started by an MPI launcher with more than one process, the program
@@ -55,6 +63,9 @@ struct PipelineFlags {
 
 // Adds the pipeline flags to `app`, bound to `flags`.
 inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
+  app.add_option("--device", flags.device,
+                 "where a single-process run trains: cpu, cuda or cuda:N (CUDA builds)")
+      ->capture_default_str();
   app.add_option("--plan", flags.plan,
                  "train as a pipeline with this plan.json (pipeline-partition)");
   app.add_option("--schedule", flags.schedule,

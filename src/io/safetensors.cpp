@@ -242,8 +242,13 @@ void SafetensorsReader::read_into(const std::string& name, Tensor& dst) const {
   PIPELINE_CHECK_AS(IoError, dst.shape() == e.shape && dst.dtype() == e.dtype,
                     "'{}': tensor '{}' is {} {} but the destination is {} {}", m_path, name,
                     e.shape, file_dtype(e.dtype), dst.shape(), file_dtype(dst.dtype()));
-  PIPELINE_CHECK(dst.device().is_cpu(), "safetensors: read '{}' into a CPU tensor, then copy",
-                 name);
+  if (!dst.device().is_cpu()) {
+    // A device destination (a GPU run's parameters) is read on the host and copied over.
+    Tensor host = Tensor::empty(dst.shape(), dst.dtype());
+    read_into(name, host);
+    dst.copy_from(host);
+    return;
+  }
   if (e.end == e.begin) return;
   std::ifstream in(m_path, std::ios::binary);
   in.seekg(static_cast<std::streamoff>(m_data_start + e.begin));
@@ -265,6 +270,12 @@ NamedTensors load_safetensors(const std::string& path, Metadata* metadata) {
 
 FileDigest save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const Metadata& metadata) {
+  // Device tensors (a GPU run's parameters) are copied to the host before anything is written;
+  // host tensors are shared, not copied.
+  NamedTensors host_tensors;
+  host_tensors.reserve(tensors.size());
+  for (auto& [name, t] : tensors)
+    host_tensors.emplace_back(name, t.defined() ? t.to(Device::cpu()) : t);
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
     auto& m = header["__metadata__"] = nlohmann::ordered_json::object();
@@ -278,8 +289,6 @@ FileDigest save_safetensors(const std::string& path, const NamedTensors& tensors
     PIPELINE_CHECK_AS(ConfigError, names.insert(name).second,
                       "safetensors: two tensors are named '{}'", name);
     PIPELINE_CHECK_AS(ConfigError, t.defined(), "safetensors: tensor '{}' is undefined", name);
-    PIPELINE_CHECK(t.device().is_cpu(), "safetensors: tensor '{}' is on {}; copy it to the CPU",
-                   name, t.device().str());
     header[name] = {{"dtype", file_dtype(t.dtype())},
                     {"shape", t.shape().dims()},
                     {"data_offsets", {offset, offset + t.nbytes()}}};
@@ -320,7 +329,7 @@ FileDigest save_safetensors(const std::string& path, const NamedTensors& tensors
     return true;
   };
   if (!put(len_bytes, 8) || !put(text.data(), text.size())) fail("writing the header");
-  for (auto& [name, t] : tensors)
+  for (auto& [name, t] : host_tensors)
     if (!put(t.raw(), t.nbytes())) fail("writing tensor data");
   if (::fsync(fd) != 0) fail("flushing to disk");
   if (::close(fd) != 0) {

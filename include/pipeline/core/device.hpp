@@ -2,9 +2,14 @@
 // PIPELINE_WITH_CUDA. The tag travels with every tensor so that ops can dispatch and check.
 #pragma once
 
+#include <pipeline/core/error.hpp>
+
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <string>
+#include <string_view>
 
 namespace pipeline {
 
@@ -21,5 +26,20 @@ struct Device {
   bool operator==(const Device&) const = default;
   std::string str() const { return is_cpu() ? "cpu" : fmt::format("cuda:{}", index); }
 };
+
+// "cpu", "cuda" (cuda:0) or "cuda:N"; ConfigError naming the accepted spellings otherwise.
+inline Device parse_device(std::string_view text) {
+  if (text == "cpu") return Device::cpu();
+  if (text == "cuda") return Device::cuda(0);
+  const std::string_view digits = text.substr(std::min<std::size_t>(5, text.size()));
+  bool ok = text.substr(0, 5) == "cuda:" && !digits.empty() && digits.size() <= 4;
+  int index = 0;
+  for (char c : digits) {
+    ok = ok && std::isdigit(static_cast<unsigned char>(c));
+    index = index * 10 + (c - '0');
+  }
+  PIPELINE_CHECK_AS(ConfigError, ok, "unknown device '{}': use cpu, cuda or cuda:N", text);
+  return Device::cuda(index);
+}
 
 }  // namespace pipeline

@@ -58,6 +58,13 @@ struct LayerParams {
     for (auto& t : buffers) c.buffers.push_back(t.clone());
     return c;
   }
+  // The same values on `device` (shared, not copied, where a tensor is already there).
+  LayerParams to(Device device) const {
+    LayerParams c;
+    for (auto& t : params) c.params.push_back(t.to(device));
+    for (auto& t : buffers) c.buffers.push_back(t.to(device));
+    return c;
+  }
 };
 
 enum class Mode { Train, Eval };
@@ -130,10 +137,10 @@ class Layer {
     return out;
   }
 
-  // Zeroed gradient buffers matching parameters().
-  std::vector<Tensor> zero_grads() const {
+  // Zeroed gradient buffers matching parameters(), on `device`.
+  std::vector<Tensor> zero_grads(Device device = Device::cpu()) const {
     std::vector<Tensor> g;
-    for (auto& s : parameters()) g.push_back(Tensor::zeros(s.shape, s.dtype));
+    for (auto& s : parameters()) g.push_back(Tensor::zeros(s.shape, s.dtype, device));
     return g;
   }
 

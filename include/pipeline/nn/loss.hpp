@@ -23,7 +23,7 @@ struct LossResult {
 class SoftmaxCrossEntropy {
  public:
   LossResult operator()(const Tensor& logits, const Tensor& labels, float scale) const {
-    Tensor grad = Tensor::empty(logits.shape());
+    Tensor grad = Tensor::empty(logits.shape(), DType::Float32, logits.device());
     ops::SoftmaxXentResult r = ops::softmax_cross_entropy(logits, labels, scale, grad);
     return {r.loss, grad, r.correct, r.count};
   }

@@ -20,6 +20,20 @@ namespace pipeline {
 using ModelParams = std::vector<LayerParams>;
 using ModelGrads = std::vector<std::vector<Tensor>>;
 
+// `params` on `device` (tensors already there are shared, not copied).
+inline ModelParams to_device(const ModelParams& params, Device device) {
+  ModelParams out;
+  for (auto& p : params) out.push_back(p.to(device));
+  return out;
+}
+
+// The device of the first tensor of `params` (the CPU when there is none).
+inline Device device_of(const ModelParams& params) {
+  for (auto& p : params)
+    for (auto& t : p.params) return t.device();
+  return Device::cpu();
+}
+
 // A deep copy of every layer's parameters and buffers.
 inline ModelParams clone_params(const ModelParams& params) {
   ModelParams out;
@@ -79,9 +93,9 @@ class Sequential {
   }
   ModelParams init(std::uint64_t seed) const { return init(seed, all()); }
 
-  ModelGrads zero_grads(LayerRange r) const {
+  ModelGrads zero_grads(LayerRange r, Device device = Device::cpu()) const {
     ModelGrads g;
-    for (int i = r.begin; i < r.end; ++i) g.push_back(m_layers[i]->zero_grads());
+    for (int i = r.begin; i < r.end; ++i) g.push_back(m_layers[i]->zero_grads(device));
     return g;
   }
 

@@ -50,7 +50,7 @@ class Optimizer {
     PIPELINE_CHECK(params.size() == grads.size(), "{} step: {} parameters but {} gradients", kind(),
                    params.size(), grads.size());
     if (m_state.empty() && !params.empty()) {
-      for (auto& p : params) m_state.push_back(fresh_state(p.shape()));
+      for (auto& p : params) m_state.push_back(fresh_state(p.shape(), p.device()));
     }
     PIPELINE_CHECK(m_state.size() == params.size(),
                    "{} step: the optimizer holds state for {} parameters but was given {}; the "
@@ -66,6 +66,9 @@ class Optimizer {
     }
     for (std::size_t i = 0; i < params.size(); ++i) {
       ParamState& s = m_state[i];
+      // State restored from a file is on the CPU; it follows its parameter to the device.
+      for (auto& b : s.buffers)
+        if (b.device() != params[i].device()) b = b.to(params[i].device());
       ++s.step;
       update(params[i], grads[i], s, lr);
     }
@@ -140,11 +143,11 @@ class Optimizer {
   virtual void update(Tensor& param, const Tensor& grad, ParamState& s, float lr) = 0;
 
  private:
-  ParamState fresh_state(const Shape& shape) const {
+  ParamState fresh_state(const Shape& shape, Device device = Device::cpu()) const {
     ParamState s;
     s.shape = shape;
     for (std::size_t b = 0; b < buffer_names().size(); ++b)
-      s.buffers.push_back(Tensor::zeros(shape));
+      s.buffers.push_back(Tensor::zeros(shape, DType::Float32, device));
     return s;
   }
   void check_names(std::span<const std::string> names) const {

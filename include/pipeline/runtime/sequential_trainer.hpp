@@ -46,7 +46,8 @@ class SequentialTrainer {
                     std::uint64_t seed = 0, float clip_norm = 0.f)
       : m_model(&model),
         m_params(std::move(params)),
-        m_grads(model.zero_grads(model.all())),
+        m_device(device_of(m_params)),
+        m_grads(model.zero_grads(model.all(), m_device)),
         m_optimizer(std::move(optimizer)),
         m_seed(seed),
         m_clip_norm(clip_norm) {
@@ -56,6 +57,9 @@ class SequentialTrainer {
     PIPELINE_CHECK(m_optimizer != nullptr, "trainer needs an optimizer");
   }
 
+  // Where the model trains: the device of the parameters it was given (to_device() them first
+  // to train on a GPU); batches are copied there at each step.
+  Device device() const { return m_device; }
   ModelParams& params() { return m_params; }
   const ModelParams& params() const { return m_params; }
   ModelGrads& grads() { return m_grads; }
@@ -67,7 +71,7 @@ class SequentialTrainer {
     StepResult r;
     const float scale = 1.f / static_cast<float>(batch.size());
     int micro = 0;
-    for (const Batch& mb : split_microbatches(batch, microbatches)) {
+    for (const Batch& mb : split_microbatches(on_device(batch), microbatches)) {
       ForwardContext ctx{Mode::Train, microbatch_seed(m_seed, m_step, micro++)};
       std::vector<Saved> saved;
       Tensor logits = m_model->forward(m_model->all(), m_params, mb.inputs, saved, ctx);
@@ -103,7 +107,8 @@ class SequentialTrainer {
     DataLoader loader(data, {.batch_size = batch_size, .shuffle = false});
     EvalResult r;
     double correct = 0;
-    for (const Batch& b : loader.epoch(0)) {
+    for (const Batch& host : loader.epoch(0)) {
+      const Batch b = on_device(host);
       std::vector<Saved> saved;
       Tensor logits = m_model->forward(m_model->all(), m_params, b.inputs, saved, {Mode::Eval, 0});
       LossResult l = m_loss(logits, b.labels, 1.f);
@@ -119,8 +124,17 @@ class SequentialTrainer {
   }
 
  private:
+  Batch on_device(const Batch& b) const {
+    if (m_device.is_cpu()) return b;
+    Batch out = b;
+    out.inputs = b.inputs.to(m_device);
+    out.labels = b.labels.to(m_device);
+    return out;
+  }
+
   const Sequential* m_model;
   ModelParams m_params;
+  Device m_device;
   ModelGrads m_grads;
   std::unique_ptr<Optimizer> m_optimizer;
   SoftmaxCrossEntropy m_loss;

@@ -51,8 +51,9 @@ class BatchNorm2d final : public Layer {
   Tensor forward_impl(LayerParams& p, const Tensor& x, Saved& saved,
                       const ForwardContext& ctx) const override {
     output_shape(x.shape());
-    Tensor y = Tensor::empty(x.shape());
-    Tensor mean = Tensor::empty({m_channels}), rstd = Tensor::empty({m_channels});
+    Tensor y = Tensor::empty(x.shape(), DType::Float32, x.device());
+    Tensor mean = Tensor::empty({m_channels}, DType::Float32, x.device()),
+           rstd = Tensor::empty({m_channels}, DType::Float32, x.device());
     if (ctx.training())
       ops::batch_norm_forward_train(x, p.params[0], p.params[1], m_eps, m_momentum, p.buffers[0],
                                     p.buffers[1], y, mean, rstd);
@@ -69,7 +70,7 @@ class BatchNorm2d final : public Layer {
     const bool training = saved.tensors.at(3).data<float>()[0] != 0.f;
     const bool input = has_part(parts, GradParts::Input);
     const bool weight = has_part(parts, GradParts::Weight);
-    Tensor dx = input ? Tensor::empty(x.shape()) : Tensor();
+    Tensor dx = input ? Tensor::empty(x.shape(), DType::Float32, x.device()) : Tensor();
     ops::batch_norm_backward(x, p.params[0], saved.tensors.at(1), saved.tensors.at(2), dy, training,
                              input ? &dx : nullptr, weight ? &grads[0] : nullptr,
                              weight ? &grads[1] : nullptr);

@@ -70,7 +70,7 @@ class Conv2d final : public Layer {
  protected:
   Tensor forward_impl(LayerParams& p, const Tensor& x, Saved& saved,
                       const ForwardContext&) const override {
-    Tensor y = Tensor::empty(output_shape(x.shape()));
+    Tensor y = Tensor::empty(output_shape(x.shape()), DType::Float32, x.device());
     ops::conv2d_forward(x, p.params[0], m_opt.bias ? p.params[1] : Tensor(), y, m_window);
     saved.tensors = {x};
     return y;
@@ -87,7 +87,7 @@ class Conv2d final : public Layer {
       if (m_opt.bias) ops::conv2d_backward_bias(dy, grads[1]);
     }
     if (!has_part(parts, GradParts::Input)) return {};
-    Tensor dx = Tensor::empty(x.shape());
+    Tensor dx = Tensor::empty(x.shape(), DType::Float32, x.device());
     ops::conv2d_backward_data(dy, p.params[0], dx, m_window);
     return dx;
   }

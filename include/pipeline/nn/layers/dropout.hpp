@@ -36,7 +36,7 @@ class Dropout final : public Layer {
                        GradParts parts) const override {
     if (!has_part(parts, GradParts::Input)) return {};
     if (saved.tensors.empty()) return dy;  // identity in evaluation (or with p = 0)
-    Tensor dx = Tensor::empty(dy.shape());
+    Tensor dx = Tensor::empty(dy.shape(), DType::Float32, dy.device());
     ops::apply_mask(dy, saved.tensors.at(0), dx);
     return dx;
   }

@@ -58,7 +58,7 @@ class Embedding final : public Layer {
     PIPELINE_CHECK_AS(ConfigError, ids.dtype() == DType::Int32,
                       "Embedding '{}' expects int32 token ids, got a {} tensor of shape {}", name(),
                       dtype_name(ids.dtype()), ids.shape());
-    Tensor y = Tensor::empty(output_shape(ids.shape()));
+    Tensor y = Tensor::empty(output_shape(ids.shape()), DType::Float32, ids.device());
     ops::embedding_forward(ids, p.params[0], y);
     if (m_max_positions > 0) ops::add_positions(y, ids.dim(-1), p.params[1]);
     saved.tensors = {ids};

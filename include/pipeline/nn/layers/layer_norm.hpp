@@ -38,8 +38,9 @@ class LayerNorm final : public Layer {
                       const ForwardContext&) const override {
     output_shape(x.shape());
     const std::int64_t rows = x.numel() / m_features;
-    Tensor y = Tensor::empty(x.shape());
-    Tensor mean = Tensor::empty({rows}), rstd = Tensor::empty({rows});
+    Tensor y = Tensor::empty(x.shape(), DType::Float32, x.device());
+    Tensor mean = Tensor::empty({rows}, DType::Float32, x.device()),
+           rstd = Tensor::empty({rows}, DType::Float32, x.device());
     ops::layer_norm_forward(x, p.params[0], p.params[1], m_eps, y, mean, rstd);
     saved.tensors = {x, mean, rstd};
     return y;
@@ -50,7 +51,7 @@ class LayerNorm final : public Layer {
     const Tensor& x = saved.tensors.at(0);
     const bool input = has_part(parts, GradParts::Input);
     const bool weight = has_part(parts, GradParts::Weight);
-    Tensor dx = input ? Tensor::empty(x.shape()) : Tensor();
+    Tensor dx = input ? Tensor::empty(x.shape(), DType::Float32, x.device()) : Tensor();
     ops::layer_norm_backward(x, p.params[0], saved.tensors.at(1), saved.tensors.at(2), dy,
                              input ? &dx : nullptr, weight ? &grads[0] : nullptr,
                              weight ? &grads[1] : nullptr);

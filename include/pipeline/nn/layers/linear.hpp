@@ -46,7 +46,7 @@ class Linear final : public Layer {
                       const ForwardContext&) const override {
     Shape out_shape = output_shape(x.shape());
     const std::int64_t rows = x.numel() / m_in;
-    Tensor y = Tensor::empty(out_shape);
+    Tensor y = Tensor::empty(out_shape, DType::Float32, x.device());
     Tensor y2 = y.reshape({rows, m_out});
     ops::gemm(x.reshape({rows, m_in}), false, p.params[0], true, y2);
     if (m_bias) ops::add_bias(y2, p.params[1]);
@@ -64,7 +64,7 @@ class Linear final : public Layer {
       if (m_bias) ops::bias_grad(dy2, grads[1]);
     }
     if (!has_part(parts, GradParts::Input)) return {};
-    Tensor dx = Tensor::empty(x.shape());
+    Tensor dx = Tensor::empty(x.shape(), DType::Float32, x.device());
     Tensor dx2 = dx.reshape({rows, m_in});
     ops::gemm(dy2, false, p.params[0], false, dx2);  // dx = dy W
     return dx;

@@ -58,8 +58,8 @@ class MaxPool2d final : public detail::Pool2dBase {
   Tensor forward_impl(LayerParams&, const Tensor& x, Saved& saved,
                       const ForwardContext&) const override {
     const Shape out = output_shape(x.shape());
-    Tensor y = Tensor::empty(out);
-    Tensor indices = Tensor::empty(out, DType::Int32);
+    Tensor y = Tensor::empty(out, DType::Float32, x.device());
+    Tensor indices = Tensor::empty(out, DType::Int32, x.device());
     ops::max_pool2d_forward(x, y, indices, m_window);
     saved.tensors = {indices, shape_record(x.shape())};
     return y;
@@ -67,7 +67,8 @@ class MaxPool2d final : public detail::Pool2dBase {
   Tensor backward_impl(const LayerParams&, const Saved& saved, const Tensor& dy, std::span<Tensor>,
                        GradParts parts) const override {
     if (!has_part(parts, GradParts::Input)) return {};
-    Tensor dx = Tensor::empty(shape_from_record(saved.tensors.at(1)));
+    Tensor dx =
+        Tensor::empty(shape_from_record(saved.tensors.at(1)), DType::Float32, dy.device());
     ops::max_pool2d_backward(dy, saved.tensors.at(0), dx);
     return dx;
   }
@@ -83,7 +84,7 @@ class AvgPool2d final : public detail::Pool2dBase {
  protected:
   Tensor forward_impl(LayerParams&, const Tensor& x, Saved& saved,
                       const ForwardContext&) const override {
-    Tensor y = Tensor::empty(output_shape(x.shape()));
+    Tensor y = Tensor::empty(output_shape(x.shape()), DType::Float32, x.device());
     ops::avg_pool2d_forward(x, y, m_window);
     saved.tensors = {shape_record(x.shape())};
     return y;
@@ -91,7 +92,8 @@ class AvgPool2d final : public detail::Pool2dBase {
   Tensor backward_impl(const LayerParams&, const Saved& saved, const Tensor& dy, std::span<Tensor>,
                        GradParts parts) const override {
     if (!has_part(parts, GradParts::Input)) return {};
-    Tensor dx = Tensor::empty(shape_from_record(saved.tensors.at(0)));
+    Tensor dx =
+        Tensor::empty(shape_from_record(saved.tensors.at(0)), DType::Float32, dy.device());
     ops::avg_pool2d_backward(dy, dx, m_window);
     return dx;
   }
@@ -116,7 +118,7 @@ class GlobalAvgPool final : public Layer {
  protected:
   Tensor forward_impl(LayerParams&, const Tensor& x, Saved& saved,
                       const ForwardContext&) const override {
-    Tensor y = Tensor::empty(output_shape(x.shape()));
+    Tensor y = Tensor::empty(output_shape(x.shape()), DType::Float32, x.device());
     ops::global_avg_pool_forward(x, y);
     saved.tensors = {shape_record(x.shape())};
     return y;
@@ -124,7 +126,8 @@ class GlobalAvgPool final : public Layer {
   Tensor backward_impl(const LayerParams&, const Saved& saved, const Tensor& dy, std::span<Tensor>,
                        GradParts parts) const override {
     if (!has_part(parts, GradParts::Input)) return {};
-    Tensor dx = Tensor::empty(shape_from_record(saved.tensors.at(0)));
+    Tensor dx =
+        Tensor::empty(shape_from_record(saved.tensors.at(0)), DType::Float32, dy.device());
     ops::global_avg_pool_backward(dy, dx);
     return dx;
   }

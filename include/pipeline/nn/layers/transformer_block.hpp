@@ -80,8 +80,8 @@ class TransformerBlock final : public Composite {
 
     Tensor h = forward_child(m_ln1, p, x, saved, ctx);
     Tensor qkv = forward_child(m_qkv, p, h, saved, ctx);
-    Tensor attn = Tensor::empty({B, T, m_dim});
-    Tensor probs = Tensor::empty({B, m_heads, T, T});
+    Tensor attn = Tensor::empty({B, T, m_dim}, DType::Float32, x.device());
+    Tensor probs = Tensor::empty({B, m_heads, T, T}, DType::Float32, x.device());
     ops::attention_forward_packed(qkv, m_heads, attn, probs);
     Tensor x1 = forward_child(m_proj, p, attn, saved, ctx);
     saved.tensors = {qkv, probs};
@@ -115,7 +115,7 @@ class TransformerBlock final : public Composite {
     // MLP branch; the residual passes dy through unchanged.
     Tensor g = dy;
     if (drop) {
-      g = Tensor::empty(dy.shape());
+      g = Tensor::empty(dy.shape(), DType::Float32, dy.device());
       ops::apply_mask(dy, saved.tensors.at(3), g);
     }
     g = backward_child(m_fc2, p, saved, g, grads, inner);
@@ -127,11 +127,11 @@ class TransformerBlock final : public Composite {
     // Attention branch.
     Tensor a = dx1;
     if (drop) {
-      a = Tensor::empty(dx1.shape());
+      a = Tensor::empty(dx1.shape(), DType::Float32, dx1.device());
       ops::apply_mask(dx1, saved.tensors.at(2), a);
     }
     a = backward_child(m_proj, p, saved, a, grads, inner);
-    Tensor dqkv = Tensor::empty(qkv.shape());
+    Tensor dqkv = Tensor::empty(qkv.shape(), DType::Float32, qkv.device());
     ops::attention_backward_packed(qkv, probs, a, m_heads, dqkv);
     Tensor dh = backward_child(m_qkv, p, saved, dqkv, grads, inner);
     Tensor dx = backward_child(m_ln1, p, saved, dh, grads, entry_parts(parts));
