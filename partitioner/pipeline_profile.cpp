@@ -80,7 +80,8 @@ int main(int argc, char** argv) {
                  "zoo model: mlp, fashion-cnn, vgg16, resnet18, transformer-lm")
       ->required();
   app.add_option("--batch", batch, "minibatch size to profile (default 64)");
-  app.add_option("--device", device_text, "cpu (default) or cuda");
+  app.add_option("--device", device_text,
+                 "cpu (default), cuda or cuda:N (CUDA builds: CUDA-event timing on the GPU)");
   app.add_option("--warmup", opt.warmup, "untimed runs per measurement (default 2)");
   app.add_option("--repeat", opt.repeat,
                  "timed runs per measurement; medians over these (default 10)");
@@ -104,8 +105,7 @@ int main(int argc, char** argv) {
 
   try {
     const auto t0 = std::chrono::steady_clock::now();
-    PIPELINE_CHECK_AS(ConfigError, device_text == "cpu" || device_text == "cuda",
-                      "--device must be cpu or cuda, got '{}'", device_text);
+    const pipeline::Device device = pipeline::parse_device(device_text);
     PIPELINE_CHECK_AS(ConfigError, batch >= 1, "--batch must be at least 1, got {}", batch);
     PIPELINE_CHECK_AS(ConfigError, opt.repeat >= 1, "--repeat must be at least 1, got {}",
                       opt.repeat);
@@ -123,8 +123,6 @@ int main(int argc, char** argv) {
 
     pipeline::ZooModel z = pipeline::make_model(model_name, zoo);
     pipeline::set_num_threads(threads > 0 ? threads : pipeline::default_num_threads());
-    const pipeline::Device device =
-        device_text == "cuda" ? pipeline::Device::cuda() : pipeline::Device::cpu();
     pipeline::Profile p = pipeline::profile(z, batch, device, opt);
     pipeline::write_profile(p, output);
     const double seconds =

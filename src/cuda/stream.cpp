@@ -15,6 +15,13 @@ int device_count() {
   return n;
 }
 
+std::string device_description(int device) {
+  cudaDeviceProp prop{};
+  PIPELINE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return fmt::format("cuda: {} (cuda:{}, sm_{}{}, {:.1f} GiB)", prop.name, device, prop.major,
+                     prop.minor, static_cast<double>(prop.totalGlobalMem) / (1 << 30));
+}
+
 DeviceGuard::DeviceGuard(int device) {
   PIPELINE_CUDA_CHECK(cudaGetDevice(&m_previous));
   if (m_previous != device) PIPELINE_CUDA_CHECK(cudaSetDevice(device));

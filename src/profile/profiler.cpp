@@ -5,8 +5,14 @@
 #include <pipeline/core/tensor.hpp>
 #include <pipeline/core/threads.hpp>
 
+#if PIPELINE_WITH_CUDA
+#include <pipeline/cuda/stream.hpp>
+#endif
+
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <fstream>
 #include <set>
 #include <span>
@@ -53,13 +59,65 @@ Tensor random_input(const Shape& shape, const ProfileOptions& o) {
   return t;
 }
 
+// Times regions of one training pass. On the CPU each region is wall time around it. On a CUDA
+// device a region is the device time between two events recorded on the current stream around
+// it, read once the pass has ended (one synchronisation per pass, so the host keeps queueing
+// work ahead of the device as a training step does).
+class PassTimer {
+ public:
+  explicit PassTimer(Device device) : m_device(device) {}
+
+  void time(std::vector<double>* into, const std::function<void()>& fn) {
+#if PIPELINE_WITH_CUDA
+    if (m_device.is_cuda()) {
+      const cudaStream_t stream = cuda::current_stream(m_device.index);
+      Pending p{into, cuda::Event::create(m_device.index, true),
+                cuda::Event::create(m_device.index, true)};
+      p.start.record(stream);
+      fn();
+      p.end.record(stream);
+      m_pending.push_back(std::move(p));
+      return;
+    }
+#endif
+    const auto t0 = Clock::now();
+    fn();
+    const double t = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (into) into->push_back(t);
+  }
+
+  // Ends the pass: the device regions' times go where they were asked for.
+  void finish() {
+#if PIPELINE_WITH_CUDA
+    for (auto& p : m_pending) {
+      p.end.synchronize();
+      if (p.into) p.into->push_back(1e-3 * cuda::Event::elapsed_ms(p.start, p.end));
+    }
+    m_pending.clear();
+#endif
+  }
+
+ private:
+  Device m_device;
+#if PIPELINE_WITH_CUDA
+  struct Pending {
+    std::vector<double>* into;
+    cuda::Event start, end;
+  };
+  std::vector<Pending> m_pending;
+#endif
+};
+
 void check_arguments(const Sequential& model, const Shape& input_shape, int batch, Device device,
                      const ProfileOptions& o) {
-#ifdef PIPELINE_WITH_CUDA
-  PIPELINE_CHECK_AS(ConfigError, device.is_cpu(),
-                    "profiling on {} is not supported yet: the layers run on the CPU only; "
-                    "profile with device cpu",
-                    device.str());
+#if PIPELINE_WITH_CUDA
+  if (device.is_cuda()) {
+    const int n = cuda::device_count();
+    PIPELINE_CHECK_AS(ConfigError, device.index < n,
+                      "cannot profile on {}: this process sees {} CUDA device(s); profile with "
+                      "device cpu or on a machine with a GPU",
+                      device.str(), n);
+  }
 #else
   PIPELINE_CHECK_AS(ConfigError, device.is_cpu(),
                     "cannot profile on {}: this build has no CUDA support (rebuild with "
@@ -117,7 +175,12 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
   Profile out;
   out.model = model.name();
   out.batch_size = batch;
+#if PIPELINE_WITH_CUDA
+  out.device = device.is_cuda() ? cuda::device_description(device.index)
+                                : cpu_device_description(threads);
+#else
   out.device = cpu_device_description(threads);
+#endif
   out.dtype = "float32";
 
   ForwardContext ctx;
@@ -133,8 +196,8 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
   std::vector<LayerParams> params;
   std::vector<std::vector<Tensor>> grads;
   for (int i = 0; i < n; ++i) {
-    params.push_back(model.layer(i).init(options.seed));
-    grads.push_back(model.layer(i).zero_grads());
+    params.push_back(model.layer(i).init(options.seed).to(device));
+    grads.push_back(model.layer(i).zero_grads(device));
   }
   std::vector<Saved> saved(N);
   std::vector<Tensor> outputs(N), output_grads(N);
@@ -154,25 +217,22 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
     visit(visit, s);
     return bytes;
   };
-  const Tensor input = random_input(batch_shape, options);
+  const Tensor input = random_input(batch_shape, options).to(device);
   // The model's output gradient stands for what the loss would send back.
   Tensor loss_grad = Tensor::empty(shapes.back(), DType::Float32);
   Rng(options.seed, "profile.grad").fill_normal(loss_grad, 0.f, 1.f);
-  auto timed = [](auto&& fn) {
-    const auto t0 = Clock::now();
-    fn();
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
+  loss_grad = loss_grad.to(device);
+  PassTimer timer(device);
   for (int rep = 0; rep < options.warmup + options.repeat; ++rep) {
     const bool record = rep >= options.warmup;
+    auto into = [record](std::vector<double>& v) { return record ? &v : nullptr; };
     for (int i = 0; i < n; ++i) {
       const auto I = static_cast<std::size_t>(i);
       const Tensor& x = i == 0 ? input : outputs[I - 1];
-      const double t = timed([&] {
+      timer.time(into(fwd[I]), [&] {
         saved[I] = Saved{};
         outputs[I] = model.layer(i).forward(params[I], x, saved[I], ctx);
       });
-      if (record) fwd[I].push_back(t);
       PIPELINE_CHECK(outputs[I].shape() == shapes[I + 1], "layer '{}' ({}) produced shape {} but reports output shape {}",
                      model.layer(i).name(), model.layer(i).kind(), outputs[I].shape(), shapes[I + 1]);
     }
@@ -181,26 +241,29 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
       if (i == n - 1) output_grads[I] = loss_grad;
       std::span<Tensor> g(grads[I]);
       Tensor dx;
-      const double t = timed([&] { dx = model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Both); });
-      if (record) bwd[I].push_back(t);
+      timer.time(into(bwd[I]), [&] { dx = model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Both); });
       if (i > 0) output_grads[I - 1] = dx;
     }
-    if (!options.split_backward || !record) continue;
+    if (!options.split_backward || !record) {
+      timer.finish();
+      continue;
+    }
     // The split halves, each as its own pass over the layers with weights (the schedules that
     // split the backward run all input gradients first, the weight gradients later).
     for (int i = n - 1; i >= 0; --i) {
       const auto I = static_cast<std::size_t>(i);
       if (grads[I].empty()) continue;
       std::span<Tensor> g(grads[I]);
-      bwd_input[I].push_back(timed([&] { (void)model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Input); }));
+      timer.time(&bwd_input[I], [&] { (void)model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Input); });
       split_kept[I] = split_kept_bytes(saved[I], output_grads[I]);
     }
     for (int i = n - 1; i >= 0; --i) {
       const auto I = static_cast<std::size_t>(i);
       if (grads[I].empty()) continue;
       std::span<Tensor> g(grads[I]);
-      bwd_weight[I].push_back(timed([&] { (void)model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Weight); }));
+      timer.time(&bwd_weight[I], [&] { (void)model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Weight); });
     }
+    timer.finish();
   }
 
   // Saved storage, each allocation counted at the first layer that keeps it.

@@ -14,12 +14,16 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
 #include <utility>
 
 namespace pipeline::cuda {
 
 // CUDA devices visible to this process; 0 without a driver or a GPU (never throws).
 int device_count();
+
+// "cuda: NVIDIA H100 80GB HBM3 (cuda:0, sm_90, 79.1 GiB)": a profile's `device` string.
+std::string device_description(int device);
 
 // Makes `device` current for the calling thread for its scope, and restores the previous one.
 class DeviceGuard {

@@ -20,10 +20,15 @@
 //   parameter_bytes     bytes of trainable parameters (Layer::parameter_bytes)
 //   flops               Layer::flops for the minibatch's input shape
 //
+// On a CUDA device (CUDA builds) the parameters, input and gradients live on the device and each
+// layer's time is the device time between CUDA events recorded around it on the current stream,
+// read at the end of each pass (one synchronisation per pass, as in training); the profile's
+// `device` names the GPU.
+//
 // Contract: `input_shape` is one sample's shape, without the batch dimension; batch, warmup >= 0
-// and repeat >= 1 are checked (ConfigError). Only the CPU is supported: Device::cuda() throws
-// ConfigError. The model's output gradient is random, as the loss's gradient would be; nothing is
-// printed.
+// and repeat >= 1 are checked (ConfigError), and so is the device (a CUDA device this process
+// does not see, or any CUDA device in a build without CUDA). The model's output gradient is
+// random, as the loss's gradient would be; nothing is printed.
 #pragma once
 
 #include <pipeline/core/device.hpp>
