@@ -18,6 +18,7 @@
 #pragma once
 
 #include <pipeline/core/log.hpp>
+#include <pipeline/data/device_prefetch.hpp>
 #include <pipeline/data/loader.hpp>
 #include <pipeline/optim/lr_schedule.hpp>
 #include <pipeline/plan/plan_json.hpp>
@@ -186,13 +187,19 @@ inline RunProgress train_single(
     checkpoints->save(p.position, model, trainer.params(), trainer.optimizer());
     p.checkpoint = checkpoints->finish();
   };
+  // On a GPU the next batch is copied over while the current step computes.
+  DevicePrefetcher prefetch(trainer.device());
   while (p.position < total) {
     const std::int64_t epoch = p.position / per_epoch;
     const DataLoader::Epoch order = loader.epoch(epoch);
-    for (DataLoader::Epoch::Iterator it(&order, p.position % per_epoch); it != order.end(); ++it) {
+    DataLoader::Epoch::Iterator it(&order, p.position % per_epoch);
+    if (it != order.end()) prefetch.stage(*it);
+    for (; it != order.end();) {
       if (p.position >= total) break;
+      const Batch batch = prefetch.take();
+      if (++it != order.end() && p.position + 1 < total) prefetch.stage(*it);
       const auto t0 = Clock::now();
-      StepResult r = trainer.step(*it, lr.lr_at(p.position));
+      StepResult r = trainer.step(batch, lr.lr_at(p.position));
       const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
       ++p.position;
       if (on_step) on_step(p.position, r, dt);
