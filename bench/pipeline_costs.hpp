@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace pipeline::bench {
@@ -54,6 +55,26 @@ inline StepCost time_step(const Sequential& model, LayerRange r) {
     }
   }
   return {median(steps), median(copies)};
+}
+
+// Seconds of this core per byte of a peer's gradients in the runtime's CPU allreduce: the copy
+// out of the transport (a memcpy of the received buffer) and the sum into the local gradient,
+// over buffers of `bytes` (large enough to leave the caches, as 13 MB of gradients do); median
+// of 15 after 3 untimed.
+inline double reduce_cost_per_byte(std::int64_t bytes = std::int64_t{16} << 20) {
+  const auto n = static_cast<std::size_t>(std::max<std::int64_t>(bytes / 4, 1));
+  std::vector<float> peer(n, 1.f), received(n), sum(n, 2.f);
+  std::vector<double> per_byte;
+  for (int i = 0; i < 18; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(received.data(), peer.data(), n * sizeof(float));
+    for (std::size_t k = 0; k < n; ++k) sum[k] += received[k];
+    const double s = seconds_since(t0);
+    if (i >= 3) per_byte.push_back(s / static_cast<double>(n * sizeof(float)));
+  }
+  volatile float keep = sum[n / 2];  // the sums are used: not optimised away
+  (void)keep;
+  return median(per_byte);
 }
 
 // One-way time of a message of `bytes` between ranks 0 and 1 (half a ping-pong round trip,

@@ -181,6 +181,11 @@ int run(int argc, char** argv) {
   app.add_flag("--overlap-allreduce", overlap_allreduce,
                "replicated stages reduce their gradients in buckets overlapping the last backward, "
                "as the runtime does (default: one blocking allreduce, the partitioner's model)");
+  double reduce_ns_per_byte = 0;
+  app.add_option("--allreduce-cpu-ns", reduce_ns_per_byte,
+                 "CPU ranks: nanoseconds of a replica's core per byte of a peer's gradients it "
+                 "copies and sums in an allreduce (bench_pipeline measures it; default 0)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--allreduce-bucket-bytes", bucket_bytes,
                  "bucket size with --overlap-allreduce (the runtime's default: 4 MiB)")
       ->check(CLI::PositiveNumber);
@@ -276,6 +281,7 @@ int run(int argc, char** argv) {
   opt.full_duplex = full_duplex;
   opt.overlap_allreduce = overlap_allreduce;
   opt.allreduce_bucket_bytes = bucket_bytes;
+  opt.allreduce_cpu_s_per_byte = 1e-9 * reduce_ns_per_byte;
   opt.record_trace = !trace_path.empty() || !svg_path.empty();
   if (named) opt.device_profiles = &profiles;
   const Topology topology =

@@ -413,7 +413,8 @@ class Engine {
           ++g.arrived;
           g.latest = std::max(g.latest, st.clock);
           if (g.arrived < static_cast<int>(members.size())) return;
-          double done = g.latest + (c ? c->allreduce_s : 0);
+          const double cpu = c ? c->allreduce_cpu_s : 0;
+          double done = g.latest + (c ? c->allreduce_s : 0) + cpu;
           if (c && !c->bucket_s.empty()) {
             // Bucket j is ready when every replica's closing backward has run bucket_ready[j]
             // of its time (a replica that ran none: when it arrived); the link takes one bucket
@@ -429,7 +430,7 @@ class Engine {
               }
               link = std::max(link, ready) + c->bucket_s[j];
             }
-            done = std::max(g.latest, link);
+            done = std::max(g.latest + cpu, link);
             for (int m : members) m_ranks[m].close_start = -1;
           }
           g = Group{};

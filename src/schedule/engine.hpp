@@ -29,6 +29,9 @@ struct StageCosts {
   double backward_weight_s = 0;
   double step_s = 0;
   double allreduce_s = 0;
+  // The replica's own CPU time per allreduce (copying and summing its peers' gradients), which
+  // its compute cannot overlap (SimulateOptions::allreduce_cpu_s_per_byte).
+  double allreduce_cpu_s = 0;
   // Overlapped allreduce (SimulateOptions::overlap_allreduce): the gradients go in buckets; bucket
   // j may start once every replica's last backward before the AR (B or W) has run the fraction
   // bucket_ready[j] of its time, takes bucket_s[j], and buckets go one after another. Empty: one

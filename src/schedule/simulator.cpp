@@ -255,6 +255,8 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
       c.allreduce_s = options.allreduce_factor / 4.0 *
                           sync_time(static_cast<double>(t.parameter_bytes), r, bw, 1.0) +
                       2.0 * (r - 1) * options.latency_s;
+      c.allreduce_cpu_s =
+          options.allreduce_cpu_s_per_byte * static_cast<double>(r - 1) * t.parameter_bytes;
       if (options.overlap_allreduce)
         overlap_buckets(profile, plan.stages[static_cast<std::size_t>(s)], c, r, options);
     }

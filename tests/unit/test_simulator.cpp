@@ -206,6 +206,24 @@ TEST_CASE("replicated stages: round-robin minibatches, ring allreduce, PipeDream
   CHECK(flush.bubble_fraction < 1);
 }
 
+TEST_CASE("CPU ranks: copying and summing the peers' gradients takes the replica's core") {
+  // One stage of 4 layers (4 MB of parameters) on 3 replicas, data parallel, free links: each
+  // allreduce costs every replica 2 peers x 4 MB x c of its own time, blocking or overlapped.
+  const Profile prof = uniform_profile(4, 1e-3, 2e-3, 1000, 1'000'000);
+  const Plan plan = make_plan({{4, 3}});
+  const double c = 1e-9;  // 1 ns per byte: 8 ms per allreduce
+  for (const bool overlap : {false, true}) {
+    CAPTURE(overlap);
+    SimulateOptions o;
+    o.overlap_allreduce = overlap;
+    const Schedule s = generate_schedule("1f1b-flush", ScheduleSpec::from_plan(plan, 3, 5));
+    const Simulation base = simulate(s, prof, plan, {}, o);
+    o.allreduce_cpu_s_per_byte = c;
+    const Simulation charged = simulate(s, prof, plan, {}, o);
+    CHECK(charged.makespan_s == doctest::Approx(base.makespan_s + 5 * 2 * 4e6 * c));
+  }
+}
+
 TEST_CASE("the simulator agrees with PipeDream's per-stage cost model in the steady state") {
   // Uneven layers at 10 GB/s. PipeDream's time per stage: A = [T + 4(r-1)|w|/(B r)] / r, and
   // 2·a/(B r') for a boundary's activation and gradient; the bottleneck sets the pace.

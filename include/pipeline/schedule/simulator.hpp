@@ -22,7 +22,9 @@
 //  - allreduce among a stage's r replicas: sync_time(|w|, r, B, 1) = 4(r−1)|w|/(rB) at the
 //    slowest level the group spans (scaled by allreduce_factor / 4), plus 2(r−1)·latency_s; it
 //    blocks the replicas once all have arrived, or (overlap_allreduce, as the runtime does) runs
-//    in buckets that start during the replicas' last backward before it.
+//    in buckets that start during the replicas' last backward before it; on CPU ranks the
+//    copying and summing of the peers' gradients also takes the rank's core
+//    (allreduce_cpu_s_per_byte).
 //  - overlap: sends never block, receives are posted early and waited for where the schedule
 //    says, so transfers overlap with compute as the runtime's non-blocking communication does.
 // Agreement with the partitioner (tests/unit/test_simulator_partition.cpp): in the steady state
@@ -76,6 +78,12 @@ struct SimulateOptions {
   // for that model).
   bool overlap_allreduce = false;
   std::int64_t allreduce_bucket_bytes = std::int64_t{4} << 20;
+  // CPU ranks: seconds of the rank's own core per byte of a peer's gradients that it receives and
+  // adds (the copy out of the transport and the sum). Each replica spends (r − 1)·|w| times this
+  // on every allreduce, time its compute cannot use: the AR ends no earlier than that long after
+  // the last replica arrived (with overlap, the sums run in the backward's tests, so the network
+  // part still overlaps). 0: not charged (a device whose copies and sums run beside its compute).
+  double allreduce_cpu_s_per_byte = 0;
   bool full_duplex = false;
   bool record_trace = false;  // keep every action's start and end in Simulation::events
   // Mixed clusters: a profile per worker type (not owned; must outlive the call). A stage whose
