@@ -45,6 +45,7 @@
 #include <pipeline/ops/bias.hpp>
 #include <pipeline/ops/conv.hpp>
 #include <pipeline/ops/dropout.hpp>
+#include <pipeline/ops/elementwise.hpp>
 #include <pipeline/ops/embedding.hpp>
 #include <pipeline/ops/gemm.hpp>
 #include <pipeline/ops/norm.hpp>

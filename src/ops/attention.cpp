@@ -1,10 +1,17 @@
 #include <pipeline/ops/attention.hpp>
 
+#include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
 
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <utility>
+
+#if PIPELINE_WITH_CUDA
+#include "attention.cuh"
+#endif
 
 namespace pipeline::ops {
 
@@ -50,6 +57,17 @@ void check_shape(const char* op, const char* what, const Tensor& t, const Shape&
   PIPELINE_CHECK(t.dtype() == DType::Float32 && t.shape() == want,
                  "{}: {} must be float32 {}, got {} {}", op, what, want, dtype_name(t.dtype()),
                  t.shape());
+}
+
+// The one device all of an op's tensors are on (ConfigError naming two that differ).
+Device op_device(const char* op, std::initializer_list<const Tensor*> tensors) {
+#if PIPELINE_WITH_CUDA
+  return detail::common_device(op, tensors);
+#else
+  (void)op;
+  (void)tensors;
+  return Device::cpu();
+#endif
 }
 
 void forward_impl(const Layout& L, const Operands& in, float* out, float* probs, bool causal) {
@@ -110,58 +128,141 @@ void backward_impl(const Layout& L, const Operands& in, const float* probs, cons
   }
 }
 
+#if PIPELINE_WITH_CUDA
+// The fused kernels' limits, as errors that say what to change.
+kernels::AttentionProblem cuda_problem(const char* op, const Layout& L, Device device,
+                                       bool causal) {
+  PIPELINE_CHECK_AS(ConfigError, L.head_dim <= kernels::kAttentionMaxHeadDim,
+                    "{} on {}: head dim {} ({} channels / {} heads) exceeds the fused kernel's "
+                    "{}; use more heads or run on the CPU",
+                    op, device.str(), L.head_dim, L.channels, L.heads,
+                    kernels::kAttentionMaxHeadDim);
+  constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();
+  PIPELINE_CHECK(L.steps <= kMax && L.batch * L.heads * ((L.steps + 63) / 64) <= kMax,
+                 "{} on {}: {} sequences of {} steps with {} heads exceed the kernel's 2^31 - 1 "
+                 "tiles; split the batch",
+                 op, device.str(), L.batch, L.steps, L.heads);
+  return {L.batch, L.steps, L.heads, L.head_dim, causal};
+}
+#endif
+
 }  // namespace
 
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t heads,
-                       Tensor& out, Tensor& probs, bool causal) {
-  const Layout L = check_layout("attention_forward", q, heads);
-  check_shape("attention_forward", "k", k, q.shape());
-  check_shape("attention_forward", "v", v, q.shape());
-  check_shape("attention_forward", "out", out, q.shape());
-  check_shape("attention_forward", "probs", probs, Shape{L.batch, heads, L.steps, L.steps});
-  if (q.numel() == 0) return;
-  forward_impl(L, {q.data<float>(), k.data<float>(), v.data<float>(), L.channels},
-               out.data<float>(), probs.data<float>(), causal);
+Shape attention_saved_shape(Device device, std::int64_t batch, std::int64_t heads,
+                            std::int64_t steps) {
+  if (device.is_cuda()) return Shape{batch, heads, steps};
+  return Shape{batch, heads, steps, steps};
 }
 
-void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs,
-                        const Tensor& dout, std::int64_t heads, Tensor& dq, Tensor& dk,
-                        Tensor& dv) {
-  const Layout L = check_layout("attention_backward", q, heads);
-  for (auto [what, t] : {std::pair{"k", &k}, std::pair{"v", &v}, std::pair{"dout", &dout},
-                         std::pair{"dq", static_cast<const Tensor*>(&dq)},
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t heads,
+                       Tensor& out, Tensor& saved, bool causal) {
+  const char* op = "attention_forward";
+  const Layout L = check_layout(op, q, heads);
+  const Device device = op_device(op, {&q, &k, &v, &out, &saved});
+  check_shape(op, "k", k, q.shape());
+  check_shape(op, "v", v, q.shape());
+  check_shape(op, "out", out, q.shape());
+  check_shape(op, "saved", saved, attention_saved_shape(device, L.batch, heads, L.steps));
+  if (q.numel() == 0) return;
+#if PIPELINE_WITH_CUDA
+  if (device.is_cuda()) {
+    const kernels::AttentionProblem pr = cuda_problem(op, L, device, causal);
+    const detail::CudaScope cuda(device);
+    kernels::attention_forward(cuda.stream(), pr, q.device_data<float>(), k.device_data<float>(),
+                               v.device_data<float>(), L.channels, out.device_data<float>(),
+                               L.channels, saved.device_data<float>());
+    return;
+  }
+#endif
+  forward_impl(L, {q.data<float>(), k.data<float>(), v.data<float>(), L.channels},
+               out.data<float>(), saved.data<float>(), causal);
+}
+
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& saved, const Tensor& dout, std::int64_t heads, Tensor& dq,
+                        Tensor& dk, Tensor& dv, bool causal) {
+  const char* op = "attention_backward";
+  const Layout L = check_layout(op, q, heads);
+  const Device device = op_device(op, {&q, &k, &v, &out, &saved, &dout, &dq, &dk, &dv});
+  for (auto [what, t] : {std::pair{"k", &k}, std::pair{"v", &v}, std::pair{"out", &out},
+                         std::pair{"dout", &dout}, std::pair{"dq", static_cast<const Tensor*>(&dq)},
                          std::pair{"dk", static_cast<const Tensor*>(&dk)},
                          std::pair{"dv", static_cast<const Tensor*>(&dv)}})
-    check_shape("attention_backward", what, *t, q.shape());
-  check_shape("attention_backward", "probs", probs, Shape{L.batch, heads, L.steps, L.steps});
+    check_shape(op, what, *t, q.shape());
+  check_shape(op, "saved", saved, attention_saved_shape(device, L.batch, heads, L.steps));
   if (q.numel() == 0) return;
+#if PIPELINE_WITH_CUDA
+  if (device.is_cuda()) {
+    const kernels::AttentionProblem pr = cuda_problem(op, L, device, causal);
+    const detail::CudaScope cuda(device);
+    Tensor workspace = cuda.scratch_floats(kernels::attention_backward_workspace_floats(pr));
+    kernels::attention_backward(
+        cuda.stream(), pr, q.device_data<float>(), k.device_data<float>(), v.device_data<float>(),
+        L.channels, out.device_data<float>(), dout.device_data<float>(), L.channels,
+        saved.device_data<float>(), dq.device_data<float>(), dk.device_data<float>(),
+        dv.device_data<float>(), L.channels, workspace.device_data<float>());
+    return;
+  }
+#endif
+  (void)causal;  // the CPU backward reads the mask from the saved probabilities
   backward_impl(L, {q.data<float>(), k.data<float>(), v.data<float>(), L.channels},
-                probs.data<float>(), dout.data<float>(),
+                saved.data<float>(), dout.data<float>(),
                 {dq.data<float>(), dk.data<float>(), dv.data<float>(), L.channels});
 }
 
-void attention_forward_packed(const Tensor& qkv, std::int64_t heads, Tensor& out, Tensor& probs,
+void attention_forward_packed(const Tensor& qkv, std::int64_t heads, Tensor& out, Tensor& saved,
                               bool causal) {
-  const Layout L = check_layout("attention_forward_packed", out, heads);
-  check_shape("attention_forward_packed", "qkv", qkv, Shape{L.batch, L.steps, 3 * L.channels});
-  check_shape("attention_forward_packed", "probs", probs, Shape{L.batch, heads, L.steps, L.steps});
+  const char* op = "attention_forward_packed";
+  const Layout L = check_layout(op, out, heads);
+  const Device device = op_device(op, {&qkv, &out, &saved});
+  check_shape(op, "qkv", qkv, Shape{L.batch, L.steps, 3 * L.channels});
+  check_shape(op, "saved", saved, attention_saved_shape(device, L.batch, heads, L.steps));
   if (out.numel() == 0) return;
+#if PIPELINE_WITH_CUDA
+  if (device.is_cuda()) {
+    const kernels::AttentionProblem pr = cuda_problem(op, L, device, causal);
+    const detail::CudaScope cuda(device);
+    const float* p = qkv.device_data<float>();
+    kernels::attention_forward(cuda.stream(), pr, p, p + L.channels, p + 2 * L.channels,
+                               3 * L.channels, out.device_data<float>(), L.channels,
+                               saved.device_data<float>());
+    return;
+  }
+#endif
   const float* p = qkv.data<float>();
   forward_impl(L, {p, p + L.channels, p + 2 * L.channels, 3 * L.channels}, out.data<float>(),
-               probs.data<float>(), causal);
+               saved.data<float>(), causal);
 }
 
-void attention_backward_packed(const Tensor& qkv, const Tensor& probs, const Tensor& dout,
-                               std::int64_t heads, Tensor& dqkv) {
-  const Layout L = check_layout("attention_backward_packed", dout, heads);
+void attention_backward_packed(const Tensor& qkv, const Tensor& out, const Tensor& saved,
+                               const Tensor& dout, std::int64_t heads, Tensor& dqkv, bool causal) {
+  const char* op = "attention_backward_packed";
+  const Layout L = check_layout(op, dout, heads);
+  const Device device = op_device(op, {&qkv, &out, &saved, &dout, &dqkv});
   const Shape packed{L.batch, L.steps, 3 * L.channels};
-  check_shape("attention_backward_packed", "qkv", qkv, packed);
-  check_shape("attention_backward_packed", "dqkv", dqkv, packed);
-  check_shape("attention_backward_packed", "probs", probs, Shape{L.batch, heads, L.steps, L.steps});
+  check_shape(op, "qkv", qkv, packed);
+  check_shape(op, "dqkv", dqkv, packed);
+  check_shape(op, "out", out, dout.shape());
+  check_shape(op, "saved", saved, attention_saved_shape(device, L.batch, heads, L.steps));
   if (dout.numel() == 0) return;
+#if PIPELINE_WITH_CUDA
+  if (device.is_cuda()) {
+    const kernels::AttentionProblem pr = cuda_problem(op, L, device, causal);
+    const detail::CudaScope cuda(device);
+    Tensor workspace = cuda.scratch_floats(kernels::attention_backward_workspace_floats(pr));
+    const float* p = qkv.device_data<float>();
+    float* d = dqkv.device_data<float>();
+    kernels::attention_backward(cuda.stream(), pr, p, p + L.channels, p + 2 * L.channels,
+                                3 * L.channels, out.device_data<float>(), dout.device_data<float>(),
+                                L.channels, saved.device_data<float>(), d, d + L.channels,
+                                d + 2 * L.channels, 3 * L.channels, workspace.device_data<float>());
+    return;
+  }
+#endif
+  (void)causal;  // the CPU backward reads the mask from the saved probabilities
   const float* p = qkv.data<float>();
   float* d = dqkv.data<float>();
-  backward_impl(L, {p, p + L.channels, p + 2 * L.channels, 3 * L.channels}, probs.data<float>(),
+  backward_impl(L, {p, p + L.channels, p + 2 * L.channels, 3 * L.channels}, saved.data<float>(),
                 dout.data<float>(), {d, d + L.channels, d + 2 * L.channels, 3 * L.channels});
 }
 

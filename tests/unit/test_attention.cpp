@@ -87,7 +87,7 @@ TEST_CASE("attention backward matches central differences of the double referenc
       Tensor out = Tensor::empty(s), probs = Tensor::empty({c.B, c.H, c.T, c.T});
       ops::attention_forward(q, k, v, c.H, out, probs, causal);
       Tensor dq = Tensor::empty(s), dk = Tensor::empty(s), dv = Tensor::empty(s);
-      ops::attention_backward(q, k, v, probs, r, c.H, dq, dk, dv);
+      ops::attention_backward(q, k, v, out, probs, r, c.H, dq, dk, dv, causal);
 
       std::vector<double> in[3] = {to_double(q), to_double(k), to_double(v)};
       const Tensor* grads[3] = {&dq, &dk, &dv};
@@ -169,9 +169,9 @@ TEST_CASE("packed qkv attention equals the separate form") {
   Tensor dout = testing::random_tensor({B, T, C}, 12);
   Tensor dq = Tensor::empty({B, T, C}), dk = Tensor::empty({B, T, C}),
          dv = Tensor::empty({B, T, C});
-  ops::attention_backward(q, k, v, p1, dout, H, dq, dk, dv);
+  ops::attention_backward(q, k, v, o1, p1, dout, H, dq, dk, dv);
   Tensor dqkv = Tensor::empty({B, T, 3 * C});
-  ops::attention_backward_packed(qkv, p2, dout, H, dqkv);
+  ops::attention_backward_packed(qkv, o2, p2, dout, H, dqkv);
   for (std::int64_t r = 0; r < B * T; ++r)
     for (std::int64_t d = 0; d < C; ++d) {
       CHECK(dqkv.data<float>()[r * 3 * C + d] == dq.data<float>()[r * C + d]);
@@ -191,4 +191,13 @@ TEST_CASE("attention rejects bad shapes") {
   CHECK_THROWS_AS(ops::attention_forward(q, k, q, 3, out, probs3), Error);
   Tensor qkv = Tensor::zeros({2, 3, 17});
   CHECK_THROWS_AS(ops::attention_forward_packed(qkv, 3, out, probs3), Error);
+}
+
+TEST_CASE("attention keeps the probabilities for the backward on the CPU") {
+  CHECK(ops::attention_saved_shape(Device::cpu(), 2, 3, 5) == Shape{2, 3, 5, 5});
+  CHECK(ops::attention_saved_shape(Device::cuda(0), 2, 3, 5) == Shape{2, 3, 5});
+  // A CUDA-shaped record is rejected on the CPU: the backward there needs P itself.
+  Tensor q = Tensor::zeros({2, 5, 6}), out = Tensor::empty({2, 5, 6});
+  Tensor lse = Tensor::empty({2, 3, 5});
+  CHECK_THROWS_AS(ops::attention_forward(q, q, q, 3, out, lse), Error);
 }

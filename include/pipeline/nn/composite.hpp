@@ -18,6 +18,7 @@
 #pragma once
 
 #include <pipeline/nn/layer.hpp>
+#include <pipeline/ops/elementwise.hpp>
 
 #include <memory>
 #include <string>
@@ -152,16 +153,8 @@ class Composite : public Layer {
   // Parts for a child whose input is the composite's input: input gradient only if requested.
   static GradParts entry_parts(GradParts outer) { return outer; }
 
-  // acc += x element-wise (the residual adds); both float32 of equal size.
-  static void add_in_place(Tensor& acc, const Tensor& x) {
-    PIPELINE_CHECK(acc.numel() == x.numel(), "residual add of {} and {}: sizes differ", acc.shape(),
-                   x.shape());
-    float* a = acc.data<float>();
-    const float* b = x.data<float>();
-    const std::int64_t n = acc.numel();
-#pragma omp simd
-    for (std::int64_t i = 0; i < n; ++i) a[i] += b[i];
-  }
+  // acc += x element-wise (the residual adds), on their device; both float32 of equal size.
+  static void add_in_place(Tensor& acc, const Tensor& x) { ops::add_in_place(acc, x); }
 
  private:
   struct Child {

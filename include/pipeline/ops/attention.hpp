@@ -1,12 +1,22 @@
 // Multi-head scaled-dot-product attention (causal by default) and its gradient.
 //
-// q, k, v, out: float32 [B, T, H·Dh] (head h owns columns [h·Dh, (h+1)·Dh)); probs: [B, H, T, T].
-// For each (batch, head): S = Q Kᵀ / √Dh, entries j > i masked to −∞ when causal,
-// P = softmax_rows(S), O = P V. The forward writes P into probs (exactly 0 above the diagonal
-// when causal), and the backward takes it back instead of recomputing it:
-//   dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ⊙ (dP − rowsum(dP ⊙ P)),  dQ = dS K / √Dh,  dK = dSᵀ Q / √Dh.
-// dq, dk, dv are overwritten. (batch, head) pairs run in parallel on OpenMP threads, each with
-// Eigen's gemm on strided views (no copies of the heads).
+// q, k, v, out: float32 [B, T, H·Dh] (head h owns columns [h·Dh, (h+1)·Dh)). For each
+// (batch, head): S = Q Kᵀ / √Dh, entries j > i masked to −∞ when causal, P = softmax_rows(S),
+// O = P V. The gradient is
+//   dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ⊙ (dP − rowsum(dP ⊙ P)),  dQ = dS K / √Dh,  dK = dSᵀ Q / √Dh,
+// with rowsum(dP ⊙ P) = rowsum(dO ⊙ O). dq, dk, dv are overwritten.
+//
+// What the forward keeps for the backward (`saved`) depends on the device; allocate it with the
+// shape attention_saved_shape() gives for the tensors' device:
+//   - CPU: the probabilities P, [B, H, T, T] (exactly 0 above the diagonal when causal); the
+//     backward takes them back instead of recomputing them. (batch, head) pairs run in parallel
+//     on OpenMP threads, each with Eigen's gemm on strided views (no copies of the heads).
+//   - CUDA: the log-sum-exp of each row of S, [B, H, T]: fused flash-style kernels
+//     (kernels/attention.cu) never write a T×T matrix to device memory; the backward rebuilds P
+//     tile by tile as exp(S − lse). Head dims up to 128 (ConfigError beyond).
+// The backward takes the forward's `out` too (the CUDA path needs rowsum(dO ⊙ O); the CPU path
+// only checks its shape) and the forward's `causal` (the CPU path reads the mask from P).
+// All tensors of one call must be on one device (ConfigError naming both otherwise).
 //
 // The packed forms take qkv [B, T, 3·C] with q, k and v side by side along the last dimension
 // (the output of one Linear(C, 3C)), and write dqkv in the same layout.
@@ -18,15 +28,22 @@
 
 namespace pipeline::ops {
 
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t heads,
-                       Tensor& out, Tensor& probs, bool causal = true);
-void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs,
-                        const Tensor& dout, std::int64_t heads, Tensor& dq, Tensor& dk, Tensor& dv);
+// The shape of `saved` for attention over [batch, steps, ·] with `heads` heads on `device`:
+// [batch, heads, steps, steps] on the CPU, [batch, heads, steps] on CUDA.
+Shape attention_saved_shape(Device device, std::int64_t batch, std::int64_t heads,
+                            std::int64_t steps);
 
-void attention_forward_packed(const Tensor& qkv, std::int64_t heads, Tensor& out, Tensor& probs,
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t heads,
+                       Tensor& out, Tensor& saved, bool causal = true);
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& saved, const Tensor& dout, std::int64_t heads, Tensor& dq,
+                        Tensor& dk, Tensor& dv, bool causal = true);
+
+void attention_forward_packed(const Tensor& qkv, std::int64_t heads, Tensor& out, Tensor& saved,
                               bool causal = true);
-void attention_backward_packed(const Tensor& qkv, const Tensor& probs, const Tensor& dout,
-                               std::int64_t heads, Tensor& dqkv);
+void attention_backward_packed(const Tensor& qkv, const Tensor& out, const Tensor& saved,
+                               const Tensor& dout, std::int64_t heads, Tensor& dqkv,
+                               bool causal = true);
 
 // Forward FLOPs of attention over [B, T, C] (the two T×T×C products; a multiply-add counts 2).
 inline double attention_flops(std::int64_t batch, std::int64_t steps, std::int64_t channels) {

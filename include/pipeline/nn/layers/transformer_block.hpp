@@ -70,7 +70,9 @@ class TransformerBlock final : public Composite {
   }
 
  protected:
-  // Saved::tensors: qkv output, attention probabilities, then the two dropout masks if used.
+  // Saved::tensors: qkv output, attention output, what the attention op keeps for its backward
+  // (the probabilities on the CPU, per-row log-sum-exp on CUDA: ops::attention_saved_shape), then
+  // the two dropout masks if used. The attention output is proj's saved input too (shared).
   Tensor forward_impl(LayerParams& p, const Tensor& x, Saved& saved,
                       const ForwardContext& ctx) const override {
     output_shape(x.shape());
@@ -81,10 +83,11 @@ class TransformerBlock final : public Composite {
     Tensor h = forward_child(m_ln1, p, x, saved, ctx);
     Tensor qkv = forward_child(m_qkv, p, h, saved, ctx);
     Tensor attn = Tensor::empty({B, T, m_dim}, DType::Float32, x.device());
-    Tensor probs = Tensor::empty({B, m_heads, T, T}, DType::Float32, x.device());
-    ops::attention_forward_packed(qkv, m_heads, attn, probs);
+    Tensor attn_saved = Tensor::empty(ops::attention_saved_shape(x.device(), B, m_heads, T),
+                                      DType::Float32, x.device());
+    ops::attention_forward_packed(qkv, m_heads, attn, attn_saved);
     Tensor x1 = forward_child(m_proj, p, attn, saved, ctx);
-    saved.tensors = {qkv, probs};
+    saved.tensors = {qkv, attn, attn_saved};
     if (drop) {
       Tensor mask;
       x1 = ops::dropout(x1, m_dropout, ctx.seed, qualified("attn_dropout"), mask);
@@ -108,15 +111,16 @@ class TransformerBlock final : public Composite {
   Tensor composite_backward(const LayerParams& p, const Saved& saved, const Tensor& dy,
                             std::span<Tensor> grads, GradParts parts) const override {
     const Tensor& qkv = saved.tensors.at(0);
-    const Tensor& probs = saved.tensors.at(1);
-    const bool drop = saved.tensors.size() == 4;
+    const Tensor& attn = saved.tensors.at(1);
+    const Tensor& attn_saved = saved.tensors.at(2);
+    const bool drop = saved.tensors.size() == 5;
     const GradParts inner = inner_parts(parts);
 
     // MLP branch; the residual passes dy through unchanged.
     Tensor g = dy;
     if (drop) {
       g = Tensor::empty(dy.shape(), DType::Float32, dy.device());
-      ops::apply_mask(dy, saved.tensors.at(3), g);
+      ops::apply_mask(dy, saved.tensors.at(4), g);
     }
     g = backward_child(m_fc2, p, saved, g, grads, inner);
     g = backward_child(m_gelu, p, saved, g, grads, inner);
@@ -128,11 +132,11 @@ class TransformerBlock final : public Composite {
     Tensor a = dx1;
     if (drop) {
       a = Tensor::empty(dx1.shape(), DType::Float32, dx1.device());
-      ops::apply_mask(dx1, saved.tensors.at(2), a);
+      ops::apply_mask(dx1, saved.tensors.at(3), a);
     }
     a = backward_child(m_proj, p, saved, a, grads, inner);
     Tensor dqkv = Tensor::empty(qkv.shape(), DType::Float32, qkv.device());
-    ops::attention_backward_packed(qkv, probs, a, m_heads, dqkv);
+    ops::attention_backward_packed(qkv, attn, attn_saved, a, m_heads, dqkv);
     Tensor dh = backward_child(m_qkv, p, saved, dqkv, grads, inner);
     Tensor dx = backward_child(m_ln1, p, saved, dh, grads, entry_parts(parts));
     if (!has_part(parts, GradParts::Input)) return {};

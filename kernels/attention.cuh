@@ -1,0 +1,45 @@
+// Launchers of the fused causal attention kernels (attention.cu). CPU reference and contract:
+// include/pipeline/ops/attention.hpp — per (batch, head): S = Q Kᵀ / √Dh (entries j > i masked
+// when causal), P = softmax_rows(S), O = P V.
+//
+// Layout: q, k, v are row-major [B·T, *] float32 device memory; row (b, t) of head h starts at
+// column h·Dh of row b·T + t, consecutive rows `in_stride` floats apart (C for separate tensors,
+// 3C for a packed qkv). out and dout rows are `out_stride` apart, dq/dk/dv rows `grad_stride`
+// apart, with the same column offset. lse and the backward's workspace are [B, H, T].
+// Preconditions (the op checks them): 1 <= head_dim <= kAttentionMaxHeadDim, steps < 2^31 and
+// batch·heads·⌈steps/64⌉ < 2^31. Asynchronous on `stream`; an empty problem launches nothing.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace pipeline::kernels {
+
+// Head dimensions up to this are supported (compiled for padded widths 32, 64 and 128).
+constexpr std::int64_t kAttentionMaxHeadDim = 128;
+
+struct AttentionProblem {
+  std::int64_t batch = 0, steps = 0, heads = 0, head_dim = 0;
+  bool causal = true;
+};
+
+// O = softmax(Q Kᵀ / √Dh) V, and lse[b, h, t] = log Σ_j exp(S[t, j]) (over the unmasked j), the
+// only statistic the backward needs to rebuild P.
+void attention_forward(cudaStream_t stream, const AttentionProblem& p, const float* q,
+                       const float* k, const float* v, std::int64_t in_stride, float* out,
+                       std::int64_t out_stride, float* lse);
+
+// float32 elements of device workspace attention_backward() needs (the row dots D = rowsum(dO⊙O)).
+inline std::int64_t attention_backward_workspace_floats(const AttentionProblem& p) {
+  return p.batch * p.heads * p.steps;
+}
+
+// dq, dk and dv (overwritten) from q, k, v, the forward's out and lse, and dout. Deterministic:
+// no atomics (dK/dV and dQ are accumulated by separate passes, each element by one thread).
+void attention_backward(cudaStream_t stream, const AttentionProblem& p, const float* q,
+                        const float* k, const float* v, std::int64_t in_stride, const float* out,
+                        const float* dout, std::int64_t out_stride, const float* lse, float* dq,
+                        float* dk, float* dv, std::int64_t grad_stride, float* workspace);
+
+}  // namespace pipeline::kernels
