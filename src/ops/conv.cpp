@@ -1,12 +1,20 @@
 #include <pipeline/core/threads.hpp>
 #include <pipeline/ops/conv.hpp>
 
+#include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
+
+#if PIPELINE_WITH_CUDA
+#include <pipeline/cuda/dnn.hpp>
+
+#include "channel_bias.cuh"
+#endif
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -31,6 +39,11 @@
 //
 // im2col reads from a zero-bordered copy of the sample, so its rows are plain (strided) copies
 // with no bounds tests, and col2im accumulates into such a copy (see Lowering below).
+//
+// On a CUDA device the three convolution passes run through cuDNN (cuda/dnn.hpp: the algorithm
+// chosen once per shape, fp32 unless TF32 is allowed, deterministic algorithms by default) with
+// the same accumulate semantics — forward and backward-data with beta = 0, backward-filter with
+// beta = 1 — and the bias add and bias gradient are small custom kernels (channel_bias.cuh).
 
 namespace pipeline::ops {
 
@@ -232,6 +245,22 @@ void for_each_sample(std::int64_t n, int threads, Split split, F&& fn) {
   }
 }
 
+#if PIPELINE_WITH_CUDA
+// cuDNN's problem for geometry g; its legacy API takes int extents and int strides, so every
+// tensor of the call must have fewer than 2^31 elements.
+cuda::Conv2dProblem cuda_problem(const char* op, const Geometry& g, const Device& device) {
+  const std::int64_t largest =
+      std::max({g.n * g.c * g.h * g.w, g.n * g.m * g.oh * g.ow, g.m * g.depth()});
+  PIPELINE_CHECK_AS(ConfigError, largest <= std::numeric_limits<std::int32_t>::max(),
+                    "{} on {}: a tensor of {} elements exceeds cuDNN's limit of 2^31 - 1; use a "
+                    "smaller microbatch",
+                    op, device.str(), largest);
+  const auto i = [](std::int64_t v) { return static_cast<int>(v); };
+  return {i(g.n),  i(g.c),  i(g.h),  i(g.w),  i(g.m),  i(g.kh),
+          i(g.kw), i(g.sh), i(g.sw), i(g.ph), i(g.pw)};
+}
+#endif
+
 }  // namespace
 
 Shape conv2d_output_shape(const Shape& x, const Shape& weight, const Window2d& window) {
@@ -252,6 +281,21 @@ void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, T
   PIPELINE_CHECK(y.shape() == ys, "conv2d_forward: output is {} but must be {}", y.shape(), ys);
   PIPELINE_CHECK(!bias.defined() || (bias.rank() == 1 && bias.dim(0) == g.m),
                  "conv2d_forward: bias must be [{}], got {}", g.m, bias.shape());
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("conv2d_forward", {&x, &weight, &bias, &y});
+      d.is_cuda()) {
+    if (g.n == 0) return;
+    const cuda::Conv2dProblem p = cuda_problem("conv2d_forward", g, d);
+    const detail::CudaScope cuda(d);
+    float* yd = y.device_data<float>();
+    cuda::conv2d_forward_f32(cuda.stream(), d.index, p, x.device_data<float>(),
+                             weight.device_data<float>(), 0.f, yd);
+    if (bias.defined())
+      kernels::channel_bias_add(cuda.stream(), yd, bias.device_data<float>(), g.n, g.m,
+                                g.pixels());
+    return;
+  }
+#endif
   if (g.n == 0) return;
   const Lowering low(g);
   const std::int64_t K = g.depth(), P = g.pixels();
@@ -280,6 +324,17 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& weight, Tensor& dx,
   const Shape ys{g.n, g.m, g.oh, g.ow};
   PIPELINE_CHECK(dy.shape() == ys, "conv2d_backward_data: output gradient is {} but must be {}",
                  dy.shape(), ys);
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("conv2d_backward_data", {&dy, &weight, &dx});
+      d.is_cuda()) {
+    if (g.n == 0) return;
+    const cuda::Conv2dProblem p = cuda_problem("conv2d_backward_data", g, d);
+    const detail::CudaScope cuda(d);
+    cuda::conv2d_backward_data_f32(cuda.stream(), d.index, p, dy.device_data<float>(),
+                                   weight.device_data<float>(), 0.f, dx.device_data<float>());
+    return;
+  }
+#endif
   if (g.n == 0) return;
   const Lowering low(g);
   const std::int64_t K = g.depth(), P = g.pixels();
@@ -312,6 +367,18 @@ void conv2d_backward_filter(const Tensor& x, const Tensor& dy, Tensor& dweight,
   const Shape ys{g.n, g.m, g.oh, g.ow};
   PIPELINE_CHECK(dy.shape() == ys, "conv2d_backward_filter: output gradient is {} but must be {}",
                  dy.shape(), ys);
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("conv2d_backward_filter", {&x, &dy, &dweight});
+      d.is_cuda()) {
+    if (g.n == 0) return;
+    const cuda::Conv2dProblem p = cuda_problem("conv2d_backward_filter", g, d);
+    const detail::CudaScope cuda(d);
+    // Weight gradients accumulate (beta = 1), as on the CPU.
+    cuda::conv2d_backward_filter_f32(cuda.stream(), d.index, p, x.device_data<float>(),
+                                     dy.device_data<float>(), 1.f, dweight.device_data<float>());
+    return;
+  }
+#endif
   if (g.n == 0) return;
   const Lowering low(g);
   const std::int64_t K = g.depth(), P = g.pixels();
@@ -346,13 +413,23 @@ void conv2d_backward_bias(const Tensor& dy, Tensor& dbias) {
                  "conv2d_backward_bias: bias gradient {} does not match output gradient {}",
                  dbias.shape(), dy.shape());
   const std::int64_t n = dy.dim(0), m = dy.dim(1), p = dy.dim(2) * dy.dim(3);
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("conv2d_backward_bias", {&dy, &dbias}); d.is_cuda()) {
+    const detail::CudaScope cuda(d);
+    kernels::channel_bias_grad(cuda.stream(), dy.device_data<float>(), n, m, p,
+                               dbias.device_data<float>());
+    return;
+  }
+#endif
   Eigen::Map<Eigen::VectorXf> db(dbias.data<float>(), m);
   const float* d = dy.data<float>();
   for (std::int64_t s = 0; s < n; ++s) db += ConstMatrixMap(d + s * m * p, m, p).rowwise().sum();
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& window) {
-  Tensor y = Tensor::empty(conv2d_output_shape(x.shape(), weight.shape(), window));
+  Tensor y =
+      Tensor::empty(conv2d_output_shape(x.shape(), weight.shape(), window), DType::Float32,
+                    x.device());
   conv2d_forward(x, weight, bias, y, window);
   return y;
 }

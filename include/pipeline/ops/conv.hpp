@@ -10,7 +10,10 @@
 // batch of k times the size.
 //
 // CPU implementation: im2col per sample + Eigen gemm, samples spread over pipeline::num_threads()
-// OpenMP threads (see src/ops/conv.cpp for why).
+// OpenMP threads (see src/ops/conv.cpp for why). On a CUDA device (every tensor on it; mixed
+// devices are a ConfigError naming both): cuDNN with the same accumulate semantics, fp32 unless
+// cuda::set_allow_tf32, deterministic algorithms unless cuda::set_deterministic(false)
+// (pipeline/cuda/dnn.hpp); the bias add and bias gradient are custom kernels.
 #pragma once
 
 #include <pipeline/core/tensor.hpp>

@@ -1,0 +1,370 @@
+#include <pipeline/core/error.hpp>
+#include <pipeline/cuda/blas.hpp>
+#include <pipeline/cuda/check.hpp>
+#include <pipeline/cuda/device_memory.hpp>
+#include <pipeline/cuda/dnn.hpp>
+#include <pipeline/cuda/stream.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+
+// The legacy convolution API is deprecated in cuDNN 9 (see dnn.hpp): silence the attribute here,
+// where every use of it lives, in case a build defines CUDNN_WARN_DEPRECATED.
+#if defined(__GNUC__)
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+
+namespace pipeline::cuda {
+
+namespace {
+
+std::atomic<bool> g_deterministic{true};
+
+// The largest workspace an algorithm search offers the candidates: enough for every
+// implicit-gemm and Winograd algorithm of the zoo's models; FFT variants wanting more are
+// skipped rather than allowed to take most of the device.
+constexpr std::size_t kMaxSearchWorkspace = std::size_t{1} << 30;
+constexpr std::size_t kMinSearchWorkspace = std::size_t{16} << 20;
+
+enum class Pass : int { Forward = 0, BackwardData = 1, BackwardFilter = 2 };
+constexpr const char* kPassNames[] = {"forward", "backward-data", "backward-filter"};
+
+// Everything the choice depends on: pass, the problem, the math mode, determinism, and whether
+// every pointer is 16-byte aligned (a tensor view may start anywhere; some kernels need more).
+using AlgoKey = std::array<int, 15>;
+
+struct AlgoChoice {
+  int algo = 0;
+  std::size_t workspace = 0;
+};
+
+// One cuDNN handle and algorithm cache per device and thread.
+struct DnnContext {
+  int device = 0;
+  cudnnHandle_t handle = nullptr;
+  std::map<AlgoKey, AlgoChoice> algos;
+
+  explicit DnnContext(int d) : device(d) {
+    DeviceGuard guard(device);
+    PIPELINE_CUDNN_CHECK(cudnnCreate(&handle));
+  }
+  ~DnnContext() {
+    if (handle != nullptr) (void)cudnnDestroy(handle);
+  }
+  DnnContext(const DnnContext&) = delete;
+  DnnContext& operator=(const DnnContext&) = delete;
+};
+
+DnnContext& context(int device) {
+  thread_local std::map<int, std::unique_ptr<DnnContext>> contexts;
+  auto& c = contexts[device];
+  if (!c) c = std::make_unique<DnnContext>(device);
+  return *c;
+}
+
+// Device memory from the caching allocator for the duration of one queued call: given back as
+// soon as the call is queued, which is safe because the pool hands the block out again only to
+// work queued later on the same stream.
+class Workspace {
+ public:
+  Workspace(int device, std::size_t bytes, cudaStream_t stream)
+      : m_device(device),
+        m_bytes(bytes),
+        m_ptr(bytes > 0 ? device_pool(device).allocate(bytes, stream) : nullptr) {}
+  ~Workspace() {
+    if (m_ptr != nullptr) device_pool(m_device).deallocate(m_ptr);
+  }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  void* get() const { return m_ptr; }
+  std::size_t bytes() const { return m_bytes; }
+
+ private:
+  int m_device;
+  std::size_t m_bytes;
+  void* m_ptr;
+};
+
+// The search's workspace: the most any candidate asks for (capped), halved while the device
+// cannot give it; down to none at all, when only workspace-free algorithms take part.
+std::unique_ptr<Workspace> search_workspace(int device, std::size_t wanted, cudaStream_t stream) {
+  std::size_t bytes = std::min(wanted, kMaxSearchWorkspace);
+  while (bytes > 0) {
+    try {
+      return std::make_unique<Workspace>(device, bytes, stream);
+    } catch (const CudaError&) {
+      bytes = bytes > kMinSearchWorkspace ? bytes / 2 : 0;
+    }
+  }
+  return std::make_unique<Workspace>(device, 0, stream);
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
+AlgoKey make_key(Pass pass, const Conv2dProblem& p, bool tf32, bool det, bool aligned) {
+  return {static_cast<int>(pass),
+          p.n,
+          p.c,
+          p.h,
+          p.w,
+          p.m,
+          p.kh,
+          p.kw,
+          p.stride_h,
+          p.stride_w,
+          p.pad_h,
+          p.pad_w,
+          tf32 ? 1 : 0,
+          det ? 1 : 0,
+          aligned ? 1 : 0};
+}
+
+// The first (fastest) usable result: it ran (or, from the heuristics, is supported), it is
+// deterministic when that is asked for, and its workspace fits `limit`.
+template <typename Perf>
+const Perf* pick(const Perf* perf, int count, bool det, std::size_t limit) {
+  for (int i = 0; i < count; ++i) {
+    const Perf& r = perf[i];
+    if (r.status != CUDNN_STATUS_SUCCESS) continue;
+    if (det && r.determinism != CUDNN_DETERMINISTIC) continue;
+    if (r.memory > limit) continue;
+    return &r;
+  }
+  return nullptr;
+}
+
+// The descriptors of one call.
+struct ConvDescriptors {
+  TensorDescriptor x, y;
+  FilterDescriptor w;
+  ConvolutionDescriptor conv;
+
+  explicit ConvDescriptors(const Conv2dProblem& p, bool tf32)
+      : x(p.n, p.c, p.h, p.w),
+        y(p.n, p.m, p.out_h(), p.out_w()),
+        w(p.m, p.c, p.kh, p.kw),
+        conv(p.pad_h, p.pad_w, p.stride_h, p.stride_w, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH) {
+  }
+};
+
+[[noreturn]] void no_algorithm(Pass pass, const Conv2dProblem& p, bool det) {
+  PIPELINE_FAIL(CudaError,
+                "cuDNN has no {}{} algorithm for the convolution of [{}, {}, {}, {}] by [{}, {}, "
+                "{}, {}] (stride {}x{}, padding {}x{}) on {}{}",
+                det ? "deterministic " : "", kPassNames[static_cast<int>(pass)], p.n, p.c, p.h, p.w,
+                p.m, p.c, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w,
+                current_device_name(),
+                det ? ": cuda::set_deterministic(false) admits the non-deterministic ones" : "");
+}
+
+// The algorithm of `key`, searched for once. Sizes(algo, &bytes) asks one algorithm's workspace;
+// Find(ws, bytes, perf, &returned) times the candidates; Heuristic(perf, &returned) ranks them
+// without running anything (the fallback when no timed candidate is usable).
+template <typename Perf, int Count, typename Sizes, typename Find, typename Heuristic>
+AlgoChoice choose(DnnContext& ctx, const AlgoKey& key, Pass pass, const Conv2dProblem& p, bool det,
+                  cudaStream_t stream, Sizes sizes, Find find, Heuristic heuristic) {
+  if (auto it = ctx.algos.find(key); it != ctx.algos.end()) return it->second;
+  std::size_t wanted = 0;
+  for (int a = 0; a < Count; ++a) {
+    std::size_t bytes = 0;
+    if (sizes(a, &bytes) == CUDNN_STATUS_SUCCESS && bytes <= kMaxSearchWorkspace)
+      wanted = std::max(wanted, bytes);
+  }
+  std::array<Perf, Count> perf{};
+  int returned = 0;
+  const Perf* best = nullptr;
+  {
+    const auto ws = search_workspace(ctx.device, wanted, stream);
+    PIPELINE_CUDNN_CHECK(find(ws->get(), ws->bytes(), perf.data(), &returned));
+    best = pick(perf.data(), returned, det, ws->bytes());
+  }
+  if (best == nullptr) {
+    PIPELINE_CUDNN_CHECK(heuristic(perf.data(), &returned));
+    best = pick(perf.data(), returned, det, std::numeric_limits<std::size_t>::max());
+  }
+  if (best == nullptr) no_algorithm(pass, p, det);
+  AlgoChoice choice{static_cast<int>(best->algo), best->memory};
+  // The reported memory has been known to fall short of what the call checks for: ask again.
+  std::size_t bytes = 0;
+  PIPELINE_CUDNN_CHECK(sizes(choice.algo, &bytes));
+  choice.workspace = std::max(choice.workspace, bytes);
+  ctx.algos.emplace(key, choice);
+  return choice;
+}
+
+// What every pass does first: the device, the handle on the stream, the modes.
+struct CallSetup {
+  DeviceGuard guard;
+  DnnContext& ctx;
+  cudnnHandle_t handle;
+  bool tf32, det;
+
+  CallSetup(int device, cudaStream_t stream)
+      : guard(device),
+        ctx(context(device)),
+        handle(ctx.handle),
+        tf32(allow_tf32()),
+        det(g_deterministic) {
+    PIPELINE_CUDNN_CHECK(cudnnSetStream(handle, stream));
+  }
+};
+
+}  // namespace
+
+void set_deterministic(bool deterministic) {
+  g_deterministic = deterministic;
+}
+bool deterministic() {
+  return g_deterministic;
+}
+
+cudnnHandle_t dnn_handle(int device, cudaStream_t stream) {
+  DnnContext& ctx = context(device);
+  PIPELINE_CUDNN_CHECK(cudnnSetStream(ctx.handle, stream));
+  return ctx.handle;
+}
+
+TensorDescriptor::TensorDescriptor(int n, int c, int h, int w) {
+  PIPELINE_CUDNN_CHECK(
+      cudnnSetTensor4dDescriptor(m_desc.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+}
+
+FilterDescriptor::FilterDescriptor(int k, int c, int h, int w) {
+  PIPELINE_CUDNN_CHECK(
+      cudnnSetFilter4dDescriptor(m_desc.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, k, c, h, w));
+}
+
+ConvolutionDescriptor::ConvolutionDescriptor(int pad_h, int pad_w, int stride_h, int stride_w,
+                                             cudnnMathType_t math) {
+  PIPELINE_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(m_desc.get(), pad_h, pad_w, stride_h,
+                                                       stride_w, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                       CUDNN_DATA_FLOAT));
+  PIPELINE_CUDNN_CHECK(cudnnSetConvolutionMathType(m_desc.get(), math));
+}
+
+void conv2d_forward_f32(cudaStream_t stream, int device, const Conv2dProblem& p, const float* x,
+                        const float* weight, float beta, float* y) {
+  if (p.n == 0) return;
+  CallSetup s(device, stream);
+  const ConvDescriptors d(p, s.tf32);
+  const AlgoKey key =
+      make_key(Pass::Forward, p, s.tf32, s.det, aligned16(x) && aligned16(weight) && aligned16(y));
+  const std::size_t y_bytes = sizeof(float) * static_cast<std::size_t>(p.n) *
+                              static_cast<std::size_t>(p.m) * static_cast<std::size_t>(p.out_h()) *
+                              static_cast<std::size_t>(p.out_w());
+  const AlgoChoice choice = choose<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
+      s.ctx, key, Pass::Forward, p, s.det, stream,
+      [&](int a, std::size_t* bytes) {
+        return cudnnGetConvolutionForwardWorkspaceSize(
+            s.handle, d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
+            static_cast<cudnnConvolutionFwdAlgo_t>(a), bytes);
+      },
+      [&](void* ws, std::size_t ws_bytes, cudnnConvolutionFwdAlgoPerf_t* perf, int* returned) {
+        // The search writes its output: into y itself when y is overwritten anyway.
+        const Workspace out(device, beta != 0.f ? y_bytes : 0, stream);
+        void* target = beta != 0.f ? out.get() : static_cast<void*>(y);
+        return cudnnFindConvolutionForwardAlgorithmEx(
+            s.handle, d.x.get(), x, d.w.get(), weight, d.conv.get(), d.y.get(), target,
+            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, returned, perf, ws, ws_bytes);
+      },
+      [&](cudnnConvolutionFwdAlgoPerf_t* perf, int* returned) {
+        return cudnnGetConvolutionForwardAlgorithm_v7(s.handle, d.x.get(), d.w.get(), d.conv.get(),
+                                                      d.y.get(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+                                                      returned, perf);
+      });
+  const Workspace ws(device, choice.workspace, stream);
+  const float alpha = 1.f;
+  PIPELINE_CUDNN_CHECK(cudnnConvolutionForward(s.handle, &alpha, d.x.get(), x, d.w.get(), weight,
+                                               d.conv.get(),
+                                               static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo),
+                                               ws.get(), ws.bytes(), &beta, d.y.get(), y));
+}
+
+void conv2d_backward_data_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
+                              const float* dy, const float* weight, float beta, float* dx) {
+  if (p.n == 0) return;
+  CallSetup s(device, stream);
+  const ConvDescriptors d(p, s.tf32);
+  const AlgoKey key = make_key(Pass::BackwardData, p, s.tf32, s.det,
+                               aligned16(dy) && aligned16(weight) && aligned16(dx));
+  const std::size_t dx_bytes = sizeof(float) * static_cast<std::size_t>(p.n) *
+                               static_cast<std::size_t>(p.c) * static_cast<std::size_t>(p.h) *
+                               static_cast<std::size_t>(p.w);
+  const AlgoChoice choice =
+      choose<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
+          s.ctx, key, Pass::BackwardData, p, s.det, stream,
+          [&](int a, std::size_t* bytes) {
+            return cudnnGetConvolutionBackwardDataWorkspaceSize(
+                s.handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
+                static_cast<cudnnConvolutionBwdDataAlgo_t>(a), bytes);
+          },
+          [&](void* ws, std::size_t ws_bytes, cudnnConvolutionBwdDataAlgoPerf_t* perf,
+              int* returned) {
+            const Workspace out(device, beta != 0.f ? dx_bytes : 0, stream);
+            void* target = beta != 0.f ? out.get() : static_cast<void*>(dx);
+            return cudnnFindConvolutionBackwardDataAlgorithmEx(
+                s.handle, d.w.get(), weight, d.y.get(), dy, d.conv.get(), d.x.get(), target,
+                CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, returned, perf, ws, ws_bytes);
+          },
+          [&](cudnnConvolutionBwdDataAlgoPerf_t* perf, int* returned) {
+            return cudnnGetConvolutionBackwardDataAlgorithm_v7(
+                s.handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
+                CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, returned, perf);
+          });
+  const Workspace ws(device, choice.workspace, stream);
+  const float alpha = 1.f;
+  PIPELINE_CUDNN_CHECK(
+      cudnnConvolutionBackwardData(s.handle, &alpha, d.w.get(), weight, d.y.get(), dy, d.conv.get(),
+                                   static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algo),
+                                   ws.get(), ws.bytes(), &beta, d.x.get(), dx));
+}
+
+void conv2d_backward_filter_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
+                                const float* x, const float* dy, float beta, float* dweight) {
+  if (p.n == 0) return;
+  CallSetup s(device, stream);
+  const ConvDescriptors d(p, s.tf32);
+  const AlgoKey key = make_key(Pass::BackwardFilter, p, s.tf32, s.det,
+                               aligned16(x) && aligned16(dy) && aligned16(dweight));
+  const std::size_t dw_bytes = sizeof(float) * static_cast<std::size_t>(p.m) *
+                               static_cast<std::size_t>(p.c) * static_cast<std::size_t>(p.kh) *
+                               static_cast<std::size_t>(p.kw);
+  const AlgoChoice choice =
+      choose<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
+          s.ctx, key, Pass::BackwardFilter, p, s.det, stream,
+          [&](int a, std::size_t* bytes) {
+            return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+                s.handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
+                static_cast<cudnnConvolutionBwdFilterAlgo_t>(a), bytes);
+          },
+          [&](void* ws, std::size_t ws_bytes, cudnnConvolutionBwdFilterAlgoPerf_t* perf,
+              int* returned) {
+            // Weight gradients accumulate: the search must not write the real one.
+            const Workspace out(device, beta != 0.f ? dw_bytes : 0, stream);
+            void* target = beta != 0.f ? out.get() : static_cast<void*>(dweight);
+            return cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                s.handle, d.x.get(), x, d.y.get(), dy, d.conv.get(), d.w.get(), target,
+                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, returned, perf, ws, ws_bytes);
+          },
+          [&](cudnnConvolutionBwdFilterAlgoPerf_t* perf, int* returned) {
+            return cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+                s.handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
+                CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, returned, perf);
+          });
+  const Workspace ws(device, choice.workspace, stream);
+  const float alpha = 1.f;
+  PIPELINE_CUDNN_CHECK(
+      cudnnConvolutionBackwardFilter(s.handle, &alpha, d.x.get(), x, d.y.get(), dy, d.conv.get(),
+                                     static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algo),
+                                     ws.get(), ws.bytes(), &beta, d.w.get(), dweight));
+}
+
+}  // namespace pipeline::cuda

@@ -1,0 +1,147 @@
+// CUDA convolution (cuDNN) against the CPU op: forward with and without bias, backward data,
+// backward filter and bias accumulated into non-zero gradients (beta = 1), over fashion-cnn's
+// shapes, odd sizes, stride 2, rectangular kernels and padding, 1x1 convolutions, batch 1 and an
+// empty batch; the deterministic algorithms reproduce their bits; mixed devices are refused.
+// fp32 with TF32 off: errors normalised by the output's typical magnitude stay below 1e-4.
+#include <pipeline/cuda/blas.hpp>
+#include <pipeline/cuda/dnn.hpp>
+#include <pipeline/ops/conv.hpp>
+
+#include "gpu_compare.hpp"
+
+#include <doctest/doctest.h>
+
+using namespace pipeline;
+using namespace pipeline::gpu_test;
+
+namespace {
+
+struct Case {
+  std::int64_t n, c, h, w, m;
+  ops::Window2d window;
+};
+
+const Case kCases[] = {
+    {64, 1, 28, 28, 32, ops::Window2d::square(5, 1, 2)},   // fashion-cnn conv1
+    {64, 32, 14, 14, 64, ops::Window2d::square(5, 1, 2)},  // fashion-cnn conv2
+    {1, 3, 7, 9, 5, ops::Window2d::square(3)},             // batch 1, odd sizes, no padding
+    {3, 5, 13, 11, 7, ops::Window2d::square(3, 2, 1)},     // stride 2 with padding
+    {2, 4, 10, 17, 6, {3, 5, 2, 1, 1, 2}},                 // rectangular kernel, mixed stride/pad
+    {5, 16, 8, 8, 33, ops::Window2d::square(1)},           // 1x1 (pointwise)
+    {4, 8, 9, 9, 3, ops::Window2d::square(1, 2)},          // 1x1 with stride 2
+    {2, 3, 33, 33, 8, ops::Window2d::square(7, 2, 3)},     // resnet-style stem
+    {7, 64, 4, 4, 64, ops::Window2d::square(3, 1, 1)},
+};
+
+constexpr double kTol = 1e-4;
+
+}  // namespace
+
+TEST_CASE("conv2d on CUDA matches the CPU: forward, backward data, filter and bias") {
+  cuda::set_allow_tf32(false);
+  for (const Case& c : kCases) {
+    CAPTURE(c.n);
+    CAPTURE(c.c);
+    CAPTURE(c.h);
+    CAPTURE(c.w);
+    CAPTURE(c.m);
+    CAPTURE(c.window.kernel_h);
+    CAPTURE(c.window.stride_h);
+    CAPTURE(c.window.pad_h);
+    const auto seed = static_cast<std::uint64_t>(c.n * 1009 + c.c * 101 + c.h * 11 + c.m);
+    const Shape xs{c.n, c.c, c.h, c.w};
+    const Shape ws{c.m, c.c, c.window.kernel_h, c.window.kernel_w};
+    const Shape ys = ops::conv2d_output_shape(xs, ws, c.window);
+    const Tensor x = random_tensor(xs, seed);
+    const Tensor w = random_tensor(ws, seed + 1);
+    const Tensor b = random_tensor(Shape{c.m}, seed + 2);
+    const Tensor dy = random_tensor(ys, seed + 3);
+    const Tensor dw0 = random_tensor(ws, seed + 4), db0 = random_tensor(Shape{c.m}, seed + 5);
+    const Tensor xg = x.to(kGpu), wg = w.to(kGpu), bg = b.to(kGpu), dyg = dy.to(kGpu);
+
+    Tensor y = Tensor::empty(ys);
+    ops::conv2d_forward(x, w, b, y, c.window);
+    Tensor yg = poisoned(ys);
+    ops::conv2d_forward(xg, wg, bg, yg, c.window);
+    expect_close("y", y, yg, kTol);
+
+    Tensor y_nb = Tensor::empty(ys);
+    ops::conv2d_forward(x, w, Tensor(), y_nb, c.window);
+    Tensor yg_nb = poisoned(ys);
+    ops::conv2d_forward(xg, wg, Tensor(), yg_nb, c.window);
+    expect_close("y without bias", y_nb, yg_nb, kTol);
+
+    Tensor dx = Tensor::empty(xs);
+    ops::conv2d_backward_data(dy, w, dx, c.window);
+    Tensor dxg = poisoned(xs);
+    ops::conv2d_backward_data(dyg, wg, dxg, c.window);
+    expect_close("dx", dx, dxg, kTol);
+
+    // Gradients accumulate into what is already there (beta = 1): start from non-zero values.
+    Tensor dw = dw0.clone();
+    ops::conv2d_backward_filter(x, dy, dw, c.window);
+    Tensor dwg = dw0.to(kGpu);
+    ops::conv2d_backward_filter(xg, dyg, dwg, c.window);
+    expect_close("dweight (accumulated)", dw, dwg, kTol);
+
+    Tensor db = db0.clone();
+    ops::conv2d_backward_bias(dy, db);
+    Tensor dbg = db0.to(kGpu);
+    ops::conv2d_backward_bias(dyg, dbg);
+    expect_close("dbias (accumulated)", db, dbg, kTol);
+
+    // Twice accumulated equals the CPU twice accumulated (the second call reuses the cached
+    // algorithm), and the deterministic algorithms give the same bits on a rerun.
+    ops::conv2d_backward_filter(x, dy, dw, c.window);
+    ops::conv2d_backward_filter(xg, dyg, dwg, c.window);
+    expect_close("dweight (accumulated twice)", dw, dwg, kTol);
+    Tensor dwg_again = dw0.to(kGpu);
+    ops::conv2d_backward_filter(xg, dyg, dwg_again, c.window);
+    ops::conv2d_backward_filter(xg, dyg, dwg_again, c.window);
+    expect_equal("dweight rerun", host(dwg), dwg_again);
+    Tensor dxg_again = poisoned(xs);
+    ops::conv2d_backward_data(dyg, wg, dxg_again, c.window);
+    expect_equal("dx rerun", host(dxg), dxg_again);
+  }
+}
+
+TEST_CASE("conv2d on CUDA: an empty batch, the allocating form, and the non-deterministic mode") {
+  const ops::Window2d win = ops::Window2d::square(3, 1, 1);
+  const Tensor w = random_tensor(Shape{4, 2, 3, 3}, 7).to(kGpu);
+  Tensor y = Tensor::empty(Shape{0, 4, 5, 5}, DType::Float32, kGpu);
+  ops::conv2d_forward(Tensor::empty(Shape{0, 2, 5, 5}, DType::Float32, kGpu), w, Tensor(), y, win);
+  Tensor dw = Tensor::zeros(Shape{4, 2, 3, 3}, DType::Float32, kGpu);
+  ops::conv2d_backward_filter(Tensor::empty(Shape{0, 2, 5, 5}, DType::Float32, kGpu), y, dw, win);
+  expect_equal("dweight untouched by an empty batch", Tensor::zeros(Shape{4, 2, 3, 3}), dw);
+
+  const Tensor x = random_tensor(Shape{3, 2, 6, 5}, 8);
+  const Tensor yc = ops::conv2d(x, host(w), Tensor(), win);
+  const Tensor yg = ops::conv2d(x.to(kGpu), w, Tensor(), win);
+  CHECK(yg.device() == kGpu);
+  expect_close("conv2d()", yc, yg, kTol);
+
+  // Any algorithm may be chosen; results agree with the CPU all the same.
+  cuda::set_deterministic(false);
+  const Tensor dy = random_tensor(yc.shape(), 9);
+  Tensor dwc = Tensor::zeros(Shape{4, 2, 3, 3});
+  ops::conv2d_backward_filter(x, dy, dwc, win);
+  Tensor dwg = Tensor::zeros(Shape{4, 2, 3, 3}, DType::Float32, kGpu);
+  ops::conv2d_backward_filter(x.to(kGpu), dy.to(kGpu), dwg, win);
+  expect_close("dweight, any algorithm", dwc, dwg, kTol);
+  cuda::set_deterministic(true);
+  CHECK(cuda::deterministic());
+}
+
+TEST_CASE("conv2d given tensors on two devices names both") {
+  const ops::Window2d win = ops::Window2d::square(3);
+  const Tensor x = random_tensor(Shape{1, 2, 5, 5}, 1);
+  const Tensor w = random_tensor(Shape{3, 2, 3, 3}, 2);
+  Tensor y = Tensor::empty(Shape{1, 3, 3, 3}, DType::Float32, kGpu);
+  CHECK_THROWS_WITH_AS(ops::conv2d_forward(x, w.to(kGpu), Tensor(), y, win),
+                       doctest::Contains("conv2d_forward: its tensors are on cpu and cuda:0"),
+                       ConfigError);
+  Tensor dw = Tensor::zeros(Shape{3, 2, 3, 3});
+  CHECK_THROWS_WITH_AS(
+      ops::conv2d_backward_filter(x.to(kGpu), random_tensor(Shape{1, 3, 3, 3}, 3), dw, win),
+      doctest::Contains("conv2d_backward_filter: its tensors are on cuda:0 and cpu"), ConfigError);
+}
