@@ -1,6 +1,8 @@
 #include <pipeline/core/threads.hpp>
 #include <pipeline/ops/pool.hpp>
 
+#include "cuda_dispatch.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,9 +13,20 @@
 #include <immintrin.h>
 #endif
 
+#if PIPELINE_WITH_CUDA
+#include "check_range.cuh"
+#include "pool.cuh"
+#endif
+
 // Every op works plane by plane (one (n, c) pair), planes spread over the OpenMP threads; a plane
 // is contiguous, so each thread streams through its own part of memory. The window bounds of
 // every output column are computed once per call, so the inner loops only index.
+//
+// On a CUDA device every pool runs as a custom kernel (kernels/pool.cuh), not through cuDNN:
+// the max pool must produce the int32 argmax indices the layer saves (cuDNN's max pool keeps no
+// indices and its backward needs x and y instead), and with the indices in hand its backward is
+// a gather that reproduces the CPU's sums bit for bit. The average pools are as simple written
+// the same way, and stay exactly in the CPU's summation order.
 
 namespace pipeline::ops {
 
@@ -115,6 +128,14 @@ void check_same_shape(const Tensor& a, const Shape& s, const char* what) {
   PIPELINE_CHECK(a.shape() == s, "{} is {} but must be {}", what, a.shape(), s);
 }
 
+#if PIPELINE_WITH_CUDA
+kernels::PoolShape cuda_shape(const PoolGeometry& g, const Window2d& window) {
+  return {g.planes,        g.h,             g.w,             g.oh,
+          g.ow,            window.kernel_h, window.kernel_w, window.stride_h,
+          window.stride_w, window.pad_h,    window.pad_w};
+}
+#endif
+
 }  // namespace
 
 Shape pool2d_output_shape(const Shape& x, const Window2d& window) {
@@ -133,6 +154,15 @@ void max_pool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Windo
   check_same_shape(indices, ys, "max_pool2d_forward: indices");
   PIPELINE_CHECK(g.h * g.w <= std::numeric_limits<std::int32_t>::max(),
                  "max_pool2d_forward: a {}x{} plane is too large for int32 indices", g.h, g.w);
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("max_pool2d_forward", {&x, &y, &indices});
+      d.is_cuda()) {
+    const detail::CudaScope cuda(d);
+    kernels::max_pool2d_forward(cuda.stream(), cuda_shape(g, window), x.device_data<float>(),
+                                y.device_data<float>(), indices.device_data<std::int32_t>());
+    return;
+  }
+#endif
   const float* xd = x.data<float>();
   float* yd = y.data<float>();
   std::int32_t* id = indices.data<std::int32_t>();
@@ -178,6 +208,28 @@ void max_pool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx) {
   check_same_shape(indices, dy.shape(), "max_pool2d_backward: indices");
   const std::int64_t planes = dx.dim(0) * dx.dim(1), in_plane = dx.dim(2) * dx.dim(3),
                      out_plane = dy.dim(2) * dy.dim(3);
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("max_pool2d_backward", {&dy, &indices, &dx});
+      d.is_cuda()) {
+    const detail::CudaScope cuda(d);
+    // The same check as below, on the device (it waits for the stream).
+    Tensor scratch = cuda.scratch_bytes(sizeof(kernels::RangeViolation));
+    const kernels::RangeViolation bad = kernels::find_out_of_range_sync(
+        cuda.stream(), indices.device_data<std::int32_t>(), indices.numel(), 0,
+        static_cast<std::int32_t>(std::min<std::int64_t>(
+            in_plane, std::numeric_limits<std::int32_t>::max())),
+        static_cast<kernels::RangeViolation*>(scratch.raw()));
+    PIPELINE_CHECK(bad.index < 0,
+                   "max_pool2d_backward: indices outside a {}x{} plane; pass the indices that "
+                   "max_pool2d_forward wrote for this input",
+                   dx.dim(2), dx.dim(3));
+    kernels::max_pool2d_backward_scatter(cuda.stream(), planes, in_plane, out_plane,
+                                         dy.device_data<float>(),
+                                         indices.device_data<std::int32_t>(),
+                                         dx.device_data<float>());
+    return;
+  }
+#endif
   const float* dyd = dy.data<float>();
   const std::int32_t* id = indices.data<std::int32_t>();
   float* dxd = dx.data<float>();
@@ -198,9 +250,35 @@ void max_pool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx) {
   });
 }
 
+void max_pool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx,
+                         const Window2d& window) {
+  [[maybe_unused]] const PoolGeometry g = make_geometry(dx.shape(), window);
+  check_same_shape(dy, pool2d_output_shape(dx.shape(), window),
+                   "max_pool2d_backward: output gradient");
+  check_same_shape(indices, dy.shape(), "max_pool2d_backward: indices");
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("max_pool2d_backward", {&dy, &indices, &dx});
+      d.is_cuda()) {
+    const detail::CudaScope cuda(d);
+    kernels::max_pool2d_backward(cuda.stream(), cuda_shape(g, window), dy.device_data<float>(),
+                                 indices.device_data<std::int32_t>(), dx.device_data<float>());
+    return;
+  }
+#endif
+  max_pool2d_backward(dy, indices, dx);
+}
+
 void avg_pool2d_forward(const Tensor& x, Tensor& y, const Window2d& window) {
   const PoolGeometry g = make_geometry(x.shape(), window);
   check_same_shape(y, pool2d_output_shape(x.shape(), window), "avg_pool2d_forward: output");
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("avg_pool2d_forward", {&x, &y}); d.is_cuda()) {
+    const detail::CudaScope cuda(d);
+    kernels::avg_pool2d_forward(cuda.stream(), cuda_shape(g, window), x.device_data<float>(),
+                                y.device_data<float>());
+    return;
+  }
+#endif
   const float scale = 1.f / static_cast<float>(window.kernel_h * window.kernel_w);
   const float* xd = x.data<float>();
   float* yd = y.data<float>();
@@ -224,6 +302,14 @@ void avg_pool2d_backward(const Tensor& dy, Tensor& dx, const Window2d& window) {
   const PoolGeometry g = make_geometry(dx.shape(), window);
   check_same_shape(dy, pool2d_output_shape(dx.shape(), window),
                    "avg_pool2d_backward: output gradient");
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("avg_pool2d_backward", {&dy, &dx}); d.is_cuda()) {
+    const detail::CudaScope cuda(d);
+    kernels::avg_pool2d_backward(cuda.stream(), cuda_shape(g, window), dy.device_data<float>(),
+                                 dx.device_data<float>());
+    return;
+  }
+#endif
   const float scale = 1.f / static_cast<float>(window.kernel_h * window.kernel_w);
   const float* dyd = dy.data<float>();
   float* dxd = dx.data<float>();
@@ -248,6 +334,14 @@ void global_avg_pool_forward(const Tensor& x, Tensor& y) {
                     "global_avg_pool expects a non-empty NCHW input, got {}", x.shape());
   check_same_shape(y, Shape{x.dim(0), x.dim(1)}, "global_avg_pool_forward: output");
   const std::int64_t plane = x.dim(2) * x.dim(3);
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("global_avg_pool_forward", {&x, &y}); d.is_cuda()) {
+    const detail::CudaScope cuda(d);
+    kernels::global_avg_pool_forward(cuda.stream(), x.dim(0) * x.dim(1), plane,
+                                     x.device_data<float>(), y.device_data<float>());
+    return;
+  }
+#endif
   const float* xd = x.data<float>();
   float* yd = y.data<float>();
   for_each_plane(x.dim(0) * x.dim(1), plane, [&](std::int64_t p) {
@@ -264,6 +358,15 @@ void global_avg_pool_backward(const Tensor& dy, Tensor& dx) {
                  dx.shape());
   check_same_shape(dy, Shape{dx.dim(0), dx.dim(1)}, "global_avg_pool_backward: output gradient");
   const std::int64_t plane = dx.dim(2) * dx.dim(3);
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("global_avg_pool_backward", {&dy, &dx});
+      d.is_cuda()) {
+    const detail::CudaScope cuda(d);
+    kernels::global_avg_pool_backward(cuda.stream(), dx.dim(0) * dx.dim(1), plane,
+                                      dy.device_data<float>(), dx.device_data<float>());
+    return;
+  }
+#endif
   const float scale = 1.f / static_cast<float>(plane);
   const float* dyd = dy.data<float>();
   float* dxd = dx.data<float>();

@@ -7,6 +7,10 @@
 //   max_pool2d_forward writes y and, in `indices` (Int32, the shape of y), the position
 //   ih·W + iw of each maximum inside its plane (the first one on ties; NaN propagates);
 //   max_pool2d_backward routes dy there. Backward functions overwrite dx.
+//
+// Every op runs on the CPU or on a CUDA device (all its tensors on one device; mixed devices are
+// a ConfigError naming both). On CUDA the results equal the CPU's: maxima and indices exactly,
+// the max pool's gradient bit for bit, the averages to float rounding.
 #pragma once
 
 #include <pipeline/core/tensor.hpp>
@@ -19,6 +23,13 @@ Shape pool2d_output_shape(const Shape& x, const Window2d& window);
 
 void max_pool2d_forward(const Tensor& x, Tensor& y, Tensor& indices, const Window2d& window);
 void max_pool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx);
+// The same, told the forward's window (which it checks against the shapes): on CUDA each input
+// element then gathers its gradient from the windows covering it, where the form above must walk
+// each plane's outputs serially (it does not know which windows overlap). Indices that are no
+// position of their window are ignored on CUDA rather than reported: they can only come from
+// somewhere other than max_pool2d_forward. Layers call this form.
+void max_pool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx,
+                         const Window2d& window);
 
 void avg_pool2d_forward(const Tensor& x, Tensor& y, const Window2d& window);
 void avg_pool2d_backward(const Tensor& dy, Tensor& dx, const Window2d& window);

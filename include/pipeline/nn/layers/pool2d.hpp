@@ -69,7 +69,7 @@ class MaxPool2d final : public detail::Pool2dBase {
     if (!has_part(parts, GradParts::Input)) return {};
     Tensor dx =
         Tensor::empty(shape_from_record(saved.tensors.at(1)), DType::Float32, dy.device());
-    ops::max_pool2d_backward(dy, saved.tensors.at(0), dx);
+    ops::max_pool2d_backward(dy, saved.tensors.at(0), dx, m_window);
     return dx;
   }
 };
