@@ -8,6 +8,7 @@
 #include <vector>
 
 #if PIPELINE_WITH_CUDA
+#include "batch_norm.cuh"
 #include "layer_norm.cuh"
 #endif
 
@@ -82,6 +83,16 @@ std::int64_t cuda_layer_norm_features(const Tensor& x, const Tensor& weight) {
   PIPELINE_CHECK(f <= std::numeric_limits<std::int32_t>::max(),
                  "layer_norm on {}: {} features exceed the kernel's 2^31 - 1", x.device().str(), f);
   return f;
+}
+
+// batch_norm_dims for tensors on a CUDA device.
+NchwDims cuda_batch_norm_dims(const Tensor& x, const Tensor& weight) {
+  PIPELINE_CHECK(x.defined() && x.dtype() == DType::Float32,
+                 "batch_norm: x must be a defined float32 tensor");
+  PIPELINE_CHECK(x.rank() == 4, "batch_norm expects [N, C, H, W] input, got {}", x.shape());
+  NchwDims d{x.dim(0), x.dim(1), x.dim(2) * x.dim(3)};
+  check_cuda_vector("batch_norm", "weight", weight, d.c);
+  return d;
 }
 #endif
 
@@ -202,6 +213,34 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
 void batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                               float momentum, Tensor& running_mean, Tensor& running_var, Tensor& y,
                               Tensor& mean, Tensor& rstd) {
+#if PIPELINE_WITH_CUDA
+  if (const Device dev = detail::common_device(
+          "batch_norm_forward_train",
+          {&x, &weight, &bias, &running_mean, &running_var, &y, &mean, &rstd});
+      dev.is_cuda()) {
+    const NchwDims d = cuda_batch_norm_dims(x, weight);
+    PIPELINE_CHECK(d.n * d.hw > 1,
+                   "batch_norm in training needs more than one value per channel, got input {}: "
+                   "use a larger batch or evaluation mode",
+                   x.shape());
+    PIPELINE_CHECK(eps > 0.f, "batch_norm: eps must be positive, got {}", eps);
+    PIPELINE_CHECK(momentum >= 0.f && momentum <= 1.f,
+                   "batch_norm: momentum must be in [0, 1], got {}", momentum);
+    check_cuda_vector("batch_norm_forward_train", "bias", bias, d.c);
+    check_cuda_vector("batch_norm_forward_train", "running_mean", running_mean, d.c);
+    check_cuda_vector("batch_norm_forward_train", "running_var", running_var, d.c);
+    check_cuda_vector("batch_norm_forward_train", "y", y, x.numel());
+    check_cuda_vector("batch_norm_forward_train", "mean", mean, d.c);
+    check_cuda_vector("batch_norm_forward_train", "rstd", rstd, d.c);
+    const detail::CudaScope cuda(dev);
+    kernels::batch_norm_forward_train(
+        cuda.stream(), x.device_data<float>(), weight.device_data<float>(),
+        bias.device_data<float>(), d.n, d.c, d.hw, eps, momentum,
+        running_mean.device_data<float>(), running_var.device_data<float>(),
+        y.device_data<float>(), mean.device_data<float>(), rstd.device_data<float>());
+    return;
+  }
+#endif
   const NchwDims d = batch_norm_dims(x, weight);
   const std::int64_t count = d.n * d.hw;
   PIPELINE_CHECK(count > 1,
@@ -252,6 +291,30 @@ void batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tenso
 void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                              const Tensor& running_mean, const Tensor& running_var, Tensor& y,
                              Tensor& mean, Tensor& rstd) {
+#if PIPELINE_WITH_CUDA
+  if (const Device dev = detail::common_device(
+          "batch_norm_forward_eval",
+          {&x, &weight, &bias, &running_mean, &running_var, &y, &mean, &rstd});
+      dev.is_cuda()) {
+    const NchwDims d = cuda_batch_norm_dims(x, weight);
+    PIPELINE_CHECK(eps > 0.f, "batch_norm: eps must be positive, got {}", eps);
+    check_cuda_vector("batch_norm_forward_eval", "bias", bias, d.c);
+    check_cuda_vector("batch_norm_forward_eval", "running_mean", running_mean, d.c);
+    check_cuda_vector("batch_norm_forward_eval", "running_var", running_var, d.c);
+    check_cuda_vector("batch_norm_forward_eval", "y", y, x.numel());
+    check_cuda_vector("batch_norm_forward_eval", "mean", mean, d.c);
+    check_cuda_vector("batch_norm_forward_eval", "rstd", rstd, d.c);
+    // The CPU's check of a negative running variance would need the values on the host (a
+    // wait on the stream in every evaluation step); on CUDA such a channel normalises to NaN.
+    const detail::CudaScope cuda(dev);
+    kernels::batch_norm_forward_eval(
+        cuda.stream(), x.device_data<float>(), weight.device_data<float>(),
+        bias.device_data<float>(), d.n, d.c, d.hw, eps, running_mean.device_data<float>(),
+        running_var.device_data<float>(), y.device_data<float>(), mean.device_data<float>(),
+        rstd.device_data<float>());
+    return;
+  }
+#endif
   const NchwDims d = batch_norm_dims(x, weight);
   PIPELINE_CHECK(eps > 0.f, "batch_norm: eps must be positive, got {}", eps);
   check_vector("batch_norm_forward_eval", "bias", bias, d.c);
@@ -284,6 +347,27 @@ void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor
 void batch_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                          const Tensor& rstd, const Tensor& dy, bool training, Tensor* dx,
                          Tensor* dweight, Tensor* dbias) {
+#if PIPELINE_WITH_CUDA
+  if (const Device dev = detail::common_device(
+          "batch_norm_backward", {&x, &weight, &mean, &rstd, &dy, dx, dweight, dbias});
+      dev.is_cuda()) {
+    const NchwDims d = cuda_batch_norm_dims(x, weight);
+    check_cuda_vector("batch_norm_backward", "mean", mean, d.c);
+    check_cuda_vector("batch_norm_backward", "rstd", rstd, d.c);
+    check_cuda_vector("batch_norm_backward", "dy", dy, x.numel());
+    if (dx) check_cuda_vector("batch_norm_backward", "dx", *dx, x.numel());
+    if (dweight) check_cuda_vector("batch_norm_backward", "dweight", *dweight, d.c);
+    if (dbias) check_cuda_vector("batch_norm_backward", "dbias", *dbias, d.c);
+    const detail::CudaScope cuda(dev);
+    kernels::batch_norm_backward(
+        cuda.stream(), x.device_data<float>(), weight.device_data<float>(),
+        mean.device_data<float>(), rstd.device_data<float>(), dy.device_data<float>(), d.n, d.c,
+        d.hw, training, dx ? dx->device_data<float>() : nullptr,
+        dweight ? dweight->device_data<float>() : nullptr,
+        dbias ? dbias->device_data<float>() : nullptr);
+    return;
+  }
+#endif
   const NchwDims d = batch_norm_dims(x, weight);
   check_vector("batch_norm_backward", "mean", mean, d.c);
   check_vector("batch_norm_backward", "rstd", rstd, d.c);

@@ -12,7 +12,8 @@
 // and its backward treats them as constants. Both write mean and rstd ([C]) for the backward.
 //
 // Backward outputs are optional (nullptr skips them); dweight and dbias are accumulated into
-// (+=), dx is overwritten. All tensors are float32 on the CPU.
+// (+=), dx is overwritten. All tensors are float32, all on the CPU or all on one CUDA device
+// (layer norm and batch norm have custom kernels there: kernels/layer_norm.cuh, batch_norm.cuh).
 #pragma once
 
 #include <pipeline/core/tensor.hpp>
