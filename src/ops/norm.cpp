@@ -22,20 +22,22 @@ using ConstArrayMap = Eigen::Map<const Eigen::ArrayXf, Eigen::Unaligned>;
 // Rows (layer norm) or channels (batch norm) below which threads cost more than they save.
 constexpr std::int64_t kParallelWork = 1 << 14;
 
-void check_f32_cpu(const char* op, const char* what, const Tensor& t) {
-  PIPELINE_CHECK(t.defined() && t.dtype() == DType::Float32 && t.device().is_cpu(),
-                 "{}: {} must be a defined float32 CPU tensor", op, what);
+// Devices are not checked here: common_device() refuses a mix, and host access to a device
+// tensor is an error of its own.
+void check_f32(const char* op, const char* what, const Tensor& t) {
+  PIPELINE_CHECK(t.defined() && t.dtype() == DType::Float32,
+                 "{}: {} must be a defined float32 tensor", op, what);
 }
 
 void check_vector(const char* op, const char* what, const Tensor& t, std::int64_t n) {
-  check_f32_cpu(op, what, t);
+  check_f32(op, what, t);
   PIPELINE_CHECK(t.numel() == n, "{}: {} has shape {} but {} elements are needed", op, what,
                  t.shape(), n);
 }
 
 std::int64_t layer_norm_features(const Tensor& x, const Tensor& weight) {
-  check_f32_cpu("layer_norm", "x", x);
-  check_f32_cpu("layer_norm", "weight", weight);
+  check_f32("layer_norm", "x", x);
+  check_f32("layer_norm", "weight", weight);
   const std::int64_t f = weight.numel();
   PIPELINE_CHECK(f > 0 && x.rank() >= 1 && x.dim(-1) == f,
                  "layer_norm over {} features does not fit input {}: the last extent must be {}", f,
@@ -48,7 +50,7 @@ struct NchwDims {
 };
 
 NchwDims batch_norm_dims(const Tensor& x, const Tensor& weight) {
-  check_f32_cpu("batch_norm", "x", x);
+  check_f32("batch_norm", "x", x);
   PIPELINE_CHECK(x.rank() == 4, "batch_norm expects [N, C, H, W] input, got {}", x.shape());
   NchwDims d{x.dim(0), x.dim(1), x.dim(2) * x.dim(3)};
   check_vector("batch_norm", "weight", weight, d.c);
@@ -63,63 +65,12 @@ double channel_sum(const NchwDims& d, std::int64_t c, Fn&& f) {
   return s;
 }
 
-#if PIPELINE_WITH_CUDA
-// The checks of check_vector and layer_norm_features, for tensors on a CUDA device.
-void check_cuda_vector(const char* op, const char* what, const Tensor& t, std::int64_t n) {
-  PIPELINE_CHECK(t.defined() && t.dtype() == DType::Float32,
-                 "{}: {} must be a defined float32 tensor", op, what);
-  PIPELINE_CHECK(t.numel() == n, "{}: {} has shape {} but {} elements are needed", op, what,
-                 t.shape(), n);
-}
-
-std::int64_t cuda_layer_norm_features(const Tensor& x, const Tensor& weight) {
-  PIPELINE_CHECK(x.defined() && x.dtype() == DType::Float32 && weight.defined() &&
-                     weight.dtype() == DType::Float32,
-                 "layer_norm: x and weight must be defined float32 tensors");
-  const std::int64_t f = weight.numel();
-  PIPELINE_CHECK(f > 0 && x.rank() >= 1 && x.dim(-1) == f,
-                 "layer_norm over {} features does not fit input {}: the last extent must be {}", f,
-                 x.shape(), f);
-  PIPELINE_CHECK(f <= std::numeric_limits<std::int32_t>::max(),
-                 "layer_norm on {}: {} features exceed the kernel's 2^31 - 1", x.device().str(), f);
-  return f;
-}
-
-// batch_norm_dims for tensors on a CUDA device.
-NchwDims cuda_batch_norm_dims(const Tensor& x, const Tensor& weight) {
-  PIPELINE_CHECK(x.defined() && x.dtype() == DType::Float32,
-                 "batch_norm: x must be a defined float32 tensor");
-  PIPELINE_CHECK(x.rank() == 4, "batch_norm expects [N, C, H, W] input, got {}", x.shape());
-  NchwDims d{x.dim(0), x.dim(1), x.dim(2) * x.dim(3)};
-  check_cuda_vector("batch_norm", "weight", weight, d.c);
-  return d;
-}
-#endif
-
 }  // namespace
 
 // ---- layer norm ------------------------------------------------------------------------------
 
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                         Tensor& y, Tensor& mean, Tensor& rstd) {
-#if PIPELINE_WITH_CUDA
-  if (const Device d =
-          detail::common_device("layer_norm_forward", {&x, &weight, &bias, &y, &mean, &rstd});
-      d.is_cuda()) {
-    const std::int64_t f = cuda_layer_norm_features(x, weight);
-    const std::int64_t rows = x.numel() / f;
-    check_cuda_vector("layer_norm_forward", "bias", bias, f);
-    check_cuda_vector("layer_norm_forward", "y", y, x.numel());
-    check_cuda_vector("layer_norm_forward", "mean", mean, rows);
-    check_cuda_vector("layer_norm_forward", "rstd", rstd, rows);
-    PIPELINE_CHECK(eps > 0.f, "layer_norm_forward: eps must be positive, got {}", eps);
-    const detail::CudaScope cuda(d);
-    kernels::layer_norm_forward(cuda.stream(), x.device_data<float>(), weight.device_data<float>(),
-                                bias.device_data<float>(), rows, f, eps, y.device_data<float>(),
-                                mean.device_data<float>(), rstd.device_data<float>());
-    return;
-  }
-#endif
   const std::int64_t f = layer_norm_features(x, weight);
   const std::int64_t rows = x.numel() / f;
   check_vector("layer_norm_forward", "bias", bias, f);
@@ -127,6 +78,17 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   check_vector("layer_norm_forward", "mean", mean, rows);
   check_vector("layer_norm_forward", "rstd", rstd, rows);
   PIPELINE_CHECK(eps > 0.f, "layer_norm_forward: eps must be positive, got {}", eps);
+#if PIPELINE_WITH_CUDA
+  if (const Device d =
+          detail::common_device("layer_norm_forward", {&x, &weight, &bias, &y, &mean, &rstd});
+      d.is_cuda()) {
+    const detail::CudaScope cuda(d);
+    kernels::layer_norm_forward(cuda.stream(), x.device_data<float>(), weight.device_data<float>(),
+                                bias.device_data<float>(), rows, f, eps, y.device_data<float>(),
+                                mean.device_data<float>(), rstd.device_data<float>());
+    return;
+  }
+#endif
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   float* mp = mean.data<float>();
@@ -148,18 +110,18 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
 void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                          const Tensor& rstd, const Tensor& dy, Tensor* dx, Tensor* dweight,
                          Tensor* dbias) {
+  const std::int64_t f = layer_norm_features(x, weight);
+  const std::int64_t rows = x.numel() / f;
+  check_vector("layer_norm_backward", "mean", mean, rows);
+  check_vector("layer_norm_backward", "rstd", rstd, rows);
+  check_vector("layer_norm_backward", "dy", dy, x.numel());
+  if (dx) check_vector("layer_norm_backward", "dx", *dx, x.numel());
+  if (dweight) check_vector("layer_norm_backward", "dweight", *dweight, f);
+  if (dbias) check_vector("layer_norm_backward", "dbias", *dbias, f);
 #if PIPELINE_WITH_CUDA
   if (const Device d = detail::common_device("layer_norm_backward",
                                              {&x, &weight, &mean, &rstd, &dy, dx, dweight, dbias});
       d.is_cuda()) {
-    const std::int64_t f = cuda_layer_norm_features(x, weight);
-    const std::int64_t rows = x.numel() / f;
-    check_cuda_vector("layer_norm_backward", "mean", mean, rows);
-    check_cuda_vector("layer_norm_backward", "rstd", rstd, rows);
-    check_cuda_vector("layer_norm_backward", "dy", dy, x.numel());
-    if (dx) check_cuda_vector("layer_norm_backward", "dx", *dx, x.numel());
-    if (dweight) check_cuda_vector("layer_norm_backward", "dweight", *dweight, f);
-    if (dbias) check_cuda_vector("layer_norm_backward", "dbias", *dbias, f);
     const detail::CudaScope cuda(d);
     Tensor workspace = cuda.scratch_floats(
         dweight || dbias ? kernels::layer_norm_backward_workspace_floats(rows, f) : 0);
@@ -171,18 +133,12 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
     return;
   }
 #endif
-  const std::int64_t f = layer_norm_features(x, weight);
-  const std::int64_t rows = x.numel() / f;
-  check_vector("layer_norm_backward", "mean", mean, rows);
-  check_vector("layer_norm_backward", "rstd", rstd, rows);
-  check_vector("layer_norm_backward", "dy", dy, x.numel());
   const float* xp = x.data<float>();
   const float* gp = dy.data<float>();
   const float* mp = mean.data<float>();
   const float* rp = rstd.data<float>();
   ConstArrayMap W(weight.data<float>(), f);
   if (dx) {
-    check_vector("layer_norm_backward", "dx", *dx, x.numel());
     float* dp = dx->data<float>();
     const float inv_f = 1.f / static_cast<float>(f);
 #pragma omp parallel for schedule(static) if (rows * f >= kParallelWork)
@@ -197,13 +153,11 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
     }
   }
   if (dweight) {
-    check_vector("layer_norm_backward", "dweight", *dweight, f);
     ArrayMap DW(dweight->data<float>(), f);
     for (std::int64_t r = 0; r < rows; ++r)
       DW += ConstArrayMap(gp + r * f, f) * (ConstArrayMap(xp + r * f, f) - mp[r]) * rp[r];
   }
   if (dbias) {
-    check_vector("layer_norm_backward", "dbias", *dbias, f);
     detail::as_vector(*dbias) += detail::as_matrix(dy, rows, f).colwise().sum().transpose();
   }
 }
@@ -213,34 +167,6 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
 void batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                               float momentum, Tensor& running_mean, Tensor& running_var, Tensor& y,
                               Tensor& mean, Tensor& rstd) {
-#if PIPELINE_WITH_CUDA
-  if (const Device dev = detail::common_device(
-          "batch_norm_forward_train",
-          {&x, &weight, &bias, &running_mean, &running_var, &y, &mean, &rstd});
-      dev.is_cuda()) {
-    const NchwDims d = cuda_batch_norm_dims(x, weight);
-    PIPELINE_CHECK(d.n * d.hw > 1,
-                   "batch_norm in training needs more than one value per channel, got input {}: "
-                   "use a larger batch or evaluation mode",
-                   x.shape());
-    PIPELINE_CHECK(eps > 0.f, "batch_norm: eps must be positive, got {}", eps);
-    PIPELINE_CHECK(momentum >= 0.f && momentum <= 1.f,
-                   "batch_norm: momentum must be in [0, 1], got {}", momentum);
-    check_cuda_vector("batch_norm_forward_train", "bias", bias, d.c);
-    check_cuda_vector("batch_norm_forward_train", "running_mean", running_mean, d.c);
-    check_cuda_vector("batch_norm_forward_train", "running_var", running_var, d.c);
-    check_cuda_vector("batch_norm_forward_train", "y", y, x.numel());
-    check_cuda_vector("batch_norm_forward_train", "mean", mean, d.c);
-    check_cuda_vector("batch_norm_forward_train", "rstd", rstd, d.c);
-    const detail::CudaScope cuda(dev);
-    kernels::batch_norm_forward_train(
-        cuda.stream(), x.device_data<float>(), weight.device_data<float>(),
-        bias.device_data<float>(), d.n, d.c, d.hw, eps, momentum,
-        running_mean.device_data<float>(), running_var.device_data<float>(),
-        y.device_data<float>(), mean.device_data<float>(), rstd.device_data<float>());
-    return;
-  }
-#endif
   const NchwDims d = batch_norm_dims(x, weight);
   const std::int64_t count = d.n * d.hw;
   PIPELINE_CHECK(count > 1,
@@ -256,6 +182,20 @@ void batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tenso
   check_vector("batch_norm_forward_train", "y", y, x.numel());
   check_vector("batch_norm_forward_train", "mean", mean, d.c);
   check_vector("batch_norm_forward_train", "rstd", rstd, d.c);
+#if PIPELINE_WITH_CUDA
+  if (const Device dev = detail::common_device(
+          "batch_norm_forward_train",
+          {&x, &weight, &bias, &running_mean, &running_var, &y, &mean, &rstd});
+      dev.is_cuda()) {
+    const detail::CudaScope cuda(dev);
+    kernels::batch_norm_forward_train(
+        cuda.stream(), x.device_data<float>(), weight.device_data<float>(),
+        bias.device_data<float>(), d.n, d.c, d.hw, eps, momentum,
+        running_mean.device_data<float>(), running_var.device_data<float>(),
+        y.device_data<float>(), mean.device_data<float>(), rstd.device_data<float>());
+    return;
+  }
+#endif
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   const float* wp = weight.data<float>();
@@ -291,19 +231,19 @@ void batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tenso
 void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                              const Tensor& running_mean, const Tensor& running_var, Tensor& y,
                              Tensor& mean, Tensor& rstd) {
+  const NchwDims d = batch_norm_dims(x, weight);
+  PIPELINE_CHECK(eps > 0.f, "batch_norm: eps must be positive, got {}", eps);
+  check_vector("batch_norm_forward_eval", "bias", bias, d.c);
+  check_vector("batch_norm_forward_eval", "running_mean", running_mean, d.c);
+  check_vector("batch_norm_forward_eval", "running_var", running_var, d.c);
+  check_vector("batch_norm_forward_eval", "y", y, x.numel());
+  check_vector("batch_norm_forward_eval", "mean", mean, d.c);
+  check_vector("batch_norm_forward_eval", "rstd", rstd, d.c);
 #if PIPELINE_WITH_CUDA
   if (const Device dev = detail::common_device(
           "batch_norm_forward_eval",
           {&x, &weight, &bias, &running_mean, &running_var, &y, &mean, &rstd});
       dev.is_cuda()) {
-    const NchwDims d = cuda_batch_norm_dims(x, weight);
-    PIPELINE_CHECK(eps > 0.f, "batch_norm: eps must be positive, got {}", eps);
-    check_cuda_vector("batch_norm_forward_eval", "bias", bias, d.c);
-    check_cuda_vector("batch_norm_forward_eval", "running_mean", running_mean, d.c);
-    check_cuda_vector("batch_norm_forward_eval", "running_var", running_var, d.c);
-    check_cuda_vector("batch_norm_forward_eval", "y", y, x.numel());
-    check_cuda_vector("batch_norm_forward_eval", "mean", mean, d.c);
-    check_cuda_vector("batch_norm_forward_eval", "rstd", rstd, d.c);
     // The CPU's check of a negative running variance would need the values on the host (a
     // wait on the stream in every evaluation step); on CUDA such a channel normalises to NaN.
     const detail::CudaScope cuda(dev);
@@ -315,14 +255,6 @@ void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor
     return;
   }
 #endif
-  const NchwDims d = batch_norm_dims(x, weight);
-  PIPELINE_CHECK(eps > 0.f, "batch_norm: eps must be positive, got {}", eps);
-  check_vector("batch_norm_forward_eval", "bias", bias, d.c);
-  check_vector("batch_norm_forward_eval", "running_mean", running_mean, d.c);
-  check_vector("batch_norm_forward_eval", "running_var", running_var, d.c);
-  check_vector("batch_norm_forward_eval", "y", y, x.numel());
-  check_vector("batch_norm_forward_eval", "mean", mean, d.c);
-  check_vector("batch_norm_forward_eval", "rstd", rstd, d.c);
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   const float* wp = weight.data<float>();
@@ -347,17 +279,17 @@ void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor
 void batch_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                          const Tensor& rstd, const Tensor& dy, bool training, Tensor* dx,
                          Tensor* dweight, Tensor* dbias) {
+  const NchwDims d = batch_norm_dims(x, weight);
+  check_vector("batch_norm_backward", "mean", mean, d.c);
+  check_vector("batch_norm_backward", "rstd", rstd, d.c);
+  check_vector("batch_norm_backward", "dy", dy, x.numel());
+  if (dx) check_vector("batch_norm_backward", "dx", *dx, x.numel());
+  if (dweight) check_vector("batch_norm_backward", "dweight", *dweight, d.c);
+  if (dbias) check_vector("batch_norm_backward", "dbias", *dbias, d.c);
 #if PIPELINE_WITH_CUDA
   if (const Device dev = detail::common_device(
           "batch_norm_backward", {&x, &weight, &mean, &rstd, &dy, dx, dweight, dbias});
       dev.is_cuda()) {
-    const NchwDims d = cuda_batch_norm_dims(x, weight);
-    check_cuda_vector("batch_norm_backward", "mean", mean, d.c);
-    check_cuda_vector("batch_norm_backward", "rstd", rstd, d.c);
-    check_cuda_vector("batch_norm_backward", "dy", dy, x.numel());
-    if (dx) check_cuda_vector("batch_norm_backward", "dx", *dx, x.numel());
-    if (dweight) check_cuda_vector("batch_norm_backward", "dweight", *dweight, d.c);
-    if (dbias) check_cuda_vector("batch_norm_backward", "dbias", *dbias, d.c);
     const detail::CudaScope cuda(dev);
     kernels::batch_norm_backward(
         cuda.stream(), x.device_data<float>(), weight.device_data<float>(),
@@ -368,13 +300,6 @@ void batch_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
     return;
   }
 #endif
-  const NchwDims d = batch_norm_dims(x, weight);
-  check_vector("batch_norm_backward", "mean", mean, d.c);
-  check_vector("batch_norm_backward", "rstd", rstd, d.c);
-  check_vector("batch_norm_backward", "dy", dy, x.numel());
-  if (dx) check_vector("batch_norm_backward", "dx", *dx, x.numel());
-  if (dweight) check_vector("batch_norm_backward", "dweight", *dweight, d.c);
-  if (dbias) check_vector("batch_norm_backward", "dbias", *dbias, d.c);
   const float* xp = x.data<float>();
   const float* gp = dy.data<float>();
   const float* wp = weight.data<float>();
