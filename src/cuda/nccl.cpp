@@ -218,16 +218,20 @@ struct NcclShared {
   template <typename Enqueue>
   void issue_locked(NcclComm& c, std::span<const std::shared_ptr<NcclOp>> ops,
                     const std::string& what, Enqueue&& enqueue) {
+    bool in_group = false;
     try {
       PIPELINE_CHECK(c.comm != nullptr, "{}: the NCCL communicator '{}' was destroyed", what,
                      c.name);
       for (const auto& op : ops) op->ready.block(c.stream.get());
       PIPELINE_NCCL_CHECK(ncclGroupStart());
+      in_group = true;
       enqueue();
+      in_group = false;
       PIPELINE_NCCL_CHECK_ASYNC(ncclGroupEnd());
-    } catch (const TimeoutError&) {
-      throw;
     } catch (const Error& e) {
+      // Close the group: NCCL's group state is per thread, and later communicators (also new
+      // ones) would otherwise find themselves inside it.
+      if (in_group) (void)ncclGroupEnd();
       fail_locked({false, what, 0,
                    fmt::format("{} (while posting {}; the NCCL communicators were aborted)",
                                e.what(), what)});
@@ -594,7 +598,21 @@ void NcclCommunicator::barrier() {
     });
     op->waited_since = detail::Clock::now();
   }
-  synchronize();
+  s.wake.notify_all();
+  // Only this allreduce is waited for: a receive posted earlier may match a send that a peer
+  // posts after the barrier.
+  const bool done = detail::poll_until(
+      [&] {
+        std::lock_guard lock(s.mutex);
+        s.scan_locked();
+        return op->complete || s.failure.has_value();
+      },
+      timeout());
+  std::lock_guard lock(s.mutex);
+  if (!done && !s.failure)
+    s.fail_locked({true, op->what, detail::seconds_since(*op->waited_since), {}});
+  s.check_failed_locked();
+  s.sweep_locked();
 }
 
 void NcclCommunicator::synchronize() {
