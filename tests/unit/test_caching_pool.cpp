@@ -23,6 +23,14 @@ struct FakeDevice {
   int next_event = 1;
   int waits = 0;
 
+  FakeDevice() = default;
+  FakeDevice(const FakeDevice&) = delete;
+  FakeDevice& operator=(const FakeDevice&) = delete;
+  // Blocks the pool still lends out (live tensors) go with the device, as a GPU's do.
+  ~FakeDevice() {
+    for (auto& [p, bytes] : blocks) std::free(p);
+  }
+
   PoolDriver driver() {
     PoolDriver d;
     d.allocate = [this](std::size_t bytes) -> void* {
