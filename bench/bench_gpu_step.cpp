@@ -1,0 +1,368 @@
+// bench_gpu_step: the time of one training step (forward, backward, optimizer) of zoo models on
+// one CUDA device, and the device memory it needs, optionally side by side with PyTorch eager
+// (bench/torch_gpu_step.py: same models, batches, optimizers and precision) on the same GPU.
+//
+//   bench_gpu_step [--cases fashion-cnn-b64,fashion-cnn-b1024,vgg16-b64,transformer-lm-b16]
+//                  [--precision fp32,tf32] [--warmup 10] [--steps 50] [--torch]
+//                  [--python python3] [--results bench/RESULTS.md]
+//
+// Cases (all by default):
+//   fashion-cnn-b64     fashion-cnn, 1×28×28, 10 classes, batch 64, SGD momentum 0.9
+//   fashion-cnn-b1024   the same at batch 1024
+//   vgg16-b64           VGG-16 (configuration D), 3×224×224, 1000 classes, batch 64, SGD momentum
+//   0.9 transformer-lm-b16  vocab 256, seq_len 1024, dim 1024, 16 heads, 24 blocks, batch 16, AdamW
+// Precision fp32 turns TF32 off in cuBLASLt and cuDNN (pipeline::cuda::set_allow_tf32(false)),
+// tf32 turns it on; PyTorch's run sets torch.backends.{cuda.matmul,cudnn}.allow_tf32 the same way.
+//
+// Each (case, precision) runs in a child process of its own (this program with --json), so that
+// the caching pool's peak is that case's alone: a SequentialTrainer on cuda:0 (parameters
+// to_device(model.init(1))), one synthetic batch moved to the device once, --warmup steps, then
+// --steps steps each timed with CUDA events recorded on the current stream of device 0 around
+// trainer.step (which includes the trainer's host reads of the loss and of the gradient norm).
+//   ms/step = median of the --steps step times; IQR = first to third quartile
+//   peak MiB = pipeline::cuda::device_memory_stats(0).peak_in_use_bytes / 2^20 (the caching pool's
+//              largest in-use total: parameters, gradients, optimizer state, activations and
+//              workspaces, counted in the pool's size classes)
+//   PyTorch peak MiB = torch.cuda.max_memory_allocated() / 2^20 over the same steps
+//   ours/PyTorch speed = PyTorch ms/step / ours ms/step (above 1: we are faster)
+// Without a CUDA device it says so and exits with 77 (as the gpu tests do).
+#include <pipeline/core/rng.hpp>
+#include <pipeline/cuda/blas.hpp>
+#include <pipeline/cuda/device_memory.hpp>
+#include <pipeline/cuda/stream.hpp>
+#include <pipeline/data/synthetic.hpp>
+#include <pipeline/nn/zoo.hpp>
+#include <pipeline/optim/adamw.hpp>
+#include <pipeline/optim/sgd.hpp>
+#include <pipeline/runtime/sequential_trainer.hpp>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <sstream>
+
+#include "bench_util.hpp"
+
+#ifndef PIPELINE_BENCH_DIR
+#define PIPELINE_BENCH_DIR "bench"
+#endif
+
+using namespace pipeline;
+
+namespace {
+
+struct CaseSpec {
+  std::string name;
+  std::string model;
+  ZooOptions options;
+  std::int64_t batch = 0;
+  bool adamw = false;
+  std::string what;  // for the table
+};
+
+std::vector<CaseSpec> all_cases() {
+  std::vector<CaseSpec> c;
+  c.push_back(
+      {"fashion-cnn-b64", "fashion-cnn", {}, 64, false, "fashion-cnn 1×28×28, batch 64, SGD-m"});
+  c.push_back({"fashion-cnn-b1024",
+               "fashion-cnn",
+               {},
+               1024,
+               false,
+               "fashion-cnn 1×28×28, batch 1024, SGD-m"});
+  ZooOptions vgg;
+  vgg.image_size = 224;
+  vgg.num_classes = 1000;
+  c.push_back(
+      {"vgg16-b64", "vgg16", vgg, 64, false, "vgg16 3×224×224, 1000 classes, batch 64, SGD-m"});
+  ZooOptions lm;
+  lm.vocab = 256;
+  lm.seq_len = 1024;
+  lm.dim = 1024;
+  lm.heads = 16;
+  lm.blocks = 24;
+  c.push_back({"transformer-lm-b16", "transformer-lm", lm, 16, true,
+               "transformer-lm T1024 d1024 h16 ×24, vocab 256, batch 16, AdamW"});
+  return c;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// The value at fraction q of sorted `v` (linear interpolation between neighbours).
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(pos);
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
+struct Measure {
+  double median_ms = 0, q1_ms = 0, q3_ms = 0;
+  std::int64_t peak_bytes = 0;
+  double loss = 0;
+};
+
+// One synthetic batch of `c` on the CPU: Gaussian images with SyntheticDataset's labels, or
+// uniform random tokens with uniform random next-token labels for the language model.
+Batch make_batch(const CaseSpec& c, const ZooModel& z) {
+  if (z.input_dtype == DType::Int32) {
+    const std::int64_t n = c.batch * z.sample_shape.numel();
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), labels(ids.size());
+    Rng rng(3, "bench_gpu_step.tokens");
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      ids[i] =
+          static_cast<std::int32_t>(rng.next_u64() % static_cast<std::uint64_t>(z.num_classes));
+      labels[i] =
+          static_cast<std::int32_t>(rng.next_u64() % static_cast<std::uint64_t>(z.num_classes));
+    }
+    return {Tensor::from_ints(z.input_shape(c.batch), ids),
+            Tensor::from_ints(z.input_shape(c.batch), labels)};
+  }
+  SyntheticDataset data(z.sample_shape, static_cast<int>(z.num_classes), c.batch, 3);
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(c.batch));
+  std::iota(idx.begin(), idx.end(), 0);
+  return data.get(idx);
+}
+
+Measure measure(const CaseSpec& c, bool tf32, int warmup, int steps) {
+  cuda::set_allow_tf32(tf32);
+  const Device device = Device::cuda(0);
+  ZooModel z = make_model(c.model, c.options);
+  Batch b = make_batch(c, z);
+  b.inputs = b.inputs.to(device);
+  b.labels = b.labels.to(device);
+  std::unique_ptr<Optimizer> opt;
+  float lr = 0;
+  if (c.adamw) {
+    opt = std::make_unique<AdamW>(AdamWOptions{});
+    lr = 1e-4f;
+  } else {
+    opt = std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f});
+    lr = 1e-3f;
+  }
+  SequentialTrainer trainer(z.model, to_device(z.model.init(1), device), std::move(opt), 1);
+  const cudaStream_t stream = cuda::current_stream(0);
+  Measure m;
+  for (int i = 0; i < warmup; ++i) m.loss = trainer.step(b, lr).loss;
+  cuda::Event start = cuda::Event::create(0, true), end = cuda::Event::create(0, true);
+  std::vector<double> times;
+  for (int i = 0; i < steps; ++i) {
+    start.record(stream);
+    m.loss = trainer.step(b, lr).loss;
+    end.record(stream);
+    end.synchronize();
+    times.push_back(cuda::Event::elapsed_ms(start, end));
+  }
+  m.median_ms = quantile(times, 0.5);
+  m.q1_ms = quantile(times, 0.25);
+  m.q3_ms = quantile(times, 0.75);
+  m.peak_bytes = cuda::device_memory_stats(0).peak_in_use_bytes;
+  return m;
+}
+
+// Runs `command` and returns its standard output's lines ("" and a message on stderr when it
+// cannot be started or fails).
+std::vector<std::string> run_lines(const std::string& command, int* status) {
+  std::vector<std::string> lines;
+  FILE* p = popen(command.c_str(), "r");
+  if (p == nullptr) {
+    *status = -1;
+    return lines;
+  }
+  std::string line;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) {
+    line += buf;
+    if (!line.empty() && line.back() == '\n') {
+      line.pop_back();
+      lines.push_back(line);
+      line.clear();
+    }
+  }
+  if (!line.empty()) lines.push_back(line);
+  *status = pclose(p);
+  return lines;
+}
+
+std::string quote(const std::string& s) {
+  std::string out = "'";
+  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
+std::string today() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M", std::localtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string cases_flag, precision_flag = "fp32,tf32", python = "python3", results;
+  std::string torch_script = std::string(PIPELINE_BENCH_DIR) + "/torch_gpu_step.py";
+  int warmup = 10, steps = 50;
+  bool torch = false, json = false;
+  CLI::App app{"Training-step time and peak device memory of zoo models on one GPU"};
+  app.add_option("--cases", cases_flag,
+                 "comma-separated: fashion-cnn-b64, fashion-cnn-b1024, vgg16-b64, "
+                 "transformer-lm-b16 (default all)");
+  app.add_option("--precision", precision_flag, "comma-separated: fp32, tf32");
+  app.add_option("--warmup", warmup)->check(CLI::Range(0, 100000));
+  app.add_option("--steps", steps)->check(CLI::Range(1, 100000));
+  app.add_flag("--torch", torch, "also run bench/torch_gpu_step.py and compare");
+  app.add_option("--python", python, "the python that has PyTorch");
+  app.add_option("--torch-script", torch_script);
+  app.add_option("--results", results, "append the table to this file (bench/RESULTS.md)");
+  app.add_flag("--json", json,
+               "measure in this process and print one JSON line per (case, precision); the "
+               "table mode runs itself with --json once per pair");
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<CaseSpec> cases;
+  {
+    const std::vector<CaseSpec> known = all_cases();
+    std::vector<std::string> names;
+    for (const auto& k : known) names.push_back(k.name);
+    const std::vector<std::string> wanted = cases_flag.empty() ? names : split(cases_flag);
+    for (const auto& w : wanted) {
+      auto it =
+          std::find_if(known.begin(), known.end(), [&](const CaseSpec& k) { return k.name == w; });
+      if (it == known.end()) {
+        fmt::print(stderr, "unknown case '{}': choose from {}\n", w, fmt::join(names, ", "));
+        return 2;
+      }
+      cases.push_back(*it);
+    }
+  }
+  const std::vector<std::string> precisions = split(precision_flag);
+  for (const auto& p : precisions)
+    if (p != "fp32" && p != "tf32") {
+      fmt::print(stderr, "unknown precision '{}': fp32 or tf32\n", p);
+      return 2;
+    }
+
+  if (cuda::device_count() == 0) {
+    fmt::print(stderr, "no CUDA device: nothing to measure\n");
+    return 77;
+  }
+
+  if (json) {
+    try {
+      for (const auto& c : cases)
+        for (const auto& p : precisions) {
+          Measure m = measure(c, p == "tf32", warmup, steps);
+          nlohmann::json j{{"case", c.name},   {"precision", p},   {"median_ms", m.median_ms},
+                           {"q1_ms", m.q1_ms}, {"q3_ms", m.q3_ms}, {"peak_bytes", m.peak_bytes},
+                           {"loss", m.loss}};
+          fmt::print("{}\n", j.dump());
+          std::fflush(stdout);
+        }
+      return 0;
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "error: {}\n", e.what());
+      return 1;
+    }
+  }
+
+  // Table mode: one child per (case, precision) for a per-case memory peak.
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  std::map<std::pair<std::string, std::string>, nlohmann::json> ours, theirs;
+  for (const auto& c : cases)
+    for (const auto& p : precisions) {
+      const std::string child =
+          fmt::format("{} --json --cases {} --precision {} --warmup {} --steps {}",
+                      quote(ec ? std::string(argv[0]) : self), c.name, p, warmup, steps);
+      int status = 0;
+      for (const auto& line : run_lines(child, &status))
+        if (!line.empty() && line.front() == '{') ours[{c.name, p}] = nlohmann::json::parse(line);
+      if (status != 0)
+        fmt::print(stderr, "{} {}: the measuring process failed (status {})\n", c.name, p, status);
+    }
+  std::string torch_version = "-";
+  if (torch) {
+    std::vector<std::string> names;
+    for (const auto& c : cases) names.push_back(c.name);
+    const std::string cmd =
+        fmt::format("{} {} --cases {} --precision {} --warmup {} --steps {}", quote(python),
+                    quote(torch_script), fmt::join(names, ","), precision_flag, warmup, steps);
+    int status = 0;
+    for (const auto& line : run_lines(cmd, &status)) {
+      if (line.empty() || line.front() != '{') continue;
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("case")) continue;
+      theirs[{j["case"].get<std::string>(), j["precision"].get<std::string>()}] = j;
+      if (j.contains("torch")) torch_version = j["torch"].get<std::string>();
+    }
+    if (status != 0) fmt::print(stderr, "{}: failed (status {})\n", cmd, status);
+  }
+
+  const double mib = 1024.0 * 1024.0;
+  std::string header = fmt::format(
+      "bench_gpu_step on {} ({}); PyTorch {}\ncommand: {}\n"
+      "ms/step: median of {} SequentialTrainer::step after {} warm-up steps, CUDA events around "
+      "each step; IQR: first–third quartile\n"
+      "ours peak MiB: caching pool peak_in_use_bytes / 2^20 (one process per row); PyTorch peak "
+      "MiB: torch.cuda.max_memory_allocated / 2^20\n"
+      "ours/PyTorch speed = PyTorch ms/step / ours ms/step; PyTorch is eager with "
+      "cudnn.benchmark = True\n",
+      cuda::device_description(0), today(), torch_version, command, steps, warmup);
+  std::string table =
+      "| case | precision | ours ms/step (IQR) | ours peak MiB | PyTorch ms/step | PyTorch peak "
+      "MiB "
+      "| ours/PyTorch speed |\n|---|---|---|---|---|---|---|\n";
+  bool failed = false;
+  for (const auto& c : cases)
+    for (const auto& p : precisions) {
+      auto o = ours.find({c.name, p});
+      auto t = theirs.find({c.name, p});
+      std::string our_ms = "failed", our_mem = "-", t_ms = "-", t_mem = "-", speed = "-";
+      if (o != ours.end()) {
+        const auto& j = o->second;
+        our_ms = fmt::format("{:.3f} ({:.3f}–{:.3f})", j["median_ms"].get<double>(),
+                             j["q1_ms"].get<double>(), j["q3_ms"].get<double>());
+        our_mem =
+            fmt::format("{:.0f}", static_cast<double>(j["peak_bytes"].get<std::int64_t>()) / mib);
+      } else {
+        failed = true;
+      }
+      if (t != theirs.end()) {
+        const auto& j = t->second;
+        t_ms = fmt::format("{:.3f}", j["median_ms"].get<double>());
+        t_mem =
+            fmt::format("{:.0f}", static_cast<double>(j["peak_bytes"].get<std::int64_t>()) / mib);
+        if (o != ours.end())
+          speed = fmt::format("{:.2f}×",
+                              j["median_ms"].get<double>() / o->second["median_ms"].get<double>());
+      } else if (torch) {
+        t_ms = "failed";
+      }
+      table += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", c.what, p, our_ms, our_mem,
+                           t_ms, t_mem, speed);
+    }
+  fmt::print("{}\n{}", header, table);
+  if (!results.empty() && !bench::append_results(results, header + "\n", table)) return 1;
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""PyTorch reference for bench_gpu_step: one training step (zero_grad, forward, loss, backward,
+optimizer step) of the zoo's models in PyTorch eager on cuda:0, with the same layers, batch,
+optimizer and precision, and torch.backends.cudnn.benchmark = True.
+
+Prints one JSON line per (case, precision):
+  {"case", "precision", "median_ms", "q1_ms", "q3_ms", "peak_bytes", "torch", "device"}
+median/quartiles over --steps steps after --warmup, each timed with torch.cuda.Event around the
+step; peak_bytes = torch.cuda.max_memory_allocated() over the case (reset before it).
+
+The models are those of src/nn/zoo.cpp:
+  fashion-cnn     conv1(1->32, 5x5, pad 2) ReLU MaxPool2 conv2(32->64, 5x5, pad 2) ReLU MaxPool2
+                  Flatten fc1(3136->1024) ReLU fc2(1024->10)
+  vgg16           configuration D, 3x3 pad 1 convolutions + ReLU, MaxPool2 after each block,
+                  Flatten fc1(512*s*s->4096) ReLU Dropout(0.5) fc2(4096->4096) ReLU Dropout(0.5)
+                  fc3(4096->classes)
+  transformer-lm  Embedding(vocab, dim) + learned positions [seq_len, dim]; pre-norm blocks
+                  x1 = x + proj(causal_attention(qkv(ln1(x)))), y = x1 + fc2(gelu(fc1(ln2(x1))))
+                  (qkv Linear(dim, 3 dim) holding q, k, v side by side, mlp ratio 4, exact GELU,
+                  no dropout); ln_f; head Linear(dim, vocab)
+The loss is cross-entropy summed over samples (tokens) times 1/batch, as SequentialTrainer's.
+"""
+import argparse
+import json
+import math
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+CASES = {
+    # name: (model, options, batch, optimizer)
+    "fashion-cnn-b64": ("fashion-cnn", {}, 64, "sgd"),
+    "fashion-cnn-b1024": ("fashion-cnn", {}, 1024, "sgd"),
+    "vgg16-b64": ("vgg16", {"image_size": 224, "num_classes": 1000}, 64, "sgd"),
+    "transformer-lm-b16": ("transformer-lm", {"vocab": 256, "seq_len": 1024, "dim": 1024,
+                                              "heads": 16, "blocks": 24}, 16, "adamw"),
+}
+
+
+def fashion_cnn(image_size=28, num_classes=10):
+    s = image_size // 2 // 2
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * s * s, 1024), nn.ReLU(), nn.Linear(1024, num_classes))
+
+
+def vgg16(image_size=32, num_classes=10, channels=3):
+    blocks = [[64, 64], [128, 128], [256, 256, 256], [512, 512, 512], [512, 512, 512]]
+    layers, c_in, size = [], channels, image_size
+    for block in blocks:
+        for c_out in block:
+            layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU()]
+            c_in = c_out
+        layers.append(nn.MaxPool2d(2))
+        size //= 2
+    layers += [nn.Flatten(),
+               nn.Linear(c_in * size * size, 4096), nn.ReLU(), nn.Dropout(0.5),
+               nn.Linear(4096, 4096), nn.ReLU(), nn.Dropout(0.5),
+               nn.Linear(4096, num_classes)]
+    return nn.Sequential(*layers)
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab, dim, max_positions):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(vocab, dim))
+        self.position = nn.Parameter(0.02 * torch.randn(max_positions, dim))
+
+    def forward(self, ids):
+        return F.embedding(ids, self.weight) + self.position[: ids.shape[-1]]
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim, heads, mlp_ratio=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, mlp_ratio * dim)
+        self.gelu = nn.GELU()
+        self.fc2 = nn.Linear(mlp_ratio * dim, dim)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.heads
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, h, d // h).transpose(1, 2) for z in (q, k, v))
+        if hasattr(F, "scaled_dot_product_attention"):
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # PyTorch < 2.0
+            s = (q @ k.transpose(-2, -1)) / math.sqrt(d // h)
+            mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+            a = s.masked_fill(mask, float("-inf")).softmax(-1) @ v
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(self.gelu(self.fc1(self.ln2(x))))
+
+
+def transformer_lm(vocab=256, seq_len=64, dim=128, heads=4, blocks=4):
+    layers = [Embedding(vocab, dim, seq_len)]
+    layers += [TransformerBlock(dim, heads) for _ in range(blocks)]
+    layers += [nn.LayerNorm(dim), nn.Linear(dim, vocab)]
+    return nn.Sequential(*layers)
+
+
+def build(model, options):
+    return {"fashion-cnn": fashion_cnn, "vgg16": vgg16,
+            "transformer-lm": transformer_lm}[model](**options)
+
+
+def quantile(values, q):
+    v = sorted(values)
+    pos = q * (len(v) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (pos - lo) * (v[hi] - v[lo])
+
+
+def run_case(name, precision, warmup, steps, device):
+    model_name, options, batch, opt_name = CASES[name]
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = True
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    torch.manual_seed(1)
+    model = build(model_name, options).to(device).train()
+    if model_name == "transformer-lm":
+        vocab, t = options["vocab"], options["seq_len"]
+        x = torch.randint(0, vocab, (batch, t), device=device)
+        y = torch.randint(0, vocab, (batch, t), device=device)
+        classes = vocab
+    else:
+        size = options.get("image_size", 28)
+        channels = 1 if model_name == "fashion-cnn" else 3
+        classes = options.get("num_classes", 10)
+        x = torch.randn(batch, channels, size, size, device=device)
+        y = torch.randint(0, classes, (batch,), device=device)
+    if opt_name == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8,
+                                weight_decay=1e-2)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    scale = 1.0 / batch
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        logits = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, classes), y.reshape(-1), reduction="sum") * scale
+        loss.backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize(device)
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(steps):
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    peak = torch.cuda.max_memory_allocated(device)
+    del model, opt, x, y
+    return {"case": name, "precision": precision, "median_ms": quantile(times, 0.5),
+            "q1_ms": quantile(times, 0.25), "q3_ms": quantile(times, 0.75), "peak_bytes": peak,
+            "torch": torch.__version__, "device": torch.cuda.get_device_name(device)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--precision", default="fp32,tf32")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=50)
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to measure", file=sys.stderr, flush=True)
+        raise SystemExit(77)
+    device = torch.device("cuda", 0)
+    for name in [c for c in a.cases.split(",") if c]:
+        if name not in CASES:
+            raise SystemExit(f"unknown case {name!r}: choose from {', '.join(CASES)}")
+        for precision in [p for p in a.precision.split(",") if p]:
+            print(json.dumps(run_case(name, precision, a.warmup, a.steps, device)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
