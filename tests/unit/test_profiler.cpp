@@ -195,7 +195,8 @@ TEST_CASE("bad arguments are ConfigErrors") {
   CHECK_THROWS_WITH_AS(profile(z, 2, Device::cuda(), quick()), doctest::Contains("no CUDA support"),
                        ConfigError);
 #else
-  CHECK_THROWS_AS(profile(z, 2, Device::cuda(), quick()), ConfigError);
+  CHECK_THROWS_WITH_AS(profile(z, 2, Device::cuda(999), quick()), doctest::Contains("cuda:999"),
+                       ConfigError);
 #endif
   // An input shape the first layer cannot take.
   CHECK_THROWS_AS(profile(z.model, Shape{3, 5}, 2, Device::cpu(), quick()), ConfigError);

@@ -27,8 +27,13 @@ TEST_CASE("tensor rejects bad shapes and accesses with a clear error") {
   CHECK_THROWS_AS(t.reshape({4, 2}), Error);
   CHECK_THROWS_AS(t.data<std::int32_t>(), Error);
   CHECK_THROWS_AS(Shape({2, -1}), ConfigError);
+#if PIPELINE_WITH_CUDA
+  CHECK_THROWS_WITH_AS(Tensor::empty({2}, DType::Float32, Device::cuda(1000)),
+                       doctest::Contains("cuda:1000 does not exist"), ConfigError);
+#else
   CHECK_THROWS_WITH_AS(Tensor::empty({2}, DType::Float32, Device::cuda(0)),
                        doctest::Contains("no CUDA support"), ConfigError);
+#endif
   // Sizes from files (safetensors headers, found by fuzz/safetensors.cpp): an element count
   // beyond int64, or a byte count beyond size_t, is an error, not a wrapped small allocation.
   CHECK_THROWS_WITH_AS(Shape({1LL << 40, 1LL << 40}), doctest::Contains("more elements"),
