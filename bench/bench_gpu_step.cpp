@@ -178,36 +178,6 @@ Measure measure(const CaseSpec& c, bool tf32, int warmup, int steps) {
   return m;
 }
 
-// Runs `command` and returns its standard output's lines ("" and a message on stderr when it
-// cannot be started or fails).
-std::vector<std::string> run_lines(const std::string& command, int* status) {
-  std::vector<std::string> lines;
-  FILE* p = popen(command.c_str(), "r");
-  if (p == nullptr) {
-    *status = -1;
-    return lines;
-  }
-  std::string line;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p) != nullptr) {
-    line += buf;
-    if (!line.empty() && line.back() == '\n') {
-      line.pop_back();
-      lines.push_back(line);
-      line.clear();
-    }
-  }
-  if (!line.empty()) lines.push_back(line);
-  *status = pclose(p);
-  return lines;
-}
-
-std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return out + "'";
-}
-
 std::string today() {
   std::time_t t = std::time(nullptr);
   char buf[32];
@@ -294,9 +264,9 @@ int main(int argc, char** argv) {
     for (const auto& p : precisions) {
       const std::string child =
           fmt::format("{} --json --cases {} --precision {} --warmup {} --steps {}",
-                      quote(ec ? std::string(argv[0]) : self), c.name, p, warmup, steps);
+                      bench::shell_quote(ec ? std::string(argv[0]) : self), c.name, p, warmup, steps);
       int status = 0;
-      for (const auto& line : run_lines(child, &status))
+      for (const auto& line : bench::run_lines(child, &status))
         if (!line.empty() && line.front() == '{') ours[{c.name, p}] = nlohmann::json::parse(line);
       if (status != 0)
         fmt::print(stderr, "{} {}: the measuring process failed (status {})\n", c.name, p, status);
@@ -306,10 +276,10 @@ int main(int argc, char** argv) {
     std::vector<std::string> names;
     for (const auto& c : cases) names.push_back(c.name);
     const std::string cmd =
-        fmt::format("{} {} --cases {} --precision {} --warmup {} --steps {}", quote(python),
-                    quote(torch_script), fmt::join(names, ","), precision_flag, warmup, steps);
+        fmt::format("{} {} --cases {} --precision {} --warmup {} --steps {}", bench::shell_quote(python),
+                    bench::shell_quote(torch_script), fmt::join(names, ","), precision_flag, warmup, steps);
     int status = 0;
-    for (const auto& line : run_lines(cmd, &status)) {
+    for (const auto& line : bench::run_lines(cmd, &status)) {
       if (line.empty() || line.front() != '{') continue;
       nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded() || !j.contains("case")) continue;

@@ -96,34 +96,6 @@ struct Row {
   double bytes = 0, ms = 0;
 };
 
-std::vector<std::string> run_lines(const std::string& command, int* status) {
-  std::vector<std::string> lines;
-  FILE* p = popen(command.c_str(), "r");
-  if (p == nullptr) {
-    *status = -1;
-    return lines;
-  }
-  std::string line;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p) != nullptr) {
-    line += buf;
-    if (!line.empty() && line.back() == '\n') {
-      line.pop_back();
-      lines.push_back(line);
-      line.clear();
-    }
-  }
-  if (!line.empty()) lines.push_back(line);
-  *status = pclose(p);
-  return lines;
-}
-
-std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return out + "'";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -239,10 +211,10 @@ int main(int argc, char** argv) {
     double torch_copy_ms = 0;
     std::string torch_version = "-";
     if (torch) {
-      const std::string cmd = fmt::format("{} {} --runs {} --warmup {}", quote(python),
-                                          quote(torch_script), runs, warmup);
+      const std::string cmd = fmt::format("{} {} --runs {} --warmup {}", bench::shell_quote(python),
+                                          bench::shell_quote(torch_script), runs, warmup);
       int status = 0;
-      for (const auto& line : run_lines(cmd, &status)) {
+      for (const auto& line : bench::run_lines(cmd, &status)) {
         if (line.empty() || line.front() != '{') continue;
         nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
         if (j.is_discarded() || !j.contains("kernel")) continue;

@@ -7,6 +7,7 @@
 #include <ctime>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace pipeline::bench {
 
@@ -45,6 +46,37 @@ inline bool append_results(const std::string& path, const std::string& header,
     return false;
   }
   return true;
+}
+
+// Runs `command` through the shell and returns its standard output's lines; *status is
+// pclose's status (-1 when it could not be started).
+inline std::vector<std::string> run_lines(const std::string& command, int* status) {
+  std::vector<std::string> lines;
+  FILE* p = popen(command.c_str(), "r");
+  if (p == nullptr) {
+    *status = -1;
+    return lines;
+  }
+  std::string line;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) {
+    line += buf;
+    if (!line.empty() && line.back() == '\n') {
+      line.pop_back();
+      lines.push_back(line);
+      line.clear();
+    }
+  }
+  if (!line.empty()) lines.push_back(line);
+  *status = pclose(p);
+  return lines;
+}
+
+// `s` single-quoted for the shell.
+inline std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
 }
 
 }  // namespace pipeline::bench

@@ -537,6 +537,39 @@ Group NcclCommunicator::create_group(std::vector<int> ranks) {
   return Group(std::move(ranks), index, this, std::make_shared<detail::NcclGroup>(comm));
 }
 
+namespace {
+
+// Queues an in-place float32 sum of `buffers` over `comm` after the work queued so far on the
+// calling thread's current stream (iallreduce_sum and barrier); `waited`: the operation is
+// waited for from now on (its timeout runs).
+std::shared_ptr<detail::NcclOp> post_allreduce(detail::NcclShared& s,
+                                               std::shared_ptr<detail::NcclComm> comm,
+                                               std::vector<Tensor> buffers, std::string what,
+                                               int device, bool waited) {
+  auto op = std::make_shared<detail::NcclOp>();
+  op->kind = detail::NcclOpKind::AllReduce;
+  op->what = std::move(what);
+  op->comm = std::move(comm);
+  op->buffers = std::move(buffers);
+  op->ready = cuda::Event::create(device);
+  op->ready.record(cuda::current_stream(device));
+  op->done = cuda::Event::create(device);
+  std::lock_guard lock(s.mutex);
+  s.check_failed_locked();
+  s.sweep_locked();
+  s.pending.push_back(op);
+  detail::NcclComm& c = *op->comm;
+  s.issue_locked(c, std::span<const std::shared_ptr<detail::NcclOp>>(&op, 1), op->what, [&] {
+    for (Tensor& t : op->buffers)
+      PIPELINE_NCCL_CHECK_ASYNC(ncclAllReduce(t.raw(), t.raw(), static_cast<std::size_t>(t.numel()),
+                                              ncclFloat32, ncclSum, c.comm, c.stream.get()));
+  });
+  if (waited) op->waited_since = detail::Clock::now();
+  return op;
+}
+
+}  // namespace
+
 Request NcclCommunicator::iallreduce_sum(std::span<Tensor> tensors, const Group& group) {
   check_group(group, "allreduce_sum");
   std::int64_t total = 0;
@@ -551,53 +584,18 @@ Request NcclCommunicator::iallreduce_sum(std::span<Tensor> tensors, const Group&
   if (group.size() == 1 || tensors.empty()) return Request();
   auto* g = dynamic_cast<detail::NcclGroup*>(group.impl());
   PIPELINE_CHECK(g != nullptr, "allreduce_sum: the group has no NCCL communicator");
-  auto& s = *m_shared;
-  auto op = std::make_shared<detail::NcclOp>();
-  op->kind = detail::NcclOpKind::AllReduce;
-  op->what = fmt::format("an allreduce_sum of {} elements in {} tensors over ranks {}", total,
-                         tensors.size(), group.ranks());
-  op->comm = g->comm();
-  op->buffers.assign(tensors.begin(), tensors.end());
-  op->ready = cuda::Event::create(m_device);
-  op->ready.record(cuda::current_stream(m_device));
-  op->done = cuda::Event::create(m_device);
-
-  std::lock_guard lock(s.mutex);
-  s.check_failed_locked();
-  s.sweep_locked();
-  s.pending.push_back(op);
-  detail::NcclComm& c = *op->comm;
-  s.issue_locked(c, std::span<const std::shared_ptr<detail::NcclOp>>(&op, 1), op->what, [&] {
-    for (Tensor& t : op->buffers)
-      PIPELINE_NCCL_CHECK_ASYNC(ncclAllReduce(t.raw(), t.raw(), static_cast<std::size_t>(t.numel()),
-                                              ncclFloat32, ncclSum, c.comm, c.stream.get()));
-  });
+  auto op = post_allreduce(*m_shared, g->comm(), {tensors.begin(), tensors.end()},
+                           fmt::format("an allreduce_sum of {} elements in {} tensors over ranks {}",
+                                       total, tensors.size(), group.ranks()),
+                           m_device, /*waited=*/false);
   return Request(std::make_unique<detail::NcclRequest>(m_shared, op));
 }
 
 void NcclCommunicator::barrier() {
   auto& s = *m_shared;
-  Tensor one = Tensor::zeros(Shape{1}, DType::Float32, Device::cuda(m_device));
-  auto op = std::make_shared<detail::NcclOp>();
-  op->kind = detail::NcclOpKind::AllReduce;
-  op->what = fmt::format("a barrier of all {} ranks", m_size);
-  op->comm = s.world;
-  op->buffers.push_back(one);
-  op->ready = cuda::Event::create(m_device);
-  op->ready.record(cuda::current_stream(m_device));
-  op->done = cuda::Event::create(m_device);
-  {
-    std::lock_guard lock(s.mutex);
-    s.check_failed_locked();
-    s.sweep_locked();
-    s.pending.push_back(op);
-    detail::NcclComm& c = *op->comm;
-    s.issue_locked(c, std::span<const std::shared_ptr<detail::NcclOp>>(&op, 1), op->what, [&] {
-      PIPELINE_NCCL_CHECK_ASYNC(
-          ncclAllReduce(one.raw(), one.raw(), 1, ncclFloat32, ncclSum, c.comm, c.stream.get()));
-    });
-    op->waited_since = detail::Clock::now();
-  }
+  auto op = post_allreduce(s, s.world, {Tensor::zeros(Shape{1}, DType::Float32, Device::cuda(m_device))},
+                           fmt::format("a barrier of all {} ranks", m_size), m_device,
+                           /*waited=*/true);
   s.wake.notify_all();
   // Only this allreduce is waited for: a receive posted earlier may match a send that a peer
   // posts after the barrier.
