@@ -166,7 +166,7 @@ std::string describe(const Plan& plan) {
                      plan.model, plan.workers, plan.config, stages, plan.predicted.samples_per_s);
 }
 
-int run_pipelined(const Options& o, Communicator& comm) {
+int run_pipelined(const Options& o, Communicator& comm, Device device) {
   set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
   ZooModel zoo = image_model(o);
   FashionMnist train(o.data, Split::Train), test(o.data, Split::Test);
@@ -185,7 +185,8 @@ int run_pipelined(const Options& o, Communicator& comm) {
   StageExecutor ex(
       zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
       examples::with_injected_slowdown(
-          examples::executor_options(o.pipeline, plan, o.seed, o.clip_grad), comm.rank()));
+          examples::executor_options(o.pipeline, plan, o.seed, o.clip_grad, device),
+          comm.rank()));
   if (!o.load.empty()) load_parameters(o.load, zoo.model, ex.params(), ex.layers());
   const CheckpointRunInfo info = examples::checkpoint_run_info(
       o.model, ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline, &plan);
@@ -307,5 +308,5 @@ int main(int argc, char** argv) {
   examples::add_checkpoint_flags(app, o.checkpoints);
   return examples::run_main(
       argc, argv, app, o.pipeline, [&] { return run(o); },
-      [&](Communicator& comm) { return run_pipelined(o, comm); });
+      [&](Communicator& comm, Device device) { return run_pipelined(o, comm, device); });
 }

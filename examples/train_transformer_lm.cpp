@@ -127,7 +127,7 @@ int run_single(const Options& o) {
   return 0;
 }
 
-int run_pipelined(const Options& o, Communicator& comm) {
+int run_pipelined(const Options& o, Communicator& comm, Device device) {
   set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
   ZooModel zoo = model_for(o);
   const TextDataset train = train_text(o), valid = validation_text(o);
@@ -146,7 +146,8 @@ int run_pipelined(const Options& o, Communicator& comm) {
   StageExecutor ex(zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
                    examples::with_injected_slowdown(
                        examples::executor_options(o.pipeline, plan, o.seed,
-                                                  examples::stashes(req) ? 0.f : o.clip_grad),
+                                                  examples::stashes(req) ? 0.f : o.clip_grad,
+                                                  device),
                        comm.rank()));
   const CheckpointRunInfo info = examples::checkpoint_run_info(
       "transformer-lm", ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline, &plan);
@@ -241,5 +242,5 @@ int main(int argc, char** argv) {
   examples::add_checkpoint_flags(app, o.checkpoints);
   return examples::run_main(
       argc, argv, app, o.pipeline, [&] { return run_single(o); },
-      [&](Communicator& comm) { return run_pipelined(o, comm); });
+      [&](Communicator& comm, Device device) { return run_pipelined(o, comm, device); });
 }

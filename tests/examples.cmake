@@ -95,6 +95,26 @@ add_test(NAME example.uneven_replicas
                  ${_plans}/mlp_6_uneven.json ${_mpirun})
 set_tests_properties(example.uneven_replicas PROPERTIES LABELS "example;mpi" PROCESSORS 2 TIMEOUT 300)
 
+# In-process pipelines (--in-process: every rank a thread of one process) equal the same plans
+# under mpirun bit for bit, and their bad input ends the run with the error, never a hang.
+if(TARGET train_transformer_lm AND EXISTS /usr/share/games/fortunes/fortunes)
+  set(_lm $<TARGET_FILE:train_transformer_lm>)
+else()
+  set(_lm -)
+endif()
+add_test(NAME example.in_process
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/in_process_scenario.sh ${_train} ${_lm}
+                 ${_plans} ${_mpirun})
+set_tests_properties(example.in_process PROPERTIES LABELS "example;mpi" PROCESSORS 2 TIMEOUT 300)
+pipeline_expect_failure(in_process_without_plan "--in-process runs the stages of a plan"
+                        ${_train} --in-process --steps 1)
+pipeline_expect_failure(in_process_plan_wrong_model
+                        "rank [0-9]. the plan is for model 'mlp' but the program trains 'fashion-cnn'"
+                        ${_train} --in-process --plan ${_plans}/mlp_2.json --steps 2)
+pipeline_expect_failure(in_process_under_mpirun "--in-process runs the whole plan in one process"
+                        ${_mpirun} 2 ${_train} --in-process --model mlp --plan ${_plans}/mlp_2.json
+                        --steps 2)
+
 # Checkpoints, resume (same plan bit-identical, 1f1b-stash, another plan, after SIGKILL, after an interrupted
 # write) and SIGTERM to mpirun, driven as a user drives them (support/checkpoint_scenarios.sh).
 foreach(_case bitwise-sequential bitwise-gpipe bitwise-1f1b-flush stash replan sigkill

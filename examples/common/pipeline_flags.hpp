@@ -41,18 +41,28 @@ struct PipelineFlags {
   bool rebalance = false;
   int rebalance_every = 10;
 
-  // Where a single-process run trains (parse_device: cpu, cuda, cuda:N).
+  // Where the run trains (parse_device: cpu, cuda, cuda:N).
   std::string device = "cpu";
+  // Every stage of --plan as a thread of this one process (comms/local.hpp).
+  bool in_process = false;
 
   // ConfigError for flags that contradict each other. A single-process run ignores these flags,
   // so only a pipelined run checks them.
   void check() const {
     PIPELINE_CHECK_AS(ConfigError, schedule_csv.empty() || schedule.empty(),
                       "give either --schedule or --schedule-csv, not both");
-    PIPELINE_CHECK_AS(ConfigError, parse_device(device).is_cpu(),
-                      "--device {}: a pipelined run (--plan, or several ranks under mpirun) trains "
-                      "on CPU ranks; pipelines on GPUs are not built yet. Train on the GPU in one "
-                      "process (no --plan, no mpirun), or drop --device",
+    PIPELINE_CHECK_AS(ConfigError, !in_process || !plan.empty(),
+                      "--in-process runs the stages of a plan as threads of this process: give "
+                      "--plan plan.json (pipeline-partition writes one)");
+    PIPELINE_CHECK_AS(ConfigError, !in_process || launcher_world_size() == 1,
+                      "--in-process runs the whole plan in one process, but the launcher started "
+                      "{}: run it with mpirun -np 1 (or without mpirun), or drop --in-process",
+                      launcher_world_size());
+    PIPELINE_CHECK_AS(ConfigError, in_process || parse_device(device).is_cpu(),
+                      "--device {}: a pipeline of several processes (mpirun) trains on CPU ranks; "
+                      "GPU pipelines across processes are not built yet. Run the plan's stages as "
+                      "threads of one process with --in-process, train in one process without "
+                      "--plan, or drop --device",
                       device);
   }
 
@@ -64,8 +74,12 @@ struct PipelineFlags {
 // Adds the pipeline flags to `app`, bound to `flags`.
 inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
   app.add_option("--device", flags.device,
-                 "where a single-process run trains: cpu, cuda or cuda:N (CUDA builds)")
+                 "where the run trains: cpu, cuda or cuda:N (CUDA builds); an --in-process "
+                 "pipeline puts stage s on cuda:(N + s) modulo the visible GPUs")
       ->capture_default_str();
+  app.add_flag("--in-process", flags.in_process,
+               "run every stage of --plan as a thread of this one process (one GPU, or the CPU), "
+               "instead of one process per stage under mpirun");
   app.add_option("--plan", flags.plan,
                  "train as a pipeline with this plan.json (pipeline-partition)");
   app.add_option("--schedule", flags.schedule,
@@ -198,8 +212,9 @@ inline std::vector<bool> recompute_stages(const PipelineFlags& flags, const Plan
 }
 
 inline ExecutorOptions executor_options(const PipelineFlags& flags, const Plan& plan,
-                                        std::uint64_t seed, float clip_norm) {
+                                        std::uint64_t seed, float clip_norm, Device device) {
   return {.seed = seed,
+          .device = device,
           .clip_norm = clip_norm,
           .record_trace = !flags.trace.empty(),
           .recompute = recompute_stages(flags, plan)};

@@ -24,16 +24,26 @@ namespace detail {
 
 namespace {
 
-// A posted receive waiting for its message.
+// A sent tensor not yet copied into its receive: a copy the sender made, and for a device
+// tensor the mark (an event on the sender's stream) after which the copy is complete.
+struct Message {
+  Tensor tensor;
+  std::shared_ptr<void> ready;
+};
+
+// A posted receive waiting for its message. CPU messages are copied into `into` by the sender;
+// a message that involves a device is handed over in `message` and copied by the receiver, on
+// its own stream, when it tests or waits (deliver()).
 struct PendingRecv {
   Tensor into;
   bool done = false;
   std::string error;  // set when the message did not fit `into`
+  Message message;
 };
 
 // Messages and receives of one (destination, source, tag).
 struct Channel {
-  std::deque<Tensor> messages;
+  std::deque<Message> messages;
   std::deque<std::shared_ptr<PendingRecv>> receives;
 };
 
@@ -52,11 +62,16 @@ struct ChannelKey {
 // One collective call of a group (the n-th allreduce or barrier every member makes on it):
 // members arrive with their tensors; the last to arrive sums them in group order and writes the
 // sum into every member's tensors. Several rounds of a group may be open at once (non-blocking
-// allreduces of gradient buckets), each member filling them in its own call order.
+// allreduces of gradient buckets), each member filling them in its own call order. Device
+// tensors: each member's arrival marks its stream (arrived_marks), the last member's stream
+// waits for those marks, sums and copies, and marks `summed`, which every member's stream waits
+// for when its Request completes.
 struct Round {
   int arrived = 0;
   bool done = false;
   std::vector<std::vector<Tensor>> slots;
+  std::vector<std::shared_ptr<void>> arrived_marks;
+  std::shared_ptr<void> summed;
   std::string error;
 };
 
@@ -78,6 +93,68 @@ std::string mismatch(const Tensor& msg, const Tensor& into, int me, int src, con
       "rank {}: the message {} from rank {} holds {} but the receive tensor holds {}; sender "
       "and receiver must agree on the tensor's size and type",
       me, tag.str(), src, describe_tensor(msg), describe_tensor(into));
+}
+
+// The copy a message is sent as: for a device tensor queued on the sender's stream and marked.
+Message make_message(const Tensor& t) {
+  Message m{t.clone(), nullptr};
+  if (t.device().is_cuda()) m.ready = device_functions(t.device()).mark(t.device().index);
+  return m;
+}
+
+// The device whose current stream a copy between `a` and `b` runs on (core/allocator.hpp).
+Device copy_device(const Tensor& dst, const Tensor& src) {
+  return dst.device().is_cuda() ? dst.device() : src.device();
+}
+
+// Copies `msg` into `into` on the calling thread's stream once the sender's copy is done, and
+// keeps the message's block from reuse until then. A copy that involves the CPU or two GPUs
+// completes before it returns (core/allocator.hpp), so only a same-device copy needs the latter.
+void deliver(const Message& msg, Tensor& into) {
+  const Device d = copy_device(into, msg.tensor);
+  if (msg.ready) device_functions(d).wait_for(msg.ready, d.index);
+  into.copy_from(msg.tensor);
+  if (d.is_cuda() && msg.tensor.device() == d)
+    device_functions(d).used_here(msg.tensor.storage_id(), d.index);
+}
+
+bool involves_device(const Tensor& a, const Tensor& b) {
+  return a.device().is_cuda() || b.device().is_cuda();
+}
+
+// The last member's part of a round of device tensors, on its own stream of `device` (its
+// tensors' GPU): wait for every member's arrival mark, sum in group order into a new tensor,
+// copy the sum into every member's tensors, and mark the end. Members' tensors on other GPUs
+// are copied over, and the sum back through the host (copies that complete before they return).
+void sum_on_device(Round& round, Device device) {
+  const DeviceAllocator& f = device_functions(device);
+  for (const auto& m : round.arrived_marks) f.wait_for(m, device.index);
+  auto use = [&](const Tensor& t) {
+    if (t.device() == device) f.used_here(t.storage_id(), device.index);
+  };
+  for (std::size_t i = 0; i < round.slots[0].size(); ++i) {
+    Tensor sum = round.slots[0][i].to(device).clone();
+    use(round.slots[0][i]);
+    for (std::size_t m = 1; m < round.slots.size(); ++m) {
+      const Tensor x = round.slots[m][i].to(device);
+      f.add(sum.device_data<float>(), x.device_data<float>(), device.index,
+            static_cast<std::size_t>(sum.numel()));
+      use(round.slots[m][i]);
+    }
+    Tensor host_sum;  // for members on other GPUs
+    for (std::size_t m = 0; m < round.slots.size(); ++m) {
+      Tensor& t = round.slots[m][i];
+      if (t.device() == device) {
+        t.copy_from(sum);
+        use(t);
+        continue;
+      }
+      if (!host_sum.defined()) host_sum = sum.to(Device::cpu());
+      f.wait_for(round.arrived_marks[m], t.device().index);
+      t.copy_from(host_sum);
+    }
+  }
+  round.summed = f.mark(device.index);
 }
 
 }  // namespace
@@ -169,8 +246,13 @@ class LocalRecvRequest final : public RequestImpl {
   }
 
  private:
+  // Caller holds the hub's mutex.
   bool finish() {
     if (!m_pending->error.empty()) throw Error(m_pending->error);
+    if (m_pending->message.tensor.defined()) {
+      deliver(m_pending->message, m_pending->into);
+      m_pending->message = {};
+    }
     return true;
   }
   // Caller holds the hub's mutex.
@@ -192,10 +274,12 @@ class LocalRecvRequest final : public RequestImpl {
 class LocalCollectiveRequest final : public RequestImpl {
  public:
   LocalCollectiveRequest(std::shared_ptr<LocalHubState> hub, std::shared_ptr<WaitSettings> settings,
-                         std::shared_ptr<Round> round, int me, std::string what, int members)
+                         std::shared_ptr<Round> round, Device device, int me, std::string what,
+                         int members)
       : m_hub(std::move(hub)),
         m_settings(std::move(settings)),
         m_round(std::move(round)),
+        m_device(device),
         m_me(me),
         m_what(std::move(what)),
         m_members(members) {}
@@ -229,14 +313,18 @@ class LocalCollectiveRequest final : public RequestImpl {
   }
 
  private:
+  // Caller holds the hub's mutex.
   bool finish() {
     if (!m_round->error.empty()) throw Error(m_round->error);
+    if (m_round->summed && m_device.is_cuda())
+      device_functions(m_device).wait_for(m_round->summed, m_device.index);
     return true;
   }
 
   std::shared_ptr<LocalHubState> m_hub;
   std::shared_ptr<WaitSettings> m_settings;
   std::shared_ptr<Round> m_round;
+  Device m_device;  // of the member's tensors (the CPU for none)
   int m_me;
   std::string m_what;
   int m_members;
@@ -291,45 +379,43 @@ int LocalCommunicator::size() const {
 
 Request LocalCommunicator::isend(const Tensor& tensor, int peer, Tag tag) {
   check_p2p(tensor, peer, tag, "isend");
-  PIPELINE_CHECK(tensor.device().is_cpu(),
-                 "isend of {} to rank {}: the in-process communicator moves CPU tensors only, "
-                 "this one is on {}",
-                 tag.str(), peer, tensor.device().str());
   std::unique_lock lock(m_hub->mu);
   m_hub->check_not_aborted(m_rank);
   auto& ch = m_hub->channel(peer, m_rank, tag);
   if (!ch.receives.empty()) {
-    // Deliver straight into the oldest posted receive: receives match in posting order.
+    // Deliver to the oldest posted receive: receives match in posting order. CPU to CPU copies
+    // straight into it; a device is involved, the receiver copies on its own stream.
     auto pending = std::move(ch.receives.front());
     ch.receives.pop_front();
     pending->error = detail::mismatch(tensor, pending->into, peer, m_rank, tag);
-    if (pending->error.empty()) pending->into.copy_from(tensor);
+    if (pending->error.empty()) {
+      if (detail::involves_device(tensor, pending->into))
+        pending->message = detail::make_message(tensor);
+      else
+        pending->into.copy_from(tensor);
+    }
     pending->done = true;
     m_hub->drop_if_empty(peer, m_rank, tag);
     lock.unlock();
     m_hub->cv.notify_all();
   } else {
-    ch.messages.push_back(tensor.clone());
+    ch.messages.push_back(detail::make_message(tensor));
   }
   return Request();
 }
 
 Request LocalCommunicator::irecv(Tensor& into, int peer, Tag tag) {
   check_p2p(into, peer, tag, "irecv");
-  PIPELINE_CHECK(into.device().is_cpu(),
-                 "irecv of {} from rank {}: the in-process communicator moves CPU tensors only, "
-                 "this one is on {}",
-                 tag.str(), peer, into.device().str());
   std::lock_guard lock(m_hub->mu);
   m_hub->check_not_aborted(m_rank);
   auto& ch = m_hub->channel(m_rank, peer, tag);
   if (ch.receives.empty() && !ch.messages.empty()) {
-    Tensor msg = std::move(ch.messages.front());
+    detail::Message msg = std::move(ch.messages.front());
     ch.messages.pop_front();
     m_hub->drop_if_empty(m_rank, peer, tag);
-    std::string error = detail::mismatch(msg, into, m_rank, peer, tag);
+    std::string error = detail::mismatch(msg.tensor, into, m_rank, peer, tag);
     if (!error.empty()) throw Error(error);
-    into.copy_from(msg);
+    detail::deliver(msg, into);
     return Request();
   }
   auto pending = std::make_shared<detail::PendingRecv>();
@@ -355,10 +441,12 @@ void LocalCommunicator::barrier() {
 Request LocalCommunicator::join_round(std::span<Tensor> tensors, const Group& group,
                                       std::string_view op) {
   check_group(group, op);
+  const Device device = tensors.empty() ? Device::cpu() : tensors[0].device();
   for (const Tensor& t : tensors)
-    PIPELINE_CHECK(t.defined() && t.device().is_cpu() && t.dtype() == DType::Float32,
-                   "{}: tensors must be defined float32 CPU tensors, got {} on {}", op,
-                   dtype_name(t.dtype()), t.device().str());
+    PIPELINE_CHECK(t.defined() && t.dtype() == DType::Float32 && t.device().kind == device.kind,
+                   "{}: tensors must be defined float32 tensors all on the CPU or all on GPUs, "
+                   "got {} on {} beside {}",
+                   op, dtype_name(t.dtype()), t.device().str(), device.str());
   const int n = group.size();
   std::unique_lock lock(m_hub->mu);
   m_hub->check_not_aborted(m_rank);
@@ -372,6 +460,11 @@ Request LocalCommunicator::join_round(std::span<Tensor> tensors, const Group& gr
   }
   std::shared_ptr<detail::Round> round = slot;
   round->slots[static_cast<std::size_t>(group.index())].assign(tensors.begin(), tensors.end());
+  if (device.is_cuda()) {
+    round->arrived_marks.resize(static_cast<std::size_t>(n));
+    round->arrived_marks[static_cast<std::size_t>(group.index())] =
+        device_functions(device).mark(device.index);
+  }
   if (++round->arrived == n) {
     // Last to arrive: check that the members agree, then sum in group order and hand the one
     // result to everyone, so all members hold the same bits.
@@ -388,7 +481,9 @@ Request LocalCommunicator::join_round(std::span<Tensor> tensors, const Group& gr
             op, fmt::join(group.ranks(), ", "), group.ranks()[0], first.size(),
             group.ranks()[static_cast<std::size_t>(m)], other.size());
     }
-    if (round->error.empty()) {
+    if (round->error.empty() && device.is_cuda()) {
+      detail::sum_on_device(*round, device);
+    } else if (round->error.empty()) {
       for (std::size_t i = 0; i < first.size(); ++i) {
         Tensor sum = first[i].clone();
         float* s = sum.data<float>();
@@ -407,7 +502,7 @@ Request LocalCommunicator::join_round(std::span<Tensor> tensors, const Group& gr
     m_hub->cv.notify_all();
   }
   return Request(std::make_unique<detail::LocalCollectiveRequest>(
-      m_hub, wait_settings(), std::move(round), m_rank,
+      m_hub, wait_settings(), std::move(round), device, m_rank,
       fmt::format("{} over ranks [{}]", op, fmt::join(group.ranks(), ", ")), n));
 }
 

@@ -465,6 +465,37 @@ int group_tag(const std::vector<int>& ranks) {
   return static_cast<int>(h % 32768u);
 }
 
+// Device staging: MPI moves host memory, so a device tensor travels as a host copy. A send
+// copies to the host first (the copy completes before MPI sees the buffer, and runs on the
+// caller's current stream, after the work that wrote the tensor); a receive or an allreduce
+// works on host copies and, when its request completes, copies them back to the device tensors
+// on the stream of the thread that completed it (the rank's own).
+class StagedRequest final : public RequestImpl {
+ public:
+  StagedRequest(Request inner, std::vector<Tensor> host, std::vector<Tensor> device)
+      : m_inner(std::move(inner)), m_host(std::move(host)), m_device(std::move(device)) {}
+
+  bool test() override {
+    if (!m_inner.test()) return false;
+    copy_back();
+    return true;
+  }
+  void wait() override {
+    m_inner.wait();
+    copy_back();
+  }
+
+ private:
+  void copy_back() {
+    for (std::size_t i = 0; i < m_device.size(); ++i) m_device[i].copy_from(m_host[i]);
+    m_device.clear();
+  }
+
+  Request m_inner;
+  std::vector<Tensor> m_host;
+  std::vector<Tensor> m_device;
+};
+
 }  // namespace
 }  // namespace detail
 
@@ -536,10 +567,7 @@ MPI_Comm MpiCommunicator::handle() const {
 
 Request MpiCommunicator::isend(const Tensor& tensor, int peer, Tag tag) {
   check_p2p(tensor, peer, tag, "isend");
-  PIPELINE_CHECK(
-      tensor.device().is_cpu(),
-      "isend of {} to rank {}: the MPI communicator sends CPU tensors, this one is on {}",
-      tag.str(), peer, tensor.device().str());
+  if (!tensor.device().is_cpu()) return isend(tensor.to(Device::cpu()), peer, tag);  // staged
   int count = detail::mpi_count(tensor.numel(), "isend");
   int mpi_tag = m_codec.encode(tag);
   m_shared->sweep();
@@ -552,10 +580,13 @@ Request MpiCommunicator::isend(const Tensor& tensor, int peer, Tag tag) {
 
 Request MpiCommunicator::irecv(Tensor& into, int peer, Tag tag) {
   check_p2p(into, peer, tag, "irecv");
-  PIPELINE_CHECK(into.device().is_cpu(),
-                 "irecv of {} from rank {}: the MPI communicator receives into CPU tensors, this "
-                 "one is on {}",
-                 tag.str(), peer, into.device().str());
+  if (!into.device().is_cpu()) {  // staged: received on the host, copied over on completion
+    Tensor host = Tensor::empty(into.shape(), into.dtype(), Device::cpu());
+    Request inner = irecv(host, peer, tag);
+    return Request(std::make_unique<detail::StagedRequest>(std::move(inner),
+                                                           std::vector<Tensor>{host},
+                                                           std::vector<Tensor>{into}));
+  }
   int count = detail::mpi_count(into.numel(), "irecv");
   int mpi_tag = m_codec.encode(tag);
   m_shared->sweep();
@@ -585,11 +616,25 @@ Group MpiCommunicator::create_group(std::vector<int> ranks) {
 Request MpiCommunicator::iallreduce_sum(std::span<Tensor> tensors, const Group& group) {
   check_group(group, "allreduce_sum");
   std::int64_t total = 0;
+  bool staged = false;
   for (const Tensor& t : tensors) {
-    PIPELINE_CHECK(t.defined() && t.device().is_cpu() && t.dtype() == DType::Float32,
-                   "allreduce_sum: tensors must be defined float32 CPU tensors, got {} on {}",
+    PIPELINE_CHECK(t.defined() && t.dtype() == DType::Float32,
+                   "allreduce_sum: tensors must be defined float32 tensors, got {} on {}",
                    dtype_name(t.dtype()), t.device().str());
     total += t.numel();
+    staged = staged || !t.device().is_cpu();
+  }
+  if (staged && group.size() > 1) {
+    std::vector<Tensor> host, staged_host, device;
+    for (const Tensor& t : tensors) {
+      host.push_back(t.to(Device::cpu()));  // a CPU tensor is itself: reduced in place
+      if (t.device().is_cpu()) continue;
+      staged_host.push_back(host.back());
+      device.push_back(t);
+    }
+    Request inner = iallreduce_sum(std::span<Tensor>(host), group);
+    return Request(std::make_unique<detail::StagedRequest>(std::move(inner), std::move(staged_host),
+                                                           std::move(device)));
   }
   if (group.size() == 1 || tensors.empty()) return Request();
   detail::mpi_count(total, "allreduce_sum");

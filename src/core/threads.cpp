@@ -16,6 +16,7 @@ namespace pipeline {
 
 namespace {
 int g_threads = 0;
+int g_ranks_per_process = 1;
 }
 
 void set_num_threads(int n) {
@@ -46,7 +47,9 @@ int default_num_threads() {
       break;
     }
   }
-  return std::max(1, cpus / local);
+  return std::max(1, cpus / (local * g_ranks_per_process));
 }
+
+void set_ranks_per_process(int n) { g_ranks_per_process = std::max(1, n); }
 
 }  // namespace pipeline

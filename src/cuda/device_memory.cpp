@@ -2,6 +2,7 @@
 
 #include <pipeline/cuda/stream.hpp>
 
+#include "elementwise.cuh"
 #include "fill.cuh"
 
 #include <memory>
@@ -63,8 +64,9 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, std:
   DeviceGuard guard(device);
   cudaStream_t stream = current_stream(device);
   PIPELINE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
-  // The host side may be read or reused as soon as this returns.
-  if (dst_device.is_cpu() || src_device.is_cpu()) PIPELINE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  // The host side may be read or reused as soon as this returns; so may both sides of a copy
+  // between two GPUs, whose source no stream of its own device orders.
+  if (dst_device != src_device) PIPELINE_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 void zero(void* dst, int device, std::size_t bytes) {
@@ -75,6 +77,31 @@ void zero(void* dst, int device, std::size_t bytes) {
 void fill(float* dst, int device, float value, std::size_t count) {
   DeviceGuard guard(device);
   kernels::fill_f32(current_stream(device), dst, value, count);
+}
+
+void add(float* acc, const float* x, int device, std::size_t count) {
+  DeviceGuard guard(device);
+  kernels::add_in_place(current_stream(device), acc, x, static_cast<std::int64_t>(count));
+}
+
+std::shared_ptr<void> mark(int device) {
+  DeviceGuard guard(device);
+  cudaEvent_t e = nullptr;
+  PIPELINE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  std::shared_ptr<void> owned(e, [](void* p) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+  PIPELINE_CUDA_CHECK(cudaEventRecord(e, current_stream(device)));
+  return owned;
+}
+
+void wait_for(const std::shared_ptr<void>& m, int device) {
+  if (!m) return;
+  DeviceGuard guard(device);
+  PIPELINE_CUDA_CHECK(
+      cudaStreamWaitEvent(current_stream(device), static_cast<cudaEvent_t>(m.get()), 0));
+}
+
+void used_here(const void* storage, int device) {
+  device_pool(device).record_stream(const_cast<void*>(storage), current_stream(device));
 }
 
 }  // namespace
@@ -108,6 +135,10 @@ void install_device_hooks() {
     a.copy = copy;
     a.zero = zero;
     a.fill = fill;
+    a.add = add;
+    a.mark = mark;
+    a.wait_for = wait_for;
+    a.used_here = used_here;
     a.allocate = allocate;  // last: the core tests it to know whether the hooks are in
   });
 }

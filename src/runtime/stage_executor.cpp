@@ -107,6 +107,9 @@ double get_double(const float* in) {
   return static_cast<double>(in[0]) + static_cast<double>(in[1]);
 }
 
+// The host copy of a message the executor reads (statistics, norms, weight tags).
+Tensor on_host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
+
 // Removes and returns what was received for microbatch u. Receives are posted ahead of the
 // compute that needs them, so a missing entry means the action list ran compute before its
 // receive.
@@ -290,8 +293,9 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
         num_threads(), comm.rank(), cpus, cpus);
     set_num_threads(cpus);
   }
-  m_store = std::make_unique<WeightStore>(model.init(m_options.seed, layers()));
-  m_grads = model.zero_grads(layers());
+  m_store = std::make_unique<WeightStore>(
+      to_device(model.init(m_options.seed, layers()), m_options.device));
+  m_grads = model.zero_grads(layers(), m_options.device);
   if (mine.size() > 1) {
     // Gradient buckets, in backward order: layers from the stage's last one down until a bucket
     // holds allreduce_bucket_bytes; layers without parameters ride with their neighbours.
@@ -324,8 +328,9 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
                       comm.rank(), m_stage, s);
     StageSlot& slot = m_slots[i];
     slot.stage = s;
-    slot.store = std::make_unique<WeightStore>(model.init(m_options.seed, m_layout.stages[s]));
-    slot.grads = model.zero_grads(m_layout.stages[s]);
+    slot.store = std::make_unique<WeightStore>(
+        to_device(model.init(m_options.seed, m_layout.stages[s]), m_options.device));
+    slot.grads = model.zero_grads(m_layout.stages[s], m_options.device);
     slot.recompute = static_cast<std::size_t>(s) < m_options.recompute.size() &&
                      m_options.recompute[static_cast<std::size_t>(s)];
   }
@@ -473,6 +478,8 @@ Batch StageExecutor::microbatch_data(Run& run, int u) {
     PIPELINE_CHECK(b.size() == run.feed->size(mb),
                    "the feed's minibatch {} has {} samples but its size function says {}", mb,
                    b.size(), run.feed->size(mb));
+    b.inputs = b.inputs.to(m_options.device);
+    b.labels = b.labels.to(m_options.device);
     run.cached = split_microbatches(b, run.eval ? 1 : run.microbatches);
     run.cached_minibatch = mb;
   }
@@ -501,13 +508,14 @@ void StageExecutor::post_receives(Run& run, std::size_t upto) {
     const bool activation = a.kind == ActionKind::RecvActivation;
     // The receive's own stage, which on a rank of several stages need not be the active one.
     const LayerRange r = m_layout.stages[static_cast<std::size_t>(a.stage)];
-    p.buffer = Tensor::empty(activation_shape(samples, activation ? r.begin : r.end));
+    p.buffer = Tensor::empty(activation_shape(samples, activation ? r.begin : r.end),
+                             DType::Float32, m_options.device);
     Tag tag = activation ? Tag::activation(a.stage - 1, run.global(u))
                          : Tag::gradient(a.stage + 1, run.global(u));
     if (run.eval) tag = {TagKind::EvalActivation, a.stage - 1, u};
     p.request = m_comm->irecv(p.buffer, a.peer, tag);
     if (activation && run.vertical_sync) {
-      p.version = Tensor::empty(Shape{2}, DType::Int32);
+      p.version = Tensor::empty(Shape{2}, DType::Int32, m_options.device);
       p.version_request =
           m_comm->irecv(p.version, a.peer, Tag::version(a.stage - 1, run.global(u)));
     }
@@ -541,7 +549,7 @@ Tensor StageExecutor::take_received(Run& run, std::size_t index) {
   p.request.wait();
   if (p.version.defined()) {
     p.version_request.wait();
-    run.input_tags[(*run.actions)[index].microbatch] = int64_from_message(p.version);
+    run.input_tags[(*run.actions)[index].microbatch] = int64_from_message(on_host(p.version));
   }
   return p.buffer;
 }
@@ -770,8 +778,8 @@ void StageExecutor::do_allreduce(Run& run, const Action& a) {
       put_double(v + 6 * i + 2, static_cast<double>(it->second.correct));
       put_double(v + 6 * i + 4, static_cast<double>(it->second.count));
     }
-    g.push_back(stats);
-    run.buckets_in_flight.push_back(m_comm->iallreduce_sum(stats, m_replica_group));
+    g.push_back(stats.to(m_options.device));
+    run.buckets_in_flight.push_back(m_comm->iallreduce_sum(g.back(), m_replica_group));
   }
   for (Request& q : run.buckets_in_flight) q.wait();
   run.buckets_in_flight.clear();
@@ -784,7 +792,7 @@ void StageExecutor::do_allreduce(Run& run, const Action& a) {
   run.allreduce = AllReduceTiming{};
   run.buckets_started = 0;
   if (is_last_stage()) {
-    const Tensor summed = g.back();
+    const Tensor summed = on_host(g.back());
     g.pop_back();
     const float* v = summed.data<float>();
     for (std::size_t i = 0; i < closes.size(); ++i) {
@@ -833,8 +841,9 @@ void StageExecutor::do_step(Run& run, const Action& a) {
     // Replicas hold identical gradients after the allreduce: count each stage once.
     Tensor t = Tensor::zeros(Shape{2});
     if (m_replica == 0) put_double(t.data<float>(), local);
+    t = t.to(m_options.device);
     m_comm->allreduce_sum(t, m_comm->world());
-    const double norm = std::sqrt(get_double(t.data<float>()));
+    const double norm = std::sqrt(get_double(on_host(t).data<float>()));
     scale(std::span<Tensor>(grads), clip_factor(norm, m_options.clip_norm));
   }
   // 2BW: after step k only minibatches from k + 1 on run, on the weights after k steps or later.
@@ -917,7 +926,7 @@ void StageExecutor::execute(Run& run) {
                            : Tag::activation(m_stage, run.global(a.microbatch));
         run.sends.push_back(m_comm->isend(c.output, a.peer, tag));
         if (run.vertical_sync && !run.eval)
-          run.sends.push_back(m_comm->isend(int64_message(c.input_tag), a.peer,
+          run.sends.push_back(m_comm->isend(int64_message(c.input_tag).to(m_options.device), a.peer,
                                             Tag::version(m_stage, run.global(a.microbatch))));
         c.output = Tensor{};
         if (run.eval) run.table->close(a.microbatch);
@@ -1053,11 +1062,13 @@ StageExecutor::Eval StageExecutor::evaluate(const MinibatchFeed& feed, std::int6
   for_each_stage(run, [] {});  // the rank's first stage is active between calls
 
   Tensor t = Tensor::zeros(Shape{6});
-  float* v = t.data<float>();
-  put_double(v, run.eval_loss);
-  put_double(v + 2, static_cast<double>(run.eval_correct));
-  put_double(v + 4, static_cast<double>(run.eval_count));
+  put_double(t.data<float>(), run.eval_loss);
+  put_double(t.data<float>() + 2, static_cast<double>(run.eval_correct));
+  put_double(t.data<float>() + 4, static_cast<double>(run.eval_count));
+  t = t.to(m_options.device);
   m_comm->allreduce_sum(t, m_comm->world());
+  t = on_host(t);
+  const float* v = t.data<float>();
   Eval e;
   e.count = static_cast<std::int64_t>(std::llround(get_double(v + 4)));
   if (e.count > 0) {

@@ -22,13 +22,27 @@ namespace pipeline {
 struct DeviceAllocator {
   void* (*allocate)(std::size_t bytes, int device) = nullptr;
   void (*deallocate)(void* ptr, int device) noexcept = nullptr;
-  // Copies `bytes` between any two devices, the CPU included. A copy that involves the CPU has
-  // completed when it returns (the host may read or reuse its buffer); a device-to-device copy is
-  // queued on the destination's current stream.
+  // Copies `bytes` between any two devices, the CPU included, on the current stream of the
+  // destination (of the source for a copy to the CPU). A copy that involves the CPU or two
+  // different GPUs has completed when it returns (the host may read or reuse its buffer); a copy
+  // within one GPU is queued.
   void (*copy)(void* dst, Device dst_device, const void* src, Device src_device,
                std::size_t bytes) = nullptr;
   void (*zero)(void* dst, int device, std::size_t bytes) = nullptr;
   void (*fill)(float* dst, int device, float value, std::size_t count) = nullptr;
+  // acc[i] += x[i] for float32 (the in-process communicator's sums of device tensors).
+  void (*add)(float* acc, const float* x, int device, std::size_t count) = nullptr;
+
+  // Ordering across threads that each have their own current stream (the in-process
+  // communicator hands device tensors from one rank's thread to another's):
+  // mark() records an event on the caller's current stream of `device` now; wait_for() makes the
+  // caller's current stream wait for such a mark on the device (the host does not block);
+  // used_here() tells the allocator that the storage at `storage` (a tensor's storage_id()) is
+  // used by work queued on the caller's current stream too, so that its block is reused only
+  // after that work (see cuda/caching_pool.hpp).
+  std::shared_ptr<void> (*mark)(int device) = nullptr;
+  void (*wait_for)(const std::shared_ptr<void>& mark, int device) = nullptr;
+  void (*used_here)(const void* storage, int device) = nullptr;
 };
 
 #if PIPELINE_WITH_CUDA

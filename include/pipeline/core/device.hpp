@@ -42,4 +42,8 @@ inline Device parse_device(std::string_view text) {
   return Device::cuda(index);
 }
 
+// CUDA devices this process sees: 0 in a build without CUDA, without a driver or without a GPU
+// (never throws).
+int cuda_device_count();
+
 }  // namespace pipeline

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace pipeline {
 
@@ -58,10 +59,29 @@ inline int& current_rank() {
   return rank;
 }
 
+// The rank of the calling thread when the ranks of a job are threads of one process (an
+// in-process pipeline); -1 on other threads, which take the process's current_rank().
+inline int& thread_rank() {
+  thread_local int rank = -1;
+  return rank;
+}
+
 inline std::string rank_prefix() {
-  int r = current_rank();
+  const int r = thread_rank() >= 0 ? thread_rank() : current_rank();
   return r < 0 ? std::string() : fmt::format("[rank {}] ", r);
 }
+
+// Sets the calling thread's rank for its scope (errors and log lines of that thread name it).
+class ThreadRankScope {
+ public:
+  explicit ThreadRankScope(int rank) : m_previous(std::exchange(thread_rank(), rank)) {}
+  ~ThreadRankScope() { thread_rank() = m_previous; }
+  ThreadRankScope(const ThreadRankScope&) = delete;
+  ThreadRankScope& operator=(const ThreadRankScope&) = delete;
+
+ private:
+  int m_previous;
+};
 
 template <typename E = Error>
 [[noreturn]] inline void fail(std::string_view expr, const char* file, int line,

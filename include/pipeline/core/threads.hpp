@@ -9,9 +9,13 @@ int num_threads();
 // The CPUs this process may run on (its affinity mask: mpirun binds each rank to one core by
 // default), or the machine's hardware threads when the mask cannot be read.
 int allowed_cpus();
-// allowed_cpus() divided by the number of processes of the job on this host
-// (OMPI_COMM_WORLD_LOCAL_SIZE when launched by mpirun), at least 1. More threads than a rank's
-// CPUs stall every parallel region on the descheduled thread.
+// allowed_cpus() divided by the number of ranks of the job on this host (the processes,
+// OMPI_COMM_WORLD_LOCAL_SIZE when launched by mpirun, times the ranks of each process), at
+// least 1. More threads than a rank's CPUs stall every parallel region on the descheduled thread.
 int default_num_threads();
+// The ranks of the job that run as threads of this process (an in-process pipeline: every stage
+// a thread); 1 otherwise. Each rank's thread then sets its own num_threads (OpenMP's count is
+// per thread).
+void set_ranks_per_process(int n);
 
 }  // namespace pipeline

@@ -50,6 +50,9 @@
 // (saved records or recomputation inputs, outputs not yet sent, received activations and
 // gradients not yet used, input gradients not yet sent).
 //
+// On a GPU (ExecutorOptions::device) the same actions run on the calling thread's current stream
+// of that device; only the loss, the gradient norms and the statistics come back to the host.
+//
 // Errors: the schedule is validated before anything runs (ConfigError on every rank alike); a
 // non-finite loss or gradient throws naming the step, microbatch and layer; communication waits
 // time out (TimeoutError with this rank's position in its list). The caller catches and aborts
@@ -118,6 +121,11 @@ struct MinibatchFeed {
 
 struct ExecutorOptions {
   std::uint64_t seed = 0;     // initial parameters and dropout masks (microbatch_seed)
+  // Where the stage computes: its weights, gradients, optimizer state, stashed versions and
+  // activations live there, the feed's batches are moved there, and every message (activations,
+  // gradients, weight tags, the small statistics and norms the ranks sum) is a tensor there, so
+  // a device communicator (NCCL, or the in-process one on GPUs) moves it device to device.
+  Device device = Device::cpu();
   float clip_norm = 0.f;      // global gradient-norm clipping (0: off)
   bool record_trace = false;  // keep every executed action's timing (trace_events())
   // Receives posted ahead of the action that waits for them, per kind; more overlap for more

@@ -9,7 +9,16 @@
 //    complete without being tested);
 //  - abort() (or hub.abort) wakes every rank blocked in a wait and makes it, and every later
 //    call, throw CommAbortedError naming the rank that aborted and why;
-//  - tensors must live on the CPU.
+//  - tensors may live on the CPU or on GPUs (an in-process pipeline on one GPU, every rank's
+//    thread with its own stream). A device tensor is sent as a copy queued on the sender's
+//    current stream, with an event after it; the receiver's stream waits for that event (on the
+//    device, not the host) and copies into its buffer when its Request is tested or waited for,
+//    so Request completion means "ordered before later work on the receiver's stream", as for
+//    NCCL. The last member of an allreduce of device tensors sums them on its own stream after
+//    waiting for every member's arrival event, and every member's stream waits for the sum's
+//    event. The caching allocator is told which blocks another stream used, so that none is
+//    reused early. Members on different GPUs are reduced through copies that complete on the
+//    host before they return.
 //
 //   LocalHub hub(4);
 //   auto comm = hub.endpoint(2);   // the communicator of rank 2; the hub may be destroyed first

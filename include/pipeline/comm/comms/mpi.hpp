@@ -19,6 +19,10 @@
 //    sums in group order and sends the result back. Every member gets bitwise the same result,
 //    independent of the split into calls and of MPI's collective algorithms. Waits poll without
 //    sleeping (PollMode::Spin) and time out like receives;
+//  - device tensors are staged through the host (the transport of ranks that share a GPU or
+//    have no NCCL): a send copies the tensor to the host first, a receive or an allreduce works
+//    on host copies and copies them back to the device when its request completes. Copies run
+//    on the calling thread's current stream and complete before they return;
 //  - create_group is MPI_Comm_create_group, collective over the group's members only; it has
 //    no timeout (MPI offers no non-blocking form), which is why groups are made at start-up;
 //  - the communicator works on its own duplicate of the given MPI communicator with

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# In-process pipelines as a user runs them (--in-process: every rank of the plan a thread of one
+# process) against the same plans under mpirun (one process per rank):
+#   in_process_scenario.sh TRAIN_FASHION_MNIST TRAIN_TRANSFORMER_LM|- PLANS_DIR MPIRUN...
+# The trained parameters of every rank are bitwise those of the MPI job: 1-2-3 replication under
+# 1f1b-flush (allreduces sum in group order on both transports) and 4 stages under 1f1b-stash;
+# transformer-lm (if given) prints the same validation loss both ways.
+set -euo pipefail
+train=$1
+lm=$2
+plans=$3
+shift 3
+mpirun=("$@")
+work=$(mktemp -d "${TMPDIR:-/tmp}/in_process.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+common=(--model mlp --batch 36 --threads 1 --eval-batch 10000 --lr 1e-3)
+
+run() {  # run NAME COMMAND...: the command's output in $work/NAME.log, shown if it fails
+  local name=$1
+  shift
+  "$@" > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; exit 1; }
+}
+same_parameters() {  # same_parameters A B RANKS
+  for ((r = 0; r < $3; r++)); do
+    cmp -s "$work/$1.rank$r.safetensors" "$work/$2.rank$r.safetensors" ||
+      { echo "rank $r: --in-process parameters differ from the MPI job's ($1 vs $2)"; exit 1; }
+  done
+}
+
+flush=(--plan "$plans/mlp_6_uneven.json" --schedule 1f1b-flush --microbatches 6 --steps 12)
+run flush_local "$train" "${common[@]}" "${flush[@]}" --in-process --save "$work/flush_local.safetensors"
+run flush_mpi "${mpirun[@]}" 6 "$train" "${common[@]}" "${flush[@]}" --save "$work/flush_mpi.safetensors"
+same_parameters flush_local flush_mpi 6
+grep -q "in-process pipeline: the plan's 6 ranks as threads of this process, on cpu" \
+  "$work/flush_local.log" || { cat "$work/flush_local.log"; exit 1; }
+
+stash=(--plan "$plans/mlp_4.json" --schedule 1f1b-stash --steps 16)
+run stash_local "$train" "${common[@]}" "${stash[@]}" --in-process --save "$work/stash_local.safetensors"
+run stash_mpi "${mpirun[@]}" 4 "$train" "${common[@]}" "${stash[@]}" --save "$work/stash_mpi.safetensors"
+same_parameters stash_local stash_mpi 4
+
+accuracy() { grep -o "test accuracy: [0-9.]*" "$work/$1.log"; }
+[[ "$(accuracy flush_local)" == "$(accuracy flush_mpi)" ]] ||
+  { echo "test accuracy differs: $(accuracy flush_local) vs $(accuracy flush_mpi)"; exit 1; }
+summary="1-2-3 1f1b-flush and 4-stage 1f1b-stash: --in-process equals mpirun bit for bit"
+
+if [[ "$lm" != "-" ]]; then
+  lm_args=(--steps 8 --lr-schedule constant --threads 1 --schedule 1f1b-flush --microbatches 2)
+  run lm_local "$lm" "${lm_args[@]}" --in-process --plan "$plans/transformer_lm_2.json"
+  run lm_mpi "${mpirun[@]}" 2 "$lm" "${lm_args[@]}" --plan "$plans/transformer_lm_2.json"
+  loss() { grep -o "validation loss: [0-9.]*" "$work/$1.log"; }
+  [[ "$(loss lm_local)" == "$(loss lm_mpi)" && -n "$(loss lm_mpi)" ]] ||
+    { echo "transformer-lm: $(loss lm_local) in-process vs $(loss lm_mpi) under mpirun"; exit 1; }
+  summary+="; transformer-lm 2 stages: $(loss lm_local) both ways"
+fi
+echo "$summary"
