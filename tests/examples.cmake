@@ -111,6 +111,17 @@ pipeline_expect_failure(in_process_without_plan "--in-process runs the stages of
 pipeline_expect_failure(in_process_plan_wrong_model
                         "rank [0-9]. the plan is for model 'mlp' but the program trains 'fashion-cnn'"
                         ${_train} --in-process --plan ${_plans}/mlp_2.json --steps 2)
+pipeline_expect_failure(nccl_on_cpu "--comm nccl moves tensors between GPUs"
+                        ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2
+                        --comm nccl)
+if(NOT PIPELINE_WITH_CUDA)
+  pipeline_expect_failure(cuda_pipeline_without_cuda "sees no CUDA device"
+                          ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json
+                          --steps 2 --device cuda)
+  pipeline_expect_failure(cuda_in_process_without_cuda "sees no CUDA device"
+                          ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2
+                          --device cuda --in-process)
+endif()
 pipeline_expect_failure(in_process_under_mpirun "--in-process runs the whole plan in one process"
                         ${_mpirun} 2 ${_train} --in-process --model mlp --plan ${_plans}/mlp_2.json
                         --steps 2)

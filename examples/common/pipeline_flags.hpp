@@ -7,6 +7,7 @@
 // same plan and schedule (see runtime/pipeline_setup.hpp).
 #pragma once
 
+#include <pipeline/comm/transport.hpp>
 #include <pipeline/core/error.hpp>
 #include <pipeline/core/log.hpp>
 #include <pipeline/plan/plan_json.hpp>
@@ -45,37 +46,45 @@ struct PipelineFlags {
   std::string device = "cpu";
   // Every stage of --plan as a thread of this one process (comms/local.hpp).
   bool in_process = false;
+  // How the ranks of an MPI job talk (comm/transport.hpp): auto, nccl, mpi, or local (the same
+  // as --in-process).
+  std::string comm = "auto";
+
+  bool runs_in_process() const { return in_process || comm == "local"; }
 
   // ConfigError for flags that contradict each other. A single-process run ignores these flags,
   // so only a pipelined run checks them.
   void check() const {
     PIPELINE_CHECK_AS(ConfigError, schedule_csv.empty() || schedule.empty(),
                       "give either --schedule or --schedule-csv, not both");
-    PIPELINE_CHECK_AS(ConfigError, !in_process || !plan.empty(),
+    PIPELINE_CHECK_AS(ConfigError, !runs_in_process() || !plan.empty(),
                       "--in-process runs the stages of a plan as threads of this process: give "
                       "--plan plan.json (pipeline-partition writes one)");
-    PIPELINE_CHECK_AS(ConfigError, !in_process || launcher_world_size() == 1,
+    PIPELINE_CHECK_AS(ConfigError, !runs_in_process() || launcher_world_size() == 1,
                       "--in-process runs the whole plan in one process, but the launcher started "
                       "{}: run it with mpirun -np 1 (or without mpirun), or drop --in-process",
                       launcher_world_size());
-    PIPELINE_CHECK_AS(ConfigError, in_process || parse_device(device).is_cpu(),
-                      "--device {}: a pipeline of several processes (mpirun) trains on CPU ranks; "
-                      "GPU pipelines across processes are not built yet. Run the plan's stages as "
-                      "threads of one process with --in-process, train in one process without "
-                      "--plan, or drop --device",
-                      device);
+    parse_device(device);
+    parse_transport_request(comm);
   }
 
   // With a plan, or when started by an MPI launcher with more than one process, the program
   // trains as a pipeline; otherwise in this one process.
-  bool pipelined() const { return !plan.empty() || launcher_world_size() > 1; }
+  bool pipelined() const { return !plan.empty() || launcher_world_size() > 1 || runs_in_process(); }
 };
 
 // Adds the pipeline flags to `app`, bound to `flags`.
 inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
   app.add_option("--device", flags.device,
-                 "where the run trains: cpu, cuda or cuda:N (CUDA builds); an --in-process "
-                 "pipeline puts stage s on cuda:(N + s) modulo the visible GPUs")
+                 "where the run trains: cpu, cuda or cuda:N (CUDA builds). Under mpirun each rank "
+                 "takes the GPU the transport gives it (its node-local rank); an --in-process "
+                 "pipeline puts rank r on cuda:(N + r) modulo the visible GPUs")
+      ->capture_default_str();
+  app.add_option("--comm", flags.comm,
+                 "how the ranks talk: auto (NCCL when every rank of a host has a GPU of its own, "
+                 "else MPI, staging device tensors through the host), nccl, mpi, or local (all "
+                 "ranks in this process, as --in-process)")
+      ->check(CLI::IsMember({"auto", "nccl", "mpi", "local"}))
       ->capture_default_str();
   app.add_flag("--in-process", flags.in_process,
                "run every stage of --plan as a thread of this one process (one GPU, or the CPU), "

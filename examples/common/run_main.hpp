@@ -10,6 +10,10 @@
 #pragma once
 
 #include <pipeline/comm/comms/mpi.hpp>
+#include <pipeline/comm/transport.hpp>
+#if PIPELINE_WITH_CUDA
+#include <pipeline/comm/comms/nccl.hpp>
+#endif
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/runtime/in_process.hpp>
 
@@ -24,6 +28,40 @@
 #include "common/pipeline_flags.hpp"
 
 namespace pipeline::examples {
+
+// The transport and device of this rank of an MPI job (comm/transport.hpp).
+inline TransportChoice rank_transport(const PipelineFlags& flags) {
+  const LocalRank local = local_rank_from_env();
+  TransportEnvironment env;
+#if PIPELINE_WITH_CUDA
+  env.build_has_nccl = true;  // NCCL is linked with CUDA
+#endif
+  env.local_rank = local.rank;
+  env.local_size = local.size;
+  env.cpu_run = parse_device(flags.device).is_cpu();
+  env.visible_devices = env.cpu_run ? 0 : cuda_device_count();
+  PIPELINE_CHECK_AS(ConfigError, env.cpu_run || env.visible_devices > 0,
+                    "--device {}: this rank sees no CUDA device (no GPU, no driver, "
+                    "CUDA_VISIBLE_DEVICES hides them, or the build has no CUDA); use --device cpu",
+                    flags.device);
+  return choose_transport(parse_transport_request(flags.comm), env);
+}
+
+// Runs `pipelined` on an NCCL communicator bootstrapped over `mpi`, on cuda:`device`; an error
+// aborts the NCCL communicators before the job.
+inline int pipelined_over_nccl(MpiCommunicator& mpi, int device,
+                               const std::function<int(Communicator&, Device)>& pipelined) {
+#if PIPELINE_WITH_CUDA
+  NcclCommunicator nccl(mpi, device);
+  try {
+    return pipelined(nccl, Device::cuda(device));
+  } catch (const std::exception& e) {
+    nccl.abort(e.what());
+  }
+#else
+  PIPELINE_FAIL(ConfigError, "NCCL was chosen but this build has no CUDA (device {})", device);
+#endif
+}
 
 // `single()` trains in this process; `pipelined(comm, device)` on each rank with the job's world
 // communicator (--comm-timeout applied, the pipeline flags checked) and the device the rank
@@ -41,7 +79,7 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
     fmt::print(stderr, "error: {}\n", e.what());
     std::fflush(stderr);
   };
-  if (flags.in_process) {
+  if (flags.runs_in_process()) {
     try {
       flags.check();
       const Plan plan = read_plan(flags.plan);
@@ -69,7 +107,10 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
     try {
       flags.check();
       if (flags.comm_timeout > 0) comm.set_timeout(flags.comm_timeout);
-      return pipelined(comm, Device::cpu());
+      const TransportChoice t = rank_transport(flags);
+      if (comm.rank() == 0) log_info("transport: {}", t.reason);
+      if (t.transport == Transport::Nccl) return pipelined_over_nccl(comm, t.device, pipelined);
+      return pipelined(comm, t.device >= 0 ? Device::cuda(t.device) : Device::cpu());
     } catch (const std::exception& e) {
       report(e);
       comm.abort(e.what());

@@ -58,6 +58,13 @@ TransportChoice choose_transport(TransportRequest requested, const TransportEnvi
     return {Transport::Local, -1,
             "in-process (--comm local): every stage a thread of this process"};
 
+  if (env.cpu_run) {
+    PIPELINE_CHECK_AS(ConfigError, requested != TransportRequest::Nccl,
+                      "--comm nccl moves tensors between GPUs but the run trains on the CPU: add "
+                      "--device cuda, or use --comm mpi");
+    return {Transport::Mpi, -1, "MPI: the run trains on the CPU"};
+  }
+
   if (requested == TransportRequest::Nccl) {
     PIPELINE_CHECK_AS(ConfigError, env.build_has_nccl,
                       "--comm nccl: this build has no NCCL (it was configured without CUDA, "

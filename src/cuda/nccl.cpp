@@ -303,13 +303,17 @@ struct NcclShared {
 
 namespace {
 
+// A group's NCCL communicator for device tensors, and the same members' MPI group for the host
+// tensors (statistics, agreements) that the runtime also sums.
 class NcclGroup final : public GroupImpl {
  public:
-  explicit NcclGroup(std::shared_ptr<NcclComm> comm) : m_comm(std::move(comm)) {}
+  NcclGroup(std::shared_ptr<NcclComm> comm, Group host) : m_comm(std::move(comm)), m_host(std::move(host)) {}
   const std::shared_ptr<NcclComm>& comm() const { return m_comm; }
+  const Group& host() const { return m_host; }
 
  private:
   std::shared_ptr<NcclComm> m_comm;
+  Group m_host;
 };
 
 class NcclRequest final : public RequestImpl {
@@ -402,7 +406,7 @@ NcclCommunicator::NcclCommunicator(MpiCommunicator& mpi, int device)
   std::vector<int> all(static_cast<std::size_t>(m_size));
   for (int r = 0; r < m_size; ++r) all[static_cast<std::size_t>(r)] = r;
   m_world = Group(std::move(all), m_rank, this,
-                  std::make_shared<detail::NcclGroup>(m_shared->world));
+                  std::make_shared<detail::NcclGroup>(m_shared->world, m_mpi.world()));
   auto* shared = m_shared.get();
   m_shared->watchdog = std::thread([shared] { shared->watchdog_loop(); });
 }
@@ -463,10 +467,10 @@ Request NcclCommunicator::irecv(Tensor& into, int peer, Tag tag) {
 Request NcclCommunicator::post_p2p(const Tensor& tensor, int peer, Tag tag, bool is_recv) {
   const char* op_name = is_recv ? "irecv" : "isend";
   check_p2p(tensor, peer, tag, op_name);
-  PIPELINE_CHECK_AS(ConfigError, tensor.device().is_cuda(),
-                    "{} of {} with rank {}: the NCCL communicator moves CUDA tensors, this one is "
-                    "on {}; use the MPI communicator (--comm mpi) for CPU tensors",
-                    op_name, tag.str(), peer, tensor.device().str());
+  if (tensor.device().is_cpu()) {  // host tensors travel over MPI
+    Tensor t = tensor;
+    return is_recv ? m_mpi.irecv(t, peer, tag) : m_mpi.isend(t, peer, tag);
+  }
   PIPELINE_CHECK_AS(ConfigError, tensor.device().index == m_device,
                     "{} of {} with rank {}: the tensor is on {} but this rank's NCCL "
                     "communicator is bound to cuda:{}",
@@ -515,6 +519,7 @@ void NcclCommunicator::end_batch() {
 Group NcclCommunicator::create_group(std::vector<int> ranks) {
   const int index = check_new_group(ranks);
   if (ranks.size() == 1) return Group(std::move(ranks), index, this, nullptr);
+  Group host = m_mpi.create_group(ranks);
   MPI_Group all = MPI_GROUP_NULL, members = MPI_GROUP_NULL;
   PIPELINE_MPI_CHECK(MPI_Comm_group(m_mpi.handle(), &all));
   PIPELINE_MPI_CHECK(MPI_Group_incl(all, static_cast<int>(ranks.size()), ranks.data(), &members));
@@ -534,7 +539,8 @@ Group NcclCommunicator::create_group(std::vector<int> ranks) {
   MPI_Comm_free(&sub);
   auto comm = m_shared->make_comm(id, static_cast<int>(ranks.size()), index,
                                   fmt::format("group {}", ranks));
-  return Group(std::move(ranks), index, this, std::make_shared<detail::NcclGroup>(comm));
+  return Group(std::move(ranks), index, this,
+               std::make_shared<detail::NcclGroup>(comm, std::move(host)));
 }
 
 namespace {
@@ -573,17 +579,19 @@ std::shared_ptr<detail::NcclOp> post_allreduce(detail::NcclShared& s,
 Request NcclCommunicator::iallreduce_sum(std::span<Tensor> tensors, const Group& group) {
   check_group(group, "allreduce_sum");
   std::int64_t total = 0;
+  const bool host = !tensors.empty() && tensors[0].defined() && tensors[0].device().is_cpu();
   for (const Tensor& t : tensors) {
-    PIPELINE_CHECK(t.defined() && t.device() == Device::cuda(m_device) &&
-                       t.dtype() == DType::Float32,
-                   "allreduce_sum: the NCCL communicator reduces float32 tensors on cuda:{}, got "
-                   "{} on {}",
+    PIPELINE_CHECK(t.defined() && t.dtype() == DType::Float32 &&
+                       t.device() == (host ? Device::cpu() : Device::cuda(m_device)),
+                   "allreduce_sum: the NCCL communicator reduces float32 tensors all on cuda:{} "
+                   "(over NCCL) or all on the CPU (over MPI), got {} on {}",
                    m_device, dtype_name(t.dtype()), t.device().str());
     total += t.numel();
   }
   if (group.size() == 1 || tensors.empty()) return Request();
   auto* g = dynamic_cast<detail::NcclGroup*>(group.impl());
   PIPELINE_CHECK(g != nullptr, "allreduce_sum: the group has no NCCL communicator");
+  if (host) return m_mpi.iallreduce_sum(tensors, g->host());
   auto op = post_allreduce(*m_shared, g->comm(), {tensors.begin(), tensors.end()},
                            fmt::format("an allreduce_sum of {} elements in {} tensors over ranks {}",
                                        total, tensors.size(), group.ranks()),

@@ -150,3 +150,18 @@ TEST_CASE("local_rank_from_env reads Open MPI's node-local rank and size") {
   ::unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
   ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
 }
+
+TEST_CASE("a CPU run: MPI whatever the GPUs, NCCL refused naming --device cuda") {
+  TransportEnvironment e = env(true, 0, 2, 8);
+  e.cpu_run = true;
+  for (TransportRequest r : {TransportRequest::Auto, TransportRequest::Mpi}) {
+    const TransportChoice c = choose_transport(r, e);
+    CHECK(c.transport == Transport::Mpi);
+    CHECK(c.device == -1);
+    CHECK(c.reason == "MPI: the run trains on the CPU");
+  }
+  CHECK(choose_transport(TransportRequest::Local, e).transport == Transport::Local);
+  const std::string err = config_error(TransportRequest::Nccl, e);
+  CHECK(err.find("--comm nccl moves tensors between GPUs") != std::string::npos);
+  CHECK(err.find("add --device cuda") != std::string::npos);
+}

@@ -27,6 +27,7 @@ struct TransportEnvironment {
   int local_rank = 0;           // this rank's index among the ranks of its host
   int local_size = 1;           // ranks on this host
   int visible_devices = 0;      // CUDA devices this process sees
+  bool cpu_run = false;         // the run trains on the CPU (--device cpu): MPI moves its tensors
 };
 
 struct TransportChoice {

@@ -18,8 +18,10 @@
 //    and returns at once: "ordered before later work on the caller's stream", not "done on the
 //    host". Request::test() polls the event (cudaEventQuery). Nothing here synchronises the host
 //    with compute; synchronize() and barrier() wait on the host for communication only.
-//  - Point-to-point: CUDA tensors on this communicator's device only (a CPU tensor is a
-//    ConfigError: use the MPI communicator). NCCL has no tags: a receive matches the peer's next
+//  - Host tensors (the runtime's small statistics and agreements) go over the MPI communicator:
+//    point-to-point with MPI's semantics, and each group keeps an MPI group of the same members
+//    for their sums (created with it). Device tensors must be on this communicator's device.
+//  - Point-to-point of device tensors: NCCL has no tags: a receive matches the peer's next
 //    send in issue order, so the two sides of every pair of ranks must post their messages in
 //    the same order (the schedules do: both sides derive them from one schedule). The tag only
 //    names the message in errors. Sizes must agree as for MPI; NCCL cannot check it (a mismatch

@@ -1,0 +1,212 @@
+// Pipelines on one GPU, every rank a thread of this process with its own stream
+// (runtime/in_process.hpp): GPipe and 1F1B-flush on 2, 3 and 4 stages (and a replicated stage)
+// equal sequential training on the same GPU to fp32 rounding; 1F1B-stash equals the independent
+// weight-history reference; the in-process communicator hands device tensors between streams
+// (point-to-point and allreduce, bitwise the CPU's group-order sum); and the stage executor's
+// every tensor stays on the device.
+#include <doctest/doctest.h>
+
+#include <pipeline/comm/comms/local.hpp>
+#include <pipeline/core/rng.hpp>
+#include <pipeline/cuda/stream.hpp>
+#include <pipeline/data/synthetic.hpp>
+#include <pipeline/nn/layers/activation.hpp>
+#include <pipeline/nn/layers/dropout.hpp>
+#include <pipeline/nn/layers/linear.hpp>
+#include <pipeline/optim/sgd.hpp>
+#include <pipeline/runtime/in_process.hpp>
+#include <pipeline/runtime/sequential_trainer.hpp>
+#include <pipeline/runtime/stage_executor.hpp>
+#include <pipeline/schedule/generator.hpp>
+
+#include "support/param_compare.hpp"
+#include "support/stash_reference.hpp"
+
+#include <cstring>
+#include <mutex>
+#include <numeric>
+
+using namespace pipeline;
+using pipeline::testing::max_rel_diff;
+using pipeline::testing::StashReference;
+
+namespace {
+
+constexpr int kFeatures = 33;  // odd sizes: no kernel may assume a multiple of its block
+constexpr int kClasses = 7;
+constexpr int kBatch = 24;
+constexpr float kLr = 0.05f;
+constexpr std::uint64_t kSeed = 11;
+const Device kGpu = Device::cuda(0);
+
+Sequential model_of(float dropout) {
+  Sequential m("gpu-pipeline-mlp");
+  m.emplace<Linear>("fc1", kFeatures, 65);
+  m.emplace<ReLU>("relu1");
+  m.emplace<Linear>("fc2", 65, 40);
+  m.emplace<ReLU>("relu2");
+  m.emplace<Dropout>("drop", dropout);
+  m.emplace<Linear>("fc3", 40, kClasses);
+  return m;
+}
+
+std::unique_ptr<Optimizer> make_sgd() {
+  return std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f, .weight_decay = 1e-3f});
+}
+
+const SyntheticDataset& dataset() {
+  static const SyntheticDataset d(Shape{kFeatures}, kClasses, 1024, 5);
+  return d;
+}
+
+Batch minibatch(std::int64_t j) {
+  std::vector<std::int64_t> idx(kBatch);
+  std::iota(idx.begin(), idx.end(), j * kBatch);
+  return dataset().get(idx);
+}
+
+MinibatchFeed feed() {
+  return {[](std::int64_t j) { return minibatch(j); },
+          [](std::int64_t) { return std::int64_t{kBatch}; }};
+}
+
+// Trains `schedule` in-process on cuda:0; returns every rank's final parameters on the host.
+struct RankParams {
+  std::mutex mutex;
+  std::vector<ModelParams> params;
+  std::vector<LayerRange> ranges;
+};
+
+void run_on_gpu(const Sequential& model, const PipelineLayout& layout, const Schedule& schedule,
+                RankParams& out) {
+  out.params.assign(static_cast<std::size_t>(layout.num_ranks()), {});
+  out.ranges.assign(static_cast<std::size_t>(layout.num_ranks()), {});
+  run_in_process({.ranks = layout.num_ranks(), .device = kGpu}, [&](Communicator& comm, Device d) {
+    CHECK(d == kGpu);
+    StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
+                     {.seed = kSeed, .device = d});
+    for (const auto& layer : ex.params())
+      for (const Tensor& t : layer.params) CHECK(t.device() == kGpu);
+    ex.train(schedule, feed(), 0, [](std::int64_t) { return kLr; });
+    CHECK(ex.peak_memory().total_bytes > 0);
+    std::lock_guard<std::mutex> lock(out.mutex);
+    out.params[static_cast<std::size_t>(comm.rank())] = to_device(ex.params(), Device::cpu());
+    out.ranges[static_cast<std::size_t>(comm.rank())] = ex.layers();
+  });
+}
+
+Tensor random_tensor(std::int64_t n, std::uint64_t seed) {
+  Rng rng(seed, "gpu-pipeline");
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (auto& x : v) x = rng.uniform(-2.f, 2.f);
+  return Tensor::from_vector(Shape{n}, v);
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.to(Device::cpu()), y = b.to(Device::cpu());
+  return x.numel() == y.numel() && std::memcmp(x.raw(), y.raw(), x.nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("the in-process communicator moves device tensors between the ranks' streams") {
+  const std::int64_t n = 1000;  // not a multiple of any block size
+  std::vector<Tensor> host;
+  for (int r = 0; r < 3; ++r)
+    host.push_back(random_tensor(n, 100 + static_cast<std::uint64_t>(r)));
+  // The CPU's group-order sum, which the device sum must equal bit for bit.
+  Tensor want = host[0].clone();
+  for (int r = 1; r < 3; ++r)
+    for (std::int64_t i = 0; i < n; ++i)
+      want.data<float>()[i] += host[static_cast<std::size_t>(r)].data<float>()[i];
+
+  run_in_process({.ranks = 3, .device = kGpu}, [&](Communicator& comm, Device d) {
+    const int me = comm.rank();
+    // A send posted before its receive, and a receive posted before its send.
+    Tensor mine = host[static_cast<std::size_t>(me)].to(d);
+    const int next = (me + 1) % 3, prev = (me + 2) % 3;
+    Request s = comm.isend(mine, next, Tag::activation(me, 0));
+    Tensor got = Tensor::full(Shape{n}, -7.f, d);  // poisoned
+    comm.irecv(got, prev, Tag::activation(prev, 0)).wait();
+    s.wait();
+    CHECK(same_bits(got, host[static_cast<std::size_t>(prev)]));
+    // A device tensor into a host receive and back.
+    if (me == 0) comm.send(mine, 1, Tag::gradient(0, 1));
+    if (me == 1) {
+      Tensor cpu = Tensor::zeros(Shape{n});
+      comm.recv(cpu, 0, Tag::gradient(0, 1));
+      CHECK(same_bits(cpu, host[0]));
+    }
+    // Allreduce over the world, and over a group of two.
+    Tensor sum = host[static_cast<std::size_t>(me)].to(d);
+    comm.allreduce_sum(sum, comm.world());
+    CHECK(same_bits(sum, want));
+    Tensor pair = host[static_cast<std::size_t>(me)].to(d);
+    if (me < 2) {
+      const Group g = comm.create_group({0, 1});
+      comm.allreduce_sum(pair, g);
+      Tensor expect = host[0].clone();
+      for (std::int64_t i = 0; i < n; ++i) expect.data<float>()[i] += host[1].data<float>()[i];
+      CHECK(same_bits(pair, expect));
+    }
+    CHECK(cuda::current_stream(d.index) != nullptr);  // the rank's own, not the legacy default
+  });
+}
+
+TEST_CASE("gpipe and 1f1b-flush on one GPU equal sequential GPU training") {
+  const Sequential model = model_of(0.25f);
+  const int minibatches = 3, micro = 4;
+  SequentialTrainer ref(model, to_device(model.init(kSeed), kGpu), make_sgd(), kSeed);
+  for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
+  const ModelParams want = to_device(ref.params(), Device::cpu());
+
+  struct Case {
+    std::vector<LayerRange> stages;
+    std::vector<std::vector<int>> ranks;
+  };
+  const std::vector<Case> cases = {
+      {{{0, 3}, {3, 6}}, {{0}, {1}}},
+      {{{0, 1}, {1, 4}, {4, 6}}, {{0}, {1}, {2}}},
+      {{{0, 2}, {2, 3}, {3, 5}, {5, 6}}, {{0}, {1}, {2}, {3}}},
+      {{{0, 3}, {3, 6}}, {{0, 1}, {2}}},  // a replicated stage: its allreduce on the device
+  };
+  for (const std::string name : {"gpipe", "1f1b-flush"}) {
+    for (const Case& c : cases) {
+      ScheduleSpec spec;
+      spec.stage_ranks = c.ranks;
+      spec.microbatches = micro;
+      spec.minibatches = minibatches;
+      const Schedule s = generate_schedule(name, spec);
+      const PipelineLayout layout{c.stages, c.ranks};
+      CAPTURE(name);
+      CAPTURE(layout.num_ranks());
+      RankParams out;
+      run_on_gpu(model, layout, s, out);
+      for (int r = 0; r < layout.num_ranks(); ++r)
+        CHECK(max_rel_diff(out.params[static_cast<std::size_t>(r)], want,
+                           out.ranges[static_cast<std::size_t>(r)]) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("1f1b-stash on one GPU equals the weight-history reference") {
+  const Sequential model = model_of(0.f);
+  const int minibatches = 8;
+  const std::vector<LayerRange> stages = {{0, 2}, {2, 4}, {4, 6}};
+  const std::vector<std::vector<int>> ranks = {{0}, {1}, {2}};
+  ScheduleSpec spec;
+  spec.stage_ranks = ranks;
+  spec.minibatches = minibatches;
+  const Schedule s = generate_schedule("1f1b-stash", spec);
+  StashReference ref{model, kSeed, kLr, make_sgd, minibatch, stages, {}, {}, false};
+  for (int j = 0; j < 3; ++j) {
+    ref.replicas.push_back(1);
+    ref.warmup.push_back(pipeline::testing::schedule_warmup(s, j));
+  }
+  const ModelParams want = ref.run(minibatches);  // on the CPU: fp32 rounding apart
+  RankParams out;
+  run_on_gpu(model, PipelineLayout{stages, ranks}, s, out);
+  for (int r = 0; r < 3; ++r)
+    CHECK(max_rel_diff(out.params[static_cast<std::size_t>(r)], want,
+                       out.ranges[static_cast<std::size_t>(r)]) <= 1e-4);
+}
