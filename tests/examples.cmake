@@ -126,6 +126,20 @@ pipeline_expect_failure(in_process_under_mpirun "--in-process runs the whole pla
                         ${_mpirun} 2 ${_train} --in-process --model mlp --plan ${_plans}/mlp_2.json
                         --steps 2)
 
+# GPU pipelines as a user runs them (CUDA builds; skipped without a GPU): staged MPI and
+# in-process on one GPU equal each other and one GPU process.
+if(PIPELINE_WITH_CUDA)
+  set(_gpu_data /usr/share/datasets/fashion-mnist)
+  if(EXISTS ${PROJECT_SOURCE_DIR}/.device/fashion-mnist)
+    set(_gpu_data ${PROJECT_SOURCE_DIR}/.device/fashion-mnist)  # the GPU machine (DEVICE.md)
+  endif()
+  add_test(NAME gpu.pipeline_scenario
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/gpu_pipeline_scenario.sh ${_train}
+                   ${_plans} ${_gpu_data} ${_mpirun})
+  set_tests_properties(gpu.pipeline_scenario PROPERTIES LABELS "gpu;mpi" PROCESSORS 2 TIMEOUT 300
+                       SKIP_RETURN_CODE 77)
+endif()
+
 # Checkpoints, resume (same plan bit-identical, 1f1b-stash, another plan, after SIGKILL, after an interrupted
 # write) and SIGTERM to mpirun, driven as a user drives them (support/checkpoint_scenarios.sh).
 foreach(_case bitwise-sequential bitwise-gpipe bitwise-1f1b-flush stash replan sigkill
