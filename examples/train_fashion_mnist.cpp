@@ -185,8 +185,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   StageExecutor ex(
       zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
       examples::with_injected_slowdown(
-          examples::executor_options(o.pipeline, plan, o.seed, o.clip_grad, device),
-          comm.rank()));
+          examples::executor_options(o.pipeline, plan, o.seed, o.clip_grad, device), comm.rank()));
   if (!o.load.empty()) load_parameters(o.load, zoo.model, ex.params(), ex.layers());
   const CheckpointRunInfo info = examples::checkpoint_run_info(
       o.model, ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline, &plan);

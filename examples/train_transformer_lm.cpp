@@ -143,12 +143,12 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
                     o.steps, g);
 
   // --clip-grad is documented as ignored by 1f1b-stash, whose stages step at their own pace.
-  StageExecutor ex(zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
-                   examples::with_injected_slowdown(
-                       examples::executor_options(o.pipeline, plan, o.seed,
-                                                  examples::stashes(req) ? 0.f : o.clip_grad,
-                                                  device),
-                       comm.rank()));
+  StageExecutor ex(
+      zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
+      examples::with_injected_slowdown(
+          examples::executor_options(o.pipeline, plan, o.seed,
+                                     examples::stashes(req) ? 0.f : o.clip_grad, device),
+          comm.rank()));
   const CheckpointRunInfo info = examples::checkpoint_run_info(
       "transformer-lm", ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline, &plan);
   const std::int64_t start = examples::resume_if_asked(

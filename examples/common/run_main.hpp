@@ -87,11 +87,12 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
       log_info("in-process pipeline: the plan's {} ranks as threads of this process, on {}{}",
                plan.workers, device.str(), device.is_cuda() ? " (a stream per rank)" : "");
       std::atomic<int> status{0};
-      run_in_process({.ranks = plan.workers, .device = device, .comm_timeout_s = flags.comm_timeout},
-                     [&](Communicator& comm, Device d) {
-                       const int s = pipelined(comm, d);
-                       if (comm.rank() == 0) status = s;
-                     });
+      run_in_process(
+          {.ranks = plan.workers, .device = device, .comm_timeout_s = flags.comm_timeout},
+          [&](Communicator& comm, Device d) {
+            const int s = pipelined(comm, d);
+            if (comm.rank() == 0) status = s;
+          });
       return status;
     } catch (const std::exception& e) {
       report(e);

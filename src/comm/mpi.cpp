@@ -583,9 +583,8 @@ Request MpiCommunicator::irecv(Tensor& into, int peer, Tag tag) {
   if (!into.device().is_cpu()) {  // staged: received on the host, copied over on completion
     Tensor host = Tensor::empty(into.shape(), into.dtype(), Device::cpu());
     Request inner = irecv(host, peer, tag);
-    return Request(std::make_unique<detail::StagedRequest>(std::move(inner),
-                                                           std::vector<Tensor>{host},
-                                                           std::vector<Tensor>{into}));
+    return Request(std::make_unique<detail::StagedRequest>(
+        std::move(inner), std::vector<Tensor>{host}, std::vector<Tensor>{into}));
   }
   int count = detail::mpi_count(into.numel(), "irecv");
   int mpi_tag = m_codec.encode(tag);

@@ -50,6 +50,8 @@ int default_num_threads() {
   return std::max(1, cpus / (local * g_ranks_per_process));
 }
 
-void set_ranks_per_process(int n) { g_ranks_per_process = std::max(1, n); }
+void set_ranks_per_process(int n) {
+  g_ranks_per_process = std::max(1, n);
+}
 
 }  // namespace pipeline

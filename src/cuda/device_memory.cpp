@@ -88,7 +88,8 @@ std::shared_ptr<void> mark(int device) {
   DeviceGuard guard(device);
   cudaEvent_t e = nullptr;
   PIPELINE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  std::shared_ptr<void> owned(e, [](void* p) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+  std::shared_ptr<void> owned(e,
+                              [](void* p) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
   PIPELINE_CUDA_CHECK(cudaEventRecord(e, current_stream(device)));
   return owned;
 }

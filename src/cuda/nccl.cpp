@@ -307,7 +307,8 @@ namespace {
 // tensors (statistics, agreements) that the runtime also sums.
 class NcclGroup final : public GroupImpl {
  public:
-  NcclGroup(std::shared_ptr<NcclComm> comm, Group host) : m_comm(std::move(comm)), m_host(std::move(host)) {}
+  NcclGroup(std::shared_ptr<NcclComm> comm, Group host)
+      : m_comm(std::move(comm)), m_host(std::move(host)) {}
   const std::shared_ptr<NcclComm>& comm() const { return m_comm; }
   const Group& host() const { return m_host; }
 

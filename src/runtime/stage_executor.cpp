@@ -108,7 +108,9 @@ double get_double(const float* in) {
 }
 
 // The host copy of a message the executor reads (statistics, norms, weight tags).
-Tensor on_host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
+Tensor on_host(const Tensor& t) {
+  return t.device().is_cpu() ? t : t.to(Device::cpu());
+}
 
 // Removes and returns what was received for microbatch u. Receives are posted ahead of the
 // compute that needs them, so a missing entry means the action list ran compute before its

@@ -112,8 +112,7 @@ bool same_bits(const Tensor& a, const Tensor& b) {
 TEST_CASE("the in-process communicator moves device tensors between the ranks' streams") {
   const std::int64_t n = 1000;  // not a multiple of any block size
   std::vector<Tensor> host;
-  for (int r = 0; r < 3; ++r)
-    host.push_back(random_tensor(n, 100 + static_cast<std::uint64_t>(r)));
+  for (int r = 0; r < 3; ++r) host.push_back(random_tensor(n, 100 + static_cast<std::uint64_t>(r)));
   // The CPU's group-order sum, which the device sum must equal bit for bit.
   Tensor want = host[0].clone();
   for (int r = 1; r < 3; ++r)
