@@ -171,7 +171,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   ZooModel zoo = image_model(o);
   FashionMnist train(o.data, Split::Train), test(o.data, Split::Test);
 
-  const Plan plan = examples::plan_for_job(o.pipeline, zoo, comm, o.batch);
+  const Plan plan = examples::plan_for_job(o.pipeline, zoo, comm, o.batch, *make_optimizer(o));
   if (comm.rank() == 0) fmt::print("{}\n", describe(plan));
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
   const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout);

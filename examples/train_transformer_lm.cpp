@@ -131,7 +131,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
   ZooModel zoo = model_for(o);
   const TextDataset train = train_text(o), valid = validation_text(o);
-  const Plan plan = examples::plan_for_job(o.pipeline, zoo, comm, o.batch);
+  const Plan plan = examples::plan_for_job(o.pipeline, zoo, comm, o.batch, *make_optimizer(o));
   if (o.pipeline.plan.empty() && comm.rank() == 0)
     fmt::print("plan: {}\n", plan_to_json(plan).dump());
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);

@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   bool straight = false, allow_idle = false, ignore_transfer = false, quiet = false, no_simulate = false;
   std::optional<double> compression;
   std::size_t max_states = pipeline::PartitionOptions{}.max_states;
-  std::string recompute = "auto";
+  std::string recompute = "auto", optimizer = "momentum";
   auto* src = app.add_option("--profile", profile_args,
                              "profile.json (pipeline.profile/1); on a mixed cluster TYPE=profile.json, once per worker type");
   app.add_option("--pipedream", pipedream_path, "PipeDream graph.txt instead of a profile.json")->excludes(src);
@@ -147,6 +147,10 @@ int main(int argc, char** argv) {
                  "activation recomputation: auto (default: the stages that would not fit in --memory otherwise), "
                  "all stages, or none")
       ->check(CLI::IsMember({"none", "auto", "all"}));
+  app.add_option("--optimizer", optimizer,
+                 "the training's optimizer, whose state the memory model charges: sgd (none), momentum "
+                 "(default, one copy of the weights) or adamw (two)")
+      ->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
   app.add_option("--cost-model", cost_model, "pipeline (default) or pipedream")->check(CLI::IsMember({"pipeline", "pipedream"}));
   app.add_flag("--straight", straight, "no replicated stages");
   app.add_flag("--allow-idle", allow_idle, "leave workers unused when that is no slower");
@@ -251,6 +255,7 @@ int main(int argc, char** argv) {
                         ? pipeline::Recompute::None
                         : pipeline::parse_recompute(recompute);
     opt.virtual_stages = virtual_stages;
+    opt.optimizer_state_factor = pipeline::optimizer_state_copies(optimizer);
 
     pipeline::Plan plan;
     std::optional<pipeline::CostedPlan> chosen;

@@ -122,16 +122,18 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
 }
 
 // The plan of the job: --plan, or (without it) rank 0 profiles `zoo` at minibatch size `batch`
-// and partitions it for the job's ranks. Checked against the job and the model either way.
-// Collective.
+// and partitions it for the job's ranks, charging `optimizer`'s state in the memory model.
+// Checked against the job and the model either way. Collective.
 inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Communicator& comm,
-                         int batch) {
+                         int batch, const Optimizer& optimizer) {
   Plan plan;
   if (flags.plan.empty()) {
     if (comm.rank() == 0)
       log_info("no --plan: profiling {} at batch {} and partitioning it for {} workers",
                zoo.model.name(), batch, comm.size());
-    plan = auto_plan(zoo, comm, {.batch = batch});
+    plan = auto_plan(zoo, comm,
+                     {.batch = batch,
+                      .optimizer_state_factor = static_cast<double>(optimizer.buffer_names().size())});
   } else {
     plan = read_plan(flags.plan);
   }

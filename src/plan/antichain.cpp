@@ -49,6 +49,9 @@ StateGraph StateGraph::linear(const Profile& p) {
       if (last_use[static_cast<std::size_t>(v)] > i) cut += static_cast<double>(p.layers[static_cast<std::size_t>(v)].output_bytes);
     g.boundary_bytes.push_back(cut);
     g.pipedream_boundary_bytes.push_back(static_cast<double>(l.output_bytes));
+    g.kept_input_bytes.push_back(
+        i + 1 < n ? static_cast<double>(p.layers[static_cast<std::size_t>(i) + 1].saved_input_bytes)
+                  : 0.0);
   }
   return g;
 }
@@ -511,6 +514,7 @@ StateGraph StateGraphAssembler::assemble(const Profile& p, const LayerDag& d, co
     g.parameter_bytes.push_back(w);
     g.boundary_bytes.push_back(cut);
     g.pipedream_boundary_bytes.push_back(aug);
+    g.kept_input_bytes.push_back(0.0);
   }
   return g;
 }

@@ -163,7 +163,7 @@ class Solver {
     const StageMode recomputed{true, true, can ? diff(m_g.forward_s, s, j) : 0.0};
     if (can && m_o.recompute == Recompute::All && !m_memory) return recomputed;
     if (!m_memory) return {};
-    double par = diff(m_g.parameter_bytes, s, j), act = diff(m_g.activation_bytes, s, j);
+    double par = diff(m_g.parameter_bytes, s, j), act = m_g.stage_activation_bytes(s, j);
     if (m_pd) return {pipedream_stage_memory_bytes(par, act, M, m, r) <= *m_memory};
     if (level != 0) return {};  // inner stages were checked one level down
     int flight = in_flight(m_workers, m - r, r);
@@ -563,7 +563,7 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     int lo = *std::min_element(fs.ranks.begin(), fs.ranks.end()), hi = *std::max_element(fs.ranks.begin(), fs.ranks.end());
     const int lvl = span_level(groups, lo, hi);
     const double B = t.levels[static_cast<std::size_t>(lvl)].bandwidth_bytes_per_s;
-    const double par = diff(g.parameter_bytes, fs.s, fs.e), act = diff(g.activation_bytes, fs.s, fs.e);
+    const double par = diff(g.parameter_bytes, fs.s, fs.e), act = g.stage_activation_bytes(fs.s, fs.e);
     const double input = fs.s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(fs.s)];
     const int flight = in_flight(N, lo, r);
     const double stash_bytes = stage_memory_bytes(par, act, flight, o.optimizer_state_factor, input);
@@ -682,7 +682,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
     const FinalStage& f = fs[static_cast<std::size_t>(k)];
     const double par = at(g.parameter_bytes, f.e) - at(g.parameter_bytes, f.s),
-                 act = at(g.activation_bytes, f.e) - at(g.activation_bytes, f.s),
+                 act = g.stage_activation_bytes(f.s, f.e),
                  input = at(g.boundary_bytes, f.s);
     // describe() decided recomputation: every stage under --recompute all, none otherwise.
     ps.memory_bytes = ps.recompute

@@ -73,7 +73,11 @@ struct TypedPartitioner::Impl {
   // How stage (s..j] runs on r workers of type t with w workers at and after it (partition()'s
   // rule at level 0: stash if that fits, else recompute where allowed).
   Mode mode(const TypeData& d, int s, int j, int r, int w) const {
-    const double par = diff(d.parameter, s, j), act = diff(d.activation, s, j);
+    // The stage keeps part of its received input as its first layer's saved input (the types'
+    // profiles share their layers, so the states' kept_input_bytes are every type's).
+    const double par = diff(d.parameter, s, j),
+                 act = diff(d.activation, s, j) -
+                       (s < 0 ? 0.0 : g.kept_input_bytes[static_cast<std::size_t>(s)]);
     const double input = s < 0 ? 0.0 : d.boundary[static_cast<std::size_t>(s)];
     const int flight = in_flight(w, 0, r);
     const double stash =

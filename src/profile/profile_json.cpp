@@ -90,6 +90,10 @@ void validate_profile(const Profile& p, std::string_view origin) {
         "saved_bytes = {}, split_kept_bytes = {}); sizes are 0 to {} bytes",
         origin, i, l.name, l.output_bytes, l.parameter_bytes, l.saved_bytes, l.split_kept_bytes,
         kMaxProfileBytes);
+    PIPELINE_CHECK_AS(ConfigError, l.saved_input_bytes >= 0 && l.saved_input_bytes <= l.saved_bytes,
+                      "{}: layer {} (\"{}\") has saved_input_bytes = {}, which must be between 0 "
+                      "and its saved_bytes ({}): it is the part of them that is the layer's input",
+                      origin, i, l.name, l.saved_input_bytes, l.saved_bytes);
     PIPELINE_CHECK_AS(ConfigError, std::isfinite(l.flops) && l.flops >= 0,
                       "{}: layer {} (\"{}\") has flops = {}; must be finite and non-negative",
                       origin, i, l.name, l.flops);
@@ -165,6 +169,8 @@ Profile profile_from_json(const json& j, std::string_view origin) {
     l.output_bytes = get_bytes(lj, "output_bytes", where, origin);
     l.parameter_bytes = get_bytes(lj, "parameter_bytes", where, origin);
     if (lj.contains("saved_bytes")) l.saved_bytes = get_bytes(lj, "saved_bytes", where, origin);
+    if (lj.contains("saved_input_bytes"))
+      l.saved_input_bytes = get_bytes(lj, "saved_input_bytes", where, origin);
     if (lj.contains("split_kept_bytes"))
       l.split_kept_bytes = get_bytes(lj, "split_kept_bytes", where, origin);
     if (lj.contains("inputs")) {
@@ -215,6 +221,7 @@ json profile_to_json(const Profile& p) {
     }
     if (l.flops != 0) lj["flops"] = l.flops;
     if (l.saved_bytes != 0) lj["saved_bytes"] = l.saved_bytes;
+    if (l.saved_input_bytes != 0) lj["saved_input_bytes"] = l.saved_input_bytes;
     if (l.split_kept_bytes != 0) lj["split_kept_bytes"] = l.split_kept_bytes;
     if (l.source) lj["source"] = true;
     layers.push_back(std::move(lj));

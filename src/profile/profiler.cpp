@@ -266,14 +266,17 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
     timer.finish();
   }
 
-  // Saved storage, each allocation counted at the first layer that keeps it.
+  // Saved storage, each allocation counted at the first layer that keeps it; of that, the bytes
+  // of the layer's own input (`input_storage`).
   std::set<const void*> kept;
-  auto saved_bytes = [&](const Saved& s) {
+  auto saved_bytes = [&](const Saved& s, const void* input_storage, std::int64_t& input_bytes) {
     std::int64_t bytes = 0;
     auto visit = [&](auto&& self, const Saved& node) -> void {
       for (const Tensor& t : node.tensors)
-        if (t.defined() && kept.insert(t.storage_id()).second)
+        if (t.defined() && kept.insert(t.storage_id()).second) {
           bytes += static_cast<std::int64_t>(t.storage_end());
+          if (t.storage_id() == input_storage) input_bytes = static_cast<std::int64_t>(t.storage_end());
+        }
       for (const Saved& c : node.children) self(self, c);
     };
     visit(visit, s);
@@ -301,7 +304,8 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
     }
     lp.output_bytes = static_cast<std::int64_t>(outputs[I].nbytes());
     lp.parameter_bytes = static_cast<std::int64_t>(layer.parameter_bytes());
-    lp.saved_bytes = saved_bytes(saved[I]);
+    const void* input_storage = i == 0 ? nullptr : outputs[I - 1].storage_id();
+    lp.saved_bytes = saved_bytes(saved[I], input_storage, lp.saved_input_bytes);
     lp.split_kept_bytes = split_kept[I];
     lp.flops = layer.flops(shapes[I]);
     out.layers.push_back(std::move(lp));

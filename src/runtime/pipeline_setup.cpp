@@ -78,6 +78,7 @@ Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions&
     topo.levels.push_back({comm.size(), options.bandwidth_bytes_per_s});
     PartitionOptions part;
     part.allow_idle = false;
+    part.optimizer_state_factor = options.optimizer_state_factor;
     Plan plan = partition(profile, topo, part);
     plan.model = model.model.name();
     text = plan_to_json(plan).dump();

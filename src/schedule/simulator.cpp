@@ -105,6 +105,10 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   t.output_bytes = stage + 1 < plan.num_stages() ? cut_bytes(profile, owner, stage) : 0;
   const std::int64_t received = stage > 0 ? cut_bytes(profile, owner, stage - 1) : 0;
   t.activation_bytes += received;
+  // What the first layer keeps of its input is that received storage, counted just above.
+  if (stage > 0)
+    t.activation_bytes -=
+        profile.layers[static_cast<std::size_t>(stage_layers(ps).front())].saved_input_bytes;
   t.forward_s *= scale;
   t.backward_s *= scale;
   t.backward_input_s *= scale;

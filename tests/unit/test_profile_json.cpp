@@ -63,6 +63,7 @@ TEST_CASE("profile.json round trip keeps every field") {
   Profile p = small_dag();
   p.layers[1].source = false;
   p.layers[2].saved_bytes = 4096;
+  p.layers[2].saved_input_bytes = 1024;
   p.layers[2].split_kept_bytes = 2048;
   std::string path = temp_path("roundtrip.json");
   write_profile(p, path);
@@ -80,6 +81,7 @@ TEST_CASE("profile.json round trip keeps every field") {
     CHECK(q.layers[i].inputs == p.layers[i].inputs);
     CHECK(q.layers[i].flops == p.layers[i].flops);
     CHECK(q.layers[i].saved_bytes == p.layers[i].saved_bytes);
+    CHECK(q.layers[i].saved_input_bytes == p.layers[i].saved_input_bytes);
     CHECK(q.layers[i].split_kept_bytes == p.layers[i].split_kept_bytes);
   }
   // Unmeasured, the memory models fall back to the layer's output.
@@ -111,6 +113,10 @@ TEST_CASE("bad profiles are rejected with a message naming the problem") {
   CHECK(error_of(with([](auto& j) { j["layers"] = nlohmann::json::array(); })).find("no layers") != std::string::npos);
   CHECK(error_of(with([](auto& j) { j["layers"][0].erase("output_bytes"); })).find("output_bytes") != std::string::npos);
   CHECK(error_of(with([](auto& j) { j["layers"][0]["parameter_bytes"] = 1.5; })).find("parameter_bytes") != std::string::npos);
+  CHECK(error_of(with([](auto& j) {
+          j["layers"][0]["saved_bytes"] = 100;
+          j["layers"][0]["saved_input_bytes"] = 200;
+        })).find("saved_input_bytes = 200") != std::string::npos);
   // NaN cannot be written as JSON by a conforming writer, but files may still hold it.
   std::string nan_text = good;
   auto pos = nan_text.find("\"forward_s\":");

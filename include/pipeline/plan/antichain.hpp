@@ -65,6 +65,18 @@ class StateGraph {
   std::vector<double> parameter_bytes;   // Σ parameter_bytes
   std::vector<double> boundary_bytes;
   std::vector<double> pipedream_boundary_bytes;
+  // Per state: what a stage that starts right after it keeps of the input it receives
+  // (LayerProfile::saved_input_bytes of its first layer), which activation_bytes counts and the
+  // memory model charges as the received input already. Prefix-of-a-layer-order states only;
+  // 0 for antichain states of DAGs (the estimate then stays on the safe side).
+  std::vector<double> kept_input_bytes;
+
+  // The activation bytes a stage P(e) \ P(s) stashes per minibatch beside the input it receives.
+  double stage_activation_bytes(int s, int e) const {
+    const double a = activation_bytes[static_cast<std::size_t>(e)] -
+                     (s < 0 ? 0.0 : activation_bytes[static_cast<std::size_t>(s)]);
+    return s < 0 ? a : a - kept_input_bytes[static_cast<std::size_t>(s)];
+  }
 
  private:
   friend struct StateGraphAssembler;

@@ -20,6 +20,8 @@
 // replicas of a stage meeting at a blocking allreduce (tests/unit/test_simulator_partition.cpp).
 #pragma once
 
+#include <pipeline/core/error.hpp>
+
 #include <cmath>
 #include <string_view>
 
@@ -72,6 +74,17 @@ inline double recompute_stage_memory_bytes(double parameter_bytes, double activa
                                            double optimizer_state_factor) {
   return parameter_bytes * (2.0 + optimizer_state_factor + (in_flight_minibatches - 1)) +
          input_bytes * in_flight_minibatches + activation_bytes + input_bytes;
+}
+
+// Copies of the weights an optimizer keeps (PartitionOptions::optimizer_state_factor) by its
+// name: "sgd" 0, "momentum" (SGD with momentum, PipeDream's) 1, "adamw" or "adam" 2.
+// ConfigError naming the accepted names otherwise.
+inline double optimizer_state_copies(std::string_view optimizer) {
+  if (optimizer == "sgd") return 0;
+  if (optimizer == "momentum") return 1;
+  if (optimizer == "adamw" || optimizer == "adam") return 2;
+  PIPELINE_FAIL(ConfigError, "unknown optimizer '{}': use sgd, momentum or adamw (the state the "
+                "memory model charges: 0, 1 or 2 copies of the weights)", optimizer);
 }
 
 // Which stages recompute their activations: none, those that would not fit in memory otherwise

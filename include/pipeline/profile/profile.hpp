@@ -33,6 +33,11 @@ struct LayerProfile {
   // its input) only at the first: what stashing one microbatch costs. 0 when unknown (PipeDream
   // profiles), and then output_bytes stands for it (stash_bytes()).
   std::int64_t saved_bytes = 0;
+  // Of saved_bytes, the storage of the layer's own input (a predecessor's output) that no earlier
+  // layer keeps: a conv after a pooling layer, a Linear after a flatten. A stage that starts at
+  // this layer holds that storage once, as the input it received, so the memory models do not
+  // charge it again there. 0 when unknown.
+  std::int64_t saved_input_bytes = 0;
   // Bytes a split backward keeps from the input-gradient half to the weight half: the layer's
   // output gradient, and a composite's children's output gradients. 0 when not measured, and
   // then output_bytes stands for it (split_kept_bytes()).

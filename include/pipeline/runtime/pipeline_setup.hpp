@@ -35,6 +35,9 @@ struct AutoPlanOptions {
   int batch = 64;                      // profile batch size (the minibatch size)
   double bandwidth_bytes_per_s = 5e9;  // between ranks of one host (shared memory)
   int profile_repeat = 3;
+  // Copies of the weights the job's optimizer keeps (Optimizer::buffer_names().size()), for the
+  // planner's memory model.
+  double optimizer_state_factor = 1.0;
 };
 
 // Rank 0 profiles the zoo model and partitions it for `comm.size()` workers on one level of the
