@@ -69,7 +69,8 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
 // makespan's (an interleaved plan: 4 microbatches per worker, as for a plain plan on as many
 // workers). The partitioner itself stays independent of the schedule library.
 double simulated_bubble_fraction(const pipeline::Plan& plan, const pipeline::Profile& profile,
-                                 const pipeline::Topology& topo, const pipeline::DeviceProfiles* device_profiles) {
+                                 const pipeline::Topology& topo, const pipeline::DeviceProfiles* device_profiles,
+                                 double transfer_bytes_scale) {
   const bool stash = plan.schedule.rfind("1f1b-stash", 0) == 0;
   int microbatches = stash ? 1 : 4 * (plan.interleaved() ? plan.workers : plan.num_stages()), minibatches = 1;
   if (stash) {
@@ -84,6 +85,7 @@ double simulated_bubble_fraction(const pipeline::Plan& plan, const pipeline::Pro
       pipeline::generate_schedule(plan.schedule, pipeline::ScheduleSpec::from_plan(plan, microbatches, minibatches));
   pipeline::SimulateOptions options;
   options.device_profiles = device_profiles;
+  options.transfer_bytes_scale = transfer_bytes_scale;
   pipeline::Simulation sim = pipeline::simulate(schedule, profile, plan, topo, options);
   return stash ? sim.steady_state_bubble_fraction : sim.bubble_fraction;
 }
@@ -124,7 +126,7 @@ int main(int argc, char** argv) {
   bool straight = false, allow_idle = false, ignore_transfer = false, quiet = false, no_simulate = false;
   std::optional<double> compression;
   std::size_t max_states = pipeline::PartitionOptions{}.max_states;
-  std::string recompute = "auto", optimizer = "momentum";
+  std::string recompute = "auto", optimizer = "momentum", transfer_dtype = "float32";
   auto* src = app.add_option("--profile", profile_args,
                              "profile.json (pipeline.profile/1); on a mixed cluster TYPE=profile.json, once per worker type");
   app.add_option("--pipedream", pipedream_path, "PipeDream graph.txt instead of a profile.json")->excludes(src);
@@ -151,6 +153,10 @@ int main(int argc, char** argv) {
                  "the training's optimizer, whose state the memory model charges: sgd (none), momentum "
                  "(default, one copy of the weights) or adamw (two)")
       ->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
+  app.add_option("--transfer-dtype", transfer_dtype,
+                 "element type of the activations and gradients sent between stages: float32 or bf16 "
+                 "(half the bytes: transfers cost as with --activation-compression 2)")
+      ->check(CLI::IsMember({"float32", "bf16"}));
   app.add_option("--cost-model", cost_model, "pipeline (default) or pipedream")->check(CLI::IsMember({"pipeline", "pipedream"}));
   app.add_flag("--straight", straight, "no replicated stages");
   app.add_flag("--allow-idle", allow_idle, "leave workers unused when that is no slower");
@@ -249,6 +255,10 @@ int main(int argc, char** argv) {
     opt.allow_idle = allow_idle;
     opt.ignore_transfer = ignore_transfer;
     opt.activation_compression = compression;
+    // PipeDream's model charges transfers only with a compression ratio; bf16 halves them where
+    // they are charged.
+    if (transfer_dtype == "bf16" && (cost_model == "pipeline" || compression))
+      opt.activation_compression = 2.0 * compression.value_or(1.0);
     opt.max_states = max_states;
     // PipeDream's model has no recomputation: auto leaves it off there.
     opt.recompute = opt.cost_model == pipeline::CostModel::PipeDream && recompute == "auto"
@@ -280,7 +290,8 @@ int main(int argc, char** argv) {
     }
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!no_simulate)
-      plan.predicted.bubble_fraction = simulated_bubble_fraction(plan, profile, topo, topo.typed() ? &profiles : nullptr);
+      plan.predicted.bubble_fraction = simulated_bubble_fraction(plan, profile, topo, topo.typed() ? &profiles : nullptr,
+                                                                 transfer_dtype == "bf16" ? 0.5 : 1.0);
     std::vector<pipeline::RankPlacement> placement;  // placed before anything is written
     if (!rankfile_path.empty())
       placement = pipeline::place_ranks(plan, topo, pipeline::read_hostfile(hosts_path), placement_options);

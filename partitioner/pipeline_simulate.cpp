@@ -151,6 +151,7 @@ int run(int argc, char** argv) {
   int microbatches = 0, minibatches = 0, microbatch_size = 0;
   std::vector<std::string> levels;
   double latency = 0;
+  std::string transfer_dtype = "float32";
   bool as_json = false, full_duplex = false;
   app.add_option("--profile", profile_args,
                  "profile.json; for a plan over worker types TYPE=profile.json, once per type")
@@ -175,6 +176,10 @@ int run(int argc, char** argv) {
   app.add_option("--topology", topology_path, "topology JSON file instead of --level")
       ->excludes(level_opt);
   app.add_option("--latency", latency, "seconds per message");
+  app.add_option("--transfer-dtype", transfer_dtype,
+                 "element type of the activations and gradients sent between stages: float32 or "
+                 "bf16 (half the bytes)")
+      ->check(CLI::IsMember({"float32", "bf16"}));
   app.add_flag("--full-duplex", full_duplex, "links carry both directions at full bandwidth");
   bool overlap_allreduce = false;
   std::int64_t bucket_bytes = std::int64_t{4} << 20;
@@ -278,6 +283,7 @@ int run(int argc, char** argv) {
   SimulateOptions opt;
   opt.microbatch_size = microbatch_size;
   opt.latency_s = latency;
+  opt.transfer_bytes_scale = transfer_dtype == "bf16" ? 0.5 : 1.0;
   opt.full_duplex = full_duplex;
   opt.overlap_allreduce = overlap_allreduce;
   opt.allreduce_bucket_bytes = bucket_bytes;

@@ -42,6 +42,9 @@ struct PipelineFlags {
   bool rebalance = false;
   int rebalance_every = 10;
 
+  // The element type of the activations and gradients sent between stages: float32 or bf16.
+  std::string transfer_dtype = "float32";
+
   // Where the run trains (parse_device: cpu, cuda, cuda:N).
   std::string device = "cpu";
   // Every stage of --plan as a thread of this one process (comms/local.hpp).
@@ -114,6 +117,11 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
   app.add_option("--rebalance-every", flags.rebalance_every,
                  "with --rebalance: minibatches between re-measurements of the replicas' speed")
       ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--transfer-dtype", flags.transfer_dtype,
+                 "element type of the activations and gradients sent between stages: float32, or "
+                 "bf16 for half the bytes on the wire (compute stays float32)")
+      ->check(CLI::IsMember({"float32", "bf16"}))
       ->capture_default_str();
   app.add_option("--comm-timeout", flags.comm_timeout,
                  "seconds any wait for a peer may take before the job ends with an error")
@@ -226,6 +234,7 @@ inline ExecutorOptions executor_options(const PipelineFlags& flags, const Plan& 
                                         std::uint64_t seed, float clip_norm, Device device) {
   return {.seed = seed,
           .device = device,
+          .transfer_dtype = flags.transfer_dtype == "bf16" ? DType::BFloat16 : DType::Float32,
           .clip_norm = clip_norm,
           .record_trace = !flags.trace.empty(),
           .recompute = recompute_stages(flags, plan)};

@@ -3,6 +3,7 @@
 
 #include <pipeline/core/log.hpp>
 #include <pipeline/core/threads.hpp>
+#include <pipeline/ops/convert.hpp>
 #include <pipeline/optim/flatten.hpp>
 #include <pipeline/optim/grad_clip.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
@@ -262,6 +263,11 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
       m_layout.num_stages() >= 1 && m_layout.stages.size() == m_layout.stage_ranks.size(),
       "pipeline layout: {} layer ranges for {} stages", m_layout.stages.size(),
       m_layout.stage_ranks.size());
+  PIPELINE_CHECK_AS(ConfigError,
+                    m_options.transfer_dtype == DType::Float32 ||
+                        m_options.transfer_dtype == DType::BFloat16,
+                    "activations and gradients move between stages as float32 or bfloat16, not {}",
+                    dtype_name(m_options.transfer_dtype));
   PIPELINE_CHECK_AS(ConfigError, m_layout.num_ranks() == comm.size(),
                     "the pipeline needs {} ranks but the job has {}: start it with {} processes "
                     "(mpirun -np {}) or partition for {} workers",
@@ -511,7 +517,7 @@ void StageExecutor::post_receives(Run& run, std::size_t upto) {
     // The receive's own stage, which on a rank of several stages need not be the active one.
     const LayerRange r = m_layout.stages[static_cast<std::size_t>(a.stage)];
     p.buffer = Tensor::empty(activation_shape(samples, activation ? r.begin : r.end),
-                             DType::Float32, m_options.device);
+                             m_options.transfer_dtype, m_options.device);
     Tag tag = activation ? Tag::activation(a.stage - 1, run.global(u))
                          : Tag::gradient(a.stage + 1, run.global(u));
     if (run.eval) tag = {TagKind::EvalActivation, a.stage - 1, u};
@@ -553,7 +559,7 @@ Tensor StageExecutor::take_received(Run& run, std::size_t index) {
     p.version_request.wait();
     run.input_tags[(*run.actions)[index].microbatch] = int64_from_message(on_host(p.version));
   }
-  return p.buffer;
+  return ops::to_dtype(p.buffer, DType::Float32);
 }
 
 void StageExecutor::do_forward(Run& run, const Action& a) {
@@ -926,7 +932,8 @@ void StageExecutor::execute(Run& run) {
                        a.microbatch);
         Tag tag = run.eval ? Tag{TagKind::EvalActivation, m_stage, a.microbatch}
                            : Tag::activation(m_stage, run.global(a.microbatch));
-        run.sends.push_back(m_comm->isend(c.output, a.peer, tag));
+        run.sends.push_back(
+            m_comm->isend(ops::to_dtype(c.output, m_options.transfer_dtype), a.peer, tag));
         if (run.vertical_sync && !run.eval)
           run.sends.push_back(m_comm->isend(int64_message(c.input_tag).to(m_options.device), a.peer,
                                             Tag::version(m_stage, run.global(a.microbatch))));
@@ -938,8 +945,9 @@ void StageExecutor::execute(Run& run) {
         auto it = run.input_grads.find(a.microbatch);
         PIPELINE_CHECK(it != run.input_grads.end(),
                        "send of microbatch {}'s input gradient before its backward", a.microbatch);
-        run.sends.push_back(
-            m_comm->isend(it->second, a.peer, Tag::gradient(m_stage, run.global(a.microbatch))));
+        run.sends.push_back(m_comm->isend(ops::to_dtype(it->second, m_options.transfer_dtype),
+                                          a.peer,
+                                          Tag::gradient(m_stage, run.global(a.microbatch))));
         run.input_grads.erase(it);
         break;
       }

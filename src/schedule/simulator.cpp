@@ -313,7 +313,8 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
       if (src == dst) return 0.0;
       const bool forward = kind == ActionKind::SendActivation;
       const auto boundary = static_cast<std::size_t>(forward ? stage : stage - 1);
-      const double bytes = static_cast<double>(timing[boundary].output_bytes);
+      const double bytes =
+          static_cast<double>(timing[boundary].output_bytes) * options.transfer_bytes_scale;
       double share = boundary_share[boundary];
       if (!pair_share[boundary].empty())
         share = pair_share[boundary].at(forward ? std::pair{src, dst} : std::pair{dst, src});

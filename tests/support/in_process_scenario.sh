@@ -44,6 +44,27 @@ accuracy() { grep -o "test accuracy: [0-9.]*" "$work/$1.log"; }
   { echo "test accuracy differs: $(accuracy flush_local) vs $(accuracy flush_mpi)"; exit 1; }
 summary="1-2-3 1f1b-flush and 4-stage 1f1b-stash: --in-process equals mpirun bit for bit"
 
+# bf16 on the wire: the same bits both ways, and the losses of float32 transfers within 2%.
+bf16=(--plan "$plans/mlp_4.json" --schedule 1f1b-flush --microbatches 4 --steps 60)
+run bf16_local "$train" "${common[@]}" "${bf16[@]}" --transfer-dtype bf16 --in-process \
+  --save "$work/bf16_local.safetensors" --metrics "$work/bf16.jsonl"
+run bf16_mpi "${mpirun[@]}" 4 "$train" "${common[@]}" "${bf16[@]}" --transfer-dtype bf16 \
+  --save "$work/bf16_mpi.safetensors"
+same_parameters bf16_local bf16_mpi 4
+run f32_local "$train" "${common[@]}" "${bf16[@]}" --in-process --metrics "$work/f32.jsonl"
+summary+="; $(python3 - "$work/f32.jsonl" "$work/bf16.jsonl" <<'PY'
+import json, sys
+def losses(path):
+    return [r["loss"] for r in map(json.loads, open(path)) if "step" in r]
+f32, bf16 = map(losses, sys.argv[1:3])
+assert len(f32) == len(bf16) == 60, (len(f32), len(bf16))
+a, b = sum(f32[-10:]) / 10, sum(bf16[-10:]) / 10
+assert abs(a - b) <= 0.02 * a, f"bf16 transfers end at loss {b:.4f}, float32 at {a:.4f}"
+assert f32 != bf16, "bf16 transfers changed nothing"
+print(f"bf16 transfers: loss {b:.4f} vs {a:.4f} with float32 after 60 steps")
+PY
+)"
+
 if [[ "$lm" != "-" ]]; then
   lm_args=(--steps 8 --lr-schedule constant --threads 1 --schedule 1f1b-flush --microbatches 2)
   run lm_local "$lm" "${lm_args[@]}" --in-process --plan "$plans/transformer_lm_2.json"

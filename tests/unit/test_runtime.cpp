@@ -11,6 +11,7 @@
 #include <pipeline/nn/layers/activation.hpp>
 #include <pipeline/nn/layers/dropout.hpp>
 #include <pipeline/nn/layers/linear.hpp>
+#include <pipeline/ops/convert.hpp>
 #include <pipeline/optim/flatten.hpp>
 #include <pipeline/optim/sgd.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
@@ -112,6 +113,26 @@ void run_pipeline(const Sequential& model, const PipelineLayout& layout, const S
     out.ranges[static_cast<std::size_t>(comm.rank())] = ex.layers();
   });
 }
+
+// Rounds what passes through it to bfloat16 and back, forward and backward: what a stage
+// boundary does to activations and gradients that move as bf16.
+class Bf16Round final : public Layer {
+ public:
+  explicit Bf16Round(std::string name) : Layer(std::move(name)) {}
+  std::string kind() const override { return "Bf16Round"; }
+  Shape output_shape(const Shape& in) const override { return in; }
+  double flops(const Shape&) const override { return 0.0; }
+
+ protected:
+  Tensor forward_impl(LayerParams&, const Tensor& x, Saved&, const ForwardContext&) const override {
+    return ops::to_dtype(ops::to_dtype(x, DType::BFloat16), DType::Float32);
+  }
+  Tensor backward_impl(const LayerParams&, const Saved&, const Tensor& dy, std::span<Tensor>,
+                       GradParts parts) const override {
+    if (!has_part(parts, GradParts::Input)) return {};
+    return ops::to_dtype(ops::to_dtype(dy, DType::BFloat16), DType::Float32);
+  }
+};
 
 }  // namespace
 
@@ -572,4 +593,53 @@ TEST_CASE(
   }
   CHECK(results[1].minibatches == 3);
   CHECK(results[2].minibatches == 3);
+}
+
+TEST_CASE("bf16 transfers: the pipeline equals one process that rounds at the stage boundary") {
+  set_num_threads(1);
+  const Sequential model = small_model(0.f);
+  // The same layers (same names, so the same initial weights) with the rounding between fc2 and
+  // relu2, where the pipeline below cuts.
+  Sequential rounded("runtime-test-mlp");
+  rounded.emplace<Linear>("fc1", kFeatures, 16);
+  rounded.emplace<ReLU>("relu1");
+  rounded.emplace<Linear>("fc2", 16, 16);
+  rounded.emplace<Bf16Round>("wire");
+  rounded.emplace<ReLU>("relu2");
+  rounded.emplace<Dropout>("drop", 0.f);
+  rounded.emplace<Linear>("fc3", 16, kClasses);
+  const int minibatches = 3, micro = 4;
+  SequentialTrainer ref(rounded, rounded.init(kSeed), make_sgd(), kSeed);
+  SequentialTrainer plain(model, model.init(kSeed), make_sgd(), kSeed);
+  for (int j = 0; j < minibatches; ++j) {
+    ref.step(minibatch(j), kLr, micro);
+    plain.step(minibatch(j), kLr, micro);
+  }
+  const PipelineLayout layout{{{0, 3}, {3, 6}}, {{0}, {1}}};
+  ScheduleSpec spec;
+  spec.stage_ranks = layout.stage_ranks;
+  spec.microbatches = micro;
+  spec.minibatches = minibatches;
+  const Schedule s = generate_schedule("1f1b-flush", spec);
+  std::vector<ModelParams> got(2);
+  run_local(2, [&](Communicator& comm) {
+    StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
+                     {.seed = kSeed, .transfer_dtype = DType::BFloat16});
+    ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
+    got[static_cast<std::size_t>(comm.rank())] = ex.params();
+  });
+  // Pipeline layers 0..2 are the reference's 0..2, pipeline layers 3..5 its 4..6.
+  ModelParams want(ref.params().begin(), ref.params().begin() + 3);
+  want.insert(want.end(), ref.params().begin() + 4, ref.params().end());
+  CHECK(max_rel_diff(got[0], want, {0, 3}) <= 1e-6);
+  CHECK(max_rel_diff(got[1], want, {3, 6}) <= 1e-6);
+  // The rounding mattered: float32 transfers would have ended elsewhere.
+  CHECK(max_rel_diff(got[0], plain.params(), {0, 3}) > 1e-5);
+  CHECK_THROWS_WITH_AS(run_local(2,
+                                 [&](Communicator& comm) {
+                                   StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout,
+                                                    comm, make_sgd(),
+                                                    {.transfer_dtype = DType::Int32});
+                                 }),
+                       doctest::Contains("as float32 or bfloat16, not int32"), ConfigError);
 }

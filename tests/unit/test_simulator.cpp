@@ -181,6 +181,12 @@ TEST_CASE("transfers cost bytes over the crossed level's bandwidth and overlap w
   Simulation slow =
       simulate(generate_schedule("1f1b-stash", ScheduleSpec::straight(2, 1, 40)), prof, plan, topo);
   CHECK(slow.time_per_minibatch_s == doctest::Approx(11e-3));
+  // bf16 on the wire: half the bytes, 4 ms per message, round trip (6 + 8) ms over 2 in flight.
+  SimulateOptions bf16;
+  bf16.transfer_bytes_scale = 0.5;
+  Simulation half = simulate(generate_schedule("1f1b-stash", ScheduleSpec::straight(2, 1, 40)),
+                             prof, plan, topo, bf16);
+  CHECK(half.time_per_minibatch_s == doctest::Approx(7e-3));
 }
 
 TEST_CASE("replicated stages: round-robin minibatches, ring allreduce, PipeDream's stage time") {

@@ -126,6 +126,10 @@ struct ExecutorOptions {
   // gradients, weight tags, the small statistics and norms the ranks sum) is a tensor there, so
   // a device communicator (NCCL, or the in-process one on GPUs) moves it device to device.
   Device device = Device::cpu();
+  // The element type of the activations and gradients sent between stages: float32, or bfloat16
+  // for half the bytes on the wire (ops/convert.hpp: rounded to nearest even before the send,
+  // widened back to float32 on receipt; compute stays float32).
+  DType transfer_dtype = DType::Float32;
   float clip_norm = 0.f;      // global gradient-norm clipping (0: off)
   bool record_trace = false;  // keep every executed action's timing (trace_events())
   // Receives posted ahead of the action that waits for them, per kind; more overlap for more

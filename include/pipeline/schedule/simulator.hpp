@@ -66,6 +66,9 @@ namespace pipeline {
 struct SimulateOptions {
   int microbatch_size = 0;  // samples per microbatch; 0: the profile's batch size
   double latency_s = 0;     // per point-to-point message
+  // Bytes on the wire per byte of float32 activation or gradient: 1, or 0.5 when they move as
+  // bfloat16 (ExecutorOptions::transfer_dtype).
+  double transfer_bytes_scale = 1.0;
   double optimizer_step_s = 0;
   double allreduce_factor = 4.0;
   // Model the runtime's overlapped gradient allreduce (ExecutorOptions::overlap_allreduce): the
