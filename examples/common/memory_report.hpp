@@ -2,6 +2,10 @@
 // (StageExecutor::peak_memory) next to the planner's estimate for its stage
 // (PlanStage::memory_bytes), printed as a table and written to the metrics, one line per rank.
 //
+// On a GPU a last column gives the caching allocator's peak bytes in use on the rank's device:
+// everything the process had there at once, the executor's tensors and the ops' temporaries and
+// workspaces (ranks of an in-process job that share a GPU show the same figure).
+//
 // The planner's estimate is for its own assumptions: minibatches of the profile's batch size
 // under 1F1B with weight stashing and the plan's in-flight depth; under a flush schedule or
 // another batch size the two differ by design.
@@ -15,22 +19,40 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#if PIPELINE_WITH_CUDA
+#include <pipeline/cuda/device_memory.hpp>
+#endif
+
 #include <cstdint>
 #include <vector>
 
 namespace pipeline::examples {
 
+// The caching allocator's peak bytes in use on `device`; 0 on the CPU.
+inline std::int64_t device_peak_bytes(Device device) {
+#if PIPELINE_WITH_CUDA
+  if (device.is_cuda()) return cuda::device_memory_stats(device.index).peak_in_use_bytes;
+#endif
+  return 0;
+}
+
+struct RankMemory {
+  StageMemory peak;                 // what the executor held
+  std::int64_t device_peak = 0;     // device_peak_bytes of the rank's device
+};
+
 // Every rank's peak memory, on every rank. Collective. Each value travels as two floats (high
 // part and remainder), exact to 2^48 bytes; a slot has one non-zero contributor, so the sum is
 // exact.
-inline std::vector<StageMemory> gather_peak_memory(const StageExecutor& ex, Communicator& comm) {
-  constexpr int kFields = 6;
+inline std::vector<RankMemory> gather_peak_memory(const StageExecutor& ex, Communicator& comm) {
+  constexpr int kFields = 7;
   const int n = comm.size();
   Tensor t = Tensor::zeros(Shape{static_cast<std::int64_t>(n) * kFields * 2});
   const StageMemory& m = ex.peak_memory();
   const std::int64_t mine[kFields] = {m.parameter_bytes,      m.gradient_bytes,
                                       m.optimizer_bytes,      m.stashed_weight_bytes,
-                                      m.activation_bytes,     m.total_bytes};
+                                      m.activation_bytes,     m.total_bytes,
+                                      device_peak_bytes(ex.device())};
   float* v = t.data<float>() + static_cast<std::ptrdiff_t>(comm.rank()) * kFields * 2;
   for (int i = 0; i < kFields; ++i) {
     const double d = static_cast<double>(mine[i]);
@@ -38,7 +60,7 @@ inline std::vector<StageMemory> gather_peak_memory(const StageExecutor& ex, Comm
     v[2 * i + 1] = static_cast<float>(d - static_cast<double>(v[2 * i]));
   }
   comm.allreduce_sum(t, comm.world());
-  std::vector<StageMemory> out(static_cast<std::size_t>(n));
+  std::vector<RankMemory> out(static_cast<std::size_t>(n));
   const float* all = t.data<float>();
   for (int r = 0; r < n; ++r) {
     std::int64_t f[kFields];
@@ -46,7 +68,7 @@ inline std::vector<StageMemory> gather_peak_memory(const StageExecutor& ex, Comm
       const float* p = all + (static_cast<std::ptrdiff_t>(r) * kFields + i) * 2;
       f[i] = static_cast<std::int64_t>(static_cast<double>(p[0]) + static_cast<double>(p[1]));
     }
-    out[static_cast<std::size_t>(r)] = {f[0], f[1], f[2], f[3], f[4], f[5]};
+    out[static_cast<std::size_t>(r)] = {{f[0], f[1], f[2], f[3], f[4], f[5]}, f[6]};
   }
   return out;
 }
@@ -55,19 +77,22 @@ inline std::vector<StageMemory> gather_peak_memory(const StageExecutor& ex, Comm
 inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, const Plan& plan,
                                const std::vector<bool>& recompute, MetricsWriter& metrics,
                                bool print) {
-  const std::vector<StageMemory> all = gather_peak_memory(ex, comm);
+  const std::vector<RankMemory> all = gather_peak_memory(ex, comm);
+  bool on_device = false;
+  for (const RankMemory& m : all) on_device = on_device || m.device_peak > 0;
   const PipelineLayout& layout = ex.layout();
   constexpr double kMiB = 1048576.0;
   if (print)
     fmt::print(
         "memory per rank, measured peak bytes held (MiB; each part at its own peak) vs the "
         "planner's estimate:\n{:>4} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} "
-        "{:>10}\n",
+        "{:>10}{}\n",
         "rank", "stage", "recompute", "params", "grads", "optimizer", "stashed w", "activation",
-        "peak", "planned");
+        "peak", "planned", on_device ? fmt::format(" {:>12}", "device peak") : "");
   for (int s = 0; s < layout.num_stages(); ++s)
     for (int r : layout.stage_ranks[static_cast<std::size_t>(s)]) {
-      const StageMemory& m = all[static_cast<std::size_t>(r)];
+      const StageMemory& m = all[static_cast<std::size_t>(r)].peak;
+      const std::int64_t device_peak = all[static_cast<std::size_t>(r)].device_peak;
       // A rank of an interleaved plan holds several stages: one row for all of them, at its
       // first, beside the sum of their estimates.
       const std::vector<int> held = layout.stages_of(r);
@@ -82,11 +107,12 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
       if (print)
         fmt::print(
             "{:>4} {:>5} {:>9} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} "
-            "{:>10}\n",
+            "{:>10}{}\n",
             r, fmt::format("{}", fmt::join(held, ",")), rc ? "yes" : "no", m.parameter_bytes / kMiB,
             m.gradient_bytes / kMiB, m.optimizer_bytes / kMiB, m.stashed_weight_bytes / kMiB,
             m.activation_bytes / kMiB, m.total_bytes / kMiB,
-            planned > 0 ? fmt::format("{:.3f}", planned / kMiB) : std::string("-"));
+            planned > 0 ? fmt::format("{:.3f}", planned / kMiB) : std::string("-"),
+            on_device ? fmt::format(" {:>12.3f}", device_peak / kMiB) : std::string());
       metrics.write({{"memory_rank", r},
                      {"stage", s},
                      {"recompute", rc},
@@ -96,7 +122,8 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
                      {"optimizer_bytes", m.optimizer_bytes},
                      {"stashed_weight_bytes", m.stashed_weight_bytes},
                      {"activation_bytes", m.activation_bytes},
-                     {"planned_bytes", planned}});
+                     {"planned_bytes", planned},
+                     {"device_peak_bytes", device_peak}});
     }
 }
 

@@ -212,6 +212,7 @@ class StageExecutor {
   StageExecutor& operator=(const StageExecutor&) = delete;
 
   int rank() const { return m_comm->rank(); }
+  Device device() const { return m_options.device; }
   int stage() const { return m_stage; }
   int replica() const { return m_replica; }
   int replicas() const { return static_cast<int>(m_layout.stage_ranks[m_stage].size()); }
