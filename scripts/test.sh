@@ -26,8 +26,9 @@ asan() {
   cmake --build build/asan -j "$(nproc)" --target pipeline_unit_tests
   ctest --preset asan -j "$(nproc)"
 }
-# The CUDA build (library, gpu tests, header checks) compiles wherever the CUDA toolkit is
-# installed; its gpu tests run on a GPU machine and report themselves skipped elsewhere.
+# The CUDA build (library, gpu tests, header checks, and the trainers, whose GPU pipeline code —
+# NCCL start-up, the device memory report — exists only there) compiles wherever the CUDA toolkit
+# is installed; its gpu tests run on a GPU machine and report themselves skipped elsewhere.
 cuda() {
   local nvcc
   nvcc=$(command -v nvcc || true)
@@ -38,9 +39,9 @@ cuda() {
   fi
   [[ -f build/cuda-ci/CMakeCache.txt ]] ||
     CUDACXX=$nvcc cmake --preset cuda-release -B build/cuda-ci -DPIPELINE_WERROR=ON \
-      -DPIPELINE_BUILD_EXAMPLES=OFF -DPIPELINE_BUILD_BENCH=OFF -DPIPELINE_BUILD_TOOLS=OFF
+      -DPIPELINE_BUILD_EXAMPLES=ON -DPIPELINE_BUILD_BENCH=OFF -DPIPELINE_BUILD_TOOLS=OFF
   cmake --build build/cuda-ci -j "$(nproc)" --target pipeline pipeline_gpu_tests \
-    pipeline_header_check
+    pipeline_header_check train_fashion_mnist train_transformer_lm
   ctest --test-dir build/cuda-ci -L gpu --output-on-failure
 }
 fuzz() {
