@@ -20,6 +20,7 @@
 #include <pipeline/schedule/generator.hpp>
 
 #include "support/param_compare.hpp"
+#include "support/synthetic_minibatches.hpp"
 #include "support/stash_reference.hpp"
 
 #include <cstring>
@@ -50,25 +51,11 @@ Sequential model_of(float dropout) {
   return m;
 }
 
-std::unique_ptr<Optimizer> make_sgd() {
-  return std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f, .weight_decay = 1e-3f});
-}
+const auto make_sgd = pipeline::testing::momentum_sgd;
+const pipeline::testing::SyntheticMinibatches minibatch(Shape{kFeatures}, kClasses, kBatch, 1024,
+                                                        5);
 
-const SyntheticDataset& dataset() {
-  static const SyntheticDataset d(Shape{kFeatures}, kClasses, 1024, 5);
-  return d;
-}
-
-Batch minibatch(std::int64_t j) {
-  std::vector<std::int64_t> idx(kBatch);
-  std::iota(idx.begin(), idx.end(), j * kBatch);
-  return dataset().get(idx);
-}
-
-MinibatchFeed feed() {
-  return {[](std::int64_t j) { return minibatch(j); },
-          [](std::int64_t) { return std::int64_t{kBatch}; }};
-}
+MinibatchFeed feed() { return minibatch.feed(); }
 
 // Trains `schedule` in-process on cuda:0; returns every rank's final parameters on the host.
 struct RankParams {

@@ -26,6 +26,7 @@
 #include <numeric>
 
 #include "support/param_compare.hpp"
+#include "support/synthetic_minibatches.hpp"
 
 using namespace pipeline;
 using pipeline::testing::max_rel_diff;
@@ -52,25 +53,10 @@ Sequential deep_model() {
   return m;
 }
 
-std::unique_ptr<Optimizer> make_sgd() {
-  return std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f, .weight_decay = 1e-3f});
-}
+const auto make_sgd = pipeline::testing::momentum_sgd;
+const pipeline::testing::SyntheticMinibatches minibatch(Shape{kFeatures}, kClasses, kBatch, 512, 5);
 
-const SyntheticDataset& dataset() {
-  static const SyntheticDataset d(Shape{kFeatures}, kClasses, 512, 5);
-  return d;
-}
-
-Batch minibatch(std::int64_t j) {
-  std::vector<std::int64_t> idx(kBatch);
-  std::iota(idx.begin(), idx.end(), j * kBatch);
-  return dataset().get(idx);
-}
-
-MinibatchFeed feed() {
-  return {[](std::int64_t j) { return minibatch(j); },
-          [](std::int64_t) { return std::int64_t{kBatch}; }};
-}
+MinibatchFeed feed() { return minibatch.feed(); }
 
 // v·p stages of the 8-layer model cut as evenly as the layers allow, stage k on rank k mod p.
 PipelineLayout interleaved_layout(int ranks, int v) {

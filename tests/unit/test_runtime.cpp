@@ -22,6 +22,7 @@
 #include <pipeline/schedule/validate.hpp>
 
 #include "support/param_compare.hpp"
+#include "support/synthetic_minibatches.hpp"
 #include "support/stash_reference.hpp"
 
 #include <cmath>
@@ -53,25 +54,11 @@ Sequential small_model(float dropout = 0.25f) {
   return m;
 }
 
-std::unique_ptr<Optimizer> make_sgd() {
-  return std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f, .weight_decay = 1e-3f});
-}
+const auto make_sgd = pipeline::testing::momentum_sgd;
+const pipeline::testing::SyntheticMinibatches minibatch(Shape{kFeatures}, kClasses, kBatch, 512, 3);
 
-const SyntheticDataset& dataset() {
-  static const SyntheticDataset d(Shape{kFeatures}, kClasses, 512, 3);
-  return d;
-}
-
-Batch minibatch(std::int64_t j) {
-  std::vector<std::int64_t> idx(kBatch);
-  std::iota(idx.begin(), idx.end(), j * kBatch);
-  return dataset().get(idx);
-}
-
-MinibatchFeed feed() {
-  return {[](std::int64_t j) { return minibatch(j); },
-          [](std::int64_t) { return std::int64_t{kBatch}; }};
-}
+MinibatchFeed feed() { return minibatch.feed(); }
+const SyntheticDataset& dataset() { return minibatch.dataset(); }
 
 // Every rank's final parameters of its own stage and its run's result, collected from the rank
 // threads.
