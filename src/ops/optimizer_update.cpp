@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #if PIPELINE_WITH_CUDA
 #include "optimizer.cuh"
@@ -69,6 +70,54 @@ void check_cuda_pair(const char* op, const Tensor& param, const Tensor& other, c
                  "{}: {} has shape {} ({} elements) but the parameter has shape {} ({} elements)",
                  op, what, other.shape(), other.numel(), param.shape(), param.numel());
 }
+
+// One tensor's operands of a CUDA SGD step on `d`, checked, as the kernel takes them.
+kernels::SgdTensor sgd_operands(Tensor& param, const Tensor& grad, Tensor* momentum_buffer,
+                                const SgdParams& p, Device d) {
+  PIPELINE_CHECK(detail::common_device("sgd_update", {&param, &grad, momentum_buffer}) == d,
+                 "sgd_update: every tensor of one step must be on {}", d.str());
+  check_cuda_pair("sgd_update", param, param, "the parameter");
+  check_cuda_pair("sgd_update", param, grad, "the gradient");
+  const bool use_momentum = p.momentum != 0.f;
+  if (use_momentum) {
+    PIPELINE_CHECK(momentum_buffer != nullptr, "sgd_update: momentum {} needs a momentum buffer",
+                   p.momentum);
+    check_cuda_pair("sgd_update", param, *momentum_buffer, "the momentum buffer");
+  }
+  return {param.device_data<float>(), grad.device_data<float>(),
+          use_momentum ? momentum_buffer->device_data<float>() : nullptr, param.numel()};
+}
+
+kernels::SgdStep sgd_step(const SgdParams& p, bool first_step) {
+  PIPELINE_CHECK_AS(ConfigError, !p.nesterov || (p.momentum != 0.f && p.dampening == 0.f),
+                    "Nesterov momentum needs momentum > 0 and dampening 0 (got momentum {}, "
+                    "dampening {})",
+                    p.momentum, p.dampening);
+  return {p.lr, p.momentum, p.dampening, p.weight_decay, p.nesterov, first_step};
+}
+
+// The same for an Adam(W) step.
+kernels::AdamWTensor adamw_operands(Tensor& param, const Tensor& grad, Tensor& exp_avg,
+                                    Tensor& exp_avg_sq, Device d) {
+  PIPELINE_CHECK(
+      detail::common_device("adamw_update", {&param, &grad, &exp_avg, &exp_avg_sq}) == d,
+      "adamw_update: every tensor of one step must be on {}", d.str());
+  check_cuda_pair("adamw_update", param, param, "the parameter");
+  check_cuda_pair("adamw_update", param, grad, "the gradient");
+  check_cuda_pair("adamw_update", param, exp_avg, "exp_avg");
+  check_cuda_pair("adamw_update", param, exp_avg_sq, "exp_avg_sq");
+  return {param.device_data<float>(), grad.device_data<float>(), exp_avg.device_data<float>(),
+          exp_avg_sq.device_data<float>(), param.numel()};
+}
+
+kernels::AdamWStep adamw_step(std::int64_t step, const AdamWParams& p) {
+  PIPELINE_CHECK(step >= 1, "adamw_update: step counts from 1, got {}", step);
+  PIPELINE_CHECK_AS(ConfigError, p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f,
+                    "Adam betas must lie in [0, 1), got ({}, {})", p.beta1, p.beta2);
+  const AdamScalars a = adam_scalars(step, p);
+  return {a.step_size, a.inv_sqrt_bc2, p.beta1,     p.beta2, p.eps, p.weight_decay,
+          1.f - p.lr * p.weight_decay, p.decoupled};
+}
 #endif
 
 }  // namespace
@@ -78,24 +127,10 @@ void sgd_update(Tensor& param, const Tensor& grad, Tensor* momentum_buffer, bool
 #if PIPELINE_WITH_CUDA
   if (const Device d = detail::common_device("sgd_update", {&param, &grad, momentum_buffer});
       d.is_cuda()) {
-    check_cuda_pair("sgd_update", param, param, "the parameter");
-    check_cuda_pair("sgd_update", param, grad, "the gradient");
-    const bool use_momentum = p.momentum != 0.f;
-    if (use_momentum) {
-      PIPELINE_CHECK(momentum_buffer != nullptr, "sgd_update: momentum {} needs a momentum buffer",
-                     p.momentum);
-      check_cuda_pair("sgd_update", param, *momentum_buffer, "the momentum buffer");
-    }
-    PIPELINE_CHECK_AS(ConfigError, !p.nesterov || (use_momentum && p.dampening == 0.f),
-                      "Nesterov momentum needs momentum > 0 and dampening 0 (got momentum {}, "
-                      "dampening {})",
-                      p.momentum, p.dampening);
+    const kernels::SgdTensor t = sgd_operands(param, grad, momentum_buffer, p, d);
+    const kernels::SgdStep step = sgd_step(p, first_step);
     const detail::CudaScope cuda(d);
-    const kernels::SgdTensor t{param.device_data<float>(), grad.device_data<float>(),
-                               use_momentum ? momentum_buffer->device_data<float>() : nullptr,
-                               param.numel()};
-    kernels::sgd_update(cuda.stream(), &t, 1,
-                        {p.lr, p.momentum, p.dampening, p.weight_decay, p.nesterov, first_step});
+    kernels::sgd_update(cuda.stream(), &t, 1, step);
     return;
   }
 #endif
@@ -146,22 +181,10 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
   if (const Device d =
           detail::common_device("adamw_update", {&param, &grad, &exp_avg, &exp_avg_sq});
       d.is_cuda()) {
-    check_cuda_pair("adamw_update", param, param, "the parameter");
-    check_cuda_pair("adamw_update", param, grad, "the gradient");
-    check_cuda_pair("adamw_update", param, exp_avg, "exp_avg");
-    check_cuda_pair("adamw_update", param, exp_avg_sq, "exp_avg_sq");
-    PIPELINE_CHECK(step >= 1, "adamw_update: step counts from 1, got {}", step);
-    PIPELINE_CHECK_AS(ConfigError,
-                      p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f,
-                      "Adam betas must lie in [0, 1), got ({}, {})", p.beta1, p.beta2);
-    const AdamScalars a = adam_scalars(step, p);
+    const kernels::AdamWTensor t = adamw_operands(param, grad, exp_avg, exp_avg_sq, d);
+    const kernels::AdamWStep s = adamw_step(step, p);
     const detail::CudaScope cuda(d);
-    const kernels::AdamWTensor t{param.device_data<float>(), grad.device_data<float>(),
-                                 exp_avg.device_data<float>(), exp_avg_sq.device_data<float>(),
-                                 param.numel()};
-    kernels::adamw_update(cuda.stream(), &t, 1,
-                          {a.step_size, a.inv_sqrt_bc2, p.beta1, p.beta2, p.eps, p.weight_decay,
-                           1.f - p.lr * p.weight_decay, p.decoupled});
+    kernels::adamw_update(cuda.stream(), &t, 1, s);
     return;
   }
 #endif
@@ -197,6 +220,51 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
     }
     W -= step_size * M / (V.sqrt() * inv_sqrt_bc2 + eps);
   });
+}
+
+void sgd_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
+                     std::span<Tensor* const> momentum_buffers, bool first_step,
+                     const SgdParams& p) {
+  PIPELINE_CHECK(grads.size() == params.size() && momentum_buffers.size() == params.size(),
+                 "sgd_update_many: {} parameters, {} gradients and {} momentum buffers",
+                 params.size(), grads.size(), momentum_buffers.size());
+#if PIPELINE_WITH_CUDA
+  if (!params.empty() && params[0].device().is_cuda()) {
+    const Device d = params[0].device();
+    std::vector<kernels::SgdTensor> t;
+    for (std::size_t i = 0; i < params.size(); ++i)
+      t.push_back(sgd_operands(params[i], grads[i], momentum_buffers[i], p, d));
+    const kernels::SgdStep step = sgd_step(p, first_step);
+    const detail::CudaScope cuda(d);
+    kernels::sgd_update(cuda.stream(), t.data(), static_cast<int>(t.size()), step);
+    return;
+  }
+#endif
+  for (std::size_t i = 0; i < params.size(); ++i)
+    sgd_update(params[i], grads[i], momentum_buffers[i], first_step, p);
+}
+
+void adamw_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
+                       std::span<Tensor> exp_avg, std::span<Tensor> exp_avg_sq,
+                       std::int64_t step, const AdamWParams& p) {
+  PIPELINE_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() &&
+                     exp_avg_sq.size() == params.size(),
+                 "adamw_update_many: {} parameters, {} gradients, {} and {} moments",
+                 params.size(), grads.size(), exp_avg.size(), exp_avg_sq.size());
+#if PIPELINE_WITH_CUDA
+  if (!params.empty() && params[0].device().is_cuda()) {
+    const Device d = params[0].device();
+    std::vector<kernels::AdamWTensor> t;
+    for (std::size_t i = 0; i < params.size(); ++i)
+      t.push_back(adamw_operands(params[i], grads[i], exp_avg[i], exp_avg_sq[i], d));
+    const kernels::AdamWStep s = adamw_step(step, p);
+    const detail::CudaScope cuda(d);
+    kernels::adamw_update(cuda.stream(), t.data(), static_cast<int>(t.size()), s);
+    return;
+  }
+#endif
+  for (std::size_t i = 0; i < params.size(); ++i)
+    adamw_update(params[i], grads[i], exp_avg[i], exp_avg_sq[i], step, p);
 }
 
 double sum_of_squares(const Tensor& x) {

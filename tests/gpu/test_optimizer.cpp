@@ -105,3 +105,51 @@ TEST_CASE("optimizer ops given tensors on two devices name both") {
   CHECK_THROWS_WITH_AS(ops::adamw_update(wg, g, m, v, 1, ops::AdamWParams{}),
                        doctest::Contains("adamw_update"), ConfigError);
 }
+
+TEST_CASE("multi-tensor SGD and AdamW steps equal the per-tensor steps bit for bit") {
+  // Sizes around the kernel's 65536-element chunks, and odd ones.
+  const std::vector<std::int64_t> sizes = {1, 7, 33, 1000, 65536, 65537, 200003};
+  auto make = [&](std::uint64_t seed) {
+    std::vector<Tensor> out;
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      out.push_back(random_tensor(Shape{sizes[i]}, seed + i).to(kGpu));
+    return out;
+  };
+  auto same_bits = [](const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const Tensor x = a[i].to(Device::cpu()), y = b[i].to(Device::cpu());
+      if (std::memcmp(x.raw(), y.raw(), x.nbytes()) != 0) return false;
+    }
+    return true;
+  };
+  auto clone_all = [](const std::vector<Tensor>& a) {
+    std::vector<Tensor> out;
+    for (const Tensor& t : a) out.push_back(t.clone());
+    return out;
+  };
+  const std::vector<Tensor> grads = make(200);
+  {
+    std::vector<Tensor> one = make(100), buf_one = make(300);
+    std::vector<Tensor> many = clone_all(one), buf_many = clone_all(buf_one);
+    const ops::SgdParams p{0.05f, 0.9f, 0.1f, 1e-3f, false};
+    for (std::size_t i = 0; i < one.size(); ++i)
+      ops::sgd_update(one[i], grads[i], &buf_one[i], false, p);
+    std::vector<Tensor*> bufs;
+    for (Tensor& b : buf_many) bufs.push_back(&b);
+    ops::sgd_update_many(many, grads, bufs, false, p);
+    CHECK(same_bits(one, many));
+    CHECK(same_bits(buf_one, buf_many));
+  }
+  {
+    std::vector<Tensor> one = make(400), m_one = make(500), v_one = make(600);
+    for (Tensor& v : v_one) v = random_tensor(v.shape(), 601, 0.1f, 1.f).to(kGpu);  // v >= 0
+    std::vector<Tensor> many = clone_all(one), m_many = clone_all(m_one), v_many = clone_all(v_one);
+    const ops::AdamWParams p{1e-3f, 0.9f, 0.999f, 1e-8f, 1e-2f, true};
+    for (std::size_t i = 0; i < one.size(); ++i)
+      ops::adamw_update(one[i], grads[i], m_one[i], v_one[i], 3, p);
+    ops::adamw_update_many(many, grads, m_many, v_many, 3, p);
+    CHECK(same_bits(one, many));
+    CHECK(same_bits(m_one, m_many));
+    CHECK(same_bits(v_one, v_many));
+  }
+}

@@ -13,6 +13,7 @@
 #include <pipeline/core/tensor.hpp>
 
 #include <cstdint>
+#include <span>
 
 namespace pipeline::ops {
 
@@ -51,6 +52,17 @@ struct AdamWParams {
 //   param -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                   std::int64_t step, const AdamWParams& p);
+
+// The same updates for many tensors with one step count: on a GPU one multi-tensor launch for
+// all of them (a model's many small parameters cost one kernel, not one each), on the CPU the
+// per-tensor update in turn. Element for element the arithmetic is the per-tensor update's, so
+// the results are bitwise the same. momentum_buffers[i] may be null only without momentum.
+void sgd_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
+                     std::span<Tensor* const> momentum_buffers, bool first_step,
+                     const SgdParams& p);
+void adamw_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
+                       std::span<Tensor> exp_avg, std::span<Tensor> exp_avg_sq,
+                       std::int64_t step, const AdamWParams& p);
 
 // Σ x² over a float32 tensor, accumulated in double.
 double sum_of_squares(const Tensor& x);

@@ -5,6 +5,9 @@
 #include <pipeline/ops/optimizer_update.hpp>
 #include <pipeline/optim/optimizer.hpp>
 
+#include <span>
+#include <vector>
+
 namespace pipeline {
 
 struct AdamWOptions {
@@ -32,16 +35,24 @@ class AdamW final : public Optimizer {
 
  protected:
   void update(Tensor& param, const Tensor& grad, ParamState& s, float lr) override {
-    ops::AdamWParams p{lr,
-                       m_options.beta1,
-                       m_options.beta2,
-                       m_options.eps,
-                       m_options.weight_decay,
-                       m_options.decoupled};
-    ops::adamw_update(param, grad, s.buffers[0], s.buffers[1], s.step, p);
+    ops::adamw_update(param, grad, s.buffers[0], s.buffers[1], s.step, params_for(lr));
+  }
+  void update_all(std::span<Tensor> params, std::span<const Tensor> grads, float lr) override {
+    if (params.empty() || !uniform_steps()) return Optimizer::update_all(params, grads, lr);
+    std::vector<Tensor> m, v;  // handles sharing the state's storage
+    for (ParamState& s : state()) {
+      m.push_back(s.buffers[0]);
+      v.push_back(s.buffers[1]);
+    }
+    ops::adamw_update_many(params, grads, m, v, state().front().step, params_for(lr));
   }
 
  private:
+  ops::AdamWParams params_for(float lr) const {
+    return {lr,          m_options.beta1,        m_options.beta2,
+            m_options.eps, m_options.weight_decay, m_options.decoupled};
+  }
+
   AdamWOptions m_options;
 };
 

@@ -70,8 +70,8 @@ class Optimizer {
       for (auto& b : s.buffers)
         if (b.device() != params[i].device()) b = b.to(params[i].device());
       ++s.step;
-      update(params[i], grads[i], s, lr);
     }
+    update_all(params, grads, lr);
   }
 
   const std::vector<ParamState>& state() const { return m_state; }
@@ -141,6 +141,17 @@ class Optimizer {
  protected:
   // Applies one update; s.step has already been incremented (1 on the first update).
   virtual void update(Tensor& param, const Tensor& grad, ParamState& s, float lr) = 0;
+  // Updates every parameter (state()[i] belongs to params[i]); the default updates them one by
+  // one. A rule overrides it to update them all at once (one multi-tensor launch on a GPU) when
+  // uniform_steps() says they share one step count, as they do unless restored otherwise.
+  virtual void update_all(std::span<Tensor> params, std::span<const Tensor> grads, float lr) {
+    for (std::size_t i = 0; i < params.size(); ++i) update(params[i], grads[i], m_state[i], lr);
+  }
+  bool uniform_steps() const {
+    for (const ParamState& s : m_state)
+      if (s.step != m_state.front().step) return false;
+    return true;
+  }
 
  private:
   ParamState fresh_state(const Shape& shape, Device device = Device::cpu()) const {

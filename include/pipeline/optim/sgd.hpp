@@ -5,6 +5,9 @@
 #include <pipeline/ops/optimizer_update.hpp>
 #include <pipeline/optim/optimizer.hpp>
 
+#include <span>
+#include <vector>
+
 namespace pipeline {
 
 struct SgdOptions {
@@ -36,13 +39,23 @@ class Sgd final : public Optimizer {
 
  protected:
   void update(Tensor& param, const Tensor& grad, ParamState& s, float lr) override {
-    ops::SgdParams p{lr, m_options.momentum, m_options.dampening, m_options.weight_decay,
-                     m_options.nesterov};
+    const ops::SgdParams p = params_for(lr);
     Tensor* buffer = s.buffers.empty() ? nullptr : &s.buffers[0];
     ops::sgd_update(param, grad, buffer, s.step == 1, p);
   }
+  void update_all(std::span<Tensor> params, std::span<const Tensor> grads, float lr) override {
+    if (params.empty() || !uniform_steps()) return Optimizer::update_all(params, grads, lr);
+    std::vector<Tensor*> buffers;
+    for (ParamState& s : state()) buffers.push_back(s.buffers.empty() ? nullptr : &s.buffers[0]);
+    ops::sgd_update_many(params, grads, buffers, state().front().step == 1, params_for(lr));
+  }
 
  private:
+  ops::SgdParams params_for(float lr) const {
+    return {lr, m_options.momentum, m_options.dampening, m_options.weight_decay,
+            m_options.nesterov};
+  }
+
   SgdOptions m_options;
 };
 
