@@ -291,6 +291,31 @@ double sum_of_squares(const Tensor& x) {
   return total;
 }
 
+std::vector<double> sums_of_squares(std::span<const Tensor> xs) {
+  std::vector<double> out(xs.size(), 0.0);
+#if PIPELINE_WITH_CUDA
+  if (!xs.empty() && xs[0].device().is_cuda()) {
+    const Device d = xs[0].device();
+    const detail::CudaScope cuda(d);
+    Tensor workspace = cuda.scratch_bytes(kernels::kSumOfSquaresWorkspace * sizeof(double));
+    Tensor results = cuda.scratch_bytes(xs.size() * sizeof(double));
+    auto* r = static_cast<double*>(results.raw());
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      PIPELINE_CHECK(xs[i].device() == d && xs[i].dtype() == DType::Float32,
+                     "sums_of_squares: expected float32 tensors on {}, got {} on {}", d.str(),
+                     dtype_name(xs[i].dtype()), xs[i].device().str());
+      kernels::sum_of_squares_async(cuda.stream(), xs[i].device_data<float>(), xs[i].numel(),
+                                    static_cast<double*>(workspace.raw()), r + i);
+    }
+    // The copy to the host waits for every sum at once.
+    device_functions(d).copy(out.data(), Device::cpu(), r, d, out.size() * sizeof(double));
+    return out;
+  }
+#endif
+  for (std::size_t i = 0; i < xs.size(); ++i) out[i] = sum_of_squares(xs[i]);
+  return out;
+}
+
 void scale_inplace(Tensor& x, float factor) {
 #if PIPELINE_WITH_CUDA
   if (x.device().is_cuda()) {

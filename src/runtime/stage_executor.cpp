@@ -825,13 +825,19 @@ void StageExecutor::do_allreduce(Run& run, const Action& a) {
 void StageExecutor::do_step(Run& run, const Action& a) {
   const LayerRange r = layers();
   // Per-layer sums of squares: for clipping, and to name the layer whose gradient overflowed.
+  // All gradients' sums at once (one wait on a GPU), added up per layer in order.
+  std::vector<Tensor> all;
+  std::vector<std::size_t> layer_of;
+  for (int k = 0; k < r.size(); ++k)
+    for (const Tensor& g : m_grads[static_cast<std::size_t>(k)]) {
+      all.push_back(g);
+      layer_of.push_back(static_cast<std::size_t>(k));
+    }
+  const std::vector<double> sums = ops::sums_of_squares(all);
   std::vector<double> layer_ss(static_cast<std::size_t>(r.size()), 0.0);
+  for (std::size_t i = 0; i < sums.size(); ++i) layer_ss[layer_of[i]] += sums[i];
   double local = 0;
-  for (int k = 0; k < r.size(); ++k) {
-    const auto& g = m_grads[static_cast<std::size_t>(k)];
-    layer_ss[static_cast<std::size_t>(k)] = sum_of_squares(std::span<const Tensor>(g));
-    local += layer_ss[static_cast<std::size_t>(k)];
-  }
+  for (double s : layer_ss) local += s;
   const std::int64_t step = run.stash
                                 ? run.first_minibatch + std::int64_t{a.microbatch} * replicas()
                                 : run.first_minibatch + a.microbatch;

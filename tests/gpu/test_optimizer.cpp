@@ -153,3 +153,15 @@ TEST_CASE("multi-tensor SGD and AdamW steps equal the per-tensor steps bit for b
     CHECK(same_bits(v_one, v_many));
   }
 }
+
+TEST_CASE("sums_of_squares of many tensors equals sum_of_squares of each, bit for bit") {
+  std::vector<Tensor> xs;
+  for (const std::int64_t n : {1, 7, 33, 1000, 65537, 1 << 20})
+    xs.push_back(random_tensor(Shape{n}, 700 + static_cast<std::uint64_t>(n)).to(kGpu));
+  const std::vector<double> all = ops::sums_of_squares(xs);
+  REQUIRE(all.size() == xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    CHECK(all[i] == ops::sum_of_squares(xs[i]));
+    CHECK(all[i] == doctest::Approx(ops::sum_of_squares(xs[i].to(Device::cpu()))).epsilon(1e-6));
+  }
+}

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace pipeline::ops {
 
@@ -66,6 +67,9 @@ void adamw_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
 
 // Σ x² over a float32 tensor, accumulated in double.
 double sum_of_squares(const Tensor& x);
+// sum_of_squares of each tensor (all on one device), with one wait for all of them on a GPU
+// instead of one per tensor: the values are those of sum_of_squares, bit for bit.
+std::vector<double> sums_of_squares(std::span<const Tensor> xs);
 // x *= factor in place.
 void scale_inplace(Tensor& x, float factor);
 

@@ -22,7 +22,7 @@ namespace pipeline {
 
 inline double sum_of_squares(std::span<const Tensor> grads) {
   double s = 0.0;
-  for (auto& g : grads) s += ops::sum_of_squares(g);
+  for (double x : ops::sums_of_squares(grads)) s += x;
   return s;
 }
 
