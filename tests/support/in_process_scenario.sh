@@ -3,8 +3,9 @@
 # process) against the same plans under mpirun (one process per rank):
 #   in_process_scenario.sh TRAIN_FASHION_MNIST TRAIN_TRANSFORMER_LM|- PLANS_DIR MPIRUN...
 # The trained parameters of every rank are bitwise those of the MPI job: 1-2-3 replication under
-# 1f1b-flush (allreduces sum in group order on both transports) and 4 stages under 1f1b-stash;
-# transformer-lm (if given) prints the same validation loss both ways.
+# 1f1b-flush (allreduces sum in group order on both transports) and 4 stages under 1f1b-stash; a
+# checkpoint of an in-process run resumes under mpirun bit for bit; bf16 transfers agree both
+# ways; transformer-lm (if given) prints the same validation loss both ways.
 set -euo pipefail
 train=$1
 lm=$2
@@ -39,10 +40,23 @@ run stash_local "$train" "${common[@]}" "${stash[@]}" --in-process --save "$work
 run stash_mpi "${mpirun[@]}" 4 "$train" "${common[@]}" "${stash[@]}" --save "$work/stash_mpi.safetensors"
 same_parameters stash_local stash_mpi 4
 
+# A checkpoint written by an in-process run resumes under mpirun, bit for bit.
+ckpt=(--plan "$plans/mlp_2.json" --schedule 1f1b-flush --microbatches 2 --lr-schedule constant)
+run ckpt_first "$train" "${common[@]}" "${ckpt[@]}" --in-process --steps 10 \
+  --checkpoint-dir "$work/ckpt"
+run ckpt_resumed "${mpirun[@]}" 2 "$train" "${common[@]}" "${ckpt[@]}" --steps 20 \
+  --resume "$work/ckpt" --save "$work/ckpt_resumed.safetensors"
+grep -q "resuming from .* at step 10" "$work/ckpt_resumed.log" ||
+  { cat "$work/ckpt_resumed.log"; exit 1; }
+run ckpt_straight "$train" "${common[@]}" "${ckpt[@]}" --in-process --steps 20 \
+  --save "$work/ckpt_straight.safetensors"
+same_parameters ckpt_resumed ckpt_straight 2
+
 accuracy() { grep -o "test accuracy: [0-9.]*" "$work/$1.log"; }
 [[ "$(accuracy flush_local)" == "$(accuracy flush_mpi)" ]] ||
   { echo "test accuracy differs: $(accuracy flush_local) vs $(accuracy flush_mpi)"; exit 1; }
-summary="1-2-3 1f1b-flush and 4-stage 1f1b-stash: --in-process equals mpirun bit for bit"
+summary="1-2-3 1f1b-flush and 4-stage 1f1b-stash: --in-process equals mpirun bit for bit; an"
+summary+=" in-process checkpoint resumed under mpirun equals the uninterrupted run"
 
 # bf16 on the wire: the same bits both ways, and the losses of float32 transfers within 2%.
 bf16=(--plan "$plans/mlp_4.json" --schedule 1f1b-flush --microbatches 4 --steps 60)
