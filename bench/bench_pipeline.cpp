@@ -13,9 +13,10 @@
 // backward over its replicas, is fastest. Replicated stages reduce their gradients in buckets
 // that overlap the backward (ExecutorOptions defaults), and the simulator models the same
 // (SimulateOptions::overlap_allreduce, same bucket size), with the allreduce's bytes at the
-// ping-pong's bandwidth like the activations; the runtime's copying and summing of the peers'
-// gradients takes the replica's core, at the rate rank 0 measures (reduce_cost_per_byte), which
-// the simulator charges too (SimulateOptions::allreduce_cpu_s_per_byte).
+// ping-pong's bandwidth like the activations; the allreduce also takes the replicas' cores (ranks
+// of one host move the bytes themselves), at the rate a blocking allreduce among the job's ranks
+// measures (allreduce_cost_per_byte; at least the copy and sum alone, reduce_cost_per_byte),
+// which the simulator charges too (SimulateOptions::allreduce_cpu_s_per_byte).
 //
 // One job measures everything, so that the ratios compare numbers taken under the same load:
 //  1. rank 0 profiles the model (pipeline::profile, --threads threads, microbatch-sized batches)
@@ -78,6 +79,7 @@
 using namespace pipeline;
 using pipeline::bench::median;
 using pipeline::bench::ping_pong;
+using pipeline::bench::allreduce_cost_per_byte;
 using pipeline::bench::reduce_cost_per_byte;
 using pipeline::bench::seconds_since;
 using pipeline::bench::StepCost;
@@ -476,14 +478,17 @@ int run_bench(const Options& o, Communicator& world) {
     boundary_bytes = z.input_shape(o.batch).numel() * 4;
   const double one_way_s = ping_pong(world, boundary_bytes);
   world.barrier();
-  // What a replica's core spends per byte of a peer's gradients (receive copy and sum), which the
-  // simulator charges to the replicas of a replicated stage; rank 0 measures it for everyone.
-  double reduce_s_per_byte = world.rank() == 0 ? reduce_cost_per_byte() : 0;
+  // What a replica's core spends per byte of a peer's gradients, which the simulator charges to
+  // the replicas of a replicated stage: a whole allreduce among the job's ranks, measured (their
+  // cores move the bytes); beside it, the copy and sum alone, which rank 0 measures.
+  const double allreduce_s_per_byte = allreduce_cost_per_byte(world);
+  double copy_sum_s_per_byte = world.rank() == 0 ? reduce_cost_per_byte() : 0;
   {
-    Tensor shared = Tensor::full(Shape{1}, static_cast<float>(reduce_s_per_byte * 1e12));
+    Tensor shared = Tensor::full(Shape{1}, static_cast<float>(copy_sum_s_per_byte * 1e12));
     world.allreduce_sum(shared, world.world());
-    reduce_s_per_byte = static_cast<double>(shared.values()[0]) * 1e-12;
+    copy_sum_s_per_byte = static_cast<double>(shared.values()[0]) * 1e-12;
   }
+  const double reduce_s_per_byte = std::max(allreduce_s_per_byte, copy_sum_s_per_byte);
 
   // The data: one synthetic minibatch, fed again for every minibatch (its values do not change
   // the time of a float model).
@@ -599,8 +604,9 @@ int run_bench(const Options& o, Communicator& world) {
       "per rank, {} ranks, {} repeat(s); {}, load average {} at the end, {:%Y-%m-%d %H:%M}\n"
       "profile: {} layers, whole model {:.2f} ms fwd+bwd per microbatch\n{}{}"
       "link: {} bytes one way in {:.1f} us (ping-pong), simulated at {:.2f} GB/s full duplex "
-      "(activations and allreduce buckets of {} MiB, {}); gradient copy and sum {:.3f} ns/byte "
-      "of the replica's core\n"
+      "(activations and allreduce buckets of {} MiB, {}); gradient allreduce {:.3f} ns/byte of "
+      "each replica's core (a blocking 16 MiB allreduce over the ranks; the copy and sum alone "
+      "{:.3f})\n"
       "flush schedules: {} microbatches per minibatch (bubble bound on the speedup of P stages "
       "P*m/(m+P-1) = {:.2f}); 1f1b-stash: 1 microbatch per minibatch\n",
       o.model, o.width, o.batch, o.samples_per_run, o.threads, P, o.repeat, bench::cpu_name(),
@@ -612,7 +618,7 @@ int run_bench(const Options& o, Communicator& world) {
       one_way_s > 0 ? 1e-9 * static_cast<double>(boundary_bytes) / one_way_s : 0.0,
       ExecutorOptions{}.allreduce_bucket_bytes >> 20,
       o.overlap ? "overlapping the backward" : "no overlap: one allreduce at AR (--no-overlap)",
-      1e9 * reduce_s_per_byte,
+      1e9 * reduce_s_per_byte, 1e9 * copy_sum_s_per_byte,
       o.microbatches, static_cast<double>(P) * o.microbatches / (o.microbatches + P - 1));
 
   auto spread = [](const std::vector<double>& v) {

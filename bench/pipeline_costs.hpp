@@ -77,6 +77,25 @@ inline double reduce_cost_per_byte(std::int64_t bytes = std::int64_t{16} << 20) 
   return median(per_byte);
 }
 
+// Seconds of each rank's core per byte of a peer's gradients in a whole allreduce: a blocking
+// allreduce_sum of `bytes` over all ranks of `comm` (median of 10 after 3 untimed, between
+// barriers) divided by (ranks - 1) x bytes; 0 on one rank. Ranks of one host move the bytes with
+// their own cores (MPI's shared-memory copies), so this is what an allreduce takes from the
+// replicas' compute, the transport's copies as well as the sum. Collective.
+inline double allreduce_cost_per_byte(Communicator& comm, std::int64_t bytes = std::int64_t{16}
+                                                                               << 20) {
+  if (comm.size() < 2) return 0;
+  Tensor t = Tensor::full(Shape{std::max<std::int64_t>(1, bytes / 4)}, 1.f);
+  std::vector<double> seconds;
+  for (int i = 0; i < 13; ++i) {
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    comm.allreduce_sum(t, comm.world());
+    if (i >= 3) seconds.push_back(seconds_since(t0));
+  }
+  return median(seconds) / (static_cast<double>(comm.size() - 1) * static_cast<double>(bytes));
+}
+
 // One-way time of a message of `bytes` between ranks 0 and 1 (half a ping-pong round trip,
 // median of 50); 0 on other ranks and on a 1-rank job. Collective over ranks 0 and 1.
 inline double ping_pong(Communicator& comm, std::int64_t bytes) {
