@@ -44,6 +44,7 @@ CASES = {
 # the library layer by layer); only vgg16 and the attention kernel are this benchmark's own.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "interop"))
 import torch_reference  # noqa: E402
+from torch_timing import event_times_ms  # noqa: E402
 
 
 def vgg16(image_size=32, num_classes=10, channels=3):
@@ -139,18 +140,7 @@ def run_case(name, precision, warmup, steps, device):
         loss.backward()
         opt.step()
 
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize(device)
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(steps):
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    times = event_times_ms(step, warmup, steps, device)
     peak = torch.cuda.max_memory_allocated(device)
     del model, opt, x, y
     return {"case": name, "precision": precision, "median_ms": quantile(times, 0.5),

@@ -21,21 +21,11 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from torch_timing import event_times_ms
+
 
 def time_ms(f, warmup, runs):
-    for _ in range(warmup):
-        f()
-    torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    t = []
-    for _ in range(runs):
-        start.record()
-        f()
-        end.record()
-        end.synchronize()
-        t.append(start.elapsed_time(end))
-    t.sort()
+    t = sorted(event_times_ms(f, warmup, runs))
     n = len(t)
     return t[n // 2] if n % 2 else 0.5 * (t[n // 2 - 1] + t[n // 2])
 

@@ -133,7 +133,8 @@ void sum_on_device(Round& round, Device device) {
     if (t.device() == device) f.used_here(t.storage_id(), device.index);
   };
   for (std::size_t i = 0; i < round.slots[0].size(); ++i) {
-    Tensor sum = round.slots[0][i].to(device).clone();
+    Tensor sum = Tensor::empty(round.slots[0][i].shape(), DType::Float32, device);
+    sum.copy_from(round.slots[0][i]);
     use(round.slots[0][i]);
     for (std::size_t m = 1; m < round.slots.size(); ++m) {
       const Tensor x = round.slots[m][i].to(device);

@@ -74,6 +74,20 @@ struct NcclOp {
   std::optional<Clock::time_point> waited_since;
 };
 
+// A new operation on `buffers`, ordered after the work queued so far on the calling thread's
+// current stream of `device` (its `ready` event), with its completion event.
+std::shared_ptr<NcclOp> new_op(NcclOpKind kind, std::string what, std::vector<Tensor> buffers,
+                               int device) {
+  auto op = std::make_shared<NcclOp>();
+  op->kind = kind;
+  op->what = std::move(what);
+  op->buffers = std::move(buffers);
+  op->ready = cuda::Event::create(device);
+  op->ready.record(cuda::current_stream(device));
+  op->done = cuda::Event::create(device);
+  return op;
+}
+
 struct NcclFailure {
   bool timeout = false;
   std::string what;  // the operation waited for (timeouts)
@@ -477,17 +491,13 @@ Request NcclCommunicator::post_p2p(const Tensor& tensor, int peer, Tag tag, bool
                     "communicator is bound to cuda:{}",
                     op_name, tag.str(), peer, tensor.device().str(), m_device);
   auto& s = *m_shared;
-  auto op = std::make_shared<detail::NcclOp>();
-  op->kind = is_recv ? detail::NcclOpKind::Recv : detail::NcclOpKind::Send;
-  op->what = is_recv ? fmt::format("a receive of {} from rank {}", tag.str(), peer)
-                     : fmt::format("a send of {} to rank {}", tag.str(), peer);
+  auto op = detail::new_op(is_recv ? detail::NcclOpKind::Recv : detail::NcclOpKind::Send,
+                           is_recv ? fmt::format("a receive of {} from rank {}", tag.str(), peer)
+                                   : fmt::format("a send of {} to rank {}", tag.str(), peer),
+                           {tensor}, m_device);
   op->peer = peer;
   // Sends to a higher rank (or to self) and receives from a lower rank (or self) use `up`.
   const bool upward = is_recv ? peer <= m_rank : peer >= m_rank;
-  op->buffers.push_back(tensor);
-  op->ready = cuda::Event::create(m_device);
-  op->ready.record(cuda::current_stream(m_device));
-  op->done = cuda::Event::create(m_device);
 
   std::lock_guard lock(s.mutex);
   s.check_failed_locked();
@@ -553,14 +563,9 @@ std::shared_ptr<detail::NcclOp> post_allreduce(detail::NcclShared& s,
                                                std::shared_ptr<detail::NcclComm> comm,
                                                std::vector<Tensor> buffers, std::string what,
                                                int device, bool waited) {
-  auto op = std::make_shared<detail::NcclOp>();
-  op->kind = detail::NcclOpKind::AllReduce;
-  op->what = std::move(what);
+  auto op =
+      detail::new_op(detail::NcclOpKind::AllReduce, std::move(what), std::move(buffers), device);
   op->comm = std::move(comm);
-  op->buffers = std::move(buffers);
-  op->ready = cuda::Event::create(device);
-  op->ready.record(cuda::current_stream(device));
-  op->done = cuda::Event::create(device);
   std::lock_guard lock(s.mutex);
   s.check_failed_locked();
   s.sweep_locked();

@@ -108,11 +108,6 @@ double get_double(const float* in) {
   return static_cast<double>(in[0]) + static_cast<double>(in[1]);
 }
 
-// The host copy of a message the executor reads (statistics, norms, weight tags).
-Tensor on_host(const Tensor& t) {
-  return t.device().is_cpu() ? t : t.to(Device::cpu());
-}
-
 // Removes and returns what was received for microbatch u. Receives are posted ahead of the
 // compute that needs them, so a missing entry means the action list ran compute before its
 // receive.
@@ -557,7 +552,8 @@ Tensor StageExecutor::take_received(Run& run, std::size_t index) {
   p.request.wait();
   if (p.version.defined()) {
     p.version_request.wait();
-    run.input_tags[(*run.actions)[index].microbatch] = int64_from_message(on_host(p.version));
+    run.input_tags[(*run.actions)[index].microbatch] =
+        int64_from_message(p.version.to(Device::cpu()));
   }
   return ops::to_dtype(p.buffer, DType::Float32);
 }
@@ -800,7 +796,7 @@ void StageExecutor::do_allreduce(Run& run, const Action& a) {
   run.allreduce = AllReduceTiming{};
   run.buckets_started = 0;
   if (is_last_stage()) {
-    const Tensor summed = on_host(g.back());
+    const Tensor summed = g.back().to(Device::cpu());
     g.pop_back();
     const float* v = summed.data<float>();
     for (std::size_t i = 0; i < closes.size(); ++i) {
@@ -857,7 +853,7 @@ void StageExecutor::do_step(Run& run, const Action& a) {
     if (m_replica == 0) put_double(t.data<float>(), local);
     t = t.to(m_options.device);
     m_comm->allreduce_sum(t, m_comm->world());
-    const double norm = std::sqrt(get_double(on_host(t).data<float>()));
+    const double norm = std::sqrt(get_double(t.to(Device::cpu()).data<float>()));
     scale(std::span<Tensor>(grads), clip_factor(norm, m_options.clip_norm));
   }
   // 2BW: after step k only minibatches from k + 1 on run, on the weights after k steps or later.
@@ -1083,7 +1079,7 @@ StageExecutor::Eval StageExecutor::evaluate(const MinibatchFeed& feed, std::int6
   put_double(t.data<float>() + 4, static_cast<double>(run.eval_count));
   t = t.to(m_options.device);
   m_comm->allreduce_sum(t, m_comm->world());
-  t = on_host(t);
+  t = t.to(Device::cpu());
   const float* v = t.data<float>();
   Eval e;
   e.count = static_cast<std::int64_t>(std::llround(get_double(v + 4)));
