@@ -258,30 +258,25 @@ class MpiAllreduceRequest final : public RequestImpl {
         m_me(me),
         m_direct(direct) {
     const int n = static_cast<int>(m_ranks.size());
-    if (m_tensors.size() == 1) {
-      m_buffer = m_tensors[0];  // reduced in place
-    } else {
-      m_buffer = Tensor::empty(Shape{total});
-      std::size_t at = 0;
-      float* b = m_buffer.data<float>();
-      for (const Tensor& t : m_tensors) {
-        std::memcpy(b + at, t.raw(), t.nbytes());
-        at += static_cast<std::size_t>(t.numel());
+    make_parts();
+    for (Part& part : m_parts) part.others.resize(static_cast<std::size_t>(n));
+    // Every member posts its messages part by part in the same order, so MPI's non-overtaking
+    // rule matches each receive with the same part's send.
+    for (Part& part : m_parts) {
+      if (m_direct || m_index == 0) {
+        for (int m = 0; m < n; ++m) {
+          if (m == m_index) continue;
+          Tensor& other = part.others[static_cast<std::size_t>(m)];
+          other = Tensor::empty(part.buffer.shape());
+          post(other, m, /*recv=*/true);
+        }
       }
-    }
-    m_others.resize(static_cast<std::size_t>(n));
-    if (m_direct || m_index == 0) {
-      for (int m = 0; m < n; ++m) {
-        if (m == m_index) continue;
-        m_others[static_cast<std::size_t>(m)] = Tensor::empty(Shape{total});
-        post(m_others[static_cast<std::size_t>(m)], m, /*recv=*/true);
+      if (m_direct) {
+        for (int m = 0; m < n; ++m)
+          if (m != m_index) post(part.buffer, m, /*recv=*/false);
+      } else if (m_index != 0) {
+        post(part.buffer, 0, /*recv=*/false);
       }
-    }
-    if (m_direct) {
-      for (int m = 0; m < n; ++m)
-        if (m != m_index) post(m_buffer, m, /*recv=*/false);
-    } else if (m_index != 0) {
-      post(m_buffer, 0, /*recv=*/false);
     }
   }
 
@@ -306,10 +301,12 @@ class MpiAllreduceRequest final : public RequestImpl {
       } else {
         m_phase = Phase::Scatter;
         const int n = static_cast<int>(m_ranks.size());
-        if (m_index == 0)
-          for (int m = 1; m < n; ++m) post(m_buffer, m, /*recv=*/false);
-        else
-          post(m_buffer, 0, /*recv=*/true);
+        for (Part& part : m_parts) {
+          if (m_index == 0)
+            for (int m = 1; m < n; ++m) post(part.buffer, m, /*recv=*/false);
+          else
+            post(part.buffer, 0, /*recv=*/true);
+        }
       }
     }
     if (m_phase == Phase::Scatter) {
@@ -317,12 +314,15 @@ class MpiAllreduceRequest final : public RequestImpl {
       m_pending.clear();
       m_phase = Phase::Done;
     }
-    if (m_tensors.size() > 1 && !m_unpacked) {
-      std::size_t at = 0;
-      const float* b = m_buffer.data<float>();
-      for (Tensor& t : m_tensors) {
-        std::memcpy(t.raw(), b + at, t.nbytes());
-        at += static_cast<std::size_t>(t.numel());
+    if (!m_unpacked) {
+      for (Part& part : m_parts) {
+        if (!part.packed) continue;
+        std::size_t at = 0;
+        const float* b = part.buffer.data<float>();
+        for (std::size_t i = part.first; i < part.first + part.count; ++i) {
+          std::memcpy(m_tensors[i].raw(), b + at, m_tensors[i].nbytes());
+          at += static_cast<std::size_t>(m_tensors[i].numel());
+        }
       }
       m_unpacked = true;
     }
@@ -351,12 +351,13 @@ class MpiAllreduceRequest final : public RequestImpl {
     p.buffer = buffer;
     p.member = member;
     p.recv = recv;
+    const int count = static_cast<int>(buffer.numel());
     if (recv)
       PIPELINE_MPI_CHECK(
-          MPI_Irecv(p.buffer.raw(), m_count, MPI_FLOAT, member, m_tag, m_comm, &p.request));
+          MPI_Irecv(p.buffer.raw(), count, MPI_FLOAT, member, m_tag, m_comm, &p.request));
     else
       PIPELINE_MPI_CHECK(
-          MPI_Isend(p.buffer.raw(), m_count, MPI_FLOAT, member, m_tag, m_comm, &p.request));
+          MPI_Isend(p.buffer.raw(), count, MPI_FLOAT, member, m_tag, m_comm, &p.request));
     m_pending.push_back(std::move(p));
   }
 
@@ -374,9 +375,10 @@ class MpiAllreduceRequest final : public RequestImpl {
         MPI_Error_class(rc, &cls);
         if (cls == MPI_ERR_TRUNCATE)
           throw Error(fmt::format(
-              "{}rank {}: {}: rank {} sent more than this rank's {} floats; every member must "
-              "pass the same shapes",
-              rank_prefix(), m_me, what(), m_ranks[static_cast<std::size_t>(p.member)], m_count));
+              "{}rank {}: {}: rank {} sent more than the {} floats this rank expects; every "
+              "member must pass the same shapes",
+              rank_prefix(), m_me, what(), m_ranks[static_cast<std::size_t>(p.member)],
+              p.buffer.numel()));
         throw MpiError(fmt::format(
             "{}rank {} ({}): {} failed with {}: rank {} may have died or lost its connection; "
             "find its own error, or the rank mpirun names, in the job's output",
@@ -390,37 +392,82 @@ class MpiAllreduceRequest final : public RequestImpl {
       if (p.recv) {
         int count = 0;
         PIPELINE_MPI_CHECK(MPI_Get_count(&status, MPI_FLOAT, &count));
-        PIPELINE_CHECK(count == m_count,
-                       "rank {}: {}: rank {} passed {} floats and this rank {}; every member must "
-                       "pass the same shapes",
-                       m_me, what(), m_ranks[static_cast<std::size_t>(p.member)], count, m_count);
+        PIPELINE_CHECK(count == p.buffer.numel(),
+                       "rank {}: {}: rank {} passed {} floats where this rank has {}; every "
+                       "member must pass the same shapes",
+                       m_me, what(), m_ranks[static_cast<std::size_t>(p.member)], count,
+                       p.buffer.numel());
       }
     }
     return all;
   }
 
+  // Splits the call's tensors into messages: a large tensor goes as itself and is reduced in
+  // place; runs of small ones are packed into one message each, so that a bucket of many biases
+  // is not many tiny messages and a bucket of large weights is not copied twice.
+  void make_parts() {
+    constexpr std::int64_t kInPlaceBytes = std::int64_t{256} << 10;
+    std::size_t run_begin = 0;
+    std::int64_t run_floats = 0;
+    const auto close_run = [&](std::size_t end) {
+      if (end == run_begin) return;
+      Part part;
+      part.first = run_begin;
+      part.count = end - run_begin;
+      if (part.count == 1) {
+        part.buffer = m_tensors[run_begin];
+      } else {
+        part.packed = true;
+        part.buffer = Tensor::empty(Shape{run_floats});
+        std::size_t at = 0;
+        float* b = part.buffer.data<float>();
+        for (std::size_t i = run_begin; i < end; ++i) {
+          std::memcpy(b + at, m_tensors[i].raw(), m_tensors[i].nbytes());
+          at += static_cast<std::size_t>(m_tensors[i].numel());
+        }
+      }
+      m_parts.push_back(std::move(part));
+    };
+    for (std::size_t i = 0; i < m_tensors.size(); ++i) {
+      if (static_cast<std::int64_t>(m_tensors[i].nbytes()) < kInPlaceBytes) {
+        run_floats += m_tensors[i].numel();
+        continue;
+      }
+      close_run(i);
+      run_begin = i;
+      run_floats = m_tensors[i].numel();
+      close_run(i + 1);
+      run_begin = i + 1;
+      run_floats = 0;
+    }
+    close_run(m_tensors.size());
+  }
+
   // out[k] = ((x0[k] + x1[k]) + x2[k]) + ..., this member's own data standing as its x, in
-  // blocks that stay in the cache.
+  // blocks that stay in the cache; part by part.
   void sum_in_group_order() {
     const int n = static_cast<int>(m_ranks.size());
     std::vector<const float*> x(static_cast<std::size_t>(n));
-    for (int m = 0; m < n; ++m)
-      x[static_cast<std::size_t>(m)] = m == m_index
-                                           ? m_buffer.data<float>()
-                                           : m_others[static_cast<std::size_t>(m)].data<float>();
-    float* out = m_buffer.data<float>();
     constexpr int kBlock = 4096;
     float acc[kBlock];
-    for (int b = 0; b < m_count; b += kBlock) {
-      const int len = std::min(kBlock, m_count - b);
-      std::memcpy(acc, x[0] + b, static_cast<std::size_t>(len) * sizeof(float));
-      for (int m = 1; m < n; ++m) {
-        const float* xm = x[static_cast<std::size_t>(m)] + b;
-        for (int k = 0; k < len; ++k) acc[k] += xm[k];
+    for (Part& part : m_parts) {
+      for (int m = 0; m < n; ++m)
+        x[static_cast<std::size_t>(m)] =
+            m == m_index ? part.buffer.data<float>()
+                         : part.others[static_cast<std::size_t>(m)].data<float>();
+      float* out = part.buffer.data<float>();
+      const std::int64_t count = part.buffer.numel();
+      for (std::int64_t b = 0; b < count; b += kBlock) {
+        const int len = static_cast<int>(std::min<std::int64_t>(kBlock, count - b));
+        std::memcpy(acc, x[0] + b, static_cast<std::size_t>(len) * sizeof(float));
+        for (int m = 1; m < n; ++m) {
+          const float* xm = x[static_cast<std::size_t>(m)] + b;
+          for (int k = 0; k < len; ++k) acc[k] += xm[k];
+        }
+        std::memcpy(out + b, acc, static_cast<std::size_t>(len) * sizeof(float));
       }
-      std::memcpy(out + b, acc, static_cast<std::size_t>(len) * sizeof(float));
+      part.others.clear();  // back to the allocator's cache
     }
-    m_others.clear();  // back to the allocator's cache
   }
 
   std::string what() const {
@@ -435,9 +482,16 @@ class MpiAllreduceRequest final : public RequestImpl {
   std::shared_ptr<WaitSettings> m_settings;
   MPI_Comm m_comm;
   int m_tag;
+  // One message's data: tensor `first` in place, or tensors [first, first + count) packed.
+  struct Part {
+    Tensor buffer;
+    std::size_t first = 0;
+    std::size_t count = 1;
+    bool packed = false;
+    std::vector<Tensor> others;  // the other members' data, by group index
+  };
   std::vector<Tensor> m_tensors;
-  Tensor m_buffer;               // the data, packed when there are several tensors
-  std::vector<Tensor> m_others;  // the other members' data, by group index
+  std::vector<Part> m_parts;
   int m_count;
   int m_index;
   std::vector<int> m_ranks;

@@ -139,6 +139,28 @@ TEST_CASE("allreduce over the world and over sub-groups is bitwise exact") {
     CHECK(bitwise_equal(ts[1], w1));
     CHECK(ts[2].values()[0] == s1);
   }
+  SUBCASE("large tensors in place between runs of small ones, direct and through the first") {
+    // 256 KiB and more go as messages of their own; the runs of small ones around them are
+    // packed, one message per run.
+    const std::vector<std::int64_t> sizes = {5, 3, 70000, 9, 100000, 65536, 1};
+    for (int limit : {4, 1}) {
+      CAPTURE(limit);
+      comm.set_allreduce_direct_limit(limit);
+      std::vector<Tensor> ts;
+      for (std::size_t k = 0; k < sizes.size(); ++k)
+        ts.push_back(ramp({sizes[k]}, 10.0f * static_cast<float>(k) * static_cast<float>(r)));
+      comm.allreduce_sum(ts, comm.world());
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        CAPTURE(k);
+        Tensor want = Tensor::empty({sizes[k]});
+        for (std::int64_t i = 0; i < sizes[k]; ++i)
+          want.data<float>()[i] =
+              10.0f * static_cast<float>(k) * s1 + static_cast<float>(n * i);
+        CHECK(bitwise_equal(ts[k], want));
+      }
+    }
+    comm.set_allreduce_direct_limit(4);
+  }
   SUBCASE("sub-groups: even and odd ranks, listed in descending order") {
     std::vector<int> members;
     for (int q = n - 1; q >= 0; --q)
