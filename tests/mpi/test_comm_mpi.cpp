@@ -154,8 +154,7 @@ TEST_CASE("allreduce over the world and over sub-groups is bitwise exact") {
         CAPTURE(k);
         Tensor want = Tensor::empty({sizes[k]});
         for (std::int64_t i = 0; i < sizes[k]; ++i)
-          want.data<float>()[i] =
-              10.0f * static_cast<float>(k) * s1 + static_cast<float>(n * i);
+          want.data<float>()[i] = 10.0f * static_cast<float>(k) * s1 + static_cast<float>(n * i);
         CHECK(bitwise_equal(ts[k], want));
       }
     }
