@@ -151,7 +151,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "auto", "all"}));
   app.add_option("--optimizer", optimizer,
                  "the training's optimizer, whose state the memory model charges: sgd (none), momentum "
-                 "(default, one copy of the weights) or adamw (two)")
+                 "(default, one copy of the weights) or adamw (two); each stage's compute also "
+                 "includes its step time when the profile measured it (step_s)")
       ->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
   app.add_option("--transfer-dtype", transfer_dtype,
                  "element type of the activations and gradients sent between stages: float32 or bf16 "
@@ -266,6 +267,7 @@ int main(int argc, char** argv) {
                         : pipeline::parse_recompute(recompute);
     opt.virtual_stages = virtual_stages;
     opt.optimizer_state_factor = pipeline::optimizer_state_copies(optimizer);
+    opt.optimizer = optimizer;
 
     pipeline::Plan plan;
     std::optional<pipeline::CostedPlan> chosen;

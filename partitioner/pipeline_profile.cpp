@@ -38,6 +38,7 @@ void print_table(const pipeline::Profile& p, const pipeline::ZooModel& z, double
              "params", "GFLOP/s");
   double fwd = 0, bwd = 0, flops = 0;
   std::int64_t params = 0;
+  pipeline::StepTimes step;
   for (int i = 0; i < p.size(); ++i) {
     const auto& l = p.layers[static_cast<std::size_t>(i)];
     const std::string split = l.backward_input_s > 0 || l.backward_weight_s > 0
@@ -55,12 +56,17 @@ void print_table(const pipeline::Profile& p, const pipeline::ZooModel& z, double
     bwd += l.backward_s;
     flops += l.flops;
     params += l.parameter_bytes;
+    step.sgd += l.step_s.sgd;
+    step.momentum += l.step_s.momentum;
+    step.adamw += l.step_s.adamw;
   }
   fmt::print(
       "total: forward {:.3f} ms, backward {:.3f} ms, {} of parameters, {:.3f} GFLOP forward "
       "({:.2f} GFLOP/s)\n",
       fwd * 1e3, bwd * 1e3, human_bytes(static_cast<double>(params)), flops / 1e9,
       fwd > 0 ? flops / fwd / 1e9 : 0.0);
+  fmt::print("optimizer step over every layer: sgd {:.3f} ms, momentum {:.3f} ms, adamw {:.3f} ms\n",
+             step.sgd * 1e3, step.momentum * 1e3, step.adamw * 1e3);
   fmt::print(
       "times are medians over the repeats, IQR their interquartile range (ms); GFLOP/s is forward "
       "FLOPs over forward time; profiled in {:.1f} s\n",

@@ -129,6 +129,13 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
   app.add_option("--trace", flags.trace, "write this rank's executed schedule as a Chrome trace");
 }
 
+// The name the planner knows `optimizer`'s update rule by: sgd, momentum or adamw (Adam with
+// L2 decay costs what AdamW does).
+inline std::string update_rule(const Optimizer& optimizer) {
+  if (optimizer.kind() == "sgd") return optimizer.buffer_names().empty() ? "sgd" : "momentum";
+  return "adamw";
+}
+
 // The plan of the job: --plan, or (without it) rank 0 profiles `zoo` at minibatch size `batch`
 // and partitions it for the job's ranks, charging `optimizer`'s state in the memory model.
 // Checked against the job and the model either way. Collective.
@@ -141,7 +148,8 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
                zoo.model.name(), batch, comm.size());
     plan = auto_plan(zoo, comm,
                      {.batch = batch,
-                      .optimizer_state_factor = static_cast<double>(optimizer.buffer_names().size())});
+                      .optimizer_state_factor = static_cast<double>(optimizer.buffer_names().size()),
+                      .optimizer = update_rule(optimizer)});
   } else {
     plan = read_plan(flags.plan);
   }

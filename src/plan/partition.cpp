@@ -17,6 +17,9 @@
 namespace pipeline {
 namespace {
 
+// Data-parallel time of a profile whose optimizer steps are already charged.
+double data_parallel_seconds(const Profile& p, const Topology& t, const PartitionOptions& o);
+
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 struct Entry {
@@ -629,7 +632,8 @@ void finish(Plan& plan, const Profile& p, const Topology& t, const PartitionOpti
   plan.cost_model = std::string(to_string(o.cost_model));
   plan.predicted.time_per_minibatch_s = time;
   plan.predicted.samples_per_s = time > 0 ? p.batch_size / time : 0.0;
-  plan.predicted.data_parallel_time_per_minibatch_s = data_parallel_time(p, t, o);
+  plan.predicted.data_parallel_time_per_minibatch_s = data_parallel_seconds(p, t, o);
+  if (o.cost_model == CostModel::Pipeline) plan.optimizer = o.optimizer;
 }
 
 // Interleaved plans (options.virtual_stages != 1): what partition() and evaluate_stages() both
@@ -818,7 +822,9 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
 
 }  // namespace
 
-double data_parallel_time(const Profile& p, const Topology& t, const PartitionOptions& o) {
+namespace {
+
+double data_parallel_seconds(const Profile& p, const Topology& t, const PartitionOptions& o) {
   double total = 0, par = 0;
   for (const auto& l : p.layers) {
     total += l.forward_s + l.backward_s;
@@ -835,6 +841,19 @@ double data_parallel_time(const Profile& p, const Topology& t, const PartitionOp
   return time;
 }
 
+}  // namespace
+
+Profile with_optimizer_steps(const Profile& profile, const PartitionOptions& options) {
+  if (options.optimizer.empty() || options.cost_model == CostModel::PipeDream) return profile;
+  Profile charged = profile;
+  for (LayerProfile& l : charged.layers) l.backward_s += l.step_s.of(options.optimizer);
+  return charged;
+}
+
+double data_parallel_time(const Profile& p, const Topology& t, const PartitionOptions& o) {
+  return data_parallel_seconds(with_optimizer_steps(p, o), t, o);
+}
+
 std::size_t antichain_state_budget(const Topology& topology, const PartitionOptions& options) {
   if (options.max_states > 0) return options.max_states;
   return topology.levels.size() == 1 ? 4000 : 1500;
@@ -846,9 +865,10 @@ namespace {
 
 // partition(), and with explain = false try_partition(): nullopt where partition() would search
 // for the memory that admits a plan and throw.
-std::optional<Plan> partition_impl(const Profile& profile, const Topology& topology, const PartitionOptions& options,
+std::optional<Plan> partition_impl(const Profile& measured, const Topology& topology, const PartitionOptions& options,
                                    bool explain) {
-  validate_profile(profile, profile.model.empty() ? "profile" : profile.model);
+  validate_profile(measured, measured.model.empty() ? "profile" : measured.model);
+  const Profile profile = with_optimizer_steps(measured, options);
   validate_topology(topology);
   PIPELINE_CHECK_AS(ConfigError, !topology.typed(),
                     "the topology has worker types ({} of them); plan it with a profile per type "
@@ -960,9 +980,10 @@ std::vector<ManualStage> parse_manual_stages(std::string_view text) {
   return out;
 }
 
-Plan evaluate_stages(const Profile& profile, const Topology& topology, const std::vector<ManualStage>& manual,
+Plan evaluate_stages(const Profile& measured, const Topology& topology, const std::vector<ManualStage>& manual,
                      const PartitionOptions& options) {
-  validate_profile(profile, profile.model.empty() ? "profile" : profile.model);
+  validate_profile(measured, measured.model.empty() ? "profile" : measured.model);
+  const Profile profile = with_optimizer_steps(measured, options);
   validate_topology(topology);
   PIPELINE_CHECK_AS(ConfigError, !topology.typed(),
                     "manual stages are evaluated on a topology of one kind of worker; this one has {} "

@@ -103,6 +103,7 @@ json plan_to_json(const Plan& p) {
   j["in_flight"] = p.in_flight;
   j["config"] = p.config;
   if (!p.cost_model.empty()) j["cost_model"] = p.cost_model;
+  if (!p.optimizer.empty()) j["optimizer"] = p.optimizer;
   j["stages"] = std::move(stages);
   j["predicted"] = {
       {"time_per_minibatch_s", p.predicted.time_per_minibatch_s},
@@ -146,6 +147,13 @@ Plan plan_from_json(const json& j, std::string_view origin) {
   if (j.contains("config")) p.config = get<std::string>(j, "config", "the plan", origin);
   if (j.contains("cost_model"))
     p.cost_model = get<std::string>(j, "cost_model", "the plan", origin);
+  if (j.contains("optimizer")) {
+    p.optimizer = get<std::string>(j, "optimizer", "the plan", origin);
+    PIPELINE_CHECK_AS(ConfigError,
+                      p.optimizer == "sgd" || p.optimizer == "momentum" || p.optimizer == "adamw",
+                      "{}: \"optimizer\" is \"{}\"; expected sgd, momentum or adamw", origin,
+                      p.optimizer);
+  }
   const json& stages = j.contains("stages") ? j.at("stages") : json();
   PIPELINE_CHECK_AS(ConfigError, stages.is_array() && !stages.empty(),
                     "{}: \"stages\" must be a non-empty array", origin);

@@ -42,6 +42,7 @@ struct TypedPartitioner::Impl {
   PartitionOptions options;
   Topology topology;
   std::string model;  // the profiles' model name and batch size (the profiles are not kept)
+  std::string optimizer;  // whose step times the compute includes (PartitionOptions::optimizer)
   int batch_size = 0;
   StateGraph g;
   std::vector<TypeData> types;
@@ -196,6 +197,7 @@ TypedPartitioner::TypedPartitioner(const DeviceProfiles& profiles, const Topolog
       profiles.size(), topology.types.size());
   const Profile& reference = profiles.find(topology.types.front().name)->second;
   x.model = reference.model;
+  x.optimizer = options.optimizer;
   x.batch_size = reference.batch_size;
   // One set of states for every type, from the first type's profile (the types' profiles share
   // their layers, so the states are the same; only the sums over them differ).
@@ -208,7 +210,7 @@ TypedPartitioner::TypedPartitioner(const DeviceProfiles& profiles, const Topolog
     for (int p : reference.predecessors(l)) successors[static_cast<std::size_t>(p)].push_back(l);
   for (std::size_t t = 0; t < topology.types.size(); ++t) {
     const WorkerType& wt = topology.types[t];
-    const Profile& p = profiles.find(wt.name)->second;
+    const Profile p = with_optimizer_steps(profiles.find(wt.name)->second, options);
     TypeData d;
     d.name = wt.name;
     d.count = wt.count;
@@ -326,6 +328,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
   plan.workers = x.total[index];
   plan.schedule = "1f1b-stash";
   plan.cost_model = std::string(to_string(CostModel::Pipeline));
+  plan.optimizer = x.optimizer;
   int s = -1, rank = 0;
   std::size_t v = index;
   double worst = 0;

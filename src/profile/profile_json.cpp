@@ -80,6 +80,9 @@ void validate_profile(const Profile& p, std::string_view origin) {
     check_time(l.backward_weight_s, "backward_weight_s", i, l.name, origin);
     check_time(l.forward_spread_s, "forward_spread_s", i, l.name, origin);
     check_time(l.backward_spread_s, "backward_spread_s", i, l.name, origin);
+    check_time(l.step_s.sgd, "step_s.sgd", i, l.name, origin);
+    check_time(l.step_s.momentum, "step_s.momentum", i, l.name, origin);
+    check_time(l.step_s.adamw, "step_s.adamw", i, l.name, origin);
     PIPELINE_CHECK_AS(
         ConfigError,
         l.output_bytes >= 0 && l.parameter_bytes >= 0 && l.saved_bytes >= 0 &&
@@ -173,6 +176,22 @@ Profile profile_from_json(const json& j, std::string_view origin) {
       l.saved_input_bytes = get_bytes(lj, "saved_input_bytes", where, origin);
     if (lj.contains("split_kept_bytes"))
       l.split_kept_bytes = get_bytes(lj, "split_kept_bytes", where, origin);
+    if (lj.contains("step_s")) {
+      const json& st = lj.at("step_s");
+      PIPELINE_CHECK_AS(ConfigError, st.is_object(),
+                        "{}: {} field \"step_s\" must be an object of seconds per optimizer "
+                        "(\"sgd\", \"momentum\", \"adamw\"), got {}",
+                        origin, where, st.dump());
+      for (const auto& [rule, value] : st.items()) {
+        PIPELINE_CHECK_AS(ConfigError, rule == "sgd" || rule == "momentum" || rule == "adamw",
+                          "{}: {} field \"step_s\" has \"{}\"; its keys are sgd, momentum and "
+                          "adamw",
+                          origin, where, rule);
+        const double v = get_number(st, rule.c_str(), where + " step_s", origin, true);
+        (rule == "sgd" ? l.step_s.sgd : rule == "momentum" ? l.step_s.momentum : l.step_s.adamw) =
+            v;
+      }
+    }
     if (lj.contains("inputs")) {
       const json& in = lj.at("inputs");
       PIPELINE_CHECK_AS(ConfigError, in.is_array(),
@@ -223,6 +242,9 @@ json profile_to_json(const Profile& p) {
     if (l.saved_bytes != 0) lj["saved_bytes"] = l.saved_bytes;
     if (l.saved_input_bytes != 0) lj["saved_input_bytes"] = l.saved_input_bytes;
     if (l.split_kept_bytes != 0) lj["split_kept_bytes"] = l.split_kept_bytes;
+    if (l.step_s.measured())
+      lj["step_s"] = {
+          {"sgd", l.step_s.sgd}, {"momentum", l.step_s.momentum}, {"adamw", l.step_s.adamw}};
     if (l.source) lj["source"] = true;
     layers.push_back(std::move(lj));
   }

@@ -4,6 +4,9 @@
 #include <pipeline/core/rng.hpp>
 #include <pipeline/core/tensor.hpp>
 #include <pipeline/core/threads.hpp>
+#include <pipeline/ops/optimizer_update.hpp>
+#include <pipeline/optim/adamw.hpp>
+#include <pipeline/optim/sgd.hpp>
 
 #if PIPELINE_WITH_CUDA
 #include <pipeline/cuda/stream.hpp>
@@ -143,6 +146,36 @@ void check_arguments(const Sequential& model, const Shape& input_shape, int batc
                     "profile input shape must have at least one dimension (one sample, without "
                     "the batch), got {}",
                     input_shape);
+}
+
+// Median seconds of one step of each update rule over one layer's parameters, timed as the
+// runtime's stage executor steps: the gradients' sums of squares (its overflow check), the
+// update (Optimizer::step on the device, all of the layer's tensors at once) and the zeroing of
+// the gradients; after `warmup` untimed steps that create the rule's state. The learning rate is
+// 0, so the parameters the passes use stay as they are while the arithmetic and memory traffic
+// are a real step's.
+StepTimes time_steps(std::vector<Tensor> params, std::vector<Tensor> grads,
+                     const ProfileOptions& options, PassTimer& timer) {
+  Sgd sgd;
+  Sgd momentum(SgdOptions{.momentum = 0.9f});
+  AdamW adamw;
+  auto median_step = [&](Optimizer& rule) {
+    std::vector<double> times;
+    for (int rep = 0; rep < std::max(options.warmup, 1) + options.repeat; ++rep)
+      timer.time(rep >= std::max(options.warmup, 1) ? &times : nullptr,
+                 [&] {
+                   (void)ops::sums_of_squares(grads);
+                   rule.step(params, grads, 0.f);
+                   for (Tensor& g : grads) g.zero();
+                 });
+    timer.finish();
+    return summarize(times).median;
+  };
+  StepTimes t;
+  t.sgd = median_step(sgd);
+  t.momentum = median_step(momentum);
+  t.adamw = median_step(adamw);
+  return t;
 }
 
 }  // namespace
@@ -308,6 +341,7 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
     lp.saved_bytes = saved_bytes(saved[I], input_storage, lp.saved_input_bytes);
     lp.split_kept_bytes = split_kept[I];
     lp.flops = layer.flops(shapes[I]);
+    if (!grads[I].empty()) lp.step_s = time_steps(params[I].params, grads[I], options, timer);
     out.layers.push_back(std::move(lp));
   }
   return out;

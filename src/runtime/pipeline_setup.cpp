@@ -79,6 +79,7 @@ Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions&
     PartitionOptions part;
     part.allow_idle = false;
     part.optimizer_state_factor = options.optimizer_state_factor;
+    part.optimizer = options.optimizer;
     Plan plan = partition(profile, topo, part);
     plan.model = model.model.name();
     text = plan_to_json(plan).dump();

@@ -93,6 +93,7 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
     weight += lp.backward_weight_s;
     split = split && (lp.backward_input_s > 0 || lp.backward_weight_s > 0 || lp.backward_s == 0);
     t.parameter_bytes += lp.parameter_bytes;
+    if (!plan.optimizer.empty()) t.step_s += lp.step_s.of(plan.optimizer);
     t.activation_bytes += stash_bytes(lp);
     t.split_gradient_bytes += split_kept_bytes(lp);
   }
@@ -243,7 +244,7 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     c.backward_s = t.backward_s;
     c.backward_input_s = t.backward_input_s;
     c.backward_weight_s = t.backward_weight_s;
-    c.step_s = options.optimizer_step_s;
+    c.step_s = options.optimizer_step_s + t.step_s;
     c.activation_bytes = t.activation_bytes;
     c.recompute_bytes = t.recompute_bytes;
     c.split_gradient_bytes = t.split_gradient_bytes;

@@ -229,6 +229,54 @@ TEST_CASE("deterministic ties and manual stages") {
   CHECK_THROWS_WITH_AS(partition(p, small), doctest::Contains("smallest memory"), ConfigError);
 }
 
+TEST_CASE("the optimizer's measured steps join each replica's compute, once per minibatch") {
+  Profile p;
+  p.model = "steps";
+  p.batch_size = 16;
+  for (int i = 0; i < 6; ++i) {
+    LayerProfile l;
+    l.name = fmt::format("l{}", i);
+    l.forward_s = 0.001;
+    l.backward_s = 0.002;
+    l.output_bytes = 100;
+    l.parameter_bytes = 1000;
+    l.step_s = {.sgd = 1e-4, .momentum = 2e-4, .adamw = 4e-4 * (i + 1)};
+    p.layers.push_back(l);
+  }
+  const Topology one{{{1, 1e10}}, {}};
+  PartitionOptions none, adamw;
+  adamw.optimizer = "adamw";
+  // One worker: every layer's forward, backward and step.
+  CHECK(partition(p, one, none).predicted.time_per_minibatch_s == doctest::Approx(0.018));
+  const Plan single = partition(p, one, adamw);
+  CHECK(single.predicted.time_per_minibatch_s == doctest::Approx(0.018 + 4e-4 * 21));
+  CHECK(single.optimizer == "adamw");
+  CHECK(partition(p, one, none).optimizer.empty());
+  // Data parallelism on 2 workers: each replica steps after each of its minibatches, so the step
+  // shares the replicas like compute; free links leave only that.
+  const Topology two{{{2, 1e18}}, {}};
+  Plan dp = evaluate_stages(p, two, parse_manual_stages("0:6x2"), adamw);
+  CHECK(dp.predicted.time_per_minibatch_s == doctest::Approx((0.018 + 4e-4 * 21) / 2));
+  CHECK(data_parallel_time(p, two, adamw) == doctest::Approx((0.018 + 4e-4 * 21) / 2));
+  // The manual stages' split: the step of each stage's own layers.
+  Plan split = evaluate_stages(p, two, parse_manual_stages("0:4,4:6"), adamw);
+  CHECK(split.stages[0].compute_s == doctest::Approx(0.012 + 4e-4 * 10));
+  CHECK(split.stages[1].compute_s == doctest::Approx(0.006 + 4e-4 * 11));
+  // PipeDream's model reproduces its optimizer, which has no step time.
+  PartitionOptions pd = adamw;
+  pd.cost_model = CostModel::PipeDream;
+  CHECK(evaluate_stages(p, one, parse_manual_stages("0:6"), pd).predicted.time_per_minibatch_s ==
+        doctest::Approx(0.018));
+  // A profile without step times charges none.
+  Profile unmeasured = p;
+  for (auto& l : unmeasured.layers) l.step_s = {};
+  CHECK(partition(unmeasured, one, adamw).predicted.time_per_minibatch_s ==
+        doctest::Approx(0.018));
+  adamw.optimizer = "lamb";
+  CHECK_THROWS_WITH_AS(partition(p, one, adamw), doctest::Contains("unknown optimizer 'lamb'"),
+                       ConfigError);
+}
+
 TEST_CASE("PipeDream parity on the shipped profiles") {
   std::string dir = testing::pipedream_profiles_dir();
   if (dir.empty()) {

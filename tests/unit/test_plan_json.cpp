@@ -14,7 +14,7 @@ using namespace pipeline;
 namespace {
 
 const char* kPlan = R"({"format": "pipeline.plan/1", "model": "mlp", "workers": 3,
-  "schedule": "1f1b-flush", "in_flight": 2, "config": "2-1",
+  "schedule": "1f1b-flush", "in_flight": 2, "config": "2-1", "optimizer": "adamw",
   "stages": [{"layers": [0, 2], "replicas": 2, "ranks": [0, 1]},
              {"layers": [2, 5], "replicas": 1, "ranks": [2]}],
   "predicted": {"time_per_minibatch_s": 0.02, "peak_memory_bytes": [100, 100, 5000000000]}})";
@@ -48,6 +48,11 @@ TEST_CASE("plan.json round trip") {
   CHECK(q.stages[1].begin == 2);
   CHECK(q.stages[1].end == 5);
   CHECK(q.predicted.peak_memory_bytes == p.predicted.peak_memory_bytes);
+  CHECK(q.optimizer == "adamw");
+  // A plan that names no optimizer stays without one.
+  Plan r = p;
+  r.optimizer.clear();
+  CHECK(!plan_to_json(r).contains("optimizer"));
 }
 
 TEST_CASE("integer fields of plan.json take only integers in range") {
@@ -73,6 +78,8 @@ TEST_CASE("malformed plans name the problem and the origin") {
   CHECK(mentions(error_of([](auto& j) { j["stages"][1]["ranks"] = {1}; }),
                  "rank 1 serves more than one stage"));
   CHECK(mentions(error_of([](auto& j) { j["stages"][1]["layers"] = {3, 5}; }), "previous stage"));
+  CHECK(mentions(error_of([](auto& j) { j["optimizer"] = "lamb"; }),
+                 "expected sgd, momentum or adamw"));
   CHECK_THROWS_AS(parse_plan("", "empty.json"), ConfigError);
   try {
     parse_plan("{\"format\": ", "broken.json");

@@ -65,6 +65,7 @@ TEST_CASE("profile.json round trip keeps every field") {
   p.layers[2].saved_bytes = 4096;
   p.layers[2].saved_input_bytes = 1024;
   p.layers[2].split_kept_bytes = 2048;
+  p.layers[2].step_s = {.sgd = 1e-4, .momentum = 2.5e-4, .adamw = 4.75e-4};
   std::string path = temp_path("roundtrip.json");
   write_profile(p, path);
   Profile q = read_profile(path);
@@ -83,7 +84,15 @@ TEST_CASE("profile.json round trip keeps every field") {
     CHECK(q.layers[i].saved_bytes == p.layers[i].saved_bytes);
     CHECK(q.layers[i].saved_input_bytes == p.layers[i].saved_input_bytes);
     CHECK(q.layers[i].split_kept_bytes == p.layers[i].split_kept_bytes);
+    CHECK(q.layers[i].step_s.sgd == p.layers[i].step_s.sgd);
+    CHECK(q.layers[i].step_s.momentum == p.layers[i].step_s.momentum);
+    CHECK(q.layers[i].step_s.adamw == p.layers[i].step_s.adamw);
   }
+  CHECK(q.layers[2].step_s.of("adamw") == 4.75e-4);
+  CHECK(q.layers[2].step_s.of("adam") == 4.75e-4);
+  CHECK_THROWS_AS((void)q.layers[2].step_s.of("lamb"), ConfigError);
+  // Unmeasured steps are not written.
+  CHECK(!profile_to_json(q)["layers"][0].contains("step_s"));
   // Unmeasured, the memory models fall back to the layer's output.
   CHECK(stash_bytes(q.layers[0]) == q.layers[0].output_bytes);
   CHECK(stash_bytes(q.layers[2]) == 4096);
@@ -117,6 +126,12 @@ TEST_CASE("bad profiles are rejected with a message naming the problem") {
           j["layers"][0]["saved_bytes"] = 100;
           j["layers"][0]["saved_input_bytes"] = 200;
         })).find("saved_input_bytes = 200") != std::string::npos);
+  CHECK(error_of(with([](auto& j) { j["layers"][0]["step_s"] = {{"lamb", 0.1}}; }))
+            .find("its keys are sgd, momentum and adamw") != std::string::npos);
+  CHECK(error_of(with([](auto& j) { j["layers"][0]["step_s"] = {{"adamw", -2.0}}; }))
+            .find("step_s.adamw = -2") != std::string::npos);
+  CHECK(error_of(with([](auto& j) { j["layers"][0]["step_s"] = 0.5; })).find("object") !=
+        std::string::npos);
   // NaN cannot be written as JSON by a conforming writer, but files may still hold it.
   std::string nan_text = good;
   auto pos = nan_text.find("\"forward_s\":");

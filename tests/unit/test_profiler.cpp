@@ -56,10 +56,15 @@ void check_against_model(const Profile& p, const ZooModel& z, int batch) {
       CHECK(l.parameter_bytes == 0);
       CHECK(l.backward_weight_s == 0);
       CHECK(l.backward_input_s == l.backward_s);
+      CHECK(!l.step_s.measured());
     } else {
       CHECK(l.parameter_bytes > 0);
       CHECK(l.backward_input_s > 0);
       CHECK(l.backward_weight_s > 0);
+      // Every update rule's step over the layer's weights was timed.
+      CHECK(l.step_s.sgd > 0);
+      CHECK(l.step_s.momentum > 0);
+      CHECK(l.step_s.adamw > 0);
     }
   }
 }

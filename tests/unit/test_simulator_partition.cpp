@@ -39,6 +39,9 @@ Profile chain_profile(int layers, unsigned seed) {
     l.backward_s = l.forward_s * (1.5 + next());
     l.output_bytes = static_cast<std::int64_t>(1e6 * (0.1 + 4 * next()));
     l.parameter_bytes = static_cast<std::int64_t>(1e6 * (0.1 + 8 * next()));
+    // Optimizer steps as a CPU pays them: a few passes over the weights, more for AdamW.
+    const double pass = static_cast<double>(l.parameter_bytes) * 1e-11 * (0.5 + next());
+    l.step_s = {.sgd = 3 * pass, .momentum = 5 * pass, .adamw = 7 * pass};
     p.layers.push_back(l);
   }
   return p;
@@ -71,7 +74,7 @@ double straight_period(const Plan& plan, const Profile& profile, const Topology&
       message(static_cast<std::size_t>(p), 0.0);
   for (int s = 0; s < p; ++s) {
     StageTiming t = stage_timing(profile, plan, s, 1.0);
-    compute[static_cast<std::size_t>(s)] = t.forward_s + t.backward_s;
+    compute[static_cast<std::size_t>(s)] = t.forward_s + t.backward_s + t.step_s;
     if (s + 1 < p)
       message[static_cast<std::size_t>(s)] = transfer_time(
           static_cast<double>(t.output_bytes), 1,
@@ -151,13 +154,16 @@ TEST_CASE(
           std::vector<TopologyLevel>{{8, 1e11}}, std::vector<TopologyLevel>{{2, 1e11}, {3, 5e9}}}) {
       Topology topology{levels, {}};
       CAPTURE(topology.workers());
-      for (bool no_replicas : {true, false}) {
-        CAPTURE(no_replicas);
-        PartitionOptions options;
-        options.straight = no_replicas;
-        if (!no_replicas && levels.size() > 1) continue;  // hierarchical replication: see below
-        check_plan(profile, topology, options, out);
-      }
+      for (bool no_replicas : {true, false})
+        for (const char* optimizer : {"", "adamw"}) {
+          CAPTURE(no_replicas);
+          CAPTURE(optimizer);
+          PartitionOptions options;
+          options.straight = no_replicas;
+          options.optimizer = optimizer;
+          if (!no_replicas && levels.size() > 1) continue;  // hierarchical replication: below
+          check_plan(profile, topology, options, out);
+        }
     }
   }
   // The cases above include every kind of outcome.

@@ -37,6 +37,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -51,6 +52,11 @@ struct PartitionOptions {
   // Pipeline model: 1 when unset.
   std::optional<double> activation_compression;
   double optimizer_state_factor = 1.0;  // Pipeline model memory: optimizer copies of the weights
+  // Pipeline model: the update rule ("sgd", "momentum", "adamw") whose measured step time
+  // (LayerProfile::step_s) a stage's compute includes, once per minibatch on every replica, as the
+  // runtime pays it; recorded in the plan (Plan::optimizer) for the simulator. Empty: no step
+  // time (profiles without step times charge none either).
+  std::string optimizer;
   // Activation recomputation (Pipeline model only): None stashes every stage's activations; Auto
   // recomputes a stage exactly when stashing would not fit in memory and recomputing does (its
   // compute then includes a second forward, so the search still picks the fastest plan that
@@ -98,6 +104,10 @@ std::vector<ManualStage> parse_manual_stages(std::string_view text);
 // without replicas, stage k on rank k mod p.
 Plan evaluate_stages(const Profile& profile, const Topology& topology, const std::vector<ManualStage>& stages,
                      const PartitionOptions& options = {});
+
+// The profile the Pipeline cost model times: each layer's backward_s carries its step_s for
+// options.optimizer (with_optimizer_steps(p, {}) is p).
+Profile with_optimizer_steps(const Profile& profile, const PartitionOptions& options);
 
 // Data-parallel time per minibatch over every worker under the chosen model (the baseline).
 double data_parallel_time(const Profile& profile, const Topology& topology, const PartitionOptions& options = {});

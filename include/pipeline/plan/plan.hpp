@@ -53,6 +53,9 @@ struct Plan {
   int in_flight = 1;   // minibatches admitted at the input stage (PipeDream's warm-up depth)
   std::string config;  // PipeDream notation: replicas per stage joined by '-'
   std::string cost_model;  // "pipeline" or "pipedream" (empty when unknown)
+  // The update rule whose step times the prediction includes ("sgd", "momentum", "adamw"; plan.json
+  // "optimizer", absent when none): the simulator charges the same per stage.
+  std::string optimizer;
   // Stages per rank: 1 for a plain pipeline (each rank serves one stage), v > 1 for an
   // interleaved plan (stages.size() == v · workers, stage k on rank k mod workers, no replicas).
   int virtual_stages = 1;

@@ -3,12 +3,34 @@
 // a profile.json file, or from a PipeDream graph.txt.
 #pragma once
 
+#include <pipeline/core/error.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace pipeline {
+
+// Seconds one optimizer step over a layer's parameters takes, per update rule (the optimizers of
+// optim/: plain SGD, SGD with momentum, AdamW); 0 when not measured (PipeDream profiles, layers
+// without parameters). A step does not depend on the batch size. Serialised as
+// "step_s": {"sgd": ..., "momentum": ..., "adamw": ...}.
+struct StepTimes {
+  double sgd = 0;
+  double momentum = 0;
+  double adamw = 0;
+
+  bool measured() const { return sgd != 0 || momentum != 0 || adamw != 0; }
+  // The time of the rule named "sgd", "momentum" or "adamw" ("adam" too); ConfigError otherwise.
+  double of(std::string_view optimizer) const {
+    if (optimizer == "sgd") return sgd;
+    if (optimizer == "momentum") return momentum;
+    if (optimizer == "adamw" || optimizer == "adam") return adamw;
+    PIPELINE_FAIL(ConfigError, "unknown optimizer '{}': use sgd, momentum or adamw", optimizer);
+  }
+};
 
 struct LayerProfile {
   std::string name;
@@ -42,6 +64,9 @@ struct LayerProfile {
   // output gradient, and a composite's children's output gradients. 0 when not measured, and
   // then output_bytes stands for it (split_kept_bytes()).
   std::int64_t split_kept_bytes = 0;
+  // One optimizer step over the layer's parameters, per rule: the runtime pays it once per
+  // minibatch on every replica of the layer's stage.
+  StepTimes step_s;
 };
 
 // What the memory models charge per stashed minibatch for a layer: its measured saved bytes, or

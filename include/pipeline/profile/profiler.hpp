@@ -19,6 +19,8 @@
 //   output_bytes        bytes of the layer's output for the whole minibatch
 //   parameter_bytes     bytes of trainable parameters (Layer::parameter_bytes)
 //   flops               Layer::flops for the minibatch's input shape
+//   step_s              median of one optimizer step over the layer's parameters for each
+//                       update rule (SGD, SGD with momentum, AdamW), timed after the passes
 //
 // On a CUDA device (CUDA builds) the parameters, input and gradients live on the device and each
 // layer's time is the device time between CUDA events recorded around it on the current stream,

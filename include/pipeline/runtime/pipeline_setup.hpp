@@ -38,6 +38,9 @@ struct AutoPlanOptions {
   // Copies of the weights the job's optimizer keeps (Optimizer::buffer_names().size()), for the
   // planner's memory model.
   double optimizer_state_factor = 1.0;
+  // The job's update rule ("sgd", "momentum", "adamw"), whose profiled step time each stage's
+  // compute includes (PartitionOptions::optimizer); empty: none.
+  std::string optimizer;
 };
 
 // Rank 0 profiles the zoo model and partitions it for `comm.size()` workers on one level of the

@@ -7,7 +7,8 @@
 //    when set, else [begin, end)) of the profile's times (on a mixed cluster, of the profile of
 //    the stage's device type, SimulateOptions::device_profiles), scaled by microbatch_size /
 //    profile.batch_size. A split backward uses the profile's input/weight-gradient times where
-//    measured, half of the backward each otherwise. A step takes optimizer_step_s. Stragglers:
+//    measured, half of the backward each otherwise. A step takes the profile's step time of the
+//    stage's layers for the plan's optimizer (StageTiming::step_s) plus optimizer_step_s. Stragglers:
 //    a rank's forwards and backwards take its rank_slowdown factor times as long, and each one
 //    a jitter factor more (SimulateOptions).
 //  - transfers: the bytes crossing the cut after a stage (outputs of layers in it or earlier
@@ -69,7 +70,7 @@ struct SimulateOptions {
   // Bytes on the wire per byte of float32 activation or gradient: 1, or 0.5 when they move as
   // bfloat16 (ExecutorOptions::transfer_dtype).
   double transfer_bytes_scale = 1.0;
-  double optimizer_step_s = 0;
+  double optimizer_step_s = 0;  // added to every step (beyond the plan optimizer's measured time)
   double allreduce_factor = 4.0;
   // Model the runtime's overlapped gradient allreduce (ExecutorOptions::overlap_allreduce): the
   // stage's gradients go in buckets of at least allreduce_bucket_bytes, by layer in backward
@@ -125,6 +126,9 @@ struct StageTiming {
   // Held from a split backward's I to its W: the gradients of the stage's layer outputs.
   std::int64_t split_gradient_bytes = 0;
   std::int64_t parameter_bytes = 0;
+  // One optimizer step over the stage's parameters: the profile's step_s for the plan's
+  // optimizer (Plan::optimizer; 0 when the plan names none). Not scaled by the microbatch size.
+  double step_s = 0;
   // A recomputing stage (PlanStage::recompute) stashes only its input (activation_bytes) and
   // rebuilds these bytes at backward, holding them until its backward (or its W) ends; its
   // backward and backward_input times include the forward it runs again.
