@@ -149,10 +149,11 @@ int main(int argc, char** argv) {
                  "activation recomputation: auto (default: the stages that would not fit in --memory otherwise), "
                  "all stages, or none")
       ->check(CLI::IsMember({"none", "auto", "all"}));
-  app.add_option("--optimizer", optimizer,
-                 "the training's optimizer, whose state the memory model charges: sgd (none), momentum "
-                 "(default, one copy of the weights) or adamw (two); each stage's compute also "
-                 "includes its step time when the profile measured it (step_s)")
+  app.add_option(
+         "--optimizer", optimizer,
+         "the training's optimizer, whose state the memory model charges: sgd (none), momentum "
+         "(default, one copy of the weights) or adamw (two); each stage's compute also "
+         "includes its step time when the profile measured it (step_s)")
       ->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
   app.add_option("--transfer-dtype", transfer_dtype,
                  "element type of the activations and gradients sent between stages: float32 or bf16 "

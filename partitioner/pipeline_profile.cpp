@@ -65,8 +65,9 @@ void print_table(const pipeline::Profile& p, const pipeline::ZooModel& z, double
       "({:.2f} GFLOP/s)\n",
       fwd * 1e3, bwd * 1e3, human_bytes(static_cast<double>(params)), flops / 1e9,
       fwd > 0 ? flops / fwd / 1e9 : 0.0);
-  fmt::print("optimizer step over every layer: sgd {:.3f} ms, momentum {:.3f} ms, adamw {:.3f} ms\n",
-             step.sgd * 1e3, step.momentum * 1e3, step.adamw * 1e3);
+  fmt::print(
+      "optimizer step over every layer: sgd {:.3f} ms, momentum {:.3f} ms, adamw {:.3f} ms\n",
+      step.sgd * 1e3, step.momentum * 1e3, step.adamw * 1e3);
   fmt::print(
       "times are medians over the repeats, IQR their interquartile range (ms); GFLOP/s is forward "
       "FLOPs over forward time; profiled in {:.1f} s\n",

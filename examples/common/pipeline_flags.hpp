@@ -146,10 +146,11 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
     if (comm.rank() == 0)
       log_info("no --plan: profiling {} at batch {} and partitioning it for {} workers",
                zoo.model.name(), batch, comm.size());
-    plan = auto_plan(zoo, comm,
-                     {.batch = batch,
-                      .optimizer_state_factor = static_cast<double>(optimizer.buffer_names().size()),
-                      .optimizer = update_rule(optimizer)});
+    plan =
+        auto_plan(zoo, comm,
+                  {.batch = batch,
+                   .optimizer_state_factor = static_cast<double>(optimizer.buffer_names().size()),
+                   .optimizer = update_rule(optimizer)});
   } else {
     plan = read_plan(flags.plan);
   }

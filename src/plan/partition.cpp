@@ -865,8 +865,8 @@ namespace {
 
 // partition(), and with explain = false try_partition(): nullopt where partition() would search
 // for the memory that admits a plan and throw.
-std::optional<Plan> partition_impl(const Profile& measured, const Topology& topology, const PartitionOptions& options,
-                                   bool explain) {
+std::optional<Plan> partition_impl(const Profile& measured, const Topology& topology,
+                                   const PartitionOptions& options, bool explain) {
   validate_profile(measured, measured.model.empty() ? "profile" : measured.model);
   const Profile profile = with_optimizer_steps(measured, options);
   validate_topology(topology);
@@ -980,8 +980,8 @@ std::vector<ManualStage> parse_manual_stages(std::string_view text) {
   return out;
 }
 
-Plan evaluate_stages(const Profile& measured, const Topology& topology, const std::vector<ManualStage>& manual,
-                     const PartitionOptions& options) {
+Plan evaluate_stages(const Profile& measured, const Topology& topology,
+                     const std::vector<ManualStage>& manual, const PartitionOptions& options) {
   validate_profile(measured, measured.model.empty() ? "profile" : measured.model);
   const Profile profile = with_optimizer_steps(measured, options);
   validate_topology(topology);

@@ -149,10 +149,9 @@ Plan plan_from_json(const json& j, std::string_view origin) {
     p.cost_model = get<std::string>(j, "cost_model", "the plan", origin);
   if (j.contains("optimizer")) {
     p.optimizer = get<std::string>(j, "optimizer", "the plan", origin);
-    PIPELINE_CHECK_AS(ConfigError,
-                      p.optimizer == "sgd" || p.optimizer == "momentum" || p.optimizer == "adamw",
-                      "{}: \"optimizer\" is \"{}\"; expected sgd, momentum or adamw", origin,
-                      p.optimizer);
+    PIPELINE_CHECK_AS(
+        ConfigError, p.optimizer == "sgd" || p.optimizer == "momentum" || p.optimizer == "adamw",
+        "{}: \"optimizer\" is \"{}\"; expected sgd, momentum or adamw", origin, p.optimizer);
   }
   const json& stages = j.contains("stages") ? j.at("stages") : json();
   PIPELINE_CHECK_AS(ConfigError, stages.is_array() && !stages.empty(),

@@ -188,8 +188,9 @@ Profile profile_from_json(const json& j, std::string_view origin) {
                           "adamw",
                           origin, where, rule);
         const double v = get_number(st, rule.c_str(), where + " step_s", origin, true);
-        (rule == "sgd" ? l.step_s.sgd : rule == "momentum" ? l.step_s.momentum : l.step_s.adamw) =
-            v;
+        (rule == "sgd"        ? l.step_s.sgd
+         : rule == "momentum" ? l.step_s.momentum
+                              : l.step_s.adamw) = v;
       }
     }
     if (lj.contains("inputs")) {

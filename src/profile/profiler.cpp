@@ -162,12 +162,11 @@ StepTimes time_steps(std::vector<Tensor> params, std::vector<Tensor> grads,
   auto median_step = [&](Optimizer& rule) {
     std::vector<double> times;
     for (int rep = 0; rep < std::max(options.warmup, 1) + options.repeat; ++rep)
-      timer.time(rep >= std::max(options.warmup, 1) ? &times : nullptr,
-                 [&] {
-                   (void)ops::sums_of_squares(grads);
-                   rule.step(params, grads, 0.f);
-                   for (Tensor& g : grads) g.zero();
-                 });
+      timer.time(rep >= std::max(options.warmup, 1) ? &times : nullptr, [&] {
+        (void)ops::sums_of_squares(grads);
+        rule.step(params, grads, 0.f);
+        for (Tensor& g : grads) g.zero();
+      });
     timer.finish();
     return summarize(times).median;
   };

@@ -270,8 +270,7 @@ TEST_CASE("the optimizer's measured steps join each replica's compute, once per 
   // A profile without step times charges none.
   Profile unmeasured = p;
   for (auto& l : unmeasured.layers) l.step_s = {};
-  CHECK(partition(unmeasured, one, adamw).predicted.time_per_minibatch_s ==
-        doctest::Approx(0.018));
+  CHECK(partition(unmeasured, one, adamw).predicted.time_per_minibatch_s == doctest::Approx(0.018));
   adamw.optimizer = "lamb";
   CHECK_THROWS_WITH_AS(partition(p, one, adamw), doctest::Contains("unknown optimizer 'lamb'"),
                        ConfigError);

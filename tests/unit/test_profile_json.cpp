@@ -126,10 +126,12 @@ TEST_CASE("bad profiles are rejected with a message naming the problem") {
           j["layers"][0]["saved_bytes"] = 100;
           j["layers"][0]["saved_input_bytes"] = 200;
         })).find("saved_input_bytes = 200") != std::string::npos);
-  CHECK(error_of(with([](auto& j) { j["layers"][0]["step_s"] = {{"lamb", 0.1}}; }))
-            .find("its keys are sgd, momentum and adamw") != std::string::npos);
-  CHECK(error_of(with([](auto& j) { j["layers"][0]["step_s"] = {{"adamw", -2.0}}; }))
-            .find("step_s.adamw = -2") != std::string::npos);
+  CHECK(error_of(with([](auto& j) {
+          j["layers"][0]["step_s"] = {{"lamb", 0.1}};
+        })).find("its keys are sgd, momentum and adamw") != std::string::npos);
+  CHECK(error_of(with([](auto& j) {
+          j["layers"][0]["step_s"] = {{"adamw", -2.0}};
+        })).find("step_s.adamw = -2") != std::string::npos);
   CHECK(error_of(with([](auto& j) { j["layers"][0]["step_s"] = 0.5; })).find("object") !=
         std::string::npos);
   // NaN cannot be written as JSON by a conforming writer, but files may still hold it.

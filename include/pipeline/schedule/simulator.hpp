@@ -8,9 +8,9 @@
 //    the stage's device type, SimulateOptions::device_profiles), scaled by microbatch_size /
 //    profile.batch_size. A split backward uses the profile's input/weight-gradient times where
 //    measured, half of the backward each otherwise. A step takes the profile's step time of the
-//    stage's layers for the plan's optimizer (StageTiming::step_s) plus optimizer_step_s. Stragglers:
-//    a rank's forwards and backwards take its rank_slowdown factor times as long, and each one
-//    a jitter factor more (SimulateOptions).
+//    stage's layers for the plan's optimizer (StageTiming::step_s) plus optimizer_step_s.
+//    Stragglers: a rank's forwards and backwards take its rank_slowdown factor times as long, and
+//    each one a jitter factor more (SimulateOptions).
 //  - transfers: the bytes crossing the cut after a stage (outputs of layers in it or earlier
 //    stages that a later stage reads, the partitioner's boundary bytes; scaled like compute) at
 //    the bandwidth of the innermost topology level holding both ranks, plus latency_s. One
