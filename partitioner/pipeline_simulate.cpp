@@ -207,6 +207,11 @@ int run(int argc, char** argv) {
                  "action's time (default 0: none)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--seed", seed, "seed of the jitter (default 0)");
+  int cores = 0;
+  app.add_option("--cores", cores,
+                 "CPU cores the ranks share (one host, e.g. mpirun --oversubscribe): with fewer "
+                 "cores than ranks, ranks computing at once share them (default 0: a core each)")
+      ->check(CLI::NonNegativeNumber);
   bool rebalance = false;
   app.add_flag("--rebalance", rebalance,
                "deal replicated stages' microbatches by their ranks' speed under --slow-rank "
@@ -299,6 +304,7 @@ int run(int argc, char** argv) {
                     opt.rank_slowdown.size() - 1, schedule.num_ranks() - 1);
   opt.jitter_cv = jitter_cv;
   opt.jitter_seed = seed;
+  opt.cores = cores;
   Simulation sim = simulate(schedule, profile, plan, topology, opt);
   if (!trace_path.empty()) write_chrome_trace(trace_path, sim, schedule);
   if (!svg_path.empty()) write_timeline_svg(svg_path, sim, schedule);
@@ -321,6 +327,7 @@ int run(int argc, char** argv) {
                 {"steady_state_bubble_fraction", sim.steady_state_bubble_fraction},
                 {"makespan_s", sim.makespan_s},
                 {"per_rank", ranks}};
+    if (!sim.core_stretch.empty()) out["core_stretch"] = sim.core_stretch;
     fmt::print("{}\n", out.dump(2));
     return 0;
   }
@@ -330,6 +337,9 @@ int run(int argc, char** argv) {
       "time per minibatch {:.6f} s, {:.1f} samples/s, bubble {:.1f}% (steady state {:.1f}%)\n",
       sim.time_per_minibatch_s, sim.samples_per_s, 100 * sim.bubble_fraction,
       100 * sim.steady_state_bubble_fraction);
+  if (!sim.core_stretch.empty())
+    fmt::print("{} ranks share {} cores: each rank's compute takes x{:.3f} as long\n",
+               schedule.num_ranks(), cores, fmt::join(sim.core_stretch, "/x"));
   for (int st = 0; st < schedule.num_stages(); ++st)
     if (rebalance && schedule.replicas(st) > 1)
       fmt::print("stage {} deals {} of {} microbatches to ranks {}\n", st,

@@ -413,7 +413,9 @@ class Engine {
           ++g.arrived;
           g.latest = std::max(g.latest, st.clock);
           if (g.arrived < static_cast<int>(members.size())) return;
-          const double cpu = c ? c->allreduce_cpu_s : 0;
+          double stretch = 1.0;
+          for (int m : members) stretch = std::max(stretch, core_stretch(m));
+          const double cpu = c ? c->allreduce_cpu_s * stretch : 0;
           double done = g.latest + (c ? c->allreduce_s : 0) + cpu;
           if (c && !c->bucket_s.empty()) {
             // Bucket j is ready when every replica's closing backward has run bucket_ready[j]
@@ -457,6 +459,11 @@ class Engine {
     st.close_s = d;
   }
 
+  double core_stretch(int r) const {
+    if (!m_costs || static_cast<std::size_t>(r) >= m_costs->core_stretch.size()) return 1.0;
+    return m_costs->core_stretch[static_cast<std::size_t>(r)];
+  }
+
   // A compute action's time on rank r under the costs' slowdown and jitter.
   double straggle(int r, double d) {
     if (!m_costs) return d;
@@ -469,6 +476,7 @@ class Engine {
   }
 
   void compute(int r, const Action& a, double d) {
+    d *= core_stretch(r);
     RankState& st = m_ranks[r];
     record(r, a, st.clock, st.clock + d);
     st.clock += d;

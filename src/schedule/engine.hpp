@@ -58,6 +58,10 @@ struct EngineCosts {
   // Rng(jitter_seed, "jitter.rank<r>") in the rank's action order, so a run is reproducible
   // whatever order the engine visits the ranks in.
   std::vector<double> rank_slowdown;
+  // Ranks sharing cores (SimulateOptions::cores): every compute action and step of rank r, and
+  // its share of an allreduce's CPU time, takes core_stretch[r] times as long (empty or
+  // missing: 1).
+  std::vector<double> core_stretch;
   double jitter_cv = 0;
   std::uint64_t jitter_seed = 0;
 };

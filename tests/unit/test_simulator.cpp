@@ -230,6 +230,61 @@ TEST_CASE("CPU ranks: copying and summing the peers' gradients takes the replica
   }
 }
 
+TEST_CASE("ranks sharing cores compute at cores / (ranks computing) of their speed") {
+  // Data parallelism on 4 replicas, free links: every replica computes all the time, so on 2
+  // cores each takes twice as long, and on 4 or more nothing changes.
+  const Profile prof = uniform_profile(4, 1e-3, 2e-3, 1000, 1000);
+  const Plan dp = make_plan({{4, 4}});
+  const Schedule s = generate_schedule("1f1b-flush", ScheduleSpec::from_plan(dp, 8, 6));
+  const Simulation alone = simulate(s, prof, dp, {});
+  CHECK(alone.core_stretch.empty());
+  for (int cores : {4, 9}) {
+    SimulateOptions o;
+    o.cores = cores;
+    const Simulation same = simulate(s, prof, dp, {}, o);
+    CHECK(same.makespan_s == alone.makespan_s);
+    CHECK(same.core_stretch.empty());
+  }
+  SimulateOptions two;
+  two.cores = 2;
+  const Simulation shared = simulate(s, prof, dp, {}, two);
+  CHECK(shared.makespan_s == doctest::Approx(2 * alone.makespan_s).epsilon(1e-3));
+  REQUIRE(shared.core_stretch.size() == 4);
+  for (double f : shared.core_stretch) CHECK(f == doctest::Approx(2.0).epsilon(1e-3));
+
+  // A 4-stage pipeline on fewer cores: the cores cannot do more than their share of the work
+  // (cores x time >= the ranks' compute), and sharing never makes it faster than alone nor
+  // slower than every rank computing at cores / ranks all the time.
+  const Profile chain = uniform_profile(4);
+  const Plan straight = make_plan(std::vector<std::pair<int, int>>(4, {1, 1}));
+  for (const char* name : {"gpipe", "1f1b-flush", "1f1b-stash"}) {
+    CAPTURE(name);
+    const bool stash = std::string_view(name) == "1f1b-stash";
+    const Schedule sched =
+        generate_schedule(name, ScheduleSpec::straight(4, stash ? 1 : 8, stash ? 48 : 6));
+    const Simulation own = simulate(sched, chain, straight, {});
+    double work = 0;
+    for (const auto& r : own.ranks) work += r.busy_s;
+    for (int cores : {1, 2, 3}) {
+      CAPTURE(cores);
+      SimulateOptions o;
+      o.cores = cores;
+      const Simulation sim = simulate(sched, chain, straight, {}, o);
+      CHECK(sim.makespan_s >= own.makespan_s);
+      CHECK(sim.makespan_s * cores >= work * (1 - 1e-3));
+      CHECK(sim.makespan_s <= own.makespan_s * 4.0 / cores * (1 + 1e-3));
+      for (double f : sim.core_stretch) {
+        CHECK(f >= 1.0);
+        CHECK(f <= 4.0 / cores + 1e-9);
+      }
+    }
+  }
+  SimulateOptions bad;
+  bad.cores = -1;
+  CHECK_THROWS_WITH_AS(simulate(s, prof, dp, {}, bad), doctest::Contains("cores must be >= 0"),
+                       ConfigError);
+}
+
 TEST_CASE("the simulator agrees with PipeDream's per-stage cost model in the steady state") {
   // Uneven layers at 10 GB/s. PipeDream's time per stage: A = [T + 4(r-1)|w|/(B r)] / r, and
   // 2·a/(B r') for a boundary's activation and gradient; the bottleneck sets the pace.

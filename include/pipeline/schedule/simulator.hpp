@@ -103,6 +103,14 @@ struct SimulateOptions {
   // jitter_seed, so a simulation is reproducible from its seed.
   double jitter_cv = 0;
   std::uint64_t jitter_seed = 0;
+  // Ranks that share cores (CPU ranks of one host, e.g. under mpirun --oversubscribe): the job's
+  // ranks have this many cores between them; 0, or at least as many cores as ranks: each rank
+  // computes on its own. With fewer, the cores are shared as an OS scheduler shares them: while
+  // k > cores ranks compute, each runs at cores / k of its speed. Simulated as a fixed point of
+  // one stretch factor per rank (its compute, steps and allreduce CPU time take that much
+  // longer; Simulation::core_stretch): the factor is the rank's computing time over the work
+  // done in it on the timeline those factors give.
+  int cores = 0;
 };
 
 // One executed action. Sends: start is when it was posted, end the arrival at the receiver.
@@ -166,6 +174,9 @@ struct Simulation {
   double steady_state_bubble_fraction = 0;
   std::vector<RankSimulation> ranks;
   std::vector<TraceEvent> events;  // with SimulateOptions::record_trace
+  // Per rank, how much longer its compute took for sharing cores (SimulateOptions::cores);
+  // empty when every rank had a core of its own.
+  std::vector<double> core_stretch;
 };
 
 // Validates the schedule (throws ConfigError like validate()) and times it. The plan's stages
