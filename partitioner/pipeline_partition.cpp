@@ -56,8 +56,10 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
     double step = 0;
     for (const auto& l : profile.layers) step += l.step_s.of(plan.optimizer);
     if (step > 0)
-      fmt::print("compute includes one {} step per minibatch on every replica ({:.3f} ms for the whole model)\n",
-                 plan.optimizer, step * 1e3);
+      fmt::print(
+          "compute includes one {} step per minibatch on every replica ({:.3f} ms for the whole "
+          "model)\n",
+          plan.optimizer, step * 1e3);
   }
   if (plan.interleaved())
     fmt::print("interleaved: {} virtual stages per worker, stage k on rank k mod {}\n", plan.virtual_stages,

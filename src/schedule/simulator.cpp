@@ -444,8 +444,7 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
   traced.record_trace = true;
   std::vector<double> stretch(static_cast<std::size_t>(ranks), 1.0);
   for (int round = 0; round < 100; ++round) {
-    const Simulation sim =
-        simulate_stretched(schedule, profile, plan, topology, traced, stretch);
+    const Simulation sim = simulate_stretched(schedule, profile, plan, topology, traced, stretch);
     const std::vector<double> implied = core_contention(sim.events, ranks, options.cores);
     double change = 0;
     for (std::size_t r = 0; r < stretch.size(); ++r) {
