@@ -244,10 +244,10 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
       examples::announce_preemption(done, preemption_signal());
     return 0;
   }
-  const std::int64_t samples = (done.position - start) * o.batch;
+  const std::int64_t samples = done.trained * o.batch;
   if (reporter)
     log_info("{} steps in {:.1f} s of training: {:.1f} samples/s through the pipeline",
-             done.position - start, train_s,
+             done.trained, train_s,
              static_cast<double>(samples) / std::max(train_s, 1e-9));
   examples::report_checkpoints(checkpoints.get(), done);
   if (!o.save.empty()) {

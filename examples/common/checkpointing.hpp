@@ -149,6 +149,9 @@ inline std::unique_ptr<Checkpointer> make_checkpointer(const CheckpointFlags& fl
 // Where a run stands between steps: `position` is the next minibatch's global index.
 struct RunProgress {
   std::int64_t position = 0;
+  // Minibatches this run trained: the positions it advanced, less an epoch's tail that the
+  // replicas could not be dealt (skipped, not trained).
+  std::int64_t trained = 0;
   bool preempted = false;
   std::string checkpoint;  // the last checkpoint completed (coordinator only)
 };
@@ -376,9 +379,11 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
     add_segment(epoch_result, r);
     const std::int64_t end = p.position + n;
     if (ex.stop_position() >= 0 && ex.stop_position() < end) {
+      p.trained += ex.stop_position() - p.position;
       p.position = ex.stop_position();
       p.preempted = true;
     } else {
+      p.trained += n;
       p.position = end;
       const bool epoch_done = p.position == epoch_begin + usable || p.position >= loop.total;
       if (epoch_done) {
