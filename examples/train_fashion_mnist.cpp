@@ -247,8 +247,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   const std::int64_t samples = done.trained * o.batch;
   if (reporter)
     log_info("{} steps in {:.1f} s of training: {:.1f} samples/s through the pipeline",
-             done.trained, train_s,
-             static_cast<double>(samples) / std::max(train_s, 1e-9));
+             done.trained, train_s, static_cast<double>(samples) / std::max(train_s, 1e-9));
   examples::report_checkpoints(checkpoints.get(), done);
   if (!o.save.empty()) {
     const std::string path = per_rank_path(o.save, comm.rank(), comm.size());

@@ -184,8 +184,8 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
     return 0;
   }
   if (ex.is_loss_rank())
-    log_info("{} steps in {:.1f} s ({:.0f} samples/s through the pipeline)", done.trained,
-             train_s, static_cast<double>(done.trained * o.batch) / std::max(train_s, 1e-9));
+    log_info("{} steps in {:.1f} s ({:.0f} samples/s through the pipeline)", done.trained, train_s,
+             static_cast<double>(done.trained * o.batch) / std::max(train_s, 1e-9));
   examples::report_checkpoints(checkpoints.get(), done);
   const DataLoader vloader(valid, {.batch_size = 64, .shuffle = false});
   StageExecutor::Eval e = ex.evaluate(examples::evaluation_feed(vloader), vloader.num_batches());
