@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 
 #include "support/pipedream_profiles.hpp"
+#include "support/uniform_profile.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -230,19 +231,10 @@ TEST_CASE("deterministic ties and manual stages") {
 }
 
 TEST_CASE("the optimizer's measured steps join each replica's compute, once per minibatch") {
-  Profile p;
-  p.model = "steps";
-  p.batch_size = 16;
-  for (int i = 0; i < 6; ++i) {
-    LayerProfile l;
-    l.name = fmt::format("l{}", i);
-    l.forward_s = 0.001;
-    l.backward_s = 0.002;
-    l.output_bytes = 100;
-    l.parameter_bytes = 1000;
-    l.step_s = {.sgd = 1e-4, .momentum = 2e-4, .adamw = 4e-4 * (i + 1)};
-    p.layers.push_back(l);
-  }
+  Profile p = testing::uniform_profile(6, 0.001, 0.002, 100, 1000);
+  for (int i = 0; i < 6; ++i)
+    p.layers[static_cast<std::size_t>(i)].step_s = {
+        .sgd = 1e-4, .momentum = 2e-4, .adamw = 4e-4 * (i + 1)};
   const Topology one{{{1, 1e10}}, {}};
   PartitionOptions none, adamw;
   adamw.optimizer = "adamw";
