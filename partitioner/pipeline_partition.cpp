@@ -71,16 +71,18 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
   fmt::print("planned in {:.3f} s\n", seconds);
 }
 
-// The plan's bubble fraction from the schedule simulator, with pipeline-simulate's defaults: one
+bool stashes(const pipeline::Plan& plan) { return plan.schedule.rfind("1f1b-stash", 0) == 0; }
+
+// The plan run by the schedule simulator, with pipeline-simulate's defaults: one
 // microbatch per minibatch and enough minibatches for a steady state (8 per worker, a multiple
 // of every stage's replica count) under a stash schedule, which reports its steady-state value;
 // 4 microbatches per stage and one minibatch under a flush schedule, which reports the whole
 // makespan's (an interleaved plan: 4 microbatches per worker, as for a plain plan on as many
 // workers). The partitioner itself stays independent of the schedule library.
-double simulated_bubble_fraction(const pipeline::Plan& plan, const pipeline::Profile& profile,
-                                 const pipeline::Topology& topo, const pipeline::DeviceProfiles* device_profiles,
-                                 double transfer_bytes_scale) {
-  const bool stash = plan.schedule.rfind("1f1b-stash", 0) == 0;
+pipeline::Simulation simulate_plan(const pipeline::Plan& plan, const pipeline::Profile& profile,
+                                   const pipeline::Topology& topo, const pipeline::DeviceProfiles* device_profiles,
+                                   double transfer_bytes_scale) {
+  const bool stash = stashes(plan);
   int microbatches = stash ? 1 : 4 * (plan.interleaved() ? plan.workers : plan.num_stages()), minibatches = 1;
   if (stash) {
     int lcm = 1, workers = 0;
@@ -95,8 +97,22 @@ double simulated_bubble_fraction(const pipeline::Plan& plan, const pipeline::Pro
   pipeline::SimulateOptions options;
   options.device_profiles = device_profiles;
   options.transfer_bytes_scale = transfer_bytes_scale;
-  pipeline::Simulation sim = pipeline::simulate(schedule, profile, plan, topo, options);
-  return stash ? sim.steady_state_bubble_fraction : sim.bubble_fraction;
+  return pipeline::simulate(schedule, profile, plan, topo, options);
+}
+
+
+// The steady state the schedule reaches beside the partitioner's figure, and why where it falls
+// more than 10% short of it.
+void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim) {
+  const double ratio =
+      sim.time_per_minibatch_s > 0 ? plan.predicted.time_per_minibatch_s / sim.time_per_minibatch_s : 1.0;
+  fmt::print("simulated          {:.6f} s ({:.1f} samples/s, {} schedule), {:.3f}x the partitioner's\n",
+             sim.time_per_minibatch_s, sim.samples_per_s, plan.schedule, ratio);
+  if (ratio < 0.9)
+    fmt::print(
+        "note: the schedule cannot reach the partitioner's figure: transfers that the minibatches in flight "
+        "cannot hide, or replicas of a stage waiting for each other at its allreduce (a replicated stage after "
+        "the first gets its minibatches one at a time); pipeline-simulate --trace shows where\n");
 }
 
 // The stages' device types joined like the config ("h100-a100-a100"); "" for an untyped plan.
@@ -301,9 +317,11 @@ int main(int argc, char** argv) {
                  : pipeline::evaluate_stages(profile, topo, pipeline::parse_manual_stages(stages_text), opt);
     }
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!no_simulate)
-      plan.predicted.bubble_fraction = simulated_bubble_fraction(plan, profile, topo, topo.typed() ? &profiles : nullptr,
-                                                                 transfer_dtype == "bf16" ? 0.5 : 1.0);
+    std::optional<pipeline::Simulation> sim;
+    if (!no_simulate) {
+      sim = simulate_plan(plan, profile, topo, topo.typed() ? &profiles : nullptr, transfer_dtype == "bf16" ? 0.5 : 1.0);
+      plan.predicted.bubble_fraction = stashes(plan) ? sim->steady_state_bubble_fraction : sim->bubble_fraction;
+    }
     std::vector<pipeline::RankPlacement> placement;  // placed before anything is written
     if (!rankfile_path.empty())
       placement = pipeline::place_ranks(plan, topo, pipeline::read_hostfile(hosts_path), placement_options);
@@ -315,6 +333,7 @@ int main(int argc, char** argv) {
     if (!quiet) {
       if (frontier && chosen) fmt::print("\n");
       print_table(plan, profile, topo, seconds);
+      if (sim && stashes(plan)) print_simulated(plan, *sim);
       if (chosen)
         fmt::print("trains {:.6g} samples in {} for {:.2f} ({} at {:.2f} per hour){}\n", *samples,
                    pipeline::format_duration(chosen->time_s), chosen->cost, pipeline::describe_workers(*chosen, topo),
