@@ -71,7 +71,9 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
   fmt::print("planned in {:.3f} s\n", seconds);
 }
 
-bool stashes(const pipeline::Plan& plan) { return plan.schedule.rfind("1f1b-stash", 0) == 0; }
+bool stashes(const pipeline::Plan& plan) {
+  return plan.schedule.rfind("1f1b-stash", 0) == 0;
+}
 
 // The plan run by the schedule simulator, with pipeline-simulate's defaults: one
 // microbatch per minibatch and enough minibatches for a steady state (8 per worker, a multiple
@@ -80,7 +82,8 @@ bool stashes(const pipeline::Plan& plan) { return plan.schedule.rfind("1f1b-stas
 // makespan's (an interleaved plan: 4 microbatches per worker, as for a plain plan on as many
 // workers). The partitioner itself stays independent of the schedule library.
 pipeline::Simulation simulate_plan(const pipeline::Plan& plan, const pipeline::Profile& profile,
-                                   const pipeline::Topology& topo, const pipeline::DeviceProfiles* device_profiles,
+                                   const pipeline::Topology& topo,
+                                   const pipeline::DeviceProfiles* device_profiles,
                                    double transfer_bytes_scale) {
   const bool stash = stashes(plan);
   int microbatches = stash ? 1 : 4 * (plan.interleaved() ? plan.workers : plan.num_stages()), minibatches = 1;
@@ -100,18 +103,21 @@ pipeline::Simulation simulate_plan(const pipeline::Plan& plan, const pipeline::P
   return pipeline::simulate(schedule, profile, plan, topo, options);
 }
 
-
 // The steady state the schedule reaches beside the partitioner's figure, and why where it falls
 // more than 10% short of it.
 void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim) {
-  const double ratio =
-      sim.time_per_minibatch_s > 0 ? plan.predicted.time_per_minibatch_s / sim.time_per_minibatch_s : 1.0;
-  fmt::print("simulated          {:.6f} s ({:.1f} samples/s, {} schedule), {:.3f}x the partitioner's\n",
-             sim.time_per_minibatch_s, sim.samples_per_s, plan.schedule, ratio);
+  const double ratio = sim.time_per_minibatch_s > 0
+                           ? plan.predicted.time_per_minibatch_s / sim.time_per_minibatch_s
+                           : 1.0;
+  fmt::print(
+      "simulated          {:.6f} s ({:.1f} samples/s, {} schedule), {:.3f}x the partitioner's\n",
+      sim.time_per_minibatch_s, sim.samples_per_s, plan.schedule, ratio);
   if (ratio < 0.9)
     fmt::print(
-        "note: the schedule cannot reach the partitioner's figure: transfers that the minibatches in flight "
-        "cannot hide, or replicas of a stage waiting for each other at its allreduce (a replicated stage after "
+        "note: the schedule cannot reach the partitioner's figure: transfers that the minibatches "
+        "in flight "
+        "cannot hide, or replicas of a stage waiting for each other at its allreduce (a replicated "
+        "stage after "
         "the first gets its minibatches one at a time); pipeline-simulate --trace shows where\n");
 }
 
@@ -319,8 +325,10 @@ int main(int argc, char** argv) {
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::optional<pipeline::Simulation> sim;
     if (!no_simulate) {
-      sim = simulate_plan(plan, profile, topo, topo.typed() ? &profiles : nullptr, transfer_dtype == "bf16" ? 0.5 : 1.0);
-      plan.predicted.bubble_fraction = stashes(plan) ? sim->steady_state_bubble_fraction : sim->bubble_fraction;
+      sim = simulate_plan(plan, profile, topo, topo.typed() ? &profiles : nullptr,
+                          transfer_dtype == "bf16" ? 0.5 : 1.0);
+      plan.predicted.bubble_fraction =
+          stashes(plan) ? sim->steady_state_bubble_fraction : sim->bubble_fraction;
     }
     std::vector<pipeline::RankPlacement> placement;  // placed before anything is written
     if (!rankfile_path.empty())
