@@ -284,8 +284,8 @@ Schedule flush_schedule(const ScheduleSpec& spec, std::string name, Order&& orde
                                  [](const auto& d) { return !d.empty(); });
   for (int s = 0; s < spec.num_stages(); ++s) {
     int r = static_cast<int>(spec.stage_ranks[s].size());
-    const int warmup = warmups ? (*warmups)[static_cast<std::size_t>(s)]
-                               : detail::one_f_one_b_warmup(spec, s);
+    const int warmup =
+        warmups ? (*warmups)[static_cast<std::size_t>(s)] : detail::one_f_one_b_warmup(spec, s);
     // The depth round-robin dealing runs at (warmup forwards of every replica), which falls
     // along the pipeline (see forwards_before_by_depth).
     const int depth = warmup * r;
@@ -317,8 +317,7 @@ Schedule gpipe_schedule(const ScheduleSpec& spec) {
   });
 }
 
-Schedule detail::one_f_one_b_flush_with(const ScheduleSpec& spec,
-                                        const std::vector<int>* warmups) {
+Schedule detail::one_f_one_b_flush_with(const ScheduleSpec& spec, const std::vector<int>* warmups) {
   return flush_schedule(
       spec, "1f1b-flush",
       [](auto& out, int s, const auto& mbs, const std::vector<int>& before) {
