@@ -587,10 +587,13 @@ std::vector<int> replicated_flush_warmups(const ScheduleSpec& spec) {
   // forward in flight at the input stage. The depths are searched by the same hill climb over
   // one-step changes, on the balanced pipeline, from PipeDream's depths (so never slower there);
   // minibatches are independent under a flush, so two of them stand for the run. Beyond 64
-  // ranks PipeDream's depths are kept.
+  // ranks, or 16384 microbatches times ranks (each evaluation simulates the probe), PipeDream's
+  // depths are kept.
   std::vector<int> warmups;
   for (int s = 0; s < spec.num_stages(); ++s) warmups.push_back(one_f_one_b_warmup(spec, s));
-  if (spec.num_ranks() > kMaxSearchedRanks) return warmups;
+  if (spec.num_ranks() > kMaxSearchedRanks ||
+      std::int64_t{spec.microbatches} * spec.num_ranks() > 16384)
+    return warmups;
   ScheduleSpec probe = spec;
   probe.minibatches = std::min(spec.minibatches, 2);
   // A replica's warm-up beyond its share of a minibatch's microbatches changes nothing.
