@@ -326,32 +326,43 @@ Schedule detail::one_f_one_b_flush_with(const ScheduleSpec& spec, const std::vec
       /*split_backward=*/false, warmups);
 }
 
-Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
-  check_spec(spec);
+bool detail::searches_flush_warmups(const ScheduleSpec& spec) {
   const bool replicated = std::any_of(spec.stage_ranks.begin(), spec.stage_ranks.end(),
                                       [](auto& r) { return r.size() > 1; });
   const bool dealt = std::any_of(spec.dealing.begin(), spec.dealing.end(),
                                  [](const auto& d) { return !d.empty(); });
-  // A straight pipeline runs at its rate under PipeDream's depths; so does a dealing by speed,
-  // whose depths must not rise along the pipeline (forwards_before_by_depth).
-  if (!replicated || dealt) return detail::one_f_one_b_flush_with(spec, nullptr);
-  const std::vector<int> warmups = detail::replicated_flush_warmups(spec);
+  // A straight pipeline runs at its rate under PipeDream's depths; a dealing by speed keeps
+  // them, since its depths must not rise along the pipeline (forwards_before_by_depth).
+  return replicated && !dealt;
+}
+
+Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
+  check_spec(spec);
+  if (!detail::searches_flush_warmups(spec)) return detail::one_f_one_b_flush_with(spec, nullptr);
+  const std::vector<int> warmups = detail::replicated_flush_warmups(spec, /*split=*/false);
   return detail::one_f_one_b_flush_with(spec, &warmups);
+}
+
+Schedule detail::zero_bubble_h1_with(const ScheduleSpec& spec, const std::vector<int>* warmups) {
+  auto warmup = [&](int s) {
+    return warmups ? (*warmups)[static_cast<std::size_t>(s)] : detail::one_f_one_b_warmup(spec, s);
+  };
+  // Stage s defers its W's by the warm-up it runs short of the first stage's (s on a straight
+  // pipeline), so every stage holds as many microbatches as the first does under 1F1B, and the
+  // deferred W's fill the cool-down while the I's race down the pipeline.
+  return flush_schedule(
+      spec, "zb-h1",
+      [&](auto& out, int s, const auto& mbs, const std::vector<int>& before) {
+        zero_bubble_order(out, s, mbs, before, std::max(0, warmup(0) - warmup(s)));
+      },
+      /*split_backward=*/true, warmups);
 }
 
 Schedule zero_bubble_h1_schedule(const ScheduleSpec& spec) {
   check_spec(spec);
-  const int first_warmup = detail::one_f_one_b_warmup(spec, 0);
-  // Stage s defers its W's by the warm-up it runs short of the first stage's (s on a straight
-  // pipeline), so every stage holds as many microbatches as the first does under 1F1B, and the
-  // deferred W's fill the cool-down while the I's race down the pipeline.
-  Schedule sched = flush_schedule(
-      spec, "zb-h1",
-      [&](auto& out, int s, const auto& mbs, const std::vector<int>& before) {
-        zero_bubble_order(out, s, mbs, before, first_warmup - detail::one_f_one_b_warmup(spec, s));
-      },
-      /*split_backward=*/true);
-  return sched;
+  if (!detail::searches_flush_warmups(spec)) return detail::zero_bubble_h1_with(spec, nullptr);
+  const std::vector<int> warmups = detail::replicated_flush_warmups(spec, /*split=*/true);
+  return detail::zero_bubble_h1_with(spec, &warmups);
 }
 
 Schedule two_buffered_schedule(const ScheduleSpec& spec) {
@@ -458,13 +469,15 @@ std::vector<int> stages_of_ranks(const ScheduleSpec& spec) {
 
 // The time the schedule takes on a balanced pipeline — the pipeline the planner builds, every
 // stage taking the same time per minibatch: a replica of a stage with r replicas spends r units
-// on a forward and 2r on a backward — with free communication; infinity when it deadlocks.
+// on a forward and 2r on a backward (r each on its input- and weight-gradient halves) — with free
+// communication; infinity when it deadlocks.
 double balanced_makespan(const ScheduleSpec& spec, const Schedule& schedule) {
   EngineCosts costs;
   for (auto& ranks : spec.stage_ranks) {
     StageCosts c;
     c.forward_s = static_cast<double>(ranks.size());
     c.backward_s = 2.0 * static_cast<double>(ranks.size());
+    c.backward_input_s = c.backward_weight_s = c.backward_s / 2;
     costs.stages.push_back(c);
   }
   try {
@@ -579,7 +592,7 @@ std::vector<int> replicated_stash_warmups(const ScheduleSpec& spec) {
   return best;
 }
 
-std::vector<int> replicated_flush_warmups(const ScheduleSpec& spec) {
+std::vector<int> replicated_flush_warmups(const ScheduleSpec& spec, bool split_backward) {
   // As for 1F1B-stash, round-robin dealing couples the replicas with the stages around them
   // (the stage before a replicated one feeds its replicas in turn, and each replica's 1F1B waits
   // for its own gradients), and PipeDream's depths can leave the pipeline waiting on those round
@@ -603,7 +616,8 @@ std::vector<int> replicated_flush_warmups(const ScheduleSpec& spec) {
     limit.push_back(std::max(0, (spec.microbatches + r - 1) / r - 1));
   }
   auto makespan = [&](const std::vector<int>& w) {
-    return balanced_makespan(probe, one_f_one_b_flush_with(probe, &w));
+    return balanced_makespan(probe, split_backward ? zero_bubble_h1_with(probe, &w)
+                                                   : one_f_one_b_flush_with(probe, &w));
   };
   double best_s = makespan(warmups);
   for (bool improved = std::isfinite(best_s); improved;) {

@@ -182,38 +182,46 @@ TEST_CASE("flush schedules follow any dealing of microbatches to replicas; the o
   CHECK(checked >= 300);
 }
 
-TEST_CASE("1f1b-flush on replicated plans: searched warm-ups, never slower than PipeDream's") {
+TEST_CASE("1f1b-flush and zb-h1 on replicated plans: searched warm-ups, never slower than PipeDream's") {
   // On a balanced pipeline (a stage of r replicas takes r times a single stage's time per
   // microbatch) with free links, the warm-ups the generator searches against PipeDream's.
-  Rng rng(31, "flush-warmups");
-  int checked = 0, faster = 0;
-  for (int t = 0; t < 120; ++t) {
-    Case c = random_case(rng);
-    if (std::all_of(c.plan.stages.begin(), c.plan.stages.end(),
-                    [](const PlanStage& st) { return st.replicas == 1; }))
-      continue;
-    for (std::size_t st = 0; st < c.plan.stages.size(); ++st) {
-      c.profile.layers[st].forward_s = 1e-3 * c.plan.stages[st].replicas;
-      c.profile.layers[st].backward_s = 2e-3 * c.plan.stages[st].replicas;
+  const auto with = [](const std::string& kind, const ScheduleSpec& spec,
+                       const std::vector<int>* warmups) {
+    return kind == "zb-h1" ? detail::zero_bubble_h1_with(spec, warmups)
+                           : detail::one_f_one_b_flush_with(spec, warmups);
+  };
+  for (const std::string kind : {"1f1b-flush", "zb-h1"}) {
+    CAPTURE(kind);
+    Rng rng(31, "flush-warmups");
+    int checked = 0, faster = 0;
+    for (int t = 0; t < 120; ++t) {
+      Case c = random_case(rng);
+      if (std::all_of(c.plan.stages.begin(), c.plan.stages.end(),
+                      [](const PlanStage& st) { return st.replicas == 1; }))
+        continue;
+      for (std::size_t st = 0; st < c.plan.stages.size(); ++st) {
+        c.profile.layers[st].forward_s = 1e-3 * c.plan.stages[st].replicas;
+        c.profile.layers[st].backward_s = 2e-3 * c.plan.stages[st].replicas;
+      }
+      const int microbatches = 1 + static_cast<int>(rng.below(24));
+      const ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, microbatches, 2);
+      std::vector<int> config;
+      for (auto& st : c.plan.stages) config.push_back(st.replicas);
+      CAPTURE(fmt::format("{}", fmt::join(config, "-")));
+      CAPTURE(microbatches);
+      const Schedule searched = generate_schedule(kind, spec);
+      CHECK(validation_error(searched) == "");
+      const double found = simulate(searched, c.profile, c.plan, {}).makespan_s;
+      const double pipedream =
+          simulate(with(kind, spec, nullptr), c.profile, c.plan, {}).makespan_s;
+      CHECK(found <= pipedream * (1 + 1e-9));
+      faster += found < pipedream * (1 - 1e-9);
+      ++checked;
     }
-    const int microbatches = 1 + static_cast<int>(rng.below(24));
-    const ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, microbatches, 2);
-    std::vector<int> config;
-    for (auto& st : c.plan.stages) config.push_back(st.replicas);
-    CAPTURE(fmt::format("{}", fmt::join(config, "-")));
-    CAPTURE(microbatches);
-    const Schedule searched = generate_schedule("1f1b-flush", spec);
-    CHECK(validation_error(searched) == "");
-    const double found = simulate(searched, c.profile, c.plan, {}).makespan_s;
-    const double pipedream =
-        simulate(detail::one_f_one_b_flush_with(spec, nullptr), c.profile, c.plan, {}).makespan_s;
-    CHECK(found <= pipedream * (1 + 1e-9));
-    faster += found < pipedream * (1 - 1e-9);
-    ++checked;
+    MESSAGE(kind, ": ", checked, " replicated plans, ", faster, " faster with the searched warm-ups");
+    CHECK(checked > 60);
+    CHECK(faster > 0);
   }
-  MESSAGE(checked, " replicated plans, ", faster, " faster with the searched warm-ups");
-  CHECK(checked > 60);
-  CHECK(faster > 0);
   // 1-2-1 with 16 microbatches: the input stage feeds the two replicas in turn and PipeDream's
   // depth of 3 leaves the round trips through them exposed; one more forward in flight hides it.
   const Plan plan121 = testing::make_plan({{1, 1}, {2, 2}, {1, 1}});
@@ -224,7 +232,7 @@ TEST_CASE("1f1b-flush on replicated plans: searched warm-ups, never slower than 
   const double pipedream =
       simulate(detail::one_f_one_b_flush_with(spec, nullptr), balanced, plan121, {}).makespan_s;
   CHECK(found < 0.85 * pipedream);
-  CHECK(detail::replicated_flush_warmups(spec)[0] > detail::one_f_one_b_warmup(spec, 0));
+  CHECK(detail::replicated_flush_warmups(spec, false)[0] > detail::one_f_one_b_warmup(spec, 0));
 }
 
 TEST_CASE("PipeDream's uneven replica counts run, faster than without warm-up") {

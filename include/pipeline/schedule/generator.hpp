@@ -94,11 +94,16 @@ std::vector<int> replicated_stash_warmups(const ScheduleSpec& spec);
 void lower_until_valid(const ScheduleSpec& spec, std::vector<int>& warmups, Schedule& sched);
 // 1F1B-stash with the given warm-up depth per stage (one_f_one_b_stash_schedule picks them).
 Schedule stash_schedule_with(const ScheduleSpec& spec, const std::vector<int>& warmups);
-// Warm-up depths for 1F1B-flush on a pipeline with replicated stages dealt round-robin, chosen
-// by simulating the balanced pipeline (see generator.cpp); never slower there than PipeDream's.
-std::vector<int> replicated_flush_warmups(const ScheduleSpec& spec);
-// 1F1B-flush with the given warm-up depth per stage, or PipeDream's depths when null.
+// Whether 1F1B-flush and ZB-H1 search their warm-up depths: on replicated stages dealt
+// round-robin.
+bool searches_flush_warmups(const ScheduleSpec& spec);
+// Warm-up depths for 1F1B-flush (ZB-H1 with split_backward) on a pipeline with replicated
+// stages dealt round-robin, chosen by simulating the balanced pipeline (see generator.cpp);
+// never slower there than PipeDream's.
+std::vector<int> replicated_flush_warmups(const ScheduleSpec& spec, bool split_backward);
+// 1F1B-flush / ZB-H1 with the given warm-up depth per stage, or PipeDream's depths when null.
 Schedule one_f_one_b_flush_with(const ScheduleSpec& spec, const std::vector<int>* warmups);
+Schedule zero_bubble_h1_with(const ScheduleSpec& spec, const std::vector<int>* warmups);
 // ConfigError when the spec deals microbatches other than round-robin: for the generators whose
 // schedule depends on it (stash, 2BW, interleaved).
 void require_round_robin(const ScheduleSpec& spec, const std::string& schedule);
