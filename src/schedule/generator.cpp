@@ -616,8 +616,8 @@ std::vector<int> replicated_flush_warmups(const ScheduleSpec& spec, bool split_b
     limit.push_back(std::max(0, (spec.microbatches + r - 1) / r - 1));
   }
   auto makespan = [&](const std::vector<int>& w) {
-    return balanced_makespan(probe, split_backward ? zero_bubble_h1_with(probe, &w)
-                                                   : one_f_one_b_flush_with(probe, &w));
+    return balanced_makespan(
+        probe, split_backward ? zero_bubble_h1_with(probe, &w) : one_f_one_b_flush_with(probe, &w));
   };
   double best_s = makespan(warmups);
   for (bool improved = std::isfinite(best_s); improved;) {

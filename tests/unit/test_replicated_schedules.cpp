@@ -182,7 +182,8 @@ TEST_CASE("flush schedules follow any dealing of microbatches to replicas; the o
   CHECK(checked >= 300);
 }
 
-TEST_CASE("1f1b-flush and zb-h1 on replicated plans: searched warm-ups, never slower than PipeDream's") {
+TEST_CASE(
+    "1f1b-flush and zb-h1 on replicated plans: searched warm-ups, never slower than PipeDream's") {
   // On a balanced pipeline (a stage of r replicas takes r times a single stage's time per
   // microbatch) with free links, the warm-ups the generator searches against PipeDream's.
   const auto with = [](const std::string& kind, const ScheduleSpec& spec,
@@ -218,7 +219,8 @@ TEST_CASE("1f1b-flush and zb-h1 on replicated plans: searched warm-ups, never sl
       faster += found < pipedream * (1 - 1e-9);
       ++checked;
     }
-    MESSAGE(kind, ": ", checked, " replicated plans, ", faster, " faster with the searched warm-ups");
+    MESSAGE(kind, ": ", checked, " replicated plans, ", faster,
+            " faster with the searched warm-ups");
     CHECK(checked > 60);
     CHECK(faster > 0);
   }
