@@ -115,10 +115,9 @@ void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim
   if (ratio < 0.9)
     fmt::print(
         "note: the schedule cannot reach the partitioner's figure: transfers that the minibatches "
-        "in flight "
-        "cannot hide, or replicas of a stage waiting for each other at its allreduce (a replicated "
-        "stage after "
-        "the first gets its minibatches one at a time); pipeline-simulate --trace shows where\n");
+        "in flight cannot hide, or replicas of a stage waiting for each other at its allreduce (a "
+        "replicated stage after the first gets its minibatches one at a time); pipeline-simulate "
+        "--trace shows where\n");
 }
 
 // The stages' device types joined like the config ("h100-a100-a100"); "" for an untyped plan.

@@ -56,9 +56,7 @@ void print_table(const pipeline::Profile& p, const pipeline::ZooModel& z, double
     bwd += l.backward_s;
     flops += l.flops;
     params += l.parameter_bytes;
-    step.sgd += l.step_s.sgd;
-    step.momentum += l.step_s.momentum;
-    step.adamw += l.step_s.adamw;
+    step += l.step_s;
   }
   fmt::print(
       "total: forward {:.3f} ms, backward {:.3f} ms, {} of parameters, {:.3f} GFLOP forward "

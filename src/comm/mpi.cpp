@@ -259,10 +259,10 @@ class MpiAllreduceRequest final : public RequestImpl {
         m_direct(direct) {
     const int n = static_cast<int>(m_ranks.size());
     make_parts();
-    for (Part& part : m_parts) part.others.resize(static_cast<std::size_t>(n));
     // Every member posts its messages part by part in the same order, so MPI's non-overtaking
     // rule matches each receive with the same part's send.
     for (Part& part : m_parts) {
+      part.others.resize(static_cast<std::size_t>(n));
       if (m_direct || m_index == 0) {
         for (int m = 0; m < n; ++m) {
           if (m == m_index) continue;
@@ -316,7 +316,7 @@ class MpiAllreduceRequest final : public RequestImpl {
     }
     if (!m_unpacked) {
       for (Part& part : m_parts) {
-        if (!part.packed) continue;
+        if (part.count == 1) continue;  // reduced in place
         std::size_t at = 0;
         const float* b = part.buffer.data<float>();
         for (std::size_t i = part.first; i < part.first + part.count; ++i) {
@@ -406,41 +406,34 @@ class MpiAllreduceRequest final : public RequestImpl {
   // place; runs of small ones are packed into one message each, so that a bucket of many biases
   // is not many tiny messages and a bucket of large weights is not copied twice.
   void make_parts() {
-    constexpr std::int64_t kInPlaceBytes = std::int64_t{256} << 10;
-    std::size_t run_begin = 0;
-    std::int64_t run_floats = 0;
-    const auto close_run = [&](std::size_t end) {
-      if (end == run_begin) return;
+    constexpr std::size_t kInPlaceBytes = std::size_t{256} << 10;
+    const auto add = [&](std::size_t begin, std::size_t end) {
+      if (begin == end) return;
       Part part;
-      part.first = run_begin;
-      part.count = end - run_begin;
+      part.first = begin;
+      part.count = end - begin;
       if (part.count == 1) {
-        part.buffer = m_tensors[run_begin];
+        part.buffer = m_tensors[begin];
       } else {
-        part.packed = true;
-        part.buffer = Tensor::empty(Shape{run_floats});
-        std::size_t at = 0;
+        std::int64_t floats = 0;
+        for (std::size_t i = begin; i < end; ++i) floats += m_tensors[i].numel();
+        part.buffer = Tensor::empty(Shape{floats});
         float* b = part.buffer.data<float>();
-        for (std::size_t i = run_begin; i < end; ++i) {
-          std::memcpy(b + at, m_tensors[i].raw(), m_tensors[i].nbytes());
-          at += static_cast<std::size_t>(m_tensors[i].numel());
+        for (std::size_t i = begin; i < end; ++i) {
+          std::memcpy(b, m_tensors[i].raw(), m_tensors[i].nbytes());
+          b += m_tensors[i].numel();
         }
       }
       m_parts.push_back(std::move(part));
     };
-    for (std::size_t i = 0; i < m_tensors.size(); ++i) {
-      if (static_cast<std::int64_t>(m_tensors[i].nbytes()) < kInPlaceBytes) {
-        run_floats += m_tensors[i].numel();
-        continue;
+    std::size_t run = 0;  // the first tensor of the run of small ones in progress
+    for (std::size_t i = 0; i < m_tensors.size(); ++i)
+      if (m_tensors[i].nbytes() >= kInPlaceBytes) {
+        add(run, i);
+        add(i, i + 1);
+        run = i + 1;
       }
-      close_run(i);
-      run_begin = i;
-      run_floats = m_tensors[i].numel();
-      close_run(i + 1);
-      run_begin = i + 1;
-      run_floats = 0;
-    }
-    close_run(m_tensors.size());
+    add(run, m_tensors.size());
   }
 
   // out[k] = ((x0[k] + x1[k]) + x2[k]) + ..., this member's own data standing as its x, in
@@ -482,12 +475,12 @@ class MpiAllreduceRequest final : public RequestImpl {
   std::shared_ptr<WaitSettings> m_settings;
   MPI_Comm m_comm;
   int m_tag;
-  // One message's data: tensor `first` in place, or tensors [first, first + count) packed.
+  // One message's data: tensor `first` in place (count 1), or tensors [first, first + count)
+  // packed.
   struct Part {
     Tensor buffer;
     std::size_t first = 0;
     std::size_t count = 1;
-    bool packed = false;
     std::vector<Tensor> others;  // the other members' data, by group index
   };
   std::vector<Tensor> m_tensors;

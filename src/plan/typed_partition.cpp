@@ -42,7 +42,6 @@ struct TypedPartitioner::Impl {
   PartitionOptions options;
   Topology topology;
   std::string model;  // the profiles' model name and batch size (the profiles are not kept)
-  std::string optimizer;  // whose step times the compute includes (PartitionOptions::optimizer)
   int batch_size = 0;
   StateGraph g;
   std::vector<TypeData> types;
@@ -197,7 +196,6 @@ TypedPartitioner::TypedPartitioner(const DeviceProfiles& profiles, const Topolog
       profiles.size(), topology.types.size());
   const Profile& reference = profiles.find(topology.types.front().name)->second;
   x.model = reference.model;
-  x.optimizer = options.optimizer;
   x.batch_size = reference.batch_size;
   // One set of states for every type, from the first type's profile (the types' profiles share
   // their layers, so the states are the same; only the sums over them differ).
@@ -328,7 +326,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
   plan.workers = x.total[index];
   plan.schedule = "1f1b-stash";
   plan.cost_model = std::string(to_string(CostModel::Pipeline));
-  plan.optimizer = x.optimizer;
+  plan.optimizer = x.options.optimizer;
   int s = -1, rank = 0;
   std::size_t v = index;
   double worst = 0;

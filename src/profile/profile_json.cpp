@@ -187,10 +187,7 @@ Profile profile_from_json(const json& j, std::string_view origin) {
                           "{}: {} field \"step_s\" has \"{}\"; its keys are sgd, momentum and "
                           "adamw",
                           origin, where, rule);
-        const double v = get_number(st, rule.c_str(), where + " step_s", origin, true);
-        (rule == "sgd"        ? l.step_s.sgd
-         : rule == "momentum" ? l.step_s.momentum
-                              : l.step_s.adamw) = v;
+        l.step_s.of(rule) = get_number(st, rule.c_str(), where + " step_s", origin, true);
       }
     }
     if (lj.contains("inputs")) {

@@ -186,6 +186,17 @@ Schedule empty_schedule(const ScheduleSpec& spec, std::string name, UpdatePolicy
 
 namespace {
 
+bool has_replicated_stage(const ScheduleSpec& spec) {
+  return std::any_of(spec.stage_ranks.begin(), spec.stage_ranks.end(),
+                     [](const auto& r) { return r.size() > 1; });
+}
+
+// Whether the spec deals some stage's microbatches other than round-robin.
+bool deals_by_list(const ScheduleSpec& spec) {
+  return std::any_of(spec.dealing.begin(), spec.dealing.end(),
+                     [](const auto& d) { return !d.empty(); });
+}
+
 // How many of a replica's microbatches `mbs` (ascending) have run their forward before the
 // backward of each one: 1F1B's warm-up of `warmup` forwards, then one more per backward.
 std::vector<int> forwards_before(std::size_t n, int warmup) {
@@ -280,8 +291,7 @@ Schedule flush_schedule(const ScheduleSpec& spec, std::string name, Order&& orde
                         bool split_backward = false, const std::vector<int>* warmups = nullptr) {
   check_spec(spec);
   Schedule sched = detail::empty_schedule(spec, std::move(name), UpdatePolicy::Flush);
-  const bool dealt = std::any_of(spec.dealing.begin(), spec.dealing.end(),
-                                 [](const auto& d) { return !d.empty(); });
+  const bool dealt = deals_by_list(spec);
   for (int s = 0; s < spec.num_stages(); ++s) {
     int r = static_cast<int>(spec.stage_ranks[s].size());
     const int warmup =
@@ -327,13 +337,9 @@ Schedule detail::one_f_one_b_flush_with(const ScheduleSpec& spec, const std::vec
 }
 
 bool detail::searches_flush_warmups(const ScheduleSpec& spec) {
-  const bool replicated = std::any_of(spec.stage_ranks.begin(), spec.stage_ranks.end(),
-                                      [](auto& r) { return r.size() > 1; });
-  const bool dealt = std::any_of(spec.dealing.begin(), spec.dealing.end(),
-                                 [](const auto& d) { return !d.empty(); });
   // A straight pipeline runs at its rate under PipeDream's depths; a dealing by speed keeps
   // them, since its depths must not rise along the pipeline (forwards_before_by_depth).
-  return replicated && !dealt;
+  return has_replicated_stage(spec) && !deals_by_list(spec);
 }
 
 Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
@@ -444,10 +450,8 @@ Schedule one_f_one_b_stash_schedule(const ScheduleSpec& spec) {
                       spec.minibatches, r, s, r);
   }
   std::vector<int> warmups = detail::stash_warmups(spec);
-  const bool replicated = std::any_of(spec.stage_ranks.begin(), spec.stage_ranks.end(),
-                                      [](auto& r) { return r.size() > 1; });
   // A pipeline without replicas runs under PipeDream's warm-ups, at the rate it predicts.
-  if (!replicated) return detail::stash_schedule_with(spec, warmups);
+  if (!has_replicated_stage(spec)) return detail::stash_schedule_with(spec, warmups);
   warmups = detail::replicated_stash_warmups(spec);
   Schedule sched = detail::stash_schedule_with(spec, warmups);
   // The warm-ups were chosen on a shorter run; the schedule's own length is checked too.

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace pipeline {
@@ -24,10 +25,23 @@ struct StepTimes {
 
   bool measured() const { return sgd != 0 || momentum != 0 || adamw != 0; }
   // The time of the rule named "sgd", "momentum" or "adamw" ("adam" too); ConfigError otherwise.
-  double of(std::string_view optimizer) const {
-    if (optimizer == "sgd") return sgd;
-    if (optimizer == "momentum") return momentum;
-    if (optimizer == "adamw" || optimizer == "adam") return adamw;
+  double of(std::string_view optimizer) const { return pick(*this, optimizer); }
+  double& of(std::string_view optimizer) { return pick(*this, optimizer); }
+
+  StepTimes& operator+=(const StepTimes& o) {
+    sgd += o.sgd;
+    momentum += o.momentum;
+    adamw += o.adamw;
+    return *this;
+  }
+
+ private:
+  template <typename Self>  // StepTimes or const StepTimes
+  static std::conditional_t<std::is_const_v<Self>, const double&, double&> pick(
+      Self& t, std::string_view optimizer) {
+    if (optimizer == "sgd") return t.sgd;
+    if (optimizer == "momentum") return t.momentum;
+    if (optimizer == "adamw" || optimizer == "adam") return t.adamw;
     PIPELINE_FAIL(ConfigError, "unknown optimizer '{}': use sgd, momentum or adamw", optimizer);
   }
 };
