@@ -553,6 +553,9 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
   };
   plan.stages.clear();
   plan.config.clear();
+  std::vector<int> replicas;
+  for (const FinalStage& fs : stages) replicas.push_back(static_cast<int>(fs.ranks.size()));
+  const std::vector<int> deeper_flights = stash_in_flights(N, replicas);
   double worst = 0;
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const FinalStage& fs = stages[i];
@@ -568,9 +571,29 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     const double B = t.levels[static_cast<std::size_t>(lvl)].bandwidth_bytes_per_s;
     const double par = diff(g.parameter_bytes, fs.s, fs.e), act = g.stage_activation_bytes(fs.s, fs.e);
     const double input = fs.s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(fs.s)];
-    const int flight = in_flight(N, lo, r);
-    const double stash_bytes = stage_memory_bytes(par, act, flight, o.optimizer_state_factor, input);
-    const double recompute_bytes = recompute_stage_memory_bytes(par, act, input, flight, o.optimizer_state_factor);
+    auto stash_at = [&](int f) { return stage_memory_bytes(par, act, f, o.optimizer_state_factor, input); };
+    auto recompute_at = [&](int f) { return recompute_stage_memory_bytes(par, act, input, f, o.optimizer_state_factor); };
+    int flight = in_flight(N, lo, r);
+    double delay_bytes = 0;
+    if (!pd) {
+      // As the runtime schedules replicated stages: more minibatches held (stash_in_flights), and
+      // on a replicated stage a second gradient set and one more weight version for replicas
+      // that wait for their allreduce after their next backward (StashShape). Taken where they
+      // fit without changing whether the stage recomputes; PipeDream's count otherwise.
+      const int deeper = deeper_flights[i];
+      const double extra = r > 1 ? 2 * par : 0.0;
+      auto over = [&](double bytes) { return memory && bytes > *memory; };
+      if (!over(std::min(stash_at(deeper), recompute_at(deeper)) + extra) &&
+          over(stash_at(deeper) + extra) == over(stash_at(flight))) {
+        flight = deeper;
+        delay_bytes = extra;
+      } else {
+        ps.delay_allreduce = r == 1;
+      }
+      ps.in_flight = flight;
+    }
+    const double stash_bytes = stash_at(flight) + delay_bytes;
+    const double recompute_bytes = recompute_at(flight) + delay_bytes;
     ps.recompute = fs.recompute;
     if (fs.compute_path < 0 && !pd)
       ps.recompute = o.recompute == Recompute::All ||
@@ -612,7 +635,9 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     plan.config.append(std::to_string(r));
     plan.stages.push_back(std::move(ps));
   }
-  plan.in_flight = plan.stages.empty() ? 1 : in_flight(N, 0, plan.stages.front().replicas);
+  plan.in_flight = plan.stages.empty()              ? 1
+                   : plan.stages.front().in_flight > 0 ? plan.stages.front().in_flight
+                                                       : in_flight(N, 0, plan.stages.front().replicas);
   plan.predicted.peak_memory_bytes.assign(static_cast<std::size_t>(N), 0);
   for (const PlanStage& ps : plan.stages)
     for (int rk : ps.ranks) plan.predicted.peak_memory_bytes[static_cast<std::size_t>(rk)] = static_cast<std::int64_t>(ps.memory_bytes);

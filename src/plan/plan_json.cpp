@@ -87,6 +87,8 @@ json plan_to_json(const Plan& p) {
     json sj = {{"layers", {s.begin, s.end}}, {"replicas", s.replicas}, {"ranks", s.ranks}};
     if (!s.layer_ids.empty()) sj["layer_ids"] = s.layer_ids;
     if (s.recompute) sj["recompute"] = true;
+    if (s.in_flight > 0) sj["in_flight"] = s.in_flight;
+    if (!s.delay_allreduce) sj["delay_allreduce"] = false;
     if (!s.device.empty()) sj["device"] = s.device;
     sj["predicted"] = {{"compute_s", s.compute_s},
                        {"sync_s", s.sync_s},
@@ -208,6 +210,18 @@ Plan plan_from_json(const json& j, std::string_view origin) {
                         "{}: {} field \"recompute\" must be true or false, got {}", origin, where,
                         sj.at("recompute").dump());
       s.recompute = sj.at("recompute").get<bool>();
+    }
+    if (sj.contains("in_flight")) {
+      s.in_flight = get_int(sj, "in_flight", where, origin);
+      PIPELINE_CHECK_AS(ConfigError, s.in_flight >= 1,
+                        "{}: {} field \"in_flight\" is {}; a stage holds at least 1 minibatch",
+                        origin, where, s.in_flight);
+    }
+    if (sj.contains("delay_allreduce")) {
+      PIPELINE_CHECK_AS(ConfigError, sj.at("delay_allreduce").is_boolean(),
+                        "{}: {} field \"delay_allreduce\" must be true or false, got {}", origin,
+                        where, sj.at("delay_allreduce").dump());
+      s.delay_allreduce = sj.at("delay_allreduce").get<bool>();
     }
     if (sj.contains("device")) {
       const json& d = sj.at("device");

@@ -344,6 +344,10 @@ Plan TypedPartitioner::plan(std::size_t index) const {
     ps.replicas = c.replicas;
     for (int r = 0; r < c.replicas; ++r) ps.ranks.push_back(rank++);
     ps.recompute = md.recompute;
+    // The schedule keeps to the memory charged: PipeDream's count, no delayed allreduces (the
+    // deeper counts of stash_in_flights are left to the single-type partitioner).
+    ps.in_flight = in_flight(x.total[v], 0, c.replicas);
+    ps.delay_allreduce = c.replicas == 1;
     ps.device = d.name;
     ps.compute_s = (Impl::diff(d.compute, s, c.j) + md.extra_s) / c.replicas;
     ps.sync_s = std::max(0.0, cost.compute_path - ps.compute_s);

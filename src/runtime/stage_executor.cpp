@@ -219,11 +219,20 @@ struct StageExecutor::Run {
   std::int64_t cached_minibatch = -1;
   std::vector<Batch> cached;
 
-  // Replicated stage: by action index, whether the action is the last B (or W) before an AR,
-  // the one that starts the gradient buckets; the buckets' allreduces in flight.
-  std::vector<char> closes_gradients;
+  // Replicated stage: by action index, the allreduce round whose gradients the action (the
+  // round's last B or W) completes, or -1 (closing_backwards): it starts the gradient buckets.
+  // The buckets' allreduces in flight, of round in_flight_round (-1: none).
+  std::vector<std::int32_t> closes_gradients;
   std::vector<Request> buckets_in_flight;
   std::size_t buckets_started = 0;
+  int in_flight_round = -1;
+  // A schedule may run a backward of the next round before the AR of the round in flight (a
+  // replica that waits for its allreduce after its next backward): the round in flight's
+  // gradients then move to `sealed` and the backward accumulates into a second set (`spare`,
+  // zeroed, kept for reuse). closed_round: that next round once its backward closed it; its
+  // buckets start when the AR of the round in flight has waited.
+  ModelGrads sealed, spare;
+  int closed_round = -1;
   AllReduceTiming allreduce;  // of the allreduce under way (record_trace)
 
   std::map<std::int64_t, MinibatchStats> stats;  // last stage, per minibatch being scored
@@ -408,6 +417,10 @@ StageMemory StageExecutor::measure(const Run* run) const {
     for (auto& s : slot.optimizer_state)
       for (auto& b : s.buffers) optimizer.add(b);
   }
+  if (run != nullptr)  // the second gradient set of a replica that delays its allreduce
+    for (const ModelGrads* set : {&run->sealed, &run->spare})
+      for (auto& layer : *set)
+        for (auto& g : layer) grads.add(g);
   if (run != nullptr && run->table) {
     const auto add_context = [&](const MicrobatchContext& c) {
       for (auto& s : c.saved) activations.add(s);
@@ -655,6 +668,7 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
   const ModelParams& w = m_store->params(c.version);
   const bool need_dx = !is_first_stage();
   const bool weight_only = parts == GradParts::Weight;
+  if (parts != GradParts::Input) seal_round_in_flight(run);
 
   if (!weight_only) {
     if (m_recompute) recompute_forward(c);
@@ -670,7 +684,7 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
         dx = m_model->backward(r, w, c.saved, dy, m_grads, need_dx);
       } else {
         // Sequential::backward layer by layer, so that finished buckets start their allreduce.
-        const bool closes = run.closes_gradients[run.current] != 0;
+        const bool closes = starts_buckets(run);
         Tensor g = std::move(dy);
         for (int i = r.end - 1; i >= r.begin; --i) {
           const auto k = static_cast<std::size_t>(i - r.begin);
@@ -703,7 +717,7 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
     PIPELINE_CHECK(!c.layer_grads.empty(),
                    "weight gradient of microbatch {} on stage {} before its input gradient", u,
                    m_stage);
-    const bool closes = !m_bucket_layers.empty() && run.closes_gradients[run.current] != 0;
+    const bool closes = !m_bucket_layers.empty() && starts_buckets(run);
     for (int i = r.end - 1; i >= r.begin; --i) {
       const auto k = static_cast<std::size_t>(i - r.begin);
       m_model->layer(i).backward(w[k], c.saved[k], c.layer_grads[k], m_grads[k], GradParts::Weight);
@@ -711,20 +725,51 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
     }
     sample_memory(run);
   }
+  note_closed(run);
   m_store->release(c.version);
   run.table->close(u);
+}
+
+bool StageExecutor::starts_buckets(const Run& run) const {
+  return m_options.overlap_allreduce && run.in_flight_round < 0 &&
+         !run.closes_gradients.empty() && run.closes_gradients[run.current] >= 0;
+}
+
+void StageExecutor::seal_round_in_flight(Run& run) {
+  if (run.in_flight_round < 0 || !run.sealed.empty()) {
+    PIPELINE_CHECK(run.closed_round < 0,
+                   "action {} of stage {} computes gradients while rounds {} and {} wait for "
+                   "their allreduce; a schedule may run one backward of the next round before "
+                   "an allreduce, not more",
+                   run.current, m_stage, run.in_flight_round, run.closed_round);
+    return;
+  }
+  run.sealed = std::move(m_grads);
+  m_grads = run.spare.empty() ? m_model->zero_grads(layers(), m_options.device)
+                              : std::move(run.spare);
+  run.spare.clear();
+}
+
+void StageExecutor::note_closed(Run& run) {
+  if (run.closes_gradients.empty() || run.closes_gradients[run.current] < 0) return;
+  (run.in_flight_round < 0 ? run.in_flight_round : run.closed_round) =
+      run.closes_gradients[run.current];
+}
+
+ModelGrads& StageExecutor::round_grads(Run& run) {
+  return run.sealed.empty() ? m_grads : run.sealed;
 }
 
 double StageExecutor::trace_now() const {
   return std::chrono::duration<double>(Clock::now().time_since_epoch()).count() - m_t0;
 }
 
-void StageExecutor::start_bucket(Run& run, std::size_t b) {
+void StageExecutor::start_bucket(Run& run, const ModelGrads& grads, std::size_t b) {
   const LayerRange layers_of = m_bucket_layers[b];
   std::vector<Tensor> g;
   std::int64_t bytes = 0;
   for (int i = layers_of.begin; i < layers_of.end; ++i)
-    for (const Tensor& t : m_grads[static_cast<std::size_t>(i - layers().begin)]) {
+    for (const Tensor& t : grads[static_cast<std::size_t>(i - layers().begin)]) {
       g.push_back(t);
       bytes += static_cast<std::int64_t>(t.nbytes());
     }
@@ -753,16 +798,21 @@ void StageExecutor::after_layer_backward(Run& run, int layer, bool closes) {
   // Buckets are in backward order: the next one is complete when its first layer is done.
   if (closes && run.buckets_started < m_bucket_layers.size() &&
       m_bucket_layers[run.buckets_started].begin == layer)
-    start_bucket(run, run.buckets_started);
+    start_bucket(run, m_grads, run.buckets_started);
   progress_allreduce(run);
 }
 
 void StageExecutor::do_allreduce(Run& run, const Action& a) {
   if (replicas() == 1) return;
+  PIPELINE_CHECK(run.in_flight_round < 0 || run.in_flight_round == a.microbatch,
+                 "allreduce {} of stage {} while the gradients of round {} wait for theirs",
+                 a.microbatch, m_stage, run.in_flight_round);
+  ModelGrads& grads = round_grads(run);
   // Buckets no backward started (this replica ran no backward of the minibatch, or overlap is
   // off) start now, in the same order on every replica.
-  while (run.buckets_started < m_bucket_layers.size()) start_bucket(run, run.buckets_started);
-  std::vector<Tensor> g = flatten_grads(m_grads);
+  while (run.buckets_started < m_bucket_layers.size())
+    start_bucket(run, grads, run.buckets_started);
+  std::vector<Tensor> g = flatten_grads(grads);
   // On a replicated last stage the loss statistics of the minibatches this allreduce closes ride
   // along (flush: minibatch k, split among the replicas; stash: minibatches k r .. k r + r - 1,
   // one per replica), so the loss rank reports whole minibatches.
@@ -795,6 +845,11 @@ void StageExecutor::do_allreduce(Run& run, const Action& a) {
   }
   run.allreduce = AllReduceTiming{};
   run.buckets_started = 0;
+  // The next round, closed meanwhile in the second set, goes now.
+  run.in_flight_round = std::exchange(run.closed_round, -1);
+  if (run.in_flight_round >= 0 && m_options.overlap_allreduce)
+    while (run.buckets_started < m_bucket_layers.size())
+      start_bucket(run, m_grads, run.buckets_started);
   if (is_last_stage()) {
     const Tensor summed = g.back().to(Device::cpu());
     g.pop_back();
@@ -824,8 +879,9 @@ void StageExecutor::do_step(Run& run, const Action& a) {
   // All gradients' sums at once (one wait on a GPU), added up per layer in order.
   std::vector<Tensor> all;
   std::vector<std::size_t> layer_of;
+  ModelGrads& round = round_grads(run);
   for (int k = 0; k < r.size(); ++k)
-    for (const Tensor& g : m_grads[static_cast<std::size_t>(k)]) {
+    for (const Tensor& g : round[static_cast<std::size_t>(k)]) {
       all.push_back(g);
       layer_of.push_back(static_cast<std::size_t>(k));
     }
@@ -846,7 +902,7 @@ void StageExecutor::do_step(Run& run, const Action& a) {
                       m_model->layer(r.begin + k).name(), m_stage,
                       layer_ss[static_cast<std::size_t>(k)], step);
   }
-  std::vector<Tensor> grads = flatten_grads(m_grads);
+  std::vector<Tensor> grads = flatten_grads(round);
   if (m_options.clip_norm > 0.f) {
     // Replicas hold identical gradients after the allreduce: count each stage once.
     Tensor t = Tensor::zeros(Shape{2});
@@ -862,6 +918,7 @@ void StageExecutor::do_step(Run& run, const Action& a) {
   std::vector<Tensor> flat = flatten_params(p);
   m_optimizer->step(flat, grads, (*run.lr)(step));
   for (auto& g : grads) g.zero();
+  if (!run.sealed.empty()) run.spare = std::exchange(run.sealed, {});
   sample_memory(run);  // a new weight version, and the optimizer state from the first step on
   ++m_steps;
   ++run.result.steps;
@@ -872,19 +929,9 @@ void StageExecutor::execute(Run& run) {
   const auto& acts = *run.actions;
   for (std::size_t i = 0; i < acts.size(); ++i)
     if (is_recv(acts[i].kind)) run.recv_indices.push_back(i);
-  // The backward after which the gradients of each AR are final: the last B or W before it.
-  run.closes_gradients.assign(acts.size(), 0);
-  if (!m_bucket_layers.empty() && m_options.overlap_allreduce) {
-    std::size_t last = acts.size();
-    for (std::size_t i = 0; i < acts.size(); ++i) {
-      const ActionKind k = acts[i].kind;
-      if (k == ActionKind::Backward || k == ActionKind::BackwardWeight) last = i;
-      if (k == ActionKind::AllReduce) {
-        if (last < acts.size()) run.closes_gradients[last] = 1;
-        last = acts.size();
-      }
-    }
-  }
+  // The backward after which the gradients of each AR's round are final.
+  if (!m_bucket_layers.empty())
+    run.closes_gradients = closing_backwards(acts, run.schedule->policy, run.microbatches);
 
   m_comm->set_context([this, &run] {
     const auto& a = *run.actions;

@@ -97,17 +97,26 @@ struct RankState {
   std::int64_t activation_bytes = 0;
   int forwards_seen = 0;
   int forwards_total = 0;
-  // Overlapped allreduce: by action index, the backwards that close an AR's gradients; the
-  // start and duration of the latest one run.
-  std::vector<char> closes;
-  double close_start = -1;
-  double close_s = 0;
+  // Overlapped allreduce: by action index, the allreduce round whose gradients the backward
+  // there completes, or -1 (closing_backwards).
+  std::vector<std::int32_t> closes;
   std::optional<Rng> jitter;  // with EngineCosts::jitter_cv > 0
 };
 
+// One allreduce round of a stage: each replica's contribution, by replica index — the start and
+// length of its closing backward when the allreduce overlaps the backward, its arrival at the AR
+// (length 0) when it does not or the replica ran no backward of the round.
+struct Round {
+  std::size_t contributed = 0;
+  std::size_t passed = 0;  // replicas whose AR has completed
+  std::vector<double> start, length;
+  double done = -1;  // when the allreduce ends, once every replica has contributed
+};
+
+// The rounds of a stage still open, from round number `first` on.
 struct Group {
-  int arrived = 0;
-  double latest = 0;
+  int first = 0;
+  std::deque<Round> rounds;
 };
 
 std::int64_t key(int stage, int unit) {
@@ -132,23 +141,12 @@ class Engine {
     }
     for (int st = 0; st < s.num_stages(); ++st)
       for (int r : s.stage_ranks[st]) m_ranks[r].slots.push_back({st, 0, 0, {}});
-    // The last B or W before each AR of a stage whose allreduce overlaps (as the executor's).
-    for (std::size_t r = 0; costs != nullptr && r < s.ranks.size(); ++r) {
-      const auto& acts = s.ranks[r];
-      std::vector<std::size_t> last(s.stage_ranks.size(), acts.size());
-      for (std::size_t i = 0; i < acts.size(); ++i) {
-        const Action& a = acts[i];
-        const StageCosts* c = stage_costs(a.stage);
-        if (!c || c->bucket_s.empty()) continue;
-        auto& l = last[static_cast<std::size_t>(a.stage)];
-        if (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardWeight) l = i;
-        if (a.kind == ActionKind::AllReduce && l < acts.size()) {
-          m_ranks[r].closes.resize(acts.size(), 0);
-          m_ranks[r].closes[l] = 1;
-          l = acts.size();
-        }
-      }
-    }
+    // Where overlapped allreduces start: the closing backwards (as the executor's).
+    const bool overlap = costs != nullptr &&
+                         std::any_of(costs->stages.begin(), costs->stages.end(),
+                                     [](const StageCosts& c) { return !c.bucket_s.empty(); });
+    for (std::size_t r = 0; overlap && r < s.ranks.size(); ++r)
+      m_ranks[r].closes = closing_backwards(s.ranks[r], s.policy, s.microbatches);
     // Only schedules without flushes (stash, 2BW) have a steady-state period, measured over the
     // window; skip the pass over every action otherwise.
     const bool window = costs != nullptr && s.policy != UpdatePolicy::Flush;
@@ -335,7 +333,7 @@ class Engine {
         case ActionKind::Backward: {
           hold_recomputed(r, c, 1);
           const double d = straggle(r, c ? c->backward_s : 0);
-          note_close(r, d);
+          note_close(r, a, d);
           compute(r, a, d);
           on_release(r, a);
           hold_recomputed(r, c, -1);
@@ -348,7 +346,7 @@ class Engine {
           break;
         case ActionKind::BackwardWeight: {
           const double d = straggle(r, c ? c->backward_weight_s : 0);
-          note_close(r, d);
+          note_close(r, a, d);
           compute(r, a, d);
           on_release(r, a);
           hold_recomputed(r, c, -1);
@@ -406,43 +404,26 @@ class Engine {
           break;
         }
         case ActionKind::AllReduce: {
-          if (st.at_allreduce) return;  // woken by something else; still waiting
-          Group& g = m_groups[a.stage];
+          // A replica's AR ends once every replica has contributed its gradients and the
+          // allreduce has run; it never waits for the others to reach their AR.
           const auto& members = m_s.stage_ranks[a.stage];
-          st.at_allreduce = true;
-          ++g.arrived;
-          g.latest = std::max(g.latest, st.clock);
-          if (g.arrived < static_cast<int>(members.size())) return;
-          double stretch = 1.0;
-          for (int m : members) stretch = std::max(stretch, core_stretch(m));
-          const double cpu = c ? c->allreduce_cpu_s * stretch : 0;
-          double done = g.latest + (c ? c->allreduce_s : 0) + cpu;
-          if (c && !c->bucket_s.empty()) {
-            // Bucket j is ready when every replica's closing backward has run bucket_ready[j]
-            // of its time (a replica that ran none: when it arrived); the link takes one bucket
-            // at a time.
-            double link = 0;
-            for (std::size_t j = 0; j < c->bucket_s.size(); ++j) {
-              double ready = 0;
-              for (int m : members) {
-                const RankState& ms = m_ranks[m];
-                ready = std::max(ready, ms.close_start >= 0
-                                            ? ms.close_start + c->bucket_ready[j] * ms.close_s
-                                            : ms.clock);
-              }
-              link = std::max(link, ready) + c->bucket_s[j];
-            }
-            done = std::max(g.latest + cpu, link);
-            for (int m : members) m_ranks[m].close_start = -1;
+          Round& round = round_of(a.stage, a.microbatch);
+          if (!st.at_allreduce) {
+            st.at_allreduce = true;
+            contribute(a.stage, a.microbatch, r, st.clock, 0);
           }
-          g = Group{};
-          for (int m : members) {
-            RankState& ms = m_ranks[m];
-            record(m, m_s.ranks[m][ms.pc], ms.clock, done);
-            ms.clock = done;
-            ms.at_allreduce = false;
-            ++ms.pc;
-            if (m != r) enqueue(m);
+          if (round.contributed < members.size()) return;  // woken by the last contribution
+          if (round.done < 0) round.done = allreduce_end(a.stage, round, c);
+          const double end = std::max(st.clock, round.done);
+          record(r, a, st.clock, end);
+          st.clock = end;
+          st.at_allreduce = false;
+          ++st.pc;
+          ++round.passed;
+          Group& g = m_groups[static_cast<std::size_t>(a.stage)];
+          while (!g.rounds.empty() && g.rounds.front().passed == members.size()) {
+            g.rounds.pop_front();
+            ++g.first;
           }
           break;
         }
@@ -451,12 +432,66 @@ class Engine {
     st.done = true;
   }
 
-  // Before a backward: when it closes an AR's gradients, when it starts and how long it takes.
-  void note_close(int r, double d) {
+  // Before a backward: when it completes the gradients of an overlapped allreduce's round, the
+  // replica's contribution starts with it.
+  void note_close(int r, const Action& a, double d) {
     RankState& st = m_ranks[r];
-    if (st.closes.empty() || !st.closes[st.pc]) return;
-    st.close_start = st.clock;
-    st.close_s = d;
+    if (st.closes.empty() || st.closes[st.pc] < 0) return;
+    if (m_s.stage_ranks[static_cast<std::size_t>(a.stage)].size() < 2) return;
+    contribute(a.stage, st.closes[st.pc], r, st.clock, d * core_stretch(r));
+  }
+
+  Round& round_of(int stage, int number) {
+    Group& g = m_groups[static_cast<std::size_t>(stage)];
+    const std::size_t n = m_s.stage_ranks[static_cast<std::size_t>(stage)].size();
+    while (g.first + static_cast<int>(g.rounds.size()) <= number)
+      g.rounds.push_back({0, 0, std::vector<double>(n, -1), std::vector<double>(n, 0), -1});
+    return g.rounds[static_cast<std::size_t>(number - g.first)];
+  }
+
+  int replica_index(int stage, int r) const {
+    const auto& members = m_s.stage_ranks[static_cast<std::size_t>(stage)];
+    return static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+  }
+
+  // Rank r's gradients of `round` are ready for the allreduce from `start` on, over `length`
+  // (its closing backward; 0 at its AR). The first contribution counts; the last one wakes the
+  // replicas waiting at their AR.
+  void contribute(int stage, int number, int r, double start, double length) {
+    if (number < m_groups[static_cast<std::size_t>(stage)].first) return;  // a round long done
+    Round& round = round_of(stage, number);
+    const auto i = static_cast<std::size_t>(replica_index(stage, r));
+    if (round.start[i] >= 0) return;
+    round.start[i] = start;
+    round.length[i] = length;
+    const auto& members = m_s.stage_ranks[static_cast<std::size_t>(stage)];
+    if (++round.contributed < members.size()) return;
+    for (int m : members)
+      if (m != r && m_ranks[m].at_allreduce) enqueue(m);
+  }
+
+  // When the allreduce of a round whose replicas have all contributed ends: the blocking one
+  // after the last contribution plus its time; the overlapped one when its last bucket is through
+  // (bucket j is ready once every replica's closing backward has run bucket_ready[j] of its
+  // time; the link takes one bucket at a time). The replicas' CPU share follows the last
+  // contribution either way.
+  double allreduce_end(int stage, const Round& round, const StageCosts* c) const {
+    const auto& members = m_s.stage_ranks[static_cast<std::size_t>(stage)];
+    double stretch = 1.0, latest = 0;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      stretch = std::max(stretch, core_stretch(members[i]));
+      latest = std::max(latest, round.start[i] + round.length[i]);
+    }
+    const double cpu = c ? c->allreduce_cpu_s * stretch : 0;
+    if (!c || c->bucket_s.empty()) return latest + (c ? c->allreduce_s : 0) + cpu;
+    double link = 0;
+    for (std::size_t j = 0; j < c->bucket_s.size(); ++j) {
+      double ready = 0;
+      for (std::size_t i = 0; i < members.size(); ++i)
+        ready = std::max(ready, round.start[i] + c->bucket_ready[j] * round.length[i]);
+      link = std::max(link, ready) + c->bucket_s[j];
+    }
+    return std::max(latest + cpu, link);
   }
 
   double core_stretch(int r) const {
@@ -484,14 +519,17 @@ class Engine {
     ++st.pc;
   }
 
-  // Who a blocked rank waits for: the sender of its receive, or a replica that has not reached
-  // the allreduce yet.
+  // Who a blocked rank waits for: the sender of its receive, or a replica that has not
+  // contributed to the allreduce yet.
   int waits_for(int r) const {
     const RankState& st = m_ranks[r];
     const Action& a = m_s.ranks[r][st.pc];
     if (is_recv(a.kind)) return a.peer;
-    for (int m : m_s.stage_ranks[a.stage])
-      if (!m_ranks[m].at_allreduce) return m;
+    const Group& g = m_groups[static_cast<std::size_t>(a.stage)];
+    const auto k = static_cast<std::size_t>(a.microbatch - g.first);
+    const auto& members = m_s.stage_ranks[static_cast<std::size_t>(a.stage)];
+    for (std::size_t i = 0; i < members.size(); ++i)
+      if (k >= g.rounds.size() || g.rounds[k].start[i] < 0) return members[i];
     return r;
   }
 

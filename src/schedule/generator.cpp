@@ -1,5 +1,6 @@
 // Built-in schedule generators (GPipe, 1F1B flush and stash), the registry, and the insertion of
 // point-to-point communication.
+#include <pipeline/plan/cost_model.hpp>
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/schedules/gpipe.hpp>
 #include <pipeline/schedule/schedules/interleaved.hpp>
@@ -79,6 +80,10 @@ ScheduleSpec ScheduleSpec::from_plan(const Plan& plan, int microbatches, int min
   s.microbatches = microbatches;
   s.minibatches = minibatches;
   s.in_flight = plan.in_flight > 1 ? plan.in_flight : 0;
+  for (auto& st : plan.stages) {
+    s.stage_in_flight.push_back(st.in_flight);
+    s.stage_may_delay.push_back(st.delay_allreduce);
+  }
   return s;
 }
 
@@ -142,7 +147,11 @@ std::vector<int> stash_warmups(const ScheduleSpec& spec) {
     int w = one_f_one_b_warmup(spec, s);
     // Capping every stage (not only the input) keeps warm-ups non-increasing along the pipeline.
     if (spec.in_flight > 0) w = std::min(w, spec.in_flight - 1);
-    out.push_back(w);
+    const auto si = static_cast<std::size_t>(s);
+    if (si < spec.stage_in_flight.size() && spec.stage_in_flight[si] > 0)
+      w = std::min(w, spec.stage_in_flight[si] - 1);
+    if (!out.empty()) w = std::min(w, out.back());
+    out.push_back(std::max(w, 0));
   }
   return out;
 }
@@ -355,7 +364,7 @@ Schedule detail::zero_bubble_h1_with(const ScheduleSpec& spec, const std::vector
   };
   // Stage s defers its W's by the warm-up it runs short of the first stage's (s on a straight
   // pipeline), so every stage holds as many microbatches as the first does under 1F1B, and the
-  // deferred W's fill the cool-down while the I's race down the pipeline.
+  // delayed W's fill the cool-down while the I's race down the pipeline.
   return flush_schedule(
       spec, "zb-h1",
       [&](auto& out, int s, const auto& mbs, const std::vector<int>& before) {
@@ -412,23 +421,34 @@ Schedule two_buffered_schedule(const ScheduleSpec& spec) {
   return sched;
 }
 
-Schedule detail::stash_schedule_with(const ScheduleSpec& spec, const std::vector<int>& warmups) {
+Schedule detail::stash_schedule_with(const ScheduleSpec& spec, const StashShape& shape) {
   Schedule sched = detail::empty_schedule(
       spec, spec.vertical_sync ? "1f1b-stash-vsync" : "1f1b-stash", UpdatePolicy::Stash);
   const int units = spec.minibatches;
   for (int s = 0; s < spec.num_stages(); ++s) {
-    const int r = static_cast<int>(spec.stage_ranks[s].size());
+    const auto si = static_cast<std::size_t>(s);
+    const int r = static_cast<int>(spec.stage_ranks[si].size());
+    const int delaying = si < shape.delaying.size() ? shape.delaying[si] : 0;
     for (int i = 0; i < r; ++i) {
-      auto& out = sched.ranks[spec.stage_ranks[s][i]];
+      auto& out = sched.ranks[spec.stage_ranks[si][static_cast<std::size_t>(i)]];
       // Room for every action this rank gets, communication included (insert_communication
       // then fills it in place instead of allocating a second list).
       out.reserve(compute_capacity(spec, s, /*step_per_backward=*/true));
-      auto mbs = detail::replica_microbatches(spec, s, i, 0, units);
-      int step = 0;
-      one_f_one_b_order(out, s, mbs, warmups[static_cast<std::size_t>(s)], [&] {
-        close_minibatch(out, s, r, step);
-        ++step;
-      });
+      const auto mbs = detail::replica_microbatches(spec, s, i, 0, units);
+      const auto before = forwards_before(mbs.size(), shape.warmups[si]);
+      std::size_t f = 0;
+      for (std::size_t k = 0; k < mbs.size(); ++k) {
+        for (; f < static_cast<std::size_t>(before[k]); ++f) out.push_back(forward(s, mbs[f]));
+        out.push_back(backward(s, mbs[k]));
+        // A delaying replica closes the round of its previous backward (and, at the end, its
+        // last one).
+        if (i >= delaying) {
+          close_minibatch(out, s, r, static_cast<int>(k));
+          continue;
+        }
+        if (k > 0) close_minibatch(out, s, r, static_cast<int>(k) - 1);
+        if (k + 1 == mbs.size()) close_minibatch(out, s, r, static_cast<int>(k));
+      }
     }
   }
   insert_communication(sched);
@@ -449,13 +469,13 @@ Schedule one_f_one_b_stash_schedule(const ScheduleSpec& spec) {
                       "stage {} (their allreduces must pair up); use a multiple of {}",
                       spec.minibatches, r, s, r);
   }
-  std::vector<int> warmups = detail::stash_warmups(spec);
   // A pipeline without replicas runs under PipeDream's warm-ups, at the rate it predicts.
-  if (!has_replicated_stage(spec)) return detail::stash_schedule_with(spec, warmups);
-  warmups = detail::replicated_stash_warmups(spec);
-  Schedule sched = detail::stash_schedule_with(spec, warmups);
-  // The warm-ups were chosen on a shorter run; the schedule's own length is checked too.
-  detail::lower_until_valid(spec, warmups, sched);
+  if (!has_replicated_stage(spec))
+    return detail::stash_schedule_with(spec, {detail::stash_warmups(spec), {}});
+  detail::StashShape shape = detail::replicated_stash_shape(spec);
+  Schedule sched = detail::stash_schedule_with(spec, shape);
+  // The shape was chosen on a shorter run; the schedule's own length is checked too.
+  detail::lower_until_valid(spec, shape, sched);
   return sched;
 }
 
@@ -474,7 +494,8 @@ std::vector<int> stages_of_ranks(const ScheduleSpec& spec) {
 // The time the schedule takes on a balanced pipeline — the pipeline the planner builds, every
 // stage taking the same time per minibatch: a replica of a stage with r replicas spends r units
 // on a forward and 2r on a backward (r each on its input- and weight-gradient halves) — with free
-// communication; infinity when it deadlocks.
+// communication and allreduces that start with each replica's closing backward, as the runtime's
+// do; infinity when it deadlocks.
 double balanced_makespan(const ScheduleSpec& spec, const Schedule& schedule) {
   EngineCosts costs;
   for (auto& ranks : spec.stage_ranks) {
@@ -482,6 +503,9 @@ double balanced_makespan(const ScheduleSpec& spec, const Schedule& schedule) {
     c.forward_s = static_cast<double>(ranks.size());
     c.backward_s = 2.0 * static_cast<double>(ranks.size());
     c.backward_input_s = c.backward_weight_s = c.backward_s / 2;
+    // The runtime's allreduce overlaps: it starts with each replica's closing backward.
+    c.bucket_ready = {1.0};
+    c.bucket_s = {0.0};
     costs.stages.push_back(c);
   }
   try {
@@ -496,103 +520,139 @@ double balanced_makespan(const ScheduleSpec& spec, const Schedule& schedule) {
 
 }  // namespace
 
-void lower_until_valid(const ScheduleSpec& spec, std::vector<int>& warmups, Schedule& sched) {
+void lower_until_valid(const ScheduleSpec& spec, StashShape& shape, Schedule& sched) {
   const std::vector<int> stage_of = stages_of_ranks(spec);
-  // Without any warm-up a microbatch's backward depends on earlier microbatches only, so this
-  // ends with a schedule that runs.
+  auto& warmups = shape.warmups;
+  auto& delaying = shape.delaying;
+  delaying.resize(warmups.size(), 0);
+  // Without deferrals and warm-ups a microbatch's backward depends on earlier microbatches only,
+  // so this ends with a schedule that runs.
   for (;;) {
     try {
       validate(sched);
       return;
     } catch (const ScheduleDeadlock& d) {
+      bool delayed = false;
       int deepest = -1;
       for (int r : d.ranks()) {
         const auto s = static_cast<std::size_t>(stage_of[static_cast<std::size_t>(r)]);
+        delayed = delayed || delaying[s] > 0;
+        delaying[s] = 0;
         if (warmups[s] > 0 &&
             (deepest < 0 || warmups[s] > warmups[static_cast<std::size_t>(deepest)]))
           deepest = static_cast<int>(s);
       }
-      if (deepest < 0) throw;  // not a warm-up's doing: a bug the message names
-      --warmups[static_cast<std::size_t>(deepest)];
-      sched = stash_schedule_with(spec, warmups);
+      if (!delayed) {
+        if (deepest < 0) throw;  // not the shape's doing: a bug the message names
+        --warmups[static_cast<std::size_t>(deepest)];
+      }
+      sched = stash_schedule_with(spec, shape);
     }
   }
 }
 
 constexpr int kMaxSearchedRanks = 64;
 
-std::vector<int> replicated_stash_warmups(const ScheduleSpec& spec) {
+std::vector<int> stash_depth_limits(const ScheduleSpec& spec) {
+  const int stages = spec.num_stages();
+  std::vector<int> replicas, limits(static_cast<std::size_t>(stages));
+  for (const auto& ranks : spec.stage_ranks) replicas.push_back(static_cast<int>(ranks.size()));
+  const std::vector<int> flights = stash_in_flights(spec.num_ranks(), replicas);
+  for (int s = 0; s < stages; ++s) {
+    const auto si = static_cast<std::size_t>(s);
+    int cap = si < spec.stage_in_flight.size() && spec.stage_in_flight[si] > 0
+                  ? spec.stage_in_flight[si]
+                  : flights[si];
+    if (s == 0 && spec.in_flight > 0) cap = std::min(cap, spec.in_flight);
+    limits[si] = std::max(0, cap - 1);
+  }
+  return limits;
+}
+
+StashShape replicated_stash_shape(const ScheduleSpec& spec) {
   // With replicas the allreduces couple the replicas' orders, and PipeDream's warm-ups may wait
   // on each other across uneven replica counts (its 4-2-3-3-2-1-1 deadlocks) or leave stages
-  // starved. The warm-ups are searched instead: a hill climb over one-step changes of a stage's
-  // depth that minimises the balanced pipeline's makespan (balanced_makespan) on a run of a few
-  // rounds per worker, starting from PipeDream's depths lowered until they run. Depths stay
+  // starved. The shape is searched instead: a hill climb over one-step changes of a stage's
+  // depth or delaying replicas that minimises the balanced pipeline's makespan
+  // (balanced_makespan) on a run of a few rounds per worker, from several starts without
+  // delays, then from the best of them with every replica but the last delaying. Depths stay
   // within a straight pipeline's (workers after the stage), the input stage's within in_flight.
   ScheduleSpec probe = spec;
   int lcm = 1;
   for (auto& r : spec.stage_ranks) lcm = std::lcm(lcm, static_cast<int>(r.size()));
   probe.minibatches = lcm * ((8 * spec.num_ranks() + lcm - 1) / lcm);
-  std::vector<int> limit;
-  int before = 0;
-  for (int s = 0; s < spec.num_stages(); ++s) {
-    int l = spec.num_ranks() - before - 1;
-    if (s == 0 && spec.in_flight > 0) l = std::min(l, spec.in_flight - 1);
-    limit.push_back(std::max(0, l));
-    before += static_cast<int>(spec.stage_ranks[static_cast<std::size_t>(s)].size());
+  const auto stages = static_cast<std::size_t>(spec.num_stages());
+  std::vector<int> limit = stash_depth_limits(spec), replicas, delay_limit;
+  for (std::size_t s = 0; s < stages; ++s) {
+    replicas.push_back(static_cast<int>(spec.stage_ranks[s].size()));
+    const bool may = s >= spec.stage_may_delay.size() || spec.stage_may_delay[s];
+    delay_limit.push_back(may && replicas.back() > 1 ? replicas.back() : 0);
   }
+  auto lowered = [&](StashShape shape) {
+    Schedule sched = stash_schedule_with(probe, shape);
+    lower_until_valid(probe, shape, sched);
+    return shape;
+  };
   // Starts: PipeDream's depths lowered until they run; depths that keep every stage's window of
   // microbatches in flight (replicas × (depth + 1)) no larger than the stage before it; PipeDream's
   // depths with only the input stage capped, lowered until they run; none.
-  std::vector<std::vector<int>> starts;
-  starts.push_back(stash_warmups(probe));
-  Schedule first = stash_schedule_with(probe, starts.back());
-  lower_until_valid(probe, starts.back(), first);
+  std::vector<StashShape> starts;
+  starts.push_back(lowered({stash_warmups(probe), std::vector<int>(stages, 0)}));
   std::vector<int> windowed;
   int window = 0;
-  for (int s = 0; s < spec.num_stages(); ++s) {
-    const int r = static_cast<int>(spec.stage_ranks[static_cast<std::size_t>(s)].size());
-    const int w =
-        s == 0 ? limit[0] : std::clamp(window / r - 1, 0, limit[static_cast<std::size_t>(s)]);
+  for (std::size_t s = 0; s < stages; ++s) {
+    const int w = s == 0 ? limit[0] : std::clamp(window / replicas[s] - 1, 0, limit[s]);
     windowed.push_back(w);
-    window = r * (w + 1);
+    window = replicas[s] * (w + 1);
   }
-  starts.push_back(windowed);
-  // PipeDream's depths with only the input stage capped by in_flight, lowered until they run.
+  starts.push_back({windowed, std::vector<int>(stages, 0)});
   std::vector<int> uncapped;
-  for (int s = 0; s < spec.num_stages(); ++s)
-    uncapped.push_back(std::min(one_f_one_b_warmup(spec, s), limit[static_cast<std::size_t>(s)]));
-  Schedule second = stash_schedule_with(probe, uncapped);
-  lower_until_valid(probe, uncapped, second);
-  starts.push_back(uncapped);
-  starts.push_back(std::vector<int>(limit.size(), 0));
+  for (std::size_t s = 0; s < stages; ++s)
+    uncapped.push_back(std::min(one_f_one_b_warmup(spec, static_cast<int>(s)), limit[s]));
+  starts.push_back(lowered({uncapped, std::vector<int>(stages, 0)}));
+  starts.push_back({std::vector<int>(stages, 0), std::vector<int>(stages, 0)});
   // Each evaluation simulates the whole probe run: beyond 64 ranks the search would take longer
   // than the run it plans, so the first start is taken as it is.
   if (spec.num_ranks() > kMaxSearchedRanks) return starts.front();
-  std::vector<int> best;
-  double best_s = std::numeric_limits<double>::infinity();
-  for (std::vector<int> at : starts) {
-    double at_s = balanced_makespan(probe, stash_schedule_with(probe, at));
-    if (!std::isfinite(at_s)) continue;
-    for (bool improved = true; improved;) {
+
+  auto climb = [&](StashShape at, double& at_s) {
+    at_s = balanced_makespan(probe, stash_schedule_with(probe, at));
+    for (bool improved = std::isfinite(at_s); improved;) {
       improved = false;
-      for (std::size_t s = 0; s < at.size(); ++s)
-        for (int step : {+1, -1}) {
-          std::vector<int> candidate = at;
-          candidate[s] += step;
-          if (candidate[s] < 0 || candidate[s] > limit[s]) continue;
-          const double t = balanced_makespan(probe, stash_schedule_with(probe, candidate));
-          if (t < at_s * (1 - 1e-9)) {
-            at = std::move(candidate);
-            at_s = t;
-            improved = true;
+      for (std::size_t s = 0; s < stages; ++s)
+        for (int* value : {&at.warmups[s], &at.delaying[s]})
+          for (int step : {+1, -1}) {
+            const int hi = value == &at.warmups[s] ? limit[s] : delay_limit[s];
+            if (*value + step < 0 || *value + step > hi) continue;
+            *value += step;
+            const double t = balanced_makespan(probe, stash_schedule_with(probe, at));
+            if (t < at_s * (1 - 1e-9)) {
+              at_s = t;
+              improved = true;
+            } else {
+              *value -= step;
+            }
           }
-        }
     }
-    if (at_s < best_s) {
-      best = std::move(at);
-      best_s = at_s;
+    return at;
+  };
+  StashShape best;
+  double best_s = std::numeric_limits<double>::infinity();
+  auto consider = [&](const StashShape& start) {
+    double s_time = 0;
+    StashShape found = climb(start, s_time);
+    if (s_time < best_s) {
+      best = std::move(found);
+      best_s = s_time;
     }
-  }
+  };
+  for (const StashShape& start : starts) consider(start);
+  PIPELINE_CHECK(std::isfinite(best_s), "no 1F1B-stash shape without deadlock was found for "
+                 "stages on ranks {}", spec.stage_ranks);
+  StashShape delayed = best;
+  for (std::size_t s = 0; s < stages; ++s)
+    delayed.delaying[s] = std::min(replicas[s] - 1, delay_limit[s]);
+  if (delayed.delaying != best.delaying) consider(lowered(delayed));
   return best;
 }
 

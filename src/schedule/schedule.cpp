@@ -4,6 +4,8 @@
 #include <array>
 #include <charconv>
 #include <limits>
+#include <algorithm>
+#include <map>
 
 namespace pipeline {
 namespace {
@@ -25,6 +27,33 @@ bool parse_int(std::string_view s, std::size_t& pos, std::int32_t& out) {
 }
 
 }  // namespace
+
+std::vector<std::int32_t> closing_backwards(const std::vector<Action>& actions, UpdatePolicy policy,
+                                            int microbatches) {
+  std::vector<std::int32_t> out(actions.size(), -1);
+  // Per stage: backwards seen, and the round under way with its last backward so far. Every
+  // schedule runs a stage's rounds in order, so a round is over when the next one starts.
+  struct Open {
+    std::int32_t backwards = 0;
+    std::int32_t round = -1;
+    std::size_t last = 0;
+  };
+  std::map<int, Open> open;
+  for (std::size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    if (a.kind != ActionKind::Backward && a.kind != ActionKind::BackwardWeight) continue;
+    Open& o = open[a.stage];
+    const std::int32_t round =
+        policy == UpdatePolicy::Stash ? o.backwards : a.microbatch / std::max(microbatches, 1);
+    ++o.backwards;
+    if (round != o.round && o.round >= 0) out[o.last] = o.round;
+    o.round = round;
+    o.last = i;
+  }
+  for (auto& [stage, o] : open)
+    if (o.round >= 0) out[o.last] = o.round;
+  return out;
+}
 
 std::string_view action_code(ActionKind kind) {
   return kCodes[static_cast<std::size_t>(kind)];

@@ -185,10 +185,7 @@ TEST_CASE("1f1b-stash on one GPU equals the weight-history reference") {
   spec.minibatches = minibatches;
   const Schedule s = generate_schedule("1f1b-stash", spec);
   StashReference ref{model, kSeed, kLr, make_sgd, minibatch, stages, {}, {}, false};
-  for (int j = 0; j < 3; ++j) {
-    ref.replicas.push_back(1);
-    ref.warmup.push_back(pipeline::testing::schedule_warmup(s, j));
-  }
+  ref.follow(s);
   const ModelParams want = ref.run(minibatches);  // on the CPU: fp32 rounding apart
   RankParams out;
   run_on_gpu(model, PipelineLayout{stages, ranks}, s, out);

@@ -135,10 +135,7 @@ TEST_CASE("1f1b-stash over MPI equals the weight-stashing reference") {
     spec.vertical_sync = c.vsync;
     Schedule s = generate_schedule("1f1b-stash", spec);
     testing::StashReference ref{m, kSeed, kLr, make_sgd, minibatch, layout.stages, {}, {}, c.vsync};
-    for (int j = 0; j < layout.num_stages(); ++j) {
-      ref.replicas.push_back(static_cast<int>(layout.stage_ranks[j].size()));
-      ref.warmup.push_back(testing::schedule_warmup(s, layout.stage_ranks[j].front()));
-    }
+    ref.follow(s);
     const ModelParams want = ref.run(minibatches);
     StageExecutor ex(m, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
                      {.seed = kSeed});

@@ -24,7 +24,7 @@ namespace pipeline::testing {
 // optimizer steps). Stage j with r_j replicas runs minibatch u on replica u % r_j as the m-th
 // (m = u / r_j) minibatch of that replica; 1F1B admits w_j forwards before the first backward and
 // then alternates, so the forward of the m-th minibatch comes after max(0, m - w_j) steps of the
-// stage. The forward and the backward of u both use that version (stashing). With vertical sync
+// stage, or max(0, m - w_j - 1) on a replica that steps only after its next backward (delaying). The forward and the backward of u both use that version (stashing). With vertical sync
 // every stage uses instead the version whose absorbed-minibatch count (tag = steps · r_j) is the
 // newest not above the input stage's tag for u. Step k of stage j applies the mean gradient of
 // minibatches [k r_j, (k + 1) r_j), each computed with the versions above.
@@ -38,14 +38,28 @@ struct StashReference {
   std::vector<int> replicas;
   std::vector<int> warmup;
   bool vertical_sync = false;
+  // Per stage, how many of its first replicas step only after their next backward (empty: none).
+  std::vector<int> delaying;
+
+  // The steps stage j has taken at the forward of minibatch u.
+  int own_version(int j, int u) const {
+    const int r = replicas[static_cast<std::size_t>(j)];
+    const bool delays = static_cast<std::size_t>(j) < delaying.size() &&
+                        u % r < delaying[static_cast<std::size_t>(j)];
+    return std::max(0, u / r - warmup[static_cast<std::size_t>(j)] - (delays ? 1 : 0));
+  }
 
   // The step count of stage j whose weights minibatch u uses.
   int version(int j, int u) const {
-    const int own = std::max(0, u / replicas[j] - warmup[j]);
+    const int own = own_version(j, u);
     if (!vertical_sync) return own;
-    const int input_tag = replicas[0] * std::max(0, u / replicas[0] - warmup[0]);
-    return std::min(own, input_tag / replicas[j]);
+    const int input_tag = replicas[0] * own_version(0, u);
+    return std::min(own, input_tag / replicas[static_cast<std::size_t>(j)]);
   }
+
+  // Replicas, warm-ups and delays as `s` runs them (its own lists, read independently of the
+  // executor).
+  void follow(const Schedule& s);
 
   ModelParams run(int minibatches) const {
     const int p = static_cast<int>(stages.size());
@@ -125,6 +139,33 @@ inline int schedule_warmup(const Schedule& s, int rank) {
     if (a.kind == ActionKind::Forward) ++forwards;
   }
   return std::max(0, forwards - 1);
+}
+
+// Whether `rank` steps only after its next backward: a second backward before its first step.
+inline bool schedule_delays(const Schedule& s, int rank) {
+  int backwards = 0;
+  for (const Action& a : s.ranks[static_cast<std::size_t>(rank)]) {
+    if (a.kind == ActionKind::Step) return false;
+    if (a.kind == ActionKind::Backward && ++backwards == 2) return true;
+  }
+  return false;
+}
+
+inline void StashReference::follow(const Schedule& s) {
+  replicas.clear();
+  warmup.clear();
+  delaying.clear();
+  for (const auto& ranks : s.stage_ranks) {
+    replicas.push_back(static_cast<int>(ranks.size()));
+    warmup.push_back(schedule_warmup(s, ranks.front()));
+    int d = 0;
+    while (d < static_cast<int>(ranks.size()) && schedule_delays(s, ranks[static_cast<std::size_t>(d)]))
+      ++d;
+    for (std::size_t i = static_cast<std::size_t>(d); i < ranks.size(); ++i)
+      PIPELINE_CHECK(!schedule_delays(s, ranks[i]),
+                     "reference: replica {} of a stage delays its steps but replica {} does not", i, d);
+    delaying.push_back(d);
+  }
 }
 
 }  // namespace pipeline::testing

@@ -181,10 +181,7 @@ TEST_CASE("bucketed allreduce: every schedule kind gives bitwise the weights of 
       if (name == "1f1b-stash") {
         pipeline::testing::StashReference ref{model,    kSeed, kLr, make_sgd, minibatch,
                                               c.stages, {},    {},  false};
-        for (std::size_t j = 0; j < c.stages.size(); ++j) {
-          ref.replicas.push_back(static_cast<int>(c.ranks[j].size()));
-          ref.warmup.push_back(pipeline::testing::schedule_warmup(s, c.ranks[j].front()));
-        }
+        ref.follow(s);
         const ModelParams want = ref.run(spec.minibatches);
         for (std::size_t r = 0; r < one.size(); ++r)
           CHECK(max_rel_diff(one[r].params, want, one[r].layers) <= 1e-5);

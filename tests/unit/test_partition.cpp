@@ -477,3 +477,34 @@ TEST_CASE("coarsened antichain states: ideals, subset order, series cuts and pre
   CHECK(coarsened > 150);
   CHECK(with_prefixes > 20);
 }
+
+TEST_CASE("replicated plans hold the minibatches their schedule needs, where memory allows") {
+  // 1-2-1 on 4 workers: PipeDream's counts 4, 2, 1, and as the runtime schedules replicas one
+  // more at the input stage (the wait for the replicas, stash_in_flights) and at the replicated
+  // stage, whose replicas may also delay their allreduces: a second gradient set and one more
+  // weight version each.
+  const Profile p = testing::uniform_profile(6, 0.001, 0.002, 100, 1000);
+  const Topology roomy{{{4, 1e10}}, {}};
+  const Plan plan = evaluate_stages(p, roomy, parse_manual_stages("0:2,2:4x2,4:6"));
+  REQUIRE(plan.config == "1-2-1");
+  CHECK(stash_in_flights(4, {1, 2, 1}) == std::vector<int>{5, 3, 1});
+  CHECK(plan.in_flight == 5);
+  CHECK(plan.stages[0].in_flight == 5);
+  CHECK(plan.stages[1].in_flight == 3);
+  CHECK(plan.stages[2].in_flight == 1);
+  CHECK(plan.stages[1].delay_allreduce);
+  // Where the deeper counts do not fit, a stage keeps PipeDream's (and its replicas do not
+  // delay); every stage stays within the memory.
+  const double tight = plan.stages[0].memory_bytes - 1;
+  const Plan kept = evaluate_stages(p, Topology{{{4, 1e10}}, tight}, parse_manual_stages("0:2,2:4x2,4:6"));
+  CHECK(kept.in_flight == 4);
+  const std::vector<int> pipedream = {4, 2, 1};
+  for (std::size_t s = 0; s < 3; ++s) {
+    CAPTURE(s);
+    CHECK(kept.stages[s].memory_bytes <= tight);
+    const bool deeper = kept.stages[s].in_flight == plan.stages[s].in_flight;
+    CHECK((deeper || kept.stages[s].in_flight == pipedream[s]));
+    if (!deeper) CHECK(kept.stages[s].memory_bytes < plan.stages[s].memory_bytes);
+    if (kept.stages[s].replicas > 1) CHECK(kept.stages[s].delay_allreduce == deeper);
+  }
+}

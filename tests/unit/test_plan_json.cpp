@@ -15,7 +15,8 @@ namespace {
 
 const char* kPlan = R"({"format": "pipeline.plan/1", "model": "mlp", "workers": 3,
   "schedule": "1f1b-flush", "in_flight": 2, "config": "2-1", "optimizer": "adamw",
-  "stages": [{"layers": [0, 2], "replicas": 2, "ranks": [0, 1]},
+  "stages": [{"layers": [0, 2], "replicas": 2, "ranks": [0, 1], "in_flight": 3,
+              "delay_allreduce": false},
              {"layers": [2, 5], "replicas": 1, "ranks": [2]}],
   "predicted": {"time_per_minibatch_s": 0.02, "peak_memory_bytes": [100, 100, 5000000000]}})";
 
@@ -49,6 +50,13 @@ TEST_CASE("plan.json round trip") {
   CHECK(q.stages[1].end == 5);
   CHECK(q.predicted.peak_memory_bytes == p.predicted.peak_memory_bytes);
   CHECK(q.optimizer == "adamw");
+  // Per stage: the minibatches held and whether the replicas may delay their allreduces.
+  CHECK(q.stages[0].in_flight == 3);
+  CHECK(!q.stages[0].delay_allreduce);
+  CHECK(q.stages[1].in_flight == 0);
+  CHECK(q.stages[1].delay_allreduce);
+  CHECK(!plan_to_json(q)["stages"][1].contains("in_flight"));
+  CHECK(!plan_to_json(q)["stages"][1].contains("delay_allreduce"));
   // A plan that names no optimizer stays without one.
   Plan r = p;
   r.optimizer.clear();
@@ -64,6 +72,10 @@ TEST_CASE("integer fields of plan.json take only integers in range") {
   CHECK(mentions(error_of([](auto& j) { j["stages"][0]["layers"] = {0, 2.5}; }), "\"layers\""));
   CHECK(mentions(error_of([](auto& j) { j["stages"][0]["ranks"] = {0, -1e30}; }), "\"ranks\""));
   CHECK(mentions(error_of([](auto& j) { j["stages"][1]["replicas"] = true; }), "\"replicas\""));
+  CHECK(mentions(error_of([](auto& j) { j["stages"][0]["in_flight"] = 0; }), "\"in_flight\""));
+  CHECK(mentions(error_of([](auto& j) { j["stages"][0]["in_flight"] = 1.5; }), "\"in_flight\""));
+  CHECK(mentions(error_of([](auto& j) { j["stages"][0]["delay_allreduce"] = 1; }),
+                 "\"delay_allreduce\""));
   CHECK(mentions(error_of([](auto& j) { j["predicted"]["peak_memory_bytes"] = {1e91}; }),
                  "\"peak_memory_bytes\""));
   CHECK(mentions(error_of([](auto& j) { j["predicted"]["peak_memory_bytes"] = {-1}; }),

@@ -3,6 +3,7 @@
 // uneven configurations that used to deadlock (4-2-3-3-2-1-1, 9-1-2-1-1-1-1) run, and every plan
 // the partitioner emits for PipeDream's published profiles schedules, validates and simulates.
 #include <pipeline/core/rng.hpp>
+#include <pipeline/plan/cost_model.hpp>
 #include <pipeline/plan/partition.hpp>
 #include <pipeline/profile/pipedream_graph.hpp>
 #include <pipeline/schedule/generator.hpp>
@@ -265,7 +266,7 @@ TEST_CASE("PipeDream's uneven replica counts run, faster than without warm-up") 
     const Topology fast{{{topology.workers(), 1e13}}, {}};
     const double found = simulate(s, profile, plan, fast).samples_per_s;
     const double none =
-        simulate(detail::stash_schedule_with(spec, std::vector<int>(plan.stages.size(), 0)),
+        simulate(detail::stash_schedule_with(spec, {std::vector<int>(plan.stages.size(), 0), {}}),
                  profile, plan, fast)
             .samples_per_s;
     MESSAGE(std::string(e.model), " ", std::string(e.config), ": ", found,
@@ -318,4 +319,105 @@ TEST_CASE("every plan of PipeDream's profiles schedules, validates and simulates
   }
   MESSAGE(plans, " plans, ", schedules, " schedules");
   CHECK(plans >= 40);
+}
+
+TEST_CASE("1f1b-stash on balanced replicated plans runs at the planner's period") {
+  // A balanced plan (every stage 3 ms per minibatch over its replicas, free links) has the
+  // planner's period of 3 ms per minibatch. Round-robin dealing staggers a stage's replicas by
+  // one period, so replicas that wait for each allreduce right after their backward idle until
+  // the last one's (a 1-2-3 plan: 4 ms); replicas that wait after their next backward, with the
+  // depths of stash_in_flights, do not. Simulated with the runtime's overlapped allreduce.
+  SimulateOptions overlapped;
+  overlapped.overlap_allreduce = true;
+  for (const auto& stages : std::vector<std::vector<std::pair<int, int>>>{
+           {{1, 1}, {2, 2}, {1, 1}},
+           {{1, 1}, {2, 2}, {2, 2}, {1, 1}},
+           {{2, 2}, {1, 1}},
+           {{1, 1}, {2, 2}},
+           {{1, 1}, {3, 3}, {2, 2}},
+           {{1, 1}, {2, 2}, {3, 3}},
+           {{2, 2}, {3, 3}, {1, 1}}}) {
+    Plan plan = testing::make_plan(stages);
+    int layers = 0;
+    std::vector<int> config;
+    for (auto [n, r] : stages) {
+      layers += n;
+      config.push_back(r);
+    }
+    const std::vector<int> flights = stash_in_flights(plan.workers, config);
+    plan.in_flight = flights.front();
+    CAPTURE(fmt::format("{}", fmt::join(config, "-")));
+    const Profile balanced = testing::uniform_profile(layers);
+    const ScheduleSpec spec = ScheduleSpec::from_plan(plan, 1, replica_lcm(plan) * 24);
+    const Schedule s = generate_schedule("1f1b-stash", spec);
+    CHECK(validation_error(s) == "");
+    const Simulation sim = simulate(s, balanced, plan, {}, overlapped);
+    detail::StashShape shape = detail::replicated_stash_shape(spec);
+    const std::vector<int> delaying = shape.delaying;
+    shape.delaying.assign(shape.delaying.size(), 0);
+    const double undelayed =
+        simulate(detail::stash_schedule_with(spec, shape), balanced, plan, {}, overlapped)
+            .time_per_minibatch_s;
+    MESSAGE(fmt::format("{}: {:.3f} ms per minibatch (delaying {}), {:.3f} without delays",
+                        fmt::join(config, "-"), sim.time_per_minibatch_s * 1e3,
+                        fmt::join(delaying, ","), undelayed * 1e3));
+    CHECK(sim.time_per_minibatch_s < 3e-3 * 1.01);
+    // Every replica holds at most the minibatches its stage's in-flight count allows.
+    for (const RankSimulation& r : sim.ranks)
+      CHECK(r.peak_activations <= flights[static_cast<std::size_t>(r.stage)]);
+  }
+  // Without the delays the 1-2-3 plan is a third slower.
+  const Plan plan123 = testing::make_plan({{1, 1}, {2, 2}, {3, 3}});
+  const ScheduleSpec spec = ScheduleSpec::from_plan(plan123, 1, 6 * 24);
+  detail::StashShape shape = detail::replicated_stash_shape(spec);
+  CHECK(shape.delaying[1] + shape.delaying[2] > 0);
+  shape.delaying.assign(3, 0);
+  CHECK(simulate(detail::stash_schedule_with(spec, shape), testing::uniform_profile(6), plan123, {},
+                 overlapped)
+            .time_per_minibatch_s > 1.2 * 3e-3);
+  // A plan that takes no delays gets none.
+  ScheduleSpec no_delay = spec;
+  no_delay.stage_may_delay = {1, 0, 0};
+  const detail::StashShape kept = detail::replicated_stash_shape(no_delay);
+  CHECK(kept.delaying == std::vector<int>{0, 0, 0});
+}
+
+TEST_CASE("1f1b-stash on random balanced replicated plans: near the planner's period") {
+  Rng rng(41, "balanced-replicated");
+  SimulateOptions overlapped;
+  overlapped.overlap_allreduce = true;
+  double sum = 0;
+  int plans = 0, at_rate = 0;
+  while (plans < 40) {
+    const int workers = 2 + static_cast<int>(rng.below(11));
+    std::vector<std::pair<int, int>> stages;
+    std::vector<int> config;
+    for (int left = workers; left > 0;) {
+      const int r = 1 + static_cast<int>(rng.below(static_cast<std::uint64_t>(std::min(left, 4))));
+      stages.push_back({r, r});
+      config.push_back(r);
+      left -= r;
+    }
+    if (stages.size() < 2 || std::all_of(config.begin(), config.end(), [](int r) { return r == 1; }))
+      continue;
+    Plan plan = testing::make_plan(stages);
+    if (replica_lcm(plan) > 12) continue;
+    plan.in_flight = stash_in_flights(plan.workers, config).front();
+    const ScheduleSpec spec =
+        ScheduleSpec::from_plan(plan, 1, replica_lcm(plan) * ((8 * workers + 11) / replica_lcm(plan)));
+    const double ratio = simulate(generate_schedule("1f1b-stash", spec),
+                                  testing::uniform_profile(plan.stages.back().end), plan, {},
+                                  overlapped)
+                             .time_per_minibatch_s /
+                         3e-3;
+    CAPTURE(fmt::format("{}", fmt::join(config, "-")));
+    CHECK(ratio < 1.35);
+    sum += ratio;
+    at_rate += ratio < 1.02;
+    ++plans;
+  }
+  MESSAGE(plans, " plans: mean period ", sum / plans, " of the planner's, ", at_rate,
+          " at its rate");
+  CHECK(sum / plans < 1.03);
+  CHECK(at_rate >= 30);
 }

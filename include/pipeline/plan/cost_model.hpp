@@ -24,6 +24,7 @@
 
 #include <cmath>
 #include <string_view>
+#include <vector>
 
 namespace pipeline {
 
@@ -51,6 +52,28 @@ inline double transfer_time(double boundary_bytes, int replicas, double bandwidt
 inline int in_flight(int workers, int ranks_before, int replicas) {
   int warmup = (workers - 1 - ranks_before) / replicas;
   return (warmup < 0 ? 0 : warmup) + 1;
+}
+
+// Minibatches in flight at each stage of a pipeline with replicated stages (`replicas` per
+// stage) under 1F1B-stash as the runtime schedules it: PipeDream's count plus, for every stage
+// with replicas from this one on (this one included unless it is the last), its replicas - 1.
+// Round-robin dealing makes a minibatch wait up to r - 1 periods for its replica of a stage of
+// r, and those waits add up along the pipeline, so a stage must hold that many more to keep it
+// full: a balanced 1-2-1 plan runs at 2/3 of its rate with PipeDream's count and at its rate
+// with one more minibatch at the input stage.
+inline std::vector<int> stash_in_flights(int workers, const std::vector<int>& replicas) {
+  std::vector<int> out(replicas.size());
+  int before = 0;
+  for (std::size_t s = 0; s < replicas.size(); ++s) {
+    out[s] = in_flight(workers, before, replicas[s]);
+    before += replicas[s];
+  }
+  int waits = 0;  // replicas - 1 summed over the stages after s
+  for (std::size_t s = replicas.size(); s-- > 0;) {
+    out[s] += waits + (s + 1 < replicas.size() ? replicas[s] - 1 : 0);
+    waits += replicas[s] - 1;
+  }
+  return out;
 }
 
 // Bytes per worker of a stage under 1F1B-stash (Pipeline cost model): the working weights, their

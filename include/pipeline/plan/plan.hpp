@@ -25,6 +25,14 @@ struct PlanStage {
   // Activation recomputation: the stage keeps only its input per in-flight microbatch and runs
   // its forward again during backward (plan.json "recompute": true; absent means false).
   bool recompute = false;
+  // Minibatches a replica of the stage holds at once under 1F1B-stash, which its memory estimate
+  // charges and the schedule keeps to (plan.json "in_flight"; 0 when absent: the schedule's
+  // default, stash_in_flight of the stage).
+  int in_flight = 0;
+  // Whether the stage's replicas may wait for an allreduce only after their next backward, which
+  // takes a second gradient set and one more weight version per replica (plan.json
+  // "delay_allreduce": false where the memory estimate could not take them; absent means true).
+  bool delay_allreduce = true;
   // The worker type the stage runs on, for a plan over a mixed cluster (Topology::types;
   // plan.json "device": "h100", absent for a plan over one kind of worker). Its replicas are all
   // of that type, and the simulator times the stage from that type's profile.

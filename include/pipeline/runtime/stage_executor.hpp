@@ -293,7 +293,15 @@ class StageExecutor {
   void do_allreduce(Run& run, const Action& a);
   // Gradient buckets: start bucket `b`'s allreduce; test those in flight; after layer `layer`
   // (model index) of a backward that closes the minibatch, start the buckets it completes.
-  void start_bucket(Run& run, std::size_t b);
+  void start_bucket(Run& run, const ModelGrads& grads, std::size_t b);
+  // A second gradient set for a backward of the next round before the AR of the round in flight
+  // (Run::sealed): whether the action under way starts its round's buckets, the sealing of the
+  // round in flight before a backward writes gradients, the closing of a round after its last
+  // backward, and the set the AR and step of the round in flight use.
+  bool starts_buckets(const Run& run) const;
+  void seal_round_in_flight(Run& run);
+  void note_closed(Run& run);
+  ModelGrads& round_grads(Run& run);
   void progress_allreduce(Run& run);
   void after_layer_backward(Run& run, int layer, bool closes);
   double trace_now() const;

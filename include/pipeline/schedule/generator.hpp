@@ -28,6 +28,12 @@ struct ScheduleSpec {
   // backward (PipeDream's NOAM); 0 picks NOAM = ceil(workers / replicas of the input stage),
   // i.e. one warm-up of (workers - 1 - ranks before s) / replicas(s) forwards per stage.
   int in_flight = 0;
+  // Stash schedules: per stage, the most minibatches a replica holds (PlanStage::in_flight: what
+  // the plan's memory estimate charges); empty or 0 for a stage: stash_in_flight of the stage.
+  std::vector<int> stage_in_flight;
+  // Stash schedules: per stage, whether its replicas may delay their allreduces (StashShape;
+  // PlanStage::delay_allreduce); empty: all may.
+  std::vector<char> stage_may_delay;
   bool vertical_sync = false;
   // stage -> the replica of each of the run's microbatches (Schedule::dealing; dealing.hpp
   // deals them by the replicas' speed). Empty: round-robin. Flush schedules (gpipe, 1f1b-flush,
@@ -84,16 +90,31 @@ namespace detail {
 // (workers - 1 - ranks before the stage) / replicas, i.e. p - 1 - s for a straight pipeline.
 int one_f_one_b_warmup(const ScheduleSpec& spec, int stage);
 // Warm-up depth of every stage under 1F1B-stash before any deadlock check: PipeDream's depth,
-// capped by spec.in_flight - 1 on every stage (non-increasing along the pipeline).
+// capped by spec.in_flight - 1 on every stage and by the stage's own stage_in_flight - 1, and
+// non-increasing along the pipeline.
 std::vector<int> stash_warmups(const ScheduleSpec& spec);
-// Warm-up depths for 1F1B-stash on a pipeline with replicated stages, chosen by simulation (see
-// generator.cpp): every depth vector returned runs without deadlock on a run of a few rounds.
-std::vector<int> replicated_stash_warmups(const ScheduleSpec& spec);
-// Lowers `warmups` (the deepest among the stages of each deadlock found) until `sched`, the
-// 1F1B-stash schedule for them, validates; `sched` is regenerated as they change.
-void lower_until_valid(const ScheduleSpec& spec, std::vector<int>& warmups, Schedule& sched);
-// 1F1B-stash with the given warm-up depth per stage (one_f_one_b_stash_schedule picks them).
-Schedule stash_schedule_with(const ScheduleSpec& spec, const std::vector<int>& warmups);
+// The shape of a 1F1B-stash schedule per stage: its warm-up depth, and how many of its replicas
+// (the first ones of the round-robin) wait for each allreduce and step only after their next
+// backward. Round-robin dealing staggers a stage's replicas by one period of the stage before
+// them, so a replica that waited right after its backward would idle until the last replica's
+// backward of the round; a delaying replica computes meanwhile (its next backward's gradients go
+// to a second buffer, and the forward in between uses the weights before the step).
+struct StashShape {
+  std::vector<int> warmups;
+  std::vector<int> delaying;  // per stage, 0..replicas; empty: none
+};
+// The deepest warm-up the stash search gives each stage: its in-flight count less one
+// (ScheduleSpec::stage_in_flight, or stash_in_flight), the input stage's within in_flight.
+std::vector<int> stash_depth_limits(const ScheduleSpec& spec);
+// Shapes for 1F1B-stash on a pipeline with replicated stages, chosen by simulation (see
+// generator.cpp): every shape returned runs without deadlock on a run of a few rounds.
+StashShape replicated_stash_shape(const ScheduleSpec& spec);
+// Lowers the shape until `sched`, the 1F1B-stash schedule for it, validates: on a deadlock the
+// delays of the stages involved go first, then the deepest warm-up among them; `sched` is
+// regenerated as the shape changes.
+void lower_until_valid(const ScheduleSpec& spec, StashShape& shape, Schedule& sched);
+// 1F1B-stash of the given shape (one_f_one_b_stash_schedule picks it).
+Schedule stash_schedule_with(const ScheduleSpec& spec, const StashShape& shape);
 // Whether 1F1B-flush and ZB-H1 search their warm-up depths: on replicated stages dealt
 // round-robin.
 bool searches_flush_warmups(const ScheduleSpec& spec);

@@ -17,7 +17,12 @@
 //    on its own send;
 //  - a receive is posted ahead of time and the Recv action is the wait for its completion, so
 //    transfers overlap with whatever the rank computes meanwhile;
-//  - AllReduce number k is the k-th allreduce of the stage, a collective over all its replicas;
+//  - AllReduce number k is the k-th allreduce of the stage, a collective over all its replicas,
+//    of the gradients of round k: minibatch k under Flush and DoubleBuffered, the replica's
+//    (k+1)-th backward under Stash. A replica's gradients of round k are complete after its last
+//    backward of the round (closing_backwards), where the runtime starts their allreduce; the AR
+//    action waits for it, and may come after backwards of later rounds (their gradients go to a
+//    second buffer), so that replicas staggered by the round-robin dealing need not meet;
 //  - Step number k is the k-th optimizer step of the stage. Under UpdatePolicy::Flush the step
 //    closes minibatch k (gradients accumulated over its microbatches); under
 //    UpdatePolicy::Stash a step follows every backward and each in-flight microbatch keeps the
@@ -144,6 +149,12 @@ struct Schedule {
     return n;
   }
 };
+
+// For each action of one rank's list, the allreduce round whose gradients it completes on its
+// stage (the last backward — B, or W of a split backward — of the round, see AllReduce above), or
+// -1. `microbatches` is the schedule's count per minibatch.
+std::vector<std::int32_t> closing_backwards(const std::vector<Action>& actions, UpdatePolicy policy,
+                                            int microbatches);
 
 // One action as a token (`0F3`, `0SA3@1`) and back. parse_action throws ConfigError naming the
 // token and what is wrong with it.
