@@ -347,7 +347,12 @@ TEST_CASE("1f1b-stash equals the sequential reference of weight stashing") {
       {{{0, 3}, {3, 6}}, {{0, 1}, {2}}, false},  // replicated input stage
       {{{0, 3}, {3, 6}}, {{0, 1}, {2}}, true},
       {{{0, 3}, {3, 6}}, {{0}, {1, 2}}, false},  // replicated last stage
+      // A replicated middle stage, whose first replica waits for each allreduce after its next
+      // backward (a second gradient set, one more weight version).
+      {{{0, 2}, {2, 4}, {4, 6}}, {{0}, {1, 2}, {3}}, false},
+      {{{0, 2}, {2, 4}, {4, 6}}, {{0}, {1, 2}, {3}}, true},
   };
+  int delayed = 0;
   for (const auto& c : cases) {
     ScheduleSpec spec;
     spec.stage_ranks = c.ranks;
@@ -356,6 +361,7 @@ TEST_CASE("1f1b-stash equals the sequential reference of weight stashing") {
     Schedule s = generate_schedule("1f1b-stash", spec);
     StashReference ref{model, kSeed, kLr, make_sgd, minibatch, c.stages, {}, {}, c.vsync};
     ref.follow(s);
+    for (int d : ref.delaying) delayed += d;
     // The closed form of the reference matches the generated order (without vertical sync the
     // version is the steps taken before the forward).
     for (int j = 0; j < static_cast<int>(c.stages.size()); ++j)
@@ -374,6 +380,7 @@ TEST_CASE("1f1b-stash equals the sequential reference of weight stashing") {
     for (int j = 0; j < minibatches; ++j) seq.step(minibatch(j), kLr);
     CHECK(max_rel_diff(out.params[0], seq.params(), out.ranges[0]) > 1e-4);
   }
+  CHECK(delayed > 0);
 }
 
 TEST_CASE("1f1b-stash keeps at most the schedule's bound of stashes and versions") {
