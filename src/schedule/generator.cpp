@@ -574,8 +574,9 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
   // on each other across uneven replica counts (its 4-2-3-3-2-1-1 deadlocks) or leave stages
   // starved. The shape is searched instead: a hill climb over one-step changes of a stage's
   // depth or delaying replicas that minimises the balanced pipeline's makespan
-  // (balanced_makespan) on a run of a few rounds per worker, from several starts without
-  // delays, then from the best of them with every replica but the last delaying. Depths stay
+  // (balanced_makespan) on a run of a few rounds per worker, from the two most promising of
+  // several starts without delays, then from the best shape found with every replica but the
+  // last delaying. Depths stay
   // within a straight pipeline's (workers after the stage), the input stage's within in_flight.
   ScheduleSpec probe = spec;
   int lcm = 1;
@@ -646,7 +647,16 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
       best_s = s_time;
     }
   };
-  for (const StashShape& start : starts) consider(start);
+  // The climbs take most of the time: only from the two distinct starts that run fastest.
+  std::vector<std::pair<double, std::size_t>> promise;
+  for (std::size_t i = 0; i < starts.size(); ++i) {
+    bool seen = false;
+    for (std::size_t j = 0; j < i; ++j) seen = seen || starts[j].warmups == starts[i].warmups;
+    if (!seen) promise.push_back({balanced_makespan(probe, stash_schedule_with(probe, starts[i])), i});
+  }
+  std::sort(promise.begin(), promise.end());
+  for (std::size_t k = 0; k < std::min<std::size_t>(2, promise.size()); ++k)
+    if (std::isfinite(promise[k].first)) consider(starts[promise[k].second]);
   PIPELINE_CHECK(std::isfinite(best_s), "no 1F1B-stash shape without deadlock was found for "
                  "stages on ranks {}", spec.stage_ranks);
   StashShape delayed = best;
