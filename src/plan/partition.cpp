@@ -571,8 +571,12 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     const double B = t.levels[static_cast<std::size_t>(lvl)].bandwidth_bytes_per_s;
     const double par = diff(g.parameter_bytes, fs.s, fs.e), act = g.stage_activation_bytes(fs.s, fs.e);
     const double input = fs.s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(fs.s)];
-    auto stash_at = [&](int f) { return stage_memory_bytes(par, act, f, o.optimizer_state_factor, input); };
-    auto recompute_at = [&](int f) { return recompute_stage_memory_bytes(par, act, input, f, o.optimizer_state_factor); };
+    auto stash_at = [&](int f) {
+      return stage_memory_bytes(par, act, f, o.optimizer_state_factor, input);
+    };
+    auto recompute_at = [&](int f) {
+      return recompute_stage_memory_bytes(par, act, input, f, o.optimizer_state_factor);
+    };
     int flight = in_flight(N, lo, r);
     double delay_bytes = 0;
     if (!pd) {
@@ -635,9 +639,10 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     plan.config.append(std::to_string(r));
     plan.stages.push_back(std::move(ps));
   }
-  plan.in_flight = plan.stages.empty()              ? 1
-                   : plan.stages.front().in_flight > 0 ? plan.stages.front().in_flight
-                                                       : in_flight(N, 0, plan.stages.front().replicas);
+  plan.in_flight = plan.stages.empty() ? 1
+                   : plan.stages.front().in_flight > 0
+                       ? plan.stages.front().in_flight
+                       : in_flight(N, 0, plan.stages.front().replicas);
   plan.predicted.peak_memory_bytes.assign(static_cast<std::size_t>(N), 0);
   for (const PlanStage& ps : plan.stages)
     for (int rk : ps.ranks) plan.predicted.peak_memory_bytes[static_cast<std::size_t>(rk)] = static_cast<std::int64_t>(ps.memory_bytes);

@@ -731,8 +731,8 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
 }
 
 bool StageExecutor::starts_buckets(const Run& run) const {
-  return m_options.overlap_allreduce && run.in_flight_round < 0 &&
-         !run.closes_gradients.empty() && run.closes_gradients[run.current] >= 0;
+  return m_options.overlap_allreduce && run.in_flight_round < 0 && !run.closes_gradients.empty() &&
+         run.closes_gradients[run.current] >= 0;
 }
 
 void StageExecutor::seal_round_in_flight(Run& run) {
@@ -745,8 +745,8 @@ void StageExecutor::seal_round_in_flight(Run& run) {
     return;
   }
   run.sealed = std::move(m_grads);
-  m_grads = run.spare.empty() ? m_model->zero_grads(layers(), m_options.device)
-                              : std::move(run.spare);
+  m_grads =
+      run.spare.empty() ? m_model->zero_grads(layers(), m_options.device) : std::move(run.spare);
   run.spare.clear();
 }
 

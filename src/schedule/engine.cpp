@@ -142,9 +142,9 @@ class Engine {
     for (int st = 0; st < s.num_stages(); ++st)
       for (int r : s.stage_ranks[st]) m_ranks[r].slots.push_back({st, 0, 0, {}});
     // Where overlapped allreduces start: the closing backwards (as the executor's).
-    const bool overlap = costs != nullptr &&
-                         std::any_of(costs->stages.begin(), costs->stages.end(),
-                                     [](const StageCosts& c) { return !c.bucket_s.empty(); });
+    const bool overlap =
+        costs != nullptr && std::any_of(costs->stages.begin(), costs->stages.end(),
+                                        [](const StageCosts& c) { return !c.bucket_s.empty(); });
     for (std::size_t r = 0; overlap && r < s.ranks.size(); ++r)
       m_ranks[r].closes = closing_backwards(s.ranks[r], s.policy, s.microbatches);
     // Only schedules without flushes (stash, 2BW) have a steady-state period, measured over the

@@ -652,13 +652,15 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
   for (std::size_t i = 0; i < starts.size(); ++i) {
     bool seen = false;
     for (std::size_t j = 0; j < i; ++j) seen = seen || starts[j].warmups == starts[i].warmups;
-    if (!seen) promise.push_back({balanced_makespan(probe, stash_schedule_with(probe, starts[i])), i});
+    if (!seen)
+      promise.push_back({balanced_makespan(probe, stash_schedule_with(probe, starts[i])), i});
   }
   std::sort(promise.begin(), promise.end());
   for (std::size_t k = 0; k < std::min<std::size_t>(2, promise.size()); ++k)
     if (std::isfinite(promise[k].first)) consider(starts[promise[k].second]);
-  PIPELINE_CHECK(std::isfinite(best_s), "no 1F1B-stash shape without deadlock was found for "
-                 "stages on ranks {}", spec.stage_ranks);
+  PIPELINE_CHECK(std::isfinite(best_s),
+                 "no 1F1B-stash shape without deadlock was found for stages on ranks {}",
+                 spec.stage_ranks);
   StashShape delayed = best;
   for (std::size_t s = 0; s < stages; ++s)
     delayed.delaying[s] = std::min(replicas[s] - 1, delay_limit[s]);

@@ -1,10 +1,10 @@
 // Text form of actions: `<stage><code><number>[@<peer>]`.
 #include <pipeline/schedule/schedule.hpp>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <limits>
-#include <algorithm>
 #include <map>
 
 namespace pipeline {

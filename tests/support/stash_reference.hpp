@@ -24,10 +24,11 @@ namespace pipeline::testing {
 // optimizer steps). Stage j with r_j replicas runs minibatch u on replica u % r_j as the m-th
 // (m = u / r_j) minibatch of that replica; 1F1B admits w_j forwards before the first backward and
 // then alternates, so the forward of the m-th minibatch comes after max(0, m - w_j) steps of the
-// stage, or max(0, m - w_j - 1) on a replica that steps only after its next backward (delaying). The forward and the backward of u both use that version (stashing). With vertical sync
-// every stage uses instead the version whose absorbed-minibatch count (tag = steps · r_j) is the
-// newest not above the input stage's tag for u. Step k of stage j applies the mean gradient of
-// minibatches [k r_j, (k + 1) r_j), each computed with the versions above.
+// stage, or max(0, m - w_j - 1) on a replica that steps only after its next backward (delaying).
+// The forward and the backward of u both use that version (stashing). With vertical sync every
+// stage uses instead the version whose absorbed-minibatch count (tag = steps · r_j) is the newest
+// not above the input stage's tag for u. Step k of stage j applies the mean gradient of minibatches
+// [k r_j, (k + 1) r_j), each computed with the versions above.
 struct StashReference {
   const Sequential& model;
   std::uint64_t seed;
@@ -159,11 +160,13 @@ inline void StashReference::follow(const Schedule& s) {
     replicas.push_back(static_cast<int>(ranks.size()));
     warmup.push_back(schedule_warmup(s, ranks.front()));
     int d = 0;
-    while (d < static_cast<int>(ranks.size()) && schedule_delays(s, ranks[static_cast<std::size_t>(d)]))
+    while (d < static_cast<int>(ranks.size()) &&
+           schedule_delays(s, ranks[static_cast<std::size_t>(d)]))
       ++d;
     for (std::size_t i = static_cast<std::size_t>(d); i < ranks.size(); ++i)
       PIPELINE_CHECK(!schedule_delays(s, ranks[i]),
-                     "reference: replica {} of a stage delays its steps but replica {} does not", i, d);
+                     "reference: replica {} of a stage delays its steps but replica {} does not", i,
+                     d);
     delaying.push_back(d);
   }
 }

@@ -496,7 +496,8 @@ TEST_CASE("replicated plans hold the minibatches their schedule needs, where mem
   // Where the deeper counts do not fit, a stage keeps PipeDream's (and its replicas do not
   // delay); every stage stays within the memory.
   const double tight = plan.stages[0].memory_bytes - 1;
-  const Plan kept = evaluate_stages(p, Topology{{{4, 1e10}}, tight}, parse_manual_stages("0:2,2:4x2,4:6"));
+  const Plan kept =
+      evaluate_stages(p, Topology{{{4, 1e10}}, tight}, parse_manual_stages("0:2,2:4x2,4:6"));
   CHECK(kept.in_flight == 4);
   const std::vector<int> pipedream = {4, 2, 1};
   for (std::size_t s = 0; s < 3; ++s) {

@@ -329,14 +329,14 @@ TEST_CASE("1f1b-stash on balanced replicated plans runs at the planner's period"
   // depths of stash_in_flights, do not. Simulated with the runtime's overlapped allreduce.
   SimulateOptions overlapped;
   overlapped.overlap_allreduce = true;
-  for (const auto& stages : std::vector<std::vector<std::pair<int, int>>>{
-           {{1, 1}, {2, 2}, {1, 1}},
-           {{1, 1}, {2, 2}, {2, 2}, {1, 1}},
-           {{2, 2}, {1, 1}},
-           {{1, 1}, {2, 2}},
-           {{1, 1}, {3, 3}, {2, 2}},
-           {{1, 1}, {2, 2}, {3, 3}},
-           {{2, 2}, {3, 3}, {1, 1}}}) {
+  for (const auto& stages :
+       std::vector<std::vector<std::pair<int, int>>>{{{1, 1}, {2, 2}, {1, 1}},
+                                                     {{1, 1}, {2, 2}, {2, 2}, {1, 1}},
+                                                     {{2, 2}, {1, 1}},
+                                                     {{1, 1}, {2, 2}},
+                                                     {{1, 1}, {3, 3}, {2, 2}},
+                                                     {{1, 1}, {2, 2}, {3, 3}},
+                                                     {{2, 2}, {3, 3}, {1, 1}}}) {
     Plan plan = testing::make_plan(stages);
     int layers = 0;
     std::vector<int> config;
@@ -398,18 +398,19 @@ TEST_CASE("1f1b-stash on random balanced replicated plans: near the planner's pe
       config.push_back(r);
       left -= r;
     }
-    if (stages.size() < 2 || std::all_of(config.begin(), config.end(), [](int r) { return r == 1; }))
+    if (stages.size() < 2 ||
+        std::all_of(config.begin(), config.end(), [](int r) { return r == 1; }))
       continue;
     Plan plan = testing::make_plan(stages);
     if (replica_lcm(plan) > 12) continue;
     plan.in_flight = stash_in_flights(plan.workers, config).front();
-    const ScheduleSpec spec =
-        ScheduleSpec::from_plan(plan, 1, replica_lcm(plan) * ((8 * workers + 11) / replica_lcm(plan)));
-    const double ratio = simulate(generate_schedule("1f1b-stash", spec),
-                                  testing::uniform_profile(plan.stages.back().end), plan, {},
-                                  overlapped)
-                             .time_per_minibatch_s /
-                         3e-3;
+    const ScheduleSpec spec = ScheduleSpec::from_plan(
+        plan, 1, replica_lcm(plan) * ((8 * workers + 11) / replica_lcm(plan)));
+    const double ratio =
+        simulate(generate_schedule("1f1b-stash", spec),
+                 testing::uniform_profile(plan.stages.back().end), plan, {}, overlapped)
+            .time_per_minibatch_s /
+        3e-3;
     CAPTURE(fmt::format("{}", fmt::join(config, "-")));
     CHECK(ratio < 1.35);
     sum += ratio;

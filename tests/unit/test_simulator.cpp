@@ -336,7 +336,8 @@ TEST_CASE("the simulator agrees with PipeDream's per-stage cost model in the ste
   for (auto stages : {std::vector<std::pair<int, int>>{{3, 2}, {2, 1}, {2, 1}},
                       std::vector<std::pair<int, int>>{{4, 2}, {1, 1}, {2, 1}}}) {
     Plan plan = make_plan(stages);
-    const Schedule schedule = generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 120));
+    const Schedule schedule =
+        generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 120));
     Simulation sim = simulate(schedule, prof, plan, topo);
     CHECK(sim.time_per_minibatch_s >= pipedream(plan) * (1 - 1e-9));
     CHECK(sim.time_per_minibatch_s < 1.01 * pipedream(plan));
