@@ -525,7 +525,7 @@ void lower_until_valid(const ScheduleSpec& spec, StashShape& shape, Schedule& sc
   auto& warmups = shape.warmups;
   auto& delaying = shape.delaying;
   delaying.resize(warmups.size(), 0);
-  // Without deferrals and warm-ups a microbatch's backward depends on earlier microbatches only,
+  // Without delays and warm-ups a microbatch's backward depends on earlier microbatches only,
   // so this ends with a schedule that runs.
   for (;;) {
     try {
@@ -576,8 +576,7 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
   // depth or delaying replicas that minimises the balanced pipeline's makespan
   // (balanced_makespan) on a run of a few rounds per worker, from the two most promising of
   // several starts without delays, then from the best shape found with every replica but the
-  // last delaying. Depths stay
-  // within a straight pipeline's (workers after the stage), the input stage's within in_flight.
+  // last delaying. Depths stay within the stages' in-flight counts (stash_depth_limits).
   ScheduleSpec probe = spec;
   int lcm = 1;
   for (auto& r : spec.stage_ranks) lcm = std::lcm(lcm, static_cast<int>(r.size()));
