@@ -25,6 +25,20 @@ using namespace pipeline;
 
 namespace {
 
+// Under AddressSanitizer (CI's asan step) the random sweeps run a third of their cases: every
+// code path is still reached, at a tenth of the speed.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
 const std::vector<std::string> kKinds = {"gpipe",      "1f1b-flush",       "zb-h1",
                                          "1f1b-stash", "1f1b-stash-vsync", "2bw"};
 
@@ -114,7 +128,8 @@ std::string check_kind(const Case& c, const std::string& kind, int microbatches)
 TEST_CASE("every schedule kind validates and simulates on random replicated plans") {
   Rng rng(17, "replicated-plans");
   int checked = 0;
-  for (int t = 0; t < 150; ++t) {
+  const int cases = kSanitized ? 50 : 150;
+  for (int t = 0; t < cases; ++t) {
     const Case c = random_case(rng);
     if (replica_lcm(c.plan) > 420) continue;  // stash needs a multiple of every replica count
     std::vector<int> config;
@@ -129,7 +144,7 @@ TEST_CASE("every schedule kind validates and simulates on random replicated plan
     }
   }
   MESSAGE(checked, " schedules checked");
-  CHECK(checked > 400);
+  CHECK(checked > (kSanitized ? 130 : 400));
 }
 
 TEST_CASE("flush schedules follow any dealing of microbatches to replicas; the others refuse one") {
@@ -291,7 +306,7 @@ TEST_CASE("every plan of PipeDream's profiles schedules, validates and simulates
     const bool heavy = model.rfind("nasnet", 0) == 0 || model == "inception_v3";
     const Profile profile = read_pipedream_graph(graph.string());
     std::vector<std::vector<TopologyLevel>> topologies = {{{16, 1e9}}};
-    if (!heavy)
+    if (!heavy && !kSanitized)
       for (auto t : std::vector<std::vector<TopologyLevel>>{
                {{4, 1e10}}, {{8, 1.25e9}}, {{32, 1e9}}, {{4, 1e10}, {4, 1.25e9}}})
         topologies.push_back(t);
@@ -318,7 +333,7 @@ TEST_CASE("every plan of PipeDream's profiles schedules, validates and simulates
       }
   }
   MESSAGE(plans, " plans, ", schedules, " schedules");
-  CHECK(plans >= 40);
+  CHECK(plans >= (kSanitized ? 20 : 40));
 }
 
 TEST_CASE("1f1b-stash on balanced replicated plans runs at the planner's period") {
