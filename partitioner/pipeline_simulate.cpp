@@ -184,8 +184,9 @@ int run(int argc, char** argv) {
   bool overlap_allreduce = false;
   std::int64_t bucket_bytes = std::int64_t{4} << 20;
   app.add_flag("--overlap-allreduce", overlap_allreduce,
-               "replicated stages reduce their gradients in buckets overlapping the last backward, "
-               "as the runtime does (default: one blocking allreduce, the partitioner's model)");
+               "replicated stages reduce their gradients in buckets overlapping their closing "
+               "backward, as the runtime does; replicas that delay their allreduce gain only with "
+               "it (default: one blocking allreduce once all replicas reach it)");
   double reduce_ns_per_byte = 0;
   app.add_option("--allreduce-cpu-ns", reduce_ns_per_byte,
                  "CPU ranks: nanoseconds of a replica's core per byte of a peer's gradients it "
