@@ -71,19 +71,24 @@ struct TypedPartitioner::Impl {
     double memory_bytes = 0;
   };
   // How stage (s..j] runs on r workers of type t with w workers at and after it (partition()'s
-  // rule at level 0: stash if that fits, else recompute where allowed).
-  Mode mode(const TypeData& d, int s, int j, int r, int w) const {
+  // rule at level 0: stash if that fits, else recompute where allowed), holding PipeDream's
+  // count of minibatches, or `flight` (> 0) and, when `delays` and r > 1, the second gradient
+  // set and weight version of replicas that delay their allreduce.
+  Mode mode(const TypeData& d, int s, int j, int r, int w, int flight = 0,
+            bool delays = false) const {
     // The stage keeps part of its received input as its first layer's saved input (the types'
     // profiles share their layers, so the states' kept_input_bytes are every type's).
     const double par = diff(d.parameter, s, j),
                  act = diff(d.activation, s, j) -
                        (s < 0 ? 0.0 : g.kept_input_bytes[static_cast<std::size_t>(s)]);
     const double input = s < 0 ? 0.0 : d.boundary[static_cast<std::size_t>(s)];
-    const int flight = in_flight(w, 0, r);
+    if (flight <= 0) flight = in_flight(w, 0, r);
+    const double delay_bytes = delays && r > 1 ? 2 * par : 0.0;
     const double stash =
-        stage_memory_bytes(par, act, flight, options.optimizer_state_factor, input);
+        stage_memory_bytes(par, act, flight, options.optimizer_state_factor, input) + delay_bytes;
     const double again =
-        recompute_stage_memory_bytes(par, act, input, flight, options.optimizer_state_factor);
+        recompute_stage_memory_bytes(par, act, input, flight, options.optimizer_state_factor) +
+        delay_bytes;
     const bool can = options.recompute != Recompute::None;
     const Mode recomputed{true, true, diff(d.forward, s, j), again};
     if (can && options.recompute == Recompute::All && !d.memory) return recomputed;
@@ -327,14 +332,31 @@ Plan TypedPartitioner::plan(std::size_t index) const {
   plan.schedule = "1f1b-stash";
   plan.cost_model = std::string(to_string(CostModel::Pipeline));
   plan.optimizer = x.options.optimizer;
+  // The stages' replica counts first: the in-flight counts the schedule needs depend on the
+  // stages after each (stash_in_flights).
+  std::vector<int> replicas;
+  for (auto [s, v] = std::pair<int, std::size_t>{-1, index}; s != x.S - 1;) {
+    const Cell& c = x.cell(s, v);
+    PIPELINE_CHECK(c.j >= 0, "internal: no stage to expand after state {}", s);
+    replicas.push_back(c.replicas);
+    v -= static_cast<std::size_t>(c.replicas) * x.stride[static_cast<std::size_t>(c.type)];
+    s = c.j;
+  }
+  const std::vector<int> deeper = stash_in_flights(x.total[index], replicas);
   int s = -1, rank = 0;
   std::size_t v = index;
   double worst = 0;
   while (s != x.S - 1) {
     const Cell& c = x.cell(s, v);
-    PIPELINE_CHECK(c.j >= 0, "internal: no stage to expand after state {}", s);
     const TypeData& d = x.types[static_cast<std::size_t>(c.type)];
-    const Impl::Mode md = x.mode(d, s, c.j, c.replicas, x.total[v]);
+    // As partition(): the schedule's deeper count and delayed allreduces where they fit without
+    // changing whether the stage recomputes; PipeDream's count otherwise.
+    Impl::Mode md = x.mode(d, s, c.j, c.replicas, x.total[v]);
+    const int base_flight = in_flight(x.total[v], 0, c.replicas);
+    const int flight = deeper[plan.stages.size()];
+    const Impl::Mode deep = x.mode(d, s, c.j, c.replicas, x.total[v], flight, true);
+    const bool take_deeper = deep.fits && deep.recompute == md.recompute;
+    if (take_deeper) md = deep;
     const Impl::StageCost cost = x.stage_cost(d, s, c.j, c.replicas, md);
     PlanStage ps;
     const std::vector<int> layers = x.g.layers_between(s, c.j);
@@ -344,10 +366,8 @@ Plan TypedPartitioner::plan(std::size_t index) const {
     ps.replicas = c.replicas;
     for (int r = 0; r < c.replicas; ++r) ps.ranks.push_back(rank++);
     ps.recompute = md.recompute;
-    // The schedule keeps to the memory charged: PipeDream's count, no delayed allreduces (the
-    // deeper counts of stash_in_flights are left to the single-type partitioner).
-    ps.in_flight = in_flight(x.total[v], 0, c.replicas);
-    ps.delay_allreduce = c.replicas == 1;
+    ps.in_flight = take_deeper ? flight : base_flight;
+    ps.delay_allreduce = take_deeper || c.replicas == 1;
     ps.device = d.name;
     ps.compute_s = (Impl::diff(d.compute, s, c.j) + md.extra_s) / c.replicas;
     ps.sync_s = std::max(0.0, cost.compute_path - ps.compute_s);
@@ -364,7 +384,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
       worst == best,
       "internal: the slowest stage of the expanded typed plan ({}) is not the optimum ({})", worst,
       best);
-  plan.in_flight = in_flight(plan.workers, 0, plan.stages.front().replicas);
+  plan.in_flight = plan.stages.front().in_flight;
   plan.predicted.peak_memory_bytes.assign(static_cast<std::size_t>(plan.workers), 0);
   for (const PlanStage& ps : plan.stages)
     for (int r : ps.ranks)

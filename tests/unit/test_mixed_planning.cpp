@@ -276,7 +276,21 @@ TEST_CASE("typed partitioner: one type equals partition() on one level") {
     const double got = solver.best_time(solver.usage_index({n}));
     const std::optional<Plan> plan = try_partition(p, flat, o);
     CHECK(close(got, plan ? plan->predicted.time_per_minibatch_s : kInf));
-    if (plan) CHECK(solver.plan(solver.usage_index({n})).config.size() > 0);
+    if (!plan) continue;
+    const Plan typed_plan = solver.plan(solver.usage_index({n}));
+    CHECK(typed_plan.config.size() > 0);
+    // Where both chose the same stages, they hold the same minibatches and delay alike.
+    bool same = typed_plan.num_stages() == plan->num_stages();
+    for (int s = 0; same && s < plan->num_stages(); ++s)
+      same = typed_plan.stages[s].begin == plan->stages[s].begin &&
+             typed_plan.stages[s].end == plan->stages[s].end &&
+             typed_plan.stages[s].replicas == plan->stages[s].replicas;
+    if (!same) continue;
+    CHECK(typed_plan.in_flight == plan->in_flight);
+    for (int s = 0; s < plan->num_stages(); ++s) {
+      CHECK(typed_plan.stages[s].in_flight == plan->stages[s].in_flight);
+      CHECK(typed_plan.stages[s].delay_allreduce == plan->stages[s].delay_allreduce);
+    }
   }
 }
 
