@@ -28,7 +28,9 @@ run() {  # run LOG COMMAND...: the command's output to LOG, shown when it fails
   "$@" >"$log" 2>&1 || { cat "$log"; echo "multihost: failed: $*" >&2; exit 1; }
 }
 
-"$profile_tool" --model mlp --batch 32 -o "$work/profile.json" >/dev/null
+# Profiled as the ranks train (one thread each), over many passes: the prediction follows this
+# profile, and with two threads a busy second core made it up to 2x slower (predictions 17% low).
+"$profile_tool" --model mlp --batch 32 --threads 1 --warmup 10 --repeat 50 -o "$work/profile.json" >/dev/null
 # The ranks share this machine's cores whichever host they are on: bind each to all of them.
 cores=$(nproc)
 
