@@ -585,7 +585,7 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
       // that wait for their allreduce after their next backward (StashShape). Taken where they
       // fit without changing whether the stage recomputes; PipeDream's count otherwise.
       const int deeper = deeper_flights[i];
-      const double extra = r > 1 ? 2 * par : 0.0;
+      const double extra = delayed_allreduce_bytes(par, r);
       auto over = [&](double bytes) { return memory && bytes > *memory; };
       if (!over(std::min(stash_at(deeper), recompute_at(deeper)) + extra) &&
           over(stash_at(deeper) + extra) == over(stash_at(flight))) {

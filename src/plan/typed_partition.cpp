@@ -83,7 +83,7 @@ struct TypedPartitioner::Impl {
                        (s < 0 ? 0.0 : g.kept_input_bytes[static_cast<std::size_t>(s)]);
     const double input = s < 0 ? 0.0 : d.boundary[static_cast<std::size_t>(s)];
     if (flight <= 0) flight = in_flight(w, 0, r);
-    const double delay_bytes = delays && r > 1 ? 2 * par : 0.0;
+    const double delay_bytes = delays ? delayed_allreduce_bytes(par, r) : 0.0;
     const double stash =
         stage_memory_bytes(par, act, flight, options.optimizer_state_factor, input) + delay_bytes;
     const double again =

@@ -139,8 +139,14 @@ class Engine {
       for (std::size_t r = 0; r < s.ranks.size(); ++r)
         m_ranks[r].jitter.emplace(costs->jitter_seed, fmt::format("jitter.rank{}", r));
     }
+    m_replica.assign(s.ranks.size(), 0);
     for (int st = 0; st < s.num_stages(); ++st)
-      for (int r : s.stage_ranks[st]) m_ranks[r].slots.push_back({st, 0, 0, {}});
+      for (std::size_t i = 0; i < s.stage_ranks[st].size(); ++i) {
+        const int r = s.stage_ranks[st][i];
+        m_ranks[r].slots.push_back({st, 0, 0, {}});
+        // Replicated stages have a rank each; a rank of several stages is replica 0 of them.
+        m_replica[static_cast<std::size_t>(r)] = static_cast<int>(i);
+      }
     // Where overlapped allreduces start: the closing backwards (as the executor's).
     const bool overlap =
         costs != nullptr && std::any_of(costs->stages.begin(), costs->stages.end(),
@@ -449,18 +455,13 @@ class Engine {
     return g.rounds[static_cast<std::size_t>(number - g.first)];
   }
 
-  int replica_index(int stage, int r) const {
-    const auto& members = m_s.stage_ranks[static_cast<std::size_t>(stage)];
-    return static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
-  }
-
   // Rank r's gradients of `round` are ready for the allreduce from `start` on, over `length`
   // (its closing backward; 0 at its AR). The first contribution counts; the last one wakes the
   // replicas waiting at their AR.
   void contribute(int stage, int number, int r, double start, double length) {
     if (number < m_groups[static_cast<std::size_t>(stage)].first) return;  // a round long done
     Round& round = round_of(stage, number);
-    const auto i = static_cast<std::size_t>(replica_index(stage, r));
+    const auto i = static_cast<std::size_t>(m_replica[static_cast<std::size_t>(r)]);
     if (round.start[i] >= 0) return;
     round.start[i] = start;
     round.length[i] = length;
@@ -589,6 +590,7 @@ class Engine {
   std::vector<RankState> m_ranks;
   double m_jitter_sigma = 0;
   std::vector<Group> m_groups;
+  std::vector<int> m_replica;  // rank -> its replica index within its stage
   std::vector<int> m_work;
   int m_next_flow = 0;
   EngineResult m_result;

@@ -615,8 +615,8 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
   // than the run it plans, so the first start is taken as it is.
   if (spec.num_ranks() > kMaxSearchedRanks) return starts.front();
 
+  // From `at`, whose makespan is at_s, to a local optimum (its makespan left in at_s).
   auto climb = [&](StashShape at, double& at_s) {
-    at_s = balanced_makespan(probe, stash_schedule_with(probe, at));
     for (bool improved = std::isfinite(at_s); improved;) {
       improved = false;
       for (std::size_t s = 0; s < stages; ++s)
@@ -638,8 +638,7 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
   };
   StashShape best;
   double best_s = std::numeric_limits<double>::infinity();
-  auto consider = [&](const StashShape& start) {
-    double s_time = 0;
+  auto consider = [&](const StashShape& start, double s_time) {
     StashShape found = climb(start, s_time);
     if (s_time < best_s) {
       best = std::move(found);
@@ -656,14 +655,17 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
   }
   std::sort(promise.begin(), promise.end());
   for (std::size_t k = 0; k < std::min<std::size_t>(2, promise.size()); ++k)
-    if (std::isfinite(promise[k].first)) consider(starts[promise[k].second]);
+    if (std::isfinite(promise[k].first)) consider(starts[promise[k].second], promise[k].first);
   PIPELINE_CHECK(std::isfinite(best_s),
                  "no 1F1B-stash shape without deadlock was found for stages on ranks {}",
                  spec.stage_ranks);
   StashShape delayed = best;
   for (std::size_t s = 0; s < stages; ++s)
     delayed.delaying[s] = std::min(replicas[s] - 1, delay_limit[s]);
-  if (delayed.delaying != best.delaying) consider(lowered(delayed));
+  if (delayed.delaying != best.delaying) {
+    delayed = lowered(delayed);
+    consider(delayed, balanced_makespan(probe, stash_schedule_with(probe, delayed)));
+  }
   return best;
 }
 

@@ -76,6 +76,13 @@ inline std::vector<int> stash_in_flights(int workers, const std::vector<int>& re
   return out;
 }
 
+// The extra bytes per worker of a replicated stage whose replicas wait for an allreduce after
+// their next backward (the schedule's delayed allreduces): a second gradient set and one more
+// weight version. None for a stage of one replica.
+inline double delayed_allreduce_bytes(double parameter_bytes, int replicas) {
+  return replicas > 1 ? 2 * parameter_bytes : 0.0;
+}
+
 // Bytes per worker of a stage under 1F1B-stash (Pipeline cost model): the working weights, their
 // gradient, the optimizer state (`optimizer_state_factor` copies, 1 for momentum SGD, 2 for
 // Adam), one stashed weight version per in-flight minibatch beyond the newest, the activations
