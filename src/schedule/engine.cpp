@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <limits>
 #include <optional>
 
 namespace pipeline::detail {
@@ -101,6 +102,18 @@ struct RankState {
   // there completes, or -1 (closing_backwards).
   std::vector<std::int32_t> closes;
   std::optional<Rng> jitter;  // with EngineCosts::jitter_cv > 0
+  // Shared cores: the compute action at pc has had its job done, so advance() finishes it.
+  bool resumed = false;
+  double last_start = 0, last_length = 0;  // the span of the rank's latest compute action
+};
+
+// A compute action on the shared cores (EngineCosts::shared_cores): from `start` on, it runs at
+// the speed the cores give it until `remaining` seconds of its own-core time are done.
+struct Job {
+  int rank;
+  double start;
+  double remaining;
+  double work;
 };
 
 // One allreduce round of a stage: each replica's contribution, by replica index — the start and
@@ -139,6 +152,9 @@ class Engine {
       for (std::size_t r = 0; r < s.ranks.size(); ++r)
         m_ranks[r].jitter.emplace(costs->jitter_seed, fmt::format("jitter.rank{}", r));
     }
+    if (costs != nullptr && costs->shared_cores > 0 &&
+        static_cast<std::size_t>(costs->shared_cores) < s.ranks.size())
+      m_cores = costs->shared_cores;
     m_replica.assign(s.ranks.size(), 0);
     for (int st = 0; st < s.num_stages(); ++st)
       for (std::size_t i = 0; i < s.stage_ranks[st].size(); ++i) {
@@ -166,11 +182,15 @@ class Engine {
 
   EngineResult run() {
     for (int r = static_cast<int>(m_ranks.size()) - 1; r >= 0; --r) enqueue(r);
-    while (!m_work.empty()) {
-      int r = m_work.back();
-      m_work.pop_back();
-      m_ranks[r].queued = false;
-      advance(r);
+    for (;;) {
+      while (!m_work.empty()) {
+        int r = m_work.back();
+        m_work.pop_back();
+        m_ranks[r].queued = false;
+        advance(r);
+      }
+      if (m_jobs.empty()) break;
+      share_cores();
     }
     for (std::size_t r = 0; r < m_ranks.size(); ++r)
       if (!m_ranks[r].done) report_deadlock();
@@ -319,52 +339,48 @@ class Engine {
       const Action& a = actions[st.pc];
       const StageCosts* c = stage_costs(a.stage);
       switch (a.kind) {
-        case ActionKind::Forward: {
-          RankRecord& rec = m_result.ranks[r];
-          if (rec.window_forwards) {
-            int n = st.forwards_total;
-            if (st.forwards_seen == n / 4) {
-              rec.window_begin_s = st.clock;
-              rec.window_begin_busy_s = st.busy;
-            } else if (st.forwards_seen == n * 3 / 4) {
-              rec.window_end_s = st.clock;
-              rec.window_end_busy_s = st.busy;
-            }
+        // Compute: what comes before the work, the work (with shared cores the rank returns
+        // here resumed once its job is done), what comes after it.
+        case ActionKind::Forward:
+          if (!st.resumed) {
+            note_window(r);
+            on_forward(r, a);
+            if (!compute(r, straggle(r, c ? c->forward_s : 0))) return;
           }
-          ++st.forwards_seen;
-          on_forward(r, a);
-          compute(r, a, straggle(r, c ? c->forward_s : 0));
+          computed(st);
           break;
-        }
-        case ActionKind::Backward: {
-          hold_recomputed(r, c, 1);
-          const double d = straggle(r, c ? c->backward_s : 0);
-          note_close(r, a, d);
-          compute(r, a, d);
+        case ActionKind::Backward:
+          if (!st.resumed) {
+            hold_recomputed(r, c, 1);
+            if (!compute(r, straggle(r, c ? c->backward_s : 0))) return;
+          }
+          note_close(r, a);
           on_release(r, a);
           hold_recomputed(r, c, -1);
+          computed(st);
           break;
-        }
         case ActionKind::BackwardInput:
-          hold_recomputed(r, c, 1);
-          hold_split_gradients(r, c, 1);
-          compute(r, a, straggle(r, c ? c->backward_input_s : 0));
+          if (!st.resumed) {
+            hold_recomputed(r, c, 1);
+            hold_split_gradients(r, c, 1);
+            if (!compute(r, straggle(r, c ? c->backward_input_s : 0))) return;
+          }
+          computed(st);
           break;
-        case ActionKind::BackwardWeight: {
-          const double d = straggle(r, c ? c->backward_weight_s : 0);
-          note_close(r, a, d);
-          compute(r, a, d);
+        case ActionKind::BackwardWeight:
+          if (!st.resumed && !compute(r, straggle(r, c ? c->backward_weight_s : 0))) return;
+          note_close(r, a);
           on_release(r, a);
           hold_recomputed(r, c, -1);
           hold_split_gradients(r, c, -1);
+          computed(st);
           break;
-        }
-        case ActionKind::Step: {
-          compute(r, a, c ? c->step_s : 0);
+        case ActionKind::Step:
+          if (!st.resumed && !compute(r, c ? c->step_s : 0)) return;
           ++slot(st, a.stage).version;
           account_memory(r);
+          computed(st);
           break;
-        }
         case ActionKind::SendActivation:
         case ActionKind::SendGradient: {
           bool grad = a.kind == ActionKind::SendGradient;
@@ -438,13 +454,30 @@ class Engine {
     st.done = true;
   }
 
-  // Before a backward: when it completes the gradients of an overlapped allreduce's round, the
-  // replica's contribution starts with it.
-  void note_close(int r, const Action& a, double d) {
+  // The steady-state window of a stash schedule opens and closes at forwards.
+  void note_window(int r) {
+    RankState& st = m_ranks[r];
+    RankRecord& rec = m_result.ranks[r];
+    if (rec.window_forwards) {
+      const int n = st.forwards_total;
+      if (st.forwards_seen == n / 4) {
+        rec.window_begin_s = st.clock;
+        rec.window_begin_busy_s = st.busy;
+      } else if (st.forwards_seen == n * 3 / 4) {
+        rec.window_end_s = st.clock;
+        rec.window_end_busy_s = st.busy;
+      }
+    }
+    ++st.forwards_seen;
+  }
+
+  // After a backward: when it completed the gradients of an overlapped allreduce's round, the
+  // replica's contribution started with it.
+  void note_close(int r, const Action& a) {
     RankState& st = m_ranks[r];
     if (st.closes.empty() || st.closes[st.pc] < 0) return;
     if (m_s.stage_ranks[static_cast<std::size_t>(a.stage)].size() < 2) return;
-    contribute(a.stage, st.closes[st.pc], r, st.clock, d * core_stretch(r));
+    contribute(a.stage, st.closes[st.pc], r, st.last_start, st.last_length);
   }
 
   Round& round_of(int stage, int number) {
@@ -478,12 +511,10 @@ class Engine {
   // contribution either way.
   double allreduce_end(int stage, const Round& round, const StageCosts* c) const {
     const auto& members = m_s.stage_ranks[static_cast<std::size_t>(stage)];
-    double stretch = 1.0, latest = 0;
-    for (std::size_t i = 0; i < members.size(); ++i) {
-      stretch = std::max(stretch, core_stretch(members[i]));
+    double latest = 0;
+    for (std::size_t i = 0; i < members.size(); ++i)
       latest = std::max(latest, round.start[i] + round.length[i]);
-    }
-    const double cpu = c ? c->allreduce_cpu_s * stretch : 0;
+    const double cpu = c ? c->allreduce_cpu_s * contention(members.size()) : 0;
     if (!c || c->bucket_s.empty()) return latest + (c ? c->allreduce_s : 0) + cpu;
     double link = 0;
     for (std::size_t j = 0; j < c->bucket_s.size(); ++j) {
@@ -495,9 +526,13 @@ class Engine {
     return std::max(latest + cpu, link);
   }
 
-  double core_stretch(int r) const {
-    if (!m_costs || static_cast<std::size_t>(r) >= m_costs->core_stretch.size()) return 1.0;
-    return m_costs->core_stretch[static_cast<std::size_t>(r)];
+  // How much longer CPU work of `joining` more ranks takes on the shared cores now: they join
+  // the jobs running (an allreduce's copies and sums, whose length is not simulated job by job).
+  double contention(std::size_t joining) const {
+    if (m_cores == 0) return 1.0;
+    std::size_t running = joining;
+    for (const Job& j : m_jobs) running += j.start <= m_now ? 1 : 0;
+    return std::max(1.0, static_cast<double>(running) / m_cores);
   }
 
   // A compute action's time on rank r under the costs' slowdown and jitter.
@@ -511,13 +546,74 @@ class Engine {
     return d;
   }
 
-  void compute(int r, const Action& a, double d) {
-    d *= core_stretch(r);
+  // The compute action at rank r's pc does `work` seconds of own-core time: at once on a core
+  // of its own (true), or as a job on the shared cores that resumes the rank when done (false).
+  bool compute(int r, double work) {
     RankState& st = m_ranks[r];
-    record(r, a, st.clock, st.clock + d);
-    st.clock += d;
-    st.busy += d;
+    m_result.ranks[r].work_s += work;
+    if (m_cores == 0 || work <= 0) {
+      ran(r, st.clock + work);
+      return true;
+    }
+    m_jobs.push_back({r, st.clock, work, work});
+    return false;
+  }
+
+  // Rank r's compute action at pc ran from the rank's clock until `end`.
+  void ran(int r, double end) {
+    RankState& st = m_ranks[r];
+    record(r, m_s.ranks[r][st.pc], st.clock, end);
+    st.last_start = st.clock;
+    st.last_length = end - st.clock;
+    st.busy += end - st.clock;
+    st.clock = end;
+  }
+
+  static void computed(RankState& st) {
+    st.resumed = false;
     ++st.pc;
+  }
+
+  // Moves the shared cores' timeline to its next event — a job starting, or the first running
+  // one finishing while k run at min(1, cores / k) of their speed — and resumes the ranks whose
+  // jobs are done. A job never starts before m_now: ranks start them at their clocks, which
+  // only the jobs' ends (at m_now) and messages sent later than that move.
+  void share_cores() {
+    double next_start = std::numeric_limits<double>::infinity();
+    int running = 0;
+    for (const Job& j : m_jobs)
+      if (j.start <= m_now)
+        ++running;
+      else
+        next_start = std::min(next_start, j.start);
+    if (running == 0) {
+      m_now = next_start;
+      return;
+    }
+    const double speed = std::min(1.0, static_cast<double>(m_cores) / running);
+    double step = std::numeric_limits<double>::infinity();
+    for (const Job& j : m_jobs)
+      if (j.start <= m_now) step = std::min(step, j.remaining / speed);
+    const double before = m_now;
+    m_now = step >= next_start - m_now ? next_start : m_now + step;
+    const double done = speed * (m_now - before);
+    for (std::size_t i = 0; i < m_jobs.size();) {
+      Job& j = m_jobs[i];
+      if (j.start > before) {
+        ++i;
+        continue;
+      }
+      j.remaining -= done;
+      if (j.remaining > 1e-9 * j.work) {
+        ++i;
+        continue;
+      }
+      ran(j.rank, m_now);
+      m_ranks[j.rank].resumed = true;
+      enqueue(j.rank);
+      j = m_jobs.back();
+      m_jobs.pop_back();
+    }
   }
 
   // Who a blocked rank waits for: the sender of its receive, or a replica that has not
@@ -592,6 +688,9 @@ class Engine {
   std::vector<Group> m_groups;
   std::vector<int> m_replica;  // rank -> its replica index within its stage
   std::vector<int> m_work;
+  int m_cores = 0;  // EngineCosts::shared_cores when fewer than the ranks, else 0
+  std::vector<Job> m_jobs;
+  double m_now = 0;  // the shared cores' timeline
   int m_next_flow = 0;
   EngineResult m_result;
 };

@@ -1,12 +1,15 @@
 // Internal: the dataflow execution of a schedule that validation and simulation share.
 //
 // Every rank runs its list in order with its own clock. Compute advances the clock by the
-// stage's cost; a send posts a message that arrives after the transfer time (messages on one
-// link are serialised) and never blocks; a receive waits until its message has arrived; an
-// allreduce waits for all replicas of the stage and then takes the ring time, or, overlapped,
-// ends when the last of its buckets (started during the replicas' last backwards) has. Because
-// ranks share nothing but messages, running each rank as far as it can and waking it when what it
-// waits for arrives gives the same times as a global event queue, in O(actions).
+// stage's cost (with shared cores: as a job on the cores, which ends when the processor-sharing
+// timeline of all ranks' jobs has done its work); a send posts a message that arrives after the
+// transfer time (messages on one link are serialised) and never blocks; a receive waits until its
+// message has arrived; an allreduce waits for all replicas of the stage and then takes the ring
+// time, or, overlapped, ends when the last of its buckets (started during the replicas' last
+// backwards) has. Because ranks share nothing but messages, running each rank as far as it can and
+// waking it when what it waits for arrives gives the same times as a global event queue, in
+// O(actions). Shared cores couple the ranks' compute: the ranks still run as far as they can, and
+// only the jobs on the cores advance in global time order (O(actions x ranks computing)).
 //
 // Preconditions: the schedule passed detail::check_local() (every send has its receive and
 // every dependency is on the right rank), so what can still go wrong is only the order: a
@@ -58,10 +61,11 @@ struct EngineCosts {
   // Rng(jitter_seed, "jitter.rank<r>") in the rank's action order, so a run is reproducible
   // whatever order the engine visits the ranks in.
   std::vector<double> rank_slowdown;
-  // Ranks sharing cores (SimulateOptions::cores): every compute action and step of rank r, and
-  // its share of an allreduce's CPU time, takes core_stretch[r] times as long (empty or
-  // missing: 1).
-  std::vector<double> core_stretch;
+  // Ranks sharing cores (SimulateOptions::cores; 0: a core for every rank): the compute actions
+  // and steps running at any moment share this many cores as an OS scheduler shares them, each
+  // at min(1, shared_cores / k) of its speed while k run (processor sharing). The replicas' CPU
+  // share of an allreduce stretches by the contention when it starts.
+  int shared_cores = 0;
   double jitter_cv = 0;
   std::uint64_t jitter_seed = 0;
 };
@@ -69,6 +73,7 @@ struct EngineCosts {
 struct RankRecord {
   double finish_s = 0;
   double busy_s = 0;  // compute and optimizer steps
+  double work_s = 0;  // what busy_s would be on a core of its own (EngineCosts::shared_cores)
   int peak_activations = 0;
   int peak_weight_versions = 1;
   std::int64_t peak_activation_bytes = 0;

@@ -199,12 +199,11 @@ const Profile& stage_profile(const Profile& profile, const Plan& plan, int stage
 
 }  // namespace
 
-namespace {
-
-// simulate() with each rank's compute stretched by core_stretch (see SimulateOptions::cores).
-Simulation simulate_stretched(const Schedule& schedule, const Profile& profile, const Plan& plan,
-                              const Topology& topology, const SimulateOptions& options,
-                              const std::vector<double>& core_stretch) {
+Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan& plan,
+                    const Topology& topology, const SimulateOptions& options) {
+  PIPELINE_CHECK_AS(ConfigError, options.cores >= 0,
+                    "cores must be >= 0 (0: a core of its own for every rank), got {}",
+                    options.cores);
   PIPELINE_CHECK_AS(
       ConfigError, plan.num_stages() == schedule.num_stages(),
       "the plan has {} stages but schedule '{}' has {}; generate the schedule from the "
@@ -273,7 +272,8 @@ Simulation simulate_stretched(const Schedule& schedule, const Profile& profile, 
     timing.push_back(t);
   }
   costs.rank_slowdown = options.rank_slowdown;
-  costs.core_stretch = core_stretch;
+  const bool shared = options.cores > 0 && schedule.num_ranks() > options.cores;
+  costs.shared_cores = shared ? options.cores : 0;
   costs.jitter_cv = options.jitter_cv;
   costs.jitter_seed = options.jitter_seed;
   // Free links and zero latency leave transfer_s empty, so the engine skips the call.
@@ -379,83 +379,10 @@ Simulation simulate_stretched(const Schedule& schedule, const Profile& profile, 
     out.time_per_minibatch_s = steady_period;
   out.samples_per_s =
       out.time_per_minibatch_s > 0 ? out.samples_per_minibatch / out.time_per_minibatch_s : 0.0;
+  if (shared)
+    for (const auto& rec : run.ranks)
+      out.core_stretch.push_back(rec.work_s > 0 ? rec.busy_s / rec.work_s : 1.0);
   out.events = std::move(run.events);
-  return out;
-}
-
-// How much longer each rank's compute takes when `ranks` share `cores` cores, judged on a
-// simulated run: over the time it computes (forwards, backwards, steps), the OS gives it
-// min(1, cores / k) of a core while k ranks compute, so its compute stretches by its time over
-// the work that gets done in it.
-std::vector<double> core_contention(const std::vector<TraceEvent>& events, int ranks, int cores) {
-  struct Edge {
-    double t;
-    int rank;
-    int delta;
-  };
-  std::vector<Edge> edges;
-  for (const TraceEvent& e : events)
-    if ((is_compute(e.action.kind) || e.action.kind == ActionKind::Step) && e.end_s > e.start_s) {
-      edges.push_back({e.start_s, e.rank, +1});
-      edges.push_back({e.end_s, e.rank, -1});
-    }
-  std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) {
-    return a.t != b.t ? a.t < b.t : a.delta < b.delta;  // ends before starts at one instant
-  });
-  const auto R = static_cast<std::size_t>(ranks);
-  std::vector<int> active(R, 0);
-  std::vector<double> time(R, 0.0), work(R, 0.0);
-  int computing = 0;
-  double last = edges.empty() ? 0.0 : edges.front().t;
-  for (const Edge& e : edges) {
-    const double dt = e.t - last;
-    if (dt > 0 && computing > 0) {
-      const double speed = std::min(1.0, static_cast<double>(cores) / computing);
-      for (std::size_t r = 0; r < R; ++r)
-        if (active[r] > 0) {
-          time[r] += dt;
-          work[r] += speed * dt;
-        }
-    }
-    last = e.t;
-    active[static_cast<std::size_t>(e.rank)] += e.delta;
-    computing += e.delta;
-  }
-  std::vector<double> stretch(R, 1.0);
-  for (std::size_t r = 0; r < R; ++r)
-    if (work[r] > 0) stretch[r] = time[r] / work[r];
-  return stretch;
-}
-
-}  // namespace
-
-Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan& plan,
-                    const Topology& topology, const SimulateOptions& options) {
-  PIPELINE_CHECK_AS(ConfigError, options.cores >= 0,
-                    "cores must be >= 0 (0: a core of its own for every rank), got {}",
-                    options.cores);
-  const int ranks = schedule.num_ranks();
-  if (options.cores == 0 || ranks <= options.cores)
-    return simulate_stretched(schedule, profile, plan, topology, options, {});
-  // More ranks than cores: a fixed point of per-rank stretch factors. Each round simulates with
-  // the current factors and measures the contention that run's timeline implies; the factors
-  // move halfway towards it (the undamped map can oscillate between packed and sparse runs).
-  SimulateOptions traced = options;
-  traced.record_trace = true;
-  std::vector<double> stretch(static_cast<std::size_t>(ranks), 1.0);
-  for (int round = 0; round < 100; ++round) {
-    const Simulation sim = simulate_stretched(schedule, profile, plan, topology, traced, stretch);
-    const std::vector<double> implied = core_contention(sim.events, ranks, options.cores);
-    double change = 0;
-    for (std::size_t r = 0; r < stretch.size(); ++r) {
-      const double next = 0.5 * (stretch[r] + implied[r]);
-      change = std::max(change, std::abs(next - stretch[r]) / stretch[r]);
-      stretch[r] = next;
-    }
-    if (change < 1e-4) break;
-  }
-  Simulation out = simulate_stretched(schedule, profile, plan, topology, options, stretch);
-  out.core_stretch = std::move(stretch);
   return out;
 }
 

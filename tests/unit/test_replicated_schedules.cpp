@@ -101,8 +101,10 @@ Case random_case(Rng& rng) {
   return c;
 }
 
-// Generates, validates and simulates `kind` for the plan; returns the error, empty when fine.
-std::string check_kind(const Case& c, const std::string& kind, int microbatches) {
+// Generates, validates and simulates `kind` for the plan, and with `cores` > 0 also with the
+// ranks sharing that many cores (no faster than on their own, the cores doing no more than their
+// share); returns the error, empty when fine.
+std::string check_kind(const Case& c, const std::string& kind, int microbatches, int cores = 0) {
   const int l = replica_lcm(c.plan);
   const int minibatches = is_stash(kind) ? l * 2 : kind == "2bw" ? 3 : 2;
   try {
@@ -117,6 +119,17 @@ std::string check_kind(const Case& c, const std::string& kind, int microbatches)
     validate(s);
     Simulation sim = simulate(s, c.profile, c.plan, c.topology);
     if (!(sim.makespan_s > 0)) return "no time";
+    if (cores <= 0) return "";
+    SimulateOptions shared;
+    shared.cores = cores;
+    const Simulation on_cores = simulate(s, c.profile, c.plan, c.topology, shared);
+    double work = 0;
+    for (const auto& r : sim.ranks) work += r.busy_s;
+    if (on_cores.makespan_s < sim.makespan_s * (1 - 1e-9))
+      return fmt::format("faster on {} shared cores ({} s) than alone ({} s)", cores,
+                         on_cores.makespan_s, sim.makespan_s);
+    if (on_cores.makespan_s * cores < work * (1 - 1e-9))
+      return fmt::format("{} cores did {} s of work in {} s", cores, work, on_cores.makespan_s);
     return "";
   } catch (const std::exception& e) {
     return e.what();
@@ -135,11 +148,17 @@ TEST_CASE("every schedule kind validates and simulates on random replicated plan
     std::vector<int> config;
     for (auto& s : c.plan.stages) config.push_back(s.replicas);
     const int microbatches = 1 + static_cast<int>(rng.below(12));
+    // A third of the plans also run on fewer cores than ranks.
+    const int cores =
+        c.plan.workers > 1 && rng.below(3) == 0
+            ? 1 + static_cast<int>(rng.below(static_cast<std::uint64_t>(c.plan.workers - 1)))
+            : 0;
     for (const std::string& kind : kKinds) {
       CAPTURE(kind);
       CAPTURE(fmt::format("{}", fmt::join(config, "-")));
       CAPTURE(c.plan.in_flight);
-      CHECK(check_kind(c, kind, microbatches) == "");
+      CAPTURE(cores);
+      CHECK(check_kind(c, kind, microbatches, cores) == "");
       ++checked;
     }
   }

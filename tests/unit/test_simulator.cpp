@@ -285,6 +285,60 @@ TEST_CASE("ranks sharing cores compute at cores / (ranks computing) of their spe
                        ConfigError);
 }
 
+TEST_CASE("shared cores: processor sharing, exact on a small case and within the work bound") {
+  // Two data-parallel replicas on one core, a microbatch each: forward 1 ms and backward 2 ms, rank
+  // 1 twice as slow (3 and 6 ms of work). Both run at half speed until rank 0's 3 ms are done at 6
+  // ms (rank 1 has done 3 of its 6), then rank 1 alone at full speed until 9 ms.
+  const Profile one = uniform_profile(1);
+  const Plan dp = make_plan({{1, 2}});
+  const Schedule s = generate_schedule("1f1b-flush", ScheduleSpec::from_plan(dp, 2, 1));
+  SimulateOptions o;
+  o.cores = 1;
+  o.rank_slowdown = {1, 2};
+  o.record_trace = true;
+  const Simulation sim = simulate(s, one, dp, {}, o);
+  CHECK(sim.makespan_s == doctest::Approx(9e-3).epsilon(1e-12));
+  REQUIRE(sim.core_stretch.size() == 2);
+  CHECK(sim.core_stretch[0] == doctest::Approx(2.0).epsilon(1e-12));
+  CHECK(sim.core_stretch[1] == doctest::Approx(1.5).epsilon(1e-12));
+  for (const TraceEvent& e : sim.events) {
+    if (!is_compute(e.action.kind)) continue;
+    CAPTURE(e.rank);
+    CAPTURE(to_string(e.action));
+    const bool forward = e.action.kind == ActionKind::Forward;
+    if (e.rank == 0) {
+      CHECK(e.start_s == doctest::Approx(forward ? 0 : 2e-3).epsilon(1e-12));
+      CHECK(e.end_s == doctest::Approx(forward ? 2e-3 : 6e-3).epsilon(1e-12));
+    } else {
+      CHECK(e.start_s == doctest::Approx(forward ? 0 : 4e-3).epsilon(1e-12));
+      CHECK(e.end_s == doctest::Approx(forward ? 4e-3 : 9e-3).epsilon(1e-12));
+    }
+  }
+
+  // Replicated 1F1B-stash plans of equal layers on fewer cores than ranks: in the steady state
+  // the cores do no more than their share (time per minibatch >= work per minibatch / cores,
+  // which a fixed per-rank slowdown averaged over warm-up and drain overstated), and sharing is
+  // never faster than a core per rank.
+  const Profile layers = uniform_profile(8);
+  for (const auto& stages : std::vector<std::vector<std::pair<int, int>>>{
+           {{2, 1}, {4, 2}, {2, 1}}, {{5, 2}, {3, 1}}, {{2, 1}, {3, 3}, {3, 2}}}) {
+    const Plan plan = make_plan(stages);
+    const Schedule sched = generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 48));
+    const Simulation own = simulate(sched, layers, plan, {});
+    const double work_per_minibatch = 8 * 3e-3;
+    for (int cores = 1; cores < plan.workers; ++cores) {
+      CAPTURE(plan.workers);
+      CAPTURE(cores);
+      SimulateOptions shared;
+      shared.cores = cores;
+      const Simulation sim = simulate(sched, layers, plan, {}, shared);
+      CHECK(sim.time_per_minibatch_s * cores >= work_per_minibatch * (1 - 1e-9));
+      CHECK(sim.time_per_minibatch_s >= own.time_per_minibatch_s * (1 - 1e-9));
+      CHECK(sim.makespan_s * cores >= 48 * work_per_minibatch * (1 - 1e-9));
+    }
+  }
+}
+
 TEST_CASE("the simulator agrees with PipeDream's per-stage cost model in the steady state") {
   // Uneven layers at 10 GB/s. PipeDream's time per stage: A = [T + 4(r-1)|w|/(B r)] / r, and
   // 2·a/(B r') for a boundary's activation and gradient; the bottleneck sets the pace.

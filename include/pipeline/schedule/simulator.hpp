@@ -106,10 +106,11 @@ struct SimulateOptions {
   // Ranks that share cores (CPU ranks of one host, e.g. under mpirun --oversubscribe): the job's
   // ranks have this many cores between them; 0, or at least as many cores as ranks: each rank
   // computes on its own. With fewer, the cores are shared as an OS scheduler shares them: while
-  // k > cores ranks compute, each runs at cores / k of its speed. Simulated as a fixed point of
-  // one stretch factor per rank (its compute, steps and allreduce CPU time take that much
-  // longer; Simulation::core_stretch): the factor is the rank's computing time over the work
-  // done in it on the timeline those factors give.
+  // k > cores ranks compute, each runs at cores / k of its speed (processor sharing, simulated
+  // exactly: a compute action ends when the cores have done its work at the speeds the other
+  // ranks' actions leave it; Simulation::core_stretch). An allreduce's CPU time stretches by the
+  // contention when it starts. The cores never do more than their share: the time per
+  // minibatch is at least the work per minibatch over the cores.
   int cores = 0;
 };
 
@@ -174,8 +175,8 @@ struct Simulation {
   double steady_state_bubble_fraction = 0;
   std::vector<RankSimulation> ranks;
   std::vector<TraceEvent> events;  // with SimulateOptions::record_trace
-  // Per rank, how much longer its compute took for sharing cores (SimulateOptions::cores);
-  // empty when every rank had a core of its own.
+  // Per rank, how much longer its compute took for sharing cores (SimulateOptions::cores: its
+  // compute's time over its work); empty when every rank had a core of its own.
   std::vector<double> core_stretch;
 };
 
