@@ -13,10 +13,11 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <fstream>
 #include <functional>
 #include <memory>
-#include <fstream>
 #include <set>
 #include <span>
 #include <string>
@@ -148,33 +149,28 @@ void check_arguments(const Sequential& model, const Shape& input_shape, int batc
                     input_shape);
 }
 
-// Median seconds of one step of each update rule over one layer's parameters, timed as the
-// runtime's stage executor steps: the gradients' sums of squares (its overflow check), the
-// update (Optimizer::step on the device, all of the layer's tensors at once) and the zeroing of
-// the gradients; after `warmup` untimed steps that create the rule's state. The learning rate is
-// 0, so the parameters the passes use stay as they are while the arithmetic and memory traffic
-// are a real step's.
-StepTimes time_steps(std::vector<Tensor> params, std::vector<Tensor> grads,
-                     const ProfileOptions& options, PassTimer& timer) {
+// One layer's optimizers for each update rule, stepped with learning rate 0 so that the
+// parameters the passes use stay as they are while the arithmetic and memory traffic are a real
+// step's. An optimizer keys its state by position, so every layer has its own.
+struct LayerRules {
   Sgd sgd;
-  Sgd momentum(SgdOptions{.momentum = 0.9f});
+  Sgd momentum{SgdOptions{.momentum = 0.9f}};
   AdamW adamw;
-  auto median_step = [&](Optimizer& rule) {
-    std::vector<double> times;
-    for (int rep = 0; rep < std::max(options.warmup, 1) + options.repeat; ++rep)
-      timer.time(rep >= std::max(options.warmup, 1) ? &times : nullptr, [&] {
-        (void)ops::sums_of_squares(grads);
-        rule.step(params, grads, 0.f);
-        for (Tensor& g : grads) g.zero();
-      });
-    timer.finish();
-    return summarize(times).median;
-  };
-  StepTimes t;
-  t.sgd = median_step(sgd);
-  t.momentum = median_step(momentum);
-  t.adamw = median_step(adamw);
-  return t;
+  static constexpr int kCount = 3;
+  Optimizer& rule(int k) {
+    if (k == 0) return sgd;
+    if (k == 1) return momentum;
+    return adamw;
+  }
+};
+
+// One step of `rule` over a layer, as the runtime's stage executor steps: the gradients' sums
+// of squares (its overflow check), the update (all of the layer's tensors at once) and the
+// zeroing of the gradients.
+void step_layer(Optimizer& rule, std::vector<Tensor>& params, std::vector<Tensor>& grads) {
+  (void)ops::sums_of_squares(grads);
+  rule.step(params, grads, 0.f);
+  for (Tensor& g : grads) g.zero();
 }
 
 }  // namespace
@@ -254,6 +250,17 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
   Tensor loss_grad = Tensor::empty(shapes.back(), DType::Float32);
   Rng(options.seed, "profile.grad").fill_normal(loss_grad, 0.f, 1.f);
   loss_grad = loss_grad.to(device);
+  // The optimizer steps are timed inside the passes, where the executor takes them: after the
+  // backward, every layer in order, on the caches the pass left. Timed alone, again and again,
+  // a layer's step ran on hot caches, and a training step's was up to 2.5x longer (AdamW over a
+  // transformer's weights, bench/RESULTS.md). Each pass times every rule, first a different one
+  // in turn; their state exists before the first pass (one untimed step each).
+  std::vector<LayerRules> rules(N);
+  std::array<std::vector<std::vector<double>>, LayerRules::kCount> step_times;
+  for (auto& t : step_times) t.resize(N);
+  for (std::size_t I = 0; I < N; ++I)
+    for (int k = 0; !grads[I].empty() && k < LayerRules::kCount; ++k)
+      step_layer(rules[I].rule(k), params[I].params, grads[I]);
   PassTimer timer(device);
   for (int rep = 0; rep < options.warmup + options.repeat; ++rep) {
     const bool record = rep >= options.warmup;
@@ -275,6 +282,13 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
       Tensor dx;
       timer.time(into(bwd[I]), [&] { dx = model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Both); });
       if (i > 0) output_grads[I - 1] = dx;
+    }
+    for (int k = 0; k < LayerRules::kCount; ++k) {
+      const int rule = (rep + k) % LayerRules::kCount;
+      for (std::size_t I = 0; I < N; ++I)
+        if (!grads[I].empty())
+          timer.time(into(step_times[static_cast<std::size_t>(rule)][I]),
+                     [&] { step_layer(rules[I].rule(rule), params[I].params, grads[I]); });
     }
     if (!options.split_backward || !record) {
       timer.finish();
@@ -340,7 +354,11 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
     lp.saved_bytes = saved_bytes(saved[I], input_storage, lp.saved_input_bytes);
     lp.split_kept_bytes = split_kept[I];
     lp.flops = layer.flops(shapes[I]);
-    if (!grads[I].empty()) lp.step_s = time_steps(params[I].params, grads[I], options, timer);
+    if (!grads[I].empty()) {
+      lp.step_s.sgd = summarize(step_times[0][I]).median;
+      lp.step_s.momentum = summarize(step_times[1][I]).median;
+      lp.step_s.adamw = summarize(step_times[2][I]).median;
+    }
     out.layers.push_back(std::move(lp));
   }
   return out;

@@ -20,7 +20,8 @@
 //   parameter_bytes     bytes of trainable parameters (Layer::parameter_bytes)
 //   flops               Layer::flops for the minibatch's input shape
 //   step_s              median of one optimizer step over the layer's parameters for each
-//                       update rule (SGD, SGD with momentum, AdamW), timed after the passes
+//                       update rule (SGD, SGD with momentum, AdamW), timed inside each pass
+//                       after its backward, every layer in order, as the executor steps
 //
 // On a CUDA device (CUDA builds) the parameters, input and gradients live on the device and each
 // layer's time is the device time between CUDA events recorded around it on the current stream,
