@@ -29,13 +29,12 @@ void check_pair(const char* op, const Tensor& param, const Tensor& other, const 
                  op, what, other.shape(), other.numel(), param.shape(), param.numel());
 }
 
-// Runs fn(begin, count) over [0, n) in contiguous chunks. Small tensors stay on one thread: the
-// fork-join costs more than the arithmetic below ~64k elements.
+// Runs fn(begin, count) over [0, n) in contiguous chunks of at least min_chunk. Small tensors
+// stay on one thread: the fork-join costs more than the arithmetic below ~64k elements.
 template <typename Fn>
-void for_chunks(std::int64_t n, Fn&& fn) {
-  constexpr std::int64_t kMinChunk = 1 << 16;
+void for_chunks(std::int64_t n, Fn&& fn, std::int64_t min_chunk = 1 << 16) {
   const int threads = static_cast<int>(
-      std::clamp<std::int64_t>(n / kMinChunk, 1, static_cast<std::int64_t>(num_threads())));
+      std::clamp<std::int64_t>(n / min_chunk, 1, static_cast<std::int64_t>(num_threads())));
   if (threads <= 1) {
     fn(std::int64_t{0}, n);
     return;
@@ -280,14 +279,27 @@ double sum_of_squares(const Tensor& x) {
   PIPELINE_CHECK(x.dtype() == DType::Float32 && x.device().is_cpu(),
                  "sum_of_squares: expected a float32 CPU tensor");
   // Float sums over short blocks (vectorised), added up in double: the rounding error stays near
-  // float epsilon however long the tensor, at the speed of a float reduction. Serial, so the
-  // result is the same bit pattern on every rank and thread count.
+  // float epsilon however long the tensor, at the speed of a float reduction. The blocks are
+  // summed on every thread, their sums added up in block order on one, so the result is the
+  // same bit pattern on every rank and thread count.
   constexpr std::int64_t kBlock = 1024;
   const float* p = x.data<float>();
   const std::int64_t n = x.numel();
+  const std::int64_t blocks = (n + kBlock - 1) / kBlock;
+  thread_local std::vector<float> block_sums;
+  block_sums.resize(static_cast<std::size_t>(blocks));
+  float* sums = block_sums.data();
+  for_chunks(
+      blocks,
+      [&](std::int64_t first, std::int64_t count) {
+        for (std::int64_t b = first; b < first + count; ++b) {
+          const std::int64_t i = b * kBlock;
+          sums[b] = ConstArray(p + i, std::min(kBlock, n - i)).square().sum();
+        }
+      },
+      (1 << 16) / kBlock);
   double total = 0.0;
-  for (std::int64_t i = 0; i < n; i += kBlock)
-    total += static_cast<double>(ConstArray(p + i, std::min(kBlock, n - i)).square().sum());
+  for (std::int64_t b = 0; b < blocks; ++b) total += static_cast<double>(sums[b]);
   return total;
 }
 

@@ -1,11 +1,18 @@
+#include <pipeline/core/rng.hpp>
+#include <pipeline/core/threads.hpp>
 #include <pipeline/nn/layers/linear.hpp>
+#include <pipeline/ops/optimizer_update.hpp>
 #include <pipeline/optim/adamw.hpp>
 #include <pipeline/optim/flatten.hpp>
 #include <pipeline/optim/sgd.hpp>
 
+#include <Eigen/Core>
+
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 using namespace pipeline;
@@ -234,4 +241,61 @@ TEST_CASE("Flattened model parameters share storage with the model") {
   opt.step(flat, gflat, 0.5f);
   CHECK(params[1].params[0].values()[0] == doctest::Approx(before - 0.5f));
   CHECK(grads[0][1].values()[0] == 1.f);
+}
+
+TEST_CASE("sum_of_squares: float block sums added in double, the same bits on any thread count") {
+  // Sizes around the 1024-float block and the per-thread share, and a large tensor that is
+  // split over the threads.
+  const int before = num_threads();
+  for (std::int64_t n : {std::int64_t{1}, std::int64_t{1023}, std::int64_t{1025},
+                         std::int64_t{65'536 * 3 + 17}, std::int64_t{3'000'007}}) {
+    CAPTURE(n);
+    Tensor x = Tensor::empty({n});
+    Rng(static_cast<std::uint64_t>(n), "sum_of_squares").fill_normal(x, 0.5f, 2.f);
+    // The definition, serially: each block's float sum, added up in block order in double.
+    const float* p = x.data<float>();
+    double expected = 0, exact = 0;
+    for (std::int64_t i = 0; i < n; i += 1024) {
+      const auto len = static_cast<Eigen::Index>(std::min<std::int64_t>(1024, n - i));
+      expected += static_cast<double>(Eigen::Map<const Eigen::ArrayXf>(p + i, len).square().sum());
+    }
+    for (std::int64_t i = 0; i < n; ++i) exact += static_cast<double>(p[i]) * p[i];
+    for (int threads : {1, 2, 3, 8}) {
+      CAPTURE(threads);
+      set_num_threads(threads);
+      const double got = ops::sum_of_squares(x);
+      CHECK(got == expected);
+      CHECK(got == doctest::Approx(exact).epsilon(1e-6));
+    }
+  }
+  set_num_threads(before);
+}
+
+TEST_CASE("Tensor zero and copy of large buffers on several threads") {
+  const int before = num_threads();
+  for (int threads : {1, 3}) {
+    for (std::int64_t n : {std::int64_t{5}, std::int64_t{(5 << 20) / 4 + 3}}) {
+      CAPTURE(threads);
+      CAPTURE(n);
+      set_num_threads(threads);
+      Tensor a = Tensor::empty({n});
+      Rng(7, "copy").fill_normal(a, 0.f, 1.f);
+      Tensor b = Tensor::full({n}, -3.f);
+      b.copy_from(a);
+      CHECK(std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
+      b.fill(-0.f);
+      b.zero();
+      const float* q = b.data<float>();
+      CHECK(std::all_of(q, q + n, [](float v) { return v == 0.f && !std::signbit(v); }));
+      // Overlapping views of one buffer move as memmove moves them.
+      const std::vector<float> original = a.to_vector();
+      a.slice(0, n - 1).copy_from(a.slice(1, n));
+      const float* r = a.data<float>();
+      bool shifted = r[n - 1] == original[static_cast<std::size_t>(n - 1)];
+      for (std::int64_t i = 0; i + 1 < n; ++i)
+        shifted = shifted && r[i] == original[static_cast<std::size_t>(i + 1)];
+      CHECK(shifted);
+    }
+  }
+  set_num_threads(before);
 }

@@ -12,6 +12,7 @@
 #include <pipeline/core/dtype.hpp>
 #include <pipeline/core/error.hpp>
 #include <pipeline/core/shape.hpp>
+#include <pipeline/core/threads.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -153,7 +154,7 @@ class Tensor {
                    "copy_from: source {} does not match destination {}", src.shape(), shape());
     if (nbytes() == 0) return;
     if (m_device.is_cpu() && src.device().is_cpu()) {
-      std::memmove(raw(), src.raw(), nbytes());
+      copy_bytes(raw(), src.raw(), nbytes());
       return;
     }
     const Device on = m_device.is_cpu() ? src.device() : m_device;
@@ -173,7 +174,7 @@ class Tensor {
   void zero() {
     if (nbytes() == 0) return;
     if (m_device.is_cpu())
-      std::memset(raw(), 0, nbytes());
+      zero_bytes(raw(), nbytes());
     else
       device_functions(m_device).zero(raw(), m_device.index, nbytes());
   }

@@ -2,6 +2,8 @@
 // sets it from --threads; by default it is the machine's cores divided among the ranks on it.
 #pragma once
 
+#include <cstddef>
+
 namespace pipeline {
 
 void set_num_threads(int n);
@@ -17,5 +19,12 @@ int default_num_threads();
 // a thread); 1 otherwise. Each rank's thread then sets its own num_threads (OpenMP's count is
 // per thread).
 void set_ranks_per_process(int n);
+
+// memset(dst, 0, bytes) and memmove(dst, src, bytes) on num_threads() threads for large buffers
+// (gradients zeroed and weight versions copied every step: serial, they were the part of a step
+// that more threads did not shorten), plain memset / memmove below a few MiB or when the ranges
+// overlap.
+void zero_bytes(void* dst, std::size_t bytes);
+void copy_bytes(void* dst, const void* src, std::size_t bytes);
 
 }  // namespace pipeline
