@@ -1,5 +1,7 @@
 #include <pipeline/core/threads.hpp>
 
+#include "parallel_pieces.hpp"
+
 #include <Eigen/Core>
 
 #include <algorithm>
@@ -56,37 +58,15 @@ void set_ranks_per_process(int n) {
   g_ranks_per_process = std::max(1, n);
 }
 
-namespace {
-
-// Runs fn(offset, length) over [0, bytes) in one contiguous piece per thread, each at least
-// kMinPiece long (below it, waking the threads costs more than the memory traffic saves).
-// Pieces start on 64-byte boundaries.
-template <typename Fn>
-void over_pieces(std::size_t bytes, Fn&& fn) {
-  constexpr std::size_t kMinPiece = std::size_t{1} << 20;
-  const std::size_t most = std::max<std::size_t>(1, bytes / kMinPiece);
-  const int threads =
-      static_cast<int>(std::min<std::size_t>(most, static_cast<std::size_t>(num_threads())));
-  if (threads <= 1) {
-    fn(std::size_t{0}, bytes);
-    return;
-  }
-  const std::size_t piece = (bytes / static_cast<std::size_t>(threads) + 63) / 64 * 64;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(static)
-#endif
-  for (int t = 0; t < threads; ++t) {
-    const std::size_t begin = std::min(bytes, static_cast<std::size_t>(t) * piece);
-    const std::size_t end = t + 1 == threads ? bytes : std::min(bytes, begin + piece);
-    if (end > begin) fn(begin, end - begin);
-  }
-}
-
-}  // namespace
+// Buffers below 1 MiB per thread are zeroed and copied on the calling thread.
+constexpr std::int64_t kMinPieceBytes = std::int64_t{1} << 20;
 
 void zero_bytes(void* dst, std::size_t bytes) {
   auto* d = static_cast<std::byte*>(dst);
-  over_pieces(bytes, [d](std::size_t at, std::size_t n) { std::memset(d + at, 0, n); });
+  detail::for_each_piece(static_cast<std::int64_t>(bytes), kMinPieceBytes, 64,
+                         [d](std::int64_t at, std::int64_t n) {
+                           std::memset(d + at, 0, static_cast<std::size_t>(n));
+                         });
 }
 
 void copy_bytes(void* dst, const void* src, std::size_t bytes) {
@@ -97,7 +77,10 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
     std::memmove(d, s, bytes);
     return;
   }
-  over_pieces(bytes, [d, s](std::size_t at, std::size_t n) { std::memcpy(d + at, s + at, n); });
+  detail::for_each_piece(static_cast<std::int64_t>(bytes), kMinPieceBytes, 64,
+                         [d, s](std::int64_t at, std::int64_t n) {
+                           std::memcpy(d + at, s + at, static_cast<std::size_t>(n));
+                         });
 }
 
 }  // namespace pipeline

@@ -2,6 +2,7 @@
 
 #include <pipeline/core/threads.hpp>
 
+#include "../core/parallel_pieces.hpp"
 #include "cuda_dispatch.hpp"
 
 #include <Eigen/Core>
@@ -29,25 +30,11 @@ void check_pair(const char* op, const Tensor& param, const Tensor& other, const 
                  op, what, other.shape(), other.numel(), param.shape(), param.numel());
 }
 
-// Runs fn(begin, count) over [0, n) in contiguous chunks of at least min_chunk. Small tensors
-// stay on one thread: the fork-join costs more than the arithmetic below ~64k elements.
-template <typename Fn>
-void for_chunks(std::int64_t n, Fn&& fn, std::int64_t min_chunk = 1 << 16) {
-  const int threads = static_cast<int>(
-      std::clamp<std::int64_t>(n / min_chunk, 1, static_cast<std::int64_t>(num_threads())));
-  if (threads <= 1) {
-    fn(std::int64_t{0}, n);
-    return;
-  }
-  // Chunk boundaries on multiples of 16 floats keep every chunk's vector loads aligned alike.
-  const std::int64_t chunk = ((n + threads - 1) / threads + 15) / 16 * 16;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int t = 0; t < threads; ++t) {
-    const std::int64_t begin = std::min<std::int64_t>(n, t * chunk);
-    const std::int64_t end = std::min<std::int64_t>(n, begin + chunk);
-    if (end > begin) fn(begin, end - begin);
-  }
-}
+// Each thread's piece of an update or reduction holds at least this many elements (below it the
+// fork-join costs more than the arithmetic); pieces are multiples of 16 floats, so that every
+// piece's vector loads are aligned alike.
+constexpr std::int64_t kMinPiece = 1 << 16;
+constexpr std::int64_t kPieceAlign = 16;
 
 // Adam's bias corrections in double: beta2^step underflows gracefully and 1 - beta^step keeps its
 // digits for small steps; the per-element work stays in float.
@@ -151,27 +138,29 @@ void sgd_update(Tensor& param, const Tensor& grad, Tensor* momentum_buffer, bool
   float* b = use_momentum ? momentum_buffer->data<float>() : nullptr;
   const float lr = p.lr, mu = p.momentum, wd = p.weight_decay, keep = 1.f - p.dampening;
 
-  for_chunks(param.numel(), [&](std::int64_t i, std::int64_t n) {
-    Array W(w + i, n);
-    ConstArray G(g + i, n);
-    if (!use_momentum) {
-      if (wd != 0.f)
-        W -= lr * (G + wd * W);
-      else
-        W -= lr * G;
-      return;
-    }
-    Array B(b + i, n);
-    // d_p = g + wd·w is formed inside each expression rather than stored, so one pass suffices.
-    if (first_step)
-      B = G + wd * W;
-    else
-      B = mu * B + keep * (G + wd * W);
-    if (p.nesterov)
-      W -= lr * ((G + wd * W) + mu * B);
-    else
-      W -= lr * B;
-  });
+  detail::for_each_piece(param.numel(), kMinPiece, kPieceAlign,
+                         [&](std::int64_t i, std::int64_t n) {
+                           Array W(w + i, n);
+                           ConstArray G(g + i, n);
+                           if (!use_momentum) {
+                             if (wd != 0.f)
+                               W -= lr * (G + wd * W);
+                             else
+                               W -= lr * G;
+                             return;
+                           }
+                           Array B(b + i, n);
+                           // d_p = g + wd·w is formed inside each expression rather than stored, so
+                           // one pass suffices.
+                           if (first_step)
+                             B = G + wd * W;
+                           else
+                             B = mu * B + keep * (G + wd * W);
+                           if (p.nesterov)
+                             W -= lr * ((G + wd * W) + mu * B);
+                           else
+                             W -= lr * B;
+                         });
 }
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
@@ -206,19 +195,20 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
   const float* g = grad.data<float>();
   float* m = exp_avg.data<float>();
   float* v = exp_avg_sq.data<float>();
-  for_chunks(param.numel(), [&](std::int64_t i, std::int64_t n) {
-    Array W(w + i, n), M(m + i, n), V(v + i, n);
-    ConstArray G(g + i, n);
-    if (decoupled) {
-      if (wd != 0.f) W *= decay;
-      M = b1 * M + (1.f - b1) * G;
-      V = b2 * V + (1.f - b2) * G.square();
-    } else {
-      M = b1 * M + (1.f - b1) * (G + wd * W);
-      V = b2 * V + (1.f - b2) * (G + wd * W).square();
-    }
-    W -= step_size * M / (V.sqrt() * inv_sqrt_bc2 + eps);
-  });
+  detail::for_each_piece(param.numel(), kMinPiece, kPieceAlign,
+                         [&](std::int64_t i, std::int64_t n) {
+                           Array W(w + i, n), M(m + i, n), V(v + i, n);
+                           ConstArray G(g + i, n);
+                           if (decoupled) {
+                             if (wd != 0.f) W *= decay;
+                             M = b1 * M + (1.f - b1) * G;
+                             V = b2 * V + (1.f - b2) * G.square();
+                           } else {
+                             M = b1 * M + (1.f - b1) * (G + wd * W);
+                             V = b2 * V + (1.f - b2) * (G + wd * W).square();
+                           }
+                           W -= step_size * M / (V.sqrt() * inv_sqrt_bc2 + eps);
+                         });
 }
 
 void sgd_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
@@ -289,15 +279,13 @@ double sum_of_squares(const Tensor& x) {
   thread_local std::vector<float> block_sums;
   block_sums.resize(static_cast<std::size_t>(blocks));
   float* sums = block_sums.data();
-  for_chunks(
-      blocks,
-      [&](std::int64_t first, std::int64_t count) {
-        for (std::int64_t b = first; b < first + count; ++b) {
-          const std::int64_t i = b * kBlock;
-          sums[b] = ConstArray(p + i, std::min(kBlock, n - i)).square().sum();
-        }
-      },
-      (1 << 16) / kBlock);
+  detail::for_each_piece(blocks, kMinPiece / kBlock, kPieceAlign,
+                         [&](std::int64_t first, std::int64_t count) {
+                           for (std::int64_t b = first; b < first + count; ++b) {
+                             const std::int64_t i = b * kBlock;
+                             sums[b] = ConstArray(p + i, std::min(kBlock, n - i)).square().sum();
+                           }
+                         });
   double total = 0.0;
   for (std::int64_t b = 0; b < blocks; ++b) total += static_cast<double>(sums[b]);
   return total;
@@ -339,7 +327,8 @@ void scale_inplace(Tensor& x, float factor) {
   PIPELINE_CHECK(x.dtype() == DType::Float32 && x.device().is_cpu(),
                  "scale_inplace: expected a float32 CPU tensor");
   float* p = x.data<float>();
-  for_chunks(x.numel(), [&](std::int64_t i, std::int64_t n) { Array(p + i, n) *= factor; });
+  detail::for_each_piece(x.numel(), kMinPiece, kPieceAlign,
+                         [&](std::int64_t i, std::int64_t n) { Array(p + i, n) *= factor; });
 }
 
 }  // namespace pipeline::ops

@@ -157,6 +157,7 @@ struct LayerRules {
   Sgd momentum{SgdOptions{.momentum = 0.9f}};
   AdamW adamw;
   static constexpr int kCount = 3;
+  static constexpr std::array<const char*, kCount> kNames = {"sgd", "momentum", "adamw"};
   Optimizer& rule(int k) {
     if (k == 0) return sgd;
     if (k == 1) return momentum;
@@ -354,11 +355,9 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
     lp.saved_bytes = saved_bytes(saved[I], input_storage, lp.saved_input_bytes);
     lp.split_kept_bytes = split_kept[I];
     lp.flops = layer.flops(shapes[I]);
-    if (!grads[I].empty()) {
-      lp.step_s.sgd = summarize(step_times[0][I]).median;
-      lp.step_s.momentum = summarize(step_times[1][I]).median;
-      lp.step_s.adamw = summarize(step_times[2][I]).median;
-    }
+    for (int k = 0; !grads[I].empty() && k < LayerRules::kCount; ++k)
+      lp.step_s.of(LayerRules::kNames[static_cast<std::size_t>(k)]) =
+          summarize(step_times[static_cast<std::size_t>(k)][I]).median;
     out.layers.push_back(std::move(lp));
   }
   return out;

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 using namespace pipeline;
@@ -266,35 +265,6 @@ TEST_CASE("sum_of_squares: float block sums added in double, the same bits on an
       const double got = ops::sum_of_squares(x);
       CHECK(got == expected);
       CHECK(got == doctest::Approx(exact).epsilon(1e-6));
-    }
-  }
-  set_num_threads(before);
-}
-
-TEST_CASE("Tensor zero and copy of large buffers on several threads") {
-  const int before = num_threads();
-  for (int threads : {1, 3}) {
-    for (std::int64_t n : {std::int64_t{5}, std::int64_t{(5 << 20) / 4 + 3}}) {
-      CAPTURE(threads);
-      CAPTURE(n);
-      set_num_threads(threads);
-      Tensor a = Tensor::empty({n});
-      Rng(7, "copy").fill_normal(a, 0.f, 1.f);
-      Tensor b = Tensor::full({n}, -3.f);
-      b.copy_from(a);
-      CHECK(std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
-      b.fill(-0.f);
-      b.zero();
-      const float* q = b.data<float>();
-      CHECK(std::all_of(q, q + n, [](float v) { return v == 0.f && !std::signbit(v); }));
-      // Overlapping views of one buffer move as memmove moves them.
-      const std::vector<float> original = a.to_vector();
-      a.slice(0, n - 1).copy_from(a.slice(1, n));
-      const float* r = a.data<float>();
-      bool shifted = r[n - 1] == original[static_cast<std::size_t>(n - 1)];
-      for (std::int64_t i = 0; i + 1 < n; ++i)
-        shifted = shifted && r[i] == original[static_cast<std::size_t>(i + 1)];
-      CHECK(shifted);
     }
   }
   set_num_threads(before);
