@@ -138,29 +138,29 @@ void sgd_update(Tensor& param, const Tensor& grad, Tensor* momentum_buffer, bool
   float* b = use_momentum ? momentum_buffer->data<float>() : nullptr;
   const float lr = p.lr, mu = p.momentum, wd = p.weight_decay, keep = 1.f - p.dampening;
 
-  detail::for_each_piece(param.numel(), kMinPiece, kPieceAlign,
-                         [&](std::int64_t i, std::int64_t n) {
-                           Array W(w + i, n);
-                           ConstArray G(g + i, n);
-                           if (!use_momentum) {
-                             if (wd != 0.f)
-                               W -= lr * (G + wd * W);
-                             else
-                               W -= lr * G;
-                             return;
-                           }
-                           Array B(b + i, n);
-                           // d_p = g + wd·w is formed inside each expression rather than stored, so
-                           // one pass suffices.
-                           if (first_step)
-                             B = G + wd * W;
-                           else
-                             B = mu * B + keep * (G + wd * W);
-                           if (p.nesterov)
-                             W -= lr * ((G + wd * W) + mu * B);
-                           else
-                             W -= lr * B;
-                         });
+  pipeline::detail::for_each_piece(param.numel(), kMinPiece, kPieceAlign,
+                                   [&](std::int64_t i, std::int64_t n) {
+                                     Array W(w + i, n);
+                                     ConstArray G(g + i, n);
+                                     if (!use_momentum) {
+                                       if (wd != 0.f)
+                                         W -= lr * (G + wd * W);
+                                       else
+                                         W -= lr * G;
+                                       return;
+                                     }
+                                     Array B(b + i, n);
+                                     // d_p = g + wd·w is formed inside each expression rather than
+                                     // stored, so one pass suffices.
+                                     if (first_step)
+                                       B = G + wd * W;
+                                     else
+                                       B = mu * B + keep * (G + wd * W);
+                                     if (p.nesterov)
+                                       W -= lr * ((G + wd * W) + mu * B);
+                                     else
+                                       W -= lr * B;
+                                   });
 }
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
@@ -195,20 +195,20 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
   const float* g = grad.data<float>();
   float* m = exp_avg.data<float>();
   float* v = exp_avg_sq.data<float>();
-  detail::for_each_piece(param.numel(), kMinPiece, kPieceAlign,
-                         [&](std::int64_t i, std::int64_t n) {
-                           Array W(w + i, n), M(m + i, n), V(v + i, n);
-                           ConstArray G(g + i, n);
-                           if (decoupled) {
-                             if (wd != 0.f) W *= decay;
-                             M = b1 * M + (1.f - b1) * G;
-                             V = b2 * V + (1.f - b2) * G.square();
-                           } else {
-                             M = b1 * M + (1.f - b1) * (G + wd * W);
-                             V = b2 * V + (1.f - b2) * (G + wd * W).square();
-                           }
-                           W -= step_size * M / (V.sqrt() * inv_sqrt_bc2 + eps);
-                         });
+  pipeline::detail::for_each_piece(param.numel(), kMinPiece, kPieceAlign,
+                                   [&](std::int64_t i, std::int64_t n) {
+                                     Array W(w + i, n), M(m + i, n), V(v + i, n);
+                                     ConstArray G(g + i, n);
+                                     if (decoupled) {
+                                       if (wd != 0.f) W *= decay;
+                                       M = b1 * M + (1.f - b1) * G;
+                                       V = b2 * V + (1.f - b2) * G.square();
+                                     } else {
+                                       M = b1 * M + (1.f - b1) * (G + wd * W);
+                                       V = b2 * V + (1.f - b2) * (G + wd * W).square();
+                                     }
+                                     W -= step_size * M / (V.sqrt() * inv_sqrt_bc2 + eps);
+                                   });
 }
 
 void sgd_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
@@ -279,13 +279,13 @@ double sum_of_squares(const Tensor& x) {
   thread_local std::vector<float> block_sums;
   block_sums.resize(static_cast<std::size_t>(blocks));
   float* sums = block_sums.data();
-  detail::for_each_piece(blocks, kMinPiece / kBlock, kPieceAlign,
-                         [&](std::int64_t first, std::int64_t count) {
-                           for (std::int64_t b = first; b < first + count; ++b) {
-                             const std::int64_t i = b * kBlock;
-                             sums[b] = ConstArray(p + i, std::min(kBlock, n - i)).square().sum();
-                           }
-                         });
+  pipeline::detail::for_each_piece(
+      blocks, kMinPiece / kBlock, kPieceAlign, [&](std::int64_t first, std::int64_t count) {
+        for (std::int64_t b = first; b < first + count; ++b) {
+          const std::int64_t i = b * kBlock;
+          sums[b] = ConstArray(p + i, std::min(kBlock, n - i)).square().sum();
+        }
+      });
   double total = 0.0;
   for (std::int64_t b = 0; b < blocks; ++b) total += static_cast<double>(sums[b]);
   return total;
@@ -327,8 +327,9 @@ void scale_inplace(Tensor& x, float factor) {
   PIPELINE_CHECK(x.dtype() == DType::Float32 && x.device().is_cpu(),
                  "scale_inplace: expected a float32 CPU tensor");
   float* p = x.data<float>();
-  detail::for_each_piece(x.numel(), kMinPiece, kPieceAlign,
-                         [&](std::int64_t i, std::int64_t n) { Array(p + i, n) *= factor; });
+  pipeline::detail::for_each_piece(
+      x.numel(), kMinPiece, kPieceAlign,
+      [&](std::int64_t i, std::int64_t n) { Array(p + i, n) *= factor; });
 }
 
 }  // namespace pipeline::ops
