@@ -17,9 +17,10 @@ std::atomic<bool> g_allow_tf32{false};
 
 constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
 
-// What decides the algorithm: shapes, strides, transposes, epilogue, compute type, beta != 0.
+// What decides the algorithm: shapes, strides, transposes, epilogue, compute type, beta != 0,
+// operand type.
 using AlgoKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                           std::int64_t, bool, bool, int, bool, bool>;
+                           std::int64_t, bool, bool, int, bool, bool, int>;
 
 // One cuBLASLt handle, workspace and algorithm cache per device and thread (a stage thread of an
 // in-process pipeline has its own, so nothing is shared between concurrent streams).
@@ -75,16 +76,20 @@ struct Preference {
 void set_allow_tf32(bool allow) { g_allow_tf32 = allow; }
 bool allow_tf32() { return g_allow_tf32; }
 
-void gemm_f32(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::int64_t m,
-              std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
-              const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc,
-              GemmEpilogue epilogue, const float* bias) {
+namespace {
+
+// C (fp32) = alpha op(A) op(B) + beta C with A and B of `operands` type (fp32 or bf16); bf16
+// operands always accumulate in fp32, fp32 ones in TF32 where allowed.
+void gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::int64_t m,
+              std::int64_t n, std::int64_t k, float alpha, cudaDataType_t operands, const void* a,
+              std::int64_t lda, const void* b, std::int64_t ldb, float beta, float* c,
+              std::int64_t ldc, GemmEpilogue epilogue, const float* bias) {
   if (m == 0 || n == 0) return;
   PIPELINE_CHECK(epilogue == GemmEpilogue::None || bias != nullptr,
-                 "gemm_f32: a bias epilogue needs the bias");
+                 "gemm: a bias epilogue needs the bias");
   DeviceGuard guard(device);
   BlasContext& ctx = context(device);
-  const bool tf32 = g_allow_tf32;
+  const bool tf32 = operands == CUDA_R_32F && g_allow_tf32;
   const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 
   // Column-major view: C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m). Row-major B (stored rows x
@@ -113,14 +118,16 @@ void gemm_f32(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
   const std::uint64_t a_cols = trans_b ? static_cast<std::uint64_t>(n) : static_cast<std::uint64_t>(k);
   const std::uint64_t b_rows = trans_a ? static_cast<std::uint64_t>(m) : static_cast<std::uint64_t>(k);
   const std::uint64_t b_cols = trans_a ? static_cast<std::uint64_t>(k) : static_cast<std::uint64_t>(m);
-  PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la.layout, CUDA_R_32F, a_rows, a_cols, ldb));
-  PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb.layout, CUDA_R_32F, b_rows, b_cols, lda));
+  PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la.layout, operands, a_rows, a_cols, ldb));
+  PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb.layout, operands, b_rows, b_cols, lda));
   PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc.layout, CUDA_R_32F,
                                                    static_cast<std::uint64_t>(n),
                                                    static_cast<std::uint64_t>(m), ldc));
 
-  const AlgoKey key{m, n, k, lda, ldb, ldc, trans_a, trans_b, static_cast<int>(epilogue), tf32,
-                    beta != 0.f};
+  const AlgoKey key{m,       n,           k,
+                    lda,     ldb,         ldc,
+                    trans_a, trans_b,     static_cast<int>(epilogue),
+                    tf32,    beta != 0.f, static_cast<int>(operands)};
   auto it = ctx.algos.find(key);
   if (it == ctx.algos.end()) {
     Preference pref;
@@ -134,15 +141,34 @@ void gemm_f32(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
                                                          lc.layout, lc.layout, pref.pref, 1,
                                                          &result, &found));
     PIPELINE_CHECK_AS(CudaError, found > 0,
-                      "cuBLASLt has no algorithm for a {}x{}x{} fp32 product (transposes {}/{}) "
+                      "cuBLASLt has no algorithm for a {}x{}x{} {} product (transposes {}/{}) "
                       "on {}",
-                      m, n, k, trans_a, trans_b, current_device_name());
+                      m, n, k, operands == CUDA_R_16BF ? "bf16" : "fp32", trans_a, trans_b,
+                      current_device_name());
     it = ctx.algos.emplace(key, result.algo).first;
   }
   // k == 0 is a valid product: the result is beta C (plus the epilogue).
   PIPELINE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op.desc, &alpha, b, la.layout, a, lb.layout,
                                        &beta, c, lc.layout, c, lc.layout, &it->second,
                                        ctx.workspace, kWorkspaceBytes, stream));
+}
+
+}  // namespace
+
+void gemm_f32(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::int64_t m,
+              std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
+              const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc,
+              GemmEpilogue epilogue, const float* bias) {
+  gemm_any(stream, device, trans_a, trans_b, m, n, k, alpha, CUDA_R_32F, a, lda, b, ldb, beta, c,
+           ldc, epilogue, bias);
+}
+
+void gemm_bf16(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::int64_t m,
+               std::int64_t n, std::int64_t k, float alpha, const std::uint16_t* a,
+               std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, float beta, float* c,
+               std::int64_t ldc, GemmEpilogue epilogue, const float* bias) {
+  gemm_any(stream, device, trans_a, trans_b, m, n, k, alpha, CUDA_R_16BF, a, lda, b, ldb, beta, c,
+           ldc, epilogue, bias);
 }
 
 }  // namespace pipeline::cuda

@@ -1,4 +1,5 @@
 #include <pipeline/ops/attention.hpp>
+#include <pipeline/ops/precision.hpp>
 
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
@@ -154,8 +155,9 @@ Shape attention_saved_shape(Device device, std::int64_t batch, std::int64_t head
   return Shape{batch, heads, steps, steps};
 }
 
-void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t heads,
-                       Tensor& out, Tensor& saved, bool causal) {
+void attention_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                       std::int64_t heads, Tensor& out, Tensor& saved, bool causal) {
+  const Tensor q = product_operand(q_in), k = product_operand(k_in), v = product_operand(v_in);
   const char* op = "attention_forward";
   const Layout L = check_layout(op, q, heads);
   const Device device = op_device(op, {&q, &k, &v, &out, &saved});
@@ -178,9 +180,11 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, std::i
                out.data<float>(), saved.data<float>(), causal);
 }
 
-void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        const Tensor& saved, const Tensor& dout, std::int64_t heads, Tensor& dq,
-                        Tensor& dk, Tensor& dv, bool causal) {
+void attention_backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                        const Tensor& out, const Tensor& saved, const Tensor& dout_in,
+                        std::int64_t heads, Tensor& dq, Tensor& dk, Tensor& dv, bool causal) {
+  const Tensor q = product_operand(q_in), k = product_operand(k_in), v = product_operand(v_in),
+               dout = product_operand(dout_in);
   const char* op = "attention_backward";
   const Layout L = check_layout(op, q, heads);
   const Device device = op_device(op, {&q, &k, &v, &out, &saved, &dout, &dq, &dk, &dv});
@@ -210,8 +214,9 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                 {dq.data<float>(), dk.data<float>(), dv.data<float>(), L.channels});
 }
 
-void attention_forward_packed(const Tensor& qkv, std::int64_t heads, Tensor& out, Tensor& saved,
+void attention_forward_packed(const Tensor& qkv_in, std::int64_t heads, Tensor& out, Tensor& saved,
                               bool causal) {
+  const Tensor qkv = product_operand(qkv_in);
   const char* op = "attention_forward_packed";
   const Layout L = check_layout(op, out, heads);
   const Device device = op_device(op, {&qkv, &out, &saved});
@@ -234,8 +239,10 @@ void attention_forward_packed(const Tensor& qkv, std::int64_t heads, Tensor& out
                saved.data<float>(), causal);
 }
 
-void attention_backward_packed(const Tensor& qkv, const Tensor& out, const Tensor& saved,
-                               const Tensor& dout, std::int64_t heads, Tensor& dqkv, bool causal) {
+void attention_backward_packed(const Tensor& qkv_in, const Tensor& out, const Tensor& saved,
+                               const Tensor& dout_in, std::int64_t heads, Tensor& dqkv,
+                               bool causal) {
+  const Tensor qkv = product_operand(qkv_in), dout = product_operand(dout_in);
   const char* op = "attention_backward_packed";
   const Layout L = check_layout(op, dout, heads);
   const Device device = op_device(op, {&qkv, &out, &saved, &dout, &dqkv});

@@ -1,5 +1,6 @@
 #include <pipeline/core/threads.hpp>
 #include <pipeline/ops/conv.hpp>
+#include <pipeline/ops/precision.hpp>
 
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
@@ -274,8 +275,9 @@ Shape conv2d_output_shape(const Shape& x, const Shape& weight, const Window2d& w
   return window.output_shape(x, weight[0]);
 }
 
-void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
+void conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias, Tensor& y,
                     const Window2d& window) {
+  const Tensor x = product_operand(x_in), weight = product_operand(weight_in);
   const Geometry g = make_geometry(x.shape(), weight.shape(), window);
   const Shape ys{g.n, g.m, g.oh, g.ow};
   PIPELINE_CHECK(y.shape() == ys, "conv2d_forward: output is {} but must be {}", y.shape(), ys);
@@ -318,8 +320,9 @@ void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, T
   });
 }
 
-void conv2d_backward_data(const Tensor& dy, const Tensor& weight, Tensor& dx,
+void conv2d_backward_data(const Tensor& dy_in, const Tensor& weight_in, Tensor& dx,
                           const Window2d& window) {
+  const Tensor dy = product_operand(dy_in), weight = product_operand(weight_in);
   const Geometry g = make_geometry(dx.shape(), weight.shape(), window);
   const Shape ys{g.n, g.m, g.oh, g.ow};
   PIPELINE_CHECK(dy.shape() == ys, "conv2d_backward_data: output gradient is {} but must be {}",
@@ -361,8 +364,9 @@ void conv2d_backward_data(const Tensor& dy, const Tensor& weight, Tensor& dx,
   });
 }
 
-void conv2d_backward_filter(const Tensor& x, const Tensor& dy, Tensor& dweight,
+void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dweight,
                             const Window2d& window) {
+  const Tensor x = product_operand(x_in), dy = product_operand(dy_in);
   const Geometry g = make_geometry(x.shape(), dweight.shape(), window);
   const Shape ys{g.n, g.m, g.oh, g.ow};
   PIPELINE_CHECK(dy.shape() == ys, "conv2d_backward_filter: output gradient is {} but must be {}",

@@ -1,4 +1,6 @@
+#include <pipeline/ops/convert.hpp>
 #include <pipeline/ops/gemm.hpp>
+#include <pipeline/ops/precision.hpp>
 
 #include "eigen_maps.hpp"
 
@@ -26,8 +28,16 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 #if PIPELINE_WITH_CUDA
   if (const Device d = detail::common_device("gemm", {&a, &b, &c}); d.is_cuda()) {
     const detail::CudaScope cuda(d);
+    if (compute_dtype() == DType::BFloat16) {  // the bf16 tensor cores
+      const Tensor a16 = to_dtype(a, DType::BFloat16), b16 = to_dtype(b, DType::BFloat16);
+      cuda::gemm_bf16(cuda.stream(), d.index, trans_a, trans_b, m, n, k, alpha,
+                      a16.device_data<std::uint16_t>(), a.dim(1), b16.device_data<std::uint16_t>(),
+                      b.dim(1), beta, c.device_data<float>(), c.dim(1));
+      return;
+    }
+    const Tensor a32 = product_operand(a), b32 = product_operand(b);
     cuda::gemm_f32(cuda.stream(), d.index, trans_a, trans_b, m, n, k, alpha,
-                   a.device_data<float>(), a.dim(1), b.device_data<float>(), b.dim(1), beta,
+                   a32.device_data<float>(), a.dim(1), b32.device_data<float>(), b.dim(1), beta,
                    c.device_data<float>(), c.dim(1));
     return;
   }
@@ -38,8 +48,10 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
     if (beta == 0.f) C.setZero(); else C *= beta;
     return;
   }
-  auto A = as_matrix(a);
-  auto B = as_matrix(b);
+  // Under a bf16 compute dtype the operands are read rounded (ops/precision.hpp).
+  const Tensor a32 = product_operand(a), b32 = product_operand(b);
+  auto A = as_matrix(a32);
+  auto B = as_matrix(b32);
   // Eigen's noalias() product runs its packed, multi-threaded gemm kernel; the four transpose
   // cases are spelled out so that each maps to that kernel without a temporary.
   if (beta == 0.f) C.setZero();

@@ -4,6 +4,7 @@
 #include <pipeline/core/log.hpp>
 #include <pipeline/core/threads.hpp>
 #include <pipeline/ops/convert.hpp>
+#include <pipeline/ops/precision.hpp>
 #include <pipeline/optim/flatten.hpp>
 #include <pipeline/optim/grad_clip.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
@@ -305,8 +306,14 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
         num_threads(), comm.rank(), cpus, cpus);
     set_num_threads(cpus);
   }
+  PIPELINE_CHECK_AS(
+      ConfigError,
+      m_options.compute_dtype == DType::Float32 || m_options.compute_dtype == DType::BFloat16,
+      "products compute in float32 or bfloat16, not {}", dtype_name(m_options.compute_dtype));
+  const bool bf16_stash = m_options.compute_dtype == DType::BFloat16 && m_options.bf16_stash;
   m_store = std::make_unique<WeightStore>(
       to_device(model.init(m_options.seed, layers()), m_options.device));
+  if (bf16_stash) m_store->set_bf16_stash(bf16_stash_mask(model, layers()));
   m_grads = model.zero_grads(layers(), m_options.device);
   if (mine.size() > 1) {
     // Gradient buckets, in backward order: layers from the stage's last one down until a bucket
@@ -342,6 +349,7 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
     slot.stage = s;
     slot.store = std::make_unique<WeightStore>(
         to_device(model.init(m_options.seed, m_layout.stages[s]), m_options.device));
+    if (bf16_stash) slot.store->set_bf16_stash(bf16_stash_mask(model, m_layout.stages[s]));
     slot.grads = model.zero_grads(m_layout.stages[s], m_options.device);
     slot.recompute = static_cast<std::size_t>(s) < m_options.recompute.size() &&
                      m_options.recompute[static_cast<std::size_t>(s)];
@@ -926,6 +934,7 @@ void StageExecutor::do_step(Run& run, const Action& a) {
 }
 
 void StageExecutor::execute(Run& run) {
+  const ops::ComputeDTypeScope precision(m_options.compute_dtype);
   const auto& acts = *run.actions;
   for (std::size_t i = 0; i < acts.size(); ++i)
     if (is_recv(acts[i].kind)) run.recv_indices.push_back(i);

@@ -7,7 +7,8 @@
 // algorithm is chosen by cuBLASLt's heuristic once per shape (and transposes, epilogue, compute
 // type) and cached; its workspace (32 MiB per device) comes from the caching allocator.
 //
-// Precision: fp32 inputs and accumulation by default, so results match the CPU to fp32 rounding.
+// Precision: fp32 inputs and accumulation by default, so results match the CPU to fp32 rounding;
+// gemm_bf16 takes bf16 inputs and accumulates in fp32 (mixed precision, ops/precision.hpp).
 // set_allow_tf32(true) lets the tensor cores round inputs to TF32 (10-bit mantissa), several times
 // faster and about 1e-3 relative error: an explicit choice, like PyTorch's
 // torch.backends.cuda.matmul.allow_tf32.
@@ -36,5 +37,13 @@ void gemm_f32(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
               std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,
               const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc,
               GemmEpilogue epilogue = GemmEpilogue::None, const float* bias = nullptr);
+
+// The same with bf16 operands (their 16 bits), accumulated and written in fp32 on the bf16 tensor
+// cores: the CUDA side of ops::gemm under a bf16 compute dtype (ops/precision.hpp).
+void gemm_bf16(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::int64_t m,
+               std::int64_t n, std::int64_t k, float alpha, const std::uint16_t* a,
+               std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, float beta, float* c,
+               std::int64_t ldc, GemmEpilogue epilogue = GemmEpilogue::None,
+               const float* bias = nullptr);
 
 }  // namespace pipeline::cuda

@@ -38,6 +38,9 @@ struct ParamSpec {
   Shape shape;
   Init init;
   DType dtype = DType::Float32;
+  // Read only as an operand of products (gemm, convolution: ops/precision.hpp), which under a
+  // bf16 compute dtype round it to bf16 anyway: a stashed weight version may keep it in bf16.
+  bool product_operand = false;
 };
 
 // One version of a layer's parameters plus its non-trainable buffers (batch-norm running

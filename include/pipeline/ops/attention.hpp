@@ -16,7 +16,9 @@
 //     tile by tile as exp(S − lse). Head dims up to 128 (ConfigError beyond).
 // The backward takes the forward's `out` too (the CUDA path needs rowsum(dO ⊙ O); the CPU path
 // only checks its shape) and the forward's `causal` (the CPU path reads the mask from P).
-// All tensors of one call must be on one device (ConfigError naming both otherwise).
+// All tensors of one call must be on one device (ConfigError naming both otherwise). Under a bf16
+// compute dtype (ops/precision.hpp) q, k, v and dout are read rounded to bf16; the softmax and
+// the accumulations stay fp32.
 //
 // The packed forms take qkv [B, T, 3·C] with q, k and v side by side along the last dimension
 // (the output of one Linear(C, 3C)), and write dqkv in the same layout.

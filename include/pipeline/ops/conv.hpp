@@ -13,7 +13,9 @@
 // OpenMP threads (see src/ops/conv.cpp for why). On a CUDA device (every tensor on it; mixed
 // devices are a ConfigError naming both): cuDNN with the same accumulate semantics, fp32 unless
 // cuda::set_allow_tf32, deterministic algorithms unless cuda::set_deterministic(false)
-// (pipeline/cuda/dnn.hpp); the bias add and bias gradient are custom kernels.
+// (pipeline/cuda/dnn.hpp); the bias add and bias gradient are custom kernels. Under a bf16 compute
+// dtype (ops/precision.hpp) the products' operands (x, weight, dy) are read rounded to bf16;
+// weight may be a bfloat16 tensor (a stashed version).
 #pragma once
 
 #include <pipeline/core/tensor.hpp>

@@ -4,6 +4,8 @@
 // its transpose. beta = 1 accumulates into C, which is how gradient accumulation over
 // microbatches is expressed. CPU: Eigen's blocked, vectorised, threaded gemm. CUDA (all three on
 // one device): cuBLASLt in fp32, or TF32 where cuda::set_allow_tf32 allows it (cuda/blas.hpp).
+// Under a bf16 compute dtype (ops/precision.hpp) A and B are read rounded to bf16 (bf16 tensor
+// cores on CUDA); C stays float32. A and B may be bfloat16 tensors (stashed weights).
 #pragma once
 
 #include <pipeline/core/tensor.hpp>

@@ -130,6 +130,13 @@ struct ExecutorOptions {
   // for half the bytes on the wire (ops/convert.hpp: rounded to nearest even before the send,
   // widened back to float32 on receipt; compute stays float32).
   DType transfer_dtype = DType::Float32;
+  // The dtype the products (gemm, convolution, attention) compute in (ops/precision.hpp):
+  // float32, or bfloat16 — mixed precision: bf16 operands, fp32 accumulation, fp32 master
+  // weights, optimizer state, norms, softmax and losses.
+  DType compute_dtype = DType::Float32;
+  // Under a bf16 compute dtype, weight versions besides the latest keep their weight matrices in
+  // bf16 (WeightStore::set_bf16_stash): half their bytes, the same results. false: float32.
+  bool bf16_stash = true;
   float clip_norm = 0.f;      // global gradient-norm clipping (0: off)
   bool record_trace = false;  // keep every executed action's timing (trace_events())
   // Receives posted ahead of the action that waits for them, per kind; more overlap for more

@@ -19,10 +19,16 @@
 //
 // Released versions give their tensors back to a spare list that the next copy reuses, so
 // steady-state stashing allocates nothing.
+//
+// Under bf16 mixed precision (ops/precision.hpp) every product rounds the weight matrices it
+// reads to bf16, so a version that stops being the latest may keep those matrices as bfloat16
+// (set_bf16_stash: half their bytes) without changing any result; the latest version, which the
+// optimizer updates, stays float32 (the master weights).
 #pragma once
 
 #include <pipeline/core/error.hpp>
 #include <pipeline/nn/sequential.hpp>
+#include <pipeline/ops/convert.hpp>
 
 #include <cstdint>
 #include <deque>
@@ -61,6 +67,11 @@ class WeightStore {
     m_vertical_sync = vertical_sync;
     m_floor = m_versions.back().tag;
   }
+
+  // Which parameters (per layer, in LayerParams::params order) a stashed version keeps as
+  // bfloat16: those marked ParamSpec::product_operand, when the products compute in bf16. Empty:
+  // none (the default). Takes effect at the next step.
+  void set_bf16_stash(std::vector<std::vector<bool>> narrow) { m_bf16_stash = std::move(narrow); }
 
   Tag latest_tag() const { return m_versions.back().tag; }
   ModelParams& latest() { return m_versions.back().params; }
@@ -118,6 +129,7 @@ class WeightStore {
       return cur.params;
     }
     Version next{cur.tag + m_tag_step, copy_of(cur.params), 0};
+    narrow(cur.params);  // no longer the latest: read only, by the products
     m_versions.push_back(std::move(next));
     collect();
     return m_versions.back().params;
@@ -187,16 +199,33 @@ class WeightStore {
     if (static_cast<int>(m_versions.size()) > m_peak) m_peak = static_cast<int>(m_versions.size());
   }
 
-  // A deep copy of `src`, into a spare version's tensors when one is available.
+  // A deep copy of `src`, into a spare version's tensors when one is available (a spare tensor
+  // stashed in bf16 is replaced: the copy is a latest version, float32).
   ModelParams copy_of(const ModelParams& src) {
     if (m_spare.empty()) return clone_params(src);
     ModelParams out = std::move(m_spare.back());
     m_spare.pop_back();
+    const auto copy = [](Tensor& dst, const Tensor& from) {
+      if (dst.dtype() == from.dtype())
+        dst.copy_from(from);
+      else
+        dst = from.clone();
+    };
     for (std::size_t l = 0; l < src.size(); ++l) {
-      for (std::size_t k = 0; k < src[l].params.size(); ++k) out[l].params[k].copy_from(src[l].params[k]);
-      for (std::size_t k = 0; k < src[l].buffers.size(); ++k) out[l].buffers[k].copy_from(src[l].buffers[k]);
+      for (std::size_t k = 0; k < src[l].params.size(); ++k)
+        copy(out[l].params[k], src[l].params[k]);
+      for (std::size_t k = 0; k < src[l].buffers.size(); ++k)
+        copy(out[l].buffers[k], src[l].buffers[k]);
     }
     return out;
+  }
+
+  // Keeps the parameters set_bf16_stash names as bfloat16.
+  void narrow(ModelParams& params) const {
+    for (std::size_t l = 0; l < params.size() && l < m_bf16_stash.size(); ++l)
+      for (std::size_t k = 0; k < params[l].params.size() && k < m_bf16_stash[l].size(); ++k)
+        if (m_bf16_stash[l][k])
+          params[l].params[k] = ops::to_dtype(params[l].params[k], DType::BFloat16);
   }
 
   Tag m_tag_step;
@@ -204,7 +233,19 @@ class WeightStore {
   Tag m_floor = 0;
   std::deque<Version> m_versions;
   std::vector<ModelParams> m_spare;
+  std::vector<std::vector<bool>> m_bf16_stash;
   int m_peak = 1;
 };
+
+// What a WeightStore of the layers `range` of `model` narrows under a bf16 compute dtype: per
+// layer, its parameters marked ParamSpec::product_operand.
+inline std::vector<std::vector<bool>> bf16_stash_mask(const Sequential& model, LayerRange range) {
+  std::vector<std::vector<bool>> mask;
+  for (int i = range.begin; i < range.end; ++i) {
+    auto& m = mask.emplace_back();
+    for (const ParamSpec& s : model.layer(i).parameters()) m.push_back(s.product_operand);
+  }
+  return mask;
+}
 
 }  // namespace pipeline

@@ -62,7 +62,8 @@ class Conv2d final : public Layer {
     // PyTorch: kaiming_uniform(a = √5) for the weight and U(±1/√fan_in) for the bias, both a
     // bound of 1/√fan_in with fan_in = in·kh·kw.
     const float bound = 1.f / std::sqrt(static_cast<float>(fan_in()));
-    std::vector<ParamSpec> p{{"weight", weight_shape(), Init::uniform(bound)}};
+    std::vector<ParamSpec> p{
+        {"weight", weight_shape(), Init::uniform(bound), DType::Float32, /*product_operand=*/true}};
     if (m_opt.bias) p.push_back({"bias", {m_opt.out_channels}, Init::uniform(bound)});
     return p;
   }

@@ -36,7 +36,8 @@ class Linear final : public Layer {
     // PyTorch's default: kaiming_uniform(a = √5) for the weight and U(±1/√in) for the bias,
     // both of which come to a bound of 1/√in.
     float bound = 1.f / std::sqrt(static_cast<float>(m_in));
-    std::vector<ParamSpec> p{{"weight", {m_out, m_in}, Init::uniform(bound)}};
+    std::vector<ParamSpec> p{
+        {"weight", {m_out, m_in}, Init::uniform(bound), DType::Float32, /*product_operand=*/true}};
     if (m_bias) p.push_back({"bias", {m_out}, Init::uniform(bound)});
     return p;
   }

@@ -1,0 +1,51 @@
+// Mixed precision: the dtype in which the products — matrix products (gemm), convolutions and
+// attention — read their operands.
+//
+// float32 (the default) computes everything in fp32. bfloat16 is mixed precision in the sense of
+// torch.autocast(dtype=torch.bfloat16) for these ops: every operand is rounded to bf16 (nearest,
+// ties to even: ops/convert.hpp), the products accumulate in fp32 and their results stay fp32.
+// Everything else — biases, activations, norms, softmax, losses, reductions, optimizer state and
+// the master weights — stays fp32. On CUDA, matrix products run on bf16 tensor cores (cuBLASLt);
+// convolutions and attention round their operands and run their fp32 kernels, which computes the
+// same thing. The CPU rounds its operands and runs its fp32 kernels: the same numbers up to the
+// order of accumulation, which makes it the GPU's oracle and lets bf16 training be tested on any
+// machine (it is not faster there).
+//
+// The setting is per thread (each stage thread of an in-process pipeline has its own), set for a
+// scope by ComputeDTypeScope. In either setting a product also takes bfloat16 tensors as
+// operands, widened exactly: weight versions stashed in bf16 (WeightStore) are read as they are.
+// Because a bf16 compute rounds every weight matrix it reads, stashing those matrices in bf16
+// changes no result.
+#pragma once
+
+#include <pipeline/core/tensor.hpp>
+
+namespace pipeline::ops {
+
+// The calling thread's product dtype: DType::Float32 or DType::BFloat16.
+DType compute_dtype();
+
+// Sets the calling thread's product dtype until the scope ends (scopes nest).
+class ComputeDTypeScope {
+ public:
+  explicit ComputeDTypeScope(DType dtype);
+  ~ComputeDTypeScope();
+  ComputeDTypeScope(const ComputeDTypeScope&) = delete;
+  ComputeDTypeScope& operator=(const ComputeDTypeScope&) = delete;
+
+ private:
+  DType m_previous;
+};
+
+// "float32" or "bf16" (the trainers' and the profiler's --dtype) as a DType; a ConfigError naming
+// the choices otherwise.
+DType parse_compute_dtype(const std::string& name);
+
+// x (float32) rounded to bfloat16 and widened back: a new float32 tensor on x's device.
+Tensor round_to_bf16(const Tensor& x);
+
+// What a product reads for operand x: x widened to float32 when it is bfloat16; under a bf16
+// compute dtype, x rounded to bf16 (round_to_bf16); otherwise x itself (shared, not copied).
+Tensor product_operand(const Tensor& x);
+
+}  // namespace pipeline::ops

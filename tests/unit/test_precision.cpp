@@ -1,0 +1,309 @@
+// bf16 mixed precision (ops/precision.hpp): the products read their operands rounded to bf16 and
+// nothing else changes; bf16 operand tensors (stashed weights) are read exactly; weight versions
+// stashed in bf16 change no result and take half the bytes; a pipeline under bf16 equals the
+// single process under bf16.
+#include <doctest/doctest.h>
+
+#include <pipeline/comm/comms/local.hpp>
+#include <pipeline/core/rng.hpp>
+#include <pipeline/core/threads.hpp>
+#include <pipeline/nn/layers/activation.hpp>
+#include <pipeline/nn/layers/conv2d.hpp>
+#include <pipeline/nn/layers/linear.hpp>
+#include <pipeline/ops/attention.hpp>
+#include <pipeline/ops/conv.hpp>
+#include <pipeline/ops/convert.hpp>
+#include <pipeline/ops/gemm.hpp>
+#include <pipeline/ops/precision.hpp>
+#include <pipeline/runtime/sequential_trainer.hpp>
+#include <pipeline/runtime/stage_executor.hpp>
+#include <pipeline/runtime/weight_store.hpp>
+#include <pipeline/schedule/generator.hpp>
+
+#include "../support/param_compare.hpp"
+#include "../support/synthetic_minibatches.hpp"
+
+#include <cstring>
+#include <mutex>
+
+using namespace pipeline;
+using pipeline::testing::max_rel_diff;
+
+namespace {
+
+Tensor random(Shape s, std::uint64_t seed) {
+  Tensor t = Tensor::empty(s);
+  Rng(seed).fill_uniform(t, -1, 1);
+  return t;
+}
+
+// The float32 tensor rounded to bf16 by the conversion ops (the reference of the rounding).
+Tensor rounded(const Tensor& t) {
+  return ops::to_dtype(ops::to_dtype(t, DType::BFloat16), DType::Float32);
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  double worst = 0;
+  auto av = a.values(), bv = b.values();
+  for (std::size_t i = 0; i < av.size(); ++i)
+    worst = std::max(worst, std::abs(double(av[i]) - double(bv[i])));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("the compute dtype is float32 unless a scope sets it; scopes nest") {
+  CHECK(ops::compute_dtype() == DType::Float32);
+  {
+    const ops::ComputeDTypeScope bf16(DType::BFloat16);
+    CHECK(ops::compute_dtype() == DType::BFloat16);
+    {
+      const ops::ComputeDTypeScope fp32(DType::Float32);
+      CHECK(ops::compute_dtype() == DType::Float32);
+    }
+    CHECK(ops::compute_dtype() == DType::BFloat16);
+  }
+  CHECK(ops::compute_dtype() == DType::Float32);
+  CHECK_THROWS_WITH_AS(ops::ComputeDTypeScope(DType::Int32),
+                       doctest::Contains("float32 or bfloat16, not int32"), ConfigError);
+  CHECK(ops::parse_compute_dtype("bf16") == DType::BFloat16);
+  CHECK(ops::parse_compute_dtype("float32") == DType::Float32);
+  CHECK_THROWS_WITH_AS(ops::parse_compute_dtype("fp16"), doctest::Contains("use float32, or bf16"),
+                       ConfigError);
+}
+
+TEST_CASE("round_to_bf16 equals the conversions there and back, on any size and thread count") {
+  for (const int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    for (const std::int64_t n : {1, 7, 33, 1000, 300001}) {
+      const Tensor x = random({n}, 11 + static_cast<std::uint64_t>(n));
+      const Tensor r = ops::round_to_bf16(x);
+      CAPTURE(n);
+      CHECK(same_bits(r, rounded(x)));
+      CHECK(r.raw() != x.raw());
+    }
+  }
+  set_num_threads(1);
+  CHECK_THROWS_WITH(ops::round_to_bf16(Tensor::zeros({3}, DType::Int32)),
+                    doctest::Contains("needs a float32 tensor"));
+}
+
+TEST_CASE("product_operand: the tensor itself in float32, rounded under bf16, widened from bf16") {
+  const Tensor x = random({5, 9}, 3);
+  CHECK(ops::product_operand(x).raw() == x.raw());
+  const Tensor x16 = ops::to_dtype(x, DType::BFloat16);
+  CHECK(same_bits(ops::product_operand(x16), rounded(x)));
+  const ops::ComputeDTypeScope bf16(DType::BFloat16);
+  CHECK(same_bits(ops::product_operand(x), rounded(x)));
+  CHECK(same_bits(ops::product_operand(x16), rounded(x)));
+}
+
+TEST_CASE("gemm under bf16 equals the float32 gemm of the rounded operands") {
+  const std::int64_t m = 7, k = 33, n = 5;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.f, 1.f}) {
+        const Tensor a = ta ? random({k, m}, 1) : random({m, k}, 1);
+        const Tensor b = tb ? random({n, k}, 2) : random({k, n}, 2);
+        const Tensor c0 = random({m, n}, 3);
+        Tensor want = c0.clone(), got = c0.clone(), full = c0.clone();
+        ops::gemm(rounded(a), ta, rounded(b), tb, want, 0.5f, beta);
+        ops::gemm(a, ta, b, tb, full, 0.5f, beta);
+        {
+          const ops::ComputeDTypeScope bf16(DType::BFloat16);
+          ops::gemm(a, ta, b, tb, got, 0.5f, beta);
+        }
+        CAPTURE(ta);
+        CAPTURE(tb);
+        CHECK(same_bits(got, want));
+        CHECK(max_abs_diff(got, full) > 1e-4);  // the rounding was applied
+        // A bf16 operand tensor is read exactly, in either mode.
+        Tensor from16 = c0.clone();
+        ops::gemm(ops::to_dtype(a, DType::BFloat16), ta, rounded(b), tb, from16, 0.5f, beta);
+        CHECK(same_bits(from16, want));
+      }
+}
+
+TEST_CASE("convolutions under bf16 equal the float32 ones of the rounded operands") {
+  const ops::Window2d w = ops::Window2d::square(3, 1, 1);
+  const Tensor x = random({2, 3, 6, 5}, 4), weight = random({4, 3, 3, 3}, 5), bias = random({4}, 6);
+  const Tensor dy = random({2, 4, 6, 5}, 7);
+  struct Outputs {
+    Tensor y, dx, dw;
+  };
+  const auto run = [&](const Tensor& xs, const Tensor& ws, const Tensor& dys) {
+    Outputs o{Tensor::empty({2, 4, 6, 5}), Tensor::empty({2, 3, 6, 5}), random({4, 3, 3, 3}, 8)};
+    ops::conv2d_forward(xs, ws, bias, o.y, w);
+    ops::conv2d_backward_data(dys, ws, o.dx, w);
+    ops::conv2d_backward_filter(xs, dys, o.dw, w);  // accumulates
+    return o;
+  };
+  const Outputs want = run(rounded(x), rounded(weight), rounded(dy));
+  const Outputs full = run(x, weight, dy);
+  Outputs got;
+  {
+    const ops::ComputeDTypeScope bf16(DType::BFloat16);
+    got = run(x, weight, dy);
+  }
+  CHECK(same_bits(got.y, want.y));
+  CHECK(same_bits(got.dx, want.dx));
+  CHECK(same_bits(got.dw, want.dw));
+  CHECK(max_abs_diff(got.y, full.y) > 1e-4);
+  // A weight stashed in bf16.
+  const Outputs from16 = run(rounded(x), ops::to_dtype(weight, DType::BFloat16), rounded(dy));
+  CHECK(same_bits(from16.y, want.y));
+  CHECK(same_bits(from16.dx, want.dx));
+}
+
+TEST_CASE("attention under bf16 equals the float32 attention of the rounded q, k, v and dout") {
+  const std::int64_t B = 2, T = 7, C = 8, H = 2;
+  const Tensor qkv = random({B, T, 3 * C}, 9), dout = random({B, T, C}, 10);
+  const Shape saved_shape = ops::attention_saved_shape(Device::cpu(), B, H, T);
+  const auto run = [&](const Tensor& q, const Tensor& d) {
+    Tensor out = Tensor::empty({B, T, C}), saved = Tensor::empty(saved_shape);
+    Tensor dqkv = Tensor::empty({B, T, 3 * C});
+    ops::attention_forward_packed(q, H, out, saved);
+    ops::attention_backward_packed(q, out, saved, d, H, dqkv);
+    return std::pair{out, dqkv};
+  };
+  const auto want = run(rounded(qkv), rounded(dout));
+  const auto full = run(qkv, dout);
+  std::pair<Tensor, Tensor> got;
+  {
+    const ops::ComputeDTypeScope bf16(DType::BFloat16);
+    got = run(qkv, dout);
+  }
+  CHECK(same_bits(got.first, want.first));
+  CHECK(same_bits(got.second, want.second));
+  CHECK(max_abs_diff(got.second, full.second) > 1e-5);
+}
+
+TEST_CASE("weight matrices are product operands; biases are not") {
+  const Linear fc("fc", 4, 3);
+  REQUIRE(fc.parameters().size() == 2);
+  CHECK(fc.parameters()[0].product_operand);
+  CHECK_FALSE(fc.parameters()[1].product_operand);
+  const Conv2d conv("conv", 2, 3, 3);
+  CHECK(conv.parameters()[0].product_operand);
+}
+
+TEST_CASE("WeightStore with bf16 stashes: stashed matrices in bf16, the latest in float32") {
+  Sequential model("store");
+  model.emplace<Linear>("fc1", 6, 5);
+  model.emplace<ReLU>("relu");
+  model.emplace<Linear>("fc2", 5, 2);
+  WeightStore store(model.init(1));
+  store.set_bf16_stash(bf16_stash_mask(model, model.all()));
+  const ModelParams first = clone_params(store.latest());
+  for (int round = 0; round < 3; ++round) {  // the second round reuses the spare copies
+    const auto tag = store.acquire_latest();
+    ModelParams& next = store.begin_step();
+    for (auto& layer : next)
+      for (auto& t : layer.params) t.fill(0.25f * static_cast<float>(round + 1));
+    const ModelParams& stashed = store.params(tag);
+    CHECK(stashed[0].params[0].dtype() == DType::BFloat16);  // fc1.weight
+    CHECK(stashed[0].params[1].dtype() == DType::Float32);   // fc1.bias
+    CHECK(stashed[2].params[0].dtype() == DType::BFloat16);  // fc2.weight
+    for (auto& layer : store.latest())
+      for (auto& t : layer.params) CHECK(t.dtype() == DType::Float32);
+    if (round == 0) {
+      CHECK(same_bits(ops::to_dtype(stashed[0].params[0], DType::Float32),
+                      rounded(first[0].params[0])));
+      CHECK(same_bits(stashed[0].params[1], first[0].params[1]));
+    }
+    store.release(tag);
+    CHECK(store.size() == 1);
+  }
+}
+
+namespace {
+
+constexpr int kFeatures = 12, kClasses = 5, kBatch = 8;
+constexpr float kLr = 0.05f;
+constexpr std::uint64_t kSeed = 3;
+const pipeline::testing::SyntheticMinibatches minibatch(Shape{kFeatures}, kClasses, kBatch, 512, 5);
+
+Sequential mlp() {
+  Sequential m("precision-mlp");
+  m.emplace<Linear>("fc1", kFeatures, 32);
+  m.emplace<ReLU>("relu1");
+  m.emplace<Linear>("fc2", 32, 32);
+  m.emplace<ReLU>("relu2");
+  m.emplace<Linear>("fc3", 32, kClasses);
+  return m;
+}
+
+// Each rank's parameters and result after training `schedule` on `layout` with `options`.
+std::pair<std::vector<ModelParams>, std::vector<TrainResult>> train_pipeline(
+    const Sequential& model, const PipelineLayout& layout, const Schedule& schedule,
+    const ExecutorOptions& options) {
+  std::vector<ModelParams> params(static_cast<std::size_t>(layout.num_ranks()));
+  std::vector<TrainResult> results(params.size());
+  std::mutex mutex;
+  run_local(layout.num_ranks(), [&](Communicator& comm) {
+    StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm,
+                     pipeline::testing::momentum_sgd(), options);
+    TrainResult r = ex.train(schedule, minibatch.feed(), 0, [](std::int64_t) { return kLr; });
+    std::lock_guard<std::mutex> lock(mutex);
+    params[static_cast<std::size_t>(comm.rank())] = ex.params();
+    results[static_cast<std::size_t>(comm.rank())] = r;
+  });
+  return {params, results};
+}
+
+}  // namespace
+
+TEST_CASE("a flush pipeline under bf16 equals the single process under bf16") {
+  set_num_threads(1);
+  const Sequential model = mlp();
+  const int minibatches = 3, micro = 4;
+  SequentialTrainer ref(model, model.init(kSeed), pipeline::testing::momentum_sgd(), kSeed);
+  SequentialTrainer fp32(model, model.init(kSeed), pipeline::testing::momentum_sgd(), kSeed);
+  {
+    const ops::ComputeDTypeScope bf16(DType::BFloat16);
+    for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
+  }
+  for (int j = 0; j < minibatches; ++j) fp32.step(minibatch(j), kLr, micro);
+  const PipelineLayout layout{{{0, 2}, {2, 4}, {4, 5}}, {{0}, {1}, {2}}};
+  ScheduleSpec spec;
+  spec.stage_ranks = layout.stage_ranks;
+  spec.microbatches = micro;
+  spec.minibatches = minibatches;
+  const auto [got, results] = train_pipeline(model, layout, generate_schedule("1f1b-flush", spec),
+                                             {.seed = kSeed, .compute_dtype = DType::BFloat16});
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK(max_rel_diff(got[r], ref.params(), layout.stages[r]) <= 1e-6);
+  }
+  CHECK(max_rel_diff(got[0], fp32.params(), layout.stages[0]) > 1e-5);  // bf16 mattered
+}
+
+TEST_CASE("1f1b-stash under bf16: weights stashed in bf16 give the same weights in fewer bytes") {
+  set_num_threads(1);
+  const Sequential model = mlp();
+  const PipelineLayout layout{{{0, 2}, {2, 4}, {4, 5}}, {{0}, {1}, {2}}};
+  const Schedule s = generate_schedule("1f1b-stash", ScheduleSpec::straight(3, 1, 8));
+  ExecutorOptions options{.seed = kSeed, .compute_dtype = DType::BFloat16};
+  const auto [narrow, narrow_results] = train_pipeline(model, layout, s, options);
+  options.bf16_stash = false;
+  const auto [wide, wide_results] = train_pipeline(model, layout, s, options);
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    for (std::size_t l = 0; l < narrow[r].size(); ++l)
+      for (std::size_t k = 0; k < narrow[r][l].params.size(); ++k)
+        CHECK(same_bits(narrow[r][l].params[k], wide[r][l].params[k]));
+    const StageMemory& n = narrow_results[r].peak_memory;
+    const StageMemory& w = wide_results[r].peak_memory;
+    CHECK(n.parameter_bytes == w.parameter_bytes);
+    if (r < 2) {  // stages before the last stash versions: weight matrices at half the bytes
+      CHECK(w.stashed_weight_bytes > 0);
+      CHECK(n.stashed_weight_bytes < w.stashed_weight_bytes);
+      CHECK(n.stashed_weight_bytes > w.stashed_weight_bytes / 2);  // biases stay float32
+    }
+  }
+}
