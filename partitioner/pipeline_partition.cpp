@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
   bool straight = false, allow_idle = false, ignore_transfer = false, quiet = false, no_simulate = false;
   std::optional<double> compression;
   std::size_t max_states = pipeline::PartitionOptions{}.max_states;
-  std::string recompute = "auto", optimizer = "momentum", transfer_dtype = "float32";
+  std::string recompute = "auto", optimizer = "momentum", transfer_dtype;
   auto* src = app.add_option("--profile", profile_args,
                              "profile.json (pipeline.profile/1); on a mixed cluster TYPE=profile.json, once per worker type");
   app.add_option("--pipedream", pipedream_path, "PipeDream graph.txt instead of a profile.json")->excludes(src);
@@ -189,9 +189,11 @@ int main(int argc, char** argv) {
          "(default, one copy of the weights) or adamw (two); each stage's compute also "
          "includes its step time when the profile measured it (step_s)")
       ->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
-  app.add_option("--transfer-dtype", transfer_dtype,
-                 "element type of the activations and gradients sent between stages: float32 or bf16 "
-                 "(half the bytes: transfers cost as with --activation-compression 2)")
+  app.add_option(
+         "--transfer-dtype", transfer_dtype,
+         "element type of the activations and gradients sent between stages: float32 or bf16 "
+         "(half the bytes: transfers cost as with --activation-compression 2; default: "
+         "the profile's dtype)")
       ->check(CLI::IsMember({"float32", "bf16"}));
   app.add_option("--cost-model", cost_model, "pipeline (default) or pipedream")->check(CLI::IsMember({"pipeline", "pipedream"}));
   app.add_flag("--straight", straight, "no replicated stages");
@@ -242,6 +244,7 @@ int main(int argc, char** argv) {
       if (batch > 0) p.batch_size = batch;
     pipeline::check_device_profiles(profiles);
     const pipeline::Profile& profile = profiles.begin()->second;
+    if (transfer_dtype.empty()) transfer_dtype = profile.bf16() ? "bf16" : "float32";
 
     pipeline::Topology topo;
     for (const auto& t : type_args) topo.types.push_back(pipeline::parse_worker_type(t));

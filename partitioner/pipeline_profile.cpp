@@ -5,6 +5,7 @@
 #include <pipeline/core/error.hpp>
 #include <pipeline/core/threads.hpp>
 #include <pipeline/nn/zoo.hpp>
+#include <pipeline/ops/precision.hpp>
 #include <pipeline/profile/profile_json.hpp>
 #include <pipeline/profile/profiler.hpp>
 
@@ -32,7 +33,8 @@ std::string human_bytes(double b) {
 void print_table(const pipeline::Profile& p, const pipeline::ZooModel& z, double seconds) {
   const auto shapes = z.model.shapes(z.input_shape(p.batch_size), z.model.all());
 
-  fmt::print("model {} ({} layers), batch {}, {}\n", p.model, p.size(), p.batch_size, p.device);
+  fmt::print("model {} ({} layers), batch {}, {}, {}\n", p.model, p.size(), p.batch_size, p.dtype,
+             p.device);
   fmt::print("{:>3}  {:<12} {:<14} {:<20} {:>9} {:>24} {:>15} {:>11} {:>11} {:>8}\n", "#", "layer",
              "kind", "output shape", "fwd ms", "bwd ms (input/weight)", "IQR fwd/bwd", "output",
              "params", "GFLOP/s");
@@ -76,7 +78,7 @@ void print_table(const pipeline::Profile& p, const pipeline::ZooModel& z, double
 
 int main(int argc, char** argv) {
   CLI::App app{"Measure every layer of a zoo model and write profile.json for pipeline-partition"};
-  std::string model_name, device_text = "cpu", output;
+  std::string model_name, device_text = "cpu", output, dtype = "float32";
   int batch = 64, threads = 0;
   bool quiet = false, no_split = false;
   pipeline::ProfileOptions opt;
@@ -87,6 +89,11 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "minibatch size to profile (default 64)");
   app.add_option("--device", device_text,
                  "cpu (default), cuda or cuda:N (CUDA builds: CUDA-event timing on the GPU)");
+  app.add_option("--dtype", dtype,
+                 "dtype of the matrix products, convolutions and attention: float32 (default) or "
+                 "bf16 (mixed precision; the profile says \"dtype\": \"bfloat16\" and the "
+                 "bytes of weight versions stashed in bf16)")
+      ->check(CLI::IsMember({"float32", "bf16"}));
   app.add_option("--warmup", opt.warmup, "untimed runs per measurement (default 2)");
   app.add_option("--repeat", opt.repeat,
                  "timed runs per measurement; medians over these (default 10)");
@@ -125,6 +132,7 @@ int main(int argc, char** argv) {
     PIPELINE_CHECK_AS(IoError, !std::filesystem::is_directory(output),
                       "cannot write profile '{}': it is a directory; give a file name", output);
     opt.split_backward = !no_split;
+    opt.compute_dtype = pipeline::ops::parse_compute_dtype(dtype);
 
     pipeline::ZooModel z = pipeline::make_model(model_name, zoo);
     pipeline::set_num_threads(threads > 0 ? threads : pipeline::default_num_threads());

@@ -151,7 +151,7 @@ int run(int argc, char** argv) {
   int microbatches = 0, minibatches = 0, microbatch_size = 0;
   std::vector<std::string> levels;
   double latency = 0;
-  std::string transfer_dtype = "float32";
+  std::string transfer_dtype;
   bool as_json = false, full_duplex = false;
   app.add_option("--profile", profile_args,
                  "profile.json; for a plan over worker types TYPE=profile.json, once per type")
@@ -178,7 +178,7 @@ int run(int argc, char** argv) {
   app.add_option("--latency", latency, "seconds per message");
   app.add_option("--transfer-dtype", transfer_dtype,
                  "element type of the activations and gradients sent between stages: float32 or "
-                 "bf16 (half the bytes)")
+                 "bf16 (half the bytes; default: the profile's dtype)")
       ->check(CLI::IsMember({"float32", "bf16"}));
   app.add_flag("--full-duplex", full_duplex, "links carry both directions at full bandwidth");
   bool overlap_allreduce = false;
@@ -244,6 +244,7 @@ int run(int argc, char** argv) {
   }
   check_device_profiles(profiles);
   const Profile& profile = profiles.begin()->second;
+  if (transfer_dtype.empty()) transfer_dtype = profile.bf16() ? "bf16" : "float32";
   if (!availability_path.empty())
     return replay_trace(profile, availability_path,
                         topology_path.empty() ? parse_levels(levels) : read_topology(topology_path),

@@ -75,6 +75,20 @@ if(TARGET pipeline-profile AND TARGET pipeline-partition)
                    $<TARGET_FILE:pipeline-profile> $<TARGET_FILE:pipeline-partition> ${_train} ${_mpirun})
   set_tests_properties(example.recompute_under_memory_cap PROPERTIES LABELS "example;mpi" PROCESSORS 2
                        TIMEOUT 300)
+
+  # bf16 mixed precision as a user reaches it: a bf16 profile, its plan, --dtype bf16 training
+  # under 1f1b-stash beside float32 (weight versions stashed in fewer bytes, the planner's estimate
+  # held), and transformer-lm's loss in bf16 within 2% of float32 after 200 steps.
+  set(_bf16_lm "-")
+  if(TARGET train_transformer_lm AND EXISTS /usr/share/games/fortunes/fortunes)
+    set(_bf16_lm $<TARGET_FILE:train_transformer_lm>)
+  endif()
+  add_test(NAME example.bf16_mixed_precision
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/bf16_scenario.sh
+                   $<TARGET_FILE:pipeline-profile> $<TARGET_FILE:pipeline-partition> ${_train}
+                   ${_bf16_lm} ${_mpirun})
+  set_tests_properties(example.bf16_mixed_precision PROPERTIES LABELS "example;mpi" PROCESSORS 2
+                       TIMEOUT 300)
 endif()
 
 # An interleaved plan as a user reaches it: pipeline-partition --virtual-stages 2, its timeline

@@ -10,6 +10,7 @@
 #include <pipeline/comm/transport.hpp>
 #include <pipeline/core/error.hpp>
 #include <pipeline/core/log.hpp>
+#include <pipeline/ops/precision.hpp>
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/runtime/pipeline_setup.hpp>
 #include <pipeline/schedule/generator.hpp>
@@ -42,8 +43,17 @@ struct PipelineFlags {
   bool rebalance = false;
   int rebalance_every = 10;
 
-  // The element type of the activations and gradients sent between stages: float32 or bf16.
-  std::string transfer_dtype = "float32";
+  // The dtype of the products (ops/precision.hpp): float32, or bf16 (mixed precision).
+  std::string dtype = "float32";
+  // The element type of the activations and gradients sent between stages: float32 or bf16;
+  // empty: bf16 under --dtype bf16, else float32.
+  std::string transfer_dtype;
+
+  DType compute_dtype() const { return ops::parse_compute_dtype(dtype); }
+  DType wire_dtype() const {
+    if (transfer_dtype.empty()) return compute_dtype();
+    return transfer_dtype == "bf16" ? DType::BFloat16 : DType::Float32;
+  }
 
   // Where the run trains (parse_device: cpu, cuda, cuda:N).
   std::string device = "cpu";
@@ -118,11 +128,18 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
                  "with --rebalance: minibatches between re-measurements of the replicas' speed")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  app.add_option("--transfer-dtype", flags.transfer_dtype,
-                 "element type of the activations and gradients sent between stages: float32, or "
-                 "bf16 for half the bytes on the wire (compute stays float32)")
+  app.add_option("--dtype", flags.dtype,
+                 "dtype of the matrix products, convolutions and attention: float32, or bf16 "
+                 "(mixed precision: bf16 operands with float32 accumulation, float32 master "
+                 "weights, optimizer state, norms and losses; stashed weight versions and "
+                 "transfers in bf16). On a CPU bf16 computes the same numbers but is not faster")
       ->check(CLI::IsMember({"float32", "bf16"}))
       ->capture_default_str();
+  app.add_option("--transfer-dtype", flags.transfer_dtype,
+                 "element type of the activations and gradients sent between stages: float32, or "
+                 "bf16 for half the bytes on the wire (default: bf16 under --dtype bf16, else "
+                 "float32)")
+      ->check(CLI::IsMember({"float32", "bf16"}));
   app.add_option("--comm-timeout", flags.comm_timeout,
                  "seconds any wait for a peer may take before the job ends with an error")
       ->check(positive_number());
@@ -150,7 +167,9 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
         auto_plan(zoo, comm,
                   {.batch = batch,
                    .optimizer_state_factor = static_cast<double>(optimizer.buffer_names().size()),
-                   .optimizer = update_rule(optimizer)});
+                   .optimizer = update_rule(optimizer),
+                   .compute_dtype = flags.compute_dtype(),
+                   .transfer_dtype = flags.wire_dtype()});
   } else {
     plan = read_plan(flags.plan);
   }
@@ -243,7 +262,8 @@ inline ExecutorOptions executor_options(const PipelineFlags& flags, const Plan& 
                                         std::uint64_t seed, float clip_norm, Device device) {
   return {.seed = seed,
           .device = device,
-          .transfer_dtype = flags.transfer_dtype == "bf16" ? DType::BFloat16 : DType::Float32,
+          .transfer_dtype = flags.wire_dtype(),
+          .compute_dtype = flags.compute_dtype(),
           .clip_norm = clip_norm,
           .record_trace = !flags.trace.empty(),
           .recompute = recompute_stages(flags, plan)};

@@ -118,6 +118,7 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
     }
   }
   try {
+    const ops::ComputeDTypeScope precision(flags.compute_dtype());
     return single();
   } catch (const std::exception& e) {
     report(e);

@@ -33,17 +33,19 @@ StateGraph StateGraph::linear(const Profile& p) {
                         i, in);
       last_use[static_cast<std::size_t>(in)] = std::max(last_use[static_cast<std::size_t>(in)], i);
     }
-  double c = 0, a = 0, w = 0, f = 0;
+  double c = 0, a = 0, w = 0, v = 0, f = 0;
   for (int i = 0; i < n; ++i) {
     const auto& l = p.layers[static_cast<std::size_t>(i)];
     c += l.forward_s + l.backward_s;
     f += l.forward_s;
     a += static_cast<double>(stash_bytes(l));
     w += static_cast<double>(l.parameter_bytes);
+    v += static_cast<double>(pipeline::version_bytes(l));
     g.compute_s.push_back(c);
     g.forward_s.push_back(f);
     g.activation_bytes.push_back(a);
     g.parameter_bytes.push_back(w);
+    g.version_bytes.push_back(v);
     double cut = 0;
     for (int v = 0; v <= i; ++v)
       if (last_use[static_cast<std::size_t>(v)] > i) cut += static_cast<double>(p.layers[static_cast<std::size_t>(v)].output_bytes);
@@ -488,7 +490,7 @@ StateGraph StateGraphAssembler::assemble(const Profile& p, const LayerDag& d, co
     // PipeDream's augmented antichain: the frontier (layers with no successor inside) and, for
     // each frontier layer f, the layers below f with an edge leaving down(f).
     std::fill(aug_bits.begin(), aug_bits.end(), 0);
-    double c = 0, f = 0, a = 0, w = 0, cut = 0, aug = 0;
+    double c = 0, f = 0, a = 0, w = 0, vb = 0, cut = 0, aug = 0;
     for (std::size_t word = 0; word < lw; ++word)
       for (std::uint64_t bits = b[word]; bits; bits &= bits - 1) {
         const int v = static_cast<int>(word * 64 + static_cast<std::size_t>(std::countr_zero(bits)));
@@ -497,6 +499,7 @@ StateGraph StateGraphAssembler::assemble(const Profile& p, const LayerDag& d, co
         f += l.forward_s;
         a += static_cast<double>(stash_bytes(l));
         w += static_cast<double>(l.parameter_bytes);
+        vb += static_cast<double>(pipeline::version_bytes(l));
         bool inside = false, leaves = false;
         for (int x : succ[static_cast<std::size_t>(v)]) (test(b, x) ? inside : leaves) = true;
         if (leaves) cut += static_cast<double>(l.output_bytes);
@@ -512,6 +515,7 @@ StateGraph StateGraphAssembler::assemble(const Profile& p, const LayerDag& d, co
     g.forward_s.push_back(f);
     g.activation_bytes.push_back(a);
     g.parameter_bytes.push_back(w);
+    g.version_bytes.push_back(vb);
     g.boundary_bytes.push_back(cut);
     g.pipedream_boundary_bytes.push_back(aug);
     g.kept_input_bytes.push_back(0.0);

@@ -168,14 +168,17 @@ class Solver {
     if (!m_memory) return {};
     double par = diff(m_g.parameter_bytes, s, j), act = m_g.stage_activation_bytes(s, j);
     if (m_pd) return {pipedream_stage_memory_bytes(par, act, M, m, r) <= *m_memory};
+    const double version = diff(m_g.version_bytes, s, j);
     if (level != 0) return {};  // inner stages were checked one level down
     int flight = in_flight(m_workers, m - r, r);
     const double input = s < 0 ? 0.0 : m_g.boundary_bytes[static_cast<std::size_t>(s)];
     if (m_o.recompute != Recompute::All &&
-        stage_memory_bytes(par, act, flight, m_o.optimizer_state_factor, input) <= *m_memory)
+        stage_memory_bytes(par, version, act, flight, m_o.optimizer_state_factor, input) <=
+            *m_memory)
       return {};
     if (!can) return {false};
-    if (recompute_stage_memory_bytes(par, act, input, flight, m_o.optimizer_state_factor) <= *m_memory)
+    if (recompute_stage_memory_bytes(par, version, act, input, flight,
+                                     m_o.optimizer_state_factor) <= *m_memory)
       return recomputed;
     return {false};
   }
@@ -570,12 +573,13 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     const int lvl = span_level(groups, lo, hi);
     const double B = t.levels[static_cast<std::size_t>(lvl)].bandwidth_bytes_per_s;
     const double par = diff(g.parameter_bytes, fs.s, fs.e), act = g.stage_activation_bytes(fs.s, fs.e);
+    const double version = diff(g.version_bytes, fs.s, fs.e);
     const double input = fs.s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(fs.s)];
     auto stash_at = [&](int f) {
-      return stage_memory_bytes(par, act, f, o.optimizer_state_factor, input);
+      return stage_memory_bytes(par, version, act, f, o.optimizer_state_factor, input);
     };
     auto recompute_at = [&](int f) {
-      return recompute_stage_memory_bytes(par, act, input, f, o.optimizer_state_factor);
+      return recompute_stage_memory_bytes(par, version, act, input, f, o.optimizer_state_factor);
     };
     int flight = in_flight(N, lo, r);
     double delay_bytes = 0;
@@ -585,7 +589,7 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
       // that wait for their allreduce after their next backward (StashShape). Taken where they
       // fit without changing whether the stage recomputes; PipeDream's count otherwise.
       const int deeper = deeper_flights[i];
-      const double extra = delayed_allreduce_bytes(par, r);
+      const double extra = delayed_allreduce_bytes(par, version, r);
       auto over = [&](double bytes) { return memory && bytes > *memory; };
       if (!over(std::min(stash_at(deeper), recompute_at(deeper)) + extra) &&
           over(stash_at(deeper) + extra) == over(stash_at(flight))) {
@@ -718,10 +722,12 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     const double par = at(g.parameter_bytes, f.e) - at(g.parameter_bytes, f.s),
                  act = g.stage_activation_bytes(f.s, f.e),
                  input = at(g.boundary_bytes, f.s);
-    // describe() decided recomputation: every stage under --recompute all, none otherwise.
-    ps.memory_bytes = ps.recompute
-                          ? recompute_stage_memory_bytes(par, act, input, 1, o.optimizer_state_factor)
-                          : stage_memory_bytes(par, act, 1, o.optimizer_state_factor, input);
+    // describe() decided recomputation: every stage under --recompute all, none otherwise. One
+    // minibatch in flight: no stashed version.
+    ps.memory_bytes =
+        ps.recompute
+            ? recompute_stage_memory_bytes(par, par, act, input, 1, o.optimizer_state_factor)
+            : stage_memory_bytes(par, par, act, 1, o.optimizer_state_factor, input);
     const auto r = static_cast<std::size_t>(k % w);
     compute[r] += ps.compute_s + ps.sync_s;
     transfer[r] += ps.transfer_s;

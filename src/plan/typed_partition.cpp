@@ -23,7 +23,7 @@ struct TypeData {
   std::string name;
   int count = 0;
   std::optional<double> memory;
-  std::vector<double> compute, forward, activation, parameter, boundary;
+  std::vector<double> compute, forward, activation, parameter, version, boundary;
 };
 
 // The best plan for the layers after one state on exactly one usage vector: its time, and its
@@ -78,17 +78,18 @@ struct TypedPartitioner::Impl {
             bool delays = false) const {
     // The stage keeps part of its received input as its first layer's saved input (the types'
     // profiles share their layers, so the states' kept_input_bytes are every type's).
-    const double par = diff(d.parameter, s, j),
+    const double par = diff(d.parameter, s, j), version = diff(d.version, s, j),
                  act = diff(d.activation, s, j) -
                        (s < 0 ? 0.0 : g.kept_input_bytes[static_cast<std::size_t>(s)]);
     const double input = s < 0 ? 0.0 : d.boundary[static_cast<std::size_t>(s)];
     if (flight <= 0) flight = in_flight(w, 0, r);
-    const double delay_bytes = delays ? delayed_allreduce_bytes(par, r) : 0.0;
+    const double delay_bytes = delays ? delayed_allreduce_bytes(par, version, r) : 0.0;
     const double stash =
-        stage_memory_bytes(par, act, flight, options.optimizer_state_factor, input) + delay_bytes;
-    const double again =
-        recompute_stage_memory_bytes(par, act, input, flight, options.optimizer_state_factor) +
+        stage_memory_bytes(par, version, act, flight, options.optimizer_state_factor, input) +
         delay_bytes;
+    const double again = recompute_stage_memory_bytes(par, version, act, input, flight,
+                                                      options.optimizer_state_factor) +
+                         delay_bytes;
     const bool can = options.recompute != Recompute::None;
     const Mode recomputed{true, true, diff(d.forward, s, j), again};
     if (can && options.recompute == Recompute::All && !d.memory) return recomputed;
@@ -220,7 +221,7 @@ TypedPartitioner::TypedPartitioner(const DeviceProfiles& profiles, const Topolog
     d.memory = type_memory(topology, t);
     std::vector<char> in(static_cast<std::size_t>(p.size()), 0);
     for (int i = 0; i < x.S; ++i) {
-      double c = 0, f = 0, a = 0, par = 0, cut = 0;
+      double c = 0, f = 0, a = 0, par = 0, ver = 0, cut = 0;
       std::fill(in.begin(), in.end(), 0);
       for (int l : members[static_cast<std::size_t>(i)]) in[static_cast<std::size_t>(l)] = 1;
       for (int l : members[static_cast<std::size_t>(i)]) {
@@ -229,6 +230,7 @@ TypedPartitioner::TypedPartitioner(const DeviceProfiles& profiles, const Topolog
         f += lp.forward_s;
         a += static_cast<double>(stash_bytes(lp));
         par += static_cast<double>(lp.parameter_bytes);
+        ver += static_cast<double>(version_bytes(lp));
         for (int q : successors[static_cast<std::size_t>(l)])
           if (!in[static_cast<std::size_t>(q)]) {
             cut += static_cast<double>(lp.output_bytes);
@@ -239,6 +241,7 @@ TypedPartitioner::TypedPartitioner(const DeviceProfiles& profiles, const Topolog
       d.forward.push_back(f);
       d.activation.push_back(a);
       d.parameter.push_back(par);
+      d.version.push_back(ver);
       d.boundary.push_back(cut);
     }
     x.types.push_back(std::move(d));

@@ -86,13 +86,15 @@ void validate_profile(const Profile& p, std::string_view origin) {
     PIPELINE_CHECK_AS(
         ConfigError,
         l.output_bytes >= 0 && l.parameter_bytes >= 0 && l.saved_bytes >= 0 &&
-            l.split_kept_bytes >= 0 && l.output_bytes <= kMaxProfileBytes &&
+            l.split_kept_bytes >= 0 && l.stashed_parameter_bytes >= 0 &&
+            l.stashed_parameter_bytes <= l.parameter_bytes && l.output_bytes <= kMaxProfileBytes &&
             l.parameter_bytes <= kMaxProfileBytes && l.saved_bytes <= kMaxProfileBytes &&
             l.split_kept_bytes <= kMaxProfileBytes,
         "{}: layer {} (\"{}\") has sizes out of range (output_bytes = {}, parameter_bytes = {}, "
-        "saved_bytes = {}, split_kept_bytes = {}); sizes are 0 to {} bytes",
+        "saved_bytes = {}, split_kept_bytes = {}, stashed_parameter_bytes = {}); sizes are 0 to {} "
+        "bytes, and a stashed version is at most parameter_bytes",
         origin, i, l.name, l.output_bytes, l.parameter_bytes, l.saved_bytes, l.split_kept_bytes,
-        kMaxProfileBytes);
+        l.stashed_parameter_bytes, kMaxProfileBytes);
     PIPELINE_CHECK_AS(ConfigError, l.saved_input_bytes >= 0 && l.saved_input_bytes <= l.saved_bytes,
                       "{}: layer {} (\"{}\") has saved_input_bytes = {}, which must be between 0 "
                       "and its saved_bytes ({}): it is the part of them that is the layer's input",
@@ -172,6 +174,8 @@ Profile profile_from_json(const json& j, std::string_view origin) {
     l.output_bytes = get_bytes(lj, "output_bytes", where, origin);
     l.parameter_bytes = get_bytes(lj, "parameter_bytes", where, origin);
     if (lj.contains("saved_bytes")) l.saved_bytes = get_bytes(lj, "saved_bytes", where, origin);
+    if (lj.contains("stashed_parameter_bytes"))
+      l.stashed_parameter_bytes = get_bytes(lj, "stashed_parameter_bytes", where, origin);
     if (lj.contains("saved_input_bytes"))
       l.saved_input_bytes = get_bytes(lj, "saved_input_bytes", where, origin);
     if (lj.contains("split_kept_bytes"))
@@ -238,6 +242,7 @@ json profile_to_json(const Profile& p) {
     }
     if (l.flops != 0) lj["flops"] = l.flops;
     if (l.saved_bytes != 0) lj["saved_bytes"] = l.saved_bytes;
+    if (l.stashed_parameter_bytes != 0) lj["stashed_parameter_bytes"] = l.stashed_parameter_bytes;
     if (l.saved_input_bytes != 0) lj["saved_input_bytes"] = l.saved_input_bytes;
     if (l.split_kept_bytes != 0) lj["split_kept_bytes"] = l.split_kept_bytes;
     if (l.step_s.measured())

@@ -5,6 +5,7 @@
 #include <pipeline/core/tensor.hpp>
 #include <pipeline/core/threads.hpp>
 #include <pipeline/ops/optimizer_update.hpp>
+#include <pipeline/ops/precision.hpp>
 #include <pipeline/optim/adamw.hpp>
 #include <pipeline/optim/sgd.hpp>
 
@@ -174,6 +175,16 @@ void step_layer(Optimizer& rule, std::vector<Tensor>& params, std::vector<Tensor
   for (Tensor& g : grads) g.zero();
 }
 
+// Bytes of a weight version of `layer` stashed under bf16 compute (WeightStore::set_bf16_stash):
+// its product operands in bf16, the rest as they are.
+std::int64_t bf16_stash_bytes(const Layer& layer) {
+  std::int64_t n = 0;
+  for (const ParamSpec& s : layer.parameters())
+    n += s.shape.numel() * static_cast<std::int64_t>(s.product_operand ? dtype_size(DType::BFloat16)
+                                                                       : dtype_size(s.dtype));
+  return n;
+}
+
 }  // namespace
 
 std::string cpu_device_description(int threads) {
@@ -210,7 +221,9 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
 #else
   out.device = cpu_device_description(threads);
 #endif
-  out.dtype = "float32";
+  const ops::ComputeDTypeScope precision(options.compute_dtype);
+  const bool bf16 = options.compute_dtype == DType::BFloat16;
+  out.dtype = bf16 ? "bfloat16" : "float32";
 
   ForwardContext ctx;
   ctx.mode = Mode::Train;
@@ -351,6 +364,7 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
     }
     lp.output_bytes = static_cast<std::int64_t>(outputs[I].nbytes());
     lp.parameter_bytes = static_cast<std::int64_t>(layer.parameter_bytes());
+    if (bf16) lp.stashed_parameter_bytes = bf16_stash_bytes(layer);
     const void* input_storage = i == 0 ? nullptr : outputs[I - 1].storage_id();
     lp.saved_bytes = saved_bytes(saved[I], input_storage, lp.saved_input_bytes);
     lp.split_kept_bytes = split_kept[I];

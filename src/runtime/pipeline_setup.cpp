@@ -73,6 +73,7 @@ Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions&
     ProfileOptions po;
     po.repeat = std::max(1, options.profile_repeat);
     po.warmup = 1;
+    po.compute_dtype = options.compute_dtype;
     Profile profile = pipeline::profile(model, options.batch, Device::cpu(), po);
     Topology topo;
     topo.levels.push_back({comm.size(), options.bandwidth_bytes_per_s});
@@ -80,6 +81,8 @@ Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions&
     part.allow_idle = false;
     part.optimizer_state_factor = options.optimizer_state_factor;
     part.optimizer = options.optimizer;
+    // bf16 on the wire halves the bytes, as a compression ratio of 2 does.
+    if (options.transfer_dtype == DType::BFloat16) part.activation_compression = 2.0;
     Plan plan = partition(profile, topo, part);
     plan.model = model.model.name();
     text = plan_to_json(plan).dump();

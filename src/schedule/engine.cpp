@@ -242,7 +242,8 @@ class Engine {
         v = static_cast<int>(sl.runs.size()) +
             (sl.runs.empty() || sl.runs.back().first != sl.version ? 1 : 0);
       versions += v;
-      if (auto* c = stage_costs(sl.stage)) weight_bytes += c->parameter_bytes * v;
+      if (auto* c = stage_costs(sl.stage); c != nullptr && v > 0)
+        weight_bytes += c->parameter_bytes + c->version_bytes * (v - 1);
     }
     rec.peak_activations = std::max(rec.peak_activations, static_cast<int>(st.inflight.size()));
     rec.peak_weight_versions = std::max(rec.peak_weight_versions, versions);

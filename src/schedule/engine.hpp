@@ -47,7 +47,8 @@ struct StageCosts {
   std::int64_t recompute_bytes = 0;
   // A split backward keeps the gradients of the stage's layer outputs from its I until its W.
   std::int64_t split_gradient_bytes = 0;
-  std::int64_t parameter_bytes = 0;   // one weight version
+  std::int64_t parameter_bytes = 0;  // the latest weight version
+  std::int64_t version_bytes = 0;    // each older (stashed) version
 };
 
 struct EngineCosts {

@@ -93,6 +93,7 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
     weight += lp.backward_weight_s;
     split = split && (lp.backward_input_s > 0 || lp.backward_weight_s > 0 || lp.backward_s == 0);
     t.parameter_bytes += lp.parameter_bytes;
+    t.version_bytes += version_bytes(lp);
     if (!plan.optimizer.empty()) t.step_s += lp.step_s.of(plan.optimizer);
     t.activation_bytes += stash_bytes(lp);
     t.split_gradient_bytes += split_kept_bytes(lp);
@@ -252,6 +253,7 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     c.recompute_bytes = t.recompute_bytes;
     c.split_gradient_bytes = t.split_gradient_bytes;
     c.parameter_bytes = t.parameter_bytes;
+    c.version_bytes = t.version_bytes;
     const auto& group = schedule.stage_ranks[s];
     int r = static_cast<int>(group.size());
     if (r > 1) {

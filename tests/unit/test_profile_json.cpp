@@ -66,6 +66,8 @@ TEST_CASE("profile.json round trip keeps every field") {
   p.layers[2].saved_input_bytes = 1024;
   p.layers[2].split_kept_bytes = 2048;
   p.layers[2].step_s = {.sgd = 1e-4, .momentum = 2.5e-4, .adamw = 4.75e-4};
+  p.dtype = "bfloat16";
+  p.layers[2].stashed_parameter_bytes = p.layers[2].parameter_bytes / 2;
   std::string path = temp_path("roundtrip.json");
   write_profile(p, path);
   Profile q = read_profile(path);
@@ -73,7 +75,9 @@ TEST_CASE("profile.json round trip keeps every field") {
   CHECK(q.model == "dag");
   CHECK(q.batch_size == 8);
   CHECK(q.device == "cpu: test");
+  CHECK(q.bf16());
   for (int i = 0; i < 4; ++i) {
+    CHECK(q.layers[i].stashed_parameter_bytes == p.layers[i].stashed_parameter_bytes);
     CHECK(q.layers[i].forward_s == p.layers[i].forward_s);
     CHECK(q.layers[i].backward_s == p.layers[i].backward_s);
     CHECK(q.layers[i].backward_weight_s == p.layers[i].backward_weight_s);
@@ -97,6 +101,9 @@ TEST_CASE("profile.json round trip keeps every field") {
   CHECK(stash_bytes(q.layers[0]) == q.layers[0].output_bytes);
   CHECK(stash_bytes(q.layers[2]) == 4096);
   CHECK(split_kept_bytes(q.layers[2]) == 2048);
+  CHECK(version_bytes(q.layers[2]) == q.layers[2].parameter_bytes / 2);
+  CHECK(version_bytes(q.layers[0]) == q.layers[0].parameter_bytes);
+  CHECK(!profile_to_json(q)["layers"][0].contains("stashed_parameter_bytes"));
   CHECK(!q.is_chain());
   CHECK(q.predecessors(1) == std::vector<int>{0});
   CHECK(q.predecessors(3) == std::vector<int>{1, 2});
@@ -126,6 +133,9 @@ TEST_CASE("bad profiles are rejected with a message naming the problem") {
           j["layers"][0]["saved_bytes"] = 100;
           j["layers"][0]["saved_input_bytes"] = 200;
         })).find("saved_input_bytes = 200") != std::string::npos);
+  CHECK(error_of(with([](auto& j) {
+          j["layers"][0]["stashed_parameter_bytes"] = 4;  // layer 0 has no parameters
+        })).find("a stashed version is at most parameter_bytes") != std::string::npos);
   CHECK(error_of(with([](auto& j) {
           j["layers"][0]["step_s"] = {{"lamb", 0.1}};
         })).find("its keys are sgd, momentum and adamw") != std::string::npos);

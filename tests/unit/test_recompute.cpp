@@ -77,12 +77,13 @@ struct RankOutcome {
 // Trains `schedule` on the layout with the given per-stage recomputation; each rank's outcome.
 std::vector<RankOutcome> train(const Sequential& model, const Shape& sample,
                                const PipelineLayout& layout, const Schedule& schedule,
-                               std::vector<bool> recompute, const MinibatchFeed& feed) {
+                               std::vector<bool> recompute, const MinibatchFeed& feed,
+                               DType compute = DType::Float32) {
   std::vector<RankOutcome> out(static_cast<std::size_t>(layout.num_ranks()));
   std::mutex m;
   run_local(layout.num_ranks(), [&](Communicator& comm) {
     StageExecutor ex(model, sample, DType::Float32, layout, comm, make_sgd(),
-                     {.seed = kSeed, .recompute = recompute});
+                     {.seed = kSeed, .compute_dtype = compute, .recompute = recompute});
     TrainResult r = ex.train(schedule, feed, 0, [](std::int64_t) { return kLr; });
     std::lock_guard<std::mutex> lock(m);
     out[static_cast<std::size_t>(comm.rank())] = {ex.params(), r, ex.peak_memory()};
@@ -468,4 +469,39 @@ TEST_CASE("the planner's memory per stage is what the executor holds, stage inpu
   }
   CHECK_THROWS_WITH_AS(optimizer_state_copies("rmsprop"),
                        doctest::Contains("use sgd, momentum or adamw"), ConfigError);
+
+  // bf16 mixed precision: the stashed weight versions keep their matrices in bf16. A bf16 profile
+  // says how many bytes that leaves per version, and the plan and the executor agree again.
+  po.compute_dtype = DType::BFloat16;
+  const Profile bf16 = profile(zoo, batch, Device::cpu(), po);
+  CHECK(bf16.dtype == "bfloat16");
+  for (std::size_t l = 0; l < bf16.layers.size(); ++l) {
+    const LayerProfile& b = bf16.layers[l];
+    CAPTURE(b.name);
+    CHECK(b.parameter_bytes == prof.layers[l].parameter_bytes);
+    if (b.kind == "Conv2d" || b.kind == "Linear") {
+      CHECK(b.stashed_parameter_bytes < b.parameter_bytes);
+      CHECK(b.stashed_parameter_bytes > b.parameter_bytes / 2);  // the bias stays float32
+    }
+    CHECK(version_bytes(b) <= b.parameter_bytes);
+  }
+  o.optimizer_state_factor = optimizer_state_copies("momentum");  // make_sgd's
+  const Plan plan16 = evaluate_stages(bf16, topo, parse_manual_stages("0:3,3:7,7:8,8:10"), o);
+  const Plan plan32 = evaluate_stages(prof, topo, parse_manual_stages("0:3,3:7,7:8,8:10"), o);
+  const auto outcome16 = train(zoo.model, zoo.sample_shape, layout, schedule, {},
+                               synthetic_feed(zoo.sample_shape, batch), DType::BFloat16);
+  for (int r = 1; r < layout.num_ranks(); ++r) {
+    const PlanStage& s16 = plan16.stages[static_cast<std::size_t>(r)];
+    const PlanStage& s32 = plan32.stages[static_cast<std::size_t>(r)];
+    const double measured =
+        static_cast<double>(outcome16[static_cast<std::size_t>(r)].peak.total_bytes);
+    MESSAGE("bf16 stage " << r << ": measured peak " << measured << " B, planned "
+                          << s16.memory_bytes << " B (float32: " << s32.memory_bytes << " B)");
+    CHECK(measured == doctest::Approx(s16.memory_bytes).epsilon(0.01));
+    double saved = 0;  // per stashed version
+    for (int l = s16.begin; l < s16.end; ++l)
+      saved += static_cast<double>(bf16.layers[static_cast<std::size_t>(l)].parameter_bytes -
+                                   version_bytes(bf16.layers[static_cast<std::size_t>(l)]));
+    CHECK(s32.memory_bytes - s16.memory_bytes == doctest::Approx(saved * (s16.in_flight - 1)));
+  }
 }

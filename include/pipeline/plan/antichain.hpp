@@ -63,6 +63,7 @@ class StateGraph {
   std::vector<double> forward_s;         // Σ forward_s (what recomputation adds)
   std::vector<double> activation_bytes;  // Σ output_bytes
   std::vector<double> parameter_bytes;   // Σ parameter_bytes
+  std::vector<double> version_bytes;     // Σ version_bytes (a stashed weight version's bytes)
   std::vector<double> boundary_bytes;
   std::vector<double> pipedream_boundary_bytes;
   // Per state: what a stage that starts right after it keeps of the input it receives

@@ -78,20 +78,24 @@ inline std::vector<int> stash_in_flights(int workers, const std::vector<int>& re
 
 // The extra bytes per worker of a replicated stage whose replicas wait for an allreduce after
 // their next backward (the schedule's delayed allreduces): a second gradient set and one more
-// weight version. None for a stage of one replica.
-inline double delayed_allreduce_bytes(double parameter_bytes, int replicas) {
-  return replicas > 1 ? 2 * parameter_bytes : 0.0;
+// weight version (`version_bytes`: a stashed version's bytes, less than parameter_bytes where
+// weight matrices are stashed in bf16). None for a stage of one replica.
+inline double delayed_allreduce_bytes(double parameter_bytes, double version_bytes, int replicas) {
+  return replicas > 1 ? parameter_bytes + version_bytes : 0.0;
 }
 
 // Bytes per worker of a stage under 1F1B-stash (Pipeline cost model): the working weights, their
 // gradient, the optimizer state (`optimizer_state_factor` copies, 1 for momentum SGD, 2 for
-// Adam), one stashed weight version per in-flight minibatch beyond the newest, the activations
-// of every in-flight minibatch with the stage input it received (`input_bytes`, the bytes
-// crossing into the stage; 0 for the first stage), and the input gradient of the backward in
+// Adam), one stashed weight version per in-flight minibatch beyond the newest (`version_bytes`
+// each: parameter_bytes, or less where a bf16 profile stashes weight matrices in bf16), the
+// activations of every in-flight minibatch with the stage input it received (`input_bytes`, the
+// bytes crossing into the stage; 0 for the first stage), and the input gradient of the backward in
 // progress, as large as the input. The runtime's measured peak (StageMemory) holds just these.
-inline double stage_memory_bytes(double parameter_bytes, double activation_bytes, int in_flight_minibatches,
+inline double stage_memory_bytes(double parameter_bytes, double version_bytes,
+                                 double activation_bytes, int in_flight_minibatches,
                                  double optimizer_state_factor, double input_bytes = 0) {
-  return parameter_bytes * (2.0 + optimizer_state_factor + (in_flight_minibatches - 1)) +
+  return parameter_bytes * (2.0 + optimizer_state_factor) +
+         version_bytes * (in_flight_minibatches - 1) +
          (activation_bytes + input_bytes) * in_flight_minibatches + input_bytes;
 }
 
@@ -99,11 +103,13 @@ inline double stage_memory_bytes(double parameter_bytes, double activation_bytes
 // and runs its forward again at backward, so one minibatch's activations are held at a time,
 // during its backward (with its input gradient). It costs one more forward: the stage's compute
 // becomes forward + backward + forward.
-inline double recompute_stage_memory_bytes(double parameter_bytes, double activation_bytes,
-                                           double input_bytes, int in_flight_minibatches,
+inline double recompute_stage_memory_bytes(double parameter_bytes, double version_bytes,
+                                           double activation_bytes, double input_bytes,
+                                           int in_flight_minibatches,
                                            double optimizer_state_factor) {
-  return parameter_bytes * (2.0 + optimizer_state_factor + (in_flight_minibatches - 1)) +
-         input_bytes * in_flight_minibatches + activation_bytes + input_bytes;
+  return parameter_bytes * (2.0 + optimizer_state_factor) +
+         version_bytes * (in_flight_minibatches - 1) + input_bytes * in_flight_minibatches +
+         activation_bytes + input_bytes;
 }
 
 // Copies of the weights an optimizer keeps (PartitionOptions::optimizer_state_factor) by its

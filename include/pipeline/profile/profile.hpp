@@ -81,12 +81,21 @@ struct LayerProfile {
   // One optimizer step over the layer's parameters, per rule: the runtime pays it once per
   // minibatch on every replica of the layer's stage.
   StepTimes step_s;
+  // Bytes of one stashed weight version of the layer where they differ from parameter_bytes: a
+  // bf16 profile's layers keep their weight matrices in bf16 there (ParamSpec::product_operand).
+  // 0: parameter_bytes (version_bytes()). Serialised only when set.
+  std::int64_t stashed_parameter_bytes = 0;
 };
 
 // What the memory models charge per stashed minibatch for a layer: its measured saved bytes, or
 // its output when they were not measured.
 inline std::int64_t stash_bytes(const LayerProfile& l) {
   return l.saved_bytes > 0 ? l.saved_bytes : l.output_bytes;
+}
+
+// What the memory models charge for each weight version of a layer beyond its latest.
+inline std::int64_t version_bytes(const LayerProfile& l) {
+  return l.stashed_parameter_bytes > 0 ? l.stashed_parameter_bytes : l.parameter_bytes;
 }
 
 inline std::int64_t split_kept_bytes(const LayerProfile& l) {
@@ -97,8 +106,12 @@ struct Profile {
   std::string model;
   int batch_size = 0;
   std::string device;
+  // The dtype the products were timed in: "float32", or "bfloat16" (mixed precision, whose
+  // pipelines move activations and gradients as bf16 by default).
   std::string dtype = "float32";
   std::vector<LayerProfile> layers;
+
+  bool bf16() const { return dtype == "bfloat16"; }
 
   int size() const { return static_cast<int>(layers.size()); }
 

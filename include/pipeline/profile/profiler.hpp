@@ -57,6 +57,9 @@ struct ProfileOptions {
   // Measure GradParts::Input and GradParts::Weight separately for layers with weights; off, the
   // split fields stay 0 ("unknown") and profiling takes about half as long.
   bool split_backward = true;
+  // The dtype the products compute in (ops/precision.hpp): float32, or bfloat16 for a bf16
+  // profile ("dtype": "bfloat16", with each layer's stashed_parameter_bytes).
+  DType compute_dtype = DType::Float32;
 };
 
 Profile profile(const Sequential& model, const Shape& input_shape, int batch, Device device,

@@ -41,6 +41,9 @@ struct AutoPlanOptions {
   // The job's update rule ("sgd", "momentum", "adamw"), whose profiled step time each stage's
   // compute includes (PartitionOptions::optimizer); empty: none.
   std::string optimizer;
+  // The job's product dtype (profiled under it: a bf16 profile) and transfer dtype.
+  DType compute_dtype = DType::Float32;
+  DType transfer_dtype = DType::Float32;
 };
 
 // Rank 0 profiles the zoo model and partitions it for `comm.size()` workers on one level of the

@@ -135,6 +135,7 @@ struct StageTiming {
   // Held from a split backward's I to its W: the gradients of the stage's layer outputs.
   std::int64_t split_gradient_bytes = 0;
   std::int64_t parameter_bytes = 0;
+  std::int64_t version_bytes = 0;  // one stashed weight version (less under bf16 stashing)
   // One optimizer step over the stage's parameters: the profile's step_s for the plan's
   // optimizer (Plan::optimizer; 0 when the plan names none). Not scaled by the microbatch size.
   double step_s = 0;
