@@ -3,8 +3,8 @@
 // (bench/torch_gpu_step.py: same models, batches, optimizers and precision) on the same GPU.
 //
 //   bench_gpu_step [--cases fashion-cnn-b64,fashion-cnn-b1024,vgg16-b64,transformer-lm-b16]
-//                  [--precision fp32,tf32] [--warmup 10] [--steps 50] [--torch]
-//                  [--python python3] [--results bench/RESULTS.md]
+//                  [--precision fp32,tf32,bf16 | --dtype bf16] [--warmup 10] [--steps 50]
+//                  [--torch [--torch-compile]] [--python python3] [--results bench/RESULTS.md]
 //
 // Cases (all by default):
 //   fashion-cnn-b64     fashion-cnn, 1×28×28, 10 classes, batch 64, SGD momentum 0.9
@@ -13,6 +13,12 @@
 //   0.9 transformer-lm-b16  vocab 256, seq_len 1024, dim 1024, 16 heads, 24 blocks, batch 16, AdamW
 // Precision fp32 turns TF32 off in cuBLASLt and cuDNN (pipeline::cuda::set_allow_tf32(false)),
 // tf32 turns it on; PyTorch's run sets torch.backends.{cuda.matmul,cudnn}.allow_tf32 the same way.
+// bf16 (--dtype bf16) trains under ops::ComputeDTypeScope(bf16) — bf16 products, fp32 master
+// weights and optimizer — against PyTorch eager under torch.autocast(bfloat16); --torch-compile
+// adds PyTorch with the model through torch.compile.
+// Model TFLOP/s = 3 × the model's forward FLOPs (Layer::flops: forward, and a backward of twice
+// that) / ms/step; MFU = that over the dense matrix rate this GPU measures for the precision (an
+// 8192³ product through ops::gemm, the median of 20).
 //
 // Each (case, precision) runs in a child process of its own (this program with --json), so that
 // the caching pool's peak is that case's alone: a SequentialTrainer on cuda:0 (parameters
@@ -32,6 +38,8 @@
 #include <pipeline/cuda/stream.hpp>
 #include <pipeline/data/synthetic.hpp>
 #include <pipeline/nn/zoo.hpp>
+#include <pipeline/ops/gemm.hpp>
+#include <pipeline/ops/precision.hpp>
 #include <pipeline/optim/adamw.hpp>
 #include <pipeline/optim/sgd.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
@@ -142,8 +150,49 @@ Batch make_batch(const CaseSpec& c, const ZooModel& z) {
   return data.get(idx);
 }
 
-Measure measure(const CaseSpec& c, bool tf32, int warmup, int steps) {
-  cuda::set_allow_tf32(tf32);
+// The dtype a precision name computes its products in.
+DType product_dtype(const std::string& precision) {
+  return precision == "bf16" ? DType::BFloat16 : DType::Float32;
+}
+
+// Forward plus backward FLOPs of one step of `c` (the backward counted as twice the forward).
+double step_flops(const CaseSpec& c) {
+  const ZooModel z = make_model(c.model, c.options);
+  const auto shapes = z.model.shapes(z.input_shape(c.batch), z.model.all());
+  double f = 0;
+  for (int i = 0; i < z.model.size(); ++i)
+    f += z.model.layer(i).flops(shapes[static_cast<std::size_t>(i)]);
+  return 3.0 * f;
+}
+
+// TFLOP/s of an n×n×n product through ops::gemm in `precision` (median of 20 after 3).
+double matrix_tflops(const std::string& precision, std::int64_t n = 8192) {
+  cuda::set_allow_tf32(precision == "tf32");
+  const ops::ComputeDTypeScope scope(product_dtype(precision));
+  const Device device = Device::cuda(0);
+  Tensor a = Tensor::empty({n, n}), b = Tensor::empty({n, n});
+  Rng(5).fill_uniform(a, -1, 1);
+  Rng(6).fill_uniform(b, -1, 1);
+  a = a.to(device);
+  b = b.to(device);
+  Tensor c = Tensor::empty({n, n}, DType::Float32, device);
+  const cudaStream_t stream = cuda::current_stream(0);
+  cuda::Event start = cuda::Event::create(0, true), end = cuda::Event::create(0, true);
+  std::vector<double> ms;
+  for (int i = 0; i < 23; ++i) {
+    start.record(stream);
+    ops::gemm(a, false, b, false, c);
+    end.record(stream);
+    end.synchronize();
+    if (i >= 3) ms.push_back(cuda::Event::elapsed_ms(start, end));
+  }
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) /
+         (quantile(ms, 0.5) * 1e-3) / 1e12;
+}
+
+Measure measure(const CaseSpec& c, const std::string& precision, int warmup, int steps) {
+  cuda::set_allow_tf32(precision == "tf32");
+  const ops::ComputeDTypeScope scope(product_dtype(precision));
   const Device device = Device::cuda(0);
   ZooModel z = make_model(c.model, c.options);
   Batch b = make_batch(c, z);
@@ -188,18 +237,23 @@ std::string today() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string cases_flag, precision_flag = "fp32,tf32", python = "python3", results;
+  std::string cases_flag, precision_flag = "fp32,tf32", dtype, python = "python3", results;
   std::string torch_script = std::string(PIPELINE_BENCH_DIR) + "/torch_gpu_step.py";
   int warmup = 10, steps = 50;
-  bool torch = false, json = false;
+  bool torch = false, torch_compile = false, json = false;
   CLI::App app{"Training-step time and peak device memory of zoo models on one GPU"};
   app.add_option("--cases", cases_flag,
                  "comma-separated: fashion-cnn-b64, fashion-cnn-b1024, vgg16-b64, "
                  "transformer-lm-b16 (default all)");
-  app.add_option("--precision", precision_flag, "comma-separated: fp32, tf32");
+  app.add_option("--precision", precision_flag, "comma-separated: fp32, tf32, bf16");
+  app.add_option("--dtype", dtype,
+                 "bf16: mixed precision only (--precision bf16); float32: --precision fp32")
+      ->check(CLI::IsMember({"float32", "bf16"}));
   app.add_option("--warmup", warmup)->check(CLI::Range(0, 100000));
   app.add_option("--steps", steps)->check(CLI::Range(1, 100000));
   app.add_flag("--torch", torch, "also run bench/torch_gpu_step.py and compare");
+  app.add_flag("--torch-compile", torch_compile,
+               "with --torch: PyTorch also with the model through torch.compile");
   app.add_option("--python", python, "the python that has PyTorch");
   app.add_option("--torch-script", torch_script);
   app.add_option("--results", results, "append the table to this file (bench/RESULTS.md)");
@@ -224,10 +278,11 @@ int main(int argc, char** argv) {
       cases.push_back(*it);
     }
   }
+  if (!dtype.empty()) precision_flag = dtype == "bf16" ? "bf16" : "fp32";
   const std::vector<std::string> precisions = split(precision_flag);
   for (const auto& p : precisions)
-    if (p != "fp32" && p != "tf32") {
-      fmt::print(stderr, "unknown precision '{}': fp32 or tf32\n", p);
+    if (p != "fp32" && p != "tf32" && p != "bf16") {
+      fmt::print(stderr, "unknown precision '{}': fp32, tf32 or bf16\n", p);
       return 2;
     }
 
@@ -240,7 +295,7 @@ int main(int argc, char** argv) {
     try {
       for (const auto& c : cases)
         for (const auto& p : precisions) {
-          Measure m = measure(c, p == "tf32", warmup, steps);
+          Measure m = measure(c, p, warmup, steps);
           nlohmann::json j{{"case", c.name},   {"precision", p},   {"median_ms", m.median_ms},
                            {"q1_ms", m.q1_ms}, {"q3_ms", m.q3_ms}, {"peak_bytes", m.peak_bytes},
                            {"loss", m.loss}};
@@ -275,9 +330,10 @@ int main(int argc, char** argv) {
   if (torch) {
     std::vector<std::string> names;
     for (const auto& c : cases) names.push_back(c.name);
-    const std::string cmd =
-        fmt::format("{} {} --cases {} --precision {} --warmup {} --steps {}", bench::shell_quote(python),
-                    bench::shell_quote(torch_script), fmt::join(names, ","), precision_flag, warmup, steps);
+    const std::string cmd = fmt::format(
+        "{} {} --cases {} --precision {} --warmup {} --steps {}{}", bench::shell_quote(python),
+        bench::shell_quote(torch_script), fmt::join(names, ","), precision_flag, warmup, steps,
+        torch_compile ? " --compile" : "");
     int status = 0;
     for (const auto& line : bench::run_lines(cmd, &status)) {
       if (line.empty() || line.front() != '{') continue;
@@ -288,6 +344,16 @@ int main(int argc, char** argv) {
     }
     if (status != 0) fmt::print(stderr, "{}: failed (status {})\n", cmd, status);
   }
+  // The dense matrix rate of each precision, for the model FLOP utilisation.
+  std::map<std::string, double> rate;
+  try {
+    for (const auto& p : precisions) rate[p] = matrix_tflops(p);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "matrix rate: {}\n", e.what());
+  }
+  std::string rates;
+  for (const auto& [p, r] : rate)
+    rates += fmt::format("{}{} {:.1f}", rates.empty() ? "" : ", ", p, r);
 
   const double mib = 1024.0 * 1024.0;
   std::string header = fmt::format(
@@ -297,24 +363,36 @@ int main(int argc, char** argv) {
       "ours peak MiB: caching pool peak_in_use_bytes / 2^20 (one process per row); PyTorch peak "
       "MiB: torch.cuda.max_memory_allocated / 2^20\n"
       "ours/PyTorch speed = PyTorch ms/step / ours ms/step; PyTorch is eager with "
-      "cudnn.benchmark = True\n",
-      cuda::device_description(0), today(), torch_version, command, steps, warmup);
+      "cudnn.benchmark = True (bf16: under torch.autocast){}\n"
+      "model TFLOP/s = 3 x forward FLOPs / ms/step; MFU against this GPU's measured 8192^3 "
+      "product rate in TFLOP/s: {}\n",
+      cuda::device_description(0), today(), torch_version, command, steps, warmup,
+      torch_compile ? "; compile: the same with torch.compile(model)" : "",
+      rates.empty() ? "-" : rates);
   std::string table =
-      "| case | precision | ours ms/step (IQR) | ours peak MiB | PyTorch ms/step | PyTorch peak "
-      "MiB "
-      "| ours/PyTorch speed |\n|---|---|---|---|---|---|---|\n";
+      "| case | precision | ours ms/step (IQR) | ours peak MiB | model TFLOP/s (MFU) | PyTorch "
+      "ms/step | PyTorch peak MiB | ours/PyTorch speed |";
+  table +=
+      torch_compile
+          ? " compile ms/step | ours/compile speed |\n|---|---|---|---|---|---|---|---|---|---|\n"
+          : "\n|---|---|---|---|---|---|---|---|\n";
   bool failed = false;
   for (const auto& c : cases)
     for (const auto& p : precisions) {
       auto o = ours.find({c.name, p});
       auto t = theirs.find({c.name, p});
-      std::string our_ms = "failed", our_mem = "-", t_ms = "-", t_mem = "-", speed = "-";
+      std::string our_ms = "failed", our_mem = "-", mfu = "-", t_ms = "-", t_mem = "-", speed = "-";
+      std::string c_ms = "-", c_speed = "-";
       if (o != ours.end()) {
         const auto& j = o->second;
-        our_ms = fmt::format("{:.3f} ({:.3f}–{:.3f})", j["median_ms"].get<double>(),
-                             j["q1_ms"].get<double>(), j["q3_ms"].get<double>());
+        const double ms = j["median_ms"].get<double>();
+        our_ms = fmt::format("{:.3f} ({:.3f}–{:.3f})", ms, j["q1_ms"].get<double>(),
+                             j["q3_ms"].get<double>());
         our_mem =
             fmt::format("{:.0f}", static_cast<double>(j["peak_bytes"].get<std::int64_t>()) / mib);
+        const double tflops = step_flops(c) / (ms * 1e-3) / 1e12;
+        mfu = rate.count(p) ? fmt::format("{:.1f} ({:.0f}%)", tflops, 100.0 * tflops / rate[p])
+                            : fmt::format("{:.1f}", tflops);
       } else {
         failed = true;
       }
@@ -326,11 +404,18 @@ int main(int argc, char** argv) {
         if (o != ours.end())
           speed = fmt::format("{:.2f}×",
                               j["median_ms"].get<double>() / o->second["median_ms"].get<double>());
+        if (j.contains("compile_median_ms")) {
+          c_ms = fmt::format("{:.3f}", j["compile_median_ms"].get<double>());
+          if (o != ours.end())
+            c_speed = fmt::format("{:.2f}×", j["compile_median_ms"].get<double>() /
+                                                 o->second["median_ms"].get<double>());
+        }
       } else if (torch) {
         t_ms = "failed";
       }
-      table += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", c.what, p, our_ms, our_mem,
-                           t_ms, t_mem, speed);
+      table += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} |", c.what, p, our_ms, our_mem,
+                           mfu, t_ms, t_mem, speed);
+      table += torch_compile ? fmt::format(" {} | {} |\n", c_ms, c_speed) : std::string("\n");
     }
   fmt::print("{}\n{}", header, table);
   if (!results.empty() && !bench::append_results(results, header + "\n", table)) return 1;

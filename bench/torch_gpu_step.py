@@ -6,7 +6,11 @@ optimizer and precision, and torch.backends.cudnn.benchmark = True.
 Prints one JSON line per (case, precision):
   {"case", "precision", "median_ms", "q1_ms", "q3_ms", "peak_bytes", "torch", "device"}
 median/quartiles over --steps steps after --warmup, each timed with torch.cuda.Event around the
-step; peak_bytes = torch.cuda.max_memory_allocated() over the case (reset before it).
+step; peak_bytes = torch.cuda.max_memory_allocated() over the case (reset before it). Precision
+fp32 and tf32 set torch.backends.{cuda.matmul,cudnn}.allow_tf32; bf16 runs the forward and the
+loss under torch.autocast("cuda", dtype=torch.bfloat16) (fp32 master weights and optimizer), as
+the library's --dtype bf16 does. With --compile the same step also runs with the model through
+torch.compile (default mode), adding "compile_median_ms" (and its quartiles) to the line.
 
 The models are those of src/nn/zoo.cpp:
   fashion-cnn     conv1(1->32, 5x5, pad 2) ReLU MaxPool2 conv2(32->64, 5x5, pad 2) ReLU MaxPool2
@@ -105,9 +109,10 @@ def quantile(values, q):
     return v[lo] + (pos - lo) * (v[hi] - v[lo])
 
 
-def run_case(name, precision, warmup, steps, device):
+def run_case(name, precision, warmup, steps, device, compile_too=False):
     model_name, options, batch, opt_name = CASES[name]
     tf32 = precision == "tf32"
+    bf16 = precision == "bf16"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cudnn.benchmark = True
@@ -133,19 +138,31 @@ def run_case(name, precision, warmup, steps, device):
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     scale = 1.0 / batch
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, classes), y.reshape(-1), reduction="sum") * scale
-        loss.backward()
-        opt.step()
+    def make_step(net):
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+                logits = net(x)
+                loss = F.cross_entropy(logits.reshape(-1, classes).float(), y.reshape(-1),
+                                       reduction="sum") * scale
+            loss.backward()
+            opt.step()
+        return step
 
-    times = event_times_ms(step, warmup, steps, device)
+    times = event_times_ms(make_step(model), warmup, steps, device)
     peak = torch.cuda.max_memory_allocated(device)
+    out = {"case": name, "precision": precision, "median_ms": quantile(times, 0.5),
+           "q1_ms": quantile(times, 0.25), "q3_ms": quantile(times, 0.75), "peak_bytes": peak,
+           "torch": torch.__version__, "device": torch.cuda.get_device_name(device)}
+    if compile_too:
+        compiled = torch.compile(model)
+        # The first calls compile: more warm-up, untimed.
+        times = event_times_ms(make_step(compiled), max(warmup, 3), steps, device)
+        out.update({"compile_median_ms": quantile(times, 0.5),
+                    "compile_q1_ms": quantile(times, 0.25), "compile_q3_ms": quantile(times, 0.75)})
+        del compiled
     del model, opt, x, y
-    return {"case": name, "precision": precision, "median_ms": quantile(times, 0.5),
-            "q1_ms": quantile(times, 0.25), "q3_ms": quantile(times, 0.75), "peak_bytes": peak,
-            "torch": torch.__version__, "device": torch.cuda.get_device_name(device)}
+    return out
 
 
 def main():
@@ -154,6 +171,7 @@ def main():
     ap.add_argument("--precision", default="fp32,tf32")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--compile", action="store_true", help="also time the model under torch.compile")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure", file=sys.stderr, flush=True)
@@ -163,7 +181,10 @@ def main():
         if name not in CASES:
             raise SystemExit(f"unknown case {name!r}: choose from {', '.join(CASES)}")
         for precision in [p for p in a.precision.split(",") if p]:
-            print(json.dumps(run_case(name, precision, a.warmup, a.steps, device)), flush=True)
+            if precision not in ("fp32", "tf32", "bf16"):
+                raise SystemExit(f"unknown precision {precision!r}: fp32, tf32 or bf16")
+            print(json.dumps(run_case(name, precision, a.warmup, a.steps, device, a.compile)),
+                  flush=True)
 
 
 if __name__ == "__main__":
