@@ -37,7 +37,7 @@ constexpr const char* kPassNames[] = {"forward", "backward-data", "backward-filt
 
 // Everything the choice depends on: pass, the problem, the math mode, determinism, and whether
 // every pointer is 16-byte aligned (a tensor view may start anywhere; some kernels need more).
-using AlgoKey = std::array<int, 15>;
+using AlgoKey = std::array<int, 16>;
 
 struct AlgoChoice {
   int algo = 0;
@@ -109,8 +109,10 @@ bool aligned16(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
-AlgoKey make_key(Pass pass, const Conv2dProblem& p, bool tf32, bool det, bool aligned) {
+AlgoKey make_key(Pass pass, const Conv2dProblem& p, cudnnDataType_t type, bool tf32, bool det,
+                 bool aligned) {
   return {static_cast<int>(pass),
+          static_cast<int>(type),
           p.n,
           p.c,
           p.h,
@@ -147,12 +149,13 @@ struct ConvDescriptors {
   FilterDescriptor w;
   ConvolutionDescriptor conv;
 
-  explicit ConvDescriptors(const Conv2dProblem& p, bool tf32)
-      : x(p.n, p.c, p.h, p.w),
-        y(p.n, p.m, p.out_h(), p.out_w()),
-        w(p.m, p.c, p.kh, p.kw),
-        conv(p.pad_h, p.pad_w, p.stride_h, p.stride_w, tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH) {
-  }
+  // bf16 elements run on the tensor cores (CUDNN_DEFAULT_MATH); fp32 ones there only with TF32.
+  ConvDescriptors(const Conv2dProblem& p, cudnnDataType_t type, bool tf32)
+      : x(p.n, p.c, p.h, p.w, type),
+        y(p.n, p.m, p.out_h(), p.out_w(), type),
+        w(p.m, p.c, p.kh, p.kw, type),
+        conv(p.pad_h, p.pad_w, p.stride_h, p.stride_w,
+             tf32 || type != CUDNN_DATA_FLOAT ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH) {}
 };
 
 [[noreturn]] void no_algorithm(Pass pass, const Conv2dProblem& p, bool det) {
@@ -232,14 +235,14 @@ cudnnHandle_t dnn_handle(int device, cudaStream_t stream) {
   return ctx.handle;
 }
 
-TensorDescriptor::TensorDescriptor(int n, int c, int h, int w) {
+TensorDescriptor::TensorDescriptor(int n, int c, int h, int w, cudnnDataType_t type) {
   PIPELINE_CUDNN_CHECK(
-      cudnnSetTensor4dDescriptor(m_desc.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+      cudnnSetTensor4dDescriptor(m_desc.get(), CUDNN_TENSOR_NCHW, type, n, c, h, w));
 }
 
-FilterDescriptor::FilterDescriptor(int k, int c, int h, int w) {
+FilterDescriptor::FilterDescriptor(int k, int c, int h, int w, cudnnDataType_t type) {
   PIPELINE_CUDNN_CHECK(
-      cudnnSetFilter4dDescriptor(m_desc.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, k, c, h, w));
+      cudnnSetFilter4dDescriptor(m_desc.get(), type, CUDNN_TENSOR_NCHW, k, c, h, w));
 }
 
 ConvolutionDescriptor::ConvolutionDescriptor(int pad_h, int pad_w, int stride_h, int stride_w,
@@ -250,14 +253,21 @@ ConvolutionDescriptor::ConvolutionDescriptor(int pad_h, int pad_w, int stride_h,
   PIPELINE_CUDNN_CHECK(cudnnSetConvolutionMathType(m_desc.get(), math));
 }
 
-void conv2d_forward_f32(cudaStream_t stream, int device, const Conv2dProblem& p, const float* x,
-                        const float* weight, float beta, float* y) {
+namespace {
+
+std::size_t element_bytes(cudnnDataType_t type) {
+  return type == CUDNN_DATA_FLOAT ? sizeof(float) : sizeof(std::uint16_t);
+}
+
+// The three passes over elements of `type` (float32, or bfloat16 accumulated in float32).
+void forward_pass(cudaStream_t stream, int device, const Conv2dProblem& p, cudnnDataType_t type,
+                  const void* x, const void* weight, float beta, void* y) {
   if (p.n == 0) return;
   CallSetup s(device, stream);
-  const ConvDescriptors d(p, s.tf32);
-  const AlgoKey key =
-      make_key(Pass::Forward, p, s.tf32, s.det, aligned16(x) && aligned16(weight) && aligned16(y));
-  const std::size_t y_bytes = sizeof(float) * static_cast<std::size_t>(p.n) *
+  const ConvDescriptors d(p, type, s.tf32);
+  const AlgoKey key = make_key(Pass::Forward, p, type, s.tf32, s.det,
+                               aligned16(x) && aligned16(weight) && aligned16(y));
+  const std::size_t y_bytes = element_bytes(type) * static_cast<std::size_t>(p.n) *
                               static_cast<std::size_t>(p.m) * static_cast<std::size_t>(p.out_h()) *
                               static_cast<std::size_t>(p.out_w());
   const AlgoChoice choice = choose<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
@@ -270,7 +280,7 @@ void conv2d_forward_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
       [&](void* ws, std::size_t ws_bytes, cudnnConvolutionFwdAlgoPerf_t* perf, int* returned) {
         // The search writes its output: into y itself when y is overwritten anyway.
         const Workspace out(device, beta != 0.f ? y_bytes : 0, stream);
-        void* target = beta != 0.f ? out.get() : static_cast<void*>(y);
+        void* target = beta != 0.f ? out.get() : y;
         return cudnnFindConvolutionForwardAlgorithmEx(
             s.handle, d.x.get(), x, d.w.get(), weight, d.conv.get(), d.y.get(), target,
             CUDNN_CONVOLUTION_FWD_ALGO_COUNT, returned, perf, ws, ws_bytes);
@@ -288,14 +298,15 @@ void conv2d_forward_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
                                                ws.get(), ws.bytes(), &beta, d.y.get(), y));
 }
 
-void conv2d_backward_data_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
-                              const float* dy, const float* weight, float beta, float* dx) {
+void backward_data_pass(cudaStream_t stream, int device, const Conv2dProblem& p,
+                        cudnnDataType_t type, const void* dy, const void* weight, float beta,
+                        void* dx) {
   if (p.n == 0) return;
   CallSetup s(device, stream);
-  const ConvDescriptors d(p, s.tf32);
-  const AlgoKey key = make_key(Pass::BackwardData, p, s.tf32, s.det,
+  const ConvDescriptors d(p, type, s.tf32);
+  const AlgoKey key = make_key(Pass::BackwardData, p, type, s.tf32, s.det,
                                aligned16(dy) && aligned16(weight) && aligned16(dx));
-  const std::size_t dx_bytes = sizeof(float) * static_cast<std::size_t>(p.n) *
+  const std::size_t dx_bytes = element_bytes(type) * static_cast<std::size_t>(p.n) *
                                static_cast<std::size_t>(p.c) * static_cast<std::size_t>(p.h) *
                                static_cast<std::size_t>(p.w);
   const AlgoChoice choice =
@@ -309,7 +320,7 @@ void conv2d_backward_data_f32(cudaStream_t stream, int device, const Conv2dProbl
           [&](void* ws, std::size_t ws_bytes, cudnnConvolutionBwdDataAlgoPerf_t* perf,
               int* returned) {
             const Workspace out(device, beta != 0.f ? dx_bytes : 0, stream);
-            void* target = beta != 0.f ? out.get() : static_cast<void*>(dx);
+            void* target = beta != 0.f ? out.get() : dx;
             return cudnnFindConvolutionBackwardDataAlgorithmEx(
                 s.handle, d.w.get(), weight, d.y.get(), dy, d.conv.get(), d.x.get(), target,
                 CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, returned, perf, ws, ws_bytes);
@@ -327,14 +338,15 @@ void conv2d_backward_data_f32(cudaStream_t stream, int device, const Conv2dProbl
                                    ws.get(), ws.bytes(), &beta, d.x.get(), dx));
 }
 
-void conv2d_backward_filter_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
-                                const float* x, const float* dy, float beta, float* dweight) {
+void backward_filter_pass(cudaStream_t stream, int device, const Conv2dProblem& p,
+                          cudnnDataType_t type, const void* x, const void* dy, float beta,
+                          void* dweight) {
   if (p.n == 0) return;
   CallSetup s(device, stream);
-  const ConvDescriptors d(p, s.tf32);
-  const AlgoKey key = make_key(Pass::BackwardFilter, p, s.tf32, s.det,
+  const ConvDescriptors d(p, type, s.tf32);
+  const AlgoKey key = make_key(Pass::BackwardFilter, p, type, s.tf32, s.det,
                                aligned16(x) && aligned16(dy) && aligned16(dweight));
-  const std::size_t dw_bytes = sizeof(float) * static_cast<std::size_t>(p.m) *
+  const std::size_t dw_bytes = element_bytes(type) * static_cast<std::size_t>(p.m) *
                                static_cast<std::size_t>(p.c) * static_cast<std::size_t>(p.kh) *
                                static_cast<std::size_t>(p.kw);
   const AlgoChoice choice =
@@ -349,7 +361,7 @@ void conv2d_backward_filter_f32(cudaStream_t stream, int device, const Conv2dPro
               int* returned) {
             // Weight gradients accumulate: the search must not write the real one.
             const Workspace out(device, beta != 0.f ? dw_bytes : 0, stream);
-            void* target = beta != 0.f ? out.get() : static_cast<void*>(dweight);
+            void* target = beta != 0.f ? out.get() : dweight;
             return cudnnFindConvolutionBackwardFilterAlgorithmEx(
                 s.handle, d.x.get(), x, d.y.get(), dy, d.conv.get(), d.w.get(), target,
                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, returned, perf, ws, ws_bytes);
@@ -365,6 +377,36 @@ void conv2d_backward_filter_f32(cudaStream_t stream, int device, const Conv2dPro
       cudnnConvolutionBackwardFilter(s.handle, &alpha, d.x.get(), x, d.y.get(), dy, d.conv.get(),
                                      static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algo),
                                      ws.get(), ws.bytes(), &beta, d.w.get(), dweight));
+}
+
+}  // namespace
+
+void conv2d_forward_f32(cudaStream_t stream, int device, const Conv2dProblem& p, const float* x,
+                        const float* weight, float beta, float* y) {
+  forward_pass(stream, device, p, CUDNN_DATA_FLOAT, x, weight, beta, y);
+}
+void conv2d_backward_data_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
+                              const float* dy, const float* weight, float beta, float* dx) {
+  backward_data_pass(stream, device, p, CUDNN_DATA_FLOAT, dy, weight, beta, dx);
+}
+void conv2d_backward_filter_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
+                                const float* x, const float* dy, float beta, float* dweight) {
+  backward_filter_pass(stream, device, p, CUDNN_DATA_FLOAT, x, dy, beta, dweight);
+}
+
+void conv2d_forward_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
+                         const std::uint16_t* x, const std::uint16_t* weight, std::uint16_t* y) {
+  forward_pass(stream, device, p, CUDNN_DATA_BFLOAT16, x, weight, 0.f, y);
+}
+void conv2d_backward_data_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
+                               const std::uint16_t* dy, const std::uint16_t* weight,
+                               std::uint16_t* dx) {
+  backward_data_pass(stream, device, p, CUDNN_DATA_BFLOAT16, dy, weight, 0.f, dx);
+}
+void conv2d_backward_filter_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
+                                 const std::uint16_t* x, const std::uint16_t* dy,
+                                 std::uint16_t* dweight) {
+  backward_filter_pass(stream, device, p, CUDNN_DATA_BFLOAT16, x, dy, 0.f, dweight);
 }
 
 }  // namespace pipeline::cuda

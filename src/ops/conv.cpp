@@ -1,5 +1,7 @@
 #include <pipeline/core/threads.hpp>
 #include <pipeline/ops/conv.hpp>
+#include <pipeline/ops/convert.hpp>
+#include <pipeline/ops/elementwise.hpp>
 #include <pipeline/ops/precision.hpp>
 
 #include "cuda_dispatch.hpp"
@@ -15,6 +17,7 @@
 #include <pipeline/cuda/dnn.hpp>
 
 #include "channel_bias.cuh"
+#include "convert.cuh"
 #endif
 
 #if defined(__AVX512F__)
@@ -275,8 +278,12 @@ Shape conv2d_output_shape(const Shape& x, const Shape& weight, const Window2d& w
   return window.output_shape(x, weight[0]);
 }
 
-void conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias, Tensor& y,
-                    const Window2d& window) {
+namespace {
+
+// The float32 passes. Their operands go through product_operand: bf16 tensors (stashed weights)
+// are widened, and under a bf16 compute dtype every operand is rounded to bf16.
+void forward_f32(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias, Tensor& y,
+                 const Window2d& window) {
   const Tensor x = product_operand(x_in), weight = product_operand(weight_in);
   const Geometry g = make_geometry(x.shape(), weight.shape(), window);
   const Shape ys{g.n, g.m, g.oh, g.ow};
@@ -320,8 +327,8 @@ void conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
   });
 }
 
-void conv2d_backward_data(const Tensor& dy_in, const Tensor& weight_in, Tensor& dx,
-                          const Window2d& window) {
+void backward_data_f32(const Tensor& dy_in, const Tensor& weight_in, Tensor& dx,
+                       const Window2d& window) {
   const Tensor dy = product_operand(dy_in), weight = product_operand(weight_in);
   const Geometry g = make_geometry(dx.shape(), weight.shape(), window);
   const Shape ys{g.n, g.m, g.oh, g.ow};
@@ -364,8 +371,8 @@ void conv2d_backward_data(const Tensor& dy_in, const Tensor& weight_in, Tensor& 
   });
 }
 
-void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dweight,
-                            const Window2d& window) {
+void backward_filter_f32(const Tensor& x_in, const Tensor& dy_in, Tensor& dweight,
+                         const Window2d& window) {
   const Tensor x = product_operand(x_in), dy = product_operand(dy_in);
   const Geometry g = make_geometry(x.shape(), dweight.shape(), window);
   const Shape ys{g.n, g.m, g.oh, g.ow};
@@ -410,6 +417,120 @@ void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dwe
   });
   for (int t = 0; acc_floats > 0 && t < threads; ++t)
     DW += ConstMatrixMap(work.get() + t * per_thread + col_floats + pad_floats, g.m, K);
+}
+
+// Under a bf16 compute dtype a convolution's result is its float32 result (of the rounded
+// operands) rounded to bf16 — what cuDNN's bf16 convolutions write — before the bias is added,
+// and a weight gradient is rounded before it accumulates (ops/conv.hpp).
+
+#if PIPELINE_WITH_CUDA
+// The three passes on the bf16 tensor cores: the operands as bf16 (bf16 tensors as they are),
+// the result written as bf16 by cuDNN and widened into `out` (or, accumulate = true, added to it).
+enum class Bf16Pass { Forward, BackwardData, BackwardFilter };
+
+void cuda_bf16_pass(Bf16Pass pass, const Tensor& a, const Tensor& b, Tensor& out, const Geometry& g,
+                    Device d, const char* op) {
+  const cuda::Conv2dProblem p = cuda_problem(op, g, d);
+  const detail::CudaScope cuda(d);
+  const Tensor a16 = to_dtype(a, DType::BFloat16), b16 = to_dtype(b, DType::BFloat16);
+  Tensor out16 = Tensor::empty(out.shape(), DType::BFloat16, d);
+  const auto* ad = a16.device_data<std::uint16_t>();
+  const auto* bd = b16.device_data<std::uint16_t>();
+  auto* od = out16.device_data<std::uint16_t>();
+  if (pass == Bf16Pass::Forward) cuda::conv2d_forward_bf16(cuda.stream(), d.index, p, ad, bd, od);
+  if (pass == Bf16Pass::BackwardData)
+    cuda::conv2d_backward_data_bf16(cuda.stream(), d.index, p, ad, bd, od);
+  if (pass == Bf16Pass::BackwardFilter) {
+    cuda::conv2d_backward_filter_bf16(cuda.stream(), d.index, p, ad, bd, od);
+    Tensor wide = to_dtype(out16, DType::Float32);
+    add_in_place(out, wide);  // weight gradients accumulate
+    return;
+  }
+  kernels::bf16_to_float(cuda.stream(), out.device_data<float>(), od, out.numel());
+}
+#endif
+
+void add_channel_bias_cpu(Tensor& y, const Tensor& bias) {
+  const std::int64_t n = y.dim(0), m = y.dim(1), plane = y.dim(2) * y.dim(3);
+  float* yd = y.data<float>();
+  const float* bd = bias.data<float>();
+  for (std::int64_t s = 0; s < n; ++s)
+    for (std::int64_t c = 0; c < m; ++c) {
+      float* row = yd + (s * m + c) * plane;
+      for (std::int64_t i = 0; i < plane; ++i) row[i] += bd[c];
+    }
+}
+
+}  // namespace
+
+void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
+                    const Window2d& window) {
+  if (compute_dtype() != DType::BFloat16) return forward_f32(x, weight, bias, y, window);
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("conv2d_forward", {&x, &weight, &bias, &y});
+      d.is_cuda()) {
+    const Geometry g = make_geometry(x.shape(), weight.shape(), window);
+    PIPELINE_CHECK(y.shape() == (Shape{g.n, g.m, g.oh, g.ow}),
+                   "conv2d_forward: output is {} but must be {}", y.shape(),
+                   Shape{g.n, g.m, g.oh, g.ow});
+    PIPELINE_CHECK(!bias.defined() || (bias.rank() == 1 && bias.dim(0) == g.m),
+                   "conv2d_forward: bias must be [{}], got {}", g.m, bias.shape());
+    if (g.n == 0) return;
+    cuda_bf16_pass(Bf16Pass::Forward, x, weight, y, g, d, "conv2d_forward");
+    if (bias.defined()) {
+      const detail::CudaScope cuda(d);
+      kernels::channel_bias_add(cuda.stream(), y.device_data<float>(), bias.device_data<float>(),
+                                g.n, g.m, g.pixels());
+    }
+    return;
+  }
+#endif
+  forward_f32(x, weight, Tensor(), y, window);
+  if (bias.defined())
+    PIPELINE_CHECK(bias.rank() == 1 && bias.dim(0) == y.dim(1),
+                   "conv2d_forward: bias must be [{}], got {}", y.dim(1), bias.shape());
+  round_to_bf16(y, y);
+  if (bias.defined()) add_channel_bias_cpu(y, bias);
+}
+
+void conv2d_backward_data(const Tensor& dy, const Tensor& weight, Tensor& dx,
+                          const Window2d& window) {
+  if (compute_dtype() != DType::BFloat16) return backward_data_f32(dy, weight, dx, window);
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("conv2d_backward_data", {&dy, &weight, &dx});
+      d.is_cuda()) {
+    const Geometry g = make_geometry(dx.shape(), weight.shape(), window);
+    PIPELINE_CHECK(dy.shape() == (Shape{g.n, g.m, g.oh, g.ow}),
+                   "conv2d_backward_data: output gradient is {} but must be {}", dy.shape(),
+                   Shape{g.n, g.m, g.oh, g.ow});
+    if (g.n == 0) return;
+    cuda_bf16_pass(Bf16Pass::BackwardData, dy, weight, dx, g, d, "conv2d_backward_data");
+    return;
+  }
+#endif
+  backward_data_f32(dy, weight, dx, window);
+  round_to_bf16(dx, dx);
+}
+
+void conv2d_backward_filter(const Tensor& x, const Tensor& dy, Tensor& dweight,
+                            const Window2d& window) {
+  if (compute_dtype() != DType::BFloat16) return backward_filter_f32(x, dy, dweight, window);
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("conv2d_backward_filter", {&x, &dy, &dweight});
+      d.is_cuda()) {
+    const Geometry g = make_geometry(x.shape(), dweight.shape(), window);
+    PIPELINE_CHECK(dy.shape() == (Shape{g.n, g.m, g.oh, g.ow}),
+                   "conv2d_backward_filter: output gradient is {} but must be {}", dy.shape(),
+                   Shape{g.n, g.m, g.oh, g.ow});
+    if (g.n == 0) return;
+    cuda_bf16_pass(Bf16Pass::BackwardFilter, x, dy, dweight, g, d, "conv2d_backward_filter");
+    return;
+  }
+#endif
+  Tensor part = Tensor::zeros(dweight.shape());
+  backward_filter_f32(x, dy, part, window);
+  round_to_bf16(part, part);
+  add_in_place(dweight, part);
 }
 
 void conv2d_backward_bias(const Tensor& dy, Tensor& dbias) {

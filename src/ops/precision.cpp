@@ -44,15 +44,24 @@ DType parse_compute_dtype(const std::string& name) {
 }
 
 Tensor round_to_bf16(const Tensor& x) {
-  PIPELINE_CHECK(x.dtype() == DType::Float32, "round_to_bf16: needs a float32 tensor, got {}",
-                 dtype_name(x.dtype()));
   Tensor y = Tensor::empty(x.shape(), DType::Float32, x.device());
+  round_to_bf16(x, y);
+  return y;
+}
+
+void round_to_bf16(const Tensor& x, Tensor& y) {
+  PIPELINE_CHECK(x.dtype() == DType::Float32 && y.dtype() == DType::Float32,
+                 "round_to_bf16: needs float32 tensors, got {} into {}", dtype_name(x.dtype()),
+                 dtype_name(y.dtype()));
+  PIPELINE_CHECK(y.shape() == x.shape() && y.device() == x.device(),
+                 "round_to_bf16: the output is {} on {}, the input {} on {}", y.shape(),
+                 y.device().str(), x.shape(), x.device().str());
   const std::int64_t n = x.numel();
 #if PIPELINE_WITH_CUDA
   if (x.device().is_cuda()) {
     const detail::CudaScope cuda(x.device());
     kernels::round_to_bf16(cuda.stream(), y.device_data<float>(), x.device_data<float>(), n);
-    return y;
+    return;
   }
 #endif
   const float* in = x.data<float>();
@@ -61,7 +70,6 @@ Tensor round_to_bf16(const Tensor& x) {
 #pragma omp simd
     for (std::int64_t i = b; i < b + c; ++i) out[i] = bf16_to_float(float_to_bf16(in[i]));
   });
-  return y;
 }
 
 Tensor product_operand(const Tensor& x) {

@@ -1,8 +1,8 @@
 // bf16 mixed precision on CUDA against the CPU's (ops/precision.hpp): the rounding kernel bit for
-// bit; gemm on the bf16 tensor cores (cuBLASLt) and the rounded-operand convolutions and attention
-// against the CPU's rounded operands with float32 accumulation, on odd and large sizes, outputs
-// poisoned; stashed bf16 weights read as they are; transformer-lm trained in bf16 on the GPU
-// tracks float32 (loss within 2% after 200 steps) and its 1F1B-stash weights stashed in bf16
+// bit; gemm (cuBLASLt) and convolutions (cuDNN) on the bf16 tensor cores and the rounded-operand
+// attention against the CPU's rounded operands with float32 accumulation, on odd and large sizes,
+// outputs poisoned; stashed bf16 weights read as they are; transformer-lm trained in bf16 on the
+// GPU tracks float32 (loss within 2% after 200 steps) and its 1F1B-stash weights stashed in bf16
 // equal those stashed in float32.
 #include <pipeline/nn/zoo.hpp>
 #include <pipeline/ops/attention.hpp>
@@ -78,9 +78,11 @@ TEST_CASE("convolutions and attention under bf16 on CUDA equal the CPU's") {
   ops::conv2d_forward(x.to(kGpu), weight.to(kGpu), bias.to(kGpu), yg, w);
   ops::conv2d_backward_data(dy.to(kGpu), weight.to(kGpu), dxg, w);
   ops::conv2d_backward_filter(x.to(kGpu), dy.to(kGpu), dwg, w);
-  expect_close("conv2d_forward bf16", y, yg, 1e-4);
-  expect_close("conv2d_backward_data bf16", dx, dxg, 1e-4);
-  expect_close("conv2d_backward_filter bf16", dw, dwg, 1e-4);
+  // cuDNN accumulates in another order before it rounds to bf16: an element may land one bf16
+  // step (2^-8 relative) away.
+  expect_close("conv2d_forward bf16", y, yg, 1e-2);
+  expect_close("conv2d_backward_data bf16", dx, dxg, 1e-2);
+  expect_close("conv2d_backward_filter bf16", dw, dwg, 1e-2);
 
   const std::int64_t B = 2, T = 33, C = 64, H = 4;
   const Tensor qkv = random_tensor({B, T, 3 * C}, 6), dout = random_tensor({B, T, C}, 7);

@@ -13,6 +13,7 @@
 #include <pipeline/ops/attention.hpp>
 #include <pipeline/ops/conv.hpp>
 #include <pipeline/ops/convert.hpp>
+#include <pipeline/ops/elementwise.hpp>
 #include <pipeline/ops/gemm.hpp>
 #include <pipeline/ops/precision.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
@@ -90,7 +91,7 @@ TEST_CASE("round_to_bf16 equals the conversions there and back, on any size and 
   }
   set_num_threads(1);
   CHECK_THROWS_WITH(ops::round_to_bf16(Tensor::zeros({3}, DType::Int32)),
-                    doctest::Contains("needs a float32 tensor"));
+                    doctest::Contains("needs float32 tensors"));
 }
 
 TEST_CASE("product_operand: the tensor itself in float32, rounded under bf16, widened from bf16") {
@@ -129,7 +130,7 @@ TEST_CASE("gemm under bf16 equals the float32 gemm of the rounded operands") {
       }
 }
 
-TEST_CASE("convolutions under bf16 equal the float32 ones of the rounded operands") {
+TEST_CASE("convolutions under bf16: float32 ones of the rounded operands, results rounded") {
   const ops::Window2d w = ops::Window2d::square(3, 1, 1);
   const Tensor x = random({2, 3, 6, 5}, 4), weight = random({4, 3, 3, 3}, 5), bias = random({4}, 6);
   const Tensor dy = random({2, 4, 6, 5}, 7);
@@ -143,19 +144,31 @@ TEST_CASE("convolutions under bf16 equal the float32 ones of the rounded operand
     ops::conv2d_backward_filter(xs, dys, o.dw, w);  // accumulates
     return o;
   };
-  const Outputs want = run(rounded(x), rounded(weight), rounded(dy));
+  // The reference: float32 passes on the rounded operands, their results rounded (y before the
+  // bias, the weight gradient before it accumulates).
+  Outputs want{Tensor::empty({2, 4, 6, 5}), Tensor::empty({2, 3, 6, 5}), random({4, 3, 3, 3}, 8)};
+  ops::conv2d_forward(rounded(x), rounded(weight), Tensor(), want.y, w);
+  want.y = rounded(want.y);
+  for (std::int64_t s = 0; s < 2; ++s)
+    for (std::int64_t c = 0; c < 4; ++c)
+      for (std::int64_t i = 0; i < 30; ++i)
+        want.y.data<float>()[(s * 4 + c) * 30 + i] += bias.data<float>()[c];
+  ops::conv2d_backward_data(rounded(dy), rounded(weight), want.dx, w);
+  want.dx = rounded(want.dx);
+  Tensor part = Tensor::zeros({4, 3, 3, 3});
+  ops::conv2d_backward_filter(rounded(x), rounded(dy), part, w);
+  ops::add_in_place(want.dw, rounded(part));
   const Outputs full = run(x, weight, dy);
-  Outputs got;
+  Outputs got, from16;
   {
     const ops::ComputeDTypeScope bf16(DType::BFloat16);
     got = run(x, weight, dy);
+    from16 = run(x, ops::to_dtype(weight, DType::BFloat16), dy);  // a weight stashed in bf16
   }
   CHECK(same_bits(got.y, want.y));
   CHECK(same_bits(got.dx, want.dx));
   CHECK(same_bits(got.dw, want.dw));
   CHECK(max_abs_diff(got.y, full.y) > 1e-4);
-  // A weight stashed in bf16.
-  const Outputs from16 = run(rounded(x), ops::to_dtype(weight, DType::BFloat16), rounded(dy));
   CHECK(same_bits(from16.y, want.y));
   CHECK(same_bits(from16.dx, want.dx));
 }

@@ -19,7 +19,8 @@
 // CUDNN_DETERMINISTIC, so a run is reproducible bit for bit on one GPU; set_deterministic(false)
 // takes the fastest of all (PyTorch's torch.backends.cudnn.deterministic = False).
 //
-// Precision. fp32 inputs, outputs and accumulation. TF32 follows cuda::allow_tf32() (blas.hpp):
+// Precision. fp32 inputs, outputs and accumulation (the *_bf16 passes: bf16 inputs and outputs,
+// fp32 accumulation on the tensor cores). TF32 follows cuda::allow_tf32() (blas.hpp):
 // off, the convolution descriptor's math type is CUDNN_FMA_MATH (no tensor cores, results match
 // the CPU to fp32 rounding); on, CUDNN_DEFAULT_MATH, which lets cuDNN round inputs to TF32 on
 // Ampere and later (PyTorch's torch.backends.cudnn.allow_tf32).
@@ -82,10 +83,10 @@ class DnnDescriptor {
 };
 }  // namespace detail
 
-// A packed NCHW float32 tensor [n, c, h, w].
+// A packed NCHW tensor [n, c, h, w] of float32 (or `type`) elements.
 class TensorDescriptor {
  public:
-  TensorDescriptor(int n, int c, int h, int w);
+  TensorDescriptor(int n, int c, int h, int w, cudnnDataType_t type = CUDNN_DATA_FLOAT);
   cudnnTensorDescriptor_t get() const { return m_desc.get(); }
 
  private:
@@ -94,10 +95,10 @@ class TensorDescriptor {
       m_desc;
 };
 
-// A float32 filter bank in PyTorch's layout [out k, in c, h, w] (NCHW).
+// A filter bank of float32 (or `type`) elements in PyTorch's layout [out k, in c, h, w] (NCHW).
 class FilterDescriptor {
  public:
-  FilterDescriptor(int k, int c, int h, int w);
+  FilterDescriptor(int k, int c, int h, int w, cudnnDataType_t type = CUDNN_DATA_FLOAT);
   cudnnFilterDescriptor_t get() const { return m_desc.get(); }
 
  private:
@@ -141,6 +142,18 @@ void conv2d_backward_data_f32(cudaStream_t stream, int device, const Conv2dProbl
 // dweight = Σ_n dy_n ⋆ x_n
 void conv2d_backward_filter_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
                                 const float* x, const float* dy, float beta, float* dweight);
+
+// The same passes on bf16 elements (their 16 bits) on the tensor cores, accumulated in float32 and
+// written as bf16 (overwriting: beta 0): the CUDA side of the convolutions under a bf16 compute
+// dtype (ops/precision.hpp), whose results are the float32 result rounded to bf16.
+void conv2d_forward_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
+                         const std::uint16_t* x, const std::uint16_t* weight, std::uint16_t* y);
+void conv2d_backward_data_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
+                               const std::uint16_t* dy, const std::uint16_t* weight,
+                               std::uint16_t* dx);
+void conv2d_backward_filter_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
+                                 const std::uint16_t* x, const std::uint16_t* dy,
+                                 std::uint16_t* dweight);
 
 }  // namespace pipeline::cuda
 

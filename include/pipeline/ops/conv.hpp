@@ -14,8 +14,10 @@
 // devices are a ConfigError naming both): cuDNN with the same accumulate semantics, fp32 unless
 // cuda::set_allow_tf32, deterministic algorithms unless cuda::set_deterministic(false)
 // (pipeline/cuda/dnn.hpp); the bias add and bias gradient are custom kernels. Under a bf16 compute
-// dtype (ops/precision.hpp) the products' operands (x, weight, dy) are read rounded to bf16;
-// weight may be a bfloat16 tensor (a stashed version).
+// dtype (ops/precision.hpp) the operands (x, weight, dy) are read rounded to bf16 and each result
+// — y before its bias, dx, and each call's weight gradient before it accumulates — is rounded to
+// bf16, which is what cuDNN's bf16 convolutions (the tensor cores, fp32 accumulation) write; the
+// CPU computes in fp32 and rounds. weight may be a bfloat16 tensor (a stashed version).
 #pragma once
 
 #include <pipeline/core/tensor.hpp>

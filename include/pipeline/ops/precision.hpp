@@ -41,8 +41,10 @@ class ComputeDTypeScope {
 // the choices otherwise.
 DType parse_compute_dtype(const std::string& name);
 
-// x (float32) rounded to bfloat16 and widened back: a new float32 tensor on x's device.
+// x (float32) rounded to bfloat16 and widened back: a new float32 tensor on x's device, or into
+// `out` (x's shape and device; may be x itself).
 Tensor round_to_bf16(const Tensor& x);
+void round_to_bf16(const Tensor& x, Tensor& out);
 
 // What a product reads for operand x: x widened to float32 when it is bfloat16; under a bf16
 // compute dtype, x rounded to bf16 (round_to_bf16); otherwise x itself (shared, not copied).
