@@ -86,6 +86,15 @@ struct PipelineFlags {
   bool pipelined() const { return !plan.empty() || launcher_world_size() > 1 || runs_in_process(); }
 };
 
+// Says so at start-up when the run computes in bf16 (float32 is the quiet default).
+inline void log_precision(const PipelineFlags& flags) {
+  if (flags.compute_dtype() != DType::BFloat16) return;
+  log_info(
+      "mixed precision: bf16 products with float32 accumulation, float32 master weights and "
+      "optimizer state; stashed weight matrices in bf16, transfers in {}",
+      flags.wire_dtype() == DType::BFloat16 ? "bf16" : "float32");
+}
+
 // Adds the pipeline flags to `app`, bound to `flags`.
 inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
   app.add_option("--device", flags.device,

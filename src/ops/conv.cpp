@@ -278,27 +278,68 @@ Shape conv2d_output_shape(const Shape& x, const Shape& weight, const Window2d& w
   return window.output_shape(x, weight[0]);
 }
 
+// Under a bf16 compute dtype (ops/conv.hpp) the operands are read rounded to bf16 and a result —
+// y before its bias, dx, a weight gradient before it accumulates — is rounded to bf16: what
+// cuDNN's bf16 convolutions write. The CPU computes in fp32 and rounds.
 namespace {
 
-// The float32 passes. Their operands go through product_operand: bf16 tensors (stashed weights)
-// are widened, and under a bf16 compute dtype every operand is rounded to bf16.
-void forward_f32(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias, Tensor& y,
-                 const Window2d& window) {
-  const Tensor x = product_operand(x_in), weight = product_operand(weight_in);
-  const Geometry g = make_geometry(x.shape(), weight.shape(), window);
+bool bf16_compute() {
+  return compute_dtype() == DType::BFloat16;
+}
+
+#if PIPELINE_WITH_CUDA
+enum class Bf16Pass { Forward, BackwardData, BackwardFilter };
+
+// One pass on the bf16 tensor cores: the operands as bf16 (bf16 tensors as they are), the result
+// written as bf16 by cuDNN and widened into `out` (a weight gradient: added to it).
+void cuda_bf16_pass(Bf16Pass pass, const Tensor& a, const Tensor& b, Tensor& out, const Geometry& g,
+                    Device d, const char* op) {
+  const cuda::Conv2dProblem p = cuda_problem(op, g, d);
+  const detail::CudaScope cuda(d);
+  const Tensor a16 = to_dtype(a, DType::BFloat16), b16 = to_dtype(b, DType::BFloat16);
+  Tensor out16 = Tensor::empty(out.shape(), DType::BFloat16, d);
+  const auto* ad = a16.device_data<std::uint16_t>();
+  const auto* bd = b16.device_data<std::uint16_t>();
+  auto* od = out16.device_data<std::uint16_t>();
+  switch (pass) {
+    case Bf16Pass::Forward:
+      cuda::conv2d_forward_bf16(cuda.stream(), d.index, p, ad, bd, od);
+      break;
+    case Bf16Pass::BackwardData:
+      cuda::conv2d_backward_data_bf16(cuda.stream(), d.index, p, ad, bd, od);
+      break;
+    case Bf16Pass::BackwardFilter:
+      cuda::conv2d_backward_filter_bf16(cuda.stream(), d.index, p, ad, bd, od);
+      add_in_place(out, to_dtype(out16, DType::Float32));  // weight gradients accumulate
+      return;
+  }
+  kernels::bf16_to_float(cuda.stream(), out.device_data<float>(), od, out.numel());
+}
+#endif
+
+}  // namespace
+
+void conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias, Tensor& y,
+                    const Window2d& window) {
+  const Geometry g = make_geometry(x_in.shape(), weight_in.shape(), window);
   const Shape ys{g.n, g.m, g.oh, g.ow};
   PIPELINE_CHECK(y.shape() == ys, "conv2d_forward: output is {} but must be {}", y.shape(), ys);
   PIPELINE_CHECK(!bias.defined() || (bias.rank() == 1 && bias.dim(0) == g.m),
                  "conv2d_forward: bias must be [{}], got {}", g.m, bias.shape());
+  const bool bf16 = bf16_compute();
 #if PIPELINE_WITH_CUDA
-  if (const Device d = detail::common_device("conv2d_forward", {&x, &weight, &bias, &y});
+  if (const Device d = detail::common_device("conv2d_forward", {&x_in, &weight_in, &bias, &y});
       d.is_cuda()) {
     if (g.n == 0) return;
-    const cuda::Conv2dProblem p = cuda_problem("conv2d_forward", g, d);
     const detail::CudaScope cuda(d);
     float* yd = y.device_data<float>();
-    cuda::conv2d_forward_f32(cuda.stream(), d.index, p, x.device_data<float>(),
-                             weight.device_data<float>(), 0.f, yd);
+    if (bf16) {
+      cuda_bf16_pass(Bf16Pass::Forward, x_in, weight_in, y, g, d, "conv2d_forward");
+    } else {
+      const Tensor x = product_operand(x_in), weight = product_operand(weight_in);
+      cuda::conv2d_forward_f32(cuda.stream(), d.index, cuda_problem("conv2d_forward", g, d),
+                               x.device_data<float>(), weight.device_data<float>(), 0.f, yd);
+    }
     if (bias.defined())
       kernels::channel_bias_add(cuda.stream(), yd, bias.device_data<float>(), g.n, g.m,
                                 g.pixels());
@@ -306,6 +347,7 @@ void forward_f32(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias
   }
 #endif
   if (g.n == 0) return;
+  const Tensor x = product_operand(x_in), weight = product_operand(weight_in);
   const Lowering low(g);
   const std::int64_t K = g.depth(), P = g.pixels();
   const float* xd = x.data<float>();
@@ -323,29 +365,37 @@ void forward_f32(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias
     const float* lowered = low.lower(xd + s * g.c * g.in_plane(), col, col + col_floats);
     MatrixMap Y(yd + s * g.m * P, g.m, P);
     Y.noalias() = W * ConstMatrixMap(lowered, K, P);
+    if (bf16)  // rounded before the bias
+      for (float& v : Y.reshaped()) v = bf16_to_float(float_to_bf16(v));
     if (bd) Y.colwise() += Eigen::Map<const Eigen::VectorXf>(bd, g.m);
   });
 }
 
-void backward_data_f32(const Tensor& dy_in, const Tensor& weight_in, Tensor& dx,
-                       const Window2d& window) {
-  const Tensor dy = product_operand(dy_in), weight = product_operand(weight_in);
-  const Geometry g = make_geometry(dx.shape(), weight.shape(), window);
+void conv2d_backward_data(const Tensor& dy_in, const Tensor& weight_in, Tensor& dx,
+                          const Window2d& window) {
+  const Geometry g = make_geometry(dx.shape(), weight_in.shape(), window);
   const Shape ys{g.n, g.m, g.oh, g.ow};
-  PIPELINE_CHECK(dy.shape() == ys, "conv2d_backward_data: output gradient is {} but must be {}",
-                 dy.shape(), ys);
+  PIPELINE_CHECK(dy_in.shape() == ys, "conv2d_backward_data: output gradient is {} but must be {}",
+                 dy_in.shape(), ys);
+  const bool bf16 = bf16_compute();
 #if PIPELINE_WITH_CUDA
-  if (const Device d = detail::common_device("conv2d_backward_data", {&dy, &weight, &dx});
+  if (const Device d = detail::common_device("conv2d_backward_data", {&dy_in, &weight_in, &dx});
       d.is_cuda()) {
     if (g.n == 0) return;
-    const cuda::Conv2dProblem p = cuda_problem("conv2d_backward_data", g, d);
+    if (bf16) {
+      cuda_bf16_pass(Bf16Pass::BackwardData, dy_in, weight_in, dx, g, d, "conv2d_backward_data");
+      return;
+    }
+    const Tensor dy = product_operand(dy_in), weight = product_operand(weight_in);
     const detail::CudaScope cuda(d);
-    cuda::conv2d_backward_data_f32(cuda.stream(), d.index, p, dy.device_data<float>(),
-                                   weight.device_data<float>(), 0.f, dx.device_data<float>());
+    cuda::conv2d_backward_data_f32(
+        cuda.stream(), d.index, cuda_problem("conv2d_backward_data", g, d), dy.device_data<float>(),
+        weight.device_data<float>(), 0.f, dx.device_data<float>());
     return;
   }
 #endif
   if (g.n == 0) return;
+  const Tensor dy = product_operand(dy_in), weight = product_operand(weight_in);
   const Lowering low(g);
   const std::int64_t K = g.depth(), P = g.pixels();
   const float* dyd = dy.data<float>();
@@ -369,33 +419,43 @@ void backward_data_f32(const Tensor& dy_in, const Tensor& weight_in, Tensor& dx,
     low.col2im(col, dst);
     if (low.padded()) low.unpad(dst, dxs);
   });
+  if (bf16) round_to_bf16(dx, dx);
 }
 
-void backward_filter_f32(const Tensor& x_in, const Tensor& dy_in, Tensor& dweight,
-                         const Window2d& window) {
-  const Tensor x = product_operand(x_in), dy = product_operand(dy_in);
-  const Geometry g = make_geometry(x.shape(), dweight.shape(), window);
+void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dweight,
+                            const Window2d& window) {
+  const Geometry g = make_geometry(x_in.shape(), dweight.shape(), window);
   const Shape ys{g.n, g.m, g.oh, g.ow};
-  PIPELINE_CHECK(dy.shape() == ys, "conv2d_backward_filter: output gradient is {} but must be {}",
-                 dy.shape(), ys);
+  PIPELINE_CHECK(dy_in.shape() == ys,
+                 "conv2d_backward_filter: output gradient is {} but must be {}", dy_in.shape(), ys);
+  const bool bf16 = bf16_compute();
 #if PIPELINE_WITH_CUDA
-  if (const Device d = detail::common_device("conv2d_backward_filter", {&x, &dy, &dweight});
+  if (const Device d = detail::common_device("conv2d_backward_filter", {&x_in, &dy_in, &dweight});
       d.is_cuda()) {
     if (g.n == 0) return;
-    const cuda::Conv2dProblem p = cuda_problem("conv2d_backward_filter", g, d);
+    if (bf16) {
+      cuda_bf16_pass(Bf16Pass::BackwardFilter, x_in, dy_in, dweight, g, d,
+                     "conv2d_backward_filter");
+      return;
+    }
+    const Tensor x = product_operand(x_in), dy = product_operand(dy_in);
     const detail::CudaScope cuda(d);
     // Weight gradients accumulate (beta = 1), as on the CPU.
-    cuda::conv2d_backward_filter_f32(cuda.stream(), d.index, p, x.device_data<float>(),
-                                     dy.device_data<float>(), 1.f, dweight.device_data<float>());
+    cuda::conv2d_backward_filter_f32(
+        cuda.stream(), d.index, cuda_problem("conv2d_backward_filter", g, d),
+        x.device_data<float>(), dy.device_data<float>(), 1.f, dweight.device_data<float>());
     return;
   }
 #endif
   if (g.n == 0) return;
+  const Tensor x = product_operand(x_in), dy = product_operand(dy_in);
+  // Under bf16 this call's gradient is summed apart, rounded, then accumulated.
+  Tensor part = bf16 ? Tensor::zeros(dweight.shape()) : dweight;
   const Lowering low(g);
   const std::int64_t K = g.depth(), P = g.pixels();
   const float* xd = x.data<float>();
   const float* dyd = dy.data<float>();
-  MatrixMap DW(dweight.data<float>(), g.m, K);
+  MatrixMap DW(part.data<float>(), g.m, K);
   const int threads = sample_threads(g.n);
   // With several threads each sums its samples into a private [M, K] buffer (a few hundred KiB
   // at most) and the buffers are added at the end; a single thread accumulates in place.
@@ -417,120 +477,10 @@ void backward_filter_f32(const Tensor& x_in, const Tensor& dy_in, Tensor& dweigh
   });
   for (int t = 0; acc_floats > 0 && t < threads; ++t)
     DW += ConstMatrixMap(work.get() + t * per_thread + col_floats + pad_floats, g.m, K);
-}
-
-// Under a bf16 compute dtype a convolution's result is its float32 result (of the rounded
-// operands) rounded to bf16 — what cuDNN's bf16 convolutions write — before the bias is added,
-// and a weight gradient is rounded before it accumulates (ops/conv.hpp).
-
-#if PIPELINE_WITH_CUDA
-// The three passes on the bf16 tensor cores: the operands as bf16 (bf16 tensors as they are),
-// the result written as bf16 by cuDNN and widened into `out` (or, accumulate = true, added to it).
-enum class Bf16Pass { Forward, BackwardData, BackwardFilter };
-
-void cuda_bf16_pass(Bf16Pass pass, const Tensor& a, const Tensor& b, Tensor& out, const Geometry& g,
-                    Device d, const char* op) {
-  const cuda::Conv2dProblem p = cuda_problem(op, g, d);
-  const detail::CudaScope cuda(d);
-  const Tensor a16 = to_dtype(a, DType::BFloat16), b16 = to_dtype(b, DType::BFloat16);
-  Tensor out16 = Tensor::empty(out.shape(), DType::BFloat16, d);
-  const auto* ad = a16.device_data<std::uint16_t>();
-  const auto* bd = b16.device_data<std::uint16_t>();
-  auto* od = out16.device_data<std::uint16_t>();
-  if (pass == Bf16Pass::Forward) cuda::conv2d_forward_bf16(cuda.stream(), d.index, p, ad, bd, od);
-  if (pass == Bf16Pass::BackwardData)
-    cuda::conv2d_backward_data_bf16(cuda.stream(), d.index, p, ad, bd, od);
-  if (pass == Bf16Pass::BackwardFilter) {
-    cuda::conv2d_backward_filter_bf16(cuda.stream(), d.index, p, ad, bd, od);
-    Tensor wide = to_dtype(out16, DType::Float32);
-    add_in_place(out, wide);  // weight gradients accumulate
-    return;
+  if (bf16) {
+    round_to_bf16(part, part);
+    add_in_place(dweight, part);
   }
-  kernels::bf16_to_float(cuda.stream(), out.device_data<float>(), od, out.numel());
-}
-#endif
-
-void add_channel_bias_cpu(Tensor& y, const Tensor& bias) {
-  const std::int64_t n = y.dim(0), m = y.dim(1), plane = y.dim(2) * y.dim(3);
-  float* yd = y.data<float>();
-  const float* bd = bias.data<float>();
-  for (std::int64_t s = 0; s < n; ++s)
-    for (std::int64_t c = 0; c < m; ++c) {
-      float* row = yd + (s * m + c) * plane;
-      for (std::int64_t i = 0; i < plane; ++i) row[i] += bd[c];
-    }
-}
-
-}  // namespace
-
-void conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
-                    const Window2d& window) {
-  if (compute_dtype() != DType::BFloat16) return forward_f32(x, weight, bias, y, window);
-#if PIPELINE_WITH_CUDA
-  if (const Device d = detail::common_device("conv2d_forward", {&x, &weight, &bias, &y});
-      d.is_cuda()) {
-    const Geometry g = make_geometry(x.shape(), weight.shape(), window);
-    PIPELINE_CHECK(y.shape() == (Shape{g.n, g.m, g.oh, g.ow}),
-                   "conv2d_forward: output is {} but must be {}", y.shape(),
-                   Shape{g.n, g.m, g.oh, g.ow});
-    PIPELINE_CHECK(!bias.defined() || (bias.rank() == 1 && bias.dim(0) == g.m),
-                   "conv2d_forward: bias must be [{}], got {}", g.m, bias.shape());
-    if (g.n == 0) return;
-    cuda_bf16_pass(Bf16Pass::Forward, x, weight, y, g, d, "conv2d_forward");
-    if (bias.defined()) {
-      const detail::CudaScope cuda(d);
-      kernels::channel_bias_add(cuda.stream(), y.device_data<float>(), bias.device_data<float>(),
-                                g.n, g.m, g.pixels());
-    }
-    return;
-  }
-#endif
-  forward_f32(x, weight, Tensor(), y, window);
-  if (bias.defined())
-    PIPELINE_CHECK(bias.rank() == 1 && bias.dim(0) == y.dim(1),
-                   "conv2d_forward: bias must be [{}], got {}", y.dim(1), bias.shape());
-  round_to_bf16(y, y);
-  if (bias.defined()) add_channel_bias_cpu(y, bias);
-}
-
-void conv2d_backward_data(const Tensor& dy, const Tensor& weight, Tensor& dx,
-                          const Window2d& window) {
-  if (compute_dtype() != DType::BFloat16) return backward_data_f32(dy, weight, dx, window);
-#if PIPELINE_WITH_CUDA
-  if (const Device d = detail::common_device("conv2d_backward_data", {&dy, &weight, &dx});
-      d.is_cuda()) {
-    const Geometry g = make_geometry(dx.shape(), weight.shape(), window);
-    PIPELINE_CHECK(dy.shape() == (Shape{g.n, g.m, g.oh, g.ow}),
-                   "conv2d_backward_data: output gradient is {} but must be {}", dy.shape(),
-                   Shape{g.n, g.m, g.oh, g.ow});
-    if (g.n == 0) return;
-    cuda_bf16_pass(Bf16Pass::BackwardData, dy, weight, dx, g, d, "conv2d_backward_data");
-    return;
-  }
-#endif
-  backward_data_f32(dy, weight, dx, window);
-  round_to_bf16(dx, dx);
-}
-
-void conv2d_backward_filter(const Tensor& x, const Tensor& dy, Tensor& dweight,
-                            const Window2d& window) {
-  if (compute_dtype() != DType::BFloat16) return backward_filter_f32(x, dy, dweight, window);
-#if PIPELINE_WITH_CUDA
-  if (const Device d = detail::common_device("conv2d_backward_filter", {&x, &dy, &dweight});
-      d.is_cuda()) {
-    const Geometry g = make_geometry(x.shape(), dweight.shape(), window);
-    PIPELINE_CHECK(dy.shape() == (Shape{g.n, g.m, g.oh, g.ow}),
-                   "conv2d_backward_filter: output gradient is {} but must be {}", dy.shape(),
-                   Shape{g.n, g.m, g.oh, g.ow});
-    if (g.n == 0) return;
-    cuda_bf16_pass(Bf16Pass::BackwardFilter, x, dy, dweight, g, d, "conv2d_backward_filter");
-    return;
-  }
-#endif
-  Tensor part = Tensor::zeros(dweight.shape());
-  backward_filter_f32(x, dy, part, window);
-  round_to_bf16(part, part);
-  add_in_place(dweight, part);
 }
 
 void conv2d_backward_bias(const Tensor& dy, Tensor& dbias) {

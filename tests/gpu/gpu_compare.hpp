@@ -10,6 +10,7 @@
 
 #include <pipeline/core/rng.hpp>
 #include <pipeline/core/tensor.hpp>
+#include <pipeline/data/dataset.hpp>
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -53,6 +54,22 @@ inline Tensor random_ints(const Shape& shape, std::uint64_t seed, std::int32_t n
 // A float32 tensor of `shape` on the GPU, every element NaN.
 inline Tensor poisoned(const Shape& shape) {
   return Tensor::full(shape, std::numeric_limits<float>::quiet_NaN(), kGpu);
+}
+
+// Token windows of a fixed random byte stream, [batch, seq_len] ids and labels (the inputs shifted
+// by one, as the text dataset makes them).
+inline Batch token_batch(std::int64_t batch, std::int64_t seq_len, std::int32_t vocab,
+                         std::uint64_t seed) {
+  const Tensor stream = random_ints(Shape{batch, seq_len + 1}, seed, vocab);
+  Batch b{Tensor::empty({batch, seq_len}, DType::Int32),
+          Tensor::empty({batch, seq_len}, DType::Int32)};
+  const std::int32_t* s = stream.data<std::int32_t>();
+  for (std::int64_t i = 0; i < batch; ++i)
+    for (std::int64_t t = 0; t < seq_len; ++t) {
+      b.inputs.data<std::int32_t>()[i * seq_len + t] = s[i * (seq_len + 1) + t];
+      b.labels.data<std::int32_t>()[i * seq_len + t] = s[i * (seq_len + 1) + t + 1];
+    }
+  return b;
 }
 
 inline Tensor host(const Tensor& t) {

@@ -15,26 +15,6 @@
 using namespace pipeline;
 using pipeline::testing::max_rel_diff;
 
-namespace {
-
-// Token windows of a fixed random byte stream: labels are the inputs shifted by one, as the text
-// dataset makes them.
-Batch token_batch(std::int64_t batch, std::int64_t seq_len, std::int32_t vocab,
-                  std::uint64_t seed) {
-  const Tensor stream = gpu_test::random_ints(Shape{batch, seq_len + 1}, seed, vocab);
-  Batch b{Tensor::empty({batch, seq_len}, DType::Int32),
-          Tensor::empty({batch, seq_len}, DType::Int32)};
-  const std::int32_t* s = stream.data<std::int32_t>();
-  for (std::int64_t i = 0; i < batch; ++i)
-    for (std::int64_t t = 0; t < seq_len; ++t) {
-      b.inputs.data<std::int32_t>()[i * seq_len + t] = s[i * (seq_len + 1) + t];
-      b.labels.data<std::int32_t>()[i * seq_len + t] = s[i * (seq_len + 1) + t + 1];
-    }
-  return b;
-}
-
-}  // namespace
-
 TEST_CASE("transformer-lm trains on cuda:0 as on the CPU") {
   for (const float dropout : {0.f, 0.1f}) {
     CAPTURE(dropout);
@@ -53,8 +33,8 @@ TEST_CASE("transformer-lm trains on cuda:0 as on the CPU") {
     REQUIRE(gpu.device() == Device::cuda(0));
     for (std::int64_t step = 0; step < 5; ++step) {
       CAPTURE(step);
-      const Batch b = token_batch(8, zo.seq_len, static_cast<std::int32_t>(zo.vocab),
-                                  static_cast<std::uint64_t>(100 + step));
+      const Batch b = gpu_test::token_batch(8, zo.seq_len, static_cast<std::int32_t>(zo.vocab),
+                                            static_cast<std::uint64_t>(100 + step));
       const StepResult rc = cpu.step(b, 1e-3f, 2);
       const StepResult rg = gpu.step(b, 1e-3f, 2);
       CHECK(rg.loss == doctest::Approx(rc.loss).epsilon(1e-4));

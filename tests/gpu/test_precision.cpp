@@ -111,18 +111,9 @@ ZooModel small_lm() {
   return make_model("transformer-lm", zo);
 }
 
-// Token windows of one fixed random stream (labels: the inputs shifted by one), batch j.
+// Batch j of a fixed cycle of 16 token batches.
 Batch token_batch(std::int64_t j) {
-  constexpr std::int64_t kBatch = 8, kSeq = 32;
-  const Tensor s =
-      random_ints(Shape{kBatch, kSeq + 1}, 500 + static_cast<std::uint64_t>(j % 16), 64);
-  Batch b{Tensor::empty({kBatch, kSeq}, DType::Int32), Tensor::empty({kBatch, kSeq}, DType::Int32)};
-  for (std::int64_t i = 0; i < kBatch; ++i)
-    for (std::int64_t t = 0; t < kSeq; ++t) {
-      b.inputs.data<std::int32_t>()[i * kSeq + t] = s.data<std::int32_t>()[i * (kSeq + 1) + t];
-      b.labels.data<std::int32_t>()[i * kSeq + t] = s.data<std::int32_t>()[i * (kSeq + 1) + t + 1];
-    }
-  return b;
+  return gpu_test::token_batch(8, 32, 64, 500 + static_cast<std::uint64_t>(j % 16));
 }
 
 }  // namespace
