@@ -357,7 +357,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
     Impl::Mode md = x.mode(d, s, c.j, c.replicas, x.total[v]);
     const int base_flight = in_flight(x.total[v], 0, c.replicas);
     const int flight = deeper[plan.stages.size()];
-    const Impl::Mode deep = x.mode(d, s, c.j, c.replicas, x.total[v], flight, true);
+    const Impl::Mode deep = x.mode(d, s, c.j, c.replicas, x.total[v], flight, /*delays=*/s >= 0);
     const bool take_deeper = deep.fits && deep.recompute == md.recompute;
     if (take_deeper) md = deep;
     const Impl::StageCost cost = x.stage_cost(d, s, c.j, c.replicas, md);

@@ -585,7 +585,10 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
   std::vector<int> limit = stash_depth_limits(spec), replicas, delay_limit;
   for (std::size_t s = 0; s < stages; ++s) {
     replicas.push_back(static_cast<int>(spec.stage_ranks[s].size()));
-    const bool may = s >= spec.stage_may_delay.size() || spec.stage_may_delay[s];
+    // The input stage's replicas load their minibatches together and meet at each allreduce
+    // together: a delay there would buy nothing but a second gradient set, which the planner does
+    // not charge for it (cost_model.hpp, delayed_allreduce_bytes).
+    const bool may = s > 0 && (s >= spec.stage_may_delay.size() || spec.stage_may_delay[s]);
     delay_limit.push_back(may && replicas.back() > 1 ? replicas.back() : 0);
   }
   auto lowered = [&](StashShape shape) {
