@@ -43,15 +43,19 @@ struct PipelineFlags {
   bool rebalance = false;
   int rebalance_every = 10;
 
-  // The dtype of the products (ops/precision.hpp): float32, or bf16 (mixed precision).
-  std::string dtype = "float32";
+  // The dtype of the products (ops/precision.hpp): float32, or bf16 (mixed precision); empty:
+  // the plan's (Plan::dtype), else float32.
+  std::string dtype;
   // The element type of the activations and gradients sent between stages: float32 or bf16;
-  // empty: bf16 under --dtype bf16, else float32.
+  // empty: bf16 when the products compute in bf16, else float32.
   std::string transfer_dtype;
 
-  DType compute_dtype() const { return ops::parse_compute_dtype(dtype); }
-  DType wire_dtype() const {
-    if (transfer_dtype.empty()) return compute_dtype();
+  DType compute_dtype(const Plan* plan = nullptr) const {
+    if (!dtype.empty()) return ops::parse_compute_dtype(dtype);
+    return plan != nullptr && plan->dtype == "bfloat16" ? DType::BFloat16 : DType::Float32;
+  }
+  DType wire_dtype(const Plan* plan = nullptr) const {
+    if (transfer_dtype.empty()) return compute_dtype(plan);
     return transfer_dtype == "bf16" ? DType::BFloat16 : DType::Float32;
   }
 
@@ -86,13 +90,21 @@ struct PipelineFlags {
   bool pipelined() const { return !plan.empty() || launcher_world_size() > 1 || runs_in_process(); }
 };
 
-// Says so at start-up when the run computes in bf16 (float32 is the quiet default).
-inline void log_precision(const PipelineFlags& flags) {
-  if (flags.compute_dtype() != DType::BFloat16) return;
+// Says so at start-up when the run computes in bf16 (float32 is the quiet default), and warns when
+// --dtype contradicts the plan's, whose memory estimate assumes its own.
+inline void log_precision(const PipelineFlags& flags, const Plan* plan = nullptr) {
+  const DType dtype = flags.compute_dtype(plan);
+  if (plan != nullptr && (dtype == DType::BFloat16) != (plan->dtype == "bfloat16"))
+    log_warn(
+        "the plan was made from a {} profile but the run computes in {}: its memory "
+        "estimate assumes weight versions stashed in {} (drop --dtype to follow the plan)",
+        plan->dtype.empty() ? "float32" : plan->dtype, dtype_name(dtype),
+        plan->dtype == "bfloat16" ? "bf16" : "float32");
+  if (dtype != DType::BFloat16) return;
   log_info(
       "mixed precision: bf16 products with float32 accumulation, float32 master weights and "
       "optimizer state; stashed weight matrices in bf16, transfers in {}",
-      flags.wire_dtype() == DType::BFloat16 ? "bf16" : "float32");
+      flags.wire_dtype(plan) == DType::BFloat16 ? "bf16" : "float32");
 }
 
 // Adds the pipeline flags to `app`, bound to `flags`.
@@ -141,9 +153,9 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
                  "dtype of the matrix products, convolutions and attention: float32, or bf16 "
                  "(mixed precision: bf16 operands with float32 accumulation, float32 master "
                  "weights, optimizer state, norms and losses; stashed weight versions and "
-                 "transfers in bf16). On a CPU bf16 computes the same numbers but is not faster")
-      ->check(CLI::IsMember({"float32", "bf16"}))
-      ->capture_default_str();
+                 "transfers in bf16). On a CPU bf16 computes the same numbers but is not faster. "
+                 "Default: the plan's dtype (a plan made from a bf16 profile), else float32")
+      ->check(CLI::IsMember({"float32", "bf16"}));
   app.add_option("--transfer-dtype", flags.transfer_dtype,
                  "element type of the activations and gradients sent between stages: float32, or "
                  "bf16 for half the bytes on the wire (default: bf16 under --dtype bf16, else "
@@ -183,6 +195,7 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
     plan = read_plan(flags.plan);
   }
   check_plan_for_job(plan, zoo.model, comm.size());
+  if (comm.rank() == 0) log_precision(flags, &plan);
   return plan;
 }
 
@@ -271,8 +284,8 @@ inline ExecutorOptions executor_options(const PipelineFlags& flags, const Plan& 
                                         std::uint64_t seed, float clip_norm, Device device) {
   return {.seed = seed,
           .device = device,
-          .transfer_dtype = flags.wire_dtype(),
-          .compute_dtype = flags.compute_dtype(),
+          .transfer_dtype = flags.wire_dtype(&plan),
+          .compute_dtype = flags.compute_dtype(&plan),
           .clip_norm = clip_norm,
           .record_trace = !flags.trace.empty(),
           .recompute = recompute_stages(flags, plan)};

@@ -86,7 +86,6 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
       const Device device = parse_device(flags.device);
       log_info("in-process pipeline: the plan's {} ranks as threads of this process, on {}{}",
                plan.workers, device.str(), device.is_cuda() ? " (a stream per rank)" : "");
-      log_precision(flags);
       std::atomic<int> status{0};
       run_in_process(
           {.ranks = plan.workers, .device = device, .comm_timeout_s = flags.comm_timeout},
@@ -110,10 +109,7 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
       flags.check();
       if (flags.comm_timeout > 0) comm.set_timeout(flags.comm_timeout);
       const TransportChoice t = rank_transport(flags);
-      if (comm.rank() == 0) {
-        log_info("transport: {}", t.reason);
-        log_precision(flags);
-      }
+      if (comm.rank() == 0) log_info("transport: {}", t.reason);
       if (t.transport == Transport::Nccl) return pipelined_over_nccl(comm, t.device, pipelined);
       return pipelined(comm, t.device >= 0 ? Device::cuda(t.device) : Device::cpu());
     } catch (const std::exception& e) {

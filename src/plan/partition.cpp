@@ -668,6 +668,7 @@ void finish(Plan& plan, const Profile& p, const Topology& t, const PartitionOpti
   plan.predicted.samples_per_s = time > 0 ? p.batch_size / time : 0.0;
   plan.predicted.data_parallel_time_per_minibatch_s = data_parallel_seconds(p, t, o);
   if (o.cost_model == CostModel::Pipeline) plan.optimizer = o.optimizer;
+  if (p.bf16()) plan.dtype = p.dtype;
 }
 
 // Interleaved plans (options.virtual_stages != 1): what partition() and evaluate_stages() both

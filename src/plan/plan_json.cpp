@@ -106,6 +106,7 @@ json plan_to_json(const Plan& p) {
   j["config"] = p.config;
   if (!p.cost_model.empty()) j["cost_model"] = p.cost_model;
   if (!p.optimizer.empty()) j["optimizer"] = p.optimizer;
+  if (!p.dtype.empty()) j["dtype"] = p.dtype;
   j["stages"] = std::move(stages);
   j["predicted"] = {
       {"time_per_minibatch_s", p.predicted.time_per_minibatch_s},
@@ -154,6 +155,12 @@ Plan plan_from_json(const json& j, std::string_view origin) {
     PIPELINE_CHECK_AS(
         ConfigError, p.optimizer == "sgd" || p.optimizer == "momentum" || p.optimizer == "adamw",
         "{}: \"optimizer\" is \"{}\"; expected sgd, momentum or adamw", origin, p.optimizer);
+  }
+  if (j.contains("dtype")) {
+    p.dtype = get<std::string>(j, "dtype", "the plan", origin);
+    PIPELINE_CHECK_AS(ConfigError, p.dtype == "bfloat16" || p.dtype == "float32",
+                      "{}: \"dtype\" is \"{}\"; expected bfloat16 or float32", origin, p.dtype);
+    if (p.dtype == "float32") p.dtype.clear();
   }
   const json& stages = j.contains("stages") ? j.at("stages") : json();
   PIPELINE_CHECK_AS(ConfigError, stages.is_array() && !stages.empty(),

@@ -42,6 +42,7 @@ struct TypedPartitioner::Impl {
   PartitionOptions options;
   Topology topology;
   std::string model;  // the profiles' model name and batch size (the profiles are not kept)
+  std::string dtype;  // the profiles' dtype when it is not float32 (Plan::dtype)
   int batch_size = 0;
   StateGraph g;
   std::vector<TypeData> types;
@@ -202,6 +203,7 @@ TypedPartitioner::TypedPartitioner(const DeviceProfiles& profiles, const Topolog
       profiles.size(), topology.types.size());
   const Profile& reference = profiles.find(topology.types.front().name)->second;
   x.model = reference.model;
+  if (reference.bf16()) x.dtype = reference.dtype;
   x.batch_size = reference.batch_size;
   // One set of states for every type, from the first type's profile (the types' profiles share
   // their layers, so the states are the same; only the sums over them differ).
@@ -335,6 +337,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
   plan.schedule = "1f1b-stash";
   plan.cost_model = std::string(to_string(CostModel::Pipeline));
   plan.optimizer = x.options.optimizer;
+  plan.dtype = x.dtype;
   // The stages' replica counts first: the in-flight counts the schedule needs depend on the
   // stages after each (stash_in_flights).
   std::vector<int> replicas;

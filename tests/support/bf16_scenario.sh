@@ -2,9 +2,10 @@
 # bf16 mixed precision as a user reaches it:
 #   bf16_scenario.sh PIPELINE_PROFILE PIPELINE_PARTITION TRAIN_FASHION_MNIST TRAIN_TRANSFORMER_LM MPIRUN...
 # profiles the mlp with --dtype bf16 (a "bfloat16" profile that knows the bytes of weight versions
-# stashed in bf16), partitions it for 2 workers (bf16 transfers by default), trains that plan under
-# 1f1b-stash with --dtype bf16 and with float32, and checks that the bf16 run learns, stashes its
-# weight versions in fewer bytes and holds what the planner estimated; then trains a small
+# stashed in bf16), partitions it for 2 workers (bf16 transfers by default; the plan says
+# "dtype": "bfloat16"), trains that plan under 1f1b-stash as the plan says (bf16, no --dtype) and
+# with --dtype float32 (a warning: the plan assumes bf16), and checks that the bf16 run learns,
+# stashes its weight versions in fewer bytes and holds what the planner estimated; then trains a small
 # transformer-lm for 200 steps in float32 and in bf16 and checks that the losses agree within 2%.
 # TRAIN_TRANSFORMER_LM may be "-" where its training text is missing.
 set -euo pipefail
@@ -25,16 +26,22 @@ grep -q '"stashed_parameter_bytes"' "$work/profile.json" || { cat "$work/profile
 "$partition" --profile "$work/profile.json" --workers 2 --bandwidth 10Gbit/s --straight --optimizer adamw \
   -o "$work/plan.json" > "$work/plan.txt"
 cat "$work/plan.txt"
+grep -q '"dtype": "bfloat16"' "$work/plan.json" || { cat "$work/plan.json"; exit 1; }
 
 for dtype in bf16 float32; do
-  "${mpirun[@]}" 2 "$train" --model mlp --plan "$work/plan.json" --schedule 1f1b-stash \
-    --dtype "$dtype" --batch "$batch" --steps 40 --threads 1 --eval-batch 10000 \
+  flag=()
+  [ "$dtype" = float32 ] && flag=(--dtype float32)  # bf16: as the plan says
+  "${mpirun[@]}" 2 "$train" --model mlp --plan "$work/plan.json" --schedule 1f1b-stash "${flag[@]}" \
+    --batch "$batch" --steps 40 --threads 1 --eval-batch 10000 \
     --metrics "$work/$dtype.jsonl" > "$work/$dtype.log" 2>&1 || { cat "$work/$dtype.log"; exit 1; }
   grep -q "test accuracy: [01]\.[0-9][0-9][0-9][0-9]" "$work/$dtype.log" || {
     cat "$work/$dtype.log"
     exit 1
   }
 done
+grep -q "mixed precision: bf16 products" "$work/bf16.log" || { cat "$work/bf16.log"; exit 1; }
+grep -q "the plan was made from a bfloat16 profile but the run computes in float32" \
+  "$work/float32.log" || { cat "$work/float32.log"; exit 1; }
 grep "test accuracy" "$work/bf16.log" "$work/float32.log"
 
 python3 - "$work/bf16.jsonl" "$work/float32.jsonl" "$work/bf16.log" "$work/float32.log" <<'PY'

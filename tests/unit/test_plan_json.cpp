@@ -61,6 +61,14 @@ TEST_CASE("plan.json round trip") {
   Plan r = p;
   r.optimizer.clear();
   CHECK(!plan_to_json(r).contains("optimizer"));
+  // A float32 plan writes no dtype; a bf16 one says so.
+  CHECK(q.dtype.empty());
+  CHECK(!plan_to_json(q).contains("dtype"));
+  r.dtype = "bfloat16";
+  CHECK(parse_plan(plan_to_json(r).dump(), "bf16").dtype == "bfloat16");
+  auto j = plan_to_json(q);
+  j["dtype"] = "float32";
+  CHECK(parse_plan(j.dump(), "explicit float32").dtype.empty());
 }
 
 TEST_CASE("integer fields of plan.json take only integers in range") {
@@ -92,6 +100,8 @@ TEST_CASE("malformed plans name the problem and the origin") {
   CHECK(mentions(error_of([](auto& j) { j["stages"][1]["layers"] = {3, 5}; }), "previous stage"));
   CHECK(mentions(error_of([](auto& j) { j["optimizer"] = "lamb"; }),
                  "expected sgd, momentum or adamw"));
+  CHECK(
+      mentions(error_of([](auto& j) { j["dtype"] = "float16"; }), "expected bfloat16 or float32"));
   CHECK_THROWS_AS(parse_plan("", "empty.json"), ConfigError);
   try {
     parse_plan("{\"format\": ", "broken.json");

@@ -488,6 +488,8 @@ TEST_CASE("the planner's memory per stage is what the executor holds, stage inpu
   o.optimizer_state_factor = optimizer_state_copies("momentum");  // make_sgd's
   const Plan plan16 = evaluate_stages(bf16, topo, parse_manual_stages("0:3,3:7,7:8,8:10"), o);
   const Plan plan32 = evaluate_stages(prof, topo, parse_manual_stages("0:3,3:7,7:8,8:10"), o);
+  CHECK(plan16.dtype == "bfloat16");  // the trainers' default --dtype for this plan
+  CHECK(plan32.dtype.empty());
   const auto outcome16 = train(zoo.model, zoo.sample_shape, layout, schedule, {},
                                synthetic_feed(zoo.sample_shape, batch), DType::BFloat16);
   for (int r = 1; r < layout.num_ranks(); ++r) {

@@ -3,13 +3,14 @@
 //
 // float32 (the default) computes everything in fp32. bfloat16 is mixed precision in the sense of
 // torch.autocast(dtype=torch.bfloat16) for these ops: every operand is rounded to bf16 (nearest,
-// ties to even: ops/convert.hpp), the products accumulate in fp32 and their results stay fp32.
-// Everything else — biases, activations, norms, softmax, losses, reductions, optimizer state and
-// the master weights — stays fp32. On CUDA, matrix products run on bf16 tensor cores (cuBLASLt);
-// convolutions and attention round their operands and run their fp32 kernels, which computes the
-// same thing. The CPU rounds its operands and runs its fp32 kernels: the same numbers up to the
-// order of accumulation, which makes it the GPU's oracle and lets bf16 training be tested on any
-// machine (it is not faster there).
+// ties to even: ops/convert.hpp) and the products accumulate in fp32; matrix products and
+// attention return fp32 results, convolutions their results rounded to bf16 (what cuDNN's bf16
+// convolutions write; ops/conv.hpp). Everything else — biases, activations, norms, softmax,
+// losses, reductions, optimizer state and the master weights — stays fp32. On CUDA, matrix
+// products (cuBLASLt) and convolutions (cuDNN) run on the bf16 tensor cores; attention rounds its
+// operands and runs its fp32 kernels, which computes the same thing. The CPU rounds its operands
+// and runs its fp32 kernels: the same numbers up to the order of accumulation, which makes it the
+// GPU's oracle and lets bf16 training be tested on any machine (it is not faster there).
 //
 // The setting is per thread (each stage thread of an in-process pipeline has its own), set for a
 // scope by ComputeDTypeScope. In either setting a product also takes bfloat16 tensors as

@@ -64,6 +64,10 @@ struct Plan {
   // The update rule whose step times the prediction includes ("sgd", "momentum", "adamw"; plan.json
   // "optimizer", absent when none): the simulator charges the same per stage.
   std::string optimizer;
+  // The dtype of the profile the plan was made from when it is not float32 ("bfloat16"; plan.json
+  // "dtype", absent for float32): the precision its memory estimate assumes (weight versions
+  // stashed in bf16) and the trainers' default --dtype.
+  std::string dtype;
   // Stages per rank: 1 for a plain pipeline (each rank serves one stage), v > 1 for an
   // interleaved plan (stages.size() == v · workers, stage k on rank k mod workers, no replicas).
   int virtual_stages = 1;

@@ -6,9 +6,11 @@
 // plan without recomputation reads and writes exactly as before, and needs no new format
 // version), "device" (the worker type of the stage in a plan over a mixed cluster, e.g. "h100";
 // written only for such plans, so plans over one kind of worker read and write as before) and
-// "predicted" {compute_s, sync_s, transfer_s, memory_bytes}; at the top level "cost_model". Reading validates the format, that stages are non-empty, that every stage has
-// `replicas` distinct ranks in [0, workers) and that no rank serves two stages; failures throw
-// ConfigError (contents) or IoError (file) naming the file and the field.
+// "predicted" {compute_s, sync_s, transfer_s, memory_bytes}; at the top level "cost_model",
+// "optimizer" and "dtype" ("bfloat16" for a plan made from a bf16 profile; absent: float32).
+// Reading validates the format, that stages are non-empty, that every stage has `replicas` distinct
+// ranks in [0, workers) and that no rank serves two stages; failures throw ConfigError (contents)
+// or IoError (file) naming the file and the field.
 //
 // Versions: an interleaved plan (Plan::virtual_stages = v > 1) is written as "pipeline.plan/2"
 // with a top-level "virtual_stages": v; every other plan is still written as "pipeline.plan/1",
