@@ -24,9 +24,13 @@ DType compute_dtype() {
   return t_compute_dtype;
 }
 
-ComputeDTypeScope::ComputeDTypeScope(DType dtype) : m_previous(t_compute_dtype) {
+void check_compute_dtype(DType dtype) {
   PIPELINE_CHECK_AS(ConfigError, dtype == DType::Float32 || dtype == DType::BFloat16,
                     "products compute in float32 or bfloat16, not {}", dtype_name(dtype));
+}
+
+ComputeDTypeScope::ComputeDTypeScope(DType dtype) : m_previous(t_compute_dtype) {
+  check_compute_dtype(dtype);
   t_compute_dtype = dtype;
 }
 

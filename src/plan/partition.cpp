@@ -589,7 +589,7 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
       // that wait for their allreduce after their next backward (StashShape). Taken where they
       // fit without changing whether the stage recomputes; PipeDream's count otherwise.
       const int deeper = deeper_flights[i];
-      const double extra = fs.s < 0 ? 0.0 : delayed_allreduce_bytes(par, version, r);
+      const double extra = delayed_allreduce_bytes(par, version, r, /*input_stage=*/fs.s < 0);
       auto over = [&](double bytes) { return memory && bytes > *memory; };
       if (!over(std::min(stash_at(deeper), recompute_at(deeper)) + extra) &&
           over(stash_at(deeper) + extra) == over(stash_at(flight))) {

@@ -84,7 +84,8 @@ struct TypedPartitioner::Impl {
                        (s < 0 ? 0.0 : g.kept_input_bytes[static_cast<std::size_t>(s)]);
     const double input = s < 0 ? 0.0 : d.boundary[static_cast<std::size_t>(s)];
     if (flight <= 0) flight = in_flight(w, 0, r);
-    const double delay_bytes = delays ? delayed_allreduce_bytes(par, version, r) : 0.0;
+    const double delay_bytes =
+        delays ? delayed_allreduce_bytes(par, version, r, /*input_stage=*/s < 0) : 0.0;
     const double stash =
         stage_memory_bytes(par, version, act, flight, options.optimizer_state_factor, input) +
         delay_bytes;
@@ -360,7 +361,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
     Impl::Mode md = x.mode(d, s, c.j, c.replicas, x.total[v]);
     const int base_flight = in_flight(x.total[v], 0, c.replicas);
     const int flight = deeper[plan.stages.size()];
-    const Impl::Mode deep = x.mode(d, s, c.j, c.replicas, x.total[v], flight, /*delays=*/s >= 0);
+    const Impl::Mode deep = x.mode(d, s, c.j, c.replicas, x.total[v], flight, true);
     const bool take_deeper = deep.fits && deep.recompute == md.recompute;
     if (take_deeper) md = deep;
     const Impl::StageCost cost = x.stage_cost(d, s, c.j, c.replicas, md);

@@ -306,10 +306,7 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
         num_threads(), comm.rank(), cpus, cpus);
     set_num_threads(cpus);
   }
-  PIPELINE_CHECK_AS(
-      ConfigError,
-      m_options.compute_dtype == DType::Float32 || m_options.compute_dtype == DType::BFloat16,
-      "products compute in float32 or bfloat16, not {}", dtype_name(m_options.compute_dtype));
+  ops::check_compute_dtype(m_options.compute_dtype);
   const bool bf16_stash = m_options.compute_dtype == DType::BFloat16 && m_options.bf16_stash;
   m_store = std::make_unique<WeightStore>(
       to_device(model.init(m_options.seed, layers()), m_options.device));

@@ -587,7 +587,7 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
     replicas.push_back(static_cast<int>(spec.stage_ranks[s].size()));
     // The input stage's replicas load their minibatches together and meet at each allreduce
     // together: a delay there would buy nothing but a second gradient set, which the planner does
-    // not charge for it (cost_model.hpp, delayed_allreduce_bytes).
+    // not charge for it (plan/cost_model.hpp, delayed_allreduce_bytes).
     const bool may = s > 0 && (s >= spec.stage_may_delay.size() || spec.stage_may_delay[s]);
     delay_limit.push_back(may && replicas.back() > 1 ? replicas.back() : 0);
   }

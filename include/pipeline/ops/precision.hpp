@@ -26,6 +26,9 @@ namespace pipeline::ops {
 // The calling thread's product dtype: DType::Float32 or DType::BFloat16.
 DType compute_dtype();
 
+// ConfigError unless `dtype` is one the products compute in (float32 or bfloat16).
+void check_compute_dtype(DType dtype);
+
 // Sets the calling thread's product dtype until the scope ends (scopes nest).
 class ComputeDTypeScope {
  public:

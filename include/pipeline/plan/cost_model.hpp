@@ -81,9 +81,10 @@ inline std::vector<int> stash_in_flights(int workers, const std::vector<int>& re
 // weight version (`version_bytes`: a stashed version's bytes, less than parameter_bytes where
 // weight matrices are stashed in bf16). None for a stage of one replica, and none for the input
 // stage, whose replicas load their minibatches together and never delay (the generator's
-// replicated_stash_shape): the callers pass 0 there.
-inline double delayed_allreduce_bytes(double parameter_bytes, double version_bytes, int replicas) {
-  return replicas > 1 ? parameter_bytes + version_bytes : 0.0;
+// replicated_stash_shape).
+inline double delayed_allreduce_bytes(double parameter_bytes, double version_bytes, int replicas,
+                                      bool input_stage) {
+  return replicas > 1 && !input_stage ? parameter_bytes + version_bytes : 0.0;
 }
 
 // Bytes per worker of a stage under 1F1B-stash (Pipeline cost model): the working weights, their
