@@ -177,6 +177,7 @@ def main():
         print("no CUDA device: nothing to measure", file=sys.stderr, flush=True)
         raise SystemExit(77)
     device = torch.device("cuda", 0)
+    torch.empty(1, device=device)  # the caching allocator exists only after a first allocation
     for name in [c for c in a.cases.split(",") if c]:
         if name not in CASES:
             raise SystemExit(f"unknown case {name!r}: choose from {', '.join(CASES)}")

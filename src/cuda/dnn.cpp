@@ -109,10 +109,10 @@ bool aligned16(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
-AlgoKey make_key(Pass pass, const Conv2dProblem& p, cudnnDataType_t type, bool tf32, bool det,
+AlgoKey make_key(Pass pass, const Conv2dProblem& p, bool bf16_operands, bool tf32, bool det,
                  bool aligned) {
   return {static_cast<int>(pass),
-          static_cast<int>(type),
+          bf16_operands ? 1 : 0,
           p.n,
           p.c,
           p.h,
@@ -129,14 +129,34 @@ AlgoKey make_key(Pass pass, const Conv2dProblem& p, cudnnDataType_t type, bool t
           aligned ? 1 : 0};
 }
 
+// Algorithms that compute in a transformed domain (FFT, non-fused Winograd): their rounding is
+// far from fp32's (relative errors near 1e-3 on fashion-cnn's 5x5 convolution, measured on an
+// H100), so exact fp32 (TF32 off) never takes them.
+bool transformed(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+bool transformed(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+bool transformed(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
+}
+
 // The first (fastest) usable result: it ran (or, from the heuristics, is supported), it is
-// deterministic when that is asked for, and its workspace fits `limit`.
+// deterministic when that is asked for, exact when that is asked for, and its workspace fits
+// `limit`.
 template <typename Perf>
-const Perf* pick(const Perf* perf, int count, bool det, std::size_t limit) {
+const Perf* pick(const Perf* perf, int count, bool det, bool exact, std::size_t limit) {
   for (int i = 0; i < count; ++i) {
     const Perf& r = perf[i];
     if (r.status != CUDNN_STATUS_SUCCESS) continue;
     if (det && r.determinism != CUDNN_DETERMINISTIC) continue;
+    if (exact && transformed(r.algo)) continue;
     if (r.memory > limit) continue;
     return &r;
   }
@@ -149,13 +169,13 @@ struct ConvDescriptors {
   FilterDescriptor w;
   ConvolutionDescriptor conv;
 
-  // bf16 elements run on the tensor cores (CUDNN_DEFAULT_MATH); fp32 ones there only with TF32.
-  ConvDescriptors(const Conv2dProblem& p, cudnnDataType_t type, bool tf32)
-      : x(p.n, p.c, p.h, p.w, type),
-        y(p.n, p.m, p.out_h(), p.out_w(), type),
-        w(p.m, p.c, p.kh, p.kw, type),
+  // fp32 elements; on the tensor cores (CUDNN_DEFAULT_MATH, TF32) only when `tensor_cores`.
+  ConvDescriptors(const Conv2dProblem& p, bool tensor_cores)
+      : x(p.n, p.c, p.h, p.w),
+        y(p.n, p.m, p.out_h(), p.out_w()),
+        w(p.m, p.c, p.kh, p.kw),
         conv(p.pad_h, p.pad_w, p.stride_h, p.stride_w,
-             tf32 || type != CUDNN_DATA_FLOAT ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH) {}
+             tensor_cores ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH) {}
 };
 
 [[noreturn]] void no_algorithm(Pass pass, const Conv2dProblem& p, bool det) {
@@ -173,7 +193,7 @@ struct ConvDescriptors {
 // without running anything (the fallback when no timed candidate is usable).
 template <typename Perf, int Count, typename Sizes, typename Find, typename Heuristic>
 AlgoChoice choose(DnnContext& ctx, const AlgoKey& key, Pass pass, const Conv2dProblem& p, bool det,
-                  cudaStream_t stream, Sizes sizes, Find find, Heuristic heuristic) {
+                  bool exact, cudaStream_t stream, Sizes sizes, Find find, Heuristic heuristic) {
   if (auto it = ctx.algos.find(key); it != ctx.algos.end()) return it->second;
   std::size_t wanted = 0;
   for (int a = 0; a < Count; ++a) {
@@ -187,11 +207,11 @@ AlgoChoice choose(DnnContext& ctx, const AlgoKey& key, Pass pass, const Conv2dPr
   {
     const auto ws = search_workspace(ctx.device, wanted, stream);
     PIPELINE_CUDNN_CHECK(find(ws->get(), ws->bytes(), perf.data(), &returned));
-    best = pick(perf.data(), returned, det, ws->bytes());
+    best = pick(perf.data(), returned, det, exact, ws->bytes());
   }
   if (best == nullptr) {
     PIPELINE_CUDNN_CHECK(heuristic(perf.data(), &returned));
-    best = pick(perf.data(), returned, det, std::numeric_limits<std::size_t>::max());
+    best = pick(perf.data(), returned, det, exact, std::numeric_limits<std::size_t>::max());
   }
   if (best == nullptr) no_algorithm(pass, p, det);
   AlgoChoice choice{static_cast<int>(best->algo), best->memory};
@@ -255,23 +275,23 @@ ConvolutionDescriptor::ConvolutionDescriptor(int pad_h, int pad_w, int stride_h,
 
 namespace {
 
-std::size_t element_bytes(cudnnDataType_t type) {
-  return type == CUDNN_DATA_FLOAT ? sizeof(float) : sizeof(std::uint16_t);
-}
-
-// The three passes over elements of `type` (float32, or bfloat16 accumulated in float32).
-void forward_pass(cudaStream_t stream, int device, const Conv2dProblem& p, cudnnDataType_t type,
+// The three passes over float32 elements. `bf16_operands`: the operands hold bf16 values (a bf16
+// compute dtype rounded them), which TF32 represents exactly, so the tensor cores compute the
+// bf16 products exactly, accumulated in fp32, whatever allow_tf32() says. (cuDNN's own bf16
+// NCHW convolutions through this API measured 6x slower than TF32 ones on vgg16, H100.)
+void forward_pass(cudaStream_t stream, int device, const Conv2dProblem& p, bool bf16_operands,
                   const void* x, const void* weight, float beta, void* y) {
   if (p.n == 0) return;
   CallSetup s(device, stream);
-  const ConvDescriptors d(p, type, s.tf32);
-  const AlgoKey key = make_key(Pass::Forward, p, type, s.tf32, s.det,
+  const bool tensor_cores = s.tf32 || bf16_operands;
+  const ConvDescriptors d(p, tensor_cores);
+  const AlgoKey key = make_key(Pass::Forward, p, bf16_operands, tensor_cores, s.det,
                                aligned16(x) && aligned16(weight) && aligned16(y));
-  const std::size_t y_bytes = element_bytes(type) * static_cast<std::size_t>(p.n) *
+  const std::size_t y_bytes = sizeof(float) * static_cast<std::size_t>(p.n) *
                               static_cast<std::size_t>(p.m) * static_cast<std::size_t>(p.out_h()) *
                               static_cast<std::size_t>(p.out_w());
   const AlgoChoice choice = choose<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
-      s.ctx, key, Pass::Forward, p, s.det, stream,
+      s.ctx, key, Pass::Forward, p, s.det, !tensor_cores, stream,
       [&](int a, std::size_t* bytes) {
         return cudnnGetConvolutionForwardWorkspaceSize(
             s.handle, d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
@@ -298,20 +318,20 @@ void forward_pass(cudaStream_t stream, int device, const Conv2dProblem& p, cudnn
                                                ws.get(), ws.bytes(), &beta, d.y.get(), y));
 }
 
-void backward_data_pass(cudaStream_t stream, int device, const Conv2dProblem& p,
-                        cudnnDataType_t type, const void* dy, const void* weight, float beta,
-                        void* dx) {
+void backward_data_pass(cudaStream_t stream, int device, const Conv2dProblem& p, bool bf16_operands,
+                        const void* dy, const void* weight, float beta, void* dx) {
   if (p.n == 0) return;
   CallSetup s(device, stream);
-  const ConvDescriptors d(p, type, s.tf32);
-  const AlgoKey key = make_key(Pass::BackwardData, p, type, s.tf32, s.det,
+  const bool tensor_cores = s.tf32 || bf16_operands;
+  const ConvDescriptors d(p, tensor_cores);
+  const AlgoKey key = make_key(Pass::BackwardData, p, bf16_operands, tensor_cores, s.det,
                                aligned16(dy) && aligned16(weight) && aligned16(dx));
-  const std::size_t dx_bytes = element_bytes(type) * static_cast<std::size_t>(p.n) *
+  const std::size_t dx_bytes = sizeof(float) * static_cast<std::size_t>(p.n) *
                                static_cast<std::size_t>(p.c) * static_cast<std::size_t>(p.h) *
                                static_cast<std::size_t>(p.w);
   const AlgoChoice choice =
       choose<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
-          s.ctx, key, Pass::BackwardData, p, s.det, stream,
+          s.ctx, key, Pass::BackwardData, p, s.det, !tensor_cores, stream,
           [&](int a, std::size_t* bytes) {
             return cudnnGetConvolutionBackwardDataWorkspaceSize(
                 s.handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
@@ -339,19 +359,20 @@ void backward_data_pass(cudaStream_t stream, int device, const Conv2dProblem& p,
 }
 
 void backward_filter_pass(cudaStream_t stream, int device, const Conv2dProblem& p,
-                          cudnnDataType_t type, const void* x, const void* dy, float beta,
+                          bool bf16_operands, const void* x, const void* dy, float beta,
                           void* dweight) {
   if (p.n == 0) return;
   CallSetup s(device, stream);
-  const ConvDescriptors d(p, type, s.tf32);
-  const AlgoKey key = make_key(Pass::BackwardFilter, p, type, s.tf32, s.det,
+  const bool tensor_cores = s.tf32 || bf16_operands;
+  const ConvDescriptors d(p, tensor_cores);
+  const AlgoKey key = make_key(Pass::BackwardFilter, p, bf16_operands, tensor_cores, s.det,
                                aligned16(x) && aligned16(dy) && aligned16(dweight));
-  const std::size_t dw_bytes = element_bytes(type) * static_cast<std::size_t>(p.m) *
+  const std::size_t dw_bytes = sizeof(float) * static_cast<std::size_t>(p.m) *
                                static_cast<std::size_t>(p.c) * static_cast<std::size_t>(p.kh) *
                                static_cast<std::size_t>(p.kw);
   const AlgoChoice choice =
       choose<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
-          s.ctx, key, Pass::BackwardFilter, p, s.det, stream,
+          s.ctx, key, Pass::BackwardFilter, p, s.det, !tensor_cores, stream,
           [&](int a, std::size_t* bytes) {
             return cudnnGetConvolutionBackwardFilterWorkspaceSize(
                 s.handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
@@ -382,31 +403,18 @@ void backward_filter_pass(cudaStream_t stream, int device, const Conv2dProblem& 
 }  // namespace
 
 void conv2d_forward_f32(cudaStream_t stream, int device, const Conv2dProblem& p, const float* x,
-                        const float* weight, float beta, float* y) {
-  forward_pass(stream, device, p, CUDNN_DATA_FLOAT, x, weight, beta, y);
+                        const float* weight, float beta, float* y, bool bf16_operands) {
+  forward_pass(stream, device, p, bf16_operands, x, weight, beta, y);
 }
 void conv2d_backward_data_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
-                              const float* dy, const float* weight, float beta, float* dx) {
-  backward_data_pass(stream, device, p, CUDNN_DATA_FLOAT, dy, weight, beta, dx);
+                              const float* dy, const float* weight, float beta, float* dx,
+                              bool bf16_operands) {
+  backward_data_pass(stream, device, p, bf16_operands, dy, weight, beta, dx);
 }
 void conv2d_backward_filter_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
-                                const float* x, const float* dy, float beta, float* dweight) {
-  backward_filter_pass(stream, device, p, CUDNN_DATA_FLOAT, x, dy, beta, dweight);
-}
-
-void conv2d_forward_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
-                         const std::uint16_t* x, const std::uint16_t* weight, std::uint16_t* y) {
-  forward_pass(stream, device, p, CUDNN_DATA_BFLOAT16, x, weight, 0.f, y);
-}
-void conv2d_backward_data_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
-                               const std::uint16_t* dy, const std::uint16_t* weight,
-                               std::uint16_t* dx) {
-  backward_data_pass(stream, device, p, CUDNN_DATA_BFLOAT16, dy, weight, 0.f, dx);
-}
-void conv2d_backward_filter_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
-                                 const std::uint16_t* x, const std::uint16_t* dy,
-                                 std::uint16_t* dweight) {
-  backward_filter_pass(stream, device, p, CUDNN_DATA_BFLOAT16, x, dy, 0.f, dweight);
+                                const float* x, const float* dy, float beta, float* dweight,
+                                bool bf16_operands) {
+  backward_filter_pass(stream, device, p, bf16_operands, x, dy, beta, dweight);
 }
 
 }  // namespace pipeline::cuda

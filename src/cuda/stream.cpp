@@ -1,6 +1,7 @@
 #include <pipeline/cuda/stream.hpp>
 
 #include <pipeline/core/error.hpp>
+#include <pipeline/cuda/device_memory.hpp>
 
 #include <map>
 
@@ -42,7 +43,17 @@ Stream Stream::create(int device) {
 void Stream::synchronize() const { PIPELINE_CUDA_CHECK(cudaStreamSynchronize(m_stream)); }
 
 void Stream::reset() noexcept {
-  if (m_owned && m_stream != nullptr) (void)cudaStreamDestroy(m_stream);
+  if (m_owned && m_stream != nullptr) {
+    // Blocks of the device pool that name this stream must not outlive its handle (a tensor freed
+    // after its rank's stream is gone, as in-process ranks end one after another).
+    try {
+      DeviceGuard guard(m_device);
+      (void)cudaStreamSynchronize(m_stream);
+      device_pool(m_device).forget_stream(m_stream);
+    } catch (...) {  // at exit, with the runtime gone: nothing left to order
+    }
+    (void)cudaStreamDestroy(m_stream);
+  }
   m_stream = nullptr;
   m_owned = false;
 }

@@ -17,7 +17,6 @@
 #include <pipeline/cuda/dnn.hpp>
 
 #include "channel_bias.cuh"
-#include "convert.cuh"
 #endif
 
 #if defined(__AVX512F__)
@@ -279,43 +278,14 @@ Shape conv2d_output_shape(const Shape& x, const Shape& weight, const Window2d& w
 }
 
 // Under a bf16 compute dtype (ops/conv.hpp) the operands are read rounded to bf16 and a result —
-// y before its bias, dx, a weight gradient before it accumulates — is rounded to bf16: what
-// cuDNN's bf16 convolutions write. The CPU computes in fp32 and rounds.
+// y before its bias, dx, a weight gradient before it accumulates — is rounded to bf16: what a
+// bf16 convolution accumulated in fp32 writes. The CPU computes in fp32 and rounds; CUDA runs the
+// rounded operands on the tensor cores (cuda/dnn.hpp: bf16_operands) and rounds.
 namespace {
 
 bool bf16_compute() {
   return compute_dtype() == DType::BFloat16;
 }
-
-#if PIPELINE_WITH_CUDA
-enum class Bf16Pass { Forward, BackwardData, BackwardFilter };
-
-// One pass on the bf16 tensor cores: the operands as bf16 (bf16 tensors as they are), the result
-// written as bf16 by cuDNN and widened into `out` (a weight gradient: added to it).
-void cuda_bf16_pass(Bf16Pass pass, const Tensor& a, const Tensor& b, Tensor& out, const Geometry& g,
-                    Device d, const char* op) {
-  const cuda::Conv2dProblem p = cuda_problem(op, g, d);
-  const detail::CudaScope cuda(d);
-  const Tensor a16 = to_dtype(a, DType::BFloat16), b16 = to_dtype(b, DType::BFloat16);
-  Tensor out16 = Tensor::empty(out.shape(), DType::BFloat16, d);
-  const auto* ad = a16.device_data<std::uint16_t>();
-  const auto* bd = b16.device_data<std::uint16_t>();
-  auto* od = out16.device_data<std::uint16_t>();
-  switch (pass) {
-    case Bf16Pass::Forward:
-      cuda::conv2d_forward_bf16(cuda.stream(), d.index, p, ad, bd, od);
-      break;
-    case Bf16Pass::BackwardData:
-      cuda::conv2d_backward_data_bf16(cuda.stream(), d.index, p, ad, bd, od);
-      break;
-    case Bf16Pass::BackwardFilter:
-      cuda::conv2d_backward_filter_bf16(cuda.stream(), d.index, p, ad, bd, od);
-      add_in_place(out, to_dtype(out16, DType::Float32));  // weight gradients accumulate
-      return;
-  }
-  kernels::bf16_to_float(cuda.stream(), out.device_data<float>(), od, out.numel());
-}
-#endif
 
 }  // namespace
 
@@ -333,13 +303,10 @@ void conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
     if (g.n == 0) return;
     const detail::CudaScope cuda(d);
     float* yd = y.device_data<float>();
-    if (bf16) {
-      cuda_bf16_pass(Bf16Pass::Forward, x_in, weight_in, y, g, d, "conv2d_forward");
-    } else {
-      const Tensor x = product_operand(x_in), weight = product_operand(weight_in);
-      cuda::conv2d_forward_f32(cuda.stream(), d.index, cuda_problem("conv2d_forward", g, d),
-                               x.device_data<float>(), weight.device_data<float>(), 0.f, yd);
-    }
+    const Tensor x = product_operand(x_in), weight = product_operand(weight_in);
+    cuda::conv2d_forward_f32(cuda.stream(), d.index, cuda_problem("conv2d_forward", g, d),
+                             x.device_data<float>(), weight.device_data<float>(), 0.f, yd, bf16);
+    if (bf16) round_to_bf16(y, y);  // before the bias
     if (bias.defined())
       kernels::channel_bias_add(cuda.stream(), yd, bias.device_data<float>(), g.n, g.m,
                                 g.pixels());
@@ -382,15 +349,12 @@ void conv2d_backward_data(const Tensor& dy_in, const Tensor& weight_in, Tensor& 
   if (const Device d = detail::common_device("conv2d_backward_data", {&dy_in, &weight_in, &dx});
       d.is_cuda()) {
     if (g.n == 0) return;
-    if (bf16) {
-      cuda_bf16_pass(Bf16Pass::BackwardData, dy_in, weight_in, dx, g, d, "conv2d_backward_data");
-      return;
-    }
     const Tensor dy = product_operand(dy_in), weight = product_operand(weight_in);
     const detail::CudaScope cuda(d);
     cuda::conv2d_backward_data_f32(
         cuda.stream(), d.index, cuda_problem("conv2d_backward_data", g, d), dy.device_data<float>(),
-        weight.device_data<float>(), 0.f, dx.device_data<float>());
+        weight.device_data<float>(), 0.f, dx.device_data<float>(), bf16);
+    if (bf16) round_to_bf16(dx, dx);
     return;
   }
 #endif
@@ -433,17 +397,21 @@ void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dwe
   if (const Device d = detail::common_device("conv2d_backward_filter", {&x_in, &dy_in, &dweight});
       d.is_cuda()) {
     if (g.n == 0) return;
-    if (bf16) {
-      cuda_bf16_pass(Bf16Pass::BackwardFilter, x_in, dy_in, dweight, g, d,
-                     "conv2d_backward_filter");
-      return;
-    }
     const Tensor x = product_operand(x_in), dy = product_operand(dy_in);
     const detail::CudaScope cuda(d);
+    const cuda::Conv2dProblem p = cuda_problem("conv2d_backward_filter", g, d);
+    if (bf16) {  // this call's gradient apart, rounded, then accumulated (as on the CPU)
+      Tensor part = Tensor::empty(dweight.shape(), DType::Float32, d);
+      cuda::conv2d_backward_filter_f32(cuda.stream(), d.index, p, x.device_data<float>(),
+                                       dy.device_data<float>(), 0.f, part.device_data<float>(),
+                                       true);
+      round_to_bf16(part, part);
+      add_in_place(dweight, part);
+      return;
+    }
     // Weight gradients accumulate (beta = 1), as on the CPU.
-    cuda::conv2d_backward_filter_f32(
-        cuda.stream(), d.index, cuda_problem("conv2d_backward_filter", g, d),
-        x.device_data<float>(), dy.device_data<float>(), 1.f, dweight.device_data<float>());
+    cuda::conv2d_backward_filter_f32(cuda.stream(), d.index, p, x.device_data<float>(),
+                                     dy.device_data<float>(), 1.f, dweight.device_data<float>());
     return;
   }
 #endif

@@ -87,8 +87,11 @@ inline void report(std::string msg, const std::vector<std::string>& first) {
 }  // namespace detail
 
 // Every element of `gpu` (any device; copied to the host) within `tol` normalised error of
-// `cpu`. Shapes need not match, element counts must.
-inline bool expect_close(std::string_view what, const Tensor& cpu, const Tensor& gpu, double tol) {
+// `cpu`. Shapes need not match, element counts must. Errors are normalised by the larger of the
+// element and the output's RMS, and at least by `scale`: the size of the terms a result cancels
+// from, where the exact result is ~0 and the RMS is only rounding.
+inline bool expect_close(std::string_view what, const Tensor& cpu, const Tensor& gpu, double tol,
+                         double scale = 0) {
   const Tensor g = host(gpu);
   REQUIRE_MESSAGE(g.numel() == cpu.numel(), what, ": element counts differ");
   const std::int64_t n = cpu.numel();
@@ -97,7 +100,7 @@ inline bool expect_close(std::string_view what, const Tensor& cpu, const Tensor&
   const float* b = g.data<float>();
   double ss = 0;
   for (std::int64_t i = 0; i < n; ++i) ss += static_cast<double>(a[i]) * a[i];
-  const double floor = std::max(std::sqrt(ss / static_cast<double>(n)), 1e-30);
+  const double floor = std::max({std::sqrt(ss / static_cast<double>(n)), scale, 1e-30});
   std::int64_t bad = 0, worst_at = -1;
   double worst = 0;
   std::vector<std::string> first;

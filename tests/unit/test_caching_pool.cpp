@@ -163,3 +163,29 @@ TEST_CASE("out of memory: the cache is released and the request retried, then a 
   CHECK(c != nullptr);
   CHECK(dev.waits == 1);
 }
+
+TEST_CASE("a destroyed stream's blocks pass to the default stream; no event is recorded on it") {
+  FakeDevice dev;
+  std::vector<StreamHandle> recorded_on;
+  PoolDriver d = dev.driver();
+  auto record = d.record_event;
+  d.record_event = [&](StreamHandle s) {
+    recorded_on.push_back(s);
+    return record(s);
+  };
+  CachingPool pool(std::move(d), "cuda:0");
+  void* cached = pool.allocate(4096, stream(1));
+  pool.deallocate(cached);
+  void* live = pool.allocate(8192, stream(1));
+  void* shared = pool.allocate(1024, stream(2));
+  pool.record_stream(shared, stream(1));  // used by stream 1's work too
+  pool.forget_stream(stream(1));
+  pool.deallocate(shared);  // stream 1 is gone: no event on it, straight back to stream 2
+  CHECK(recorded_on.empty());
+  CHECK(pool.allocate(1024, stream(2)) == shared);
+  CHECK(pool.allocate(4096, nullptr) == cached);  // its cached block, now the default stream's
+  pool.deallocate(live);
+  CHECK(pool.allocate(8192, nullptr) == live);
+  CHECK(pool.allocate(4096, stream(1)) != cached);  // a new stream with the old handle: nothing
+  CHECK(pool.stats().driver_allocations == 4);
+}

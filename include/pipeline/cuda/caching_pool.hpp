@@ -152,6 +152,27 @@ class CachingPool {
     m_pending.push_back(std::move(p));
   }
 
+  // `stream` is about to be destroyed and its work is done (the caller synchronised it). No event
+  // may be recorded on its handle any more, and a new stream may be given the same handle: live
+  // blocks stop listing it as a user, and its blocks (live, cached or pending) pass to the legacy
+  // default stream (handle nullptr), on which their reuse needs no ordering.
+  void forget_stream(StreamHandle stream) {
+    if (stream == nullptr) return;
+    std::lock_guard<std::mutex> lock(m_mutex);
+    for (auto& [ptr, b] : m_live) {
+      if (b.stream == stream) b.stream = nullptr;
+      std::erase(b.other_streams, stream);
+    }
+    for (auto& p : m_pending)
+      if (p.stream == stream) p.stream = nullptr;
+    for (auto it = m_free.lower_bound({stream, 0});
+         it != m_free.end() && it->first.first == stream;) {
+      auto& into = m_free[{nullptr, it->first.second}];
+      into.insert(into.end(), it->second.begin(), it->second.end());
+      it = m_free.erase(it);
+    }
+  }
+
   // Gives every cached block back to the driver (blocks waiting for other streams' work are
   // waited for when `wait`, kept otherwise). Called on out-of-memory and at exit.
   void release_cached(bool wait = true) {

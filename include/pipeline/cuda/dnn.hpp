@@ -19,11 +19,12 @@
 // CUDNN_DETERMINISTIC, so a run is reproducible bit for bit on one GPU; set_deterministic(false)
 // takes the fastest of all (PyTorch's torch.backends.cudnn.deterministic = False).
 //
-// Precision. fp32 inputs, outputs and accumulation (the *_bf16 passes: bf16 inputs and outputs,
-// fp32 accumulation on the tensor cores). TF32 follows cuda::allow_tf32() (blas.hpp):
-// off, the convolution descriptor's math type is CUDNN_FMA_MATH (no tensor cores, results match
-// the CPU to fp32 rounding); on, CUDNN_DEFAULT_MATH, which lets cuDNN round inputs to TF32 on
-// Ampere and later (PyTorch's torch.backends.cudnn.allow_tf32).
+// Precision. fp32 inputs, outputs and accumulation. TF32 follows cuda::allow_tf32() (blas.hpp):
+// off, the convolution descriptor's math type is CUDNN_FMA_MATH (no tensor cores) and the
+// algorithms that compute in a transformed domain (FFT, non-fused Winograd) are excluded, so
+// results match the CPU to fp32 rounding; on, CUDNN_DEFAULT_MATH, which lets cuDNN round inputs to
+// TF32 on Ampere and later (PyTorch's torch.backends.cudnn.allow_tf32), and every algorithm.
+// Operands that hold bf16 values run on the tensor cores (bf16_operands below).
 //
 // cuDNN 9 keeps its "legacy" convolution API (descriptors, cudnnConvolution*) beside the graph
 // API and marks it deprecated; the attribute only fires when CUDNN_WARN_DEPRECATED is defined.
@@ -133,27 +134,20 @@ struct Conv2dProblem {
 
 // All three take float32 NCHW device memory on `device`, are queued on `stream`, and compute
 // out = conv-pass(...) + beta · out (beta 0: overwrite, 1: accumulate). n == 0 does nothing.
+// `bf16_operands`: both operands hold bf16 values (rounded under a bf16 compute dtype,
+// ops/precision.hpp); TF32 holds them exactly, so the pass runs on the tensor cores whatever
+// allow_tf32() says and equals a bf16 convolution accumulated in fp32.
 // y = x ⋆ weight
 void conv2d_forward_f32(cudaStream_t stream, int device, const Conv2dProblem& p, const float* x,
-                        const float* weight, float beta, float* y);
+                        const float* weight, float beta, float* y, bool bf16_operands = false);
 // dx = the adjoint of the forward applied to dy (a transposed convolution)
 void conv2d_backward_data_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
-                              const float* dy, const float* weight, float beta, float* dx);
+                              const float* dy, const float* weight, float beta, float* dx,
+                              bool bf16_operands = false);
 // dweight = Σ_n dy_n ⋆ x_n
 void conv2d_backward_filter_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
-                                const float* x, const float* dy, float beta, float* dweight);
-
-// The same passes on bf16 elements (their 16 bits) on the tensor cores, accumulated in float32 and
-// written as bf16 (overwriting: beta 0): the CUDA side of the convolutions under a bf16 compute
-// dtype (ops/precision.hpp), whose results are the float32 result rounded to bf16.
-void conv2d_forward_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
-                         const std::uint16_t* x, const std::uint16_t* weight, std::uint16_t* y);
-void conv2d_backward_data_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
-                               const std::uint16_t* dy, const std::uint16_t* weight,
-                               std::uint16_t* dx);
-void conv2d_backward_filter_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
-                                 const std::uint16_t* x, const std::uint16_t* dy,
-                                 std::uint16_t* dweight);
+                                const float* x, const float* dy, float beta, float* dweight,
+                                bool bf16_operands = false);
 
 }  // namespace pipeline::cuda
 
