@@ -4,7 +4,8 @@
 //
 //   bench_gpu_step [--cases fashion-cnn-b64,fashion-cnn-b1024,vgg16-b64,transformer-lm-b16]
 //                  [--precision fp32,tf32,bf16 | --dtype bf16] [--warmup 10] [--steps 50]
-//                  [--torch [--torch-compile]] [--python python3] [--results bench/RESULTS.md]
+//                  [--nondeterministic] [--torch [--torch-compile]] [--python python3]
+//                  [--results bench/RESULTS.md]
 //
 // Cases (all by default):
 //   fashion-cnn-b64     fashion-cnn, 1×28×28, 10 classes, batch 64, SGD momentum 0.9
@@ -35,6 +36,7 @@
 #include <pipeline/core/rng.hpp>
 #include <pipeline/cuda/blas.hpp>
 #include <pipeline/cuda/device_memory.hpp>
+#include <pipeline/cuda/dnn.hpp>
 #include <pipeline/cuda/stream.hpp>
 #include <pipeline/data/synthetic.hpp>
 #include <pipeline/nn/zoo.hpp>
@@ -240,7 +242,7 @@ int main(int argc, char** argv) {
   std::string cases_flag, precision_flag = "fp32,tf32", dtype, python = "python3", results;
   std::string torch_script = std::string(PIPELINE_BENCH_DIR) + "/torch_gpu_step.py";
   int warmup = 10, steps = 50;
-  bool torch = false, torch_compile = false, json = false;
+  bool torch = false, torch_compile = false, json = false, nondeterministic = false;
   CLI::App app{"Training-step time and peak device memory of zoo models on one GPU"};
   app.add_option("--cases", cases_flag,
                  "comma-separated: fashion-cnn-b64, fashion-cnn-b1024, vgg16-b64, "
@@ -251,6 +253,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"float32", "bf16"}));
   app.add_option("--warmup", warmup)->check(CLI::Range(0, 100000));
   app.add_option("--steps", steps)->check(CLI::Range(1, 100000));
+  app.add_flag("--nondeterministic", nondeterministic,
+               "let cuDNN choose non-deterministic convolution algorithms too (PyTorch's default; "
+               "ours is cuda::set_deterministic(true))");
   app.add_flag("--torch", torch, "also run bench/torch_gpu_step.py and compare");
   app.add_flag("--torch-compile", torch_compile,
                "with --torch: PyTorch also with the model through torch.compile");
@@ -291,6 +296,7 @@ int main(int argc, char** argv) {
     return 77;
   }
 
+  cuda::set_deterministic(!nondeterministic);
   if (json) {
     try {
       for (const auto& c : cases)
@@ -318,8 +324,9 @@ int main(int argc, char** argv) {
   for (const auto& c : cases)
     for (const auto& p : precisions) {
       const std::string child =
-          fmt::format("{} --json --cases {} --precision {} --warmup {} --steps {}",
-                      bench::shell_quote(ec ? std::string(argv[0]) : self), c.name, p, warmup, steps);
+          fmt::format("{} --json --cases {} --precision {} --warmup {} --steps {}{}",
+                      bench::shell_quote(ec ? std::string(argv[0]) : self), c.name, p, warmup,
+                      steps, nondeterministic ? " --nondeterministic" : "");
       int status = 0;
       for (const auto& line : bench::run_lines(child, &status))
         if (!line.empty() && line.front() == '{') ours[{c.name, p}] = nlohmann::json::parse(line);
@@ -359,7 +366,7 @@ int main(int argc, char** argv) {
   std::string header = fmt::format(
       "bench_gpu_step on {} ({}); PyTorch {}\ncommand: {}\n"
       "ms/step: median of {} SequentialTrainer::step after {} warm-up steps, CUDA events around "
-      "each step; IQR: first–third quartile\n"
+      "each step; IQR: first–third quartile; cuDNN algorithms: {}\n"
       "ours peak MiB: caching pool peak_in_use_bytes / 2^20 (one process per row); PyTorch peak "
       "MiB: torch.cuda.max_memory_allocated / 2^20\n"
       "ours/PyTorch speed = PyTorch ms/step / ours ms/step; PyTorch is eager with "
@@ -367,6 +374,7 @@ int main(int argc, char** argv) {
       "model TFLOP/s = 3 x forward FLOPs / ms/step; MFU against this GPU's measured 8192^3 "
       "product rate in TFLOP/s: {}\n",
       cuda::device_description(0), today(), torch_version, command, steps, warmup,
+      nondeterministic ? "any (--nondeterministic, as PyTorch's default)" : "deterministic only",
       torch_compile ? "; compile: the same with torch.compile(model)" : "",
       rates.empty() ? "-" : rates);
   std::string table =

@@ -549,6 +549,10 @@ void attention_forward(cudaStream_t stream, const AttentionProblem& pr, const fl
                        const float* k, const float* v, std::int64_t in_stride, float* out,
                        std::int64_t out_stride, float* lse) {
   if (pr.batch <= 0 || pr.steps <= 0 || pr.heads <= 0 || pr.head_dim <= 0) return;
+  if (pr.bf16_operands && attention_bf16_supported()) {
+    attention_forward_bf16(stream, pr, q, k, v, in_stride, out, out_stride, lse);
+    return;
+  }
   Params p = make_params(pr);
   p.q = q;
   p.k = k;
@@ -571,6 +575,11 @@ void attention_backward(cudaStream_t stream, const AttentionProblem& pr, const f
                         const float* dout, std::int64_t out_stride, const float* lse, float* dq,
                         float* dk, float* dv, std::int64_t grad_stride, float* workspace) {
   if (pr.batch <= 0 || pr.steps <= 0 || pr.heads <= 0 || pr.head_dim <= 0) return;
+  if (pr.bf16_operands && attention_bf16_supported()) {
+    attention_backward_bf16(stream, pr, q, k, v, in_stride, out, dout, out_stride, lse, dq, dk, dv,
+                            grad_stride, workspace);
+    return;
+  }
   Params p = make_params(pr);
   p.q = q;
   p.k = k;

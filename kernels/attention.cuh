@@ -22,6 +22,9 @@ constexpr std::int64_t kAttentionMaxHeadDim = 128;
 struct AttentionProblem {
   std::int64_t batch = 0, steps = 0, heads = 0, head_dim = 0;
   bool causal = true;
+  // q, k, v (and dout) hold bf16 values: on compute capability 8.0 and later the launchers run
+  // the tensor-core kernels of attention_bf16.cu, elsewhere the float32 ones (same results).
+  bool bf16_operands = false;
 };
 
 // O = softmax(Q Kᵀ / √Dh) V, and lse[b, h, t] = log Σ_j exp(S[t, j]) (over the unmasked j), the
@@ -41,5 +44,17 @@ void attention_backward(cudaStream_t stream, const AttentionProblem& p, const fl
                         const float* k, const float* v, std::int64_t in_stride, const float* out,
                         const float* dout, std::int64_t out_stride, const float* lse, float* dq,
                         float* dk, float* dv, std::int64_t grad_stride, float* workspace);
+
+// The tensor-core kernels (attention_bf16.cu) behind the two launchers above when
+// bf16_operands is set and attention_bf16_supported() (the current device is sm_80 or later).
+bool attention_bf16_supported();
+void attention_forward_bf16(cudaStream_t stream, const AttentionProblem& p, const float* q,
+                            const float* k, const float* v, std::int64_t in_stride, float* out,
+                            std::int64_t out_stride, float* lse);
+void attention_backward_bf16(cudaStream_t stream, const AttentionProblem& p, const float* q,
+                             const float* k, const float* v, std::int64_t in_stride,
+                             const float* out, const float* dout, std::int64_t out_stride,
+                             const float* lse, float* dq, float* dk, float* dv,
+                             std::int64_t grad_stride, float* workspace);
 
 }  // namespace pipeline::kernels

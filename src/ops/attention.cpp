@@ -143,7 +143,8 @@ kernels::AttentionProblem cuda_problem(const char* op, const Layout& L, Device d
                  "{} on {}: {} sequences of {} steps with {} heads exceed the kernel's 2^31 - 1 "
                  "tiles; split the batch",
                  op, device.str(), L.batch, L.steps, L.heads);
-  return {L.batch, L.steps, L.heads, L.head_dim, causal};
+  // Under a bf16 compute dtype the operands hold bf16 values: the tensor-core kernels.
+  return {L.batch, L.steps, L.heads, L.head_dim, causal, compute_dtype() == DType::BFloat16};
 }
 #endif
 

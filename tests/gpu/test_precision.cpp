@@ -99,6 +99,47 @@ TEST_CASE("convolutions and attention under bf16 on CUDA equal the CPU's") {
   expect_close("attention backward bf16", dqkv, dqkvg, 1e-4);
 }
 
+// The tensor-core kernels (sm_80 and later; the float32 ones elsewhere): every padded head width
+// (32, 64, 128), one and several 64-row tiles with ragged tails, causal and full, separate q/k/v
+// and packed qkv, against the CPU on the same rounded operands.
+TEST_CASE("attention on the bf16 tensor cores equals the CPU's on rounded operands") {
+  const ops::ComputeDTypeScope bf16(DType::BFloat16);
+  struct Case {
+    std::int64_t batch, steps, channels, heads;
+    bool causal;
+  };
+  for (const Case c :
+       {Case{1, 1, 64, 1, true}, Case{2, 200, 256, 4, true}, Case{1, 130, 256, 2, true},
+        Case{3, 77, 96, 3, false}, Case{2, 64, 128, 1, false}, Case{1, 1000, 64, 1, true}}) {
+    CAPTURE(c.batch);
+    CAPTURE(c.steps);
+    CAPTURE(c.channels);
+    CAPTURE(c.heads);
+    CAPTURE(c.causal);
+    const Shape xs{c.batch, c.steps, c.channels};
+    const auto seed = static_cast<std::uint64_t>(c.steps * 31 + c.channels);
+    const Tensor q = random_tensor(xs, seed), k = random_tensor(xs, seed + 1),
+                 v = random_tensor(xs, seed + 2), dout = random_tensor(xs, seed + 3);
+    Tensor out = Tensor::empty(xs), dq = Tensor::empty(xs), dk = Tensor::empty(xs),
+           dv = Tensor::empty(xs);
+    Tensor saved =
+        Tensor::empty(ops::attention_saved_shape(Device::cpu(), c.batch, c.heads, c.steps));
+    ops::attention_forward(q, k, v, c.heads, out, saved, c.causal);
+    ops::attention_backward(q, k, v, out, saved, dout, c.heads, dq, dk, dv, c.causal);
+
+    Tensor outg = poisoned(xs), dqg = poisoned(xs), dkg = poisoned(xs), dvg = poisoned(xs);
+    Tensor savedg = poisoned(ops::attention_saved_shape(kGpu, c.batch, c.heads, c.steps));
+    const Tensor qg = q.to(kGpu), kg = k.to(kGpu), vg = v.to(kGpu);
+    ops::attention_forward(qg, kg, vg, c.heads, outg, savedg, c.causal);
+    ops::attention_backward(qg, kg, vg, outg, savedg, dout.to(kGpu), c.heads, dqg, dkg, dvg,
+                            c.causal);
+    expect_close("out", out, outg, 1e-4);
+    expect_close("dq", dq, dqg, 1e-4);
+    expect_close("dk", dk, dkg, 1e-4);
+    expect_close("dv", dv, dvg, 1e-4);
+  }
+}
+
 namespace {
 
 ZooModel small_lm() {
