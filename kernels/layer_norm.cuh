@@ -21,9 +21,7 @@ void layer_norm_forward(cudaStream_t stream, const float* x, const float* weight
                         float* rstd);
 
 // float32 elements of device workspace layer_norm_backward() needs (may be 0).
-inline std::int64_t layer_norm_backward_workspace_floats(std::int64_t rows, std::int64_t features) {
-  return 2 * column_split(rows, features).workspace_floats(features);
-}
+std::int64_t layer_norm_backward_workspace_floats(std::int64_t rows, std::int64_t features);
 
 // dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)) with g = dy ⊙ weight (overwritten);
 // dweight += Σ_r dy ⊙ x̂ and dbias += Σ_r dy (deterministic, reduce.cuh). Each output may be

@@ -1,12 +1,13 @@
 // Fused softmax cross-entropy: forward (loss, correct count) and backward (dL/dlogits) in one
-// kernel over the logits, one block per row.
+// kernel over the logits: a warp per row for short rows, a block per row for long ones.
 //
 // Why fused: the loss needs the row's maximum and Σ exp, and so does the gradient; computing both
 // from the same read of the row halves the traffic of a separate softmax, loss and gradient. Rows
-// of up to 8 items per thread (classes <= 8192) are held in registers: the row is read once and
-// the gradient written once. Longer rows (a language model's vocabulary) take an online
-// maximum-and-sum pass (rescaling the running sum when the maximum grows) and a second read
-// that writes the gradient.
+// of up to 512 classes take a warp each, 16 logits per lane in registers; up to 8 items per
+// thread of a block (classes <= 8192) a block, in registers: the row is read once and the
+// gradient written once. Longer rows (a language model's vocabulary) take an online
+// maximum-and-sum pass (rescaling the running sum when the maximum grows) that keeps the row in
+// shared memory where it fits (32000 classes: 125 KiB), else a second read of the row.
 //
 // Semantics follow src/ops/softmax_xent.cpp term for term: the argmax is the first maximum,
 // grad = exp(z − zmax) · (scale / Σ) with scale subtracted at the label, and a row's loss is
@@ -158,6 +159,112 @@ static __global__ __launch_bounds__(kMaxThreads) void softmax_xent_rows_kernel(
   }
 }
 
+// Short rows (classes <= 32·Items): one warp per row, logits c = lane + 32·k in registers, the
+// reductions warp shuffles only (no block barrier per row); kWarpRowThreads / 32 rows per block.
+constexpr int kWarpItems = 16;
+constexpr int kWarpRowThreads = 256;
+
+template <int Items>
+static __global__ __launch_bounds__(kWarpRowThreads) void softmax_xent_warp_rows_kernel(
+    const float* logits, const std::int32_t* labels, std::int64_t rows, int classes, float scale,
+    float* grad, double* row_loss, int* row_hit, const Status* status) {
+  if (status->bad_label.index >= 0) return;
+  const int lane = threadIdx.x % detail::kWarp;
+  const std::int64_t warps_per_grid =
+      static_cast<std::int64_t>(gridDim.x) * (blockDim.x / detail::kWarp);
+  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / detail::kWarp) +
+                        threadIdx.x / detail::kWarp;
+       r < rows; r += warps_per_grid) {
+    const float* z = logits + r * classes;
+    float* g = grad + r * classes;
+    const int label = labels[r];
+    float e[Items];
+    float best = -INFINITY;
+    int arg = kNoIndex;
+#pragma unroll
+    for (int k = 0; k < Items; ++k) {
+      const int c = lane + k * detail::kWarp;
+      e[k] = c < classes ? z[c] : -INFINITY;
+      if (c < classes && (arg == kNoIndex || e[k] > best)) {
+        best = e[k];
+        arg = c;
+      }
+    }
+#pragma unroll
+    for (int offset = detail::kWarp / 2; offset > 0; offset >>= 1)
+      argmax_combine(best, arg, __shfl_xor_sync(detail::kFullMask, best, offset),
+                     __shfl_xor_sync(detail::kFullMask, arg, offset));
+    float part = 0.f;
+#pragma unroll
+    for (int k = 0; k < Items; ++k) {
+      const int c = lane + k * detail::kWarp;
+      e[k] = c < classes ? expf(e[k] - best) : 0.f;
+      part += e[k];
+    }
+    const float sum = detail::warp_sum(part);
+    const float inv = scale / sum;
+#pragma unroll
+    for (int k = 0; k < Items; ++k) {
+      const int c = lane + k * detail::kWarp;
+      if (c < classes) {
+        float v = e[k] * inv;
+        if (c == label) v -= scale;
+        g[c] = v;
+      }
+    }
+    if (lane == 0) {
+      row_loss[r] = log(static_cast<double>(sum)) - static_cast<double>(z[label] - best);
+      row_hit[r] = arg == label ? 1 : 0;
+    }
+  }
+}
+
+// Long rows that fit in shared memory (a vocabulary of 32000 is 125 KiB): the online pass keeps
+// the row it reads, and the gradient is computed from that copy, so the row is read once.
+static __global__ __launch_bounds__(kMaxThreads) void softmax_xent_smem_rows_kernel(
+    const float* logits, const std::int32_t* labels, std::int64_t rows, int classes, float scale,
+    float* grad, double* row_loss, int* row_hit, const Status* status) {
+  if (status->bad_label.index >= 0) return;
+  extern __shared__ float row[];
+  __shared__ float sv[detail::kWarp];
+  __shared__ int si[detail::kWarp];
+  __shared__ float ss[detail::kWarp];
+  const int tid = threadIdx.x, threads = blockDim.x;
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* z = logits + r * classes;
+    float* g = grad + r * classes;
+    const int label = labels[r];
+    float best = -INFINITY, part = 0.f;
+    int arg = kNoIndex;
+    __syncthreads();  // the previous row's copy is no longer read
+    for (int c = tid; c < classes; c += threads) {
+      const float x = z[c];
+      row[c] = x;
+      if (arg == kNoIndex || x > best) {
+        part = arg == kNoIndex ? 1.f : part * expf(best - x) + 1.f;
+        best = x;
+        arg = c;
+      } else {
+        part += expf(x - best);
+      }
+    }
+    const float mine = best;
+    block_argmax(best, arg, sv, si);  // its barriers also publish `row`
+    part = part > 0.f ? part * expf(mine - best) : 0.f;
+    const float sum = detail::block_sum(part, ss);
+    const float inv = scale / sum;
+    for (int c = tid; c < classes; c += threads) {
+      float v = expf(row[c] - best) * inv;
+      if (c == label) v -= scale;
+      g[c] = v;
+    }
+    if (tid == 0) {
+      row_loss[r] = log(static_cast<double>(sum)) - static_cast<double>(row[label] - best);
+      row_hit[r] = arg == label ? 1 : 0;
+    }
+  }
+}
+
 static __global__ __launch_bounds__(kTotalThreads) void softmax_xent_totals_kernel(
     const double* row_loss, const int* row_hit, std::int64_t rows, float scale, Status* status) {
   if (status->bad_label.index >= 0) return;
@@ -202,12 +309,33 @@ SoftmaxXentTotals softmax_xent(cudaStream_t stream, const float* logits, const s
                                  detail::kWarp, kMaxThreads);
   const unsigned blocks =
       static_cast<unsigned>(std::min<std::int64_t>(rows, detail::kMaxGridBlocks));
-  if (classes <= static_cast<std::int64_t>(threads) * kItems)
+  int device = 0, smem_optin = 0;
+  PIPELINE_CUDA_CHECK(cudaGetDevice(&device));
+  PIPELINE_CUDA_CHECK(
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  // What the smem kernel's reductions take besides the row (3 arrays of 32).
+  const std::size_t row_bytes = static_cast<std::size_t>(classes) * sizeof(float);
+  const bool row_fits =
+      row_bytes + 3 * detail::kWarp * sizeof(float) <= static_cast<std::size_t>(smem_optin);
+  if (classes <= static_cast<std::int64_t>(detail::kWarp) * kWarpItems) {
+    const int rows_per_block = kWarpRowThreads / detail::kWarp;
+    const unsigned warp_blocks = static_cast<unsigned>(std::min<std::int64_t>(
+        (rows + rows_per_block - 1) / rows_per_block, detail::kMaxGridBlocks));
+    softmax_xent_warp_rows_kernel<kWarpItems><<<warp_blocks, kWarpRowThreads, 0, stream>>>(
+        logits, labels, rows, c, scale, grad, row_loss, row_hit, status);
+  } else if (classes <= static_cast<std::int64_t>(threads) * kItems) {
     softmax_xent_rows_kernel<kItems><<<blocks, threads, 0, stream>>>(
         logits, labels, rows, c, scale, grad, row_loss, row_hit, status);
-  else
+  } else if (row_fits) {
+    PIPELINE_CUDA_CHECK(cudaFuncSetAttribute(softmax_xent_smem_rows_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(row_bytes)));
+    softmax_xent_smem_rows_kernel<<<blocks, threads, row_bytes, stream>>>(
+        logits, labels, rows, c, scale, grad, row_loss, row_hit, status);
+  } else {
     softmax_xent_rows_kernel<0><<<blocks, threads, 0, stream>>>(logits, labels, rows, c, scale,
                                                                 grad, row_loss, row_hit, status);
+  }
   PIPELINE_CUDA_LAUNCH_CHECK();
   softmax_xent_totals_kernel<<<1, kTotalThreads, 0, stream>>>(row_loss, row_hit, rows, scale,
                                                               status);

@@ -29,7 +29,7 @@ void compare(const Tensor& logits, const Tensor& labels, float scale) {
 }  // namespace
 
 TEST_CASE("softmax cross-entropy on CUDA matches the CPU") {
-  for (std::int64_t classes : {1, 7, 10, 33, 256, 1000, 8192, 8193, 32000}) {
+  for (std::int64_t classes : {1, 7, 10, 33, 256, 512, 513, 1000, 8192, 8193, 32000, 70000}) {
     for (std::int64_t rows : {1, 7, 33, 1000}) {
       if (rows * classes > 40'000'000) continue;
       CAPTURE(classes);
@@ -49,7 +49,7 @@ TEST_CASE("softmax cross-entropy on CUDA: labels shaped like the batch, logits [
 }
 
 TEST_CASE("softmax cross-entropy on CUDA: ties take the first maximum, large logits are stable") {
-  for (std::int64_t classes : {5, 9000}) {
+  for (std::int64_t classes : {5, 300, 9000, 70000}) {
     CAPTURE(classes);
     const std::int64_t rows = 4;
     Tensor logits = random_tensor(Shape{rows, classes}, 7, -1.f, 1.f);
