@@ -37,10 +37,19 @@ static __global__ void bias_grad_partial_kernel(const float* dy, std::int64_t ro
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kColumns + threadIdx.x;
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * rows_per_chunk;
   const std::int64_t r1 = min(rows, r0 + rows_per_chunk);
-  float acc = 0.f;
-  if (c < cols)
-    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kLanes) acc += dy[r * cols + c];
-  lanes[threadIdx.y][threadIdx.x] = acc;
+  // Four independent sums keep four loads in flight per thread (one sum waits on each load).
+  float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+  if (c < cols) {
+    std::int64_t r = r0 + threadIdx.y;
+    for (; r + 3 * kLanes < r1; r += 4 * kLanes) {
+      a0 += dy[r * cols + c];
+      a1 += dy[(r + kLanes) * cols + c];
+      a2 += dy[(r + 2 * kLanes) * cols + c];
+      a3 += dy[(r + 3 * kLanes) * cols + c];
+    }
+    for (; r < r1; r += kLanes) a0 += dy[r * cols + c];
+  }
+  lanes[threadIdx.y][threadIdx.x] = (a0 + a1) + (a2 + a3);
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
     float s = lanes[0][threadIdx.x];
