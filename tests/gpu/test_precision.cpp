@@ -134,8 +134,12 @@ TEST_CASE("attention on the bf16 tensor cores equals the CPU's on rounded operan
     ops::attention_backward(qg, kg, vg, outg, savedg, dout.to(kGpu), c.heads, dqg, dkg, dvg,
                             c.causal);
     expect_close("out", out, outg, 1e-4);
-    expect_close("dq", dq, dqg, 1e-4);
-    expect_close("dk", dk, dkg, 1e-4);
+    // One key: the softmax has no gradient, dq = dk = 0 exactly (dP − D cancels); the GPU's
+    // dP (tensor cores) and D (a warp sum) round apart, so its ~1e-8 is measured against
+    // the size of the cancelled terms, |dO|·|V|·|K|·√Dh·(1/√Dh), about 1 here.
+    const double cancelled = c.steps == 1 ? 1.0 : 0.0;
+    expect_close("dq", dq, dqg, 1e-4, cancelled);
+    expect_close("dk", dk, dkg, 1e-4, cancelled);
     expect_close("dv", dv, dvg, 1e-4);
   }
 }
