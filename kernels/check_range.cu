@@ -21,13 +21,18 @@ static __global__ __launch_bounds__(kThreads) void find_out_of_range_kernel(
   __shared__ long long scratch[detail::kWarp];
   constexpr long long kNone = std::numeric_limits<long long>::max();
   long long first = kNone;
-  // Each thread's positions increase, so its first bad one is its smallest.
-  for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-    const std::int32_t x = v[i];
-    if (x < lo || x >= hi) {
-      first = i;
-      break;
-    }
+  // Each thread's positions increase, so its first bad one is its smallest. Eight loads are
+  // issued before any is tested (one block walks the whole vector: latency, not bandwidth).
+  constexpr int kUnroll = 8;
+  const long long step = static_cast<long long>(blockDim.x);
+  for (long long base = threadIdx.x; base < n && first == kNone; base += kUnroll * step) {
+    std::int32_t x[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) x[k] = base + k * step < n ? v[base + k * step] : lo;
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k)
+      if (first == kNone && base + k * step < n && (x[k] < lo || x[k] >= hi))
+        first = base + k * step;
   }
   first = detail::block_min(first, scratch, kNone);
   if (threadIdx.x == 0) {
