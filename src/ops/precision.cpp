@@ -76,6 +76,12 @@ void round_to_bf16(const Tensor& x, Tensor& y) {
   });
 }
 
+Tensor saved_product_operand(const Tensor& x) {
+  if (t_compute_dtype == DType::BFloat16 && x.dtype() == DType::Float32)
+    return to_dtype(x, DType::BFloat16);
+  return x;
+}
+
 Tensor product_operand(const Tensor& x) {
   if (x.dtype() == DType::BFloat16) return to_dtype(x, DType::Float32);
   if (t_compute_dtype == DType::BFloat16) return round_to_bf16(x);

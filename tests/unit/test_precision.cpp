@@ -10,6 +10,7 @@
 #include <pipeline/nn/layers/activation.hpp>
 #include <pipeline/nn/layers/conv2d.hpp>
 #include <pipeline/nn/layers/linear.hpp>
+#include <pipeline/nn/layers/transformer_block.hpp>
 #include <pipeline/ops/attention.hpp>
 #include <pipeline/ops/conv.hpp>
 #include <pipeline/ops/convert.hpp>
@@ -203,6 +204,67 @@ TEST_CASE("weight matrices are product operands; biases are not") {
   CHECK_FALSE(fc.parameters()[1].product_operand);
   const Conv2d conv("conv", 2, 3, 3);
   CHECK(conv.parameters()[0].product_operand);
+}
+
+namespace {
+
+// `saved` with every bfloat16 tensor widened to float32, recursively: what the layers kept before
+// they kept product operands in bf16.
+Saved widened(const Saved& saved) {
+  Saved w;
+  for (const Tensor& t : saved.tensors)
+    w.tensors.push_back(t.dtype() == DType::BFloat16 ? ops::to_dtype(t, DType::Float32) : t);
+  for (const Saved& c : saved.children) w.children.push_back(widened(c));
+  w.child_output_grads = saved.child_output_grads;
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("a transformer block under bf16 keeps its product operands in bf16: same gradients") {
+  const TransformerBlock block("block", 32, 4);
+  const Tensor x = random({2, 9, 32}, 41), dy = random({2, 9, 32}, 42);
+  LayerParams p = block.init(43);
+  Saved fp32_saved;
+  {
+    ForwardContext ctx;
+    (void)block.forward(p, x, fp32_saved, ctx);  // float32 compute: nothing narrowed
+  }
+  CHECK(widened(fp32_saved).bytes() == fp32_saved.bytes());
+
+  const ops::ComputeDTypeScope bf16(DType::BFloat16);
+  Saved saved;
+  ForwardContext ctx;
+  const Tensor y = block.forward(p, x, saved, ctx);
+  // Kept in bf16: qkv (3 × 32 per token), and the inputs of qkv, fc1 (32 each) and fc2 (128).
+  const std::size_t tokens = 2 * 9, halved = tokens * (3 * 32 + 32 + 32 + 128) * 2;
+  const Saved wide = widened(saved);
+  CHECK(saved.bytes() + halved == wide.bytes());
+  CHECK(wide.bytes() == fp32_saved.bytes());
+
+  for (const GradParts parts : {GradParts::Both, GradParts::Input, GradParts::Weight}) {
+    std::vector<Tensor> g = block.zero_grads(), g_wide = block.zero_grads();
+    const Tensor dx = block.backward(p, saved, dy, g, parts);
+    const Tensor dx_wide = block.backward(p, wide, dy, g_wide, parts);
+    if (parts != GradParts::Weight) CHECK(same_bits(dx, dx_wide));
+    for (std::size_t i = 0; i < g.size(); ++i) CHECK(same_bits(g[i], g_wide[i]));
+  }
+}
+
+TEST_CASE("Linear keeps its input shared unless asked to keep the product operand") {
+  const Linear shared("fc", 8, 5), narrowed("fc", 8, 5, true, SavedInput::ProductOperand);
+  const Tensor x = random({6, 8}, 51), dy = random({6, 5}, 52);
+  LayerParams p = shared.init(53);
+  const ops::ComputeDTypeScope bf16(DType::BFloat16);
+  Saved a, b;
+  ForwardContext ctx;
+  (void)shared.forward(p, x, a, ctx);
+  (void)narrowed.forward(p, x, b, ctx);
+  CHECK(a.tensors.at(0).storage_id() == x.storage_id());
+  CHECK(b.tensors.at(0).dtype() == DType::BFloat16);
+  std::vector<Tensor> ga = shared.zero_grads(), gb = narrowed.zero_grads();
+  CHECK(same_bits(shared.backward(p, a, dy, ga), narrowed.backward(p, b, dy, gb)));
+  for (std::size_t i = 0; i < ga.size(); ++i) CHECK(same_bits(ga[i], gb[i]));
 }
 
 TEST_CASE("WeightStore with bf16 stashes: stashed matrices in bf16, the latest in float32") {

@@ -54,4 +54,9 @@ void round_to_bf16(const Tensor& x, Tensor& out);
 // compute dtype, x rounded to bf16 (round_to_bf16); otherwise x itself (shared, not copied).
 Tensor product_operand(const Tensor& x);
 
+// What to keep of x for a backward that reads it only as a product operand: under a bf16 compute
+// dtype x as a bfloat16 tensor (half the bytes; the product reads the same values), otherwise x
+// itself (shared, not copied).
+Tensor saved_product_operand(const Tensor& x);
+
 }  // namespace pipeline::ops

@@ -5,15 +5,30 @@
 #include <pipeline/nn/layer.hpp>
 #include <pipeline/ops/bias.hpp>
 #include <pipeline/ops/gemm.hpp>
+#include <pipeline/ops/precision.hpp>
 
 #include <cmath>
 
 namespace pipeline {
 
+// What Linear keeps of its input for the weight gradient (dW = dyᵀ x, a product).
+//  Shared: x itself, no bytes of its own where something else keeps the same tensor (a stage's
+//    received input, an attention output its block keeps).
+//  ProductOperand: under a bf16 compute dtype x in bf16 (ops::saved_product_operand), half the
+//    bytes and bit-identical gradients, since the product rounds x to bf16 anyway; for an input
+//    nothing else keeps (a layer norm's output inside a transformer block), where a bf16 copy
+//    beside a kept float32 tensor would add bytes instead.
+enum class SavedInput { Shared, ProductOperand };
+
 class Linear final : public Layer {
  public:
-  Linear(std::string name, std::int64_t in_features, std::int64_t out_features, bool bias = true)
-      : Layer(std::move(name)), m_in(in_features), m_out(out_features), m_bias(bias) {
+  Linear(std::string name, std::int64_t in_features, std::int64_t out_features, bool bias = true,
+         SavedInput saved_input = SavedInput::Shared)
+      : Layer(std::move(name)),
+        m_in(in_features),
+        m_out(out_features),
+        m_bias(bias),
+        m_saved_input(saved_input) {
     PIPELINE_CHECK_AS(ConfigError, m_in > 0 && m_out > 0,
                       "Linear '{}': features must be positive, got {} -> {}", this->name(), m_in, m_out);
   }
@@ -51,7 +66,8 @@ class Linear final : public Layer {
     Tensor y2 = y.reshape({rows, m_out});
     ops::gemm(x.reshape({rows, m_in}), false, p.params[0], true, y2);
     if (m_bias) ops::add_bias(y2, p.params[1]);
-    saved.tensors = {x};
+    saved.tensors = {m_saved_input == SavedInput::ProductOperand ? ops::saved_product_operand(x)
+                                                                 : x};
     return y;
   }
 
@@ -74,6 +90,7 @@ class Linear final : public Layer {
  private:
   std::int64_t m_in, m_out;
   bool m_bias;
+  SavedInput m_saved_input;
 };
 
 }  // namespace pipeline

@@ -38,12 +38,15 @@ class TransformerBlock final : public Composite {
                       "TransformerBlock '{}': dropout must be in [0, 1), got {}", this->name(),
                       dropout);
     m_ln1 = add_child<LayerNorm>("ln1", dim);
-    m_qkv = add_child<Linear>("qkv", dim, 3 * dim);
+    // qkv, fc1 and fc2 are the only keepers of their inputs (the layer norms' outputs, GELU's
+    // output): under bf16 they keep them in bf16. proj's input, the attention output, is kept
+    // in float32 by the block (the attention backward's row dots) and shared.
+    m_qkv = add_child<Linear>("qkv", dim, 3 * dim, true, SavedInput::ProductOperand);
     m_proj = add_child<Linear>("proj", dim, dim);
     m_ln2 = add_child<LayerNorm>("ln2", dim);
-    m_fc1 = add_child<Linear>("fc1", dim, mlp_ratio * dim);
+    m_fc1 = add_child<Linear>("fc1", dim, mlp_ratio * dim, true, SavedInput::ProductOperand);
     m_gelu = add_child<GELU>("gelu");
-    m_fc2 = add_child<Linear>("fc2", mlp_ratio * dim, dim);
+    m_fc2 = add_child<Linear>("fc2", mlp_ratio * dim, dim, true, SavedInput::ProductOperand);
   }
 
   std::string kind() const override { return "TransformerBlock"; }
@@ -70,7 +73,8 @@ class TransformerBlock final : public Composite {
   }
 
  protected:
-  // Saved::tensors: qkv output, attention output, what the attention op keeps for its backward
+  // Saved::tensors: qkv output (bf16 under a bf16 compute dtype), attention output, what the
+  // attention op keeps for its backward
   // (the probabilities on the CPU, per-row log-sum-exp on CUDA: ops::attention_saved_shape), then
   // the two dropout masks if used. The attention output is proj's saved input too (shared).
   Tensor forward_impl(LayerParams& p, const Tensor& x, Saved& saved,
@@ -87,7 +91,8 @@ class TransformerBlock final : public Composite {
                                       DType::Float32, x.device());
     ops::attention_forward_packed(qkv, m_heads, attn, attn_saved);
     Tensor x1 = forward_child(m_proj, p, attn, saved, ctx);
-    saved.tensors = {qkv, attn, attn_saved};
+    // The attention backward reads q, k and v only as product operands: bf16 under bf16.
+    saved.tensors = {ops::saved_product_operand(qkv), attn, attn_saved};
     if (drop) {
       Tensor mask;
       x1 = ops::dropout(x1, m_dropout, ctx.seed, qualified("attn_dropout"), mask);
