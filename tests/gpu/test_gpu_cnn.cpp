@@ -53,3 +53,41 @@ TEST_CASE("fashion-cnn trains on cuda:0 as on the CPU") {
   const EvalResult ec = cpu.evaluate(data, 64), eg = gpu.evaluate(data, 64);
   CHECK(eg.loss == doctest::Approx(ec.loss).epsilon(1e-4));
 }
+
+// One training step of resnet18 (convolutions, batch norm with its running statistics, residual
+// additions, average pooling) on cuda:0 against the CPU: the loss, every parameter after the
+// update within 1e-4, and the update itself (the gradients times the learning rate) within 1e-2
+// of the CPU's, the check that the parameters' large values do not hide.
+TEST_CASE("resnet18: one training step on cuda:0 equals the CPU's") {
+  cuda::set_allow_tf32(false);
+  cuda::set_deterministic(true);
+  const ZooModel zoo = make_model("resnet18", ZooOptions{});
+  const SyntheticDataset data(zoo.sample_shape, 10, 64, 23);
+  const ModelParams init = zoo.model.init(4);
+  const auto sgd = [] { return std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f}); };
+  ModelParams cpu_init;  // a deep copy: the CPU trainer updates its tensors in place
+  for (const LayerParams& p : init) cpu_init.push_back(p.clone());
+  SequentialTrainer cpu(zoo.model, std::move(cpu_init), sgd(), 6);
+  SequentialTrainer gpu(zoo.model, to_device(init, Device::cuda(0)), sgd(), 6);
+  const Batch b = batch_of(data, 0, 16);
+  const float lr = 0.1f;
+  const StepResult rc = cpu.step(b, lr, 1);
+  const StepResult rg = gpu.step(b, lr, 1);
+  CHECK(rg.loss == doctest::Approx(rc.loss).epsilon(1e-4));
+  const ModelParams back = to_device(gpu.params(), Device::cpu());
+  CHECK(max_rel_diff(back, cpu.params(), zoo.model.all()) <= 1e-4);
+  double worst = 0, scale = 0;
+  for (std::size_t l = 0; l < init.size(); ++l)
+    for (std::size_t k = 0; k < init[l].params.size(); ++k) {
+      const std::vector<float> p0 = init[l].params[k].to_vector(),
+                               pc = cpu.params()[l].params[k].to_vector(),
+                               pg = back[l].params[k].to_vector();
+      for (std::size_t e = 0; e < p0.size(); ++e) {
+        const double dc = double(pc[e]) - p0[e], dg = double(pg[e]) - p0[e];
+        worst = std::max(worst, std::abs(dg - dc));
+        scale = std::max(scale, std::abs(dc));
+      }
+    }
+  CHECK(scale > 0);
+  CHECK(worst <= 1e-2 * scale);
+}
