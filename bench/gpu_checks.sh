@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The GPU checks of this repository in one time-boxed batch, for a GPU machine lent for minutes:
+# build (one architecture), the `gpu` test suite beside compute-sanitizer over the kernels, the
+# training acceptance runs, then the benchmarks alone on the GPU. Logs and a summary go to $OUT
+# (default ./gpu-out); every step is cut at its own cap and at the global DEADLINE (seconds).
+#
+#   OUT=/tmp/gpu DEADLINE=500 bash bench/gpu_checks.sh
+#   STEPS="tests train bench" (default: all three), DATA=<Fashion-MNIST dir>, TEXT=<training text>,
+#   ARCH=90 (CMAKE_CUDA_ARCHITECTURES), PRECISION=fp32,tf32,bf16 (bench_gpu_step), TORCH=1 (0: no
+#   PyTorch columns), BUILD=build/gpu-checks, SKIP_BUILD=1 (use BUILD as it is)
+#
+# The summary (summary.txt) lists each step with its exit status and time, the test summary, the
+# sanitizer summaries and the benchmark tables; the full output is in the other logs.
+set -u
+OUT=${OUT:-gpu-out}
+DEADLINE=${DEADLINE:-500}
+STEPS=${STEPS:-tests train bench}
+DATA=${DATA:-/usr/share/datasets/fashion-mnist}
+TEXT=${TEXT:-/usr/share/games/fortunes/fortunes}
+ARCH=${ARCH:-90}
+PRECISION=${PRECISION:-fp32,tf32,bf16}
+B=${BUILD:-build/gpu-checks}
+export PATH=$PATH:/usr/local/cuda/bin PYTHONUNBUFFERED=1
+[[ $(id -u) == 0 ]] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mkdir -p "$OUT"
+S=$OUT/summary.txt
+T0=$(date +%s)
+left() { echo $((DEADLINE - ($(date +%s) - T0))); }
+# box CAP LOG CMD...: CMD under a timeout of min(CAP, time left); its output appended to LOG.
+box() {
+  local cap=$1 log=$2
+  shift 2
+  local l
+  l=$(left)
+  ((l < cap)) && cap=$l
+  if ((cap < 5)); then
+    echo "skipped (no time left): $*" >>"$S"
+    return 99
+  fi
+  local t tmp rc
+  t=$(date +%s)
+  tmp=$(mktemp)
+  timeout -k 5 "$cap" "$@" >"$tmp" 2>&1
+  rc=$?
+  { echo "=== [$((t - T0))s] $* (cap ${cap}s)"; cat "$tmp"; echo "--- rc=$rc in $(($(date +%s) - t))s"; } >>"$log"
+  echo "[$(($(date +%s) - T0))s] rc=$rc $(($(date +%s) - t))s: $*" >>"$S"
+  rm -f "$tmp"
+  return $rc
+}
+export -f box left
+export T0 S DEADLINE OUT B
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$S"
+if [[ ${SKIP_BUILD:-0} != 1 ]]; then
+  cmake --preset cuda-release -B "$B" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DPIPELINE_BUILD_BENCH=ON \
+    >"$OUT/build.log" 2>&1
+  box 300 "$OUT/build.log" cmake --build "$B" -j "$(nproc)" -- -k 0 pipeline_gpu_tests \
+    train_fashion_mnist train_transformer_lm bench_gpu_step bench_kernels pipeline-profile \
+    pipeline-partition pipeline-simulate || grep -m20 -A6 "error" "$OUT/build.log" >>"$S"
+fi
+
+lane=$(($(left) / 3))
+export lane
+if has tests; then
+  (box "$lane" "$OUT/gpu-tests.log" ctest --test-dir "$B" -L gpu -j 6 --timeout "$lane" --output-on-failure
+   grep -E "tests passed|\((Failed|Timeout|SEGFAULT|Subprocess.*)\)" "$OUT/gpu-tests.log" >>"$S") &
+  # The deliberate out-of-memory requests of gpu_test_device_memory are API errors, not bugs.
+  (for t in activation attention bias convert dropout embedding layer_norm optimizer pool \
+      softmax_xent batch_norm gemm conv; do echo "memcheck $t"; done
+   for t in attention layer_norm softmax_xent bias pool; do echo "racecheck $t"; done) |
+    xargs -P 4 -L 1 bash -c 'box $((lane - 5)) "$OUT/sanitizer.log" compute-sanitizer --tool $0 \
+      --error-exitcode 9 "$B/tests/gpu_test_$1"' &
+fi
+if has train; then
+  (box 120 "$OUT/train.log" "$B/examples/train_fashion_mnist" --device cuda --data "$DATA"
+   box 120 "$OUT/train.log" mpirun -np 1 "$B/examples/train_fashion_mnist" --device cuda \
+     --in-process --plan examples/plans/fashion_cnn_4stages.json --schedule 1f1b-stash --data "$DATA"
+   box 60 "$OUT/train.log" "$B/examples/train_transformer_lm" --device cuda --text "$TEXT" --steps 200
+   box 60 "$OUT/train.log" "$B/examples/train_transformer_lm" --device cuda --text "$TEXT" \
+     --steps 200 --dtype bf16) &
+fi
+wait
+[[ -f $OUT/sanitizer.log ]] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" | sort | uniq -c >>"$S"
+[[ -f $OUT/train.log ]] && grep -E "test accuracy:|steps in|step 200/" "$OUT/train.log" >>"$S"
+
+if has bench; then
+  kernels_torch=() step_torch=()
+  if [[ ${TORCH:-1} == 1 ]]; then
+    kernels_torch=(--torch)
+    step_torch=(--torch --torch-compile)
+  fi
+  box 60 "$OUT/bench.log" "$B/bench/bench_kernels" "${kernels_torch[@]}"
+  box 400 "$OUT/bench.log" "$B/bench/bench_gpu_step" "${step_torch[@]}" \
+    --precision "$PRECISION" --steps 20 --warmup 5
+  grep -E "^\| " "$OUT/bench.log" >>"$S"
+fi
+echo "[$(($(date +%s) - T0))s] done" >>"$S"
+cat "$S"
