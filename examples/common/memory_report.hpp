@@ -2,9 +2,10 @@
 // (StageExecutor::peak_memory) next to the planner's estimate for its stage
 // (PlanStage::memory_bytes), printed as a table and written to the metrics, one line per rank.
 //
-// On a GPU a last column gives the caching allocator's peak bytes in use on the rank's device:
-// everything the process had there at once, the executor's tensors and the ops' temporaries and
-// workspaces (ranks of an in-process job that share a GPU show the same figure).
+// On a GPU a last column gives the caching allocator's peak bytes in use for the rank: the
+// executor's tensors and the ops' temporaries and workspaces. A rank with a process of its own
+// counts everything the process had on its device at once; a rank of an in-process job (every
+// rank a thread with its own stream) the blocks allocated on its stream.
 //
 // The planner's estimate is for its own assumptions: minibatches of the profile's batch size
 // under 1F1B with weight stashing and the plan's in-flight depth; under a flush schedule or
@@ -12,6 +13,7 @@
 #pragma once
 
 #include <pipeline/comm/communicator.hpp>
+#include <pipeline/core/threads.hpp>
 #include <pipeline/plan/plan.hpp>
 #include <pipeline/runtime/metrics.hpp>
 #include <pipeline/runtime/stage_executor.hpp>
@@ -21,6 +23,7 @@
 
 #if PIPELINE_WITH_CUDA
 #include <pipeline/cuda/device_memory.hpp>
+#include <pipeline/cuda/stream.hpp>
 #endif
 
 #include <cstdint>
@@ -28,10 +31,16 @@
 
 namespace pipeline::examples {
 
-// The caching allocator's peak bytes in use on `device`; 0 on the CPU.
+// The caching allocator's peak bytes in use for this rank on `device` (above); 0 on the CPU.
 inline std::int64_t device_peak_bytes(Device device) {
 #if PIPELINE_WITH_CUDA
-  if (device.is_cuda()) return cuda::device_memory_stats(device.index).peak_in_use_bytes;
+  if (device.is_cuda()) {
+    if (ranks_per_process() > 1)
+      return cuda::device_pool(device.index)
+          .stream_use(cuda::current_stream(device.index))
+          .peak_in_use_bytes;
+    return cuda::device_memory_stats(device.index).peak_in_use_bytes;
+  }
 #endif
   return 0;
 }

@@ -58,6 +58,10 @@ void set_ranks_per_process(int n) {
   g_ranks_per_process = std::max(1, n);
 }
 
+int ranks_per_process() {
+  return g_ranks_per_process;
+}
+
 // Buffers below 1 MiB per thread are zeroed and copied on the calling thread.
 constexpr std::int64_t kMinPieceBytes = std::int64_t{1} << 20;
 

@@ -189,3 +189,28 @@ TEST_CASE("a destroyed stream's blocks pass to the default stream; no event is r
   CHECK(pool.allocate(4096, stream(1)) != cached);  // a new stream with the old handle: nothing
   CHECK(pool.stats().driver_allocations == 4);
 }
+
+TEST_CASE("per-stream use: a block counts for the stream it was asked for, whoever frees it") {
+  FakeDevice dev;
+  CachingPool pool(dev.driver(), "cuda:0");
+  void* a = pool.allocate(1024, stream(1));
+  void* b = pool.allocate(2048, stream(1));
+  void* c = pool.allocate(4096, stream(2));
+  CHECK(pool.stream_use(stream(1)).in_use_bytes == 3072);
+  CHECK(pool.stream_use(stream(2)).in_use_bytes == 4096);
+  pool.deallocate(b);  // freed from stream 2's rank, still stream 1's bytes
+  pool.deallocate(a);
+  void* d = pool.allocate(512, stream(1));
+  CHECK(pool.stream_use(stream(1)).in_use_bytes == 512);
+  CHECK(pool.stream_use(stream(1)).peak_in_use_bytes == 3072);
+  CHECK(pool.stream_use(stream(2)).peak_in_use_bytes == 4096);
+  CHECK(pool.stats().peak_in_use_bytes == 3072 + 4096);
+  CHECK(pool.stream_use(stream(3)).peak_in_use_bytes == 0);  // never used
+  pool.forget_stream(stream(1));  // its live block passes to the default stream
+  CHECK(pool.stream_use(stream(1)).peak_in_use_bytes == 0);
+  CHECK(pool.stream_use(nullptr).in_use_bytes == 512);
+  pool.deallocate(d);
+  pool.deallocate(c);
+  CHECK(pool.stream_use(nullptr).in_use_bytes == 0);
+  CHECK(pool.stream_use(stream(2)).in_use_bytes == 0);
+}

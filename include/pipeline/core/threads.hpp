@@ -19,6 +19,7 @@ int default_num_threads();
 // a thread); 1 otherwise. Each rank's thread then sets its own num_threads (OpenMP's count is
 // per thread).
 void set_ranks_per_process(int n);
+int ranks_per_process();
 
 // memset(dst, 0, bytes) and memmove(dst, src, bytes) on num_threads() threads for large buffers
 // (gradients zeroed and weight versions copied every step: serial, they were the part of a step

@@ -51,6 +51,14 @@ struct PoolDriver {
   std::function<void(EventHandle event)> destroy_event;
 };
 
+// Bytes of the blocks allocated for work on one stream (the stream a block was asked for, also
+// when another frees it), and their largest total: one in-process rank's device memory, as each
+// rank allocates on its own stream.
+struct StreamUse {
+  std::int64_t in_use_bytes = 0;
+  std::int64_t peak_in_use_bytes = 0;
+};
+
 struct PoolStats {
   std::int64_t in_use_bytes = 0;       // held by live allocations (their size classes)
   std::int64_t cached_bytes = 0;       // freed, kept for reuse
@@ -117,6 +125,9 @@ class CachingPool {
     m_live.emplace(ptr, Block{size, stream, {}});
     m_stats.in_use_bytes += static_cast<std::int64_t>(size);
     m_stats.peak_in_use_bytes = std::max(m_stats.peak_in_use_bytes, m_stats.in_use_bytes);
+    StreamUse& use = m_streams[stream];
+    use.in_use_bytes += static_cast<std::int64_t>(size);
+    use.peak_in_use_bytes = std::max(use.peak_in_use_bytes, use.in_use_bytes);
     return ptr;
   }
 
@@ -143,6 +154,7 @@ class CachingPool {
     m_live.erase(it);
     m_stats.in_use_bytes -= static_cast<std::int64_t>(b.size);
     m_stats.cached_bytes += static_cast<std::int64_t>(b.size);
+    m_streams[b.stream].in_use_bytes -= static_cast<std::int64_t>(b.size);
     if (b.other_streams.empty()) {
       m_free[{b.stream, b.size}].push_back(ptr);
       return;
@@ -162,6 +174,10 @@ class CachingPool {
     for (auto& [ptr, b] : m_live) {
       if (b.stream == stream) b.stream = nullptr;
       std::erase(b.other_streams, stream);
+    }
+    if (auto it = m_streams.find(stream); it != m_streams.end()) {
+      m_streams[nullptr].in_use_bytes += it->second.in_use_bytes;  // its live blocks moved there
+      m_streams.erase(it);
     }
     for (auto& p : m_pending)
       if (p.stream == stream) p.stream = nullptr;
@@ -183,6 +199,11 @@ class CachingPool {
   PoolStats stats() const {
     std::lock_guard<std::mutex> lock(m_mutex);
     return m_stats;
+  }
+  StreamUse stream_use(StreamHandle stream) const {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    auto it = m_streams.find(stream);
+    return it == m_streams.end() ? StreamUse{} : it->second;
   }
   // Live blocks (allocations not yet freed).
   std::size_t live_blocks() const {
@@ -251,6 +272,7 @@ class CachingPool {
   std::unordered_map<void*, Block> m_live;
   std::list<Pending> m_pending;
   PoolStats m_stats;
+  std::unordered_map<StreamHandle, StreamUse> m_streams;
 };
 
 }  // namespace pipeline::cuda
