@@ -545,12 +545,30 @@ void backward_padded(cudaStream_t stream, const Params& p, unsigned blocks) {
 
 }  // namespace
 
+void attention_row_dots(cudaStream_t stream, const AttentionProblem& pr, const float* out,
+                        const float* dout, std::int64_t out_stride, float* delta) {
+  if (pr.batch <= 0 || pr.steps <= 0 || pr.heads <= 0 || pr.head_dim <= 0) return;
+  Params p = make_params(pr);
+  p.out = out;
+  p.dout = dout;
+  p.out_stride = out_stride;
+  p.delta = delta;
+  const std::int64_t rows = pr.batch * pr.heads * pr.steps;
+  constexpr int kDeltaThreads = 256;
+  attention_delta_kernel<<<detail::grid_for(rows, kDeltaThreads / detail::kWarp), kDeltaThreads, 0,
+                           stream>>>(p, rows);
+  PIPELINE_CUDA_LAUNCH_CHECK();
+}
+
 void attention_forward(cudaStream_t stream, const AttentionProblem& pr, const float* q,
                        const float* k, const float* v, std::int64_t in_stride, float* out,
                        std::int64_t out_stride, float* lse) {
   if (pr.batch <= 0 || pr.steps <= 0 || pr.heads <= 0 || pr.head_dim <= 0) return;
   if (pr.bf16_operands && attention_bf16_supported()) {
-    attention_forward_bf16(stream, pr, q, k, v, in_stride, out, out_stride, lse);
+    if (pr.mma)
+      attention_forward_mma(stream, pr, q, k, v, in_stride, out, out_stride, lse);
+    else
+      attention_forward_bf16(stream, pr, q, k, v, in_stride, out, out_stride, lse);
     return;
   }
   Params p = make_params(pr);
@@ -576,8 +594,12 @@ void attention_backward(cudaStream_t stream, const AttentionProblem& pr, const f
                         float* dk, float* dv, std::int64_t grad_stride, float* workspace) {
   if (pr.batch <= 0 || pr.steps <= 0 || pr.heads <= 0 || pr.head_dim <= 0) return;
   if (pr.bf16_operands && attention_bf16_supported()) {
-    attention_backward_bf16(stream, pr, q, k, v, in_stride, out, dout, out_stride, lse, dq, dk, dv,
-                            grad_stride, workspace);
+    if (pr.mma)
+      attention_backward_mma(stream, pr, q, k, v, in_stride, out, dout, out_stride, lse, dq, dk, dv,
+                             grad_stride, workspace);
+    else
+      attention_backward_bf16(stream, pr, q, k, v, in_stride, out, dout, out_stride, lse, dq, dk,
+                              dv, grad_stride, workspace);
     return;
   }
   Params p = make_params(pr);
@@ -595,12 +617,7 @@ void attention_backward(cudaStream_t stream, const AttentionProblem& pr, const f
   p.dv = dv;
   p.grad_stride = grad_stride;
 
-  const std::int64_t rows = pr.batch * pr.heads * pr.steps;
-  constexpr int kDeltaThreads = 256;
-  attention_delta_kernel<<<detail::grid_for(rows, kDeltaThreads / detail::kWarp), kDeltaThreads, 0,
-                           stream>>>(p, rows);
-  PIPELINE_CUDA_LAUNCH_CHECK();
-
+  attention_row_dots(stream, pr, out, dout, out_stride, workspace);
   const unsigned blocks = owned_tile_blocks(pr);
   if (pr.head_dim <= 32)
     backward_padded<32>(stream, p, blocks);

@@ -23,8 +23,10 @@ struct AttentionProblem {
   std::int64_t batch = 0, steps = 0, heads = 0, head_dim = 0;
   bool causal = true;
   // q, k, v (and dout) hold bf16 values: on compute capability 8.0 and later the launchers run
-  // the tensor-core kernels of attention_bf16.cu, elsewhere the float32 ones (same results).
+  // tensor-core kernels, elsewhere the float32 ones (same results up to rounding): those of
+  // attention_bf16.cu, or with `mma` those of attention_mma.cu (below).
   bool bf16_operands = false;
+  bool mma = false;
 };
 
 // O = softmax(Q Kᵀ / √Dh) V, and lse[b, h, t] = log Σ_j exp(S[t, j]) (over the unmasked j), the
@@ -45,8 +47,15 @@ void attention_backward(cudaStream_t stream, const AttentionProblem& p, const fl
                         const float* dout, std::int64_t out_stride, const float* lse, float* dq,
                         float* dk, float* dv, std::int64_t grad_stride, float* workspace);
 
-// The tensor-core kernels (attention_bf16.cu) behind the two launchers above when
-// bf16_operands is set and attention_bf16_supported() (the current device is sm_80 or later).
+// delta[b, h, t] = Σ_d dout[b, t, h, d] · out[b, t, h, d] ([B, H, T], the backward's row dots;
+// every backward below computes it into its workspace first).
+void attention_row_dots(cudaStream_t stream, const AttentionProblem& p, const float* out,
+                        const float* dout, std::int64_t out_stride, float* delta);
+
+// The tensor-core kernels behind the two launchers above when bf16_operands is set and
+// attention_bf16_supported() (the current device is sm_80 or later): the WMMA kernels of
+// attention_bf16.cu, or with AttentionProblem::mma the register-fragment kernels of
+// attention_mma.cu (FlashAttention-2's layout; ops::set_bf16_attention_kernel chooses).
 bool attention_bf16_supported();
 void attention_forward_bf16(cudaStream_t stream, const AttentionProblem& p, const float* q,
                             const float* k, const float* v, std::int64_t in_stride, float* out,
@@ -56,5 +65,13 @@ void attention_backward_bf16(cudaStream_t stream, const AttentionProblem& p, con
                              const float* out, const float* dout, std::int64_t out_stride,
                              const float* lse, float* dq, float* dk, float* dv,
                              std::int64_t grad_stride, float* workspace);
+void attention_forward_mma(cudaStream_t stream, const AttentionProblem& p, const float* q,
+                           const float* k, const float* v, std::int64_t in_stride, float* out,
+                           std::int64_t out_stride, float* lse);
+void attention_backward_mma(cudaStream_t stream, const AttentionProblem& p, const float* q,
+                            const float* k, const float* v, std::int64_t in_stride,
+                            const float* out, const float* dout, std::int64_t out_stride,
+                            const float* lse, float* dq, float* dk, float* dv,
+                            std::int64_t grad_stride, float* workspace);
 
 }  // namespace pipeline::kernels

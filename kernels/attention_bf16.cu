@@ -1,6 +1,7 @@
 // Fused causal (or full) attention on the bf16 tensor cores: the contract of attention.cuh for
 // operands that hold bf16 values (a bf16 compute dtype rounded them, ops/precision.hpp), chosen
-// by AttentionProblem::bf16_operands on GPUs of compute capability 8.0 and later.
+// by AttentionProblem::bf16_operands on GPUs of compute capability 8.0 and later (unless
+// AttentionProblem::mma asks for attention_mma.cu's).
 //
 // What differs from the float32 kernels of attention.cu: every tile product runs as 16×16×16 bf16
 // WMMA operations with fp32 accumulation. Q, K, V and dO are converted to bf16 as they are loaded
@@ -269,23 +270,6 @@ __global__ __launch_bounds__(kTcThreads) void attention_forward_tc_kernel(TcPara
 #endif
 }
 
-// delta[b, h, t] = Σ_d dO[b, t, h, d] · O[b, t, h, d]: one warp per row, grid-stride.
-__global__ void attention_delta_tc_kernel(TcParams p, std::int64_t rows) {
-  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * blockDim.x / detail::kWarp;
-  const int lane = threadIdx.x % detail::kWarp;
-  for (std::int64_t w =
-           (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / detail::kWarp;
-       w < rows; w += warps) {
-    const std::int64_t bh = w / p.steps, t = w % p.steps;
-    const std::int64_t b = bh / p.heads, h = bh % p.heads;
-    const std::int64_t at = (b * p.steps + t) * p.out_stride + h * p.head_dim;
-    float acc = 0.f;
-    for (int d = lane; d < p.head_dim; d += detail::kWarp) acc += p.dout[at + d] * p.out[at + d];
-    acc = detail::warp_sum(acc);
-    if (lane == 0) p.delta[w] = acc;
-  }
-}
-
 template <int D>
 constexpr std::size_t dkv_tc_smem() {
   return 4 * kTile * kRowLd<D> * sizeof(__nv_bfloat16) + 2 * kTile * sizeof(float) +
@@ -511,11 +495,7 @@ void attention_backward_bf16(cudaStream_t stream, const AttentionProblem& pr, co
   p.dv = dv;
   p.grad_stride = grad_stride;
 
-  const std::int64_t rows = pr.batch * pr.heads * pr.steps;
-  constexpr int kDeltaThreads = 256;
-  attention_delta_tc_kernel<<<detail::grid_for(rows, kDeltaThreads / detail::kWarp), kDeltaThreads,
-                              0, stream>>>(p, rows);
-  PIPELINE_CUDA_LAUNCH_CHECK();
+  attention_row_dots(stream, pr, out, dout, out_stride, workspace);
   const unsigned blocks = tile_blocks(pr);
   if (pr.head_dim <= 32)
     backward_padded<32>(stream, p, blocks);

@@ -4,10 +4,13 @@
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <limits>
+#include <string_view>
 #include <utility>
 
 #if PIPELINE_WITH_CUDA
@@ -144,11 +147,37 @@ kernels::AttentionProblem cuda_problem(const char* op, const Layout& L, Device d
                  "tiles; split the batch",
                  op, device.str(), L.batch, L.steps, L.heads);
   // Under a bf16 compute dtype the operands hold bf16 values: the tensor-core kernels.
-  return {L.batch, L.steps, L.heads, L.head_dim, causal, compute_dtype() == DType::BFloat16};
+  return {L.batch,
+          L.steps,
+          L.heads,
+          L.head_dim,
+          causal,
+          compute_dtype() == DType::BFloat16,
+          bf16_attention_kernel() == Bf16AttentionKernel::Mma};
 }
 #endif
 
 }  // namespace
+
+namespace {
+
+Bf16AttentionKernel kernel_from_environment() {
+  const char* v = std::getenv("PIPELINE_BF16_ATTENTION");
+  return v != nullptr && std::string_view(v) == "mma" ? Bf16AttentionKernel::Mma
+                                                      : Bf16AttentionKernel::Wmma;
+}
+
+std::atomic<Bf16AttentionKernel> g_bf16_kernel{kernel_from_environment()};
+
+}  // namespace
+
+void set_bf16_attention_kernel(Bf16AttentionKernel kernel) {
+  g_bf16_kernel = kernel;
+}
+
+Bf16AttentionKernel bf16_attention_kernel() {
+  return g_bf16_kernel;
+}
 
 Shape attention_saved_shape(Device device, std::int64_t batch, std::int64_t heads,
                             std::int64_t steps) {

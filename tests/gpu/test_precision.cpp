@@ -99,49 +99,57 @@ TEST_CASE("convolutions and attention under bf16 on CUDA equal the CPU's") {
   expect_close("attention backward bf16", dqkv, dqkvg, 1e-4);
 }
 
-// The tensor-core kernels (sm_80 and later; the float32 ones elsewhere): every padded head width
-// (32, 64, 128), one and several 64-row tiles with ragged tails, causal and full, separate q/k/v
-// and packed qkv, against the CPU on the same rounded operands.
+// Both sets of tensor-core kernels (ops::Bf16AttentionKernel; sm_80 and later, the float32 ones
+// elsewhere): every padded head width (32, 64, 128), one and several 64-row tiles with ragged
+// tails, causal and full, against the CPU on the same rounded operands.
 TEST_CASE("attention on the bf16 tensor cores equals the CPU's on rounded operands") {
   const ops::ComputeDTypeScope bf16(DType::BFloat16);
   struct Case {
     std::int64_t batch, steps, channels, heads;
     bool causal;
   };
-  for (const Case c :
-       {Case{1, 1, 64, 1, true}, Case{2, 200, 256, 4, true}, Case{1, 130, 256, 2, true},
-        Case{3, 77, 96, 3, false}, Case{2, 64, 128, 1, false}, Case{1, 1000, 64, 1, true}}) {
-    CAPTURE(c.batch);
-    CAPTURE(c.steps);
-    CAPTURE(c.channels);
-    CAPTURE(c.heads);
-    CAPTURE(c.causal);
-    const Shape xs{c.batch, c.steps, c.channels};
-    const auto seed = static_cast<std::uint64_t>(c.steps * 31 + c.channels);
-    const Tensor q = random_tensor(xs, seed), k = random_tensor(xs, seed + 1),
-                 v = random_tensor(xs, seed + 2), dout = random_tensor(xs, seed + 3);
-    Tensor out = Tensor::empty(xs), dq = Tensor::empty(xs), dk = Tensor::empty(xs),
-           dv = Tensor::empty(xs);
-    Tensor saved =
-        Tensor::empty(ops::attention_saved_shape(Device::cpu(), c.batch, c.heads, c.steps));
-    ops::attention_forward(q, k, v, c.heads, out, saved, c.causal);
-    ops::attention_backward(q, k, v, out, saved, dout, c.heads, dq, dk, dv, c.causal);
+  struct RestoreKernel {
+    ops::Bf16AttentionKernel was = ops::bf16_attention_kernel();
+    ~RestoreKernel() { ops::set_bf16_attention_kernel(was); }
+  } restore;
+  const Case cases[] = {Case{1, 1, 64, 1, true},    Case{2, 200, 256, 4, true},
+                        Case{1, 130, 256, 2, true}, Case{3, 77, 96, 3, false},
+                        Case{2, 64, 128, 1, false}, Case{1, 1000, 64, 1, true}};
+  for (const auto kernel : {ops::Bf16AttentionKernel::Wmma, ops::Bf16AttentionKernel::Mma})
+    for (const Case c : cases) {
+      ops::set_bf16_attention_kernel(kernel);
+      CAPTURE(kernel == ops::Bf16AttentionKernel::Mma ? "mma" : "wmma");
+      CAPTURE(c.batch);
+      CAPTURE(c.steps);
+      CAPTURE(c.channels);
+      CAPTURE(c.heads);
+      CAPTURE(c.causal);
+      const Shape xs{c.batch, c.steps, c.channels};
+      const auto seed = static_cast<std::uint64_t>(c.steps * 31 + c.channels);
+      const Tensor q = random_tensor(xs, seed), k = random_tensor(xs, seed + 1),
+                   v = random_tensor(xs, seed + 2), dout = random_tensor(xs, seed + 3);
+      Tensor out = Tensor::empty(xs), dq = Tensor::empty(xs), dk = Tensor::empty(xs),
+             dv = Tensor::empty(xs);
+      Tensor saved =
+          Tensor::empty(ops::attention_saved_shape(Device::cpu(), c.batch, c.heads, c.steps));
+      ops::attention_forward(q, k, v, c.heads, out, saved, c.causal);
+      ops::attention_backward(q, k, v, out, saved, dout, c.heads, dq, dk, dv, c.causal);
 
-    Tensor outg = poisoned(xs), dqg = poisoned(xs), dkg = poisoned(xs), dvg = poisoned(xs);
-    Tensor savedg = poisoned(ops::attention_saved_shape(kGpu, c.batch, c.heads, c.steps));
-    const Tensor qg = q.to(kGpu), kg = k.to(kGpu), vg = v.to(kGpu);
-    ops::attention_forward(qg, kg, vg, c.heads, outg, savedg, c.causal);
-    ops::attention_backward(qg, kg, vg, outg, savedg, dout.to(kGpu), c.heads, dqg, dkg, dvg,
-                            c.causal);
-    expect_close("out", out, outg, 1e-4);
-    // One key: the softmax has no gradient, dq = dk = 0 exactly (dP − D cancels); the GPU's
-    // dP (tensor cores) and D (a warp sum) round apart, so its ~1e-8 is measured against
-    // the size of the cancelled terms, |dO|·|V|·|K|·√Dh·(1/√Dh), about 1 here.
-    const double cancelled = c.steps == 1 ? 1.0 : 0.0;
-    expect_close("dq", dq, dqg, 1e-4, cancelled);
-    expect_close("dk", dk, dkg, 1e-4, cancelled);
-    expect_close("dv", dv, dvg, 1e-4);
-  }
+      Tensor outg = poisoned(xs), dqg = poisoned(xs), dkg = poisoned(xs), dvg = poisoned(xs);
+      Tensor savedg = poisoned(ops::attention_saved_shape(kGpu, c.batch, c.heads, c.steps));
+      const Tensor qg = q.to(kGpu), kg = k.to(kGpu), vg = v.to(kGpu);
+      ops::attention_forward(qg, kg, vg, c.heads, outg, savedg, c.causal);
+      ops::attention_backward(qg, kg, vg, outg, savedg, dout.to(kGpu), c.heads, dqg, dkg, dvg,
+                              c.causal);
+      expect_close("out", out, outg, 1e-4);
+      // One key: the softmax has no gradient, dq = dk = 0 exactly (dP − D cancels); the GPU's
+      // dP (tensor cores) and D (a warp sum) round apart, so its ~1e-8 is measured against
+      // the size of the cancelled terms, |dO|·|V|·|K|·√Dh·(1/√Dh), about 1 here.
+      const double cancelled = c.steps == 1 ? 1.0 : 0.0;
+      expect_close("dq", dq, dqg, 1e-4, cancelled);
+      expect_close("dk", dk, dkg, 1e-4, cancelled);
+      expect_close("dv", dv, dvg, 1e-4);
+    }
 }
 
 namespace {

@@ -25,6 +25,7 @@
 #include "../support/param_compare.hpp"
 #include "../support/synthetic_minibatches.hpp"
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -195,6 +196,16 @@ TEST_CASE("attention under bf16 equals the float32 attention of the rounded q, k
   CHECK(same_bits(got.first, want.first));
   CHECK(same_bits(got.second, want.second));
   CHECK(max_abs_diff(got.second, full.second) > 1e-5);
+}
+
+TEST_CASE("the bf16 attention kernel is a process-wide choice, WMMA unless asked") {
+  const ops::Bf16AttentionKernel was = ops::bf16_attention_kernel();
+  const char* env = std::getenv("PIPELINE_BF16_ATTENTION");
+  if (env == nullptr) CHECK(was == ops::Bf16AttentionKernel::Wmma);
+  ops::set_bf16_attention_kernel(ops::Bf16AttentionKernel::Mma);
+  CHECK(ops::bf16_attention_kernel() == ops::Bf16AttentionKernel::Mma);
+  ops::set_bf16_attention_kernel(was);
+  CHECK(ops::bf16_attention_kernel() == was);
 }
 
 TEST_CASE("weight matrices are product operands; biases are not") {

@@ -18,7 +18,8 @@
 // only checks its shape) and the forward's `causal` (the CPU path reads the mask from P).
 // All tensors of one call must be on one device (ConfigError naming both otherwise). Under a bf16
 // compute dtype (ops/precision.hpp) q, k, v and dout are read rounded to bf16; the softmax and
-// the accumulations stay fp32.
+// the accumulations stay fp32. On CUDA (sm_80 and later) the products then run on the bf16
+// tensor cores, by one of two kernel sets (Bf16AttentionKernel below).
 //
 // The packed forms take qkv [B, T, 3·C] with q, k and v side by side along the last dimension
 // (the output of one Linear(C, 3C)), and write dqkv in the same layout.
@@ -46,6 +47,14 @@ void attention_forward_packed(const Tensor& qkv, std::int64_t heads, Tensor& out
 void attention_backward_packed(const Tensor& qkv, const Tensor& out, const Tensor& saved,
                                const Tensor& dout, std::int64_t heads, Tensor& dqkv,
                                bool causal = true);
+
+// The tensor-core attention under a bf16 compute dtype on CUDA: Wmma (kernels/attention_bf16.cu,
+// tested on an H100, the default) or Mma (kernels/attention_mma.cu: FlashAttention-2's register
+// layout, written to replace it and not yet run on a GPU). Process-wide; the environment variable
+// PIPELINE_BF16_ATTENTION=mma|wmma sets the initial choice.
+enum class Bf16AttentionKernel { Wmma, Mma };
+void set_bf16_attention_kernel(Bf16AttentionKernel kernel);
+Bf16AttentionKernel bf16_attention_kernel();
 
 // Forward FLOPs of attention over [B, T, C] (the two T×T×C products; a multiply-add counts 2).
 inline double attention_flops(std::int64_t batch, std::int64_t steps, std::int64_t channels) {

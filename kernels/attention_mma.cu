@@ -1,0 +1,510 @@
+// Fused attention on the bf16 tensor cores with the operands and results of every tile product
+// in registers (FlashAttention-2's layout), the second implementation of attention_bf16.cu's
+// contract: ops::set_bf16_attention_kernel(ops::Bf16AttentionKernel::Mma) or the environment
+// variable PIPELINE_BF16_ATTENTION=mma chooses it (ops/attention.hpp).
+//
+// Why: the WMMA kernels write each 16×64 score tile to shared memory and compute its softmax with
+// 32 lanes over 1024 scores, which bounds them by those instructions (bench/RESULTS.md). Here
+// each product is mma.sync.m16n8k16 (bf16 inputs, fp32 accumulators) whose fragment layout the
+// PTX ISA fixes: with g = lane / 4 and t = lane % 4, an accumulator tile of 16×8 holds rows g and
+// g + 8, columns 2t and 2t + 1, in c[0..1] and c[2..3]; an A tile of 16×16 holds (row g, columns
+// 2t..2t+1), (row g + 8, same), (row g, columns 2t+8..2t+9), (row g + 8, same); a B tile of 16×8
+// (k × n) holds (k 2t..2t+1, n g) and (k 2t+8..2t+9, n g). So a thread's scores of two adjacent
+// 8-key tiles are exactly its A fragment of the P·V product over those 16 keys: the softmax runs
+// on the accumulators, four threads share a row (two shuffles per reduction), and P never leaves
+// the registers. B operands whose pairs run along the k dimension of a tile stored row-major by
+// the other one (V in P·V, Q and dO in the dK/dV products, K in dS·K) are kept transposed in
+// shared memory, so that every fragment is one 32-bit load. Numerics as attention_bf16.cu: bf16
+// operands, fp32 softmax and accumulators, P and dS split in two bf16 halves.
+#include "attention.cuh"
+#include "common.cuh"
+
+#include <pipeline/cuda/check.hpp>
+
+#include <cuda_bf16.h>
+#include <math_constants.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pipeline::kernels {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * detail::kWarp;
+constexpr int kTile = 64;             // rows a block owns, and rows of each streamed tile
+constexpr int kTLd = kTile + 8;       // bf16 per row of a transposed tile [D][64 + 8]
+constexpr int kKeyTiles = kTile / 8;  // 8-wide accumulator tiles across a streamed tile
+
+template <int D>
+constexpr int kRowLd = D + 8;  // bf16 per row of a row-major tile [64][D + 8]
+
+struct MmaParams {
+  const float* q;
+  const float* k;
+  const float* v;
+  std::int64_t in_stride;
+  const float* out;
+  const float* dout;
+  float* o;
+  std::int64_t out_stride;
+  float* lse_out;
+  const float* lse;
+  float* delta;
+  float* dq;
+  float* dk;
+  float* dv;
+  std::int64_t grad_stride;
+  int steps, heads, head_dim, tiles;
+  float scale;
+  bool causal;
+};
+
+struct Block {
+  int b, h, bh, tile;
+};
+
+__device__ __forceinline__ Block block_of(const MmaParams& p, bool reversed) {
+  const int idx = static_cast<int>(blockIdx.x);
+  const int bh = idx / p.tiles, t = idx % p.tiles;
+  return {bh / p.heads, bh % p.heads, bh, reversed ? p.tiles - 1 - t : t};
+}
+
+__device__ __forceinline__ std::int64_t head_offset(const MmaParams& p, const Block& blk,
+                                                    std::int64_t stride) {
+  return static_cast<std::int64_t>(blk.b) * p.steps * stride +
+         static_cast<std::int64_t>(blk.h) * p.head_dim;
+}
+
+__device__ __forceinline__ bool visible(const MmaParams& p, int query, int key) {
+  return query < p.steps && key < p.steps && (!p.causal || key <= query);
+}
+
+// Rows [row0, row0 + 64) of one head as bf16, zero past `steps` and head_dim: row-major into
+// dst[64][D + 8], and (when `transposed` is set) also column-major into transposed[D][64 + 8].
+template <int D>
+__device__ __forceinline__ void load_tile(__nv_bfloat16* dst, __nv_bfloat16* transposed,
+                                          const float* head, std::int64_t stride, int row0,
+                                          int steps, int head_dim) {
+  for (int i = threadIdx.x; i < kTile * D; i += kThreads) {
+    const int r = i / D, d = i % D;
+    const bool inside = row0 + r < steps && d < head_dim;
+    const __nv_bfloat16 x =
+        __float2bfloat16_rn(inside ? head[static_cast<std::int64_t>(row0 + r) * stride + d] : 0.f);
+    if (dst) dst[r * kRowLd<D> + d] = x;
+    if (transposed) transposed[d * kTLd + r] = x;
+  }
+}
+
+// The 32-bit word (two bf16) at element (row, col) of a tile with `ld` bf16 per row; col even.
+__device__ __forceinline__ std::uint32_t word(const __nv_bfloat16* tile, int ld, int row, int col) {
+  return *reinterpret_cast<const std::uint32_t*>(tile + row * ld + col);
+}
+
+__device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+// x0 and x1 (adjacent columns) as the high halves' word and the residuals' word.
+__device__ __forceinline__ void split_pack(float x0, float x1, std::uint32_t& hi,
+                                           std::uint32_t& lo) {
+  const float h0 = __bfloat162float(__float2bfloat16_rn(x0));
+  const float h1 = __bfloat162float(__float2bfloat16_rn(x1));
+  hi = pack(h0, h1);
+  lo = pack(x0 - h0, x1 - h1);
+}
+
+// d += a · b for one 16×8×16 tile.
+__device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4],
+                                    const std::uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// The A fragment of rows row0.. (16) and columns col0.. (16) of a row-major tile.
+__device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const __nv_bfloat16* tile, int ld,
+                                       int row0, int col0) {
+  const int g = threadIdx.x % detail::kWarp / 4, t = threadIdx.x % 4;
+  a[0] = word(tile, ld, row0 + g, col0 + 2 * t);
+  a[1] = word(tile, ld, row0 + g + 8, col0 + 2 * t);
+  a[2] = word(tile, ld, row0 + g, col0 + 2 * t + 8);
+  a[3] = word(tile, ld, row0 + g + 8, col0 + 2 * t + 8);
+}
+
+// The B fragment (k × n = 16 × 8) whose element (k, n) is tile[n0 + n][k0 + k]: a tile stored with
+// n along rows and k along each row.
+__device__ __forceinline__ void load_b(std::uint32_t (&b)[2], const __nv_bfloat16* tile, int ld,
+                                       int n0, int k0) {
+  const int g = threadIdx.x % detail::kWarp / 4, t = threadIdx.x % 4;
+  b[0] = word(tile, ld, n0 + g, k0 + 2 * t);
+  b[1] = word(tile, ld, n0 + g, k0 + 2 * t + 8);
+}
+
+// acc[n] (16 rows × 64 columns as 8 accumulator tiles) = A[16 rows][D] · B[64][D]ᵀ, A the rows
+// row0.. of a row-major tile, B a row-major tile.
+template <int D>
+__device__ __forceinline__ void scores(float (&acc)[kKeyTiles][4], const __nv_bfloat16* a_tile,
+                                       int row0, const __nv_bfloat16* b_tile) {
+#pragma unroll
+  for (int n = 0; n < kKeyTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    std::uint32_t a[4];
+    load_a(a, a_tile, kRowLd<D>, row0, kk * 16);
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+      std::uint32_t b[2];
+      load_b(b, b_tile, kRowLd<D>, n * 8, kk * 16);
+      mma(acc[n], a, b);
+    }
+  }
+}
+
+// out[dn] (16 × D as D/8 accumulator tiles) += X · B, X the 16 × 64 fp32 values of `x` (the
+// accumulator layout of `scores`) split in bf16 halves, B[64][D] given transposed (bt[D][64]).
+template <int D>
+__device__ __forceinline__ void accumulate(float (&out)[D / 8][4], const float (&x)[kKeyTiles][4],
+                                           const __nv_bfloat16* bt) {
+#pragma unroll
+  for (int j = 0; j < kTile / 16; ++j) {
+    std::uint32_t hi[4], lo[4];
+    split_pack(x[2 * j][0], x[2 * j][1], hi[0], lo[0]);
+    split_pack(x[2 * j][2], x[2 * j][3], hi[1], lo[1]);
+    split_pack(x[2 * j + 1][0], x[2 * j + 1][1], hi[2], lo[2]);
+    split_pack(x[2 * j + 1][2], x[2 * j + 1][3], hi[3], lo[3]);
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn) {
+      std::uint32_t b[2];
+      load_b(b, bt, kTLd, dn * 8, j * 16);
+      mma(out[dn], hi, b);
+      mma(out[dn], lo, b);
+    }
+  }
+}
+
+// Writes a warp's 16 × D accumulator (times `scale`) to rows row0.. of a [B·T, *] head; rows
+// past steps and columns past head_dim are left alone.
+template <int D>
+__device__ __forceinline__ void store_rows(const MmaParams& p, const float (&acc)[D / 8][4],
+                                           float* head, std::int64_t stride, int row0,
+                                           float scale) {
+  const int g = threadIdx.x % detail::kWarp / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int dn = 0; dn < D / 8; ++dn)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = row0 + g + (i >= 2 ? 8 : 0), col = dn * 8 + 2 * t + (i & 1);
+      if (row < p.steps && col < p.head_dim)
+        head[static_cast<std::int64_t>(row) * stride + col] = acc[dn][i] * scale;
+    }
+}
+
+template <int D>
+constexpr std::size_t forward_smem() {
+  return (2 * kTile * kRowLd<D> + D * kTLd) * sizeof(__nv_bfloat16);
+}
+
+template <int D>
+__global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(MmaParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  auto* qs = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* ks = qs + kTile * kRowLd<D>;
+  __nv_bfloat16* vt = ks + kTile * kRowLd<D>;
+
+  const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
+  const int g = lane / 4, t = lane % 4;
+  const Block blk = block_of(p, /*reversed=*/true);
+  const int q0 = blk.tile * kTile;
+  const std::int64_t in_head = head_offset(p, blk, p.in_stride);
+  load_tile<D>(qs, nullptr, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
+  const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+
+  float o[D / 8][4] = {};
+  float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f};
+  const int key_tiles = p.causal ? min(blk.tile + 1, p.tiles) : p.tiles;
+  for (int kt = 0; kt < key_tiles; ++kt) {
+    const int k0 = kt * kTile;
+    __syncthreads();  // every warp is done with the previous K and V
+    load_tile<D>(ks, nullptr, p.k + in_head, p.in_stride, k0, p.steps, p.head_dim);
+    load_tile<D>(nullptr, vt, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
+    __syncthreads();
+
+    float s[kKeyTiles][4];
+    scores<D>(s, qs, warp * 16, ks);
+    float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = k0 + n * 8 + 2 * t + (i & 1);
+        s[n][i] = visible(p, rows[i / 2], key) ? s[n][i] * p.scale : -CUDART_INF_F;
+        tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
+      }
+    float alpha[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(detail::kFullMask, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(detail::kFullMask, tile_max[r], 2));
+      const float m_new = fmaxf(m[r], tile_max[r]);
+      base[r] = m_new == -CUDART_INF_F ? 0.f : m_new;  // a row with nothing visible yet
+      alpha[r] = expf(m[r] - base[r]);
+      m[r] = m_new;
+    }
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        s[n][i] = expf(s[n][i] - base[i / 2]);
+        sum[i / 2] += s[n][i];
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      sum[r] += __shfl_xor_sync(detail::kFullMask, sum[r], 1);
+      sum[r] += __shfl_xor_sync(detail::kFullMask, sum[r], 2);
+      l[r] = l[r] * alpha[r] + sum[r];
+    }
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn) {
+      o[dn][0] *= alpha[0];
+      o[dn][1] *= alpha[0];
+      o[dn][2] *= alpha[1];
+      o[dn][3] *= alpha[1];
+    }
+    accumulate<D>(o, s, vt);  // O += P V
+  }
+
+  const std::int64_t out_head = head_offset(p, blk, p.out_stride);
+#pragma unroll
+  for (int dn = 0; dn < D / 8; ++dn)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = rows[i / 2], col = dn * 8 + 2 * t + (i & 1);
+      if (row < p.steps && col < p.head_dim)
+        p.o[out_head + static_cast<std::int64_t>(row) * p.out_stride + col] = o[dn][i] / l[i / 2];
+    }
+  if (t == 0)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      if (rows[r] < p.steps)
+        p.lse_out[static_cast<std::int64_t>(blk.bh) * p.steps + rows[r]] = m[r] + logf(l[r]);
+}
+
+template <int D>
+constexpr std::size_t dkv_smem() {
+  return (4 * kTile * kRowLd<D> + 2 * D * kTLd) * sizeof(__nv_bfloat16) + 2 * kTile * sizeof(float);
+}
+
+// A block owns 64 keys (a warp 16) and streams the query tiles that see them: with Sᵀ = K Qᵀ and
+// dPᵀ = V dOᵀ in the accumulators, dV += Pᵀ dO and dK += dSᵀ Q · scale.
+template <int D>
+__global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(MmaParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  auto* ks = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* vs = ks + kTile * kRowLd<D>;
+  __nv_bfloat16* qs = vs + kTile * kRowLd<D>;
+  __nv_bfloat16* dos = qs + kTile * kRowLd<D>;
+  __nv_bfloat16* qt = dos + kTile * kRowLd<D>;
+  __nv_bfloat16* dot = qt + D * kTLd;
+  auto* lses = reinterpret_cast<float*>(dot + D * kTLd);
+  float* deltas = lses + kTile;
+
+  const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
+  const int g = lane / 4, t = lane % 4;
+  const Block blk = block_of(p, /*reversed=*/false);
+  const int k0 = blk.tile * kTile;
+  const std::int64_t in_head = head_offset(p, blk, p.in_stride);
+  const std::int64_t out_head = head_offset(p, blk, p.out_stride);
+  load_tile<D>(ks, nullptr, p.k + in_head, p.in_stride, k0, p.steps, p.head_dim);
+  load_tile<D>(vs, nullptr, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
+  const int keys[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+
+  float dv[D / 8][4] = {}, dk[D / 8][4] = {};
+  const float* lse_head = p.lse + static_cast<std::int64_t>(blk.bh) * p.steps;
+  const float* delta_head = p.delta + static_cast<std::int64_t>(blk.bh) * p.steps;
+  for (int qt_index = p.causal ? blk.tile : 0; qt_index < p.tiles; ++qt_index) {
+    const int q0 = qt_index * kTile;
+    __syncthreads();  // every warp is done with the previous Q and dO
+    load_tile<D>(qs, qt, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
+    load_tile<D>(dos, dot, p.dout + out_head, p.out_stride, q0, p.steps, p.head_dim);
+    for (int i = threadIdx.x; i < kTile; i += kThreads) {
+      const bool inside = q0 + i < p.steps;
+      lses[i] = inside ? lse_head[q0 + i] : 0.f;
+      deltas[i] = inside ? delta_head[q0 + i] : 0.f;
+    }
+    __syncthreads();
+    float st[kKeyTiles][4], dpt[kKeyTiles][4];
+    scores<D>(st, ks, warp * 16, qs);    // Sᵀ: this warp's keys × 64 queries
+    scores<D>(dpt, vs, warp * 16, dos);  // dPᵀ = V dOᵀ
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = n * 8 + 2 * t + (i & 1);  // the query, within the tile
+        const float pr = visible(p, q0 + c, keys[i / 2]) ? expf(st[n][i] * p.scale - lses[c]) : 0.f;
+        st[n][i] = pr;                             // Pᵀ
+        dpt[n][i] = pr * (dpt[n][i] - deltas[c]);  // dSᵀ
+      }
+    accumulate<D>(dv, st, dot);  // dV += Pᵀ dO
+    accumulate<D>(dk, dpt, qt);  // dK += dSᵀ Q
+  }
+  const std::int64_t grad_head = head_offset(p, blk, p.grad_stride);
+  store_rows<D>(p, dv, p.dv + grad_head, p.grad_stride, k0 + warp * 16, 1.f);
+  store_rows<D>(p, dk, p.dk + grad_head, p.grad_stride, k0 + warp * 16, p.scale);
+}
+
+template <int D>
+constexpr std::size_t dq_smem() {
+  return (4 * kTile * kRowLd<D> + D * kTLd) * sizeof(__nv_bfloat16);
+}
+
+// A block owns 64 queries (a warp 16) and streams the key tiles they see: with S = Q Kᵀ and
+// dP = dO Vᵀ in the accumulators, dQ += dS K · scale.
+template <int D>
+__global__ __launch_bounds__(kThreads) void attention_dq_mma_kernel(MmaParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  auto* qs = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* dos = qs + kTile * kRowLd<D>;
+  __nv_bfloat16* ks = dos + kTile * kRowLd<D>;
+  __nv_bfloat16* vs = ks + kTile * kRowLd<D>;
+  __nv_bfloat16* kt_tile = vs + kTile * kRowLd<D>;
+
+  const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
+  const int g = lane / 4, t = lane % 4;
+  const Block blk = block_of(p, /*reversed=*/true);
+  const int q0 = blk.tile * kTile;
+  const std::int64_t in_head = head_offset(p, blk, p.in_stride);
+  load_tile<D>(qs, nullptr, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
+  load_tile<D>(dos, nullptr, p.dout + head_offset(p, blk, p.out_stride), p.out_stride, q0, p.steps,
+               p.head_dim);
+  const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  float lse[2], delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const std::int64_t at = static_cast<std::int64_t>(blk.bh) * p.steps + rows[r];
+    lse[r] = rows[r] < p.steps ? p.lse[at] : 0.f;
+    delta[r] = rows[r] < p.steps ? p.delta[at] : 0.f;
+  }
+
+  float dq[D / 8][4] = {};
+  const int key_tiles = p.causal ? min(blk.tile + 1, p.tiles) : p.tiles;
+  for (int kt = 0; kt < key_tiles; ++kt) {
+    const int k0 = kt * kTile;
+    __syncthreads();
+    load_tile<D>(ks, kt_tile, p.k + in_head, p.in_stride, k0, p.steps, p.head_dim);
+    load_tile<D>(vs, nullptr, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
+    __syncthreads();
+    float s[kKeyTiles][4], dp[kKeyTiles][4];
+    scores<D>(s, qs, warp * 16, ks);    // S
+    scores<D>(dp, dos, warp * 16, vs);  // dP = dO Vᵀ
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int key = k0 + n * 8 + 2 * t + (i & 1);
+        const float pr = visible(p, rows[i / 2], key) ? expf(s[n][i] * p.scale - lse[i / 2]) : 0.f;
+        dp[n][i] = pr * (dp[n][i] - delta[i / 2]);  // dS
+      }
+    accumulate<D>(dq, dp, kt_tile);  // dQ += dS K
+  }
+  store_rows<D>(p, dq, p.dq + head_offset(p, blk, p.grad_stride), p.grad_stride, q0 + warp * 16,
+                p.scale);
+}
+
+MmaParams make_params(const AttentionProblem& pr) {
+  MmaParams p{};
+  p.steps = static_cast<int>(pr.steps);
+  p.heads = static_cast<int>(pr.heads);
+  p.head_dim = static_cast<int>(pr.head_dim);
+  p.tiles = static_cast<int>((pr.steps + kTile - 1) / kTile);
+  p.scale = 1.f / sqrtf(static_cast<float>(pr.head_dim));  // as the CPU op: 1 / √Dh in float
+  p.causal = pr.causal;
+  return p;
+}
+
+unsigned tile_blocks(const AttentionProblem& pr) {
+  return static_cast<unsigned>(pr.batch * pr.heads * ((pr.steps + kTile - 1) / kTile));
+}
+
+template <typename Kernel>
+void launch(Kernel* kernel, std::size_t smem, unsigned blocks, cudaStream_t stream,
+            const MmaParams& p) {
+  PIPELINE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem)));
+  kernel<<<blocks, kThreads, smem, stream>>>(p);
+  PIPELINE_CUDA_LAUNCH_CHECK();
+}
+
+template <int D>
+void forward_padded(cudaStream_t stream, const MmaParams& p, unsigned blocks) {
+  launch(attention_forward_mma_kernel<D>, forward_smem<D>(), blocks, stream, p);
+}
+
+template <int D>
+void backward_padded(cudaStream_t stream, const MmaParams& p, unsigned blocks) {
+  launch(attention_dkv_mma_kernel<D>, dkv_smem<D>(), blocks, stream, p);
+  launch(attention_dq_mma_kernel<D>, dq_smem<D>(), blocks, stream, p);
+}
+
+}  // namespace
+
+void attention_forward_mma(cudaStream_t stream, const AttentionProblem& pr, const float* q,
+                           const float* k, const float* v, std::int64_t in_stride, float* out,
+                           std::int64_t out_stride, float* lse) {
+  if (pr.batch <= 0 || pr.steps <= 0 || pr.heads <= 0 || pr.head_dim <= 0) return;
+  MmaParams p = make_params(pr);
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.in_stride = in_stride;
+  p.o = out;
+  p.out_stride = out_stride;
+  p.lse_out = lse;
+  const unsigned blocks = tile_blocks(pr);
+  if (pr.head_dim <= 32)
+    forward_padded<32>(stream, p, blocks);
+  else if (pr.head_dim <= 64)
+    forward_padded<64>(stream, p, blocks);
+  else
+    forward_padded<128>(stream, p, blocks);
+}
+
+void attention_backward_mma(cudaStream_t stream, const AttentionProblem& pr, const float* q,
+                            const float* k, const float* v, std::int64_t in_stride,
+                            const float* out, const float* dout, std::int64_t out_stride,
+                            const float* lse, float* dq, float* dk, float* dv,
+                            std::int64_t grad_stride, float* workspace) {
+  if (pr.batch <= 0 || pr.steps <= 0 || pr.heads <= 0 || pr.head_dim <= 0) return;
+  MmaParams p = make_params(pr);
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.in_stride = in_stride;
+  p.out = out;
+  p.dout = dout;
+  p.out_stride = out_stride;
+  p.lse = lse;
+  p.delta = workspace;
+  p.dq = dq;
+  p.dk = dk;
+  p.dv = dv;
+  p.grad_stride = grad_stride;
+
+  attention_row_dots(stream, pr, out, dout, out_stride, workspace);
+  const unsigned blocks = tile_blocks(pr);
+  if (pr.head_dim <= 32)
+    backward_padded<32>(stream, p, blocks);
+  else if (pr.head_dim <= 64)
+    backward_padded<64>(stream, p, blocks);
+  else
+    backward_padded<128>(stream, p, blocks);
+}
+
+}  // namespace pipeline::kernels
