@@ -30,6 +30,7 @@
 // S and dP once more than a single pass with atomic dQ updates would: 7 tile products instead of
 // 5, the price of bitwise-reproducible gradients.
 #include "attention.cuh"
+#include "attention_common.cuh"
 #include "common.cuh"
 
 #include <pipeline/cuda/check.hpp>
@@ -44,50 +45,15 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kGroup = 16;      // threads sharing an owned row (tx), and owned-row groups (ty)
-constexpr int kOwnRows = 64;    // rows a block owns, in every kernel
 constexpr int kFwdStream = 64;  // key rows per streamed tile in the forward
 constexpr int kBwdStream = 32;  // streamed rows per tile in the backward passes (more arrays)
 
-struct Params {
-  const float* q;
-  const float* k;
-  const float* v;
-  std::int64_t in_stride;
-  const float* out;  // backward: the forward's output
-  const float* dout;
-  float* o;  // forward: the output
-  std::int64_t out_stride;
-  float* lse_out;
-  const float* lse;
-  float* delta;
-  float* dq;
-  float* dk;
-  float* dv;
-  std::int64_t grad_stride;
-  int steps, heads, head_dim, tiles;
-  float scale;
-  bool causal;
-};
-
-// Which (batch, head) and which owned tile a block works on.
-struct BlockTile {
-  int b, h, bh, tile;
-};
-
-__device__ __forceinline__ BlockTile block_tile(const Params& p, bool reversed) {
-  const int idx = static_cast<int>(blockIdx.x);
-  const int bh = idx / p.tiles;
-  const int t = idx % p.tiles;
-  // Causal query tiles near the end see the most keys: starting them first evens out the tail.
-  return {bh / p.heads, bh % p.heads, bh, reversed ? p.tiles - 1 - t : t};
-}
-
-// Offset of row 0 of (b, head h) in a [B·T, *] matrix whose rows are `stride` apart.
-__device__ __forceinline__ std::int64_t head_offset(const Params& p, int b, int h,
-                                                    std::int64_t stride) {
-  return static_cast<std::int64_t>(b) * p.steps * stride +
-         static_cast<std::int64_t>(h) * p.head_dim;
-}
+using attention::Block;
+using attention::block_of;
+using attention::head_offset;
+using attention::kOwnRows;
+using attention::Params;
+using attention::visible;
 
 // Rows [row0, row0 + Rows) of one head into dst[Rows][D + 1]: zero past `steps` and past
 // head_dim. Consecutive threads read consecutive columns (coalesced).
@@ -124,10 +90,6 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
-__device__ __forceinline__ bool visible(const Params& p, int query, int key) {
-  return query < p.steps && key < p.steps && (!p.causal || key <= query);
-}
-
 template <int D, int BN>
 constexpr std::size_t forward_smem_bytes() {
   return sizeof(float) * (kOwnRows * (D + 1) + BN * (D + 1) + kOwnRows * BN);
@@ -154,7 +116,7 @@ static __global__ __launch_bounds__(kThreads) void attention_forward_kernel(cons
   float* kvs = qs + BM * kLd;  // [BN][kLd]: K, then V of the current key tile
   float* ps = kvs + BN * kLd;  // [BM][BN]: probabilities of the tile (unnormalised)
 
-  const BlockTile bt = block_tile(p, /*reversed=*/true);
+  const Block bt = block_of(p, /*reversed=*/true);
   const int ty = threadIdx.x / kGroup, tx = threadIdx.x % kGroup;
   const int q0 = bt.tile * BM;
   const std::int64_t in_head = head_offset(p, bt.b, bt.h, p.in_stride);
@@ -290,7 +252,7 @@ static __global__ __launch_bounds__(kThreads) void attention_dkv_kernel(const Pa
   float* lses = dsts + BM * BN;  // [BN]
   float* deltas = lses + BN;     // [BN]
 
-  const BlockTile bt = block_tile(p, /*reversed=*/false);
+  const Block bt = block_of(p, /*reversed=*/false);
   const int ty = threadIdx.x / kGroup, tx = threadIdx.x % kGroup;
   const int k0 = bt.tile * BM;
   const std::int64_t in_head = head_offset(p, bt.b, bt.h, p.in_stride);
@@ -409,7 +371,7 @@ static __global__ __launch_bounds__(kThreads) void attention_dq_kernel(const Par
   float* lses = dss + BM * BN;  // [BM]
   float* deltas = lses + BM;    // [BM]
 
-  const BlockTile bt = block_tile(p, /*reversed=*/true);
+  const Block bt = block_of(p, /*reversed=*/true);
   const int ty = threadIdx.x / kGroup, tx = threadIdx.x % kGroup;
   const int q0 = bt.tile * BM;
   const std::int64_t in_head = head_offset(p, bt.b, bt.h, p.in_stride);
@@ -501,54 +463,26 @@ static __global__ __launch_bounds__(kThreads) void attention_dq_kernel(const Par
 
 namespace {
 
-Params make_params(const AttentionProblem& pr) {
-  Params p{};
-  p.steps = static_cast<int>(pr.steps);
-  p.heads = static_cast<int>(pr.heads);
-  p.head_dim = static_cast<int>(pr.head_dim);
-  p.tiles = static_cast<int>((pr.steps + kOwnRows - 1) / kOwnRows);
-  p.scale = 1.f / sqrtf(static_cast<float>(pr.head_dim));  // as the CPU op: 1 / √Dh in float
-  p.causal = pr.causal;
-  return p;
-}
-
-unsigned owned_tile_blocks(const AttentionProblem& pr) {
-  return static_cast<unsigned>(pr.batch * pr.heads * ((pr.steps + kOwnRows - 1) / kOwnRows));
-}
-
-// Dynamic shared memory beyond the default 48 KiB must be opted into, per kernel.
-template <typename Kernel>
-void allow_smem(Kernel* kernel, std::size_t bytes) {
-  PIPELINE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(bytes)));
-}
-
 template <int D>
 void forward_padded(cudaStream_t stream, const Params& p, unsigned blocks) {
-  constexpr std::size_t smem = forward_smem_bytes<D, kFwdStream>();
-  allow_smem(attention_forward_kernel<D, kFwdStream>, smem);
-  attention_forward_kernel<D, kFwdStream><<<blocks, kThreads, smem, stream>>>(p);
-  PIPELINE_CUDA_LAUNCH_CHECK();
+  attention::launch(attention_forward_kernel<D, kFwdStream>, blocks, kThreads,
+                    forward_smem_bytes<D, kFwdStream>(), stream, p);
 }
 
 template <int D>
 void backward_padded(cudaStream_t stream, const Params& p, unsigned blocks) {
-  constexpr std::size_t dkv_smem = dkv_smem_bytes<D, kBwdStream>();
-  allow_smem(attention_dkv_kernel<D, kBwdStream>, dkv_smem);
-  attention_dkv_kernel<D, kBwdStream><<<blocks, kThreads, dkv_smem, stream>>>(p);
-  PIPELINE_CUDA_LAUNCH_CHECK();
-  constexpr std::size_t dq_smem = dq_smem_bytes<D, kBwdStream>();
-  allow_smem(attention_dq_kernel<D, kBwdStream>, dq_smem);
-  attention_dq_kernel<D, kBwdStream><<<blocks, kThreads, dq_smem, stream>>>(p);
-  PIPELINE_CUDA_LAUNCH_CHECK();
+  attention::launch(attention_dkv_kernel<D, kBwdStream>, blocks, kThreads,
+                    dkv_smem_bytes<D, kBwdStream>(), stream, p);
+  attention::launch(attention_dq_kernel<D, kBwdStream>, blocks, kThreads,
+                    dq_smem_bytes<D, kBwdStream>(), stream, p);
 }
 
 }  // namespace
 
 void attention_row_dots(cudaStream_t stream, const AttentionProblem& pr, const float* out,
                         const float* dout, std::int64_t out_stride, float* delta) {
-  if (pr.batch <= 0 || pr.steps <= 0 || pr.heads <= 0 || pr.head_dim <= 0) return;
-  Params p = make_params(pr);
+  if (attention::empty(pr)) return;
+  Params p = attention::problem_params(pr);
   p.out = out;
   p.dout = dout;
   p.out_stride = out_stride;
@@ -563,7 +497,7 @@ void attention_row_dots(cudaStream_t stream, const AttentionProblem& pr, const f
 void attention_forward(cudaStream_t stream, const AttentionProblem& pr, const float* q,
                        const float* k, const float* v, std::int64_t in_stride, float* out,
                        std::int64_t out_stride, float* lse) {
-  if (pr.batch <= 0 || pr.steps <= 0 || pr.heads <= 0 || pr.head_dim <= 0) return;
+  if (attention::empty(pr)) return;
   if (pr.bf16_operands && attention_bf16_supported()) {
     if (pr.mma)
       attention_forward_mma(stream, pr, q, k, v, in_stride, out, out_stride, lse);
@@ -571,28 +505,17 @@ void attention_forward(cudaStream_t stream, const AttentionProblem& pr, const fl
       attention_forward_bf16(stream, pr, q, k, v, in_stride, out, out_stride, lse);
     return;
   }
-  Params p = make_params(pr);
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.in_stride = in_stride;
-  p.o = out;
-  p.out_stride = out_stride;
-  p.lse_out = lse;
-  const unsigned blocks = owned_tile_blocks(pr);
-  if (pr.head_dim <= 32)
-    forward_padded<32>(stream, p, blocks);
-  else if (pr.head_dim <= 64)
-    forward_padded<64>(stream, p, blocks);
-  else
-    forward_padded<128>(stream, p, blocks);
+  const Params p = attention::forward_params(pr, q, k, v, in_stride, out, out_stride, lse);
+  attention::with_padded_head_dim(pr.head_dim, [&](auto d) {
+    forward_padded<decltype(d)::value>(stream, p, attention::tile_blocks(pr));
+  });
 }
 
 void attention_backward(cudaStream_t stream, const AttentionProblem& pr, const float* q,
                         const float* k, const float* v, std::int64_t in_stride, const float* out,
                         const float* dout, std::int64_t out_stride, const float* lse, float* dq,
                         float* dk, float* dv, std::int64_t grad_stride, float* workspace) {
-  if (pr.batch <= 0 || pr.steps <= 0 || pr.heads <= 0 || pr.head_dim <= 0) return;
+  if (attention::empty(pr)) return;
   if (pr.bf16_operands && attention_bf16_supported()) {
     if (pr.mma)
       attention_backward_mma(stream, pr, q, k, v, in_stride, out, dout, out_stride, lse, dq, dk, dv,
@@ -602,29 +525,12 @@ void attention_backward(cudaStream_t stream, const AttentionProblem& pr, const f
                               dv, grad_stride, workspace);
     return;
   }
-  Params p = make_params(pr);
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.in_stride = in_stride;
-  p.out = out;
-  p.dout = dout;
-  p.out_stride = out_stride;
-  p.lse = lse;
-  p.delta = workspace;
-  p.dq = dq;
-  p.dk = dk;
-  p.dv = dv;
-  p.grad_stride = grad_stride;
-
+  const Params p = attention::backward_params(pr, q, k, v, in_stride, out, dout, out_stride, lse,
+                                              dq, dk, dv, grad_stride, workspace);
   attention_row_dots(stream, pr, out, dout, out_stride, workspace);
-  const unsigned blocks = owned_tile_blocks(pr);
-  if (pr.head_dim <= 32)
-    backward_padded<32>(stream, p, blocks);
-  else if (pr.head_dim <= 64)
-    backward_padded<64>(stream, p, blocks);
-  else
-    backward_padded<128>(stream, p, blocks);
+  attention::with_padded_head_dim(pr.head_dim, [&](auto d) {
+    backward_padded<decltype(d)::value>(stream, p, attention::tile_blocks(pr));
+  });
 }
 
 }  // namespace pipeline::kernels

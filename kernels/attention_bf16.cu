@@ -20,6 +20,7 @@
 // attention.cu the backward runs a dK/dV pass and a dQ pass, so every gradient element is summed
 // in a fixed order (deterministic, no atomics).
 #include "attention.cuh"
+#include "attention_common.cuh"
 #include "common.cuh"
 
 #include <pipeline/cuda/check.hpp>
@@ -37,6 +38,7 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kTcThreads = kWarps * detail::kWarp;
 constexpr int kTile = 64;        // rows a block owns, and rows of each streamed tile
+static_assert(kTile == attention::kOwnRows, "the grid has one block per owned 64-row tile");
 constexpr int kSub = 16;         // the WMMA tile edge
 constexpr int kSLd = kTile + 4;  // floats per row of a warp's 16×64 score tile
 constexpr int kPLd = kTile + 8;  // bf16 per row of a warp's 16×64 P or dS tile
@@ -46,48 +48,11 @@ constexpr int kRowLd = D + 8;  // bf16 per row of a Q, K, V or dO tile
 template <int D>
 constexpr int kAccLd = D + 4;  // floats per row of a warp's 16×D accumulator
 
-struct TcParams {
-  const float* q;
-  const float* k;
-  const float* v;
-  std::int64_t in_stride;
-  const float* out;
-  const float* dout;
-  float* o;
-  std::int64_t out_stride;
-  float* lse_out;
-  const float* lse;
-  float* delta;
-  float* dq;
-  float* dk;
-  float* dv;
-  std::int64_t grad_stride;
-  int steps, heads, head_dim, tiles;
-  float scale;
-  bool causal;
-};
-
-struct Block {
-  int b, h, bh, tile;
-};
-
-// Causal query tiles near the end see the most keys, key tiles near the start the most queries:
-// the heaviest blocks start first.
-__device__ __forceinline__ Block block_of(const TcParams& p, bool reversed) {
-  const int idx = static_cast<int>(blockIdx.x);
-  const int bh = idx / p.tiles, t = idx % p.tiles;
-  return {bh / p.heads, bh % p.heads, bh, reversed ? p.tiles - 1 - t : t};
-}
-
-__device__ __forceinline__ std::int64_t head_offset(const TcParams& p, const Block& blk,
-                                                    std::int64_t stride) {
-  return static_cast<std::int64_t>(blk.b) * p.steps * stride +
-         static_cast<std::int64_t>(blk.h) * p.head_dim;
-}
-
-__device__ __forceinline__ bool visible(const TcParams& p, int query, int key) {
-  return query < p.steps && key < p.steps && (!p.causal || key <= query);
-}
+using attention::Block;
+using attention::block_of;
+using attention::head_offset;
+using attention::Params;
+using attention::visible;
 
 // Rows [row0, row0 + 64) of one head into dst[64][D + 8] as bf16: zero past `steps` and past
 // head_dim. Consecutive threads read consecutive columns (coalesced).
@@ -159,9 +124,8 @@ __device__ __forceinline__ void accumulate_split(FragC* acc, const __nv_bfloat16
 // through the warp's float scratch (16 × (D + 4)); rows past steps and columns past head_dim
 // are left alone.
 template <int D>
-__device__ __forceinline__ void store_rows(const TcParams& p, FragC* acc, float* scratch,
-                                           float* head, std::int64_t stride, int row0,
-                                           float scale) {
+__device__ __forceinline__ void store_rows(const Params& p, FragC* acc, float* scratch, float* head,
+                                           std::int64_t stride, int row0, float scale) {
   __syncwarp();
 #pragma unroll
   for (int dn = 0; dn < D / kSub; ++dn)
@@ -185,7 +149,7 @@ constexpr std::size_t forward_tc_smem() {
 }
 
 template <int D>
-__global__ __launch_bounds__(kTcThreads) void attention_forward_tc_kernel(TcParams p) {
+__global__ __launch_bounds__(kTcThreads) void attention_forward_tc_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int LB = kRowLd<D>, LA = kAccLd<D>;
@@ -200,7 +164,7 @@ __global__ __launch_bounds__(kTcThreads) void attention_forward_tc_kernel(TcPara
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
   const Block blk = block_of(p, /*reversed=*/true);
   const int q0 = blk.tile * kTile;
-  const std::int64_t in_head = head_offset(p, blk, p.in_stride);
+  const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
   load_tile<D>(qs, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
 
   float* sw = scores + warp * kSub * kSLd;
@@ -261,8 +225,8 @@ __global__ __launch_bounds__(kTcThreads) void attention_forward_tc_kernel(TcPara
 
   if (query < p.steps) {
     const float inv = 1.f / l;
-    const std::int64_t at =
-        head_offset(p, blk, p.out_stride) + static_cast<std::int64_t>(query) * p.out_stride;
+    const std::int64_t at = head_offset(p, blk.b, blk.h, p.out_stride) +
+                            static_cast<std::int64_t>(query) * p.out_stride;
     for (int c = half * (D / 2); c < (half + 1) * (D / 2); ++c)
       if (c < p.head_dim) p.o[at + c] = ow[r * LA + c] * inv;
     if (half == 0) p.lse_out[static_cast<std::int64_t>(blk.bh) * p.steps + query] = m + logf(l);
@@ -279,7 +243,7 @@ constexpr std::size_t dkv_tc_smem() {
 
 // A block owns 64 keys and streams the query tiles that see them: dV = Pᵀ dO, dK = dSᵀ Q · scale.
 template <int D>
-__global__ __launch_bounds__(kTcThreads) void attention_dkv_tc_kernel(TcParams p) {
+__global__ __launch_bounds__(kTcThreads) void attention_dkv_tc_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int LB = kRowLd<D>;
@@ -295,8 +259,8 @@ __global__ __launch_bounds__(kTcThreads) void attention_dkv_tc_kernel(TcParams p
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
   const Block blk = block_of(p, /*reversed=*/false);
   const int k0 = blk.tile * kTile;
-  const std::int64_t in_head = head_offset(p, blk, p.in_stride);
-  const std::int64_t out_head = head_offset(p, blk, p.out_stride);
+  const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
+  const std::int64_t out_head = head_offset(p, blk.b, blk.h, p.out_stride);
   load_tile<D>(ks, p.k + in_head, p.in_stride, k0, p.steps, p.head_dim);
   load_tile<D>(vs, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
 
@@ -340,7 +304,7 @@ __global__ __launch_bounds__(kTcThreads) void attention_dkv_tc_kernel(TcParams p
     accumulate_split<D>(dv, p_hi, p_lo, dos);   // dV += Pᵀ dO
     accumulate_split<D>(dk, ds_hi, ds_lo, qs);  // dK += dSᵀ Q
   }
-  const std::int64_t grad_head = head_offset(p, blk, p.grad_stride);
+  const std::int64_t grad_head = head_offset(p, blk.b, blk.h, p.grad_stride);
   store_rows<D>(p, dv, sw, p.dv + grad_head, p.grad_stride, k0 + warp * kSub, 1.f);
   store_rows<D>(p, dk, sw, p.dk + grad_head, p.grad_stride, k0 + warp * kSub, p.scale);
 #endif
@@ -354,7 +318,7 @@ constexpr std::size_t dq_tc_smem() {
 
 // A block owns 64 queries and streams the key tiles they see: dQ = dS K · scale.
 template <int D>
-__global__ __launch_bounds__(kTcThreads) void attention_dq_tc_kernel(TcParams p) {
+__global__ __launch_bounds__(kTcThreads) void attention_dq_tc_kernel(Params p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int LB = kRowLd<D>;
@@ -368,9 +332,9 @@ __global__ __launch_bounds__(kTcThreads) void attention_dq_tc_kernel(TcParams p)
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
   const Block blk = block_of(p, /*reversed=*/true);
   const int q0 = blk.tile * kTile;
-  const std::int64_t in_head = head_offset(p, blk, p.in_stride);
+  const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
   load_tile<D>(qs, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
-  load_tile<D>(dos, p.dout + head_offset(p, blk, p.out_stride), p.out_stride, q0, p.steps,
+  load_tile<D>(dos, p.dout + head_offset(p, blk.b, blk.h, p.out_stride), p.out_stride, q0, p.steps,
                p.head_dim);
 
   float* sw = work + warp * 2 * kSub * kSLd;
@@ -403,45 +367,21 @@ __global__ __launch_bounds__(kTcThreads) void attention_dq_tc_kernel(TcParams p)
     __syncwarp();
     accumulate_split<D>(dq, ds_hi, ds_lo, ks);  // dQ += dS K
   }
-  store_rows<D>(p, dq, sw, p.dq + head_offset(p, blk, p.grad_stride), p.grad_stride,
+  store_rows<D>(p, dq, sw, p.dq + head_offset(p, blk.b, blk.h, p.grad_stride), p.grad_stride,
                 q0 + warp * kSub, p.scale);
 #endif
 }
 
-TcParams make_params(const AttentionProblem& pr) {
-  TcParams p{};
-  p.steps = static_cast<int>(pr.steps);
-  p.heads = static_cast<int>(pr.heads);
-  p.head_dim = static_cast<int>(pr.head_dim);
-  p.tiles = static_cast<int>((pr.steps + kTile - 1) / kTile);
-  p.scale = 1.f / sqrtf(static_cast<float>(pr.head_dim));  // as the CPU op: 1 / √Dh in float
-  p.causal = pr.causal;
-  return p;
-}
-
-unsigned tile_blocks(const AttentionProblem& pr) {
-  return static_cast<unsigned>(pr.batch * pr.heads * ((pr.steps + kTile - 1) / kTile));
-}
-
-template <typename Kernel>
-void launch(Kernel* kernel, std::size_t smem, unsigned blocks, cudaStream_t stream,
-            const TcParams& p) {
-  // Dynamic shared memory beyond the default 48 KiB must be opted into, per kernel.
-  PIPELINE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
-  kernel<<<blocks, kTcThreads, smem, stream>>>(p);
-  PIPELINE_CUDA_LAUNCH_CHECK();
+template <int D>
+void forward_padded(cudaStream_t stream, const Params& p, unsigned blocks) {
+  attention::launch(attention_forward_tc_kernel<D>, blocks, kTcThreads, forward_tc_smem<D>(),
+                    stream, p);
 }
 
 template <int D>
-void forward_padded(cudaStream_t stream, const TcParams& p, unsigned blocks) {
-  launch(attention_forward_tc_kernel<D>, forward_tc_smem<D>(), blocks, stream, p);
-}
-
-template <int D>
-void backward_padded(cudaStream_t stream, const TcParams& p, unsigned blocks) {
-  launch(attention_dkv_tc_kernel<D>, dkv_tc_smem<D>(), blocks, stream, p);
-  launch(attention_dq_tc_kernel<D>, dq_tc_smem<D>(), blocks, stream, p);
+void backward_padded(cudaStream_t stream, const Params& p, unsigned blocks) {
+  attention::launch(attention_dkv_tc_kernel<D>, blocks, kTcThreads, dkv_tc_smem<D>(), stream, p);
+  attention::launch(attention_dq_tc_kernel<D>, blocks, kTcThreads, dq_tc_smem<D>(), stream, p);
 }
 
 }  // namespace
@@ -456,22 +396,11 @@ bool attention_bf16_supported() {
 void attention_forward_bf16(cudaStream_t stream, const AttentionProblem& pr, const float* q,
                             const float* k, const float* v, std::int64_t in_stride, float* out,
                             std::int64_t out_stride, float* lse) {
-  if (pr.batch <= 0 || pr.steps <= 0 || pr.heads <= 0 || pr.head_dim <= 0) return;
-  TcParams p = make_params(pr);
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.in_stride = in_stride;
-  p.o = out;
-  p.out_stride = out_stride;
-  p.lse_out = lse;
-  const unsigned blocks = tile_blocks(pr);
-  if (pr.head_dim <= 32)
-    forward_padded<32>(stream, p, blocks);
-  else if (pr.head_dim <= 64)
-    forward_padded<64>(stream, p, blocks);
-  else
-    forward_padded<128>(stream, p, blocks);
+  if (attention::empty(pr)) return;
+  const Params p = attention::forward_params(pr, q, k, v, in_stride, out, out_stride, lse);
+  attention::with_padded_head_dim(pr.head_dim, [&](auto d) {
+    forward_padded<decltype(d)::value>(stream, p, attention::tile_blocks(pr));
+  });
 }
 
 void attention_backward_bf16(cudaStream_t stream, const AttentionProblem& pr, const float* q,
@@ -479,30 +408,13 @@ void attention_backward_bf16(cudaStream_t stream, const AttentionProblem& pr, co
                              const float* out, const float* dout, std::int64_t out_stride,
                              const float* lse, float* dq, float* dk, float* dv,
                              std::int64_t grad_stride, float* workspace) {
-  if (pr.batch <= 0 || pr.steps <= 0 || pr.heads <= 0 || pr.head_dim <= 0) return;
-  TcParams p = make_params(pr);
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.in_stride = in_stride;
-  p.out = out;
-  p.dout = dout;
-  p.out_stride = out_stride;
-  p.lse = lse;
-  p.delta = workspace;
-  p.dq = dq;
-  p.dk = dk;
-  p.dv = dv;
-  p.grad_stride = grad_stride;
-
+  if (attention::empty(pr)) return;
+  const Params p = attention::backward_params(pr, q, k, v, in_stride, out, dout, out_stride, lse,
+                                              dq, dk, dv, grad_stride, workspace);
   attention_row_dots(stream, pr, out, dout, out_stride, workspace);
-  const unsigned blocks = tile_blocks(pr);
-  if (pr.head_dim <= 32)
-    backward_padded<32>(stream, p, blocks);
-  else if (pr.head_dim <= 64)
-    backward_padded<64>(stream, p, blocks);
-  else
-    backward_padded<128>(stream, p, blocks);
+  attention::with_padded_head_dim(pr.head_dim, [&](auto d) {
+    backward_padded<decltype(d)::value>(stream, p, attention::tile_blocks(pr));
+  });
 }
 
 }  // namespace pipeline::kernels

@@ -17,6 +17,7 @@
 // shared memory, so that every fragment is one 32-bit load. Numerics as attention_bf16.cu: bf16
 // operands, fp32 softmax and accumulators, P and dS split in two bf16 halves.
 #include "attention.cuh"
+#include "attention_common.cuh"
 #include "common.cuh"
 
 #include <pipeline/cuda/check.hpp>
@@ -34,52 +35,18 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * detail::kWarp;
 constexpr int kTile = 64;             // rows a block owns, and rows of each streamed tile
+static_assert(kTile == attention::kOwnRows, "the grid has one block per owned 64-row tile");
 constexpr int kTLd = kTile + 8;       // bf16 per row of a transposed tile [D][64 + 8]
 constexpr int kKeyTiles = kTile / 8;  // 8-wide accumulator tiles across a streamed tile
 
 template <int D>
 constexpr int kRowLd = D + 8;  // bf16 per row of a row-major tile [64][D + 8]
 
-struct MmaParams {
-  const float* q;
-  const float* k;
-  const float* v;
-  std::int64_t in_stride;
-  const float* out;
-  const float* dout;
-  float* o;
-  std::int64_t out_stride;
-  float* lse_out;
-  const float* lse;
-  float* delta;
-  float* dq;
-  float* dk;
-  float* dv;
-  std::int64_t grad_stride;
-  int steps, heads, head_dim, tiles;
-  float scale;
-  bool causal;
-};
-
-struct Block {
-  int b, h, bh, tile;
-};
-
-__device__ __forceinline__ Block block_of(const MmaParams& p, bool reversed) {
-  const int idx = static_cast<int>(blockIdx.x);
-  const int bh = idx / p.tiles, t = idx % p.tiles;
-  return {bh / p.heads, bh % p.heads, bh, reversed ? p.tiles - 1 - t : t};
-}
-
-__device__ __forceinline__ std::int64_t head_offset(const MmaParams& p, const Block& blk,
-                                                    std::int64_t stride) {
-  return static_cast<std::int64_t>(blk.b) * p.steps * stride +
-         static_cast<std::int64_t>(blk.h) * p.head_dim;
-}
-
-__device__ __forceinline__ bool visible(const MmaParams& p, int query, int key) {
-  return query < p.steps && key < p.steps && (!p.causal || key <= query);
-}
+using attention::Block;
+using attention::block_of;
+using attention::head_offset;
+using attention::Params;
+using attention::visible;
 
 // Rows [row0, row0 + 64) of one head as bf16, zero past `steps` and head_dim: row-major into
 // dst[64][D + 8], and (when `transposed` is set) also column-major into transposed[D][64 + 8].
@@ -192,7 +159,7 @@ __device__ __forceinline__ void accumulate(float (&out)[D / 8][4], const float (
 // Writes a warp's 16 × D accumulator (times `scale`) to rows row0.. of a [B·T, *] head; rows
 // past steps and columns past head_dim are left alone.
 template <int D>
-__device__ __forceinline__ void store_rows(const MmaParams& p, const float (&acc)[D / 8][4],
+__device__ __forceinline__ void store_rows(const Params& p, const float (&acc)[D / 8][4],
                                            float* head, std::int64_t stride, int row0,
                                            float scale) {
   const int g = threadIdx.x % detail::kWarp / 4, t = threadIdx.x % 4;
@@ -212,7 +179,7 @@ constexpr std::size_t forward_smem() {
 }
 
 template <int D>
-__global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(MmaParams p) {
+__global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* ks = qs + kTile * kRowLd<D>;
@@ -222,7 +189,7 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(MmaPara
   const int g = lane / 4, t = lane % 4;
   const Block blk = block_of(p, /*reversed=*/true);
   const int q0 = blk.tile * kTile;
-  const std::int64_t in_head = head_offset(p, blk, p.in_stride);
+  const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
   load_tile<D>(qs, nullptr, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
   const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
 
@@ -281,7 +248,7 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(MmaPara
     accumulate<D>(o, s, vt);  // O += P V
   }
 
-  const std::int64_t out_head = head_offset(p, blk, p.out_stride);
+  const std::int64_t out_head = head_offset(p, blk.b, blk.h, p.out_stride);
 #pragma unroll
   for (int dn = 0; dn < D / 8; ++dn)
 #pragma unroll
@@ -305,7 +272,7 @@ constexpr std::size_t dkv_smem() {
 // A block owns 64 keys (a warp 16) and streams the query tiles that see them: with Sᵀ = K Qᵀ and
 // dPᵀ = V dOᵀ in the accumulators, dV += Pᵀ dO and dK += dSᵀ Q · scale.
 template <int D>
-__global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(MmaParams p) {
+__global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   auto* ks = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* vs = ks + kTile * kRowLd<D>;
@@ -320,8 +287,8 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(MmaParams p
   const int g = lane / 4, t = lane % 4;
   const Block blk = block_of(p, /*reversed=*/false);
   const int k0 = blk.tile * kTile;
-  const std::int64_t in_head = head_offset(p, blk, p.in_stride);
-  const std::int64_t out_head = head_offset(p, blk, p.out_stride);
+  const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
+  const std::int64_t out_head = head_offset(p, blk.b, blk.h, p.out_stride);
   load_tile<D>(ks, nullptr, p.k + in_head, p.in_stride, k0, p.steps, p.head_dim);
   load_tile<D>(vs, nullptr, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
   const int keys[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
@@ -355,7 +322,7 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(MmaParams p
     accumulate<D>(dv, st, dot);  // dV += Pᵀ dO
     accumulate<D>(dk, dpt, qt);  // dK += dSᵀ Q
   }
-  const std::int64_t grad_head = head_offset(p, blk, p.grad_stride);
+  const std::int64_t grad_head = head_offset(p, blk.b, blk.h, p.grad_stride);
   store_rows<D>(p, dv, p.dv + grad_head, p.grad_stride, k0 + warp * 16, 1.f);
   store_rows<D>(p, dk, p.dk + grad_head, p.grad_stride, k0 + warp * 16, p.scale);
 }
@@ -368,7 +335,7 @@ constexpr std::size_t dq_smem() {
 // A block owns 64 queries (a warp 16) and streams the key tiles they see: with S = Q Kᵀ and
 // dP = dO Vᵀ in the accumulators, dQ += dS K · scale.
 template <int D>
-__global__ __launch_bounds__(kThreads) void attention_dq_mma_kernel(MmaParams p) {
+__global__ __launch_bounds__(kThreads) void attention_dq_mma_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* dos = qs + kTile * kRowLd<D>;
@@ -380,10 +347,10 @@ __global__ __launch_bounds__(kThreads) void attention_dq_mma_kernel(MmaParams p)
   const int g = lane / 4, t = lane % 4;
   const Block blk = block_of(p, /*reversed=*/true);
   const int q0 = blk.tile * kTile;
-  const std::int64_t in_head = head_offset(p, blk, p.in_stride);
+  const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
   load_tile<D>(qs, nullptr, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
-  load_tile<D>(dos, nullptr, p.dout + head_offset(p, blk, p.out_stride), p.out_stride, q0, p.steps,
-               p.head_dim);
+  load_tile<D>(dos, nullptr, p.dout + head_offset(p, blk.b, blk.h, p.out_stride), p.out_stride, q0,
+               p.steps, p.head_dim);
   const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   float lse[2], delta[2];
 #pragma unroll
@@ -414,43 +381,20 @@ __global__ __launch_bounds__(kThreads) void attention_dq_mma_kernel(MmaParams p)
       }
     accumulate<D>(dq, dp, kt_tile);  // dQ += dS K
   }
-  store_rows<D>(p, dq, p.dq + head_offset(p, blk, p.grad_stride), p.grad_stride, q0 + warp * 16,
-                p.scale);
-}
-
-MmaParams make_params(const AttentionProblem& pr) {
-  MmaParams p{};
-  p.steps = static_cast<int>(pr.steps);
-  p.heads = static_cast<int>(pr.heads);
-  p.head_dim = static_cast<int>(pr.head_dim);
-  p.tiles = static_cast<int>((pr.steps + kTile - 1) / kTile);
-  p.scale = 1.f / sqrtf(static_cast<float>(pr.head_dim));  // as the CPU op: 1 / √Dh in float
-  p.causal = pr.causal;
-  return p;
-}
-
-unsigned tile_blocks(const AttentionProblem& pr) {
-  return static_cast<unsigned>(pr.batch * pr.heads * ((pr.steps + kTile - 1) / kTile));
-}
-
-template <typename Kernel>
-void launch(Kernel* kernel, std::size_t smem, unsigned blocks, cudaStream_t stream,
-            const MmaParams& p) {
-  PIPELINE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
-  kernel<<<blocks, kThreads, smem, stream>>>(p);
-  PIPELINE_CUDA_LAUNCH_CHECK();
+  store_rows<D>(p, dq, p.dq + head_offset(p, blk.b, blk.h, p.grad_stride), p.grad_stride,
+                q0 + warp * 16, p.scale);
 }
 
 template <int D>
-void forward_padded(cudaStream_t stream, const MmaParams& p, unsigned blocks) {
-  launch(attention_forward_mma_kernel<D>, forward_smem<D>(), blocks, stream, p);
+void forward_padded(cudaStream_t stream, const Params& p, unsigned blocks) {
+  attention::launch(attention_forward_mma_kernel<D>, blocks, kThreads, forward_smem<D>(), stream,
+                    p);
 }
 
 template <int D>
-void backward_padded(cudaStream_t stream, const MmaParams& p, unsigned blocks) {
-  launch(attention_dkv_mma_kernel<D>, dkv_smem<D>(), blocks, stream, p);
-  launch(attention_dq_mma_kernel<D>, dq_smem<D>(), blocks, stream, p);
+void backward_padded(cudaStream_t stream, const Params& p, unsigned blocks) {
+  attention::launch(attention_dkv_mma_kernel<D>, blocks, kThreads, dkv_smem<D>(), stream, p);
+  attention::launch(attention_dq_mma_kernel<D>, blocks, kThreads, dq_smem<D>(), stream, p);
 }
 
 }  // namespace
@@ -458,22 +402,11 @@ void backward_padded(cudaStream_t stream, const MmaParams& p, unsigned blocks) {
 void attention_forward_mma(cudaStream_t stream, const AttentionProblem& pr, const float* q,
                            const float* k, const float* v, std::int64_t in_stride, float* out,
                            std::int64_t out_stride, float* lse) {
-  if (pr.batch <= 0 || pr.steps <= 0 || pr.heads <= 0 || pr.head_dim <= 0) return;
-  MmaParams p = make_params(pr);
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.in_stride = in_stride;
-  p.o = out;
-  p.out_stride = out_stride;
-  p.lse_out = lse;
-  const unsigned blocks = tile_blocks(pr);
-  if (pr.head_dim <= 32)
-    forward_padded<32>(stream, p, blocks);
-  else if (pr.head_dim <= 64)
-    forward_padded<64>(stream, p, blocks);
-  else
-    forward_padded<128>(stream, p, blocks);
+  if (attention::empty(pr)) return;
+  const Params p = attention::forward_params(pr, q, k, v, in_stride, out, out_stride, lse);
+  attention::with_padded_head_dim(pr.head_dim, [&](auto d) {
+    forward_padded<decltype(d)::value>(stream, p, attention::tile_blocks(pr));
+  });
 }
 
 void attention_backward_mma(cudaStream_t stream, const AttentionProblem& pr, const float* q,
@@ -481,30 +414,13 @@ void attention_backward_mma(cudaStream_t stream, const AttentionProblem& pr, con
                             const float* out, const float* dout, std::int64_t out_stride,
                             const float* lse, float* dq, float* dk, float* dv,
                             std::int64_t grad_stride, float* workspace) {
-  if (pr.batch <= 0 || pr.steps <= 0 || pr.heads <= 0 || pr.head_dim <= 0) return;
-  MmaParams p = make_params(pr);
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.in_stride = in_stride;
-  p.out = out;
-  p.dout = dout;
-  p.out_stride = out_stride;
-  p.lse = lse;
-  p.delta = workspace;
-  p.dq = dq;
-  p.dk = dk;
-  p.dv = dv;
-  p.grad_stride = grad_stride;
-
+  if (attention::empty(pr)) return;
+  const Params p = attention::backward_params(pr, q, k, v, in_stride, out, dout, out_stride, lse,
+                                              dq, dk, dv, grad_stride, workspace);
   attention_row_dots(stream, pr, out, dout, out_stride, workspace);
-  const unsigned blocks = tile_blocks(pr);
-  if (pr.head_dim <= 32)
-    backward_padded<32>(stream, p, blocks);
-  else if (pr.head_dim <= 64)
-    backward_padded<64>(stream, p, blocks);
-  else
-    backward_padded<128>(stream, p, blocks);
+  attention::with_padded_head_dim(pr.head_dim, [&](auto d) {
+    backward_padded<decltype(d)::value>(stream, p, attention::tile_blocks(pr));
+  });
 }
 
 }  // namespace pipeline::kernels
