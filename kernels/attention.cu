@@ -498,17 +498,14 @@ void attention_forward(cudaStream_t stream, const AttentionProblem& pr, const fl
                        const float* k, const float* v, std::int64_t in_stride, float* out,
                        std::int64_t out_stride, float* lse) {
   if (attention::empty(pr)) return;
+  const Params p = attention::forward_params(pr, q, k, v, in_stride, out, out_stride, lse);
+  const unsigned blocks = attention::tile_blocks(pr);
   if (pr.bf16_operands && attention_bf16_supported()) {
-    if (pr.mma)
-      attention_forward_mma(stream, pr, q, k, v, in_stride, out, out_stride, lse);
-    else
-      attention_forward_bf16(stream, pr, q, k, v, in_stride, out, out_stride, lse);
+    (pr.mma ? attention::forward_mma : attention::forward_wmma)(stream, p, pr.head_dim, blocks);
     return;
   }
-  const Params p = attention::forward_params(pr, q, k, v, in_stride, out, out_stride, lse);
-  attention::with_padded_head_dim(pr.head_dim, [&](auto d) {
-    forward_padded<decltype(d)::value>(stream, p, attention::tile_blocks(pr));
-  });
+  attention::with_padded_head_dim(
+      pr.head_dim, [&](auto d) { forward_padded<decltype(d)::value>(stream, p, blocks); });
 }
 
 void attention_backward(cudaStream_t stream, const AttentionProblem& pr, const float* q,
@@ -516,21 +513,16 @@ void attention_backward(cudaStream_t stream, const AttentionProblem& pr, const f
                         const float* dout, std::int64_t out_stride, const float* lse, float* dq,
                         float* dk, float* dv, std::int64_t grad_stride, float* workspace) {
   if (attention::empty(pr)) return;
-  if (pr.bf16_operands && attention_bf16_supported()) {
-    if (pr.mma)
-      attention_backward_mma(stream, pr, q, k, v, in_stride, out, dout, out_stride, lse, dq, dk, dv,
-                             grad_stride, workspace);
-    else
-      attention_backward_bf16(stream, pr, q, k, v, in_stride, out, dout, out_stride, lse, dq, dk,
-                              dv, grad_stride, workspace);
-    return;
-  }
   const Params p = attention::backward_params(pr, q, k, v, in_stride, out, dout, out_stride, lse,
                                               dq, dk, dv, grad_stride, workspace);
   attention_row_dots(stream, pr, out, dout, out_stride, workspace);
-  attention::with_padded_head_dim(pr.head_dim, [&](auto d) {
-    backward_padded<decltype(d)::value>(stream, p, attention::tile_blocks(pr));
-  });
+  const unsigned blocks = attention::tile_blocks(pr);
+  if (pr.bf16_operands && attention_bf16_supported()) {
+    (pr.mma ? attention::backward_mma : attention::backward_wmma)(stream, p, pr.head_dim, blocks);
+    return;
+  }
+  attention::with_padded_head_dim(
+      pr.head_dim, [&](auto d) { backward_padded<decltype(d)::value>(stream, p, blocks); });
 }
 
 }  // namespace pipeline::kernels

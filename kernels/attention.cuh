@@ -52,26 +52,8 @@ void attention_backward(cudaStream_t stream, const AttentionProblem& p, const fl
 void attention_row_dots(cudaStream_t stream, const AttentionProblem& p, const float* out,
                         const float* dout, std::int64_t out_stride, float* delta);
 
-// The tensor-core kernels behind the two launchers above when bf16_operands is set and
-// attention_bf16_supported() (the current device is sm_80 or later): the WMMA kernels of
-// attention_bf16.cu, or with AttentionProblem::mma the register-fragment kernels of
-// attention_mma.cu (FlashAttention-2's layout; ops::set_bf16_attention_kernel chooses).
+// Whether the tensor-core kernels can run on the current device (sm_80 or later): the two
+// launchers above take them when bf16_operands is set (attention_common.cuh).
 bool attention_bf16_supported();
-void attention_forward_bf16(cudaStream_t stream, const AttentionProblem& p, const float* q,
-                            const float* k, const float* v, std::int64_t in_stride, float* out,
-                            std::int64_t out_stride, float* lse);
-void attention_backward_bf16(cudaStream_t stream, const AttentionProblem& p, const float* q,
-                             const float* k, const float* v, std::int64_t in_stride,
-                             const float* out, const float* dout, std::int64_t out_stride,
-                             const float* lse, float* dq, float* dk, float* dv,
-                             std::int64_t grad_stride, float* workspace);
-void attention_forward_mma(cudaStream_t stream, const AttentionProblem& p, const float* q,
-                           const float* k, const float* v, std::int64_t in_stride, float* out,
-                           std::int64_t out_stride, float* lse);
-void attention_backward_mma(cudaStream_t stream, const AttentionProblem& p, const float* q,
-                            const float* k, const float* v, std::int64_t in_stride,
-                            const float* out, const float* dout, std::int64_t out_stride,
-                            const float* lse, float* dq, float* dk, float* dv,
-                            std::int64_t grad_stride, float* workspace);
 
 }  // namespace pipeline::kernels

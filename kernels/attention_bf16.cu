@@ -372,18 +372,6 @@ __global__ __launch_bounds__(kTcThreads) void attention_dq_tc_kernel(Params p) {
 #endif
 }
 
-template <int D>
-void forward_padded(cudaStream_t stream, const Params& p, unsigned blocks) {
-  attention::launch(attention_forward_tc_kernel<D>, blocks, kTcThreads, forward_tc_smem<D>(),
-                    stream, p);
-}
-
-template <int D>
-void backward_padded(cudaStream_t stream, const Params& p, unsigned blocks) {
-  attention::launch(attention_dkv_tc_kernel<D>, blocks, kTcThreads, dkv_tc_smem<D>(), stream, p);
-  attention::launch(attention_dq_tc_kernel<D>, blocks, kTcThreads, dq_tc_smem<D>(), stream, p);
-}
-
 }  // namespace
 
 bool attention_bf16_supported() {
@@ -393,28 +381,23 @@ bool attention_bf16_supported() {
   return major >= 8;
 }
 
-void attention_forward_bf16(cudaStream_t stream, const AttentionProblem& pr, const float* q,
-                            const float* k, const float* v, std::int64_t in_stride, float* out,
-                            std::int64_t out_stride, float* lse) {
-  if (attention::empty(pr)) return;
-  const Params p = attention::forward_params(pr, q, k, v, in_stride, out, out_stride, lse);
-  attention::with_padded_head_dim(pr.head_dim, [&](auto d) {
-    forward_padded<decltype(d)::value>(stream, p, attention::tile_blocks(pr));
+namespace attention {
+
+void forward_wmma(cudaStream_t stream, const Params& p, std::int64_t head_dim, unsigned blocks) {
+  with_padded_head_dim(head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    launch(attention_forward_tc_kernel<D>, blocks, kTcThreads, forward_tc_smem<D>(), stream, p);
   });
 }
 
-void attention_backward_bf16(cudaStream_t stream, const AttentionProblem& pr, const float* q,
-                             const float* k, const float* v, std::int64_t in_stride,
-                             const float* out, const float* dout, std::int64_t out_stride,
-                             const float* lse, float* dq, float* dk, float* dv,
-                             std::int64_t grad_stride, float* workspace) {
-  if (attention::empty(pr)) return;
-  const Params p = attention::backward_params(pr, q, k, v, in_stride, out, dout, out_stride, lse,
-                                              dq, dk, dv, grad_stride, workspace);
-  attention_row_dots(stream, pr, out, dout, out_stride, workspace);
-  attention::with_padded_head_dim(pr.head_dim, [&](auto d) {
-    backward_padded<decltype(d)::value>(stream, p, attention::tile_blocks(pr));
+void backward_wmma(cudaStream_t stream, const Params& p, std::int64_t head_dim, unsigned blocks) {
+  with_padded_head_dim(head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    launch(attention_dkv_tc_kernel<D>, blocks, kTcThreads, dkv_tc_smem<D>(), stream, p);
+    launch(attention_dq_tc_kernel<D>, blocks, kTcThreads, dq_tc_smem<D>(), stream, p);
   });
 }
+
+}  // namespace attention
 
 }  // namespace pipeline::kernels

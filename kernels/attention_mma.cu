@@ -385,42 +385,25 @@ __global__ __launch_bounds__(kThreads) void attention_dq_mma_kernel(Params p) {
                 q0 + warp * 16, p.scale);
 }
 
-template <int D>
-void forward_padded(cudaStream_t stream, const Params& p, unsigned blocks) {
-  attention::launch(attention_forward_mma_kernel<D>, blocks, kThreads, forward_smem<D>(), stream,
-                    p);
-}
-
-template <int D>
-void backward_padded(cudaStream_t stream, const Params& p, unsigned blocks) {
-  attention::launch(attention_dkv_mma_kernel<D>, blocks, kThreads, dkv_smem<D>(), stream, p);
-  attention::launch(attention_dq_mma_kernel<D>, blocks, kThreads, dq_smem<D>(), stream, p);
-}
-
 }  // namespace
 
-void attention_forward_mma(cudaStream_t stream, const AttentionProblem& pr, const float* q,
-                           const float* k, const float* v, std::int64_t in_stride, float* out,
-                           std::int64_t out_stride, float* lse) {
-  if (attention::empty(pr)) return;
-  const Params p = attention::forward_params(pr, q, k, v, in_stride, out, out_stride, lse);
-  attention::with_padded_head_dim(pr.head_dim, [&](auto d) {
-    forward_padded<decltype(d)::value>(stream, p, attention::tile_blocks(pr));
+namespace attention {
+
+void forward_mma(cudaStream_t stream, const Params& p, std::int64_t head_dim, unsigned blocks) {
+  with_padded_head_dim(head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    launch(attention_forward_mma_kernel<D>, blocks, kThreads, forward_smem<D>(), stream, p);
   });
 }
 
-void attention_backward_mma(cudaStream_t stream, const AttentionProblem& pr, const float* q,
-                            const float* k, const float* v, std::int64_t in_stride,
-                            const float* out, const float* dout, std::int64_t out_stride,
-                            const float* lse, float* dq, float* dk, float* dv,
-                            std::int64_t grad_stride, float* workspace) {
-  if (attention::empty(pr)) return;
-  const Params p = attention::backward_params(pr, q, k, v, in_stride, out, dout, out_stride, lse,
-                                              dq, dk, dv, grad_stride, workspace);
-  attention_row_dots(stream, pr, out, dout, out_stride, workspace);
-  attention::with_padded_head_dim(pr.head_dim, [&](auto d) {
-    backward_padded<decltype(d)::value>(stream, p, attention::tile_blocks(pr));
+void backward_mma(cudaStream_t stream, const Params& p, std::int64_t head_dim, unsigned blocks) {
+  with_padded_head_dim(head_dim, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    launch(attention_dkv_mma_kernel<D>, blocks, kThreads, dkv_smem<D>(), stream, p);
+    launch(attention_dq_mma_kernel<D>, blocks, kThreads, dq_smem<D>(), stream, p);
   });
 }
+
+}  // namespace attention
 
 }  // namespace pipeline::kernels

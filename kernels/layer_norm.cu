@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 namespace pipeline::kernels {
 
@@ -339,38 +340,18 @@ static __global__ __launch_bounds__(kBackwardThreads) void layer_norm_backward_w
   }
 }
 
-template <template <int> class Launch, typename... Args>
-void with_float4s_per_lane(std::int64_t features, Args&&... args) {
+// f(std::integral_constant<int, V>) for the float4s per lane that `features` needs (1, 2, 4, 8).
+template <typename F>
+void with_float4s_per_lane(std::int64_t features, F&& f) {
   if (features <= 4 * detail::kWarp)
-    Launch<1>::run(args...);
+    f(std::integral_constant<int, 1>{});
   else if (features <= 8 * detail::kWarp)
-    Launch<2>::run(args...);
+    f(std::integral_constant<int, 2>{});
   else if (features <= 16 * detail::kWarp)
-    Launch<4>::run(args...);
+    f(std::integral_constant<int, 4>{});
   else
-    Launch<8>::run(args...);
+    f(std::integral_constant<int, 8>{});
 }
-
-template <int V>
-struct ForwardWarp {
-  static void run(cudaStream_t stream, unsigned blocks, const float* x, const float* weight,
-                  const float* bias, std::int64_t rows, int features, float eps, float* y,
-                  float* mean, float* rstd) {
-    layer_norm_forward_warp_kernel<V><<<blocks, kWarpRowsThreads, 0, stream>>>(
-        x, weight, bias, rows, features, eps, y, mean, rstd);
-  }
-};
-
-template <int V>
-struct BackwardWarp {
-  static void run(cudaStream_t stream, unsigned blocks, const float* x, const float* weight,
-                  const float* mean, const float* rstd, const float* dy, std::int64_t rows,
-                  int features, std::int64_t warps, float* dx, float* partials_w,
-                  float* partials_b) {
-    layer_norm_backward_warp_kernel<V><<<blocks, kBackwardThreads, 0, stream>>>(
-        x, weight, mean, rstd, dy, rows, features, warps, dx, partials_w, partials_b);
-  }
-};
 
 }  // namespace
 
@@ -390,8 +371,10 @@ void layer_norm_forward(cudaStream_t stream, const float* x, const float* weight
     constexpr std::int64_t kRowsPerBlock = kWarpRowsThreads / detail::kWarp;
     const auto blocks = static_cast<unsigned>(
         std::min((rows + kRowsPerBlock - 1) / kRowsPerBlock, detail::kMaxGridBlocks));
-    with_float4s_per_lane<ForwardWarp>(features, stream, blocks, x, weight, bias, rows, f, eps, y,
-                                       mean, rstd);
+    with_float4s_per_lane(features, [&](auto v) {
+      layer_norm_forward_warp_kernel<decltype(v)::value>
+          <<<blocks, kWarpRowsThreads, 0, stream>>>(x, weight, bias, rows, f, eps, y, mean, rstd);
+    });
     PIPELINE_CUDA_LAUNCH_CHECK();
     return;
   }
@@ -419,9 +402,11 @@ void layer_norm_backward(cudaStream_t stream, const float* x, const float* weigh
     const bool sums = dweight != nullptr || dbias != nullptr;
     float* partials_w = sums ? workspace : nullptr;
     float* partials_b = sums ? workspace + warps * features : nullptr;
-    with_float4s_per_lane<BackwardWarp>(features, stream, blocks, x, weight, mean, rstd, dy, rows,
-                                        static_cast<int>(features), warps, dx, partials_w,
-                                        partials_b);
+    with_float4s_per_lane(features, [&](auto v) {
+      layer_norm_backward_warp_kernel<decltype(v)::value><<<blocks, kBackwardThreads, 0, stream>>>(
+          x, weight, mean, rstd, dy, rows, static_cast<int>(features), warps, dx, partials_w,
+          partials_b);
+    });
     PIPELINE_CUDA_LAUNCH_CHECK();
     if (dweight) column_partials_finish(stream, partials_w, warps, features, dweight);
     if (dbias) column_partials_finish(stream, partials_b, warps, features, dbias);

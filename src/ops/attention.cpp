@@ -169,6 +169,20 @@ Bf16AttentionKernel kernel_from_environment() {
 
 std::atomic<Bf16AttentionKernel> g_bf16_kernel{kernel_from_environment()};
 
+// What the kernels read for q, k or v: product_operand (ops/precision.hpp), except a float32
+// operand bound for the CUDA tensor-core kernels, which round to bf16 as they load it (the same
+// values: a rounded copy would be one more pass over memory). dout stays product_operand: the
+// backward's row dots read it from memory as it is.
+Tensor qkv_operand(const Tensor& x) {
+#if PIPELINE_WITH_CUDA
+  if (x.device().is_cuda() && x.dtype() == DType::Float32 && compute_dtype() == DType::BFloat16) {
+    const detail::CudaScope cuda(x.device());  // attention_bf16_supported asks the current device
+    if (kernels::attention_bf16_supported()) return x;
+  }
+#endif
+  return product_operand(x);
+}
+
 }  // namespace
 
 void set_bf16_attention_kernel(Bf16AttentionKernel kernel) {
@@ -187,7 +201,7 @@ Shape attention_saved_shape(Device device, std::int64_t batch, std::int64_t head
 
 void attention_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                        std::int64_t heads, Tensor& out, Tensor& saved, bool causal) {
-  const Tensor q = product_operand(q_in), k = product_operand(k_in), v = product_operand(v_in);
+  const Tensor q = qkv_operand(q_in), k = qkv_operand(k_in), v = qkv_operand(v_in);
   const char* op = "attention_forward";
   const Layout L = check_layout(op, q, heads);
   const Device device = op_device(op, {&q, &k, &v, &out, &saved});
@@ -213,7 +227,7 @@ void attention_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
 void attention_backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                         const Tensor& out, const Tensor& saved, const Tensor& dout_in,
                         std::int64_t heads, Tensor& dq, Tensor& dk, Tensor& dv, bool causal) {
-  const Tensor q = product_operand(q_in), k = product_operand(k_in), v = product_operand(v_in),
+  const Tensor q = qkv_operand(q_in), k = qkv_operand(k_in), v = qkv_operand(v_in),
                dout = product_operand(dout_in);
   const char* op = "attention_backward";
   const Layout L = check_layout(op, q, heads);
@@ -246,7 +260,7 @@ void attention_backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
 
 void attention_forward_packed(const Tensor& qkv_in, std::int64_t heads, Tensor& out, Tensor& saved,
                               bool causal) {
-  const Tensor qkv = product_operand(qkv_in);
+  const Tensor qkv = qkv_operand(qkv_in);
   const char* op = "attention_forward_packed";
   const Layout L = check_layout(op, out, heads);
   const Device device = op_device(op, {&qkv, &out, &saved});
@@ -272,7 +286,7 @@ void attention_forward_packed(const Tensor& qkv_in, std::int64_t heads, Tensor& 
 void attention_backward_packed(const Tensor& qkv_in, const Tensor& out, const Tensor& saved,
                                const Tensor& dout_in, std::int64_t heads, Tensor& dqkv,
                                bool causal) {
-  const Tensor qkv = product_operand(qkv_in), dout = product_operand(dout_in);
+  const Tensor qkv = qkv_operand(qkv_in), dout = product_operand(dout_in);
   const char* op = "attention_backward_packed";
   const Layout L = check_layout(op, dout, heads);
   const Device device = op_device(op, {&qkv, &out, &saved, &dout, &dqkv});
