@@ -80,7 +80,8 @@ struct CaseSpec {
   std::string what;  // for the table
 };
 
-std::vector<CaseSpec> all_cases() {
+// lm_blocks: the transformer's depth (24 in the table's rows; fewer to profile a step's kernels).
+std::vector<CaseSpec> all_cases(int lm_blocks = 24) {
   std::vector<CaseSpec> c;
   c.push_back(
       {"fashion-cnn-b64", "fashion-cnn", {}, 64, false, "fashion-cnn 1×28×28, batch 64, SGD-m"});
@@ -100,9 +101,10 @@ std::vector<CaseSpec> all_cases() {
   lm.seq_len = 1024;
   lm.dim = 1024;
   lm.heads = 16;
-  lm.blocks = 24;
-  c.push_back({"transformer-lm-b16", "transformer-lm", lm, 16, true,
-               "transformer-lm T1024 d1024 h16 ×24, vocab 256, batch 16, AdamW"});
+  lm.blocks = lm_blocks;
+  c.push_back(
+      {"transformer-lm-b16", "transformer-lm", lm, 16, true,
+       fmt::format("transformer-lm T1024 d1024 h16 ×{}, vocab 256, batch 16, AdamW", lm_blocks)});
   return c;
 }
 
@@ -241,7 +243,7 @@ std::string today() {
 int main(int argc, char** argv) {
   std::string cases_flag, precision_flag = "fp32,tf32", dtype, python = "python3", results;
   std::string torch_script = std::string(PIPELINE_BENCH_DIR) + "/torch_gpu_step.py";
-  int warmup = 10, steps = 50;
+  int warmup = 10, steps = 50, lm_blocks = 24;
   bool torch = false, torch_compile = false, json = false, nondeterministic = false;
   CLI::App app{"Training-step time and peak device memory of zoo models on one GPU"};
   app.add_option("--cases", cases_flag,
@@ -253,6 +255,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"float32", "bf16"}));
   app.add_option("--warmup", warmup)->check(CLI::Range(0, 100000));
   app.add_option("--steps", steps)->check(CLI::Range(1, 100000));
+  app.add_option("--lm-blocks", lm_blocks,
+                 "transformer-lm-b16 with this many blocks (profiling a step's kernels; the "
+                 "PyTorch columns need the default 24)")
+      ->check(CLI::Range(1, 1000));
   app.add_flag("--nondeterministic", nondeterministic,
                "let cuDNN choose non-deterministic convolution algorithms too (PyTorch's default; "
                "ours is cuda::set_deterministic(true))");
@@ -269,7 +275,7 @@ int main(int argc, char** argv) {
 
   std::vector<CaseSpec> cases;
   {
-    const std::vector<CaseSpec> known = all_cases();
+    const std::vector<CaseSpec> known = all_cases(lm_blocks);
     std::vector<std::string> names;
     for (const auto& k : known) names.push_back(k.name);
     const std::vector<std::string> wanted = cases_flag.empty() ? names : split(cases_flag);
@@ -296,6 +302,10 @@ int main(int argc, char** argv) {
     return 77;
   }
 
+  if (torch && lm_blocks != 24) {
+    fmt::print(stderr, "--torch compares the 24-block transformer only: drop --lm-blocks\n");
+    return 2;
+  }
   cuda::set_deterministic(!nondeterministic);
   if (json) {
     try {
@@ -324,9 +334,9 @@ int main(int argc, char** argv) {
   for (const auto& c : cases)
     for (const auto& p : precisions) {
       const std::string child =
-          fmt::format("{} --json --cases {} --precision {} --warmup {} --steps {}{}",
+          fmt::format("{} --json --cases {} --precision {} --warmup {} --steps {} --lm-blocks {}{}",
                       bench::shell_quote(ec ? std::string(argv[0]) : self), c.name, p, warmup,
-                      steps, nondeterministic ? " --nondeterministic" : "");
+                      steps, lm_blocks, nondeterministic ? " --nondeterministic" : "");
       int status = 0;
       for (const auto& line : bench::run_lines(child, &status))
         if (!line.empty() && line.front() == '{') ours[{c.name, p}] = nlohmann::json::parse(line);

@@ -6,14 +6,18 @@
 #   bench/compare_torch.sh [BUILD_DIR] [THREADS] [BATCH] [--results]
 #
 # Each figure is the best of 3 alternating runs (noise on a shared machine only ever slows a run
-# down). --results appends the table to bench/RESULTS.md.
+# down). Both sides are pinned to the same cores 0..THREADS-1 with taskset where it exists.
+# --results appends the table to bench/RESULTS.md. PYTHON names the python that has PyTorch
+# (default /usr/bin/python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build/cpu-release}
 threads=${2:-2}
 batch=${3:-64}
 record=${4:-}
-python=/usr/bin/python3
+python=${PYTHON:-/usr/bin/python3}
+pin=()
+command -v taskset >/dev/null && pin=(taskset -c "0-$((threads - 1))")
 $python -c "import torch" 2>/dev/null || {
   echo "PyTorch is missing: apt-get install python3-torch" >&2
   exit 1
@@ -33,10 +37,10 @@ table="| model | batch | threads | pipeline samples/s | PyTorch samples/s | rati
 for model in fashion-cnn mlp; do
   ours=() theirs=() gflops=()
   for rep in 1 2 3; do
-    line=$($build/bench/bench_train --model $model --batch $batch --threads $threads --steps 40 --json)
+    line=$("${pin[@]}" $build/bench/bench_train --model $model --batch $batch --threads $threads --steps 40 --json)
     ours+=("$(echo "$line" | $python -c 'import json,sys; print(json.load(sys.stdin)["samples_per_s"])')")
     gflops+=("$(echo "$line" | $python -c 'import json,sys; print(json.load(sys.stdin)["gflops"])')")
-    line=$($python bench/torch_train.py --model $model --batch $batch --threads $threads --steps 40)
+    line=$("${pin[@]}" $python bench/torch_train.py --model $model --batch $batch --threads $threads --steps 40)
     theirs+=("$(echo "$line" | $python -c 'import json,sys; print(json.load(sys.stdin)["samples_per_s"])')")
   done
   o=$(printf '%s\n' "${ours[@]}" | best)
