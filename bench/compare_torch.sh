@@ -5,8 +5,8 @@
 #
 #   bench/compare_torch.sh [BUILD_DIR] [THREADS] [BATCH] [--results]
 #
-# Each figure is the best of 3 alternating runs (noise on a shared machine only ever slows a run
-# down). Both sides are pinned to the same cores 0..THREADS-1 with taskset where it exists.
+# Each figure is the best of REPS (default 3) alternating runs (noise on a shared machine only
+# ever slows a run down); each run's figure is printed to stderr as it comes. Both sides are pinned to the same cores 0..THREADS-1 with taskset where it exists.
 # --results appends the table to bench/RESULTS.md. PYTHON names the python that has PyTorch
 # (default /usr/bin/python3).
 set -euo pipefail
@@ -36,12 +36,13 @@ table="| model | batch | threads | pipeline samples/s | PyTorch samples/s | rati
 |---|---|---|---|---|---|---|---|"
 for model in fashion-cnn mlp; do
   ours=() theirs=() gflops=()
-  for rep in 1 2 3; do
+  for ((rep = 1; rep <= ${REPS:-3}; ++rep)); do
     line=$("${pin[@]}" $build/bench/bench_train --model $model --batch $batch --threads $threads --steps 40 --json)
     ours+=("$(echo "$line" | $python -c 'import json,sys; print(json.load(sys.stdin)["samples_per_s"])')")
     gflops+=("$(echo "$line" | $python -c 'import json,sys; print(json.load(sys.stdin)["gflops"])')")
     line=$("${pin[@]}" $python bench/torch_train.py --model $model --batch $batch --threads $threads --steps 40)
     theirs+=("$(echo "$line" | $python -c 'import json,sys; print(json.load(sys.stdin)["samples_per_s"])')")
+    echo "$model threads $threads run $rep: pipeline ${ours[-1]} samples/s, PyTorch ${theirs[-1]}" >&2
   done
   o=$(printf '%s\n' "${ours[@]}" | best)
   t=$(printf '%s\n' "${theirs[@]}" | best)

@@ -93,8 +93,8 @@ if has bench; then
   box 60 "$OUT/bench.log" "$B/bench/bench_kernels" "${kernels_torch[@]}"
   box 400 "$OUT/bench.log" "$B/bench/bench_gpu_step" "${step_torch[@]}" \
     --precision "$PRECISION" --steps 20 --warmup 5
-  # The register-layout attention kernels (ops::Bf16AttentionKernel::Mma) on the transformer.
-  box 60 "$OUT/bench.log" env PIPELINE_BF16_ATTENTION=mma "$B/bench/bench_gpu_step" \
+  # The WMMA attention kernels (ops::Bf16AttentionKernel::Wmma, not the default) on the transformer.
+  box 60 "$OUT/bench.log" env PIPELINE_BF16_ATTENTION=wmma "$B/bench/bench_gpu_step" \
     --cases transformer-lm-b16 --precision bf16 --steps 10 --warmup 3
   grep -E "^\| " "$OUT/bench.log" >>"$S"
 fi

@@ -1,7 +1,6 @@
 // Fused attention on the bf16 tensor cores with the operands and results of every tile product
-// in registers (FlashAttention-2's layout), the second implementation of attention_bf16.cu's
-// contract: ops::set_bf16_attention_kernel(ops::Bf16AttentionKernel::Mma) or the environment
-// variable PIPELINE_BF16_ATTENTION=mma chooses it (ops/attention.hpp).
+// in registers (FlashAttention-2's layout), the default implementation of attention_bf16.cu's
+// contract (ops::set_bf16_attention_kernel; PIPELINE_BF16_ATTENTION=wmma picks the other).
 //
 // Why: the WMMA kernels write each 16×64 score tile to shared memory and compute its softmax with
 // 32 lanes over 1024 scores, which bounds them by those instructions (bench/RESULTS.md). Here
@@ -42,6 +41,9 @@ constexpr int kKeyTiles = kTile / 8;  // 8-wide accumulator tiles across a strea
 template <int D>
 constexpr int kRowLd = D + 8;  // bf16 per row of a row-major tile [64][D + 8]
 
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
 using attention::Block;
 using attention::block_of;
 using attention::head_offset;
@@ -50,10 +52,39 @@ using attention::visible;
 
 // Rows [row0, row0 + 64) of one head as bf16, zero past `steps` and head_dim: row-major into
 // dst[64][D + 8], and (when `transposed` is set) also column-major into transposed[D][64 + 8].
+// Four floats per load where the head's rows allow it (16-byte aligned, head_dim and stride
+// multiples of 4: every packed qkv of a model whose head width is), else one at a time.
 template <int D>
 __device__ __forceinline__ void load_tile(__nv_bfloat16* dst, __nv_bfloat16* transposed,
                                           const float* head, std::int64_t stride, int row0,
                                           int steps, int head_dim) {
+  const bool by_four =
+      head_dim % 4 == 0 && stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(head) % 16 == 0;
+  if (by_four) {
+    constexpr int kQuads = D / 4;  // float4s per padded row
+    for (int i = threadIdx.x; i < kTile * kQuads; i += kThreads) {
+      const int r = i / kQuads, d = i % kQuads * 4;
+      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (row0 + r < steps && d < head_dim)  // d < head_dim: all four, as head_dim % 4 == 0
+        x = *reinterpret_cast<const float4*>(head + static_cast<std::int64_t>(row0 + r) * stride +
+                                             d);
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y),
+                           hi = __floats2bfloat162_rn(x.z, x.w);
+      if (dst) {
+        uint2 w;
+        w.x = *reinterpret_cast<const std::uint32_t*>(&lo);
+        w.y = *reinterpret_cast<const std::uint32_t*>(&hi);
+        *reinterpret_cast<uint2*>(dst + r * kRowLd<D> + d) = w;  // 8-byte aligned: d % 4 == 0
+      }
+      if (transposed) {
+        transposed[(d + 0) * kTLd + r] = lo.x;
+        transposed[(d + 1) * kTLd + r] = lo.y;
+        transposed[(d + 2) * kTLd + r] = hi.x;
+        transposed[(d + 3) * kTLd + r] = hi.y;
+      }
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < kTile * D; i += kThreads) {
     const int r = i / D, d = i % D;
     const bool inside = row0 + r < steps && d < head_dim;
@@ -62,6 +93,11 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* dst, __nv_bfloat16* tra
     if (dst) dst[r * kRowLd<D> + d] = x;
     if (transposed) transposed[d * kTLd + r] = x;
   }
+}
+
+// Whether every (query, key) of a 64 × 64 tile pair is visible: no mask to apply.
+__device__ __forceinline__ bool all_visible(const Params& p, int q0, int k0) {
+  return q0 + kTile <= p.steps && k0 + kTile <= p.steps && (!p.causal || k0 + kTile - 1 <= q0);
 }
 
 // The 32-bit word (two bf16) at element (row, col) of a tile with `ld` bf16 per row; col even.
@@ -193,6 +229,9 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
   load_tile<D>(qs, nullptr, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
   const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
 
+  // The softmax in base 2 (scores times scale · log2 e; exp2 is one instruction): the same
+  // probabilities, and m + log2(l) times ln 2 is the natural log-sum-exp the backward reads.
+  const float scale2 = p.scale * kLog2e;
   float o[D / 8][4] = {};
   float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f};
   const int key_tiles = p.causal ? min(blk.tile + 1, p.tiles) : p.tiles;
@@ -206,12 +245,13 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
     float s[kKeyTiles][4];
     scores<D>(s, qs, warp * 16, ks);
     float tile_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
+    const bool unmasked = all_visible(p, q0, k0);
 #pragma unroll
     for (int n = 0; n < kKeyTiles; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int key = k0 + n * 8 + 2 * t + (i & 1);
-        s[n][i] = visible(p, rows[i / 2], key) ? s[n][i] * p.scale : -CUDART_INF_F;
+        s[n][i] = unmasked || visible(p, rows[i / 2], key) ? s[n][i] * scale2 : -CUDART_INF_F;
         tile_max[i / 2] = fmaxf(tile_max[i / 2], s[n][i]);
       }
     float alpha[2], base[2];
@@ -221,7 +261,7 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(detail::kFullMask, tile_max[r], 2));
       const float m_new = fmaxf(m[r], tile_max[r]);
       base[r] = m_new == -CUDART_INF_F ? 0.f : m_new;  // a row with nothing visible yet
-      alpha[r] = expf(m[r] - base[r]);
+      alpha[r] = exp2f(m[r] - base[r]);
       m[r] = m_new;
     }
     float sum[2] = {0.f, 0.f};
@@ -229,7 +269,7 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
     for (int n = 0; n < kKeyTiles; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        s[n][i] = expf(s[n][i] - base[i / 2]);
+        s[n][i] = exp2f(s[n][i] - base[i / 2]);
         sum[i / 2] += s[n][i];
       }
 #pragma unroll
@@ -261,7 +301,8 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       if (rows[r] < p.steps)
-        p.lse_out[static_cast<std::int64_t>(blk.bh) * p.steps + rows[r]] = m[r] + logf(l[r]);
+        p.lse_out[static_cast<std::int64_t>(blk.bh) * p.steps + rows[r]] =
+            (m[r] + log2f(l[r])) * kLn2;
 }
 
 template <int D>
@@ -293,6 +334,7 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
   load_tile<D>(vs, nullptr, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
   const int keys[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
 
+  const float scale2 = p.scale * kLog2e;
   float dv[D / 8][4] = {}, dk[D / 8][4] = {};
   const float* lse_head = p.lse + static_cast<std::int64_t>(blk.bh) * p.steps;
   const float* delta_head = p.delta + static_cast<std::int64_t>(blk.bh) * p.steps;
@@ -303,19 +345,21 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
     load_tile<D>(dos, dot, p.dout + out_head, p.out_stride, q0, p.steps, p.head_dim);
     for (int i = threadIdx.x; i < kTile; i += kThreads) {
       const bool inside = q0 + i < p.steps;
-      lses[i] = inside ? lse_head[q0 + i] : 0.f;
+      lses[i] = inside ? lse_head[q0 + i] * kLog2e : 0.f;  // base 2, as the forward
       deltas[i] = inside ? delta_head[q0 + i] : 0.f;
     }
     __syncthreads();
     float st[kKeyTiles][4], dpt[kKeyTiles][4];
     scores<D>(st, ks, warp * 16, qs);    // Sᵀ: this warp's keys × 64 queries
     scores<D>(dpt, vs, warp * 16, dos);  // dPᵀ = V dOᵀ
+    const bool unmasked = all_visible(p, q0, k0);
 #pragma unroll
     for (int n = 0; n < kKeyTiles; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int c = n * 8 + 2 * t + (i & 1);  // the query, within the tile
-        const float pr = visible(p, q0 + c, keys[i / 2]) ? expf(st[n][i] * p.scale - lses[c]) : 0.f;
+        const float pr =
+            unmasked || visible(p, q0 + c, keys[i / 2]) ? exp2f(st[n][i] * scale2 - lses[c]) : 0.f;
         st[n][i] = pr;                             // Pᵀ
         dpt[n][i] = pr * (dpt[n][i] - deltas[c]);  // dSᵀ
       }
@@ -356,10 +400,11 @@ __global__ __launch_bounds__(kThreads) void attention_dq_mma_kernel(Params p) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const std::int64_t at = static_cast<std::int64_t>(blk.bh) * p.steps + rows[r];
-    lse[r] = rows[r] < p.steps ? p.lse[at] : 0.f;
+    lse[r] = rows[r] < p.steps ? p.lse[at] * kLog2e : 0.f;  // base 2, as the forward
     delta[r] = rows[r] < p.steps ? p.delta[at] : 0.f;
   }
 
+  const float scale2 = p.scale * kLog2e;
   float dq[D / 8][4] = {};
   const int key_tiles = p.causal ? min(blk.tile + 1, p.tiles) : p.tiles;
   for (int kt = 0; kt < key_tiles; ++kt) {
@@ -371,12 +416,14 @@ __global__ __launch_bounds__(kThreads) void attention_dq_mma_kernel(Params p) {
     float s[kKeyTiles][4], dp[kKeyTiles][4];
     scores<D>(s, qs, warp * 16, ks);    // S
     scores<D>(dp, dos, warp * 16, vs);  // dP = dO Vᵀ
+    const bool unmasked = all_visible(p, q0, k0);
 #pragma unroll
     for (int n = 0; n < kKeyTiles; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int key = k0 + n * 8 + 2 * t + (i & 1);
-        const float pr = visible(p, rows[i / 2], key) ? expf(s[n][i] * p.scale - lse[i / 2]) : 0.f;
+        const float pr =
+            unmasked || visible(p, rows[i / 2], key) ? exp2f(s[n][i] * scale2 - lse[i / 2]) : 0.f;
         dp[n][i] = pr * (dp[n][i] - delta[i / 2]);  // dS
       }
     accumulate<D>(dq, dp, kt_tile);  // dQ += dS K

@@ -6,6 +6,8 @@
 
 #include <pipeline/cuda/check.hpp>
 
+#include <cstdint>
+
 namespace pipeline::kernels {
 
 static __device__ std::uint16_t to_bf16_bits(float f) {
@@ -15,46 +17,83 @@ static __device__ std::uint16_t to_bf16_bits(float f) {
              : static_cast<std::uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
-static __global__ void float_to_bf16_kernel(std::uint16_t* out, const float* in, std::int64_t n) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride)
-    out[i] = to_bf16_bits(in[i]);
+namespace {
+
+// The three conversions, one element each.
+struct ToBf16 {
+  using In = float;
+  using Out = std::uint16_t;
+  static __device__ Out one(float f) { return to_bf16_bits(f); }
+};
+struct RoundToBf16 {
+  using In = float;
+  using Out = float;
+  static __device__ Out one(float f) {
+    return __uint_as_float(static_cast<std::uint32_t>(to_bf16_bits(f)) << 16);
+  }
+};
+struct ToFloat {
+  using In = std::uint16_t;
+  using Out = float;
+  static __device__ Out one(std::uint16_t b) {
+    return __uint_as_float(static_cast<std::uint32_t>(b) << 16);
+  }
+};
+
+// Four elements as one aligned access (16 bytes of float, 8 of bf16).
+template <typename T>
+struct alignas(4 * sizeof(T)) Four {
+  T v[4];
+};
+
+template <typename T>
+bool four_aligned(const T* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % sizeof(Four<T>) == 0;
 }
 
-static __global__ void round_to_bf16_kernel(float* out, const float* in, std::int64_t n) {
+// A memory-bound pass: with `vec` (both pointers four-element aligned) the first n / 4 · 4
+// elements move four at a time, a quarter of the instructions and accesses per byte.
+template <typename Op>
+__global__ void convert_kernel(typename Op::Out* out, const typename Op::In* in, std::int64_t n,
+                               bool vec) {
+  using In = typename Op::In;
+  using Out = typename Op::Out;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride)
-    out[i] = __uint_as_float(static_cast<std::uint32_t>(to_bf16_bits(in[i])) << 16);
+  const std::int64_t tid = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t n4 = vec ? n / 4 : 0;
+  for (std::int64_t i = tid; i < n4; i += stride) {
+    const Four<In> x = reinterpret_cast<const Four<In>*>(in)[i];
+    Four<Out> y;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) y.v[j] = Op::one(x.v[j]);
+    reinterpret_cast<Four<Out>*>(out)[i] = y;
+  }
+  for (std::int64_t i = n4 * 4 + tid; i < n; i += stride) out[i] = Op::one(in[i]);
 }
 
-static __global__ void bf16_to_float_kernel(float* out, const std::uint16_t* in, std::int64_t n) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride)
-    out[i] = __uint_as_float(static_cast<std::uint32_t>(in[i]) << 16);
-}
-
-void float_to_bf16(cudaStream_t stream, std::uint16_t* out, const float* in, std::int64_t n) {
+template <typename Op>
+void convert(cudaStream_t stream, typename Op::Out* out, const typename Op::In* in,
+             std::int64_t n) {
   if (n <= 0) return;
   constexpr int kThreads = 256;
-  float_to_bf16_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(out, in, n);
+  const bool vec = four_aligned(in) && four_aligned(out);
+  convert_kernel<Op>
+      <<<detail::grid_for(vec ? (n + 3) / 4 : n, kThreads), kThreads, 0, stream>>>(out, in, n, vec);
   PIPELINE_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void float_to_bf16(cudaStream_t stream, std::uint16_t* out, const float* in, std::int64_t n) {
+  convert<ToBf16>(stream, out, in, n);
 }
 
 void round_to_bf16(cudaStream_t stream, float* out, const float* in, std::int64_t n) {
-  if (n <= 0) return;
-  constexpr int kThreads = 256;
-  round_to_bf16_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(out, in, n);
-  PIPELINE_CUDA_LAUNCH_CHECK();
+  convert<RoundToBf16>(stream, out, in, n);
 }
 
 void bf16_to_float(cudaStream_t stream, float* out, const std::uint16_t* in, std::int64_t n) {
-  if (n <= 0) return;
-  constexpr int kThreads = 256;
-  bf16_to_float_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(out, in, n);
-  PIPELINE_CUDA_LAUNCH_CHECK();
+  convert<ToFloat>(stream, out, in, n);
 }
 
 }  // namespace pipeline::kernels

@@ -163,8 +163,8 @@ namespace {
 
 Bf16AttentionKernel kernel_from_environment() {
   const char* v = std::getenv("PIPELINE_BF16_ATTENTION");
-  return v != nullptr && std::string_view(v) == "mma" ? Bf16AttentionKernel::Mma
-                                                      : Bf16AttentionKernel::Wmma;
+  return v != nullptr && std::string_view(v) == "wmma" ? Bf16AttentionKernel::Wmma
+                                                       : Bf16AttentionKernel::Mma;
 }
 
 std::atomic<Bf16AttentionKernel> g_bf16_kernel{kernel_from_environment()};

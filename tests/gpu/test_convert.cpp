@@ -40,3 +40,18 @@ TEST_CASE("to_dtype on cuda:0 equals the CPU bit for bit, both ways") {
     CHECK(std::memcmp(wide.raw(), wide_want.raw(), wide_want.nbytes()) == 0);
   }
 }
+
+// Views that start one element into their storage are not four-element aligned: the kernels'
+// one-at-a-time path must convert them as exactly.
+TEST_CASE("to_dtype on cuda:0 equals the CPU on unaligned views") {
+  const std::int64_t n = 4099;
+  const Tensor x = random_tensor(Shape{n}, 91, -50.f, 50.f);
+  const Tensor view = x.to(kGpu).slice(1, n);
+  const Tensor want = ops::to_dtype(x.slice(1, n), DType::BFloat16);
+  const Tensor got = ops::to_dtype(view, DType::BFloat16).to(Device::cpu());
+  CHECK(std::memcmp(got.raw(), want.raw(), want.nbytes()) == 0);
+  const Tensor narrow = ops::to_dtype(x, DType::BFloat16).to(kGpu).slice(1, n);
+  const Tensor wide = ops::to_dtype(narrow, DType::Float32).to(Device::cpu());
+  const Tensor wide_want = ops::to_dtype(want, DType::Float32);
+  CHECK(std::memcmp(wide.raw(), wide_want.raw(), wide_want.nbytes()) == 0);
+}

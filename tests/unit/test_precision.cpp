@@ -198,12 +198,12 @@ TEST_CASE("attention under bf16 equals the float32 attention of the rounded q, k
   CHECK(max_abs_diff(got.second, full.second) > 1e-5);
 }
 
-TEST_CASE("the bf16 attention kernel is a process-wide choice, WMMA unless asked") {
+TEST_CASE("the bf16 attention kernel is a process-wide choice, the register layout unless asked") {
   const ops::Bf16AttentionKernel was = ops::bf16_attention_kernel();
   const char* env = std::getenv("PIPELINE_BF16_ATTENTION");
-  if (env == nullptr) CHECK(was == ops::Bf16AttentionKernel::Wmma);
-  ops::set_bf16_attention_kernel(ops::Bf16AttentionKernel::Mma);
-  CHECK(ops::bf16_attention_kernel() == ops::Bf16AttentionKernel::Mma);
+  if (env == nullptr) CHECK(was == ops::Bf16AttentionKernel::Mma);
+  ops::set_bf16_attention_kernel(ops::Bf16AttentionKernel::Wmma);
+  CHECK(ops::bf16_attention_kernel() == ops::Bf16AttentionKernel::Wmma);
   ops::set_bf16_attention_kernel(was);
   CHECK(ops::bf16_attention_kernel() == was);
 }

@@ -48,10 +48,11 @@ void attention_backward_packed(const Tensor& qkv, const Tensor& out, const Tenso
                                const Tensor& dout, std::int64_t heads, Tensor& dqkv,
                                bool causal = true);
 
-// The tensor-core attention under a bf16 compute dtype on CUDA: Wmma (kernels/attention_bf16.cu,
-// tested on an H100, the default) or Mma (kernels/attention_mma.cu: FlashAttention-2's register
-// layout, written to replace it and not yet run on a GPU). Process-wide; the environment variable
-// PIPELINE_BF16_ATTENTION=mma|wmma sets the initial choice.
+// The tensor-core attention under a bf16 compute dtype on CUDA: Mma (kernels/attention_mma.cu,
+// FlashAttention-2's register layout; the default) or Wmma (kernels/attention_bf16.cu, scores
+// through shared memory: the same results, 1.3x slower on the transformer-lm step). Both are
+// tested against the CPU. Process-wide; the environment variable PIPELINE_BF16_ATTENTION=mma|wmma
+// sets the initial choice.
 enum class Bf16AttentionKernel { Wmma, Mma };
 void set_bf16_attention_kernel(Bf16AttentionKernel kernel);
 Bf16AttentionKernel bf16_attention_kernel();

@@ -56,7 +56,7 @@ Tensor product_operand(const Tensor& x);
 
 // What to keep of x for a backward that reads it only as a product operand: under a bf16 compute
 // dtype x as a bfloat16 tensor (half the bytes; the product reads the same values), otherwise x
-// itself (shared, not copied).
+// itself (shared, not copied). Also how to hand one operand to several products: converted once.
 Tensor saved_product_operand(const Tensor& x);
 
 }  // namespace pipeline::ops

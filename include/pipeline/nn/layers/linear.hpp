@@ -64,10 +64,12 @@ class Linear final : public Layer {
     const std::int64_t rows = x.numel() / m_in;
     Tensor y = Tensor::empty(out_shape, DType::Float32, x.device());
     Tensor y2 = y.reshape({rows, m_out});
-    ops::gemm(x.reshape({rows, m_in}), false, p.params[0], true, y2);
+    // The kept bf16 copy is the product's operand too: x is converted once, not twice.
+    const Tensor xp =
+        m_saved_input == SavedInput::ProductOperand ? ops::saved_product_operand(x) : x;
+    ops::gemm(xp.reshape({rows, m_in}), false, p.params[0], true, y2);
     if (m_bias) ops::add_bias(y2, p.params[1]);
-    saved.tensors = {m_saved_input == SavedInput::ProductOperand ? ops::saved_product_operand(x)
-                                                                 : x};
+    saved.tensors = {xp};
     return y;
   }
 
@@ -75,15 +77,17 @@ class Linear final : public Layer {
                        std::span<Tensor> grads, GradParts parts) const override {
     const Tensor& x = saved.tensors.at(0);
     const std::int64_t rows = x.numel() / m_in;
-    Tensor dy2 = dy.reshape({rows, m_out});
+    const Tensor dy2 = dy.reshape({rows, m_out});
+    // dy as both products read it, converted once when both run.
+    const Tensor dyp = parts == GradParts::Both ? ops::saved_product_operand(dy2) : dy2;
     if (has_part(parts, GradParts::Weight)) {
-      ops::gemm(dy2, true, x.reshape({rows, m_in}), false, grads[0], 1.f, 1.f);  // dW += dyᵀ x
+      ops::gemm(dyp, true, x.reshape({rows, m_in}), false, grads[0], 1.f, 1.f);  // dW += dyᵀ x
       if (m_bias) ops::bias_grad(dy2, grads[1]);
     }
     if (!has_part(parts, GradParts::Input)) return {};
     Tensor dx = Tensor::empty(x.shape(), DType::Float32, x.device());
     Tensor dx2 = dx.reshape({rows, m_in});
-    ops::gemm(dy2, false, p.params[0], false, dx2);  // dx = dy W
+    ops::gemm(dyp, false, p.params[0], false, dx2);  // dx = dy W
     return dx;
   }
 
