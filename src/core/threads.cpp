@@ -2,8 +2,6 @@
 
 #include "parallel_pieces.hpp"
 
-#include <Eigen/Core>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -25,7 +23,8 @@ int g_ranks_per_process = 1;
 
 void set_num_threads(int n) {
   g_threads = std::max(1, n);
-  Eigen::setNbThreads(g_threads);
+  // Eigen's process-wide count stays unset: its products read the calling thread's OpenMP count,
+  // which each product sets for itself (ops/product_threads.hpp).
 #ifdef _OPENMP
   omp_set_num_threads(g_threads);
 #endif

@@ -3,6 +3,7 @@
 
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
+#include "product_threads.hpp"
 
 #include <atomic>
 #include <cmath>
@@ -81,6 +82,7 @@ void forward_impl(const Layout& L, const Operands& in, float* out, float* probs,
 #pragma omp parallel for schedule(dynamic, 1) if (pairs > 1 && T * T * D >= 4096)
   for (std::int64_t bh = 0; bh < pairs; ++bh) {
     const std::int64_t b = bh / L.heads, h = bh % L.heads;
+    const detail::ProductThreads product(T, T, D);  // one pair: its products may fork
     const std::int64_t row0 = b * T * in.in_stride + h * D;
     ConstStridedMap Q(in.q + row0, T, D, Eigen::OuterStride<>(in.in_stride));
     ConstStridedMap K(in.k + row0, T, D, Eigen::OuterStride<>(in.in_stride));
@@ -111,6 +113,7 @@ void backward_impl(const Layout& L, const Operands& in, const float* probs, cons
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t bh = 0; bh < pairs; ++bh) {
       const std::int64_t b = bh / L.heads, h = bh % L.heads;
+      const detail::ProductThreads product(T, T, D);  // one pair: its products may fork
       const std::int64_t row0 = b * T * in.in_stride + h * D;
       const Eigen::OuterStride<> s_in(in.in_stride), s_g(g.stride), s_c(C);
       ConstStridedMap Q(in.q + row0, T, D, s_in), K(in.k + row0, T, D, s_in),

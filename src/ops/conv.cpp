@@ -6,6 +6,7 @@
 
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
+#include "product_threads.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -322,6 +323,7 @@ void conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
   const float* bd = bias.defined() ? bias.data<float>() : nullptr;
   const ConstMatrixMap W(weight.data<float>(), g.m, K);
   const int threads = sample_threads(g.n);
+  const detail::ProductThreads product(g.m, P, K);  // when the samples run on this thread alone
   const std::int64_t col_floats = g.pointwise() ? 0 : K * P, pad_floats = low.pad_floats();
   const std::int64_t per_thread = col_floats + pad_floats;
   auto work = scratch(threads * per_thread);
@@ -366,6 +368,7 @@ void conv2d_backward_data(const Tensor& dy_in, const Tensor& weight_in, Tensor& 
   float* dxd = dx.data<float>();
   const ConstMatrixMap W(weight.data<float>(), g.m, K);
   const int threads = sample_threads(g.n);
+  const detail::ProductThreads product(K, P, g.m);  // when the samples run on this thread alone
   const std::int64_t col_floats = g.pointwise() ? 0 : K * P, pad_floats = low.pad_floats();
   const std::int64_t per_thread = col_floats + pad_floats;
   auto work = scratch(threads * per_thread);
@@ -425,6 +428,7 @@ void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dwe
   const float* dyd = dy.data<float>();
   MatrixMap DW(part.data<float>(), g.m, K);
   const int threads = sample_threads(g.n);
+  const detail::ProductThreads product(g.m, K, P);  // when the samples run on this thread alone
   // With several threads each sums its samples into a private [M, K] buffer (a few hundred KiB
   // at most) and the buffers are added at the end; a single thread accumulates in place.
   const std::int64_t col_floats = g.pointwise() ? 0 : K * P, pad_floats = low.pad_floats();

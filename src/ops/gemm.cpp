@@ -3,6 +3,7 @@
 #include <pipeline/ops/precision.hpp>
 
 #include "eigen_maps.hpp"
+#include "product_threads.hpp"
 
 #if PIPELINE_WITH_CUDA
 #include <pipeline/cuda/blas.hpp>
@@ -52,6 +53,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   const Tensor a32 = product_operand(a), b32 = product_operand(b);
   auto A = as_matrix(a32);
   auto B = as_matrix(b32);
+  const detail::ProductThreads threads(m, n, k);
   // Eigen's noalias() product runs its packed, multi-threaded gemm kernel; the four transpose
   // cases are spelled out so that each maps to that kernel without a temporary.
   if (beta == 0.f) C.setZero();
