@@ -5,7 +5,8 @@
 # (default ./gpu-out); every step is cut at its own cap and at the global DEADLINE (seconds).
 #
 #   OUT=/tmp/gpu DEADLINE=500 bash bench/gpu_checks.sh
-#   STEPS="tests train bench" (default: all three), DATA=<Fashion-MNIST dir>, TEXT=<training text>,
+#   STEPS="tests train bench pipeline cpu" (default: all five; cpu: this library against PyTorch
+#   on the CPU at 1, 2, 8 and 16 threads, pinned), DATA=<Fashion-MNIST dir>, TEXT=<training text>,
 #   ARCH=90 (CMAKE_CUDA_ARCHITECTURES), PRECISION=fp32,tf32,bf16 (bench_gpu_step), TORCH=1 (0: no
 #   PyTorch columns), BUILD=build/gpu-checks, SKIP_BUILD=1 (use BUILD as it is)
 #
@@ -14,7 +15,7 @@
 set -u
 OUT=${OUT:-gpu-out}
 DEADLINE=${DEADLINE:-500}
-STEPS=${STEPS:-tests train bench}
+STEPS=${STEPS:-tests train bench pipeline cpu}
 DATA=${DATA:-/usr/share/datasets/fashion-mnist}
 TEXT=${TEXT:-/usr/share/games/fortunes/fortunes}
 ARCH=${ARCH:-90}
@@ -56,8 +57,9 @@ if [[ ${SKIP_BUILD:-0} != 1 ]]; then
   cmake --preset cuda-release -B "$B" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DPIPELINE_BUILD_BENCH=ON \
     >"$OUT/build.log" 2>&1
   box 300 "$OUT/build.log" cmake --build "$B" -j "$(nproc)" -- -k 0 pipeline_gpu_tests \
-    train_fashion_mnist train_transformer_lm bench_gpu_step bench_kernels pipeline-profile \
-    pipeline-partition pipeline-simulate || grep -m20 -A6 "error" "$OUT/build.log" >>"$S"
+    train_fashion_mnist train_transformer_lm bench_gpu_step bench_kernels bench_train \
+    pipeline-profile pipeline-partition pipeline-simulate ||
+    grep -m20 -A6 "error" "$OUT/build.log" >>"$S"
 fi
 
 lane=$(($(left) / 3))
@@ -97,6 +99,27 @@ if has bench; then
   box 60 "$OUT/bench.log" env PIPELINE_BF16_ATTENTION=wmma "$B/bench/bench_gpu_step" \
     --cases transformer-lm-b16 --precision bf16 --steps 10 --warmup 3
   grep -E "^\| " "$OUT/bench.log" >>"$S"
+fi
+if has pipeline; then
+  # A 4-stage transformer-lm pipeline of the GPU's own profile, in one process on the one GPU,
+  # beside the same model trained sequentially; the partitioner prints what 4 GPUs would give.
+  lm=(--dtype bf16 --seq-len 1024 --dim 1024 --heads 16 --blocks 8 --batch 8)
+  box 40 "$OUT/pipeline.log" "$B/partitioner/pipeline-profile" --model transformer-lm --device cuda \
+    "${lm[@]}" -o "$OUT/lm8.json" &&
+    box 15 "$OUT/pipeline.log" "$B/partitioner/pipeline-partition" --profile "$OUT/lm8.json" \
+      --workers 4 --bandwidth 450GB/s --memory 80GB --straight --optimizer adamw \
+      -o "$OUT/lm8-plan4.json" &&
+    box 40 "$OUT/pipeline.log" "$B/examples/train_transformer_lm" --device cuda "${lm[@]}" \
+      --steps 60 --text "$TEXT" &&
+    box 60 "$OUT/pipeline.log" mpirun -np 1 "$B/examples/train_transformer_lm" --device cuda \
+      --in-process --plan "$OUT/lm8-plan4.json" "${lm[@]}" --steps 60 --text "$TEXT"
+  grep -E "samples/s|config|bubble" "$OUT/pipeline.log" >>"$S"
+fi
+if has cpu; then
+  for t in 1 2 8 16; do
+    box 60 "$OUT/cpu.log" env PYTHON=python3 REPS=2 bash bench/compare_torch.sh "$B" "$t" 64
+  done
+  grep -E "^\| (fashion|mlp)|run [12]:" "$OUT/cpu.log" >>"$S"
 fi
 echo "[$(($(date +%s) - T0))s] done" >>"$S"
 cat "$S"

@@ -4,9 +4,13 @@
 #include <pipeline/cuda/device_memory.hpp>
 #include <pipeline/cuda/stream.hpp>
 
+#include "activation.cuh"
+#include "bias.cuh"
+
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 
 namespace pipeline::cuda {
@@ -28,7 +32,9 @@ struct BlasContext {
   int device = 0;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
+  // nullopt: cuBLASLt has no algorithm that fuses this key's epilogue (the product then runs
+  // without it and the epilogue as its own pass).
+  std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> algos;
 
   explicit BlasContext(int d) : device(d) {
     DeviceGuard guard(device);
@@ -137,19 +143,34 @@ void gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
         pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    PIPELINE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.handle, op.desc, la.layout, lb.layout,
-                                                         lc.layout, lc.layout, pref.pref, 1,
-                                                         &result, &found));
-    PIPELINE_CHECK_AS(CudaError, found > 0,
-                      "cuBLASLt has no algorithm for a {}x{}x{} {} product (transposes {}/{}) "
-                      "on {}",
-                      m, n, k, operands == CUDA_R_16BF ? "bf16" : "fp32", trans_a, trans_b,
-                      current_device_name());
-    it = ctx.algos.emplace(key, result.algo).first;
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(ctx.handle, op.desc, la.layout, lb.layout, lc.layout,
+                                       lc.layout, pref.pref, 1, &result, &found);
+    if (epilogue != GemmEpilogue::None && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
+      it = ctx.algos.emplace(key, std::nullopt).first;
+    } else {
+      PIPELINE_CUBLAS_CHECK(status);
+      PIPELINE_CHECK_AS(CudaError, found > 0,
+                        "cuBLASLt has no algorithm for a {}x{}x{} {} product (transposes {}/{}) "
+                        "on {}",
+                        m, n, k, operands == CUDA_R_16BF ? "bf16" : "fp32", trans_a, trans_b,
+                        current_device_name());
+      it = ctx.algos.emplace(key, result.algo).first;
+    }
+  }
+  if (!it->second) {  // the epilogue as its own pass: the same numbers, one more pass over C
+    PIPELINE_CHECK(
+        ldc == n, "gemm: an unfused bias epilogue needs a dense C ({} columns, stride {})", n, ldc);
+    gemm_any(stream, device, trans_a, trans_b, m, n, k, alpha, operands, a, lda, b, ldb, beta, c,
+             ldc, GemmEpilogue::None, nullptr);
+    kernels::add_bias(stream, c, bias, m, n);
+    if (epilogue == GemmEpilogue::ReluBias)
+      kernels::activation_forward(stream, kernels::ActivationKind::ReLU, c, c, m * n);
+    return;
   }
   // k == 0 is a valid product: the result is beta C (plus the epilogue).
   PIPELINE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op.desc, &alpha, b, la.layout, a, lb.layout,
-                                       &beta, c, lc.layout, c, lc.layout, &it->second,
+                                       &beta, c, lc.layout, c, lc.layout, &*it->second,
                                        ctx.workspace, kWorkspaceBytes, stream));
 }
 

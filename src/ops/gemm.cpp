@@ -1,3 +1,4 @@
+#include <pipeline/ops/bias.hpp>
 #include <pipeline/ops/convert.hpp>
 #include <pipeline/ops/gemm.hpp>
 #include <pipeline/ops/precision.hpp>
@@ -15,8 +16,14 @@ namespace pipeline::ops {
 
 using detail::as_matrix;
 
-void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
-          float beta) {
+namespace {
+
+struct GemmShape {
+  std::int64_t m, n, k;
+};
+
+GemmShape gemm_shape(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                     const Tensor& c) {
   PIPELINE_CHECK(a.rank() == 2 && b.rank() == 2 && c.rank() == 2,
                  "gemm needs matrices, got {}, {} and {}", a.shape(), b.shape(), c.shape());
   const std::int64_t m = trans_a ? a.dim(1) : a.dim(0);
@@ -26,20 +33,38 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   PIPELINE_CHECK(k == kb && c.dim(0) == m && c.dim(1) == n,
                  "gemm shapes do not agree: op(A) is {}x{}, op(B) is {}x{}, C is {}", m, k, kb, n,
                  c.shape());
+  return {m, n, k};
+}
+
+#if PIPELINE_WITH_CUDA
+// The product on cuBLASLt: bf16 tensor cores under a bf16 compute dtype, else fp32 (TF32 where
+// allowed); `bias` non-null: C = op(A) op(B) + bias in the epilogue (beta 0).
+void gemm_cuda(Device d, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
+               GemmShape s, float alpha, float beta, const float* bias) {
+  const detail::CudaScope cuda(d);
+  const cuda::GemmEpilogue epilogue = bias ? cuda::GemmEpilogue::Bias : cuda::GemmEpilogue::None;
+  if (compute_dtype() == DType::BFloat16) {  // the bf16 tensor cores
+    const Tensor a16 = to_dtype(a, DType::BFloat16), b16 = to_dtype(b, DType::BFloat16);
+    cuda::gemm_bf16(cuda.stream(), d.index, trans_a, trans_b, s.m, s.n, s.k, alpha,
+                    a16.device_data<std::uint16_t>(), a.dim(1), b16.device_data<std::uint16_t>(),
+                    b.dim(1), beta, c.device_data<float>(), c.dim(1), epilogue, bias);
+    return;
+  }
+  const Tensor a32 = product_operand(a), b32 = product_operand(b);
+  cuda::gemm_f32(cuda.stream(), d.index, trans_a, trans_b, s.m, s.n, s.k, alpha,
+                 a32.device_data<float>(), a.dim(1), b32.device_data<float>(), b.dim(1), beta,
+                 c.device_data<float>(), c.dim(1), epilogue, bias);
+}
+#endif
+
+}  // namespace
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
+          float beta) {
+  const auto [m, n, k] = gemm_shape(a, trans_a, b, trans_b, c);
 #if PIPELINE_WITH_CUDA
   if (const Device d = detail::common_device("gemm", {&a, &b, &c}); d.is_cuda()) {
-    const detail::CudaScope cuda(d);
-    if (compute_dtype() == DType::BFloat16) {  // the bf16 tensor cores
-      const Tensor a16 = to_dtype(a, DType::BFloat16), b16 = to_dtype(b, DType::BFloat16);
-      cuda::gemm_bf16(cuda.stream(), d.index, trans_a, trans_b, m, n, k, alpha,
-                      a16.device_data<std::uint16_t>(), a.dim(1), b16.device_data<std::uint16_t>(),
-                      b.dim(1), beta, c.device_data<float>(), c.dim(1));
-      return;
-    }
-    const Tensor a32 = product_operand(a), b32 = product_operand(b);
-    cuda::gemm_f32(cuda.stream(), d.index, trans_a, trans_b, m, n, k, alpha,
-                   a32.device_data<float>(), a.dim(1), b32.device_data<float>(), b.dim(1), beta,
-                   c.device_data<float>(), c.dim(1));
+    gemm_cuda(d, a, trans_a, b, trans_b, c, {m, n, k}, alpha, beta, nullptr);
     return;
   }
 #endif
@@ -62,6 +87,22 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   else if (trans_a && !trans_b) C.noalias() += alpha * (A.transpose() * B);
   else if (!trans_a && trans_b) C.noalias() += alpha * (A * B.transpose());
   else C.noalias() += alpha * (A.transpose() * B.transpose());
+}
+
+void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+               Tensor& c) {
+  const GemmShape s = gemm_shape(a, trans_a, b, trans_b, c);
+  PIPELINE_CHECK(bias.dtype() == DType::Float32 && bias.numel() == s.n,
+                 "gemm_bias: the bias must be {} float32 values (one per column of C), got {} {}",
+                 s.n, bias.numel(), dtype_name(bias.dtype()));
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("gemm_bias", {&a, &b, &bias, &c}); d.is_cuda()) {
+    gemm_cuda(d, a, trans_a, b, trans_b, c, s, 1.f, 0.f, bias.device_data<float>());
+    return;
+  }
+#endif
+  gemm(a, trans_a, b, trans_b, c);
+  add_bias(c, bias);
 }
 
 Tensor matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b) {

@@ -1,16 +1,18 @@
 // ops::gemm on CUDA (cuBLASLt) against the CPU gemm: every transpose, alpha/beta, odd and empty
 // shapes, fp32 and TF32; the fused bias and bias+ReLU epilogues against gemm, add_bias and relu on
-// the CPU; a mixed-device call is refused.
+// the CPU, and ops::gemm_bias in fp32 and bf16; a mixed-device call is refused.
 #include <pipeline/core/rng.hpp>
 #include <pipeline/cuda/blas.hpp>
 #include <pipeline/cuda/stream.hpp>
 #include <pipeline/ops/activation.hpp>
 #include <pipeline/ops/bias.hpp>
 #include <pipeline/ops/gemm.hpp>
+#include <pipeline/ops/precision.hpp>
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 using namespace pipeline;
@@ -97,6 +99,29 @@ TEST_CASE("bias and bias+ReLU epilogues equal gemm, add_bias and relu") {
                    bd.device_data<float>());
     CHECK(normalized_error(y, epilogue == cuda::GemmEpilogue::Bias ? want : want_relu) <= 1e-5);
   }
+}
+
+// The op Linear calls: the bias in the product's epilogue, in fp32 and on the bf16 tensor cores,
+// over shapes from one row to a transformer block's, C poisoned so an unwritten element fails.
+TEST_CASE("gemm_bias on cuda:0 equals gemm then add_bias on the CPU, fp32 and bf16") {
+  Rng rng(7, "gemm-bias");
+  for (const DType dtype : {DType::Float32, DType::BFloat16})
+    for (const auto [m, n, k] :
+         {std::array<std::int64_t, 3>{1, 7, 33}, std::array<std::int64_t, 3>{33, 1000, 7},
+          std::array<std::int64_t, 3>{512, 3072, 1024}}) {
+      CAPTURE(m);
+      CAPTURE(n);
+      CAPTURE(dtype_name(dtype));
+      const ops::ComputeDTypeScope scope(dtype);
+      const Tensor x = random(Shape{m, k}, rng), w = random(Shape{n, k}, rng),
+                   bias = random(Shape{n}, rng);
+      Tensor want = Tensor::empty(Shape{m, n});
+      ops::gemm_bias(x, false, w, true, bias, want);  // the CPU: gemm, then add_bias
+      Tensor y = Tensor::full(Shape{m, n}, std::nanf(""), Device::cuda(0));
+      ops::gemm_bias(x.to(Device::cuda(0)), false, w.to(Device::cuda(0)), true,
+                     bias.to(Device::cuda(0)), y);
+      CHECK(normalized_error(y, want) <= 1e-5);
+    }
 }
 
 TEST_CASE("gemm with tensors on two devices is refused naming both") {

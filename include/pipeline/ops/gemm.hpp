@@ -15,6 +15,12 @@ namespace pipeline::ops {
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c,
           float alpha = 1.f, float beta = 0.f);
 
+// C = op(A) · op(B) + bias: `bias` (float32, one value per column of C) added to every row. On
+// CUDA the bias rides the product's epilogue (cuBLASLt), which saves a pass over C; elsewhere it
+// is gemm, then add_bias (ops/bias.hpp). The same numbers either way.
+void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,
+               Tensor& c);
+
 // Allocating form: returns op(A) · op(B).
 Tensor matmul(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b);
 

@@ -67,8 +67,10 @@ class Linear final : public Layer {
     // The kept bf16 copy is the product's operand too: x is converted once, not twice.
     const Tensor xp =
         m_saved_input == SavedInput::ProductOperand ? ops::saved_product_operand(x) : x;
-    ops::gemm(xp.reshape({rows, m_in}), false, p.params[0], true, y2);
-    if (m_bias) ops::add_bias(y2, p.params[1]);
+    if (m_bias)
+      ops::gemm_bias(xp.reshape({rows, m_in}), false, p.params[0], true, p.params[1], y2);
+    else
+      ops::gemm(xp.reshape({rows, m_in}), false, p.params[0], true, y2);
     saved.tensors = {xp};
     return y;
   }
