@@ -1,7 +1,14 @@
 #include <pipeline/core/rng.hpp>
+#include <pipeline/core/threads.hpp>
 #include <pipeline/ops/gemm.hpp>
 
 #include <doctest/doctest.h>
+
+#include <Eigen/Core>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 using namespace pipeline;
 
@@ -39,4 +46,30 @@ TEST_CASE("gemm matches the naive triple loop for every transpose and beta") {
 TEST_CASE("gemm rejects mismatched shapes") {
   Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({4, 5}), c = Tensor::zeros({2, 5});
   CHECK_THROWS_WITH(ops::gemm(a, false, b, false, c), doctest::Contains("do not agree"));
+}
+
+// Each product picks its own thread count for the calling thread (small products run on fewer
+// threads than num_threads()) and must hand the thread back its OpenMP count unchanged, or every
+// later parallel region of that thread would run on the product's count. Eigen follows the calling
+// thread's count: set_num_threads leaves Eigen's process-wide setting alone.
+TEST_CASE("a product leaves the calling thread's OpenMP thread count as it found it") {
+#ifdef _OPENMP
+  const int was = num_threads();
+  set_num_threads(2);
+  CHECK(omp_get_max_threads() == 2);
+  CHECK(Eigen::nbThreads() == 2);
+  Rng rng(11, "threads");
+  for (const std::int64_t n : {std::int64_t{4}, std::int64_t{300}}) {
+    Tensor a = Tensor::empty(Shape{n, n}), b = Tensor::empty(Shape{n, n});
+    for (float& v : a.values()) v = rng.uniform(-1.f, 1.f);
+    for (float& v : b.values()) v = rng.uniform(-1.f, 1.f);
+    (void)ops::matmul(a, false, b, true);
+    CHECK(omp_get_max_threads() == 2);
+    omp_set_num_threads(3);  // a caller's own count survives too
+    (void)ops::matmul(a, true, b, false);
+    CHECK(omp_get_max_threads() == 3);
+    set_num_threads(2);
+  }
+  set_num_threads(was);
+#endif
 }
