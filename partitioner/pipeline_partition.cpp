@@ -294,10 +294,7 @@ int main(int argc, char** argv) {
     opt.allow_idle = allow_idle;
     opt.ignore_transfer = ignore_transfer;
     opt.activation_compression = compression;
-    // PipeDream's model charges transfers only with a compression ratio; bf16 halves them where
-    // they are charged.
-    if (transfer_dtype == "bf16" && (cost_model == "pipeline" || compression))
-      opt.activation_compression = 2.0 * compression.value_or(1.0);
+    if (transfer_dtype == "bf16") pipeline::set_transfer_dtype(opt, pipeline::DType::BFloat16);
     opt.max_states = max_states;
     // PipeDream's model has no recomputation: auto leaves it off there.
     opt.recompute = opt.cost_model == pipeline::CostModel::PipeDream && recompute == "auto"

@@ -81,8 +81,7 @@ Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions&
     part.allow_idle = false;
     part.optimizer_state_factor = options.optimizer_state_factor;
     part.optimizer = options.optimizer;
-    // bf16 on the wire halves the bytes, as a compression ratio of 2 does.
-    if (options.transfer_dtype == DType::BFloat16) part.activation_compression = 2.0;
+    set_transfer_dtype(part, options.transfer_dtype);
     Plan plan = partition(profile, topo, part);
     plan.model = model.model.name();
     text = plan_to_json(plan).dump();

@@ -509,3 +509,22 @@ TEST_CASE("replicated plans hold the minibatches their schedule needs, where mem
     if (kept.stages[s].replicas > 1) CHECK(kept.stages[s].delay_allreduce == deeper);
   }
 }
+
+TEST_CASE("bf16 transfers are charged as a compression ratio of 2 where transfers are charged") {
+  PartitionOptions pipeline_model;
+  set_transfer_dtype(pipeline_model, DType::Float32);
+  CHECK_FALSE(pipeline_model.activation_compression.has_value());
+  set_transfer_dtype(pipeline_model, DType::BFloat16);
+  CHECK(pipeline_model.activation_compression == 2.0);
+  PartitionOptions compressed;
+  compressed.activation_compression = 3.0;
+  set_transfer_dtype(compressed, DType::BFloat16);
+  CHECK(compressed.activation_compression == 6.0);
+  PartitionOptions pipedream;
+  pipedream.cost_model = CostModel::PipeDream;
+  set_transfer_dtype(pipedream, DType::BFloat16);  // no ratio: PipeDream charges no transfers
+  CHECK_FALSE(pipedream.activation_compression.has_value());
+  pipedream.activation_compression = 1.5;
+  set_transfer_dtype(pipedream, DType::BFloat16);
+  CHECK(pipedream.activation_compression == 3.0);
+}

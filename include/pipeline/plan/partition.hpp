@@ -30,6 +30,7 @@
 // twice (its compute includes the second forward); Auto recomputes no stage of such a plan.
 #pragma once
 
+#include <pipeline/core/dtype.hpp>
 #include <pipeline/plan/cost_model.hpp>
 #include <pipeline/plan/plan.hpp>
 #include <pipeline/plan/topology.hpp>
@@ -70,6 +71,15 @@ struct PartitionOptions {
   // stages (see above; implies a straight pipeline on every worker, Pipeline cost model).
   int virtual_stages = 1;
 };
+
+// Activations and gradients sent in `dtype`: bf16 halves the bytes on the wire, which the cost
+// models charge as a compression ratio of 2 on top of any ratio already set. PipeDream's model
+// charges transfers only under a ratio, so without one it stays uncharged there too.
+inline void set_transfer_dtype(PartitionOptions& o, DType dtype) {
+  if (dtype == DType::BFloat16 &&
+      (o.cost_model == CostModel::Pipeline || o.activation_compression.has_value()))
+    o.activation_compression = 2.0 * o.activation_compression.value_or(1.0);
+}
 
 // A stage of a manual plan: [begin, end) layer range replicated `replicas` times.
 struct ManualStage {
