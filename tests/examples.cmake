@@ -91,6 +91,18 @@ if(TARGET pipeline-profile AND TARGET pipeline-partition)
                        TIMEOUT 300)
 endif()
 
+# The planner's memory estimate against the allocator's peak on 2 ranks of a transformer-lm plan
+# (the profile's per-layer working memory charged once per stage).
+if(TARGET pipeline-profile AND TARGET pipeline-partition AND TARGET train_transformer_lm
+   AND EXISTS /usr/share/games/fortunes/fortunes)
+  add_test(NAME example.memory_model
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/memory_scenario.sh
+                   $<TARGET_FILE:pipeline-profile> $<TARGET_FILE:pipeline-partition>
+                   $<TARGET_FILE:train_transformer_lm> ${_mpirun})
+  set_tests_properties(example.memory_model PROPERTIES LABELS "example;mpi" PROCESSORS 2
+                       TIMEOUT 300)
+endif()
+
 # An interleaved plan as a user reaches it: pipeline-partition --virtual-stages 2, its timeline
 # from pipeline-simulate --schedule interleaved, and the trainer on 2 ranks under the plan's
 # interleaved-1f1b, whose losses equal one process's.

@@ -2,10 +2,13 @@
 // (StageExecutor::peak_memory) next to the planner's estimate for its stage
 // (PlanStage::memory_bytes), printed as a table and written to the metrics, one line per rank.
 //
-// On a GPU a last column gives the caching allocator's peak bytes in use for the rank: the
-// executor's tensors and the ops' temporaries and workspaces. A rank with a process of its own
-// counts everything the process had on its device at once; a rank of an in-process job (every
-// rank a thread with its own stream) the blocks allocated on its stream.
+// Two measured figures: the executor's own count of what it holds (parameters, gradients,
+// optimizer state, stashed weight versions, activations), which the estimate holds too, and the
+// allocator's peak in use during training (StageMemory::allocator_bytes): that and every
+// temporary of the ops besides, which the estimate charges as the stage's working memory
+// (PlanStage::workspace_bytes, from the profiler's workspace_bytes and runtime_bytes). On a GPU
+// that is the caching pool's blocks (an in-process rank's: those of its stream); on the CPU the
+// host allocator's buffers of 64 KiB and more, shown where each rank has a process of its own.
 //
 // The planner's estimate is for its own assumptions: minibatches of the profile's batch size
 // under 1F1B with weight stashing and the plan's in-flight depth; under a flush schedule or
@@ -13,7 +16,6 @@
 #pragma once
 
 #include <pipeline/comm/communicator.hpp>
-#include <pipeline/core/threads.hpp>
 #include <pipeline/plan/plan.hpp>
 #include <pipeline/runtime/metrics.hpp>
 #include <pipeline/runtime/stage_executor.hpp>
@@ -21,47 +23,22 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#if PIPELINE_WITH_CUDA
-#include <pipeline/cuda/device_memory.hpp>
-#include <pipeline/cuda/stream.hpp>
-#endif
-
 #include <cstdint>
 #include <vector>
 
 namespace pipeline::examples {
 
-// The caching allocator's peak bytes in use for this rank on `device` (above); 0 on the CPU.
-inline std::int64_t device_peak_bytes(Device device) {
-#if PIPELINE_WITH_CUDA
-  if (device.is_cuda()) {
-    if (ranks_per_process() > 1)
-      return cuda::device_pool(device.index)
-          .stream_use(cuda::current_stream(device.index))
-          .peak_in_use_bytes;
-    return cuda::device_memory_stats(device.index).peak_in_use_bytes;
-  }
-#endif
-  return 0;
-}
-
-struct RankMemory {
-  StageMemory peak;                 // what the executor held
-  std::int64_t device_peak = 0;     // device_peak_bytes of the rank's device
-};
-
 // Every rank's peak memory, on every rank. Collective. Each value travels as two floats (high
 // part and remainder), exact to 2^48 bytes; a slot has one non-zero contributor, so the sum is
 // exact.
-inline std::vector<RankMemory> gather_peak_memory(const StageExecutor& ex, Communicator& comm) {
+inline std::vector<StageMemory> gather_peak_memory(const StageExecutor& ex, Communicator& comm) {
   constexpr int kFields = 7;
   const int n = comm.size();
   Tensor t = Tensor::zeros(Shape{static_cast<std::int64_t>(n) * kFields * 2});
   const StageMemory& m = ex.peak_memory();
-  const std::int64_t mine[kFields] = {m.parameter_bytes,      m.gradient_bytes,
-                                      m.optimizer_bytes,      m.stashed_weight_bytes,
-                                      m.activation_bytes,     m.total_bytes,
-                                      device_peak_bytes(ex.device())};
+  const std::int64_t mine[kFields] = {m.parameter_bytes,      m.gradient_bytes,   m.optimizer_bytes,
+                                      m.stashed_weight_bytes, m.activation_bytes, m.total_bytes,
+                                      m.allocator_bytes};
   float* v = t.data<float>() + static_cast<std::ptrdiff_t>(comm.rank()) * kFields * 2;
   for (int i = 0; i < kFields; ++i) {
     const double d = static_cast<double>(mine[i]);
@@ -69,7 +46,7 @@ inline std::vector<RankMemory> gather_peak_memory(const StageExecutor& ex, Commu
     v[2 * i + 1] = static_cast<float>(d - static_cast<double>(v[2 * i]));
   }
   comm.allreduce_sum(t, comm.world());
-  std::vector<RankMemory> out(static_cast<std::size_t>(n));
+  std::vector<StageMemory> out(static_cast<std::size_t>(n));
   const float* all = t.data<float>();
   for (int r = 0; r < n; ++r) {
     std::int64_t f[kFields];
@@ -77,7 +54,7 @@ inline std::vector<RankMemory> gather_peak_memory(const StageExecutor& ex, Commu
       const float* p = all + (static_cast<std::ptrdiff_t>(r) * kFields + i) * 2;
       f[i] = static_cast<std::int64_t>(static_cast<double>(p[0]) + static_cast<double>(p[1]));
     }
-    out[static_cast<std::size_t>(r)] = {{f[0], f[1], f[2], f[3], f[4], f[5]}, f[6]};
+    out[static_cast<std::size_t>(r)] = {f[0], f[1], f[2], f[3], f[4], f[5], f[6]};
   }
   return out;
 }
@@ -86,9 +63,9 @@ inline std::vector<RankMemory> gather_peak_memory(const StageExecutor& ex, Commu
 inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, const Plan& plan,
                                const std::vector<bool>& recompute, MetricsWriter& metrics,
                                bool print) {
-  const std::vector<RankMemory> all = gather_peak_memory(ex, comm);
-  bool on_device = false;
-  for (const RankMemory& m : all) on_device = on_device || m.device_peak > 0;
+  const std::vector<StageMemory> all = gather_peak_memory(ex, comm);
+  bool counted = false;  // the allocator's figure is there
+  for (const StageMemory& m : all) counted = counted || m.allocator_bytes > 0;
   const PipelineLayout& layout = ex.layout();
   constexpr double kMiB = 1048576.0;
   if (print)
@@ -97,21 +74,23 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
         "planner's estimate:\n{:>4} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} "
         "{:>10}{}\n",
         "rank", "stage", "recompute", "params", "grads", "optimizer", "stashed w", "activation",
-        "peak", "planned", on_device ? fmt::format(" {:>12}", "device peak") : "");
+        "peak", "planned", counted ? fmt::format(" {:>14}", "allocator peak") : "");
   for (int s = 0; s < layout.num_stages(); ++s)
     for (int r : layout.stage_ranks[static_cast<std::size_t>(s)]) {
-      const StageMemory& m = all[static_cast<std::size_t>(r)].peak;
-      const std::int64_t device_peak = all[static_cast<std::size_t>(r)].device_peak;
+      const StageMemory& m = all[static_cast<std::size_t>(r)];
       // A rank of an interleaved plan holds several stages: one row for all of them, at its
       // first, beside the sum of their estimates.
       const std::vector<int> held = layout.stages_of(r);
       if (held.front() != s) continue;
       bool rc = false;
-      double planned = 0;
+      double planned = 0, planned_workspace = 0;
       for (int h : held) {
         const auto k = static_cast<std::size_t>(h);
         rc = rc || (k < recompute.size() && recompute[k]);
-        if (k < plan.stages.size()) planned += plan.stages[k].memory_bytes;
+        if (k < plan.stages.size()) {
+          planned += plan.stages[k].memory_bytes;
+          planned_workspace += plan.stages[k].workspace_bytes;
+        }
       }
       if (print)
         fmt::print(
@@ -121,7 +100,7 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
             m.gradient_bytes / kMiB, m.optimizer_bytes / kMiB, m.stashed_weight_bytes / kMiB,
             m.activation_bytes / kMiB, m.total_bytes / kMiB,
             planned > 0 ? fmt::format("{:.3f}", planned / kMiB) : std::string("-"),
-            on_device ? fmt::format(" {:>12.3f}", device_peak / kMiB) : std::string());
+            counted ? fmt::format(" {:>14.3f}", m.allocator_bytes / kMiB) : std::string());
       metrics.write({{"memory_rank", r},
                      {"stage", s},
                      {"recompute", rc},
@@ -132,7 +111,8 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
                      {"stashed_weight_bytes", m.stashed_weight_bytes},
                      {"activation_bytes", m.activation_bytes},
                      {"planned_bytes", planned},
-                     {"device_peak_bytes", device_peak}});
+                     {"planned_workspace_bytes", planned_workspace},
+                     {"allocator_peak_bytes", m.allocator_bytes}});
     }
 }
 

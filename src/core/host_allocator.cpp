@@ -38,11 +38,12 @@ std::size_t HostAllocator::rounded_size(std::size_t bytes) {
 
 void* HostAllocator::allocate(std::size_t bytes) {
   const std::size_t size = rounded_size(bytes);
-  if (!PIPELINE_HOST_CACHE || size < kMinCachedBytes) return system_allocate(size);
+  if (size < kMinCachedBytes) return system_allocate(size);
   {
     std::lock_guard<std::mutex> lock(m_mutex);
     m_stats.in_use_bytes += static_cast<std::int64_t>(size);
     m_stats.peak_in_use_bytes = std::max(m_stats.peak_in_use_bytes, m_stats.in_use_bytes);
+    if (!PIPELINE_HOST_CACHE) return system_allocate(size);  // counted, never cached
     auto it = m_free.find(size);
     if (it != m_free.end() && !it->second.empty()) {
       void* p = it->second.back();
@@ -71,14 +72,14 @@ void* HostAllocator::allocate(std::size_t bytes) {
 void HostAllocator::deallocate(void* ptr, std::size_t bytes) noexcept {
   if (!ptr) return;
   const std::size_t size = rounded_size(bytes);
-  if (!PIPELINE_HOST_CACHE || size < kMinCachedBytes) {
+  if (size < kMinCachedBytes) {
     std::free(ptr);
     return;
   }
   {
     std::lock_guard<std::mutex> lock(m_mutex);
     m_stats.in_use_bytes -= static_cast<std::int64_t>(size);
-    if (static_cast<std::size_t>(m_stats.cached_bytes) + size <= m_limit) {
+    if (PIPELINE_HOST_CACHE && static_cast<std::size_t>(m_stats.cached_bytes) + size <= m_limit) {
       m_free[size].push_back(ptr);
       m_stats.cached_bytes += static_cast<std::int64_t>(size);
       return;
@@ -90,6 +91,11 @@ void HostAllocator::deallocate(void* ptr, std::size_t bytes) noexcept {
 HostAllocatorStats HostAllocator::stats() const {
   std::lock_guard<std::mutex> lock(m_mutex);
   return m_stats;
+}
+
+void HostAllocator::reset_peak() {
+  std::lock_guard<std::mutex> lock(m_mutex);
+  m_stats.peak_in_use_bytes = m_stats.in_use_bytes;
 }
 
 void HostAllocator::release_cached() {

@@ -1,5 +1,6 @@
 #include <pipeline/cuda/device_memory.hpp>
 
+#include <pipeline/core/threads.hpp>
 #include <pipeline/cuda/stream.hpp>
 
 #include "elementwise.cuh"
@@ -101,6 +102,22 @@ void wait_for(const std::shared_ptr<void>& m, int device) {
       cudaStreamWaitEvent(current_stream(device), static_cast<cudaEvent_t>(m.get()), 0));
 }
 
+// The calling rank's blocks: the whole device's in a process of its own, its stream's when the
+// ranks are threads of this process (each with its own stream).
+MemoryUse memory_use(int device) {
+  CachingPool& pool = device_pool(device);
+  if (ranks_per_process() > 1) {
+    const StreamUse u = pool.stream_use(current_stream(device));
+    return {u.in_use_bytes, u.peak_in_use_bytes};
+  }
+  const PoolStats s = pool.stats();
+  return {s.in_use_bytes, s.peak_in_use_bytes};
+}
+
+void reset_peak(int device) {
+  device_pool(device).reset_peak(current_stream(device));
+}
+
 void used_here(const void* storage, int device) {
   device_pool(device).record_stream(const_cast<void*>(storage), current_stream(device));
 }
@@ -140,6 +157,8 @@ void install_device_hooks() {
     a.mark = mark;
     a.wait_for = wait_for;
     a.used_here = used_here;
+    a.memory_use = memory_use;
+    a.reset_peak = reset_peak;
     a.allocate = allocate;  // last: the core tests it to know whether the hooks are in
   });
 }

@@ -212,10 +212,20 @@ int thread_id() {
 #endif
 }
 
-// Uninitialised scratch: it is always written before it is read, so zeroing it would be waste.
-std::unique_ptr<float[]> scratch(std::int64_t floats) {
-  return std::unique_ptr<float[]>(
-      new float[static_cast<std::size_t>(std::max<std::int64_t>(floats, 1))]);
+// Uninitialised scratch (always written before it is read, so zeroing it would be waste) from the
+// caching host allocator: reused step after step, and counted in its bytes in use like every
+// other buffer of a pass (the profiler's workspace_bytes).
+class Scratch {
+ public:
+  explicit Scratch(std::int64_t floats)
+      : m_storage(Tensor::empty(Shape{std::max<std::int64_t>(floats, 1)}, DType::Float32)) {}
+  float* get() { return m_storage.data<float>(); }
+
+ private:
+  Tensor m_storage;
+};
+Scratch scratch(std::int64_t floats) {
+  return Scratch(floats);
 }
 
 // Calls fn(sample, thread) for every sample over `threads` OpenMP threads. fn must not throw

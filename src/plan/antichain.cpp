@@ -55,7 +55,26 @@ StateGraph StateGraph::linear(const Profile& p) {
         i + 1 < n ? static_cast<double>(p.layers[static_cast<std::size_t>(i) + 1].saved_input_bytes)
                   : 0.0);
   }
+  g.workspace = StageWorkspace(p, /*prefix_states=*/true);
   return g;
+}
+
+StageWorkspace::StageWorkspace(const Profile& p, bool prefix_states)
+    : m_runtime_bytes(static_cast<double>(p.runtime_bytes)), m_prefix_states(prefix_states) {
+  std::vector<double> layer;
+  for (const LayerProfile& l : p.layers) layer.push_back(static_cast<double>(l.workspace_bytes));
+  if (std::all_of(layer.begin(), layer.end(), [](double b) { return b == 0; })) return;
+  if (!prefix_states) {
+    m_largest.push_back({*std::max_element(layer.begin(), layer.end())});
+    return;
+  }
+  m_largest.push_back(std::move(layer));
+  for (std::size_t w = 1; 2 * w <= m_largest.front().size(); w *= 2) {
+    const std::vector<double>& prev = m_largest.back();
+    std::vector<double> row(prev.size() - w);
+    for (std::size_t i = 0; i < row.size(); ++i) row[i] = std::max(prev[i], prev[i + w]);
+    m_largest.push_back(std::move(row));
+  }
 }
 
 namespace {
@@ -520,6 +539,7 @@ StateGraph StateGraphAssembler::assemble(const Profile& p, const LayerDag& d, co
     g.pipedream_boundary_bytes.push_back(aug);
     g.kept_input_bytes.push_back(0.0);
   }
+  g.workspace = StageWorkspace(p, /*prefix_states=*/false);
   return g;
 }
 

@@ -172,13 +172,14 @@ class Solver {
     if (level != 0) return {};  // inner stages were checked one level down
     int flight = in_flight(m_workers, m - r, r);
     const double input = s < 0 ? 0.0 : m_g.boundary_bytes[static_cast<std::size_t>(s)];
+    const double work = m_g.workspace(s, j);
     if (m_o.recompute != Recompute::All &&
-        stage_memory_bytes(par, version, act, flight, m_o.optimizer_state_factor, input) <=
+        stage_memory_bytes(par, version, act, flight, m_o.optimizer_state_factor, input, work) <=
             *m_memory)
       return {};
     if (!can) return {false};
-    if (recompute_stage_memory_bytes(par, version, act, input, flight,
-                                     m_o.optimizer_state_factor) <= *m_memory)
+    if (recompute_stage_memory_bytes(par, version, act, input, flight, m_o.optimizer_state_factor,
+                                     work) <= *m_memory)
       return recomputed;
     return {false};
   }
@@ -575,11 +576,13 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     const double par = diff(g.parameter_bytes, fs.s, fs.e), act = g.stage_activation_bytes(fs.s, fs.e);
     const double version = diff(g.version_bytes, fs.s, fs.e);
     const double input = fs.s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(fs.s)];
+    const double work = g.workspace(fs.s, fs.e);
     auto stash_at = [&](int f) {
-      return stage_memory_bytes(par, version, act, f, o.optimizer_state_factor, input);
+      return stage_memory_bytes(par, version, act, f, o.optimizer_state_factor, input, work);
     };
     auto recompute_at = [&](int f) {
-      return recompute_stage_memory_bytes(par, version, act, input, f, o.optimizer_state_factor);
+      return recompute_stage_memory_bytes(par, version, act, input, f, o.optimizer_state_factor,
+                                          work);
     };
     int flight = in_flight(N, lo, r);
     double delay_bytes = 0;
@@ -630,6 +633,7 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     }
     if (pd) ps.memory_bytes = pipedream_stage_memory_bytes(par, act, N, lo + r, r);
     else ps.memory_bytes = ps.recompute ? recompute_bytes : stash_bytes;
+    if (!pd) ps.workspace_bytes = work;
     if (check_memory && memory && ps.memory_bytes > *memory) {
       const bool recompute_fits = !pd && !ps.recompute && recompute_bytes <= *memory;
       PIPELINE_FAIL(ConfigError, "stage {} (layers {}..{}, {} replicas) needs {:.4g} bytes per worker, more than the {:.4g} available{}",
@@ -725,10 +729,12 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
                  input = at(g.boundary_bytes, f.s);
     // describe() decided recomputation: every stage under --recompute all, none otherwise. One
     // minibatch in flight: no stashed version.
+    ps.workspace_bytes = g.workspace(f.s, f.e);
     ps.memory_bytes =
-        ps.recompute
-            ? recompute_stage_memory_bytes(par, par, act, input, 1, o.optimizer_state_factor)
-            : stage_memory_bytes(par, par, act, 1, o.optimizer_state_factor, input);
+        ps.recompute ? recompute_stage_memory_bytes(par, par, act, input, 1,
+                                                    o.optimizer_state_factor, ps.workspace_bytes)
+                     : stage_memory_bytes(par, par, act, 1, o.optimizer_state_factor, input,
+                                          ps.workspace_bytes);
     const auto r = static_cast<std::size_t>(k % w);
     compute[r] += ps.compute_s + ps.sync_s;
     transfer[r] += ps.transfer_s;

@@ -94,6 +94,7 @@ json plan_to_json(const Plan& p) {
                        {"sync_s", s.sync_s},
                        {"transfer_s", s.transfer_s},
                        {"memory_bytes", s.memory_bytes}};
+    if (s.workspace_bytes != 0) sj["predicted"]["workspace_bytes"] = s.workspace_bytes;
     stages.push_back(std::move(sj));
   }
   json j;
@@ -243,6 +244,7 @@ Plan plan_from_json(const json& j, std::string_view origin) {
       s.sync_s = number_or(pj, "sync_s", 0, origin);
       s.transfer_s = number_or(pj, "transfer_s", 0, origin);
       s.memory_bytes = number_or(pj, "memory_bytes", 0, origin);
+      s.workspace_bytes = number_or(pj, "workspace_bytes", 0, origin);
     }
     p.stages.push_back(std::move(s));
   }

@@ -24,6 +24,7 @@ struct TypeData {
   int count = 0;
   std::optional<double> memory;
   std::vector<double> compute, forward, activation, parameter, version, boundary;
+  StageWorkspace workspace;
 };
 
 // The best plan for the layers after one state on exactly one usage vector: its time, and its
@@ -86,11 +87,12 @@ struct TypedPartitioner::Impl {
     if (flight <= 0) flight = in_flight(w, 0, r);
     const double delay_bytes =
         delays ? delayed_allreduce_bytes(par, version, r, /*input_stage=*/s < 0) : 0.0;
+    const double work = d.workspace(s, j);
     const double stash =
-        stage_memory_bytes(par, version, act, flight, options.optimizer_state_factor, input) +
+        stage_memory_bytes(par, version, act, flight, options.optimizer_state_factor, input, work) +
         delay_bytes;
     const double again = recompute_stage_memory_bytes(par, version, act, input, flight,
-                                                      options.optimizer_state_factor) +
+                                                      options.optimizer_state_factor, work) +
                          delay_bytes;
     const bool can = options.recompute != Recompute::None;
     const Mode recomputed{true, true, diff(d.forward, s, j), again};
@@ -222,6 +224,7 @@ TypedPartitioner::TypedPartitioner(const DeviceProfiles& profiles, const Topolog
     d.name = wt.name;
     d.count = wt.count;
     d.memory = type_memory(topology, t);
+    d.workspace = StageWorkspace(p, x.g.chain());
     std::vector<char> in(static_cast<std::size_t>(p.size()), 0);
     for (int i = 0; i < x.S; ++i) {
       double c = 0, f = 0, a = 0, par = 0, ver = 0, cut = 0;
@@ -380,6 +383,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
     ps.sync_s = std::max(0.0, cost.compute_path - ps.compute_s);
     ps.transfer_s = cost.transfer;
     ps.memory_bytes = md.memory_bytes;
+    ps.workspace_bytes = d.workspace(s, c.j);
     worst = std::max(worst, cost.time());
     if (!plan.stages.empty()) plan.config.push_back('-');
     plan.config += std::to_string(c.replicas);

@@ -69,6 +69,9 @@ void validate_profile(const Profile& p, std::string_view origin) {
   PIPELINE_CHECK_AS(ConfigError, p.size() > 0, "{}: the profile has no layers", origin);
   PIPELINE_CHECK_AS(ConfigError, p.batch_size >= 0, "{}: batch_size = {} is negative", origin,
                     p.batch_size);
+  PIPELINE_CHECK_AS(ConfigError, p.runtime_bytes >= 0 && p.runtime_bytes <= kMaxProfileBytes,
+                    "{}: runtime_bytes = {} is out of range (0 to {} bytes)", origin,
+                    p.runtime_bytes, kMaxProfileBytes);
   const int n = p.size();
   std::vector<std::vector<int>> succ(static_cast<std::size_t>(n));
   std::vector<int> indegree(static_cast<std::size_t>(n), 0);
@@ -86,15 +89,15 @@ void validate_profile(const Profile& p, std::string_view origin) {
     PIPELINE_CHECK_AS(
         ConfigError,
         l.output_bytes >= 0 && l.parameter_bytes >= 0 && l.saved_bytes >= 0 &&
-            l.split_kept_bytes >= 0 && l.stashed_parameter_bytes >= 0 &&
+            l.split_kept_bytes >= 0 && l.stashed_parameter_bytes >= 0 && l.workspace_bytes >= 0 &&
             l.stashed_parameter_bytes <= l.parameter_bytes && l.output_bytes <= kMaxProfileBytes &&
             l.parameter_bytes <= kMaxProfileBytes && l.saved_bytes <= kMaxProfileBytes &&
-            l.split_kept_bytes <= kMaxProfileBytes,
+            l.split_kept_bytes <= kMaxProfileBytes && l.workspace_bytes <= kMaxProfileBytes,
         "{}: layer {} (\"{}\") has sizes out of range (output_bytes = {}, parameter_bytes = {}, "
-        "saved_bytes = {}, split_kept_bytes = {}, stashed_parameter_bytes = {}); sizes are 0 to {} "
-        "bytes, and a stashed version is at most parameter_bytes",
+        "saved_bytes = {}, split_kept_bytes = {}, stashed_parameter_bytes = {}, workspace_bytes = "
+        "{}); sizes are 0 to {} bytes, and a stashed version is at most parameter_bytes",
         origin, i, l.name, l.output_bytes, l.parameter_bytes, l.saved_bytes, l.split_kept_bytes,
-        l.stashed_parameter_bytes, kMaxProfileBytes);
+        l.stashed_parameter_bytes, l.workspace_bytes, kMaxProfileBytes);
     PIPELINE_CHECK_AS(ConfigError, l.saved_input_bytes >= 0 && l.saved_input_bytes <= l.saved_bytes,
                       "{}: layer {} (\"{}\") has saved_input_bytes = {}, which must be between 0 "
                       "and its saved_bytes ({}): it is the part of them that is the layer's input",
@@ -152,6 +155,8 @@ Profile profile_from_json(const json& j, std::string_view origin) {
       ConfigError, std::isfinite(batch) && batch >= 0 && batch == std::floor(batch) && batch < 1e9,
       "{}: batch_size must be a non-negative integer, got {}", origin, j.at("batch_size").dump());
   p.batch_size = static_cast<int>(batch);
+  if (j.contains("runtime_bytes"))
+    p.runtime_bytes = get_bytes(j, "runtime_bytes", "the profile", origin);
   const json& layers = require(j, "layers", "the profile", origin);
   PIPELINE_CHECK_AS(ConfigError, layers.is_array(), "{}: \"layers\" must be an array, got {}",
                     origin, layers.type_name());
@@ -180,6 +185,8 @@ Profile profile_from_json(const json& j, std::string_view origin) {
       l.saved_input_bytes = get_bytes(lj, "saved_input_bytes", where, origin);
     if (lj.contains("split_kept_bytes"))
       l.split_kept_bytes = get_bytes(lj, "split_kept_bytes", where, origin);
+    if (lj.contains("workspace_bytes"))
+      l.workspace_bytes = get_bytes(lj, "workspace_bytes", where, origin);
     if (lj.contains("step_s")) {
       const json& st = lj.at("step_s");
       PIPELINE_CHECK_AS(ConfigError, st.is_object(),
@@ -245,6 +252,7 @@ json profile_to_json(const Profile& p) {
     if (l.stashed_parameter_bytes != 0) lj["stashed_parameter_bytes"] = l.stashed_parameter_bytes;
     if (l.saved_input_bytes != 0) lj["saved_input_bytes"] = l.saved_input_bytes;
     if (l.split_kept_bytes != 0) lj["split_kept_bytes"] = l.split_kept_bytes;
+    if (l.workspace_bytes != 0) lj["workspace_bytes"] = l.workspace_bytes;
     if (l.step_s.measured())
       lj["step_s"] = {
           {"sgd", l.step_s.sgd}, {"momentum", l.step_s.momentum}, {"adamw", l.step_s.adamw}};
@@ -257,6 +265,7 @@ json profile_to_json(const Profile& p) {
   j["batch_size"] = p.batch_size;
   j["device"] = p.device;
   j["dtype"] = p.dtype;
+  if (p.runtime_bytes != 0) j["runtime_bytes"] = p.runtime_bytes;
   j["layers"] = std::move(layers);
   return j;
 }

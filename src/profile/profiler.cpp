@@ -1,5 +1,6 @@
 #include <pipeline/profile/profiler.hpp>
 
+#include <pipeline/core/allocator.hpp>
 #include <pipeline/core/error.hpp>
 #include <pipeline/core/rng.hpp>
 #include <pipeline/core/tensor.hpp>
@@ -68,11 +69,18 @@ Tensor random_input(const Shape& shape, const ProfileOptions& o) {
 // device a region is the device time between two events recorded on the current stream around
 // it, read once the pass has ended (one synchronisation per pass, so the host keeps queueing
 // work ahead of the device as a training step does).
+//
+// It also measures each region's temporaries: the most the device's allocator had in use during
+// the region beyond what was in use at its end (LayerProfile::workspace_bytes). On a GPU that is
+// the allocator's view in the order the host queues the work, which is the order the stream-
+// ordered pool reuses blocks in.
 class PassTimer {
  public:
   explicit PassTimer(Device device) : m_device(device) {}
 
-  void time(std::vector<double>* into, const std::function<void()>& fn) {
+  // Runs fn, timing it into `into` (if given); returns its temporaries' bytes.
+  std::int64_t time(std::vector<double>* into, const std::function<void()>& fn) {
+    reset_memory_peak(m_device);
 #if PIPELINE_WITH_CUDA
     if (m_device.is_cuda()) {
       const cudaStream_t stream = cuda::current_stream(m_device.index);
@@ -82,13 +90,14 @@ class PassTimer {
       fn();
       p.end.record(stream);
       m_pending.push_back(std::move(p));
-      return;
+      return temporaries();
     }
 #endif
     const auto t0 = Clock::now();
     fn();
     const double t = std::chrono::duration<double>(Clock::now() - t0).count();
     if (into) into->push_back(t);
+    return temporaries();
   }
 
   // Ends the pass: the device regions' times go where they were asked for.
@@ -103,6 +112,11 @@ class PassTimer {
   }
 
  private:
+  std::int64_t temporaries() const {
+    const MemoryUse use = memory_use(m_device);
+    return std::max<std::int64_t>(0, use.peak_in_use_bytes - use.in_use_bytes);
+  }
+
   Device m_device;
 #if PIPELINE_WITH_CUDA
   struct Pending {
@@ -228,152 +242,175 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
   ForwardContext ctx;
   ctx.mode = Mode::Train;
   ctx.seed = options.seed;
-
-  // Every repetition is a whole training pass, as the runtime runs it: the forward of every layer
-  // in order, then the backward of every layer in reverse, each layer timed on its own inside
-  // the pass. Timing one layer many times in a row instead keeps its weights and buffers hot in
-  // the caches, and a layer inside a real step was up to 14% slower than that (bench/RESULTS.md).
-  const int n = model.size();
-  const auto N = static_cast<std::size_t>(n);
-  std::vector<LayerParams> params;
-  std::vector<std::vector<Tensor>> grads;
-  for (int i = 0; i < n; ++i) {
-    params.push_back(model.layer(i).init(options.seed).to(device));
-    grads.push_back(model.layer(i).zero_grads(device));
-  }
-  std::vector<Saved> saved(N);
-  std::vector<Tensor> outputs(N), output_grads(N);
-  std::vector<std::vector<double>> fwd(N), bwd(N), bwd_input(N), bwd_weight(N);
-  // What an input-gradient pass keeps for the weight pass: the layer's output gradient and, in a
-  // composite, its children's (Saved::child_output_grads), each allocation once.
-  std::vector<std::int64_t> split_kept(N, 0);
-  auto split_kept_bytes = [](const Saved& s, const Tensor& dy) {
-    std::set<const void*> seen{dy.storage_id()};
-    std::int64_t bytes = static_cast<std::int64_t>(dy.storage_end());
-    auto visit = [&](auto&& self, const Saved& node) -> void {
-      for (const Tensor& t : node.child_output_grads)
-        if (t.defined() && seen.insert(t.storage_id()).second)
-          bytes += static_cast<std::int64_t>(t.storage_end());
-      for (const Saved& c : node.children) self(self, c);
+  // What the device holds before the profiler makes anything: the rest, once everything the
+  // profiler made is gone again, the runtime keeps for itself (Profile::runtime_bytes).
+  const std::int64_t entry_bytes = memory_use(device).in_use_bytes;
+  {
+    // Every repetition is a whole training pass, as the runtime runs it: the forward of every layer
+    // in order, then the backward of every layer in reverse, each layer timed on its own inside
+    // the pass. Timing one layer many times in a row instead keeps its weights and buffers hot in
+    // the caches, and a layer inside a real step was up to 14% slower than that (bench/RESULTS.md).
+    const int n = model.size();
+    const auto N = static_cast<std::size_t>(n);
+    std::vector<LayerParams> params;
+    std::vector<std::vector<Tensor>> grads;
+    for (int i = 0; i < n; ++i) {
+      params.push_back(model.layer(i).init(options.seed).to(device));
+      grads.push_back(model.layer(i).zero_grads(device));
+    }
+    std::vector<Saved> saved(N);
+    std::vector<Tensor> outputs(N), output_grads(N);
+    std::vector<std::vector<double>> fwd(N), bwd(N), bwd_input(N), bwd_weight(N);
+    // Each layer's largest temporaries over the timed passes (LayerProfile::workspace_bytes).
+    std::vector<std::int64_t> workspace(N, 0);
+    // What an input-gradient pass keeps for the weight pass: the layer's output gradient and, in a
+    // composite, its children's (Saved::child_output_grads), each allocation once.
+    std::vector<std::int64_t> split_kept(N, 0);
+    auto split_kept_bytes = [](const Saved& s, const Tensor& dy) {
+      std::set<const void*> seen{dy.storage_id()};
+      std::int64_t bytes = static_cast<std::int64_t>(dy.storage_end());
+      auto visit = [&](auto&& self, const Saved& node) -> void {
+        for (const Tensor& t : node.child_output_grads)
+          if (t.defined() && seen.insert(t.storage_id()).second)
+            bytes += static_cast<std::int64_t>(t.storage_end());
+        for (const Saved& c : node.children) self(self, c);
+      };
+      visit(visit, s);
+      return bytes;
     };
-    visit(visit, s);
-    return bytes;
-  };
-  const Tensor input = random_input(batch_shape, options).to(device);
-  // The model's output gradient stands for what the loss would send back.
-  Tensor loss_grad = Tensor::empty(shapes.back(), DType::Float32);
-  Rng(options.seed, "profile.grad").fill_normal(loss_grad, 0.f, 1.f);
-  loss_grad = loss_grad.to(device);
-  // The optimizer steps are timed inside the passes, where the executor takes them: after the
-  // backward, every layer in order, on the caches the pass left. Timed alone, again and again,
-  // a layer's step ran on hot caches, and a training step's was up to 2.5x longer (AdamW over a
-  // transformer's weights, bench/RESULTS.md). Each pass times every rule, first a different one
-  // in turn; their state exists before the first pass (one untimed step each).
-  std::vector<LayerRules> rules(N);
-  std::array<std::vector<std::vector<double>>, LayerRules::kCount> step_times;
-  for (auto& t : step_times) t.resize(N);
-  for (std::size_t I = 0; I < N; ++I)
-    for (int k = 0; !grads[I].empty() && k < LayerRules::kCount; ++k)
-      step_layer(rules[I].rule(k), params[I].params, grads[I]);
-  PassTimer timer(device);
-  for (int rep = 0; rep < options.warmup + options.repeat; ++rep) {
-    const bool record = rep >= options.warmup;
-    auto into = [record](std::vector<double>& v) { return record ? &v : nullptr; };
+    const Tensor input = random_input(batch_shape, options).to(device);
+    // The model's output gradient stands for what the loss would send back.
+    Tensor loss_grad = Tensor::empty(shapes.back(), DType::Float32);
+    Rng(options.seed, "profile.grad").fill_normal(loss_grad, 0.f, 1.f);
+    loss_grad = loss_grad.to(device);
+    // The optimizer steps are timed inside the passes, where the executor takes them: after the
+    // backward, every layer in order, on the caches the pass left. Timed alone, again and again,
+    // a layer's step ran on hot caches, and a training step's was up to 2.5x longer (AdamW over a
+    // transformer's weights, bench/RESULTS.md). Each pass times every rule, first a different one
+    // in turn; their state exists before the first pass (one untimed step each).
+    std::vector<LayerRules> rules(N);
+    std::array<std::vector<std::vector<double>>, LayerRules::kCount> step_times;
+    for (auto& t : step_times) t.resize(N);
+    for (std::size_t I = 0; I < N; ++I)
+      for (int k = 0; !grads[I].empty() && k < LayerRules::kCount; ++k)
+        step_layer(rules[I].rule(k), params[I].params, grads[I]);
+    PassTimer timer(device);
+    for (int rep = 0; rep < options.warmup + options.repeat; ++rep) {
+      const bool record = rep >= options.warmup;
+      auto into = [record](std::vector<double>& v) { return record ? &v : nullptr; };
+      auto keep = [&](std::size_t layer, std::int64_t temporaries) {
+        if (record) workspace[layer] = std::max(workspace[layer], temporaries);
+      };
+      for (int i = 0; i < n; ++i) {
+        const auto I = static_cast<std::size_t>(i);
+        const Tensor& x = i == 0 ? input : outputs[I - 1];
+        saved[I] = Saved{};  // the last pass's, which a training step would have freed by now
+        outputs[I] = Tensor{};
+        keep(I, timer.time(into(fwd[I]), [&] {
+          outputs[I] = model.layer(i).forward(params[I], x, saved[I], ctx);
+        }));
+        PIPELINE_CHECK(outputs[I].shape() == shapes[I + 1],
+                       "layer '{}' ({}) produced shape {} but reports output shape {}",
+                       model.layer(i).name(), model.layer(i).kind(), outputs[I].shape(),
+                       shapes[I + 1]);
+      }
+      for (int i = n - 1; i >= 0; --i) {
+        const auto I = static_cast<std::size_t>(i);
+        if (i == n - 1) output_grads[I] = loss_grad;
+        std::span<Tensor> g(grads[I]);
+        Tensor dx;
+        keep(I, timer.time(into(bwd[I]), [&] {
+          dx = model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Both);
+        }));
+        if (i > 0) output_grads[I - 1] = dx;
+      }
+      for (int k = 0; k < LayerRules::kCount; ++k) {
+        const int rule = (rep + k) % LayerRules::kCount;
+        for (std::size_t I = 0; I < N; ++I)
+          if (!grads[I].empty())
+            keep(I, timer.time(into(step_times[static_cast<std::size_t>(rule)][I]), [&] {
+              step_layer(rules[I].rule(rule), params[I].params, grads[I]);
+            }));
+      }
+      if (!options.split_backward || !record) {
+        timer.finish();
+        continue;
+      }
+      // The split halves, each as its own pass over the layers with weights (the schedules that
+      // split the backward run all input gradients first, the weight gradients later).
+      for (int i = n - 1; i >= 0; --i) {
+        const auto I = static_cast<std::size_t>(i);
+        if (grads[I].empty()) continue;
+        std::span<Tensor> g(grads[I]);
+        Tensor dx;  // kept to the region's end, as the runtime keeps (sends) it
+        keep(I, timer.time(&bwd_input[I], [&] {
+          dx = model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Input);
+        }));
+        split_kept[I] = split_kept_bytes(saved[I], output_grads[I]);
+      }
+      for (int i = n - 1; i >= 0; --i) {
+        const auto I = static_cast<std::size_t>(i);
+        if (grads[I].empty()) continue;
+        std::span<Tensor> g(grads[I]);
+        keep(I, timer.time(&bwd_weight[I], [&] {
+          (void)model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Weight);
+        }));
+      }
+      timer.finish();
+    }
+
+    // Saved storage, each allocation counted at the first layer that keeps it; of that, the bytes
+    // of the layer's own input (`input_storage`).
+    std::set<const void*> kept;
+    auto saved_bytes = [&](const Saved& s, const void* input_storage, std::int64_t& input_bytes) {
+      std::int64_t bytes = 0;
+      auto visit = [&](auto&& self, const Saved& node) -> void {
+        for (const Tensor& t : node.tensors)
+          if (t.defined() && kept.insert(t.storage_id()).second) {
+            bytes += static_cast<std::int64_t>(t.storage_end());
+            if (t.storage_id() == input_storage)
+              input_bytes = static_cast<std::int64_t>(t.storage_end());
+          }
+        for (const Saved& c : node.children) self(self, c);
+      };
+      visit(visit, s);
+      return bytes;
+    };
     for (int i = 0; i < n; ++i) {
       const auto I = static_cast<std::size_t>(i);
-      const Tensor& x = i == 0 ? input : outputs[I - 1];
-      timer.time(into(fwd[I]), [&] {
-        saved[I] = Saved{};
-        outputs[I] = model.layer(i).forward(params[I], x, saved[I], ctx);
-      });
-      PIPELINE_CHECK(outputs[I].shape() == shapes[I + 1], "layer '{}' ({}) produced shape {} but reports output shape {}",
-                     model.layer(i).name(), model.layer(i).kind(), outputs[I].shape(), shapes[I + 1]);
-    }
-    for (int i = n - 1; i >= 0; --i) {
-      const auto I = static_cast<std::size_t>(i);
-      if (i == n - 1) output_grads[I] = loss_grad;
-      std::span<Tensor> g(grads[I]);
-      Tensor dx;
-      timer.time(into(bwd[I]), [&] { dx = model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Both); });
-      if (i > 0) output_grads[I - 1] = dx;
-    }
-    for (int k = 0; k < LayerRules::kCount; ++k) {
-      const int rule = (rep + k) % LayerRules::kCount;
-      for (std::size_t I = 0; I < N; ++I)
-        if (!grads[I].empty())
-          timer.time(into(step_times[static_cast<std::size_t>(rule)][I]),
-                     [&] { step_layer(rules[I].rule(rule), params[I].params, grads[I]); });
-    }
-    if (!options.split_backward || !record) {
-      timer.finish();
-      continue;
-    }
-    // The split halves, each as its own pass over the layers with weights (the schedules that
-    // split the backward run all input gradients first, the weight gradients later).
-    for (int i = n - 1; i >= 0; --i) {
-      const auto I = static_cast<std::size_t>(i);
-      if (grads[I].empty()) continue;
-      std::span<Tensor> g(grads[I]);
-      timer.time(&bwd_input[I], [&] { (void)model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Input); });
-      split_kept[I] = split_kept_bytes(saved[I], output_grads[I]);
-    }
-    for (int i = n - 1; i >= 0; --i) {
-      const auto I = static_cast<std::size_t>(i);
-      if (grads[I].empty()) continue;
-      std::span<Tensor> g(grads[I]);
-      timer.time(&bwd_weight[I], [&] { (void)model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Weight); });
-    }
-    timer.finish();
-  }
-
-  // Saved storage, each allocation counted at the first layer that keeps it; of that, the bytes
-  // of the layer's own input (`input_storage`).
-  std::set<const void*> kept;
-  auto saved_bytes = [&](const Saved& s, const void* input_storage, std::int64_t& input_bytes) {
-    std::int64_t bytes = 0;
-    auto visit = [&](auto&& self, const Saved& node) -> void {
-      for (const Tensor& t : node.tensors)
-        if (t.defined() && kept.insert(t.storage_id()).second) {
-          bytes += static_cast<std::int64_t>(t.storage_end());
-          if (t.storage_id() == input_storage) input_bytes = static_cast<std::int64_t>(t.storage_end());
+      const Layer& layer = model.layer(i);
+      LayerProfile lp;
+      lp.name = layer.name();
+      lp.kind = layer.kind();
+      const Summary f = summarize(fwd[I]);
+      const Summary b = summarize(bwd[I]);
+      lp.forward_s = f.median;
+      lp.forward_spread_s = f.spread;
+      lp.backward_s = b.median;
+      lp.backward_spread_s = b.spread;
+      if (options.split_backward) {
+        if (!grads[I].empty()) {
+          lp.backward_input_s = summarize(bwd_input[I]).median;
+          lp.backward_weight_s = summarize(bwd_weight[I]).median;
+        } else {
+          lp.backward_input_s = lp.backward_s;  // no weights: the whole backward is dL/dx
         }
-      for (const Saved& c : node.children) self(self, c);
-    };
-    visit(visit, s);
-    return bytes;
-  };
-  for (int i = 0; i < n; ++i) {
-    const auto I = static_cast<std::size_t>(i);
-    const Layer& layer = model.layer(i);
-    LayerProfile lp;
-    lp.name = layer.name();
-    lp.kind = layer.kind();
-    const Summary f = summarize(fwd[I]);
-    const Summary b = summarize(bwd[I]);
-    lp.forward_s = f.median;
-    lp.forward_spread_s = f.spread;
-    lp.backward_s = b.median;
-    lp.backward_spread_s = b.spread;
-    if (options.split_backward) {
-      if (!grads[I].empty()) {
-        lp.backward_input_s = summarize(bwd_input[I]).median;
-        lp.backward_weight_s = summarize(bwd_weight[I]).median;
-      } else {
-        lp.backward_input_s = lp.backward_s;  // no weights: the whole backward is dL/dx
       }
+      lp.output_bytes = static_cast<std::int64_t>(outputs[I].nbytes());
+      lp.parameter_bytes = static_cast<std::int64_t>(layer.parameter_bytes());
+      if (bf16) lp.stashed_parameter_bytes = bf16_stash_bytes(layer);
+      const void* input_storage = i == 0 ? nullptr : outputs[I - 1].storage_id();
+      lp.saved_bytes = saved_bytes(saved[I], input_storage, lp.saved_input_bytes);
+      lp.split_kept_bytes = split_kept[I];
+      lp.workspace_bytes = workspace[I];
+      lp.flops = layer.flops(shapes[I]);
+      for (int k = 0; !grads[I].empty() && k < LayerRules::kCount; ++k)
+        lp.step_s.of(LayerRules::kNames[static_cast<std::size_t>(k)]) =
+            summarize(step_times[static_cast<std::size_t>(k)][I]).median;
+      out.layers.push_back(std::move(lp));
     }
-    lp.output_bytes = static_cast<std::int64_t>(outputs[I].nbytes());
-    lp.parameter_bytes = static_cast<std::int64_t>(layer.parameter_bytes());
-    if (bf16) lp.stashed_parameter_bytes = bf16_stash_bytes(layer);
-    const void* input_storage = i == 0 ? nullptr : outputs[I - 1].storage_id();
-    lp.saved_bytes = saved_bytes(saved[I], input_storage, lp.saved_input_bytes);
-    lp.split_kept_bytes = split_kept[I];
-    lp.flops = layer.flops(shapes[I]);
-    for (int k = 0; !grads[I].empty() && k < LayerRules::kCount; ++k)
-      lp.step_s.of(LayerRules::kNames[static_cast<std::size_t>(k)]) =
-          summarize(step_times[static_cast<std::size_t>(k)][I]).median;
-    out.layers.push_back(std::move(lp));
-  }
+  }  // every tensor of the passes is freed here
+  out.runtime_bytes = std::max<std::int64_t>(0, memory_use(device).in_use_bytes - entry_bytes);
   return out;
 }
 

@@ -1,6 +1,7 @@
 // The stage executor: one rank's action list, executed with non-blocking communication.
 #include <pipeline/runtime/stage_executor.hpp>
 
+#include <pipeline/core/allocator.hpp>
 #include <pipeline/core/log.hpp>
 #include <pipeline/core/threads.hpp>
 #include <pipeline/ops/convert.hpp>
@@ -156,6 +157,7 @@ void StageMemory::include(const StageMemory& now) {
   stashed_weight_bytes = std::max(stashed_weight_bytes, now.stashed_weight_bytes);
   activation_bytes = std::max(activation_bytes, now.activation_bytes);
   total_bytes = std::max(total_bytes, now.total_bytes);
+  allocator_bytes = std::max(allocator_bytes, now.allocator_bytes);
 }
 
 struct StageExecutor::PostedRecv {
@@ -499,8 +501,14 @@ Batch StageExecutor::microbatch_data(Run& run, int u) {
     PIPELINE_CHECK(b.size() == run.feed->size(mb),
                    "the feed's minibatch {} has {} samples but its size function says {}", mb,
                    b.size(), run.feed->size(mb));
-    b.inputs = b.inputs.to(m_options.device);
-    b.labels = b.labels.to(m_options.device);
+    // Only what this rank's stages use: the input stage the inputs, the output stage the labels
+    // (a minibatch of inputs held by the last stage was as large as its activations).
+    const std::vector<int> held = m_layout.stages_of(rank());
+    const auto holds = [&](int stage) {
+      return std::find(held.begin(), held.end(), stage) != held.end();
+    };
+    b.inputs = holds(0) ? b.inputs.to(m_options.device) : Tensor{};
+    b.labels = holds(num_stages() - 1) ? b.labels.to(m_options.device) : Tensor{};
     run.cached = split_microbatches(b, run.eval ? 1 : run.microbatches);
     run.cached_minibatch = mb;
   }
@@ -1082,12 +1090,19 @@ TrainResult StageExecutor::train(const Schedule& schedule, const MinibatchFeed& 
 
   const auto t0 = Clock::now();
   sample_memory(run);
+  // The allocator's peak over this run alone (not evaluations or loading between runs).
+  const bool allocator_counts_rank = device().is_cuda() || ranks_per_process() == 1;
+  if (allocator_counts_rank) reset_memory_peak(device());
   m_run = &run;
   struct Clear {
     Run*& r;
     ~Clear() { r = nullptr; }
   } clear{m_run};
   execute(run);
+  if (allocator_counts_rank) {
+    run.result.peak_memory.allocator_bytes = memory_use(device()).peak_in_use_bytes;
+    m_peak_memory.include(run.result.peak_memory);
+  }
   run.result.seconds = seconds_since(t0);
   if (run.result.minibatches > 0) run.result.loss /= static_cast<double>(run.result.minibatches);
   // Summed over the rank's stages (one, or several on an interleaved plan).

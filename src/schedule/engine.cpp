@@ -227,7 +227,7 @@ class Engine {
     RankState& st = m_ranks[r];
     RankRecord& rec = m_result.ranks[r];
     int versions = 0;
-    std::int64_t weight_bytes = 0;
+    std::int64_t weight_bytes = 0, workspace_bytes = 0;
     for (auto& sl : st.slots) {
       int v;
       if (m_s.policy == UpdatePolicy::DoubleBuffered) {
@@ -242,14 +242,17 @@ class Engine {
         v = static_cast<int>(sl.runs.size()) +
             (sl.runs.empty() || sl.runs.back().first != sl.version ? 1 : 0);
       versions += v;
-      if (auto* c = stage_costs(sl.stage); c != nullptr && v > 0)
-        weight_bytes += c->parameter_bytes + c->version_bytes * (v - 1);
+      if (auto* c = stage_costs(sl.stage)) {
+        if (v > 0) weight_bytes += c->parameter_bytes + c->version_bytes * (v - 1);
+        workspace_bytes = std::max(workspace_bytes, c->workspace_bytes);
+      }
     }
     rec.peak_activations = std::max(rec.peak_activations, static_cast<int>(st.inflight.size()));
     rec.peak_weight_versions = std::max(rec.peak_weight_versions, versions);
     rec.peak_activation_bytes = std::max(rec.peak_activation_bytes, st.activation_bytes);
     rec.peak_weight_bytes = std::max(rec.peak_weight_bytes, weight_bytes);
-    rec.peak_memory_bytes = std::max(rec.peak_memory_bytes, st.activation_bytes + weight_bytes);
+    rec.peak_memory_bytes =
+        std::max(rec.peak_memory_bytes, st.activation_bytes + weight_bytes + workspace_bytes);
   }
 
   void on_forward(int r, const Action& a) {

@@ -49,6 +49,7 @@ struct StageCosts {
   std::int64_t split_gradient_bytes = 0;
   std::int64_t parameter_bytes = 0;  // the latest weight version
   std::int64_t version_bytes = 0;    // each older (stashed) version
+  std::int64_t workspace_bytes = 0;  // working memory of a pass (StageTiming::workspace_bytes)
 };
 
 struct EngineCosts {

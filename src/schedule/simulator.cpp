@@ -97,6 +97,7 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
     if (!plan.optimizer.empty()) t.step_s += lp.step_s.of(plan.optimizer);
     t.activation_bytes += stash_bytes(lp);
     t.split_gradient_bytes += split_kept_bytes(lp);
+    t.workspace_bytes = std::max(t.workspace_bytes, lp.workspace_bytes);
   }
   if (split && input + weight > 0) {
     t.backward_input_s = input;
@@ -129,6 +130,8 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   t.recompute_bytes = static_cast<std::int64_t>(static_cast<double>(t.recompute_bytes) * scale);
   t.split_gradient_bytes =
       static_cast<std::int64_t>(static_cast<double>(t.split_gradient_bytes) * scale);
+  t.workspace_bytes = static_cast<std::int64_t>(static_cast<double>(t.workspace_bytes) * scale) +
+                      profile.runtime_bytes;
   return t;
 }
 
@@ -252,6 +255,7 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     c.activation_bytes = t.activation_bytes;
     c.recompute_bytes = t.recompute_bytes;
     c.split_gradient_bytes = t.split_gradient_bytes;
+    c.workspace_bytes = t.workspace_bytes;
     c.parameter_bytes = t.parameter_bytes;
     c.version_bytes = t.version_bytes;
     const auto& group = schedule.stage_ranks[s];

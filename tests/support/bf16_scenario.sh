@@ -63,9 +63,10 @@ for rank in (0, 1):
     if f["stashed_weight_bytes"] > 0:
         ratio = b["stashed_weight_bytes"] / f["stashed_weight_bytes"]
         assert 0.5 <= ratio < 0.55, ratio  # weight matrices in bf16, biases in float32
-# The last stage holds what the planner charged for it (the input stage also holds its
-# microbatches of input data, which no profile counts).
-assert abs(bf16[1]["measured_peak_bytes"] - bf16[1]["planned_bytes"]) <= 0.02 * bf16[1]["planned_bytes"], bf16[1]
+# The last stage holds what the planner charged for it besides the working memory of a pass
+# (the input stage also holds its microbatches of input data, which no profile counts).
+held = bf16[1]["planned_bytes"] - bf16[1]["planned_workspace_bytes"]
+assert abs(bf16[1]["measured_peak_bytes"] - held) <= 0.02 * held, bf16[1]
 PY
 
 if [ "$train_lm" != "-" ]; then

@@ -75,6 +75,24 @@ TEST_CASE("freed large blocks are reused; small ones go to the C library") {
   CHECK(a.stats().cached_bytes == 0);
 }
 
+TEST_CASE("a reset peak starts from what is in use; only requests from 64 KiB on are counted") {
+  HostAllocator a;
+  void* kept = a.allocate(100000);
+  void* brief = a.allocate(300000);
+  a.deallocate(brief, 300000);
+  const auto kept_size = static_cast<std::int64_t>(HostAllocator::rounded_size(100000));
+  CHECK(a.stats().peak_in_use_bytes ==
+        kept_size + static_cast<std::int64_t>(HostAllocator::rounded_size(300000)));
+  a.reset_peak();
+  CHECK(a.stats().peak_in_use_bytes == kept_size);
+  void* small = a.allocate(1000);
+  CHECK(a.stats().in_use_bytes == kept_size);
+  a.deallocate(small, 1000);
+  a.deallocate(kept, 100000);
+  CHECK(a.stats().in_use_bytes == 0);
+  CHECK(a.stats().peak_in_use_bytes == kept_size);
+}
+
 TEST_CASE("threads allocate and free concurrently") {
   HostAllocator a;
   std::vector<std::thread> threads;

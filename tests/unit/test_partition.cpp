@@ -7,9 +7,11 @@
 #include <pipeline/core/rng.hpp>
 #include <pipeline/plan/antichain.hpp>
 #include <pipeline/plan/partition.hpp>
+#include <pipeline/plan/plan_json.hpp>
 #include <pipeline/profile/pipedream_graph.hpp>
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include "support/pipedream_profiles.hpp"
 #include "support/uniform_profile.hpp"
@@ -527,4 +529,55 @@ TEST_CASE("bf16 transfers are charged as a compression ratio of 2 where transfer
   pipedream.activation_compression = 1.5;
   set_transfer_dtype(pipedream, DType::BFloat16);
   CHECK(pipedream.activation_compression == 3.0);
+}
+
+TEST_CASE("a stage's working memory: the largest of its layers' passes, and the runtime's, once") {
+  // StageWorkspace over prefix states against the largest by brute force, on random profiles.
+  std::mt19937 gen(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int n = 1 + static_cast<int>(gen() % 40);
+    Profile p = testing::uniform_profile(n, 0.001, 0.002, 100, 1000);
+    p.runtime_bytes = static_cast<std::int64_t>(gen() % 3) * 1000;
+    for (LayerProfile& l : p.layers)
+      l.workspace_bytes = gen() % 4 == 0 ? 0 : static_cast<std::int64_t>(gen() % 100000);
+    const StageWorkspace chain(p, /*prefix_states=*/true);
+    const StageWorkspace dag(p, /*prefix_states=*/false);
+    std::int64_t all = 0;
+    for (const LayerProfile& l : p.layers) all = std::max(all, l.workspace_bytes);
+    for (int s = -1; s < n; ++s)
+      for (int e = s + 1; e < n; ++e) {
+        std::int64_t largest = 0;
+        for (int l = s + 1; l <= e; ++l)
+          largest = std::max(largest, p.layers[static_cast<std::size_t>(l)].workspace_bytes);
+        CAPTURE(n);
+        CAPTURE(s);
+        CAPTURE(e);
+        CHECK(chain(s, e) == static_cast<double>(p.runtime_bytes + largest));
+        CHECK(dag(s, e) == static_cast<double>(p.runtime_bytes + all));  // the safe side
+      }
+  }
+
+  // The planner charges it once per stage, beside what the stage holds; a cap that only the
+  // stages without the large workspace meet moves the cut away from the layer that needs it.
+  Profile p = testing::uniform_profile(6, 0.001, 0.002, 100, 1000);
+  const Topology roomy{{{2, 1e10}}, {}};
+  const Plan before = evaluate_stages(p, roomy, parse_manual_stages("0:3,3:6"));
+  p.runtime_bytes = 500;
+  p.layers[1].workspace_bytes = 70000;
+  p.layers[4].workspace_bytes = 20000;
+  const Plan after = evaluate_stages(p, roomy, parse_manual_stages("0:3,3:6"));
+  REQUIRE(after.stages.size() == 2);
+  CHECK(after.stages[0].workspace_bytes == 70500);
+  CHECK(after.stages[1].workspace_bytes == 20500);
+  for (std::size_t s = 0; s < 2; ++s)
+    CHECK(after.stages[s].memory_bytes - before.stages[s].memory_bytes ==
+          doctest::Approx(after.stages[s].workspace_bytes));
+  const Plan reread = plan_from_json(plan_to_json(after), "after");
+  CHECK(reread.stages[0].workspace_bytes == 70500);
+  // A planned search under a cap respects it with the working memory counted.
+  PartitionOptions o;
+  o.ignore_transfer = true;
+  const double cap = after.stages[0].memory_bytes - 1;
+  const Plan capped = partition(p, Topology{{{2, 1e10}}, cap}, o);
+  for (const PlanStage& s : capped.stages) CHECK(s.memory_bytes <= cap);
 }

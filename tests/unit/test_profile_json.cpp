@@ -68,6 +68,8 @@ TEST_CASE("profile.json round trip keeps every field") {
   p.layers[2].step_s = {.sgd = 1e-4, .momentum = 2.5e-4, .adamw = 4.75e-4};
   p.dtype = "bfloat16";
   p.layers[2].stashed_parameter_bytes = p.layers[2].parameter_bytes / 2;
+  p.layers[3].workspace_bytes = 1 << 20;
+  p.runtime_bytes = 32 << 20;
   std::string path = temp_path("roundtrip.json");
   write_profile(p, path);
   Profile q = read_profile(path);
@@ -76,7 +78,9 @@ TEST_CASE("profile.json round trip keeps every field") {
   CHECK(q.batch_size == 8);
   CHECK(q.device == "cpu: test");
   CHECK(q.bf16());
+  CHECK(q.runtime_bytes == 32 << 20);
   for (int i = 0; i < 4; ++i) {
+    CHECK(q.layers[i].workspace_bytes == p.layers[i].workspace_bytes);
     CHECK(q.layers[i].stashed_parameter_bytes == p.layers[i].stashed_parameter_bytes);
     CHECK(q.layers[i].forward_s == p.layers[i].forward_s);
     CHECK(q.layers[i].backward_s == p.layers[i].backward_s);
@@ -104,6 +108,12 @@ TEST_CASE("profile.json round trip keeps every field") {
   CHECK(version_bytes(q.layers[2]) == q.layers[2].parameter_bytes / 2);
   CHECK(version_bytes(q.layers[0]) == q.layers[0].parameter_bytes);
   CHECK(!profile_to_json(q)["layers"][0].contains("stashed_parameter_bytes"));
+  CHECK(!profile_to_json(q)["layers"][0].contains("workspace_bytes"));  // 0: unknown, not written
+  q.runtime_bytes = 0;
+  CHECK(!profile_to_json(q).contains("runtime_bytes"));
+  q.layers[3].workspace_bytes = -1;
+  CHECK_THROWS_WITH_AS(validate_profile(q, "q"), doctest::Contains("workspace_bytes = -1"),
+                       ConfigError);
   CHECK(!q.is_chain());
   CHECK(q.predecessors(1) == std::vector<int>{0});
   CHECK(q.predecessors(3) == std::vector<int>{1, 2});

@@ -136,6 +136,26 @@ TEST_CASE("saved bytes: what each layer keeps for backward, shared storage count
   CHECK(q.layers[2].saved_bytes == 0);           // fc2: the same tensor
 }
 
+TEST_CASE("workspace bytes: the temporaries of a layer's passes, as the allocator counts them") {
+  // A transformer block's backward makes its children's gradients before its saved tensors go:
+  // temporaries of several outputs' size. A ReLU writes only its output: none. The allocator
+  // counts buffers of 64 KiB and more, so the activations here are larger than that.
+  ZooOptions o;
+  o.seq_len = 64;
+  o.dim = 64;
+  o.heads = 2;
+  o.blocks = 1;
+  const ZooModel z = make_model("transformer-lm", o);
+  const Profile p = profile(z, 8, Device::cpu(), quick());
+  REQUIRE(p.layers[1].kind == "TransformerBlock");
+  CHECK(p.layers[1].workspace_bytes >= 2 * p.layers[1].output_bytes);
+  CHECK(p.runtime_bytes == 0);  // nothing is kept on the CPU besides tensors
+  Sequential m("relu");
+  m.emplace<ReLU>("relu");
+  const Profile q = profile(m, Shape{4096}, 16, Device::cpu(), quick());
+  CHECK(q.layers[0].workspace_bytes == 0);
+}
+
 TEST_CASE("split_backward off leaves the split unknown") {
   ProfileOptions o = quick();
   o.split_backward = false;

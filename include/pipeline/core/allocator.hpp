@@ -9,11 +9,22 @@
 #include <pipeline/core/host_allocator.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <new>
 
 namespace pipeline {
+
+// The bytes a device's tensors hold, as its allocator counts them (at their size classes): in use
+// now, and the most in use at once since the last reset_memory_peak. On the CPU these are the host
+// allocator's requests of 64 KiB and more, the whole process's; on a GPU the caching pool's blocks
+// of the whole device or, when the ranks of a job are threads of this process, the blocks
+// allocated on the calling thread's stream (its rank's).
+struct MemoryUse {
+  std::int64_t in_use_bytes = 0;
+  std::int64_t peak_in_use_bytes = 0;
+};
 
 // Device memory for the core: allocation, copies and fills, installed by the CUDA device layer
 // (src/cuda/device_memory.cpp) the first time a device tensor is made, so that the core never
@@ -40,6 +51,11 @@ struct DeviceAllocator {
   // used_here() tells the allocator that the storage at `storage` (a tensor's storage_id()) is
   // used by work queued on the caller's current stream too, so that its block is reused only
   // after that work (see cuda/caching_pool.hpp).
+  // The caching pool's bytes in use and their peak for the calling rank (memory_use below), and
+  // a new peak from now.
+  MemoryUse (*memory_use)(int device) = nullptr;
+  void (*reset_peak)(int device) = nullptr;
+
   std::shared_ptr<void> (*mark)(int device) = nullptr;
   void (*wait_for)(const std::shared_ptr<void>& mark, int device) = nullptr;
   void (*used_here)(const void* storage, int device) = nullptr;
@@ -66,6 +82,21 @@ inline const DeviceAllocator& device_functions(Device device) {
                     "rebuild with -DPIPELINE_WITH_CUDA=ON or use the CPU",
                     device.str());
   return a;
+}
+
+inline MemoryUse memory_use(Device device) {
+  if (device.is_cpu()) {
+    const HostAllocatorStats s = host_allocator().stats();
+    return {s.in_use_bytes, s.peak_in_use_bytes};
+  }
+  return device_functions(device).memory_use(device.index);
+}
+
+inline void reset_memory_peak(Device device) {
+  if (device.is_cpu())
+    host_allocator().reset_peak();
+  else
+    device_functions(device).reset_peak(device.index);
 }
 
 // A reference-counted buffer; tensors share it, views keep it alive.

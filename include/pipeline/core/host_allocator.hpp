@@ -12,7 +12,8 @@
 // Statistics (bytes in use, cached, peak in use, requests that reached the system) say whether
 // that holds. release_cached() gives the cache back to the system; set_cache_limit() bounds it
 // (a block freed beyond the limit is returned at once). Thread-safe. Under AddressSanitizer every
-// request goes to the C library, so that use-after-free and overflows stay visible.
+// request goes to the C library, so that use-after-free and overflows stay visible (the bytes in
+// use and their peak are still counted).
 #pragma once
 
 #include <cstddef>
@@ -25,7 +26,8 @@
 namespace pipeline {
 
 struct HostAllocatorStats {
-  std::int64_t in_use_bytes = 0;   // handed out and not freed (cached classes' sizes)
+  // Handed out and not freed: requests of kMinCachedBytes and more, at their class sizes.
+  std::int64_t in_use_bytes = 0;
   std::int64_t cached_bytes = 0;   // freed and kept for reuse
   std::int64_t peak_in_use_bytes = 0;
   std::int64_t system_allocations = 0;  // large requests the cache could not serve
@@ -43,6 +45,8 @@ class HostAllocator {
   void deallocate(void* ptr, std::size_t bytes) noexcept;
 
   HostAllocatorStats stats() const;
+  // Starts a new peak: peak_in_use_bytes = in_use_bytes (the profiler measures each layer's).
+  void reset_peak();
   // Frees every cached block.
   void release_cached();
   // Cached bytes beyond which freed blocks go back to the system (default: no limit).

@@ -205,6 +205,13 @@ class CachingPool {
     auto it = m_streams.find(stream);
     return it == m_streams.end() ? StreamUse{} : it->second;
   }
+  // Starts a new peak, of the device and of `stream`'s blocks: each peak = what is in use now.
+  void reset_peak(StreamHandle stream) {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    m_stats.peak_in_use_bytes = m_stats.in_use_bytes;
+    if (auto it = m_streams.find(stream); it != m_streams.end())
+      it->second.peak_in_use_bytes = it->second.in_use_bytes;
+  }
   // Live blocks (allocations not yet freed).
   std::size_t live_blocks() const {
     std::lock_guard<std::mutex> lock(m_mutex);

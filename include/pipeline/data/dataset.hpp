@@ -20,10 +20,14 @@ struct Batch {
   Tensor inputs;
   Tensor labels;
 
-  std::int64_t size() const { return inputs.defined() ? inputs.dim(0) : 0; }
+  // Either may be left out where it is not needed (a pipeline's last stage keeps only labels).
+  std::int64_t size() const {
+    return inputs.defined() ? inputs.dim(0) : labels.defined() ? labels.dim(0) : 0;
+  }
   // Samples [begin, end) as views sharing this batch's storage.
   Batch slice(std::int64_t begin, std::int64_t end) const {
-    return {inputs.slice(begin, end), labels.slice(begin, end)};
+    const auto part = [&](const Tensor& t) { return t.defined() ? t.slice(begin, end) : Tensor{}; };
+    return {part(inputs), part(labels)};
   }
 };
 

@@ -15,12 +15,43 @@
 
 #include <pipeline/profile/profile.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace pipeline {
+
+// The working memory a stage needs beside its tensors: the runtime's (Profile::runtime_bytes) and
+// the largest temporaries of one of its layers' passes (LayerProfile::workspace_bytes; a stage runs
+// one pass at a time), for the stages between two states. Exact where the states are prefixes of
+// the layer order (a chain, StateGraph::linear); for antichain states of DAGs the largest of any
+// layer (on the safe side, as kept_input_bytes is).
+class StageWorkspace {
+ public:
+  StageWorkspace() = default;
+  StageWorkspace(const Profile& profile, bool prefix_states);
+
+  // For the stage P(e) \ P(s) (s < 0: from the start).
+  double operator()(int s, int e) const {
+    if (m_largest.empty()) return m_runtime_bytes;
+    if (!m_prefix_states) return m_runtime_bytes + m_largest.front().front();
+    // Layers s+1..e: the larger of two power-of-two windows that cover them.
+    const int len = e - s;
+    const int k = std::bit_width(static_cast<unsigned>(len)) - 1;
+    const std::vector<double>& row = m_largest[static_cast<std::size_t>(k)];
+    return m_runtime_bytes + std::max(row[static_cast<std::size_t>(s + 1)],
+                                      row[static_cast<std::size_t>(e + 1 - (1 << k))]);
+  }
+
+ private:
+  double m_runtime_bytes = 0;
+  bool m_prefix_states = true;
+  // Row k: the largest workspace of the 2^k layers from each layer on (a sparse table); for
+  // antichain states one row of one value, the largest of all. Empty when no layer has any.
+  std::vector<std::vector<double>> m_largest;
+};
 
 class StateGraph {
  public:
@@ -71,6 +102,9 @@ class StateGraph {
   // memory model charges as the received input already. Prefix-of-a-layer-order states only;
   // 0 for antichain states of DAGs (the estimate then stays on the safe side).
   std::vector<double> kept_input_bytes;
+
+  // The working memory a stage P(e) \ P(s) needs beside its tensors (StageWorkspace).
+  StageWorkspace workspace;
 
   // The activation bytes a stage P(e) \ P(s) stashes per minibatch beside the input it receives.
   double stage_activation_bytes(int s, int e) const {

@@ -92,14 +92,18 @@ inline double delayed_allreduce_bytes(double parameter_bytes, double version_byt
 // Adam), one stashed weight version per in-flight minibatch beyond the newest (`version_bytes`
 // each: parameter_bytes, or less where a bf16 profile stashes weight matrices in bf16), the
 // activations of every in-flight minibatch with the stage input it received (`input_bytes`, the
-// bytes crossing into the stage; 0 for the first stage), and the input gradient of the backward in
-// progress, as large as the input. The runtime's measured peak (StageMemory) holds just these.
+// bytes crossing into the stage; 0 for the first stage), the input gradient of the backward in
+// progress, as large as the input, and the working memory of the pass in progress
+// (`workspace_bytes`: StageWorkspace of antichain.hpp, the temporaries of one layer's pass and
+// the runtime's own). The runtime's measured peak (StageMemory) holds all but the last; the
+// allocator's peak (the trainers' "allocator peak") the last too.
 inline double stage_memory_bytes(double parameter_bytes, double version_bytes,
                                  double activation_bytes, int in_flight_minibatches,
-                                 double optimizer_state_factor, double input_bytes = 0) {
+                                 double optimizer_state_factor, double input_bytes,
+                                 double workspace_bytes) {
   return parameter_bytes * (2.0 + optimizer_state_factor) +
          version_bytes * (in_flight_minibatches - 1) +
-         (activation_bytes + input_bytes) * in_flight_minibatches + input_bytes;
+         (activation_bytes + input_bytes) * in_flight_minibatches + input_bytes + workspace_bytes;
 }
 
 // The same stage with activation recomputation: it keeps only its input per in-flight minibatch
@@ -108,11 +112,11 @@ inline double stage_memory_bytes(double parameter_bytes, double version_bytes,
 // becomes forward + backward + forward.
 inline double recompute_stage_memory_bytes(double parameter_bytes, double version_bytes,
                                            double activation_bytes, double input_bytes,
-                                           int in_flight_minibatches,
-                                           double optimizer_state_factor) {
+                                           int in_flight_minibatches, double optimizer_state_factor,
+                                           double workspace_bytes) {
   return parameter_bytes * (2.0 + optimizer_state_factor) +
          version_bytes * (in_flight_minibatches - 1) + input_bytes * in_flight_minibatches +
-         activation_bytes + input_bytes;
+         activation_bytes + input_bytes + workspace_bytes;
 }
 
 // Copies of the weights an optimizer keeps (PartitionOptions::optimizer_state_factor) by its

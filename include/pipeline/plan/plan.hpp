@@ -39,11 +39,14 @@ struct PlanStage {
   std::string device;
   // The partitioner's breakdown of this stage, per minibatch (0 when unknown): compute over its
   // replicas, weight synchronisation, the larger of its input and output transfers, and the
-  // predicted memory per worker.
+  // predicted memory per worker, and of it the working memory of the pass in progress
+  // (StageWorkspace: temporaries of one layer's pass and the runtime's own), which the runtime's
+  // own accounting (StageMemory) does not hold but its allocator's peak does.
   double compute_s = 0;
   double sync_s = 0;
   double transfer_s = 0;
   double memory_bytes = 0;
+  double workspace_bytes = 0;
 };
 
 struct PlanPrediction {

@@ -85,6 +85,12 @@ struct LayerProfile {
   // bf16 profile's layers keep their weight matrices in bf16 there (ParamSpec::product_operand).
   // 0: parameter_bytes (version_bytes()). Serialised only when set.
   std::int64_t stashed_parameter_bytes = 0;
+  // The most memory any one pass of the layer (forward, backward, either half of a split
+  // backward, an optimizer step) had allocated at once beyond what it left allocated at its end:
+  // its temporaries (packed or converted operands, a composite's intermediate gradients, scratch
+  // of its kernels), as the device's allocator counts them. A stage runs one layer's pass at a
+  // time, so it needs the largest of its layers' once. 0 when unknown. Serialised only when set.
+  std::int64_t workspace_bytes = 0;
 };
 
 // What the memory models charge per stashed minibatch for a layer: its measured saved bytes, or
@@ -110,6 +116,10 @@ struct Profile {
   // pipelines move activations and gradients as bf16 by default).
   std::string dtype = "float32";
   std::vector<LayerProfile> layers;
+  // Device memory a rank's runtime keeps besides tensors once it has run a pass: the product
+  // library's workspace and the like (on a GPU, cuBLASLt's per-thread workspace), which every rank
+  // holds once whatever its layers. Measured by the profiler; 0 when unknown or none (the CPU).
+  std::int64_t runtime_bytes = 0;
 
   bool bf16() const { return dtype == "bfloat16"; }
 

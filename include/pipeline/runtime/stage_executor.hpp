@@ -178,6 +178,11 @@ struct StageMemory {
   std::int64_t stashed_weight_bytes = 0;  // weight versions besides the latest, and spare copies
   std::int64_t activation_bytes = 0;      // per-microbatch state (see StageExecutor)
   std::int64_t total_bytes = 0;
+  // What the device's allocator had in use at most during train() (memory_use of
+  // core/allocator.hpp): the above and everything else the rank's ops allocated, their
+  // temporaries included, which the planner charges as PlanStage::workspace_bytes. 0 where the
+  // allocator does not count one rank alone (CPU ranks that are threads of one process).
+  std::int64_t allocator_bytes = 0;
   void include(const StageMemory& now);  // raises every field to at least `now`'s
 };
 

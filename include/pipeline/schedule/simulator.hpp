@@ -144,6 +144,9 @@ struct StageTiming {
   // backward and backward_input times include the forward it runs again.
   bool recompute = false;
   std::int64_t recompute_bytes = 0;
+  // Temporaries of the stage's largest layer pass (scaled with the microbatch) and the runtime's
+  // own working memory (Profile::runtime_bytes), held during a pass.
+  std::int64_t workspace_bytes = 0;
 };
 
 // `scale` = microbatch size / profile batch size. Throws ConfigError when the stage's layer
@@ -163,6 +166,8 @@ struct RankSimulation {
   int peak_weight_versions = 1;
   std::int64_t peak_activation_bytes = 0;
   std::int64_t peak_weight_bytes = 0;
+  // Activations and weight versions at once, plus the working memory of the rank's stages'
+  // passes (StageTiming::workspace_bytes, the largest of its stages').
   std::int64_t peak_memory_bytes = 0;
 };
 
