@@ -5,6 +5,7 @@
 //
 // Prints samples/s and the fraction of the machine's fp32 peak this reaches, counting training
 // FLOPs as 3 × forward FLOPs (forward, input gradient, weight gradient).
+#include <pipeline/core/rng.hpp>
 #include <pipeline/core/threads.hpp>
 #include <pipeline/data/synthetic.hpp>
 #include <pipeline/nn/zoo.hpp>
@@ -37,10 +38,24 @@ int main(int argc, char** argv) {
   try {
     set_num_threads(threads);
     ZooModel z = make_model(model);
-    SyntheticDataset data(z.sample_shape, static_cast<int>(z.num_classes), batch, 3);
-    std::vector<std::int64_t> idx(static_cast<std::size_t>(batch));
-    std::iota(idx.begin(), idx.end(), 0);
-    Batch b = data.get(idx);
+    Batch b;
+    if (z.input_dtype == DType::Int32) {
+      // A language model: random token ids in, the next tokens (any ids) as labels.
+      Rng rng(3, "bench_train.tokens");
+      auto tokens = [&] {
+        Tensor t = Tensor::empty(z.input_shape(batch), DType::Int32);
+        for (std::int64_t i = 0; i < t.numel(); ++i)
+          t.data<std::int32_t>()[i] =
+              static_cast<std::int32_t>(rng.below(static_cast<std::uint64_t>(z.num_classes)));
+        return t;
+      };
+      b = {tokens(), tokens()};
+    } else {
+      SyntheticDataset data(z.sample_shape, static_cast<int>(z.num_classes), batch, 3);
+      std::vector<std::int64_t> idx(static_cast<std::size_t>(batch));
+      std::iota(idx.begin(), idx.end(), 0);
+      b = data.get(idx);
+    }
     SequentialTrainer trainer(z.model, z.model.init(1),
                               std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f}), 1);
     for (int i = 0; i < warmup; ++i) trainer.step(b, 0.01f);

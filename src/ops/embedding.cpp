@@ -1,5 +1,6 @@
 #include <pipeline/ops/embedding.hpp>
 
+#include "../core/parallel_pieces.hpp"
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
 
@@ -84,7 +85,8 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
   const std::int32_t* ip = ids.data<std::int32_t>();
   const float* tp = table.data<float>();
   float* op = out.data<float>();
-#pragma omp parallel for schedule(static) if (n * dim >= kParallelWork)
+  const int threads = pipeline::detail::threads_for(n * dim, kParallelWork);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (std::int64_t i = 0; i < n; ++i)
     std::copy_n(tp + static_cast<std::int64_t>(ip[i]) * dim, dim, op + i * dim);
 }

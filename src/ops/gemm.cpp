@@ -78,15 +78,18 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   const Tensor a32 = product_operand(a), b32 = product_operand(b);
   auto A = as_matrix(a32);
   auto B = as_matrix(b32);
-  const detail::ProductThreads threads(m, n, k);
-  // Eigen's noalias() product runs its packed, multi-threaded gemm kernel; the four transpose
-  // cases are spelled out so that each maps to that kernel without a temporary.
+  // Eigen's packed gemm kernel on blocks of C, one per thread (detail::split_product); the four
+  // transpose cases are spelled out so that each maps to that kernel without a temporary.
   if (beta == 0.f) C.setZero();
   else if (beta != 1.f) C *= beta;
-  if (!trans_a && !trans_b) C.noalias() += alpha * (A * B);
-  else if (trans_a && !trans_b) C.noalias() += alpha * (A.transpose() * B);
-  else if (!trans_a && trans_b) C.noalias() += alpha * (A * B.transpose());
-  else C.noalias() += alpha * (A.transpose() * B.transpose());
+  if (!trans_a && !trans_b)
+    detail::split_product(C, A, B, alpha);
+  else if (trans_a && !trans_b)
+    detail::split_product(C, A.transpose(), B, alpha);
+  else if (!trans_a && trans_b)
+    detail::split_product(C, A, B.transpose(), alpha);
+  else
+    detail::split_product(C, A.transpose(), B.transpose(), alpha);
 }
 
 void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,

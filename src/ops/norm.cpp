@@ -1,5 +1,6 @@
 #include <pipeline/ops/norm.hpp>
 
+#include "../core/parallel_pieces.hpp"
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
 
@@ -19,7 +20,7 @@ namespace {
 using ArrayMap = Eigen::Map<Eigen::ArrayXf, Eigen::Unaligned>;
 using ConstArrayMap = Eigen::Map<const Eigen::ArrayXf, Eigen::Unaligned>;
 
-// Rows (layer norm) or channels (batch norm) below which threads cost more than they save.
+// Elements per thread: below, waking a thread costs more than its share saves.
 constexpr std::int64_t kParallelWork = 1 << 14;
 
 // Devices are not checked here: common_device() refuses a mix, and host access to a device
@@ -94,7 +95,8 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   float* mp = mean.data<float>();
   float* rp = rstd.data<float>();
   ConstArrayMap W(weight.data<float>(), f), B(bias.data<float>(), f);
-#pragma omp parallel for schedule(static) if (rows * f >= kParallelWork)
+  const int threads = pipeline::detail::threads_for(rows * f, kParallelWork);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (std::int64_t r = 0; r < rows; ++r) {
     ConstArrayMap X(xp + r * f, f);
     // Two passes (mean, then centred squares) keep the variance accurate when |mean| >> std.
@@ -141,7 +143,8 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
   if (dx) {
     float* dp = dx->data<float>();
     const float inv_f = 1.f / static_cast<float>(f);
-#pragma omp parallel for schedule(static) if (rows * f >= kParallelWork)
+    const int threads = pipeline::detail::threads_for(rows * f, kParallelWork);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (std::int64_t r = 0; r < rows; ++r) {
       ConstArrayMap X(xp + r * f, f), G(gp + r * f, f);
       ArrayMap D(dp + r * f, f);
@@ -205,7 +208,8 @@ void batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tenso
   float* mp = mean.data<float>();
   float* rp = rstd.data<float>();
   const std::int64_t hw = d.hw;
-#pragma omp parallel for schedule(static) if (x.numel() >= kParallelWork)
+  const int threads = pipeline::detail::threads_for(x.numel(), kParallelWork);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (std::int64_t c = 0; c < d.c; ++c) {
     const double m =
         channel_sum(d, c, [&](std::int64_t o) { return ConstArrayMap(xp + o, hw).sum(); }) /
@@ -268,7 +272,8 @@ void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor
     rp[c] = 1.f / std::sqrt(rvp[c] + eps);
   }
   const std::int64_t hw = d.hw;
-#pragma omp parallel for schedule(static) if (x.numel() >= kParallelWork)
+  const int threads = pipeline::detail::threads_for(x.numel(), kParallelWork);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (std::int64_t nc = 0; nc < d.n * d.c; ++nc) {
     const std::int64_t c = nc % d.c;
     const float scale = rp[c] * wp[c], shift = bp[c] - mp[c] * scale;
@@ -310,7 +315,8 @@ void batch_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
   float* dbp = dbias ? dbias->data<float>() : nullptr;
   const std::int64_t hw = d.hw;
   const double count = static_cast<double>(d.n * d.hw);
-#pragma omp parallel for schedule(static) if (x.numel() >= kParallelWork)
+  const int threads = pipeline::detail::threads_for(x.numel(), kParallelWork);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (std::int64_t c = 0; c < d.c; ++c) {
     const float m = mp[c], rs = rp[c];
     // Σ dy and Σ dy ⊙ x̂ over the channel: the bias and weight gradients, and the two

@@ -1,6 +1,7 @@
 #include <pipeline/core/threads.hpp>
 #include <pipeline/ops/pool.hpp>
 
+#include "../core/parallel_pieces.hpp"
 #include "cuda_dispatch.hpp"
 
 #include <algorithm>
@@ -60,12 +61,12 @@ PoolGeometry make_geometry(const Shape& x, const Window2d& window) {
   return g;
 }
 
-// Parallel over planes when there is enough work to pay for waking the threads.
+// Parallel over planes, each thread with enough work to pay for waking it.
 template <typename F>
 void for_each_plane(std::int64_t planes, std::int64_t work_per_plane, F&& fn) {
-  const int threads = num_threads();
-  const bool parallel = threads > 1 && planes > 1 && planes * work_per_plane >= (1 << 15);
-#pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
+  const auto threads = static_cast<int>(std::min<std::int64_t>(
+      pipeline::detail::threads_for(planes * work_per_plane, 1 << 14), planes));
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (std::int64_t p = 0; p < planes; ++p) fn(p);
 }
 
