@@ -114,6 +114,9 @@ if has pipeline; then
     box 60 "$OUT/pipeline.log" mpirun -np 1 "$B/examples/train_transformer_lm" --device cuda \
       --in-process --plan "$OUT/lm8-plan4.json" "${lm[@]}" --steps 60 --text "$TEXT"
   grep -E "samples/s|config|bubble" "$OUT/pipeline.log" >>"$S"
+  # Each rank's allocator peak beside the plan (now with the profile's working memory).
+  grep -A5 "^memory per rank" "$OUT/pipeline.log" >>"$S"
+  grep -o '"runtime_bytes": [0-9]*\|"workspace_bytes": [0-9]*' "$OUT/lm8.json" | sort | uniq -c >>"$S"
 fi
 if has cpu; then
   for t in 1 2 8 16; do
