@@ -23,8 +23,8 @@ int g_ranks_per_process = 1;
 
 void set_num_threads(int n) {
   g_threads = std::max(1, n);
-  // Eigen's process-wide count stays unset: its products read the calling thread's OpenMP count,
-  // which each product sets for itself (ops/product_threads.hpp).
+  // Eigen's process-wide count stays unset: the ops split their products over threads themselves
+  // and keep each of Eigen's on one thread (src/ops/split_product.hpp).
 #ifdef _OPENMP
   omp_set_num_threads(g_threads);
 #endif

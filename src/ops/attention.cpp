@@ -3,7 +3,7 @@
 
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
-#include "product_threads.hpp"
+#include "split_product.hpp"
 
 #include <atomic>
 #include <cmath>
@@ -82,14 +82,13 @@ void forward_impl(const Layout& L, const Operands& in, float* out, float* probs,
 #pragma omp parallel for schedule(dynamic, 1) if (pairs > 1 && T * T * D >= 4096)
   for (std::int64_t bh = 0; bh < pairs; ++bh) {
     const std::int64_t b = bh / L.heads, h = bh % L.heads;
-    const detail::ProductThreads product(T, T, D);  // one pair: its products may fork
     const std::int64_t row0 = b * T * in.in_stride + h * D;
     ConstStridedMap Q(in.q + row0, T, D, Eigen::OuterStride<>(in.in_stride));
     ConstStridedMap K(in.k + row0, T, D, Eigen::OuterStride<>(in.in_stride));
     ConstStridedMap V(in.v + row0, T, D, Eigen::OuterStride<>(in.in_stride));
     detail::MatrixMap P(probs + bh * T * T, T, T);
     StridedMap O(out + b * T * C + h * D, T, D, Eigen::OuterStride<>(C));
-    P.noalias() = scale * (Q * K.transpose());
+    detail::assign_product(P, Q, K.transpose(), scale);
     for (std::int64_t i = 0; i < T; ++i) {
       // Row i sees columns [0, i] when causal; max-subtraction keeps exp() in range.
       const std::int64_t n = causal ? i + 1 : T;
@@ -98,7 +97,7 @@ void forward_impl(const Layout& L, const Operands& in, float* out, float* probs,
       row /= row.sum();
       if (n < T) P.row(i).tail(T - n).setZero();
     }
-    O.noalias() = P * V;
+    detail::assign_product(O, P, V);
   }
 }
 
@@ -113,7 +112,6 @@ void backward_impl(const Layout& L, const Operands& in, const float* probs, cons
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t bh = 0; bh < pairs; ++bh) {
       const std::int64_t b = bh / L.heads, h = bh % L.heads;
-      const detail::ProductThreads product(T, T, D);  // one pair: its products may fork
       const std::int64_t row0 = b * T * in.in_stride + h * D;
       const Eigen::OuterStride<> s_in(in.in_stride), s_g(g.stride), s_c(C);
       ConstStridedMap Q(in.q + row0, T, D, s_in), K(in.k + row0, T, D, s_in),
@@ -124,13 +122,13 @@ void backward_impl(const Layout& L, const Operands& in, const float* probs, cons
       StridedMap dQ(g.dq + grow0, T, D, s_g), dK(g.dk + grow0, T, D, s_g),
           dV(g.dv + grow0, T, D, s_g);
 
-      dV.noalias() = P.transpose() * dO;
-      dS.noalias() = dO * V.transpose();
+      detail::assign_product(dV, P.transpose(), dO);
+      detail::assign_product(dS, dO, V.transpose());
       // Softmax backward per row; masked entries have P = 0 and so get dS = 0.
       auto rowdot = (dS.array() * P.array()).rowwise().sum().eval();
       dS.array() = P.array() * (dS.array().colwise() - rowdot);
-      dQ.noalias() = scale * (dS * K);
-      dK.noalias() = scale * (dS.transpose() * Q);
+      detail::assign_product(dQ, dS, K, scale);
+      detail::assign_product(dK, dS.transpose(), Q, scale);
     }
   }
 }

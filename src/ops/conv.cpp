@@ -6,7 +6,7 @@
 
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
-#include "product_threads.hpp"
+#include "split_product.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -333,7 +333,6 @@ void conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
   const float* bd = bias.defined() ? bias.data<float>() : nullptr;
   const ConstMatrixMap W(weight.data<float>(), g.m, K);
   const int threads = sample_threads(g.n);
-  const detail::ProductThreads product(g.m, P, K);  // when the samples run on this thread alone
   const std::int64_t col_floats = g.pointwise() ? 0 : K * P, pad_floats = low.pad_floats();
   const std::int64_t per_thread = col_floats + pad_floats;
   auto work = scratch(threads * per_thread);
@@ -343,7 +342,7 @@ void conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
     float* col = work.get() + t * per_thread;
     const float* lowered = low.lower(xd + s * g.c * g.in_plane(), col, col + col_floats);
     MatrixMap Y(yd + s * g.m * P, g.m, P);
-    Y.noalias() = W * ConstMatrixMap(lowered, K, P);
+    detail::assign_product(Y, W, ConstMatrixMap(lowered, K, P));
     if (bf16)  // rounded before the bias
       for (float& v : Y.reshaped()) v = bf16_to_float(float_to_bf16(v));
     if (bd) Y.colwise() += Eigen::Map<const Eigen::VectorXf>(bd, g.m);
@@ -378,7 +377,6 @@ void conv2d_backward_data(const Tensor& dy_in, const Tensor& weight_in, Tensor& 
   float* dxd = dx.data<float>();
   const ConstMatrixMap W(weight.data<float>(), g.m, K);
   const int threads = sample_threads(g.n);
-  const detail::ProductThreads product(K, P, g.m);  // when the samples run on this thread alone
   const std::int64_t col_floats = g.pointwise() ? 0 : K * P, pad_floats = low.pad_floats();
   const std::int64_t per_thread = col_floats + pad_floats;
   auto work = scratch(threads * per_thread);
@@ -386,11 +384,11 @@ void conv2d_backward_data(const Tensor& dy_in, const Tensor& weight_in, Tensor& 
     const ConstMatrixMap DY(dyd + s * g.m * P, g.m, P);
     float* dxs = dxd + s * g.c * g.in_plane();
     if (g.pointwise()) {
-      MatrixMap(dxs, K, P).noalias() = W.transpose() * DY;
+      detail::assign_product(MatrixMap(dxs, K, P), W.transpose(), DY);
       return;
     }
     float* col = work.get() + t * per_thread;
-    MatrixMap(col, K, P).noalias() = W.transpose() * DY;
+    detail::assign_product(MatrixMap(col, K, P), W.transpose(), DY);
     float* dst = low.padded() ? col + col_floats : dxs;
     std::fill_n(dst, low.padded() ? pad_floats : g.c * g.in_plane(), 0.f);
     low.col2im(col, dst);
@@ -438,7 +436,6 @@ void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dwe
   const float* dyd = dy.data<float>();
   MatrixMap DW(part.data<float>(), g.m, K);
   const int threads = sample_threads(g.n);
-  const detail::ProductThreads product(g.m, K, P);  // when the samples run on this thread alone
   // With several threads each sums its samples into a private [M, K] buffer (a few hundred KiB
   // at most) and the buffers are added at the end; a single thread accumulates in place.
   const std::int64_t col_floats = g.pointwise() ? 0 : K * P, pad_floats = low.pad_floats();
@@ -453,9 +450,10 @@ void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dwe
     const ConstMatrixMap DY(dyd + s * g.m * P, g.m, P);
     const ConstMatrixMap X(lowered, K, P);
     if (acc_floats > 0)
-      MatrixMap(col + col_floats + pad_floats, g.m, K).noalias() += DY * X.transpose();
+      detail::split_product(MatrixMap(col + col_floats + pad_floats, g.m, K), DY, X.transpose(),
+                            1.f);
     else
-      DW.noalias() += DY * X.transpose();
+      detail::split_product(DW, DY, X.transpose(), 1.f);
   });
   for (int t = 0; acc_floats > 0 && t < threads; ++t)
     DW += ConstMatrixMap(work.get() + t * per_thread + col_floats + pad_floats, g.m, K);

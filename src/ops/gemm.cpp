@@ -4,7 +4,7 @@
 #include <pipeline/ops/precision.hpp>
 
 #include "eigen_maps.hpp"
-#include "product_threads.hpp"
+#include "split_product.hpp"
 
 #if PIPELINE_WITH_CUDA
 #include <pipeline/cuda/blas.hpp>

@@ -6,6 +6,9 @@
 
 #include <Eigen/Core>
 
+#include <algorithm>
+#include <cmath>
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -41,6 +44,43 @@ TEST_CASE("gemm matches the naive triple loop for every transpose and beta") {
             CHECK(c.data<float>()[i * n + j] == doctest::Approx(ref).epsilon(1e-5));
           }
       }
+}
+
+TEST_CASE("products split over threads, by rows or by columns, equal the naive triple loop") {
+  // Large enough that 4 threads each get a block: tall C (split by rows), wide C (by columns),
+  // sizes that are not multiples of the 16-float blocks, every transpose.
+  const int was = num_threads();
+  struct Case {
+    std::int64_t m, k, n;
+  };
+  for (const int threads : {1, 3, 4})
+    for (const Case s : {Case{517, 70, 33}, Case{40, 90, 1001}, Case{129, 257, 130}})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          set_num_threads(threads);
+          Tensor a = ta ? random({s.k, s.m}, 4) : random({s.m, s.k}, 4);
+          Tensor b = tb ? random({s.n, s.k}, 5) : random({s.k, s.n}, 5);
+          Tensor c = random({s.m, s.n}, 6);
+          Tensor c0 = c.clone();
+          ops::gemm(a, ta, b, tb, c, 0.5f, 1.f);
+          CAPTURE(threads);
+          CAPTURE(s.m);
+          CAPTURE(s.n);
+          double worst = 0;
+          for (std::int64_t i = 0; i < s.m; ++i)
+            for (std::int64_t j = 0; j < s.n; ++j) {
+              double ref = 0, size = 0;
+              for (std::int64_t p = 0; p < s.k; ++p) {
+                ref += static_cast<double>(at(a, i, p, ta)) * at(b, p, j, tb);
+                size += std::abs(static_cast<double>(at(a, i, p, ta)) * at(b, p, j, tb));
+              }
+              ref = 0.5 * ref + c0.data<float>()[i * s.n + j];
+              const double err = std::abs(c.data<float>()[i * s.n + j] - ref) / (0.5 * size + 1);
+              worst = std::max(worst, err);
+            }
+          CHECK(worst < 1e-6);
+        }
+  set_num_threads(was);
 }
 
 TEST_CASE("gemm rejects mismatched shapes") {
