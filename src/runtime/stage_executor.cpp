@@ -503,12 +503,9 @@ Batch StageExecutor::microbatch_data(Run& run, int u) {
                    b.size(), run.feed->size(mb));
     // Only what this rank's stages use: the input stage the inputs, the output stage the labels
     // (a minibatch of inputs held by the last stage was as large as its activations).
-    const std::vector<int> held = m_layout.stages_of(rank());
-    const auto holds = [&](int stage) {
-      return std::find(held.begin(), held.end(), stage) != held.end();
-    };
-    b.inputs = holds(0) ? b.inputs.to(m_options.device) : Tensor{};
-    b.labels = holds(num_stages() - 1) ? b.labels.to(m_options.device) : Tensor{};
+    // m_my_stages ascends: the rank holds the input stage if its first is 0.
+    b.inputs = m_my_stages.front() == 0 ? b.inputs.to(m_options.device) : Tensor{};
+    b.labels = m_my_stages.back() == num_stages() - 1 ? b.labels.to(m_options.device) : Tensor{};
     run.cached = split_microbatches(b, run.eval ? 1 : run.microbatches);
     run.cached_minibatch = mb;
   }
