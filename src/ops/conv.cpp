@@ -4,14 +4,19 @@
 #include <pipeline/ops/elementwise.hpp>
 #include <pipeline/ops/precision.hpp>
 
+#include "conv_winograd.hpp"
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
+#include "scratch.hpp"
 #include "split_product.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #if PIPELINE_WITH_CUDA
@@ -27,7 +32,9 @@
 #include <omp.h>
 #endif
 
-// Strategy. Each sample is lowered with im2col into a [C·KH·KW, OH·OW] matrix and multiplied by
+// Strategy. Stride-1 3x3 and 5x5 convolutions with enough channels go to Winograd's transforms
+// (conv_winograd.hpp: 1.5-3x faster than what follows, measured in bench/RESULTS.md); the rest are
+// lowered. Each sample is lowered with im2col into a [C·KH·KW, OH·OW] matrix and multiplied by
 // the [M, C·KH·KW] weight with Eigen's packed gemm; the samples of a batch are spread over the
 // OpenMP threads, each thread with its own im2col buffer and a single-threaded gemm (Eigen runs
 // its gemm serially inside an active parallel region, so nothing nests). We chose this over one
@@ -55,6 +62,7 @@ namespace {
 
 using detail::ConstMatrixMap;
 using detail::MatrixMap;
+using detail::Scratch;
 
 struct Geometry {
   std::int64_t n, c, h, w;  // input
@@ -181,6 +189,28 @@ struct Lowering {
   }
 };
 
+CpuConvAlgorithm algorithm_from_environment() {
+  const char* v = std::getenv("PIPELINE_CPU_CONV");
+  if (!v || std::string_view(v) == "automatic") return CpuConvAlgorithm::Automatic;
+  PIPELINE_CHECK_AS(ConfigError, std::string_view(v) == "lowered",
+                    "PIPELINE_CPU_CONV={} is not an algorithm: use automatic or lowered", v);
+  return CpuConvAlgorithm::Lowered;
+}
+
+std::atomic<CpuConvAlgorithm>& algorithm_setting() {
+  static std::atomic<CpuConvAlgorithm> setting{algorithm_from_environment()};
+  return setting;
+}
+
+detail::WinogradProblem winograd_problem(const Geometry& g) {
+  return {g.n, g.c, g.h, g.w, g.m, g.oh, g.ow, g.kh, g.ph, g.pw};
+}
+// Whether the CPU computes g with Winograd's transforms.
+bool use_winograd(const Geometry& g) {
+  return cpu_conv_algorithm() == CpuConvAlgorithm::Automatic &&
+         detail::winograd_suits(winograd_problem(g), g.kw, g.sh, g.sw);
+}
+
 Geometry make_geometry(const Shape& x, const Shape& weight, const Window2d& window) {
   Shape y = conv2d_output_shape(x, weight, window);
   return {x[0],
@@ -210,22 +240,6 @@ int thread_id() {
 #else
   return 0;
 #endif
-}
-
-// Uninitialised scratch (always written before it is read, so zeroing it would be waste) from the
-// caching host allocator: reused step after step, and counted in its bytes in use like every
-// other buffer of a pass (the profiler's workspace_bytes).
-class Scratch {
- public:
-  explicit Scratch(std::int64_t floats)
-      : m_storage(Tensor::empty(Shape{std::max<std::int64_t>(floats, 1)}, DType::Float32)) {}
-  float* get() { return m_storage.data<float>(); }
-
- private:
-  Tensor m_storage;
-};
-Scratch scratch(std::int64_t floats) {
-  return Scratch(floats);
 }
 
 // Calls fn(sample, thread) for every sample over `threads` OpenMP threads. fn must not throw
@@ -277,6 +291,13 @@ cuda::Conv2dProblem cuda_problem(const char* op, const Geometry& g, const Device
 
 }  // namespace
 
+void set_cpu_conv_algorithm(CpuConvAlgorithm algorithm) {
+  algorithm_setting().store(algorithm);
+}
+CpuConvAlgorithm cpu_conv_algorithm() {
+  return algorithm_setting().load();
+}
+
 Shape conv2d_output_shape(const Shape& x, const Shape& weight, const Window2d& window) {
   PIPELINE_CHECK_AS(ConfigError, weight.rank() == 4,
                     "conv2d weight must be [out, in, kh, kw], got {}", weight);
@@ -326,16 +347,20 @@ void conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
 #endif
   if (g.n == 0) return;
   const Tensor x = product_operand(x_in), weight = product_operand(weight_in);
-  const Lowering low(g);
-  const std::int64_t K = g.depth(), P = g.pixels();
   const float* xd = x.data<float>();
   float* yd = y.data<float>();
   const float* bd = bias.defined() ? bias.data<float>() : nullptr;
+  if (use_winograd(g)) {
+    detail::winograd_forward(winograd_problem(g), xd, weight.data<float>(), bd, yd, bf16);
+    return;
+  }
+  const Lowering low(g);
+  const std::int64_t K = g.depth(), P = g.pixels();
   const ConstMatrixMap W(weight.data<float>(), g.m, K);
   const int threads = sample_threads(g.n);
   const std::int64_t col_floats = g.pointwise() ? 0 : K * P, pad_floats = low.pad_floats();
   const std::int64_t per_thread = col_floats + pad_floats;
-  auto work = scratch(threads * per_thread);
+  Scratch work(threads * per_thread);
   for (int t = 0; t < threads; ++t)  // the padding border, never written afterwards
     std::fill_n(work.get() + t * per_thread + col_floats, pad_floats, 0.f);
   for_each_sample(g.n, threads, Split::Dynamic, [&](std::int64_t s, int t) {
@@ -371,15 +396,20 @@ void conv2d_backward_data(const Tensor& dy_in, const Tensor& weight_in, Tensor& 
 #endif
   if (g.n == 0) return;
   const Tensor dy = product_operand(dy_in), weight = product_operand(weight_in);
-  const Lowering low(g);
-  const std::int64_t K = g.depth(), P = g.pixels();
   const float* dyd = dy.data<float>();
   float* dxd = dx.data<float>();
+  if (use_winograd(g)) {
+    detail::winograd_backward_data(winograd_problem(g), dyd, weight.data<float>(), dxd);
+    if (bf16) round_to_bf16(dx, dx);
+    return;
+  }
+  const Lowering low(g);
+  const std::int64_t K = g.depth(), P = g.pixels();
   const ConstMatrixMap W(weight.data<float>(), g.m, K);
   const int threads = sample_threads(g.n);
   const std::int64_t col_floats = g.pointwise() ? 0 : K * P, pad_floats = low.pad_floats();
   const std::int64_t per_thread = col_floats + pad_floats;
-  auto work = scratch(threads * per_thread);
+  Scratch work(threads * per_thread);
   for_each_sample(g.n, threads, Split::Dynamic, [&](std::int64_t s, int t) {
     const ConstMatrixMap DY(dyd + s * g.m * P, g.m, P);
     float* dxs = dxd + s * g.c * g.in_plane();
@@ -430,10 +460,18 @@ void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dwe
   const Tensor x = product_operand(x_in), dy = product_operand(dy_in);
   // Under bf16 this call's gradient is summed apart, rounded, then accumulated.
   Tensor part = bf16 ? Tensor::zeros(dweight.shape()) : dweight;
-  const Lowering low(g);
-  const std::int64_t K = g.depth(), P = g.pixels();
   const float* xd = x.data<float>();
   const float* dyd = dy.data<float>();
+  if (use_winograd(g)) {
+    detail::winograd_backward_filter(winograd_problem(g), xd, dyd, part.data<float>());
+    if (bf16) {
+      round_to_bf16(part, part);
+      add_in_place(dweight, part);
+    }
+    return;
+  }
+  const Lowering low(g);
+  const std::int64_t K = g.depth(), P = g.pixels();
   MatrixMap DW(part.data<float>(), g.m, K);
   const int threads = sample_threads(g.n);
   // With several threads each sums its samples into a private [M, K] buffer (a few hundred KiB
@@ -441,7 +479,7 @@ void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dwe
   const std::int64_t col_floats = g.pointwise() ? 0 : K * P, pad_floats = low.pad_floats();
   const std::int64_t acc_floats = threads > 1 ? g.m * K : 0;
   const std::int64_t per_thread = col_floats + pad_floats + acc_floats;
-  auto work = scratch(threads * per_thread);
+  Scratch work(threads * per_thread);
   for (int t = 0; t < threads; ++t)  // padding border and private sums start at zero
     std::fill_n(work.get() + t * per_thread + col_floats, pad_floats + acc_floats, 0.f);
   for_each_sample(g.n, threads, Split::Static, [&](std::int64_t s, int t) {

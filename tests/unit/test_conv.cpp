@@ -2,6 +2,8 @@
 #include <pipeline/nn/layers/conv2d.hpp>
 #include <pipeline/ops/conv.hpp>
 
+#include "../../src/ops/conv_winograd.hpp"
+
 #include "support/gradcheck.hpp"
 
 #include <cmath>
@@ -220,4 +222,103 @@ TEST_CASE("conv2d weight gradients are reproducible bit for bit") {
   ops::conv2d_backward_filter(x, dy, a, win);
   ops::conv2d_backward_filter(x, dy, b, win);
   CHECK(a.to_vector() == b.to_vector());
+}
+
+TEST_CASE("Winograd transforms compute correlations exactly in 1-D") {
+  // y_i = Σ_k d_{i+k} g_k through Aᵀ [(G g) ⊙ (Bᵀ d)], for every F(m, r) with α = 6.
+  const auto& bt = ops::detail::winograd_input_matrix();
+  for (int r = 1; r <= 6; ++r) {
+    const int m = ops::detail::kWinogradAlpha + 1 - r;
+    CAPTURE(r);
+    const ops::detail::WinogradMatrices f = ops::detail::winograd_matrices(m, r);
+    std::vector<double> d(6), g(static_cast<std::size_t>(r));
+    for (int i = 0; i < 6; ++i) d[i] = std::sin(1.7 * i + 0.3);
+    for (int k = 0; k < r; ++k) g[k] = std::cos(0.9 * k + 0.1);
+    std::vector<double> product(6);
+    for (int j = 0; j < 6; ++j) {
+      double gj = 0, dj = 0;
+      for (int k = 0; k < r; ++k) gj += f.g[j][k] * g[k];
+      for (int i = 0; i < 6; ++i) dj += bt[j][i] * d[i];
+      product[j] = gj * dj;
+    }
+    for (int i = 0; i < m; ++i) {
+      double y = 0, want = 0;
+      for (int j = 0; j < 6; ++j) y += f.at[i][j] * product[j];
+      for (int k = 0; k < r; ++k) want += d[i + k] * g[k];
+      CHECK(y == doctest::Approx(want).epsilon(1e-6));
+    }
+  }
+  CHECK_THROWS(ops::detail::winograd_matrices(2, 3));
+}
+
+TEST_CASE("Winograd convolutions match direct loops") {
+  // 3x3 (F(4,3)) and 5x5 (F(2,5)) with every padding the transform takes, sizes that are not
+  // multiples of the tiles, one sample and several blocks of tiles; 1 and 3 threads.
+  struct WinogradCase {
+    std::int64_t n, c, h, w, m, r, pad;
+  };
+  const std::vector<WinogradCase> wcases = {{1, 16, 5, 7, 16, 3, 1},   {3, 17, 13, 11, 19, 3, 0},
+                                            {2, 16, 9, 10, 24, 3, 2},  {2, 20, 14, 14, 16, 5, 2},
+                                            {1, 16, 6, 9, 17, 5, 0},   {3, 16, 11, 8, 16, 5, 4},
+                                            {5, 16, 33, 31, 18, 3, 1}, {3, 16, 28, 28, 16, 5, 2}};
+  for (int threads : {1, 3}) {
+    set_num_threads(threads);
+    for (std::size_t k = 0; k < wcases.size(); ++k) {
+      const WinogradCase& c = wcases[k];
+      CAPTURE(k);
+      CAPTURE(threads);
+      const ops::Window2d win = ops::Window2d::square(c.r, 1, c.pad);
+      const Shape ys = win.output_shape({c.n, c.c, c.h, c.w}, c.m);
+      REQUIRE(ops::detail::winograd_suits(
+          {c.n, c.c, c.h, c.w, c.m, ys[2], ys[3], c.r, c.pad, c.pad}, c.r, 1, 1));
+      const std::uint64_t seed = 300 + k;
+      Tensor x = testing::random_tensor({c.n, c.c, c.h, c.w}, seed);
+      Tensor w = testing::random_tensor({c.m, c.c, c.r, c.r}, seed + 1);
+      Tensor b = testing::random_tensor({c.m}, seed + 2);
+      Tensor y = Tensor::full(ops::conv2d_output_shape(x.shape(), w.shape(), win), NAN);
+      ops::conv2d_forward(x, w, b, y, win);
+      expect_close(y, reference_forward(x, w, b, win), "forward", 1e-5);
+
+      Tensor dy = testing::random_tensor(y.shape(), seed + 3);
+      Tensor dx_ref, dw_ref;
+      reference_backward(x, w, dy, win, dx_ref, dw_ref);
+      Tensor dx = Tensor::full(x.shape(), NAN);
+      ops::conv2d_backward_data(dy, w, dx, win);
+      expect_close(dx, dx_ref, "backward data", 1e-5);
+      Tensor dw = Tensor::full(w.shape(), 0.5f);
+      ops::conv2d_backward_filter(x, dy, dw, win);
+      for (float& v : dw_ref.values()) v += 0.5f;
+      expect_close(dw, dw_ref, "backward filter", 1e-5);
+    }
+  }
+  set_num_threads(default_num_threads());
+}
+
+TEST_CASE(
+    "Winograd takes only the convolutions it speeds up; CpuConvAlgorithm::Lowered takes none") {
+  const auto suits = [](std::int64_t c, std::int64_t m, std::int64_t size, std::int64_t r,
+                        std::int64_t stride, std::int64_t pad) {
+    const std::int64_t out = (size + 2 * pad - r) / stride + 1;
+    return ops::detail::winograd_suits({8, c, size, size, m, out, out, r, pad, pad}, r, stride,
+                                       stride);
+  };
+  CHECK(suits(32, 64, 14, 5, 1, 2));         // fashion-cnn's conv2
+  CHECK(suits(64, 64, 32, 3, 1, 1));         // vgg16's second convolution
+  CHECK_FALSE(suits(1, 32, 28, 5, 1, 2));    // fashion-cnn's conv1: one input channel
+  CHECK_FALSE(suits(64, 64, 32, 3, 2, 1));   // stride 2
+  CHECK_FALSE(suits(64, 64, 32, 7, 1, 3));   // 7x7
+  CHECK_FALSE(suits(64, 64, 32, 3, 1, 3));   // padding beyond r - 1
+  CHECK_FALSE(suits(512, 512, 2, 3, 1, 1));  // a 2x2 output in 4x4 tiles saves nothing
+
+  // Both algorithms agree to rounding; the lowered one is what the setting selects.
+  const ops::Window2d win = ops::Window2d::square(5, 1, 2);
+  const Tensor x = testing::random_tensor({2, 16, 9, 9}, 41);
+  const Tensor w = testing::random_tensor({16, 16, 5, 5}, 42);
+  REQUIRE(ops::cpu_conv_algorithm() == ops::CpuConvAlgorithm::Automatic);
+  const Tensor fast = ops::conv2d(x, w, Tensor(), win);
+  ops::set_cpu_conv_algorithm(ops::CpuConvAlgorithm::Lowered);
+  const Tensor lowered = ops::conv2d(x, w, Tensor(), win);
+  ops::set_cpu_conv_algorithm(ops::CpuConvAlgorithm::Automatic);
+  expect_close(fast, lowered, "automatic against lowered", 1e-5);
+  CHECK(fast.to_vector() != lowered.to_vector());  // two different sums
 }

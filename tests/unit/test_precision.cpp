@@ -133,46 +133,57 @@ TEST_CASE("gemm under bf16 equals the float32 gemm of the rounded operands") {
 }
 
 TEST_CASE("convolutions under bf16: float32 ones of the rounded operands, results rounded") {
-  const ops::Window2d w = ops::Window2d::square(3, 1, 1);
-  const Tensor x = random({2, 3, 6, 5}, 4), weight = random({4, 3, 3, 3}, 5), bias = random({4}, 6);
-  const Tensor dy = random({2, 4, 6, 5}, 7);
-  struct Outputs {
-    Tensor y, dx, dw;
+  // Few channels take the CPU's lowered convolution, 16 of them its Winograd transforms.
+  struct Shape4 {
+    std::int64_t c, m, h, w;
   };
-  const auto run = [&](const Tensor& xs, const Tensor& ws, const Tensor& dys) {
-    Outputs o{Tensor::empty({2, 4, 6, 5}), Tensor::empty({2, 3, 6, 5}), random({4, 3, 3, 3}, 8)};
-    ops::conv2d_forward(xs, ws, bias, o.y, w);
-    ops::conv2d_backward_data(dys, ws, o.dx, w);
-    ops::conv2d_backward_filter(xs, dys, o.dw, w);  // accumulates
-    return o;
-  };
-  // The reference: float32 passes on the rounded operands, their results rounded (y before the
-  // bias, the weight gradient before it accumulates).
-  Outputs want{Tensor::empty({2, 4, 6, 5}), Tensor::empty({2, 3, 6, 5}), random({4, 3, 3, 3}, 8)};
-  ops::conv2d_forward(rounded(x), rounded(weight), Tensor(), want.y, w);
-  want.y = rounded(want.y);
-  for (std::int64_t s = 0; s < 2; ++s)
-    for (std::int64_t c = 0; c < 4; ++c)
-      for (std::int64_t i = 0; i < 30; ++i)
-        want.y.data<float>()[(s * 4 + c) * 30 + i] += bias.data<float>()[c];
-  ops::conv2d_backward_data(rounded(dy), rounded(weight), want.dx, w);
-  want.dx = rounded(want.dx);
-  Tensor part = Tensor::zeros({4, 3, 3, 3});
-  ops::conv2d_backward_filter(rounded(x), rounded(dy), part, w);
-  ops::add_in_place(want.dw, rounded(part));
-  const Outputs full = run(x, weight, dy);
-  Outputs got, from16;
-  {
-    const ops::ComputeDTypeScope bf16(DType::BFloat16);
-    got = run(x, weight, dy);
-    from16 = run(x, ops::to_dtype(weight, DType::BFloat16), dy);  // a weight stashed in bf16
+  for (const Shape4 k : {Shape4{3, 4, 6, 5}, Shape4{16, 16, 8, 8}}) {
+    CAPTURE(k.c);
+    const std::int64_t C = k.c, M = k.m, P = k.h * k.w;
+    const ops::Window2d w = ops::Window2d::square(3, 1, 1);
+    const Tensor x = random({2, C, k.h, k.w}, 4), weight = random({M, C, 3, 3}, 5),
+                 bias = random({M}, 6);
+    const Tensor dy = random({2, M, k.h, k.w}, 7);
+    struct Outputs {
+      Tensor y, dx, dw;
+    };
+    const auto run = [&](const Tensor& xs, const Tensor& ws, const Tensor& dys) {
+      Outputs o{Tensor::empty({2, M, k.h, k.w}), Tensor::empty({2, C, k.h, k.w}),
+                random({M, C, 3, 3}, 8)};
+      ops::conv2d_forward(xs, ws, bias, o.y, w);
+      ops::conv2d_backward_data(dys, ws, o.dx, w);
+      ops::conv2d_backward_filter(xs, dys, o.dw, w);  // accumulates
+      return o;
+    };
+    // The reference: float32 passes on the rounded operands, their results rounded (y before the
+    // bias, the weight gradient before it accumulates).
+    Outputs want{Tensor::empty({2, M, k.h, k.w}), Tensor::empty({2, C, k.h, k.w}),
+                 random({M, C, 3, 3}, 8)};
+    ops::conv2d_forward(rounded(x), rounded(weight), Tensor(), want.y, w);
+    want.y = rounded(want.y);
+    for (std::int64_t s = 0; s < 2; ++s)
+      for (std::int64_t c = 0; c < M; ++c)
+        for (std::int64_t i = 0; i < P; ++i)
+          want.y.data<float>()[(s * M + c) * P + i] += bias.data<float>()[c];
+    ops::conv2d_backward_data(rounded(dy), rounded(weight), want.dx, w);
+    want.dx = rounded(want.dx);
+    Tensor part = Tensor::zeros({M, C, 3, 3});
+    ops::conv2d_backward_filter(rounded(x), rounded(dy), part, w);
+    ops::add_in_place(want.dw, rounded(part));
+    const Outputs full = run(x, weight, dy);
+    Outputs got, from16;
+    {
+      const ops::ComputeDTypeScope bf16(DType::BFloat16);
+      got = run(x, weight, dy);
+      from16 = run(x, ops::to_dtype(weight, DType::BFloat16), dy);  // a weight stashed in bf16
+    }
+    CHECK(same_bits(got.y, want.y));
+    CHECK(same_bits(got.dx, want.dx));
+    CHECK(same_bits(got.dw, want.dw));
+    CHECK(max_abs_diff(got.y, full.y) > 1e-4);
+    CHECK(same_bits(from16.y, want.y));
+    CHECK(same_bits(from16.dx, want.dx));
   }
-  CHECK(same_bits(got.y, want.y));
-  CHECK(same_bits(got.dx, want.dx));
-  CHECK(same_bits(got.dw, want.dw));
-  CHECK(max_abs_diff(got.y, full.y) > 1e-4);
-  CHECK(same_bits(from16.y, want.y));
-  CHECK(same_bits(from16.dx, want.dx));
 }
 
 TEST_CASE("attention under bf16 equals the float32 attention of the rounded q, k, v and dout") {

@@ -1,0 +1,500 @@
+#include "conv_winograd.hpp"
+
+#include <pipeline/core/error.hpp>
+#include <pipeline/core/threads.hpp>
+#include <pipeline/ops/convert.hpp>
+
+#include "eigen_maps.hpp"
+#include "scratch.hpp"
+#include "split_product.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// Layout. Tiles are numbered over the batch (sample, tile row, tile column) and taken a block at
+// a time; a block's transformed inputs are V[in][ξ][tile] and its products
+// M[out][ξ][tile] = U[ξ][out][in] · V[in][ξ][tile], one gemm per transform position ξ.
+// Transforms run on kLanes tiles at once ([α][α][lane] arrays), so that every arithmetic step is
+// one vector operation over the lanes and each position's values for a lane group are one
+// contiguous vector store or load.
+//
+// Threads. Forward and backward data hand whole blocks to threads (dynamically: each output
+// element belongs to one block, whatever thread computes it). The weight gradient sums over
+// every tile; it keeps one accumulator, [ξ][out][in], and splits each block's transforms over
+// channels and its products over (position, rows of out) among the threads, so that every
+// accumulator element is summed by one thread in block order: the same bits for any thread count.
+
+namespace pipeline::ops::detail {
+
+namespace {
+
+constexpr int A = kWinogradAlpha;
+constexpr int kPositions = A * A;
+constexpr int kLanes = 16;
+constexpr double kPoints[A - 1] = {0, 1, -1, 0.5, -2};  // and infinity
+
+using Square = std::array<std::array<float, A>, A>;
+
+// Coefficients (constant term first) of the product of (x - a) over the finite points a, all but
+// the one at index `skip` (-1: none).
+std::array<double, A> product_of_roots(int skip) {
+  std::array<double, A> c{};
+  c[0] = 1;
+  int degree = 0;
+  for (int l = 0; l < A - 1; ++l) {
+    if (l == skip) continue;
+    for (int i = degree + 1; i >= 1; --i) c[i] = c[i - 1] - kPoints[l] * c[i];
+    c[0] = -kPoints[l] * c[0];
+    ++degree;
+  }
+  return c;
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+std::int64_t round_up(std::int64_t a, std::int64_t b) {
+  return ceil_div(a, b) * b;
+}
+
+// kLanes floats as one value (GCC/Clang vector extension): one AVX-512 register, two AVX ones.
+using Lanes = float __attribute__((vector_size(kLanes * sizeof(float))));
+inline Lanes load(const float* p) {
+  Lanes v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, Lanes v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// α x α values of kLanes lanes: element (i, j) at [(i·A + j)·stride], its lanes contiguous. A
+// LaneTile is one with stride kLanes; the block buffers below are ones with larger strides.
+struct alignas(64) LaneTile {
+  float v[kPositions * kLanes];
+  float* at(int i, int j) { return v + (i * A + j) * kLanes; }
+  const float* at(int i, int j) const { return v + (i * A + j) * kLanes; }
+};
+
+// out = L · in · Rᵀ over the top-left Depth x Depth of `in`, for L (Rows x Depth) and R
+// (Cols x Depth): Bᵀ d B, G g Gᵀ and Aᵀ M A are all of this form. Extents are compile-time, so
+// every loop unrolls into vector multiply-adds over the lanes held in registers.
+template <int Rows, int Cols, int Depth>
+void sandwich(const Square& left, const Square& right, const float* in, std::int64_t in_stride,
+              float* out, std::int64_t out_stride) {
+  Lanes half[Rows][Depth];
+  for (int q = 0; q < Depth; ++q) {
+    Lanes column[Depth];
+    for (int k = 0; k < Depth; ++k) column[k] = load(in + (k * A + q) * in_stride);
+    for (int i = 0; i < Rows; ++i) {
+      Lanes acc = left[i][0] * column[0];
+      for (int k = 1; k < Depth; ++k) acc += left[i][k] * column[k];
+      half[i][q] = acc;
+    }
+  }
+  for (int i = 0; i < Rows; ++i)
+    for (int j = 0; j < Cols; ++j) {
+      Lanes acc = right[j][0] * half[i][0];
+      for (int q = 1; q < Depth; ++q) acc += right[j][q] * half[i][q];
+      store(out + (i * A + j) * out_stride, acc);
+    }
+}
+
+// sandwich with a runtime extent n of 2..5 (a tile or filter side) on the side that is not α:
+// Rows for Aᵀ M A (n x n out of α x α), Depth for G g Gᵀ (α x α out of n x n).
+enum class Side { Rows, Depth };
+template <Side S, int N>
+void sandwich_of(const Square& left, const Square& right, const float* in, std::int64_t in_stride,
+                 float* out, std::int64_t out_stride) {
+  if constexpr (S == Side::Rows)
+    sandwich<N, N, A>(left, right, in, in_stride, out, out_stride);
+  else
+    sandwich<A, A, N>(left, right, in, in_stride, out, out_stride);
+}
+template <Side S>
+void sandwich_n(int n, const Square& left, const Square& right, const float* in,
+                std::int64_t in_stride, float* out, std::int64_t out_stride) {
+  switch (n) {
+    case 2:
+      return sandwich_of<S, 2>(left, right, in, in_stride, out, out_stride);
+    case 3:
+      return sandwich_of<S, 3>(left, right, in, in_stride, out, out_stride);
+    case 4:
+      return sandwich_of<S, 4>(left, right, in, in_stride, out, out_stride);
+    case 5:
+      return sandwich_of<S, 5>(left, right, in, in_stride, out, out_stride);
+    default:
+      PIPELINE_FAIL(Error, "no Winograd transform of extent {}", n);
+  }
+}
+
+// The tiles of one correlation: `tile` x `tile` outputs each, tiles_h x tiles_w per sample.
+struct TileGrid {
+  std::int64_t samples, tiles_h, tiles_w, tile;
+  std::int64_t count() const { return samples * tiles_h * tiles_w; }
+};
+
+// An image [samples, channels, h, w].
+struct Image {
+  std::int64_t channels, h, w;
+  std::int64_t plane() const { return h * w; }
+};
+
+// The windows of one lane group in an image: each lane's sample and the top-left corner of its
+// window, at its tile's origin shifted by (-shift_h, -shift_w) (the padding); lanes past the last
+// tile are not valid. With AVX-512, also each lane's offset from its channel's plane in sample 0
+// and, per window row i and column j, the lanes for which it lies inside the image.
+struct LaneWindows {
+  std::int64_t sample[kLanes], y[kLanes], x[kLanes];
+  bool valid[kLanes];
+#if defined(__AVX512F__)
+  bool narrow;  // offsets fit in 32 bits
+  __m512i offset;
+  __mmask16 row_inside[A], col_inside[A];
+#endif
+
+  LaneWindows(const TileGrid& grid, std::int64_t first, const Image& image, std::int64_t shift_h,
+              std::int64_t shift_w) {
+    const std::int64_t per_sample = grid.tiles_h * grid.tiles_w;
+    for (int l = 0; l < kLanes; ++l) {
+      const std::int64_t t = first + l;
+      valid[l] = t < grid.count();
+      const std::int64_t within = valid[l] ? t % per_sample : 0;
+      sample[l] = valid[l] ? t / per_sample : 0;
+      y[l] = within / grid.tiles_w * grid.tile - shift_h;
+      x[l] = within % grid.tiles_w * grid.tile - shift_w;
+    }
+#if defined(__AVX512F__)
+    const std::int64_t sample_floats = image.channels * image.plane();
+    narrow = grid.samples * sample_floats < (std::int64_t{1} << 31);
+    alignas(64) std::int32_t offsets[kLanes];
+    for (int l = 0; l < kLanes; ++l)
+      offsets[l] = static_cast<std::int32_t>(sample[l] * sample_floats + y[l] * image.w + x[l]);
+    offset = _mm512_load_si512(offsets);
+    for (int i = 0; i < A; ++i) {
+      row_inside[i] = col_inside[i] = 0;
+      for (int l = 0; l < kLanes; ++l) {
+        const auto bit = static_cast<__mmask16>(valid[l] ? 1u << l : 0u);
+        if (y[l] + i >= 0 && y[l] + i < image.h) row_inside[i] |= bit;
+        if (x[l] + i >= 0 && x[l] + i < image.w) col_inside[i] |= bit;
+      }
+    }
+#endif
+  }
+};
+
+// d(i, j)[l] = image[sample_l, channel, y_l + i, x_l + j] for i, j < extent; zero outside the
+// image and in lanes with no tile.
+void gather(const float* data, const Image& image, std::int64_t channel, const LaneWindows& o,
+            int extent, LaneTile& d) {
+#if defined(__AVX512F__)
+  if (o.narrow) {
+    const float* plane = data + channel * image.plane();
+    for (int i = 0; i < extent; ++i)
+      for (int j = 0; j < extent; ++j)
+        _mm512_store_ps(d.at(i, j), _mm512_mask_i32gather_ps(
+                                        _mm512_setzero_ps(), o.row_inside[i] & o.col_inside[j],
+                                        o.offset, plane + i * image.w + j, sizeof(float)));
+    return;
+  }
+#endif
+  for (int l = 0; l < kLanes; ++l) {
+    const float* plane = data + (o.sample[l] * image.channels + channel) * image.plane();
+    for (int i = 0; i < extent; ++i)
+      for (int j = 0; j < extent; ++j) {
+        const std::int64_t y = o.y[l] + i, x = o.x[l] + j;
+        const bool inside = o.valid[l] && y >= 0 && y < image.h && x >= 0 && x < image.w;
+        d.at(i, j)[l] = inside ? plane[y * image.w + x] : 0.f;
+      }
+  }
+}
+
+// A block's buffer laid out [row][ξ][cols]: row r's lane group `column / kLanes` starts at
+// lanes(r, column) with stride cols between positions, and position pos is a rows x cols matrix.
+// Keeping a row's α² positions together (rather than [ξ][row][cols]) makes the 36 vectors a
+// transform stores or loads lie within a few KiB, where a whole-matrix stride of a multiple of
+// 4 KiB mapped all of them to one L1 cache set (transforms 2x slower, measured).
+struct BlockBuffer {
+  float* data;
+  std::int64_t cols;
+  float* lanes(std::int64_t row, std::int64_t column) const {
+    return data + row * kPositions * cols + column;
+  }
+  Eigen::Map<RowMatrix, Eigen::Unaligned, Eigen::OuterStride<>> at_position(
+      int pos, std::int64_t first_row, std::int64_t rows) const {
+    return {lanes(first_row, 0) + pos * cols, rows, cols, Eigen::OuterStride<>(kPositions * cols)};
+  }
+};
+
+// Bᵀ d B of the α x α windows of one lane group of one channel, into v.
+void transform_inputs(const float* data, const Image& image, std::int64_t channel,
+                      const LaneWindows& windows, const BlockBuffer& v, std::int64_t column) {
+  const Square& bt = winograd_input_matrix();
+  LaneTile d;
+  gather(data, image, channel, windows, A, d);
+  sandwich<A, A, A>(bt, bt, d.v, kLanes, v.lanes(channel, column), v.cols);
+}
+
+// Transformed filters: u[ξ][out][in] = G g Gᵀ of every filter g, read as filter(out, in) (r x r,
+// row-major); positions `stride` floats apart (out · in rounded up to whole lane groups).
+template <typename Filter>
+void transform_filters(const WinogradMatrices& f, std::int64_t outs, std::int64_t ins,
+                       const Filter& filter, float* u, std::int64_t stride) {
+  const std::int64_t count = outs * ins;
+  const std::int64_t groups = ceil_div(count, kLanes);
+#pragma omp parallel for num_threads(std::min <std::int64_t>(groups, num_threads())) \
+    schedule(static) if (count * 1024 > kMinProductWork)
+  for (std::int64_t group = 0; group < groups; ++group) {
+    LaneTile g{};
+    for (int l = 0; l < kLanes; ++l) {
+      const std::int64_t index = group * kLanes + l;
+      if (index >= count) continue;
+      const float* src = filter(index / ins, index % ins);
+      for (int i = 0; i < f.r; ++i)
+        for (int j = 0; j < f.r; ++j) g.at(i, j)[l] = src[i * f.r + j];
+    }
+    sandwich_n<Side::Depth>(f.r, f.g, f.g, g.v, kLanes, u + group * kLanes, stride);
+  }
+}
+
+// Tiles per block: the block's transformed inputs and products fill about 1 MiB, a core's share
+// of L2, in whole lane groups (from 16 to 256 tiles; speed varied by under 10% over that range
+// for fashion-cnn's conv2).
+std::int64_t block_tiles(std::int64_t ins, std::int64_t outs) {
+  const std::int64_t bytes_per_tile = kPositions * (ins + outs) * std::int64_t{sizeof(float)};
+  const std::int64_t tiles = (std::int64_t{1} << 20) / bytes_per_tile / kLanes * kLanes;
+  return std::clamp<std::int64_t>(tiles, kLanes, 16 * kLanes);
+}
+
+// y[n, out] = Σ_in x[n, in] ⋆ filter[out, in] (+ bias) for filters already transformed into u
+// (transform_filters, positions u_stride apart); x [samples, ins, h, w] read with zero padding,
+// y [samples, outs, oh, ow].
+struct Correlation {
+  std::int64_t samples, ins, h, w, outs, oh, ow, pad_h, pad_w;
+};
+
+void correlate(const Correlation& p, const WinogradMatrices& f, const float* x, const float* u,
+               std::int64_t u_stride, const float* bias, bool round_bf16, float* y) {
+  const TileGrid grid{p.samples, ceil_div(p.oh, f.m), ceil_div(p.ow, f.m), f.m};
+  const Image in{p.ins, p.h, p.w}, out{p.outs, p.oh, p.ow};
+  const std::int64_t tiles = grid.count(), block = block_tiles(p.ins, p.outs);
+  const std::int64_t blocks = ceil_div(tiles, block);
+  const int threads = static_cast<int>(std::clamp<std::int64_t>(blocks, 1, num_threads()));
+  const std::int64_t v_floats = kPositions * p.ins * block, m_floats = kPositions * p.outs * block;
+  Scratch work(threads * (v_floats + m_floats));
+#pragma omp parallel num_threads(threads)
+  {
+    const EigenOnThisThread one;
+#ifdef _OPENMP
+    const int thread = omp_get_thread_num();
+#else
+    const int thread = 0;
+#endif
+    float* const mine = work.get() + thread * (v_floats + m_floats);
+    std::vector<LaneWindows> windows, outputs;
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t first = b * block,
+                         groups = ceil_div(std::min(block, tiles - first), kLanes);
+      const BlockBuffer v{mine, groups * kLanes}, m{mine + v_floats, groups * kLanes};
+      windows.clear();
+      outputs.clear();
+      for (std::int64_t group = 0; group < groups; ++group) {
+        windows.emplace_back(grid, first + group * kLanes, in, p.pad_h, p.pad_w);
+        outputs.emplace_back(grid, first + group * kLanes, out, 0, 0);
+      }
+      for (std::int64_t c = 0; c < p.ins; ++c)
+        for (std::int64_t group = 0; group < groups; ++group)
+          transform_inputs(x, in, c, windows[group], v, group * kLanes);
+      for (int pos = 0; pos < kPositions; ++pos)
+        m.at_position(pos, 0, p.outs).noalias() =
+            ConstMatrixMap(u + pos * u_stride, p.outs, p.ins) * v.at_position(pos, 0, p.ins);
+      for (std::int64_t o = 0; o < p.outs; ++o) {
+        const float b = bias ? bias[o] : 0.f;
+        for (std::int64_t group = 0; group < groups; ++group) {
+          LaneTile tile;
+          sandwich_n<Side::Rows>(f.m, f.at, f.at, m.lanes(o, group * kLanes), m.cols, tile.v,
+                                 kLanes);
+          const LaneWindows& at = outputs[group];
+          for (int l = 0; l < kLanes; ++l) {
+            if (!at.valid[l]) continue;
+            float* plane = y + (at.sample[l] * p.outs + o) * out.plane();
+            for (int i = 0; i < f.m && at.y[l] + i < p.oh; ++i)
+              for (int j = 0; j < f.m && at.x[l] + j < p.ow; ++j) {
+                float value = tile.at(i, j)[l];
+                if (round_bf16) value = bf16_to_float(float_to_bf16(value));
+                plane[(at.y[l] + i) * p.ow + at.x[l] + j] = value + b;
+              }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+WinogradMatrices winograd_matrices(int m, int r) {
+  PIPELINE_CHECK(m >= 1 && r >= 1 && m + r - 1 == A, "Winograd F({}, {}) needs m + r - 1 = {}", m,
+                 r, A);
+  WinogradMatrices f;
+  f.m = m;
+  f.r = r;
+  for (int j = 0; j < A - 1; ++j) {
+    double scale = 1;
+    for (int l = 0; l < A - 1; ++l)
+      if (l != j) scale *= kPoints[j] - kPoints[l];
+    for (int i = 0; i < m; ++i) f.at[i][j] = static_cast<float>(std::pow(kPoints[j], i));
+    for (int k = 0; k < r; ++k) f.g[j][k] = static_cast<float>(std::pow(kPoints[j], k) / scale);
+  }
+  f.at[m - 1][A - 1] = 1;
+  f.g[A - 1][r - 1] = 1;
+  return f;
+}
+
+const Square& winograd_input_matrix() {
+  static const Square bt = [] {
+    Square b{};
+    for (int j = 0; j <= A - 1; ++j) {
+      const std::array<double, A> c = product_of_roots(j == A - 1 ? -1 : j);
+      for (int i = 0; i < A; ++i) b[j][i] = static_cast<float>(c[i]);
+    }
+    return b;
+  }();
+  return bt;
+}
+
+bool winograd_suits(const WinogradProblem& p, std::int64_t kernel_w, std::int64_t stride_h,
+                    std::int64_t stride_w) {
+  const std::int64_t r = p.r, m = A + 1 - r;
+  if (kernel_w != r || (r != 3 && r != 5) || stride_h != 1 || stride_w != 1 || p.pad_h >= r ||
+      p.pad_w >= r || p.c < 16 || p.m < 16)
+    return false;
+  // Products saved over the direct convolution, counting the tiles' cut-off parts: 2.78 for a
+  // 5x5 filter and 4 for a 3x3 one on large images, 1 for a 3x3 one on a 2x2 image (where it
+  // measured slower than the direct convolution).
+  const double saved = static_cast<double>(r * r * p.oh * p.ow) /
+                       static_cast<double>(kPositions * ceil_div(p.oh, m) * ceil_div(p.ow, m));
+  return saved >= 2;
+}
+
+void winograd_forward(const WinogradProblem& p, const float* x, const float* weight,
+                      const float* bias, float* y, bool round_bf16) {
+  const WinogradMatrices f =
+      winograd_matrices(A + 1 - static_cast<int>(p.r), static_cast<int>(p.r));
+  const std::int64_t filter_floats = p.r * p.r, u_stride = round_up(p.m * p.c, kLanes);
+  Scratch u(kPositions * u_stride);
+  transform_filters(
+      f, p.m, p.c,
+      [&](std::int64_t out, std::int64_t in) { return weight + (out * p.c + in) * filter_floats; },
+      u.get(), u_stride);
+  correlate({p.n, p.c, p.h, p.w, p.m, p.oh, p.ow, p.pad_h, p.pad_w}, f, x, u.get(), u_stride, bias,
+            round_bf16, y);
+}
+
+void winograd_backward_data(const WinogradProblem& p, const float* dy, const float* weight,
+                            float* dx) {
+  // dx is the correlation of dy, padded by r - 1 - pad, with each filter turned by 180 degrees
+  // and its in and out channels exchanged.
+  const WinogradMatrices f =
+      winograd_matrices(A + 1 - static_cast<int>(p.r), static_cast<int>(p.r));
+  const std::int64_t filter_floats = p.r * p.r;
+  Scratch turned(p.m * p.c * filter_floats);
+  for (std::int64_t o = 0; o < p.m; ++o)
+    for (std::int64_t i = 0; i < p.c; ++i) {
+      const float* src = weight + (o * p.c + i) * filter_floats;
+      float* dst = turned.get() + (i * p.m + o) * filter_floats;
+      for (std::int64_t e = 0; e < filter_floats; ++e) dst[e] = src[filter_floats - 1 - e];
+    }
+  const std::int64_t u_stride = round_up(p.m * p.c, kLanes);
+  Scratch u(kPositions * u_stride);
+  transform_filters(
+      f, p.c, p.m,
+      [&](std::int64_t out, std::int64_t in) {
+        return turned.get() + (out * p.m + in) * filter_floats;
+      },
+      u.get(), u_stride);
+  correlate({p.n, p.m, p.oh, p.ow, p.c, p.h, p.w, p.r - 1 - p.pad_h, p.r - 1 - p.pad_w}, f, dy,
+            u.get(), u_stride, nullptr, false, dx);
+}
+
+void winograd_backward_filter(const WinogradProblem& p, const float* x, const float* dy,
+                              float* dweight) {
+  // dweight[o, i] = Σ_tiles x-window ⋆ dy-tile: F(r, m) with the output gradient's m x m tiles as
+  // the filters, summed over tiles in the transform domain.
+  const int r = static_cast<int>(p.r), m = A + 1 - r;
+  const WinogradMatrices f = winograd_matrices(r, m);
+  const TileGrid grid{p.n, ceil_div(p.oh, m), ceil_div(p.ow, m), m};
+  const Image in{p.c, p.h, p.w}, grad{p.m, p.oh, p.ow};
+  const std::int64_t tiles = grid.count();
+  // Blocks of a few MiB, shared by the threads (each block costs two barriers).
+  const std::int64_t block = std::min(block_tiles(p.c, p.m) * 4, round_up(tiles, kLanes));
+  const std::int64_t blocks = ceil_div(tiles, block);
+  // acc[ξ][o][i], positions acc_stride apart (whole lane groups, read as such at the end).
+  const std::int64_t count = p.m * p.c, acc_stride = round_up(count, kLanes);
+  Scratch work(kPositions * acc_stride + kPositions * (p.c + p.m) * block);
+  float* acc = work.get();
+  float* buffers = acc + kPositions * acc_stride;
+  std::fill_n(acc, kPositions * acc_stride, 0.f);
+  // Products split into (position, a band of output-channel rows) pieces.
+  const std::int64_t band = std::max<std::int64_t>(16, p.m / std::max(1, num_threads() / 4));
+  const std::int64_t bands = ceil_div(p.m, band);
+#pragma omp parallel num_threads(num_threads())
+  {
+    const EigenOnThisThread one;
+    std::vector<LaneWindows> windows, tiles_of_grad;  // each thread's copy, for the block
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const std::int64_t first = b * block,
+                         groups = ceil_div(std::min(block, tiles - first), kLanes);
+      const BlockBuffer v{buffers, groups * kLanes};
+      const BlockBuffer d{buffers + kPositions * p.c * v.cols, v.cols};
+      windows.clear();
+      tiles_of_grad.clear();
+      for (std::int64_t group = 0; group < groups; ++group) {
+        windows.emplace_back(grid, first + group * kLanes, in, p.pad_h, p.pad_w);
+        tiles_of_grad.emplace_back(grid, first + group * kLanes, grad, 0, 0);
+      }
+      // The two kinds of transform cost very differently: each is split evenly on its own.
+#pragma omp for schedule(static) collapse(2) nowait
+      for (std::int64_t c = 0; c < p.c; ++c)  // the input's α x α windows: Bᵀ x B
+        for (std::int64_t group = 0; group < groups; ++group)
+          transform_inputs(x, in, c, windows[group], v, group * kLanes);
+#pragma omp for schedule(static) collapse(2)
+      for (std::int64_t o = 0; o < p.m; ++o)  // the output gradient's m x m tiles: G dy Gᵀ
+        for (std::int64_t group = 0; group < groups; ++group) {
+          LaneTile g;
+          gather(dy, grad, o, tiles_of_grad[group], m, g);
+          sandwich_n<Side::Depth>(m, f.g, f.g, g.v, kLanes, d.lanes(o, group * kLanes), d.cols);
+        }
+#pragma omp for schedule(static) collapse(2)
+      for (int pos = 0; pos < kPositions; ++pos)
+        for (std::int64_t piece = 0; piece < bands; ++piece) {
+          const std::int64_t row = piece * band, rows = std::min(band, p.m - row);
+          MatrixMap(acc + pos * acc_stride + row * p.c, rows, p.c).noalias() +=
+              d.at_position(pos, row, rows) * v.at_position(pos, 0, p.c).transpose();
+        }
+    }
+    // Back from the transform domain: dweight[o, i] += Aᵀ acc[·][o][i] A.
+#pragma omp for schedule(static)
+    for (std::int64_t group = 0; group < ceil_div(count, kLanes); ++group) {
+      LaneTile w;
+      sandwich_n<Side::Rows>(r, f.at, f.at, acc + group * kLanes, acc_stride, w.v, kLanes);
+      for (int l = 0; l < kLanes && group * kLanes + l < count; ++l) {
+        float* dst = dweight + (group * kLanes + l) * r * r;
+        for (int i = 0; i < r; ++i)
+          for (int j = 0; j < r; ++j) dst[i * r + j] += w.at(i, j)[l];
+      }
+    }
+  }
+}
+
+}  // namespace pipeline::ops::detail
