@@ -1,6 +1,7 @@
 // bench_conv: forward, backward-data and backward-filter time of fashion-cnn's two convolutions
-// at batch 64, through the library's CPU ops (im2col per sample + Eigen gemm, samples over
-// threads).
+// and one of vgg16's 3x3 ones at batch 64, through the library's CPU ops with each algorithm:
+// "lowered" (im2col per sample + Eigen gemm, samples over threads) and "automatic" (Winograd's
+// transforms where they apply, ops/conv.hpp); the last column is lowered time / automatic time.
 //
 // FLOPs of each of the three passes = 2 · N · M · OH · OW · C · KH · KW (a multiply-add is 2).
 // For comparison the table ends with a plain gemm of the same FLOPs as conv2 done as one
@@ -97,15 +98,31 @@ int main(int argc, char** argv) {
     std::int64_t c, h, w, m, k, pad;
   };
   const std::vector<Conv> convs = {{"conv1 1->32 5x5 p2 28x28", 1, 28, 28, 32, 5, 2},
-                                   {"conv2 32->64 5x5 p2 14x14", 32, 14, 14, 64, 5, 2}};
+                                   {"conv2 32->64 5x5 p2 14x14", 32, 14, 14, 64, 5, 2},
+                                   {"vgg16 64->64 3x3 p1 32x32", 64, 32, 32, 64, 3, 1}};
 
-  std::string table = fmt::format("{:<28} {:<16} {:>8} {:>10} {:>10} {:>10} {:>10}\n", "layer",
-                                  "pass", "GFLOP", "median ms", "GFLOP/s", "best GF/s", "GF/cpu-s");
-  table += std::string(98, '-') + "\n";
-  auto row = [&](const std::string& layer, const char* pass, double flop, Timing t) {
-    table += fmt::format("{:<28} {:<16} {:>8.3f} {:>10.3f} {:>10.1f} {:>10.1f} {:>10.1f}\n", layer,
-                         pass, flop * 1e-9, t.median_s * 1e3, flop / t.median_s * 1e-9,
-                         flop / t.best_s * 1e-9, flop / t.median_cpu_s * 1e-9);
+  std::string table = fmt::format("{:<28} {:<16} {:<10} {:>8} {:>10} {:>10} {:>10} {:>10} {:>8}\n",
+                                  "layer", "pass", "algorithm", "GFLOP", "median ms", "GFLOP/s",
+                                  "best GF/s", "GF/cpu-s", "speed-up");
+  table += std::string(117, '-') + "\n";
+  // GFLOP/s count the direct convolution's FLOPs whatever the algorithm computes.
+  auto row = [&](const std::string& layer, const char* pass, const char* algorithm, double flop,
+                 Timing t, double speedup) {
+    table +=
+        fmt::format("{:<28} {:<16} {:<10} {:>8.3f} {:>10.3f} {:>10.1f} {:>10.1f} {:>10.1f} {:>8}\n",
+                    layer, pass, algorithm, flop * 1e-9, t.median_s * 1e3, flop / t.median_s * 1e-9,
+                    flop / t.best_s * 1e-9, flop / t.median_cpu_s * 1e-9,
+                    speedup > 0 ? fmt::format("{:.2f}x", speedup) : std::string());
+  };
+  // Each pass under both algorithms, the lowered one first.
+  auto both = [&](const std::string& layer, const char* pass, double flop,
+                  const std::function<void()>& fn) {
+    ops::set_cpu_conv_algorithm(ops::CpuConvAlgorithm::Lowered);
+    const Timing lowered = time_it(fn, min_seconds);
+    ops::set_cpu_conv_algorithm(ops::CpuConvAlgorithm::Automatic);
+    const Timing automatic = time_it(fn, min_seconds);
+    row(layer, pass, "lowered", flop, lowered, 0);
+    row(layer, pass, "automatic", flop, automatic, lowered.median_s / automatic.median_s);
   };
 
   for (const Conv& c : convs) {
@@ -118,18 +135,15 @@ int main(int argc, char** argv) {
     Tensor dx = Tensor::empty(x.shape());
     Tensor dw = Tensor::zeros(w.shape());
     const double flop = 2.0 * static_cast<double>(y.numel()) * c.c * c.k * c.k;
-    row(c.name, "forward", flop,
-        time_it([&] { ops::conv2d_forward(x, w, b, y, win); }, min_seconds));
-    row(c.name, "backward data", flop,
-        time_it([&] { ops::conv2d_backward_data(dy, w, dx, win); }, min_seconds));
-    row(c.name, "backward filter", flop,
-        time_it([&] { ops::conv2d_backward_filter(x, dy, dw, win); }, min_seconds));
+    both(c.name, "forward", flop, [&] { ops::conv2d_forward(x, w, b, y, win); });
+    both(c.name, "backward data", flop, [&] { ops::conv2d_backward_data(dy, w, dx, win); });
+    both(c.name, "backward filter", flop, [&] { ops::conv2d_backward_filter(x, dy, dw, win); });
   }
   {
     const std::int64_t m = 64, k = 32 * 25, n = batch * 14 * 14;
     Tensor a = random({m, k}, 5), bm = random({k, n}, 6), cm = Tensor::empty({m, n});
-    row(fmt::format("gemm {}x{}x{}", m, k, n), "whole batch", 2.0 * m * k * n,
-        time_it([&] { ops::gemm(a, false, bm, false, cm); }, min_seconds));
+    row(fmt::format("gemm {}x{}x{}", m, k, n), "whole batch", "", 2.0 * m * k * n,
+        time_it([&] { ops::gemm(a, false, bm, false, cm); }, min_seconds), 0);
   }
 
   const std::string header =

@@ -85,16 +85,29 @@ struct alignas(64) LaneTile {
   const float* at(int i, int j) const { return v + (i * A + j) * kLanes; }
 };
 
+// Where a transform reads its input and writes its output: element (i, j)'s lanes at
+// base + (i·A + j)·stride (a LaneTile, stride kLanes, or a block buffer, stride its columns).
+struct Strided {
+  const float* base;
+  std::int64_t stride;
+  Lanes operator()(int i, int j) const { return load(base + (i * A + j) * stride); }
+};
+struct StridedSink {
+  float* base;
+  std::int64_t stride;
+  void operator()(int i, int j, Lanes v) const { store(base + (i * A + j) * stride, v); }
+};
+
 // out = L · in · Rᵀ over the top-left Depth x Depth of `in`, for L (Rows x Depth) and R
 // (Cols x Depth): Bᵀ d B, G g Gᵀ and Aᵀ M A are all of this form. Extents are compile-time, so
-// every loop unrolls into vector multiply-adds over the lanes held in registers.
-template <int Rows, int Cols, int Depth>
-void sandwich(const Square& left, const Square& right, const float* in, std::int64_t in_stride,
-              float* out, std::int64_t out_stride) {
+// every loop unrolls into vector multiply-adds over the lanes held in registers; `in(i, j)`
+// gives the input's lanes and `out(i, j, lanes)` takes the output's.
+template <int Rows, int Cols, int Depth, typename Source, typename Sink>
+void sandwich(const Square& left, const Square& right, const Source& in, const Sink& out) {
   Lanes half[Rows][Depth];
   for (int q = 0; q < Depth; ++q) {
     Lanes column[Depth];
-    for (int k = 0; k < Depth; ++k) column[k] = load(in + (k * A + q) * in_stride);
+    for (int k = 0; k < Depth; ++k) column[k] = in(k, q);
     for (int i = 0; i < Rows; ++i) {
       Lanes acc = left[i][0] * column[0];
       for (int k = 1; k < Depth; ++k) acc += left[i][k] * column[k];
@@ -105,33 +118,31 @@ void sandwich(const Square& left, const Square& right, const float* in, std::int
     for (int j = 0; j < Cols; ++j) {
       Lanes acc = right[j][0] * half[i][0];
       for (int q = 1; q < Depth; ++q) acc += right[j][q] * half[i][q];
-      store(out + (i * A + j) * out_stride, acc);
+      out(i, j, acc);
     }
 }
 
 // sandwich with a runtime extent n of 2..5 (a tile or filter side) on the side that is not α:
 // Rows for Aᵀ M A (n x n out of α x α), Depth for G g Gᵀ (α x α out of n x n).
 enum class Side { Rows, Depth };
-template <Side S, int N>
-void sandwich_of(const Square& left, const Square& right, const float* in, std::int64_t in_stride,
-                 float* out, std::int64_t out_stride) {
+template <Side S, int N, typename Source, typename Sink>
+void sandwich_of(const Square& left, const Square& right, const Source& in, const Sink& out) {
   if constexpr (S == Side::Rows)
-    sandwich<N, N, A>(left, right, in, in_stride, out, out_stride);
+    sandwich<N, N, A>(left, right, in, out);
   else
-    sandwich<A, A, N>(left, right, in, in_stride, out, out_stride);
+    sandwich<A, A, N>(left, right, in, out);
 }
-template <Side S>
-void sandwich_n(int n, const Square& left, const Square& right, const float* in,
-                std::int64_t in_stride, float* out, std::int64_t out_stride) {
+template <Side S, typename Source, typename Sink>
+void sandwich_n(int n, const Square& left, const Square& right, const Source& in, const Sink& out) {
   switch (n) {
     case 2:
-      return sandwich_of<S, 2>(left, right, in, in_stride, out, out_stride);
+      return sandwich_of<S, 2>(left, right, in, out);
     case 3:
-      return sandwich_of<S, 3>(left, right, in, in_stride, out, out_stride);
+      return sandwich_of<S, 3>(left, right, in, out);
     case 4:
-      return sandwich_of<S, 4>(left, right, in, in_stride, out, out_stride);
+      return sandwich_of<S, 4>(left, right, in, out);
     case 5:
-      return sandwich_of<S, 5>(left, right, in, in_stride, out, out_stride);
+      return sandwich_of<S, 5>(left, right, in, out);
     default:
       PIPELINE_FAIL(Error, "no Winograd transform of extent {}", n);
   }
@@ -196,17 +207,6 @@ struct LaneWindows {
 // image and in lanes with no tile.
 void gather(const float* data, const Image& image, std::int64_t channel, const LaneWindows& o,
             int extent, LaneTile& d) {
-#if defined(__AVX512F__)
-  if (o.narrow) {
-    const float* plane = data + channel * image.plane();
-    for (int i = 0; i < extent; ++i)
-      for (int j = 0; j < extent; ++j)
-        _mm512_store_ps(d.at(i, j), _mm512_mask_i32gather_ps(
-                                        _mm512_setzero_ps(), o.row_inside[i] & o.col_inside[j],
-                                        o.offset, plane + i * image.w + j, sizeof(float)));
-    return;
-  }
-#endif
   for (int l = 0; l < kLanes; ++l) {
     const float* plane = data + (o.sample[l] * image.channels + channel) * image.plane();
     for (int i = 0; i < extent; ++i)
@@ -216,6 +216,53 @@ void gather(const float* data, const Image& image, std::int64_t channel, const L
         d.at(i, j)[l] = inside ? plane[y * image.w + x] : 0.f;
       }
   }
+}
+
+#if defined(__AVX512F__)
+// The same values straight into registers, one masked gather per element: a transform's input
+// never goes through memory. (Through a stack tile, loads of it that alias in-flight stores to
+// the block buffers modulo 4 KiB stalled behind them: the same step ran 2x slower depending on
+// where the main thread's stack happened to lie.)
+struct Gathered {
+  const float* plane;  // the channel's plane in sample 0
+  std::int64_t w;
+  const LaneWindows& o;
+  Lanes operator()(int i, int j) const {
+    return reinterpret_cast<Lanes>(
+        _mm512_mask_i32gather_ps(_mm512_setzero_ps(), o.row_inside[i] & o.col_inside[j], o.offset,
+                                 plane + i * w + j, sizeof(float)));
+  }
+};
+
+// Output element (i, j) of each lane's tile, plus a bias, scattered into its image (the lanes
+// whose pixel lies inside).
+struct Scattered {
+  float* plane;  // the channel's plane in sample 0
+  std::int64_t w;
+  const LaneWindows& o;
+  float bias;
+  void operator()(int i, int j, Lanes v) const {
+    _mm512_mask_i32scatter_ps(plane + i * w + j, o.row_inside[i] & o.col_inside[j], o.offset,
+                              reinterpret_cast<__m512>(v + bias), sizeof(float));
+  }
+};
+#endif
+
+// Applies sandwich_n-style transform `apply(source)` to the extent x extent windows of one lane
+// group of one channel: from registers where the gathers can address the image, else through a
+// tile.
+template <typename Apply>
+void transform_windows(const float* data, const Image& image, std::int64_t channel,
+                       const LaneWindows& windows, int extent, const Apply& apply) {
+#if defined(__AVX512F__)
+  if (windows.narrow) {
+    apply(Gathered{data + channel * image.plane(), image.w, windows});
+    return;
+  }
+#endif
+  LaneTile d;
+  gather(data, image, channel, windows, extent, d);
+  apply(Strided{d.v, kLanes});
 }
 
 // A block's buffer laid out [row][ξ][cols]: row r's lane group `column / kLanes` starts at
@@ -239,9 +286,9 @@ struct BlockBuffer {
 void transform_inputs(const float* data, const Image& image, std::int64_t channel,
                       const LaneWindows& windows, const BlockBuffer& v, std::int64_t column) {
   const Square& bt = winograd_input_matrix();
-  LaneTile d;
-  gather(data, image, channel, windows, A, d);
-  sandwich<A, A, A>(bt, bt, d.v, kLanes, v.lanes(channel, column), v.cols);
+  const StridedSink to{v.lanes(channel, column), v.cols};
+  transform_windows(data, image, channel, windows, A,
+                    [&](const auto& from) { sandwich<A, A, A>(bt, bt, from, to); });
 }
 
 // Transformed filters: u[ξ][out][in] = G g Gᵀ of every filter g, read as filter(out, in) (r x r,
@@ -262,7 +309,8 @@ void transform_filters(const WinogradMatrices& f, std::int64_t outs, std::int64_
       for (int i = 0; i < f.r; ++i)
         for (int j = 0; j < f.r; ++j) g.at(i, j)[l] = src[i * f.r + j];
     }
-    sandwich_n<Side::Depth>(f.r, f.g, f.g, g.v, kLanes, u + group * kLanes, stride);
+    sandwich_n<Side::Depth>(f.r, f.g, f.g, Strided{g.v, kLanes},
+                            StridedSink{u + group * kLanes, stride});
   }
 }
 
@@ -321,10 +369,17 @@ void correlate(const Correlation& p, const WinogradMatrices& f, const float* x, 
       for (std::int64_t o = 0; o < p.outs; ++o) {
         const float b = bias ? bias[o] : 0.f;
         for (std::int64_t group = 0; group < groups; ++group) {
-          LaneTile tile;
-          sandwich_n<Side::Rows>(f.m, f.at, f.at, m.lanes(o, group * kLanes), m.cols, tile.v,
-                                 kLanes);
+          const Strided from{m.lanes(o, group * kLanes), m.cols};
           const LaneWindows& at = outputs[group];
+#if defined(__AVX512F__)
+          if (at.narrow && !round_bf16) {
+            sandwich_n<Side::Rows>(f.m, f.at, f.at, from,
+                                   Scattered{y + o * out.plane(), p.ow, at, b});
+            continue;
+          }
+#endif
+          LaneTile tile;
+          sandwich_n<Side::Rows>(f.m, f.at, f.at, from, StridedSink{tile.v, kLanes});
           for (int l = 0; l < kLanes; ++l) {
             if (!at.valid[l]) continue;
             float* plane = y + (at.sample[l] * p.outs + o) * out.plane();
@@ -471,9 +526,10 @@ void winograd_backward_filter(const WinogradProblem& p, const float* x, const fl
 #pragma omp for schedule(static) collapse(2)
       for (std::int64_t o = 0; o < p.m; ++o)  // the output gradient's m x m tiles: G dy Gᵀ
         for (std::int64_t group = 0; group < groups; ++group) {
-          LaneTile g;
-          gather(dy, grad, o, tiles_of_grad[group], m, g);
-          sandwich_n<Side::Depth>(m, f.g, f.g, g.v, kLanes, d.lanes(o, group * kLanes), d.cols);
+          const StridedSink to{d.lanes(o, group * kLanes), d.cols};
+          transform_windows(dy, grad, o, tiles_of_grad[group], m, [&](const auto& from) {
+            sandwich_n<Side::Depth>(m, f.g, f.g, from, to);
+          });
         }
 #pragma omp for schedule(static) collapse(2)
       for (int pos = 0; pos < kPositions; ++pos)
@@ -487,7 +543,8 @@ void winograd_backward_filter(const WinogradProblem& p, const float* x, const fl
 #pragma omp for schedule(static)
     for (std::int64_t group = 0; group < ceil_div(count, kLanes); ++group) {
       LaneTile w;
-      sandwich_n<Side::Rows>(r, f.at, f.at, acc + group * kLanes, acc_stride, w.v, kLanes);
+      sandwich_n<Side::Rows>(r, f.at, f.at, Strided{acc + group * kLanes, acc_stride},
+                             StridedSink{w.v, kLanes});
       for (int l = 0; l < kLanes && group * kLanes + l < count; ++l) {
         float* dst = dweight + (group * kLanes + l) * r * r;
         for (int i = 0; i < r; ++i)
