@@ -500,8 +500,11 @@ void winograd_backward_filter(const WinogradProblem& p, const float* x, const fl
   float* acc = work.get();
   float* buffers = acc + kPositions * acc_stride;
   std::fill_n(acc, kPositions * acc_stride, 0.f);
-  // Products split into (position, a band of output-channel rows) pieces.
-  const std::int64_t band = std::max<std::int64_t>(16, p.m / std::max(1, num_threads() / 4));
+  // Products split into (position, a band of output-channel rows) pieces. The band is fixed, a
+  // multiple of every Eigen row panel (48 floats with AVX-512, 24 with AVX, 12 with SSE), so each
+  // row takes the same kernel and summation order whatever the thread count: a band of 50 rows
+  // put rows 48-49 through Eigen's leftover-row kernel and changed their last bits.
+  constexpr std::int64_t band = 96;
   const std::int64_t bands = ceil_div(p.m, band);
 #pragma omp parallel num_threads(num_threads())
   {

@@ -322,3 +322,27 @@ TEST_CASE(
   expect_close(fast, lowered, "automatic against lowered", 1e-5);
   CHECK(fast.to_vector() != lowered.to_vector());  // two different sums
 }
+
+TEST_CASE("Winograd results are the same bits for any thread count") {
+  // Each output belongs to one block of tiles and each weight-gradient sum is taken by one thread
+  // in block order over fixed bands of rows (200 output channels: three bands).
+  const ops::Window2d win = ops::Window2d::square(3, 1, 1);
+  const Tensor x = testing::random_tensor({3, 16, 9, 9}, 51);
+  const Tensor w = testing::random_tensor({200, 16, 3, 3}, 52);
+  const Tensor dy = testing::random_tensor({3, 200, 9, 9}, 53);
+  std::vector<std::vector<float>> first;
+  for (int threads : {1, 2, 8, 16}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    Tensor dx = Tensor::empty(x.shape()), dw = Tensor::zeros(w.shape());
+    ops::conv2d_backward_data(dy, w, dx, win);
+    ops::conv2d_backward_filter(x, dy, dw, win);
+    const std::vector<std::vector<float>> now = {ops::conv2d(x, w, Tensor(), win).to_vector(),
+                                                 dx.to_vector(), dw.to_vector()};
+    if (first.empty()) first = now;
+    CHECK(now[0] == first[0]);
+    CHECK(now[1] == first[1]);
+    CHECK(now[2] == first[2]);
+  }
+  set_num_threads(default_num_threads());
+}
