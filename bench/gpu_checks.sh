@@ -6,7 +6,7 @@
 #
 #   OUT=/tmp/gpu DEADLINE=500 bash bench/gpu_checks.sh
 #   STEPS="tests train bench pipeline cpu" (default: all five; cpu: this library against PyTorch
-#   on the CPU at 1, 2, 8 and 16 threads, pinned), DATA=<Fashion-MNIST dir>, TEXT=<training text>,
+#   on the CPU at 1, 2, 8 and 16 threads, pinned; bench_conv on 16), DATA=<Fashion-MNIST dir>, TEXT=<training text>,
 #   ARCH=90 (CMAKE_CUDA_ARCHITECTURES), PRECISION=fp32,tf32,bf16 (bench_gpu_step), TORCH=1 (0: no
 #   PyTorch columns), BUILD=build/gpu-checks, SKIP_BUILD=1 (use BUILD as it is)
 #
@@ -123,6 +123,9 @@ if has cpu; then
     box 60 "$OUT/cpu.log" env PYTHON=python3 REPS=2 bash bench/compare_torch.sh "$B" "$t" 64
   done
   grep -E "^\| (fashion|mlp)|run [12]:" "$OUT/cpu.log" >>"$S"
+  # The convolutions' two algorithms (lowered, Winograd) on 16 cores.
+  box 40 "$OUT/conv.log" taskset -c 0-15 "$B/bench/bench_conv" --threads 16 --min-seconds 0.2
+  grep -E "^(conv2|vgg16)" "$OUT/conv.log" >>"$S"
 fi
 echo "[$(($(date +%s) - T0))s] done" >>"$S"
 cat "$S"
