@@ -22,6 +22,14 @@ double data_parallel_seconds(const Profile& p, const Topology& t, const Partitio
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// A stage's working memory beside its tensors: its layers' temporaries and the runtime's
+// (StageWorkspace) and the buffers of the receives it keeps posted, at `ratio` compression.
+double working_bytes(const StateGraph& g, int s, int e, double ratio) {
+  const double input = s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(s)];
+  return g.workspace(s, e) +
+         posted_receive_bytes(input, g.boundary_bytes[static_cast<std::size_t>(e)], ratio);
+}
+
 struct Entry {
   double t = kInf;
   int k = -3;       // split state; -2: single stage; -4: idle (same j, one machine fewer)
@@ -172,7 +180,7 @@ class Solver {
     if (level != 0) return {};  // inner stages were checked one level down
     int flight = in_flight(m_workers, m - r, r);
     const double input = s < 0 ? 0.0 : m_g.boundary_bytes[static_cast<std::size_t>(s)];
-    const double work = m_g.workspace(s, j);
+    const double work = working_bytes(m_g, s, j, m_ratio);
     if (m_o.recompute != Recompute::All &&
         stage_memory_bytes(par, version, act, flight, m_o.optimizer_state_factor, input, work) <=
             *m_memory)
@@ -576,7 +584,7 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     const double par = diff(g.parameter_bytes, fs.s, fs.e), act = g.stage_activation_bytes(fs.s, fs.e);
     const double version = diff(g.version_bytes, fs.s, fs.e);
     const double input = fs.s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(fs.s)];
-    const double work = g.workspace(fs.s, fs.e);
+    const double work = working_bytes(g, fs.s, fs.e, R);
     auto stash_at = [&](int f) {
       return stage_memory_bytes(par, version, act, f, o.optimizer_state_factor, input, work);
     };
@@ -729,7 +737,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
                  input = at(g.boundary_bytes, f.s);
     // describe() decided recomputation: every stage under --recompute all, none otherwise. One
     // minibatch in flight: no stashed version.
-    ps.workspace_bytes = g.workspace(f.s, f.e);
+    ps.workspace_bytes = working_bytes(g, f.s, f.e, o.activation_compression.value_or(1.0));
     ps.memory_bytes =
         ps.recompute ? recompute_stage_memory_bytes(par, par, act, input, 1,
                                                     o.optimizer_state_factor, ps.workspace_bytes)

@@ -76,6 +76,14 @@ struct TypedPartitioner::Impl {
   // rule at level 0: stash if that fits, else recompute where allowed), holding PipeDream's
   // count of minibatches, or `flight` (> 0) and, when `delays` and r > 1, the second gradient
   // set and weight version of replicas that delay their allreduce.
+  // The stage's working memory: its layers' temporaries and the runtime's, and the buffers of the
+  // receives it keeps posted.
+  double working(const TypeData& d, int s, int j) const {
+    const double input = s < 0 ? 0.0 : d.boundary[static_cast<std::size_t>(s)];
+    return d.workspace(s, j) +
+           posted_receive_bytes(input, d.boundary[static_cast<std::size_t>(j)], ratio);
+  }
+
   Mode mode(const TypeData& d, int s, int j, int r, int w, int flight = 0,
             bool delays = false) const {
     // The stage keeps part of its received input as its first layer's saved input (the types'
@@ -87,7 +95,7 @@ struct TypedPartitioner::Impl {
     if (flight <= 0) flight = in_flight(w, 0, r);
     const double delay_bytes =
         delays ? delayed_allreduce_bytes(par, version, r, /*input_stage=*/s < 0) : 0.0;
-    const double work = d.workspace(s, j);
+    const double work = working(d, s, j);
     const double stash =
         stage_memory_bytes(par, version, act, flight, options.optimizer_state_factor, input, work) +
         delay_bytes;
@@ -383,7 +391,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
     ps.sync_s = std::max(0.0, cost.compute_path - ps.compute_s);
     ps.transfer_s = cost.transfer;
     ps.memory_bytes = md.memory_bytes;
-    ps.workspace_bytes = d.workspace(s, c.j);
+    ps.workspace_bytes = x.working(d, s, c.j);
     worst = std::max(worst, cost.time());
     if (!plan.stages.empty()) plan.config.push_back('-');
     plan.config += std::to_string(c.replicas);

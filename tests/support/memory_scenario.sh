@@ -3,8 +3,9 @@
 #   memory_scenario.sh PIPELINE_PROFILE PIPELINE_PARTITION TRAIN_TRANSFORMER_LM MPIRUN...
 # profiles a transformer-lm (each block's passes make temporaries: the profile's workspace_bytes),
 # partitions it for 2 workers, trains the plan on 2 ranks and checks every rank's allocator peak
-# against the plan's estimate (within 10%) and the executor's own count against the estimate
-# less its working memory (within 2%); without the working memory the estimate was 14-20% short.
+# against the plan's estimate (within 5%; 0.3-0.4% when measured) and the executor's own count
+# against the estimate less its working memory (within 2%); without the working memory the
+# estimate was 14-20% short, without the posted receive buffers 4-5%.
 set -euo pipefail
 profile=$1
 partition=$2
@@ -40,6 +41,6 @@ for rank, r in sorted(memory.items()):
     held = r["planned_bytes"] - r["planned_workspace_bytes"]
     print(f"rank {rank}: allocator peak {r['allocator_peak_bytes']} B, planned {r['planned_bytes']:.0f} B "
           f"(working memory {r['planned_workspace_bytes']:.0f} B); executor {r['measured_peak_bytes']} B")
-    assert abs(r["allocator_peak_bytes"] - r["planned_bytes"]) <= 0.10 * r["planned_bytes"], r
+    assert abs(r["allocator_peak_bytes"] - r["planned_bytes"]) <= 0.05 * r["planned_bytes"], r
     assert abs(r["measured_peak_bytes"] - held) <= 0.02 * held, r
 PY

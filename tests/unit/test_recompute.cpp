@@ -211,15 +211,24 @@ TEST_CASE("a recomputing stage trains bit for bit like a stashing one, with less
   }
 }
 
+// uniform_profile with a 20 MB first output and a 1 MB second one: the first two layers stash
+// much, and pass little on.
+Profile narrowing_profile() {
+  Profile p = uniform_profile();
+  p.layers[0].output_bytes = 20'000'000;
+  p.layers[1].output_bytes = 1'000'000;
+  return p;
+}
+
 TEST_CASE("the partitioner recomputes the stages that would not fit otherwise") {
-  const Profile p = uniform_profile();
+  const Profile p = narrowing_profile();
   // Two workers: the first stage has 2 minibatches in flight, the second 1. Per worker
   // (parameters, gradient, momentum and stashed versions; activations and inputs in flight; the
-  // input gradient):
-  //   [0,2) stashing  2 MB·(2 + 1 + 1) + 20 MB·2            = 48 MB; recomputing 8 + 20 = 28 MB
-  //   [2,4) stashing  2 MB·(2 + 1)     + (2 + 10) MB + 10 MB = 28 MB
-  // and every other split or replication needs more than 30 MB either way.
-  Topology t{{{2, 1e10}}, 30e6};
+  // input gradient; 4 posted receives of the 1 MB message between the stages):
+  //   [0,2) stashing  2 MB·(2 + 1 + 1) + 21 MB·2 + 4 MB           = 54 MB; recomputing 33 MB
+  //   [2,4) stashing  2 MB·(2 + 1)     + (2 + 1) MB + 1 MB + 4 MB = 14 MB
+  // and every other split or replication needs more than 34 MB either way (data parallelism 35).
+  Topology t{{{2, 1e10}}, 34e6};
   PartitionOptions o;
   o.recompute = Recompute::Auto;
   const Plan plan = partition(p, t, o);
@@ -228,8 +237,8 @@ TEST_CASE("the partitioner recomputes the stages that would not fit otherwise") 
   CHECK(plan.stages[0].end == 2);
   CHECK(plan.stages[0].recompute);
   CHECK_FALSE(plan.stages[1].recompute);
-  CHECK(plan.stages[0].memory_bytes == doctest::Approx(28e6));
-  CHECK(plan.stages[1].memory_bytes == doctest::Approx(28e6));
+  CHECK(plan.stages[0].memory_bytes == doctest::Approx(33e6));
+  CHECK(plan.stages[1].memory_bytes == doctest::Approx(14e6));
   // The second forward is charged to the recomputing stage: 2 · (1 + 2) + 2 · 1 ms.
   CHECK(plan.stages[0].compute_s == doctest::Approx(0.008));
   CHECK(plan.stages[1].compute_s == doctest::Approx(0.006));
@@ -262,10 +271,10 @@ TEST_CASE("the partitioner recomputes the stages that would not fit otherwise") 
 }
 
 TEST_CASE("plan.json keeps the per-stage recompute choice; plans without it read as before") {
-  const Profile p = uniform_profile();
+  const Profile p = narrowing_profile();
   PartitionOptions o;
   o.recompute = Recompute::Auto;
-  const Plan plan = partition(p, Topology{{{2, 1e10}}, 30e6}, o);
+  const Plan plan = partition(p, Topology{{{2, 1e10}}, 34e6}, o);
   const nlohmann::json j = plan_to_json(plan);
   CHECK(j["stages"][0]["recompute"] == true);
   CHECK_FALSE(j["stages"][1].contains("recompute"));  // written only when true

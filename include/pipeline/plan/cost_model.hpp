@@ -22,6 +22,7 @@
 
 #include <pipeline/core/error.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string_view>
 #include <vector>
@@ -87,6 +88,19 @@ inline double delayed_allreduce_bytes(double parameter_bytes, double version_byt
   return replicas > 1 && !input_stage ? parameter_bytes + version_bytes : 0.0;
 }
 
+// Receives the runtime keeps posted ahead of the actions that wait for them
+// (StageExecutor::Options::receive_lookahead), each holding a buffer of one message.
+constexpr int kPostedReceives = 4;
+
+// The buffers of those receives on a stage, part of its working memory: kPostedReceives messages
+// of the larger it receives — its input from the stage before, the gradient of its output from
+// the stage after (0 where there is none) — at the bytes on the wire (`compression`: the
+// activation compression ratio, 2 for bf16 transfers). On a CPU pipeline of transformer blocks
+// they were the whole 4-5% by which the allocator's peak exceeded the plan.
+inline double posted_receive_bytes(double input_bytes, double output_bytes, double compression) {
+  return kPostedReceives * std::max(input_bytes, output_bytes) / compression;
+}
+
 // Bytes per worker of a stage under 1F1B-stash (Pipeline cost model): the working weights, their
 // gradient, the optimizer state (`optimizer_state_factor` copies, 1 for momentum SGD, 2 for
 // Adam), one stashed weight version per in-flight minibatch beyond the newest (`version_bytes`
@@ -95,8 +109,8 @@ inline double delayed_allreduce_bytes(double parameter_bytes, double version_byt
 // bytes crossing into the stage; 0 for the first stage), the input gradient of the backward in
 // progress, as large as the input, and the working memory of the pass in progress
 // (`workspace_bytes`: StageWorkspace of antichain.hpp, the temporaries of one layer's pass and
-// the runtime's own). The runtime's measured peak (StageMemory) holds all but the last; the
-// allocator's peak (the trainers' "allocator peak") the last too.
+// the runtime's own, plus posted_receive_bytes). The runtime's measured peak (StageMemory) holds
+// all but the last; the allocator's peak (the trainers' "allocator peak") the last too.
 inline double stage_memory_bytes(double parameter_bytes, double version_bytes,
                                  double activation_bytes, int in_flight_minibatches,
                                  double optimizer_state_factor, double input_bytes,

@@ -77,6 +77,7 @@
 #include <pipeline/nn/loss.hpp>
 #include <pipeline/nn/sequential.hpp>
 #include <pipeline/optim/optimizer.hpp>
+#include <pipeline/plan/cost_model.hpp>
 #include <pipeline/plan/plan.hpp>
 #include <pipeline/runtime/microbatch_context.hpp>
 #include <pipeline/runtime/weight_store.hpp>
@@ -139,9 +140,9 @@ struct ExecutorOptions {
   bool bf16_stash = true;
   float clip_norm = 0.f;      // global gradient-norm clipping (0: off)
   bool record_trace = false;  // keep every executed action's timing (trace_events())
-  // Receives posted ahead of the action that waits for them, per kind; more overlap for more
-  // memory held in posted buffers.
-  int receive_lookahead = 4;
+  // Receives posted ahead of the action that waits for them; more overlap for more memory held
+  // in posted buffers (which the planner charges for kPostedReceives of them, plan/cost_model.hpp).
+  int receive_lookahead = kPostedReceives;
   // Per stage of the layout: the stage recomputes its activations in backward instead of
   // stashing them (PlanStage::recompute). Empty, or shorter than the stages: no recomputation.
   std::vector<bool> recompute;
