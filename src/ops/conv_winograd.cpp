@@ -20,6 +20,10 @@
 #include <omp.h>
 #endif
 
+// Lanes (64-byte vectors) pass by value only between this file's internal functions, so the
+// calling convention GCC warns about on targets without AVX-512 never meets other code.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 // Layout. Tiles are numbered over the batch (sample, tile row, tile column) and taken a block at
 // a time; a block's transformed inputs are V[in][ξ][tile] and its products
 // M[out][ξ][tile] = U[ξ][out][in] · V[in][ξ][tile], one gemm per transform position ξ.
