@@ -72,10 +72,6 @@ struct TypedPartitioner::Impl {
     double extra_s = 0;
     double memory_bytes = 0;
   };
-  // How stage (s..j] runs on r workers of type t with w workers at and after it (partition()'s
-  // rule at level 0: stash if that fits, else recompute where allowed), holding PipeDream's
-  // count of minibatches, or `flight` (> 0) and, when `delays` and r > 1, the second gradient
-  // set and weight version of replicas that delay their allreduce.
   // The stage's working memory: its layers' temporaries and the runtime's, and the buffers of the
   // receives it keeps posted.
   double working(const TypeData& d, int s, int j) const {
@@ -84,6 +80,10 @@ struct TypedPartitioner::Impl {
            posted_receive_bytes(input, d.boundary[static_cast<std::size_t>(j)], ratio);
   }
 
+  // How stage (s..j] runs on r workers of type t with w workers at and after it (partition()'s
+  // rule at level 0: stash if that fits, else recompute where allowed), holding PipeDream's
+  // count of minibatches, or `flight` (> 0) and, when `delays` and r > 1, the second gradient
+  // set and weight version of replicas that delay their allreduce.
   Mode mode(const TypeData& d, int s, int j, int r, int w, int flight = 0,
             bool delays = false) const {
     // The stage keeps part of its received input as its first layer's saved input (the types'

@@ -89,7 +89,8 @@ inline double delayed_allreduce_bytes(double parameter_bytes, double version_byt
 }
 
 // Receives the runtime keeps posted ahead of the actions that wait for them
-// (StageExecutor::Options::receive_lookahead), each holding a buffer of one message.
+// (ExecutorOptions::receive_lookahead, runtime/stage_executor.hpp), each holding a buffer of one
+// message.
 constexpr int kPostedReceives = 4;
 
 // The buffers of those receives on a stage, part of its working memory: kPostedReceives messages
