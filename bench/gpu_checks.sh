@@ -5,8 +5,10 @@
 # (default ./gpu-out); every step is cut at its own cap and at the global DEADLINE (seconds).
 #
 #   OUT=/tmp/gpu DEADLINE=500 bash bench/gpu_checks.sh
-#   STEPS="tests train bench pipeline cpu" (default: all five; cpu: this library against PyTorch
-#   on the CPU at 1, 2, 8 and 16 threads, pinned; bench_conv on 16), DATA=<Fashion-MNIST dir>, TEXT=<training text>,
+#   STEPS="tests train bench pipeline cpu" (default: all five, run in the order named; cpu: this
+#   library against PyTorch on the CPU at CPU_THREADS (default 1 2 8 16), pinned; bench_conv on
+#   16), LANE=<cap of the tests/train lanes>, CASES=<bench_gpu_step cases>,
+#   BENCH_STEPS=20, BENCH_KERNELS=1 (0: no bench_kernels), DATA=<Fashion-MNIST dir>, TEXT=<training text>,
 #   ARCH=90 (CMAKE_CUDA_ARCHITECTURES), PRECISION=fp32,tf32,bf16 (bench_gpu_step), TORCH=1 (0: no
 #   PyTorch columns), BUILD=build/gpu-checks, SKIP_BUILD=1 (use BUILD as it is)
 #
@@ -57,53 +59,58 @@ if [[ ${SKIP_BUILD:-0} != 1 ]]; then
   cmake --preset cuda-release -B "$B" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DPIPELINE_BUILD_BENCH=ON \
     >"$OUT/build.log" 2>&1
   box 300 "$OUT/build.log" cmake --build "$B" -j "$(nproc)" -- -k 0 pipeline_gpu_tests \
-    train_fashion_mnist train_transformer_lm bench_gpu_step bench_kernels bench_train \
+    train_fashion_mnist train_transformer_lm bench_gpu_step bench_kernels bench_train bench_conv \
     pipeline-profile pipeline-partition pipeline-simulate ||
     grep -m20 -A6 "error" "$OUT/build.log" >>"$S"
 fi
 
-lane=$(($(left) / 3))
-export lane
-if has tests; then
-  (box "$lane" "$OUT/gpu-tests.log" ctest --test-dir "$B" -L gpu -j 6 --timeout "$lane" --output-on-failure
-   grep -E "tests passed|\((Failed|Timeout|SEGFAULT|Subprocess.*)\)" "$OUT/gpu-tests.log" >>"$S") &
-  # The deliberate out-of-memory requests of gpu_test_device_memory are API errors, not bugs.
-  (for t in activation attention bias convert dropout embedding layer_norm optimizer pool \
-      softmax_xent batch_norm gemm conv; do echo "memcheck $t"; done
-   for t in attention layer_norm softmax_xent bias pool; do echo "racecheck $t"; done) |
-    xargs -P 4 -L 1 bash -c 'box $((lane - 5)) "$OUT/sanitizer.log" compute-sanitizer --tool $0 \
-      --error-exitcode 9 "$B/tests/gpu_test_$1"' &
-fi
-if has train; then
-  (box 120 "$OUT/train.log" "$B/examples/train_fashion_mnist" --device cuda --data "$DATA"
-   box 120 "$OUT/train.log" mpirun -np 1 "$B/examples/train_fashion_mnist" --device cuda \
-     --in-process --plan examples/plans/fashion_cnn_4stages.json --schedule 1f1b-stash --data "$DATA"
-   box 60 "$OUT/train.log" "$B/examples/train_transformer_lm" --device cuda --text "$TEXT" --steps 200
-   box 60 "$OUT/train.log" "$B/examples/train_transformer_lm" --device cuda --text "$TEXT" \
-     --steps 200 --dtype bf16) &
-fi
-wait
-[[ -f $OUT/sanitizer.log ]] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" | sort | uniq -c >>"$S"
-[[ -f $OUT/train.log ]] && grep -E "test accuracy:|steps in|step 200/" "$OUT/train.log" >>"$S"
+# The `gpu` suite and compute-sanitizer beside the training acceptance runs (GPU work that shares
+# the device well), each lane cut at LANE seconds (default a third of what is left).
+checks() {
+  lane=${LANE:-$(($(left) / 3))}
+  export lane
+  if has tests; then
+    (box "$lane" "$OUT/gpu-tests.log" ctest --test-dir "$B" -L gpu -j 6 --timeout "$lane" --output-on-failure
+     grep -E "tests passed|\((Failed|Timeout|SEGFAULT|Subprocess.*)\)" "$OUT/gpu-tests.log" >>"$S") &
+    # The deliberate out-of-memory requests of gpu_test_device_memory are API errors, not bugs.
+    (for t in activation attention bias convert dropout embedding layer_norm optimizer pool \
+        softmax_xent batch_norm gemm conv; do echo "memcheck $t"; done
+     for t in attention layer_norm softmax_xent bias pool; do echo "racecheck $t"; done) |
+      xargs -P 4 -L 1 bash -c 'box $((lane - 5)) "$OUT/sanitizer.log" compute-sanitizer --tool $0 \
+        --error-exitcode 9 "$B/tests/gpu_test_$1"' &
+  fi
+  if has train; then
+    (box 120 "$OUT/train.log" "$B/examples/train_fashion_mnist" --device cuda --data "$DATA"
+     box 120 "$OUT/train.log" mpirun -np 1 "$B/examples/train_fashion_mnist" --device cuda \
+       --in-process --plan examples/plans/fashion_cnn_4stages.json --schedule 1f1b-stash --data "$DATA"
+     box 60 "$OUT/train.log" "$B/examples/train_transformer_lm" --device cuda --text "$TEXT" --steps 200
+     box 60 "$OUT/train.log" "$B/examples/train_transformer_lm" --device cuda --text "$TEXT" \
+       --steps 200 --dtype bf16) &
+  fi
+  wait
+  [[ -f $OUT/sanitizer.log ]] && grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log" | sort | uniq -c >>"$S"
+  [[ -f $OUT/train.log ]] && grep -E "test accuracy:|steps in|step 200/" "$OUT/train.log" >>"$S"
+}
 
-if has bench; then
-  kernels_torch=() step_torch=()
+bench() {
+  local kernels_torch=() step_torch=()
   if [[ ${TORCH:-1} == 1 ]]; then
     kernels_torch=(--torch)
     step_torch=(--torch --torch-compile)
   fi
-  box 60 "$OUT/bench.log" "$B/bench/bench_kernels" "${kernels_torch[@]}"
+  [[ ${BENCH_KERNELS:-1} == 1 ]] && box 60 "$OUT/bench.log" "$B/bench/bench_kernels" "${kernels_torch[@]}"
   box 400 "$OUT/bench.log" "$B/bench/bench_gpu_step" "${step_torch[@]}" \
-    --precision "$PRECISION" --steps 20 --warmup 5
+    --precision "$PRECISION" --steps "${BENCH_STEPS:-20}" --warmup 5 ${CASES:+--cases "$CASES"}
   # The WMMA attention kernels (ops::Bf16AttentionKernel::Wmma, not the default) on the transformer.
   box 60 "$OUT/bench.log" env PIPELINE_BF16_ATTENTION=wmma "$B/bench/bench_gpu_step" \
     --cases transformer-lm-b16 --precision bf16 --steps 10 --warmup 3
   grep -E "^\| " "$OUT/bench.log" >>"$S"
-fi
-if has pipeline; then
+}
+
+pipeline() {
   # A 4-stage transformer-lm pipeline of the GPU's own profile, in one process on the one GPU,
   # beside the same model trained sequentially; the partitioner prints what 4 GPUs would give.
-  lm=(--dtype bf16 --seq-len 1024 --dim 1024 --heads 16 --blocks 8 --batch 8)
+  local lm=(--dtype bf16 --seq-len 1024 --dim 1024 --heads 16 --blocks 8 --batch 8)
   box 40 "$OUT/pipeline.log" "$B/partitioner/pipeline-profile" --model transformer-lm --device cuda \
     "${lm[@]}" -o "$OUT/lm8.json" &&
     box 15 "$OUT/pipeline.log" "$B/partitioner/pipeline-partition" --profile "$OUT/lm8.json" \
@@ -117,15 +124,26 @@ if has pipeline; then
   # Each rank's allocator peak beside the plan (now with the profile's working memory).
   grep -A5 "^memory per rank" "$OUT/pipeline.log" >>"$S"
   grep -o '"runtime_bytes": [0-9]*\|"workspace_bytes": [0-9]*' "$OUT/lm8.json" | sort | uniq -c >>"$S"
-fi
-if has cpu; then
-  for t in 1 2 8 16; do
+}
+
+cpu() {
+  for t in ${CPU_THREADS:-1 2 8 16}; do
     box 60 "$OUT/cpu.log" env PYTHON=python3 REPS=2 bash bench/compare_torch.sh "$B" "$t" 64
   done
   grep -E "^\| (fashion|mlp)|run [12]:" "$OUT/cpu.log" >>"$S"
   # The convolutions' two algorithms (lowered, Winograd) on 16 cores.
   box 40 "$OUT/conv.log" taskset -c 0-15 "$B/bench/bench_conv" --threads 16 --min-seconds 0.2
   grep -E "^(conv2|vgg16)" "$OUT/conv.log" >>"$S"
-fi
+}
+
+# Steps run in the order STEPS names them; tests and train together, where the first of them is.
+ran_checks=0
+for step in $STEPS; do
+  case $step in
+    tests | train) ((ran_checks)) || checks; ran_checks=1 ;;
+    bench | pipeline | cpu) $step ;;
+    *) echo "unknown step '$step' (tests, train, bench, pipeline, cpu)" >>"$S" ;;
+  esac
+done
 echo "[$(($(date +%s) - T0))s] done" >>"$S"
 cat "$S"
