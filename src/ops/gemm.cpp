@@ -80,16 +80,16 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   auto B = as_matrix(b32);
   // Eigen's packed gemm kernel on blocks of C, one per thread (detail::split_product); the four
   // transpose cases are spelled out so that each maps to that kernel without a temporary.
-  if (beta == 0.f) C.setZero();
-  else if (beta != 1.f) C *= beta;
+  if (beta != 0.f && beta != 1.f) C *= beta;
+  const auto into = beta == 0.f ? detail::Into::Overwrite : detail::Into::Accumulate;
   if (!trans_a && !trans_b)
-    detail::split_product(C, A, B, alpha);
+    detail::split_product(C, A, B, alpha, into);
   else if (trans_a && !trans_b)
-    detail::split_product(C, A.transpose(), B, alpha);
+    detail::split_product(C, A.transpose(), B, alpha, into);
   else if (!trans_a && trans_b)
-    detail::split_product(C, A, B.transpose(), alpha);
+    detail::split_product(C, A, B.transpose(), alpha, into);
   else
-    detail::split_product(C, A.transpose(), B.transpose(), alpha);
+    detail::split_product(C, A.transpose(), B.transpose(), alpha, into);
 }
 
 void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& bias,

@@ -60,9 +60,15 @@ inline bool in_parallel_region() {
 #endif
 }
 
-// C += alpha * A * B for Eigen expressions (maps, blocks, their transposes).
+enum class Into { Accumulate, Overwrite };
+
+// C += alpha * A * B (Into::Overwrite: C = alpha * A * B) for Eigen expressions (maps, blocks,
+// their transposes). Overwriting, each thread zeroes its own block just before it accumulates
+// into it: no serial pass over C on the calling thread, and C's lines start in the caches of the
+// threads that write them.
 template <typename CMatrix, typename AExpr, typename BExpr>
-void split_product(CMatrix&& C, const AExpr& A, const BExpr& B, float alpha) {
+void split_product(CMatrix&& C, const AExpr& A, const BExpr& B, float alpha,
+                   Into into = Into::Accumulate) {
   const std::int64_t m = C.rows(), n = C.cols(), k = A.cols();
   constexpr std::int64_t kAlign = 16;
   const bool by_columns = n >= m;
@@ -75,6 +81,7 @@ void split_product(CMatrix&& C, const AExpr& A, const BExpr& B, float alpha) {
       1, most));
   if (threads <= 1) {
     const EigenOnThisThread one;
+    if (into == Into::Overwrite) C.setZero();
     C.noalias() += alpha * (A * B);
     return;
   }
@@ -85,18 +92,22 @@ void split_product(CMatrix&& C, const AExpr& A, const BExpr& B, float alpha) {
     const std::int64_t begin = std::min(extent, t * piece);
     const std::int64_t len = t + 1 == threads ? extent - begin : std::min(piece, extent - begin);
     if (len <= 0) continue;
-    if (by_columns)
-      C.middleCols(begin, len).noalias() += alpha * (A * B.middleCols(begin, len));
-    else
-      C.middleRows(begin, len).noalias() += alpha * (A.middleRows(begin, len) * B);
+    if (by_columns) {
+      auto block = C.middleCols(begin, len);
+      if (into == Into::Overwrite) block.setZero();
+      block.noalias() += alpha * (A * B.middleCols(begin, len));
+    } else {
+      auto block = C.middleRows(begin, len);
+      if (into == Into::Overwrite) block.setZero();
+      block.noalias() += alpha * (A.middleRows(begin, len) * B);
+    }
   }
 }
 
 // C = alpha * A * B, as split_product computes it.
 template <typename CMatrix, typename AExpr, typename BExpr>
 void assign_product(CMatrix&& C, const AExpr& A, const BExpr& B, float alpha = 1.f) {
-  C.setZero();
-  split_product(C, A, B, alpha);
+  split_product(C, A, B, alpha, Into::Overwrite);
 }
 
 }  // namespace pipeline::ops::detail
