@@ -295,6 +295,9 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
       for (int k = 0; !grads[I].empty() && k < LayerRules::kCount; ++k)
         step_layer(rules[I].rule(k), params[I].params, grads[I]);
     PassTimer timer(device);
+    // The layers under first_dx compute no input gradient in training: below them nothing has
+    // weights (a Flatten under the first Linear), so the first stage skips it.
+    const int first_dx = model.first_input_grad_layer(model.all(), false);
     for (int rep = 0; rep < options.warmup + options.repeat; ++rep) {
       const bool record = rep >= options.warmup;
       auto into = [record](std::vector<double>& v) { return record ? &v : nullptr; };
@@ -319,8 +322,12 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
         if (i == n - 1) output_grads[I] = loss_grad;
         std::span<Tensor> g(grads[I]);
         Tensor dx;
+        // As training runs it: no input gradient under first_dx (Sequential::backward).
+        const bool input = i >= first_dx;
         keep(I, timer.time(into(bwd[I]), [&] {
-          dx = model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Both);
+          if (input || !g.empty())
+            dx = model.layer(i).backward(params[I], saved[I], output_grads[I], g,
+                                         input ? GradParts::Both : GradParts::Weight);
         }));
         if (i > 0) output_grads[I - 1] = dx;
       }
@@ -344,7 +351,8 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
         std::span<Tensor> g(grads[I]);
         Tensor dx;  // kept to the region's end, as the runtime keeps (sends) it
         keep(I, timer.time(&bwd_input[I], [&] {
-          dx = model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Input);
+          if (i >= first_dx)
+            dx = model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Input);
         }));
         split_kept[I] = split_kept_bytes(saved[I], output_grads[I]);
       }

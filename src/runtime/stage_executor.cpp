@@ -677,6 +677,7 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
   MicrobatchContext& c = run.table->at(u);
   const ModelParams& w = m_store->params(c.version);
   const bool need_dx = !is_first_stage();
+  const int first_dx = m_model->first_input_grad_layer(r, need_dx);
   const bool weight_only = parts == GradParts::Weight;
   if (parts != GradParts::Input) seal_round_in_flight(run);
 
@@ -698,9 +699,10 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
         Tensor g = std::move(dy);
         for (int i = r.end - 1; i >= r.begin; --i) {
           const auto k = static_cast<std::size_t>(i - r.begin);
-          const bool input = need_dx || i > r.begin;
-          g = m_model->layer(i).backward(w[k], c.saved[k], g, m_grads[k],
-                                         input ? GradParts::Both : GradParts::Weight);
+          if (i >= first_dx)
+            g = m_model->layer(i).backward(w[k], c.saved[k], g, m_grads[k], GradParts::Both);
+          else if (!m_grads[k].empty())
+            (void)m_model->layer(i).backward(w[k], c.saved[k], g, m_grads[k], GradParts::Weight);
           after_layer_backward(run, i, closes);
         }
         if (need_dx) dx = std::move(g);
@@ -714,7 +716,7 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
       for (int i = r.end - 1; i >= r.begin; --i) {
         const int k = i - r.begin;
         c.layer_grads[static_cast<std::size_t>(k)] = g;
-        if (i == r.begin && !need_dx) break;
+        if (i < first_dx) break;
         g = m_model->layer(i).backward(w[static_cast<std::size_t>(k)],
                                        c.saved[static_cast<std::size_t>(k)], g, std::span<Tensor>(),
                                        GradParts::Input);
@@ -730,7 +732,9 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
     const bool closes = !m_bucket_layers.empty() && starts_buckets(run);
     for (int i = r.end - 1; i >= r.begin; --i) {
       const auto k = static_cast<std::size_t>(i - r.begin);
-      m_model->layer(i).backward(w[k], c.saved[k], c.layer_grads[k], m_grads[k], GradParts::Weight);
+      if (!m_grads[k].empty())
+        m_model->layer(i).backward(w[k], c.saved[k], c.layer_grads[k], m_grads[k],
+                                   GradParts::Weight);
       if (!m_bucket_layers.empty()) after_layer_backward(run, i, closes);
     }
     sample_memory(run);

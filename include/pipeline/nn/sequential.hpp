@@ -118,15 +118,30 @@ class Sequential {
                   const Tensor& dy, ModelGrads& grads, bool need_input_grad = true) const {
     check_range(r);
     Tensor g = dy;
+    const int first = first_input_grad_layer(r, need_input_grad);
     for (int i = r.end - 1; i >= r.begin; --i) {
-      int k = i - r.begin;
-      bool input = need_input_grad || i > r.begin;
-      g = m_layers[i]->backward(params[k], saved[k], g, grads[k],
-                                input ? GradParts::Both : GradParts::Weight);
+      const auto k = static_cast<std::size_t>(i - r.begin);
+      if (i >= first) {
+        g = m_layers[i]->backward(params[k], saved[k], g, grads[k], GradParts::Both);
+      } else if (!grads[k].empty()) {
+        (void)m_layers[i]->backward(params[k], saved[k], g, grads[k], GradParts::Weight);
+      }
     }
-    return g;
+    return need_input_grad ? g : Tensor{};
   }
 
+  // The lowest layer of r whose backward computes its input gradient: r.begin when the range's
+  // input gradient is needed, else the layer above the lowest one with parameters. A layer's
+  // input gradient serves only the layers below it, and below that one there are no weights to
+  // train: the mlp's first Linear, over a Flatten, skips its input-gradient product (as autograd
+  // does for an input that needs no gradient). Layers under the returned one compute nothing,
+  // but for the weight gradients of the one just under it.
+  int first_input_grad_layer(LayerRange r, bool need_input_grad) const {
+    if (need_input_grad) return r.begin;
+    int i = r.begin;
+    while (i < r.end && m_layers[i]->parameters().empty()) ++i;
+    return std::min(i + 1, r.end);
+  }
 
  private:
   void check_range(LayerRange r) const {
