@@ -10,6 +10,7 @@
 #include <pipeline/data/synthetic.hpp>
 #include <pipeline/nn/layers/activation.hpp>
 #include <pipeline/nn/layers/dropout.hpp>
+#include <pipeline/nn/layers/flatten.hpp>
 #include <pipeline/nn/layers/linear.hpp>
 #include <pipeline/ops/convert.hpp>
 #include <pipeline/optim/flatten.hpp>
@@ -43,8 +44,11 @@ constexpr int kBatch = 8;
 constexpr float kLr = 0.05f;
 constexpr std::uint64_t kSeed = 7;
 
-Sequential small_model(float dropout = 0.25f) {
+// leading_flatten: a Flatten under fc1, so that the first stage's backward skips fc1's input
+// gradient (Sequential::first_input_grad_layer).
+Sequential small_model(float dropout = 0.25f, bool leading_flatten = false) {
   Sequential m("runtime-test-mlp");
+  if (leading_flatten) m.emplace<Flatten>("flatten");
   m.emplace<Linear>("fc1", kFeatures, 16);
   m.emplace<ReLU>("relu1");
   m.emplace<Linear>("fc2", 16, 16);
@@ -186,25 +190,31 @@ TEST_CASE("InFlightTable: the bound on stashed microbatches is enforced") {
 // float ulps per element per step, far below 1e-5 relative after 3 steps of SGD.
 TEST_CASE("flush schedules equal SequentialTrainer with gradient accumulation") {
   set_num_threads(1);
-  const Sequential model = small_model();
-  const int minibatches = 3, micro = 4;
-  SequentialTrainer ref(model, model.init(kSeed), make_sgd(), kSeed);
-  for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
+  for (const bool leading_flatten : {false, true}) {
+    CAPTURE(leading_flatten);
+    const Sequential model = small_model(0.25f, leading_flatten);
+    const int minibatches = 3, micro = 4;
+    SequentialTrainer ref(model, model.init(kSeed), make_sgd(), kSeed);
+    for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
 
-  for (const std::string name : {"gpipe", "1f1b-flush", "zb-h1"}) {
-    for (const auto& c : kLayouts) {
-      PipelineLayout layout{c.stages, c.ranks};
-      ScheduleSpec spec;
-      spec.stage_ranks = c.ranks;
-      spec.microbatches = micro;
-      spec.minibatches = minibatches;
-      Schedule s = generate_schedule(name, spec);
-      CAPTURE(name);
-      CAPTURE(s.num_ranks());
-      RankParams out(layout.num_ranks());
-      run_pipeline(model, layout, s, out);
-      for (int r = 0; r < layout.num_ranks(); ++r)
-        CHECK(max_rel_diff(out.params[r], ref.params(), out.ranges[r]) <= 1e-5);
+    for (const std::string name : {"gpipe", "1f1b-flush", "zb-h1"}) {
+      for (LayoutCase c : kLayouts) {
+        if (leading_flatten) {  // the Flatten joins the first stage
+          for (LayerRange& r : c.stages) r = {r.begin == 0 ? 0 : r.begin + 1, r.end + 1};
+        }
+        PipelineLayout layout{c.stages, c.ranks};
+        ScheduleSpec spec;
+        spec.stage_ranks = c.ranks;
+        spec.microbatches = micro;
+        spec.minibatches = minibatches;
+        Schedule s = generate_schedule(name, spec);
+        CAPTURE(name);
+        CAPTURE(s.num_ranks());
+        RankParams out(layout.num_ranks());
+        run_pipeline(model, layout, s, out);
+        for (int r = 0; r < layout.num_ranks(); ++r)
+          CHECK(max_rel_diff(out.params[r], ref.params(), out.ranges[r]) <= 1e-5);
+      }
     }
   }
 }
