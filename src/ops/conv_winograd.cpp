@@ -41,23 +41,28 @@ namespace pipeline::ops::detail {
 
 namespace {
 
-constexpr int A = kWinogradAlpha;
-constexpr int kPositions = A * A;
+constexpr int kMaxAlpha = kWinogradMaxAlpha;
 constexpr int kLanes = 16;
-constexpr double kPoints[A - 1] = {0, 1, -1, 0.5, -2};  // and infinity
 
-using Square = std::array<std::array<float, A>, A>;
+using Square = WinogradSquare;  // α x α used, top left
+
+// The finite points of the transforms of each α (and infinity): a point and its negative
+// reciprocal, as Barabasz et al. 2020 recommend.
+std::vector<double> winograd_points(int alpha) {
+  if (alpha == 6) return {0, 1, -1, 0.5, -2};
+  return {0, 1, -1, 0.5, -0.5, 2, -2};
+}
 
 // Coefficients (constant term first) of the product of (x - a) over the finite points a, all but
 // the one at index `skip` (-1: none).
-std::array<double, A> product_of_roots(int skip) {
-  std::array<double, A> c{};
+std::array<double, kMaxAlpha> product_of_roots(const std::vector<double>& points, int skip) {
+  std::array<double, kMaxAlpha> c{};
   c[0] = 1;
   int degree = 0;
-  for (int l = 0; l < A - 1; ++l) {
+  for (int l = 0; l < static_cast<int>(points.size()); ++l) {
     if (l == skip) continue;
-    for (int i = degree + 1; i >= 1; --i) c[i] = c[i - 1] - kPoints[l] * c[i];
-    c[0] = -kPoints[l] * c[0];
+    for (int i = degree + 1; i >= 1; --i) c[i] = c[i - 1] - points[l] * c[i];
+    c[0] = -points[l] * c[0];
     ++degree;
   }
   return c;
@@ -81,21 +86,24 @@ inline void store(float* p, Lanes v) {
   std::memcpy(p, &v, sizeof v);
 }
 
-// α x α values of kLanes lanes: element (i, j) at [(i·A + j)·stride], its lanes contiguous. A
+// α x α values of kLanes lanes: element (i, j) at [(i·α + j)·stride], its lanes contiguous. A
 // LaneTile is one with stride kLanes; the block buffers below are ones with larger strides.
+template <int A>
 struct alignas(64) LaneTile {
-  float v[kPositions * kLanes];
+  float v[A * A * kLanes];
   float* at(int i, int j) { return v + (i * A + j) * kLanes; }
   const float* at(int i, int j) const { return v + (i * A + j) * kLanes; }
 };
 
 // Where a transform reads its input and writes its output: element (i, j)'s lanes at
-// base + (i·A + j)·stride (a LaneTile, stride kLanes, or a block buffer, stride its columns).
+// base + (i·α + j)·stride (a LaneTile, stride kLanes, or a block buffer, stride its columns).
+template <int A>
 struct Strided {
   const float* base;
   std::int64_t stride;
   Lanes operator()(int i, int j) const { return load(base + (i * A + j) * stride); }
 };
+template <int A>
 struct StridedSink {
   float* base;
   std::int64_t stride;
@@ -129,24 +137,24 @@ void sandwich(const Square& left, const Square& right, const Source& in, const S
 // sandwich with a runtime extent n of 2..5 (a tile or filter side) on the side that is not α:
 // Rows for Aᵀ M A (n x n out of α x α), Depth for G g Gᵀ (α x α out of n x n).
 enum class Side { Rows, Depth };
-template <Side S, int N, typename Source, typename Sink>
+template <int A, Side S, int N, typename Source, typename Sink>
 void sandwich_of(const Square& left, const Square& right, const Source& in, const Sink& out) {
   if constexpr (S == Side::Rows)
     sandwich<N, N, A>(left, right, in, out);
   else
     sandwich<A, A, N>(left, right, in, out);
 }
-template <Side S, typename Source, typename Sink>
+template <int A, Side S, typename Source, typename Sink>
 void sandwich_n(int n, const Square& left, const Square& right, const Source& in, const Sink& out) {
   switch (n) {
     case 2:
-      return sandwich_of<S, 2>(left, right, in, out);
+      return sandwich_of<A, S, 2>(left, right, in, out);
     case 3:
-      return sandwich_of<S, 3>(left, right, in, out);
+      return sandwich_of<A, S, 3>(left, right, in, out);
     case 4:
-      return sandwich_of<S, 4>(left, right, in, out);
+      return sandwich_of<A, S, 4>(left, right, in, out);
     case 5:
-      return sandwich_of<S, 5>(left, right, in, out);
+      return sandwich_of<A, S, 5>(left, right, in, out);
     default:
       PIPELINE_FAIL(Error, "no Winograd transform of extent {}", n);
   }
@@ -174,7 +182,7 @@ struct LaneWindows {
 #if defined(__AVX512F__)
   bool narrow;  // offsets fit in 32 bits
   __m512i offset;
-  __mmask16 row_inside[A], col_inside[A];
+  __mmask16 row_inside[kMaxAlpha], col_inside[kMaxAlpha];
 #endif
 
   LaneWindows(const TileGrid& grid, std::int64_t first, const Image& image, std::int64_t shift_h,
@@ -195,7 +203,7 @@ struct LaneWindows {
     for (int l = 0; l < kLanes; ++l)
       offsets[l] = static_cast<std::int32_t>(sample[l] * sample_floats + y[l] * image.w + x[l]);
     offset = _mm512_load_si512(offsets);
-    for (int i = 0; i < A; ++i) {
+    for (int i = 0; i < kMaxAlpha; ++i) {
       row_inside[i] = col_inside[i] = 0;
       for (int l = 0; l < kLanes; ++l) {
         const auto bit = static_cast<__mmask16>(valid[l] ? 1u << l : 0u);
@@ -209,8 +217,9 @@ struct LaneWindows {
 
 // d(i, j)[l] = image[sample_l, channel, y_l + i, x_l + j] for i, j < extent; zero outside the
 // image and in lanes with no tile.
+template <int A>
 void gather(const float* data, const Image& image, std::int64_t channel, const LaneWindows& o,
-            int extent, LaneTile& d) {
+            int extent, LaneTile<A>& d) {
   for (int l = 0; l < kLanes; ++l) {
     const float* plane = data + (o.sample[l] * image.channels + channel) * image.plane();
     for (int i = 0; i < extent; ++i)
@@ -255,7 +264,7 @@ struct Scattered {
 // Applies sandwich_n-style transform `apply(source)` to the extent x extent windows of one lane
 // group of one channel: from registers where the gathers can address the image, else through a
 // tile.
-template <typename Apply>
+template <int A, typename Apply>
 void transform_windows(const float* data, const Image& image, std::int64_t channel,
                        const LaneWindows& windows, int extent, const Apply& apply) {
 #if defined(__AVX512F__)
@@ -264,9 +273,9 @@ void transform_windows(const float* data, const Image& image, std::int64_t chann
     return;
   }
 #endif
-  LaneTile d;
+  LaneTile<A> d;
   gather(data, image, channel, windows, extent, d);
-  apply(Strided{d.v, kLanes});
+  apply(Strided<A>{d.v, kLanes});
 }
 
 // A block's buffer laid out [row][ξ][cols]: row r's lane group `column / kLanes` starts at
@@ -274,7 +283,9 @@ void transform_windows(const float* data, const Image& image, std::int64_t chann
 // Keeping a row's α² positions together (rather than [ξ][row][cols]) makes the 36 vectors a
 // transform stores or loads lie within a few KiB, where a whole-matrix stride of a multiple of
 // 4 KiB mapped all of them to one L1 cache set (transforms 2x slower, measured).
+template <int A>
 struct BlockBuffer {
+  static constexpr int kPositions = A * A;
   float* data;
   std::int64_t cols;
   float* lanes(std::int64_t row, std::int64_t column) const {
@@ -287,17 +298,18 @@ struct BlockBuffer {
 };
 
 // Bᵀ d B of the α x α windows of one lane group of one channel, into v.
+template <int A>
 void transform_inputs(const float* data, const Image& image, std::int64_t channel,
-                      const LaneWindows& windows, const BlockBuffer& v, std::int64_t column) {
-  const Square& bt = winograd_input_matrix();
-  const StridedSink to{v.lanes(channel, column), v.cols};
-  transform_windows(data, image, channel, windows, A,
-                    [&](const auto& from) { sandwich<A, A, A>(bt, bt, from, to); });
+                      const LaneWindows& windows, const BlockBuffer<A>& v, std::int64_t column) {
+  const Square& bt = winograd_input_matrix(A);
+  const StridedSink<A> to{v.lanes(channel, column), v.cols};
+  transform_windows<A>(data, image, channel, windows, A,
+                       [&](const auto& from) { sandwich<A, A, A>(bt, bt, from, to); });
 }
 
 // Transformed filters: u[ξ][out][in] = G g Gᵀ of every filter g, read as filter(out, in) (r x r,
 // row-major); positions `stride` floats apart (out · in rounded up to whole lane groups).
-template <typename Filter>
+template <int A, typename Filter>
 void transform_filters(const WinogradMatrices& f, std::int64_t outs, std::int64_t ins,
                        const Filter& filter, float* u, std::int64_t stride) {
   const std::int64_t count = outs * ins;
@@ -305,7 +317,7 @@ void transform_filters(const WinogradMatrices& f, std::int64_t outs, std::int64_
 #pragma omp parallel for num_threads(std::min <std::int64_t>(groups, num_threads())) \
     schedule(static) if (count * 1024 > kMinProductWork)
   for (std::int64_t group = 0; group < groups; ++group) {
-    LaneTile g{};
+    LaneTile<A> g{};
     for (int l = 0; l < kLanes; ++l) {
       const std::int64_t index = group * kLanes + l;
       if (index >= count) continue;
@@ -313,16 +325,16 @@ void transform_filters(const WinogradMatrices& f, std::int64_t outs, std::int64_
       for (int i = 0; i < f.r; ++i)
         for (int j = 0; j < f.r; ++j) g.at(i, j)[l] = src[i * f.r + j];
     }
-    sandwich_n<Side::Depth>(f.r, f.g, f.g, Strided{g.v, kLanes},
-                            StridedSink{u + group * kLanes, stride});
+    sandwich_n<A, Side::Depth>(f.r, f.g, f.g, Strided<A>{g.v, kLanes},
+                               StridedSink<A>{u + group * kLanes, stride});
   }
 }
 
 // Tiles per block: the block's transformed inputs and products fill about 1 MiB, a core's share
 // of L2, in whole lane groups (from 16 to 256 tiles; speed varied by under 10% over that range
 // for fashion-cnn's conv2).
-std::int64_t block_tiles(std::int64_t ins, std::int64_t outs) {
-  const std::int64_t bytes_per_tile = kPositions * (ins + outs) * std::int64_t{sizeof(float)};
+std::int64_t block_tiles(int alpha, std::int64_t ins, std::int64_t outs) {
+  const std::int64_t bytes_per_tile = alpha * alpha * (ins + outs) * std::int64_t{sizeof(float)};
   const std::int64_t tiles = (std::int64_t{1} << 20) / bytes_per_tile / kLanes * kLanes;
   return std::clamp<std::int64_t>(tiles, kLanes, 16 * kLanes);
 }
@@ -334,11 +346,13 @@ struct Correlation {
   std::int64_t samples, ins, h, w, outs, oh, ow, pad_h, pad_w;
 };
 
+template <int A>
 void correlate(const Correlation& p, const WinogradMatrices& f, const float* x, const float* u,
                std::int64_t u_stride, const float* bias, bool round_bf16, float* y) {
+  constexpr int kPositions = A * A;
   const TileGrid grid{p.samples, ceil_div(p.oh, f.m), ceil_div(p.ow, f.m), f.m};
   const Image in{p.ins, p.h, p.w}, out{p.outs, p.oh, p.ow};
-  const std::int64_t tiles = grid.count(), block = block_tiles(p.ins, p.outs);
+  const std::int64_t tiles = grid.count(), block = block_tiles(A, p.ins, p.outs);
   const std::int64_t blocks = ceil_div(tiles, block);
   const int threads = static_cast<int>(std::clamp<std::int64_t>(blocks, 1, num_threads()));
   const std::int64_t v_floats = kPositions * p.ins * block, m_floats = kPositions * p.outs * block;
@@ -357,7 +371,7 @@ void correlate(const Correlation& p, const WinogradMatrices& f, const float* x, 
     for (std::int64_t b = 0; b < blocks; ++b) {
       const std::int64_t first = b * block,
                          groups = ceil_div(std::min(block, tiles - first), kLanes);
-      const BlockBuffer v{mine, groups * kLanes}, m{mine + v_floats, groups * kLanes};
+      const BlockBuffer<A> v{mine, groups * kLanes}, m{mine + v_floats, groups * kLanes};
       windows.clear();
       outputs.clear();
       for (std::int64_t group = 0; group < groups; ++group) {
@@ -373,17 +387,17 @@ void correlate(const Correlation& p, const WinogradMatrices& f, const float* x, 
       for (std::int64_t o = 0; o < p.outs; ++o) {
         const float b = bias ? bias[o] : 0.f;
         for (std::int64_t group = 0; group < groups; ++group) {
-          const Strided from{m.lanes(o, group * kLanes), m.cols};
+          const Strided<A> from{m.lanes(o, group * kLanes), m.cols};
           const LaneWindows& at = outputs[group];
 #if defined(__AVX512F__)
           if (at.narrow && !round_bf16) {
-            sandwich_n<Side::Rows>(f.m, f.at, f.at, from,
-                                   Scattered{y + o * out.plane(), p.ow, at, b});
+            sandwich_n<A, Side::Rows>(f.m, f.at, f.at, from,
+                                      Scattered{y + o * out.plane(), p.ow, at, b});
             continue;
           }
 #endif
-          LaneTile tile;
-          sandwich_n<Side::Rows>(f.m, f.at, f.at, from, StridedSink{tile.v, kLanes});
+          LaneTile<A> tile;
+          sandwich_n<A, Side::Rows>(f.m, f.at, f.at, from, StridedSink<A>{tile.v, kLanes});
           for (int l = 0; l < kLanes; ++l) {
             if (!at.valid[l]) continue;
             float* plane = y + (at.sample[l] * p.outs + o) * out.plane();
@@ -400,68 +414,23 @@ void correlate(const Correlation& p, const WinogradMatrices& f, const float* x, 
   }
 }
 
-}  // namespace
-
-WinogradMatrices winograd_matrices(int m, int r) {
-  PIPELINE_CHECK(m >= 1 && r >= 1 && m + r - 1 == A, "Winograd F({}, {}) needs m + r - 1 = {}", m,
-                 r, A);
-  WinogradMatrices f;
-  f.m = m;
-  f.r = r;
-  for (int j = 0; j < A - 1; ++j) {
-    double scale = 1;
-    for (int l = 0; l < A - 1; ++l)
-      if (l != j) scale *= kPoints[j] - kPoints[l];
-    for (int i = 0; i < m; ++i) f.at[i][j] = static_cast<float>(std::pow(kPoints[j], i));
-    for (int k = 0; k < r; ++k) f.g[j][k] = static_cast<float>(std::pow(kPoints[j], k) / scale);
-  }
-  f.at[m - 1][A - 1] = 1;
-  f.g[A - 1][r - 1] = 1;
-  return f;
-}
-
-const Square& winograd_input_matrix() {
-  static const Square bt = [] {
-    Square b{};
-    for (int j = 0; j <= A - 1; ++j) {
-      const std::array<double, A> c = product_of_roots(j == A - 1 ? -1 : j);
-      for (int i = 0; i < A; ++i) b[j][i] = static_cast<float>(c[i]);
-    }
-    return b;
-  }();
-  return bt;
-}
-
-bool winograd_suits(const WinogradProblem& p, std::int64_t kernel_w, std::int64_t stride_h,
-                    std::int64_t stride_w) {
-  const std::int64_t r = p.r, m = A + 1 - r;
-  if (kernel_w != r || (r != 3 && r != 5) || stride_h != 1 || stride_w != 1 || p.pad_h >= r ||
-      p.pad_w >= r || p.c < 16 || p.m < 16)
-    return false;
-  // Products saved over the direct convolution, counting the tiles' cut-off parts: 2.78 for a
-  // 5x5 filter and 4 for a 3x3 one on large images, 1 for a 3x3 one on a 2x2 image (where it
-  // measured slower than the direct convolution).
-  const double saved = static_cast<double>(r * r * p.oh * p.ow) /
-                       static_cast<double>(kPositions * ceil_div(p.oh, m) * ceil_div(p.ow, m));
-  return saved >= 2;
-}
-
-void winograd_forward(const WinogradProblem& p, const float* x, const float* weight,
-                      const float* bias, float* y, bool round_bf16) {
+template <int A>
+void forward(const WinogradProblem& p, const float* x, const float* weight, const float* bias,
+             float* y, bool round_bf16) {
   const WinogradMatrices f =
       winograd_matrices(A + 1 - static_cast<int>(p.r), static_cast<int>(p.r));
   const std::int64_t filter_floats = p.r * p.r, u_stride = round_up(p.m * p.c, kLanes);
-  Scratch u(kPositions * u_stride);
-  transform_filters(
+  Scratch u(A * A * u_stride);
+  transform_filters<A>(
       f, p.m, p.c,
       [&](std::int64_t out, std::int64_t in) { return weight + (out * p.c + in) * filter_floats; },
       u.get(), u_stride);
-  correlate({p.n, p.c, p.h, p.w, p.m, p.oh, p.ow, p.pad_h, p.pad_w}, f, x, u.get(), u_stride, bias,
-            round_bf16, y);
+  correlate<A>({p.n, p.c, p.h, p.w, p.m, p.oh, p.ow, p.pad_h, p.pad_w}, f, x, u.get(), u_stride,
+               bias, round_bf16, y);
 }
 
-void winograd_backward_data(const WinogradProblem& p, const float* dy, const float* weight,
-                            float* dx) {
+template <int A>
+void backward_data(const WinogradProblem& p, const float* dy, const float* weight, float* dx) {
   // dx is the correlation of dy, padded by r - 1 - pad, with each filter turned by 180 degrees
   // and its in and out channels exchanged.
   const WinogradMatrices f =
@@ -475,19 +444,20 @@ void winograd_backward_data(const WinogradProblem& p, const float* dy, const flo
       for (std::int64_t e = 0; e < filter_floats; ++e) dst[e] = src[filter_floats - 1 - e];
     }
   const std::int64_t u_stride = round_up(p.m * p.c, kLanes);
-  Scratch u(kPositions * u_stride);
-  transform_filters(
+  Scratch u(A * A * u_stride);
+  transform_filters<A>(
       f, p.c, p.m,
       [&](std::int64_t out, std::int64_t in) {
         return turned.get() + (out * p.m + in) * filter_floats;
       },
       u.get(), u_stride);
-  correlate({p.n, p.m, p.oh, p.ow, p.c, p.h, p.w, p.r - 1 - p.pad_h, p.r - 1 - p.pad_w}, f, dy,
-            u.get(), u_stride, nullptr, false, dx);
+  correlate<A>({p.n, p.m, p.oh, p.ow, p.c, p.h, p.w, p.r - 1 - p.pad_h, p.r - 1 - p.pad_w}, f, dy,
+               u.get(), u_stride, nullptr, false, dx);
 }
 
-void winograd_backward_filter(const WinogradProblem& p, const float* x, const float* dy,
-                              float* dweight) {
+template <int A>
+void backward_filter(const WinogradProblem& p, const float* x, const float* dy, float* dweight) {
+  constexpr int kPositions = A * A;
   // dweight[o, i] = Σ_tiles x-window ⋆ dy-tile: F(r, m) with the output gradient's m x m tiles as
   // the filters, summed over tiles in the transform domain.
   const int r = static_cast<int>(p.r), m = A + 1 - r;
@@ -496,7 +466,7 @@ void winograd_backward_filter(const WinogradProblem& p, const float* x, const fl
   const Image in{p.c, p.h, p.w}, grad{p.m, p.oh, p.ow};
   const std::int64_t tiles = grid.count();
   // Blocks of a few MiB, shared by the threads (each block costs two barriers).
-  const std::int64_t block = std::min(block_tiles(p.c, p.m) * 4, round_up(tiles, kLanes));
+  const std::int64_t block = std::min(block_tiles(A, p.c, p.m) * 4, round_up(tiles, kLanes));
   const std::int64_t blocks = ceil_div(tiles, block);
   // acc[ξ][o][i], positions acc_stride apart (whole lane groups, read as such at the end).
   const std::int64_t count = p.m * p.c, acc_stride = round_up(count, kLanes);
@@ -517,8 +487,8 @@ void winograd_backward_filter(const WinogradProblem& p, const float* x, const fl
     for (std::int64_t b = 0; b < blocks; ++b) {
       const std::int64_t first = b * block,
                          groups = ceil_div(std::min(block, tiles - first), kLanes);
-      const BlockBuffer v{buffers, groups * kLanes};
-      const BlockBuffer d{buffers + kPositions * p.c * v.cols, v.cols};
+      const BlockBuffer<A> v{buffers, groups * kLanes};
+      const BlockBuffer<A> d{buffers + kPositions * p.c * v.cols, v.cols};
       windows.clear();
       tiles_of_grad.clear();
       for (std::int64_t group = 0; group < groups; ++group) {
@@ -533,9 +503,9 @@ void winograd_backward_filter(const WinogradProblem& p, const float* x, const fl
 #pragma omp for schedule(static) collapse(2)
       for (std::int64_t o = 0; o < p.m; ++o)  // the output gradient's m x m tiles: G dy Gᵀ
         for (std::int64_t group = 0; group < groups; ++group) {
-          const StridedSink to{d.lanes(o, group * kLanes), d.cols};
-          transform_windows(dy, grad, o, tiles_of_grad[group], m, [&](const auto& from) {
-            sandwich_n<Side::Depth>(m, f.g, f.g, from, to);
+          const StridedSink<A> to{d.lanes(o, group * kLanes), d.cols};
+          transform_windows<A>(dy, grad, o, tiles_of_grad[group], m, [&](const auto& from) {
+            sandwich_n<A, Side::Depth>(m, f.g, f.g, from, to);
           });
         }
 #pragma omp for schedule(static) collapse(2)
@@ -549,9 +519,9 @@ void winograd_backward_filter(const WinogradProblem& p, const float* x, const fl
     // Back from the transform domain: dweight[o, i] += Aᵀ acc[·][o][i] A.
 #pragma omp for schedule(static)
     for (std::int64_t group = 0; group < ceil_div(count, kLanes); ++group) {
-      LaneTile w;
-      sandwich_n<Side::Rows>(r, f.at, f.at, Strided{acc + group * kLanes, acc_stride},
-                             StridedSink{w.v, kLanes});
+      LaneTile<A> w;
+      sandwich_n<A, Side::Rows>(r, f.at, f.at, Strided<A>{acc + group * kLanes, acc_stride},
+                                StridedSink<A>{w.v, kLanes});
       for (int l = 0; l < kLanes && group * kLanes + l < count; ++l) {
         float* dst = dweight + (group * kLanes + l) * r * r;
         for (int i = 0; i < r; ++i)
@@ -559,6 +529,90 @@ void winograd_backward_filter(const WinogradProblem& p, const float* x, const fl
       }
     }
   }
+}
+
+}  // namespace
+
+namespace {
+
+// The direct convolution's products over those of F(α + 1 − r, r), counting the tiles' cut-off
+// parts: 4 for a 3x3 filter with α = 6 and 6.25 for a 5x5 one with α = 8 on large images; 1 for
+// a 3x3 one on a 2x2 image (where it measured slower than the direct convolution).
+double products_saved(const WinogradProblem& p, int alpha) {
+  const std::int64_t m = alpha + 1 - p.r;
+  return static_cast<double>(p.r * p.r * p.oh * p.ow) /
+         static_cast<double>(alpha * alpha * ceil_div(p.oh, m) * ceil_div(p.ow, m));
+}
+
+}  // namespace
+
+int winograd_alpha(const WinogradProblem& p) {
+  if (p.r != 5) return 6;
+  // F(4, 5) unless its 4x4 tiles cut off more than F(2, 5)'s 2x2 ones save (small outputs).
+  return products_saved(p, 8) >= products_saved(p, 6) ? 8 : 6;
+}
+
+WinogradMatrices winograd_matrices(int m, int r) {
+  const int alpha = m + r - 1;
+  PIPELINE_CHECK(m >= 1 && r >= 1 && (alpha == 6 || alpha == 8),
+                 "Winograd F({}, {}) needs m + r - 1 = 6 or 8", m, r);
+  const std::vector<double> points = winograd_points(alpha);
+  WinogradMatrices f;
+  f.alpha = alpha;
+  f.m = m;
+  f.r = r;
+  for (int j = 0; j < alpha - 1; ++j) {
+    double scale = 1;
+    for (int l = 0; l < alpha - 1; ++l)
+      if (l != j) scale *= points[j] - points[l];
+    for (int i = 0; i < m; ++i) f.at[i][j] = static_cast<float>(std::pow(points[j], i));
+    for (int k = 0; k < r; ++k) f.g[j][k] = static_cast<float>(std::pow(points[j], k) / scale);
+  }
+  f.at[m - 1][alpha - 1] = 1;
+  f.g[alpha - 1][r - 1] = 1;
+  return f;
+}
+
+const WinogradSquare& winograd_input_matrix(int alpha) {
+  PIPELINE_CHECK(alpha == 6 || alpha == 8, "no Winograd input transform for alpha = {}", alpha);
+  static const auto make = [](int a) {
+    const std::vector<double> points = winograd_points(a);
+    WinogradSquare b{};
+    for (int j = 0; j <= a - 1; ++j) {
+      const std::array<double, kMaxAlpha> c = product_of_roots(points, j == a - 1 ? -1 : j);
+      for (int i = 0; i < a; ++i) b[j][i] = static_cast<float>(c[i]);
+    }
+    return b;
+  };
+  static const WinogradSquare six = make(6), eight = make(8);
+  return alpha == 6 ? six : eight;
+}
+
+bool winograd_suits(const WinogradProblem& p, std::int64_t kernel_w, std::int64_t stride_h,
+                    std::int64_t stride_w) {
+  const std::int64_t r = p.r;
+  if (kernel_w != r || (r != 3 && r != 5) || stride_h != 1 || stride_w != 1 || p.pad_h >= r ||
+      p.pad_w >= r || p.c < 16 || p.m < 16)
+    return false;
+  return products_saved(p, winograd_alpha(p)) >= 2;
+}
+
+void winograd_forward(const WinogradProblem& p, const float* x, const float* weight,
+                      const float* bias, float* y, bool round_bf16) {
+  if (winograd_alpha(p) == 8) return forward<8>(p, x, weight, bias, y, round_bf16);
+  forward<6>(p, x, weight, bias, y, round_bf16);
+}
+
+void winograd_backward_data(const WinogradProblem& p, const float* dy, const float* weight,
+                            float* dx) {
+  if (winograd_alpha(p) == 8) return backward_data<8>(p, dy, weight, dx);
+  backward_data<6>(p, dy, weight, dx);
+}
+
+void winograd_backward_filter(const WinogradProblem& p, const float* x, const float* dy,
+                              float* dweight) {
+  if (winograd_alpha(p) == 8) return backward_filter<8>(p, x, dy, dweight);
+  backward_filter<6>(p, x, dy, dweight);
 }
 
 }  // namespace pipeline::ops::detail

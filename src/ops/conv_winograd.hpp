@@ -4,16 +4,19 @@
 // A 2-D correlation of an r x r filter over an α x α input tile gives an m x m output tile
 // (α = m + r − 1) as Y = Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A. Summed over input channels, the products
 // at each of the α² transform positions become one gemm per position, [out, in] x [in, tiles]:
-// α² · out · in multiply-adds per tile instead of m² · r² · out · in. Every transform here has
-// α = 6 with the points 0, ±1, 1/2, −2 and infinity (3x more accurate here than 0, ±1, ±2; a
-// point and its negative reciprocal, as Barabasz et al. 2020 recommend): F(2, 5) for 5x5 filters
-// (2.78x fewer products than direct), F(4, 3) for 3x3 (4x); the weight gradient correlates the
-// input with the output gradient as the filter, F(5, 2) and F(3, 4), which share Bᵀ. Its sums over
-// tiles stay in the transform domain and are taken back to r x r once per call.
+// α² · out · in multiply-adds per tile instead of m² · r² · out · in. 3x3 filters take F(4, 3)
+// with α = 6 and the points 0, ±1, 1/2, −2 and infinity (4x fewer products than direct); 5x5 ones
+// F(4, 5) with α = 8 and the points 0, ±1, ±1/2, ±2 and infinity (6.25x; F(2, 5) with α = 6 saved
+// 2.78x, and still serves outputs too small for 4x4 tiles). Each set pairs a point with its
+// negative reciprocal, as Barabasz et al. 2020 recommend (0, ±1, ±2 for α = 6 was 3x less accurate
+// here). The weight gradient correlates the input with the output gradient as the filter, F(3, 4)
+// and F(5, 4) (F(5, 2) where the forward takes F(2, 5)), which share Bᵀ with the forward; its sums
+// over tiles stay in the transform domain and are taken back to r x r once per call.
 //
 // The results differ from the direct convolution by rounding only: on random data the largest
-// difference from the lowered convolution is 1.3-4.5e-6 of the largest output for 5x5 filters
-// and 1.6-3.8e-6 for 3x3 ones (32-256 channels; tests/unit/test_conv.cpp bounds it by 1e-5).
+// difference from the lowered convolution is 1.6-3.8e-6 of the largest output for 3x3 filters
+// (α = 6) and 4.6-9.5e-6 for 5x5 ones (α = 8; α = 6 gave 1.3-4.5e-6), over 32-256 channels;
+// tests/unit/test_conv.cpp bounds it.
 #pragma once
 
 #include <array>
@@ -28,16 +31,22 @@ struct WinogradProblem {
   std::int64_t r, pad_h, pad_w;
 };
 
-constexpr int kWinogradAlpha = 6;
+constexpr int kWinogradMaxAlpha = 8;
+using WinogradSquare = std::array<std::array<float, kWinogradMaxAlpha>, kWinogradMaxAlpha>;
 
-// F(m, r) for α = 6: Aᵀ (m x α; rows past m are zero) and G (α x r; columns past r are zero),
-// rounded to float from exact double arithmetic. Bᵀ (α x α) is common to all of them.
+// The α of the transforms for p: 6 for 3x3 filters (F(4, 3)); 8 for 5x5 ones (F(4, 5)), or 6
+// (F(2, 5)) where the output is so small that 4x4 tiles would save less than 2x2 ones.
+int winograd_alpha(const WinogradProblem& p);
+
+// F(m, r) for α = m + r − 1 of 6 or 8: Aᵀ (m x α; rows past m are zero) and G (α x r; columns
+// past r are zero), rounded to float from exact double arithmetic, in the top left of 8 x 8
+// arrays. Bᵀ (α x α) is common to all of one α.
 struct WinogradMatrices {
-  int m = 0, r = 0;
-  std::array<std::array<float, kWinogradAlpha>, kWinogradAlpha> at{}, g{};
+  int alpha = 0, m = 0, r = 0;
+  WinogradSquare at{}, g{};
 };
 WinogradMatrices winograd_matrices(int m, int r);
-const std::array<std::array<float, kWinogradAlpha>, kWinogradAlpha>& winograd_input_matrix();
+const WinogradSquare& winograd_input_matrix(int alpha);
 
 // Whether the winograd_* functions compute this convolution, by shape alone: a square 3x3 or 5x5
 // kernel, stride 1 (dilation 1), padding at most r − 1, at least 16 input and output channels

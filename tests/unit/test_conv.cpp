@@ -225,34 +225,42 @@ TEST_CASE("conv2d weight gradients are reproducible bit for bit") {
 }
 
 TEST_CASE("Winograd transforms compute correlations exactly in 1-D") {
-  // y_i = Σ_k d_{i+k} g_k through Aᵀ [(G g) ⊙ (Bᵀ d)], for every F(m, r) with α = 6.
-  const auto& bt = ops::detail::winograd_input_matrix();
-  for (int r = 1; r <= 6; ++r) {
-    const int m = ops::detail::kWinogradAlpha + 1 - r;
-    CAPTURE(r);
-    const ops::detail::WinogradMatrices f = ops::detail::winograd_matrices(m, r);
-    std::vector<double> d(6), g(static_cast<std::size_t>(r));
-    for (int i = 0; i < 6; ++i) d[i] = std::sin(1.7 * i + 0.3);
-    for (int k = 0; k < r; ++k) g[k] = std::cos(0.9 * k + 0.1);
-    std::vector<double> product(6);
-    for (int j = 0; j < 6; ++j) {
-      double gj = 0, dj = 0;
-      for (int k = 0; k < r; ++k) gj += f.g[j][k] * g[k];
-      for (int i = 0; i < 6; ++i) dj += bt[j][i] * d[i];
-      product[j] = gj * dj;
-    }
-    for (int i = 0; i < m; ++i) {
-      double y = 0, want = 0;
-      for (int j = 0; j < 6; ++j) y += f.at[i][j] * product[j];
-      for (int k = 0; k < r; ++k) want += d[i + k] * g[k];
-      CHECK(y == doctest::Approx(want).epsilon(1e-6));
+  // y_i = Σ_k d_{i+k} g_k through Aᵀ [(G g) ⊙ (Bᵀ d)], for every F(m, r) with α = 6 and 8.
+  for (const int alpha : {6, 8}) {
+    const auto& bt = ops::detail::winograd_input_matrix(alpha);
+    for (int r = 1; r <= alpha; ++r) {
+      const int m = alpha + 1 - r;
+      CAPTURE(alpha);
+      CAPTURE(r);
+      const ops::detail::WinogradMatrices f = ops::detail::winograd_matrices(m, r);
+      CHECK(f.alpha == alpha);
+      const auto a = static_cast<std::size_t>(alpha);
+      std::vector<double> d(a), g(static_cast<std::size_t>(r)), product(a);
+      for (std::size_t i = 0; i < a; ++i) d[i] = std::sin(1.7 * static_cast<double>(i) + 0.3);
+      for (int k = 0; k < r; ++k) g[k] = std::cos(0.9 * k + 0.1);
+      for (int j = 0; j < alpha; ++j) {
+        double gj = 0, dj = 0;
+        for (int k = 0; k < r; ++k) gj += f.g[j][k] * g[k];
+        for (int i = 0; i < alpha; ++i) dj += bt[j][i] * d[i];
+        product[j] = gj * dj;
+      }
+      for (int i = 0; i < m; ++i) {
+        double y = 0, want = 0;
+        for (int j = 0; j < alpha; ++j) y += f.at[i][j] * product[j];
+        for (int k = 0; k < r; ++k) want += d[i + k] * g[k];
+        CHECK(y == doctest::Approx(want).epsilon(1e-6));
+      }
     }
   }
+  // fashion-cnn's conv2 (14x14 outputs) in 4x4 tiles; a 2x5 output in F(2, 5)'s 2x2 ones.
+  CHECK(ops::detail::winograd_alpha({64, 32, 14, 14, 64, 14, 14, 5, 2, 2}) == 8);
+  CHECK(ops::detail::winograd_alpha({1, 16, 6, 9, 17, 2, 5, 5, 0, 0}) == 6);
+  CHECK(ops::detail::winograd_alpha({64, 64, 32, 32, 64, 32, 32, 3, 1, 1}) == 6);
   CHECK_THROWS(ops::detail::winograd_matrices(2, 3));
 }
 
 TEST_CASE("Winograd convolutions match direct loops") {
-  // 3x3 (F(4,3)) and 5x5 (F(2,5)) with every padding the transform takes, sizes that are not
+  // 3x3 (F(4,3)) and 5x5 (F(4,5)) with every padding the transform takes, sizes that are not
   // multiples of the tiles, one sample and several blocks of tiles; 1 and 3 threads.
   struct WinogradCase {
     std::int64_t n, c, h, w, m, r, pad;
@@ -325,24 +333,28 @@ TEST_CASE(
 
 TEST_CASE("Winograd results are the same bits for any thread count") {
   // Each output belongs to one block of tiles and each weight-gradient sum is taken by one thread
-  // in block order over fixed bands of rows (200 output channels: three bands).
-  const ops::Window2d win = ops::Window2d::square(3, 1, 1);
-  const Tensor x = testing::random_tensor({3, 16, 9, 9}, 51);
-  const Tensor w = testing::random_tensor({200, 16, 3, 3}, 52);
-  const Tensor dy = testing::random_tensor({3, 200, 9, 9}, 53);
-  std::vector<std::vector<float>> first;
-  for (int threads : {1, 2, 8, 16}) {
-    CAPTURE(threads);
-    set_num_threads(threads);
-    Tensor dx = Tensor::empty(x.shape()), dw = Tensor::zeros(w.shape());
-    ops::conv2d_backward_data(dy, w, dx, win);
-    ops::conv2d_backward_filter(x, dy, dw, win);
-    const std::vector<std::vector<float>> now = {ops::conv2d(x, w, Tensor(), win).to_vector(),
-                                                 dx.to_vector(), dw.to_vector()};
-    if (first.empty()) first = now;
-    CHECK(now[0] == first[0]);
-    CHECK(now[1] == first[1]);
-    CHECK(now[2] == first[2]);
+  // in block order over fixed bands of rows (200 output channels: three bands); 3x3 (α = 6) and
+  // 5x5 (α = 8).
+  for (const std::int64_t r : {3, 5}) {
+    CAPTURE(r);
+    const ops::Window2d win = ops::Window2d::square(r, 1, r / 2);
+    const Tensor x = testing::random_tensor({3, 16, 9, 9}, 51);
+    const Tensor w = testing::random_tensor({200, 16, r, r}, 52);
+    const Tensor dy = testing::random_tensor({3, 200, 9, 9}, 53);
+    std::vector<std::vector<float>> first;
+    for (int threads : {1, 2, 8, 16}) {
+      CAPTURE(threads);
+      set_num_threads(threads);
+      Tensor dx = Tensor::empty(x.shape()), dw = Tensor::zeros(w.shape());
+      ops::conv2d_backward_data(dy, w, dx, win);
+      ops::conv2d_backward_filter(x, dy, dw, win);
+      const std::vector<std::vector<float>> now = {ops::conv2d(x, w, Tensor(), win).to_vector(),
+                                                   dx.to_vector(), dw.to_vector()};
+      if (first.empty()) first = now;
+      CHECK(now[0] == first[0]);
+      CHECK(now[1] == first[1]);
+      CHECK(now[2] == first[2]);
+    }
   }
   set_num_threads(default_num_threads());
 }

@@ -10,7 +10,7 @@
 // batch of k times the size.
 //
 // CPU implementation: stride-1 3x3 and 5x5 convolutions with at least 16 input and output
-// channels use Winograd's minimal filtering (F(4,3) and F(2,5): 4x and 2.78x fewer multiplies,
+// channels use Winograd's minimal filtering (F(4,3) and F(4,5): 4x and 6.25x fewer multiplies,
 // results within rounding of the direct sum, src/ops/conv_winograd.hpp); every other one, or all
 // of them under CpuConvAlgorithm::Lowered, im2col per sample + Eigen gemm, samples spread over
 // pipeline::num_threads() OpenMP threads (see src/ops/conv.cpp for why). On a CUDA device (every
