@@ -7,7 +7,7 @@
 #   OUT=/tmp/gpu DEADLINE=500 bash bench/gpu_checks.sh
 #   STEPS="tests train bench pipeline cpu" (default: all five, run in the order named; cpu: this
 #   library against PyTorch on the CPU at CPU_THREADS (default 1 2 8 16), pinned; bench_conv on
-#   16), LANE=<cap of the tests/train lanes>, CASES=<bench_gpu_step cases>,
+#   16; bench_gemm and the mlp's layer profile on 2 and 16), LANE=<cap of the tests/train lanes>, CASES=<bench_gpu_step cases>,
 #   BENCH_STEPS=20, BENCH_KERNELS=1 (0: no bench_kernels), DATA=<Fashion-MNIST dir>, TEXT=<training text>,
 #   ARCH=90 (CMAKE_CUDA_ARCHITECTURES), PRECISION=fp32,tf32,bf16 (bench_gpu_step), TORCH=1 (0: no
 #   PyTorch columns), BUILD=build/gpu-checks, SKIP_BUILD=1 (use BUILD as it is)
@@ -59,7 +59,7 @@ if [[ ${SKIP_BUILD:-0} != 1 ]]; then
   cmake --preset cuda-release -B "$B" -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DPIPELINE_BUILD_BENCH=ON \
     >"$OUT/build.log" 2>&1
   box 300 "$OUT/build.log" cmake --build "$B" -j "$(nproc)" -- -k 0 pipeline_gpu_tests \
-    train_fashion_mnist train_transformer_lm bench_gpu_step bench_kernels bench_train bench_conv \
+    train_fashion_mnist train_transformer_lm bench_gpu_step bench_kernels bench_train bench_conv bench_gemm \
     pipeline-profile pipeline-partition pipeline-simulate ||
     grep -m20 -A6 "error" "$OUT/build.log" >>"$S"
 fi
@@ -134,6 +134,15 @@ cpu() {
   # The convolutions' two algorithms (lowered, Winograd) on 16 cores.
   box 40 "$OUT/conv.log" taskset -c 0-15 "$B/bench/bench_conv" --threads 16 --min-seconds 0.2
   grep -E "^(conv2|vgg16)" "$OUT/conv.log" >>"$S"
+  # Where a small model's step goes as threads grow: the products alone (bench_gemm) and each
+  # layer's passes inside whole training passes (the mlp's profile), on 2 and 16 cores.
+  box 40 "$OUT/threads.log" taskset -c 0-15 "$B/bench/bench_gemm" --threads 1,2,4,8,16 \
+    --min-seconds 0.1
+  for t in 2 16; do
+    box 20 "$OUT/threads.log" taskset -c 0-$((t - 1)) "$B/partitioner/pipeline-profile" \
+      --model mlp --device cpu --threads "$t" --batch 64 -o "$OUT/mlp-$t.json"
+  done
+  grep -E "^\| (empty|mlp)|^ +[0-9]+ +fc|^optimizer" "$OUT/threads.log" >>"$S"
 }
 
 # Steps run in the order STEPS names them; tests and train together, where the first of them is.
