@@ -14,7 +14,6 @@
 //
 // Usage: bench_conv [--threads N] [--batch N] [--min-seconds S] [--results FILE]
 // With --results the table is appended to FILE (e.g. bench/RESULTS.md) with the machine and date.
-#include <pipeline/core/rng.hpp>
 #include <pipeline/core/threads.hpp>
 #include <pipeline/ops/conv.hpp>
 #include <pipeline/ops/gemm.hpp>
@@ -61,12 +60,6 @@ Timing time_it(const std::function<void()>& fn, double min_seconds) {
   std::sort(runs.begin(), runs.end());
   std::sort(cpu.begin(), cpu.end());
   return {runs[runs.size() / 2], runs.front(), cpu[cpu.size() / 2]};
-}
-
-Tensor random(const Shape& s, std::uint64_t seed) {
-  Tensor t = Tensor::empty(s);
-  Rng(seed).fill_uniform(t, -1.f, 1.f);
-  return t;
 }
 
 }  // namespace
@@ -127,11 +120,11 @@ int main(int argc, char** argv) {
 
   for (const Conv& c : convs) {
     const ops::Window2d win = ops::Window2d::square(c.k, 1, c.pad);
-    Tensor x = random({batch, c.c, c.h, c.w}, 1);
-    Tensor w = random({c.m, c.c, c.k, c.k}, 2);
-    Tensor b = random({c.m}, 3);
+    Tensor x = bench::random_tensor({batch, c.c, c.h, c.w}, 1);
+    Tensor w = bench::random_tensor({c.m, c.c, c.k, c.k}, 2);
+    Tensor b = bench::random_tensor({c.m}, 3);
     Tensor y = Tensor::empty(ops::conv2d_output_shape(x.shape(), w.shape(), win));
-    Tensor dy = random(y.shape(), 4);
+    Tensor dy = bench::random_tensor(y.shape(), 4);
     Tensor dx = Tensor::empty(x.shape());
     Tensor dw = Tensor::zeros(w.shape());
     const double flop = 2.0 * static_cast<double>(y.numel()) * c.c * c.k * c.k;
@@ -141,7 +134,8 @@ int main(int argc, char** argv) {
   }
   {
     const std::int64_t m = 64, k = 32 * 25, n = batch * 14 * 14;
-    Tensor a = random({m, k}, 5), bm = random({k, n}, 6), cm = Tensor::empty({m, n});
+    Tensor a = bench::random_tensor({m, k}, 5), bm = bench::random_tensor({k, n}, 6),
+           cm = Tensor::empty({m, n});
     row(fmt::format("gemm {}x{}x{}", m, k, n), "whole batch", "", 2.0 * m * k * n,
         time_it([&] { ops::gemm(a, false, bm, false, cm); }, min_seconds), 0);
   }

@@ -16,7 +16,6 @@
 // of fashion-cnn's fc1 at batch 64 (Linear: y = x·Wᵀ, dx = dy·W, dW += dyᵀ·x).
 //
 // Usage: bench_gemm [--threads 1,2,4,8,16] [--gap 200] [--min-seconds 0.3]
-#include <pipeline/core/rng.hpp>
 #include <pipeline/core/threads.hpp>
 #include <pipeline/ops/gemm.hpp>
 
@@ -72,12 +71,6 @@ struct Product {
   bool trans_a, trans_b;
   float beta;
 };
-
-Tensor random(const Shape& s, std::uint64_t seed) {
-  Tensor t = Tensor::empty(s);
-  Rng(seed).fill_uniform(t, -1.f, 1.f);
-  return t;
-}
 
 std::vector<int> parse_list(const std::string& text) {
   std::vector<int> out;
@@ -139,9 +132,9 @@ int main(int argc, char** argv) {
                cold);
   }
   for (const Product& p : products) {
-    const Tensor a = random(p.trans_a ? Shape{p.k, p.m} : Shape{p.m, p.k}, 1);
-    Tensor w = random(p.trans_b ? Shape{p.n, p.k} : Shape{p.k, p.n}, 2);
-    Tensor c = random({p.m, p.n}, 3);
+    const Tensor a = bench::random_tensor(p.trans_a ? Shape{p.k, p.m} : Shape{p.m, p.k}, 1);
+    Tensor w = bench::random_tensor(p.trans_b ? Shape{p.n, p.k} : Shape{p.k, p.n}, 2);
+    Tensor c = bench::random_tensor({p.m, p.n}, 3);
     double one_thread = 0;
     for (int t : thread_counts) {
       set_num_threads(t);

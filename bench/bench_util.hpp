@@ -1,7 +1,10 @@
-// What the benchmarks share: the machine description printed above each table, process CPU time
-// (on a shared machine wall time also counts other programs' turns), and appending a table to a
-// results file such as bench/RESULTS.md.
+// What the benchmarks share: random input tensors, the machine description printed above each
+// table, process CPU time (on a shared machine wall time also counts other programs' turns), and
+// appending a table to a results file such as bench/RESULTS.md.
 #pragma once
+
+#include <pipeline/core/rng.hpp>
+#include <pipeline/core/tensor.hpp>
 
 #include <cstdio>
 #include <ctime>
@@ -10,6 +13,13 @@
 #include <vector>
 
 namespace pipeline::bench {
+
+// A tensor of uniform values in [-1, 1), drawn from Rng(seed).
+inline Tensor random_tensor(const Shape& s, std::uint64_t seed) {
+  Tensor t = Tensor::empty(s);
+  Rng(seed).fill_uniform(t, -1.f, 1.f);
+  return t;
+}
 
 // The CPU model from /proc/cpuinfo, or "unknown CPU".
 inline std::string cpu_name() {

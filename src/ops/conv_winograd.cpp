@@ -531,10 +531,6 @@ void backward_filter(const WinogradProblem& p, const float* x, const float* dy, 
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The direct convolution's products over those of F(α + 1 − r, r), counting the tiles' cut-off
 // parts: 4 for a 3x3 filter with α = 6 and 6.25 for a 5x5 one with α = 8 on large images; 1 for
 // a 3x3 one on a 2x2 image (where it measured slower than the direct convolution).

@@ -58,6 +58,7 @@ class Sequential {
     PIPELINE_CHECK_AS(ConfigError, m_names.insert(layer->name()).second,
                       "model '{}' already has a layer named '{}': layer names must be unique",
                       m_name, layer->name());
+    m_trainable.push_back(!layer->parameters().empty());
     m_layers.push_back(std::move(layer));
     return *this;
   }
@@ -139,7 +140,7 @@ class Sequential {
   int first_input_grad_layer(LayerRange r, bool need_input_grad) const {
     if (need_input_grad) return r.begin;
     int i = r.begin;
-    while (i < r.end && m_layers[i]->parameters().empty()) ++i;
+    while (i < r.end && !m_trainable[static_cast<std::size_t>(i)]) ++i;
     return std::min(i + 1, r.end);
   }
 
@@ -152,6 +153,7 @@ class Sequential {
 
   std::string m_name;
   std::vector<LayerPtr> m_layers;
+  std::vector<bool> m_trainable;  // per layer: it has parameters (asked once, not per backward)
   std::set<std::string> m_names;
 };
 
