@@ -194,7 +194,8 @@ double matrix_tflops(const std::string& precision, std::int64_t n = 8192) {
          (quantile(ms, 0.5) * 1e-3) / 1e12;
 }
 
-Measure measure(const CaseSpec& c, const std::string& precision, int warmup, int steps) {
+Measure measure(const CaseSpec& c, const std::string& precision, int warmup, int steps,
+                bool cuda_graphs) {
   cuda::set_allow_tf32(precision == "tf32");
   const ops::ComputeDTypeScope scope(product_dtype(precision));
   const Device device = Device::cuda(0);
@@ -212,6 +213,7 @@ Measure measure(const CaseSpec& c, const std::string& precision, int warmup, int
     lr = 1e-3f;
   }
   SequentialTrainer trainer(z.model, to_device(z.model.init(1), device), std::move(opt), 1);
+  if (cuda_graphs) trainer.use_cuda_graphs();
   const cudaStream_t stream = cuda::current_stream(0);
   Measure m;
   for (int i = 0; i < warmup; ++i) m.loss = trainer.step(b, lr).loss;
@@ -245,6 +247,7 @@ int main(int argc, char** argv) {
   std::string torch_script = std::string(PIPELINE_BENCH_DIR) + "/torch_gpu_step.py";
   int warmup = 10, steps = 50, lm_blocks = 24;
   bool torch = false, torch_compile = false, json = false, nondeterministic = false;
+  bool cuda_graphs = false;
   CLI::App app{"Training-step time and peak device memory of zoo models on one GPU"};
   app.add_option("--cases", cases_flag,
                  "comma-separated: fashion-cnn-b64, fashion-cnn-b1024, vgg16-b64, "
@@ -262,6 +265,9 @@ int main(int argc, char** argv) {
   app.add_flag("--nondeterministic", nondeterministic,
                "let cuDNN choose non-deterministic convolution algorithms too (PyTorch's default; "
                "ours is cuda::set_deterministic(true))");
+  app.add_flag("--cuda-graphs", cuda_graphs,
+               "our steps captured into a CUDA graph and replayed (warm-up steps capture it; "
+               "PyTorch stays eager)");
   app.add_flag("--torch", torch, "also run bench/torch_gpu_step.py and compare");
   app.add_flag("--torch-compile", torch_compile,
                "with --torch: PyTorch also with the model through torch.compile");
@@ -311,7 +317,7 @@ int main(int argc, char** argv) {
     try {
       for (const auto& c : cases)
         for (const auto& p : precisions) {
-          Measure m = measure(c, p, warmup, steps);
+          Measure m = measure(c, p, warmup, steps, cuda_graphs);
           nlohmann::json j{{"case", c.name},   {"precision", p},   {"median_ms", m.median_ms},
                            {"q1_ms", m.q1_ms}, {"q3_ms", m.q3_ms}, {"peak_bytes", m.peak_bytes},
                            {"loss", m.loss}};
@@ -333,10 +339,10 @@ int main(int argc, char** argv) {
   std::map<std::pair<std::string, std::string>, nlohmann::json> ours, theirs;
   for (const auto& c : cases)
     for (const auto& p : precisions) {
-      const std::string child =
-          fmt::format("{} --json --cases {} --precision {} --warmup {} --steps {} --lm-blocks {}{}",
-                      bench::shell_quote(ec ? std::string(argv[0]) : self), c.name, p, warmup,
-                      steps, lm_blocks, nondeterministic ? " --nondeterministic" : "");
+      const std::string child = fmt::format(
+          "{} --json --cases {} --precision {} --warmup {} --steps {} --lm-blocks {}{}{}",
+          bench::shell_quote(ec ? std::string(argv[0]) : self), c.name, p, warmup, steps, lm_blocks,
+          nondeterministic ? " --nondeterministic" : "", cuda_graphs ? " --cuda-graphs" : "");
       int status = 0;
       for (const auto& line : bench::run_lines(child, &status))
         if (!line.empty() && line.front() == '{') ours[{c.name, p}] = nlohmann::json::parse(line);
@@ -375,15 +381,16 @@ int main(int argc, char** argv) {
   const double mib = 1024.0 * 1024.0;
   std::string header = fmt::format(
       "bench_gpu_step on {} ({}); PyTorch {}\ncommand: {}\n"
-      "ms/step: median of {} SequentialTrainer::step after {} warm-up steps, CUDA events around "
-      "each step; IQR: first–third quartile; cuDNN algorithms: {}\n"
+      "ms/step: median of {} SequentialTrainer::step{} after {} warm-up steps, CUDA events "
+      "around each step; IQR: first–third quartile; cuDNN algorithms: {}\n"
       "ours peak MiB: caching pool peak_in_use_bytes / 2^20 (one process per row); PyTorch peak "
       "MiB: torch.cuda.max_memory_allocated / 2^20\n"
       "ours/PyTorch speed = PyTorch ms/step / ours ms/step; PyTorch is eager with "
       "cudnn.benchmark = True (bf16: under torch.autocast){}\n"
       "model TFLOP/s = 3 x forward FLOPs / ms/step; MFU against this GPU's measured 8192^3 "
       "product rate in TFLOP/s: {}\n",
-      cuda::device_description(0), today(), torch_version, command, steps, warmup,
+      cuda::device_description(0), today(), torch_version, command, steps,
+      cuda_graphs ? " replayed from a CUDA graph" : "", warmup,
       nondeterministic ? "any (--nondeterministic, as PyTorch's default)" : "deterministic only",
       torch_compile ? "; compile: the same with torch.compile(model)" : "",
       rates.empty() ? "-" : rates);

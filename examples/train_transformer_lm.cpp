@@ -95,6 +95,10 @@ int run_single(const Options& o) {
   if (!device.is_cpu()) log_info("training on {}", device.str());
   SequentialTrainer trainer(zoo.model, to_device(zoo.model.init(o.seed), device),
                             make_optimizer(o), o.seed, o.clip_grad);
+  if (o.pipeline.cuda_graphs) {
+    trainer.use_cuda_graphs();
+    log_info("CUDA graphs: each batch shape's second step is captured, later ones replay it");
+  }
   const CheckpointRunInfo info = examples::checkpoint_run_info(
       "transformer-lm", trainer.optimizer(), o.seed, o.batch, 1, o.pipeline, nullptr);
   const std::int64_t start = examples::resume_if_asked(

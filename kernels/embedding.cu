@@ -60,14 +60,19 @@ Layout layout(std::int64_t n, std::int64_t vocab) {
 
 }  // namespace
 
+// An id outside [0, vocab) gives a zero row (and the backward skips it): the op checks ids before
+// launching, except inside a CUDA graph capture, where the check runs after the replay and must
+// find memory intact to report.
 static __global__ void embedding_forward_kernel(const std::int32_t* ids, std::int64_t n,
-                                                const float* table, std::int64_t dim, float* out) {
+                                                const float* table, std::int64_t dim,
+                                                std::int64_t vocab, float* out) {
   const std::int64_t total = n * dim;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += stride) {
     const std::int64_t i = e / dim, c = e - i * dim;
-    out[e] = table[static_cast<std::int64_t>(ids[i]) * dim + c];
+    const std::int64_t id = ids[i];
+    out[e] = id >= 0 && id < vocab ? table[id * dim + c] : 0.f;
   }
 }
 
@@ -83,12 +88,12 @@ static __global__ void iota_kernel(std::int32_t* v, std::int64_t n) {
 // tile blockIdx.y.
 static __global__ __launch_bounds__(kColumnTile) void embedding_backward_kernel(
     const unsigned* sorted_ids, const std::int32_t* positions, std::int64_t n, const float* dout,
-    std::int64_t dim, float* dtable) {
+    std::int64_t dim, std::int64_t vocab, float* dtable) {
   const std::int64_t c = static_cast<std::int64_t>(blockIdx.y) * kColumnTile + threadIdx.x;
   for (std::int64_t j = blockIdx.x; j < n; j += gridDim.x) {
     const unsigned id = sorted_ids[j];
     if (j > 0 && sorted_ids[j - 1] == id) continue;  // not the start of a run
-    if (c >= dim) continue;
+    if (c >= dim || id >= vocab) continue;
     float* row = dtable + static_cast<std::int64_t>(id) * dim;
     float acc = row[c];
     for (std::int64_t k = j; k < n && sorted_ids[k] == id; ++k)
@@ -98,10 +103,10 @@ static __global__ __launch_bounds__(kColumnTile) void embedding_backward_kernel(
 }
 
 void embedding_forward(cudaStream_t stream, const std::int32_t* ids, std::int64_t n,
-                       const float* table, std::int64_t dim, float* out) {
+                       const float* table, std::int64_t dim, std::int64_t vocab, float* out) {
   if (n <= 0 || dim <= 0) return;
   embedding_forward_kernel<<<detail::grid_for(n * dim, kGatherThreads), kGatherThreads, 0,
-                             stream>>>(ids, n, table, dim, out);
+                             stream>>>(ids, n, table, dim, vocab, out);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 
@@ -130,7 +135,7 @@ void embedding_backward(cudaStream_t stream, const std::int32_t* ids, std::int64
   const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>(n, detail::kMaxGridBlocks)),
                   static_cast<unsigned>((dim + kColumnTile - 1) / kColumnTile));
   embedding_backward_kernel<<<grid, kColumnTile, 0, stream>>>(keys_out, positions_out, n, dout, dim,
-                                                              dtable);
+                                                              vocab, dtable);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 

@@ -42,13 +42,14 @@ struct SgdOp {
   SgdStep s;
   bool use_momentum;
   __device__ __forceinline__ void operator()(const SgdTensor& t, std::int64_t i) const {
+    const float lr = s.scalars != nullptr ? s.scalars[0] : s.lr;
     float w = t.param[i];
     const float g = t.grad[i];
     if (!use_momentum) {
       if (s.weight_decay != 0.f)
-        w -= s.lr * (g + s.weight_decay * w);
+        w -= lr * (g + s.weight_decay * w);
       else
-        w -= s.lr * g;
+        w -= lr * g;
       t.param[i] = w;
       return;
     }
@@ -56,9 +57,9 @@ struct SgdOp {
     const float b = s.first_step ? d : s.momentum * t.momentum_buffer[i] + (1.f - s.dampening) * d;
     t.momentum_buffer[i] = b;
     if (s.nesterov)
-      w -= s.lr * (d + s.momentum * b);
+      w -= lr * (d + s.momentum * b);
     else
-      w -= s.lr * b;
+      w -= lr * b;
     t.param[i] = w;
   }
 };
@@ -66,11 +67,15 @@ struct SgdOp {
 struct AdamWOp {
   AdamWStep s;
   __device__ __forceinline__ void operator()(const AdamWTensor& t, std::int64_t i) const {
+    const bool read = s.scalars != nullptr;
+    const float step_size = read ? s.scalars[0] : s.step_size;
+    const float inv_sqrt_bc2 = read ? s.scalars[1] : s.inv_sqrt_bc2;
+    const float decay = read ? s.scalars[2] : s.decay;
     float w = t.param[i];
     const float g = t.grad[i];
     float m = t.exp_avg[i], v = t.exp_avg_sq[i];
     if (s.decoupled) {
-      if (s.weight_decay != 0.f) w *= s.decay;
+      if (s.weight_decay != 0.f) w *= decay;
       m = s.beta1 * m + (1.f - s.beta1) * g;
       v = s.beta2 * v + (1.f - s.beta2) * (g * g);
     } else {
@@ -78,7 +83,7 @@ struct AdamWOp {
       m = s.beta1 * m + (1.f - s.beta1) * gd;
       v = s.beta2 * v + (1.f - s.beta2) * (gd * gd);
     }
-    w -= s.step_size * m / (sqrtf(v) * s.inv_sqrt_bc2 + s.eps);
+    w -= step_size * m / (sqrtf(v) * inv_sqrt_bc2 + s.eps);
     t.exp_avg[i] = m;
     t.exp_avg_sq[i] = v;
     t.param[i] = w;
@@ -117,6 +122,29 @@ static __global__ __launch_bounds__(kReduceThreads) void sum_of_squares_final_ke
   for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
   acc = detail::block_sum(acc, scratch);
   if (threadIdx.x == 0) *out = acc;
+}
+
+static __global__ void add_in_order_kernel(const double* parts, int count, double* total) {
+  double acc = 0.0;
+  for (int i = 0; i < count; ++i) acc += parts[i];
+  *total = acc;
+}
+
+// clip_factor() of optim/grad_clip.hpp, in the same double arithmetic.
+static __device__ __forceinline__ float clip_factor_of(double sum_of_squares, double max_norm) {
+  const double norm = sqrt(sum_of_squares);
+  if (!isfinite(norm)) return 1.f;
+  return static_cast<float>(fmin(1.0, max_norm / (norm + 1e-6)));
+}
+
+static __global__ void scale_by_clip_factor_kernel(float* x, std::int64_t n,
+                                                   const double* sum_of_squares, double max_norm) {
+  const float factor = clip_factor_of(*sum_of_squares, max_norm);
+  if (factor == 1.f) return;  // as the host, which does not scale then
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride)
+    x[i] *= factor;
 }
 
 static __global__ void scale_kernel(float* x, std::int64_t n, float factor) {
@@ -209,6 +237,20 @@ void scale(cudaStream_t stream, float* x, std::int64_t n, float factor) {
   if (n <= 0) return;
   constexpr int kThreads = 256;
   scale_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, factor);
+  PIPELINE_CUDA_LAUNCH_CHECK();
+}
+
+void add_in_order(cudaStream_t stream, const double* parts, int count, double* total) {
+  add_in_order_kernel<<<1, 1, 0, stream>>>(parts, count, total);
+  PIPELINE_CUDA_LAUNCH_CHECK();
+}
+
+void scale_by_clip_factor(cudaStream_t stream, float* x, std::int64_t n,
+                          const double* sum_of_squares, double max_norm) {
+  if (n <= 0) return;
+  constexpr int kThreads = 256;
+  scale_by_clip_factor_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(
+      x, n, sum_of_squares, max_norm);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 

@@ -25,6 +25,9 @@ struct SgdStep {
   float lr = 0, momentum = 0, dampening = 0, weight_decay = 0;
   bool nesterov = false;
   bool first_step = false;  // the buffer is set to the gradient instead of decayed into
+  // Non-null: the learning rate is read from scalars[0] (device memory) instead of lr, so that a
+  // replayed CUDA graph takes each step's value.
+  const float* scalars = nullptr;
 };
 
 // For each tensor: g = grad + wd·param; buf = first ? g : momentum·buf + (1 − dampening)·g;
@@ -46,6 +49,9 @@ struct AdamWStep {
   float beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
   float decay = 1;        // 1 − lr · weight_decay (decoupled decay)
   bool decoupled = true;  // AdamW; false: Adam with L2 decay added to the gradient
+  // Non-null: step_size, inv_sqrt_bc2 and decay are read from scalars[0..2] (device memory), so
+  // that a replayed CUDA graph takes each step's values.
+  const float* scalars = nullptr;
 };
 
 // For each tensor: [param *= decay]; m = b1 m + (1 − b1) g; v = b2 v + (1 − b2) g²;
@@ -67,5 +73,13 @@ double sum_of_squares(cudaStream_t stream, const float* x, std::int64_t n, doubl
 
 // x *= factor.
 void scale(cudaStream_t stream, float* x, std::int64_t n, float factor);
+
+// *total = Σ parts[i] in order (one double each; what the host would add up).
+void add_in_order(cudaStream_t stream, const double* parts, int count, double* total);
+
+// Clipping with the norm on the device: x *= min(1, max_norm / (sqrt(*sum_of_squares) + 1e-6))
+// computed as clip_factor() computes it on the host (factor 1 when the norm is not finite).
+void scale_by_clip_factor(cudaStream_t stream, float* x, std::int64_t n,
+                          const double* sum_of_squares, double max_norm);
 
 }  // namespace pipeline::kernels

@@ -301,11 +301,25 @@ std::size_t softmax_xent_workspace_bytes(std::int64_t rows) {
   return kStatusBytes + align64(n * sizeof(double)) + align64(n * sizeof(int));
 }
 
-SoftmaxXentTotals softmax_xent(cudaStream_t stream, const float* logits, const std::int32_t* labels,
-                               std::int64_t rows, std::int64_t classes, float scale, float* grad,
-                               void* workspace) {
-  SoftmaxXentTotals totals;
-  if (rows <= 0) return totals;
+static __global__ void softmax_xent_accumulate_kernel(const Status* status, double* totals) {
+  if (status->bad_label.index >= 0) {
+    if (totals[2] == 0.0) {
+      totals[2] = static_cast<double>(status->bad_label.index) + 1.0;
+      totals[3] = status->bad_label.value;
+    }
+    return;
+  }
+  totals[0] += status->loss;
+  totals[1] += static_cast<double>(status->correct);
+}
+
+namespace {
+
+// Queues the label check, the rows and the totals; the Status at the workspace's start holds the
+// outcome once the stream reaches it.
+Status* launch_softmax_xent(cudaStream_t stream, const float* logits, const std::int32_t* labels,
+                            std::int64_t rows, std::int64_t classes, float scale, float* grad,
+                            void* workspace) {
   auto* base = static_cast<unsigned char*>(workspace);
   auto* status = reinterpret_cast<Status*>(base);
   auto* row_loss = reinterpret_cast<double*>(base + kStatusBytes);
@@ -352,7 +366,18 @@ SoftmaxXentTotals softmax_xent(cudaStream_t stream, const float* logits, const s
   softmax_xent_totals_kernel<<<1, kTotalThreads, 0, stream>>>(row_loss, row_hit, rows, scale,
                                                               status);
   PIPELINE_CUDA_LAUNCH_CHECK();
+  return status;
+}
 
+}  // namespace
+
+SoftmaxXentTotals softmax_xent(cudaStream_t stream, const float* logits, const std::int32_t* labels,
+                               std::int64_t rows, std::int64_t classes, float scale, float* grad,
+                               void* workspace) {
+  SoftmaxXentTotals totals;
+  if (rows <= 0) return totals;
+  const Status* status =
+      launch_softmax_xent(stream, logits, labels, rows, classes, scale, grad, workspace);
   Status host{};
   PIPELINE_CUDA_CHECK(cudaMemcpyAsync(&host, status, sizeof(host), cudaMemcpyDeviceToHost, stream));
   PIPELINE_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -362,6 +387,16 @@ SoftmaxXentTotals softmax_xent(cudaStream_t stream, const float* logits, const s
     totals.correct = host.correct;
   }
   return totals;
+}
+
+void softmax_xent_accumulate(cudaStream_t stream, const float* logits, const std::int32_t* labels,
+                             std::int64_t rows, std::int64_t classes, float scale, float* grad,
+                             void* workspace, double* totals) {
+  if (rows <= 0) return;
+  const Status* status =
+      launch_softmax_xent(stream, logits, labels, rows, classes, scale, grad, workspace);
+  softmax_xent_accumulate_kernel<<<1, 1, 0, stream>>>(status, totals);
+  PIPELINE_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace pipeline::kernels

@@ -35,4 +35,11 @@ SoftmaxXentTotals softmax_xent(cudaStream_t stream, const float* logits, const s
                                std::int64_t rows, std::int64_t classes, float scale, float* grad,
                                void* workspace);
 
+// The same, queued only (nothing waits, so a CUDA graph can capture it), accumulating into
+// `totals`, four doubles of device memory: [0] += loss, [1] += correct, and on a bad label, if
+// [2] is still 0, [2] = its row + 1 and [3] = its value (grad is then untouched).
+void softmax_xent_accumulate(cudaStream_t stream, const float* logits, const std::int32_t* labels,
+                             std::int64_t rows, std::int64_t classes, float scale, float* grad,
+                             void* workspace, double* totals);
+
 }  // namespace pipeline::kernels

@@ -100,6 +100,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads (default: the machine's cores)");
   app.add_option("--seed", opt.seed, "seed of parameters and inputs");
   app.add_flag("--no-split", no_split, "skip the separate input- and weight-gradient measurements");
+  app.add_option("--layers-per-pass", opt.layers_per_pass,
+                 "profile the layers this many at a time, each group in passes of its own (a "
+                 "model too large for the device at once); 0: all together (default)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("-o,--output", output, "write profile.json here")->required();
   app.add_flag("-q,--quiet", quiet, "no table on stdout");
   auto* images = app.add_option_group("image models (mlp, fashion-cnn, vgg16, resnet18)");

@@ -67,6 +67,9 @@ struct PipelineFlags {
   // as --in-process).
   std::string comm = "auto";
 
+  // Capture a single-process GPU step into a CUDA graph and replay it (SequentialTrainer).
+  bool cuda_graphs = false;
+
   bool runs_in_process() const { return in_process || comm == "local"; }
 
   // ConfigError for flags that contradict each other. A single-process run ignores these flags,
@@ -81,6 +84,10 @@ struct PipelineFlags {
                       "--in-process runs the whole plan in one process, but the launcher started "
                       "{}: run it with mpirun -np 1 (or without mpirun), or drop --in-process",
                       launcher_world_size());
+    PIPELINE_CHECK_AS(ConfigError, !cuda_graphs,
+                      "--cuda-graphs captures the whole step of a single-process run on one GPU; "
+                      "a pipeline's stages run without graphs: drop --cuda-graphs, or --plan / "
+                      "--in-process / mpirun -np N");
     parse_device(device);
     parse_transport_request(comm);
   }
@@ -120,6 +127,9 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
                  "ranks in this process, as --in-process)")
       ->check(CLI::IsMember({"auto", "nccl", "mpi", "local"}))
       ->capture_default_str();
+  app.add_flag("--cuda-graphs", flags.cuda_graphs,
+               "single-process GPU training: capture a step into a CUDA graph once its batch "
+               "shape has run, and replay it (the same results, far fewer launches)");
   app.add_flag("--in-process", flags.in_process,
                "run every stage of --plan as a thread of this one process (one GPU, or the CPU), "
                "instead of one process per stage under mpirun");

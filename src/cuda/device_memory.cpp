@@ -19,7 +19,13 @@ PoolDriver cuda_driver(int device) {
   d.allocate = [device](std::size_t bytes) -> void* {
     DeviceGuard guard(device);
     void* p = nullptr;
+    // Inside a graph capture of this thread cudaMalloc is an "unsafe" call; a new block for the
+    // capture's private pool is legitimate (it is not part of the captured work), so the capture
+    // mode is relaxed around it.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    PIPELINE_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     const cudaError_t e = cudaMalloc(&p, bytes);
+    PIPELINE_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // not sticky: the pool releases its cache and retries
       return nullptr;

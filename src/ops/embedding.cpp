@@ -8,7 +8,9 @@
 #include <limits>
 
 #if PIPELINE_WITH_CUDA
+#include <pipeline/cuda/graph.hpp>
 #include "bias.cuh"
+
 #include "check_range.cuh"
 #include "embedding.cuh"
 #endif
@@ -53,13 +55,26 @@ void check_cuda_ids(const detail::CudaScope& cuda, const Tensor& ids, std::int64
   const std::int32_t hi = static_cast<std::int32_t>(
       std::min<std::int64_t>(vocab, std::numeric_limits<std::int32_t>::max()));
   Tensor scratch = cuda.scratch_bytes(sizeof(kernels::RangeViolation));
-  const kernels::RangeViolation bad =
-      kernels::find_out_of_range_sync(cuda.stream(), ids.device_data<std::int32_t>(), ids.numel(),
-                                      0, hi, static_cast<kernels::RangeViolation*>(scratch.raw()));
-  PIPELINE_CHECK(bad.index < 0,
-                 "embedding: id {} at flat position {} of ids {} is out of range for a vocabulary "
-                 "of {}: ids must lie in [0, {})",
-                 bad.value, bad.index, ids.shape(), vocab, vocab);
+  auto* status = static_cast<kernels::RangeViolation*>(scratch.raw());
+  const auto check = [shape = ids.shape(), vocab](const kernels::RangeViolation& bad) {
+    PIPELINE_CHECK(bad.index < 0,
+                   "embedding: id {} at flat position {} of ids {} is out of range for a "
+                   "vocabulary of {}: ids must lie in [0, {})",
+                   bad.value, bad.index, shape, vocab, vocab);
+  };
+  // Inside a CUDA graph capture the result cannot be waited for: the graph checks it after each
+  // replay (the kernels leave out-of-range ids alone meanwhile).
+  kernels::find_out_of_range(cuda.stream(), ids.device_data<std::int32_t>(), ids.numel(), 0, hi,
+                             status);
+  if (cuda::defer_check(cuda.stream(), {scratch, [check](const void* host) {
+                                          check(*static_cast<const kernels::RangeViolation*>(host));
+                                        }}))
+    return;
+  kernels::RangeViolation bad;
+  PIPELINE_CUDA_CHECK(
+      cudaMemcpyAsync(&bad, status, sizeof(bad), cudaMemcpyDeviceToHost, cuda.stream()));
+  PIPELINE_CUDA_CHECK(cudaStreamSynchronize(cuda.stream()));
+  check(bad);
 }
 #endif
 
@@ -77,7 +92,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
     const detail::CudaScope cuda(d);
     check_cuda_ids(cuda, ids, vocab);
     kernels::embedding_forward(cuda.stream(), ids.device_data<std::int32_t>(), n,
-                               table.device_data<float>(), dim, out.device_data<float>());
+                               table.device_data<float>(), dim, vocab, out.device_data<float>());
     return;
   }
 #endif

@@ -104,7 +104,25 @@ kernels::AdamWStep adamw_step(std::int64_t step, const AdamWParams& p) {
   return {a.step_size, a.inv_sqrt_bc2, p.beta1,     p.beta2, p.eps, p.weight_decay,
           1.f - p.lr * p.weight_decay, p.decoupled};
 }
+
+// The device pointer of a step_scalars tensor of at least `count` floats on `d` (null for none).
+const float* step_scalars_on(const Tensor* scalars, std::size_t count, Device d, const char* op) {
+  if (scalars == nullptr) return nullptr;
+  PIPELINE_CHECK(scalars->device() == d && scalars->dtype() == DType::Float32 &&
+                     scalars->numel() >= static_cast<std::int64_t>(count),
+                 "{}: step scalars must be {} float32 values on {}, got {} {} on {}", op, count,
+                 d.str(), scalars->shape(), dtype_name(scalars->dtype()), scalars->device().str());
+  return scalars->device_data<float>();
+}
 #endif
+
+// Step scalars exist for CUDA graphs only: the CPU update always takes its arguments.
+void check_no_step_scalars(const Tensor* scalars, const char* op) {
+  PIPELINE_CHECK(scalars == nullptr,
+                 "{}: step scalars in device memory are for updates on a GPU (CUDA graphs); the "
+                 "CPU update takes the step's values as arguments",
+                 op);
+}
 
 }  // namespace
 
@@ -212,8 +230,8 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
 }
 
 void sgd_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
-                     std::span<Tensor* const> momentum_buffers, bool first_step,
-                     const SgdParams& p) {
+                     std::span<Tensor* const> momentum_buffers, bool first_step, const SgdParams& p,
+                     const Tensor* step_scalars) {
   PIPELINE_CHECK(grads.size() == params.size() && momentum_buffers.size() == params.size(),
                  "sgd_update_many: {} parameters, {} gradients and {} momentum buffers",
                  params.size(), grads.size(), momentum_buffers.size());
@@ -223,19 +241,21 @@ void sgd_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
     std::vector<kernels::SgdTensor> t;
     for (std::size_t i = 0; i < params.size(); ++i)
       t.push_back(sgd_operands(params[i], grads[i], momentum_buffers[i], p, d));
-    const kernels::SgdStep step = sgd_step(p, first_step);
+    kernels::SgdStep step = sgd_step(p, first_step);
+    step.scalars = step_scalars_on(step_scalars, 1, d, "sgd_update_many");
     const detail::CudaScope cuda(d);
     kernels::sgd_update(cuda.stream(), t.data(), static_cast<int>(t.size()), step);
     return;
   }
 #endif
+  check_no_step_scalars(step_scalars, "sgd_update_many");
   for (std::size_t i = 0; i < params.size(); ++i)
     sgd_update(params[i], grads[i], momentum_buffers[i], first_step, p);
 }
 
 void adamw_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
-                       std::span<Tensor> exp_avg, std::span<Tensor> exp_avg_sq,
-                       std::int64_t step, const AdamWParams& p) {
+                       std::span<Tensor> exp_avg, std::span<Tensor> exp_avg_sq, std::int64_t step,
+                       const AdamWParams& p, const Tensor* step_scalars) {
   PIPELINE_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() &&
                      exp_avg_sq.size() == params.size(),
                  "adamw_update_many: {} parameters, {} gradients, {} and {} moments",
@@ -246,14 +266,26 @@ void adamw_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
     std::vector<kernels::AdamWTensor> t;
     for (std::size_t i = 0; i < params.size(); ++i)
       t.push_back(adamw_operands(params[i], grads[i], exp_avg[i], exp_avg_sq[i], d));
-    const kernels::AdamWStep s = adamw_step(step, p);
+    kernels::AdamWStep s = adamw_step(step, p);
+    s.scalars = step_scalars_on(step_scalars, 3, d, "adamw_update_many");
     const detail::CudaScope cuda(d);
     kernels::adamw_update(cuda.stream(), t.data(), static_cast<int>(t.size()), s);
     return;
   }
 #endif
+  check_no_step_scalars(step_scalars, "adamw_update_many");
   for (std::size_t i = 0; i < params.size(); ++i)
     adamw_update(params[i], grads[i], exp_avg[i], exp_avg_sq[i], step, p);
+}
+
+std::vector<float> sgd_step_scalars(const SgdParams& p) {
+  return {p.lr};
+}
+
+std::vector<float> adamw_step_scalars(std::int64_t step, const AdamWParams& p) {
+  PIPELINE_CHECK(step >= 1, "adamw_step_scalars: step counts from 1, got {}", step);
+  const AdamScalars a = adam_scalars(step, p);
+  return {a.step_size, a.inv_sqrt_bc2, 1.f - p.lr * p.weight_decay};
 }
 
 double sum_of_squares(const Tensor& x) {
@@ -330,6 +362,53 @@ void scale_inplace(Tensor& x, float factor) {
   pipeline::detail::for_each_piece(
       x.numel(), kMinPiece, kPieceAlign,
       [&](std::int64_t i, std::int64_t n) { Array(p + i, n) *= factor; });
+}
+
+namespace {
+
+// The device and double slot of a sum_of_squares_total / scale_by_clip_factor call.
+Device device_total(std::span<const Tensor> xs, const Tensor& total, const char* op) {
+  PIPELINE_CHECK(total.defined() && total.nbytes() >= sizeof(double),
+                 "{}: the total needs 8 bytes of device memory, got {} bytes", op, total.nbytes());
+  for (const Tensor& x : xs)
+    PIPELINE_CHECK(x.device() == total.device() && x.dtype() == DType::Float32,
+                   "{}: expected float32 tensors on {}, got {} on {}", op, total.device().str(),
+                   dtype_name(x.dtype()), x.device().str());
+  PIPELINE_CHECK(total.device().is_cuda(),
+                 "{}: the total stays in device memory, for work on a GPU; on the CPU use "
+                 "sums_of_squares and scale_inplace",
+                 op);
+  return total.device();
+}
+
+}  // namespace
+
+void sum_of_squares_total(std::span<const Tensor> xs, Tensor& total) {
+  [[maybe_unused]] const Device d = device_total(xs, total, "sum_of_squares_total");
+#if PIPELINE_WITH_CUDA
+  const detail::CudaScope cuda(d);
+  Tensor workspace = cuda.scratch_bytes(kernels::kSumOfSquaresWorkspace * sizeof(double));
+  Tensor parts = cuda.scratch_bytes(std::max<std::size_t>(xs.size(), 1) * sizeof(double));
+  auto* r = static_cast<double*>(parts.raw());
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    kernels::sum_of_squares_async(cuda.stream(), xs[i].device_data<float>(), xs[i].numel(),
+                                  static_cast<double*>(workspace.raw()), r + i);
+  kernels::add_in_order(cuda.stream(), r, static_cast<int>(xs.size()),
+                        static_cast<double*>(total.raw()));
+#endif
+}
+
+void scale_by_clip_factor(std::span<Tensor> xs, const Tensor& total, float max_norm) {
+  PIPELINE_CHECK_AS(ConfigError, max_norm > 0.f, "gradient clipping needs max_norm > 0, got {}",
+                    max_norm);
+  [[maybe_unused]] const Device d = device_total(xs, total, "scale_by_clip_factor");
+#if PIPELINE_WITH_CUDA
+  const detail::CudaScope cuda(d);
+  for (Tensor& x : xs)
+    kernels::scale_by_clip_factor(cuda.stream(), x.device_data<float>(), x.numel(),
+                                  static_cast<const double*>(total.raw()),
+                                  static_cast<double>(max_norm));
+#endif
 }
 
 }  // namespace pipeline::ops

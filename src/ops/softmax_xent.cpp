@@ -12,8 +12,10 @@
 
 namespace pipeline::ops {
 
-SoftmaxXentResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float scale,
-                                        Tensor& grad) {
+namespace {
+
+// The shape checks both forms make; returns the row count.
+std::int64_t check_operands(const Tensor& logits, const Tensor& labels, const Tensor& grad) {
   PIPELINE_CHECK_AS(ConfigError, logits.rank() >= 1 && logits.dim(-1) > 0,
                     "softmax_cross_entropy needs logits [..., classes], got {}", logits.shape());
   PIPELINE_CHECK_AS(ConfigError, labels.dtype() == DType::Int32,
@@ -27,12 +29,23 @@ SoftmaxXentResult softmax_cross_entropy(const Tensor& logits, const Tensor& labe
   PIPELINE_CHECK(grad.shape() == logits.shape(),
                  "softmax_cross_entropy: gradient is {} but must be {}", grad.shape(),
                  logits.shape());
+  PIPELINE_CHECK_AS(
+      ConfigError,
+      !logits.device().is_cuda() || classes <= std::numeric_limits<std::int32_t>::max(),
+      "softmax_cross_entropy on {}: {} classes exceed the kernel's 2^31 - 1", logits.device().str(),
+      classes);
+  return rows;
+}
+
+}  // namespace
+
+SoftmaxXentResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float scale,
+                                        Tensor& grad) {
+  const std::int64_t rows = check_operands(logits, labels, grad);
+  const std::int64_t classes = logits.dim(-1);
 #if PIPELINE_WITH_CUDA
   if (const Device d = detail::common_device("softmax_cross_entropy", {&logits, &labels, &grad});
       d.is_cuda()) {
-    PIPELINE_CHECK_AS(ConfigError, classes <= std::numeric_limits<std::int32_t>::max(),
-                      "softmax_cross_entropy on {}: {} classes exceed the kernel's 2^31 - 1",
-                      d.str(), classes);
     const detail::CudaScope cuda(d);
     Tensor workspace = cuda.scratch_bytes(kernels::softmax_xent_workspace_bytes(rows));
     const kernels::SoftmaxXentTotals t = kernels::softmax_xent(
@@ -78,6 +91,31 @@ SoftmaxXentResult softmax_cross_entropy(const Tensor& logits, const Tensor& labe
   }
   out.loss = loss * static_cast<double>(scale);
   return out;
+}
+
+void softmax_cross_entropy_accumulate(const Tensor& logits, const Tensor& labels, float scale,
+                                      Tensor& grad, Tensor& totals) {
+  const std::int64_t rows = check_operands(logits, labels, grad);
+  PIPELINE_CHECK(totals.defined() && totals.nbytes() >= 4 * sizeof(double),
+                 "softmax_cross_entropy_accumulate: the totals need 32 bytes, got {}",
+                 totals.nbytes());
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("softmax_cross_entropy_accumulate",
+                                             {&logits, &labels, &grad, &totals});
+      d.is_cuda()) {
+    const detail::CudaScope cuda(d);
+    Tensor workspace = cuda.scratch_bytes(kernels::softmax_xent_workspace_bytes(rows));
+    kernels::softmax_xent_accumulate(cuda.stream(), logits.device_data<float>(),
+                                     labels.device_data<std::int32_t>(), rows, logits.dim(-1),
+                                     scale, grad.device_data<float>(), workspace.raw(),
+                                     static_cast<double*>(totals.raw()));
+    return;
+  }
+#endif
+  PIPELINE_FAIL(Error,
+                "softmax_cross_entropy_accumulate keeps its totals in device memory, for work on "
+                "a GPU; on the CPU use softmax_cross_entropy ({} rows)",
+                rows);
 }
 
 }  // namespace pipeline::ops

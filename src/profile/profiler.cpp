@@ -65,6 +65,13 @@ Tensor random_input(const Shape& shape, const ProfileOptions& o) {
   return t;
 }
 
+// What the layers before a range would hand it: float32 activations, normal(0, 1).
+Tensor random_activations(const Shape& shape, const ProfileOptions& o) {
+  Tensor t = Tensor::empty(shape, DType::Float32);
+  Rng(o.seed, "profile.activations").fill_normal(t, 0.f, 1.f);
+  return t;
+}
+
 // Times regions of one training pass. On the CPU each region is wall time around it. On a CUDA
 // device a region is the device time between two events recorded on the current stream around
 // it, read once the pass has ended (one synchronisation per pass, so the host keeps queueing
@@ -152,6 +159,9 @@ void check_arguments(const Sequential& model, const Shape& input_shape, int batc
                     o.repeat);
   PIPELINE_CHECK_AS(ConfigError, o.warmup >= 0, "profile warmup count must be >= 0, got {}",
                     o.warmup);
+  PIPELINE_CHECK_AS(ConfigError, o.layers_per_pass >= 0,
+                    "layers per profiling pass must be >= 0 (0: all at once), got {}",
+                    o.layers_per_pass);
   PIPELINE_CHECK_AS(ConfigError, o.input_dtype == DType::Float32 || o.input_dtype == DType::Int32,
                     "profile input dtype must be float32 or int32, got {}",
                     dtype_name(o.input_dtype));
@@ -199,6 +209,193 @@ std::int64_t bf16_stash_bytes(const Layer& layer) {
   return n;
 }
 
+// Profiles the layers of `range` in whole training passes of their own (see profile()),
+// appending their LayerProfiles to `out`. shapes: the model's activation shapes at the batch.
+void profile_range(const Sequential& model, LayerRange range, const std::vector<Shape>& shapes,
+                   Device device, const ProfileOptions& options, bool bf16,
+                   const ForwardContext& ctx, std::vector<LayerProfile>& out) {
+  const auto R = [](int i) { return static_cast<std::size_t>(i); };
+  // Every repetition is a whole training pass, as the runtime runs it: the forward of every layer
+  // in order, then the backward of every layer in reverse, each layer timed on its own inside
+  // the pass. Timing one layer many times in a row instead keeps its weights and buffers hot in
+  // the caches, and a layer inside a real step was up to 14% slower than that (bench/RESULTS.md).
+  const int first = range.begin, n = range.size();
+  const auto N = static_cast<std::size_t>(n);
+  std::vector<LayerParams> params;
+  std::vector<std::vector<Tensor>> grads;
+  for (int i = 0; i < n; ++i) {
+    params.push_back(model.layer(first + i).init(options.seed).to(device));
+    grads.push_back(model.layer(first + i).zero_grads(device));
+  }
+  std::vector<Saved> saved(N);
+  std::vector<Tensor> outputs(N), output_grads(N);
+  std::vector<std::vector<double>> fwd(N), bwd(N), bwd_input(N), bwd_weight(N);
+  // Each layer's largest temporaries over the timed passes (LayerProfile::workspace_bytes).
+  std::vector<std::int64_t> workspace(N, 0);
+  // What an input-gradient pass keeps for the weight pass: the layer's output gradient and, in a
+  // composite, its children's (Saved::child_output_grads), each allocation once.
+  std::vector<std::int64_t> split_kept(N, 0);
+  auto split_kept_bytes = [](const Saved& s, const Tensor& dy) {
+    std::set<const void*> seen{dy.storage_id()};
+    std::int64_t bytes = static_cast<std::int64_t>(dy.storage_end());
+    auto visit = [&](auto&& self, const Saved& node) -> void {
+      for (const Tensor& t : node.child_output_grads)
+        if (t.defined() && seen.insert(t.storage_id()).second)
+          bytes += static_cast<std::int64_t>(t.storage_end());
+      for (const Saved& c : node.children) self(self, c);
+    };
+    visit(visit, s);
+    return bytes;
+  };
+  // The model's input, or random activations of the shape the layers before the range make.
+  const Tensor input = (first == 0 ? random_input(shapes[0], options)
+                                   : random_activations(shapes[R(first)], options))
+                           .to(device);
+  // The model's output gradient (or the next layer's input gradient) stands for what the loss
+  // would send back.
+  Tensor loss_grad = Tensor::empty(shapes[R(range.end)], DType::Float32);
+  Rng(options.seed, "profile.grad").fill_normal(loss_grad, 0.f, 1.f);
+  loss_grad = loss_grad.to(device);
+  // The optimizer steps are timed inside the passes, where the executor takes them: after the
+  // backward, every layer in order, on the caches the pass left. Timed alone, again and again,
+  // a layer's step ran on hot caches, and a training step's was up to 2.5x longer (AdamW over a
+  // transformer's weights, bench/RESULTS.md). Each pass times every rule, first a different one
+  // in turn; their state exists before the first pass (one untimed step each).
+  std::vector<LayerRules> rules(N);
+  std::array<std::vector<std::vector<double>>, LayerRules::kCount> step_times;
+  for (auto& t : step_times) t.resize(N);
+  for (std::size_t I = 0; I < N; ++I)
+    for (int k = 0; !grads[I].empty() && k < LayerRules::kCount; ++k)
+      step_layer(rules[I].rule(k), params[I].params, grads[I]);
+  PassTimer timer(device);
+  // The layers under first_dx compute no input gradient in training: below them nothing has
+  // weights (a Flatten under the first Linear), so the first stage skips it.
+  const int first_dx = model.first_input_grad_layer(model.all(), false) - first;
+  for (int rep = 0; rep < options.warmup + options.repeat; ++rep) {
+    const bool record = rep >= options.warmup;
+    auto into = [record](std::vector<double>& v) { return record ? &v : nullptr; };
+    auto keep = [&](std::size_t layer, std::int64_t temporaries) {
+      if (record) workspace[layer] = std::max(workspace[layer], temporaries);
+    };
+    for (int i = 0; i < n; ++i) {
+      const auto I = static_cast<std::size_t>(i);
+      const Tensor& x = i == 0 ? input : outputs[I - 1];
+      saved[I] = Saved{};  // the last pass's, which a training step would have freed by now
+      outputs[I] = Tensor{};
+      keep(I, timer.time(into(fwd[I]), [&] {
+        outputs[I] = model.layer(first + i).forward(params[I], x, saved[I], ctx);
+      }));
+      PIPELINE_CHECK(outputs[I].shape() == shapes[R(first + i + 1)],
+                     "layer '{}' ({}) produced shape {} but reports output shape {}",
+                     model.layer(first + i).name(), model.layer(first + i).kind(),
+                     outputs[I].shape(), shapes[R(first + i + 1)]);
+    }
+    for (int i = n - 1; i >= 0; --i) {
+      const auto I = static_cast<std::size_t>(i);
+      if (i == n - 1) output_grads[I] = loss_grad;
+      std::span<Tensor> g(grads[I]);
+      Tensor dx;
+      // As training runs it: no input gradient under first_dx (Sequential::backward).
+      const bool input = i >= first_dx;
+      keep(I, timer.time(into(bwd[I]), [&] {
+        if (input || !g.empty())
+          dx = model.layer(first + i).backward(params[I], saved[I], output_grads[I], g,
+                                               input ? GradParts::Both : GradParts::Weight);
+      }));
+      if (i > 0) output_grads[I - 1] = dx;
+    }
+    for (int k = 0; k < LayerRules::kCount; ++k) {
+      const int rule = (rep + k) % LayerRules::kCount;
+      for (std::size_t I = 0; I < N; ++I)
+        if (!grads[I].empty())
+          keep(I, timer.time(into(step_times[static_cast<std::size_t>(rule)][I]),
+                             [&] { step_layer(rules[I].rule(rule), params[I].params, grads[I]); }));
+    }
+    if (!options.split_backward || !record) {
+      timer.finish();
+      continue;
+    }
+    // The split halves, each as its own pass over the layers with weights (the schedules that
+    // split the backward run all input gradients first, the weight gradients later).
+    for (int i = n - 1; i >= 0; --i) {
+      const auto I = static_cast<std::size_t>(i);
+      if (grads[I].empty()) continue;
+      std::span<Tensor> g(grads[I]);
+      Tensor dx;  // kept to the region's end, as the runtime keeps (sends) it
+      keep(I, timer.time(&bwd_input[I], [&] {
+        if (i >= first_dx)
+          dx = model.layer(first + i).backward(params[I], saved[I], output_grads[I], g,
+                                               GradParts::Input);
+      }));
+      split_kept[I] = split_kept_bytes(saved[I], output_grads[I]);
+    }
+    for (int i = n - 1; i >= 0; --i) {
+      const auto I = static_cast<std::size_t>(i);
+      if (grads[I].empty()) continue;
+      std::span<Tensor> g(grads[I]);
+      keep(I, timer.time(&bwd_weight[I], [&] {
+        (void)model.layer(first + i).backward(params[I], saved[I], output_grads[I], g,
+                                              GradParts::Weight);
+      }));
+    }
+    timer.finish();
+  }
+
+  // Saved storage, each allocation counted at the first layer that keeps it; of that, the bytes
+  // of the layer's own input (`input_storage`).
+  std::set<const void*> kept;
+  auto saved_bytes = [&](const Saved& s, const void* input_storage, std::int64_t& input_bytes) {
+    std::int64_t bytes = 0;
+    auto visit = [&](auto&& self, const Saved& node) -> void {
+      for (const Tensor& t : node.tensors)
+        if (t.defined() && kept.insert(t.storage_id()).second) {
+          bytes += static_cast<std::int64_t>(t.storage_end());
+          if (t.storage_id() == input_storage)
+            input_bytes = static_cast<std::int64_t>(t.storage_end());
+        }
+      for (const Saved& c : node.children) self(self, c);
+    };
+    visit(visit, s);
+    return bytes;
+  };
+  for (int i = 0; i < n; ++i) {
+    const auto I = static_cast<std::size_t>(i);
+    const Layer& layer = model.layer(first + i);
+    LayerProfile lp;
+    lp.name = layer.name();
+    lp.kind = layer.kind();
+    const Summary f = summarize(fwd[I]);
+    const Summary b = summarize(bwd[I]);
+    lp.forward_s = f.median;
+    lp.forward_spread_s = f.spread;
+    lp.backward_s = b.median;
+    lp.backward_spread_s = b.spread;
+    if (options.split_backward) {
+      if (!grads[I].empty()) {
+        lp.backward_input_s = summarize(bwd_input[I]).median;
+        lp.backward_weight_s = summarize(bwd_weight[I]).median;
+      } else {
+        lp.backward_input_s = lp.backward_s;  // no weights: the whole backward is dL/dx
+      }
+    }
+    lp.output_bytes = static_cast<std::int64_t>(outputs[I].nbytes());
+    lp.parameter_bytes = static_cast<std::int64_t>(layer.parameter_bytes());
+    if (bf16) lp.stashed_parameter_bytes = bf16_stash_bytes(layer);
+    // The model's input is the data's, not a layer's; a range's later input is a layer's output.
+    const void* input_storage = i > 0       ? outputs[I - 1].storage_id()
+                                : first > 0 ? input.storage_id()
+                                            : nullptr;
+    lp.saved_bytes = saved_bytes(saved[I], input_storage, lp.saved_input_bytes);
+    lp.split_kept_bytes = split_kept[I];
+    lp.workspace_bytes = workspace[I];
+    lp.flops = layer.flops(shapes[R(first + i)]);
+    for (int k = 0; !grads[I].empty() && k < LayerRules::kCount; ++k)
+      lp.step_s.of(LayerRules::kNames[static_cast<std::size_t>(k)]) =
+          summarize(step_times[static_cast<std::size_t>(k)][I]).median;
+    out.push_back(std::move(lp));
+  }
+}
+
 }  // namespace
 
 std::string cpu_device_description(int threads) {
@@ -230,8 +427,8 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
   out.model = model.name();
   out.batch_size = batch;
 #if PIPELINE_WITH_CUDA
-  out.device = device.is_cuda() ? cuda::device_description(device.index)
-                                : cpu_device_description(threads);
+  out.device =
+      device.is_cuda() ? cuda::device_description(device.index) : cpu_device_description(threads);
 #else
   out.device = cpu_device_description(threads);
 #endif
@@ -245,179 +442,12 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
   // What the device holds before the profiler makes anything: the rest, once everything the
   // profiler made is gone again, the runtime keeps for itself (Profile::runtime_bytes).
   const std::int64_t entry_bytes = memory_use(device).in_use_bytes;
-  {
-    // Every repetition is a whole training pass, as the runtime runs it: the forward of every layer
-    // in order, then the backward of every layer in reverse, each layer timed on its own inside
-    // the pass. Timing one layer many times in a row instead keeps its weights and buffers hot in
-    // the caches, and a layer inside a real step was up to 14% slower than that (bench/RESULTS.md).
-    const int n = model.size();
-    const auto N = static_cast<std::size_t>(n);
-    std::vector<LayerParams> params;
-    std::vector<std::vector<Tensor>> grads;
-    for (int i = 0; i < n; ++i) {
-      params.push_back(model.layer(i).init(options.seed).to(device));
-      grads.push_back(model.layer(i).zero_grads(device));
-    }
-    std::vector<Saved> saved(N);
-    std::vector<Tensor> outputs(N), output_grads(N);
-    std::vector<std::vector<double>> fwd(N), bwd(N), bwd_input(N), bwd_weight(N);
-    // Each layer's largest temporaries over the timed passes (LayerProfile::workspace_bytes).
-    std::vector<std::int64_t> workspace(N, 0);
-    // What an input-gradient pass keeps for the weight pass: the layer's output gradient and, in a
-    // composite, its children's (Saved::child_output_grads), each allocation once.
-    std::vector<std::int64_t> split_kept(N, 0);
-    auto split_kept_bytes = [](const Saved& s, const Tensor& dy) {
-      std::set<const void*> seen{dy.storage_id()};
-      std::int64_t bytes = static_cast<std::int64_t>(dy.storage_end());
-      auto visit = [&](auto&& self, const Saved& node) -> void {
-        for (const Tensor& t : node.child_output_grads)
-          if (t.defined() && seen.insert(t.storage_id()).second)
-            bytes += static_cast<std::int64_t>(t.storage_end());
-        for (const Saved& c : node.children) self(self, c);
-      };
-      visit(visit, s);
-      return bytes;
-    };
-    const Tensor input = random_input(batch_shape, options).to(device);
-    // The model's output gradient stands for what the loss would send back.
-    Tensor loss_grad = Tensor::empty(shapes.back(), DType::Float32);
-    Rng(options.seed, "profile.grad").fill_normal(loss_grad, 0.f, 1.f);
-    loss_grad = loss_grad.to(device);
-    // The optimizer steps are timed inside the passes, where the executor takes them: after the
-    // backward, every layer in order, on the caches the pass left. Timed alone, again and again,
-    // a layer's step ran on hot caches, and a training step's was up to 2.5x longer (AdamW over a
-    // transformer's weights, bench/RESULTS.md). Each pass times every rule, first a different one
-    // in turn; their state exists before the first pass (one untimed step each).
-    std::vector<LayerRules> rules(N);
-    std::array<std::vector<std::vector<double>>, LayerRules::kCount> step_times;
-    for (auto& t : step_times) t.resize(N);
-    for (std::size_t I = 0; I < N; ++I)
-      for (int k = 0; !grads[I].empty() && k < LayerRules::kCount; ++k)
-        step_layer(rules[I].rule(k), params[I].params, grads[I]);
-    PassTimer timer(device);
-    // The layers under first_dx compute no input gradient in training: below them nothing has
-    // weights (a Flatten under the first Linear), so the first stage skips it.
-    const int first_dx = model.first_input_grad_layer(model.all(), false);
-    for (int rep = 0; rep < options.warmup + options.repeat; ++rep) {
-      const bool record = rep >= options.warmup;
-      auto into = [record](std::vector<double>& v) { return record ? &v : nullptr; };
-      auto keep = [&](std::size_t layer, std::int64_t temporaries) {
-        if (record) workspace[layer] = std::max(workspace[layer], temporaries);
-      };
-      for (int i = 0; i < n; ++i) {
-        const auto I = static_cast<std::size_t>(i);
-        const Tensor& x = i == 0 ? input : outputs[I - 1];
-        saved[I] = Saved{};  // the last pass's, which a training step would have freed by now
-        outputs[I] = Tensor{};
-        keep(I, timer.time(into(fwd[I]), [&] {
-          outputs[I] = model.layer(i).forward(params[I], x, saved[I], ctx);
-        }));
-        PIPELINE_CHECK(outputs[I].shape() == shapes[I + 1],
-                       "layer '{}' ({}) produced shape {} but reports output shape {}",
-                       model.layer(i).name(), model.layer(i).kind(), outputs[I].shape(),
-                       shapes[I + 1]);
-      }
-      for (int i = n - 1; i >= 0; --i) {
-        const auto I = static_cast<std::size_t>(i);
-        if (i == n - 1) output_grads[I] = loss_grad;
-        std::span<Tensor> g(grads[I]);
-        Tensor dx;
-        // As training runs it: no input gradient under first_dx (Sequential::backward).
-        const bool input = i >= first_dx;
-        keep(I, timer.time(into(bwd[I]), [&] {
-          if (input || !g.empty())
-            dx = model.layer(i).backward(params[I], saved[I], output_grads[I], g,
-                                         input ? GradParts::Both : GradParts::Weight);
-        }));
-        if (i > 0) output_grads[I - 1] = dx;
-      }
-      for (int k = 0; k < LayerRules::kCount; ++k) {
-        const int rule = (rep + k) % LayerRules::kCount;
-        for (std::size_t I = 0; I < N; ++I)
-          if (!grads[I].empty())
-            keep(I, timer.time(into(step_times[static_cast<std::size_t>(rule)][I]), [&] {
-              step_layer(rules[I].rule(rule), params[I].params, grads[I]);
-            }));
-      }
-      if (!options.split_backward || !record) {
-        timer.finish();
-        continue;
-      }
-      // The split halves, each as its own pass over the layers with weights (the schedules that
-      // split the backward run all input gradients first, the weight gradients later).
-      for (int i = n - 1; i >= 0; --i) {
-        const auto I = static_cast<std::size_t>(i);
-        if (grads[I].empty()) continue;
-        std::span<Tensor> g(grads[I]);
-        Tensor dx;  // kept to the region's end, as the runtime keeps (sends) it
-        keep(I, timer.time(&bwd_input[I], [&] {
-          if (i >= first_dx)
-            dx = model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Input);
-        }));
-        split_kept[I] = split_kept_bytes(saved[I], output_grads[I]);
-      }
-      for (int i = n - 1; i >= 0; --i) {
-        const auto I = static_cast<std::size_t>(i);
-        if (grads[I].empty()) continue;
-        std::span<Tensor> g(grads[I]);
-        keep(I, timer.time(&bwd_weight[I], [&] {
-          (void)model.layer(i).backward(params[I], saved[I], output_grads[I], g, GradParts::Weight);
-        }));
-      }
-      timer.finish();
-    }
-
-    // Saved storage, each allocation counted at the first layer that keeps it; of that, the bytes
-    // of the layer's own input (`input_storage`).
-    std::set<const void*> kept;
-    auto saved_bytes = [&](const Saved& s, const void* input_storage, std::int64_t& input_bytes) {
-      std::int64_t bytes = 0;
-      auto visit = [&](auto&& self, const Saved& node) -> void {
-        for (const Tensor& t : node.tensors)
-          if (t.defined() && kept.insert(t.storage_id()).second) {
-            bytes += static_cast<std::int64_t>(t.storage_end());
-            if (t.storage_id() == input_storage)
-              input_bytes = static_cast<std::int64_t>(t.storage_end());
-          }
-        for (const Saved& c : node.children) self(self, c);
-      };
-      visit(visit, s);
-      return bytes;
-    };
-    for (int i = 0; i < n; ++i) {
-      const auto I = static_cast<std::size_t>(i);
-      const Layer& layer = model.layer(i);
-      LayerProfile lp;
-      lp.name = layer.name();
-      lp.kind = layer.kind();
-      const Summary f = summarize(fwd[I]);
-      const Summary b = summarize(bwd[I]);
-      lp.forward_s = f.median;
-      lp.forward_spread_s = f.spread;
-      lp.backward_s = b.median;
-      lp.backward_spread_s = b.spread;
-      if (options.split_backward) {
-        if (!grads[I].empty()) {
-          lp.backward_input_s = summarize(bwd_input[I]).median;
-          lp.backward_weight_s = summarize(bwd_weight[I]).median;
-        } else {
-          lp.backward_input_s = lp.backward_s;  // no weights: the whole backward is dL/dx
-        }
-      }
-      lp.output_bytes = static_cast<std::int64_t>(outputs[I].nbytes());
-      lp.parameter_bytes = static_cast<std::int64_t>(layer.parameter_bytes());
-      if (bf16) lp.stashed_parameter_bytes = bf16_stash_bytes(layer);
-      const void* input_storage = i == 0 ? nullptr : outputs[I - 1].storage_id();
-      lp.saved_bytes = saved_bytes(saved[I], input_storage, lp.saved_input_bytes);
-      lp.split_kept_bytes = split_kept[I];
-      lp.workspace_bytes = workspace[I];
-      lp.flops = layer.flops(shapes[I]);
-      for (int k = 0; !grads[I].empty() && k < LayerRules::kCount; ++k)
-        lp.step_s.of(LayerRules::kNames[static_cast<std::size_t>(k)]) =
-            summarize(step_times[static_cast<std::size_t>(k)][I]).median;
-      out.layers.push_back(std::move(lp));
-    }
-  }  // every tensor of the passes is freed here
+  // The layers in groups of options.layers_per_pass, each group's passes alone (all of them at
+  // once by default); each group's tensors are freed before the next group's are made.
+  const int per_pass = options.layers_per_pass > 0 ? options.layers_per_pass : model.size();
+  for (int begin = 0; begin < model.size(); begin += per_pass)
+    profile_range(model, {begin, std::min(model.size(), begin + per_pass)}, shapes, device, options,
+                  bf16, ctx, out.layers);
   out.runtime_bytes = std::max<std::int64_t>(0, memory_use(device).in_use_bytes - entry_bytes);
   return out;
 }

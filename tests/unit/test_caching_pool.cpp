@@ -214,3 +214,66 @@ TEST_CASE("per-stream use: a block counts for the stream it was asked for, whoev
   CHECK(pool.stream_use(nullptr).in_use_bytes == 0);
   CHECK(pool.stream_use(stream(2)).in_use_bytes == 0);
 }
+
+TEST_CASE("a capture's private pool: its blocks serve only it until the graph is released") {
+  FakeDevice dev;
+  CachingPool pool(dev.driver(), "cuda:0");
+  // Before the capture: a block freed on the capturing stream is common and reusable.
+  void* before = pool.allocate(4096, stream(1));
+  void* held = pool.allocate(8192, stream(1));  // lives through the capture, freed in it
+  pool.deallocate(before);
+
+  const int id = pool.begin_private(stream(1));
+  CHECK_THROWS_WITH_AS(pool.begin_private(stream(2)), doctest::Contains("one at a time"), Error);
+  void* a = pool.allocate(4096, stream(1));
+  CHECK(a == before);  // a common block of its stream joins the capture
+  pool.deallocate(a);
+  void* b = pool.allocate(4096, stream(1));
+  CHECK(b == a);          // the capture reuses its own freed block, in stream order
+  pool.deallocate(held);  // the graph may read it: the capture's now
+  void* other = pool.allocate(8192, stream(2));  // another stream keeps to the common pools
+  CHECK(other != held);
+  pool.deallocate(b);
+  pool.end_private();
+
+  // After the capture, nothing outside the graph gets its blocks, not even on its stream, and
+  // an out-of-memory release keeps them.
+  const auto driver_allocations = pool.stats().driver_allocations;
+  void* c = pool.allocate(4096, stream(1));
+  void* d = pool.allocate(8192, stream(1));
+  CHECK(c != a);
+  CHECK(d != held);
+  CHECK(pool.stats().driver_allocations == driver_allocations + 2);
+  pool.release_cached();
+  CHECK(dev.blocks.count(a) == 1);
+  CHECK(dev.blocks.count(held) == 1);
+
+  // Released with its graph, they serve everyone again.
+  pool.release_private(id);
+  pool.deallocate(c);
+  pool.deallocate(d);
+  pool.deallocate(other);
+  void* e = pool.allocate(4096, stream(1));
+  CHECK((e == a || e == c));
+  pool.deallocate(e);
+  pool.release_cached();
+  CHECK(dev.blocks.empty());
+}
+
+TEST_CASE("a capture's live block freed after the capture returns to its private pool") {
+  FakeDevice dev;
+  CachingPool pool(dev.driver(), "cuda:0");
+  const int id = pool.begin_private(stream(1));
+  void* out = pool.allocate(512, stream(1));  // e.g. a graph's output, kept past the capture
+  pool.end_private();
+  pool.deallocate(out);
+  void* x = pool.allocate(512, stream(1));
+  CHECK(x != out);
+  pool.release_private(id);
+  pool.deallocate(x);
+  void* y = pool.allocate(512, stream(1));
+  void* z = pool.allocate(512, stream(1));
+  CHECK(((y == out && z == x) || (y == x && z == out)));
+  pool.deallocate(y);
+  pool.deallocate(z);
+}

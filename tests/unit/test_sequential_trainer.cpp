@@ -74,3 +74,25 @@ TEST_CASE("a diverging run stops with the step named") {
       }(),
       doctest::Contains("at step"));
 }
+
+TEST_CASE("CUDA graphs: refused on the CPU and for a model that draws random numbers") {
+  ZooModel z = make_model("fashion-cnn");
+  SequentialTrainer cpu(z.model, z.model.init(1), std::make_unique<Sgd>(SgdOptions{}), 1);
+  CHECK_THROWS_WITH_AS(cpu.use_cuda_graphs(), doctest::Contains("CUDA graphs"), ConfigError);
+  CHECK(cpu.graphs() == nullptr);
+
+  ZooOptions o;
+  o.width = 0.125;
+  ZooModel vgg = make_model("vgg16", o);  // dropout 0.5 before its last two products
+  SequentialTrainer t(vgg.model, vgg.model.init(1), std::make_unique<Sgd>(SgdOptions{}), 1);
+  CHECK_THROWS_WITH_AS(t.use_cuda_graphs(), doctest::Contains("layer 'drop1' of 'vgg16'"),
+                       ConfigError);
+  CHECK(vgg.model.layer(vgg.model.size() - 1).draws_random_numbers() == false);
+
+  ZooOptions lm;
+  lm.dropout = 0.1f;
+  ZooModel transformer = make_model("transformer-lm", lm);
+  CHECK(transformer.model.layer(1).draws_random_numbers());  // a block, its dropout inside
+  lm.dropout = 0.f;
+  CHECK_FALSE(make_model("transformer-lm", lm).model.layer(1).draws_random_numbers());
+}

@@ -18,6 +18,13 @@
 // Out of memory: when the driver refuses, every cached block is released and the request
 // retried once; if it still fails, CudaError says what was asked, what is in use and cached, the
 // peak, and on which device.
+//
+// Private pools (CUDA graphs): a captured graph replays its kernels on the very addresses it was
+// captured with, without calling the allocator. So while a stream captures (begin_private), its
+// allocations and every block freed on it belong to the capture's private pool: they are reused
+// only by that pool's later allocations (stream-ordered within the one captured stream), never
+// handed to other work, and not given back to the driver on out-of-memory; release_private()
+// returns them to the common pools once the graph is destroyed.
 #pragma once
 
 #include <pipeline/core/error.hpp>
@@ -99,11 +106,13 @@ class CachingPool {
     ++m_stats.requests;
     collect_ready();
     const std::size_t size = size_class(bytes);
-    auto it = m_free.find({stream, size});
+    const int pool = capturing(stream) ? m_capture_pool : 0;
     void* ptr = nullptr;
-    if (it != m_free.end() && !it->second.empty()) {
-      ptr = it->second.back();
-      it->second.pop_back();
+    // A capture takes its own freed blocks first, then common ones of its stream (which become
+    // its own: the graph will use them).
+    if (pool != 0) ptr = take(m_private[pool], {stream, size});
+    if (ptr == nullptr) ptr = take(m_free, {stream, size});
+    if (ptr != nullptr) {
       m_stats.cached_bytes -= static_cast<std::int64_t>(size);
     } else {
       ptr = m_driver.allocate(size);
@@ -122,7 +131,7 @@ class CachingPool {
                       format_bytes(m_stats.peak_in_use_bytes));
       ++m_stats.driver_allocations;
     }
-    m_live.emplace(ptr, Block{size, stream, {}});
+    m_live.emplace(ptr, Block{size, stream, {}, pool});
     m_stats.in_use_bytes += static_cast<std::int64_t>(size);
     m_stats.peak_in_use_bytes = std::max(m_stats.peak_in_use_bytes, m_stats.in_use_bytes);
     StreamUse& use = m_streams[stream];
@@ -155,11 +164,13 @@ class CachingPool {
     m_stats.in_use_bytes -= static_cast<std::int64_t>(b.size);
     m_stats.cached_bytes += static_cast<std::int64_t>(b.size);
     m_streams[b.stream].in_use_bytes -= static_cast<std::int64_t>(b.size);
+    // Freed while its stream captures: the graph may use it, so it is the graph's from now on.
+    if (b.pool == 0 && capturing(b.stream)) b.pool = m_capture_pool;
     if (b.other_streams.empty()) {
-      m_free[{b.stream, b.size}].push_back(ptr);
+      free_list(b.pool)[{b.stream, b.size}].push_back(ptr);
       return;
     }
-    Pending p{ptr, b.size, b.stream, {}};
+    Pending p{ptr, b.size, b.stream, {}, b.pool};
     for (StreamHandle s : b.other_streams) p.events.push_back(m_driver.record_event(s));
     m_pending.push_back(std::move(p));
   }
@@ -181,12 +192,43 @@ class CachingPool {
     }
     for (auto& p : m_pending)
       if (p.stream == stream) p.stream = nullptr;
-    for (auto it = m_free.lower_bound({stream, 0});
-         it != m_free.end() && it->first.first == stream;) {
-      auto& into = m_free[{nullptr, it->first.second}];
-      into.insert(into.end(), it->second.begin(), it->second.end());
-      it = m_free.erase(it);
+    move_to_default_stream(m_free, stream);
+    for (auto& [id, lists] : m_private) move_to_default_stream(lists, stream);
+  }
+
+  // From now until end_private(), allocations on `stream` and blocks freed on it belong to a new
+  // private pool, whose id is returned (one capture at a time per device).
+  int begin_private(StreamHandle stream) {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    PIPELINE_CHECK(m_capture_pool == 0,
+                   "{}: a CUDA graph capture is already under way; capture one at a time",
+                   m_device_name);
+    m_capture_pool = ++m_last_pool;
+    m_capture_stream = stream;
+    m_private[m_capture_pool];
+    return m_capture_pool;
+  }
+  // The capture has ended; the private pool keeps its blocks until release_private().
+  void end_private() {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    m_capture_pool = 0;
+    m_capture_stream = nullptr;
+  }
+  // The graph that used private pool `id` is gone: its cached blocks return to the common pools,
+  // and its live ones will when they are freed.
+  void release_private(int id) {
+    std::lock_guard<std::mutex> lock(m_mutex);
+    auto it = m_private.find(id);
+    if (it == m_private.end()) return;
+    for (auto& [key, ptrs] : it->second) {
+      auto& into = m_free[key];
+      into.insert(into.end(), ptrs.begin(), ptrs.end());
     }
+    m_private.erase(it);
+    for (auto& [ptr, b] : m_live)
+      if (b.pool == id) b.pool = 0;
+    for (auto& p : m_pending)
+      if (p.pool == id) p.pool = 0;
   }
 
   // Gives every cached block back to the driver (blocks waiting for other streams' work are
@@ -219,19 +261,42 @@ class CachingPool {
   }
 
  private:
+  using FreeLists = std::map<std::pair<StreamHandle, std::size_t>, std::vector<void*>>;
   struct Block {
     std::size_t size = 0;
     StreamHandle stream = nullptr;
     std::vector<StreamHandle> other_streams;
+    int pool = 0;  // 0: the common pools; else the private pool it belongs to
   };
   struct Pending {
     void* ptr = nullptr;
     std::size_t size = 0;
     StreamHandle stream = nullptr;
     std::vector<EventHandle> events;
+    int pool = 0;
   };
 
   static std::size_t round_up(std::size_t n, std::size_t step) { return (n + step - 1) / step * step; }
+
+  static void* take(FreeLists& lists, std::pair<StreamHandle, std::size_t> key) {
+    auto it = lists.find(key);
+    if (it == lists.end() || it->second.empty()) return nullptr;
+    void* ptr = it->second.back();
+    it->second.pop_back();
+    return ptr;
+  }
+  bool capturing(StreamHandle stream) const {
+    return m_capture_pool != 0 && stream == m_capture_stream;
+  }
+  static void move_to_default_stream(FreeLists& lists, StreamHandle stream) {
+    for (auto it = lists.lower_bound({stream, 0});
+         it != lists.end() && it->first.first == stream;) {
+      auto& into = lists[{nullptr, it->first.second}];
+      into.insert(into.end(), it->second.begin(), it->second.end());
+      it = lists.erase(it);
+    }
+  }
+  FreeLists& free_list(int pool) { return pool == 0 ? m_free : m_private.at(pool); }
 
   // Moves pending blocks whose other streams have finished with them into the free pools.
   void collect_ready() {
@@ -243,7 +308,7 @@ class CachingPool {
         continue;
       }
       for (EventHandle e : it->events) m_driver.destroy_event(e);
-      m_free[{it->stream, it->size}].push_back(it->ptr);
+      free_list(it->pool)[{it->stream, it->size}].push_back(it->ptr);
       it = m_pending.erase(it);
     }
   }
@@ -256,7 +321,7 @@ class CachingPool {
           m_driver.wait_event(e);
           m_driver.destroy_event(e);
         }
-        m_free[{p.stream, p.size}].push_back(p.ptr);
+        free_list(p.pool)[{p.stream, p.size}].push_back(p.ptr);
       }
       m_pending.clear();
     } else {
@@ -275,7 +340,11 @@ class CachingPool {
   PoolDriver m_driver;
   std::string m_device_name;
   mutable std::mutex m_mutex;
-  std::map<std::pair<StreamHandle, std::size_t>, std::vector<void*>> m_free;
+  FreeLists m_free;
+  std::map<int, FreeLists> m_private;  // by private pool id
+  int m_last_pool = 0;
+  int m_capture_pool = 0;  // the capture under way, 0 when none
+  StreamHandle m_capture_stream = nullptr;
   std::unordered_map<void*, Block> m_live;
   std::list<Pending> m_pending;
   PoolStats m_stats;

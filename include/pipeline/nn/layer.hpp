@@ -124,6 +124,13 @@ class Layer {
   virtual std::vector<ParamSpec> buffers() const { return {}; }
   // Direct sub-layers of a composite layer (names are qualified: "block1.conv1").
   virtual std::vector<const Layer*> children() const { return {}; }
+  // Whether its training forward draws random numbers (dropout) from the step's seed, which a
+  // replayed CUDA graph cannot change: such models train without graphs.
+  virtual bool draws_random_numbers() const {
+    for (const Layer* c : children())
+      if (c->draws_random_numbers()) return true;
+    return false;
+  }
 
   std::size_t parameter_bytes() const {
     std::size_t n = 0;

@@ -58,12 +58,21 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
 // all of them (a model's many small parameters cost one kernel, not one each), on the CPU the
 // per-tensor update in turn. Element for element the arithmetic is the per-tensor update's, so
 // the results are bitwise the same. momentum_buffers[i] may be null only without momentum.
+//
+// step_scalars (GPU only, for CUDA graphs): a float32 tensor on the parameters' device holding
+// what sgd_step_scalars() / adamw_step_scalars() give; the kernels then read the step's learning
+// rate and bias corrections from it instead of taking them from p and step as arguments, so a
+// captured update replays with each step's values (written there before each replay).
 void sgd_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
-                     std::span<Tensor* const> momentum_buffers, bool first_step,
-                     const SgdParams& p);
+                     std::span<Tensor* const> momentum_buffers, bool first_step, const SgdParams& p,
+                     const Tensor* step_scalars = nullptr);
 void adamw_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
-                       std::span<Tensor> exp_avg, std::span<Tensor> exp_avg_sq,
-                       std::int64_t step, const AdamWParams& p);
+                       std::span<Tensor> exp_avg, std::span<Tensor> exp_avg_sq, std::int64_t step,
+                       const AdamWParams& p, const Tensor* step_scalars = nullptr);
+// The values behind step_scalars: {lr} for SGD; {lr / (1 − beta1^step), 1 / sqrt(1 −
+// beta2^step), 1 − lr · weight_decay} for Adam(W), computed as the update computes them.
+std::vector<float> sgd_step_scalars(const SgdParams& p);
+std::vector<float> adamw_step_scalars(std::int64_t step, const AdamWParams& p);
 
 // Σ x² over a float32 tensor, accumulated in double.
 double sum_of_squares(const Tensor& x);
@@ -72,5 +81,13 @@ double sum_of_squares(const Tensor& x);
 std::vector<double> sums_of_squares(std::span<const Tensor> xs);
 // x *= factor in place.
 void scale_inplace(Tensor& x, float factor);
+
+// The same two halves with the norm kept on the device (nothing waits: a CUDA graph can capture
+// them). `total` is device memory for one double (a tensor of at least 8 bytes, any dtype):
+// sum_of_squares_total writes Σ sum_of_squares(x) over xs, added in order as the host adds the
+// values of sums_of_squares(), and scale_by_clip_factor scales every x by clip_factor(sqrt(total),
+// max_norm) (optim/grad_clip.hpp), bit for bit as the host computes it. GPU tensors only.
+void sum_of_squares_total(std::span<const Tensor> xs, Tensor& total);
+void scale_by_clip_factor(std::span<Tensor> xs, const Tensor& total, float max_norm);
 
 }  // namespace pipeline::ops

@@ -26,4 +26,12 @@ struct SoftmaxXentResult {
 SoftmaxXentResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float scale,
                                         Tensor& grad);
 
+// The same on a GPU, queued without waiting for the device (so a CUDA graph can capture it): the
+// results are added into device memory instead of returned. `totals` is four doubles of memory
+// on the logits' device (a tensor of at least 32 bytes, any dtype; zero it before the first
+// call): [0] += loss, [1] += correct. A bad label leaves grad untouched and, if [2] is still 0,
+// writes its row + 1 to [2] and its value to [3]; the caller reads the totals back and raises it.
+void softmax_cross_entropy_accumulate(const Tensor& logits, const Tensor& labels, float scale,
+                                      Tensor& grad, Tensor& totals);
+
 }  // namespace pipeline::ops

@@ -32,6 +32,9 @@ class AdamW final : public Optimizer {
   std::string kind() const override { return m_options.decoupled ? "adamw" : "adam"; }
   std::vector<std::string> buffer_names() const override { return {"exp_avg", "exp_avg_sq"}; }
   const AdamWOptions& options() const { return m_options; }
+  std::vector<float> step_scalars(float lr, std::int64_t step) const override {
+    return ops::adamw_step_scalars(step, params_for(lr));
+  }
 
  protected:
   void update(Tensor& param, const Tensor& grad, ParamState& s, float lr) override {
@@ -44,7 +47,8 @@ class AdamW final : public Optimizer {
       m.push_back(s.buffers[0]);
       v.push_back(s.buffers[1]);
     }
-    ops::adamw_update_many(params, grads, m, v, state().front().step, params_for(lr));
+    ops::adamw_update_many(params, grads, m, v, state().front().step, params_for(lr),
+                           step_scalars_tensor());
   }
 
  private:

@@ -74,6 +74,25 @@ class Optimizer {
     update_all(params, grads, lr);
   }
 
+  // CUDA graphs. A replayed graph runs the captured update with the arguments it was captured
+  // with; after read_step_scalars_from(), the values that change from step to step (learning rate,
+  // bias corrections) are read from `scalars` instead: a float32 device tensor into which the
+  // caller writes step_scalars() before each replay. Only the one-launch update of parameters
+  // sharing one step count reads them (which a captured step checks for).
+  void read_step_scalars_from(Tensor scalars) { m_step_scalars = std::move(scalars); }
+  // What the update numbered `step` (1-based) with learning rate `lr` reads from there.
+  virtual std::vector<float> step_scalars(float lr, std::int64_t step) const = 0;
+  // Counts an update that a replayed graph made (its launches were not made here).
+  void count_replayed_step() {
+    for (ParamState& s : m_state) ++s.step;
+  }
+  // Whether every parameter's state shares one step count (and so updates in one launch).
+  bool uniform_steps() const {
+    for (const ParamState& s : m_state)
+      if (s.step != m_state.front().step) return false;
+    return true;
+  }
+
   const std::vector<ParamState>& state() const { return m_state; }
   std::vector<ParamState>& state() { return m_state; }
   void reset() { m_state.clear(); }
@@ -147,10 +166,8 @@ class Optimizer {
   virtual void update_all(std::span<Tensor> params, std::span<const Tensor> grads, float lr) {
     for (std::size_t i = 0; i < params.size(); ++i) update(params[i], grads[i], m_state[i], lr);
   }
-  bool uniform_steps() const {
-    for (const ParamState& s : m_state)
-      if (s.step != m_state.front().step) return false;
-    return true;
+  const Tensor* step_scalars_tensor() const {
+    return m_step_scalars.defined() ? &m_step_scalars : nullptr;
   }
 
  private:
@@ -168,6 +185,7 @@ class Optimizer {
   }
 
   std::vector<ParamState> m_state;
+  Tensor m_step_scalars;
 };
 
 }  // namespace pipeline

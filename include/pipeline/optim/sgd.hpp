@@ -36,6 +36,9 @@ class Sgd final : public Optimizer {
     return {"momentum_buffer"};
   }
   const SgdOptions& options() const { return m_options; }
+  std::vector<float> step_scalars(float lr, std::int64_t) const override {
+    return ops::sgd_step_scalars(params_for(lr));
+  }
 
  protected:
   void update(Tensor& param, const Tensor& grad, ParamState& s, float lr) override {
@@ -47,7 +50,8 @@ class Sgd final : public Optimizer {
     if (params.empty() || !uniform_steps()) return Optimizer::update_all(params, grads, lr);
     std::vector<Tensor*> buffers;
     for (ParamState& s : state()) buffers.push_back(s.buffers.empty() ? nullptr : &s.buffers[0]);
-    ops::sgd_update_many(params, grads, buffers, state().front().step == 1, params_for(lr));
+    ops::sgd_update_many(params, grads, buffers, state().front().step == 1, params_for(lr),
+                         step_scalars_tensor());
   }
 
  private:

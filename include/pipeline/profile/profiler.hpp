@@ -60,6 +60,11 @@ struct ProfileOptions {
   // The dtype the products compute in (ops/precision.hpp): float32, or bfloat16 for a bf16
   // profile ("dtype": "bfloat16", with each layer's stashed_parameter_bytes).
   DType compute_dtype = DType::Float32;
+  // > 0: profile the layers this many at a time, each group in passes of its own on random
+  // activations of its input shape, freed before the next group: a model whose passes do not fit
+  // the device at once (its parameters, gradients and optimizer states) is profiled in pieces.
+  // 0: all layers in the same passes.
+  int layers_per_pass = 0;
 };
 
 Profile profile(const Sequential& model, const Shape& input_shape, int batch, Device device,

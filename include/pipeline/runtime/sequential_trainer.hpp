@@ -15,6 +15,7 @@
 #include <pipeline/optim/flatten.hpp>
 #include <pipeline/optim/grad_clip.hpp>
 #include <pipeline/optim/optimizer.hpp>
+#include <pipeline/runtime/graphed_step.hpp>
 
 #include <cmath>
 #include <memory>
@@ -26,13 +27,6 @@ inline std::uint64_t microbatch_seed(std::uint64_t run_seed, std::int64_t step, 
   return Rng(run_seed ^ Rng::hash("microbatch"),
              std::to_string(step) + "/" + std::to_string(micro)).next_u64();
 }
-
-struct StepResult {
-  double loss = 0;  // mean loss over the minibatch
-  std::int64_t correct = 0;
-  std::int64_t count = 0;
-  double grad_norm = 0;  // global gradient norm before clipping
-};
 
 struct EvalResult {
   double loss = 0;  // mean over the dataset
@@ -90,17 +84,40 @@ class SequentialTrainer {
 
   // One optimizer step on a minibatch: accumulate, clip, update, clear the gradients.
   StepResult step(const Batch& batch, float lr, int microbatches = 1) {
-    StepResult r = accumulate(batch, microbatches);
-    std::vector<Tensor> params = flatten_params(m_params), grads = flatten_grads(m_grads);
-    r.grad_norm = std::sqrt(sum_of_squares(grads));
-    PIPELINE_CHECK(std::isfinite(r.grad_norm), "gradient norm became {} at step {}", r.grad_norm,
-                   m_step);
-    if (m_clip_norm > 0.f) scale(grads, clip_factor(r.grad_norm, m_clip_norm));
-    m_optimizer->step(params, grads, lr);
-    for (auto& g : grads) g.zero();
+    StepResult r;
+    if (m_graphs) {
+      r = m_graphs->step(
+          batch, lr, microbatches,
+          {[&](const Batch& b) { return eager_step(b, lr, microbatches); },
+           [&](const Batch& b, Tensor& totals) { queue_step(b, lr, microbatches, totals); }});
+      PIPELINE_CHECK(std::isfinite(r.loss),
+                     "loss became {} at step {}: lower the learning rate or enable gradient "
+                     "clipping",
+                     r.loss, m_step);
+      PIPELINE_CHECK(std::isfinite(r.grad_norm), "gradient norm became {} at step {}", r.grad_norm,
+                     m_step);
+    } else {
+      r = eager_step(batch, lr, microbatches);
+    }
     ++m_step;
     return r;
   }
+
+  // CUDA graphs (runtime/graphed_step.hpp): on a GPU, the first step of a batch shape runs as
+  // usual, the next is captured into a graph and later ones replay it, with the same results.
+  // ConfigError on the CPU, in a build without CUDA, and for a model that draws random numbers
+  // (dropout), whose masks a replay cannot change.
+  void use_cuda_graphs() {
+    for (int i = 0; i < m_model->size(); ++i)
+      PIPELINE_CHECK_AS(ConfigError, !m_model->layer(i).draws_random_numbers(),
+                        "CUDA graphs replay every step with the random numbers of the captured "
+                        "one, but layer '{}' of '{}' draws new ones each step (dropout): set its "
+                        "dropout to 0 or train without CUDA graphs",
+                        m_model->layer(i).name(), m_model->name());
+    m_graphs = std::make_unique<GraphedStep>(m_device, *m_optimizer);
+  }
+  // Null without CUDA graphs.
+  const GraphedStep* graphs() const { return m_graphs.get(); }
 
   // Forward-only pass over a dataset in eval mode (batch norm uses running statistics).
   EvalResult evaluate(const Dataset& data, std::int64_t batch_size) {
@@ -132,6 +149,40 @@ class SequentialTrainer {
     return out;
   }
 
+  StepResult eager_step(const Batch& batch, float lr, int microbatches) {
+    StepResult r = accumulate(batch, microbatches);
+    std::vector<Tensor> params = flatten_params(m_params), grads = flatten_grads(m_grads);
+    r.grad_norm = std::sqrt(sum_of_squares(grads));
+    PIPELINE_CHECK(std::isfinite(r.grad_norm), "gradient norm became {} at step {}", r.grad_norm,
+                   m_step);
+    if (m_clip_norm > 0.f) scale(grads, clip_factor(r.grad_norm, m_clip_norm));
+    m_optimizer->step(params, grads, lr);
+    for (auto& g : grads) g.zero();
+    return r;
+  }
+
+  // eager_step's device work, only queued (no value comes back to the host), for a CUDA graph to
+  // capture: the loss, correct count and gradients' sum of squares go to `totals` (StepTotals),
+  // and the optimizer reads its step's values from device memory (GraphedStep arranges both).
+  void queue_step(const Batch& batch, float lr, int microbatches, Tensor& totals) {
+    const float scale = 1.f / static_cast<float>(batch.size());
+    int micro = 0;
+    for (const Batch& mb : split_microbatches(batch, microbatches)) {
+      ForwardContext ctx{Mode::Train, microbatch_seed(m_seed, m_step, micro++)};
+      std::vector<Saved> saved;
+      Tensor logits = m_model->forward(m_model->all(), m_params, mb.inputs, saved, ctx);
+      Tensor grad = Tensor::empty(logits.shape(), DType::Float32, logits.device());
+      ops::softmax_cross_entropy_accumulate(logits, mb.labels, scale, grad, totals);
+      m_model->backward(m_model->all(), m_params, saved, grad, m_grads, false);
+    }
+    std::vector<Tensor> params = flatten_params(m_params), grads = flatten_grads(m_grads);
+    Tensor sum_of_squares = totals.slice(8, StepTotals::kFloats);
+    ops::sum_of_squares_total(grads, sum_of_squares);
+    if (m_clip_norm > 0.f) ops::scale_by_clip_factor(grads, sum_of_squares, m_clip_norm);
+    m_optimizer->step(params, grads, lr);
+    for (auto& g : grads) g.zero();
+  }
+
   const Sequential* m_model;
   ModelParams m_params;
   Device m_device;
@@ -141,6 +192,7 @@ class SequentialTrainer {
   std::uint64_t m_seed;
   float m_clip_norm;
   std::int64_t m_step = 0;
+  std::unique_ptr<GraphedStep> m_graphs;
 };
 
 }  // namespace pipeline

@@ -18,6 +18,7 @@ class Dropout final : public Layer {
   }
   std::string kind() const override { return "Dropout"; }
   float p() const { return m_p; }
+  bool draws_random_numbers() const override { return m_p > 0.f; }
 
   Shape output_shape(const Shape& in) const override { return in; }
   double flops(const Shape& in) const override { return static_cast<double>(in.numel()); }

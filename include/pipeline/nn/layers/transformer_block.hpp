@@ -54,6 +54,9 @@ class TransformerBlock final : public Composite {
   std::int64_t heads() const { return m_heads; }
   std::int64_t mlp_ratio() const { return m_mlp_ratio; }
   float dropout() const { return m_dropout; }
+  bool draws_random_numbers() const override {
+    return m_dropout > 0.f || Composite::draws_random_numbers();
+  }
 
   Shape output_shape(const Shape& in) const override {
     PIPELINE_CHECK_AS(ConfigError, in.rank() == 3 && in[2] == m_dim,
