@@ -22,8 +22,6 @@
 #if PIPELINE_WITH_CUDA
 #include <pipeline/cuda/dnn.hpp>
 
-#include "conv_direct.cuh"
-
 #include "channel_bias.cuh"
 #endif
 
@@ -276,13 +274,6 @@ void for_each_sample(std::int64_t n, int threads, Split split, F&& fn) {
 }
 
 #if PIPELINE_WITH_CUDA
-// The direct kernels' problem for geometry g (they take it when direct_conv_applies).
-kernels::DirectConv direct_problem(const Geometry& g) {
-  const auto i = [](std::int64_t v) { return static_cast<int>(v); };
-  return {i(g.n),  i(g.c),  i(g.h),  i(g.w),  i(g.m),  i(g.kh), i(g.kw),
-          i(g.sh), i(g.sw), i(g.ph), i(g.pw), i(g.oh), i(g.ow)};
-}
-
 // cuDNN's problem for geometry g; its legacy API takes int extents and int strides, so every
 // tensor of the call must have fewer than 2^31 elements.
 cuda::Conv2dProblem cuda_problem(const char* op, const Geometry& g, const Device& device) {
@@ -345,13 +336,8 @@ void conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
     const detail::CudaScope cuda(d);
     float* yd = y.device_data<float>();
     const Tensor x = product_operand(x_in), weight = product_operand(weight_in);
-    const kernels::DirectConv direct = direct_problem(g);
-    if (kernels::direct_conv_applies(direct))
-      kernels::direct_conv_forward(cuda.stream(), direct, x.device_data<float>(),
-                                   weight.device_data<float>(), yd);
-    else
-      cuda::conv2d_forward_f32(cuda.stream(), d.index, cuda_problem("conv2d_forward", g, d),
-                               x.device_data<float>(), weight.device_data<float>(), 0.f, yd, bf16);
+    cuda::conv2d_forward_f32(cuda.stream(), d.index, cuda_problem("conv2d_forward", g, d),
+                             x.device_data<float>(), weight.device_data<float>(), 0.f, yd, bf16);
     if (bf16) round_to_bf16(y, y);  // before the bias
     if (bias.defined())
       kernels::channel_bias_add(cuda.stream(), yd, bias.device_data<float>(), g.n, g.m,
@@ -454,29 +440,19 @@ void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dwe
     if (g.n == 0) return;
     const Tensor x = product_operand(x_in), dy = product_operand(dy_in);
     const detail::CudaScope cuda(d);
-    const kernels::DirectConv direct = direct_problem(g);
-    // out = beta · out + this call's gradient.
-    const auto filter = [&](float beta, Tensor& out) {
-      if (kernels::direct_conv_applies(direct)) {
-        Tensor workspace =
-            cuda.scratch_bytes(kernels::direct_conv_backward_filter_workspace(direct));
-        kernels::direct_conv_backward_filter(cuda.stream(), direct, x.device_data<float>(),
-                                             dy.device_data<float>(), beta,
-                                             out.device_data<float>(), workspace.raw());
-        return;
-      }
-      cuda::conv2d_backward_filter_f32(
-          cuda.stream(), d.index, cuda_problem("conv2d_backward_filter", g, d),
-          x.device_data<float>(), dy.device_data<float>(), beta, out.device_data<float>(), bf16);
-    };
+    const cuda::Conv2dProblem p = cuda_problem("conv2d_backward_filter", g, d);
     if (bf16) {  // this call's gradient apart, rounded, then accumulated (as on the CPU)
       Tensor part = Tensor::empty(dweight.shape(), DType::Float32, d);
-      filter(0.f, part);
+      cuda::conv2d_backward_filter_f32(cuda.stream(), d.index, p, x.device_data<float>(),
+                                       dy.device_data<float>(), 0.f, part.device_data<float>(),
+                                       true);
       round_to_bf16(part, part);
       add_in_place(dweight, part);
       return;
     }
-    filter(1.f, dweight);  // weight gradients accumulate (beta = 1), as on the CPU
+    // Weight gradients accumulate (beta = 1), as on the CPU.
+    cuda::conv2d_backward_filter_f32(cuda.stream(), d.index, p, x.device_data<float>(),
+                                     dy.device_data<float>(), 1.f, dweight.device_data<float>());
     return;
   }
 #endif

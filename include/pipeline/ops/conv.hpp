@@ -17,12 +17,10 @@
 // tensor on it; mixed devices are a ConfigError naming both): cuDNN with the same accumulate
 // semantics, fp32 unless cuda::set_allow_tf32, deterministic algorithms unless
 // cuda::set_deterministic(false) (pipeline/cuda/dnn.hpp); the bias add and bias gradient are custom
-// kernels, and so are the forward and weight gradient of a shallow window (C·KH·KW <= 32 taps, at
-// most 64 outputs: a network's first layer, kernels/conv_direct.cuh), which cuDNN runs poorly.
-// Under a bf16 compute dtype (ops/precision.hpp) the operands (x, weight, dy) are read rounded to
-// bf16 and each result — y before its bias, dx, and each call's weight gradient before it
-// accumulates — is rounded to bf16, which is what cuDNN's bf16 convolutions (the tensor cores, fp32
-// accumulation) write; the CPU computes in fp32 and rounds. weight may be a bfloat16 tensor (a
+// kernels. Under a bf16 compute dtype (ops/precision.hpp) the operands (x, weight, dy) are read
+// rounded to bf16 and each result — y before its bias, dx, and each call's weight gradient before
+// it accumulates — is rounded to bf16, which is what cuDNN's bf16 convolutions (the tensor cores,
+// fp32 accumulation) write; the CPU computes in fp32 and rounds. weight may be a bfloat16 tensor (a
 // stashed version).
 #pragma once
 
