@@ -74,13 +74,15 @@ checks() {
      grep -E "tests passed|\((Failed|Timeout|SEGFAULT|Subprocess.*)\)" "$OUT/gpu-tests.log" >>"$S") &
     # The deliberate out-of-memory requests of gpu_test_device_memory are API errors, not bugs.
     (for t in activation attention bias convert dropout embedding layer_norm optimizer pool \
-        softmax_xent batch_norm gemm conv; do echo "memcheck $t"; done
+        softmax_xent batch_norm gemm conv gpu_graphs; do echo "memcheck $t"; done
      for t in attention layer_norm softmax_xent bias pool; do echo "racecheck $t"; done) |
       xargs -P 4 -L 1 bash -c 'box $((lane - 5)) "$OUT/sanitizer.log" compute-sanitizer --tool $0 \
         --error-exitcode 9 "$B/tests/gpu_test_$1"' &
   fi
   if has train; then
     (box 120 "$OUT/train.log" "$B/examples/train_fashion_mnist" --device cuda --data "$DATA"
+     box 120 "$OUT/train.log" "$B/examples/train_fashion_mnist" --device cuda --data "$DATA" \
+       --cuda-graphs
      box 120 "$OUT/train.log" mpirun -np 1 "$B/examples/train_fashion_mnist" --device cuda \
        --in-process --plan examples/plans/fashion_cnn_4stages.json --schedule 1f1b-stash --data "$DATA"
      box 60 "$OUT/train.log" "$B/examples/train_transformer_lm" --device cuda --text "$TEXT" --steps 200
@@ -101,6 +103,9 @@ bench() {
   [[ ${BENCH_KERNELS:-1} == 1 ]] && box 60 "$OUT/bench.log" "$B/bench/bench_kernels" "${kernels_torch[@]}"
   box 400 "$OUT/bench.log" "$B/bench/bench_gpu_step" "${step_torch[@]}" \
     --precision "$PRECISION" --steps "${BENCH_STEPS:-20}" --warmup 5 ${CASES:+--cases "$CASES"}
+  # Our steps replayed from CUDA graphs against PyTorch eager, fashion-cnn at batch 64.
+  box 100 "$OUT/bench.log" "$B/bench/bench_gpu_step" --cases fashion-cnn-b64 --cuda-graphs \
+    --precision fp32,tf32,bf16 ${step_torch[@]:+--torch} --steps "${BENCH_STEPS:-20}" --warmup 5
   # The WMMA attention kernels (ops::Bf16AttentionKernel::Wmma, not the default) on the transformer.
   box 60 "$OUT/bench.log" env PIPELINE_BF16_ATTENTION=wmma "$B/bench/bench_gpu_step" \
     --cases transformer-lm-b16 --precision bf16 --steps 10 --warmup 3
@@ -124,6 +129,18 @@ pipeline() {
   # Each rank's allocator peak beside the plan (now with the profile's working memory).
   grep -A5 "^memory per rank" "$OUT/pipeline.log" >>"$S"
   grep -o '"runtime_bytes": [0-9]*\|"workspace_bytes": [0-9]*' "$OUT/lm8.json" | sort | uniq -c >>"$S"
+  # A model larger than the GPU (4.8e9 parameters), profiled four blocks at a time, and its plans
+  # on one GPU (none fits), one 8-GPU server and two.
+  box 120 "$OUT/pipeline.log" "$B/partitioner/pipeline-profile" --model transformer-lm \
+    --device cuda --dtype bf16 --seq-len 2048 --dim 4096 --heads 32 --blocks 24 --batch 2 \
+    --warmup 1 --repeat 5 --layers-per-pass 4 -o "$OUT/lm4b.json" &&
+    for levels in "--workers 1 --bandwidth 450GB/s" "--level 8:450GB/s" \
+      "--level 8:450GB/s --level 2:50GB/s"; do
+      # shellcheck disable=SC2086
+      box 15 "$OUT/pipeline.log" "$B/partitioner/pipeline-partition" --profile "$OUT/lm4b.json" \
+        $levels --memory 80GB --optimizer adamw -o "$OUT/lm4b-plan.json"
+    done
+  grep -E "^config|samples/s|no plan fits" "$OUT/pipeline.log" >>"$S"
 }
 
 cpu() {
