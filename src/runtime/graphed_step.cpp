@@ -8,6 +8,7 @@
 #endif
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <optional>
 #include <tuple>
@@ -95,6 +96,8 @@ struct GraphedStep::Impl {
     graph.replay(stream.get());
     StepTotals t;
     static_assert(sizeof(StepTotals) == StepTotals::kFloats * sizeof(float));
+    static_assert(offsetof(StepTotals, sum_of_squares) ==
+                  StepTotals::kSumOfSquaresAt * sizeof(float));
     const Tensor host = totals.to(Device::cpu());  // waits for the stream
     std::memcpy(&t, host.raw(), sizeof(t));
     graph.run_checks(stream.get());

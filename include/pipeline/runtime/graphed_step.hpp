@@ -37,6 +37,7 @@ struct StepResult {
 // Where a queued step leaves its results: five doubles of device memory (a float32 tensor of 10).
 struct StepTotals {
   static constexpr std::int64_t kFloats = 10;
+  static constexpr std::int64_t kSumOfSquaresAt = 8;  // the float offset of sum_of_squares
   double loss = 0, correct = 0;
   double bad_label_row = 0, bad_label = 0;  // row + 1 of a label out of range (0: none), value
   double sum_of_squares = 0;                // of the gradients, before clipping

@@ -176,7 +176,7 @@ class SequentialTrainer {
       m_model->backward(m_model->all(), m_params, saved, grad, m_grads, false);
     }
     std::vector<Tensor> params = flatten_params(m_params), grads = flatten_grads(m_grads);
-    Tensor sum_of_squares = totals.slice(8, StepTotals::kFloats);
+    Tensor sum_of_squares = totals.slice(StepTotals::kSumOfSquaresAt, StepTotals::kFloats);
     ops::sum_of_squares_total(grads, sum_of_squares);
     if (m_clip_norm > 0.f) ops::scale_by_clip_factor(grads, sum_of_squares, m_clip_norm);
     m_optimizer->step(params, grads, lr);
