@@ -296,7 +296,11 @@ TEST_CASE("Winograd convolutions match direct loops") {
       Tensor dw = Tensor::full(w.shape(), 0.5f);
       ops::conv2d_backward_filter(x, dy, dw, win);
       for (float& v : dw_ref.values()) v += 0.5f;
-      expect_close(dw, dw_ref, "backward filter", 1e-5);
+      // The weight gradient adds every tile's transformed products before one inverse transform
+      // (F(5, 4) for 5x5, whose points include ±2 and ±1/2), so its rounding grows with the tiles:
+      // 1.05e-5 of the largest value on the 3 x 28 x 28 case with AVX2 + FMA, 9.0e-6 with
+      // AVX-512 (the same arithmetic, contracted differently); forward and data stay below 4e-6.
+      expect_close(dw, dw_ref, "backward filter", 2e-5);
     }
   }
   set_num_threads(default_num_threads());
