@@ -22,7 +22,10 @@
 //   softmax cross-entropy fwd + bwd  R×C 65536×256, 16384×32000
 //                                                    read logits and labels, write grad
 //                                                    4·(2·R·C + R)
-// (the softmax cross-entropy call returns the loss to the host, so its time includes that read.)
+// (softmax_cross_entropy returns the loss to the host, so its time includes that read, as does
+// PyTorch's loss.item(); the second softmax row leaves the totals on the device, as
+// softmax_cross_entropy_accumulate does in a graphed training step, against PyTorch without
+// .item().)
 // Without a CUDA device it says so and exits with 77 (as the gpu tests do).
 #include <pipeline/core/rng.hpp>
 #include <pipeline/core/tensor.hpp>
@@ -204,6 +207,14 @@ int main(int argc, char** argv) {
                       "4·(2·R·C + R)", 4 * (2 * R * C + R),
                       time_ms([&] { ops::softmax_cross_entropy(logits, labels, scale, grad); },
                               warmup, runs)});
+      // What a graphed training step queues: the totals added up on the device, nothing waits.
+      Tensor totals = Tensor::zeros({4}, DType::Int64, kGpu);  // 32 bytes for four doubles
+      rows.push_back(
+          {"softmax cross-entropy forward + backward, loss left on the device",
+           fmt::format("{}×{}", r, c), "4·(2·R·C + R)", 4 * (2 * R * C + R),
+           time_ms(
+               [&] { ops::softmax_cross_entropy_accumulate(logits, labels, scale, grad, totals); },
+               warmup, runs)});
     }
 
     // PyTorch: one JSON line per row {"kernel", "shape", "median_ms"} plus {"kernel": "copy"}.

@@ -3,25 +3,28 @@
 //
 // Why fused: the loss needs the row's maximum and Σ exp, and so does the gradient; computing both
 // from the same read of the row halves the traffic of a separate softmax, loss and gradient. Rows
-// of up to 512 classes take a warp each, 16 logits per lane in registers; up to 8 items per
-// thread of a block (classes <= 8192) a block, in registers: the row is read once and the
-// gradient written once. Longer rows (a language model's vocabulary) take an online
-// maximum-and-sum pass (rescaling the running sum when the maximum grows) that keeps the row in
-// shared memory where it fits (32000 classes: 125 KiB), else a second read of the row.
+// of up to 512 classes take a warp each, in registers (float4 accesses when classes is a multiple
+// of 4 and the rows are 16-byte aligned); up to 8 items per thread of a block (classes <= 8192) a
+// block, in registers: the row is read once and the gradient written once. Longer rows (a
+// language model's vocabulary) are kept in shared memory where they fit (32000 classes:
+// 125 KiB), else read twice with an online maximum-and-sum pass (rescaling the running sum when
+// the maximum grows).
 //
 // Semantics follow src/ops/softmax_xent.cpp term for term: the argmax is the first maximum,
 // grad = exp(z − zmax) · (scale / Σ) with scale subtracted at the label, and a row's loss is
-// log(double(Σ)) − double(z[label] − zmax). Per-row losses and hits go to a workspace, and one
-// block adds them up in a fixed order (double for the loss), so the totals are deterministic.
-// Labels are checked first (check_range.cu); when one is bad the row and total kernels return
-// without writing anything.
+// log(double(Σ)) − double(z[label] − zmax). Each block adds its rows' losses (double) and hits in
+// a fixed order into a partial, and one block adds the partials in block order, so the totals are
+// deterministic for a given device. Labels are checked first (check_range.cu); when one is bad
+// the row and total kernels return without writing anything.
 #include "check_range.cuh"
 #include "common.cuh"
 #include "softmax_xent.cuh"
 
 #include <pipeline/cuda/check.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 namespace pipeline::kernels {
@@ -44,6 +47,9 @@ constexpr std::size_t kStatusBytes = 64;
 static_assert(sizeof(Status) <= kStatusBytes);
 std::size_t align64(std::size_t b) {
   return (b + 63) / 64 * 64;
+}
+bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
 // (value, index) with the larger value winning and, among equal values, the smaller index: the
@@ -78,17 +84,24 @@ __device__ __forceinline__ void block_argmax(float& v, int& i, float* sv, int* s
 
 }  // namespace
 
+// Each row kernel adds up the loss and the hits of the rows it takes (a block strides over rows
+// in a fixed order) into one partial per block; the totals kernel adds the partials in block
+// order. The grids are sized to the blocks the device holds at once, so a partial covers many
+// rows and the totals read a few thousand values instead of one per row.
+
 // Items > 0: each thread holds logits c = threadIdx.x + k·blockDim.x (k < Items) in registers,
 // which needs classes <= Items·blockDim.x. Items == 0: any length, two reads of the row.
 template <int Items>
 static __global__ __launch_bounds__(kMaxThreads) void softmax_xent_rows_kernel(
     const float* logits, const std::int32_t* labels, std::int64_t rows, int classes, float scale,
-    float* grad, double* row_loss, int* row_hit, const Status* status) {
+    float* grad, double* part_loss, int* part_hit, const Status* status) {
   if (status->bad_label.index >= 0) return;  // nothing is written when a label is bad
   __shared__ float sv[detail::kWarp];
   __shared__ int si[detail::kWarp];
   __shared__ float ss[detail::kWarp];
   const int tid = threadIdx.x, threads = blockDim.x;
+  double loss = 0;
+  int hits = 0;
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* z = logits + r * classes;
     float* g = grad + r * classes;
@@ -153,141 +166,238 @@ static __global__ __launch_bounds__(kMaxThreads) void softmax_xent_rows_kernel(
       }
     }
     if (tid == 0) {
-      row_loss[r] = log(static_cast<double>(sum)) - static_cast<double>(z[label] - best);
-      row_hit[r] = arg == label ? 1 : 0;
+      loss += log(static_cast<double>(sum)) - static_cast<double>(z[label] - best);
+      hits += arg == label ? 1 : 0;
     }
+  }
+  if (tid == 0) {
+    part_loss[blockIdx.x] = loss;
+    part_hit[blockIdx.x] = hits;
   }
 }
 
-// Short rows (classes <= 32·Items): one warp per row, logits c = lane + 32·k in registers, the
-// reductions warp shuffles only (no block barrier per row); kWarpRowThreads / 32 rows per block.
-constexpr int kWarpItems = 16;
+// Vec consecutive floats moved as one access (Vec = 4: a float4, the row and its pointer 16-byte
+// aligned and classes a multiple of 4).
+template <int Vec>
+struct Pack {
+  float v[Vec];
+};
+template <int Vec>
+__device__ __forceinline__ Pack<Vec> load_pack(const float* p) {
+  Pack<Vec> a;
+  if constexpr (Vec == 4) {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    a.v[0] = f.x;
+    a.v[1] = f.y;
+    a.v[2] = f.z;
+    a.v[3] = f.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < Vec; ++j) a.v[j] = p[j];
+  }
+  return a;
+}
+template <int Vec>
+__device__ __forceinline__ void store_pack(float* p, const Pack<Vec>& a) {
+  if constexpr (Vec == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(a.v[0], a.v[1], a.v[2], a.v[3]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < Vec; ++j) p[j] = a.v[j];
+  }
+}
+
+// Short rows (classes <= 32·Packs·Vec): one warp per row, lane l holding the packs at columns
+// Vec·(l + 32·k), the reductions warp shuffles only (no block barrier per row);
+// kWarpRowThreads / 32 rows per block at a time. A warp loads its next row before it works on the
+// current one, so a row's loads are in flight while the previous row is reduced and written.
 constexpr int kWarpRowThreads = 256;
 
-template <int Items>
+template <int Packs, int Vec>
 static __global__ __launch_bounds__(kWarpRowThreads) void softmax_xent_warp_rows_kernel(
     const float* logits, const std::int32_t* labels, std::int64_t rows, int classes, float scale,
-    float* grad, double* row_loss, int* row_hit, const Status* status) {
+    float* grad, double* part_loss, int* part_hit, const Status* status) {
   if (status->bad_label.index >= 0) return;
-  const int lane = threadIdx.x % detail::kWarp;
-  const std::int64_t warps_per_grid =
-      static_cast<std::int64_t>(gridDim.x) * (blockDim.x / detail::kWarp);
-  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * (blockDim.x / detail::kWarp) +
-                        threadIdx.x / detail::kWarp;
-       r < rows; r += warps_per_grid) {
-    const float* z = logits + r * classes;
-    float* g = grad + r * classes;
+  constexpr int kWarps = kWarpRowThreads / detail::kWarp;
+  __shared__ double warp_loss[kWarps];
+  __shared__ int warp_hits[kWarps];
+  const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kWarps;
+  std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp;
+  double loss = 0;
+  int hits = 0;
+  Pack<Vec> cur[Packs], next[Packs];
+  const auto load_row = [&](std::int64_t row, Pack<Vec>(&p)[Packs]) {
+#pragma unroll
+    for (int k = 0; k < Packs; ++k) {
+      const int c = Vec * (lane + k * detail::kWarp);
+      if (c < classes) p[k] = load_pack<Vec>(logits + row * classes + c);
+    }
+  };
+  if (r < rows) load_row(r, cur);
+  for (; r < rows; r += stride) {
+    const bool more = r + stride < rows;
+    if (more) load_row(r + stride, next);
     const int label = labels[r];
-    float e[Items];
     float best = -INFINITY;
     int arg = kNoIndex;
+    // A lane's candidates come in increasing c: strict > keeps its first maximum.
 #pragma unroll
-    for (int k = 0; k < Items; ++k) {
-      const int c = lane + k * detail::kWarp;
-      e[k] = c < classes ? z[c] : -INFINITY;
-      if (c < classes && (arg == kNoIndex || e[k] > best)) {
-        best = e[k];
-        arg = c;
+    for (int k = 0; k < Packs; ++k)
+#pragma unroll
+      for (int j = 0; j < Vec; ++j) {
+        const int c = Vec * (lane + k * detail::kWarp) + j;
+        if (c < classes && (arg == kNoIndex || cur[k].v[j] > best)) {
+          best = cur[k].v[j];
+          arg = c;
+        }
       }
-    }
 #pragma unroll
     for (int offset = detail::kWarp / 2; offset > 0; offset >>= 1)
       argmax_combine(best, arg, __shfl_xor_sync(detail::kFullMask, best, offset),
                      __shfl_xor_sync(detail::kFullMask, arg, offset));
     float part = 0.f;
 #pragma unroll
-    for (int k = 0; k < Items; ++k) {
-      const int c = lane + k * detail::kWarp;
-      e[k] = c < classes ? expf(e[k] - best) : 0.f;
-      part += e[k];
-    }
+    for (int k = 0; k < Packs; ++k)
+#pragma unroll
+      for (int j = 0; j < Vec; ++j) {
+        const int c = Vec * (lane + k * detail::kWarp) + j;
+        cur[k].v[j] = c < classes ? expf(cur[k].v[j] - best) : 0.f;
+        part += cur[k].v[j];
+      }
     const float sum = detail::warp_sum(part);
     const float inv = scale / sum;
+    float* g = grad + r * classes;
 #pragma unroll
-    for (int k = 0; k < Items; ++k) {
-      const int c = lane + k * detail::kWarp;
-      if (c < classes) {
-        float v = e[k] * inv;
-        if (c == label) v -= scale;
-        g[c] = v;
+    for (int k = 0; k < Packs; ++k) {
+      const int c0 = Vec * (lane + k * detail::kWarp);
+      if (c0 >= classes) continue;
+      Pack<Vec> out;
+#pragma unroll
+      for (int j = 0; j < Vec; ++j) {
+        out.v[j] = cur[k].v[j] * inv;
+        if (c0 + j == label) out.v[j] -= scale;
       }
+      store_pack<Vec>(g + c0, out);
     }
     if (lane == 0) {
-      row_loss[r] = log(static_cast<double>(sum)) - static_cast<double>(z[label] - best);
-      row_hit[r] = arg == label ? 1 : 0;
+      loss +=
+          log(static_cast<double>(sum)) - static_cast<double>(logits[r * classes + label] - best);
+      hits += arg == label ? 1 : 0;
     }
+    if (more) {
+#pragma unroll
+      for (int k = 0; k < Packs; ++k) cur[k] = next[k];
+    }
+  }
+  if (lane == 0) {
+    warp_loss[warp] = loss;
+    warp_hits[warp] = hits;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kWarps; ++w) {
+      loss += warp_loss[w];
+      hits += warp_hits[w];
+    }
+    part_loss[blockIdx.x] = loss;
+    part_hit[blockIdx.x] = hits;
   }
 }
 
-// Long rows that fit in shared memory (a vocabulary of 32000 is 125 KiB): the online pass keeps
-// the row it reads, and the gradient is computed from that copy, so the row is read once.
+// Long rows that fit in shared memory (a vocabulary of 32000 is 125 KiB): the row is read once,
+// kUnroll packs a thread in flight, into shared memory while the maximum is found; then the
+// exponentials replace it there (one expf an element) and the gradient is written from them.
+constexpr int kSmemUnroll = 4;
+
+template <int Vec>
 static __global__ __launch_bounds__(kMaxThreads) void softmax_xent_smem_rows_kernel(
     const float* logits, const std::int32_t* labels, std::int64_t rows, int classes, float scale,
-    float* grad, double* row_loss, int* row_hit, const Status* status) {
+    float* grad, double* part_loss, int* part_hit, const Status* status) {
   if (status->bad_label.index >= 0) return;
-  extern __shared__ float row[];
+  extern __shared__ float4 smem[];  // float4: 16-byte aligned for the packs
+  float* row = reinterpret_cast<float*>(smem);
   __shared__ float sv[detail::kWarp];
   __shared__ int si[detail::kWarp];
   __shared__ float ss[detail::kWarp];
   const int tid = threadIdx.x, threads = blockDim.x;
+  const int packs = classes / Vec;
+  double loss = 0;
+  int hits = 0;
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* z = logits + r * classes;
     float* g = grad + r * classes;
     const int label = labels[r];
-    float best = -INFINITY, part = 0.f;
+    const float z_label = tid == 0 ? z[label] : 0.f;
+    float best = -INFINITY;
     int arg = kNoIndex;
-    __syncthreads();  // the previous row's copy is no longer read
-    for (int c = tid; c < classes; c += threads) {
-      const float x = z[c];
-      row[c] = x;
-      if (arg == kNoIndex || x > best) {
-        part = arg == kNoIndex ? 1.f : part * expf(best - x) + 1.f;
-        best = x;
-        arg = c;
-      } else {
-        part += expf(x - best);
+    __syncthreads();  // the previous row's exponentials are no longer read
+    // A thread's packs come in increasing position: strict > keeps its first maximum.
+    for (int base = tid; base < packs; base += kSmemUnroll * threads) {
+      Pack<Vec> v[kSmemUnroll];
+#pragma unroll
+      for (int u = 0; u < kSmemUnroll; ++u) {
+        const int i = base + u * threads;
+        if (i < packs) v[u] = load_pack<Vec>(z + Vec * i);
+      }
+#pragma unroll
+      for (int u = 0; u < kSmemUnroll; ++u) {
+        const int i = base + u * threads;
+        if (i >= packs) continue;
+        store_pack<Vec>(row + Vec * i, v[u]);
+#pragma unroll
+        for (int j = 0; j < Vec; ++j)
+          if (arg == kNoIndex || v[u].v[j] > best) {
+            best = v[u].v[j];
+            arg = Vec * i + j;
+          }
       }
     }
-    const float mine = best;
-    block_argmax(best, arg, sv, si);  // its barriers also publish `row`
-    part = part > 0.f ? part * expf(mine - best) : 0.f;
+    block_argmax(best, arg, sv, si);
+    // Each thread reads back only the packs it wrote: no barrier needed before this pass.
+    float part = 0.f;
+    for (int i = tid; i < packs; i += threads) {
+      Pack<Vec> e = load_pack<Vec>(row + Vec * i);
+#pragma unroll
+      for (int j = 0; j < Vec; ++j) {
+        e.v[j] = expf(e.v[j] - best);
+        part += e.v[j];
+      }
+      store_pack<Vec>(row + Vec * i, e);
+    }
     const float sum = detail::block_sum(part, ss);
     const float inv = scale / sum;
-    for (int c = tid; c < classes; c += threads) {
-      float v = expf(row[c] - best) * inv;
-      if (c == label) v -= scale;
-      g[c] = v;
+    for (int i = tid; i < packs; i += threads) {
+      Pack<Vec> e = load_pack<Vec>(row + Vec * i);
+#pragma unroll
+      for (int j = 0; j < Vec; ++j) {
+        e.v[j] *= inv;
+        if (Vec * i + j == label) e.v[j] -= scale;
+      }
+      store_pack<Vec>(g + Vec * i, e);
     }
     if (tid == 0) {
-      row_loss[r] = log(static_cast<double>(sum)) - static_cast<double>(row[label] - best);
-      row_hit[r] = arg == label ? 1 : 0;
+      loss += log(static_cast<double>(sum)) - static_cast<double>(z_label - best);
+      hits += arg == label ? 1 : 0;
     }
+  }
+  if (tid == 0) {
+    part_loss[blockIdx.x] = loss;
+    part_hit[blockIdx.x] = hits;
   }
 }
 
 static __global__ __launch_bounds__(kTotalThreads) void softmax_xent_totals_kernel(
-    const double* row_loss, const int* row_hit, std::int64_t rows, float scale, Status* status) {
+    const double* part_loss, const int* part_hit, std::int64_t parts, float scale, Status* status) {
   if (status->bad_label.index >= 0) return;
   __shared__ double sl[detail::kWarp];
   __shared__ long long sc[detail::kWarp];
-  // Four rows per thread per step, in independent sums (one block reads every row: latency, not
-  // bandwidth); the order is fixed by `rows` alone.
-  double l0 = 0, l1 = 0, l2 = 0, l3 = 0;
+  double loss = 0;
   long long hits = 0;
-  const std::int64_t step = blockDim.x;
-  std::int64_t r = threadIdx.x;
-  for (; r + 3 * step < rows; r += 4 * step) {
-    l0 += row_loss[r];
-    l1 += row_loss[r + step];
-    l2 += row_loss[r + 2 * step];
-    l3 += row_loss[r + 3 * step];
-    hits += row_hit[r] + row_hit[r + step] + row_hit[r + 2 * step] + row_hit[r + 3 * step];
+  for (std::int64_t p = threadIdx.x; p < parts; p += blockDim.x) {
+    loss += part_loss[p];
+    hits += part_hit[p];
   }
-  for (; r < rows; r += step) {
-    l0 += row_loss[r];
-    hits += row_hit[r];
-  }
-  double loss = (l0 + l1) + (l2 + l3);
   loss = detail::block_sum(loss, sl);
   hits = detail::block_sum(hits, sc);
   if (threadIdx.x == 0) {
@@ -322,48 +432,80 @@ Status* launch_softmax_xent(cudaStream_t stream, const float* logits, const std:
                             void* workspace) {
   auto* base = static_cast<unsigned char*>(workspace);
   auto* status = reinterpret_cast<Status*>(base);
-  auto* row_loss = reinterpret_cast<double*>(base + kStatusBytes);
-  auto* row_hit = reinterpret_cast<int*>(base + kStatusBytes +
-                                         align64(static_cast<std::size_t>(rows) * sizeof(double)));
+  // Per-block partials: a grid never has more blocks than rows, so the per-row layout holds them.
+  auto* part_loss = reinterpret_cast<double*>(base + kStatusBytes);
+  auto* part_hit = reinterpret_cast<int*>(base + kStatusBytes +
+                                          align64(static_cast<std::size_t>(rows) * sizeof(double)));
 
   find_out_of_range(stream, labels, rows, 0, static_cast<std::int32_t>(classes),
                     &status->bad_label);
 
   const int c = static_cast<int>(classes);
+  int device = 0, sms = 0, smem_optin = 0;
+  PIPELINE_CUDA_CHECK(cudaGetDevice(&device));
+  PIPELINE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  PIPELINE_CUDA_CHECK(
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  // Blocks for `work_blocks` blocks' worth of rows: no more than the device holds at once (the
+  // kernels stride), so that each partial covers many rows.
+  const auto grid = [&](const void* kernel, int threads, std::size_t smem,
+                        std::int64_t work_blocks) {
+    int per_sm = 0;
+    PIPELINE_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    const std::int64_t resident = static_cast<std::int64_t>(std::max(per_sm, 1)) * sms;
+    return static_cast<unsigned>(std::clamp<std::int64_t>(work_blocks, 1, resident));
+  };
+  const bool vec4 = classes % 4 == 0 && aligned16(logits) && aligned16(grad);
   // About 4 logits per thread, a whole number of warps, at most kMaxThreads.
   const int threads = std::clamp((c / 4 + detail::kWarp - 1) / detail::kWarp * detail::kWarp,
                                  detail::kWarp, kMaxThreads);
-  const unsigned blocks =
-      static_cast<unsigned>(std::min<std::int64_t>(rows, detail::kMaxGridBlocks));
-  int device = 0, smem_optin = 0;
-  PIPELINE_CUDA_CHECK(cudaGetDevice(&device));
-  PIPELINE_CUDA_CHECK(
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  // What the smem kernel's reductions take besides the row (3 arrays of 32).
   const std::size_t row_bytes = static_cast<std::size_t>(classes) * sizeof(float);
+  // What the smem kernel's reductions take besides the row (3 arrays of 32).
   const bool row_fits =
       row_bytes + 3 * detail::kWarp * sizeof(float) <= static_cast<std::size_t>(smem_optin);
-  if (classes <= static_cast<std::int64_t>(detail::kWarp) * kWarpItems) {
-    const int rows_per_block = kWarpRowThreads / detail::kWarp;
-    const unsigned warp_blocks = static_cast<unsigned>(std::min<std::int64_t>(
-        (rows + rows_per_block - 1) / rows_per_block, detail::kMaxGridBlocks));
-    softmax_xent_warp_rows_kernel<kWarpItems><<<warp_blocks, kWarpRowThreads, 0, stream>>>(
-        logits, labels, rows, c, scale, grad, row_loss, row_hit, status);
-  } else if (classes <= static_cast<std::int64_t>(threads) * kItems) {
-    softmax_xent_rows_kernel<kItems><<<blocks, threads, 0, stream>>>(
-        logits, labels, rows, c, scale, grad, row_loss, row_hit, status);
-  } else if (row_fits) {
-    PIPELINE_CUDA_CHECK(cudaFuncSetAttribute(softmax_xent_smem_rows_kernel,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+  unsigned parts = 0;
+  const auto warp_rows = [&](auto kernel) {
+    constexpr int kRowsPerBlock = kWarpRowThreads / detail::kWarp;
+    parts = grid(reinterpret_cast<const void*>(kernel), kWarpRowThreads, 0,
+                 (rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    kernel<<<parts, kWarpRowThreads, 0, stream>>>(logits, labels, rows, c, scale, grad, part_loss,
+                                                  part_hit, status);
+  };
+  const auto smem_rows = [&](auto kernel) {
+    PIPELINE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(row_bytes)));
-    softmax_xent_smem_rows_kernel<<<blocks, threads, row_bytes, stream>>>(
-        logits, labels, rows, c, scale, grad, row_loss, row_hit, status);
-  } else {
-    softmax_xent_rows_kernel<0><<<blocks, threads, 0, stream>>>(logits, labels, rows, c, scale,
-                                                                grad, row_loss, row_hit, status);
-  }
+    parts = grid(reinterpret_cast<const void*>(kernel), threads, row_bytes, rows);
+    kernel<<<parts, threads, row_bytes, stream>>>(logits, labels, rows, c, scale, grad, part_loss,
+                                                  part_hit, status);
+  };
+  const auto block_rows = [&](auto kernel) {
+    parts = grid(reinterpret_cast<const void*>(kernel), threads, 0, rows);
+    kernel<<<parts, threads, 0, stream>>>(logits, labels, rows, c, scale, grad, part_loss, part_hit,
+                                          status);
+  };
+  if (vec4 && classes <= 4 * detail::kWarp)
+    warp_rows(softmax_xent_warp_rows_kernel<1, 4>);
+  else if (vec4 && classes <= 8 * detail::kWarp)
+    warp_rows(softmax_xent_warp_rows_kernel<2, 4>);
+  else if (vec4 && classes <= 16 * detail::kWarp)
+    warp_rows(softmax_xent_warp_rows_kernel<4, 4>);
+  else if (classes <= detail::kWarp)
+    warp_rows(softmax_xent_warp_rows_kernel<1, 1>);
+  else if (classes <= 4 * detail::kWarp)
+    warp_rows(softmax_xent_warp_rows_kernel<4, 1>);
+  else if (classes <= 16 * detail::kWarp)
+    warp_rows(softmax_xent_warp_rows_kernel<16, 1>);
+  else if (classes <= static_cast<std::int64_t>(threads) * kItems)
+    block_rows(softmax_xent_rows_kernel<kItems>);
+  else if (row_fits && vec4)
+    smem_rows(softmax_xent_smem_rows_kernel<4>);
+  else if (row_fits)
+    smem_rows(softmax_xent_smem_rows_kernel<1>);
+  else
+    block_rows(softmax_xent_rows_kernel<0>);
   PIPELINE_CUDA_LAUNCH_CHECK();
-  softmax_xent_totals_kernel<<<1, kTotalThreads, 0, stream>>>(row_loss, row_hit, rows, scale,
+  softmax_xent_totals_kernel<<<1, kTotalThreads, 0, stream>>>(part_loss, part_hit, parts, scale,
                                                               status);
   PIPELINE_CUDA_LAUNCH_CHECK();
   return status;

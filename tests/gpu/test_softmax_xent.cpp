@@ -1,12 +1,17 @@
 // CUDA fused softmax cross-entropy against the CPU op: loss, correct count (exact) and the scaled
-// gradient over class counts on both sides of the kernel's register-cached limit (8192), rows not
-// a multiple of anything, ties (first maximum), large logits, an empty batch and a bad label.
+// gradient over class counts on both sides of each kernel's limits (a warp per row up to 512, a
+// block in registers up to 8192, the row in shared memory, two reads), with float4 accesses and
+// without (classes not a multiple of 4, logits not 16-byte aligned), more rows than the device
+// holds blocks (so every block strides), ties (first maximum), large logits, an empty batch and
+// bad labels.
 #include <pipeline/ops/softmax_xent.hpp>
 
 #include "gpu_compare.hpp"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
+#include <string>
 #include <vector>
 
 using namespace pipeline;
@@ -30,7 +35,7 @@ void compare(const Tensor& logits, const Tensor& labels, float scale) {
 
 TEST_CASE("softmax cross-entropy on CUDA matches the CPU") {
   for (std::int64_t classes : {1, 7, 10, 33, 256, 512, 513, 1000, 8192, 8193, 32000, 70000}) {
-    for (std::int64_t rows : {1, 7, 33, 1000}) {
+    for (std::int64_t rows : {1, 7, 33, 1000, 20000}) {
       if (rows * classes > 40'000'000) continue;
       CAPTURE(classes);
       CAPTURE(rows);
@@ -39,6 +44,32 @@ TEST_CASE("softmax cross-entropy on CUDA matches the CPU") {
       const Tensor labels = random_ints(Shape{rows}, seed + 1, static_cast<std::int32_t>(classes));
       compare(logits, labels, 1.f / static_cast<float>(rows));
     }
+  }
+}
+
+TEST_CASE("softmax cross-entropy on CUDA: logits and labels not 16-byte aligned") {
+  for (std::int64_t classes : {8, 256, 12000}) {
+    CAPTURE(classes);
+    const std::int64_t rows = 37;
+    // One float (one label) in: every row starts 4 bytes past a 16-byte boundary.
+    const Tensor flat = random_tensor(Shape{rows * classes + 1}, 11, -4.f, 4.f);
+    const Tensor logits = flat.slice(1, rows * classes + 1).reshape(Shape{rows, classes});
+    const Tensor labels =
+        random_ints(Shape{rows + 1}, 12, static_cast<std::int32_t>(classes)).slice(1, rows + 1);
+    Tensor g_cpu = Tensor::empty(logits.shape());
+    const ops::SoftmaxXentResult r_cpu = ops::softmax_cross_entropy(logits, labels, 0.5f, g_cpu);
+    const Tensor flat_gpu = flat.to(kGpu);
+    const Tensor logits_gpu = flat_gpu.slice(1, rows * classes + 1).reshape(Shape{rows, classes});
+    const Tensor labels_gpu = random_ints(Shape{rows + 1}, 12, static_cast<std::int32_t>(classes))
+                                  .to(kGpu)
+                                  .slice(1, rows + 1);
+    Tensor g_flat = poisoned(Shape{rows * classes + 1});
+    Tensor g_gpu = g_flat.slice(1, rows * classes + 1).reshape(Shape{rows, classes});
+    const ops::SoftmaxXentResult r_gpu =
+        ops::softmax_cross_entropy(logits_gpu, labels_gpu, 0.5f, g_gpu);
+    CHECK(r_gpu.correct == r_cpu.correct);
+    CHECK(r_gpu.loss == doctest::Approx(r_cpu.loss).epsilon(1e-5));
+    expect_close("gradient", g_cpu, g_gpu, 1e-5);
   }
 }
 
@@ -88,6 +119,20 @@ TEST_CASE("softmax cross-entropy on CUDA: a bad label is a ConfigError and nothi
   CHECK_THROWS_WITH_AS(ops::softmax_cross_entropy(logits, labels_host.to(kGpu), 1.f, grad),
                        doctest::Contains("label 7 of sample 31 is outside [0, 7)"), ConfigError);
   expect_equal("untouched gradient", Tensor::full(Shape{rows, classes}, 5.f), grad);
+  // Many labels (read four at a time): the first bad one is found wherever it lies.
+  const std::int64_t many = 70001;
+  const Tensor wide = random_tensor(Shape{many, 4}, 10).to(kGpu);
+  Tensor wide_grad = Tensor::empty(Shape{many, 4}, DType::Float32, kGpu);
+  for (std::int64_t first : {0L, 1L, 4097L, 69998L, 70000L}) {
+    CAPTURE(first);
+    Tensor bad = random_ints(Shape{many}, 13, 4);
+    bad.data<std::int32_t>()[first] = 4 + static_cast<std::int32_t>(first % 3);
+    if (first + 1 < many) bad.data<std::int32_t>()[many - 1] = -3;  // a later one
+    const std::string expected =
+        fmt::format("label {} of sample {} is outside [0, 4)", 4 + first % 3, first);
+    CHECK_THROWS_WITH_AS(ops::softmax_cross_entropy(wide, bad.to(kGpu), 1.f, wide_grad),
+                         doctest::Contains(expected.c_str()), ConfigError);
+  }
   // Labels on the host with logits on the device: both devices named.
   CHECK_THROWS_WITH_AS(ops::softmax_cross_entropy(logits, labels_host, 1.f, grad),
                        doctest::Contains("cuda:0 and cpu"), ConfigError);
