@@ -306,9 +306,10 @@ static __global__ __launch_bounds__(kWarpRowThreads) void softmax_xent_warp_rows
 }
 
 // Long rows that fit in shared memory (a vocabulary of 32000 is 125 KiB): the row is read once,
-// kUnroll packs a thread in flight, into shared memory while the maximum is found; then the
-// exponentials replace it there (one expf an element) and the gradient is written from them.
-constexpr int kSmemUnroll = 4;
+// kSmemUnroll packs a thread in flight (a 32000-class row in one round of 1024 threads), into
+// shared memory while the maximum is found; then the exponentials replace it there (one expf an
+// element) and the gradient is written from them.
+constexpr int kSmemUnroll = 8;
 
 template <int Vec>
 static __global__ __launch_bounds__(kMaxThreads) void softmax_xent_smem_rows_kernel(
@@ -387,9 +388,18 @@ static __global__ __launch_bounds__(kMaxThreads) void softmax_xent_smem_rows_ker
   }
 }
 
+// Adds the partials into the Status; with `totals` (softmax_xent_accumulate) also adds them there,
+// or records the bad label there, so a graphed step needs no further kernel.
 static __global__ __launch_bounds__(kTotalThreads) void softmax_xent_totals_kernel(
-    const double* part_loss, const int* part_hit, std::int64_t parts, float scale, Status* status) {
-  if (status->bad_label.index >= 0) return;
+    const double* part_loss, const int* part_hit, std::int64_t parts, float scale, Status* status,
+    double* totals) {
+  if (status->bad_label.index >= 0) {
+    if (totals != nullptr && threadIdx.x == 0 && totals[2] == 0.0) {
+      totals[2] = static_cast<double>(status->bad_label.index) + 1.0;
+      totals[3] = status->bad_label.value;
+    }
+    return;
+  }
   __shared__ double sl[detail::kWarp];
   __shared__ long long sc[detail::kWarp];
   double loss = 0;
@@ -403,6 +413,10 @@ static __global__ __launch_bounds__(kTotalThreads) void softmax_xent_totals_kern
   if (threadIdx.x == 0) {
     status->loss = loss * static_cast<double>(scale);
     status->correct = hits;
+    if (totals != nullptr) {
+      totals[0] += status->loss;
+      totals[1] += static_cast<double>(hits);
+    }
   }
 }
 
@@ -411,25 +425,13 @@ std::size_t softmax_xent_workspace_bytes(std::int64_t rows) {
   return kStatusBytes + align64(n * sizeof(double)) + align64(n * sizeof(int));
 }
 
-static __global__ void softmax_xent_accumulate_kernel(const Status* status, double* totals) {
-  if (status->bad_label.index >= 0) {
-    if (totals[2] == 0.0) {
-      totals[2] = static_cast<double>(status->bad_label.index) + 1.0;
-      totals[3] = status->bad_label.value;
-    }
-    return;
-  }
-  totals[0] += status->loss;
-  totals[1] += static_cast<double>(status->correct);
-}
-
 namespace {
 
 // Queues the label check, the rows and the totals; the Status at the workspace's start holds the
-// outcome once the stream reaches it.
+// outcome once the stream reaches it (and `totals`, when given, has it added).
 Status* launch_softmax_xent(cudaStream_t stream, const float* logits, const std::int32_t* labels,
                             std::int64_t rows, std::int64_t classes, float scale, float* grad,
-                            void* workspace) {
+                            void* workspace, double* totals) {
   auto* base = static_cast<unsigned char*>(workspace);
   auto* status = reinterpret_cast<Status*>(base);
   // Per-block partials: a grid never has more blocks than rows, so the per-row layout holds them.
@@ -506,7 +508,7 @@ Status* launch_softmax_xent(cudaStream_t stream, const float* logits, const std:
     block_rows(softmax_xent_rows_kernel<0>);
   PIPELINE_CUDA_LAUNCH_CHECK();
   softmax_xent_totals_kernel<<<1, kTotalThreads, 0, stream>>>(part_loss, part_hit, parts, scale,
-                                                              status);
+                                                              status, totals);
   PIPELINE_CUDA_LAUNCH_CHECK();
   return status;
 }
@@ -519,7 +521,7 @@ SoftmaxXentTotals softmax_xent(cudaStream_t stream, const float* logits, const s
   SoftmaxXentTotals totals;
   if (rows <= 0) return totals;
   const Status* status =
-      launch_softmax_xent(stream, logits, labels, rows, classes, scale, grad, workspace);
+      launch_softmax_xent(stream, logits, labels, rows, classes, scale, grad, workspace, nullptr);
   Status host{};
   PIPELINE_CUDA_CHECK(cudaMemcpyAsync(&host, status, sizeof(host), cudaMemcpyDeviceToHost, stream));
   PIPELINE_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -535,10 +537,7 @@ void softmax_xent_accumulate(cudaStream_t stream, const float* logits, const std
                              std::int64_t rows, std::int64_t classes, float scale, float* grad,
                              void* workspace, double* totals) {
   if (rows <= 0) return;
-  const Status* status =
-      launch_softmax_xent(stream, logits, labels, rows, classes, scale, grad, workspace);
-  softmax_xent_accumulate_kernel<<<1, 1, 0, stream>>>(status, totals);
-  PIPELINE_CUDA_LAUNCH_CHECK();
+  launch_softmax_xent(stream, logits, labels, rows, classes, scale, grad, workspace, totals);
 }
 
 }  // namespace pipeline::kernels

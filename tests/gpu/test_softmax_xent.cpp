@@ -137,3 +137,40 @@ TEST_CASE("softmax cross-entropy on CUDA: a bad label is a ConfigError and nothi
   CHECK_THROWS_WITH_AS(ops::softmax_cross_entropy(logits, labels_host, 1.f, grad),
                        doctest::Contains("cuda:0 and cpu"), ConfigError);
 }
+
+TEST_CASE("softmax cross-entropy on CUDA: totals accumulated on the device equal the host's") {
+  Tensor totals = Tensor::zeros(Shape{4}, DType::Int64, kGpu);  // four doubles
+  double loss = 0, correct = 0;
+  for (std::int64_t classes : {10, 256, 32000}) {
+    CAPTURE(classes);
+    const std::int64_t rows = 300;
+    const Tensor logits = random_tensor(Shape{rows, classes}, 20, -4.f, 4.f).to(kGpu);
+    const Tensor labels = random_ints(Shape{rows}, 21, static_cast<std::int32_t>(classes)).to(kGpu);
+    Tensor g_sync = poisoned(Shape{rows, classes});
+    Tensor g_async = poisoned(Shape{rows, classes});
+    const ops::SoftmaxXentResult r = ops::softmax_cross_entropy(logits, labels, 0.125f, g_sync);
+    ops::softmax_cross_entropy_accumulate(logits, labels, 0.125f, g_async, totals);
+    expect_equal("gradient", g_sync.to(Device::cpu()), g_async.to(Device::cpu()));
+    loss += r.loss;
+    correct += static_cast<double>(r.correct);
+    const Tensor t = totals.to(Device::cpu());
+    const double* d = static_cast<const double*>(t.raw());
+    CHECK(d[0] == loss);  // the same partials added in the same order
+    CHECK(d[1] == correct);
+    CHECK(d[2] == 0.0);
+  }
+  // A bad label: grad untouched, its row + 1 and value recorded once; later calls keep the first.
+  const Tensor logits = random_tensor(Shape{40, 12}, 22).to(kGpu);
+  for (std::int32_t row : {17, 5}) {
+    Tensor labels = random_ints(Shape{40}, 23, 12);
+    labels.data<std::int32_t>()[row] = 12 + row;
+    Tensor grad = Tensor::full(Shape{40, 12}, 5.f, kGpu);
+    ops::softmax_cross_entropy_accumulate(logits, labels.to(kGpu), 1.f, grad, totals);
+    expect_equal("untouched gradient", Tensor::full(Shape{40, 12}, 5.f), grad);
+  }
+  const Tensor t = totals.to(Device::cpu());
+  const double* d = static_cast<const double*>(t.raw());
+  CHECK(d[0] == loss);
+  CHECK(d[2] == 18.0);
+  CHECK(d[3] == 29.0);
+}
