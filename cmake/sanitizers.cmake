@@ -1,4 +1,4 @@
-# Run-time options for tests built with sanitizers (the asan and fuzz presets).
+# Run-time options for tests built with sanitizers (the asan and fuzz presets: unit tests, fuzzers).
 #
 # pipeline_sanitizer_environment(<var> [MPI]) sets <var> to the ENVIRONMENT entries a test needs
 # when CMAKE_CXX_FLAGS enable AddressSanitizer or UBSan, and to nothing otherwise, so that

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what is missing, builds (warnings are errors), runs CTest; then
-# the CUDA build (compiled where the toolkit is; its gpu tests skip without a GPU) and the
-# hardening steps: the unit tests built with AddressSanitizer + UBSan (the asan preset, only
-# the unit test targets), and every libFuzzer target for a few seconds over its corpus (the fuzz
-# preset, `ctest -L fuzz`). Each step prints how long it took.
+# The whole test suite: installs what is missing, builds (warnings are errors) and runs CTest; then
+# the hardening steps: the unit tests built with clang's AddressSanitizer + UBSan, and every
+# libFuzzer target for a few seconds over its corpus, both from one instrumented build (the asan
+# preset; `ctest -L fuzz`). Each step prints how long it took.
+#
+# The main build compiles the CUDA code wherever the toolkit is installed (the ci preset turns
+# PIPELINE_WITH_CUDA on when CMake finds nvcc, for one architecture), so a CUDA compile error fails
+# the run; its gpu tests run on a GPU machine and report themselves skipped elsewhere. The asan
+# build is the CPU-only configuration, so both are compiled. (One CUDA build for every test, and
+# one sanitizer build for the unit tests and the fuzzers, instead of four library builds: a
+# fresh 2-core machine spent 51 of its 60 minutes compiling.)
 # Extra arguments go to ctest for the main build only and skip the hardening steps, e.g.
 # `scripts/test.sh -L unit` for a quick run.
 set -euo pipefail
@@ -18,42 +24,25 @@ step() {  # step NAME COMMAND...: runs it and reports its duration
 }
 
 ci() {
+  if [[ -z ${CUDACXX:-} ]] && ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    export CUDACXX=/usr/local/cuda/bin/nvcc  # the toolkit's default place, off the PATH
+  fi
   PIPELINE_PRESET=ci bash scripts/build.sh
+  if grep -q '^PIPELINE_WITH_CUDA:BOOL=ON' build/ci/CMakeCache.txt; then
+    echo "test.sh: the CUDA code is compiled (build/ci); gpu tests run only where there is a GPU"
+  else
+    echo "test.sh: no nvcc (CUDA toolkit) on this machine: the CUDA code is not compiled"
+  fi
   ctest --preset ci -j "$(nproc)" "$@"
 }
-asan() {
+hardening() {
   [[ -f build/asan/CMakeCache.txt ]] || cmake --preset asan
-  cmake --build build/asan -j "$(nproc)" --target pipeline_unit_tests
+  cmake --build build/asan -j "$(nproc)" --target pipeline_unit_tests pipeline_fuzzers
   ctest --preset asan -j "$(nproc)"
-}
-# The CUDA build (library, gpu tests, header checks, and the trainers, whose GPU pipeline code —
-# NCCL start-up, the device memory report — exists only there) compiles wherever the CUDA toolkit
-# is installed; its gpu tests run on a GPU machine and report themselves skipped elsewhere.
-cuda() {
-  local nvcc
-  nvcc=$(command -v nvcc || true)
-  [[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
-  if [[ -z $nvcc ]]; then
-    echo "test.sh: no nvcc (CUDA toolkit) on this machine: the CUDA build is not compiled"
-    return 0
-  fi
-  [[ -f build/cuda-ci/CMakeCache.txt ]] ||
-    CUDACXX=$nvcc cmake --preset cuda-release -B build/cuda-ci -DPIPELINE_WERROR=ON \
-      -DPIPELINE_BUILD_EXAMPLES=ON -DPIPELINE_BUILD_BENCH=OFF -DPIPELINE_BUILD_TOOLS=OFF \
-      -DCMAKE_CUDA_ARCHITECTURES=90  # one architecture: CI only compiles (half the nvcc time)
-  cmake --build build/cuda-ci -j "$(nproc)" --target pipeline pipeline_gpu_tests \
-    pipeline_header_check train_fashion_mnist train_transformer_lm
-  ctest --test-dir build/cuda-ci -L gpu --output-on-failure
-}
-fuzz() {
-  [[ -f build/fuzz/CMakeCache.txt ]] || cmake --preset fuzz
-  cmake --build build/fuzz -j "$(nproc)" --target pipeline_fuzzers
-  ctest --preset fuzz -j "$(nproc)"
+  ctest --preset asan-fuzz -j "$(nproc)"
 }
 
-step "ci build and tests" ci "$@"
+step "ci build and tests (build/ci)" ci "$@"
 if (($# == 0)); then
-  step "CUDA build, compiled (build/cuda-ci; gpu tests run only where there is a GPU)" cuda
-  step "unit tests under ASan + UBSan (build/asan)" asan
-  step "fuzzers, a few seconds each (build/fuzz)" fuzz
+  step "unit tests and fuzzers under ASan + UBSan (build/asan)" hardening
 fi

@@ -72,7 +72,7 @@ TEST_CASE("the compute dtype is float32 unless a scope sets it; scopes nest") {
     CHECK(ops::compute_dtype() == DType::BFloat16);
   }
   CHECK(ops::compute_dtype() == DType::Float32);
-  CHECK_THROWS_WITH_AS(ops::ComputeDTypeScope(DType::Int32),
+  CHECK_THROWS_WITH_AS(ops::ComputeDTypeScope{DType::Int32},
                        doctest::Contains("float32 or bfloat16, not int32"), ConfigError);
   CHECK(ops::parse_compute_dtype("bf16") == DType::BFloat16);
   CHECK(ops::parse_compute_dtype("float32") == DType::Float32);

@@ -82,7 +82,9 @@ TEST_CASE("Round trip of named tensors with metadata") {
   REQUIRE(back.size() == 4);
   CHECK(meta.at("format") == "test");
   CHECK(meta.at("note") == "ünïcode");
-  for (auto& [name, tensor] : t) {
+  for (auto& entry : t) {
+    const std::string& name = entry.first;
+    const Tensor& tensor = entry.second;
     auto it = std::find_if(back.begin(), back.end(), [&](auto& e) { return e.first == name; });
     REQUIRE(it != back.end());
     CHECK(it->second.shape() == tensor.shape());
