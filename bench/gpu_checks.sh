@@ -72,12 +72,12 @@ checks() {
   if has tests; then
     (box "$lane" "$OUT/gpu-tests.log" ctest --test-dir "$B" -L gpu -j 6 --timeout "$lane" --output-on-failure
      grep -E "tests passed|\((Failed|Timeout|SEGFAULT|Subprocess.*)\)" "$OUT/gpu-tests.log" >>"$S") &
-    # The deliberate out-of-memory requests of gpu_test_device_memory are API errors, not bugs.
+    # The deliberate out-of-memory requests of gpu/test_device_memory.cpp are API errors, not bugs.
     (for t in activation attention bias convert dropout embedding layer_norm optimizer pool \
         softmax_xent batch_norm gemm conv gpu_graphs; do echo "memcheck $t"; done
      for t in attention layer_norm softmax_xent bias pool; do echo "racecheck $t"; done) |
       xargs -P 4 -L 1 bash -c 'box $((lane - 5)) "$OUT/sanitizer.log" compute-sanitizer --tool $0 \
-        --error-exitcode 9 "$B/tests/gpu_test_$1"' &
+        --error-exitcode 9 "$B/tests/gpu_tests" "--source-file=*/gpu/test_$1.cpp"' &
   fi
   if has train; then
     (box 120 "$OUT/train.log" "$B/examples/train_fashion_mnist" --device cuda --data "$DATA"

@@ -9,6 +9,8 @@
 
 #include <string>
 
+namespace test_activation {
+
 using namespace pipeline;
 using namespace pipeline::gpu_test;
 using ops::Activation;
@@ -79,3 +81,5 @@ TEST_CASE("an activation given tensors on two devices names both") {
       ops::activation_backward(Activation::GELU, xg, random_tensor(Shape{4}, 2), dx),
       doctest::Contains("activation_backward"), ConfigError);
 }
+
+}  // namespace test_activation

@@ -15,6 +15,8 @@
 #include <cmath>
 #include <vector>
 
+namespace test_attention {
+
 using namespace pipeline;
 using namespace pipeline::gpu_test;
 
@@ -205,3 +207,5 @@ TEST_CASE("the transformer block on CUDA matches the CPU, forward and backward")
       expect_close("block grad " + specs[k].name, g_cpu[k], g_gpu[k], 1e-4);
   }
 }
+
+}  // namespace test_attention

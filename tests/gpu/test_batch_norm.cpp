@@ -11,6 +11,8 @@
 
 #include <cmath>
 
+namespace test_batch_norm {
+
 using namespace pipeline;
 using namespace pipeline::gpu_test;
 
@@ -118,3 +120,5 @@ TEST_CASE("batch norm on CUDA: checks, an empty evaluation batch, and mixed devi
       doctest::Contains("batch_norm_forward_train: its tensors are on cpu and cuda:0"),
       ConfigError);
 }
+
+}  // namespace test_batch_norm

@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+namespace test_bias {
+
 using namespace pipeline;
 using namespace pipeline::gpu_test;
 
@@ -58,3 +60,5 @@ TEST_CASE("bias ops given tensors on two devices name both") {
                        doctest::Contains("add_bias: its tensors are on cuda:0 and cpu"),
                        ConfigError);
 }
+
+}  // namespace test_bias

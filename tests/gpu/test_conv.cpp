@@ -11,6 +11,8 @@
 
 #include <doctest/doctest.h>
 
+namespace test_conv {
+
 using namespace pipeline;
 using namespace pipeline::gpu_test;
 
@@ -145,3 +147,5 @@ TEST_CASE("conv2d given tensors on two devices names both") {
       ops::conv2d_backward_filter(x.to(kGpu), random_tensor(Shape{1, 3, 3, 3}, 3), dw, win),
       doctest::Contains("conv2d_backward_filter: its tensors are on cuda:0 and cpu"), ConfigError);
 }
+
+}  // namespace test_conv

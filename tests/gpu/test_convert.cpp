@@ -10,6 +10,8 @@
 #include <cstring>
 #include <limits>
 
+namespace test_convert {
+
 using namespace pipeline;
 using pipeline::gpu_test::kGpu;
 using pipeline::gpu_test::random_tensor;
@@ -55,3 +57,5 @@ TEST_CASE("to_dtype on cuda:0 equals the CPU on unaligned views") {
   const Tensor wide_want = ops::to_dtype(want, DType::Float32);
   CHECK(std::memcmp(wide.raw(), wide_want.raw(), wide_want.nbytes()) == 0);
 }
+
+}  // namespace test_convert

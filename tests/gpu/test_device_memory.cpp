@@ -10,6 +10,8 @@
 
 #include <vector>
 
+namespace test_device_memory {
+
 using namespace pipeline;
 
 namespace {
@@ -95,3 +97,5 @@ TEST_CASE("streams and events order work and time it; the current stream is per 
   CHECK(!s.owned());
   moved.synchronize();
 }
+
+}  // namespace test_device_memory

@@ -8,6 +8,8 @@
 
 #include <vector>
 
+namespace test_device_prefetch {
+
 using namespace pipeline;
 
 TEST_CASE("staged batches reach cuda:0 intact, in order, over reused pinned buffers") {
@@ -36,3 +38,5 @@ TEST_CASE("staged batches reach cuda:0 intact, in order, over reused pinned buff
       CHECK(labels.data<std::int32_t>()[j] == host[i].labels.data<std::int32_t>()[j]);
   }
 }
+
+}  // namespace test_device_prefetch

@@ -8,6 +8,8 @@
 
 #include <doctest/doctest.h>
 
+namespace test_dropout {
+
 using namespace pipeline;
 using namespace pipeline::gpu_test;
 
@@ -66,3 +68,5 @@ TEST_CASE("apply_mask given tensors on two devices names both") {
                        doctest::Contains("dropout: its tensors are on cuda:0 and cpu"),
                        ConfigError);
 }
+
+}  // namespace test_dropout

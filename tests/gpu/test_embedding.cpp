@@ -8,6 +8,8 @@
 
 #include <doctest/doctest.h>
 
+namespace test_embedding {
+
 using namespace pipeline;
 using namespace pipeline::gpu_test;
 
@@ -89,3 +91,5 @@ TEST_CASE("learned positions on CUDA: add exactly, gradient within float roundin
     expect_close("positions_grad", dpos, dpos_g, 1e-4);
   }
 }
+
+}  // namespace test_embedding

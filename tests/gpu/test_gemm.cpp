@@ -15,6 +15,8 @@
 #include <array>
 #include <cmath>
 
+namespace test_gemm {
+
 using namespace pipeline;
 
 namespace {
@@ -131,3 +133,5 @@ TEST_CASE("gemm with tensors on two devices is refused naming both") {
   CHECK_THROWS_WITH_AS(ops::gemm(a, false, a, false, c), doctest::Contains("cpu and cuda:0"),
                        ConfigError);
 }
+
+}  // namespace test_gemm

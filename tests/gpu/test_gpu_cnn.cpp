@@ -16,6 +16,8 @@
 #include <cmath>
 #include <numeric>
 
+namespace test_gpu_cnn {
+
 using namespace pipeline;
 using pipeline::testing::max_rel_diff;
 
@@ -124,3 +126,5 @@ TEST_CASE("resnet18: one training step on cuda:0 equals the CPU's to the step's 
   CHECK(gap <= 0.05);
   CHECK(param_gap <= 1e-3);
 }
+
+}  // namespace test_gpu_cnn

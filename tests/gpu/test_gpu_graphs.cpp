@@ -16,6 +16,8 @@
 
 #include <numeric>
 
+namespace test_gpu_graphs {
+
 using namespace pipeline;
 
 namespace {
@@ -132,3 +134,5 @@ TEST_CASE("a bad label inside a replay gives a clear error") {
   CHECK_THROWS_WITH_AS(graphed.step(b, 0.01f), doctest::Contains("label 12 of sample 5"),
                        ConfigError);
 }
+
+}  // namespace test_gpu_graphs

@@ -27,6 +27,8 @@
 #include <mutex>
 #include <numeric>
 
+namespace test_gpu_pipeline {
+
 using namespace pipeline;
 using pipeline::testing::max_rel_diff;
 using pipeline::testing::StashReference;
@@ -193,3 +195,5 @@ TEST_CASE("1f1b-stash on one GPU equals the weight-history reference") {
     CHECK(max_rel_diff(out.params[static_cast<std::size_t>(r)], want,
                        out.ranges[static_cast<std::size_t>(r)]) <= 1e-4);
 }
+
+}  // namespace test_gpu_pipeline

@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+namespace test_gpu_profile {
+
 using namespace pipeline;
 
 TEST_CASE("profiling the mlp on cuda:0 times every layer and counts bytes as the CPU does") {
@@ -35,3 +37,5 @@ TEST_CASE("profiling the mlp on cuda:0 times every layer and counts bytes as the
   CHECK_THROWS_WITH_AS(profile(z, 64, Device::cuda(999), o), doctest::Contains("cuda:999"),
                        ConfigError);
 }
+
+}  // namespace test_gpu_profile

@@ -15,6 +15,8 @@
 
 #include <numeric>
 
+namespace test_gpu_training {
+
 using namespace pipeline;
 using pipeline::testing::max_rel_diff;
 
@@ -75,3 +77,5 @@ TEST_CASE("parameters saved from a GPU run load into a CPU model unchanged, and 
   load_parameters(path, zoo.model, gpu_again, zoo.model.all());
   CHECK(max_rel_diff(to_device(gpu_again, Device::cpu()), cpu_params, zoo.model.all()) == 0.0);
 }
+
+}  // namespace test_gpu_training

@@ -12,6 +12,8 @@
 #include "gpu_compare.hpp"
 #include "support/param_compare.hpp"
 
+namespace test_gpu_transformer {
+
 using namespace pipeline;
 using pipeline::testing::max_rel_diff;
 
@@ -44,3 +46,5 @@ TEST_CASE("transformer-lm trains on cuda:0 as on the CPU") {
     CHECK(max_rel_diff(back, cpu.params(), zoo.model.all()) <= 1e-3);
   }
 }
+
+}  // namespace test_gpu_transformer

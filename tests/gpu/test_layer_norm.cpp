@@ -8,6 +8,8 @@
 
 #include <doctest/doctest.h>
 
+namespace test_layer_norm {
+
 using namespace pipeline;
 using namespace pipeline::gpu_test;
 
@@ -88,3 +90,5 @@ TEST_CASE("layer norm on CUDA: [B, T, D] input, and tensors on two devices") {
                        doctest::Contains("layer_norm_forward: its tensors are on cuda:0 and cpu"),
                        ConfigError);
 }
+
+}  // namespace test_layer_norm

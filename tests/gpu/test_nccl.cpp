@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+namespace test_nccl {
+
 using namespace pipeline;
 
 namespace {
@@ -196,3 +198,5 @@ TEST_CASE("nccl watchdog: a receive that no send matches is aborted, no hang") {
 }
 
 #endif  // PIPELINE_WITH_CUDA
+
+}  // namespace test_nccl

@@ -8,6 +8,8 @@
 
 #include <doctest/doctest.h>
 
+namespace test_optimizer {
+
 using namespace pipeline;
 using namespace pipeline::gpu_test;
 
@@ -165,3 +167,5 @@ TEST_CASE("sums_of_squares of many tensors equals sum_of_squares of each, bit fo
     CHECK(all[i] == doctest::Approx(ops::sum_of_squares(xs[i].to(Device::cpu()))).epsilon(1e-6));
   }
 }
+
+}  // namespace test_optimizer

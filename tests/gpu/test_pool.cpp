@@ -12,6 +12,8 @@
 #include <cmath>
 #include <limits>
 
+namespace test_pool {
+
 using namespace pipeline;
 using namespace pipeline::gpu_test;
 
@@ -160,3 +162,5 @@ TEST_CASE("pooling given tensors on two devices names both") {
                        doctest::Contains("avg_pool2d_forward: its tensors are on cpu and cuda:0"),
                        ConfigError);
 }
+
+}  // namespace test_pool

@@ -22,6 +22,8 @@
 
 #include "gpu_compare.hpp"
 
+namespace test_precision {
+
 using namespace pipeline;
 using namespace pipeline::gpu_test;
 
@@ -217,3 +219,5 @@ TEST_CASE("1F1B-stash on one GPU under bf16: weights stashed in bf16 equal those
       for (std::size_t k = 0; k < narrow[r][l].params.size(); ++k)
         expect_equal("stashed in bf16 vs float32", wide[r][l].params[k], narrow[r][l].params[k]);
 }
+
+}  // namespace test_precision

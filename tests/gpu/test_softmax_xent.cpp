@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+namespace test_softmax_xent {
+
 using namespace pipeline;
 using namespace pipeline::gpu_test;
 
@@ -174,3 +176,5 @@ TEST_CASE("softmax cross-entropy on CUDA: totals accumulated on the device equal
   CHECK(d[2] == 18.0);
   CHECK(d[3] == 29.0);
 }
+
+}  // namespace test_softmax_xent

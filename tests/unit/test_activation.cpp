@@ -5,6 +5,8 @@
 #include <cmath>
 #include <functional>
 
+namespace test_activation {
+
 using namespace pipeline;
 
 namespace {
@@ -120,3 +122,5 @@ TEST_CASE("activation layers report kind, shape and no parameters") {
   std::vector<Tensor> none;
   CHECK_FALSE(r.backward(p, saved, x, none, GradParts::Weight).defined());
 }
+
+}  // namespace test_activation

@@ -23,6 +23,8 @@
 #include <mutex>
 #include <numeric>
 
+namespace test_allreduce_overlap {
+
 using namespace pipeline;
 using pipeline::testing::max_rel_diff;
 
@@ -224,3 +226,5 @@ TEST_CASE("overlap in the executor's trace: buckets start in the backward, the A
   }
   CHECK(out[2].timings.empty());
 }
+
+}  // namespace test_allreduce_overlap

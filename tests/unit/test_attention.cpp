@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+namespace test_attention {
+
 using namespace pipeline;
 
 namespace {
@@ -201,3 +203,5 @@ TEST_CASE("attention keeps the probabilities for the backward on the CPU") {
   Tensor lse = Tensor::empty({2, 3, 5});
   CHECK_THROWS_AS(ops::attention_forward(q, q, q, 3, out, lse), Error);
 }
+
+}  // namespace test_attention

@@ -11,6 +11,8 @@
 
 #include "support/uniform_profile.hpp"
 
+namespace test_availability {
+
 using namespace pipeline;
 using pipeline::testing::uniform_profile;
 
@@ -184,3 +186,5 @@ TEST_CASE("availability: no workers for a while, a restart cut short, and the st
       replay_availability(p, one_level(4), {{0, 4, 1}, {1e9, 1, 2}}, o);
   CHECK(after.static_workers == 4);
 }
+
+}  // namespace test_availability

@@ -9,6 +9,8 @@
 #include <map>
 #include <set>
 
+namespace test_caching_pool {
+
 using namespace pipeline;
 using namespace pipeline::cuda;
 
@@ -277,3 +279,5 @@ TEST_CASE("a capture's live block freed after the capture returns to its private
   pool.deallocate(y);
   pool.deallocate(z);
 }
+
+}  // namespace test_caching_pool

@@ -16,6 +16,8 @@
 
 #include "../support/temp_dir.hpp"
 
+namespace test_checkpoint {
+
 using namespace pipeline;
 namespace fs = std::filesystem;
 
@@ -295,3 +297,5 @@ TEST_CASE("checkpoint: a 3-stage pipeline of in-process ranks, restored under an
   CHECK(same(tail[0].params[0], whole.params[1].params[0]));
   CHECK(opt.state().size() == parameter_shapes(model, {1, 5}).size());
 }
+
+}  // namespace test_checkpoint

@@ -14,6 +14,8 @@
 #include <string>
 #include <thread>
 
+namespace test_comm_local {
+
 using namespace pipeline;
 
 namespace {
@@ -361,3 +363,5 @@ TEST_CASE("local: a non-blocking allreduce that a member never joins times out n
   CHECK(message.find("allreduce_sum over ranks [0, 1] (1 of 2 members arrived)") !=
         std::string::npos);
 }
+
+}  // namespace test_comm_local

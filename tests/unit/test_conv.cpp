@@ -8,6 +8,8 @@
 
 #include <cmath>
 
+namespace test_conv {
+
 using namespace pipeline;
 
 namespace {
@@ -362,3 +364,5 @@ TEST_CASE("Winograd results are the same bits for any thread count") {
   }
   set_num_threads(default_num_threads());
 }
+
+}  // namespace test_conv

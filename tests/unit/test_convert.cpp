@@ -9,6 +9,8 @@
 #include <cmath>
 #include <limits>
 
+namespace test_convert {
+
 using namespace pipeline;
 using ops::bf16_to_float;
 using ops::float_to_bf16;
@@ -59,3 +61,5 @@ TEST_CASE("the round trip is within half a bf16 step; tensors convert both ways"
   CHECK_THROWS_WITH(ops::to_dtype(Tensor::zeros(Shape{2}, DType::Int32), DType::BFloat16),
                     doctest::Contains("converts between float32 and bfloat16"));
 }
+
+}  // namespace test_convert

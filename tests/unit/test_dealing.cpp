@@ -16,6 +16,8 @@
 #include <mutex>
 #include <vector>
 
+namespace test_dealing {
+
 using namespace pipeline;
 
 namespace {
@@ -177,3 +179,5 @@ TEST_CASE("SpeedRebalancer: every rank gets every rank's smoothed seconds per mi
   run_local(1,
             [](Communicator& comm) { CHECK_THROWS_AS(SpeedRebalancer(comm, 0.0), ConfigError); });
 }
+
+}  // namespace test_dealing

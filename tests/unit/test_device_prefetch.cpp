@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+namespace test_device_prefetch {
+
 using namespace pipeline;
 
 TEST_CASE("on the CPU the prefetcher hands the staged batch back as it is") {
@@ -20,3 +22,5 @@ TEST_CASE("on the CPU the prefetcher hands the staged batch back as it is") {
                        ConfigError);
 #endif
 }
+
+}  // namespace test_device_prefetch

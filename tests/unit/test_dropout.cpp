@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+namespace test_dropout {
+
 using namespace pipeline;
 
 TEST_CASE("dropout mask: keep rate, scale and determinism") {
@@ -80,3 +82,5 @@ TEST_CASE("Dropout backward matches finite differences") {
   eval.mode = Mode::Eval;
   testing::check_layer_gradients(Dropout("drop", 0.5f), {2, 7}, eval);
 }
+
+}  // namespace test_dropout

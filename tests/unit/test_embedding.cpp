@@ -4,6 +4,8 @@
 
 #include "support/gradcheck.hpp"
 
+namespace test_embedding {
+
 using namespace pipeline;
 
 namespace {
@@ -138,3 +140,5 @@ TEST_CASE("Sequential backward through a leading Embedding returns no input grad
   for (float v : grads[0][0].values()) norm += std::abs(v);
   CHECK(norm > 0);
 }
+
+}  // namespace test_embedding

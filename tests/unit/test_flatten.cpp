@@ -7,6 +7,8 @@
 
 #include <algorithm>
 
+namespace test_flatten {
+
 using namespace pipeline;
 
 TEST_CASE("Flatten is a view of its input and reshapes the gradient back") {
@@ -67,3 +69,5 @@ TEST_CASE("a backward that needs no input gradient skips it under parameter-free
       CHECK(std::equal(a.begin(), a.end(), b.begin(), b.end()));
     }
 }
+
+}  // namespace test_flatten

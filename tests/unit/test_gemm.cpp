@@ -11,6 +11,8 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+
+namespace test_gemm {
 #endif
 
 using namespace pipeline;
@@ -113,3 +115,5 @@ TEST_CASE("a product leaves the calling thread's OpenMP thread count as it found
   set_num_threads(was);
 #endif
 }
+
+}  // namespace test_gemm

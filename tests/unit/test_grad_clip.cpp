@@ -7,6 +7,8 @@
 #include <limits>
 #include <vector>
 
+namespace test_grad_clip {
+
 using namespace pipeline;
 
 namespace {
@@ -68,3 +70,5 @@ TEST_CASE("clip_factor edge cases") {
   std::vector<Tensor> none;
   CHECK(clip_grad_norm(none, 1.f) == 0.0);
 }
+
+}  // namespace test_grad_clip

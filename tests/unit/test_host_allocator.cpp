@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+namespace test_host_allocator {
+
 using namespace pipeline;
 
 namespace {
@@ -127,3 +129,5 @@ TEST_CASE("a warm training step reaches the system for no tensor") {
   CHECK(host_allocator().stats().system_allocations == before);
   CHECK(host_allocator().stats().cache_hits > 0);
 }
+
+}  // namespace test_host_allocator

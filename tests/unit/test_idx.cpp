@@ -8,6 +8,8 @@
 
 #include "support/temp_dir.hpp"
 
+namespace test_idx {
+
 using namespace pipeline;
 namespace fs = std::filesystem;
 
@@ -154,3 +156,5 @@ TEST_CASE("The installed Fashion-MNIST, when present") {
   CHECK(lo == 0.f);
   CHECK(hi == 1.f);
 }
+
+}  // namespace test_idx

@@ -20,6 +20,8 @@
 #include <random>
 #include <string>
 
+namespace test_interleaved_plan {
+
 using namespace pipeline;
 
 namespace {
@@ -349,3 +351,5 @@ TEST_CASE(
   one.virtual_stages = 1;
   CHECK_FALSE(partition(p, t, one).interleaved());
 }
+
+}  // namespace test_interleaved_plan

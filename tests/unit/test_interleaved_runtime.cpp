@@ -28,6 +28,8 @@
 #include "support/param_compare.hpp"
 #include "support/synthetic_minibatches.hpp"
 
+namespace test_interleaved_runtime {
+
 using namespace pipeline;
 using pipeline::testing::max_rel_diff;
 
@@ -193,3 +195,5 @@ TEST_CASE(
                             }),
                   ConfigError);
 }
+
+}  // namespace test_interleaved_runtime

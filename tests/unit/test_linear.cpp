@@ -2,6 +2,8 @@
 
 #include "support/gradcheck.hpp"
 
+namespace test_linear {
+
 using namespace pipeline;
 
 TEST_CASE("Linear backward matches finite differences") {
@@ -24,3 +26,5 @@ TEST_CASE("Linear parameters depend only on seed and name") {
   CHECK(pa.params[0].to_vector() == pb.params[0].to_vector());
   CHECK(pa.params[0].to_vector() != pc.params[0].to_vector());
 }
+
+}  // namespace test_linear

@@ -7,6 +7,8 @@
 #include <map>
 #include <set>
 
+namespace test_loader {
+
 using namespace pipeline;
 
 TEST_CASE("Shuffling is deterministic by seed and epoch, and a permutation") {
@@ -134,3 +136,5 @@ TEST_CASE("Synthetic data is deterministic per index and learnable") {
   for (int c : counts) CHECK(c > 100);
   CHECK_THROWS_AS(SyntheticDataset({4}, 0, 10), ConfigError);
 }
+
+}  // namespace test_loader

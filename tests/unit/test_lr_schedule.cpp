@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+namespace test_lr_schedule {
+
 using namespace pipeline;
 
 TEST_CASE("Constant and step schedules") {
@@ -71,3 +73,5 @@ TEST_CASE("Bad schedule strings give clear errors") {
   CHECK_THROWS_AS(LrSchedule::constant(-1.f), ConfigError);
   CHECK_THROWS_AS(LrSchedule::cosine(1.f, 0), ConfigError);
 }
+
+}  // namespace test_lr_schedule

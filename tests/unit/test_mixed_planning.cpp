@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+namespace test_mixed_planning {
+
 using namespace pipeline;
 
 namespace {
@@ -613,3 +615,5 @@ TEST_CASE("topology and plan.json round trips with and without types, prices and
   bad["stages"][0]["device"] = "";
   CHECK_THROWS_AS(plan_from_json(bad, "bad"), ConfigError);
 }
+
+}  // namespace test_mixed_planning

@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+namespace test_norm {
+
 using namespace pipeline;
 
 namespace {
@@ -212,3 +214,5 @@ TEST_CASE("BatchNorm2d layer: buffers, modes and errors") {
   CHECK_NOTHROW(bn.forward(q, Tensor::zeros({1, 3, 1, 1}), saved, {Mode::Eval, 0}));
   CHECK_THROWS_AS(BatchNorm2d("bn", 3, 1e-5f, 1.5f), ConfigError);
 }
+
+}  // namespace test_norm

@@ -14,6 +14,8 @@
 #include <cmath>
 #include <vector>
 
+namespace test_optimizer {
+
 using namespace pipeline;
 
 namespace {
@@ -269,3 +271,5 @@ TEST_CASE("sum_of_squares: float block sums added in double, the same bits on an
   }
   set_num_threads(before);
 }
+
+}  // namespace test_optimizer

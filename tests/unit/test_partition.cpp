@@ -21,6 +21,8 @@
 #include <limits>
 #include <random>
 
+namespace test_partition {
+
 using namespace pipeline;
 
 namespace {
@@ -588,3 +590,5 @@ TEST_CASE("a stage's working memory: the largest of its layers' passes, and the 
   const Plan capped = partition(p, Topology{{{2, 1e10}}, cap}, o);
   for (const PlanStage& s : capped.stages) CHECK(s.memory_bytes <= cap);
 }
+
+}  // namespace test_partition

@@ -10,6 +10,8 @@
 
 #include <filesystem>
 
+namespace test_pipedream_graph {
+
 using namespace pipeline;
 
 TEST_CASE("graph.txt parsing: units, lists, Input and __getitem__ removal") {
@@ -97,3 +99,5 @@ TEST_CASE("every shipped PipeDream profile imports; state counts match PipeDream
   CHECK(read_pipedream_graph(dir + "/vgg16/graph.txt").batch_size == 128);
   CHECK(read_pipedream_graph(dir + "/alexnet/graph.txt").batch_size == 256);
 }
+
+}  // namespace test_pipedream_graph

@@ -7,6 +7,8 @@
 
 #include <string>
 
+namespace test_placement {
+
 using namespace pipeline;
 
 namespace {
@@ -129,3 +131,5 @@ TEST_CASE("too few hosts or slots, and plans that do not fit the topology, are r
   bad.stages[1].ranks = {5};
   CHECK(error_of(bad, levels({2}), enough).find("rank 5") != std::string::npos);
 }
+
+}  // namespace test_placement

@@ -9,6 +9,8 @@
 
 #include <string>
 
+namespace test_plan_json {
+
 using namespace pipeline;
 
 namespace {
@@ -110,3 +112,5 @@ TEST_CASE("malformed plans name the problem and the origin") {
     CHECK(mentions(e.what(), "broken.json"));
   }
 }
+
+}  // namespace test_plan_json

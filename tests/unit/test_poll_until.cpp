@@ -9,6 +9,8 @@
 #include <chrono>
 #include <thread>
 
+namespace test_poll_until {
+
 using namespace pipeline;
 
 namespace {
@@ -66,3 +68,5 @@ TEST_CASE("poll_until with a zero limit still looks once") {
   CHECK(detail::poll_until([] { return true; }, 0.0));
   CHECK_FALSE(detail::poll_until([] { return false; }, 0.0));
 }
+
+}  // namespace test_poll_until

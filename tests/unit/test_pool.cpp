@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 
+namespace test_pool {
+
 using namespace pipeline;
 
 namespace {
@@ -176,3 +178,5 @@ TEST_CASE("pooling layers report shapes and reject bad windows") {
   CHECK_THROWS_AS(pool.output_shape({64, 32, 1, 28}), ConfigError);
   CHECK_THROWS_AS(pool.output_shape({64, 32, 28}), ConfigError);
 }
+
+}  // namespace test_pool

@@ -29,6 +29,8 @@
 #include <cstring>
 #include <mutex>
 
+namespace test_precision {
+
 using namespace pipeline;
 using pipeline::testing::max_rel_diff;
 
@@ -404,3 +406,5 @@ TEST_CASE("1f1b-stash under bf16: weights stashed in bf16 give the same weights 
     }
   }
 }
+
+}  // namespace test_precision

@@ -11,6 +11,8 @@
 #include <csignal>
 #include <initializer_list>
 
+namespace test_preemption {
+
 using namespace pipeline;
 
 namespace {
@@ -65,3 +67,5 @@ TEST_CASE("preemption: the second signal goes to the handler installed before") 
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
 }
+
+}  // namespace test_preemption

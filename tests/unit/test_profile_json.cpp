@@ -13,6 +13,8 @@
 #include <limits>
 #include <string>
 
+namespace test_profile_json {
+
 using namespace pipeline;
 
 namespace {
@@ -170,3 +172,5 @@ TEST_CASE("missing files are IoErrors and NaN times fail validation") {
   CHECK_THROWS_AS(validate_profile(p, "x"), ConfigError);
   CHECK_THROWS_AS(write_profile(small_dag(), "/nonexistent/dir/profile.json"), IoError);
 }
+
+}  // namespace test_profile_json

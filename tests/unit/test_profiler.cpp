@@ -15,6 +15,8 @@
 #include <cstdio>
 #include <string>
 
+namespace test_profiler {
+
 using namespace pipeline;
 
 namespace {
@@ -265,3 +267,5 @@ TEST_CASE("bad arguments are ConfigErrors") {
   CHECK_THROWS_AS(profile(z.model, Shape{3, 5}, 2, Device::cpu(), quick()), ConfigError);
   CHECK_THROWS_AS(profile(Sequential("empty"), Shape{4}, 2, Device::cpu(), quick()), ConfigError);
 }
+
+}  // namespace test_profiler

@@ -29,6 +29,8 @@
 #include <mutex>
 #include <numeric>
 
+namespace test_recompute {
+
 using namespace pipeline;
 
 namespace {
@@ -542,3 +544,5 @@ TEST_CASE("the planner's memory per stage is what the executor holds, stage inpu
     CHECK(measured == doctest::Approx(held).epsilon(0.01));
   }
 }
+
+}  // namespace test_recompute

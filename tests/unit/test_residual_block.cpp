@@ -3,6 +3,8 @@
 
 #include "support/gradcheck.hpp"
 
+namespace test_residual_block {
+
 using namespace pipeline;
 
 namespace {
@@ -139,3 +141,5 @@ TEST_CASE("ResidualBlocks chain in a Sequential") {
       model.backward(model.all(), params, saved, testing::random_tensor(y.shape(), 3), grads);
   CHECK(dx.shape() == x.shape());
 }
+
+}  // namespace test_residual_block

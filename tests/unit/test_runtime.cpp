@@ -31,6 +31,8 @@
 #include <mutex>
 #include <numeric>
 
+namespace test_runtime {
+
 using namespace pipeline;
 using pipeline::testing::max_rel_diff;
 using pipeline::testing::StashReference;
@@ -643,3 +645,5 @@ TEST_CASE("bf16 transfers: the pipeline equals one process that rounds at the st
                                  }),
                        doctest::Contains("as float32 or bfloat16, not int32"), ConfigError);
 }
+
+}  // namespace test_runtime

@@ -11,6 +11,8 @@
 
 #include "support/temp_dir.hpp"
 
+namespace test_safetensors {
+
 using namespace pipeline;
 namespace fs = std::filesystem;
 
@@ -284,3 +286,5 @@ TEST_CASE("Loading into a model of another shape names every mis-shaped tensor")
   }
   CHECK(target[0].params[0].to_vector() == before);  // nothing was written
 }
+
+}  // namespace test_safetensors

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 
+namespace test_schedule {
+
 using namespace pipeline;
 
 namespace {
@@ -304,3 +306,5 @@ TEST_CASE("interleaved 1F1B: every rank's stages in groups of p microbatches, va
   CHECK_THROWS_WITH_AS(generate_schedule("interleaved-1f1b", uneven),
                        doctest::Contains("5 stages on 2 ranks"), ConfigError);
 }
+
+}  // namespace test_schedule

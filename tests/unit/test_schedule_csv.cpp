@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <filesystem>
 
+namespace test_schedule_csv {
+
 using namespace pipeline;
 
 TEST_CASE("generated schedules survive a CSV round trip") {
@@ -136,3 +138,5 @@ TEST_CASE("schedule CSV files") {
   CHECK_THROWS_AS(read_schedule_csv(path), IoError);
   CHECK_THROWS_AS(write_schedule_csv("/nonexistent-dir/x.csv", s), IoError);
 }
+
+}  // namespace test_schedule_csv

@@ -7,6 +7,8 @@
 
 #include <numeric>
 
+namespace test_sequential_trainer {
+
 using namespace pipeline;
 
 namespace {
@@ -96,3 +98,5 @@ TEST_CASE("CUDA graphs: refused on the CPU and for a model that draws random num
   lm.dropout = 0.f;
   CHECK_FALSE(make_model("transformer-lm", lm).model.layer(1).draws_random_numbers());
 }
+
+}  // namespace test_sequential_trainer

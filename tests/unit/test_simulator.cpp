@@ -11,6 +11,8 @@
 
 #include "support/uniform_profile.hpp"
 
+namespace test_simulator {
+
 using namespace pipeline;
 using pipeline::testing::uniform_profile;
 using pipeline::testing::make_plan;
@@ -597,3 +599,5 @@ TEST_CASE(
   CHECK(blocking == doctest::Approx(10e-3).epsilon(1e-6));
   CHECK(overlapped == doctest::Approx(7e-3).epsilon(1e-3));
 }
+
+}  // namespace test_simulator

@@ -18,6 +18,8 @@
 #include <algorithm>
 #include <numeric>
 
+namespace test_simulator_partition {
+
 using namespace pipeline;
 
 namespace {
@@ -227,3 +229,5 @@ TEST_CASE("simulated steady state of partitioned PipeDream profiles agrees with 
   MESSAGE(fmt::format("{} equal, {} round-trip bound, {} replicated; {} stages not one layer range",
                       out.equal, out.round_trip, out.replicated, dag_stages));
 }
+
+}  // namespace test_simulator_partition

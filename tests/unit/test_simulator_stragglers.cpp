@@ -8,6 +8,8 @@
 
 #include "support/uniform_profile.hpp"
 
+namespace test_simulator_stragglers {
+
 using namespace pipeline;
 using pipeline::testing::uniform_profile;
 using pipeline::testing::make_plan;
@@ -114,3 +116,5 @@ TEST_CASE("slowdown and jitter are checked") {
   o.jitter_cv = -0.1;
   CHECK_THROWS_WITH_AS(run(plan, prof, o), doctest::Contains("jitter"), ConfigError);
 }
+
+}  // namespace test_simulator_stragglers

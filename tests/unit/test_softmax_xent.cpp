@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+namespace test_softmax_xent {
+
 using namespace pipeline;
 
 namespace {
@@ -133,3 +135,5 @@ TEST_CASE("loss: k accumulated microbatches equal one batch of k times the size"
     for (std::int64_t e = 0; e < whole[j].numel(); ++e)
       CHECK(acc[j].values()[e] == doctest::Approx(whole[j].values()[e]).epsilon(1e-5).scale(1e-4));
 }
+
+}  // namespace test_softmax_xent

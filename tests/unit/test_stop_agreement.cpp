@@ -16,6 +16,8 @@
 #include <mutex>
 #include <numeric>
 
+namespace test_stop_agreement {
+
 using namespace pipeline;
 
 namespace {
@@ -159,3 +161,5 @@ TEST_CASE("stop_before a minibatch this rank has already started is an error") {
     CHECK(error.find("decided too late") != std::string::npos);
   });
 }
+
+}  // namespace test_stop_agreement

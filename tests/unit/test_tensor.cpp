@@ -9,6 +9,8 @@
 #include <cstring>
 #include <vector>
 
+namespace test_tensor {
+
 using namespace pipeline;
 
 TEST_CASE("tensor views share storage without copying") {
@@ -112,3 +114,5 @@ TEST_CASE("Tensor zero and copy of large buffers on several threads") {
   }
   set_num_threads(before);
 }
+
+}  // namespace test_tensor

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
+namespace test_text_dataset {
+
 using namespace pipeline;
 namespace fs = std::filesystem;
 
@@ -70,3 +72,5 @@ TEST_CASE("Missing or too short files give clear errors") {
   CHECK_THROWS_AS(TextDataset(path, {.seq_len = 2, .begin = 0.5, .end = 0.5}), ConfigError);
   fs::remove(path);
 }
+
+}  // namespace test_text_dataset

@@ -5,6 +5,8 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+namespace test_topology {
+
 using namespace pipeline;
 
 TEST_CASE("bandwidths and sizes with units") {
@@ -44,3 +46,5 @@ TEST_CASE("levels and topologies") {
   Topology zero{{{0, 1e10}}, {}};
   CHECK_THROWS_AS(validate_topology(zero), ConfigError);
 }
+
+}  // namespace test_topology

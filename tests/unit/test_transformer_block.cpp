@@ -3,6 +3,8 @@
 
 #include "support/gradcheck.hpp"
 
+namespace test_transformer_block {
+
 using namespace pipeline;
 
 namespace {
@@ -160,3 +162,5 @@ TEST_CASE("a stack of TransformerBlocks trains through Sequential") {
   CHECK(dx.shape() == x.shape());
   CHECK(grads[0].size() == 12);
 }
+
+}  // namespace test_transformer_block

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <string>
 
+namespace test_transport {
+
 using namespace pipeline;
 
 namespace {
@@ -165,3 +167,5 @@ TEST_CASE("a CPU run: MPI whatever the GPUs, NCCL refused naming --device cuda")
   CHECK(err.find("--comm nccl moves tensors between GPUs") != std::string::npos);
   CHECK(err.find("add --device cuda") != std::string::npos);
 }
+
+}  // namespace test_transport

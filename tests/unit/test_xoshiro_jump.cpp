@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <vector>
 
+namespace test_xoshiro_jump {
+
 using namespace pipeline;
 namespace xo = pipeline::kernels::xoshiro;
 
@@ -64,3 +66,5 @@ TEST_CASE("a mask drawn per 1024-draw block from jumped states is ops::dropout_m
     CHECK(mask == ref.to_vector());
   }
 }
+
+}  // namespace test_xoshiro_jump

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+namespace test_zoo {
+
 using namespace pipeline;
 
 TEST_CASE("fashion-cnn is exactly the published 2-conv network") {
@@ -67,3 +69,5 @@ TEST_CASE("zoo rejects unknown names and impossible options") {
   tiny.image_size = 8;
   CHECK_THROWS_AS(make_model("vgg16", tiny), ConfigError);
 }
+
+}  // namespace test_zoo
