@@ -18,7 +18,7 @@ namespace pipeline::kernels {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kActivationThreads = 256;
 constexpr float kInvSqrt2 = static_cast<float>(std::numbers::sqrt2 / 2);
 constexpr float kInvSqrt2Pi =
     static_cast<float>(std::numbers::inv_sqrtpi * std::numbers::sqrt2 / 2);
@@ -50,10 +50,6 @@ __device__ __forceinline__ float backward_one(float s, float g) {
   } else {
     return g * s * (1.f - s);
   }
-}
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
 }  // namespace
@@ -93,18 +89,18 @@ namespace {
 
 template <ActivationKind K>
 void launch_forward(cudaStream_t stream, const float* x, float* y, std::int64_t n) {
-  const bool vec = aligned16(x) && aligned16(y);
-  const unsigned blocks = detail::grid_for(vec ? (n + 3) / 4 : n, kThreads);
-  activation_forward_kernel<K><<<blocks, kThreads, 0, stream>>>(x, y, n, vec);
+  const bool vec = detail::aligned16(x) && detail::aligned16(y);
+  const unsigned blocks = detail::grid_for(vec ? (n + 3) / 4 : n, kActivationThreads);
+  activation_forward_kernel<K><<<blocks, kActivationThreads, 0, stream>>>(x, y, n, vec);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 
 template <ActivationKind K>
 void launch_backward(cudaStream_t stream, const float* s, const float* g, float* d,
                      std::int64_t n) {
-  const bool vec = aligned16(s) && aligned16(g) && aligned16(d);
-  const unsigned blocks = detail::grid_for(vec ? (n + 3) / 4 : n, kThreads);
-  activation_backward_kernel<K><<<blocks, kThreads, 0, stream>>>(s, g, d, n, vec);
+  const bool vec = detail::aligned16(s) && detail::aligned16(g) && detail::aligned16(d);
+  const unsigned blocks = detail::grid_for(vec ? (n + 3) / 4 : n, kActivationThreads);
+  activation_backward_kernel<K><<<blocks, kActivationThreads, 0, stream>>>(s, g, d, n, vec);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 

@@ -20,7 +20,7 @@
 namespace pipeline::kernels {
 
 namespace {
-constexpr int kThreads = 512;
+constexpr int kBatchNormThreads = 512;
 constexpr int kElementThreads = 256;
 
 // Offset of the j-th value (j < n·plane) of channel c.
@@ -31,7 +31,7 @@ __device__ __forceinline__ std::int64_t at(std::int64_t j, std::int64_t c, std::
 }
 }  // namespace
 
-static __global__ __launch_bounds__(kThreads) void batch_norm_forward_train_kernel(
+static __global__ __launch_bounds__(kBatchNormThreads) void batch_norm_forward_train_kernel(
     const float* x, const float* weight, const float* bias, std::int64_t n, std::int64_t channels,
     std::int64_t plane, float eps, float momentum, float* running_mean, float* running_var,
     float* y, float* mean, float* rstd) {
@@ -88,7 +88,7 @@ static __global__ void batch_norm_eval_apply_kernel(const float* x, const float*
   }
 }
 
-static __global__ __launch_bounds__(kThreads) void batch_norm_backward_kernel(
+static __global__ __launch_bounds__(kBatchNormThreads) void batch_norm_backward_kernel(
     const float* x, const float* weight, const float* mean, const float* rstd, const float* dy,
     std::int64_t n, std::int64_t channels, std::int64_t plane, bool training, float* dx,
     float* dweight, float* dbias) {
@@ -124,8 +124,9 @@ void batch_norm_forward_train(cudaStream_t stream, const float* x, const float* 
                               std::int64_t plane, float eps, float momentum, float* running_mean,
                               float* running_var, float* y, float* mean, float* rstd) {
   if (channels <= 0 || n * plane <= 0) return;
-  batch_norm_forward_train_kernel<<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
-      x, weight, bias, n, channels, plane, eps, momentum, running_mean, running_var, y, mean, rstd);
+  batch_norm_forward_train_kernel<<<static_cast<unsigned>(channels), kBatchNormThreads, 0,
+                                    stream>>>(x, weight, bias, n, channels, plane, eps, momentum,
+                                              running_mean, running_var, y, mean, rstd);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 
@@ -150,7 +151,7 @@ void batch_norm_backward(cudaStream_t stream, const float* x, const float* weigh
                          float* dweight, float* dbias) {
   if (channels <= 0 || n * plane <= 0) return;
   if (dx == nullptr && dweight == nullptr && dbias == nullptr) return;
-  batch_norm_backward_kernel<<<static_cast<unsigned>(channels), kThreads, 0, stream>>>(
+  batch_norm_backward_kernel<<<static_cast<unsigned>(channels), kBatchNormThreads, 0, stream>>>(
       x, weight, mean, rstd, dy, n, channels, plane, training, dx, dweight, dbias);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }

@@ -10,8 +10,8 @@
 namespace pipeline::kernels {
 
 namespace {
-constexpr int kThreads = 256;
-constexpr int kReduceThreads = 512;
+constexpr int kChannelBiasThreads = 256;
+constexpr int kChannelReduceThreads = 512;
 }  // namespace
 
 static __global__ void channel_bias_add_kernel(float* y, const float* bias, std::int64_t total,
@@ -22,7 +22,7 @@ static __global__ void channel_bias_add_kernel(float* y, const float* bias, std:
     y[i] += bias[(i / plane) % channels];
 }
 
-static __global__ __launch_bounds__(kReduceThreads) void channel_bias_grad_kernel(
+static __global__ __launch_bounds__(kChannelReduceThreads) void channel_bias_grad_kernel(
     const float* dy, std::int64_t n, std::int64_t channels, std::int64_t plane, float* dbias) {
   __shared__ double scratch[detail::kWarp];
   const std::int64_t c = blockIdx.x;
@@ -40,15 +40,15 @@ void channel_bias_add(cudaStream_t stream, float* y, const float* bias, std::int
                       std::int64_t channels, std::int64_t plane) {
   const std::int64_t total = n * channels * plane;
   if (total <= 0) return;
-  channel_bias_add_kernel<<<detail::grid_for(total, kThreads), kThreads, 0, stream>>>(
-      y, bias, total, channels, plane);
+  channel_bias_add_kernel<<<detail::grid_for(total, kChannelBiasThreads), kChannelBiasThreads, 0,
+                            stream>>>(y, bias, total, channels, plane);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 
 void channel_bias_grad(cudaStream_t stream, const float* dy, std::int64_t n, std::int64_t channels,
                        std::int64_t plane, float* dbias) {
   if (channels <= 0 || n * plane <= 0) return;
-  channel_bias_grad_kernel<<<static_cast<unsigned>(channels), kReduceThreads, 0, stream>>>(
+  channel_bias_grad_kernel<<<static_cast<unsigned>(channels), kChannelReduceThreads, 0, stream>>>(
       dy, n, channels, plane, dbias);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }

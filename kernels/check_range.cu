@@ -14,10 +14,10 @@
 namespace pipeline::kernels {
 
 namespace {
-constexpr int kThreads = 1024;
+constexpr int kCheckRangeThreads = 1024;
 }
 
-static __global__ __launch_bounds__(kThreads) void find_out_of_range_kernel(
+static __global__ __launch_bounds__(kCheckRangeThreads) void find_out_of_range_kernel(
     const std::int32_t* v, std::int64_t n, bool vec4, std::int32_t lo, std::int32_t hi,
     RangeViolation* out) {
   __shared__ long long scratch[detail::kWarp];
@@ -70,7 +70,8 @@ void find_out_of_range(cudaStream_t stream, const std::int32_t* v, std::int64_t 
                        std::int32_t hi, RangeViolation* out) {
   // Launched even for n == 0, so that *out always says "none" afterwards.
   const bool vec4 = reinterpret_cast<std::uintptr_t>(v) % 16 == 0;
-  find_out_of_range_kernel<<<1, kThreads, 0, stream>>>(v, n < 0 ? 0 : n, vec4, lo, hi, out);
+  find_out_of_range_kernel<<<1, kCheckRangeThreads, 0, stream>>>(v, n < 0 ? 0 : n, vec4, lo, hi,
+                                                                 out);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,6 +1,6 @@
 // Device-side building blocks shared by the kernels in this folder: warp and block reductions,
-// grid sizing. Included only by .cu files (it holds __device__ code); launchers are declared in
-// each kernel's own .cuh.
+// grid sizing, alignment. Included only by .cu files (it holds __device__ code); launchers are
+// declared in each kernel's own .cuh.
 //
 // Reductions here are deterministic: the order in which values are combined depends only on the
 // block size and the thread that holds each value, never on timing, so the same input on the
@@ -25,6 +25,11 @@ constexpr std::int64_t kMaxGridBlocks = 1 << 16;
 inline unsigned grid_for(std::int64_t work, int threads) {
   const std::int64_t blocks = (work + threads - 1) / threads;
   return static_cast<unsigned>(std::clamp<std::int64_t>(blocks, 1, kMaxGridBlocks));
+}
+
+// Whether float4 loads and stores may be used at p.
+inline bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
 template <typename T>

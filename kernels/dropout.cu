@@ -22,7 +22,7 @@ namespace pipeline::kernels {
 
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kDropoutThreads = 128;
 constexpr std::size_t kTableWords =
     static_cast<std::size_t>(xoshiro::kLevels) * xoshiro::kWordsPerMatrix;
 
@@ -51,10 +51,8 @@ void ensure_jump_table() {
 
 // `vec`: mask is 16-byte aligned, so groups of four (which start at multiples of 4 from the
 // start, kJump being a multiple of 4) are stored as float4.
-static __global__ __launch_bounds__(kThreads) void dropout_mask_kernel(float* mask, std::int64_t n,
-                                                                       float p, float keep,
-                                                                       std::uint64_t mixed_seed,
-                                                                       bool vec) {
+static __global__ __launch_bounds__(kDropoutThreads) void dropout_mask_kernel(
+    float* mask, std::int64_t n, float p, float keep, std::uint64_t mixed_seed, bool vec) {
   const std::int64_t starts = (n + xoshiro::kJump - 1) / xoshiro::kJump;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const xoshiro::State seeded = xoshiro::seeded(mixed_seed);
@@ -90,8 +88,8 @@ void dropout_mask(cudaStream_t stream, float* mask, std::int64_t n, float p, flo
   ensure_jump_table();
   const std::int64_t starts = (n + xoshiro::kJump - 1) / xoshiro::kJump;
   const bool vec = reinterpret_cast<std::uintptr_t>(mask) % 16 == 0;
-  dropout_mask_kernel<<<detail::grid_for(starts, kThreads), kThreads, 0, stream>>>(mask, n, p, keep,
-                                                                                   mixed_seed, vec);
+  dropout_mask_kernel<<<detail::grid_for(starts, kDropoutThreads), kDropoutThreads, 0, stream>>>(
+      mask, n, p, keep, mixed_seed, vec);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 

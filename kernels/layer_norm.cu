@@ -28,8 +28,6 @@ namespace pipeline::kernels {
 namespace {
 constexpr int kItems = 8;          // values a thread keeps in registers on the cached path
 constexpr int kMaxThreads = 1024;  // threads of a row block
-constexpr int kColumns = 32;       // parameter-gradient block: columns
-constexpr int kLanes = 8;          // parameter-gradient block: row lanes
 
 // About 4 values per thread, a whole number of warps, at most kMaxThreads.
 int row_threads(std::int64_t features) {
@@ -155,14 +153,14 @@ static __global__ void layer_norm_param_grad_kernel(const float* x, const float*
                                                     std::int64_t rows_per_chunk, float* partials_w,
                                                     float* partials_b, float* dweight,
                                                     float* dbias) {
-  __shared__ float lanes_w[kLanes][kColumns + 1];
-  __shared__ float lanes_b[kLanes][kColumns + 1];
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kColumns + threadIdx.x;
+  __shared__ float lanes_w[kColumnBlockLanes][kColumnBlockColumns + 1];
+  __shared__ float lanes_b[kColumnBlockLanes][kColumnBlockColumns + 1];
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kColumnBlockColumns + threadIdx.x;
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * rows_per_chunk;
   const std::int64_t r1 = min(rows, r0 + rows_per_chunk);
   float acc_w = 0.f, acc_b = 0.f;
   if (c < cols) {
-    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kLanes) {
+    for (std::int64_t r = r0 + threadIdx.y; r < r1; r += kColumnBlockLanes) {
       const float g = dy[r * cols + c];
       acc_w += g * (x[r * cols + c] - mean[r]) * rstd[r];
       acc_b += g;
@@ -174,7 +172,7 @@ static __global__ void layer_norm_param_grad_kernel(const float* x, const float*
   if (threadIdx.y == 0 && c < cols) {
     float sw = lanes_w[0][threadIdx.x], sb = lanes_b[0][threadIdx.x];
 #pragma unroll
-    for (int k = 1; k < kLanes; ++k) {
+    for (int k = 1; k < kColumnBlockLanes; ++k) {
       sw += lanes_w[k][threadIdx.x];
       sb += lanes_b[k][threadIdx.x];
     }
@@ -427,9 +425,9 @@ void layer_norm_backward(cudaStream_t stream, const float* x, const float* weigh
   }
   if (!dweight && !dbias) return;
   const ColumnSplit split = column_split(rows, features);
-  const dim3 grid(static_cast<unsigned>((features + kColumns - 1) / kColumns),
+  const dim3 grid(static_cast<unsigned>((features + kColumnBlockColumns - 1) / kColumnBlockColumns),
                   static_cast<unsigned>(split.chunks));
-  const dim3 block(kColumns, kLanes);
+  const dim3 block(kColumnBlockColumns, kColumnBlockLanes);
   const bool two_pass = split.chunks > 1;
   float* partials_w = two_pass ? workspace : nullptr;
   float* partials_b = two_pass ? workspace + split.chunks * features : nullptr;

@@ -24,7 +24,7 @@ constexpr std::int64_t kChunk = 65536;  // elements per block of a multi-tensor 
 constexpr int kChunkThreads = 512;
 constexpr int kMaxTensors = 48;
 constexpr int kMaxBlocks = 320;
-constexpr int kReduceThreads = 256;
+constexpr int kSumOfSquaresThreads = 256;
 constexpr int kMaxReduceBlocks = static_cast<int>(kSumOfSquaresWorkspace) - 1;
 
 template <typename T>
@@ -101,7 +101,7 @@ static __global__ __launch_bounds__(kChunkThreads) void multi_tensor_kernel(Tens
   for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) op(t, i);
 }
 
-static __global__ __launch_bounds__(kReduceThreads) void sum_of_squares_partial_kernel(
+static __global__ __launch_bounds__(kSumOfSquaresThreads) void sum_of_squares_partial_kernel(
     const float* x, std::int64_t n, double* partials) {
   __shared__ double scratch[detail::kWarp];
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
@@ -115,7 +115,7 @@ static __global__ __launch_bounds__(kReduceThreads) void sum_of_squares_partial_
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
-static __global__ __launch_bounds__(kReduceThreads) void sum_of_squares_final_kernel(
+static __global__ __launch_bounds__(kSumOfSquaresThreads) void sum_of_squares_final_kernel(
     const double* partials, int count, double* out) {
   __shared__ double scratch[detail::kWarp];
   double acc = 0.0;
@@ -213,12 +213,12 @@ void sum_of_squares_async(cudaStream_t stream, const float* x, std::int64_t n, d
     return;
   }
   // At least 16 elements per thread before another block is worth its partial sum.
-  const std::int64_t per_block = std::int64_t{kReduceThreads} * 16;
+  const std::int64_t per_block = std::int64_t{kSumOfSquaresThreads} * 16;
   const int blocks = static_cast<int>(
       std::clamp<std::int64_t>((n + per_block - 1) / per_block, 1, kMaxReduceBlocks));
-  sum_of_squares_partial_kernel<<<blocks, kReduceThreads, 0, stream>>>(x, n, workspace);
+  sum_of_squares_partial_kernel<<<blocks, kSumOfSquaresThreads, 0, stream>>>(x, n, workspace);
   PIPELINE_CUDA_LAUNCH_CHECK();
-  sum_of_squares_final_kernel<<<1, kReduceThreads, 0, stream>>>(workspace, blocks, out);
+  sum_of_squares_final_kernel<<<1, kSumOfSquaresThreads, 0, stream>>>(workspace, blocks, out);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 

@@ -18,8 +18,8 @@
 namespace pipeline::kernels {
 
 namespace {
-constexpr int kThreads = 256;
-constexpr int kWarpsPerBlock = kThreads / detail::kWarp;
+constexpr int kPoolThreads = 256;
+constexpr int kWarpsPerBlock = kPoolThreads / detail::kWarp;
 
 // First and last output (row or column) whose window covers input position i; last < first when
 // none does.
@@ -167,8 +167,8 @@ void max_pool2d_forward(cudaStream_t stream, const PoolShape& s, const float* x,
                         std::int32_t* indices) {
   const std::int64_t total = s.planes * s.out_h * s.out_w;
   if (total <= 0) return;
-  max_pool2d_forward_kernel<<<detail::grid_for(total, kThreads), kThreads, 0, stream>>>(s, x, y,
-                                                                                        indices);
+  max_pool2d_forward_kernel<<<detail::grid_for(total, kPoolThreads), kPoolThreads, 0, stream>>>(
+      s, x, y, indices);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 
@@ -176,7 +176,7 @@ void max_pool2d_backward(cudaStream_t stream, const PoolShape& s, const float* d
                          const std::int32_t* indices, float* dx) {
   const std::int64_t total = s.planes * s.h * s.w;
   if (total <= 0) return;
-  max_pool2d_backward_kernel<<<detail::grid_for(total, kThreads), kThreads, 0, stream>>>(
+  max_pool2d_backward_kernel<<<detail::grid_for(total, kPoolThreads), kPoolThreads, 0, stream>>>(
       s, dy, indices, dx);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
@@ -185,8 +185,8 @@ void max_pool2d_backward_scatter(cudaStream_t stream, std::int64_t planes, std::
                                  std::int64_t out_plane, const float* dy,
                                  const std::int32_t* indices, float* dx) {
   if (planes <= 0 || in_plane <= 0) return;
-  max_pool2d_backward_scatter_kernel<<<detail::grid_for(planes, kThreads), kThreads, 0, stream>>>(
-      planes, in_plane, out_plane, dy, indices, dx);
+  max_pool2d_backward_scatter_kernel<<<detail::grid_for(planes, kPoolThreads), kPoolThreads, 0,
+                                       stream>>>(planes, in_plane, out_plane, dy, indices, dx);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 
@@ -194,8 +194,8 @@ void avg_pool2d_forward(cudaStream_t stream, const PoolShape& s, const float* x,
   const std::int64_t total = s.planes * s.out_h * s.out_w;
   if (total <= 0) return;
   const float scale = 1.f / static_cast<float>(s.kernel_h * s.kernel_w);
-  avg_pool2d_forward_kernel<<<detail::grid_for(total, kThreads), kThreads, 0, stream>>>(s, scale, x,
-                                                                                        y);
+  avg_pool2d_forward_kernel<<<detail::grid_for(total, kPoolThreads), kPoolThreads, 0, stream>>>(
+      s, scale, x, y);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 
@@ -203,8 +203,8 @@ void avg_pool2d_backward(cudaStream_t stream, const PoolShape& s, const float* d
   const std::int64_t total = s.planes * s.h * s.w;
   if (total <= 0) return;
   const float scale = 1.f / static_cast<float>(s.kernel_h * s.kernel_w);
-  avg_pool2d_backward_kernel<<<detail::grid_for(total, kThreads), kThreads, 0, stream>>>(s, scale,
-                                                                                         dy, dx);
+  avg_pool2d_backward_kernel<<<detail::grid_for(total, kPoolThreads), kPoolThreads, 0, stream>>>(
+      s, scale, dy, dx);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 
@@ -213,7 +213,7 @@ void global_avg_pool_forward(cudaStream_t stream, std::int64_t planes, std::int6
   if (planes <= 0 || plane <= 0) return;
   const unsigned blocks = static_cast<unsigned>(std::clamp<std::int64_t>(
       (planes + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, detail::kMaxGridBlocks));
-  global_avg_pool_forward_kernel<<<blocks, kThreads, 0, stream>>>(planes, plane, x, y);
+  global_avg_pool_forward_kernel<<<blocks, kPoolThreads, 0, stream>>>(planes, plane, x, y);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 
@@ -222,8 +222,8 @@ void global_avg_pool_backward(cudaStream_t stream, std::int64_t planes, std::int
   const std::int64_t total = planes * plane;
   if (total <= 0) return;
   const float scale = 1.f / static_cast<float>(plane);
-  global_avg_pool_backward_kernel<<<detail::grid_for(total, kThreads), kThreads, 0, stream>>>(
-      total, plane, scale, dy, dx);
+  global_avg_pool_backward_kernel<<<detail::grid_for(total, kPoolThreads), kPoolThreads, 0,
+                                    stream>>>(total, plane, scale, dy, dx);
   PIPELINE_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,9 +1,10 @@
-// Second pass of the deterministic column reductions (reduce.cuh): adds the per-chunk column sums
-// of the first pass into the output in an order fixed by (chunks, cols) alone, so the result does
-// not depend on scheduling. A block takes 32 columns; its 8 row lanes each sum every 8th chunk
-// (four independent sums, so four loads are in flight per thread: a fused layer norm backward
-// leaves 1536 chunks), and lane 0 adds the 8 lane sums in order. Reads chunks × cols floats
-// once, coalesced across the 32 columns of a warp.
+// The deterministic column reductions (reduce.cuh). One kernel does both passes: a block takes 32
+// columns of one chunk of rows; its 8 row lanes each sum every 8th row of the chunk (four
+// independent sums, so four loads are in flight per thread: a fused layer norm backward leaves
+// 1536 chunks to finish), and lane 0 adds the 8 lane sums in order, so the result depends only
+// on (rows, cols, split), never on scheduling. Reads the matrix once, coalesced across the 32
+// columns of a warp. The first pass runs it over the rows in chunks; the second over the
+// [chunks, cols] partials as one chunk, adding into the output.
 #include "common.cuh"
 #include "reduce.cuh"
 
@@ -11,43 +12,55 @@
 
 namespace pipeline::kernels {
 
-namespace {
-constexpr int kColumns = 32;  // threadIdx.x
-constexpr int kLanes = 8;     // threadIdx.y
-}  // namespace
-
-static __global__ void column_partials_finish_kernel(const float* partials, std::int64_t chunks,
-                                                     std::int64_t cols, float* out) {
-  __shared__ float lanes[kLanes][kColumns + 1];
-  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kColumns + threadIdx.x;
+// Column sums of rows [blockIdx.y · rows_per_chunk, +rows_per_chunk) for the 32 columns of
+// blockIdx.x: into partials[blockIdx.y, c] when partials is set, else added to out[c].
+static __global__ void column_sums_kernel(const float* x, std::int64_t rows, std::int64_t cols,
+                                          std::int64_t rows_per_chunk, float* partials,
+                                          float* out) {
+  constexpr int kLanes = kColumnBlockLanes;
+  __shared__ float lanes[kLanes][kColumnBlockColumns + 1];
+  const std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * kColumnBlockColumns + threadIdx.x;
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * rows_per_chunk;
+  const std::int64_t r1 = min(rows, r0 + rows_per_chunk);
   float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
   if (c < cols) {
-    std::int64_t k = threadIdx.y;
-    for (; k + 3 * kLanes < chunks; k += 4 * kLanes) {
-      a0 += partials[k * cols + c];
-      a1 += partials[(k + kLanes) * cols + c];
-      a2 += partials[(k + 2 * kLanes) * cols + c];
-      a3 += partials[(k + 3 * kLanes) * cols + c];
+    std::int64_t r = r0 + threadIdx.y;
+    for (; r + 3 * kLanes < r1; r += 4 * kLanes) {
+      a0 += x[r * cols + c];
+      a1 += x[(r + kLanes) * cols + c];
+      a2 += x[(r + 2 * kLanes) * cols + c];
+      a3 += x[(r + 3 * kLanes) * cols + c];
     }
-    for (; k < chunks; k += kLanes) a0 += partials[k * cols + c];
+    for (; r < r1; r += kLanes) a0 += x[r * cols + c];
   }
   lanes[threadIdx.y][threadIdx.x] = (a0 + a1) + (a2 + a3);
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
     float s = lanes[0][threadIdx.x];
 #pragma unroll
-    for (int y = 1; y < kLanes; ++y) s += lanes[y][threadIdx.x];
-    out[c] += s;
+    for (int k = 1; k < kLanes; ++k) s += lanes[k][threadIdx.x];
+    if (partials)
+      partials[static_cast<std::int64_t>(blockIdx.y) * cols + c] = s;
+    else
+      out[c] += s;
   }
+}
+
+void column_sums(cudaStream_t stream, const float* x, std::int64_t rows, std::int64_t cols,
+                 ColumnSplit split, float* partials, float* out) {
+  if (split.chunks <= 0 || cols <= 0) return;
+  const dim3 grid(static_cast<unsigned>((cols + kColumnBlockColumns - 1) / kColumnBlockColumns),
+                  static_cast<unsigned>(split.chunks));
+  column_sums_kernel<<<grid, dim3(kColumnBlockColumns, kColumnBlockLanes), 0, stream>>>(
+      x, rows, cols, split.rows_per_chunk, split.chunks > 1 ? partials : nullptr, out);
+  PIPELINE_CUDA_LAUNCH_CHECK();
 }
 
 void column_partials_finish(cudaStream_t stream, const float* partials, std::int64_t chunks,
                             std::int64_t cols, float* out) {
-  if (chunks <= 0 || cols <= 0) return;
-  const auto blocks = static_cast<unsigned>((cols + kColumns - 1) / kColumns);
-  column_partials_finish_kernel<<<blocks, dim3(kColumns, kLanes), 0, stream>>>(partials, chunks,
-                                                                               cols, out);
-  PIPELINE_CUDA_LAUNCH_CHECK();
+  if (chunks <= 0) return;
+  // The partials as one chunk of `chunks` rows.
+  column_sums(stream, partials, chunks, cols, ColumnSplit{1, chunks}, nullptr, out);
 }
 
 }  // namespace pipeline::kernels

@@ -15,6 +15,11 @@
 
 namespace pipeline::kernels {
 
+// A column-sum block: 32 columns (threadIdx.x: a warp reads a coalesced 128-byte row segment) by
+// 8 row lanes (threadIdx.y).
+constexpr int kColumnBlockColumns = 32;
+constexpr int kColumnBlockLanes = 8;
+
 struct ColumnSplit {
   std::int64_t chunks = 0;          // row blocks (gridDim.y of the first pass; <= 65535)
   std::int64_t rows_per_chunk = 0;  // rows of every chunk but the last
@@ -27,7 +32,7 @@ struct ColumnSplit {
 inline ColumnSplit column_split(std::int64_t rows, std::int64_t cols) {
   if (rows <= 0 || cols <= 0) return {};
   constexpr std::int64_t kTargetBlocks = 1024, kMinRowsPerChunk = 64, kMaxChunks = 65535;
-  const std::int64_t column_blocks = (cols + 31) / 32;
+  const std::int64_t column_blocks = (cols + kColumnBlockColumns - 1) / kColumnBlockColumns;
   const std::int64_t wanted = std::max<std::int64_t>(1, kTargetBlocks / column_blocks);
   const std::int64_t by_rows = (rows + kMinRowsPerChunk - 1) / kMinRowsPerChunk;
   std::int64_t chunks = std::min({wanted, by_rows, kMaxChunks});
@@ -35,6 +40,12 @@ inline ColumnSplit column_split(std::int64_t rows, std::int64_t cols) {
   chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
   return {chunks, rows_per_chunk};
 }
+
+// The first pass over x [rows, cols] split as `split` says: each chunk's column sums into
+// partials[chunk, c] (split.workspace_floats(cols) floats), or, with one chunk, added to out[c]
+// (partials unused). Asynchronous on `stream`; column_partials_finish() completes several chunks.
+void column_sums(cudaStream_t stream, const float* x, std::int64_t rows, std::int64_t cols,
+                 ColumnSplit split, float* partials, float* out);
 
 // out[c] += Σ_{k < chunks} partials[k * cols + c], in order of k. Asynchronous on `stream`.
 void column_partials_finish(cudaStream_t stream, const float* partials, std::int64_t chunks,

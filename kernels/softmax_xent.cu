@@ -31,8 +31,8 @@ namespace pipeline::kernels {
 
 namespace {
 
-constexpr int kItems = 8;            // logits a thread keeps in registers on the cached path
-constexpr int kMaxThreads = 1024;    // threads of a row block
+constexpr int kCachedLogits = 8;      // logits a thread keeps in registers on the cached path
+constexpr int kMaxRowThreads = 1024;  // threads of a row block
 constexpr int kTotalThreads = 1024;  // threads of the totals block
 constexpr int kNoIndex = std::numeric_limits<int>::max();
 
@@ -47,9 +47,6 @@ constexpr std::size_t kStatusBytes = 64;
 static_assert(sizeof(Status) <= kStatusBytes);
 std::size_t align64(std::size_t b) {
   return (b + 63) / 64 * 64;
-}
-bool aligned16(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
 // (value, index) with the larger value winning and, among equal values, the smaller index: the
@@ -92,7 +89,7 @@ __device__ __forceinline__ void block_argmax(float& v, int& i, float* sv, int* s
 // Items > 0: each thread holds logits c = threadIdx.x + k·blockDim.x (k < Items) in registers,
 // which needs classes <= Items·blockDim.x. Items == 0: any length, two reads of the row.
 template <int Items>
-static __global__ __launch_bounds__(kMaxThreads) void softmax_xent_rows_kernel(
+static __global__ __launch_bounds__(kMaxRowThreads) void softmax_xent_rows_kernel(
     const float* logits, const std::int32_t* labels, std::int64_t rows, int classes, float scale,
     float* grad, double* part_loss, int* part_hit, const Status* status) {
   if (status->bad_label.index >= 0) return;  // nothing is written when a label is bad
@@ -312,7 +309,7 @@ static __global__ __launch_bounds__(kWarpRowThreads) void softmax_xent_warp_rows
 constexpr int kSmemUnroll = 8;
 
 template <int Vec>
-static __global__ __launch_bounds__(kMaxThreads) void softmax_xent_smem_rows_kernel(
+static __global__ __launch_bounds__(kMaxRowThreads) void softmax_xent_smem_rows_kernel(
     const float* logits, const std::int32_t* labels, std::int64_t rows, int classes, float scale,
     float* grad, double* part_loss, int* part_hit, const Status* status) {
   if (status->bad_label.index >= 0) return;
@@ -458,10 +455,10 @@ Status* launch_softmax_xent(cudaStream_t stream, const float* logits, const std:
     const std::int64_t resident = static_cast<std::int64_t>(std::max(per_sm, 1)) * sms;
     return static_cast<unsigned>(std::clamp<std::int64_t>(work_blocks, 1, resident));
   };
-  const bool vec4 = classes % 4 == 0 && aligned16(logits) && aligned16(grad);
-  // About 4 logits per thread, a whole number of warps, at most kMaxThreads.
+  const bool vec4 = classes % 4 == 0 && detail::aligned16(logits) && detail::aligned16(grad);
+  // About 4 logits per thread, a whole number of warps, at most kMaxRowThreads.
   const int threads = std::clamp((c / 4 + detail::kWarp - 1) / detail::kWarp * detail::kWarp,
-                                 detail::kWarp, kMaxThreads);
+                                 detail::kWarp, kMaxRowThreads);
   const std::size_t row_bytes = static_cast<std::size_t>(classes) * sizeof(float);
   // What the smem kernel's reductions take besides the row (3 arrays of 32).
   const bool row_fits =
@@ -498,8 +495,8 @@ Status* launch_softmax_xent(cudaStream_t stream, const float* logits, const std:
     warp_rows(softmax_xent_warp_rows_kernel<4, 1>);
   else if (classes <= 16 * detail::kWarp)
     warp_rows(softmax_xent_warp_rows_kernel<16, 1>);
-  else if (classes <= static_cast<std::int64_t>(threads) * kItems)
-    block_rows(softmax_xent_rows_kernel<kItems>);
+  else if (classes <= static_cast<std::int64_t>(threads) * kCachedLogits)
+    block_rows(softmax_xent_rows_kernel<kCachedLogits>);
   else if (row_fits && vec4)
     smem_rows(softmax_xent_smem_rows_kernel<4>);
   else if (row_fits)
