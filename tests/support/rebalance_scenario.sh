@@ -19,7 +19,7 @@ shift 5
 mpirun=("$@")
 tolerance=${TOLERANCE:-0.25}
 min_gain=${MIN_GAIN:-1.3}
-steps=${STEPS:-300}
+steps=${STEPS:-200}
 batch=${BATCH:-1024}
 micro=8
 work=$(mktemp -d "${TMPDIR:-/tmp}/rebalance.XXXXXX")

@@ -15,7 +15,7 @@ factor=$5
 shift 5
 mpirun=("$@")
 tolerance=${TOLERANCE:-0.25}
-steps=${STEPS:-300}
+steps=${STEPS:-200}
 work=$(mktemp -d "${TMPDIR:-/tmp}/slow_rank.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 batch=${BATCH:-1024}
