@@ -69,7 +69,7 @@ static __global__ __launch_bounds__(kCheckRangeThreads) void find_out_of_range_k
 void find_out_of_range(cudaStream_t stream, const std::int32_t* v, std::int64_t n, std::int32_t lo,
                        std::int32_t hi, RangeViolation* out) {
   // Launched even for n == 0, so that *out always says "none" afterwards.
-  const bool vec4 = reinterpret_cast<std::uintptr_t>(v) % 16 == 0;
+  const bool vec4 = detail::aligned16(v);
   find_out_of_range_kernel<<<1, kCheckRangeThreads, 0, stream>>>(v, n < 0 ? 0 : n, vec4, lo, hi,
                                                                  out);
   PIPELINE_CUDA_LAUNCH_CHECK();

@@ -87,7 +87,7 @@ void dropout_mask(cudaStream_t stream, float* mask, std::int64_t n, float p, flo
   if (n <= 0) return;
   ensure_jump_table();
   const std::int64_t starts = (n + xoshiro::kJump - 1) / xoshiro::kJump;
-  const bool vec = reinterpret_cast<std::uintptr_t>(mask) % 16 == 0;
+  const bool vec = detail::aligned16(mask);
   dropout_mask_kernel<<<detail::grid_for(starts, kDropoutThreads), kDropoutThreads, 0, stream>>>(
       mask, n, p, keep, mixed_seed, vec);
   PIPELINE_CUDA_LAUNCH_CHECK();

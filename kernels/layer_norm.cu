@@ -206,7 +206,7 @@ constexpr std::int64_t kBackwardWarps = 1536;
 bool warp_rows(std::int64_t features, std::initializer_list<const void*> pointers) {
   if (features % 4 != 0 || features > kMaxWarpFeatures) return false;
   for (const void* p : pointers)
-    if (p != nullptr && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+    if (p != nullptr && !detail::aligned16(p)) return false;
   return true;
 }
 
