@@ -40,9 +40,7 @@ void add_bias(cudaStream_t stream, float* y, const float* bias, std::int64_t row
 
 void bias_grad(cudaStream_t stream, const float* dy, std::int64_t rows, std::int64_t features,
                float* dbias, float* workspace) {
-  const ColumnSplit split = column_split(rows, features);
-  column_sums(stream, dy, rows, features, split, workspace, dbias);
-  if (split.chunks > 1) column_partials_finish(stream, workspace, split.chunks, features, dbias);
+  column_sums(stream, dy, rows, features, workspace, dbias);
 }
 
 }  // namespace pipeline::kernels

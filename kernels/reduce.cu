@@ -3,8 +3,8 @@
 // independent sums, so four loads are in flight per thread: a fused layer norm backward leaves
 // 1536 chunks to finish), and lane 0 adds the 8 lane sums in order, so the result depends only
 // on (rows, cols, split), never on scheduling. Reads the matrix once, coalesced across the 32
-// columns of a warp. The first pass runs it over the rows in chunks; the second over the
-// [chunks, cols] partials as one chunk, adding into the output.
+// columns of a warp. column_sums runs it over the rows in chunks, then over the [chunks, cols]
+// partials as one chunk, adding into the output.
 #include "common.cuh"
 #include "reduce.cuh"
 
@@ -46,21 +46,35 @@ static __global__ void column_sums_kernel(const float* x, std::int64_t rows, std
   }
 }
 
-void column_sums(cudaStream_t stream, const float* x, std::int64_t rows, std::int64_t cols,
-                 ColumnSplit split, float* partials, float* out) {
-  if (split.chunks <= 0 || cols <= 0) return;
+namespace {
+void launch_column_sums(cudaStream_t stream, const float* x, std::int64_t rows, std::int64_t cols,
+                        std::int64_t rows_per_chunk, std::int64_t chunks, float* partials,
+                        float* out) {
   const dim3 grid(static_cast<unsigned>((cols + kColumnBlockColumns - 1) / kColumnBlockColumns),
-                  static_cast<unsigned>(split.chunks));
+                  static_cast<unsigned>(chunks));
   column_sums_kernel<<<grid, dim3(kColumnBlockColumns, kColumnBlockLanes), 0, stream>>>(
-      x, rows, cols, split.rows_per_chunk, split.chunks > 1 ? partials : nullptr, out);
+      x, rows, cols, rows_per_chunk, partials, out);
   PIPELINE_CUDA_LAUNCH_CHECK();
+}
+}  // namespace
+
+void column_sums(cudaStream_t stream, const float* x, std::int64_t rows, std::int64_t cols,
+                 float* workspace, float* out) {
+  const ColumnSplit split = column_split(rows, cols);
+  if (split.chunks == 0) return;
+  if (split.chunks == 1) {
+    launch_column_sums(stream, x, rows, cols, rows, 1, nullptr, out);
+    return;
+  }
+  launch_column_sums(stream, x, rows, cols, split.rows_per_chunk, split.chunks, workspace, nullptr);
+  column_partials_finish(stream, workspace, split.chunks, cols, out);
 }
 
 void column_partials_finish(cudaStream_t stream, const float* partials, std::int64_t chunks,
                             std::int64_t cols, float* out) {
-  if (chunks <= 0) return;
+  if (chunks <= 0 || cols <= 0) return;
   // The partials as one chunk of `chunks` rows.
-  column_sums(stream, partials, chunks, cols, ColumnSplit{1, chunks}, nullptr, out);
+  launch_column_sums(stream, partials, chunks, cols, chunks, 1, nullptr, out);
 }
 
 }  // namespace pipeline::kernels

@@ -41,11 +41,11 @@ inline ColumnSplit column_split(std::int64_t rows, std::int64_t cols) {
   return {chunks, rows_per_chunk};
 }
 
-// The first pass over x [rows, cols] split as `split` says: each chunk's column sums into
-// partials[chunk, c] (split.workspace_floats(cols) floats), or, with one chunk, added to out[c]
-// (partials unused). Asynchronous on `stream`; column_partials_finish() completes several chunks.
+// out[c] += Σ_r x[r, c], deterministic: the rows split by column_split(rows, cols), each chunk's
+// column sums into `workspace` (column_split(rows, cols).workspace_floats(cols) floats; null when
+// that is 0), then column_partials_finish(). Asynchronous on `stream`.
 void column_sums(cudaStream_t stream, const float* x, std::int64_t rows, std::int64_t cols,
-                 ColumnSplit split, float* partials, float* out);
+                 float* workspace, float* out);
 
 // out[c] += Σ_{k < chunks} partials[k * cols + c], in order of k. Asynchronous on `stream`.
 void column_partials_finish(cudaStream_t stream, const float* partials, std::int64_t chunks,
