@@ -10,7 +10,7 @@
 #include <limits>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -73,8 +73,8 @@ void for_each_plane(std::int64_t planes, std::int64_t work_per_plane, F&& fn) {
 // One output row of 2x2, stride-2 max pooling (every CNN's pooling): reads input rows r0 and
 // r0 + w, writes `ow` maxima and their plane positions (base = position of r0[0]). Later elements
 // win only when strictly greater or NaN, so the first maximum is kept, as in PyTorch. With
-// AVX-512 sixteen outputs are computed at once with compares and blends: scalar code pays a
-// branch misprediction per output on real data.
+// AVX-512 sixteen outputs (AVX2: eight) are computed at once with compares and blends, the row's
+// tail under masks: scalar code pays a branch misprediction per output on real data.
 void max_pool_2x2_row(const float* r0, std::int64_t w, std::int32_t base, std::int64_t ow,
                       float* out, std::int32_t* idx) {
   const float* r1 = r0 + w;
@@ -111,6 +111,49 @@ void max_pool_2x2_row(const float* r0, std::int64_t w, std::int32_t base, std::i
     at = _mm512_mask_blend_epi32(t, at, _mm512_add_epi32(ic, one));
     _mm512_mask_storeu_ps(out + q, m_out, m);
     _mm512_mask_storeu_epi32(idx + q, m_out, at);
+  }
+#elif defined(__AVX2__)
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i even = _mm256_slli_epi32(lane, 1);
+  const __m256i one = _mm256_set1_epi32(1);
+  // The even (odd) elements of 16 floats: shuffle within 128-bit lanes, then order the halves.
+  const auto pick = [](__m256 lo, __m256 hi, auto odd) {
+    const __m256 s = odd ? _mm256_shuffle_ps(lo, hi, 0xDD) : _mm256_shuffle_ps(lo, hi, 0x88);
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), 0xD8));
+  };
+  // b wins over the current maximum m where it is greater or NaN.
+  const auto wins = [](__m256 b, __m256 m) {
+    return _mm256_or_ps(_mm256_cmp_ps(b, m, _CMP_GT_OQ), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+  };
+  const auto blend_index = [](__m256i at, __m256i candidate, __m256 t) {
+    return _mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(at), _mm256_castsi256_ps(candidate), t));
+  };
+  for (; q < ow; q += 8) {
+    const auto n = static_cast<int>(std::min<std::int64_t>(8, ow - q));
+    const __m256i m_out = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane);
+    const __m256i m_lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n), lane);
+    const __m256i m_hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n - 8), lane);
+    const float* p0 = r0 + 2 * q;
+    const float* p1 = r1 + 2 * q;
+    const __m256 lo0 = _mm256_maskload_ps(p0, m_lo), hi0 = _mm256_maskload_ps(p0 + 8, m_hi);
+    const __m256 lo1 = _mm256_maskload_ps(p1, m_lo), hi1 = _mm256_maskload_ps(p1 + 8, m_hi);
+    const __m256 a = pick(lo0, hi0, false), b = pick(lo0, hi0, true);
+    const __m256 c = pick(lo1, hi1, false), d = pick(lo1, hi1, true);
+    const __m256i ia =
+        _mm256_add_epi32(_mm256_set1_epi32(base + 2 * static_cast<std::int32_t>(q)), even);
+    const __m256i ic = _mm256_add_epi32(ia, _mm256_set1_epi32(wi));
+    __m256 t = wins(b, a);
+    __m256 m = _mm256_blendv_ps(a, b, t);
+    __m256i at = blend_index(ia, _mm256_add_epi32(ia, one), t);
+    t = wins(c, m);
+    m = _mm256_blendv_ps(m, c, t);
+    at = blend_index(at, ic, t);
+    t = wins(d, m);
+    m = _mm256_blendv_ps(m, d, t);
+    at = blend_index(at, _mm256_add_epi32(ic, one), t);
+    _mm256_maskstore_ps(out + q, m_out, m);
+    _mm256_maskstore_epi32(idx + q, m_out, at);
   }
 #endif
   for (; q < ow; ++q) {

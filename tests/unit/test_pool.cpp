@@ -135,6 +135,22 @@ TEST_CASE("max pooling: padding never wins, ties take the first, NaN propagates"
   Tensor yz = Tensor::empty({1, 1, 1, 1}), iz = Tensor::empty({1, 1, 1, 1}, DType::Int32);
   ops::max_pool2d_forward(z, yz, iz, ops::Window2d::square(2, 2));
   CHECK(std::isnan(yz.values()[0]));
+  // NaN inside full vectors of the 2x2/2 path: a NaN wins over any number and over an earlier
+  // NaN of its window (as the scalar loop and PyTorch's CPU kernel decide).
+  Tensor wide = testing::random_tensor({1, 1, 2, 40}, 7);
+  float* w = wide.data<float>();
+  w[5] = NAN;                // window 2, top row
+  w[40 + 17] = NAN;          // window 8, bottom row
+  w[30] = w[40 + 31] = NAN;  // window 15: top left and bottom right
+  Tensor yw = Tensor::empty({1, 1, 1, 20}), iw = Tensor::empty({1, 1, 1, 20}, DType::Int32);
+  ops::max_pool2d_forward(wide, yw, iw, ops::Window2d::square(2, 2));
+  for (std::int32_t q = 0; q < 20; ++q) {
+    CAPTURE(q);
+    CHECK(std::isnan(yw.values()[q]) == (q == 2 || q == 8 || q == 15));
+  }
+  CHECK(iw.data<std::int32_t>()[2] == 5);
+  CHECK(iw.data<std::int32_t>()[8] == 40 + 17);
+  CHECK(iw.data<std::int32_t>()[15] == 40 + 31);
 }
 
 TEST_CASE("global average pooling") {
