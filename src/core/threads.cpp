@@ -1,6 +1,6 @@
 #include <pipeline/core/threads.hpp>
 
-#include "parallel_pieces.hpp"
+#include "parallel.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,6 +1,6 @@
 #include <pipeline/ops/activation.hpp>
 
-#include "../core/parallel_pieces.hpp"
+#include "../core/parallel.hpp"
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
 

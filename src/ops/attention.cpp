@@ -1,6 +1,7 @@
 #include <pipeline/ops/attention.hpp>
 #include <pipeline/ops/precision.hpp>
 
+#include "../core/parallel.hpp"
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
 #include "split_product.hpp"
@@ -13,6 +14,7 @@
 #include <limits>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #if PIPELINE_WITH_CUDA
 #include "attention.cuh"
@@ -75,12 +77,17 @@ Device op_device(const char* op, std::initializer_list<const Tensor*> tensors) {
 #endif
 }
 
+// The (sample, head) pairs go to every thread once a head's products pass 4096 multiply-adds;
+// below that, one thread takes them all.
+int head_threads(std::int64_t T, std::int64_t D) {
+  return T * T * D >= 4096 ? num_threads() : 1;
+}
+
 void forward_impl(const Layout& L, const Operands& in, float* out, float* probs, bool causal) {
   const std::int64_t T = L.steps, D = L.head_dim, C = L.channels;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const std::int64_t pairs = L.batch * L.heads;
-#pragma omp parallel for schedule(dynamic, 1) if (pairs > 1 && T * T * D >= 4096)
-  for (std::int64_t bh = 0; bh < pairs; ++bh) {
+  pipeline::detail::parallel_for_dynamic(pairs, head_threads(T, D), [&](std::int64_t bh, int) {
     const std::int64_t b = bh / L.heads, h = bh % L.heads;
     const std::int64_t row0 = b * T * in.in_stride + h * D;
     ConstStridedMap Q(in.q + row0, T, D, Eigen::OuterStride<>(in.in_stride));
@@ -98,7 +105,7 @@ void forward_impl(const Layout& L, const Operands& in, float* out, float* probs,
       if (n < T) P.row(i).tail(T - n).setZero();
     }
     detail::assign_product(O, P, V);
-  }
+  });
 }
 
 void backward_impl(const Layout& L, const Operands& in, const float* probs, const float* dout,
@@ -106,31 +113,30 @@ void backward_impl(const Layout& L, const Operands& in, const float* probs, cons
   const std::int64_t T = L.steps, D = L.head_dim, C = L.channels;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const std::int64_t pairs = L.batch * L.heads;
-#pragma omp parallel if (pairs > 1 && T * T * D >= 4096)
-  {
-    RowMatrix dS(T, T);  // per-thread scratch: dP, then dS in place
-#pragma omp for schedule(dynamic, 1)
-    for (std::int64_t bh = 0; bh < pairs; ++bh) {
-      const std::int64_t b = bh / L.heads, h = bh % L.heads;
-      const std::int64_t row0 = b * T * in.in_stride + h * D;
-      const Eigen::OuterStride<> s_in(in.in_stride), s_g(g.stride), s_c(C);
-      ConstStridedMap Q(in.q + row0, T, D, s_in), K(in.k + row0, T, D, s_in),
-          V(in.v + row0, T, D, s_in);
-      detail::ConstMatrixMap P(probs + bh * T * T, T, T);
-      ConstStridedMap dO(dout + b * T * C + h * D, T, D, s_c);
-      const std::int64_t grow0 = b * T * g.stride + h * D;
-      StridedMap dQ(g.dq + grow0, T, D, s_g), dK(g.dk + grow0, T, D, s_g),
-          dV(g.dv + grow0, T, D, s_g);
+  const int threads = head_threads(T, D);
+  std::vector<RowMatrix> scratch(static_cast<std::size_t>(threads));  // a thread's dP, then dS
+  pipeline::detail::parallel_for_dynamic(pairs, threads, [&](std::int64_t bh, int t) {
+    RowMatrix& dS = scratch[static_cast<std::size_t>(t)];
+    dS.resize(T, T);
+    const std::int64_t b = bh / L.heads, h = bh % L.heads;
+    const std::int64_t row0 = b * T * in.in_stride + h * D;
+    const Eigen::OuterStride<> s_in(in.in_stride), s_g(g.stride), s_c(C);
+    ConstStridedMap Q(in.q + row0, T, D, s_in), K(in.k + row0, T, D, s_in),
+        V(in.v + row0, T, D, s_in);
+    detail::ConstMatrixMap P(probs + bh * T * T, T, T);
+    ConstStridedMap dO(dout + b * T * C + h * D, T, D, s_c);
+    const std::int64_t grow0 = b * T * g.stride + h * D;
+    StridedMap dQ(g.dq + grow0, T, D, s_g), dK(g.dk + grow0, T, D, s_g),
+        dV(g.dv + grow0, T, D, s_g);
 
-      detail::assign_product(dV, P.transpose(), dO);
-      detail::assign_product(dS, dO, V.transpose());
-      // Softmax backward per row; masked entries have P = 0 and so get dS = 0.
-      auto rowdot = (dS.array() * P.array()).rowwise().sum().eval();
-      dS.array() = P.array() * (dS.array().colwise() - rowdot);
-      detail::assign_product(dQ, dS, K, scale);
-      detail::assign_product(dK, dS.transpose(), Q, scale);
-    }
-  }
+    detail::assign_product(dV, P.transpose(), dO);
+    detail::assign_product(dS, dO, V.transpose());
+    // Softmax backward per row; masked entries have P = 0 and so get dS = 0.
+    auto rowdot = (dS.array() * P.array()).rowwise().sum().eval();
+    dS.array() = P.array() * (dS.array().colwise() - rowdot);
+    detail::assign_product(dQ, dS, K, scale);
+    detail::assign_product(dK, dS.transpose(), Q, scale);
+  });
 }
 
 #if PIPELINE_WITH_CUDA

@@ -4,6 +4,7 @@
 #include <pipeline/ops/elementwise.hpp>
 #include <pipeline/ops/precision.hpp>
 
+#include "../core/parallel.hpp"
 #include "conv_winograd.hpp"
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
@@ -27,9 +28,6 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
-#endif
-#ifdef _OPENMP
-#include <omp.h>
 #endif
 
 // Strategy. Stride-1 3x3 and 5x5 convolutions with enough channels go to Winograd's transforms
@@ -234,14 +232,6 @@ int sample_threads(std::int64_t n) {
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(num_threads(), n)));
 }
 
-int thread_id() {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
-
 // Calls fn(sample, thread) for every sample over `threads` OpenMP threads. fn must not throw
 // (everything that can fail is checked before). Samples whose results do not depend on which
 // thread computes them (forward, backward data) are handed out dynamically, so that a thread
@@ -252,25 +242,14 @@ enum class Split { Dynamic, Static };
 
 template <typename F>
 void for_each_sample(std::int64_t n, int threads, Split split, F&& fn) {
-  if (threads <= 1) {
-    for (std::int64_t s = 0; s < n; ++s) fn(s, 0);
+  if (split == Split::Dynamic) {
+    pipeline::detail::parallel_for_dynamic(n, threads, fn);
     return;
   }
-  if (split == Split::Dynamic) {
-#pragma omp parallel num_threads(threads)
-    {
-      const int t = thread_id();
-#pragma omp for schedule(dynamic, 1)
-      for (std::int64_t s = 0; s < n; ++s) fn(s, t);
-    }
-  } else {
-#pragma omp parallel num_threads(threads)
-    {
-      const int t = thread_id();
-#pragma omp for schedule(static)
-      for (std::int64_t s = 0; s < n; ++s) fn(s, t);
-    }
-  }
+  pipeline::detail::on_threads(threads, [&](int t) {
+    const pipeline::detail::Range range = pipeline::detail::static_range(n, threads, t);
+    for (std::int64_t s = range.begin; s < range.end; ++s) fn(s, t);
+  });
 }
 
 #if PIPELINE_WITH_CUDA

@@ -4,6 +4,7 @@
 #include <pipeline/core/threads.hpp>
 #include <pipeline/ops/convert.hpp>
 
+#include "../core/parallel.hpp"
 #include "eigen_maps.hpp"
 #include "scratch.hpp"
 #include "split_product.hpp"
@@ -15,9 +16,6 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
-#endif
-#ifdef _OPENMP
-#include <omp.h>
 #endif
 
 // Lanes (64-byte vectors) pass by value only between this file's internal functions, so the
@@ -314,9 +312,8 @@ void transform_filters(const WinogradMatrices& f, std::int64_t outs, std::int64_
                        const Filter& filter, float* u, std::int64_t stride) {
   const std::int64_t count = outs * ins;
   const std::int64_t groups = ceil_div(count, kLanes);
-#pragma omp parallel for num_threads(std::min <std::int64_t>(groups, num_threads())) \
-    schedule(static) if (count * 1024 > kMinProductWork)
-  for (std::int64_t group = 0; group < groups; ++group) {
+  const int threads = count * 1024 > kMinProductWork ? num_threads() : 1;
+  pipeline::detail::parallel_for(groups, threads, [&](std::int64_t group) {
     LaneTile<A> g{};
     for (int l = 0; l < kLanes; ++l) {
       const std::int64_t index = group * kLanes + l;
@@ -327,7 +324,7 @@ void transform_filters(const WinogradMatrices& f, std::int64_t outs, std::int64_
     }
     sandwich_n<A, Side::Depth>(f.r, f.g, f.g, Strided<A>{g.v, kLanes},
                                StridedSink<A>{u + group * kLanes, stride});
-  }
+  });
 }
 
 // Tiles per block: the block's transformed inputs and products fill about 1 MiB, a core's share
@@ -357,61 +354,50 @@ void correlate(const Correlation& p, const WinogradMatrices& f, const float* x, 
   const int threads = static_cast<int>(std::clamp<std::int64_t>(blocks, 1, num_threads()));
   const std::int64_t v_floats = kPositions * p.ins * block, m_floats = kPositions * p.outs * block;
   Scratch work(threads * (v_floats + m_floats));
-#pragma omp parallel num_threads(threads)
-  {
+  pipeline::detail::parallel_for_dynamic(blocks, threads, [&](std::int64_t index, int thread) {
     const EigenOnThisThread one;
-#ifdef _OPENMP
-    const int thread = omp_get_thread_num();
-#else
-    const int thread = 0;
-#endif
     float* const mine = work.get() + thread * (v_floats + m_floats);
+    const std::int64_t first = index * block,
+                       groups = ceil_div(std::min(block, tiles - first), kLanes);
+    const BlockBuffer<A> v{mine, groups * kLanes}, m{mine + v_floats, groups * kLanes};
     std::vector<LaneWindows> windows, outputs;
-#pragma omp for schedule(dynamic, 1)
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      const std::int64_t first = b * block,
-                         groups = ceil_div(std::min(block, tiles - first), kLanes);
-      const BlockBuffer<A> v{mine, groups * kLanes}, m{mine + v_floats, groups * kLanes};
-      windows.clear();
-      outputs.clear();
+    for (std::int64_t group = 0; group < groups; ++group) {
+      windows.emplace_back(grid, first + group * kLanes, in, p.pad_h, p.pad_w);
+      outputs.emplace_back(grid, first + group * kLanes, out, 0, 0);
+    }
+    for (std::int64_t c = 0; c < p.ins; ++c)
+      for (std::int64_t group = 0; group < groups; ++group)
+        transform_inputs(x, in, c, windows[group], v, group * kLanes);
+    for (int pos = 0; pos < kPositions; ++pos)
+      m.at_position(pos, 0, p.outs).noalias() =
+          ConstMatrixMap(u + pos * u_stride, p.outs, p.ins) * v.at_position(pos, 0, p.ins);
+    for (std::int64_t o = 0; o < p.outs; ++o) {
+      const float b = bias ? bias[o] : 0.f;
       for (std::int64_t group = 0; group < groups; ++group) {
-        windows.emplace_back(grid, first + group * kLanes, in, p.pad_h, p.pad_w);
-        outputs.emplace_back(grid, first + group * kLanes, out, 0, 0);
-      }
-      for (std::int64_t c = 0; c < p.ins; ++c)
-        for (std::int64_t group = 0; group < groups; ++group)
-          transform_inputs(x, in, c, windows[group], v, group * kLanes);
-      for (int pos = 0; pos < kPositions; ++pos)
-        m.at_position(pos, 0, p.outs).noalias() =
-            ConstMatrixMap(u + pos * u_stride, p.outs, p.ins) * v.at_position(pos, 0, p.ins);
-      for (std::int64_t o = 0; o < p.outs; ++o) {
-        const float b = bias ? bias[o] : 0.f;
-        for (std::int64_t group = 0; group < groups; ++group) {
-          const Strided<A> from{m.lanes(o, group * kLanes), m.cols};
-          const LaneWindows& at = outputs[group];
+        const Strided<A> from{m.lanes(o, group * kLanes), m.cols};
+        const LaneWindows& at = outputs[group];
 #if defined(__AVX512F__)
-          if (at.narrow && !round_bf16) {
-            sandwich_n<A, Side::Rows>(f.m, f.at, f.at, from,
-                                      Scattered{y + o * out.plane(), p.ow, at, b});
-            continue;
-          }
+        if (at.narrow && !round_bf16) {
+          sandwich_n<A, Side::Rows>(f.m, f.at, f.at, from,
+                                    Scattered{y + o * out.plane(), p.ow, at, b});
+          continue;
+        }
 #endif
-          LaneTile<A> tile;
-          sandwich_n<A, Side::Rows>(f.m, f.at, f.at, from, StridedSink<A>{tile.v, kLanes});
-          for (int l = 0; l < kLanes; ++l) {
-            if (!at.valid[l]) continue;
-            float* plane = y + (at.sample[l] * p.outs + o) * out.plane();
-            for (int i = 0; i < f.m && at.y[l] + i < p.oh; ++i)
-              for (int j = 0; j < f.m && at.x[l] + j < p.ow; ++j) {
-                float value = tile.at(i, j)[l];
-                if (round_bf16) value = bf16_to_float(float_to_bf16(value));
-                plane[(at.y[l] + i) * p.ow + at.x[l] + j] = value + b;
-              }
-          }
+        LaneTile<A> tile;
+        sandwich_n<A, Side::Rows>(f.m, f.at, f.at, from, StridedSink<A>{tile.v, kLanes});
+        for (int l = 0; l < kLanes; ++l) {
+          if (!at.valid[l]) continue;
+          float* plane = y + (at.sample[l] * p.outs + o) * out.plane();
+          for (int i = 0; i < f.m && at.y[l] + i < p.oh; ++i)
+            for (int j = 0; j < f.m && at.x[l] + j < p.ow; ++j) {
+              float value = tile.at(i, j)[l];
+              if (round_bf16) value = bf16_to_float(float_to_bf16(value));
+              plane[(at.y[l] + i) * p.ow + at.x[l] + j] = value + b;
+            }
         }
       }
     }
-  }
+  });
 }
 
 template <int A>

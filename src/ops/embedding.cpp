@@ -1,6 +1,6 @@
 #include <pipeline/ops/embedding.hpp>
 
-#include "../core/parallel_pieces.hpp"
+#include "../core/parallel.hpp"
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
 
@@ -101,9 +101,9 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
   const float* tp = table.data<float>();
   float* op = out.data<float>();
   const int threads = pipeline::detail::threads_for(n * dim, kParallelWork);
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (std::int64_t i = 0; i < n; ++i)
+  pipeline::detail::parallel_for(n, threads, [&](std::int64_t i) {
     std::copy_n(tp + static_cast<std::int64_t>(ip[i]) * dim, dim, op + i * dim);
+  });
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
@@ -133,14 +133,12 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
   auto T = as_matrix(dtable);
   // Repeated ids make a row-parallel scatter race; columns are independent instead, so threads
   // take disjoint column blocks and each walks all ids in order (deterministic sums).
-  const std::int64_t threads_wanted =
-      n * dim >= kParallelWork ? std::max<std::int64_t>(dim / 64, 1) : 1;
-#pragma omp parallel for schedule(static) if (threads_wanted > 1)
-  for (std::int64_t blk = 0; blk < threads_wanted; ++blk) {
-    const std::int64_t c0 = dim * blk / threads_wanted, c1 = dim * (blk + 1) / threads_wanted;
+  const std::int64_t blocks = n * dim >= kParallelWork ? std::max<std::int64_t>(dim / 64, 1) : 1;
+  pipeline::detail::parallel_for(blocks, num_threads(), [&](std::int64_t blk) {
+    const std::int64_t c0 = dim * blk / blocks, c1 = dim * (blk + 1) / blocks;
     for (std::int64_t i = 0; i < n; ++i)
       T.row(ip[i]).segment(c0, c1 - c0) += G.row(i).segment(c0, c1 - c0);
-  }
+  });
 }
 
 void add_positions(Tensor& out, std::int64_t steps, const Tensor& pos) {

@@ -1,6 +1,6 @@
 #include <pipeline/ops/norm.hpp>
 
-#include "../core/parallel_pieces.hpp"
+#include "../core/parallel.hpp"
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
 
@@ -96,8 +96,7 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   float* rp = rstd.data<float>();
   ConstArrayMap W(weight.data<float>(), f), B(bias.data<float>(), f);
   const int threads = pipeline::detail::threads_for(rows * f, kParallelWork);
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (std::int64_t r = 0; r < rows; ++r) {
+  pipeline::detail::parallel_for(rows, threads, [&](std::int64_t r) {
     ConstArrayMap X(xp + r * f, f);
     // Two passes (mean, then centred squares) keep the variance accurate when |mean| >> std.
     const float m = X.sum() / static_cast<float>(f);
@@ -106,7 +105,7 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
     mp[r] = m;
     rp[r] = rs;
     ArrayMap(yp + r * f, f) = (X - m) * rs * W + B;
-  }
+  });
 }
 
 void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
@@ -144,8 +143,7 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
     float* dp = dx->data<float>();
     const float inv_f = 1.f / static_cast<float>(f);
     const int threads = pipeline::detail::threads_for(rows * f, kParallelWork);
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (std::int64_t r = 0; r < rows; ++r) {
+    pipeline::detail::parallel_for(rows, threads, [&](std::int64_t r) {
       ConstArrayMap X(xp + r * f, f), G(gp + r * f, f);
       ArrayMap D(dp + r * f, f);
       // dx = rstd · (g − mean(g) − x̂ · mean(g ⊙ x̂)), g = dy ⊙ weight; D holds x̂ first.
@@ -153,7 +151,7 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
       const float g_mean = (G * W).sum() * inv_f;
       const float gx_mean = (G * W * D).sum() * inv_f;
       D = rp[r] * (G * W - g_mean - D * gx_mean);
-    }
+    });
   }
   if (dweight) {
     ArrayMap DW(dweight->data<float>(), f);
@@ -209,8 +207,7 @@ void batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tenso
   float* rp = rstd.data<float>();
   const std::int64_t hw = d.hw;
   const int threads = pipeline::detail::threads_for(x.numel(), kParallelWork);
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (std::int64_t c = 0; c < d.c; ++c) {
+  pipeline::detail::parallel_for(d.c, threads, [&](std::int64_t c) {
     const double m =
         channel_sum(d, c, [&](std::int64_t o) { return ConstArrayMap(xp + o, hw).sum(); }) /
         static_cast<double>(count);
@@ -229,7 +226,7 @@ void batch_norm_forward_train(const Tensor& x, const Tensor& weight, const Tenso
     const double unbiased = ss / static_cast<double>(count - 1);
     rmp[c] = (1.f - momentum) * rmp[c] + momentum * mf;
     rvp[c] = (1.f - momentum) * rvp[c] + momentum * static_cast<float>(unbiased);
-  }
+  });
 }
 
 void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
@@ -273,12 +270,11 @@ void batch_norm_forward_eval(const Tensor& x, const Tensor& weight, const Tensor
   }
   const std::int64_t hw = d.hw;
   const int threads = pipeline::detail::threads_for(x.numel(), kParallelWork);
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (std::int64_t nc = 0; nc < d.n * d.c; ++nc) {
+  pipeline::detail::parallel_for(d.n * d.c, threads, [&](std::int64_t nc) {
     const std::int64_t c = nc % d.c;
     const float scale = rp[c] * wp[c], shift = bp[c] - mp[c] * scale;
     ArrayMap(yp + nc * hw, hw) = ConstArrayMap(xp + nc * hw, hw) * scale + shift;
-  }
+  });
 }
 
 void batch_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
@@ -316,8 +312,7 @@ void batch_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
   const std::int64_t hw = d.hw;
   const double count = static_cast<double>(d.n * d.hw);
   const int threads = pipeline::detail::threads_for(x.numel(), kParallelWork);
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (std::int64_t c = 0; c < d.c; ++c) {
+  pipeline::detail::parallel_for(d.c, threads, [&](std::int64_t c) {
     const float m = mp[c], rs = rp[c];
     // Σ dy and Σ dy ⊙ x̂ over the channel: the bias and weight gradients, and the two
     // projections the training-mode input gradient removes.
@@ -331,7 +326,7 @@ void batch_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
         rs;
     if (dbp) dbp[c] += static_cast<float>(sum_g);
     if (dwp) dwp[c] += static_cast<float>(sum_gx);
-    if (!dxp) continue;
+    if (!dxp) return;
     const float k = rs * wp[c];
     // Training: dx = w·rstd · (dy − mean(dy) − x̂ · mean(dy ⊙ x̂)); evaluation: dx = w·rstd · dy.
     const float g_mean = training ? static_cast<float>(sum_g / count) : 0.f;
@@ -341,7 +336,7 @@ void batch_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
       ConstArrayMap X(xp + o, hw), G(gp + o, hw);
       ArrayMap(dxp + o, hw) = k * (G - g_mean - (X - m) * (rs * gx_mean));
     }
-  }
+  });
 }
 
 }  // namespace pipeline::ops

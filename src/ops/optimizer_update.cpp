@@ -2,7 +2,7 @@
 
 #include <pipeline/core/threads.hpp>
 
-#include "../core/parallel_pieces.hpp"
+#include "../core/parallel.hpp"
 #include "cuda_dispatch.hpp"
 
 #include <Eigen/Core>

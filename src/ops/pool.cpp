@@ -1,7 +1,7 @@
 #include <pipeline/core/threads.hpp>
 #include <pipeline/ops/pool.hpp>
 
-#include "../core/parallel_pieces.hpp"
+#include "../core/parallel.hpp"
 #include "cuda_dispatch.hpp"
 
 #include <algorithm>
@@ -66,8 +66,7 @@ template <typename F>
 void for_each_plane(std::int64_t planes, std::int64_t work_per_plane, F&& fn) {
   const auto threads = static_cast<int>(std::min<std::int64_t>(
       pipeline::detail::threads_for(planes * work_per_plane, 1 << 14), planes));
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (std::int64_t p = 0; p < planes; ++p) fn(p);
+  pipeline::detail::parallel_for(planes, threads, fn);
 }
 
 // One output row of 2x2, stride-2 max pooling (every CNN's pooling): reads input rows r0 and

@@ -1,7 +1,7 @@
 #include <pipeline/ops/convert.hpp>
 #include <pipeline/ops/precision.hpp>
 
-#include "../core/parallel_pieces.hpp"
+#include "../core/parallel.hpp"
 #include "cuda_dispatch.hpp"
 
 #if PIPELINE_WITH_CUDA

@@ -14,7 +14,7 @@
 // deterministic for a given thread count.
 #pragma once
 
-#include <pipeline/core/threads.hpp>
+#include "../core/parallel.hpp"
 
 #include <Eigen/Core>
 
@@ -86,12 +86,11 @@ void split_product(CMatrix&& C, const AExpr& A, const BExpr& B, float alpha,
     return;
   }
   const std::int64_t piece = (extent / threads + kAlign - 1) / kAlign * kAlign;
-#pragma omp parallel for num_threads(threads) schedule(static)
-  for (int t = 0; t < threads; ++t) {
+  pipeline::detail::on_threads(threads, [&](int t) {
     // Inside the parallel region Eigen keeps each product on its calling thread.
     const std::int64_t begin = std::min(extent, t * piece);
     const std::int64_t len = t + 1 == threads ? extent - begin : std::min(piece, extent - begin);
-    if (len <= 0) continue;
+    if (len <= 0) return;
     if (by_columns) {
       auto block = C.middleCols(begin, len);
       if (into == Into::Overwrite) block.setZero();
@@ -101,7 +100,7 @@ void split_product(CMatrix&& C, const AExpr& A, const BExpr& B, float alpha,
       if (into == Into::Overwrite) block.setZero();
       block.noalias() += alpha * (A.middleRows(begin, len) * B);
     }
-  }
+  });
 }
 
 // C = alpha * A * B, as split_product computes it.
