@@ -7,7 +7,7 @@
 #   OUT=/tmp/gpu DEADLINE=500 bash bench/gpu_checks.sh
 #   STEPS="tests train bench pipeline cpu" (default: all five, run in the order named; cpu: this
 #   library against PyTorch on the CPU at CPU_THREADS (default 1 2 8 16), pinned; bench_conv on
-#   16; bench_gemm and the mlp's layer profile on 2 and 16), LANE=<cap of the tests/train lanes>, CASES=<bench_gpu_step cases>,
+#   16; bench_gemm and the mlp's layer profile on 2 and 16; the mlp's steps on 1-16), LANE=<cap of the tests/train lanes>, CASES=<bench_gpu_step cases>,
 #   BENCH_STEPS=20, BENCH_KERNELS=1 (0: no bench_kernels), DATA=<Fashion-MNIST dir>, TEXT=<training text>,
 #   ARCH=90 (CMAKE_CUDA_ARCHITECTURES), PRECISION=fp32,tf32,bf16 (bench_gpu_step), TORCH=1 (0: no
 #   PyTorch columns), BUILD=build/gpu-checks, SKIP_BUILD=1 (use BUILD as it is)
@@ -158,6 +158,12 @@ cpu() {
   for t in 2 16; do
     box 20 "$OUT/threads.log" taskset -c 0-$((t - 1)) "$B/partitioner/pipeline-profile" \
       --model mlp --device cpu --threads "$t" --batch 64 -o "$OUT/mlp-$t.json"
+  done
+  # The mlp's whole steps as threads grow (it slowed down past 2 threads while OpenMP ended and
+  # re-created threads all through each step; one team for every region since).
+  for t in 1 2 4 8 16; do
+    box 20 "$OUT/threads.log" taskset -c 0-$((t - 1)) "$B/bench/bench_train" --model mlp \
+      --threads "$t" --steps 200
   done
   grep -E "^\| (empty|mlp)|^ +[0-9]+ +fc|^optimizer" "$OUT/threads.log" >>"$S"
 }
