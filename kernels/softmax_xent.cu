@@ -432,33 +432,30 @@ namespace {
 // in-process pipeline launch concurrently, hence the lock.
 class LaunchLimits {
  public:
-  // Blocks of `kernel` with `threads` threads and `smem` dynamic shared bytes that the current
-  // device holds at once (at least one a multiprocessor).
-  std::int64_t resident_blocks(const void* kernel, int threads, std::size_t smem) {
-    const int device = current_device();
+  // Blocks of `kernel` with `threads` threads and `smem` dynamic shared bytes that `device` holds
+  // at once (at least one a multiprocessor).
+  std::int64_t resident_blocks(int device, const void* kernel, int threads, std::size_t smem) {
     const std::lock_guard<std::mutex> lock(m_mutex);
     const auto key = std::make_tuple(device, kernel, threads, smem);
     if (const auto it = m_resident.find(key); it != m_resident.end()) return it->second;
     int per_sm = 0;
     PIPELINE_CUDA_CHECK(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-    const std::int64_t resident =
-        static_cast<std::int64_t>(std::max(per_sm, 1)) * attribute(device, kSms);
+    const std::int64_t resident = static_cast<std::int64_t>(std::max(per_sm, 1)) *
+                                  attribute(device, cudaDevAttrMultiProcessorCount);
     m_resident.emplace(key, resident);
     return resident;
   }
 
-  // The most dynamic shared memory a block of the current device may opt in to.
-  std::size_t shared_optin() {
-    const int device = current_device();
+  // The most dynamic shared memory a block of `device` may opt in to.
+  std::size_t shared_optin(int device) {
     const std::lock_guard<std::mutex> lock(m_mutex);
-    return static_cast<std::size_t>(attribute(device, kSharedOptin));
+    return static_cast<std::size_t>(attribute(device, cudaDevAttrMaxSharedMemoryPerBlockOptin));
   }
 
-  // Lets `kernel` take `bytes` of dynamic shared memory on the current device (raised only past
-  // the largest amount allowed before: the attribute is a ceiling).
-  void allow_shared(const void* kernel, std::size_t bytes) {
-    const int device = current_device();
+  // Lets `kernel` take `bytes` of dynamic shared memory on `device`, the current device (raised
+  // only past the largest amount allowed before: the attribute is a ceiling).
+  void allow_shared(int device, const void* kernel, std::size_t bytes) {
     const std::lock_guard<std::mutex> lock(m_mutex);
     std::size_t& allowed = m_shared_allowed[std::make_pair(device, kernel)];
     if (bytes <= allowed) return;
@@ -468,29 +465,18 @@ class LaunchLimits {
   }
 
  private:
-  enum Attribute { kSms, kSharedOptin };
-
-  static int current_device() {
-    int device = 0;
-    PIPELINE_CUDA_CHECK(cudaGetDevice(&device));
-    return device;
-  }
-
   // Called with m_mutex held.
-  int attribute(int device, Attribute which) {
+  int attribute(int device, cudaDeviceAttr which) {
     const auto key = std::make_pair(device, which);
     if (const auto it = m_attributes.find(key); it != m_attributes.end()) return it->second;
     int value = 0;
-    PIPELINE_CUDA_CHECK(cudaDeviceGetAttribute(
-        &value,
-        which == kSms ? cudaDevAttrMultiProcessorCount : cudaDevAttrMaxSharedMemoryPerBlockOptin,
-        device));
+    PIPELINE_CUDA_CHECK(cudaDeviceGetAttribute(&value, which, device));
     m_attributes.emplace(key, value);
     return value;
   }
 
   std::mutex m_mutex;
-  std::map<std::pair<int, Attribute>, int> m_attributes;
+  std::map<std::pair<int, cudaDeviceAttr>, int> m_attributes;
   std::map<std::tuple<int, const void*, int, std::size_t>, std::int64_t> m_resident;
   std::map<std::pair<int, const void*>, std::size_t> m_shared_allowed;
 };
@@ -517,12 +503,14 @@ Status* launch_softmax_xent(cudaStream_t stream, const float* logits, const std:
 
   const int c = static_cast<int>(classes);
   LaunchLimits& limits = launch_limits();
+  int device = 0;
+  PIPELINE_CUDA_CHECK(cudaGetDevice(&device));
   // Blocks for `work_blocks` blocks' worth of rows: no more than the device holds at once (the
   // kernels stride), so that each partial covers many rows.
   const auto grid = [&](const void* kernel, int threads, std::size_t smem,
                         std::int64_t work_blocks) {
-    return static_cast<unsigned>(
-        std::clamp<std::int64_t>(work_blocks, 1, limits.resident_blocks(kernel, threads, smem)));
+    return static_cast<unsigned>(std::clamp<std::int64_t>(
+        work_blocks, 1, limits.resident_blocks(device, kernel, threads, smem)));
   };
   const bool vec4 = classes % 4 == 0 && detail::aligned16(logits) && detail::aligned16(grad);
   // About 4 logits per thread, a whole number of warps, at most kMaxRowThreads.
@@ -530,7 +518,8 @@ Status* launch_softmax_xent(cudaStream_t stream, const float* logits, const std:
                                  detail::kWarp, kMaxRowThreads);
   const std::size_t row_bytes = static_cast<std::size_t>(classes) * sizeof(float);
   // What the smem kernel's reductions take besides the row (3 arrays of 32).
-  const bool row_fits = row_bytes + 3 * detail::kWarp * sizeof(float) <= limits.shared_optin();
+  const bool row_fits =
+      row_bytes + 3 * detail::kWarp * sizeof(float) <= limits.shared_optin(device);
   unsigned parts = 0;
   const auto warp_rows = [&](auto kernel) {
     constexpr int kRowsPerBlock = kWarpRowThreads / detail::kWarp;
@@ -540,7 +529,7 @@ Status* launch_softmax_xent(cudaStream_t stream, const float* logits, const std:
                                                   part_hit, status);
   };
   const auto smem_rows = [&](auto kernel) {
-    limits.allow_shared(reinterpret_cast<const void*>(kernel), row_bytes);
+    limits.allow_shared(device, reinterpret_cast<const void*>(kernel), row_bytes);
     parts = grid(reinterpret_cast<const void*>(kernel), threads, row_bytes, rows);
     kernel<<<parts, threads, row_bytes, stream>>>(logits, labels, rows, c, scale, grad, part_loss,
                                                   part_hit, status);

@@ -55,10 +55,15 @@ inline Range static_range(std::int64_t n, int threads, int t) {
   return {begin, begin + q + (t < r ? 1 : 0)};
 }
 
+// `threads`, but at least one and no more than there are items.
+inline int threads_over(std::int64_t n, int threads) {
+  return static_cast<int>(std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(n, 1)));
+}
+
 // fn(i) for every i in [0, n), each thread over its static_range.
 template <typename Fn>
 void parallel_for(std::int64_t n, int threads, Fn&& fn) {
-  threads = static_cast<int>(std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(n, 1)));
+  threads = threads_over(n, threads);
   on_threads(threads, [&](int t) {
     const Range range = static_range(n, threads, t);
     for (std::int64_t i = range.begin; i < range.end; ++i) fn(i);
@@ -70,7 +75,7 @@ void parallel_for(std::int64_t n, int threads, Fn&& fn) {
 // the others at the barrier. Only for work whose results do not depend on who computes it.
 template <typename Fn>
 void parallel_for_dynamic(std::int64_t n, int threads, Fn&& fn) {
-  threads = static_cast<int>(std::clamp<std::int64_t>(threads, 1, std::max<std::int64_t>(n, 1)));
+  threads = threads_over(n, threads);
   std::atomic<std::int64_t> next{0};
   on_threads(threads, [&](int t) {
     for (std::int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;

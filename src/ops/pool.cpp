@@ -64,9 +64,8 @@ PoolGeometry make_geometry(const Shape& x, const Window2d& window) {
 // Parallel over planes, each thread with enough work to pay for waking it.
 template <typename F>
 void for_each_plane(std::int64_t planes, std::int64_t work_per_plane, F&& fn) {
-  const auto threads = static_cast<int>(std::min<std::int64_t>(
-      pipeline::detail::threads_for(planes * work_per_plane, 1 << 14), planes));
-  pipeline::detail::parallel_for(planes, threads, fn);
+  pipeline::detail::parallel_for(
+      planes, pipeline::detail::threads_for(planes * work_per_plane, 1 << 14), fn);
 }
 
 // One output row of 2x2, stride-2 max pooling (every CNN's pooling): reads input rows r0 and
