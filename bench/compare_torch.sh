@@ -6,7 +6,9 @@
 #   bench/compare_torch.sh [BUILD_DIR] [THREADS] [BATCH] [--results]
 #
 # Each figure is the best of REPS (default 3) alternating runs (noise on a shared machine only
-# ever slows a run down); each run's figure is printed to stderr as it comes. Both sides are pinned to the same cores 0..THREADS-1 with taskset where it exists.
+# ever slows a run down); each run's figure is printed to stderr as it comes. Both sides are
+# pinned with taskset (where it exists) to the same THREADS CPUs, one per physical core first
+# (bench/cpu_list.sh); the list is printed.
 # --results appends the table to bench/RESULTS.md. PYTHON names the python that has PyTorch
 # (default /usr/bin/python3).
 set -euo pipefail
@@ -17,7 +19,11 @@ batch=${3:-64}
 record=${4:-}
 python=${PYTHON:-/usr/bin/python3}
 pin=()
-command -v taskset >/dev/null && pin=(taskset -c "0-$((threads - 1))")
+if command -v taskset >/dev/null; then
+  cpus=$(bash bench/cpu_list.sh "$threads")
+  pin=(taskset -c "$cpus")
+  echo "pinned to CPUs $cpus" >&2
+fi
 $python -c "import torch" 2>/dev/null || {
   echo "PyTorch is missing: apt-get install python3-torch" >&2
   exit 1

@@ -144,25 +144,28 @@ pipeline() {
 }
 
 cpu() {
+  # Which CPUs are threads of one core: the pinned runs take one per core first.
+  bash bench/cpu_list.sh --show >>"$OUT/cpu.log"
+  for t in 1 2 8 16; do echo "$t threads: CPUs $(bash bench/cpu_list.sh "$t")"; done >>"$S"
   for t in ${CPU_THREADS:-1 2 8 16}; do
     box 60 "$OUT/cpu.log" env PYTHON=python3 REPS=2 bash bench/compare_torch.sh "$B" "$t" 64
   done
   grep -E "^\| (fashion|mlp)|run [12]:" "$OUT/cpu.log" >>"$S"
   # The convolutions' two algorithms (lowered, Winograd) on 16 cores.
-  box 40 "$OUT/conv.log" taskset -c 0-15 "$B/bench/bench_conv" --threads 16 --min-seconds 0.2
+  box 40 "$OUT/conv.log" taskset -c "$(bash bench/cpu_list.sh 16)" "$B/bench/bench_conv" --threads 16 --min-seconds 0.2
   grep -E "^(conv2|vgg16)" "$OUT/conv.log" >>"$S"
   # Where a small model's step goes as threads grow: the products alone (bench_gemm) and each
   # layer's passes inside whole training passes (the mlp's profile), on 2 and 16 cores.
-  box 40 "$OUT/threads.log" taskset -c 0-15 "$B/bench/bench_gemm" --threads 1,2,4,8,16 \
+  box 40 "$OUT/threads.log" taskset -c "$(bash bench/cpu_list.sh 16)" "$B/bench/bench_gemm" --threads 1,2,4,8,16 \
     --min-seconds 0.1
   for t in 2 16; do
-    box 20 "$OUT/threads.log" taskset -c 0-$((t - 1)) "$B/partitioner/pipeline-profile" \
+    box 20 "$OUT/threads.log" taskset -c "$(bash bench/cpu_list.sh "$t")" "$B/partitioner/pipeline-profile" \
       --model mlp --device cpu --threads "$t" --batch 64 -o "$OUT/mlp-$t.json"
   done
   # The mlp's whole steps as threads grow (it slowed down past 2 threads while OpenMP ended and
   # re-created threads all through each step; one team for every region since).
   for t in 1 2 4 8 16; do
-    box 20 "$OUT/threads.log" taskset -c 0-$((t - 1)) "$B/bench/bench_train" --model mlp \
+    box 20 "$OUT/threads.log" taskset -c "$(bash bench/cpu_list.sh "$t")" "$B/bench/bench_train" --model mlp \
       --threads "$t" --steps 200
   done
   grep -E "^\| (empty|mlp)|^ +[0-9]+ +fc|^optimizer" "$OUT/threads.log" >>"$S"

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -100,6 +102,35 @@ void for_each_piece(std::int64_t n, std::int64_t min_piece, std::int64_t align, 
     const std::int64_t begin = std::min<std::int64_t>(n, t * piece);
     const std::int64_t end = std::min<std::int64_t>(n, begin + piece);
     if (end > begin) fn(begin, end - begin);
+  });
+}
+
+// for_each_piece over several arrays in one region: fn(i, begin, count) for pieces of [0,
+// sizes[i]) of every array i, the arrays laid end to end and split into one contiguous piece per
+// thread, so that a model's many small tensors share the threads instead of each taking one (or
+// one region each). In that layout every array starts at a multiple of `align`, so pieces start
+// alike relative to each array's data, as for_each_piece's do.
+template <typename Fn>
+void for_each_piece_of(std::span<const std::int64_t> sizes, std::int64_t min_piece,
+                       std::int64_t align, Fn&& fn) {
+  std::vector<std::int64_t> start(sizes.size() + 1, 0);
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    start[i + 1] = start[i] + (sizes[i] + align - 1) / align * align;
+  const std::int64_t n = start.back();
+  const int threads = threads_for(n, min_piece);
+  const std::int64_t piece =
+      threads <= 1 ? n : ((n + threads - 1) / threads + align - 1) / align * align;
+  on_threads(threads, [&](int t) {
+    const std::int64_t begin = std::min<std::int64_t>(n, t * piece);
+    const std::int64_t end = std::min<std::int64_t>(n, begin + piece);
+    // The first array that ends after `begin`, then every one that starts before `end`.
+    auto i = static_cast<std::size_t>(std::upper_bound(start.begin(), start.end(), begin) -
+                                      start.begin() - 1);
+    for (; i < sizes.size() && start[i] < end; ++i) {
+      const std::int64_t from = std::max(begin, start[i]) - start[i];
+      const std::int64_t to = std::min(end - start[i], sizes[i]);
+      if (to > from) fn(i, from, to - from);
+    }
   });
 }
 

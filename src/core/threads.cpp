@@ -61,8 +61,10 @@ int ranks_per_process() {
   return g_ranks_per_process;
 }
 
-// Buffers below 1 MiB per thread are zeroed and copied on the calling thread.
-constexpr std::int64_t kMinPieceBytes = std::int64_t{1} << 20;
+// Each thread zeroes or copies at least 256 KiB; smaller buffers stay on the calling thread. (A
+// 2-core VM, hot caches: memset of 256 KiB 4.6 us on one thread, 3.1 us on two with the region
+// opened; 1 MiB 16.4 against 12.6 us.)
+constexpr std::int64_t kMinPieceBytes = std::int64_t{1} << 18;
 
 void zero_bytes(void* dst, std::size_t bytes) {
   auto* d = static_cast<std::byte*>(dst);
@@ -70,6 +72,16 @@ void zero_bytes(void* dst, std::size_t bytes) {
                          [d](std::int64_t at, std::int64_t n) {
                            std::memset(d + at, 0, static_cast<std::size_t>(n));
                          });
+}
+
+void zero_bytes(std::span<const ByteRange> buffers) {
+  std::vector<std::int64_t> sizes;
+  sizes.reserve(buffers.size());
+  for (const ByteRange& b : buffers) sizes.push_back(static_cast<std::int64_t>(b.bytes));
+  detail::for_each_piece_of(
+      sizes, kMinPieceBytes, 64, [buffers](std::size_t i, std::int64_t at, std::int64_t n) {
+        std::memset(static_cast<std::byte*>(buffers[i].data) + at, 0, static_cast<std::size_t>(n));
+      });
 }
 
 void copy_bytes(void* dst, const void* src, std::size_t bytes) {

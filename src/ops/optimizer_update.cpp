@@ -30,10 +30,10 @@ void check_pair(const char* op, const Tensor& param, const Tensor& other, const 
                  op, what, other.shape(), other.numel(), param.shape(), param.numel());
 }
 
-// Each thread's piece of an update or reduction holds at least this many elements (below it the
-// fork-join costs more than the arithmetic); pieces are multiples of 16 floats, so that every
-// piece's vector loads are aligned alike.
-constexpr std::int64_t kMinPiece = 1 << 16;
+// Each thread's piece of an update or reduction holds at least this many elements (16k floats of
+// an SGD-momentum step move 320 KB, several times a region's fork and join); pieces are multiples
+// of 16 floats, so that every piece's vector loads are aligned alike.
+constexpr std::int64_t kMinPiece = 1 << 14;
 constexpr std::int64_t kPieceAlign = 16;
 
 // Adam's bias corrections in double: beta2^step underflows gracefully and 1 - beta^step keeps its
@@ -116,6 +116,137 @@ const float* step_scalars_on(const Tensor* scalars, std::size_t count, Device d,
 }
 #endif
 
+// One tensor's operands of a CPU SGD step, checked.
+struct SgdCpuTensor {
+  float* w;
+  const float* g;
+  float* b;  // the momentum buffer; null without momentum
+  std::int64_t n;
+};
+SgdCpuTensor sgd_cpu_operands(Tensor& param, const Tensor& grad, Tensor* momentum_buffer,
+                              const SgdParams& p) {
+  PIPELINE_CHECK(param.dtype() == DType::Float32 && param.device().is_cpu(),
+                 "sgd_update: the parameter must be a float32 CPU tensor");
+  check_pair("sgd_update", param, grad, "the gradient");
+  const bool use_momentum = p.momentum != 0.f;
+  if (use_momentum) {
+    PIPELINE_CHECK(momentum_buffer != nullptr, "sgd_update: momentum {} needs a momentum buffer",
+                   p.momentum);
+    check_pair("sgd_update", param, *momentum_buffer, "the momentum buffer");
+  }
+  PIPELINE_CHECK_AS(ConfigError, !p.nesterov || (use_momentum && p.dampening == 0.f),
+                    "Nesterov momentum needs momentum > 0 and dampening 0 (got momentum {}, "
+                    "dampening {})",
+                    p.momentum, p.dampening);
+  return {param.data<float>(), grad.data<float>(),
+          use_momentum ? momentum_buffer->data<float>() : nullptr, param.numel()};
+}
+
+// The SGD step on elements [i, i + n) of one tensor.
+void sgd_piece(const SgdCpuTensor& t, std::int64_t i, std::int64_t n, bool first_step,
+               const SgdParams& p) {
+  const float lr = p.lr, mu = p.momentum, wd = p.weight_decay, keep = 1.f - p.dampening;
+  Array W(t.w + i, n);
+  ConstArray G(t.g + i, n);
+  if (t.b == nullptr) {
+    if (wd != 0.f)
+      W -= lr * (G + wd * W);
+    else
+      W -= lr * G;
+    return;
+  }
+  Array B(t.b + i, n);
+  // d_p = g + wd·w is formed inside each expression rather than stored, so one pass suffices.
+  if (first_step)
+    B = G + wd * W;
+  else
+    B = mu * B + keep * (G + wd * W);
+  if (p.nesterov)
+    W -= lr * ((G + wd * W) + mu * B);
+  else
+    W -= lr * B;
+}
+
+// The same for an Adam(W) step: one tensor's operands, the step's scalars, a piece's update.
+struct AdamWCpuTensor {
+  float* w;
+  const float* g;
+  float* m;
+  float* v;
+  std::int64_t n;
+};
+AdamWCpuTensor adamw_cpu_operands(Tensor& param, const Tensor& grad, Tensor& exp_avg,
+                                  Tensor& exp_avg_sq) {
+  PIPELINE_CHECK(param.dtype() == DType::Float32 && param.device().is_cpu(),
+                 "adamw_update: the parameter must be a float32 CPU tensor");
+  check_pair("adamw_update", param, grad, "the gradient");
+  check_pair("adamw_update", param, exp_avg, "exp_avg");
+  check_pair("adamw_update", param, exp_avg_sq, "exp_avg_sq");
+  return {param.data<float>(), grad.data<float>(), exp_avg.data<float>(), exp_avg_sq.data<float>(),
+          param.numel()};
+}
+
+struct AdamWCpuStep {
+  AdamWParams p;
+  AdamScalars bias;
+  float decay;  // 1 - lr * weight_decay
+};
+AdamWCpuStep adamw_cpu_step(std::int64_t step, const AdamWParams& p) {
+  PIPELINE_CHECK(step >= 1, "adamw_update: step counts from 1, got {}", step);
+  PIPELINE_CHECK_AS(ConfigError, p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f,
+                    "Adam betas must lie in [0, 1), got ({}, {})", p.beta1, p.beta2);
+  return {p, adam_scalars(step, p), 1.f - p.lr * p.weight_decay};
+}
+
+void adamw_piece(const AdamWCpuTensor& t, std::int64_t i, std::int64_t n, const AdamWCpuStep& s) {
+  const float b1 = s.p.beta1, b2 = s.p.beta2, eps = s.p.eps, wd = s.p.weight_decay;
+  Array W(t.w + i, n), M(t.m + i, n), V(t.v + i, n);
+  ConstArray G(t.g + i, n);
+  if (s.p.decoupled) {
+    if (wd != 0.f) W *= s.decay;
+    M = b1 * M + (1.f - b1) * G;
+    V = b2 * V + (1.f - b2) * G.square();
+  } else {
+    M = b1 * M + (1.f - b1) * (G + wd * W);
+    V = b2 * V + (1.f - b2) * (G + wd * W).square();
+  }
+  W -= s.bias.step_size * M / (V.sqrt() * s.bias.inv_sqrt_bc2 + eps);
+}
+
+// Σ x² of each CPU tensor. Float sums over short blocks (vectorised), added up in double: the
+// rounding error stays near float epsilon however long the tensor, at the speed of a float
+// reduction. The blocks of all tensors are summed in one region, each tensor's block sums then
+// added up in block order on one thread, so a tensor's result is the same bit pattern on every
+// rank and thread count, alone or among others.
+std::vector<double> cpu_sums_of_squares(std::span<const Tensor> xs) {
+  constexpr std::int64_t kBlock = 1024;
+  std::vector<std::int64_t> blocks(xs.size());
+  std::vector<std::int64_t> first(xs.size() + 1, 0);  // of each tensor's sums in block_sums
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    PIPELINE_CHECK(xs[i].dtype() == DType::Float32 && xs[i].device().is_cpu(),
+                   "sum_of_squares: expected a float32 CPU tensor, got {} on {}",
+                   dtype_name(xs[i].dtype()), xs[i].device().str());
+    blocks[i] = (xs[i].numel() + kBlock - 1) / kBlock;
+    first[i + 1] = first[i] + blocks[i];
+  }
+  thread_local std::vector<float> block_sums;
+  block_sums.resize(static_cast<std::size_t>(first.back()));
+  float* sums = block_sums.data();
+  pipeline::detail::for_each_piece_of(
+      blocks, kMinPiece / kBlock, 1, [&](std::size_t i, std::int64_t from, std::int64_t count) {
+        const float* p = xs[i].data<float>();
+        const std::int64_t n = xs[i].numel();
+        for (std::int64_t b = from; b < from + count; ++b) {
+          const std::int64_t at = b * kBlock;
+          sums[first[i] + b] = ConstArray(p + at, std::min(kBlock, n - at)).square().sum();
+        }
+      });
+  std::vector<double> out(xs.size(), 0.0);
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    for (std::int64_t b = first[i]; b < first[i + 1]; ++b) out[i] += static_cast<double>(sums[b]);
+  return out;
+}
+
 // Step scalars exist for CUDA graphs only: the CPU update always takes its arguments.
 void check_no_step_scalars(const Tensor* scalars, const char* op) {
   PIPELINE_CHECK(scalars == nullptr,
@@ -138,47 +269,10 @@ void sgd_update(Tensor& param, const Tensor& grad, Tensor* momentum_buffer, bool
     return;
   }
 #endif
-  PIPELINE_CHECK(param.dtype() == DType::Float32 && param.device().is_cpu(),
-                 "sgd_update: the parameter must be a float32 CPU tensor");
-  check_pair("sgd_update", param, grad, "the gradient");
-  const bool use_momentum = p.momentum != 0.f;
-  if (use_momentum) {
-    PIPELINE_CHECK(momentum_buffer != nullptr, "sgd_update: momentum {} needs a momentum buffer",
-                   p.momentum);
-    check_pair("sgd_update", param, *momentum_buffer, "the momentum buffer");
-  }
-  PIPELINE_CHECK_AS(ConfigError, !p.nesterov || (use_momentum && p.dampening == 0.f),
-                    "Nesterov momentum needs momentum > 0 and dampening 0 (got momentum {}, "
-                    "dampening {})",
-                    p.momentum, p.dampening);
-  float* w = param.data<float>();
-  const float* g = grad.data<float>();
-  float* b = use_momentum ? momentum_buffer->data<float>() : nullptr;
-  const float lr = p.lr, mu = p.momentum, wd = p.weight_decay, keep = 1.f - p.dampening;
-
-  pipeline::detail::for_each_piece(param.numel(), kMinPiece, kPieceAlign,
-                                   [&](std::int64_t i, std::int64_t n) {
-                                     Array W(w + i, n);
-                                     ConstArray G(g + i, n);
-                                     if (!use_momentum) {
-                                       if (wd != 0.f)
-                                         W -= lr * (G + wd * W);
-                                       else
-                                         W -= lr * G;
-                                       return;
-                                     }
-                                     Array B(b + i, n);
-                                     // d_p = g + wd·w is formed inside each expression rather than
-                                     // stored, so one pass suffices.
-                                     if (first_step)
-                                       B = G + wd * W;
-                                     else
-                                       B = mu * B + keep * (G + wd * W);
-                                     if (p.nesterov)
-                                       W -= lr * ((G + wd * W) + mu * B);
-                                     else
-                                       W -= lr * B;
-                                   });
+  const SgdCpuTensor t = sgd_cpu_operands(param, grad, momentum_buffer, p);
+  pipeline::detail::for_each_piece(
+      t.n, kMinPiece, kPieceAlign,
+      [&](std::int64_t i, std::int64_t n) { sgd_piece(t, i, n, first_step, p); });
 }
 
 void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
@@ -194,39 +288,11 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
     return;
   }
 #endif
-  PIPELINE_CHECK(param.dtype() == DType::Float32 && param.device().is_cpu(),
-                 "adamw_update: the parameter must be a float32 CPU tensor");
-  check_pair("adamw_update", param, grad, "the gradient");
-  check_pair("adamw_update", param, exp_avg, "exp_avg");
-  check_pair("adamw_update", param, exp_avg_sq, "exp_avg_sq");
-  PIPELINE_CHECK(step >= 1, "adamw_update: step counts from 1, got {}", step);
-  PIPELINE_CHECK_AS(ConfigError, p.beta1 >= 0.f && p.beta1 < 1.f && p.beta2 >= 0.f && p.beta2 < 1.f,
-                    "Adam betas must lie in [0, 1), got ({}, {})", p.beta1, p.beta2);
-
-  const AdamScalars scalars = adam_scalars(step, p);
-  const float step_size = scalars.step_size, inv_sqrt_bc2 = scalars.inv_sqrt_bc2;
-  const float b1 = p.beta1, b2 = p.beta2, eps = p.eps, wd = p.weight_decay;
-  const float decay = 1.f - p.lr * p.weight_decay;
-  const bool decoupled = p.decoupled;
-
-  float* w = param.data<float>();
-  const float* g = grad.data<float>();
-  float* m = exp_avg.data<float>();
-  float* v = exp_avg_sq.data<float>();
-  pipeline::detail::for_each_piece(param.numel(), kMinPiece, kPieceAlign,
-                                   [&](std::int64_t i, std::int64_t n) {
-                                     Array W(w + i, n), M(m + i, n), V(v + i, n);
-                                     ConstArray G(g + i, n);
-                                     if (decoupled) {
-                                       if (wd != 0.f) W *= decay;
-                                       M = b1 * M + (1.f - b1) * G;
-                                       V = b2 * V + (1.f - b2) * G.square();
-                                     } else {
-                                       M = b1 * M + (1.f - b1) * (G + wd * W);
-                                       V = b2 * V + (1.f - b2) * (G + wd * W).square();
-                                     }
-                                     W -= step_size * M / (V.sqrt() * inv_sqrt_bc2 + eps);
-                                   });
+  const AdamWCpuTensor t = adamw_cpu_operands(param, grad, exp_avg, exp_avg_sq);
+  const AdamWCpuStep s = adamw_cpu_step(step, p);
+  pipeline::detail::for_each_piece(
+      t.n, kMinPiece, kPieceAlign,
+      [&](std::int64_t i, std::int64_t n) { adamw_piece(t, i, n, s); });
 }
 
 void sgd_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
@@ -249,8 +315,16 @@ void sgd_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
   }
 #endif
   check_no_step_scalars(step_scalars, "sgd_update_many");
-  for (std::size_t i = 0; i < params.size(); ++i)
-    sgd_update(params[i], grads[i], momentum_buffers[i], first_step, p);
+  std::vector<SgdCpuTensor> t;
+  std::vector<std::int64_t> sizes;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    t.push_back(sgd_cpu_operands(params[i], grads[i], momentum_buffers[i], p));
+    sizes.push_back(t.back().n);
+  }
+  pipeline::detail::for_each_piece_of(sizes, kMinPiece, kPieceAlign,
+                                      [&](std::size_t i, std::int64_t at, std::int64_t n) {
+                                        sgd_piece(t[i], at, n, first_step, p);
+                                      });
 }
 
 void adamw_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
@@ -274,8 +348,16 @@ void adamw_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
   }
 #endif
   check_no_step_scalars(step_scalars, "adamw_update_many");
-  for (std::size_t i = 0; i < params.size(); ++i)
-    adamw_update(params[i], grads[i], exp_avg[i], exp_avg_sq[i], step, p);
+  const AdamWCpuStep s = adamw_cpu_step(step, p);
+  std::vector<AdamWCpuTensor> t;
+  std::vector<std::int64_t> sizes;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    t.push_back(adamw_cpu_operands(params[i], grads[i], exp_avg[i], exp_avg_sq[i]));
+    sizes.push_back(t.back().n);
+  }
+  pipeline::detail::for_each_piece_of(
+      sizes, kMinPiece, kPieceAlign,
+      [&](std::size_t i, std::int64_t at, std::int64_t n) { adamw_piece(t[i], at, n, s); });
 }
 
 std::vector<float> sgd_step_scalars(const SgdParams& p) {
@@ -298,35 +380,13 @@ double sum_of_squares(const Tensor& x) {
                                    static_cast<double*>(workspace.raw()));
   }
 #endif
-  PIPELINE_CHECK(x.dtype() == DType::Float32 && x.device().is_cpu(),
-                 "sum_of_squares: expected a float32 CPU tensor");
-  // Float sums over short blocks (vectorised), added up in double: the rounding error stays near
-  // float epsilon however long the tensor, at the speed of a float reduction. The blocks are
-  // summed on every thread, their sums added up in block order on one, so the result is the
-  // same bit pattern on every rank and thread count.
-  constexpr std::int64_t kBlock = 1024;
-  const float* p = x.data<float>();
-  const std::int64_t n = x.numel();
-  const std::int64_t blocks = (n + kBlock - 1) / kBlock;
-  thread_local std::vector<float> block_sums;
-  block_sums.resize(static_cast<std::size_t>(blocks));
-  float* sums = block_sums.data();
-  pipeline::detail::for_each_piece(
-      blocks, kMinPiece / kBlock, kPieceAlign, [&](std::int64_t first, std::int64_t count) {
-        for (std::int64_t b = first; b < first + count; ++b) {
-          const std::int64_t i = b * kBlock;
-          sums[b] = ConstArray(p + i, std::min(kBlock, n - i)).square().sum();
-        }
-      });
-  double total = 0.0;
-  for (std::int64_t b = 0; b < blocks; ++b) total += static_cast<double>(sums[b]);
-  return total;
+  return cpu_sums_of_squares(std::span<const Tensor>(&x, 1)).front();
 }
 
 std::vector<double> sums_of_squares(std::span<const Tensor> xs) {
-  std::vector<double> out(xs.size(), 0.0);
 #if PIPELINE_WITH_CUDA
   if (!xs.empty() && xs[0].device().is_cuda()) {
+    std::vector<double> out(xs.size(), 0.0);
     const Device d = xs[0].device();
     const detail::CudaScope cuda(d);
     Tensor workspace = cuda.scratch_bytes(kernels::kSumOfSquaresWorkspace * sizeof(double));
@@ -344,8 +404,7 @@ std::vector<double> sums_of_squares(std::span<const Tensor> xs) {
     return out;
   }
 #endif
-  for (std::size_t i = 0; i < xs.size(); ++i) out[i] = sum_of_squares(xs[i]);
-  return out;
+  return cpu_sums_of_squares(xs);
 }
 
 void scale_inplace(Tensor& x, float factor) {

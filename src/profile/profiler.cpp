@@ -196,7 +196,7 @@ struct LayerRules {
 void step_layer(Optimizer& rule, std::vector<Tensor>& params, std::vector<Tensor>& grads) {
   (void)ops::sums_of_squares(grads);
   rule.step(params, grads, 0.f);
-  for (Tensor& g : grads) g.zero();
+  zero_all(grads);
 }
 
 // Bytes of a weight version of `layer` stashed under bf16 compute (WeightStore::set_bf16_stash):

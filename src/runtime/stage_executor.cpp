@@ -931,7 +931,7 @@ void StageExecutor::do_step(Run& run, const Action& a) {
   ModelParams& p = m_store->begin_step();
   std::vector<Tensor> flat = flatten_params(p);
   m_optimizer->step(flat, grads, (*run.lr)(step));
-  for (auto& g : grads) g.zero();
+  zero_all(grads);
   if (!run.sealed.empty()) run.spare = std::exchange(run.sealed, {});
   sample_memory(run);  // a new weight version, and the optimizer state from the first step on
   ++m_steps;

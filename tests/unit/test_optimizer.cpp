@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace test_optimizer {
@@ -273,6 +274,71 @@ TEST_CASE("sum_of_squares: float block sums added in double, the same bits on an
       set_num_threads(threads);
       CHECK(ops::sum_of_squares(x) == serial);
     }
+  }
+  set_num_threads(before);
+}
+
+TEST_CASE("Updates, sums of squares and zeroing of many tensors at once equal them one by one") {
+  // A model's mix: tiny biases, tensors around the 16-float alignment and the per-thread share,
+  // one large enough to be split, an empty one. The many-tensor forms share one region between
+  // all of them; every element must come out with the same bits as the per-tensor forms give.
+  const std::vector<std::int64_t> sizes = {1, 10, 17, 1023, 0, 65'536 + 5, 250'001, 3};
+  const int before = num_threads();
+  auto random = [&](std::uint64_t seed) {
+    std::vector<Tensor> ts;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      ts.push_back(Tensor::empty({sizes[i]}));
+      Rng(seed + i, "many").fill_normal(ts.back(), 0.f, 1.f);
+    }
+    return ts;
+  };
+  auto clones = [](const std::vector<Tensor>& ts) {
+    std::vector<Tensor> out;
+    for (const Tensor& t : ts) out.push_back(t.clone());
+    return out;
+  };
+  auto same_bits = [](const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (std::memcmp(a[i].raw(), b[i].raw(), a[i].nbytes()) != 0) return false;
+    return true;
+  };
+  const std::vector<Tensor> w0 = random(1), g = random(100), m0 = random(200), v0 = random(300);
+  std::vector<Tensor> v_abs = clones(v0);  // Adam's second moments are never negative
+  for (Tensor& v : v_abs)
+    std::for_each(v.data<float>(), v.data<float>() + v.numel(), [](float& x) { x = std::abs(x); });
+  for (int threads : {1, 2, 3, 4}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    for (bool first : {true, false}) {
+      const ops::SgdParams sp{
+          .lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true};
+      std::vector<Tensor> w1 = clones(w0), b1 = clones(m0), w2 = clones(w0), b2 = clones(m0);
+      for (std::size_t i = 0; i < sizes.size(); ++i)
+        ops::sgd_update(w1[i], g[i], &b1[i], first, sp);
+      std::vector<Tensor*> buffers;
+      for (Tensor& b : b2) buffers.push_back(&b);
+      ops::sgd_update_many(w2, g, buffers, first, sp);
+      CHECK(same_bits(w1, w2));
+      CHECK(same_bits(b1, b2));
+    }
+    for (bool decoupled : {true, false}) {
+      const ops::AdamWParams ap{.lr = 0.01f, .weight_decay = 0.1f, .decoupled = decoupled};
+      std::vector<Tensor> w1 = clones(w0), m1 = clones(m0), v1 = clones(v_abs);
+      std::vector<Tensor> w2 = clones(w0), m2 = clones(m0), v2 = clones(v_abs);
+      for (std::size_t i = 0; i < sizes.size(); ++i)
+        ops::adamw_update(w1[i], g[i], m1[i], v1[i], 3, ap);
+      ops::adamw_update_many(w2, g, m2, v2, 3, ap);
+      CHECK(same_bits(w1, w2));
+      CHECK(same_bits(m1, m2));
+      CHECK(same_bits(v1, v2));
+    }
+    const std::vector<double> sums = ops::sums_of_squares(g);
+    for (std::size_t i = 0; i < sizes.size(); ++i) CHECK(sums[i] == ops::sum_of_squares(g[i]));
+    std::vector<Tensor> z = clones(g);
+    zero_all(z);
+    for (const Tensor& t : z)
+      CHECK(std::all_of(t.data<float>(), t.data<float>() + t.numel(),
+                        [](float x) { return x == 0.f && !std::signbit(x); }));
   }
   set_num_threads(before);
 }

@@ -113,4 +113,29 @@ TEST_CASE("regions of varying width reuse one team of threads") {
   CHECK(ids.size() <= 4);
 }
 
+TEST_CASE("for_each_piece_of covers every element of every array once, in aligned pieces") {
+  const ThreadCount team(4);
+  const std::vector<std::vector<std::int64_t>> cases = {
+      {}, {0}, {5}, {0, 0, 3}, {1, 10, 17, 1023, 0, 65'541, 3}, {100'000, 1, 100'000}};
+  for (const auto& sizes : cases)
+    for (std::int64_t min_piece : {1, 64, 1'000'000}) {
+      CAPTURE(sizes.size());
+      CAPTURE(min_piece);
+      std::vector<std::vector<std::atomic<int>>> seen;
+      for (std::int64_t n : sizes) seen.emplace_back(static_cast<std::size_t>(n));
+      std::atomic<bool> bad{false};
+      detail::for_each_piece_of(
+          sizes, min_piece, 16, [&](std::size_t i, std::int64_t begin, std::int64_t count) {
+            if (i >= sizes.size() || count <= 0 || begin % 16 != 0 || begin + count > sizes[i])
+              bad = true;
+            else
+              for (std::int64_t k = begin; k < begin + count; ++k)
+                seen[i][static_cast<std::size_t>(k)].fetch_add(1);
+          });
+      CHECK_FALSE(bad.load());
+      for (const auto& s : seen)
+        CHECK(std::all_of(s.begin(), s.end(), [](const auto& c) { return c.load() == 1; }));
+    }
+}
+
 }  // namespace test_parallel

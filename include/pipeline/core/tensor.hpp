@@ -211,4 +211,17 @@ class Tensor {
   Device m_device;
 };
 
+// t.zero() for every tensor, the CPU ones in one parallel region (zero_bytes over all of them).
+inline void zero_all(std::span<Tensor> tensors) {
+  std::vector<ByteRange> cpu;
+  for (Tensor& t : tensors) {
+    if (t.nbytes() == 0) continue;
+    if (t.device().is_cpu())
+      cpu.push_back({t.raw(), t.nbytes()});
+    else
+      t.zero();
+  }
+  zero_bytes(cpu);
+}
+
 }  // namespace pipeline

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
 namespace pipeline {
 
@@ -23,9 +24,17 @@ int ranks_per_process();
 
 // memset(dst, 0, bytes) and memmove(dst, src, bytes) on num_threads() threads for large buffers
 // (gradients zeroed and weight versions copied every step: serial, they were the part of a step
-// that more threads did not shorten), plain memset / memmove below a few MiB or when the ranges
-// overlap.
+// that more threads did not shorten), plain memset / memmove below 256 KiB a thread or when the
+// ranges overlap.
 void zero_bytes(void* dst, std::size_t bytes);
 void copy_bytes(void* dst, const void* src, std::size_t bytes);
+
+// zero_bytes over several buffers in one parallel region: a model's many gradients, most too
+// small to take the threads alone, share them.
+struct ByteRange {
+  void* data;
+  std::size_t bytes;
+};
+void zero_bytes(std::span<const ByteRange> buffers);
 
 }  // namespace pipeline

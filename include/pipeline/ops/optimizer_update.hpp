@@ -55,8 +55,9 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
                   std::int64_t step, const AdamWParams& p);
 
 // The same updates for many tensors with one step count: on a GPU one multi-tensor launch for
-// all of them (a model's many small parameters cost one kernel, not one each), on the CPU the
-// per-tensor update in turn. Element for element the arithmetic is the per-tensor update's, so
+// all of them (a model's many small parameters cost one kernel, not one each), on the CPU one
+// parallel region whose threads split all of them (not a region, or one thread, per tensor).
+// Element for element the arithmetic is the per-tensor update's, so
 // the results are bitwise the same. momentum_buffers[i] may be null only without momentum.
 //
 // step_scalars (GPU only, for CUDA graphs): a float32 tensor on the parameters' device holding
@@ -77,7 +78,8 @@ std::vector<float> adamw_step_scalars(std::int64_t step, const AdamWParams& p);
 // Σ x² over a float32 tensor, accumulated in double.
 double sum_of_squares(const Tensor& x);
 // sum_of_squares of each tensor (all on one device), with one wait for all of them on a GPU
-// instead of one per tensor: the values are those of sum_of_squares, bit for bit.
+// instead of one per tensor, in one parallel region on the CPU: the values are those of
+// sum_of_squares, bit for bit.
 std::vector<double> sums_of_squares(std::span<const Tensor> xs);
 // x *= factor in place.
 void scale_inplace(Tensor& x, float factor);

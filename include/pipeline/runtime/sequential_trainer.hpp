@@ -157,7 +157,7 @@ class SequentialTrainer {
                    m_step);
     if (m_clip_norm > 0.f) scale(grads, clip_factor(r.grad_norm, m_clip_norm));
     m_optimizer->step(params, grads, lr);
-    for (auto& g : grads) g.zero();
+    zero_all(grads);
     return r;
   }
 
@@ -180,7 +180,7 @@ class SequentialTrainer {
     ops::sum_of_squares_total(grads, sum_of_squares);
     if (m_clip_norm > 0.f) ops::scale_by_clip_factor(grads, sum_of_squares, m_clip_norm);
     m_optimizer->step(params, grads, lr);
-    for (auto& g : grads) g.zero();
+    zero_all(grads);
   }
 
   const Sequential* m_model;
