@@ -215,6 +215,20 @@ int main(int argc, char** argv) {
            time_ms(
                [&] { ops::softmax_cross_entropy_accumulate(logits, labels, scale, grad, totals); },
                warmup, runs)});
+      if (c > 8192) {
+        // Long rows the other way: one block a row, the row in shared memory (the kernel of GPUs
+        // without thread-block clusters), for the comparison with the cluster kernel.
+        ops::set_softmax_xent_clusters(false);
+        rows.push_back(
+            {"softmax cross-entropy forward + backward, loss left on the device, no clusters",
+             fmt::format("{}×{}", r, c), "4·(2·R·C + R)", 4 * (2 * R * C + R),
+             time_ms(
+                 [&] {
+                   ops::softmax_cross_entropy_accumulate(logits, labels, scale, grad, totals);
+                 },
+                 warmup, runs)});
+        ops::set_softmax_xent_clusters(true);
+      }
     }
 
     // PyTorch: one JSON line per row {"kernel", "shape", "median_ms"} plus {"kernel": "copy"}.

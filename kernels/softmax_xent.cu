@@ -6,9 +6,11 @@
 // of up to 512 classes take a warp each, in registers (float4 accesses when classes is a multiple
 // of 4 and the rows are 16-byte aligned); up to 8 items per thread of a block (classes <= 8192) a
 // block, in registers: the row is read once and the gradient written once. Longer rows (a
-// language model's vocabulary) are kept in shared memory where they fit (32000 classes:
-// 125 KiB), else read twice with an online maximum-and-sum pass (rescaling the running sum when
-// the maximum grows).
+// language model's vocabulary) are split over a cluster of blocks on GPUs that have them (sm_90),
+// each block's slice in registers and the slices' maxima and sums exchanged through distributed
+// shared memory; elsewhere they are kept in one block's shared memory where they fit (32000
+// classes: 125 KiB), else read twice with an online maximum-and-sum pass (rescaling the running
+// sum when the maximum grows).
 //
 // Semantics follow src/ops/softmax_xent.cpp term for term: the argmax is the first maximum,
 // grad = exp(z − zmax) · (scale / Σ) with scale subtracted at the label, and a row's loss is
@@ -22,12 +24,17 @@
 
 #include <pipeline/cuda/check.hpp>
 
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <tuple>
 
 namespace pipeline::kernels {
@@ -388,6 +395,133 @@ static __global__ __launch_bounds__(kMaxRowThreads) void softmax_xent_smem_rows_
   }
 }
 
+// Long rows split over a cluster of kClusterBlocks blocks (sm_90): block b of a cluster takes
+// the b-th slice of each of its rows, at most kClusterPacks packs a thread, in registers. The
+// blocks' maxima, then their sums, meet through distributed shared memory: each warp reads the
+// kClusterBlocks values into its first lanes and combines them with shuffles, so every block
+// computes the row's maximum and sum from the same values in the same order. Against the
+// shared-memory kernel (one 125 KiB row an SM, its load, reduce and write phases in turn), an SM
+// holds several of these small blocks, one's loads in flight while another reduces or writes.
+constexpr int kClusterBlocks = 8;  // the portable cluster size
+constexpr int kClusterPacks = 4;
+
+// The largest row a cluster takes: every block's slice in kClusterPacks packs of its threads.
+constexpr std::int64_t cluster_max_classes(int vec) {
+  return static_cast<std::int64_t>(kClusterBlocks) * kMaxRowThreads * kClusterPacks * vec;
+}
+
+template <int Vec>
+static __global__ __launch_bounds__(kMaxRowThreads) void softmax_xent_cluster_rows_kernel(
+    const float* logits, const std::int32_t* labels, std::int64_t rows, int classes, float scale,
+    float* grad, double* part_loss, int* part_hit, const Status* status) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (status->bad_label.index >= 0) return;  // every block of every cluster returns here
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  __shared__ float sv[detail::kWarp];
+  __shared__ int si[detail::kWarp];
+  __shared__ float ss[detail::kWarp];
+  // This block's part of the current row, read by every block of the cluster. A block rewrites
+  // slice_max only after the row's second cluster barrier (all blocks have read it by then) and
+  // slice_sum only after the next row's first (all blocks have read the previous one).
+  __shared__ float slice_max, slice_sum;
+  __shared__ int slice_arg;
+  const int tid = threadIdx.x, lane = tid % detail::kWarp;
+  const int rank = static_cast<int>(cluster.block_rank());
+  const std::int64_t clusters = gridDim.x / kClusterBlocks;
+  const int packs = classes / Vec;
+  const int per_block = (packs + kClusterBlocks - 1) / kClusterBlocks;
+  const int first = rank * per_block, last = min(packs, first + per_block);
+  double loss = 0;
+  int hits = 0;
+  for (std::int64_t r = blockIdx.x / kClusterBlocks; r < rows; r += clusters) {
+    const float* z = logits + r * classes;
+    Pack<Vec> v[kClusterPacks];
+#pragma unroll
+    for (int k = 0; k < kClusterPacks; ++k) {
+      const int i = first + tid + k * static_cast<int>(blockDim.x);
+      if (i < last) v[k] = load_pack<Vec>(z + Vec * i);
+    }
+    float best = -INFINITY;
+    int arg = kNoIndex;
+    // A thread's candidates come in increasing position: strict > keeps its first maximum.
+#pragma unroll
+    for (int k = 0; k < kClusterPacks; ++k) {
+      const int i = first + tid + k * static_cast<int>(blockDim.x);
+#pragma unroll
+      for (int j = 0; j < Vec; ++j)
+        if (i < last && (arg == kNoIndex || v[k].v[j] > best)) {
+          best = v[k].v[j];
+          arg = Vec * i + j;
+        }
+    }
+    block_argmax(best, arg, sv, si);
+    if (tid == 0) {
+      slice_max = best;
+      slice_arg = arg;
+    }
+    cluster.sync();
+    best = -INFINITY;
+    arg = kNoIndex;
+    if (lane < kClusterBlocks) {
+      best = *cluster.map_shared_rank(&slice_max, lane);
+      arg = *cluster.map_shared_rank(&slice_arg, lane);
+    }
+#pragma unroll
+    for (int offset = kClusterBlocks / 2; offset > 0; offset >>= 1)
+      argmax_combine(best, arg, __shfl_xor_sync(detail::kFullMask, best, offset),
+                     __shfl_xor_sync(detail::kFullMask, arg, offset));
+    best = __shfl_sync(detail::kFullMask, best, 0);
+    arg = __shfl_sync(detail::kFullMask, arg, 0);
+    float part = 0.f;
+#pragma unroll
+    for (int k = 0; k < kClusterPacks; ++k) {
+      const int i = first + tid + k * static_cast<int>(blockDim.x);
+#pragma unroll
+      for (int j = 0; j < Vec; ++j) {
+        v[k].v[j] = i < last ? expf(v[k].v[j] - best) : 0.f;
+        part += v[k].v[j];
+      }
+    }
+    part = detail::block_sum(part, ss);
+    if (tid == 0) slice_sum = part;
+    cluster.sync();
+    float sum = lane < kClusterBlocks ? *cluster.map_shared_rank(&slice_sum, lane) : 0.f;
+    // The same butterfly in every warp of every block: the same sum, bit for bit.
+#pragma unroll
+    for (int offset = kClusterBlocks / 2; offset > 0; offset >>= 1)
+      sum += __shfl_xor_sync(detail::kFullMask, sum, offset);
+    sum = __shfl_sync(detail::kFullMask, sum, 0);
+    const float inv = scale / sum;
+    const int label = labels[r];
+    float* g = grad + r * classes;
+#pragma unroll
+    for (int k = 0; k < kClusterPacks; ++k) {
+      const int i = first + tid + k * static_cast<int>(blockDim.x);
+      if (i >= last) continue;
+      Pack<Vec> out;
+#pragma unroll
+      for (int j = 0; j < Vec; ++j) {
+        out.v[j] = v[k].v[j] * inv;
+        if (Vec * i + j == label) out.v[j] -= scale;
+      }
+      store_pack<Vec>(g + Vec * i, out);
+    }
+    if (rank == 0 && tid == 0) {
+      loss += log(static_cast<double>(sum)) - static_cast<double>(z[label] - best);
+      hits += arg == label ? 1 : 0;
+    }
+  }
+  cluster.sync();  // no block leaves while another may still read its slice_sum
+  // One partial a cluster (a grid has no more clusters than rows: the workspace's per-row layout
+  // holds them).
+  if (rank == 0 && tid == 0) {
+    part_loss[blockIdx.x / kClusterBlocks] = loss;
+    part_hit[blockIdx.x / kClusterBlocks] = hits;
+  }
+#endif
+}
+
 // Adds the partials into the Status; with `totals` (softmax_xent_accumulate) also adds them there,
 // or records the bad label there, so a graphed step needs no further kernel.
 static __global__ __launch_bounds__(kTotalThreads) void softmax_xent_totals_kernel(
@@ -447,6 +581,35 @@ class LaunchLimits {
     return resident;
   }
 
+  // Clusters of `kernel` with `threads` threads a block that `device` holds at once (at least
+  // one), launched as `config` says.
+  std::int64_t resident_clusters(int device, const void* kernel, int threads,
+                                 const cudaLaunchConfig_t& config) {
+    const std::lock_guard<std::mutex> lock(m_mutex);
+    const auto key = std::make_tuple(device, kernel, threads, std::size_t{0});
+    if (const auto it = m_clusters.find(key); it != m_clusters.end()) return it->second;
+    int clusters = 0;
+    PIPELINE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+    const std::int64_t resident = std::max(clusters, 1);
+    m_clusters.emplace(key, resident);
+    return resident;
+  }
+
+  // Whether `kernel` runs its cluster code on `device`: the device has clusters (sm_90 on) and
+  // the code loaded for it was compiled for them (a PTX of an older architecture, compiled by the
+  // driver, has none).
+  bool has_clusters(int device, const void* kernel) {
+    const std::lock_guard<std::mutex> lock(m_mutex);
+    if (attribute(device, cudaDevAttrComputeCapabilityMajor) < 9) return false;
+    const auto key = std::make_pair(device, kernel);
+    if (const auto it = m_cluster_code.find(key); it != m_cluster_code.end()) return it->second;
+    cudaFuncAttributes a{};
+    PIPELINE_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
+    const bool ok = a.binaryVersion >= 90 && a.ptxVersion >= 90;
+    m_cluster_code.emplace(key, ok);
+    return ok;
+  }
+
   // The most dynamic shared memory a block of `device` may opt in to.
   std::size_t shared_optin(int device) {
     const std::lock_guard<std::mutex> lock(m_mutex);
@@ -479,7 +642,15 @@ class LaunchLimits {
   std::map<std::pair<int, cudaDeviceAttr>, int> m_attributes;
   std::map<std::tuple<int, const void*, int, std::size_t>, std::int64_t> m_resident;
   std::map<std::pair<int, const void*>, std::size_t> m_shared_allowed;
+  std::map<std::tuple<int, const void*, int, std::size_t>, std::int64_t> m_clusters;
+  std::map<std::pair<int, const void*>, bool> m_cluster_code;
 };
+
+// Whether long rows take the cluster kernel where it can run (set_softmax_xent_clusters).
+std::atomic<bool> g_clusters{[] {
+  const char* v = std::getenv("PIPELINE_SOFTMAX_XENT_CLUSTERS");
+  return v == nullptr || std::string_view(v) != "0";
+}()};
 
 LaunchLimits& launch_limits() {
   static LaunchLimits limits;
@@ -534,6 +705,38 @@ Status* launch_softmax_xent(cudaStream_t stream, const float* logits, const std:
     kernel<<<parts, threads, row_bytes, stream>>>(logits, labels, rows, c, scale, grad, part_loss,
                                                   part_hit, status);
   };
+  // Launches `kernel` over clusters and returns true where it can: rows a cluster holds, a device
+  // and loaded code with clusters, and clusters not switched off.
+  const auto cluster_rows = [&](auto kernel, int vec) {
+    const auto* k = reinterpret_cast<const void*>(kernel);
+    if (classes > cluster_max_classes(vec) || !g_clusters.load(std::memory_order_relaxed) ||
+        !limits.has_clusters(device, k))
+      return false;
+    const std::int64_t per_block = (classes / vec + kClusterBlocks - 1) / kClusterBlocks;
+    const int block = static_cast<int>(
+        std::clamp<std::int64_t>((per_block + kClusterPacks * detail::kWarp - 1) /
+                                     (kClusterPacks * detail::kWarp) * detail::kWarp,
+                                 detail::kWarp, kMaxRowThreads));
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = kClusterBlocks;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(kClusterBlocks);  // a valid grid for the occupancy query: one cluster
+    config.blockDim = dim3(static_cast<unsigned>(block));
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    // One partial a cluster, so no more clusters than rows.
+    parts = static_cast<unsigned>(
+        std::clamp<std::int64_t>(rows, 1, limits.resident_clusters(device, k, block, config)));
+    config.gridDim = dim3(parts * kClusterBlocks);
+    PIPELINE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, logits, labels, rows, c, scale, grad,
+                                           part_loss, part_hit,
+                                           static_cast<const Status*>(status)));
+    return true;
+  };
   const auto block_rows = [&](auto kernel) {
     parts = grid(reinterpret_cast<const void*>(kernel), threads, 0, rows);
     kernel<<<parts, threads, 0, stream>>>(logits, labels, rows, c, scale, grad, part_loss, part_hit,
@@ -553,6 +756,9 @@ Status* launch_softmax_xent(cudaStream_t stream, const float* logits, const std:
     warp_rows(softmax_xent_warp_rows_kernel<16, 1>);
   else if (classes <= static_cast<std::int64_t>(threads) * kCachedLogits)
     block_rows(softmax_xent_rows_kernel<kCachedLogits>);
+  else if (vec4 ? cluster_rows(softmax_xent_cluster_rows_kernel<4>, 4)
+                : cluster_rows(softmax_xent_cluster_rows_kernel<1>, 1))
+    ;  // launched
   else if (row_fits && vec4)
     smem_rows(softmax_xent_smem_rows_kernel<4>);
   else if (row_fits)
@@ -567,6 +773,10 @@ Status* launch_softmax_xent(cudaStream_t stream, const float* logits, const std:
 }
 
 }  // namespace
+
+void set_softmax_xent_clusters(bool on) {
+  g_clusters.store(on, std::memory_order_relaxed);
+}
 
 SoftmaxXentTotals softmax_xent(cudaStream_t stream, const float* logits, const std::int32_t* labels,
                                std::int64_t rows, std::int64_t classes, float scale, float* grad,

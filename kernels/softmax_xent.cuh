@@ -42,4 +42,10 @@ void softmax_xent_accumulate(cudaStream_t stream, const float* logits, const std
                              std::int64_t rows, std::int64_t classes, float scale, float* grad,
                              void* workspace, double* totals);
 
+// Rows longer than a block holds in registers (more than 8192 classes) take a cluster of blocks
+// on GPUs that have thread-block clusters (sm_90 on), each block a slice of the row in
+// registers; elsewhere, or after set_softmax_xent_clusters(false) (PIPELINE_SOFTMAX_XENT_CLUSTERS=0
+// in the environment at start-up), one block a row, the row in shared memory.
+void set_softmax_xent_clusters(bool on);
+
 }  // namespace pipeline::kernels

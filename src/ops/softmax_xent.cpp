@@ -118,4 +118,12 @@ void softmax_cross_entropy_accumulate(const Tensor& logits, const Tensor& labels
                 rows);
 }
 
+void set_softmax_xent_clusters(bool on) {
+#if PIPELINE_WITH_CUDA
+  kernels::set_softmax_xent_clusters(on);
+#else
+  (void)on;
+#endif
+}
+
 }  // namespace pipeline::ops

@@ -1,9 +1,9 @@
 // CUDA fused softmax cross-entropy against the CPU op: loss, correct count (exact) and the scaled
 // gradient over class counts on both sides of each kernel's limits (a warp per row up to 512, a
-// block in registers up to 8192, the row in shared memory, two reads), with float4 accesses and
-// without (classes not a multiple of 4, logits not 16-byte aligned), more rows than the device
-// holds blocks (so every block strides), ties (first maximum), large logits, an empty batch and
-// bad labels.
+// block in registers up to 8192, a cluster of blocks or the row in shared memory, two reads),
+// with float4 accesses and without (classes not a multiple of 4, logits not 16-byte aligned),
+// more rows than the device holds blocks (so every block strides), ties (first maximum), large
+// logits, an empty batch and bad labels.
 #include <pipeline/ops/softmax_xent.hpp>
 
 #include "gpu_compare.hpp"
@@ -47,6 +47,27 @@ TEST_CASE("softmax cross-entropy on CUDA matches the CPU") {
       compare(logits, labels, 1.f / static_cast<float>(rows));
     }
   }
+}
+
+TEST_CASE(
+    "softmax cross-entropy on CUDA: long rows over a cluster of blocks and in shared memory") {
+  // Both kernels for rows longer than a block's registers hold: every block of a cluster takes a
+  // slice (the last one shorter, or empty), float4 and single-float accesses, one row, fewer
+  // rows than clusters, and more rows than the device holds clusters.
+  for (bool clusters : {true, false}) {
+    CAPTURE(clusters);
+    ops::set_softmax_xent_clusters(clusters);
+    for (std::int64_t classes : {8193, 8200, 12000, 32000, 32001, 32768, 70000, 131072})
+      for (std::int64_t rows : {1, 5, 700}) {
+        if (rows * classes > 40'000'000) continue;
+        CAPTURE(classes);
+        CAPTURE(rows);
+        const auto seed = static_cast<std::uint64_t>(classes * 31 + rows);
+        compare(random_tensor(Shape{rows, classes}, seed, -4.f, 4.f),
+                random_ints(Shape{rows}, seed + 1, static_cast<std::int32_t>(classes)), 0.25f);
+      }
+  }
+  ops::set_softmax_xent_clusters(true);
 }
 
 TEST_CASE("softmax cross-entropy on CUDA: logits and labels not 16-byte aligned") {

@@ -34,4 +34,10 @@ SoftmaxXentResult softmax_cross_entropy(const Tensor& logits, const Tensor& labe
 void softmax_cross_entropy_accumulate(const Tensor& logits, const Tensor& labels, float scale,
                                       Tensor& grad, Tensor& totals);
 
+// On a GPU with thread-block clusters (sm_90 on), rows of more than 8192 classes are split over a
+// cluster of blocks; false gives them one block a row, the row in shared memory, as on older
+// GPUs (PIPELINE_SOFTMAX_XENT_CLUSTERS=0 in the environment does the same from start-up). For
+// tests and timings; nothing changes on the CPU.
+void set_softmax_xent_clusters(bool on);
+
 }  // namespace pipeline::ops
