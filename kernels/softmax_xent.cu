@@ -586,7 +586,7 @@ class LaunchLimits {
   std::int64_t resident_clusters(int device, const void* kernel, int threads,
                                  const cudaLaunchConfig_t& config) {
     const std::lock_guard<std::mutex> lock(m_mutex);
-    const auto key = std::make_tuple(device, kernel, threads, std::size_t{0});
+    const auto key = std::make_tuple(device, kernel, threads);
     if (const auto it = m_clusters.find(key); it != m_clusters.end()) return it->second;
     int clusters = 0;
     PIPELINE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
@@ -642,7 +642,7 @@ class LaunchLimits {
   std::map<std::pair<int, cudaDeviceAttr>, int> m_attributes;
   std::map<std::tuple<int, const void*, int, std::size_t>, std::int64_t> m_resident;
   std::map<std::pair<int, const void*>, std::size_t> m_shared_allowed;
-  std::map<std::tuple<int, const void*, int, std::size_t>, std::int64_t> m_clusters;
+  std::map<std::tuple<int, const void*, int>, std::int64_t> m_clusters;
   std::map<std::pair<int, const void*>, bool> m_cluster_code;
 };
 

@@ -86,6 +86,11 @@ void parallel_for_dynamic(std::int64_t n, int threads, Fn&& fn) {
   });
 }
 
+// Each of `threads` pieces of [0, n): an equal share rounded up to a multiple of `align`.
+inline std::int64_t piece_length(std::int64_t n, int threads, std::int64_t align) {
+  return ((n + threads - 1) / threads + align - 1) / align * align;
+}
+
 // Runs fn(begin, count) over [0, n) in one contiguous piece per thread, on as many threads as
 // give every piece at least min_piece (at most num_threads()): below that, waking the threads
 // costs more than the work. Every piece but the last is a multiple of `align` long, so pieces
@@ -97,7 +102,7 @@ void for_each_piece(std::int64_t n, std::int64_t min_piece, std::int64_t align, 
     fn(std::int64_t{0}, n);
     return;
   }
-  const std::int64_t piece = ((n + threads - 1) / threads + align - 1) / align * align;
+  const std::int64_t piece = piece_length(n, threads, align);
   on_threads(threads, [&](int t) {
     const std::int64_t begin = std::min<std::int64_t>(n, t * piece);
     const std::int64_t end = std::min<std::int64_t>(n, begin + piece);
@@ -118,8 +123,7 @@ void for_each_piece_of(std::span<const std::int64_t> sizes, std::int64_t min_pie
     start[i + 1] = start[i] + (sizes[i] + align - 1) / align * align;
   const std::int64_t n = start.back();
   const int threads = threads_for(n, min_piece);
-  const std::int64_t piece =
-      threads <= 1 ? n : ((n + threads - 1) / threads + align - 1) / align * align;
+  const std::int64_t piece = threads <= 1 ? n : piece_length(n, threads, align);
   on_threads(threads, [&](int t) {
     const std::int64_t begin = std::min<std::int64_t>(n, t * piece);
     const std::int64_t end = std::min<std::int64_t>(n, begin + piece);

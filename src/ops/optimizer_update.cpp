@@ -30,6 +30,19 @@ void check_pair(const char* op, const Tensor& param, const Tensor& other, const 
                  op, what, other.shape(), other.numel(), param.shape(), param.numel());
 }
 
+// The gradient and, with momentum, the momentum buffer of an SGD step checked against the
+// parameter by `check` (check_pair on the CPU, check_cuda_pair on a GPU); true with momentum.
+template <typename CheckPair>
+bool check_sgd_pairs(const Tensor& param, const Tensor& grad, const Tensor* momentum_buffer,
+                     const SgdParams& p, CheckPair check) {
+  check("sgd_update", param, grad, "the gradient");
+  if (p.momentum == 0.f) return false;
+  PIPELINE_CHECK(momentum_buffer != nullptr, "sgd_update: momentum {} needs a momentum buffer",
+                 p.momentum);
+  check("sgd_update", param, *momentum_buffer, "the momentum buffer");
+  return true;
+}
+
 // Each thread's piece of an update or reduction holds at least this many elements (16k floats of
 // an SGD-momentum step move 320 KB, several times a region's fork and join); pieces are multiples
 // of 16 floats, so that every piece's vector loads are aligned alike.
@@ -63,13 +76,7 @@ kernels::SgdTensor sgd_operands(Tensor& param, const Tensor& grad, Tensor* momen
   PIPELINE_CHECK(detail::common_device("sgd_update", {&param, &grad, momentum_buffer}) == d,
                  "sgd_update: every tensor of one step must be on {}", d.str());
   check_cuda_pair("sgd_update", param, param, "the parameter");
-  check_cuda_pair("sgd_update", param, grad, "the gradient");
-  const bool use_momentum = p.momentum != 0.f;
-  if (use_momentum) {
-    PIPELINE_CHECK(momentum_buffer != nullptr, "sgd_update: momentum {} needs a momentum buffer",
-                   p.momentum);
-    check_cuda_pair("sgd_update", param, *momentum_buffer, "the momentum buffer");
-  }
+  const bool use_momentum = check_sgd_pairs(param, grad, momentum_buffer, p, check_cuda_pair);
   return {param.device_data<float>(), grad.device_data<float>(),
           use_momentum ? momentum_buffer->device_data<float>() : nullptr, param.numel()};
 }
@@ -127,13 +134,7 @@ SgdCpuTensor sgd_cpu_operands(Tensor& param, const Tensor& grad, Tensor* momentu
                               const SgdParams& p) {
   PIPELINE_CHECK(param.dtype() == DType::Float32 && param.device().is_cpu(),
                  "sgd_update: the parameter must be a float32 CPU tensor");
-  check_pair("sgd_update", param, grad, "the gradient");
-  const bool use_momentum = p.momentum != 0.f;
-  if (use_momentum) {
-    PIPELINE_CHECK(momentum_buffer != nullptr, "sgd_update: momentum {} needs a momentum buffer",
-                   p.momentum);
-    check_pair("sgd_update", param, *momentum_buffer, "the momentum buffer");
-  }
+  const bool use_momentum = check_sgd_pairs(param, grad, momentum_buffer, p, check_pair);
   PIPELINE_CHECK_AS(ConfigError, !p.nesterov || (use_momentum && p.dampening == 0.f),
                     "Nesterov momentum needs momentum > 0 and dampening 0 (got momentum {}, "
                     "dampening {})",
