@@ -9,6 +9,7 @@
 #   library against PyTorch on the CPU at CPU_THREADS (default 1 2 8 16), pinned; bench_conv on
 #   16; bench_gemm and the mlp's layer profile on 2 and 16; the mlp's steps on 1-16), LANE=<cap of the tests/train lanes>, CASES=<bench_gpu_step cases>,
 #   BENCH_STEPS=20, BENCH_KERNELS=1 (0: no bench_kernels), DATA=<Fashion-MNIST dir>, TEXT=<training text>,
+#   MEMCHECK, RACECHECK=<gpu test files under compute-sanitizer, e.g. "softmax_xent bias">,
 #   ARCH=90 (CMAKE_CUDA_ARCHITECTURES), PRECISION=fp32,tf32,bf16 (bench_gpu_step), TORCH=1 (0: no
 #   PyTorch columns), BUILD=build/gpu-checks, SKIP_BUILD=1 (use BUILD as it is)
 #
@@ -23,6 +24,10 @@ TEXT=${TEXT:-/usr/share/games/fortunes/fortunes}
 ARCH=${ARCH:-90}
 PRECISION=${PRECISION:-fp32,tf32,bf16}
 B=${BUILD:-build/gpu-checks}
+# The gpu test files run under compute-sanitizer's memcheck and racecheck, in this order.
+MEMCHECK=${MEMCHECK:-activation attention bias convert dropout embedding layer_norm optimizer pool \
+softmax_xent batch_norm gemm conv gpu_graphs}
+RACECHECK=${RACECHECK:-attention layer_norm softmax_xent bias pool}
 export PATH=$PATH:/usr/local/cuda/bin PYTHONUNBUFFERED=1
 [[ $(id -u) == 0 ]] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$OUT"
@@ -73,9 +78,8 @@ checks() {
     (box "$lane" "$OUT/gpu-tests.log" ctest --test-dir "$B" -L gpu -j 6 --timeout "$lane" --output-on-failure
      grep -E "tests passed|\((Failed|Timeout|SEGFAULT|Subprocess.*)\)" "$OUT/gpu-tests.log" >>"$S") &
     # The deliberate out-of-memory requests of gpu/test_device_memory.cpp are API errors, not bugs.
-    (for t in activation attention bias convert dropout embedding layer_norm optimizer pool \
-        softmax_xent batch_norm gemm conv gpu_graphs; do echo "memcheck $t"; done
-     for t in attention layer_norm softmax_xent bias pool; do echo "racecheck $t"; done) |
+    (for t in $MEMCHECK; do echo "memcheck $t"; done
+     for t in $RACECHECK; do echo "racecheck $t"; done) |
       xargs -P 4 -L 1 bash -c 'box $((lane - 5)) "$OUT/sanitizer.log" compute-sanitizer --tool $0 \
         --error-exitcode 9 "$B/tests/gpu_tests" "--source-file=*/gpu/test_$1.cpp"' &
   fi
