@@ -11,10 +11,12 @@
 // (k × n) holds (k 2t..2t+1, n g) and (k 2t+8..2t+9, n g). So a thread's scores of two adjacent
 // 8-key tiles are exactly its A fragment of the P·V product over those 16 keys: the softmax runs
 // on the accumulators, four threads share a row (two shuffles per reduction), and P never leaves
-// the registers. B operands whose pairs run along the k dimension of a tile stored row-major by
-// the other one (V in P·V, Q and dO in the dK/dV products, K in dS·K) are kept transposed in
-// shared memory, so that every fragment is one 32-bit load. Numerics as attention_bf16.cu: bf16
-// operands, fp32 softmax and accumulators, P and dS split in two bf16 halves.
+// the registers. Every tile sits in shared memory row-major, one row per key or query; fragments
+// come out of it by ldmatrix (four 8×8 matrices an instruction), with .trans for the B operands
+// whose pairs run down the tile's columns (V in P·V, Q and dO in the dK/dV products, K in dS·K).
+// (Those were kept as transposed copies before, whose 2-byte stores down a column hit two banks
+// out of 32.) Numerics as attention_bf16.cu: bf16 operands, fp32 softmax and accumulators, P and
+// dS split in two bf16 halves.
 #include "attention.cuh"
 #include "attention_common.cuh"
 #include "common.cuh"
@@ -35,11 +37,12 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * detail::kWarp;
 constexpr int kTile = 64;             // rows a block owns, and rows of each streamed tile
 static_assert(kTile == attention::kOwnRows, "the grid has one block per owned 64-row tile");
-constexpr int kTLd = kTile + 8;       // bf16 per row of a transposed tile [D][64 + 8]
 constexpr int kKeyTiles = kTile / 8;  // 8-wide accumulator tiles across a streamed tile
 
+// bf16 per row of a tile [64][D + 8]: the 8 bf16 of padding put ldmatrix's eight 16-byte rows
+// (and the tile loads' rows) in different banks.
 template <int D>
-constexpr int kRowLd = D + 8;  // bf16 per row of a row-major tile [64][D + 8]
+constexpr int kRowLd = D + 8;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -50,14 +53,12 @@ using attention::head_offset;
 using attention::Params;
 using attention::visible;
 
-// Rows [row0, row0 + 64) of one head as bf16, zero past `steps` and head_dim: row-major into
-// dst[64][D + 8], and (when `transposed` is set) also column-major into transposed[D][64 + 8].
-// Four floats per load where the head's rows allow it (16-byte aligned, head_dim and stride
-// multiples of 4: every packed qkv of a model whose head width is), else one at a time.
+// Rows [row0, row0 + 64) of one head as bf16 into dst[64][D + 8], zero past `steps` and
+// head_dim. Four floats per load where the head's rows allow it (16-byte aligned, head_dim and
+// stride multiples of 4: every packed qkv of a model whose head width is), else one at a time.
 template <int D>
-__device__ __forceinline__ void load_tile(__nv_bfloat16* dst, __nv_bfloat16* transposed,
-                                          const float* head, std::int64_t stride, int row0,
-                                          int steps, int head_dim) {
+__device__ __forceinline__ void load_tile(__nv_bfloat16* dst, const float* head,
+                                          std::int64_t stride, int row0, int steps, int head_dim) {
   const bool by_four =
       head_dim % 4 == 0 && stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(head) % 16 == 0;
   if (by_four) {
@@ -70,39 +71,24 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* dst, __nv_bfloat16* tra
                                              d);
       const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y),
                            hi = __floats2bfloat162_rn(x.z, x.w);
-      if (dst) {
-        uint2 w;
-        w.x = *reinterpret_cast<const std::uint32_t*>(&lo);
-        w.y = *reinterpret_cast<const std::uint32_t*>(&hi);
-        *reinterpret_cast<uint2*>(dst + r * kRowLd<D> + d) = w;  // 8-byte aligned: d % 4 == 0
-      }
-      if (transposed) {
-        transposed[(d + 0) * kTLd + r] = lo.x;
-        transposed[(d + 1) * kTLd + r] = lo.y;
-        transposed[(d + 2) * kTLd + r] = hi.x;
-        transposed[(d + 3) * kTLd + r] = hi.y;
-      }
+      uint2 w;
+      w.x = *reinterpret_cast<const std::uint32_t*>(&lo);
+      w.y = *reinterpret_cast<const std::uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(dst + r * kRowLd<D> + d) = w;  // 8-byte aligned: d % 4 == 0
     }
     return;
   }
   for (int i = threadIdx.x; i < kTile * D; i += kThreads) {
     const int r = i / D, d = i % D;
     const bool inside = row0 + r < steps && d < head_dim;
-    const __nv_bfloat16 x =
+    dst[r * kRowLd<D> + d] =
         __float2bfloat16_rn(inside ? head[static_cast<std::int64_t>(row0 + r) * stride + d] : 0.f);
-    if (dst) dst[r * kRowLd<D> + d] = x;
-    if (transposed) transposed[d * kTLd + r] = x;
   }
 }
 
 // Whether every (query, key) of a 64 × 64 tile pair is visible: no mask to apply.
 __device__ __forceinline__ bool all_visible(const Params& p, int q0, int k0) {
   return q0 + kTile <= p.steps && k0 + kTile <= p.steps && (!p.causal || k0 + kTile - 1 <= q0);
-}
-
-// The 32-bit word (two bf16) at element (row, col) of a tile with `ld` bf16 per row; col even.
-__device__ __forceinline__ std::uint32_t word(const __nv_bfloat16* tile, int ld, int row, int col) {
-  return *reinterpret_cast<const std::uint32_t*>(tile + row * ld + col);
 }
 
 __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
@@ -131,23 +117,52 @@ __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4],
 #endif
 }
 
-// The A fragment of rows row0.. (16) and columns col0.. (16) of a row-major tile.
-__device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const __nv_bfloat16* tile, int ld,
-                                       int row0, int col0) {
-  const int g = threadIdx.x % detail::kWarp / 4, t = threadIdx.x % 4;
-  a[0] = word(tile, ld, row0 + g, col0 + 2 * t);
-  a[1] = word(tile, ld, row0 + g + 8, col0 + 2 * t);
-  a[2] = word(tile, ld, row0 + g, col0 + 2 * t + 8);
-  a[3] = word(tile, ld, row0 + g + 8, col0 + 2 * t + 8);
+// Four 8×8 bf16 matrices of shared memory, lane l giving the address of row l % 8 of matrix
+// l / 8 (16 bytes, 16-byte aligned); `transposed`: each thread gets its pairs down the columns.
+template <bool transposed>
+__device__ __forceinline__ void load_matrices(std::uint32_t (&r)[4], const __nv_bfloat16* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto at = static_cast<std::uint32_t>(__cvta_generic_to_shared(row));
+  if constexpr (transposed)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+#endif
 }
 
-// The B fragment (k × n = 16 × 8) whose element (k, n) is tile[n0 + n][k0 + k]: a tile stored with
-// n along rows and k along each row.
-__device__ __forceinline__ void load_b(std::uint32_t (&b)[2], const __nv_bfloat16* tile, int ld,
-                                       int n0, int k0) {
-  const int g = threadIdx.x % detail::kWarp / 4, t = threadIdx.x % 4;
-  b[0] = word(tile, ld, n0 + g, k0 + 2 * t);
-  b[1] = word(tile, ld, n0 + g, k0 + 2 * t + 8);
+// The A fragment of rows row0.. (16) and columns col0.. (16) of a tile: matrices (rows 0-7,
+// columns 0-7), (rows 8-15, 0-7), (rows 0-7, 8-15), (rows 8-15, 8-15) are a[0..3].
+__device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const __nv_bfloat16* tile, int ld,
+                                       int row0, int col0) {
+  const int lane = threadIdx.x % detail::kWarp;
+  load_matrices<false>(a, tile + (row0 + lane % 8 + lane / 8 % 2 * 8) * ld + col0 + lane / 16 * 8);
+}
+
+// The B fragments (k × n = 16 × 8) of two adjacent n tiles, n0.. and n0 + 8.., whose element
+// (k, n) is tile[n][k0 + k]: a tile with n along its rows (K in Q·Kᵀ). b0's words come from
+// (rows n0.., columns k0..) and (rows n0.., k0 + 8..), b1's from the same 8 rows further down.
+__device__ __forceinline__ void load_b_pair(std::uint32_t (&b0)[2], std::uint32_t (&b1)[2],
+                                            const __nv_bfloat16* tile, int ld, int n0, int k0) {
+  const int lane = threadIdx.x % detail::kWarp;
+  std::uint32_t r[4];
+  load_matrices<false>(r, tile + (n0 + lane % 8 + lane / 16 * 8) * ld + k0 + lane / 8 % 2 * 8);
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
+}
+
+// The B fragments of two adjacent n tiles whose element (k, n) is tile[k0 + k][n]: a tile with k
+// along its rows (V in P·V), read transposed. b0 from (rows k0.., columns n0..) and (rows
+// k0 + 8.., n0..), b1 from the same rows 8 columns on.
+__device__ __forceinline__ void load_b_pair_down(std::uint32_t (&b0)[2], std::uint32_t (&b1)[2],
+                                                 const __nv_bfloat16* tile, int ld, int k0,
+                                                 int n0) {
+  const int lane = threadIdx.x % detail::kWarp;
+  std::uint32_t r[4];
+  load_matrices<true>(r, tile + (k0 + lane % 8 + lane / 8 % 2 * 8) * ld + n0 + lane / 16 * 8);
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
 }
 
 // acc[n] (16 rows × 64 columns as 8 accumulator tiles) = A[16 rows][D] · B[64][D]ᵀ, A the rows
@@ -162,19 +177,20 @@ __device__ __forceinline__ void scores(float (&acc)[kKeyTiles][4], const __nv_bf
     std::uint32_t a[4];
     load_a(a, a_tile, kRowLd<D>, row0, kk * 16);
 #pragma unroll
-    for (int n = 0; n < kKeyTiles; ++n) {
-      std::uint32_t b[2];
-      load_b(b, b_tile, kRowLd<D>, n * 8, kk * 16);
-      mma(acc[n], a, b);
+    for (int n = 0; n < kKeyTiles; n += 2) {
+      std::uint32_t b0[2], b1[2];
+      load_b_pair(b0, b1, b_tile, kRowLd<D>, n * 8, kk * 16);
+      mma(acc[n], a, b0);
+      mma(acc[n + 1], a, b1);
     }
   }
 }
 
 // out[dn] (16 × D as D/8 accumulator tiles) += X · B, X the 16 × 64 fp32 values of `x` (the
-// accumulator layout of `scores`) split in bf16 halves, B[64][D] given transposed (bt[D][64]).
+// accumulator layout of `scores`) split in bf16 halves, B[64][D] a tile.
 template <int D>
 __device__ __forceinline__ void accumulate(float (&out)[D / 8][4], const float (&x)[kKeyTiles][4],
-                                           const __nv_bfloat16* bt) {
+                                           const __nv_bfloat16* b_tile) {
 #pragma unroll
   for (int j = 0; j < kTile / 16; ++j) {
     std::uint32_t hi[4], lo[4];
@@ -183,11 +199,13 @@ __device__ __forceinline__ void accumulate(float (&out)[D / 8][4], const float (
     split_pack(x[2 * j + 1][0], x[2 * j + 1][1], hi[2], lo[2]);
     split_pack(x[2 * j + 1][2], x[2 * j + 1][3], hi[3], lo[3]);
 #pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn) {
-      std::uint32_t b[2];
-      load_b(b, bt, kTLd, dn * 8, j * 16);
-      mma(out[dn], hi, b);
-      mma(out[dn], lo, b);
+    for (int dn = 0; dn < D / 8; dn += 2) {
+      std::uint32_t b0[2], b1[2];
+      load_b_pair_down(b0, b1, b_tile, kRowLd<D>, j * 16, dn * 8);
+      mma(out[dn], hi, b0);
+      mma(out[dn], lo, b0);
+      mma(out[dn + 1], hi, b1);
+      mma(out[dn + 1], lo, b1);
     }
   }
 }
@@ -211,7 +229,7 @@ __device__ __forceinline__ void store_rows(const Params& p, const float (&acc)[D
 
 template <int D>
 constexpr std::size_t forward_smem() {
-  return (2 * kTile * kRowLd<D> + D * kTLd) * sizeof(__nv_bfloat16);
+  return 3 * kTile * kRowLd<D> * sizeof(__nv_bfloat16);
 }
 
 template <int D>
@@ -219,14 +237,14 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
   extern __shared__ __align__(128) unsigned char smem[];
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* ks = qs + kTile * kRowLd<D>;
-  __nv_bfloat16* vt = ks + kTile * kRowLd<D>;
+  __nv_bfloat16* vs = ks + kTile * kRowLd<D>;
 
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
   const int g = lane / 4, t = lane % 4;
   const Block blk = block_of(p, /*reversed=*/true);
   const int q0 = blk.tile * kTile;
   const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
-  load_tile<D>(qs, nullptr, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
+  load_tile<D>(qs, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
   const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
 
   // The softmax in base 2 (scores times scale · log2 e; exp2 is one instruction): the same
@@ -238,8 +256,8 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
   for (int kt = 0; kt < key_tiles; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();  // every warp is done with the previous K and V
-    load_tile<D>(ks, nullptr, p.k + in_head, p.in_stride, k0, p.steps, p.head_dim);
-    load_tile<D>(nullptr, vt, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
+    load_tile<D>(ks, p.k + in_head, p.in_stride, k0, p.steps, p.head_dim);
+    load_tile<D>(vs, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
     __syncthreads();
 
     float s[kKeyTiles][4];
@@ -285,7 +303,7 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
       o[dn][2] *= alpha[1];
       o[dn][3] *= alpha[1];
     }
-    accumulate<D>(o, s, vt);  // O += P V
+    accumulate<D>(o, s, vs);  // O += P V
   }
 
   const std::int64_t out_head = head_offset(p, blk.b, blk.h, p.out_stride);
@@ -307,7 +325,7 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
 
 template <int D>
 constexpr std::size_t dkv_smem() {
-  return (4 * kTile * kRowLd<D> + 2 * D * kTLd) * sizeof(__nv_bfloat16) + 2 * kTile * sizeof(float);
+  return 4 * kTile * kRowLd<D> * sizeof(__nv_bfloat16) + 2 * kTile * sizeof(float);
 }
 
 // A block owns 64 keys (a warp 16) and streams the query tiles that see them: with Sᵀ = K Qᵀ and
@@ -319,9 +337,7 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
   __nv_bfloat16* vs = ks + kTile * kRowLd<D>;
   __nv_bfloat16* qs = vs + kTile * kRowLd<D>;
   __nv_bfloat16* dos = qs + kTile * kRowLd<D>;
-  __nv_bfloat16* qt = dos + kTile * kRowLd<D>;
-  __nv_bfloat16* dot = qt + D * kTLd;
-  auto* lses = reinterpret_cast<float*>(dot + D * kTLd);
+  auto* lses = reinterpret_cast<float*>(dos + kTile * kRowLd<D>);
   float* deltas = lses + kTile;
 
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
@@ -330,8 +346,8 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
   const int k0 = blk.tile * kTile;
   const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
   const std::int64_t out_head = head_offset(p, blk.b, blk.h, p.out_stride);
-  load_tile<D>(ks, nullptr, p.k + in_head, p.in_stride, k0, p.steps, p.head_dim);
-  load_tile<D>(vs, nullptr, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
+  load_tile<D>(ks, p.k + in_head, p.in_stride, k0, p.steps, p.head_dim);
+  load_tile<D>(vs, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
   const int keys[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
 
   const float scale2 = p.scale * kLog2e;
@@ -341,8 +357,8 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
   for (int qt_index = p.causal ? blk.tile : 0; qt_index < p.tiles; ++qt_index) {
     const int q0 = qt_index * kTile;
     __syncthreads();  // every warp is done with the previous Q and dO
-    load_tile<D>(qs, qt, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
-    load_tile<D>(dos, dot, p.dout + out_head, p.out_stride, q0, p.steps, p.head_dim);
+    load_tile<D>(qs, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
+    load_tile<D>(dos, p.dout + out_head, p.out_stride, q0, p.steps, p.head_dim);
     for (int i = threadIdx.x; i < kTile; i += kThreads) {
       const bool inside = q0 + i < p.steps;
       lses[i] = inside ? lse_head[q0 + i] * kLog2e : 0.f;  // base 2, as the forward
@@ -363,8 +379,8 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
         st[n][i] = pr;                             // Pᵀ
         dpt[n][i] = pr * (dpt[n][i] - deltas[c]);  // dSᵀ
       }
-    accumulate<D>(dv, st, dot);  // dV += Pᵀ dO
-    accumulate<D>(dk, dpt, qt);  // dK += dSᵀ Q
+    accumulate<D>(dv, st, dos);  // dV += Pᵀ dO
+    accumulate<D>(dk, dpt, qs);  // dK += dSᵀ Q
   }
   const std::int64_t grad_head = head_offset(p, blk.b, blk.h, p.grad_stride);
   store_rows<D>(p, dv, p.dv + grad_head, p.grad_stride, k0 + warp * 16, 1.f);
@@ -373,7 +389,7 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
 
 template <int D>
 constexpr std::size_t dq_smem() {
-  return (4 * kTile * kRowLd<D> + D * kTLd) * sizeof(__nv_bfloat16);
+  return 4 * kTile * kRowLd<D> * sizeof(__nv_bfloat16);
 }
 
 // A block owns 64 queries (a warp 16) and streams the key tiles they see: with S = Q Kᵀ and
@@ -385,16 +401,15 @@ __global__ __launch_bounds__(kThreads) void attention_dq_mma_kernel(Params p) {
   __nv_bfloat16* dos = qs + kTile * kRowLd<D>;
   __nv_bfloat16* ks = dos + kTile * kRowLd<D>;
   __nv_bfloat16* vs = ks + kTile * kRowLd<D>;
-  __nv_bfloat16* kt_tile = vs + kTile * kRowLd<D>;
 
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
   const int g = lane / 4, t = lane % 4;
   const Block blk = block_of(p, /*reversed=*/true);
   const int q0 = blk.tile * kTile;
   const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
-  load_tile<D>(qs, nullptr, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
-  load_tile<D>(dos, nullptr, p.dout + head_offset(p, blk.b, blk.h, p.out_stride), p.out_stride, q0,
-               p.steps, p.head_dim);
+  load_tile<D>(qs, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
+  load_tile<D>(dos, p.dout + head_offset(p, blk.b, blk.h, p.out_stride), p.out_stride, q0, p.steps,
+               p.head_dim);
   const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
   float lse[2], delta[2];
 #pragma unroll
@@ -410,8 +425,8 @@ __global__ __launch_bounds__(kThreads) void attention_dq_mma_kernel(Params p) {
   for (int kt = 0; kt < key_tiles; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();
-    load_tile<D>(ks, kt_tile, p.k + in_head, p.in_stride, k0, p.steps, p.head_dim);
-    load_tile<D>(vs, nullptr, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
+    load_tile<D>(ks, p.k + in_head, p.in_stride, k0, p.steps, p.head_dim);
+    load_tile<D>(vs, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
     __syncthreads();
     float s[kKeyTiles][4], dp[kKeyTiles][4];
     scores<D>(s, qs, warp * 16, ks);    // S
@@ -426,7 +441,7 @@ __global__ __launch_bounds__(kThreads) void attention_dq_mma_kernel(Params p) {
             unmasked || visible(p, rows[i / 2], key) ? exp2f(s[n][i] * scale2 - lse[i / 2]) : 0.f;
         dp[n][i] = pr * (dp[n][i] - delta[i / 2]);  // dS
       }
-    accumulate<D>(dq, dp, kt_tile);  // dQ += dS K
+    accumulate<D>(dq, dp, ks);  // dQ += dS K
   }
   store_rows<D>(p, dq, p.dq + head_offset(p, blk.b, blk.h, p.grad_stride), p.grad_stride,
                 q0 + warp * 16, p.scale);
