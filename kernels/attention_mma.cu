@@ -62,19 +62,33 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* dst, const float* head,
   const bool by_four =
       head_dim % 4 == 0 && stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(head) % 16 == 0;
   if (by_four) {
+    // Each thread's float4s in batches whose loads are all issued before the first is used: a
+    // loop that converts each load before the next waits out the latency once per load.
     constexpr int kQuads = D / 4;  // float4s per padded row
-    for (int i = threadIdx.x; i < kTile * kQuads; i += kThreads) {
-      const int r = i / kQuads, d = i % kQuads * 4;
-      float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (row0 + r < steps && d < head_dim)  // d < head_dim: all four, as head_dim % 4 == 0
-        x = *reinterpret_cast<const float4*>(head + static_cast<std::int64_t>(row0 + r) * stride +
-                                             d);
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y),
-                           hi = __floats2bfloat162_rn(x.z, x.w);
-      uint2 w;
-      w.x = *reinterpret_cast<const std::uint32_t*>(&lo);
-      w.y = *reinterpret_cast<const std::uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(dst + r * kRowLd<D> + d) = w;  // 8-byte aligned: d % 4 == 0
+    constexpr int kPerThread = kTile * kQuads / kThreads;
+    static_assert(kTile * kQuads % kThreads == 0, "whole float4s per thread");
+    constexpr int kBatch = kPerThread < 4 ? kPerThread : 4;  // registers
+#pragma unroll
+    for (int b = 0; b < kPerThread; b += kBatch) {
+      float4 x[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = threadIdx.x + (b + j) * kThreads, r = i / kQuads, d = i % kQuads * 4;
+        x[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (row0 + r < steps && d < head_dim)  // d < head_dim: all four, as head_dim % 4 == 0
+          x[j] = *reinterpret_cast<const float4*>(head +
+                                                  static_cast<std::int64_t>(row0 + r) * stride + d);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = threadIdx.x + (b + j) * kThreads, r = i / kQuads, d = i % kQuads * 4;
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(x[j].x, x[j].y),
+                             hi = __floats2bfloat162_rn(x[j].z, x[j].w);
+        uint2 w;
+        w.x = *reinterpret_cast<const std::uint32_t*>(&lo);
+        w.y = *reinterpret_cast<const std::uint32_t*>(&hi);
+        *reinterpret_cast<uint2*>(dst + r * kRowLd<D> + d) = w;  // 8-byte aligned: d % 4 == 0
+      }
     }
     return;
   }
