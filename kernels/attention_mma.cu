@@ -100,6 +100,115 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* dst, const float* head,
   }
 }
 
+// Asynchronous copies into shared memory (cp.async): `bytes` of `src` land at `dst`, the rest of
+// `size` bytes zero-filled (bytes 0: src is not read).
+template <int size>
+__device__ __forceinline__ void copy_async(void* dst, const void* src, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto at = static_cast<std::uint32_t>(__cvta_generic_to_shared(dst));
+  if constexpr (size == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(src), "r"(bytes));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(at), "l"(src), "r"(bytes));
+#endif
+}
+
+__device__ __forceinline__ void copies_issued() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+__device__ __forceinline__ void copies_landed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// Tiles staged ahead as float32: both streamed tiles up to 64 wide; at 128 only the first (the
+// second is loaded when needed), so that two blocks still share an SM.
+template <int D>
+constexpr int kStagedTiles = D <= 64 ? 2 : 1;
+
+template <int D>
+constexpr std::size_t staging_bytes() {
+  return static_cast<std::size_t>(kStagedTiles<D>) * kTile * D * sizeof(float);
+}
+
+// The two tiles a kernel streams (K and V, or Q and dO), 64 rows at a time: the next rows are
+// copied as float32 into shared staging (cp.async) while the warps compute on the current ones,
+// and converted to the bf16 tiles once they have landed. Each thread converts the float4 slots it
+// copied itself, so no barrier stands between a copy's arrival and its conversion. Heads whose
+// rows are not 16-byte aligned are copied a float at a time into the same slots.
+template <int D>
+struct TileStream {
+  struct Source {
+    const float* head;
+    std::int64_t stride;
+  };
+  Source first, second;
+  __nv_bfloat16* first_tile;
+  __nv_bfloat16* second_tile;
+  float* staging;  // [kStagedTiles][64][D]
+  int steps, head_dim;
+
+  static constexpr int kSlots = kTile * D / 4 / kThreads;  // float4 slots per thread per tile
+  static_assert(kTile * D / 4 % kThreads == 0, "whole float4 slots per thread");
+
+  // Starts copying rows [row0, row0 + 64) of the staged tiles.
+  __device__ void issue(int row0) const {
+    stage(first, staging, row0);
+    if constexpr (kStagedTiles<D> == 2) stage(second, staging + kTile * D, row0);
+    copies_issued();
+  }
+
+  // Rows [row0, row0 + 64) into the bf16 tiles (those issued, and the unstaged one loaded now).
+  __device__ void land(int row0) const {
+    copies_landed();
+    convert(staging, first_tile);
+    if constexpr (kStagedTiles<D> == 2)
+      convert(staging + kTile * D, second_tile);
+    else
+      load_tile<D>(second_tile, second.head, second.stride, row0, steps, head_dim);
+  }
+
+ private:
+  __device__ void stage(const Source& src, float* dst, int row0) const {
+    const bool by_four = head_dim % 4 == 0 && src.stride % 4 == 0 &&
+                         reinterpret_cast<std::uintptr_t>(src.head) % 16 == 0;
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      const int i = threadIdx.x + j * kThreads, r = i / (D / 4), d = i % (D / 4) * 4;
+      const bool row_inside = row0 + r < steps;
+      const float* from = src.head + static_cast<std::int64_t>(row0 + r) * src.stride + d;
+      if (by_four) {
+        const bool inside = row_inside && d < head_dim;  // all four, as head_dim % 4 == 0
+        copy_async<16>(dst + 4 * i, inside ? from : src.head, inside ? 16 : 0);
+      } else {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const bool inside = row_inside && d + c < head_dim;
+          copy_async<4>(dst + 4 * i + c, inside ? from + c : src.head, inside ? 4 : 0);
+        }
+      }
+    }
+  }
+
+  __device__ static void convert(const float* src, __nv_bfloat16* tile) {
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      const int i = threadIdx.x + j * kThreads, r = i / (D / 4), d = i % (D / 4) * 4;
+      const float4 x = *reinterpret_cast<const float4*>(src + 4 * i);
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y),
+                           hi = __floats2bfloat162_rn(x.z, x.w);
+      uint2 w;
+      w.x = *reinterpret_cast<const std::uint32_t*>(&lo);
+      w.y = *reinterpret_cast<const std::uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(tile + r * kRowLd<D> + d) = w;
+    }
+  }
+};
+
 // Whether every (query, key) of a 64 × 64 tile pair is visible: no mask to apply.
 __device__ __forceinline__ bool all_visible(const Params& p, int q0, int k0) {
   return q0 + kTile <= p.steps && k0 + kTile <= p.steps && (!p.causal || k0 + kTile - 1 <= q0);
@@ -243,7 +352,7 @@ __device__ __forceinline__ void store_rows(const Params& p, const float (&acc)[D
 
 template <int D>
 constexpr std::size_t forward_smem() {
-  return 3 * kTile * kRowLd<D> * sizeof(__nv_bfloat16);
+  return 3 * kTile * kRowLd<D> * sizeof(__nv_bfloat16) + staging_bytes<D>();
 }
 
 template <int D>
@@ -252,12 +361,21 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* ks = qs + kTile * kRowLd<D>;
   __nv_bfloat16* vs = ks + kTile * kRowLd<D>;
+  auto* staging = reinterpret_cast<float*>(vs + kTile * kRowLd<D>);
 
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
   const int g = lane / 4, t = lane % 4;
   const Block blk = block_of(p, /*reversed=*/true);
   const int q0 = blk.tile * kTile;
   const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
+  const TileStream<D> kv{{p.k + in_head, p.in_stride},
+                         {p.v + in_head, p.in_stride},
+                         ks,
+                         vs,
+                         staging,
+                         p.steps,
+                         p.head_dim};
+  kv.issue(0);
   load_tile<D>(qs, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
   const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
 
@@ -270,9 +388,9 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
   for (int kt = 0; kt < key_tiles; ++kt) {
     const int k0 = kt * kTile;
     __syncthreads();  // every warp is done with the previous K and V
-    load_tile<D>(ks, p.k + in_head, p.in_stride, k0, p.steps, p.head_dim);
-    load_tile<D>(vs, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
+    kv.land(k0);
     __syncthreads();
+    if (kt + 1 < key_tiles) kv.issue(k0 + kTile);  // copied while these are used
 
     float s[kKeyTiles][4];
     scores<D>(s, qs, warp * 16, ks);
@@ -339,7 +457,8 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
 
 template <int D>
 constexpr std::size_t dkv_smem() {
-  return 4 * kTile * kRowLd<D> * sizeof(__nv_bfloat16) + 2 * kTile * sizeof(float);
+  return 4 * kTile * kRowLd<D> * sizeof(__nv_bfloat16) + staging_bytes<D>() +
+         2 * kTile * sizeof(float);
 }
 
 // A block owns 64 keys (a warp 16) and streams the query tiles that see them: with Sᵀ = K Qᵀ and
@@ -351,7 +470,8 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
   __nv_bfloat16* vs = ks + kTile * kRowLd<D>;
   __nv_bfloat16* qs = vs + kTile * kRowLd<D>;
   __nv_bfloat16* dos = qs + kTile * kRowLd<D>;
-  auto* lses = reinterpret_cast<float*>(dos + kTile * kRowLd<D>);
+  auto* staging = reinterpret_cast<float*>(dos + kTile * kRowLd<D>);
+  float* lses = staging + staging_bytes<D>() / sizeof(float);
   float* deltas = lses + kTile;
 
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
@@ -360,6 +480,15 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
   const int k0 = blk.tile * kTile;
   const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
   const std::int64_t out_head = head_offset(p, blk.b, blk.h, p.out_stride);
+  const TileStream<D> qdo{{p.q + in_head, p.in_stride},
+                          {p.dout + out_head, p.out_stride},
+                          qs,
+                          dos,
+                          staging,
+                          p.steps,
+                          p.head_dim};
+  const int first_q_tile = p.causal ? blk.tile : 0;
+  qdo.issue(first_q_tile * kTile);
   load_tile<D>(ks, p.k + in_head, p.in_stride, k0, p.steps, p.head_dim);
   load_tile<D>(vs, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
   const int keys[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
@@ -368,17 +497,17 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
   float dv[D / 8][4] = {}, dk[D / 8][4] = {};
   const float* lse_head = p.lse + static_cast<std::int64_t>(blk.bh) * p.steps;
   const float* delta_head = p.delta + static_cast<std::int64_t>(blk.bh) * p.steps;
-  for (int qt_index = p.causal ? blk.tile : 0; qt_index < p.tiles; ++qt_index) {
+  for (int qt_index = first_q_tile; qt_index < p.tiles; ++qt_index) {
     const int q0 = qt_index * kTile;
     __syncthreads();  // every warp is done with the previous Q and dO
-    load_tile<D>(qs, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
-    load_tile<D>(dos, p.dout + out_head, p.out_stride, q0, p.steps, p.head_dim);
+    qdo.land(q0);
     for (int i = threadIdx.x; i < kTile; i += kThreads) {
       const bool inside = q0 + i < p.steps;
       lses[i] = inside ? lse_head[q0 + i] * kLog2e : 0.f;  // base 2, as the forward
       deltas[i] = inside ? delta_head[q0 + i] : 0.f;
     }
     __syncthreads();
+    if (qt_index + 1 < p.tiles) qdo.issue(q0 + kTile);  // copied while these are used
     float st[kKeyTiles][4], dpt[kKeyTiles][4];
     scores<D>(st, ks, warp * 16, qs);    // Sᵀ: this warp's keys × 64 queries
     scores<D>(dpt, vs, warp * 16, dos);  // dPᵀ = V dOᵀ
@@ -403,24 +532,33 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
 
 template <int D>
 constexpr std::size_t dq_smem() {
-  return 4 * kTile * kRowLd<D> * sizeof(__nv_bfloat16);
+  return 4 * kTile * kRowLd<D> * sizeof(__nv_bfloat16) + staging_bytes<D>();
 }
 
 // A block owns 64 queries (a warp 16) and streams the key tiles they see: with S = Q Kᵀ and
 // dP = dO Vᵀ in the accumulators, dQ += dS K · scale.
 template <int D>
-__global__ __launch_bounds__(kThreads) void attention_dq_mma_kernel(Params p) {
+__global__ __launch_bounds__(kThreads, D <= 64 ? 3 : 1) void attention_dq_mma_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* dos = qs + kTile * kRowLd<D>;
   __nv_bfloat16* ks = dos + kTile * kRowLd<D>;
   __nv_bfloat16* vs = ks + kTile * kRowLd<D>;
+  auto* staging = reinterpret_cast<float*>(vs + kTile * kRowLd<D>);
 
   const int warp = threadIdx.x / detail::kWarp, lane = threadIdx.x % detail::kWarp;
   const int g = lane / 4, t = lane % 4;
   const Block blk = block_of(p, /*reversed=*/true);
   const int q0 = blk.tile * kTile;
   const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
+  const TileStream<D> kv{{p.k + in_head, p.in_stride},
+                         {p.v + in_head, p.in_stride},
+                         ks,
+                         vs,
+                         staging,
+                         p.steps,
+                         p.head_dim};
+  kv.issue(0);
   load_tile<D>(qs, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
   load_tile<D>(dos, p.dout + head_offset(p, blk.b, blk.h, p.out_stride), p.out_stride, q0, p.steps,
                p.head_dim);
@@ -438,10 +576,10 @@ __global__ __launch_bounds__(kThreads) void attention_dq_mma_kernel(Params p) {
   const int key_tiles = p.causal ? min(blk.tile + 1, p.tiles) : p.tiles;
   for (int kt = 0; kt < key_tiles; ++kt) {
     const int k0 = kt * kTile;
+    __syncthreads();  // every warp is done with the previous K and V
+    kv.land(k0);
     __syncthreads();
-    load_tile<D>(ks, p.k + in_head, p.in_stride, k0, p.steps, p.head_dim);
-    load_tile<D>(vs, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
-    __syncthreads();
+    if (kt + 1 < key_tiles) kv.issue(k0 + kTile);  // copied while these are used
     float s[kKeyTiles][4], dp[kKeyTiles][4];
     scores<D>(s, qs, warp * 16, ks);    // S
     scores<D>(dp, dos, warp * 16, vs);  // dP = dO Vᵀ
