@@ -14,7 +14,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -229,6 +229,65 @@ void gather(const float* data, const Image& image, std::int64_t channel, const L
   }
 }
 
+#if defined(__AVX2__)
+// The same with AVX2: each lane's window row is one masked load of 8 floats (columns outside the
+// image or past `extent` masked, so nothing outside is read), and each 8 x 8 block of (lanes,
+// columns) is transposed in registers into the tile's per-column lane vectors. The scalar gather
+// above tests every element and costs about 6 instructions an element.
+template <int A>
+void gather_rows(const float* data, const Image& image, std::int64_t channel,
+                 const LaneWindows& o, int extent, LaneTile<A>& d) {
+  static_assert(kLanes % 8 == 0 && A <= 8, "8 x 8 blocks of lanes and columns");
+  const __m256i w = _mm256_set1_epi32(static_cast<int>(image.w));
+  const __m256i last = _mm256_set1_epi32(extent - 1);
+  const __m256i column = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  // Row i of lane l's window starts at data + corner[l] + i·w, which may lie before or after the
+  // plane's rows (the padding): its address is formed as an integer, and only the inside
+  // columns are read.
+  const auto at = [data](std::int64_t offset) {
+    return reinterpret_cast<const float*>(reinterpret_cast<std::uintptr_t>(data) +
+                                          static_cast<std::uintptr_t>(offset) * sizeof(float));
+  };
+  std::int64_t corner[kLanes];
+  __m256i inside[kLanes];  // the columns inside the image and the window
+  for (int l = 0; l < kLanes; ++l) {
+    corner[l] =
+        (o.sample[l] * image.channels + channel) * image.plane() + o.y[l] * image.w + o.x[l];
+    const __m256i x = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(o.x[l])), column);
+    const __m256i outside = _mm256_or_si256(
+        _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_setzero_si256(), x), _mm256_cmpgt_epi32(x, _mm256_sub_epi32(w, _mm256_set1_epi32(1)))),
+        _mm256_cmpgt_epi32(column, last));
+    inside[l] = o.valid[l] ? _mm256_xor_si256(outside, _mm256_set1_epi32(-1)) : _mm256_setzero_si256();
+  }
+  for (int i = 0; i < extent; ++i) {
+    for (int block = 0; block < kLanes; block += 8) {
+      __m256 r[8];
+      for (int k = 0; k < 8; ++k) {
+        const int l = block + k;
+        const std::int64_t y = o.y[l] + i;
+        r[k] = y >= 0 && y < image.h
+                   ? _mm256_maskload_ps(at(corner[l] + i * image.w), inside[l])
+                   : _mm256_setzero_ps();
+      }
+      const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+      const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+      const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+      const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+      const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+      const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+      const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+      const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+      const __m256 columns[8] = {
+          _mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+          _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+          _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+          _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+      for (int j = 0; j < extent; ++j) _mm256_storeu_ps(d.at(i, j) + block, columns[j]);
+    }
+  }
+}
+#endif
+
 #if defined(__AVX512F__)
 // The same values straight into registers, one masked gather per element: a transform's input
 // never goes through memory. (Through a stack tile, loads of it that alias in-flight stores to
@@ -272,7 +331,11 @@ void transform_windows(const float* data, const Image& image, std::int64_t chann
   }
 #endif
   LaneTile<A> d;
+#if defined(__AVX2__)
+  gather_rows(data, image, channel, windows, extent, d);
+#else
   gather(data, image, channel, windows, extent, d);
+#endif
   apply(Strided<A>{d.v, kLanes});
 }
 
@@ -295,14 +358,97 @@ struct BlockBuffer {
   }
 };
 
+// t = Bᵀ d for α = 8 (winograd_input_matrix(8), points 0, ±1, ±1/2, ±2): rows 1-2, 3-4 and
+// 5-6 are e ± o of an even part (d2, d4, d6) and an odd one (d1, d3, d5), and rows 0 and 7 take
+// four values each: 28 operations where the dense product takes 64 (20 of its coefficients are
+// zero). unit.test_conv checks the transforms against direct convolutions.
+template <typename Value>
+void input_rows_8(const Value (&d)[8], Value (&t)[8]) {
+  t[0] = (d[6] - d[0]) + 5.25f * (d[2] - d[4]);
+  t[7] = (d[7] - d[1]) + 5.25f * (d[3] - d[5]);
+  Value e = d[2] + d[6] - 4.25f * d[4], o = d[1] + d[5] - 4.25f * d[3];
+  t[1] = e + o;
+  t[2] = e - o;
+  e = 4.f * d[2] - 5.f * d[4] + d[6];
+  o = 2.f * d[1] - 2.5f * d[3] + 0.5f * d[5];
+  t[3] = e + o;
+  t[4] = e - o;
+  e = 0.25f * d[2] - 1.25f * d[4] + d[6];
+  o = 0.5f * d[1] - 2.5f * d[3] + 2.f * d[5];
+  t[5] = e + o;
+  t[6] = e - o;
+}
+
+// Bᵀ d B for α = 8 by input_rows_8: down the columns, then along the rows.
+template <typename Source, typename Sink>
+void input_transform_8(const Source& in, const Sink& out) {
+  Lanes half[8][8];
+  for (int q = 0; q < 8; ++q) {
+    Lanes column[8], t[8];
+    for (int k = 0; k < 8; ++k) column[k] = in(k, q);
+    input_rows_8(column, t);
+    for (int i = 0; i < 8; ++i) half[i][q] = t[i];
+  }
+  for (int i = 0; i < 8; ++i) {
+    Lanes t[8];
+    input_rows_8(half[i], t);
+    for (int j = 0; j < 8; ++j) out(i, j, t[j]);
+  }
+}
+
+// o = Aᵀ m for F(4, 5) (winograd_matrices(4, 5): Aᵀ[i][j] = p_j^i over the points 0, 1, −1, 1/2,
+// −1/2, 2, −2, and infinity in the last row): sums and differences of the ±p pairs, 19 operations
+// where the dense product takes 32.
+template <typename Value>
+void output_rows_8x4(const Value (&m)[8], Value (&o)[4]) {
+  const Value s1 = m[1] + m[2], d1 = m[1] - m[2];
+  const Value s2 = m[3] + m[4], d2 = m[3] - m[4];
+  const Value s3 = m[5] + m[6], d3 = m[5] - m[6];
+  o[0] = m[0] + s1 + s2 + s3;
+  o[1] = d1 + 0.5f * d2 + 2.f * d3;
+  o[2] = s1 + 0.25f * s2 + 4.f * s3;
+  o[3] = d1 + 0.125f * d2 + 8.f * d3 + m[7];
+}
+
+// Aᵀ M A for F(4, 5) by output_rows_8x4: the 4 x 4 outputs of an 8 x 8 product tile.
+template <typename Source, typename Sink>
+void output_transform_8x4(const Source& in, const Sink& out) {
+  Lanes half[4][8];
+  for (int q = 0; q < 8; ++q) {
+    Lanes column[8], o[4];
+    for (int k = 0; k < 8; ++k) column[k] = in(k, q);
+    output_rows_8x4(column, o);
+    for (int i = 0; i < 4; ++i) half[i][q] = o[i];
+  }
+  for (int i = 0; i < 4; ++i) {
+    Lanes o[4];
+    output_rows_8x4(half[i], o);
+    for (int j = 0; j < 4; ++j) out(i, j, o[j]);
+  }
+}
+
+// Aᵀ M A of one lane group's product tiles: the structured form for F(4, 5), else the dense one.
+template <int A, typename Source, typename Sink>
+void transform_outputs(const WinogradMatrices& f, const Source& in, const Sink& out) {
+  if constexpr (A == 8) {
+    if (f.m == 4 && f.r == 5) return output_transform_8x4(in, out);
+  }
+  sandwich_n<A, Side::Rows>(f.m, f.at, f.at, in, out);
+}
+
 // Bᵀ d B of the α x α windows of one lane group of one channel, into v.
 template <int A>
 void transform_inputs(const float* data, const Image& image, std::int64_t channel,
                       const LaneWindows& windows, const BlockBuffer<A>& v, std::int64_t column) {
-  const Square& bt = winograd_input_matrix(A);
   const StridedSink<A> to{v.lanes(channel, column), v.cols};
-  transform_windows<A>(data, image, channel, windows, A,
-                       [&](const auto& from) { sandwich<A, A, A>(bt, bt, from, to); });
+  if constexpr (A == 8) {
+    transform_windows<A>(data, image, channel, windows, A,
+                         [&](const auto& from) { input_transform_8(from, to); });
+  } else {
+    const Square& bt = winograd_input_matrix(A);
+    transform_windows<A>(data, image, channel, windows, A,
+                         [&](const auto& from) { sandwich<A, A, A>(bt, bt, from, to); });
+  }
 }
 
 // Transformed filters: u[ξ][out][in] = G g Gᵀ of every filter g, read as filter(out, in) (r x r,
@@ -378,13 +524,12 @@ void correlate(const Correlation& p, const WinogradMatrices& f, const float* x, 
         const LaneWindows& at = outputs[group];
 #if defined(__AVX512F__)
         if (at.narrow && !round_bf16) {
-          sandwich_n<A, Side::Rows>(f.m, f.at, f.at, from,
-                                    Scattered{y + o * out.plane(), p.ow, at, b});
+          transform_outputs<A>(f, from, Scattered{y + o * out.plane(), p.ow, at, b});
           continue;
         }
 #endif
         LaneTile<A> tile;
-        sandwich_n<A, Side::Rows>(f.m, f.at, f.at, from, StridedSink<A>{tile.v, kLanes});
+        transform_outputs<A>(f, from, StridedSink<A>{tile.v, kLanes});
         for (int l = 0; l < kLanes; ++l) {
           if (!at.valid[l]) continue;
           float* plane = y + (at.sample[l] * p.outs + o) * out.plane();
