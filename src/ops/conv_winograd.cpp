@@ -449,6 +449,49 @@ void output_transform_8x4(const Source& in, const Sink& out) {
   }
 }
 
+// t = G d for α = 8 and n = 4 or 5 values (G of winograd_matrices: G[j][k] = p_j^k / s_j over the
+// points 0, 1, −1, 1/2, −1/2, 2, −2, then infinity): the rows of p and −p share s_j and differ in
+// the sign of their odd columns, so each pair is e ± o of the even and the odd terms.
+template <int N, typename Value>
+void filter_rows_8(const Square& g, const Value (&d)[N], Value (&t)[8]) {
+  static_assert(N == 4 || N == 5, "F(5, 4) and F(4, 5) filters");
+  t[0] = g[0][0] * d[0];
+  for (int j = 1; j < 7; j += 2) {
+    Value e = g[j][0] * d[0] + g[j][2] * d[2], o = g[j][1] * d[1] + g[j][3] * d[3];
+    if constexpr (N == 5) e += g[j][4] * d[4];
+    t[j] = e + o;
+    t[j + 1] = e - o;
+  }
+  t[7] = g[7][N - 1] * d[N - 1];
+}
+
+// G d Gᵀ for α = 8 by filter_rows_8: an n x n filter (or output-gradient tile) to 8 x 8.
+template <int N, typename Source, typename Sink>
+void filter_transform_8(const Square& g, const Source& in, const Sink& out) {
+  Lanes half[8][N];
+  for (int q = 0; q < N; ++q) {
+    Lanes column[N], t[8];
+    for (int k = 0; k < N; ++k) column[k] = in(k, q);
+    filter_rows_8<N>(g, column, t);
+    for (int i = 0; i < 8; ++i) half[i][q] = t[i];
+  }
+  for (int i = 0; i < 8; ++i) {
+    Lanes t[8];
+    filter_rows_8<N>(g, half[i], t);
+    for (int j = 0; j < 8; ++j) out(i, j, t[j]);
+  }
+}
+
+// G d Gᵀ of n x n values: the structured form for α = 8, else the dense one.
+template <int A, typename Source, typename Sink>
+void transform_filter(int n, const Square& g, const Source& in, const Sink& out) {
+  if constexpr (A == 8) {
+    if (n == 4) return filter_transform_8<4>(g, in, out);
+    if (n == 5) return filter_transform_8<5>(g, in, out);
+  }
+  sandwich_n<A, Side::Depth>(n, g, g, in, out);
+}
+
 // Aᵀ M A of one lane group's product tiles: the structured form for F(4, 5), else the dense one.
 template <int A, typename Source, typename Sink>
 void transform_outputs(const WinogradMatrices& f, const Source& in, const Sink& out) {
@@ -490,8 +533,8 @@ void transform_filters(const WinogradMatrices& f, std::int64_t outs, std::int64_
       for (int i = 0; i < f.r; ++i)
         for (int j = 0; j < f.r; ++j) g.at(i, j)[l] = src[i * f.r + j];
     }
-    sandwich_n<A, Side::Depth>(f.r, f.g, f.g, Strided<A>{g.v, kLanes},
-                               StridedSink<A>{u + group * kLanes, stride});
+    transform_filter<A>(f.r, f.g, Strided<A>{g.v, kLanes},
+                        StridedSink<A>{u + group * kLanes, stride});
   });
 }
 
@@ -657,9 +700,8 @@ void backward_filter(const WinogradProblem& p, const float* x, const float* dy, 
       for (std::int64_t o = 0; o < p.m; ++o)  // the output gradient's m x m tiles: G dy Gᵀ
         for (std::int64_t group = 0; group < groups; ++group) {
           const StridedSink<A> to{d.lanes(o, group * kLanes), d.cols};
-          transform_windows<A>(dy, grad, o, tiles_of_grad[group], m, [&](const auto& from) {
-            sandwich_n<A, Side::Depth>(m, f.g, f.g, from, to);
-          });
+          transform_windows<A>(dy, grad, o, tiles_of_grad[group], m,
+                               [&](const auto& from) { transform_filter<A>(m, f.g, from, to); });
         }
 #pragma omp for schedule(static) collapse(2)
       for (int pos = 0; pos < kPositions; ++pos)
