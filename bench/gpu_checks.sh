@@ -6,8 +6,9 @@
 #
 #   OUT=/tmp/gpu DEADLINE=500 bash bench/gpu_checks.sh
 #   STEPS="tests train bench pipeline cpu" (default: all five, run in the order named; cpu: this
-#   library against PyTorch on the CPU at CPU_THREADS (default 1 2 8 16), pinned; bench_conv on
-#   16; bench_gemm and the mlp's layer profile on 2 and 16; the mlp's steps on 1-16), LANE=<cap of the tests/train lanes>, CASES=<bench_gpu_step cases>,
+#   library against PyTorch on the CPU at CPU_THREADS (default 1 2 8 16), pinned; fashion-cnn's
+#   layers (ours) and ops (PyTorch's profiler) on 2; bench_conv on 16; bench_gemm and the mlp's
+#   layer profile on 2 and 16; the mlp's steps on 1-16), LANE=<cap of the tests/train lanes>, CASES=<bench_gpu_step cases>,
 #   BENCH_STEPS=20, BENCH_KERNELS=1 (0: no bench_kernels), DATA=<Fashion-MNIST dir>, TEXT=<training text>,
 #   MEMCHECK, RACECHECK=<gpu test files under compute-sanitizer, e.g. "softmax_xent bias">,
 #   ARCH=90 (CMAKE_CUDA_ARCHITECTURES), PRECISION=fp32,tf32,bf16 (bench_gpu_step), TORCH=1 (0: no
@@ -155,6 +156,15 @@ cpu() {
     box 60 "$OUT/cpu.log" env PYTHON=python3 REPS=2 bash bench/compare_torch.sh "$B" "$t" 64
   done
   grep -E "^\| (fashion|mlp)|run [12]:" "$OUT/cpu.log" >>"$S"
+  # Where fashion-cnn's step goes on 2 cores (the open target there): this library's layers
+  # inside whole training passes, and PyTorch's ops under its profiler.
+  local two
+  two=$(bash bench/cpu_list.sh 2)
+  box 30 "$OUT/cpu.log" taskset -c "$two" "$B/partitioner/pipeline-profile" --model fashion-cnn \
+    --device cpu --threads 2 --batch 64 -o "$OUT/fashion-2.json"
+  box 40 "$OUT/cpu.log" taskset -c "$two" python3 bench/torch_train.py --model fashion-cnn \
+    --threads 2 --steps 30 --profile
+  grep -E "^ +[0-9]+ +[a-z]+[0-9]* +[A-Z]|^total|^optimizer|^  aten::|^  Optimizer" "$OUT/cpu.log" >>"$S"
   # The convolutions' two algorithms (lowered, Winograd) on 16 cores.
   box 40 "$OUT/conv.log" taskset -c "$(bash bench/cpu_list.sh 16)" "$B/bench/bench_conv" --threads 16 --min-seconds 0.2
   grep -E "^(conv2|vgg16)" "$OUT/conv.log" >>"$S"

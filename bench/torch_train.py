@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """PyTorch reference for bench/compare_torch.sh: trains the zoo's `fashion-cnn` or `mlp`
 (same layers, batch, optimizer and thread count as bench_train) on random Fashion-MNIST-shaped
-data and prints one JSON line {"model", "batch", "threads", "samples_per_s"}."""
+data and prints one JSON line {"model", "batch", "threads", "samples_per_s"}. With --profile,
+the same steps once more under torch.profiler, each op's CPU time per step printed to stderr
+(beside `pipeline-profile`'s layer times, where the two libraries' steps differ)."""
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -30,6 +33,7 @@ def main():
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -53,6 +57,15 @@ def main():
     dt = time.perf_counter() - t0
     print(json.dumps({"model": a.model, "batch": a.batch, "threads": a.threads,
                       "samples_per_s": a.steps * a.batch / dt, "torch": torch.__version__}))
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(a.steps):
+                step()
+        print(f"per step of {a.steps} (ms): each op's self CPU time", file=sys.stderr)
+        for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:16]:
+            print(f"  {e.key:48s} {e.self_cpu_time_total / 1000 / a.steps:8.3f}  "
+                  f"{e.count / a.steps:5.1f} calls", file=sys.stderr)
 
 
 if __name__ == "__main__":
