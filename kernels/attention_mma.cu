@@ -209,6 +209,19 @@ struct TileStream {
   }
 };
 
+// The K and V rows a block of queries streams (the forward's and dQ's), into ks and vs.
+template <int D>
+__device__ TileStream<D> key_value_stream(const Params& p, std::int64_t in_head, __nv_bfloat16* ks,
+                                          __nv_bfloat16* vs, float* staging) {
+  return {{p.k + in_head, p.in_stride},
+          {p.v + in_head, p.in_stride},
+          ks,
+          vs,
+          staging,
+          p.steps,
+          p.head_dim};
+}
+
 // Whether every (query, key) of a 64 × 64 tile pair is visible: no mask to apply.
 __device__ __forceinline__ bool all_visible(const Params& p, int q0, int k0) {
   return q0 + kTile <= p.steps && k0 + kTile <= p.steps && (!p.causal || k0 + kTile - 1 <= q0);
@@ -368,13 +381,7 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
   const Block blk = block_of(p, /*reversed=*/true);
   const int q0 = blk.tile * kTile;
   const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
-  const TileStream<D> kv{{p.k + in_head, p.in_stride},
-                         {p.v + in_head, p.in_stride},
-                         ks,
-                         vs,
-                         staging,
-                         p.steps,
-                         p.head_dim};
+  const TileStream<D> kv = key_value_stream<D>(p, in_head, ks, vs, staging);
   kv.issue(0);
   load_tile<D>(qs, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
   const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
@@ -551,13 +558,7 @@ __global__ __launch_bounds__(kThreads, D <= 64 ? 3 : 1) void attention_dq_mma_ke
   const Block blk = block_of(p, /*reversed=*/true);
   const int q0 = blk.tile * kTile;
   const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
-  const TileStream<D> kv{{p.k + in_head, p.in_stride},
-                         {p.v + in_head, p.in_stride},
-                         ks,
-                         vs,
-                         staging,
-                         p.steps,
-                         p.head_dim};
+  const TileStream<D> kv = key_value_stream<D>(p, in_head, ks, vs, staging);
   kv.issue(0);
   load_tile<D>(qs, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
   load_tile<D>(dos, p.dout + head_offset(p, blk.b, blk.h, p.out_stride), p.out_stride, q0, p.steps,

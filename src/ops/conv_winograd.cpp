@@ -401,21 +401,28 @@ void input_rows_8(const Value (&d)[8], Value (&t)[8]) {
   t[6] = e - o;
 }
 
-// Bᵀ d B for α = 8 by input_rows_8: down the columns, then along the rows.
+// out = T in Tᵀ for a 1-D transform T of N values to M, `rows(d, t)` (t = T d): down the
+// columns, then along the rows.
+template <int N, int M, typename Rows, typename Source, typename Sink>
+void separable(const Rows& rows, const Source& in, const Sink& out) {
+  Lanes half[M][N];
+  for (int q = 0; q < N; ++q) {
+    Lanes column[N], t[M];
+    for (int k = 0; k < N; ++k) column[k] = in(k, q);
+    rows(column, t);
+    for (int i = 0; i < M; ++i) half[i][q] = t[i];
+  }
+  for (int i = 0; i < M; ++i) {
+    Lanes t[M];
+    rows(half[i], t);
+    for (int j = 0; j < M; ++j) out(i, j, t[j]);
+  }
+}
+
+// Bᵀ d B for α = 8.
 template <typename Source, typename Sink>
 void input_transform_8(const Source& in, const Sink& out) {
-  Lanes half[8][8];
-  for (int q = 0; q < 8; ++q) {
-    Lanes column[8], t[8];
-    for (int k = 0; k < 8; ++k) column[k] = in(k, q);
-    input_rows_8(column, t);
-    for (int i = 0; i < 8; ++i) half[i][q] = t[i];
-  }
-  for (int i = 0; i < 8; ++i) {
-    Lanes t[8];
-    input_rows_8(half[i], t);
-    for (int j = 0; j < 8; ++j) out(i, j, t[j]);
-  }
+  separable<8, 8>([](const Lanes(&d)[8], Lanes(&t)[8]) { input_rows_8(d, t); }, in, out);
 }
 
 // o = Aᵀ m for F(4, 5) (winograd_matrices(4, 5): Aᵀ[i][j] = p_j^i over the points 0, 1, −1, 1/2,
@@ -432,21 +439,10 @@ void output_rows_8x4(const Value (&m)[8], Value (&o)[4]) {
   o[3] = d1 + 0.125f * d2 + 8.f * d3 + m[7];
 }
 
-// Aᵀ M A for F(4, 5) by output_rows_8x4: the 4 x 4 outputs of an 8 x 8 product tile.
+// Aᵀ M A for F(4, 5): the 4 x 4 outputs of an 8 x 8 product tile.
 template <typename Source, typename Sink>
 void output_transform_8x4(const Source& in, const Sink& out) {
-  Lanes half[4][8];
-  for (int q = 0; q < 8; ++q) {
-    Lanes column[8], o[4];
-    for (int k = 0; k < 8; ++k) column[k] = in(k, q);
-    output_rows_8x4(column, o);
-    for (int i = 0; i < 4; ++i) half[i][q] = o[i];
-  }
-  for (int i = 0; i < 4; ++i) {
-    Lanes o[4];
-    output_rows_8x4(half[i], o);
-    for (int j = 0; j < 4; ++j) out(i, j, o[j]);
-  }
+  separable<8, 4>([](const Lanes(&m)[8], Lanes(&o)[4]) { output_rows_8x4(m, o); }, in, out);
 }
 
 // t = G d for α = 8 and n = 4 or 5 values (G of winograd_matrices: G[j][k] = p_j^k / s_j over the
@@ -465,21 +461,10 @@ void filter_rows_8(const Square& g, const Value (&d)[N], Value (&t)[8]) {
   t[7] = g[7][N - 1] * d[N - 1];
 }
 
-// G d Gᵀ for α = 8 by filter_rows_8: an n x n filter (or output-gradient tile) to 8 x 8.
+// G d Gᵀ for α = 8: an n x n filter (or output-gradient tile) to 8 x 8.
 template <int N, typename Source, typename Sink>
 void filter_transform_8(const Square& g, const Source& in, const Sink& out) {
-  Lanes half[8][N];
-  for (int q = 0; q < N; ++q) {
-    Lanes column[N], t[8];
-    for (int k = 0; k < N; ++k) column[k] = in(k, q);
-    filter_rows_8<N>(g, column, t);
-    for (int i = 0; i < 8; ++i) half[i][q] = t[i];
-  }
-  for (int i = 0; i < 8; ++i) {
-    Lanes t[8];
-    filter_rows_8<N>(g, half[i], t);
-    for (int j = 0; j < 8; ++j) out(i, j, t[j]);
-  }
+  separable<N, 8>([&g](const Lanes(&d)[N], Lanes(&t)[8]) { filter_rows_8<N>(g, d, t); }, in, out);
 }
 
 // G d Gᵀ of n x n values: the structured form for α = 8, else the dense one.
