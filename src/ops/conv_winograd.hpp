@@ -13,6 +13,10 @@
 // and F(5, 4) (F(5, 2) where the forward takes F(2, 5)), which share Bᵀ with the forward; its sums
 // over tiles stay in the transform domain and are taken back to r x r once per call.
 //
+// For α = 8 the transforms are not dense products: its points pair up as ±p, so Bᵀ's, Aᵀ's and
+// G's rows for p and −p are e ± o of an even and an odd part (28, 19 and at most 20 operations a
+// row instead of 64, 32 and 40).
+//
 // The results differ from the direct convolution by rounding only: on random data the largest
 // difference from the lowered convolution is 1.6-3.8e-6 of the largest output for 3x3 filters
 // (α = 6) and 4.6-9.5e-6 for 5x5 ones (α = 8; α = 6 gave 1.3-4.5e-6), over 32-256 channels;
