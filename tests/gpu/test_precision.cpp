@@ -103,7 +103,8 @@ TEST_CASE("convolutions and attention under bf16 on CUDA equal the CPU's") {
 
 // Both sets of tensor-core kernels (ops::Bf16AttentionKernel; sm_80 and later, the float32 ones
 // elsewhere): every padded head width (32, 64, 128), one and several 64-row tiles with ragged
-// tails, causal and full, against the CPU on the same rounded operands.
+// tails, causal and full, against the CPU on the same rounded operands; head widths that are not
+// a multiple of 4 (30, 21) take the kernels' element-by-element loads.
 TEST_CASE("attention on the bf16 tensor cores equals the CPU's on rounded operands") {
   const ops::ComputeDTypeScope bf16(DType::BFloat16);
   struct Case {
@@ -116,7 +117,8 @@ TEST_CASE("attention on the bf16 tensor cores equals the CPU's on rounded operan
   } restore;
   const Case cases[] = {Case{1, 1, 64, 1, true},    Case{2, 200, 256, 4, true},
                         Case{1, 130, 256, 2, true}, Case{3, 77, 96, 3, false},
-                        Case{2, 64, 128, 1, false}, Case{1, 1000, 64, 1, true}};
+                        Case{2, 64, 128, 1, false}, Case{1, 1000, 64, 1, true},
+                        Case{2, 70, 90, 3, true},   Case{1, 65, 21, 1, false}};
   for (const auto kernel : {ops::Bf16AttentionKernel::Wmma, ops::Bf16AttentionKernel::Mma})
     for (const Case c : cases) {
       ops::set_bf16_attention_kernel(kernel);
