@@ -173,10 +173,16 @@ struct Image {
 // The windows of one lane group in an image: each lane's sample and the top-left corner of its
 // window, at its tile's origin shifted by (-shift_h, -shift_w) (the padding); lanes past the last
 // tile are not valid. With AVX-512, also each lane's offset from its channel's plane in sample 0
-// and, per window row i and column j, the lanes for which it lies inside the image.
+// and, per window row i and column j, the lanes for which it lies inside the image; with AVX2,
+// each lane's offset of its window's first row in channel 0 and which of that row's 8 columns
+// lie inside the image (none in lanes with no tile), for gather_rows.
 struct LaneWindows {
   std::int64_t sample[kLanes], y[kLanes], x[kLanes];
   bool valid[kLanes];
+#if defined(__AVX2__)
+  std::int64_t corner[kLanes];
+  __m256i columns_inside[kLanes];
+#endif
 #if defined(__AVX512F__)
   bool narrow;  // offsets fit in 32 bits
   __m512i offset;
@@ -194,6 +200,18 @@ struct LaneWindows {
       y[l] = within / grid.tiles_w * grid.tile - shift_h;
       x[l] = within % grid.tiles_w * grid.tile - shift_w;
     }
+#if defined(__AVX2__)
+    const __m256i column = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i last_x = _mm256_set1_epi32(static_cast<int>(image.w) - 1);
+    for (int l = 0; l < kLanes; ++l) {
+      corner[l] = sample[l] * image.channels * image.plane() + y[l] * image.w + x[l];
+      const __m256i xs = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(x[l])), column);
+      const __m256i outside = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_setzero_si256(), xs),
+                                              _mm256_cmpgt_epi32(xs, last_x));
+      columns_inside[l] =
+          valid[l] ? _mm256_xor_si256(outside, _mm256_set1_epi32(-1)) : _mm256_setzero_si256();
+    }
+#endif
 #if defined(__AVX512F__)
     const std::int64_t sample_floats = image.channels * image.plane();
     narrow = grid.samples * sample_floats < (std::int64_t{1} << 31);
@@ -236,34 +254,12 @@ void gather(const float* data, const Image& image, std::int64_t channel, const L
 // per-column lane vectors. The scalar gather tests every element: about 6 instructions an element.
 // (The same by rows for the outputs, with masked stores, ran no faster on an AMD EPYC, whose
 // masked stores are slow; the outputs are written element by element.)
-struct RowWindows {
-  std::int64_t corner[kLanes];  // where each lane's row 0 starts, from the image's data
-  __m256i inside[kLanes];       // its columns inside the image and the extent; none without a tile
-
-  RowWindows(const LaneWindows& o, const Image& image, std::int64_t channel, int extent) {
-    const __m256i column = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i last_x = _mm256_set1_epi32(static_cast<int>(image.w) - 1);
-    const __m256i last_j = _mm256_set1_epi32(extent - 1);
-    for (int l = 0; l < kLanes; ++l) {
-      corner[l] =
-          (o.sample[l] * image.channels + channel) * image.plane() + o.y[l] * image.w + o.x[l];
-      const __m256i x = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(o.x[l])), column);
-      const __m256i outside =
-          _mm256_or_si256(_mm256_or_si256(_mm256_cmpgt_epi32(_mm256_setzero_si256(), x),
-                                          _mm256_cmpgt_epi32(x, last_x)),
-                          _mm256_cmpgt_epi32(column, last_j));
-      inside[l] =
-          o.valid[l] ? _mm256_xor_si256(outside, _mm256_set1_epi32(-1)) : _mm256_setzero_si256();
-    }
-  }
-};
 
 // data + offset formed as an integer: a window row that starts in the padding lies outside the
 // array, and only its inside columns are accessed.
-template <typename T>
-T* row_address(T* data, std::int64_t offset) {
-  return reinterpret_cast<T*>(reinterpret_cast<std::uintptr_t>(data) +
-                              static_cast<std::uintptr_t>(offset) * sizeof(float));
+inline const float* row_address(const float* data, std::int64_t offset) {
+  return reinterpret_cast<const float*>(reinterpret_cast<std::uintptr_t>(data) +
+                                        static_cast<std::uintptr_t>(offset) * sizeof(float));
 }
 
 // out[j] holds column j of the 8 x 8 block whose rows are in[0..7].
@@ -291,7 +287,11 @@ template <int A>
 void gather_rows(const float* data, const Image& image, std::int64_t channel,
                  const LaneWindows& o, int extent, LaneTile<A>& d) {
   static_assert(kLanes % 8 == 0 && A <= 8, "8 x 8 blocks of lanes and columns");
-  const RowWindows rows(o, image, channel, extent);
+  const __m256i within =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(extent), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const std::int64_t plane = channel * image.plane();
+  __m256i inside[kLanes];  // the columns inside the image and the window's extent
+  for (int l = 0; l < kLanes; ++l) inside[l] = _mm256_and_si256(o.columns_inside[l], within);
   for (int i = 0; i < extent; ++i)
     for (int block = 0; block < kLanes; block += 8) {
       __m256 r[8], columns[8];
@@ -299,8 +299,8 @@ void gather_rows(const float* data, const Image& image, std::int64_t channel,
         const int l = block + k;
         const std::int64_t y = o.y[l] + i;
         r[k] = y >= 0 && y < image.h
-                   ? _mm256_maskload_ps(row_address(data, rows.corner[l] + i * image.w),
-                                        rows.inside[l])
+                   ? _mm256_maskload_ps(row_address(data, o.corner[l] + plane + i * image.w),
+                                        inside[l])
                    : _mm256_setzero_ps();
       }
       transpose_8x8(r, columns);
@@ -481,9 +481,20 @@ void transform_filter(int n, const Square& g, const Source& in, const Sink& out)
 template <int A, typename Source, typename Sink>
 void transform_outputs(const WinogradMatrices& f, const Source& in, const Sink& out) {
   if constexpr (A == 8) {
-    if (f.m == 4 && f.r == 5) return output_transform_8x4(in, out);
+    if (f.m == 4) return output_transform_8x4(in, out);  // F(4, 5)
   }
   sandwich_n<A, Side::Rows>(f.m, f.at, f.at, in, out);
+}
+
+// Bᵀ d B of α x α windows: the structured form for α = 8, else the dense one.
+template <int A, typename Source, typename Sink>
+void transform_input(const Source& in, const Sink& out) {
+  if constexpr (A == 8) {
+    input_transform_8(in, out);
+  } else {
+    const Square& bt = winograd_input_matrix(A);
+    sandwich<A, A, A>(bt, bt, in, out);
+  }
 }
 
 // Bᵀ d B of the α x α windows of one lane group of one channel, into v.
@@ -491,14 +502,8 @@ template <int A>
 void transform_inputs(const float* data, const Image& image, std::int64_t channel,
                       const LaneWindows& windows, const BlockBuffer<A>& v, std::int64_t column) {
   const StridedSink<A> to{v.lanes(channel, column), v.cols};
-  if constexpr (A == 8) {
-    transform_windows<A>(data, image, channel, windows, A,
-                         [&](const auto& from) { input_transform_8(from, to); });
-  } else {
-    const Square& bt = winograd_input_matrix(A);
-    transform_windows<A>(data, image, channel, windows, A,
-                         [&](const auto& from) { sandwich<A, A, A>(bt, bt, from, to); });
-  }
+  transform_windows<A>(data, image, channel, windows, A,
+                       [&](const auto& from) { transform_input<A>(from, to); });
 }
 
 // Transformed filters: u[ξ][out][in] = G g Gᵀ of every filter g, read as filter(out, in) (r x r,
