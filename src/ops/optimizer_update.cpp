@@ -143,8 +143,19 @@ SgdCpuTensor sgd_cpu_operands(Tensor& param, const Tensor& grad, Tensor* momentu
           use_momentum ? momentum_buffer->data<float>() : nullptr, param.numel()};
 }
 
-// The SGD step on elements [i, i + n) of one tensor.
-void sgd_piece(const SgdCpuTensor& t, std::int64_t i, std::int64_t n, bool first_step,
+// An update's passes (momentum, then weights) run over chunks this long, the chunk still in L1
+// for the second pass: one trip to memory per tensor, not one per pass.
+constexpr std::int64_t kCacheChunk = 1024;
+
+// Runs pass(at, count) over [i, i + n) in kCacheChunk pieces.
+template <typename Pass>
+void by_cache_chunks(std::int64_t i, std::int64_t n, Pass&& pass) {
+  for (std::int64_t at = i; at < i + n; at += kCacheChunk)
+    pass(at, std::min(kCacheChunk, i + n - at));
+}
+
+// The SGD step on elements [i, i + n) of one tensor, all within one cache chunk.
+void sgd_chunk(const SgdCpuTensor& t, std::int64_t i, std::int64_t n, bool first_step,
                const SgdParams& p) {
   const float lr = p.lr, mu = p.momentum, wd = p.weight_decay, keep = 1.f - p.dampening;
   Array W(t.w + i, n);
@@ -166,6 +177,12 @@ void sgd_piece(const SgdCpuTensor& t, std::int64_t i, std::int64_t n, bool first
     W -= lr * ((G + wd * W) + mu * B);
   else
     W -= lr * B;
+}
+
+void sgd_piece(const SgdCpuTensor& t, std::int64_t i, std::int64_t n, bool first_step,
+               const SgdParams& p) {
+  by_cache_chunks(i, n,
+                  [&](std::int64_t at, std::int64_t c) { sgd_chunk(t, at, c, first_step, p); });
 }
 
 // The same for an Adam(W) step: one tensor's operands, the step's scalars, a piece's update.
@@ -199,7 +216,7 @@ AdamWCpuStep adamw_cpu_step(std::int64_t step, const AdamWParams& p) {
   return {p, adam_scalars(step, p), 1.f - p.lr * p.weight_decay};
 }
 
-void adamw_piece(const AdamWCpuTensor& t, std::int64_t i, std::int64_t n, const AdamWCpuStep& s) {
+void adamw_chunk(const AdamWCpuTensor& t, std::int64_t i, std::int64_t n, const AdamWCpuStep& s) {
   const float b1 = s.p.beta1, b2 = s.p.beta2, eps = s.p.eps, wd = s.p.weight_decay;
   Array W(t.w + i, n), M(t.m + i, n), V(t.v + i, n);
   ConstArray G(t.g + i, n);
@@ -212,6 +229,10 @@ void adamw_piece(const AdamWCpuTensor& t, std::int64_t i, std::int64_t n, const 
     V = b2 * V + (1.f - b2) * (G + wd * W).square();
   }
   W -= s.bias.step_size * M / (V.sqrt() * s.bias.inv_sqrt_bc2 + eps);
+}
+
+void adamw_piece(const AdamWCpuTensor& t, std::int64_t i, std::int64_t n, const AdamWCpuStep& s) {
+  by_cache_chunks(i, n, [&](std::int64_t at, std::int64_t c) { adamw_chunk(t, at, c, s); });
 }
 
 // Σ x² of each CPU tensor. Float sums over short blocks (vectorised), added up in double: the
