@@ -5,6 +5,8 @@
 #include <pipeline/cuda/dnn.hpp>
 #include <pipeline/cuda/stream.hpp>
 
+#include "call_workspace.hpp"
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -68,28 +70,7 @@ DnnContext& context(int device) {
   return *c;
 }
 
-// Device memory from the caching allocator for the duration of one queued call: given back as
-// soon as the call is queued, which is safe because the pool hands the block out again only to
-// work queued later on the same stream.
-class Workspace {
- public:
-  Workspace(int device, std::size_t bytes, cudaStream_t stream)
-      : m_device(device),
-        m_bytes(bytes),
-        m_ptr(bytes > 0 ? device_pool(device).allocate(bytes, stream) : nullptr) {}
-  ~Workspace() {
-    if (m_ptr != nullptr) device_pool(m_device).deallocate(m_ptr);
-  }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  void* get() const { return m_ptr; }
-  std::size_t bytes() const { return m_bytes; }
-
- private:
-  int m_device;
-  std::size_t m_bytes;
-  void* m_ptr;
-};
+using Workspace = detail::CallWorkspace;
 
 // The search's workspace: the most any candidate asks for (capped), halved while the device
 // cannot give it; down to none at all, when only workspace-free algorithms take part.

@@ -22,8 +22,10 @@
 
 #if PIPELINE_WITH_CUDA
 #include <pipeline/cuda/dnn.hpp>
+#include <pipeline/cuda/dnn_graph.hpp>
 
 #include "channel_bias.cuh"
+#include "convert.cuh"
 #endif
 
 #if defined(__AVX512F__)
@@ -266,6 +268,24 @@ cuda::Conv2dProblem cuda_problem(const char* op, const Geometry& g, const Device
   return {i(g.n),  i(g.c),  i(g.h),  i(g.w),  i(g.m),  i(g.kh),
           i(g.kw), i(g.sh), i(g.sw), i(g.ph), i(g.pw)};
 }
+
+// A bf16 pass through cuDNN's graph API (cuda/dnn_graph.hpp): `pass` gets operands a and b as
+// bf16 tensors (rounded, or as stashed) and a bf16 result, which is then widened into `out`.
+// False, with nothing queued for `out`, when that path is switched off or cuDNN has no engine for
+// the problem: the caller then runs the legacy path.
+template <typename Pass>
+bool bf16_graph_pass(const detail::CudaScope& cuda, const Tensor& a, const Tensor& b, Tensor& out,
+                     Pass&& pass) {
+  if (!cuda::bf16_graph_convolutions()) return false;
+  const Tensor a16 = to_dtype(a, DType::BFloat16), b16 = to_dtype(b, DType::BFloat16);
+  Tensor out16 = Tensor::empty(out.shape(), DType::BFloat16, out.device());
+  if (!pass(a16.device_data<std::uint16_t>(), b16.device_data<std::uint16_t>(),
+            out16.device_data<std::uint16_t>()))
+    return false;
+  kernels::bf16_to_float(cuda.stream(), out.device_data<float>(),
+                         out16.device_data<std::uint16_t>(), out.numel());
+  return true;
+}
 #endif
 
 }  // namespace
@@ -290,8 +310,9 @@ Shape conv2d_output_shape(const Shape& x, const Shape& weight, const Window2d& w
 
 // Under a bf16 compute dtype (ops/conv.hpp) the operands are read rounded to bf16 and a result —
 // y before its bias, dx, a weight gradient before it accumulates — is rounded to bf16: what a
-// bf16 convolution accumulated in fp32 writes. The CPU computes in fp32 and rounds; CUDA runs the
-// rounded operands on the tensor cores (cuda/dnn.hpp: bf16_operands) and rounds.
+// bf16 convolution accumulated in fp32 writes. The CPU computes in fp32 and rounds; CUDA runs bf16
+// tensors through cuDNN's graph API (bf16_graph_pass), or where that has no engine the rounded
+// operands on the TF32 tensor cores (cuda/dnn.hpp: bf16_operands), and rounds.
 namespace {
 
 bool bf16_compute() {
@@ -314,10 +335,17 @@ void conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
     if (g.n == 0) return;
     const detail::CudaScope cuda(d);
     float* yd = y.device_data<float>();
-    const Tensor x = product_operand(x_in), weight = product_operand(weight_in);
-    cuda::conv2d_forward_f32(cuda.stream(), d.index, cuda_problem("conv2d_forward", g, d),
-                             x.device_data<float>(), weight.device_data<float>(), 0.f, yd, bf16);
-    if (bf16) round_to_bf16(y, y);  // before the bias
+    const cuda::Conv2dProblem p = cuda_problem("conv2d_forward", g, d);
+    const bool graph =
+        bf16 && bf16_graph_pass(cuda, x_in, weight_in, y, [&](auto x16, auto w16, auto y16) {
+          return cuda::conv2d_forward_bf16(cuda.stream(), d.index, p, x16, w16, y16);
+        });
+    if (!graph) {
+      const Tensor x = product_operand(x_in), weight = product_operand(weight_in);
+      cuda::conv2d_forward_f32(cuda.stream(), d.index, p, x.device_data<float>(),
+                               weight.device_data<float>(), 0.f, yd, bf16);
+      if (bf16) round_to_bf16(y, y);  // before the bias
+    }
     if (bias.defined())
       kernels::channel_bias_add(cuda.stream(), yd, bias.device_data<float>(), g.n, g.m,
                                 g.pixels());
@@ -364,11 +392,15 @@ void conv2d_backward_data(const Tensor& dy_in, const Tensor& weight_in, Tensor& 
   if (const Device d = detail::common_device("conv2d_backward_data", {&dy_in, &weight_in, &dx});
       d.is_cuda()) {
     if (g.n == 0) return;
-    const Tensor dy = product_operand(dy_in), weight = product_operand(weight_in);
     const detail::CudaScope cuda(d);
-    cuda::conv2d_backward_data_f32(
-        cuda.stream(), d.index, cuda_problem("conv2d_backward_data", g, d), dy.device_data<float>(),
-        weight.device_data<float>(), 0.f, dx.device_data<float>(), bf16);
+    const cuda::Conv2dProblem p = cuda_problem("conv2d_backward_data", g, d);
+    if (bf16 && bf16_graph_pass(cuda, dy_in, weight_in, dx, [&](auto dy16, auto w16, auto dx16) {
+          return cuda::conv2d_backward_data_bf16(cuda.stream(), d.index, p, dy16, w16, dx16);
+        }))
+      return;
+    const Tensor dy = product_operand(dy_in), weight = product_operand(weight_in);
+    cuda::conv2d_backward_data_f32(cuda.stream(), d.index, p, dy.device_data<float>(),
+                                   weight.device_data<float>(), 0.f, dx.device_data<float>(), bf16);
     if (bf16) round_to_bf16(dx, dx);
     return;
   }
@@ -417,18 +449,25 @@ void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dwe
   if (const Device d = detail::common_device("conv2d_backward_filter", {&x_in, &dy_in, &dweight});
       d.is_cuda()) {
     if (g.n == 0) return;
-    const Tensor x = product_operand(x_in), dy = product_operand(dy_in);
     const detail::CudaScope cuda(d);
     const cuda::Conv2dProblem p = cuda_problem("conv2d_backward_filter", g, d);
     if (bf16) {  // this call's gradient apart, rounded, then accumulated (as on the CPU)
       Tensor part = Tensor::empty(dweight.shape(), DType::Float32, d);
-      cuda::conv2d_backward_filter_f32(cuda.stream(), d.index, p, x.device_data<float>(),
-                                       dy.device_data<float>(), 0.f, part.device_data<float>(),
-                                       true);
-      round_to_bf16(part, part);
+      const bool graph =
+          bf16_graph_pass(cuda, x_in, dy_in, part, [&](auto x16, auto dy16, auto dw16) {
+            return cuda::conv2d_backward_filter_bf16(cuda.stream(), d.index, p, x16, dy16, dw16);
+          });
+      if (!graph) {
+        const Tensor x = product_operand(x_in), dy = product_operand(dy_in);
+        cuda::conv2d_backward_filter_f32(cuda.stream(), d.index, p, x.device_data<float>(),
+                                         dy.device_data<float>(), 0.f, part.device_data<float>(),
+                                         true);
+        round_to_bf16(part, part);
+      }
       add_in_place(dweight, part);
       return;
     }
+    const Tensor x = product_operand(x_in), dy = product_operand(dy_in);
     // Weight gradients accumulate (beta = 1), as on the CPU.
     cuda::conv2d_backward_filter_f32(cuda.stream(), d.index, p, x.device_data<float>(),
                                      dy.device_data<float>(), 1.f, dweight.device_data<float>());

@@ -1,9 +1,10 @@
 // bf16 mixed precision on CUDA against the CPU's (ops/precision.hpp): the rounding kernel bit for
-// bit; gemm (cuBLASLt) and convolutions (cuDNN) on the bf16 tensor cores and the rounded-operand
-// attention against the CPU's rounded operands with float32 accumulation, on odd and large sizes,
-// outputs poisoned; stashed bf16 weights read as they are; transformer-lm trained in bf16 on the
-// GPU tracks float32 (loss within 2% after 200 steps) and its 1F1B-stash weights stashed in bf16
-// equal those stashed in float32.
+// bit; gemm (cuBLASLt) and convolutions (cuDNN's graph API, and its legacy path: five geometries)
+// on the bf16 tensor cores and the rounded-operand attention against the CPU's rounded operands
+// with float32 accumulation, on odd and large sizes, outputs poisoned; stashed bf16 weights read
+// as they are; transformer-lm trained in bf16 on the GPU tracks float32 (loss within 2% after 200
+// steps) and its 1F1B-stash weights stashed in bf16 equal those stashed in float32.
+#include <pipeline/cuda/dnn_graph.hpp>
 #include <pipeline/nn/zoo.hpp>
 #include <pipeline/ops/attention.hpp>
 #include <pipeline/ops/conv.hpp>
@@ -68,23 +69,48 @@ TEST_CASE("gemm under bf16: the tensor cores against the CPU's rounded operands"
 
 TEST_CASE("convolutions and attention under bf16 on CUDA equal the CPU's") {
   const ops::ComputeDTypeScope bf16(DType::BFloat16);
-  const ops::Window2d w = ops::Window2d::square(3, 1, 1);
-  const Tensor x = random_tensor({3, 5, 13, 11}, 1), weight = random_tensor({7, 5, 3, 3}, 2);
-  const Tensor bias = random_tensor({7}, 3), dy = random_tensor({3, 7, 13, 11}, 4);
-  Tensor y = Tensor::empty({3, 7, 13, 11}), dx = Tensor::empty(x.shape());
-  Tensor dw = random_tensor(weight.shape(), 5);
-  Tensor yg = poisoned(y.shape()), dxg = poisoned(dx.shape()), dwg = dw.to(kGpu);
-  ops::conv2d_forward(x, weight, bias, y, w);
-  ops::conv2d_backward_data(dy, weight, dx, w);
-  ops::conv2d_backward_filter(x, dy, dw, w);
-  ops::conv2d_forward(x.to(kGpu), weight.to(kGpu), bias.to(kGpu), yg, w);
-  ops::conv2d_backward_data(dy.to(kGpu), weight.to(kGpu), dxg, w);
-  ops::conv2d_backward_filter(x.to(kGpu), dy.to(kGpu), dwg, w);
-  // cuDNN accumulates in another order before it rounds to bf16: an element may land one bf16
-  // step (2^-8 relative) away.
-  expect_close("conv2d_forward bf16", y, yg, 1e-2);
-  expect_close("conv2d_backward_data bf16", dx, dxg, 1e-2);
-  expect_close("conv2d_backward_filter bf16", dw, dwg, 1e-2);
+  struct Conv {
+    Shape x;
+    std::int64_t out, kernel, stride, pad;
+  };
+  // 3x3 (vgg16's), 5x5 over one channel (fashion-cnn's conv1), strided with a ragged border,
+  // 1x1 (resnet18's shortcut), a wide 3x3 whose operands are 16-byte aligned.
+  const Conv convs[] = {{{3, 5, 13, 11}, 7, 3, 1, 1},
+                        {{4, 1, 28, 28}, 32, 5, 1, 2},
+                        {{2, 6, 15, 17}, 9, 3, 2, 1},
+                        {{3, 8, 9, 9}, 16, 1, 2, 0},
+                        {{8, 64, 16, 16}, 64, 3, 1, 1}};
+  for (const bool graph : {true, false}) {  // cuDNN's graph API, and the legacy path
+    cuda::set_bf16_graph_convolutions(graph);
+    for (std::size_t i = 0; i < std::size(convs); ++i) {
+      const Conv& c = convs[i];
+      CAPTURE(graph);
+      CAPTURE(i);
+      const ops::Window2d w = ops::Window2d::square(c.kernel, c.stride, c.pad);
+      const Tensor x = random_tensor(c.x, 1 + i);
+      const Tensor weight = random_tensor({c.out, c.x[1], c.kernel, c.kernel}, 2 + i);
+      const Tensor bias = random_tensor({c.out}, 3 + i);
+      const Shape ys = ops::conv2d_output_shape(x.shape(), weight.shape(), w);
+      const Tensor dy = random_tensor(ys, 4 + i);
+      Tensor y = Tensor::empty(ys), dx = Tensor::empty(x.shape());
+      Tensor dw = random_tensor(weight.shape(), 5 + i);
+      Tensor yg = poisoned(ys), dxg = poisoned(dx.shape()), dwg = dw.to(kGpu);
+      ops::conv2d_forward(x, weight, bias, y, w);
+      ops::conv2d_backward_data(dy, weight, dx, w);
+      ops::conv2d_backward_filter(x, dy, dw, w);
+      // The weight as a version stashed in bf16 on the device: read as it is.
+      const Tensor weight16 = ops::to_dtype(weight.to(kGpu), DType::BFloat16);
+      ops::conv2d_forward(x.to(kGpu), weight16, bias.to(kGpu), yg, w);
+      ops::conv2d_backward_data(dy.to(kGpu), weight16, dxg, w);
+      ops::conv2d_backward_filter(x.to(kGpu), dy.to(kGpu), dwg, w);
+      // cuDNN accumulates in another order before it rounds to bf16: an element may land one bf16
+      // step (2^-8 relative) away.
+      expect_close("conv2d_forward bf16", y, yg, 1e-2);
+      expect_close("conv2d_backward_data bf16", dx, dxg, 1e-2);
+      expect_close("conv2d_backward_filter bf16", dw, dwg, 1e-2);
+    }
+  }
+  cuda::set_bf16_graph_convolutions(true);
 
   const std::int64_t B = 2, T = 33, C = 64, H = 4;
   const Tensor qkv = random_tensor({B, T, 3 * C}, 6), dout = random_tensor({B, T, C}, 7);

@@ -24,7 +24,8 @@
 // algorithms that compute in a transformed domain (FFT, non-fused Winograd) are excluded, so
 // results match the CPU to fp32 rounding; on, CUDNN_DEFAULT_MATH, which lets cuDNN round inputs to
 // TF32 on Ampere and later (PyTorch's torch.backends.cudnn.allow_tf32), and every algorithm.
-// Operands that hold bf16 values run on the tensor cores (bf16_operands below).
+// Operands that hold bf16 values run on the tensor cores (bf16_operands below); bf16 tensors go
+// through cuDNN's graph API instead (dnn_graph.hpp), with this as their fallback.
 //
 // cuDNN 9 keeps its "legacy" convolution API (descriptors, cudnnConvolution*) beside the graph
 // API and marks it deprecated; the attribute only fires when CUDNN_WARN_DEPRECATED is defined.

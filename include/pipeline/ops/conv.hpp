@@ -20,8 +20,9 @@
 // kernels. Under a bf16 compute dtype (ops/precision.hpp) the operands (x, weight, dy) are read
 // rounded to bf16 and each result — y before its bias, dx, and each call's weight gradient before
 // it accumulates — is rounded to bf16, which is what cuDNN's bf16 convolutions (the tensor cores,
-// fp32 accumulation) write; the CPU computes in fp32 and rounds. weight may be a bfloat16 tensor (a
-// stashed version).
+// fp32 accumulation) write: on CUDA through cuDNN's graph API on bf16 tensors (cuda/dnn_graph.hpp),
+// else as TF32 on the rounded operands; the CPU computes in fp32 and rounds. weight may be a
+// bfloat16 tensor (a stashed version).
 #pragma once
 
 #include <pipeline/core/tensor.hpp>

@@ -1,0 +1,403 @@
+#include <pipeline/core/log.hpp>
+#include <pipeline/cuda/check.hpp>
+#include <pipeline/cuda/dnn.hpp>
+#include <pipeline/cuda/dnn_graph.hpp>
+#include <pipeline/cuda/stream.hpp>
+
+#include "call_workspace.hpp"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+// Two attributes this file sets (the handle of an operation graph and of an execution plan) are
+// marked deprecated in cuDNN 9, which fires only when CUDNN_WARN_DEPRECATED is defined: as in
+// dnn.cpp, silenced here.
+#if defined(__GNUC__)
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+
+namespace pipeline::cuda {
+
+namespace dnn_graph {
+namespace {
+
+// Engine configurations timed per problem, and the most workspace one may have.
+constexpr int kGraphCandidates = 8;
+constexpr std::int64_t kMaxWorkspace = std::int64_t{1} << 30;
+constexpr int kTimedRuns = 3;
+
+std::atomic<bool> g_enabled{[] {
+  const char* v = std::getenv("PIPELINE_CUDNN_BF16");
+  return v == nullptr || std::string_view(v) != "legacy";
+}()};
+
+enum class Pass : int { Forward = 0, BackwardData = 1, BackwardFilter = 2 };
+constexpr const char* kPassNames[] = {"forward", "backward-data", "backward-filter"};
+
+// The three tensors of every pass by role: the input side x (dx in backward-data), the filter w
+// (dw in backward-filter) and the output side y (dy in both backward passes).
+constexpr std::int64_t kX = 'x', kW = 'w', kY = 'y';
+constexpr std::array<std::int64_t, 3> kIds{kX, kW, kY};
+
+// Owns one backend descriptor.
+class Descriptor {
+ public:
+  explicit Descriptor(cudnnBackendDescriptorType_t type) {
+    PIPELINE_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &m_desc));
+  }
+  Descriptor(Descriptor&& o) noexcept : m_desc(std::exchange(o.m_desc, nullptr)) {}
+  Descriptor& operator=(Descriptor&& o) noexcept {
+    std::swap(m_desc, o.m_desc);
+    return *this;
+  }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  ~Descriptor() {
+    if (m_desc != nullptr) (void)cudnnBackendDestroyDescriptor(m_desc);
+  }
+  cudnnBackendDescriptor_t get() const { return m_desc; }
+
+  // Attribute `name` := `count` values of `type` at `values`.
+  Descriptor& set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+                  std::int64_t count, const void* values) {
+    PIPELINE_CUDNN_CHECK(cudnnBackendSetAttribute(m_desc, name, type, count, values));
+    return *this;
+  }
+  // Attribute `name` := another descriptor.
+  Descriptor& set(cudnnBackendAttributeName_t name, const Descriptor& d) {
+    const cudnnBackendDescriptor_t raw = d.get();
+    return set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &raw);
+  }
+  Descriptor& finalize() {
+    PIPELINE_CUDNN_CHECK(cudnnBackendFinalize(m_desc));
+    return *this;
+  }
+  // For what cuDNN may decline (an engine configuration it cannot build here).
+  bool try_finalize() { return cudnnBackendFinalize(m_desc) == CUDNN_STATUS_SUCCESS; }
+
+ private:
+  cudnnBackendDescriptor_t m_desc = nullptr;
+};
+
+// The largest power of two up to 16 that divides the address (what the tensor promises cuDNN).
+std::int64_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  std::int64_t align = 16;
+  while (align > 2 && a % static_cast<std::uintptr_t>(align) != 0) align /= 2;
+  return align;
+}
+
+// A packed NCHW bf16 tensor.
+Descriptor tensor(std::int64_t id, const std::array<std::int64_t, 4>& dims,
+                  std::int64_t alignment) {
+  const std::array<std::int64_t, 4> strides{dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3],
+                                            1};
+  const cudnnDataType_t type = CUDNN_DATA_BFLOAT16;
+  Descriptor d(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  d.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type)
+      .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data())
+      .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data())
+      .set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &id)
+      .set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment)
+      .finalize();
+  return d;
+}
+
+// Cross-correlation with symmetric zero padding, dilation 1, fp32 accumulation.
+Descriptor convolution(const Conv2dProblem& p) {
+  const cudnnDataType_t accumulate = CUDNN_DATA_FLOAT;
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  const std::int64_t spatial = 2;
+  const std::array<std::int64_t, 2> dilation{1, 1}, stride{p.stride_h, p.stride_w},
+      padding{p.pad_h, p.pad_w};
+  Descriptor d(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  d.set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &accumulate)
+      .set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode)
+      .set(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial)
+      .set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilation.data())
+      .set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride.data())
+      .set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, padding.data())
+      .set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, padding.data())
+      .finalize();
+  return d;
+}
+
+// The operation graph of one pass (alpha 1, beta 0: the output is overwritten).
+Descriptor operation_graph(cudnnHandle_t handle, Pass pass, const Conv2dProblem& p,
+                           const std::array<std::int64_t, 3>& alignments) {
+  const Descriptor x = tensor(kX, {p.n, p.c, p.h, p.w}, alignments[0]);
+  const Descriptor w = tensor(kW, {p.m, p.c, p.kh, p.kw}, alignments[1]);
+  const Descriptor y = tensor(kY, {p.n, p.m, p.out_h(), p.out_w()}, alignments[2]);
+  const Descriptor conv = convolution(p);
+  const float alpha = 1.f, beta = 0.f;
+  std::optional<Descriptor> op;
+  switch (pass) {
+    case Pass::Forward:
+      op.emplace(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x)
+          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w)
+          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y)
+          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv)
+          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
+          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+      break;
+    case Pass::BackwardData:
+      op.emplace(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, x)
+          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w)
+          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, y)
+          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv)
+          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
+          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+      break;
+    case Pass::BackwardFilter:
+      op.emplace(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
+      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, x)
+          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, w)
+          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, y)
+          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv)
+          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
+          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+      break;
+  }
+  op->finalize();
+  Descriptor graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, *op)
+      .set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle)
+      .finalize();
+  return graph;
+}
+
+// The engine configurations cuDNN's heuristics of `mode` rank for `graph`, best first (none when
+// the mode has nothing for it).
+std::vector<Descriptor> engine_configs(const Descriptor& graph, cudnnBackendHeurMode_t mode) {
+  Descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  heuristics.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)
+      .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  if (!heuristics.try_finalize()) return {};
+  std::int64_t count = 0;
+  if (cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                               nullptr) != CUDNN_STATUS_SUCCESS)
+    return {};
+  // cuDNN fills descriptors the caller made.
+  std::vector<Descriptor> configs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (std::int64_t i = 0; i < count; ++i) {
+    configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    raw.push_back(configs.back().get());
+  }
+  std::int64_t returned = 0;
+  if (cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                               CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned,
+                               raw.data()) != CUDNN_STATUS_SUCCESS)
+    return {};
+  configs.erase(configs.begin() + std::min(returned, count), configs.end());
+  return configs;
+}
+
+// Whether the engine of `config` keeps the contract: products accumulated in fp32 on the
+// operands as given (no reduced-precision reduction, no down-converted inputs), and the same
+// result on every run when determinism is asked for.
+bool keeps_contract(const Descriptor& config, bool det) {
+  Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  cudnnBackendDescriptor_t raw = engine.get();
+  std::int64_t n = 0;
+  if (cudnnBackendGetAttribute(config.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
+                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &raw) != CUDNN_STATUS_SUCCESS)
+    return false;
+  std::array<cudnnBackendNumericalNote_t, CUDNN_NUMERICAL_NOTE_TYPE_COUNT> notes{};
+  if (cudnnBackendGetAttribute(raw, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                               static_cast<std::int64_t>(notes.size()), &n,
+                               notes.data()) != CUDNN_STATUS_SUCCESS)
+    return false;
+  for (std::int64_t i = 0; i < std::min<std::int64_t>(n, notes.size()); ++i) {
+    const auto note = notes[static_cast<std::size_t>(i)];
+    if (note == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION ||
+        note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)
+      return false;
+    if (det && note == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) return false;
+  }
+  return true;
+}
+
+// A plan cuDNN can run, with the workspace it needs.
+struct Plan {
+  Descriptor plan;
+  std::int64_t workspace = 0;
+};
+
+std::optional<Plan> build_plan(cudnnHandle_t handle, const Descriptor& config) {
+  Descriptor plan(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle)
+      .set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, config);
+  if (!plan.try_finalize()) return std::nullopt;
+  std::int64_t bytes = 0, n = 0;
+  if (cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                               CUDNN_TYPE_INT64, 1, &n, &bytes) != CUDNN_STATUS_SUCCESS ||
+      bytes > kMaxWorkspace)
+    return std::nullopt;
+  return Plan{std::move(plan), bytes};
+}
+
+// Queues `plan` on the handle's stream with the pass's three tensors (x, w, y by role).
+cudnnStatus_t execute(cudnnHandle_t handle, const Plan& plan, const std::array<void*, 3>& data,
+                      void* workspace) {
+  Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, kIds.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, data.data())
+      .set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace)
+      .finalize();
+  return cudnnBackendExecute(handle, plan.plan.get(), pack.get());
+}
+
+// Milliseconds of kTimedRuns runs of `plan` after one warm-up; infinity when it fails to run.
+float time_plan(cudnnHandle_t handle, int device, cudaStream_t stream, const Plan& plan,
+                const std::array<void*, 3>& data) {
+  constexpr float kFailed = std::numeric_limits<float>::infinity();
+  std::optional<detail::CallWorkspace> ws;
+  try {
+    ws.emplace(device, static_cast<std::size_t>(plan.workspace), stream);
+  } catch (const CudaError&) {
+    return kFailed;  // no room for this candidate's workspace now
+  }
+  if (execute(handle, plan, data, ws->get()) != CUDNN_STATUS_SUCCESS) return kFailed;
+  Event start = Event::create(device, true), stop = Event::create(device, true);
+  start.record(stream);
+  for (int r = 0; r < kTimedRuns; ++r)
+    if (execute(handle, plan, data, ws->get()) != CUDNN_STATUS_SUCCESS) return kFailed;
+  stop.record(stream);
+  stop.synchronize();
+  return Event::elapsed_ms(start, stop);
+}
+
+// Everything the choice depends on.
+using Key = std::array<std::int64_t, 16>;
+
+Key make_key(Pass pass, const Conv2dProblem& p, bool det,
+             const std::array<std::int64_t, 3>& alignments) {
+  return {static_cast<std::int64_t>(pass),
+          p.n,
+          p.c,
+          p.h,
+          p.w,
+          p.m,
+          p.kh,
+          p.kw,
+          p.stride_h,
+          p.stride_w,
+          p.pad_h,
+          p.pad_w,
+          det ? 1 : 0,
+          alignments[0],
+          alignments[1],
+          alignments[2]};
+}
+
+// The chosen plan of each problem on one device and thread; nullopt: no engine qualifies.
+using PlanCache = std::map<Key, std::optional<Plan>>;
+
+PlanCache& plan_cache(int device) {
+  thread_local std::map<int, PlanCache> caches;
+  return caches[device];
+}
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  PIPELINE_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// The fastest qualifying plan for `key` (or, while the stream is being captured into a CUDA
+// graph, where nothing may wait, the best ranked one); nullopt when none qualifies.
+std::optional<Plan> choose(cudnnHandle_t handle, int device, cudaStream_t stream, Pass pass,
+                           const Conv2dProblem& p, bool det,
+                           const std::array<std::int64_t, 3>& alignments,
+                           const std::array<void*, 3>& data) {
+  const Descriptor graph = operation_graph(handle, pass, p, alignments);
+  std::vector<Plan> candidates;
+  for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    for (const Descriptor& config : engine_configs(graph, mode)) {
+      if (static_cast<int>(candidates.size()) == kGraphCandidates) break;
+      if (!keeps_contract(config, det)) continue;
+      if (auto plan = build_plan(handle, config)) candidates.push_back(std::move(*plan));
+    }
+    if (!candidates.empty()) break;  // the fallback list only when mode A offered nothing
+  }
+  if (candidates.empty()) return std::nullopt;
+  if (candidates.size() == 1 || capturing(stream)) return std::move(candidates.front());
+  std::size_t best = 0;
+  float best_ms = std::numeric_limits<float>::infinity();
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    const float ms = time_plan(handle, device, stream, candidates[i], data);
+    if (ms < best_ms) best_ms = ms, best = i;
+  }
+  if (best_ms == std::numeric_limits<float>::infinity()) return std::nullopt;
+  return std::move(candidates[best]);
+}
+
+bool run(Pass pass, cudaStream_t stream, int device, const Conv2dProblem& p, const void* x,
+         const void* w, const void* y) {
+  if (p.n == 0) return true;
+  const DeviceGuard guard(device);
+  // The handle first: its thread-local context then outlives the plans made with it.
+  const cudnnHandle_t handle = dnn_handle(device, stream);
+  const std::array<std::int64_t, 3> alignments{alignment_of(x), alignment_of(w), alignment_of(y)};
+  const bool det = deterministic();
+  const std::array<void*, 3> data{const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)};
+  PlanCache& cache = plan_cache(device);
+  const Key key = make_key(pass, p, det, alignments);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    it = cache.emplace(key, choose(handle, device, stream, pass, p, det, alignments, data)).first;
+    if (!it->second)
+      log_warn(
+          "cuDNN's graph API has no {}bf16 {} engine for the convolution of [{}, {}, {}, {}] by "
+          "[{}, {}, {}, {}] (stride {}x{}, padding {}x{}) on {}: it runs as TF32 on bf16 "
+          "operands",
+          det ? "deterministic " : "", kPassNames[static_cast<int>(pass)], p.n, p.c, p.h, p.w, p.m,
+          p.c, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w, current_device_name());
+  }
+  if (!it->second) return false;
+  const Plan& plan = *it->second;
+  const detail::CallWorkspace ws(device, static_cast<std::size_t>(plan.workspace), stream);
+  PIPELINE_CUDNN_CHECK(execute(handle, plan, data, ws.get()));
+  return true;
+}
+
+}  // namespace
+}  // namespace dnn_graph
+
+void set_bf16_graph_convolutions(bool on) {
+  dnn_graph::g_enabled = on;
+}
+bool bf16_graph_convolutions() {
+  return dnn_graph::g_enabled;
+}
+
+bool conv2d_forward_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
+                         const std::uint16_t* x, const std::uint16_t* weight, std::uint16_t* y) {
+  return dnn_graph::run(dnn_graph::Pass::Forward, stream, device, p, x, weight, y);
+}
+bool conv2d_backward_data_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
+                               const std::uint16_t* dy, const std::uint16_t* weight,
+                               std::uint16_t* dx) {
+  return dnn_graph::run(dnn_graph::Pass::BackwardData, stream, device, p, dx, weight, dy);
+}
+bool conv2d_backward_filter_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
+                                 const std::uint16_t* x, const std::uint16_t* dy,
+                                 std::uint16_t* dweight) {
+  return dnn_graph::run(dnn_graph::Pass::BackwardFilter, stream, device, p, x, dweight, dy);
+}
+
+}  // namespace pipeline::cuda
