@@ -113,7 +113,7 @@ bench() {
     --precision fp32,tf32,bf16 ${step_torch[@]:+--torch} --steps "${BENCH_STEPS:-20}" --warmup 5
   # bf16 convolutions through cuDNN's legacy API (TF32 on bf16 operands) against the graph API's
   # bf16 engines (the default; cuda/dnn_graph.hpp), same run.
-  box 100 "$OUT/bench.log" env PIPELINE_CUDNN_BF16=legacy "$B/bench/bench_gpu_step" \
+  box 100 "$OUT/bench.log" env PIPELINE_CUDNN_GRAPH=none "$B/bench/bench_gpu_step" \
     --cases vgg16-b64,fashion-cnn-b1024 --precision bf16 --steps 10 --warmup 3
   # The WMMA attention kernels (ops::Bf16AttentionKernel::Wmma, not the default) on the transformer.
   box 60 "$OUT/bench.log" env PIPELINE_BF16_ATTENTION=wmma "$B/bench/bench_gpu_step" \

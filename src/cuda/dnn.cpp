@@ -3,6 +3,7 @@
 #include <pipeline/cuda/check.hpp>
 #include <pipeline/cuda/device_memory.hpp>
 #include <pipeline/cuda/dnn.hpp>
+#include <pipeline/cuda/dnn_graph.hpp>
 #include <pipeline/cuda/stream.hpp>
 
 #include "call_workspace.hpp"
@@ -383,18 +384,35 @@ void backward_filter_pass(cudaStream_t stream, int device, const Conv2dProblem& 
 
 }  // namespace
 
+// float32 convolutions take cuDNN's graph API when asked for (dnn_graph.hpp: All); the legacy
+// API where they are not, where that API has no engine, and for bf16 operands (the graph path's
+// own fallback).
+namespace {
+bool graph_f32(bool bf16_operands) {
+  return !bf16_operands && graph_convolutions() == GraphConvolutions::All;
+}
+}  // namespace
+
 void conv2d_forward_f32(cudaStream_t stream, int device, const Conv2dProblem& p, const float* x,
                         const float* weight, float beta, float* y, bool bf16_operands) {
+  if (graph_f32(bf16_operands) && conv2d_forward_graph_f32(stream, device, p, x, weight, beta, y))
+    return;
   forward_pass(stream, device, p, bf16_operands, x, weight, beta, y);
 }
 void conv2d_backward_data_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
                               const float* dy, const float* weight, float beta, float* dx,
                               bool bf16_operands) {
+  if (graph_f32(bf16_operands) &&
+      conv2d_backward_data_graph_f32(stream, device, p, dy, weight, beta, dx))
+    return;
   backward_data_pass(stream, device, p, bf16_operands, dy, weight, beta, dx);
 }
 void conv2d_backward_filter_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
                                 const float* x, const float* dy, float beta, float* dweight,
                                 bool bf16_operands) {
+  if (graph_f32(bf16_operands) &&
+      conv2d_backward_filter_graph_f32(stream, device, p, x, dy, beta, dweight))
+    return;
   backward_filter_pass(stream, device, p, bf16_operands, x, dy, beta, dweight);
 }
 

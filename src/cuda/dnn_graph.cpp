@@ -1,4 +1,5 @@
 #include <pipeline/core/log.hpp>
+#include <pipeline/cuda/blas.hpp>
 #include <pipeline/cuda/check.hpp>
 #include <pipeline/cuda/dnn.hpp>
 #include <pipeline/cuda/dnn_graph.hpp>
@@ -36,10 +37,17 @@ constexpr int kGraphCandidates = 8;
 constexpr std::int64_t kMaxWorkspace = std::int64_t{1} << 30;
 constexpr int kTimedRuns = 3;
 
-std::atomic<bool> g_enabled{[] {
-  const char* v = std::getenv("PIPELINE_CUDNN_BF16");
-  return v == nullptr || std::string_view(v) != "legacy";
-}()};
+GraphConvolutions from_environment() {
+  const char* v = std::getenv("PIPELINE_CUDNN_GRAPH");
+  if (v == nullptr) return GraphConvolutions::Bf16;
+  const std::string_view name(v);
+  if (name == "none") return GraphConvolutions::None;
+  if (name == "all") return GraphConvolutions::All;
+  if (name != "bf16")
+    log_warn("PIPELINE_CUDNN_GRAPH={} is none of none, bf16, all: bf16 it is", name);
+  return GraphConvolutions::Bf16;
+}
+std::atomic<GraphConvolutions> g_setting{from_environment()};
 
 enum class Pass : int { Forward = 0, BackwardData = 1, BackwardFilter = 2 };
 constexpr const char* kPassNames[] = {"forward", "backward-data", "backward-filter"};
@@ -48,6 +56,17 @@ constexpr const char* kPassNames[] = {"forward", "backward-data", "backward-filt
 // (dw in backward-filter) and the output side y (dy in both backward passes).
 constexpr std::int64_t kX = 'x', kW = 'w', kY = 'y';
 constexpr std::array<std::int64_t, 3> kIds{kX, kW, kY};
+// The role each pass writes.
+constexpr int kWrites[] = {2, 0, 1};
+
+// What a call computes besides its shapes: the element type, what its output keeps (beta), and
+// which engines may compute it.
+struct Numerics {
+  bool bf16 = true;    // bf16 elements, else float32
+  float beta = 0.f;    // out = pass(...) + beta · out
+  bool det = true;     // deterministic engines only (cuda::deterministic())
+  bool exact = false;  // float32 without TF32: no tensor cores, no transformed domains
+};
 
 // Owns one backend descriptor.
 class Descriptor {
@@ -97,12 +116,12 @@ std::int64_t alignment_of(const void* p) {
   return align;
 }
 
-// A packed NCHW bf16 tensor.
-Descriptor tensor(std::int64_t id, const std::array<std::int64_t, 4>& dims,
+// A packed NCHW tensor of bf16 or float32 elements.
+Descriptor tensor(std::int64_t id, const std::array<std::int64_t, 4>& dims, bool bf16,
                   std::int64_t alignment) {
   const std::array<std::int64_t, 4> strides{dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3],
                                             1};
-  const cudnnDataType_t type = CUDNN_DATA_BFLOAT16;
+  const cudnnDataType_t type = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
   Descriptor d(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
   d.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type)
       .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data())
@@ -132,14 +151,21 @@ Descriptor convolution(const Conv2dProblem& p) {
   return d;
 }
 
-// The operation graph of one pass (alpha 1, beta 0: the output is overwritten).
+// The elements of each role's tensor.
+std::array<std::int64_t, 3> role_elements(const Conv2dProblem& p) {
+  const auto i = [](int v) { return static_cast<std::int64_t>(v); };
+  return {i(p.n) * p.c * p.h * p.w, i(p.m) * p.c * p.kh * p.kw,
+          i(p.n) * p.m * p.out_h() * p.out_w()};
+}
+
+// The operation graph of one pass (alpha 1, beta as asked).
 Descriptor operation_graph(cudnnHandle_t handle, Pass pass, const Conv2dProblem& p,
-                           const std::array<std::int64_t, 3>& alignments) {
-  const Descriptor x = tensor(kX, {p.n, p.c, p.h, p.w}, alignments[0]);
-  const Descriptor w = tensor(kW, {p.m, p.c, p.kh, p.kw}, alignments[1]);
-  const Descriptor y = tensor(kY, {p.n, p.m, p.out_h(), p.out_w()}, alignments[2]);
+                           const Numerics& num, const std::array<std::int64_t, 3>& alignments) {
+  const Descriptor x = tensor(kX, {p.n, p.c, p.h, p.w}, num.bf16, alignments[0]);
+  const Descriptor w = tensor(kW, {p.m, p.c, p.kh, p.kw}, num.bf16, alignments[1]);
+  const Descriptor y = tensor(kY, {p.n, p.m, p.out_h(), p.out_w()}, num.bf16, alignments[2]);
   const Descriptor conv = convolution(p);
-  const float alpha = 1.f, beta = 0.f;
+  const float alpha = 1.f, beta = num.beta;
   std::optional<Descriptor> op;
   switch (pass) {
     case Pass::Forward:
@@ -206,10 +232,11 @@ std::vector<Descriptor> engine_configs(const Descriptor& graph, cudnnBackendHeur
   return configs;
 }
 
-// Whether the engine of `config` keeps the contract: products accumulated in fp32 on the
-// operands as given (no reduced-precision reduction, no down-converted inputs), and the same
-// result on every run when determinism is asked for.
-bool keeps_contract(const Descriptor& config, bool det) {
+// Whether the engine of `config` keeps the contract: products accumulated in fp32 (no
+// reduced-precision reduction), the same result on every run when determinism is asked for, and
+// for exact float32 neither inputs rounded (TF32 tensor cores) nor a transformed domain (FFT,
+// Winograd: their rounding is far from fp32's, dnn.cpp).
+bool keeps_contract(const Descriptor& config, const Numerics& num) {
   Descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
   cudnnBackendDescriptor_t raw = engine.get();
   std::int64_t n = 0;
@@ -223,10 +250,16 @@ bool keeps_contract(const Descriptor& config, bool det) {
     return false;
   for (std::int64_t i = 0; i < std::min<std::int64_t>(n, notes.size()); ++i) {
     const auto note = notes[static_cast<std::size_t>(i)];
-    if (note == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION ||
-        note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)
+    if (note == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION) return false;
+    if (num.det && note == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) return false;
+    if (num.bf16 && note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) return false;
+    if (num.exact &&
+        (note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS ||
+         note == CUDNN_NUMERICAL_NOTE_TENSOR_CORE || note == CUDNN_NUMERICAL_NOTE_FFT ||
+         note == CUDNN_NUMERICAL_NOTE_WINOGRAD || note == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4 ||
+         note == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6 ||
+         note == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13))
       return false;
-    if (det && note == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) return false;
   }
   return true;
 }
@@ -262,12 +295,20 @@ cudnnStatus_t execute(cudnnHandle_t handle, const Plan& plan, const std::array<v
 }
 
 // Milliseconds of kTimedRuns runs of `plan` after one warm-up; infinity when it fails to run.
+// `data` are the call's tensors: an output that accumulates (beta != 0) is a scratch one here.
 float time_plan(cudnnHandle_t handle, int device, cudaStream_t stream, const Plan& plan,
-                const std::array<void*, 3>& data) {
+                std::array<void*, 3> data, Pass pass, const Conv2dProblem& p, const Numerics& num) {
   constexpr float kFailed = std::numeric_limits<float>::infinity();
-  std::optional<detail::CallWorkspace> ws;
+  std::optional<detail::CallWorkspace> ws, scratch;
   try {
     ws.emplace(device, static_cast<std::size_t>(plan.workspace), stream);
+    if (num.beta != 0.f) {
+      const int out = kWrites[static_cast<int>(pass)];
+      const std::size_t bytes =
+          static_cast<std::size_t>(role_elements(p)[out]) * (num.bf16 ? 2 : 4);
+      scratch.emplace(device, bytes, stream);
+      data[static_cast<std::size_t>(out)] = scratch->get();
+    }
   } catch (const CudaError&) {
     return kFailed;  // no room for this candidate's workspace now
   }
@@ -282,9 +323,9 @@ float time_plan(cudnnHandle_t handle, int device, cudaStream_t stream, const Pla
 }
 
 // Everything the choice depends on.
-using Key = std::array<std::int64_t, 16>;
+using Key = std::array<std::int64_t, 19>;
 
-Key make_key(Pass pass, const Conv2dProblem& p, bool det,
+Key make_key(Pass pass, const Conv2dProblem& p, const Numerics& num,
              const std::array<std::int64_t, 3>& alignments) {
   return {static_cast<std::int64_t>(pass),
           p.n,
@@ -298,7 +339,10 @@ Key make_key(Pass pass, const Conv2dProblem& p, bool det,
           p.stride_w,
           p.pad_h,
           p.pad_w,
-          det ? 1 : 0,
+          num.bf16 ? 1 : 0,
+          num.beta != 0.f ? 1 : 0,
+          num.det ? 1 : 0,
+          num.exact ? 1 : 0,
           alignments[0],
           alignments[1],
           alignments[2]};
@@ -321,15 +365,15 @@ bool capturing(cudaStream_t stream) {
 // The fastest qualifying plan for `key` (or, while the stream is being captured into a CUDA
 // graph, where nothing may wait, the best ranked one); nullopt when none qualifies.
 std::optional<Plan> choose(cudnnHandle_t handle, int device, cudaStream_t stream, Pass pass,
-                           const Conv2dProblem& p, bool det,
+                           const Conv2dProblem& p, const Numerics& num,
                            const std::array<std::int64_t, 3>& alignments,
                            const std::array<void*, 3>& data) {
-  const Descriptor graph = operation_graph(handle, pass, p, alignments);
+  const Descriptor graph = operation_graph(handle, pass, p, num, alignments);
   std::vector<Plan> candidates;
   for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     for (const Descriptor& config : engine_configs(graph, mode)) {
       if (static_cast<int>(candidates.size()) == kGraphCandidates) break;
-      if (!keeps_contract(config, det)) continue;
+      if (!keeps_contract(config, num)) continue;
       if (auto plan = build_plan(handle, config)) candidates.push_back(std::move(*plan));
     }
     if (!candidates.empty()) break;  // the fallback list only when mode A offered nothing
@@ -339,34 +383,34 @@ std::optional<Plan> choose(cudnnHandle_t handle, int device, cudaStream_t stream
   std::size_t best = 0;
   float best_ms = std::numeric_limits<float>::infinity();
   for (std::size_t i = 0; i < candidates.size(); ++i) {
-    const float ms = time_plan(handle, device, stream, candidates[i], data);
+    const float ms = time_plan(handle, device, stream, candidates[i], data, pass, p, num);
     if (ms < best_ms) best_ms = ms, best = i;
   }
   if (best_ms == std::numeric_limits<float>::infinity()) return std::nullopt;
   return std::move(candidates[best]);
 }
 
-bool run(Pass pass, cudaStream_t stream, int device, const Conv2dProblem& p, const void* x,
-         const void* w, const void* y) {
+bool run(Pass pass, cudaStream_t stream, int device, const Conv2dProblem& p, bool bf16, float beta,
+         const void* x, const void* w, const void* y) {
   if (p.n == 0) return true;
   const DeviceGuard guard(device);
   // The handle first: its thread-local context then outlives the plans made with it.
   const cudnnHandle_t handle = dnn_handle(device, stream);
   const std::array<std::int64_t, 3> alignments{alignment_of(x), alignment_of(w), alignment_of(y)};
-  const bool det = deterministic();
+  const Numerics num{bf16, beta, deterministic(), !bf16 && !allow_tf32()};
   const std::array<void*, 3> data{const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)};
   PlanCache& cache = plan_cache(device);
-  const Key key = make_key(pass, p, det, alignments);
+  const Key key = make_key(pass, p, num, alignments);
   auto it = cache.find(key);
   if (it == cache.end()) {
-    it = cache.emplace(key, choose(handle, device, stream, pass, p, det, alignments, data)).first;
+    it = cache.emplace(key, choose(handle, device, stream, pass, p, num, alignments, data)).first;
     if (!it->second)
       log_warn(
-          "cuDNN's graph API has no {}bf16 {} engine for the convolution of [{}, {}, {}, {}] by "
-          "[{}, {}, {}, {}] (stride {}x{}, padding {}x{}) on {}: it runs as TF32 on bf16 "
-          "operands",
-          det ? "deterministic " : "", kPassNames[static_cast<int>(pass)], p.n, p.c, p.h, p.w, p.m,
-          p.c, p.kh, p.kw, p.stride_h, p.stride_w, p.pad_h, p.pad_w, current_device_name());
+          "cuDNN's graph API has no {}{} {} engine for the convolution of [{}, {}, {}, {}] by "
+          "[{}, {}, {}, {}] (stride {}x{}, padding {}x{}) on {}: it runs through the legacy API",
+          num.det ? "deterministic " : "", bf16 ? "bf16" : (num.exact ? "exact float32" : "TF32"),
+          kPassNames[static_cast<int>(pass)], p.n, p.c, p.h, p.w, p.m, p.c, p.kh, p.kw, p.stride_h,
+          p.stride_w, p.pad_h, p.pad_w, current_device_name());
   }
   if (!it->second) return false;
   const Plan& plan = *it->second;
@@ -378,26 +422,43 @@ bool run(Pass pass, cudaStream_t stream, int device, const Conv2dProblem& p, con
 }  // namespace
 }  // namespace dnn_graph
 
-void set_bf16_graph_convolutions(bool on) {
-  dnn_graph::g_enabled = on;
+void set_graph_convolutions(GraphConvolutions which) {
+  dnn_graph::g_setting = which;
 }
-bool bf16_graph_convolutions() {
-  return dnn_graph::g_enabled;
+GraphConvolutions graph_convolutions() {
+  return dnn_graph::g_setting;
 }
 
 bool conv2d_forward_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
                          const std::uint16_t* x, const std::uint16_t* weight, std::uint16_t* y) {
-  return dnn_graph::run(dnn_graph::Pass::Forward, stream, device, p, x, weight, y);
+  return dnn_graph::run(dnn_graph::Pass::Forward, stream, device, p, true, 0.f, x, weight, y);
 }
 bool conv2d_backward_data_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
                                const std::uint16_t* dy, const std::uint16_t* weight,
                                std::uint16_t* dx) {
-  return dnn_graph::run(dnn_graph::Pass::BackwardData, stream, device, p, dx, weight, dy);
+  return dnn_graph::run(dnn_graph::Pass::BackwardData, stream, device, p, true, 0.f, dx, weight,
+                        dy);
 }
 bool conv2d_backward_filter_bf16(cudaStream_t stream, int device, const Conv2dProblem& p,
                                  const std::uint16_t* x, const std::uint16_t* dy,
                                  std::uint16_t* dweight) {
-  return dnn_graph::run(dnn_graph::Pass::BackwardFilter, stream, device, p, x, dweight, dy);
+  return dnn_graph::run(dnn_graph::Pass::BackwardFilter, stream, device, p, true, 0.f, x, dweight,
+                        dy);
+}
+
+bool conv2d_forward_graph_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
+                              const float* x, const float* weight, float beta, float* y) {
+  return dnn_graph::run(dnn_graph::Pass::Forward, stream, device, p, false, beta, x, weight, y);
+}
+bool conv2d_backward_data_graph_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
+                                    const float* dy, const float* weight, float beta, float* dx) {
+  return dnn_graph::run(dnn_graph::Pass::BackwardData, stream, device, p, false, beta, dx, weight,
+                        dy);
+}
+bool conv2d_backward_filter_graph_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
+                                      const float* x, const float* dy, float beta, float* dweight) {
+  return dnn_graph::run(dnn_graph::Pass::BackwardFilter, stream, device, p, false, beta, x, dweight,
+                        dy);
 }
 
 }  // namespace pipeline::cuda

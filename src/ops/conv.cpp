@@ -276,7 +276,7 @@ cuda::Conv2dProblem cuda_problem(const char* op, const Geometry& g, const Device
 template <typename Pass>
 bool bf16_graph_pass(const detail::CudaScope& cuda, const Tensor& a, const Tensor& b, Tensor& out,
                      Pass&& pass) {
-  if (!cuda::bf16_graph_convolutions()) return false;
+  if (cuda::graph_convolutions() == cuda::GraphConvolutions::None) return false;
   const Tensor a16 = to_dtype(a, DType::BFloat16), b16 = to_dtype(b, DType::BFloat16);
   Tensor out16 = Tensor::empty(out.shape(), DType::BFloat16, out.device());
   if (!pass(a16.device_data<std::uint16_t>(), b16.device_data<std::uint16_t>(),

@@ -1,10 +1,12 @@
 // CUDA convolution (cuDNN) against the CPU op: forward with and without bias, backward data,
 // backward filter and bias accumulated into non-zero gradients (beta = 1), over fashion-cnn's
 // shapes, odd sizes, stride 2, rectangular kernels and padding, 1x1 convolutions, batch 1 and an
-// empty batch; the deterministic algorithms reproduce their bits; mixed devices are refused.
-// fp32 with TF32 off: errors normalised by the output's typical magnitude stay below 1e-4.
+// empty batch; the deterministic algorithms reproduce their bits; mixed devices are refused. All of
+// it through cuDNN's legacy API and through its graph API (cuda/dnn_graph.hpp). fp32 with TF32
+// off: errors normalised by the output's typical magnitude stay below 1e-4.
 #include <pipeline/cuda/blas.hpp>
 #include <pipeline/cuda/dnn.hpp>
+#include <pipeline/cuda/dnn_graph.hpp>
 #include <pipeline/ops/conv.hpp>
 
 #include "gpu_compare.hpp"
@@ -41,70 +43,76 @@ constexpr double kTol = 1e-4;
 
 TEST_CASE("conv2d on CUDA matches the CPU: forward, backward data, filter and bias") {
   cuda::set_allow_tf32(false);
-  for (const Case& c : kCases) {
-    CAPTURE(c.n);
-    CAPTURE(c.c);
-    CAPTURE(c.h);
-    CAPTURE(c.w);
-    CAPTURE(c.m);
-    CAPTURE(c.window.kernel_h);
-    CAPTURE(c.window.stride_h);
-    CAPTURE(c.window.pad_h);
-    const auto seed = static_cast<std::uint64_t>(c.n * 1009 + c.c * 101 + c.h * 11 + c.m);
-    const Shape xs{c.n, c.c, c.h, c.w};
-    const Shape ws{c.m, c.c, c.window.kernel_h, c.window.kernel_w};
-    const Shape ys = ops::conv2d_output_shape(xs, ws, c.window);
-    const Tensor x = random_tensor(xs, seed);
-    const Tensor w = random_tensor(ws, seed + 1);
-    const Tensor b = random_tensor(Shape{c.m}, seed + 2);
-    const Tensor dy = random_tensor(ys, seed + 3);
-    const Tensor dw0 = random_tensor(ws, seed + 4), db0 = random_tensor(Shape{c.m}, seed + 5);
-    const Tensor xg = x.to(kGpu), wg = w.to(kGpu), bg = b.to(kGpu), dyg = dy.to(kGpu);
+  // cuDNN's legacy API (the default for float32), then its graph API (dnn_graph.hpp: All).
+  for (const auto which : {cuda::GraphConvolutions::Bf16, cuda::GraphConvolutions::All}) {
+    cuda::set_graph_convolutions(which);
+    CAPTURE(static_cast<int>(which));
+    for (const Case& c : kCases) {
+      CAPTURE(c.n);
+      CAPTURE(c.c);
+      CAPTURE(c.h);
+      CAPTURE(c.w);
+      CAPTURE(c.m);
+      CAPTURE(c.window.kernel_h);
+      CAPTURE(c.window.stride_h);
+      CAPTURE(c.window.pad_h);
+      const auto seed = static_cast<std::uint64_t>(c.n * 1009 + c.c * 101 + c.h * 11 + c.m);
+      const Shape xs{c.n, c.c, c.h, c.w};
+      const Shape ws{c.m, c.c, c.window.kernel_h, c.window.kernel_w};
+      const Shape ys = ops::conv2d_output_shape(xs, ws, c.window);
+      const Tensor x = random_tensor(xs, seed);
+      const Tensor w = random_tensor(ws, seed + 1);
+      const Tensor b = random_tensor(Shape{c.m}, seed + 2);
+      const Tensor dy = random_tensor(ys, seed + 3);
+      const Tensor dw0 = random_tensor(ws, seed + 4), db0 = random_tensor(Shape{c.m}, seed + 5);
+      const Tensor xg = x.to(kGpu), wg = w.to(kGpu), bg = b.to(kGpu), dyg = dy.to(kGpu);
 
-    Tensor y = Tensor::empty(ys);
-    ops::conv2d_forward(x, w, b, y, c.window);
-    Tensor yg = poisoned(ys);
-    ops::conv2d_forward(xg, wg, bg, yg, c.window);
-    expect_close("y", y, yg, kTol);
+      Tensor y = Tensor::empty(ys);
+      ops::conv2d_forward(x, w, b, y, c.window);
+      Tensor yg = poisoned(ys);
+      ops::conv2d_forward(xg, wg, bg, yg, c.window);
+      expect_close("y", y, yg, kTol);
 
-    Tensor y_nb = Tensor::empty(ys);
-    ops::conv2d_forward(x, w, Tensor(), y_nb, c.window);
-    Tensor yg_nb = poisoned(ys);
-    ops::conv2d_forward(xg, wg, Tensor(), yg_nb, c.window);
-    expect_close("y without bias", y_nb, yg_nb, kTol);
+      Tensor y_nb = Tensor::empty(ys);
+      ops::conv2d_forward(x, w, Tensor(), y_nb, c.window);
+      Tensor yg_nb = poisoned(ys);
+      ops::conv2d_forward(xg, wg, Tensor(), yg_nb, c.window);
+      expect_close("y without bias", y_nb, yg_nb, kTol);
 
-    Tensor dx = Tensor::empty(xs);
-    ops::conv2d_backward_data(dy, w, dx, c.window);
-    Tensor dxg = poisoned(xs);
-    ops::conv2d_backward_data(dyg, wg, dxg, c.window);
-    expect_close("dx", dx, dxg, kTol);
+      Tensor dx = Tensor::empty(xs);
+      ops::conv2d_backward_data(dy, w, dx, c.window);
+      Tensor dxg = poisoned(xs);
+      ops::conv2d_backward_data(dyg, wg, dxg, c.window);
+      expect_close("dx", dx, dxg, kTol);
 
-    // Gradients accumulate into what is already there (beta = 1): start from non-zero values.
-    Tensor dw = dw0.clone();
-    ops::conv2d_backward_filter(x, dy, dw, c.window);
-    Tensor dwg = dw0.to(kGpu);
-    ops::conv2d_backward_filter(xg, dyg, dwg, c.window);
-    expect_close("dweight (accumulated)", dw, dwg, kTol);
+      // Gradients accumulate into what is already there (beta = 1): start from non-zero values.
+      Tensor dw = dw0.clone();
+      ops::conv2d_backward_filter(x, dy, dw, c.window);
+      Tensor dwg = dw0.to(kGpu);
+      ops::conv2d_backward_filter(xg, dyg, dwg, c.window);
+      expect_close("dweight (accumulated)", dw, dwg, kTol);
 
-    Tensor db = db0.clone();
-    ops::conv2d_backward_bias(dy, db);
-    Tensor dbg = db0.to(kGpu);
-    ops::conv2d_backward_bias(dyg, dbg);
-    expect_close("dbias (accumulated)", db, dbg, kTol);
+      Tensor db = db0.clone();
+      ops::conv2d_backward_bias(dy, db);
+      Tensor dbg = db0.to(kGpu);
+      ops::conv2d_backward_bias(dyg, dbg);
+      expect_close("dbias (accumulated)", db, dbg, kTol);
 
-    // Twice accumulated equals the CPU twice accumulated (the second call reuses the cached
-    // algorithm), and the deterministic algorithms give the same bits on a rerun.
-    ops::conv2d_backward_filter(x, dy, dw, c.window);
-    ops::conv2d_backward_filter(xg, dyg, dwg, c.window);
-    expect_close("dweight (accumulated twice)", dw, dwg, kTol);
-    Tensor dwg_again = dw0.to(kGpu);
-    ops::conv2d_backward_filter(xg, dyg, dwg_again, c.window);
-    ops::conv2d_backward_filter(xg, dyg, dwg_again, c.window);
-    expect_equal("dweight rerun", host(dwg), dwg_again);
-    Tensor dxg_again = poisoned(xs);
-    ops::conv2d_backward_data(dyg, wg, dxg_again, c.window);
-    expect_equal("dx rerun", host(dxg), dxg_again);
+      // Twice accumulated equals the CPU twice accumulated (the second call reuses the cached
+      // algorithm), and the deterministic algorithms give the same bits on a rerun.
+      ops::conv2d_backward_filter(x, dy, dw, c.window);
+      ops::conv2d_backward_filter(xg, dyg, dwg, c.window);
+      expect_close("dweight (accumulated twice)", dw, dwg, kTol);
+      Tensor dwg_again = dw0.to(kGpu);
+      ops::conv2d_backward_filter(xg, dyg, dwg_again, c.window);
+      ops::conv2d_backward_filter(xg, dyg, dwg_again, c.window);
+      expect_equal("dweight rerun", host(dwg), dwg_again);
+      Tensor dxg_again = poisoned(xs);
+      ops::conv2d_backward_data(dyg, wg, dxg_again, c.window);
+      expect_equal("dx rerun", host(dxg), dxg_again);
+    }
   }
+  cuda::set_graph_convolutions(cuda::GraphConvolutions::Bf16);
 }
 
 TEST_CASE("conv2d on CUDA: an empty batch, the allocating form, and the non-deterministic mode") {
