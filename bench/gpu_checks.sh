@@ -123,6 +123,9 @@ bench() {
   # The WMMA attention kernels (ops::Bf16AttentionKernel::Wmma, not the default) on the transformer.
   box 60 "$OUT/bench.log" env PIPELINE_BF16_ATTENTION=wmma "$B/bench/bench_gpu_step" \
     --cases transformer-lm-b16 --precision bf16 --steps 10 --warmup 3
+  # P and dS rounded to bf16 before their products (FlashAttention's numerics) on the transformer.
+  box 60 "$OUT/bench.log" env PIPELINE_BF16_ATTENTION=mma-rounded "$B/bench/bench_gpu_step" \
+    --cases transformer-lm-b16 --precision bf16 --steps 10 --warmup 3
   grep -E "^\| " "$OUT/bench.log" >>"$S"
 }
 

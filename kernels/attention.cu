@@ -501,7 +501,10 @@ void attention_forward(cudaStream_t stream, const AttentionProblem& pr, const fl
   const Params p = attention::forward_params(pr, q, k, v, in_stride, out, out_stride, lse);
   const unsigned blocks = attention::tile_blocks(pr);
   if (pr.bf16_operands && attention_bf16_supported()) {
-    (pr.mma ? attention::forward_mma : attention::forward_wmma)(stream, p, pr.head_dim, blocks);
+    if (pr.mma)
+      attention::forward_mma(stream, p, pr.head_dim, blocks, pr.rounded_probabilities);
+    else
+      attention::forward_wmma(stream, p, pr.head_dim, blocks);
     return;
   }
   attention::with_padded_head_dim(
@@ -518,7 +521,10 @@ void attention_backward(cudaStream_t stream, const AttentionProblem& pr, const f
   attention_row_dots(stream, pr, out, dout, out_stride, workspace);
   const unsigned blocks = attention::tile_blocks(pr);
   if (pr.bf16_operands && attention_bf16_supported()) {
-    (pr.mma ? attention::backward_mma : attention::backward_wmma)(stream, p, pr.head_dim, blocks);
+    if (pr.mma)
+      attention::backward_mma(stream, p, pr.head_dim, blocks, pr.rounded_probabilities);
+    else
+      attention::backward_wmma(stream, p, pr.head_dim, blocks);
     return;
   }
   attention::with_padded_head_dim(

@@ -27,6 +27,10 @@ struct AttentionProblem {
   // attention_bf16.cu, or with `mma` those of attention_mma.cu (below).
   bool bf16_operands = false;
   bool mma = false;
+  // With `mma`: P and dS rounded to bf16 before the products that read them (FlashAttention's and
+  // torch.autocast's numerics, half those products' tensor-core work) instead of split in two
+  // bf16 halves (fp32-exact on the rounded operands).
+  bool rounded_probabilities = false;
 };
 
 // O = softmax(Q Kᵀ / √Dh) V, and lse[b, h, t] = log Σ_j exp(S[t, j]) (over the unmasked j), the

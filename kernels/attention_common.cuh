@@ -120,11 +120,13 @@ void launch(Kernel* kernel, unsigned blocks, int threads, std::size_t smem, cuda
 // The bf16 tensor-core implementations behind attention.cu's launchers, given the arguments
 // those build once (the backward's row dots already in p.delta): the WMMA kernels of
 // attention_bf16.cu and the register-fragment kernels of attention_mma.cu
-// (AttentionProblem::mma chooses).
+// (AttentionProblem::mma chooses; `rounded`: its rounded_probabilities).
 void forward_wmma(cudaStream_t stream, const Params& p, std::int64_t head_dim, unsigned blocks);
 void backward_wmma(cudaStream_t stream, const Params& p, std::int64_t head_dim, unsigned blocks);
-void forward_mma(cudaStream_t stream, const Params& p, std::int64_t head_dim, unsigned blocks);
-void backward_mma(cudaStream_t stream, const Params& p, std::int64_t head_dim, unsigned blocks);
+void forward_mma(cudaStream_t stream, const Params& p, std::int64_t head_dim, unsigned blocks,
+                 bool rounded);
+void backward_mma(cudaStream_t stream, const Params& p, std::int64_t head_dim, unsigned blocks,
+                  bool rounded);
 
 // Which (batch, head) and which owned tile a block works on. Causal query tiles near the end see
 // the most keys, key tiles near the start the most queries: `reversed` starts the heaviest first.

@@ -16,7 +16,9 @@
 // whose pairs run down the tile's columns (V in P·V, Q and dO in the dK/dV products, K in dS·K).
 // (Those were kept as transposed copies before, whose 2-byte stores down a column hit two banks
 // out of 32.) Numerics as attention_bf16.cu: bf16 operands, fp32 softmax and accumulators, P and
-// dS split in two bf16 halves.
+// dS split in two bf16 halves — or, with AttentionProblem::rounded_probabilities, rounded to bf16
+// as FlashAttention and torch.autocast do (half the tensor-core work of the products that read
+// them, fewer registers, results within bf16 rounding of the split ones).
 #include "attention.cuh"
 #include "attention_common.cuh"
 #include "common.cuh"
@@ -28,6 +30,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace pipeline::kernels {
 
@@ -323,25 +326,34 @@ __device__ __forceinline__ void scores(float (&acc)[kKeyTiles][4], const __nv_bf
 }
 
 // out[dn] (16 × D as D/8 accumulator tiles) += X · B, X the 16 × 64 fp32 values of `x` (the
-// accumulator layout of `scores`) split in bf16 halves, B[64][D] a tile.
-template <int D>
+// accumulator layout of `scores`) split in bf16 halves — or, `kRounded`, rounded to bf16 — and
+// B[64][D] a tile.
+template <int D, bool kRounded>
 __device__ __forceinline__ void accumulate(float (&out)[D / 8][4], const float (&x)[kKeyTiles][4],
                                            const __nv_bfloat16* b_tile) {
 #pragma unroll
   for (int j = 0; j < kTile / 16; ++j) {
-    std::uint32_t hi[4], lo[4];
-    split_pack(x[2 * j][0], x[2 * j][1], hi[0], lo[0]);
-    split_pack(x[2 * j][2], x[2 * j][3], hi[1], lo[1]);
-    split_pack(x[2 * j + 1][0], x[2 * j + 1][1], hi[2], lo[2]);
-    split_pack(x[2 * j + 1][2], x[2 * j + 1][3], hi[3], lo[3]);
+    std::uint32_t hi[4];
+    [[maybe_unused]] std::uint32_t lo[4];
+    if constexpr (kRounded) {
+      hi[0] = pack(x[2 * j][0], x[2 * j][1]);
+      hi[1] = pack(x[2 * j][2], x[2 * j][3]);
+      hi[2] = pack(x[2 * j + 1][0], x[2 * j + 1][1]);
+      hi[3] = pack(x[2 * j + 1][2], x[2 * j + 1][3]);
+    } else {
+      split_pack(x[2 * j][0], x[2 * j][1], hi[0], lo[0]);
+      split_pack(x[2 * j][2], x[2 * j][3], hi[1], lo[1]);
+      split_pack(x[2 * j + 1][0], x[2 * j + 1][1], hi[2], lo[2]);
+      split_pack(x[2 * j + 1][2], x[2 * j + 1][3], hi[3], lo[3]);
+    }
 #pragma unroll
     for (int dn = 0; dn < D / 8; dn += 2) {
       std::uint32_t b0[2], b1[2];
       load_b_pair_down(b0, b1, b_tile, kRowLd<D>, j * 16, dn * 8);
       mma(out[dn], hi, b0);
-      mma(out[dn], lo, b0);
+      if constexpr (!kRounded) mma(out[dn], lo, b0);
       mma(out[dn + 1], hi, b1);
-      mma(out[dn + 1], lo, b1);
+      if constexpr (!kRounded) mma(out[dn + 1], lo, b1);
     }
   }
 }
@@ -368,7 +380,7 @@ constexpr std::size_t forward_smem() {
   return 3 * kTile * kRowLd<D> * sizeof(__nv_bfloat16) + staging_bytes<D>();
 }
 
-template <int D>
+template <int D, bool kRounded>
 __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -442,7 +454,7 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
       o[dn][2] *= alpha[1];
       o[dn][3] *= alpha[1];
     }
-    accumulate<D>(o, s, vs);  // O += P V
+    accumulate<D, kRounded>(o, s, vs);  // O += P V
   }
 
   const std::int64_t out_head = head_offset(p, blk.b, blk.h, p.out_stride);
@@ -470,7 +482,7 @@ constexpr std::size_t dkv_smem() {
 
 // A block owns 64 keys (a warp 16) and streams the query tiles that see them: with Sᵀ = K Qᵀ and
 // dPᵀ = V dOᵀ in the accumulators, dV += Pᵀ dO and dK += dSᵀ Q · scale.
-template <int D>
+template <int D, bool kRounded>
 __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   auto* ks = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -529,8 +541,8 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
         st[n][i] = pr;                             // Pᵀ
         dpt[n][i] = pr * (dpt[n][i] - deltas[c]);  // dSᵀ
       }
-    accumulate<D>(dv, st, dos);  // dV += Pᵀ dO
-    accumulate<D>(dk, dpt, qs);  // dK += dSᵀ Q
+    accumulate<D, kRounded>(dv, st, dos);  // dV += Pᵀ dO
+    accumulate<D, kRounded>(dk, dpt, qs);  // dK += dSᵀ Q
   }
   const std::int64_t grad_head = head_offset(p, blk.b, blk.h, p.grad_stride);
   store_rows<D>(p, dv, p.dv + grad_head, p.grad_stride, k0 + warp * 16, 1.f);
@@ -544,7 +556,7 @@ constexpr std::size_t dq_smem() {
 
 // A block owns 64 queries (a warp 16) and streams the key tiles they see: with S = Q Kᵀ and
 // dP = dO Vᵀ in the accumulators, dQ += dS K · scale.
-template <int D>
+template <int D, bool kRounded>
 __global__ __launch_bounds__(kThreads, D <= 64 ? 3 : 1) void attention_dq_mma_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -594,7 +606,7 @@ __global__ __launch_bounds__(kThreads, D <= 64 ? 3 : 1) void attention_dq_mma_ke
             unmasked || visible(p, rows[i / 2], key) ? exp2f(s[n][i] * scale2 - lse[i / 2]) : 0.f;
         dp[n][i] = pr * (dp[n][i] - delta[i / 2]);  // dS
       }
-    accumulate<D>(dq, dp, ks);  // dQ += dS K
+    accumulate<D, kRounded>(dq, dp, ks);  // dQ += dS K
   }
   store_rows<D>(p, dq, p.dq + head_offset(p, blk.b, blk.h, p.grad_stride), p.grad_stride,
                 q0 + warp * 16, p.scale);
@@ -604,18 +616,35 @@ __global__ __launch_bounds__(kThreads, D <= 64 ? 3 : 1) void attention_dq_mma_ke
 
 namespace attention {
 
-void forward_mma(cudaStream_t stream, const Params& p, std::int64_t head_dim, unsigned blocks) {
+// Runs fn with std::bool_constant<rounded>.
+template <typename F>
+void with_rounding(bool rounded, F&& fn) {
+  if (rounded)
+    fn(std::true_type{});
+  else
+    fn(std::false_type{});
+}
+
+void forward_mma(cudaStream_t stream, const Params& p, std::int64_t head_dim, unsigned blocks,
+                 bool rounded) {
   with_padded_head_dim(head_dim, [&](auto d) {
-    constexpr int D = decltype(d)::value;
-    launch(attention_forward_mma_kernel<D>, blocks, kThreads, forward_smem<D>(), stream, p);
+    with_rounding(rounded, [&](auto r) {
+      constexpr int D = decltype(d)::value;
+      constexpr bool R = decltype(r)::value;
+      launch(attention_forward_mma_kernel<D, R>, blocks, kThreads, forward_smem<D>(), stream, p);
+    });
   });
 }
 
-void backward_mma(cudaStream_t stream, const Params& p, std::int64_t head_dim, unsigned blocks) {
+void backward_mma(cudaStream_t stream, const Params& p, std::int64_t head_dim, unsigned blocks,
+                  bool rounded) {
   with_padded_head_dim(head_dim, [&](auto d) {
-    constexpr int D = decltype(d)::value;
-    launch(attention_dkv_mma_kernel<D>, blocks, kThreads, dkv_smem<D>(), stream, p);
-    launch(attention_dq_mma_kernel<D>, blocks, kThreads, dq_smem<D>(), stream, p);
+    with_rounding(rounded, [&](auto r) {
+      constexpr int D = decltype(d)::value;
+      constexpr bool R = decltype(r)::value;
+      launch(attention_dkv_mma_kernel<D, R>, blocks, kThreads, dkv_smem<D>(), stream, p);
+      launch(attention_dq_mma_kernel<D, R>, blocks, kThreads, dq_smem<D>(), stream, p);
+    });
   });
 }
 

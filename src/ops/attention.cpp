@@ -1,3 +1,4 @@
+#include <pipeline/core/log.hpp>
 #include <pipeline/ops/attention.hpp>
 #include <pipeline/ops/precision.hpp>
 
@@ -160,7 +161,8 @@ kernels::AttentionProblem cuda_problem(const char* op, const Layout& L, Device d
           L.head_dim,
           causal,
           compute_dtype() == DType::BFloat16,
-          bf16_attention_kernel() == Bf16AttentionKernel::Mma};
+          bf16_attention_kernel() != Bf16AttentionKernel::Wmma,
+          bf16_attention_kernel() == Bf16AttentionKernel::MmaRounded};
 }
 #endif
 
@@ -170,8 +172,12 @@ namespace {
 
 Bf16AttentionKernel kernel_from_environment() {
   const char* v = std::getenv("PIPELINE_BF16_ATTENTION");
-  return v != nullptr && std::string_view(v) == "wmma" ? Bf16AttentionKernel::Wmma
-                                                       : Bf16AttentionKernel::Mma;
+  const std::string_view name = v != nullptr ? v : "mma";
+  if (name == "wmma") return Bf16AttentionKernel::Wmma;
+  if (name == "mma-rounded") return Bf16AttentionKernel::MmaRounded;
+  if (name != "mma")
+    log_warn("PIPELINE_BF16_ATTENTION={} is none of mma, mma-rounded, wmma: mma it is", name);
+  return Bf16AttentionKernel::Mma;
 }
 
 std::atomic<Bf16AttentionKernel> g_bf16_kernel{kernel_from_environment()};

@@ -215,8 +215,10 @@ TEST_CASE("the bf16 attention kernel is a process-wide choice, the register layo
   const ops::Bf16AttentionKernel was = ops::bf16_attention_kernel();
   const char* env = std::getenv("PIPELINE_BF16_ATTENTION");
   if (env == nullptr) CHECK(was == ops::Bf16AttentionKernel::Mma);
-  ops::set_bf16_attention_kernel(ops::Bf16AttentionKernel::Wmma);
-  CHECK(ops::bf16_attention_kernel() == ops::Bf16AttentionKernel::Wmma);
+  for (const auto kernel : {ops::Bf16AttentionKernel::Wmma, ops::Bf16AttentionKernel::MmaRounded}) {
+    ops::set_bf16_attention_kernel(kernel);
+    CHECK(ops::bf16_attention_kernel() == kernel);
+  }
   ops::set_bf16_attention_kernel(was);
   CHECK(ops::bf16_attention_kernel() == was);
 }

@@ -50,10 +50,14 @@ void attention_backward_packed(const Tensor& qkv, const Tensor& out, const Tenso
 
 // The tensor-core attention under a bf16 compute dtype on CUDA: Mma (kernels/attention_mma.cu,
 // FlashAttention-2's register layout; the default) or Wmma (kernels/attention_bf16.cu, scores
-// through shared memory: the same results, 1.3x slower on the transformer-lm step). Both are
-// tested against the CPU. Process-wide; the environment variable PIPELINE_BF16_ATTENTION=mma|wmma
-// sets the initial choice.
-enum class Bf16AttentionKernel { Wmma, Mma };
+// through shared memory: the same results, 1.3x slower on the transformer-lm step). Both split P
+// and dS, fp32 results that are operands of the second products, in two bf16 halves, so they
+// equal the CPU's fp32 computation on the rounded operands to ~1e-5. MmaRounded is Mma with P and
+// dS rounded to bf16 instead, as FlashAttention and torch.autocast round them: half the tensor-core
+// work of those products, results within bf16 rounding (~1e-2) of the CPU's. All are tested
+// against the CPU. Process-wide; the environment variable
+// PIPELINE_BF16_ATTENTION=mma|mma-rounded|wmma sets the initial choice.
+enum class Bf16AttentionKernel { Wmma, Mma, MmaRounded };
 void set_bf16_attention_kernel(Bf16AttentionKernel kernel);
 Bf16AttentionKernel bf16_attention_kernel();
 
