@@ -93,22 +93,12 @@ bool aligned16(const void* p) {
 
 AlgoKey make_key(Pass pass, const Conv2dProblem& p, bool bf16_operands, bool tf32, bool det,
                  bool aligned) {
-  return {static_cast<int>(pass),
-          bf16_operands ? 1 : 0,
-          p.n,
-          p.c,
-          p.h,
-          p.w,
-          p.m,
-          p.kh,
-          p.kw,
-          p.stride_h,
-          p.stride_w,
-          p.pad_h,
-          p.pad_w,
-          tf32 ? 1 : 0,
-          det ? 1 : 0,
-          aligned ? 1 : 0};
+  AlgoKey key{};
+  const auto shape = p.fields();
+  auto at = std::copy(shape.begin(), shape.end(), key.begin());
+  for (const bool flag : {bf16_operands, tf32, det, aligned}) *at++ = flag ? 1 : 0;
+  *at = static_cast<int>(pass);
+  return key;
 }
 
 // Algorithms that compute in a transformed domain (FFT, non-fused Winograd): their rounding is

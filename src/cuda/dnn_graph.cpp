@@ -158,6 +158,29 @@ std::array<std::int64_t, 3> role_elements(const Conv2dProblem& p) {
           i(p.n) * p.m * p.out_h() * p.out_w()};
 }
 
+// Each pass's operation and the names of its attributes, its tensors by role (x, w, y).
+struct OperationNames {
+  cudnnBackendDescriptorType_t type;
+  cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+};
+constexpr OperationNames kOperations[] = {
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA},
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA},
+    {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+     CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA}};
+
 // The operation graph of one pass (alpha 1, beta as asked).
 Descriptor operation_graph(cudnnHandle_t handle, Pass pass, const Conv2dProblem& p,
                            const Numerics& num, const std::array<std::int64_t, 3>& alignments) {
@@ -166,39 +189,17 @@ Descriptor operation_graph(cudnnHandle_t handle, Pass pass, const Conv2dProblem&
   const Descriptor y = tensor(kY, {p.n, p.m, p.out_h(), p.out_w()}, num.bf16, alignments[2]);
   const Descriptor conv = convolution(p);
   const float alpha = 1.f, beta = num.beta;
-  std::optional<Descriptor> op;
-  switch (pass) {
-    case Pass::Forward:
-      op.emplace(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-      break;
-    case Pass::BackwardData:
-      op.emplace(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, x)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, y)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-      break;
-    case Pass::BackwardFilter:
-      op.emplace(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
-      op->set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, x)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, w)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, y)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha)
-          .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
-      break;
-  }
-  op->finalize();
+  const OperationNames& names = kOperations[static_cast<int>(pass)];
+  Descriptor op(names.type);
+  op.set(names.x, x)
+      .set(names.w, w)
+      .set(names.y, y)
+      .set(names.conv, conv)
+      .set(names.alpha, CUDNN_TYPE_FLOAT, 1, &alpha)
+      .set(names.beta, CUDNN_TYPE_FLOAT, 1, &beta)
+      .finalize();
   Descriptor graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, *op)
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, op)
       .set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle)
       .finalize();
   return graph;
@@ -327,25 +328,15 @@ using Key = std::array<std::int64_t, 19>;
 
 Key make_key(Pass pass, const Conv2dProblem& p, const Numerics& num,
              const std::array<std::int64_t, 3>& alignments) {
-  return {static_cast<std::int64_t>(pass),
-          p.n,
-          p.c,
-          p.h,
-          p.w,
-          p.m,
-          p.kh,
-          p.kw,
-          p.stride_h,
-          p.stride_w,
-          p.pad_h,
-          p.pad_w,
-          num.bf16 ? 1 : 0,
-          num.beta != 0.f ? 1 : 0,
-          num.det ? 1 : 0,
-          num.exact ? 1 : 0,
-          alignments[0],
-          alignments[1],
-          alignments[2]};
+  Key key{};
+  const auto shape = p.fields();
+  auto at = std::copy(shape.begin(), shape.end(), key.begin());
+  for (const std::int64_t v :
+       {static_cast<std::int64_t>(pass), std::int64_t{num.bf16}, std::int64_t{num.beta != 0.f},
+        std::int64_t{num.det}, std::int64_t{num.exact}, alignments[0], alignments[1],
+        alignments[2]})
+    *at++ = v;
+  return key;
 }
 
 // The chosen plan of each problem on one device and thread; nullopt: no engine qualifies.

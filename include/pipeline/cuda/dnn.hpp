@@ -39,6 +39,7 @@
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <array>
 #include <cstdint>
 #include <utility>
 
@@ -131,6 +132,10 @@ struct Conv2dProblem {
   int stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
   int out_h() const { return (h + 2 * pad_h - kh) / stride_h + 1; }
   int out_w() const { return (w + 2 * pad_w - kw) / stride_w + 1; }
+  // Every field, in the order above (for the keys of cached choices).
+  std::array<int, 11> fields() const {
+    return {n, c, h, w, m, kh, kw, stride_h, stride_w, pad_h, pad_w};
+  }
 };
 
 // All three take float32 NCHW device memory on `device`, are queued on `stream`, and compute
