@@ -10,6 +10,7 @@
 
 #include <pipeline/core/rng.hpp>
 #include <pipeline/core/tensor.hpp>
+#include <pipeline/cuda/dnn_graph.hpp>
 #include <pipeline/data/dataset.hpp>
 
 #include <doctest/doctest.h>
@@ -55,6 +56,13 @@ inline Tensor random_ints(const Shape& shape, std::uint64_t seed, std::int32_t n
 inline Tensor poisoned(const Shape& shape) {
   return Tensor::full(shape, std::numeric_limits<float>::quiet_NaN(), kGpu);
 }
+
+// Restores the process-wide choice of cuDNN API for convolutions (cuda/dnn_graph.hpp) when a test
+// that changes it ends, however it ends.
+struct RestoreGraphConvolutions {
+  cuda::GraphConvolutions was = cuda::graph_convolutions();
+  ~RestoreGraphConvolutions() { cuda::set_graph_convolutions(was); }
+};
 
 // Token windows of a fixed random byte stream, [batch, seq_len] ids and labels (the inputs shifted
 // by one, as the text dataset makes them).

@@ -43,6 +43,7 @@ constexpr double kTol = 1e-4;
 
 TEST_CASE("conv2d on CUDA matches the CPU: forward, backward data, filter and bias") {
   cuda::set_allow_tf32(false);
+  const RestoreGraphConvolutions restore;
   // cuDNN's legacy API (the default for float32), then its graph API (dnn_graph.hpp: All).
   for (const auto which : {cuda::GraphConvolutions::Bf16, cuda::GraphConvolutions::All}) {
     cuda::set_graph_convolutions(which);
@@ -112,7 +113,6 @@ TEST_CASE("conv2d on CUDA matches the CPU: forward, backward data, filter and bi
       expect_equal("dx rerun", host(dxg), dxg_again);
     }
   }
-  cuda::set_graph_convolutions(cuda::GraphConvolutions::Bf16);
 }
 
 TEST_CASE("conv2d on CUDA: an empty batch, the allocating form, and the non-deterministic mode") {

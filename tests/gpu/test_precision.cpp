@@ -80,6 +80,7 @@ TEST_CASE("convolutions and attention under bf16 on CUDA equal the CPU's") {
                         {{2, 6, 15, 17}, 9, 3, 2, 1},
                         {{3, 8, 9, 9}, 16, 1, 2, 0},
                         {{8, 64, 16, 16}, 64, 3, 1, 1}};
+  const RestoreGraphConvolutions restore;
   for (const bool graph : {true, false}) {  // cuDNN's graph API, and the legacy path
     cuda::set_graph_convolutions(graph ? cuda::GraphConvolutions::Bf16
                                        : cuda::GraphConvolutions::None);
@@ -111,7 +112,6 @@ TEST_CASE("convolutions and attention under bf16 on CUDA equal the CPU's") {
       expect_close("conv2d_backward_filter bf16", dw, dwg, 1e-2);
     }
   }
-  cuda::set_graph_convolutions(cuda::GraphConvolutions::Bf16);
 
   const std::int64_t B = 2, T = 33, C = 64, H = 4;
   const Tensor qkv = random_tensor({B, T, 3 * C}, 6), dout = random_tensor({B, T, C}, 7);
