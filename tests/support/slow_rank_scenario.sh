@@ -2,10 +2,11 @@
 # A straggler among replicas, measured and predicted:
 #   slow_rank_scenario.sh PIPELINE_PROFILE PIPELINE_SIMULATE TRAIN_FASHION_MNIST PLAN FACTOR MPIRUN...
 # trains PLAN (a stage on 2 replicas) on 2 ranks, nominal and with rank 1 slowed FACTOR times
-# (PIPELINE_TEST_SLOW_RANK=1:FACTOR), each twice (the faster kept), and checks that the measured throughput drops by
-# the factor `pipeline-simulate --slow-rank 1:FACTOR` predicts on this machine's profile: the
-# slowed rate within TOLERANCE (default 0.25, a shared 2-core machine) of the measured nominal
-# rate with the simulator's slowdown applied (straggler.py: as a ratio, or as added time per sample).
+# (PIPELINE_TEST_SLOW_RANK=1:FACTOR), in two nominal-then-slowed pairs, and checks that the
+# measured throughput drops by the factor `pipeline-simulate --slow-rank 1:FACTOR` predicts on this
+# machine's profile: in one pair at least, the slowed rate within TOLERANCE (default 0.25, a shared
+# 2-core machine) of that pair's nominal rate with the simulator's slowdown applied (straggler.py:
+# as a ratio, or as added time per sample).
 set -euo pipefail
 profile_tool=$1
 simulate=$2
@@ -34,25 +35,28 @@ run() {  # run NAME [ENV...]: samples/s of a training run
     { cat "$work/$name.log"; exit 1; }
   sed -n 's/.*of training: \([0-9.]*\) samples\/s.*/\1/p' "$work/$name.log" | tail -1
 }
-# Each twice, alternating, and the faster of each pair kept: other work on a shared machine only
-# ever slows a run down, and alternating spreads a change of load over both.
-best() { python3 -c 'import sys; print(max(map(float, sys.argv[1:])))' "$@"; }
+# Two pairs, each a nominal run and the slowed run right after it: each slowed rate is judged
+# against the nominal rate measured next to it, on the machine as it was then (a shared machine's
+# speed drifts between runs: one CI run measured the two slowed runs 36% apart, and the faster
+# slowed run against the faster nominal one, taken from the other pair, failed by 39%). The case
+# passes when one pair agrees within the tolerance.
 n1=$(run nominal1)
 s1=$(run slow1 PIPELINE_TEST_SLOW_RANK="1:$factor")
 n2=$(run nominal2)
 s2=$(run slow2 PIPELINE_TEST_SLOW_RANK="1:$factor")
 echo "measured samples/s: nominal $n1, $n2; slowed $s1, $s2"
-nominal=$(best "$n1" "$n2")
-slowed=$(best "$s1" "$s2")
-PYTHONPATH="$(dirname "$0")" python3 - "$work/nominal.json" "$work/slow.json" "$nominal" "$slowed" \
-  "$factor" "$tolerance" <<'PY'
+PYTHONPATH="$(dirname "$0")" python3 - "$work/nominal.json" "$work/slow.json" "$n1" "$s1" "$n2" \
+  "$s2" "$factor" "$tolerance" <<'PY'
 import json, sys
 from straggler import check
 nom, slow = (json.load(open(p))["samples_per_s"] for p in sys.argv[1:3])
-measured_nominal, measured_slow = float(sys.argv[3]), float(sys.argv[4])
-factor, tolerance = float(sys.argv[5]), float(sys.argv[6])
-line, problem = check(f"rank 1 of a 2-replica stage slowed {factor:g}x", measured_nominal,
-                      measured_slow, nom, slow, tolerance)
-print(line)
-assert problem is None, problem
+pairs = [(float(sys.argv[3]), float(sys.argv[4])), (float(sys.argv[5]), float(sys.argv[6]))]
+factor, tolerance = float(sys.argv[7]), float(sys.argv[8])
+problems = []
+for i, (measured_nominal, measured_slow) in enumerate(pairs, 1):
+    line, problem = check(f"pair {i}: rank 1 of a 2-replica stage slowed {factor:g}x",
+                          measured_nominal, measured_slow, nom, slow, tolerance)
+    print(line)
+    problems.append(problem)
+assert any(p is None for p in problems), "; ".join(problems)
 PY
