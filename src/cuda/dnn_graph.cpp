@@ -406,7 +406,18 @@ bool run(Pass pass, cudaStream_t stream, int device, const Conv2dProblem& p, boo
   if (!it->second) return false;
   const Plan& plan = *it->second;
   const detail::CallWorkspace ws(device, static_cast<std::size_t>(plan.workspace), stream);
-  PIPELINE_CUDNN_CHECK(execute(handle, plan, data, ws.get()));
+  if (const cudnnStatus_t status = execute(handle, plan, data, ws.get());
+      status != CUDNN_STATUS_SUCCESS) {
+    // A plan that built but will not run (one chosen untimed during a capture, say): the legacy
+    // path from now on, for this problem.
+    log_warn(
+        "cuDNN's graph API could not run its {} plan for the convolution of [{}, {}, {}, {}] "
+        "by [{}, {}, {}, {}] on {} ({}): it runs through the legacy API",
+        kPassNames[static_cast<int>(pass)], p.n, p.c, p.h, p.w, p.m, p.c, p.kh, p.kw,
+        current_device_name(), cudnnGetErrorString(status));
+    it->second.reset();
+    return false;
+  }
   return true;
 }
 

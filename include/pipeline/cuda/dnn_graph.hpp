@@ -21,8 +21,8 @@
 // one warm-up run and three timed; an accumulating output is a scratch copy then) and the fastest
 // is kept, like cudnn.benchmark. The search synchronises the stream once per new problem; while
 // the stream is being captured into a CUDA graph it takes the best ranked plan untimed. A problem
-// for which no engine qualifies returns false, queues nothing and is remembered (a warning once
-// per problem): the caller then runs the legacy path.
+// for which no engine qualifies, or whose plan fails to run, returns false, queues nothing and
+// is remembered (a warning once per problem): the caller then runs the legacy path.
 //
 // graph_convolutions() says which convolutions take this path (process-wide; the initial value
 // comes from the environment variable PIPELINE_CUDNN_GRAPH=none|bf16|all, bf16 when unset):
