@@ -3,6 +3,7 @@
 #include <pipeline/cuda/check.hpp>
 #include <pipeline/cuda/dnn.hpp>
 #include <pipeline/cuda/dnn_graph.hpp>
+#include <pipeline/cuda/graph.hpp>
 #include <pipeline/cuda/stream.hpp>
 
 #include "call_workspace.hpp"
@@ -345,12 +346,6 @@ using PlanCache = std::map<Key, std::optional<Plan>>;
 PlanCache& plan_cache(int device) {
   thread_local std::map<int, PlanCache> caches;
   return caches[device];
-}
-
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  PIPELINE_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
 }
 
 // The fastest qualifying plan for `key` (or, while the stream is being captured into a CUDA
