@@ -19,6 +19,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <mutex>
 
 #include "gpu_compare.hpp"
@@ -153,8 +155,13 @@ TEST_CASE("attention on the bf16 tensor cores equals the CPU's on rounded operan
       const char* names[] = {"wmma", "mma", "mma-rounded"};
       CAPTURE(names[static_cast<int>(kernel)]);
       // P and dS rounded to bf16 (2^-9 relative each) instead of split: bf16's rounding, not
-      // fp32's, separates the GPU from the CPU.
-      const double tol = kernel == ops::Bf16AttentionKernel::MmaRounded ? 3e-2 : 1e-4;
+      // fp32's, separates the GPU from the CPU. A key's gradient sums up to `steps` rounded
+      // terms (a random walk, ~sqrt(steps)) while the typical gradient that normalises the error
+      // does not grow with the sequence: the first keys of a 1000-step causal sequence measured
+      // 0.041 on an H200, the 200-step cases under 0.03.
+      const double tol = kernel == ops::Bf16AttentionKernel::MmaRounded
+                             ? 3e-2 * std::sqrt(std::max(1.0, static_cast<double>(c.steps) / 200))
+                             : 1e-4;
       CAPTURE(c.batch);
       CAPTURE(c.steps);
       CAPTURE(c.channels);
