@@ -4,7 +4,8 @@
 //
 //   bench_gpu_step [--cases fashion-cnn-b64,fashion-cnn-b1024,vgg16-b64,transformer-lm-b16]
 //                  [--precision fp32,tf32,bf16 | --dtype bf16] [--warmup 10] [--steps 50]
-//                  [--nondeterministic] [--torch [--torch-compile]] [--python python3]
+//                  [--nondeterministic] [--transformed-convolutions]
+//                  [--torch [--torch-compile]] [--python python3]
 //                  [--results bench/RESULTS.md]
 //
 // Cases (all by default):
@@ -246,7 +247,8 @@ int main(int argc, char** argv) {
   std::string cases_flag, precision_flag = "fp32,tf32", dtype, python = "python3", results;
   std::string torch_script = std::string(PIPELINE_BENCH_DIR) + "/torch_gpu_step.py";
   int warmup = 10, steps = 50, lm_blocks = 24;
-  bool torch = false, torch_compile = false, json = false, nondeterministic = false;
+  bool torch = false, torch_compile = false, json = false, nondeterministic = false,
+       transformed = false;
   bool cuda_graphs = false;
   CLI::App app{"Training-step time and peak device memory of zoo models on one GPU"};
   app.add_option("--cases", cases_flag,
@@ -265,6 +267,9 @@ int main(int argc, char** argv) {
   app.add_flag("--nondeterministic", nondeterministic,
                "let cuDNN choose non-deterministic convolution algorithms too (PyTorch's default; "
                "ours is cuda::set_deterministic(true))");
+  app.add_flag("--transformed-convolutions", transformed,
+               "let float32 convolutions take cuDNN's FFT and non-fused Winograd algorithms, as "
+               "PyTorch's cudnn.benchmark does (cuda::set_transformed_convolutions)");
   app.add_flag("--cuda-graphs", cuda_graphs,
                "our steps captured into a CUDA graph and replayed (warm-up steps capture it; "
                "PyTorch stays eager)");
@@ -313,6 +318,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   cuda::set_deterministic(!nondeterministic);
+  if (transformed) cuda::set_transformed_convolutions(true);
   if (json) {
     try {
       for (const auto& c : cases)
@@ -340,9 +346,10 @@ int main(int argc, char** argv) {
   for (const auto& c : cases)
     for (const auto& p : precisions) {
       const std::string child = fmt::format(
-          "{} --json --cases {} --precision {} --warmup {} --steps {} --lm-blocks {}{}{}",
+          "{} --json --cases {} --precision {} --warmup {} --steps {} --lm-blocks {}{}{}{}",
           bench::shell_quote(ec ? std::string(argv[0]) : self), c.name, p, warmup, steps, lm_blocks,
-          nondeterministic ? " --nondeterministic" : "", cuda_graphs ? " --cuda-graphs" : "");
+          nondeterministic ? " --nondeterministic" : "", cuda_graphs ? " --cuda-graphs" : "",
+          transformed ? " --transformed-convolutions" : "");
       int status = 0;
       for (const auto& line : bench::run_lines(child, &status))
         if (!line.empty() && line.front() == '{') ours[{c.name, p}] = nlohmann::json::parse(line);
@@ -391,7 +398,11 @@ int main(int argc, char** argv) {
       "product rate in TFLOP/s: {}\n",
       cuda::device_description(0), today(), torch_version, command, steps,
       cuda_graphs ? " replayed from a CUDA graph" : "", warmup,
-      nondeterministic ? "any (--nondeterministic, as PyTorch's default)" : "deterministic only",
+      fmt::format(
+          "{}{}",
+          nondeterministic ? "any (--nondeterministic, as PyTorch's default)"
+                           : "deterministic only",
+          transformed ? "; float32 may take FFT and Winograd (--transformed-convolutions)" : ""),
       torch_compile ? "; compile: the same with torch.compile(model)" : "",
       rates.empty() ? "-" : rates);
   std::string table =

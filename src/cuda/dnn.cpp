@@ -13,9 +13,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <memory>
+#include <string_view>
 
 // The legacy convolution API is deprecated in cuDNN 9 (see dnn.hpp): silence the attribute here,
 // where every use of it lives, in case a build defines CUDNN_WARN_DEPRECATED.
@@ -28,6 +30,11 @@ namespace pipeline::cuda {
 namespace {
 
 std::atomic<bool> g_deterministic{true};
+// PIPELINE_CONV_TRANSFORMED=1 starts the process with transformed_convolutions() on.
+std::atomic<bool> g_transformed{[] {
+  const char* v = std::getenv("PIPELINE_CONV_TRANSFORMED");
+  return v != nullptr && std::string_view(v) == "1";
+}()};
 
 // The largest workspace an algorithm search offers the candidates: enough for every
 // implicit-gemm and Winograd algorithm of the zoo's models; FFT variants wanting more are
@@ -40,7 +47,7 @@ constexpr const char* kPassNames[] = {"forward", "backward-data", "backward-filt
 
 // Everything the choice depends on: pass, the problem, the math mode, determinism, and whether
 // every pointer is 16-byte aligned (a tensor view may start anywhere; some kernels need more).
-using AlgoKey = std::array<int, 16>;
+using AlgoKey = std::array<int, 17>;
 
 struct AlgoChoice {
   int algo = 0;
@@ -92,18 +99,18 @@ bool aligned16(const void* p) {
 }
 
 AlgoKey make_key(Pass pass, const Conv2dProblem& p, bool bf16_operands, bool tf32, bool det,
-                 bool aligned) {
+                 bool exact, bool aligned) {
   AlgoKey key{};
   const auto shape = p.fields();
   auto at = std::copy(shape.begin(), shape.end(), key.begin());
-  for (const bool flag : {bf16_operands, tf32, det, aligned}) *at++ = flag ? 1 : 0;
+  for (const bool flag : {bf16_operands, tf32, det, exact, aligned}) *at++ = flag ? 1 : 0;
   *at = static_cast<int>(pass);
   return key;
 }
 
 // Algorithms that compute in a transformed domain (FFT, non-fused Winograd): their rounding is
 // far from fp32's (relative errors near 1e-3 on fashion-cnn's 5x5 convolution, measured on an
-// H100), so exact fp32 (TF32 off) never takes them.
+// H100), so exact fp32 (TF32 off, transformed_convolutions() off) never takes them.
 bool transformed(cudnnConvolutionFwdAlgo_t a) {
   return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
          a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
@@ -200,14 +207,15 @@ struct CallSetup {
   DeviceGuard guard;
   DnnContext& ctx;
   cudnnHandle_t handle;
-  bool tf32, det;
+  bool tf32, det, transformed;
 
   CallSetup(int device, cudaStream_t stream)
       : guard(device),
         ctx(context(device)),
         handle(ctx.handle),
         tf32(allow_tf32()),
-        det(g_deterministic) {
+        det(g_deterministic),
+        transformed(g_transformed) {
     PIPELINE_CUDNN_CHECK(cudnnSetStream(handle, stream));
   }
 };
@@ -219,6 +227,13 @@ void set_deterministic(bool deterministic) {
 }
 bool deterministic() {
   return g_deterministic;
+}
+
+void set_transformed_convolutions(bool allow) {
+  g_transformed = allow;
+}
+bool transformed_convolutions() {
+  return g_transformed;
 }
 
 cudnnHandle_t dnn_handle(int device, cudaStream_t stream) {
@@ -257,13 +272,14 @@ void forward_pass(cudaStream_t stream, int device, const Conv2dProblem& p, bool 
   CallSetup s(device, stream);
   const bool tensor_cores = s.tf32 || bf16_operands;
   const ConvDescriptors d(p, tensor_cores);
-  const AlgoKey key = make_key(Pass::Forward, p, bf16_operands, tensor_cores, s.det,
+  const bool exact = !tensor_cores && !s.transformed;
+  const AlgoKey key = make_key(Pass::Forward, p, bf16_operands, tensor_cores, s.det, exact,
                                aligned16(x) && aligned16(weight) && aligned16(y));
   const std::size_t y_bytes = sizeof(float) * static_cast<std::size_t>(p.n) *
                               static_cast<std::size_t>(p.m) * static_cast<std::size_t>(p.out_h()) *
                               static_cast<std::size_t>(p.out_w());
   const AlgoChoice choice = choose<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
-      s.ctx, key, Pass::Forward, p, s.det, !tensor_cores, stream,
+      s.ctx, key, Pass::Forward, p, s.det, exact, stream,
       [&](int a, std::size_t* bytes) {
         return cudnnGetConvolutionForwardWorkspaceSize(
             s.handle, d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
@@ -296,14 +312,15 @@ void backward_data_pass(cudaStream_t stream, int device, const Conv2dProblem& p,
   CallSetup s(device, stream);
   const bool tensor_cores = s.tf32 || bf16_operands;
   const ConvDescriptors d(p, tensor_cores);
-  const AlgoKey key = make_key(Pass::BackwardData, p, bf16_operands, tensor_cores, s.det,
+  const bool exact = !tensor_cores && !s.transformed;
+  const AlgoKey key = make_key(Pass::BackwardData, p, bf16_operands, tensor_cores, s.det, exact,
                                aligned16(dy) && aligned16(weight) && aligned16(dx));
   const std::size_t dx_bytes = sizeof(float) * static_cast<std::size_t>(p.n) *
                                static_cast<std::size_t>(p.c) * static_cast<std::size_t>(p.h) *
                                static_cast<std::size_t>(p.w);
   const AlgoChoice choice =
       choose<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
-          s.ctx, key, Pass::BackwardData, p, s.det, !tensor_cores, stream,
+          s.ctx, key, Pass::BackwardData, p, s.det, exact, stream,
           [&](int a, std::size_t* bytes) {
             return cudnnGetConvolutionBackwardDataWorkspaceSize(
                 s.handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
@@ -337,14 +354,15 @@ void backward_filter_pass(cudaStream_t stream, int device, const Conv2dProblem& 
   CallSetup s(device, stream);
   const bool tensor_cores = s.tf32 || bf16_operands;
   const ConvDescriptors d(p, tensor_cores);
-  const AlgoKey key = make_key(Pass::BackwardFilter, p, bf16_operands, tensor_cores, s.det,
+  const bool exact = !tensor_cores && !s.transformed;
+  const AlgoKey key = make_key(Pass::BackwardFilter, p, bf16_operands, tensor_cores, s.det, exact,
                                aligned16(x) && aligned16(dy) && aligned16(dweight));
   const std::size_t dw_bytes = sizeof(float) * static_cast<std::size_t>(p.m) *
                                static_cast<std::size_t>(p.c) * static_cast<std::size_t>(p.kh) *
                                static_cast<std::size_t>(p.kw);
   const AlgoChoice choice =
       choose<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
-          s.ctx, key, Pass::BackwardFilter, p, s.det, !tensor_cores, stream,
+          s.ctx, key, Pass::BackwardFilter, p, s.det, exact, stream,
           [&](int a, std::size_t* bytes) {
             return cudnnGetConvolutionBackwardFilterWorkspaceSize(
                 s.handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),

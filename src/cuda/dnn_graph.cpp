@@ -67,7 +67,8 @@ struct Numerics {
   bool bf16 = true;    // bf16 elements, else float32
   float beta = 0.f;    // out = pass(...) + beta · out
   bool det = true;     // deterministic engines only (cuda::deterministic())
-  bool exact = false;  // float32 without TF32: no tensor cores, no transformed domains
+  bool exact = false;  // float32 without TF32: no tensor cores
+  bool transformed = false;  // FFT and Winograd engines allowed (bf16, TF32, or asked for)
 };
 
 // Owns one backend descriptor.
@@ -274,10 +275,12 @@ bool keeps_contract(const EngineInfo& engine, const Numerics& num) {
     if (note == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION) return false;
     if (num.det && note == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) return false;
     if (num.bf16 && note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) return false;
-    if (num.exact &&
-        (note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS ||
-         note == CUDNN_NUMERICAL_NOTE_TENSOR_CORE || note == CUDNN_NUMERICAL_NOTE_FFT ||
-         note == CUDNN_NUMERICAL_NOTE_WINOGRAD || note == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4 ||
+    if (num.exact && (note == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS ||
+                      note == CUDNN_NUMERICAL_NOTE_TENSOR_CORE))
+      return false;
+    if (!num.transformed &&
+        (note == CUDNN_NUMERICAL_NOTE_FFT || note == CUDNN_NUMERICAL_NOTE_WINOGRAD ||
+         note == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4 ||
          note == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_6x6 ||
          note == CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_13x13))
       return false;
@@ -361,7 +364,7 @@ float time_plan(cudnnHandle_t handle, int device, cudaStream_t stream, const Pla
 }
 
 // Everything the choice depends on.
-using Key = std::array<std::int64_t, 19>;
+using Key = std::array<std::int64_t, 20>;
 
 Key make_key(Pass pass, const Conv2dProblem& p, const Numerics& num,
              const std::array<std::int64_t, 3>& alignments) {
@@ -370,8 +373,8 @@ Key make_key(Pass pass, const Conv2dProblem& p, const Numerics& num,
   auto at = std::copy(shape.begin(), shape.end(), key.begin());
   for (const std::int64_t v :
        {static_cast<std::int64_t>(pass), std::int64_t{num.bf16}, std::int64_t{num.beta != 0.f},
-        std::int64_t{num.det}, std::int64_t{num.exact}, alignments[0], alignments[1],
-        alignments[2]})
+        std::int64_t{num.det}, std::int64_t{num.exact}, std::int64_t{num.transformed},
+        alignments[0], alignments[1], alignments[2]})
     *at++ = v;
   return key;
 }
@@ -430,7 +433,8 @@ bool run(Pass pass, cudaStream_t stream, int device, const Conv2dProblem& p, boo
   // The handle first: its thread-local context then outlives the plans made with it.
   const cudnnHandle_t handle = dnn_handle(device, stream);
   const std::array<std::int64_t, 3> alignments{alignment_of(x), alignment_of(w), alignment_of(y)};
-  const Numerics num{bf16, beta, deterministic(), !bf16 && !allow_tf32()};
+  const bool exact = !bf16 && !allow_tf32();
+  const Numerics num{bf16, beta, deterministic(), exact, !exact || transformed_convolutions()};
   const std::array<void*, 3> data{const_cast<void*>(x), const_cast<void*>(w), const_cast<void*>(y)};
   PlanCache& cache = plan_cache(device);
   const Key key = make_key(pass, p, num, alignments);

@@ -21,11 +21,12 @@
 //
 // Precision. fp32 inputs, outputs and accumulation. TF32 follows cuda::allow_tf32() (blas.hpp):
 // off, the convolution descriptor's math type is CUDNN_FMA_MATH (no tensor cores) and the
-// algorithms that compute in a transformed domain (FFT, non-fused Winograd) are excluded, so
-// results match the CPU to fp32 rounding; on, CUDNN_DEFAULT_MATH, which lets cuDNN round inputs to
-// TF32 on Ampere and later (PyTorch's torch.backends.cudnn.allow_tf32), and every algorithm.
-// Operands that hold bf16 values run on the tensor cores (bf16_operands below); bf16 tensors go
-// through cuDNN's graph API instead (dnn_graph.hpp), with this as their fallback.
+// algorithms that compute in a transformed domain (FFT, non-fused Winograd) are excluded unless
+// set_transformed_convolutions(true), so results match the CPU to fp32 rounding; on,
+// CUDNN_DEFAULT_MATH, which lets cuDNN round inputs to TF32 on Ampere and later (PyTorch's
+// torch.backends.cudnn.allow_tf32), and every algorithm. Operands that hold bf16 values run on the
+// tensor cores (bf16_operands below); bf16 tensors go through cuDNN's graph API instead
+// (dnn_graph.hpp), with this as their fallback.
 //
 // cuDNN 9 keeps its "legacy" convolution API (descriptors, cudnnConvolution*) beside the graph
 // API and marks it deprecated; the attribute only fires when CUDNN_WARN_DEPRECATED is defined.
@@ -53,6 +54,13 @@ namespace pipeline::cuda {
 // Whether cuDNN algorithms are restricted to deterministic ones (process-wide; default true).
 void set_deterministic(bool deterministic);
 bool deterministic();
+
+// Whether float32 convolutions with TF32 off may take the algorithms that compute in a
+// transformed domain (FFT, non-fused Winograd), as PyTorch's cudnn.benchmark does: much faster on
+// some shapes (VGG-16's 3x3 layers), with relative errors near 1e-3 instead of fp32's rounding.
+// Process-wide; off by default, on from the start with PIPELINE_CONV_TRANSFORMED=1.
+void set_transformed_convolutions(bool allow);
+bool transformed_convolutions();
 
 // The calling thread's cuDNN handle on `device` (made on first use), bound to `stream`. The
 // device must be current (DeviceGuard).
