@@ -4,6 +4,7 @@
 #include <pipeline/ops/precision.hpp>
 
 #include "eigen_maps.hpp"
+#include "short_product.hpp"
 #include "split_product.hpp"
 
 #if PIPELINE_WITH_CUDA
@@ -76,6 +77,12 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   }
   // Under a bf16 compute dtype the operands are read rounded (ops/precision.hpp).
   const Tensor a32 = product_operand(a), b32 = product_operand(b);
+  // A batch of rows times a layer's weight, x · Wᵀ: the AVX-512 kernel that reads the weight
+  // once, in its own order (short_product.hpp); Eigen where it does not apply.
+  if (!trans_a && trans_b &&
+      detail::short_product_abt(m, n, k, alpha, a32.data<float>(), a32.dim(1), b32.data<float>(),
+                                b32.dim(1), beta, c.data<float>(), c.dim(1)))
+    return;
   auto A = as_matrix(a32);
   auto B = as_matrix(b32);
   // Eigen's packed gemm kernel on blocks of C, one per thread (detail::split_product); the four

@@ -1,0 +1,160 @@
+#include "short_product.hpp"
+
+#include "../core/parallel.hpp"
+#include "scratch.hpp"
+#include "split_product.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace pipeline::ops::detail {
+
+#if defined(__AVX512F__)
+
+namespace {
+
+// Below this many elements (4 MiB) the long operand stays in the caches, where Eigen's packed
+// panels cost little and its kernel wins (the mlp's 256 x 784 weight ran 10-40% slower here).
+constexpr std::int64_t kMinLong = std::int64_t{1} << 20;
+
+// PIPELINE_SHORT_PRODUCTS=0 leaves every product to Eigen (for A/B measurements).
+bool enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("PIPELINE_SHORT_PRODUCTS");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+// at[p * rows + i] = a[i * lda + p] for the depth indices p in [p0, p1), zero for the padding
+// rows i in [m, rows): A transposed, each depth index one row of `rows` floats.
+void pack_transposed(const float* a, std::int64_t lda, std::int64_t m, std::int64_t rows,
+                     std::int64_t p0, std::int64_t p1, float* at) {
+  for (std::int64_t p = p0; p < p1; ++p) {
+    float* row = at + p * rows;
+    for (std::int64_t i = 0; i < m; ++i) row[i] = a[i * lda + p];
+    std::fill(row + m, row + rows, 0.f);
+  }
+}
+
+// The packed short operand, from the caching host allocator, filled on the product's threads.
+Scratch transposed(const float* a, std::int64_t lda, std::int64_t m, std::int64_t rows,
+                   std::int64_t k) {
+  Scratch at(k * rows);
+  float* out = at.get();
+  const int threads = pipeline::detail::threads_for(k * rows, std::int64_t{1} << 15);
+  pipeline::detail::on_threads(threads, [&](int t) {
+    const auto r = pipeline::detail::static_range(k, threads, t);
+    pack_transposed(a, lda, m, rows, r.begin, r.end, out);
+  });
+  return at;
+}
+
+// R columns of C over its m rows: C[i][r] = alpha · Σ_p at[p][i] · b[r][p] + beta · C[i][r], b's
+// rows ldb floats apart. V vectors of 16 rows (m ≤ 16 V).
+template <int V, int R>
+void tile(const float* at, std::int64_t k, const float* b, std::int64_t ldb, float alpha,
+          float beta, float* c, std::int64_t ldc, std::int64_t m) {
+  constexpr int kRows = 16 * V;
+  __m512 acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (std::int64_t p = 0; p < k; ++p) {
+    __m512 x[V];
+    for (int v = 0; v < V; ++v) x[v] = _mm512_loadu_ps(at + p * kRows + 16 * v);
+    for (int r = 0; r < R; ++r) {
+      const __m512 s = _mm512_set1_ps(b[r * ldb + p]);
+      for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(x[v], s, acc[r][v]);
+    }
+  }
+  alignas(64) float column[kRows];
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < V; ++v) _mm512_store_ps(column + 16 * v, acc[r][v]);
+    float* out = c + r;
+    if (beta == 0.f) {
+      for (std::int64_t i = 0; i < m; ++i) out[i * ldc] = alpha * column[i];
+    } else {
+      for (std::int64_t i = 0; i < m; ++i) out[i * ldc] = alpha * column[i] + beta * out[i * ldc];
+    }
+  }
+}
+
+// About 24 accumulators in every shape: V vectors of rows times R columns.
+template <int V>
+constexpr int kTileColumns = V == 4   ? 6
+                             : V == 3 ? 8
+                                      : 12;
+
+// How many threads a product of m x n x k multiply-adds takes (one inside a parallel region).
+int product_threads(std::int64_t m, std::int64_t n, std::int64_t k, std::int64_t items) {
+  if (in_parallel_region()) return 1;
+  const double work = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  return static_cast<int>(std::clamp<std::int64_t>(
+      std::min(static_cast<std::int64_t>(work / static_cast<double>(kMinProductWork)), items), 1,
+      num_threads()));
+}
+
+template <int V>
+void abt(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+         std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+         std::int64_t ldc) {
+  Scratch at = transposed(a, lda, m, 16 * V, k);
+  // Whole tiles of R columns per thread, then the last columns one by one.
+  constexpr int R = kTileColumns<V>;
+  const std::int64_t tiles = (n + R - 1) / R;
+  const int threads = product_threads(m, n, k, tiles);
+  pipeline::detail::on_threads(threads, [&](int t) {
+    const auto range = pipeline::detail::static_range(tiles, threads, t);
+    const std::int64_t end = std::min(n, range.end * R);
+    std::int64_t j = range.begin * R;
+    for (; j + R <= end; j += R)
+      tile<V, R>(at.get(), k, b + j * ldb, ldb, alpha, beta, c + j, ldc, m);
+    for (; j < end; ++j) tile<V, 1>(at.get(), k, b + j * ldb, ldb, alpha, beta, c + j, ldc, m);
+  });
+}
+
+}  // namespace
+
+bool short_product_kernel() {
+  return enabled();
+}
+
+bool short_product_abt(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+                       std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                       std::int64_t ldc) {
+  if (m < 1 || m > kShortRows || n * k < kMinLong || !short_product_kernel()) return false;
+  switch ((m + 15) / 16) {
+    case 1:
+      abt<1>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      break;
+    case 2:
+      abt<2>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      break;
+    case 3:
+      abt<3>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      break;
+    default:
+      abt<4>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      break;
+  }
+  return true;
+}
+
+#else  // no AVX-512: Eigen multiplies everything
+
+bool short_product_kernel() {
+  return false;
+}
+
+bool short_product_abt(std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
+                       const float*, std::int64_t, float, float*, std::int64_t) {
+  return false;
+}
+#endif
+
+}  // namespace pipeline::ops::detail
