@@ -5,6 +5,7 @@
 #include "cuda_dispatch.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -275,21 +276,27 @@ void max_pool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx) {
   const float* dyd = dy.data<float>();
   const std::int32_t* id = indices.data<std::int32_t>();
   float* dxd = dx.data<float>();
-  // Indices come from max_pool2d_forward, but a bad one would write out of bounds: check once.
-  const std::int64_t n_idx = indices.numel();
-  bool ok = true;
-  for (std::int64_t k = 0; k < n_idx; ++k) ok &= id[k] >= 0 && id[k] < in_plane;
-  PIPELINE_CHECK(ok,
-                 "max_pool2d_backward: indices outside a {}x{} plane; pass the indices that "
-                 "max_pool2d_forward wrote for this input",
-                 dx.dim(2), dx.dim(3));
+  // Indices come from max_pool2d_forward, but a bad one would write out of bounds: each plane's
+  // are checked before it scatters (on the plane's thread: a serial pass over them cost 0.1 ms of
+  // fashion-cnn's 0.8 ms pool1 backward), and a plane with a bad one is left unwritten.
+  std::atomic<bool> ok{true};
   for_each_plane(planes, in_plane, [&](std::int64_t p) {
+    const std::int32_t* idx = id + p * out_plane;
+    bool in_range = true;
+    for (std::int64_t k = 0; k < out_plane; ++k) in_range &= idx[k] >= 0 && idx[k] < in_plane;
+    if (!in_range) {
+      ok.store(false, std::memory_order_relaxed);
+      return;
+    }
     float* g = dxd + p * in_plane;
     std::fill(g, g + in_plane, 0.f);
     const float* d = dyd + p * out_plane;
-    const std::int32_t* idx = id + p * out_plane;
     for (std::int64_t k = 0; k < out_plane; ++k) g[idx[k]] += d[k];
   });
+  PIPELINE_CHECK(ok.load(),
+                 "max_pool2d_backward: indices outside a {}x{} plane; pass the indices that "
+                 "max_pool2d_forward wrote for this input",
+                 dx.dim(2), dx.dim(3));
 }
 
 void max_pool2d_backward(const Tensor& dy, const Tensor& indices, Tensor& dx,

@@ -195,4 +195,20 @@ TEST_CASE("pooling layers report shapes and reject bad windows") {
   CHECK_THROWS_AS(pool.output_shape({64, 32, 28}), ConfigError);
 }
 
+TEST_CASE("max pooling backward refuses indices outside the plane, in any plane") {
+  // 2 x 3 planes of 4x4 pooled 2x2; one index of the last plane out of range (the check runs on
+  // each plane's thread).
+  const Shape xs{2, 3, 4, 4}, ys{2, 3, 2, 2};
+  Tensor x = testing::random_tensor(xs, 60);
+  Tensor y = Tensor::empty(ys), idx = Tensor::empty(ys, DType::Int32);
+  ops::max_pool2d_forward(x, y, idx, ops::Window2d::square(2, 2));
+  Tensor dy = testing::random_tensor(ys, 61), dx = Tensor::empty(xs);
+  idx.data<std::int32_t>()[idx.numel() - 1] = 16;
+  CHECK_THROWS_WITH(ops::max_pool2d_backward(dy, idx, dx),
+                    doctest::Contains("indices outside a 4x4 plane"));
+  idx.data<std::int32_t>()[0] = -1;
+  CHECK_THROWS_WITH(ops::max_pool2d_backward(dy, idx, dx),
+                    doctest::Contains("indices outside a 4x4 plane"));
+}
+
 }  // namespace test_pool
