@@ -115,17 +115,10 @@ bench() {
   # bf16 engines (the default; cuda/dnn_graph.hpp), same run.
   box 100 "$OUT/bench.log" env PIPELINE_CUDNN_GRAPH=none "$B/bench/bench_gpu_step" \
     --cases vgg16-b64,fashion-cnn-b1024 --precision bf16 --steps 10 --warmup 3
-  # float32 and TF32 convolutions through the graph API (the legacy API's are in the table above).
-  box 100 "$OUT/bench.log" env PIPELINE_CUDNN_GRAPH=all "$B/bench/bench_gpu_step" \
-    --cases vgg16-b64,fashion-cnn-b1024 --precision fp32,tf32 --steps 10 --warmup 3
-  box 60 "$OUT/bench.log" env PIPELINE_CUDNN_GRAPH=all "$B/bench/bench_gpu_step" \
-    --cases fashion-cnn-b64 --cuda-graphs --precision fp32,tf32 --steps "${BENCH_STEPS:-20}" --warmup 5
-  # The WMMA attention kernels (ops::Bf16AttentionKernel::Wmma, not the default) on the transformer.
-  box 60 "$OUT/bench.log" env PIPELINE_BF16_ATTENTION=wmma "$B/bench/bench_gpu_step" \
-    --cases transformer-lm-b16 --precision bf16 --steps 10 --warmup 3
-  # P and dS rounded to bf16 before their products (FlashAttention's numerics) on the transformer.
-  box 60 "$OUT/bench.log" env PIPELINE_BF16_ATTENTION=mma-rounded "$B/bench/bench_gpu_step" \
-    --cases transformer-lm-b16 --precision bf16 --steps 10 --warmup 3
+  # float32 with cuDNN's FFT and Winograd algorithms allowed, as PyTorch's cudnn.benchmark allows
+  # them (cuda::set_transformed_convolutions), beside PyTorch in the same run.
+  box 100 "$OUT/bench.log" "$B/bench/bench_gpu_step" --transformed-convolutions ${step_torch[@]:+--torch} \
+    --cases vgg16-b64,fashion-cnn-b1024 --precision fp32 --steps 10 --warmup 3
   grep -E "^\| " "$OUT/bench.log" >>"$S"
 }
 
