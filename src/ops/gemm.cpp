@@ -83,6 +83,11 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
       detail::short_product_abt(m, n, k, alpha, a32.data<float>(), a32.dim(1), b32.data<float>(),
                                 b32.dim(1), beta, c.data<float>(), c.dim(1)))
     return;
+  // Its weight gradient dyᵀ · x, summed over the batch: the same kind of kernel.
+  if (trans_a && !trans_b &&
+      detail::short_product_atb(m, n, k, alpha, a32.data<float>(), a32.dim(1), b32.data<float>(),
+                                b32.dim(1), beta, c.data<float>(), c.dim(1)))
+    return;
   auto A = as_matrix(a32);
   auto B = as_matrix(b32);
   // Eigen's packed gemm kernel on blocks of C, one per thread (detail::split_product); the four

@@ -118,6 +118,59 @@ void abt(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const floa
   });
 }
 
+// Rows i0..i0+R of C, columns j..j+16 KV: C[i0 + r][j + c] = alpha · Σ_p a[p][i0 + r] · b[p][j + c]
+// + beta · C[...], over a short depth p < k (a batch): vectors of b's rows, broadcasts of a's.
+template <int R, int KV>
+void depth_tile(std::int64_t k, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                float alpha, float beta, float* c, std::int64_t ldc, __mmask16 last) {
+  __m512 acc[R][KV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < KV; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (std::int64_t p = 0; p < k; ++p) {
+    __m512 y[KV];
+    for (int v = 0; v < KV; ++v)
+      y[v] = _mm512_maskz_loadu_ps(v + 1 == KV ? last : __mmask16{0xffff}, b + p * ldb + 16 * v);
+    for (int r = 0; r < R; ++r) {
+      const __m512 s = _mm512_set1_ps(a[p * lda + r]);
+      for (int v = 0; v < KV; ++v) acc[r][v] = _mm512_fmadd_ps(y[v], s, acc[r][v]);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < KV; ++v) {
+      const __mmask16 mask = v + 1 == KV ? last : __mmask16{0xffff};
+      float* out = c + r * ldc + 16 * v;
+      __m512 result = _mm512_mul_ps(va, acc[r][v]);
+      if (beta != 0.f) result = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, out), result);
+      _mm512_mask_storeu_ps(out, mask, result);
+    }
+}
+
+// Rows [i0, i1) of C = alpha · Aᵀ · B + beta · C, R rows at a time and the rest one by one, each
+// over all columns, 64 at a time (the last chunk under a mask).
+template <int R>
+void depth_rows(std::int64_t i0, std::int64_t i1, std::int64_t n, std::int64_t k, const float* a,
+                std::int64_t lda, const float* b, std::int64_t ldb, float alpha, float beta,
+                float* c, std::int64_t ldc) {
+  // The tile's columns of A, packed [p][r]: A's rows are lda floats apart (a weight's width,
+  // often a multiple of 4 KiB, which puts every row's line in one L1 set).
+  float packed[kShortRows * R];
+  const auto run = [&]<int Rows>(std::int64_t i) {
+    for (std::int64_t p = 0; p < k; ++p)
+      for (int r = 0; r < Rows; ++r) packed[p * Rows + r] = a[p * lda + i + r];
+    std::int64_t j = 0;
+    for (; j + 64 <= n; j += 64)
+      depth_tile<Rows, 4>(k, packed, Rows, b + j, ldb, alpha, beta, c + i * ldc + j, ldc, 0xffff);
+    for (; j < n; j += 16) {
+      const auto last = static_cast<__mmask16>(n - j >= 16 ? 0xffff : (1u << (n - j)) - 1u);
+      depth_tile<Rows, 1>(k, packed, Rows, b + j, ldb, alpha, beta, c + i * ldc + j, ldc, last);
+    }
+  };
+  std::int64_t i = i0;
+  for (; i + R <= i1; i += R) run.template operator()<R>(i);
+  for (; i < i1; ++i) run.template operator()<1>(i);
+}
+
 }  // namespace
 
 bool short_product_kernel() {
@@ -145,9 +198,29 @@ bool short_product_abt(std::int64_t m, std::int64_t n, std::int64_t k, float alp
   return true;
 }
 
+bool short_product_atb(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+                       std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                       std::int64_t ldc) {
+  if (k < 1 || k > kShortRows || m * n < kMinLong || !short_product_kernel()) return false;
+  // Tiles of R rows of C per thread (C's rows are the weight's: each thread writes its own).
+  constexpr int R = 6;
+  const std::int64_t tiles = (m + R - 1) / R;
+  const int threads = product_threads(m, n, k, tiles);
+  pipeline::detail::on_threads(threads, [&](int t) {
+    const auto range = pipeline::detail::static_range(tiles, threads, t);
+    depth_rows<R>(range.begin * R, std::min(m, range.end * R), n, k, a, lda, b, ldb, alpha, beta, c,
+                  ldc);
+  });
+  return true;
+}
+
 #else  // no AVX-512: Eigen multiplies everything
 
 bool short_product_kernel() {
+  return false;
+}
+bool short_product_atb(std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
+                       const float*, std::int64_t, float, float*, std::int64_t) {
   return false;
 }
 

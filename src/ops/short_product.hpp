@@ -32,4 +32,12 @@ bool short_product_abt(std::int64_t m, std::int64_t n, std::int64_t k, float alp
                        std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
                        std::int64_t ldc);
 
+// C = alpha · Aᵀ · B + beta · C over a short depth: A [k x m], B [k x n], C [m x n] with k ≤
+// kShortRows (a weight gradient dW += dyᵀ · x over a batch): tiles of R rows of C by 64 columns in
+// registers, B's rows as vectors, A's as broadcasts; each C element written once. False as for
+// short_product_abt (C past 4 MiB, or Eigen multiplies).
+bool short_product_atb(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+                       std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                       std::int64_t ldc);
+
 }  // namespace pipeline::ops::detail

@@ -131,6 +131,47 @@ TEST_CASE("a short batch times a long weight (x · Wᵀ) equals the naive loop, 
   set_num_threads(was);
 }
 
+// Its weight gradient, dyᵀ · x over a batch of at most 64 (ops/short_product.hpp's short depth):
+// every depth its tiles meet, a column count that ends in a partial vector, C overwritten (NaN)
+// and accumulated, the same bits on any thread count.
+TEST_CASE("a weight gradient over a short batch (dyᵀ · x) equals the naive loop") {
+  const int was = num_threads();
+  const std::int64_t m = 1021, n = 1031;  // C past 2^20 floats, neither a multiple of a tile
+  const Tensor c0 = random({m, n}, 12);
+  for (const std::int64_t k : {1, 7, 16, 17, 40, 64}) {
+    CAPTURE(k);
+    const Tensor dy = random({k, m}, 10), x = random({k, n}, 11);
+    for (const float beta : {0.f, 1.f}) {
+      Tensor first;
+      for (const int threads : {1, 3}) {
+        set_num_threads(threads);
+        Tensor c = beta == 0.f ? Tensor::full({m, n}, std::nanf("")) : c0.clone();
+        ops::gemm(dy, true, x, false, c, 0.5f, beta);
+        if (!first.defined()) {
+          first = c;
+          double worst = 0;
+          for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+              double ref = 0, size = 0;
+              for (std::int64_t p = 0; p < k; ++p) {
+                const double term = static_cast<double>(at(dy, i, p, true)) * at(x, p, j, false);
+                ref += term;
+                size += std::abs(term);
+              }
+              ref = 0.5 * ref + beta * c0.data<float>()[i * n + j];
+              const double err = std::abs(c.data<float>()[i * n + j] - ref) / (0.5 * size + 1);
+              worst = std::max(worst, std::isnan(err) ? 1.0 : err);
+            }
+          CHECK(worst < 1e-6);
+        } else if (ops::detail::short_product_kernel()) {
+          CHECK(std::equal(c.data<float>(), c.data<float>() + c.numel(), first.data<float>()));
+        }
+      }
+    }
+  }
+  set_num_threads(was);
+}
+
 TEST_CASE("gemm rejects mismatched shapes") {
   Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({4, 5}), c = Tensor::zeros({2, 5});
   CHECK_THROWS_WITH(ops::gemm(a, false, b, false, c), doctest::Contains("do not agree"));
