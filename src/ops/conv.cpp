@@ -5,6 +5,7 @@
 #include <pipeline/ops/precision.hpp>
 
 #include "../core/parallel.hpp"
+#include "conv_direct.hpp"
 #include "conv_winograd.hpp"
 #include "cuda_dispatch.hpp"
 #include "eigen_maps.hpp"
@@ -33,20 +34,22 @@
 #endif
 
 // Strategy. Stride-1 3x3 and 5x5 convolutions with enough channels go to Winograd's transforms
-// (conv_winograd.hpp: 1.5-3x faster than what follows, measured in bench/RESULTS.md); the rest are
-// lowered. Each sample is lowered with im2col into a [C·KH·KW, OH·OW] matrix and multiplied by
-// the [M, C·KH·KW] weight with Eigen's packed gemm; the samples of a batch are spread over the
-// OpenMP threads, each thread with its own im2col buffer and a single-threaded gemm (Eigen runs
-// its gemm serially inside an active parallel region, so nothing nests). We chose this over one
-// whole-batch im2col and one large threaded gemm because the per-sample buffer (627 KiB for
-// fashion-cnn's conv2) stays in the core's L2 cache, while the whole-batch buffer (40 MiB) goes
-// through memory twice, and because it needs no NCHW<->CNHW transposes around the gemm. When a
-// batch has fewer samples than threads (batch 1), the samples run one after another and Eigen
-// threads each gemm instead. Measured with bench/bench_conv.cpp on the 2-core AVX-512 build
-// machine (in GFLOP per CPU-second, which a busy machine does not distort): conv2 at batch 64
-// runs at 50-70 in all three passes, including lowering, while the whole-batch gemm alone, before
-// any lowering or transposes, reaches 35-55; a profile of a fashion-cnn training step shows two
-// thirds of its time inside Eigen's gemm kernel and 7% in the lowering.
+// (conv_winograd.hpp: 1.5-3x faster than what follows, measured in bench/RESULTS.md); the forward
+// of stride-1 ones with at most 4 input channels (first layers) is summed directly
+// (conv_direct.hpp); the rest are lowered. Each sample is lowered with im2col into a [C·KH·KW,
+// OH·OW] matrix and multiplied by the [M, C·KH·KW] weight with Eigen's packed gemm; the samples of
+// a batch are spread over the OpenMP threads, each thread with its own im2col buffer and a
+// single-threaded gemm (Eigen runs its gemm serially inside an active parallel region, so nothing
+// nests). We chose this over one whole-batch im2col and one large threaded gemm because the
+// per-sample buffer (627 KiB for fashion-cnn's conv2) stays in the core's L2 cache, while the
+// whole-batch buffer (40 MiB) goes through memory twice, and because it needs no NCHW<->CNHW
+// transposes around the gemm. When a batch has fewer samples than threads (batch 1), the samples
+// run one after another and Eigen threads each gemm instead. Measured with bench/bench_conv.cpp on
+// the 2-core AVX-512 build machine (in GFLOP per CPU-second, which a busy machine does not
+// distort): conv2 at batch 64 runs at 50-70 in all three passes, including lowering, while the
+// whole-batch gemm alone, before any lowering or transposes, reaches 35-55; a profile of a
+// fashion-cnn training step shows two thirds of its time inside Eigen's gemm kernel and 7% in the
+// lowering.
 //
 // im2col reads from a zero-bordered copy of the sample, so its rows are plain (strided) copies
 // with no bounds tests, and col2im accumulates into such a copy (see Lowering below).
@@ -210,6 +213,15 @@ bool use_winograd(const Geometry& g) {
   return cpu_conv_algorithm() == CpuConvAlgorithm::Automatic &&
          detail::winograd_suits(winograd_problem(g), g.kw, g.sh, g.sw);
 }
+detail::DirectConvProblem direct_problem(const Geometry& g) {
+  return {g.n, g.c, g.h, g.w, g.m, g.oh, g.ow, g.kh, g.kw, g.ph, g.pw};
+}
+// Whether the CPU computes g's forward directly (a first layer's few input channels,
+// conv_direct.hpp).
+bool use_direct(const Geometry& g) {
+  return cpu_conv_algorithm() == CpuConvAlgorithm::Automatic &&
+         detail::direct_conv_suits(direct_problem(g), g.sh, g.sw);
+}
 
 Geometry make_geometry(const Shape& x, const Shape& weight, const Window2d& window) {
   Shape y = conv2d_output_shape(x, weight, window);
@@ -359,6 +371,10 @@ void conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
   const float* bd = bias.defined() ? bias.data<float>() : nullptr;
   if (use_winograd(g)) {
     detail::winograd_forward(winograd_problem(g), xd, weight.data<float>(), bd, yd, bf16);
+    return;
+  }
+  if (use_direct(g) && !bf16) {  // (under bf16 the output is rounded before the bias: lowered)
+    detail::direct_conv_forward(direct_problem(g), xd, weight.data<float>(), bd, yd);
     return;
   }
   const Lowering low(g);

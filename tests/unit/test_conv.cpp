@@ -2,6 +2,7 @@
 #include <pipeline/nn/layers/conv2d.hpp>
 #include <pipeline/ops/conv.hpp>
 
+#include "../../src/ops/conv_direct.hpp"
 #include "../../src/ops/conv_winograd.hpp"
 
 #include "support/gradcheck.hpp"
@@ -335,6 +336,65 @@ TEST_CASE(
   ops::set_cpu_conv_algorithm(ops::CpuConvAlgorithm::Automatic);
   expect_close(fast, lowered, "automatic against lowered", 1e-5);
   CHECK(fast.to_vector() != lowered.to_vector());  // two different sums
+}
+
+TEST_CASE("the direct forward of few input channels matches direct loops, on any thread count") {
+  // 1 to 4 input channels, kernels 1x1 to 7x7 (rectangular too), every padding up to the
+  // kernel's, rows of one, two and three 32-column chunks, channel counts past the 8-channel
+  // block; the output poisoned, with and without bias, the same bits on 1 and 3 threads.
+  struct DirectCase {
+    std::int64_t n, c, h, w, m;
+    ops::Window2d win;
+  };
+  const std::vector<DirectCase> dcases = {
+      {3, 1, 28, 28, 32, ops::Window2d::square(5, 1, 2)},  // fashion-cnn's conv1
+      {2, 3, 9, 40, 13, ops::Window2d::square(3, 1, 1)},   // RGB, two chunks, 8 + 5 channels
+      {2, 2, 7, 70, 9, ops::Window2d::square(7, 1, 3)},    // three chunks
+      {1, 4, 6, 5, 3, ops::Window2d::square(1)},           // pointwise, fewer than 8 channels
+      {2, 1, 5, 11, 8, {2, 4, 1, 1, 1, 3}},                // rectangular, padding past the input
+      {1, 2, 10, 33, 16, ops::Window2d::square(7, 1, 0)},  // no padding, 33 columns: two chunks
+  };
+  for (std::size_t k = 0; k < dcases.size(); ++k) {
+    const DirectCase& c = dcases[k];
+    CAPTURE(k);
+    const Shape xs{c.n, c.c, c.h, c.w};
+    const Shape ys =
+        ops::conv2d_output_shape(xs, {c.m, c.c, c.win.kernel_h, c.win.kernel_w}, c.win);
+    const bool direct =
+        ops::detail::direct_conv_suits({c.n, c.c, c.h, c.w, c.m, ys[2], ys[3], c.win.kernel_h,
+                                        c.win.kernel_w, c.win.pad_h, c.win.pad_w},
+                                       1, 1);
+#if defined(__AVX512F__)
+    CHECK(direct);
+#else
+    CHECK_FALSE(direct);
+#endif
+    const Tensor x = testing::random_tensor(xs, 500 + k);
+    const Tensor w = testing::random_tensor({c.m, c.c, c.win.kernel_h, c.win.kernel_w}, 600 + k);
+    const Tensor b = testing::random_tensor({c.m}, 700 + k);
+    for (const bool with_bias : {true, false}) {
+      std::vector<float> first;
+      for (const int threads : {1, 3}) {
+        set_num_threads(threads);
+        Tensor y = Tensor::full(ys, NAN);
+        ops::conv2d_forward(x, w, with_bias ? b : Tensor(), y, c.win);
+        if (first.empty()) {
+          expect_close(y, reference_forward(x, w, with_bias ? b : Tensor(), c.win), "forward");
+          first = y.to_vector();
+        } else {
+          CHECK(y.to_vector() == first);
+        }
+      }
+    }
+  }
+  set_num_threads(default_num_threads());
+  const auto suits = [](std::int64_t channels, std::int64_t r, std::int64_t stride) {
+    return ops::detail::direct_conv_suits({8, channels, 28, 28, 32, 28, 28, r, r, 0, 0}, stride,
+                                          stride);
+  };
+  CHECK_FALSE(suits(5, 5, 1));  // more input channels: lowered or Winograd
+  CHECK_FALSE(suits(1, 5, 2));  // stride 2
+  CHECK_FALSE(suits(1, 9, 1));  // 9x9
 }
 
 TEST_CASE("Winograd results are the same bits for any thread count") {
