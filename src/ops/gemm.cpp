@@ -83,7 +83,11 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
       detail::short_product_abt(m, n, k, alpha, a32.data<float>(), a32.dim(1), b32.data<float>(),
                                 b32.dim(1), beta, c.data<float>(), c.dim(1)))
     return;
-  // Its weight gradient dyᵀ · x, summed over the batch: the same kind of kernel.
+  // Its input gradient dy · W and weight gradient dyᵀ · x: the same kind of kernels.
+  if (!trans_a && !trans_b &&
+      detail::short_product_ab(m, n, k, alpha, a32.data<float>(), a32.dim(1), b32.data<float>(),
+                               b32.dim(1), beta, c.data<float>(), c.dim(1)))
+    return;
   if (trans_a && !trans_b &&
       detail::short_product_atb(m, n, k, alpha, a32.data<float>(), a32.dim(1), b32.data<float>(),
                                 b32.dim(1), beta, c.data<float>(), c.dim(1)))

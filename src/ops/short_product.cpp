@@ -171,6 +171,60 @@ void depth_rows(std::int64_t i0, std::int64_t i1, std::int64_t n, std::int64_t k
   for (; i < i1; ++i) run.template operator()<1>(i);
 }
 
+// C = alpha · A · B + beta · C for a short A (m ≤ kShortRows rows) and a long depth: A's rows
+// packed transposed, R at a time ([tile][p][r]); then each thread takes strips of 16 KV of C's
+// columns and runs every row tile down the strip, so that the strip of B (k rows of 64 KV bytes)
+// comes from memory once and from L2 for the other tiles.
+template <int R, int KV>
+void ab(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+        std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+        std::int64_t ldc) {
+  const std::int64_t tiles = (m + R - 1) / R;
+  Scratch packed(tiles * k * R);
+  float* at = packed.get();
+  const int pack_threads = pipeline::detail::threads_for(tiles * k * R, std::int64_t{1} << 15);
+  pipeline::detail::parallel_for(tiles, pack_threads, [&](std::int64_t t) {
+    for (std::int64_t p = 0; p < k; ++p)
+      for (int r = 0; r < R; ++r) {
+        const std::int64_t i = t * R + r;
+        at[(t * k + p) * R + r] = i < m ? a[i * lda + p] : 0.f;
+      }
+  });
+  constexpr std::int64_t kStrip = 16 * KV;
+  const std::int64_t strips = (n + kStrip - 1) / kStrip;
+  const int threads = product_threads(m, n, k, strips);
+  pipeline::detail::on_threads(threads, [&](int thread) {
+    const auto range = pipeline::detail::static_range(strips, threads, thread);
+    alignas(64) float rows[R * kStrip];  // a tile's last rows, past m, land here
+    for (std::int64_t strip = range.begin; strip < range.end; ++strip) {
+      const std::int64_t j = strip * kStrip, width = std::min(kStrip, n - j);
+      for (std::int64_t t = 0; t < tiles; ++t) {
+        const std::int64_t i0 = t * R, valid = std::min<std::int64_t>(R, m - i0);
+        // A partial tile writes into `rows` (beta 0), then its valid rows are combined.
+        float* out = valid == R ? c + i0 * ldc + j : rows;
+        const std::int64_t ld = valid == R ? ldc : kStrip;
+        const float tile_beta = valid == R ? beta : 0.f;
+        const float* ap = at + t * k * R;
+        if (width == kStrip) {
+          depth_tile<R, KV>(k, ap, R, b + j, ldb, alpha, tile_beta, out, ld, 0xffff);
+        } else {
+          for (std::int64_t v = 0; v < width; v += 16) {
+            const auto last =
+                static_cast<__mmask16>(width - v >= 16 ? 0xffff : (1u << (width - v)) - 1u);
+            depth_tile<R, 1>(k, ap, R, b + j + v, ldb, alpha, tile_beta, out + v, ld, last);
+          }
+        }
+        if (valid < R)
+          for (std::int64_t r = 0; r < valid; ++r)
+            for (std::int64_t col = 0; col < width; ++col) {
+              float& dst = c[(i0 + r) * ldc + j + col];
+              dst = rows[r * kStrip + col] + (beta == 0.f ? 0.f : beta * dst);
+            }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 bool short_product_kernel() {
@@ -214,6 +268,14 @@ bool short_product_atb(std::int64_t m, std::int64_t n, std::int64_t k, float alp
   return true;
 }
 
+bool short_product_ab(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+                      std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                      std::int64_t ldc) {
+  if (m < 1 || m > kShortRows || n * k < kMinLong || !short_product_kernel()) return false;
+  ab<8, 3>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  return true;
+}
+
 #else  // no AVX-512: Eigen multiplies everything
 
 bool short_product_kernel() {
@@ -221,6 +283,10 @@ bool short_product_kernel() {
 }
 bool short_product_atb(std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
                        const float*, std::int64_t, float, float*, std::int64_t) {
+  return false;
+}
+bool short_product_ab(std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
+                      const float*, std::int64_t, float, float*, std::int64_t) {
   return false;
 }
 

@@ -1,15 +1,20 @@
-// Internal: the product x · Wᵀ of a short operand (at most kShortRows rows: a training batch)
-// and a long one stored by rows (a Linear layer's weight), on AVX-512.
+// Internal: the three products of a Linear layer over a short batch (at most kShortRows rows)
+// and a long weight, on AVX-512: the forward x · Wᵀ, the input gradient dy · W and the weight
+// gradient dyᵀ · x.
 //
 // Eigen's gemm packs both operands into panels before it multiplies. With 64 rows on the left,
 // each element of the long operand (fashion-cnn's fc1 weight: 3136 x 1024, 12.3 MiB) is used for
 // only 64 multiply-adds after it has been read, rearranged and written once more, and the forward
 // ran at about half of a core's fp32 rate (bench/RESULTS.md). Here the short operand is packed
-// instead: transposed, its 64 rows become four 16-float vectors per depth index, kept in L2; each
-// register tile holds R columns of C over all the rows (4 x R accumulators) and reads R rows of W
-// front to back, straight from memory, one broadcast per element. (The input gradient dy · W
-// reads W by columns; copying them into panels first cost what Eigen's packing costs, and on two
-// threads more: it stays with Eigen.)
+// instead and the weight is read in its own layout:
+// - x · Wᵀ: x transposed, its 64 rows four 16-float vectors per depth index (L2); a register tile
+//   holds R columns of C over all the rows and reads R rows of W front to back, straight from
+//   memory, one broadcast per element;
+// - dy · W: dy's rows packed 8 at a time; a tile holds 8 rows by 48 columns of C and walks the
+//   depth, W's 48 columns as vectors; each thread runs every row tile down a strip of 48 columns,
+//   so the strip comes from memory once and from L2 after;
+// - dyᵀ · x (a depth of at most 64): tiles of 6 rows by 64 columns of C, x's rows as vectors and
+//   dy's as broadcasts.
 //
 // Every element of C is summed over the depth in index order by one thread, whatever the thread
 // count: the results do not depend on it.
@@ -33,11 +38,16 @@ bool short_product_abt(std::int64_t m, std::int64_t n, std::int64_t k, float alp
                        std::int64_t ldc);
 
 // C = alpha · Aᵀ · B + beta · C over a short depth: A [k x m], B [k x n], C [m x n] with k ≤
-// kShortRows (a weight gradient dW += dyᵀ · x over a batch): tiles of R rows of C by 64 columns in
-// registers, B's rows as vectors, A's as broadcasts; each C element written once. False as for
-// short_product_abt (C past 4 MiB, or Eigen multiplies).
+// kShortRows (a weight gradient dW += dyᵀ · x over a batch). False as for short_product_abt (C
+// under 4 MiB here).
 bool short_product_atb(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
                        std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
                        std::int64_t ldc);
+
+// C = alpha · A · B + beta · C for a short A: A [m x k], B [k x n], C [m x n] with m ≤
+// kShortRows (an input gradient dy · W over a batch). False as for short_product_abt.
+bool short_product_ab(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+                      std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+                      std::int64_t ldc);
 
 }  // namespace pipeline::ops::detail

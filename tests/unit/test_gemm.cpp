@@ -87,43 +87,47 @@ TEST_CASE("products split over threads, by rows or by columns, equal the naive t
   set_num_threads(was);
 }
 
-// x · Wᵀ with at most 64 rows and a weight past 4 MiB takes the AVX-512 kernel where the build has
-// one (ops/short_product.hpp): every row count of its four vector widths and their padding, a
+// x · Wᵀ and dy · W with at most 64 rows and a weight past 4 MiB take the AVX-512 kernels where the
+// build has them (ops/short_product.hpp): row counts of every vector width and partial tile, a
 // column count that leaves a partial tile, an overwritten C that must not be read (NaN), an
 // accumulated one, and (the kernel's promise; Eigen's blocks follow the thread count) the same
 // bits on any thread count.
-TEST_CASE("a short batch times a long weight (x · Wᵀ) equals the naive loop, on any thread count") {
+TEST_CASE("a short batch times a long weight (x · Wᵀ, dy · W) equals the naive loop") {
   const int was = num_threads();
   const std::int64_t k = 1031, n = 1021;  // n · k past 2^20 floats; n not a multiple of any tile
-  const Tensor w = random({n, k}, 7);
-  for (const std::int64_t m : {1, 7, 16, 17, 40, 64}) {
-    CAPTURE(m);
-    const Tensor x = random({m, k}, 8);
-    const Tensor c0 = random({m, n}, 9);
-    for (const float beta : {0.f, 1.f}) {
-      Tensor first;
-      for (const int threads : {1, 3}) {
-        set_num_threads(threads);
-        Tensor c = beta == 0.f ? Tensor::full({m, n}, std::nanf("")) : c0.clone();
-        ops::gemm(x, false, w, true, c, 0.5f, beta);
-        if (!first.defined()) {
-          first = c;
-          double worst = 0;
-          for (std::int64_t i = 0; i < m; ++i)
-            for (std::int64_t j = 0; j < n; ++j) {
-              double ref = 0, size = 0;
-              for (std::int64_t p = 0; p < k; ++p) {
-                const double term = static_cast<double>(at(x, i, p, false)) * at(w, p, j, true);
-                ref += term;
-                size += std::abs(term);
+  for (const bool trans_b : {true, false}) {
+    const Tensor w = trans_b ? random({n, k}, 7) : random({k, n}, 7);
+    for (const std::int64_t m : {1, 7, 16, 17, 40, 64}) {
+      CAPTURE(trans_b);
+      CAPTURE(m);
+      const Tensor x = random({m, k}, 8);
+      const Tensor c0 = random({m, n}, 9);
+      for (const float beta : {0.f, 1.f}) {
+        Tensor first;
+        for (const int threads : {1, 3}) {
+          set_num_threads(threads);
+          Tensor c = beta == 0.f ? Tensor::full({m, n}, std::nanf("")) : c0.clone();
+          ops::gemm(x, false, w, trans_b, c, 0.5f, beta);
+          if (!first.defined()) {
+            first = c;
+            double worst = 0;
+            for (std::int64_t i = 0; i < m; ++i)
+              for (std::int64_t j = 0; j < n; ++j) {
+                double ref = 0, size = 0;
+                for (std::int64_t p = 0; p < k; ++p) {
+                  const double term =
+                      static_cast<double>(at(x, i, p, false)) * at(w, p, j, trans_b);
+                  ref += term;
+                  size += std::abs(term);
+                }
+                ref = 0.5 * ref + beta * c0.data<float>()[i * n + j];
+                const double err = std::abs(c.data<float>()[i * n + j] - ref) / (0.5 * size + 1);
+                worst = std::max(worst, std::isnan(err) ? 1.0 : err);
               }
-              ref = 0.5 * ref + beta * c0.data<float>()[i * n + j];
-              const double err = std::abs(c.data<float>()[i * n + j] - ref) / (0.5 * size + 1);
-              worst = std::max(worst, std::isnan(err) ? 1.0 : err);
-            }
-          CHECK(worst < 1e-6);
-        } else if (ops::detail::short_product_kernel()) {
-          CHECK(std::equal(c.data<float>(), c.data<float>() + c.numel(), first.data<float>()));
+            CHECK(worst < 1e-6);
+          } else if (ops::detail::short_product_kernel()) {
+            CHECK(std::equal(c.data<float>(), c.data<float>() + c.numel(), first.data<float>()));
+          }
         }
       }
     }
