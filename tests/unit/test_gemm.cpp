@@ -87,93 +87,66 @@ TEST_CASE("products split over threads, by rows or by columns, equal the naive t
   set_num_threads(was);
 }
 
-// x · Wᵀ and dy · W with at most 64 rows and a weight past 4 MiB take the AVX-512 kernels where the
-// build has them (ops/short_product.hpp): row counts of every vector width and partial tile, a
-// column count that leaves a partial tile, an overwritten C that must not be read (NaN), an
-// accumulated one, and (the kernel's promise; Eigen's blocks follow the thread count) the same
-// bits on any thread count.
-TEST_CASE("a short batch times a long weight (x · Wᵀ, dy · W) equals the naive loop") {
+namespace {
+// C = 0.5 · op(A) · op(B) + beta · C0, C overwritten (poisoned with NaN: it must not be read) or
+// accumulated, on 1 and 3 threads: within 1e-6 of the naive double loop (normalised by the
+// terms' size) and, where the short-product kernels run (their promise; Eigen's blocks follow
+// the thread count), the same bits on both.
+void check_short_product(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c0) {
   const int was = num_threads();
+  const std::int64_t m = c0.dim(0), n = c0.dim(1), k = ta ? a.dim(0) : a.dim(1);
+  for (const float beta : {0.f, 1.f}) {
+    CAPTURE(beta);
+    Tensor first;
+    for (const int threads : {1, 3}) {
+      set_num_threads(threads);
+      Tensor c = beta == 0.f ? Tensor::full({m, n}, std::nanf("")) : c0.clone();
+      ops::gemm(a, ta, b, tb, c, 0.5f, beta);
+      if (first.defined()) {
+        if (ops::detail::short_product_kernel())
+          CHECK(std::equal(c.data<float>(), c.data<float>() + c.numel(), first.data<float>()));
+        continue;
+      }
+      first = c;
+      double worst = 0;
+      for (std::int64_t i = 0; i < m; ++i)
+        for (std::int64_t j = 0; j < n; ++j) {
+          double ref = 0, size = 0;
+          for (std::int64_t p = 0; p < k; ++p) {
+            const double term = static_cast<double>(at(a, i, p, ta)) * at(b, p, j, tb);
+            ref += term;
+            size += std::abs(term);
+          }
+          ref = 0.5 * ref + beta * c0.data<float>()[i * n + j];
+          const double err = std::abs(c.data<float>()[i * n + j] - ref) / (0.5 * size + 1);
+          worst = std::max(worst, std::isnan(err) ? 1.0 : err);
+        }
+      CHECK(worst < 1e-6);
+    }
+  }
+  set_num_threads(was);
+}
+}  // namespace
+
+// A Linear layer's three products over a batch of at most 64 rows and a weight past 4 MiB take
+// the AVX-512 kernels where the build has them (ops/short_product.hpp): x · Wᵀ and dy · W for
+// row counts of every vector width and partial tile, dyᵀ · x for every depth its tiles meet;
+// column counts that leave partial tiles and vectors.
+TEST_CASE("a short batch times a long weight (x · Wᵀ, dy · W, dyᵀ · x) equals the naive loop") {
   const std::int64_t k = 1031, n = 1021;  // n · k past 2^20 floats; n not a multiple of any tile
   for (const bool trans_b : {true, false}) {
     const Tensor w = trans_b ? random({n, k}, 7) : random({k, n}, 7);
     for (const std::int64_t m : {1, 7, 16, 17, 40, 64}) {
       CAPTURE(trans_b);
       CAPTURE(m);
-      const Tensor x = random({m, k}, 8);
-      const Tensor c0 = random({m, n}, 9);
-      for (const float beta : {0.f, 1.f}) {
-        Tensor first;
-        for (const int threads : {1, 3}) {
-          set_num_threads(threads);
-          Tensor c = beta == 0.f ? Tensor::full({m, n}, std::nanf("")) : c0.clone();
-          ops::gemm(x, false, w, trans_b, c, 0.5f, beta);
-          if (!first.defined()) {
-            first = c;
-            double worst = 0;
-            for (std::int64_t i = 0; i < m; ++i)
-              for (std::int64_t j = 0; j < n; ++j) {
-                double ref = 0, size = 0;
-                for (std::int64_t p = 0; p < k; ++p) {
-                  const double term =
-                      static_cast<double>(at(x, i, p, false)) * at(w, p, j, trans_b);
-                  ref += term;
-                  size += std::abs(term);
-                }
-                ref = 0.5 * ref + beta * c0.data<float>()[i * n + j];
-                const double err = std::abs(c.data<float>()[i * n + j] - ref) / (0.5 * size + 1);
-                worst = std::max(worst, std::isnan(err) ? 1.0 : err);
-              }
-            CHECK(worst < 1e-6);
-          } else if (ops::detail::short_product_kernel()) {
-            CHECK(std::equal(c.data<float>(), c.data<float>() + c.numel(), first.data<float>()));
-          }
-        }
-      }
+      check_short_product(random({m, k}, 8), false, w, trans_b, random({m, n}, 9));
     }
   }
-  set_num_threads(was);
-}
-
-// Its weight gradient, dyᵀ · x over a batch of at most 64 (ops/short_product.hpp's short depth):
-// every depth its tiles meet, a column count that ends in a partial vector, C overwritten (NaN)
-// and accumulated, the same bits on any thread count.
-TEST_CASE("a weight gradient over a short batch (dyᵀ · x) equals the naive loop") {
-  const int was = num_threads();
-  const std::int64_t m = 1021, n = 1031;  // C past 2^20 floats, neither a multiple of a tile
-  const Tensor c0 = random({m, n}, 12);
-  for (const std::int64_t k : {1, 7, 16, 17, 40, 64}) {
-    CAPTURE(k);
-    const Tensor dy = random({k, m}, 10), x = random({k, n}, 11);
-    for (const float beta : {0.f, 1.f}) {
-      Tensor first;
-      for (const int threads : {1, 3}) {
-        set_num_threads(threads);
-        Tensor c = beta == 0.f ? Tensor::full({m, n}, std::nanf("")) : c0.clone();
-        ops::gemm(dy, true, x, false, c, 0.5f, beta);
-        if (!first.defined()) {
-          first = c;
-          double worst = 0;
-          for (std::int64_t i = 0; i < m; ++i)
-            for (std::int64_t j = 0; j < n; ++j) {
-              double ref = 0, size = 0;
-              for (std::int64_t p = 0; p < k; ++p) {
-                const double term = static_cast<double>(at(dy, i, p, true)) * at(x, p, j, false);
-                ref += term;
-                size += std::abs(term);
-              }
-              ref = 0.5 * ref + beta * c0.data<float>()[i * n + j];
-              const double err = std::abs(c.data<float>()[i * n + j] - ref) / (0.5 * size + 1);
-              worst = std::max(worst, std::isnan(err) ? 1.0 : err);
-            }
-          CHECK(worst < 1e-6);
-        } else if (ops::detail::short_product_kernel()) {
-          CHECK(std::equal(c.data<float>(), c.data<float>() + c.numel(), first.data<float>()));
-        }
-      }
-    }
+  for (const std::int64_t depth : {1, 7, 16, 17, 40, 64}) {  // the weight gradient: C 1021 x 1031
+    CAPTURE(depth);
+    check_short_product(random({depth, n}, 10), true, random({depth, k}, 11), false,
+                        random({n, k}, 12));
   }
-  set_num_threads(was);
 }
 
 TEST_CASE("gemm rejects mismatched shapes") {
