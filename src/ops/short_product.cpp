@@ -31,27 +31,22 @@ bool enabled() {
   return on;
 }
 
-// at[p * rows + i] = a[i * lda + p] for the depth indices p in [p0, p1), zero for the padding
-// rows i in [m, rows): A transposed, each depth index one row of `rows` floats.
-void pack_transposed(const float* a, std::int64_t lda, std::int64_t m, std::int64_t rows,
-                     std::int64_t p0, std::int64_t p1, float* at) {
-  for (std::int64_t p = p0; p < p1; ++p) {
-    float* row = at + p * rows;
-    for (std::int64_t i = 0; i < m; ++i) row[i] = a[i * lda + p];
-    std::fill(row + m, row + rows, 0.f);
-  }
-}
-
-// The packed short operand, from the caching host allocator, filled on the product's threads.
-Scratch transposed(const float* a, std::int64_t lda, std::int64_t m, std::int64_t rows,
-                   std::int64_t k) {
-  Scratch at(k * rows);
+// A's rows in tiles of R, each tile transposed: at[(t · k + p) · R + r] = a[(t · R + r) · lda +
+// p], zero for the rows past m; from the caching host allocator, filled on the product's threads.
+Scratch packed_tiles(const float* a, std::int64_t lda, std::int64_t m, std::int64_t k,
+                     std::int64_t R) {
+  const std::int64_t tiles = (m + R - 1) / R;
+  Scratch at(tiles * k * R);
   float* out = at.get();
-  const int threads = pipeline::detail::threads_for(k * rows, std::int64_t{1} << 15);
-  pipeline::detail::on_threads(threads, [&](int t) {
-    const auto r = pipeline::detail::static_range(k, threads, t);
-    pack_transposed(a, lda, m, rows, r.begin, r.end, out);
-  });
+  pipeline::detail::parallel_for(
+      tiles * k, pipeline::detail::threads_for(tiles * k * R, std::int64_t{1} << 15),
+      [&](std::int64_t q) {
+        const std::int64_t t = q / k, p = q % k;
+        for (std::int64_t r = 0; r < R; ++r) {
+          const std::int64_t i = t * R + r;
+          out[q * R + r] = i < m ? a[i * lda + p] : 0.f;
+        }
+      });
   return at;
 }
 
@@ -103,7 +98,7 @@ template <int V>
 void abt(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
          std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
          std::int64_t ldc) {
-  Scratch at = transposed(a, lda, m, 16 * V, k);
+  Scratch at = packed_tiles(a, lda, m, k, 16 * V);  // one tile of all the rows
   // Whole tiles of R columns per thread, then the last columns one by one.
   constexpr int R = kTileColumns<V>;
   const std::int64_t tiles = (n + R - 1) / R;
@@ -118,8 +113,8 @@ void abt(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const floa
   });
 }
 
-// Rows i0..i0+R of C, columns j..j+16 KV: C[i0 + r][j + c] = alpha · Σ_p a[p][i0 + r] · b[p][j + c]
-// + beta · C[...], over a short depth p < k (a batch): vectors of b's rows, broadcasts of a's.
+// R rows by 16 KV columns of C: C[r][c] = alpha · Σ_p a[p · lda + r] · b[p · ldb + c] + beta ·
+// C[r][c] over the depth p < k: vectors of b's rows (the last under `last`), broadcasts of a's.
 template <int R, int KV>
 void depth_tile(std::int64_t k, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
                 float alpha, float beta, float* c, std::int64_t ldc, __mmask16 last) {
@@ -180,16 +175,8 @@ void ab(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float
         std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
         std::int64_t ldc) {
   const std::int64_t tiles = (m + R - 1) / R;
-  Scratch packed(tiles * k * R);
-  float* at = packed.get();
-  const int pack_threads = pipeline::detail::threads_for(tiles * k * R, std::int64_t{1} << 15);
-  pipeline::detail::parallel_for(tiles, pack_threads, [&](std::int64_t t) {
-    for (std::int64_t p = 0; p < k; ++p)
-      for (int r = 0; r < R; ++r) {
-        const std::int64_t i = t * R + r;
-        at[(t * k + p) * R + r] = i < m ? a[i * lda + p] : 0.f;
-      }
-  });
+  Scratch packed = packed_tiles(a, lda, m, k, R);
+  const float* at = packed.get();
   constexpr std::int64_t kStrip = 16 * KV;
   const std::int64_t strips = (n + kStrip - 1) / kStrip;
   const int threads = product_threads(m, n, k, strips);
