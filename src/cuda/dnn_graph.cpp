@@ -414,7 +414,8 @@ std::optional<Plan> choose(cudnnHandle_t handle, int device, cudaStream_t stream
   for (std::size_t i = 0; timed && i < candidates.size(); ++i) {
     const float ms = time_plan(handle, device, stream, candidates[i], data, pass, p, num);
     if (ms < best_ms) best_ms = ms, best = i;
-    timings += fmt::format("\n  {} {:.4f} ms", describe(candidates[i].engine), ms / kTimedRuns);
+    if (log_choices())
+      timings += fmt::format("\n  {} {:.4f} ms", describe(candidates[i].engine), ms / kTimedRuns);
   }
   if (log_choices())
     log_info("cuDNN graph {} {} beta {} [{}, {}, {}, {}] by [{}, {}, {}, {}]: {} of {}{}",

@@ -11,6 +11,7 @@
 #include "eigen_maps.hpp"
 #include "scratch.hpp"
 #include "split_product.hpp"
+#include "vector_lanes.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -86,7 +87,7 @@ inline void copy_row(const float* src, float* dst, std::int64_t n) {
   std::int64_t t = 0;
   for (; t + 16 <= n; t += 16) _mm512_storeu_ps(dst + t, _mm512_loadu_ps(src + t));
   if (t < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - t)) - 1);
+    const __mmask16 m = detail::first_lanes(n - t);
     _mm512_mask_storeu_ps(dst + t, m, _mm512_maskz_loadu_ps(m, src + t));
   }
 #else
@@ -100,7 +101,7 @@ inline void add_row(const float* src, float* dst, std::int64_t n) {
   for (; t + 16 <= n; t += 16)
     _mm512_storeu_ps(dst + t, _mm512_add_ps(_mm512_loadu_ps(dst + t), _mm512_loadu_ps(src + t)));
   if (t < n) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (n - t)) - 1);
+    const __mmask16 m = detail::first_lanes(n - t);
     _mm512_mask_storeu_ps(
         dst + t, m,
         _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + t), _mm512_maskz_loadu_ps(m, src + t)));

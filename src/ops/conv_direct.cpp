@@ -4,6 +4,7 @@
 
 #include "../core/parallel.hpp"
 #include "scratch.hpp"
+#include "vector_lanes.hpp"
 
 #include <algorithm>
 
@@ -31,11 +32,6 @@ void border_row(const DirectConvProblem& p, const float* row, float* buffer) {
     const std::int64_t col = t - p.pw;
     buffer[t] = col >= 0 && col < p.w ? row[col] : 0.f;
   }
-}
-
-__mmask16 lanes(std::int64_t count) {
-  return count >= 16 ? __mmask16{0xffff}
-                     : static_cast<__mmask16>((1u << std::max<std::int64_t>(count, 0)) - 1u);
 }
 
 // Output channels m0..m0+MB of one sample: `image` is the sample's bordered rows.
@@ -66,8 +62,8 @@ void forward_channels(const DirectConvProblem& p, const float* image, const floa
       const std::int64_t count = std::min(kChunk, p.ow - ow0);
       for (int b = 0; b < MB; ++b) {
         float* out = y + ((m0 + b) * p.oh + oh) * p.ow + ow0;
-        _mm512_mask_storeu_ps(out, lanes(count), acc[b][0]);
-        _mm512_mask_storeu_ps(out + 16, lanes(count - 16), acc[b][1]);
+        _mm512_mask_storeu_ps(out, first_lanes(count), acc[b][0]);
+        _mm512_mask_storeu_ps(out + 16, first_lanes(count - 16), acc[b][1]);
       }
     }
 }

@@ -77,20 +77,10 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   }
   // Under a bf16 compute dtype the operands are read rounded (ops/precision.hpp).
   const Tensor a32 = product_operand(a), b32 = product_operand(b);
-  // A batch of rows times a layer's weight, x · Wᵀ: the AVX-512 kernel that reads the weight
-  // once, in its own order (short_product.hpp); Eigen where it does not apply.
-  if (!trans_a && trans_b &&
-      detail::short_product_abt(m, n, k, alpha, a32.data<float>(), a32.dim(1), b32.data<float>(),
-                                b32.dim(1), beta, c.data<float>(), c.dim(1)))
-    return;
-  // Its input gradient dy · W and weight gradient dyᵀ · x: the same kind of kernels.
-  if (!trans_a && !trans_b &&
-      detail::short_product_ab(m, n, k, alpha, a32.data<float>(), a32.dim(1), b32.data<float>(),
-                               b32.dim(1), beta, c.data<float>(), c.dim(1)))
-    return;
-  if (trans_a && !trans_b &&
-      detail::short_product_atb(m, n, k, alpha, a32.data<float>(), a32.dim(1), b32.data<float>(),
-                                b32.dim(1), beta, c.data<float>(), c.dim(1)))
+  // A Linear layer's products over a short batch (x · Wᵀ, dy · W, dyᵀ · x): AVX-512 kernels that
+  // read the weight once, in its own order (short_product.hpp); Eigen where they do not apply.
+  if (detail::short_product(trans_a, trans_b, m, n, k, alpha, a32.data<float>(), a32.dim(1),
+                            b32.data<float>(), b32.dim(1), beta, c.data<float>(), c.dim(1)))
     return;
   auto A = as_matrix(a32);
   auto B = as_matrix(b32);

@@ -3,6 +3,7 @@
 #include "../core/parallel.hpp"
 #include "scratch.hpp"
 #include "split_product.hpp"
+#include "vector_lanes.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -21,15 +22,6 @@ namespace {
 // Below this many elements (4 MiB) the long operand stays in the caches, where Eigen's packed
 // panels cost little and its kernel wins (the mlp's 256 x 784 weight ran 10-40% slower here).
 constexpr std::int64_t kMinLong = std::int64_t{1} << 20;
-
-// PIPELINE_SHORT_PRODUCTS=0 leaves every product to Eigen (for A/B measurements).
-bool enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("PIPELINE_SHORT_PRODUCTS");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  return on;
-}
 
 // A's rows in tiles of R, each tile transposed: at[(t · k + p) · R + r] = a[(t · R + r) · lda +
 // p], zero for the rows past m; from the caching host allocator, filled on the product's threads.
@@ -157,8 +149,8 @@ void depth_rows(std::int64_t i0, std::int64_t i1, std::int64_t n, std::int64_t k
     for (; j + 64 <= n; j += 64)
       depth_tile<Rows, 4>(k, packed, Rows, b + j, ldb, alpha, beta, c + i * ldc + j, ldc, 0xffff);
     for (; j < n; j += 16) {
-      const auto last = static_cast<__mmask16>(n - j >= 16 ? 0xffff : (1u << (n - j)) - 1u);
-      depth_tile<Rows, 1>(k, packed, Rows, b + j, ldb, alpha, beta, c + i * ldc + j, ldc, last);
+      depth_tile<Rows, 1>(k, packed, Rows, b + j, ldb, alpha, beta, c + i * ldc + j, ldc,
+                          first_lanes(n - j));
     }
   };
   std::int64_t i = i0;
@@ -196,9 +188,8 @@ void ab(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float
           depth_tile<R, KV>(k, ap, R, b + j, ldb, alpha, tile_beta, out, ld, 0xffff);
         } else {
           for (std::int64_t v = 0; v < width; v += 16) {
-            const auto last =
-                static_cast<__mmask16>(width - v >= 16 ? 0xffff : (1u << (width - v)) - 1u);
-            depth_tile<R, 1>(k, ap, R, b + j + v, ldb, alpha, tile_beta, out + v, ld, last);
+            depth_tile<R, 1>(k, ap, R, b + j + v, ldb, alpha, tile_beta, out + v, ld,
+                             first_lanes(width - v));
           }
         }
         if (valid < R)
@@ -215,51 +206,49 @@ void ab(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float
 }  // namespace
 
 bool short_product_kernel() {
-  return enabled();
+  // PIPELINE_SHORT_PRODUCTS=0 leaves every product to Eigen (for A/B measurements).
+  static const bool on = [] {
+    const char* v = std::getenv("PIPELINE_SHORT_PRODUCTS");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
 }
 
-bool short_product_abt(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
-                       std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
-                       std::int64_t ldc) {
-  if (m < 1 || m > kShortRows || n * k < kMinLong || !short_product_kernel()) return false;
-  switch ((m + 15) / 16) {
-    case 1:
-      abt<1>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-      break;
-    case 2:
-      abt<2>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-      break;
-    case 3:
-      abt<3>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-      break;
-    default:
-      abt<4>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-      break;
+bool short_product(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                   float beta, float* c, std::int64_t ldc) {
+  if (!short_product_kernel() || (trans_a && trans_b)) return false;
+  // The batch: A's rows (x · Wᵀ, dy · W) or the depth (dyᵀ · x); the weight: B, or C.
+  const std::int64_t batch = trans_a ? k : m, weight = trans_a ? m * n : n * k;
+  if (batch < 1 || batch > kShortRows || weight < kMinLong) return false;
+  if (trans_a) {
+    // Tiles of 6 rows of C per thread (C's rows are the weight's: each thread writes its own).
+    constexpr int R = 6;
+    const std::int64_t tiles = (m + R - 1) / R;
+    const int threads = product_threads(m, n, k, tiles);
+    pipeline::detail::on_threads(threads, [&](int t) {
+      const auto range = pipeline::detail::static_range(tiles, threads, t);
+      depth_rows<R>(range.begin * R, std::min(m, range.end * R), n, k, a, lda, b, ldb, alpha, beta,
+                    c, ldc);
+    });
+  } else if (!trans_b) {
+    ab<8, 3>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    switch ((m + 15) / 16) {
+      case 1:
+        abt<1>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        break;
+      case 2:
+        abt<2>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        break;
+      case 3:
+        abt<3>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        break;
+      default:
+        abt<4>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        break;
+    }
   }
-  return true;
-}
-
-bool short_product_atb(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
-                       std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
-                       std::int64_t ldc) {
-  if (k < 1 || k > kShortRows || m * n < kMinLong || !short_product_kernel()) return false;
-  // Tiles of R rows of C per thread (C's rows are the weight's: each thread writes its own).
-  constexpr int R = 6;
-  const std::int64_t tiles = (m + R - 1) / R;
-  const int threads = product_threads(m, n, k, tiles);
-  pipeline::detail::on_threads(threads, [&](int t) {
-    const auto range = pipeline::detail::static_range(tiles, threads, t);
-    depth_rows<R>(range.begin * R, std::min(m, range.end * R), n, k, a, lda, b, ldb, alpha, beta, c,
-                  ldc);
-  });
-  return true;
-}
-
-bool short_product_ab(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
-                      std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
-                      std::int64_t ldc) {
-  if (m < 1 || m > kShortRows || n * k < kMinLong || !short_product_kernel()) return false;
-  ab<8, 3>(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   return true;
 }
 
@@ -268,19 +257,11 @@ bool short_product_ab(std::int64_t m, std::int64_t n, std::int64_t k, float alph
 bool short_product_kernel() {
   return false;
 }
-bool short_product_atb(std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
-                       const float*, std::int64_t, float, float*, std::int64_t) {
-  return false;
-}
-bool short_product_ab(std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
-                      const float*, std::int64_t, float, float*, std::int64_t) {
+bool short_product(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*,
+                   std::int64_t, const float*, std::int64_t, float, float*, std::int64_t) {
   return false;
 }
 
-bool short_product_abt(std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
-                       const float*, std::int64_t, float, float*, std::int64_t) {
-  return false;
-}
 #endif
 
 }  // namespace pipeline::ops::detail

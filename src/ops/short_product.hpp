@@ -26,28 +26,17 @@ namespace pipeline::ops::detail {
 
 constexpr std::int64_t kShortRows = 64;
 
-// Whether short_product_abt has its kernel here: an AVX-512 build, PIPELINE_SHORT_PRODUCTS not 0.
+// Whether short_product has its kernels here: an AVX-512 build, PIPELINE_SHORT_PRODUCTS not 0.
 bool short_product_kernel();
 
-// C = alpha · A · Bᵀ + beta · C: A [m x k], B [n x k], C [m x n], row-major with leading
-// dimensions lda, ldb, ldc (beta 0: C is not read). False, leaving C alone, where this build or
-// the shape has no kernel (no AVX-512, m > kShortRows, a long operand under 4 MiB, which the
-// caches hold and Eigen multiplies faster): the caller multiplies another way.
-bool short_product_abt(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
-                       std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
-                       std::int64_t ldc);
-
-// C = alpha · Aᵀ · B + beta · C over a short depth: A [k x m], B [k x n], C [m x n] with k ≤
-// kShortRows (a weight gradient dW += dyᵀ · x over a batch). False as for short_product_abt (C
-// under 4 MiB here).
-bool short_product_atb(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
-                       std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
-                       std::int64_t ldc);
-
-// C = alpha · A · B + beta · C for a short A: A [m x k], B [k x n], C [m x n] with m ≤
-// kShortRows (an input gradient dy · W over a batch). False as for short_product_abt.
-bool short_product_ab(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
-                      std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
-                      std::int64_t ldc);
+// C = alpha · op(A) · op(B) + beta · C (gemm's contract, ops/gemm.hpp: row-major, leading
+// dimensions lda, ldb, ldc; beta 0: C is not read) for the three shapes above: x · Wᵀ and dy · W
+// (A not transposed, at most kShortRows rows) and dyᵀ · x (A transposed, a depth of at most
+// kShortRows). False, leaving C alone, where this build or the shape has no kernel (no AVX-512,
+// another shape, a weight under 4 MiB, which the caches hold and Eigen multiplies faster): the
+// caller multiplies another way.
+bool short_product(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                   float beta, float* c, std::int64_t ldc);
 
 }  // namespace pipeline::ops::detail
