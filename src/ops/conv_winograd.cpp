@@ -6,6 +6,7 @@
 
 #include "../core/parallel.hpp"
 #include "eigen_maps.hpp"
+#include "register_tile.hpp"
 #include "scratch.hpp"
 #include "split_product.hpp"
 
@@ -24,7 +25,8 @@
 
 // Layout. Tiles are numbered over the batch (sample, tile row, tile column) and taken a block at
 // a time; a block's transformed inputs are V[in][ξ][tile] and its products
-// M[out][ξ][tile] = U[ξ][out][in] · V[in][ξ][tile], one gemm per transform position ξ.
+// M[out][ξ][tile] = U[ξ][out][in] · V[in][ξ][tile], one product per transform position ξ, with
+// the transformed filters stored transposed, [ξ][in][out] (see position_products).
 // Transforms run on kLanes tiles at once ([α][α][lane] arrays), so that every arithmetic step is
 // one vector operation over the lanes and each position's values for a lane group are one
 // contiguous vector store or load.
@@ -506,12 +508,13 @@ void transform_inputs(const float* data, const Image& image, std::int64_t channe
                        [&](const auto& from) { transform_input<A>(from, to); });
 }
 
-// Transformed filters: u[ξ][out][in] = G g Gᵀ of every filter g, read as filter(out, in) (r x r,
-// row-major); positions `stride` floats apart (out · in rounded up to whole lane groups).
+// Transformed filters: u[ξ][row][col] = G g Gᵀ of every filter g, read as filter(row, col) (r x
+// r, row-major; nullptr: a zero filter); positions `stride` floats apart (rows · cols rounded up
+// to whole lane groups).
 template <int A, typename Filter>
-void transform_filters(const WinogradMatrices& f, std::int64_t outs, std::int64_t ins,
+void transform_filters(const WinogradMatrices& f, std::int64_t rows, std::int64_t cols,
                        const Filter& filter, float* u, std::int64_t stride) {
-  const std::int64_t count = outs * ins;
+  const std::int64_t count = rows * cols;
   const std::int64_t groups = ceil_div(count, kLanes);
   const int threads = count * 1024 > kMinProductWork ? num_threads() : 1;
   pipeline::detail::parallel_for(groups, threads, [&](std::int64_t group) {
@@ -519,7 +522,8 @@ void transform_filters(const WinogradMatrices& f, std::int64_t outs, std::int64_
     for (int l = 0; l < kLanes; ++l) {
       const std::int64_t index = group * kLanes + l;
       if (index >= count) continue;
-      const float* src = filter(index / ins, index % ins);
+      const float* src = filter(index / cols, index % cols);
+      if (src == nullptr) continue;
       for (int i = 0; i < f.r; ++i)
         for (int j = 0; j < f.r; ++j) g.at(i, j)[l] = src[i * f.r + j];
     }
@@ -538,11 +542,55 @@ std::int64_t block_tiles(int alpha, std::int64_t ins, std::int64_t outs) {
 }
 
 // y[n, out] = Σ_in x[n, in] ⋆ filter[out, in] (+ bias) for filters already transformed into u
-// (transform_filters, positions u_stride apart); x [samples, ins, h, w] read with zero padding,
-// y [samples, outs, oh, ow].
+// (transform_filters, [ξ][in][padded out], positions u_stride apart); x [samples, ins, h, w] read
+// with zero padding, y [samples, outs, oh, ow].
 struct Correlation {
   std::int64_t samples, ins, h, w, outs, oh, ow, pad_h, pad_w;
 };
+
+// Output channels per register tile of the products. The transformed filters and a block's
+// products have their output channels padded to whole tiles: zero filters whose products are
+// never transformed back.
+constexpr std::int64_t kProductRows = 8;
+std::int64_t padded_outs(std::int64_t outs) {
+  return round_up(outs, kProductRows);
+}
+
+// M[ξ] = U[ξ] · V[ξ] at every transform position of a block, for U stored transposed, [ξ][in][out]
+// (`outs` padded, positions u_stride apart). The products are small (fashion-cnn's conv2: 64 x 32
+// by 32 x 32 tiles): Eigen's gemm packed both operands for each and reached about half of a
+// core's rate; register tiles read U's columns as broadcasts and V's rows as vectors in place,
+// all of one position's operands within L1.
+template <int A>
+void position_products(const float* u, std::int64_t u_stride, std::int64_t ins, std::int64_t outs,
+                       const BlockBuffer<A>& v, const BlockBuffer<A>& m) {
+  constexpr int kPositions = A * A;
+  for (int pos = 0; pos < kPositions; ++pos) {
+    const float* up = u + pos * u_stride;
+#if defined(__AVX512F__)
+    const std::int64_t ldv = kPositions * v.cols, ldm = kPositions * m.cols;
+    const std::int64_t vectors = v.cols / kLanes;
+    const float* vp = v.lanes(0, 0) + pos * v.cols;
+    float* mp = m.lanes(0, 0) + pos * m.cols;
+    for (std::int64_t o = 0; o < outs; o += kProductRows) {
+      constexpr int R = kProductRows;
+      std::int64_t j = 0;
+      for (; j + 3 <= vectors; j += 3)
+        depth_tile<R, 3>(ins, up + o, outs, vp + j * kLanes, ldv, 1.f, 0.f,
+                         mp + o * ldm + j * kLanes, ldm, 0xffff);
+      if (vectors - j == 2)
+        depth_tile<R, 2>(ins, up + o, outs, vp + j * kLanes, ldv, 1.f, 0.f,
+                         mp + o * ldm + j * kLanes, ldm, 0xffff);
+      else if (vectors - j == 1)
+        depth_tile<R, 1>(ins, up + o, outs, vp + j * kLanes, ldv, 1.f, 0.f,
+                         mp + o * ldm + j * kLanes, ldm, 0xffff);
+    }
+#else
+    m.at_position(pos, 0, outs).noalias() =
+        ConstMatrixMap(up, ins, outs).transpose() * v.at_position(pos, 0, ins);
+#endif
+  }
+}
 
 template <int A>
 void correlate(const Correlation& p, const WinogradMatrices& f, const float* x, const float* u,
@@ -550,10 +598,11 @@ void correlate(const Correlation& p, const WinogradMatrices& f, const float* x, 
   constexpr int kPositions = A * A;
   const TileGrid grid{p.samples, ceil_div(p.oh, f.m), ceil_div(p.ow, f.m), f.m};
   const Image in{p.ins, p.h, p.w}, out{p.outs, p.oh, p.ow};
-  const std::int64_t tiles = grid.count(), block = block_tiles(A, p.ins, p.outs);
+  const std::int64_t outs = padded_outs(p.outs);
+  const std::int64_t tiles = grid.count(), block = block_tiles(A, p.ins, outs);
   const std::int64_t blocks = ceil_div(tiles, block);
   const int threads = static_cast<int>(std::clamp<std::int64_t>(blocks, 1, num_threads()));
-  const std::int64_t v_floats = kPositions * p.ins * block, m_floats = kPositions * p.outs * block;
+  const std::int64_t v_floats = kPositions * p.ins * block, m_floats = kPositions * outs * block;
   Scratch work(threads * (v_floats + m_floats));
   pipeline::detail::parallel_for_dynamic(blocks, threads, [&](std::int64_t index, int thread) {
     const EigenOnThisThread one;
@@ -569,9 +618,7 @@ void correlate(const Correlation& p, const WinogradMatrices& f, const float* x, 
     for (std::int64_t c = 0; c < p.ins; ++c)
       for (std::int64_t group = 0; group < groups; ++group)
         transform_inputs(x, in, c, windows[group], v, group * kLanes);
-    for (int pos = 0; pos < kPositions; ++pos)
-      m.at_position(pos, 0, p.outs).noalias() =
-          ConstMatrixMap(u + pos * u_stride, p.outs, p.ins) * v.at_position(pos, 0, p.ins);
+    position_products(u, u_stride, p.ins, outs, v, m);
     for (std::int64_t o = 0; o < p.outs; ++o) {
       const float b = bias ? bias[o] : 0.f;
       for (std::int64_t group = 0; group < groups; ++group) {
@@ -605,11 +652,14 @@ void forward(const WinogradProblem& p, const float* x, const float* weight, cons
              float* y, bool round_bf16) {
   const WinogradMatrices f =
       winograd_matrices(A + 1 - static_cast<int>(p.r), static_cast<int>(p.r));
-  const std::int64_t filter_floats = p.r * p.r, u_stride = round_up(p.m * p.c, kLanes);
+  const std::int64_t filter_floats = p.r * p.r, outs = padded_outs(p.m),
+                     u_stride = round_up(p.c * outs, kLanes);
   Scratch u(A * A * u_stride);
   transform_filters<A>(
-      f, p.m, p.c,
-      [&](std::int64_t out, std::int64_t in) { return weight + (out * p.c + in) * filter_floats; },
+      f, p.c, outs,
+      [&](std::int64_t in, std::int64_t out) {
+        return out < p.m ? weight + (out * p.c + in) * filter_floats : nullptr;
+      },
       u.get(), u_stride);
   correlate<A>({p.n, p.c, p.h, p.w, p.m, p.oh, p.ow, p.pad_h, p.pad_w}, f, x, u.get(), u_stride,
                bias, round_bf16, y);
@@ -629,12 +679,12 @@ void backward_data(const WinogradProblem& p, const float* dy, const float* weigh
       float* dst = turned.get() + (i * p.m + o) * filter_floats;
       for (std::int64_t e = 0; e < filter_floats; ++e) dst[e] = src[filter_floats - 1 - e];
     }
-  const std::int64_t u_stride = round_up(p.m * p.c, kLanes);
+  const std::int64_t outs = padded_outs(p.c), u_stride = round_up(p.m * outs, kLanes);
   Scratch u(A * A * u_stride);
   transform_filters<A>(
-      f, p.c, p.m,
-      [&](std::int64_t out, std::int64_t in) {
-        return turned.get() + (out * p.m + in) * filter_floats;
+      f, p.m, outs,
+      [&](std::int64_t in, std::int64_t out) {
+        return out < p.c ? turned.get() + (out * p.m + in) * filter_floats : nullptr;
       },
       u.get(), u_stride);
   correlate<A>({p.n, p.m, p.oh, p.ow, p.c, p.h, p.w, p.r - 1 - p.pad_h, p.r - 1 - p.pad_w}, f, dy,

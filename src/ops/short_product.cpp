@@ -1,6 +1,7 @@
 #include "short_product.hpp"
 
 #include "../core/parallel.hpp"
+#include "register_tile.hpp"
 #include "scratch.hpp"
 #include "split_product.hpp"
 #include "vector_lanes.hpp"
@@ -103,34 +104,6 @@ void abt(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const floa
       tile<V, R>(at.get(), k, b + j * ldb, ldb, alpha, beta, c + j, ldc, m);
     for (; j < end; ++j) tile<V, 1>(at.get(), k, b + j * ldb, ldb, alpha, beta, c + j, ldc, m);
   });
-}
-
-// R rows by 16 KV columns of C: C[r][c] = alpha · Σ_p a[p · lda + r] · b[p · ldb + c] + beta ·
-// C[r][c] over the depth p < k: vectors of b's rows (the last under `last`), broadcasts of a's.
-template <int R, int KV>
-void depth_tile(std::int64_t k, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
-                float alpha, float beta, float* c, std::int64_t ldc, __mmask16 last) {
-  __m512 acc[R][KV];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < KV; ++v) acc[r][v] = _mm512_setzero_ps();
-  for (std::int64_t p = 0; p < k; ++p) {
-    __m512 y[KV];
-    for (int v = 0; v < KV; ++v)
-      y[v] = _mm512_maskz_loadu_ps(v + 1 == KV ? last : __mmask16{0xffff}, b + p * ldb + 16 * v);
-    for (int r = 0; r < R; ++r) {
-      const __m512 s = _mm512_set1_ps(a[p * lda + r]);
-      for (int v = 0; v < KV; ++v) acc[r][v] = _mm512_fmadd_ps(y[v], s, acc[r][v]);
-    }
-  }
-  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < KV; ++v) {
-      const __mmask16 mask = v + 1 == KV ? last : __mmask16{0xffff};
-      float* out = c + r * ldc + 16 * v;
-      __m512 result = _mm512_mul_ps(va, acc[r][v]);
-      if (beta != 0.f) result = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mask, out), result);
-      _mm512_mask_storeu_ps(out, mask, result);
-    }
 }
 
 // Rows [i0, i1) of C = alpha · Aᵀ · B + beta · C, R rows at a time and the rest one by one, each
