@@ -9,6 +9,7 @@
 #include "register_tile.hpp"
 #include "scratch.hpp"
 #include "split_product.hpp"
+#include "vector_lanes.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -691,6 +692,77 @@ void backward_data(const WinogradProblem& p, const float* dy, const float* weigh
                u.get(), u_stride, nullptr, false, dx);
 }
 
+#if defined(__AVX512F__)
+// dst[t · ldd + i] = src[i · lds + t] for i < rows and t < cols (a multiple of 16): 16 x 16
+// blocks transposed in registers, the last rows (past a multiple of 16) element by element.
+void transpose_rows(const float* src, std::int64_t lds, std::int64_t rows, std::int64_t cols,
+                    float* dst, std::int64_t ldd) {
+  std::int64_t i = 0;
+  for (; i + 16 <= rows; i += 16)
+    for (std::int64_t t = 0; t < cols; t += 16) {
+      __m512 r[16], u[16];
+      for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_ps(src + (i + k) * lds + t);
+      // Pairs of rows interleaved, then quads: within each 128-bit lane q of u[4k + j], column
+      // 4q + j of rows 4k..4k+3.
+      for (int k = 0; k < 16; k += 2) {
+        u[k] = _mm512_unpacklo_ps(r[k], r[k + 1]);
+        u[k + 1] = _mm512_unpackhi_ps(r[k], r[k + 1]);
+      }
+      for (int k = 0; k < 16; k += 4) {
+        r[k] = _mm512_shuffle_ps(u[k], u[k + 2], 0x44);
+        r[k + 1] = _mm512_shuffle_ps(u[k], u[k + 2], 0xee);
+        r[k + 2] = _mm512_shuffle_ps(u[k + 1], u[k + 3], 0x44);
+        r[k + 3] = _mm512_shuffle_ps(u[k + 1], u[k + 3], 0xee);
+      }
+      // Then the 128-bit lanes: column 4q + j gathers lane q of r[j], r[4 + j], r[8 + j], r[12 +
+      // j].
+      for (int j = 0; j < 4; ++j) {
+        const __m512 even01 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+        const __m512 odd01 = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xdd);
+        const __m512 even23 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+        const __m512 odd23 = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xdd);
+        _mm512_storeu_ps(dst + (t + j) * ldd + i, _mm512_shuffle_f32x4(even01, even23, 0x88));
+        _mm512_storeu_ps(dst + (t + 4 + j) * ldd + i, _mm512_shuffle_f32x4(odd01, odd23, 0x88));
+        _mm512_storeu_ps(dst + (t + 8 + j) * ldd + i, _mm512_shuffle_f32x4(even01, even23, 0xdd));
+        _mm512_storeu_ps(dst + (t + 12 + j) * ldd + i, _mm512_shuffle_f32x4(odd01, odd23, 0xdd));
+      }
+    }
+  for (; i < rows; ++i)
+    for (std::int64_t t = 0; t < cols; ++t) dst[t * ldd + i] = src[i * lds + t];
+}
+#endif
+
+// acc[o][i] += Σ_tile D[ξ][o][tile] · V[ξ][i][tile] for one transform position ξ of a block
+// (acc [outs][ins] row-major), each element summed over the block's tiles in order. V's rows are
+// first transposed into `vt` (tiles x ins floats), so that register tiles read them as vectors
+// over i and D's elements as broadcasts: Eigen's gemm packed both operands per position.
+template <int A>
+void gradient_products(int pos, const BlockBuffer<A>& d, std::int64_t outs, const BlockBuffer<A>& v,
+                       std::int64_t ins, float* acc, float* vt) {
+  constexpr int kPositions = A * A;
+#if defined(__AVX512F__)
+  const std::int64_t tiles = v.cols, ld = kPositions * v.cols;
+  transpose_rows(v.lanes(0, 0) + pos * v.cols, ld, ins, tiles, vt, ins);
+  const float* dp = d.lanes(0, 0) + pos * d.cols;
+  const auto rows = [&]<int R>(std::int64_t o) {
+    std::int64_t i = 0;
+    for (; i + 32 <= ins; i += 32)
+      depth_tile<R, 2>(tiles, dp + o * ld, 1, vt + i, ins, 1.f, 1.f, acc + o * ins + i, ins, 0xffff,
+                       ld);
+    for (; i < ins; i += 16)
+      depth_tile<R, 1>(tiles, dp + o * ld, 1, vt + i, ins, 1.f, 1.f, acc + o * ins + i, ins,
+                       first_lanes(ins - i), ld);
+  };
+  std::int64_t o = 0;
+  for (; o + 8 <= outs; o += 8) rows.template operator()<8>(o);
+  for (; o < outs; ++o) rows.template operator()<1>(o);
+#else
+  (void)vt;
+  MatrixMap(acc, outs, ins).noalias() +=
+      d.at_position(pos, 0, outs) * v.at_position(pos, 0, ins).transpose();
+#endif
+}
+
 template <int A>
 void backward_filter(const WinogradProblem& p, const float* x, const float* dy, float* dweight) {
   constexpr int kPositions = A * A;
@@ -710,15 +782,10 @@ void backward_filter(const WinogradProblem& p, const float* x, const float* dy, 
   float* acc = work.get();
   float* buffers = acc + kPositions * acc_stride;
   std::fill_n(acc, kPositions * acc_stride, 0.f);
-  // Products split into (position, a band of output-channel rows) pieces. The band is fixed, a
-  // multiple of every Eigen row panel (48 floats with AVX-512, 24 with AVX, 12 with SSE), so each
-  // row takes the same kernel and summation order whatever the thread count: a band of 50 rows
-  // put rows 48-49 through Eigen's leftover-row kernel and changed their last bits.
-  constexpr std::int64_t band = 96;
-  const std::int64_t bands = ceil_div(p.m, band);
 #pragma omp parallel num_threads(num_threads())
   {
     const EigenOnThisThread one;
+    Scratch transposed(block * p.c);  // a position's V, tiles x ins (gradient_products)
     std::vector<LaneWindows> windows, tiles_of_grad;  // each thread's copy, for the block
     for (std::int64_t b = 0; b < blocks; ++b) {
       const std::int64_t first = b * block,
@@ -743,13 +810,11 @@ void backward_filter(const WinogradProblem& p, const float* x, const float* dy, 
           transform_windows<A>(dy, grad, o, tiles_of_grad[group], m,
                                [&](const auto& from) { transform_filter<A>(m, f.g, from, to); });
         }
-#pragma omp for schedule(static) collapse(2)
+        // One thread a position: each accumulator element summed in the same order for any
+        // thread count.
+#pragma omp for schedule(static)
       for (int pos = 0; pos < kPositions; ++pos)
-        for (std::int64_t piece = 0; piece < bands; ++piece) {
-          const std::int64_t row = piece * band, rows = std::min(band, p.m - row);
-          MatrixMap(acc + pos * acc_stride + row * p.c, rows, p.c).noalias() +=
-              d.at_position(pos, row, rows) * v.at_position(pos, 0, p.c).transpose();
-        }
+        gradient_products(pos, d, p.m, v, p.c, acc + pos * acc_stride, transposed.get());
     }
     // Back from the transform domain: dweight[o, i] += Aᵀ acc[·][o][i] A.
 #pragma omp for schedule(static)

@@ -11,12 +11,13 @@
 
 namespace pipeline::ops::detail {
 
-// R rows by 16 KV columns of C: C[r][c] = alpha · Σ_p a[p · lda + r] · b[p · ldb + c] + beta ·
-// C[r][c] over the depth p < k: vectors of b's rows (the last under `last`), broadcasts of a's.
+// R rows by 16 KV columns of C: C[r][c] = alpha · Σ_p a[p · lda + r · a_row] · b[p · ldb + c] +
+// beta · C[r][c] over the depth p < k, summed in depth order: vectors of b's rows (the last
+// under `last`), broadcasts of a's.
 template <int R, int KV>
 inline void depth_tile(std::int64_t k, const float* a, std::int64_t lda, const float* b,
                        std::int64_t ldb, float alpha, float beta, float* c, std::int64_t ldc,
-                       __mmask16 last) {
+                       __mmask16 last, std::int64_t a_row = 1) {
   __m512 acc[R][KV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < KV; ++v) acc[r][v] = _mm512_setzero_ps();
@@ -25,7 +26,7 @@ inline void depth_tile(std::int64_t k, const float* a, std::int64_t lda, const f
     for (int v = 0; v < KV; ++v)
       y[v] = _mm512_maskz_loadu_ps(v + 1 == KV ? last : __mmask16{0xffff}, b + p * ldb + 16 * v);
     for (int r = 0; r < R; ++r) {
-      const __m512 s = _mm512_set1_ps(a[p * lda + r]);
+      const __m512 s = _mm512_set1_ps(a[p * lda + r * a_row]);
       for (int v = 0; v < KV; ++v) acc[r][v] = _mm512_fmadd_ps(y[v], s, acc[r][v]);
     }
   }
