@@ -739,9 +739,8 @@ void transpose_rows(const float* src, std::int64_t lds, std::int64_t rows, std::
 template <int A>
 void gradient_products(int pos, const BlockBuffer<A>& d, std::int64_t outs, const BlockBuffer<A>& v,
                        std::int64_t ins, float* acc, float* vt) {
-  constexpr int kPositions = A * A;
 #if defined(__AVX512F__)
-  const std::int64_t tiles = v.cols, ld = kPositions * v.cols;
+  const std::int64_t tiles = v.cols, ld = BlockBuffer<A>::kPositions * v.cols;
   transpose_rows(v.lanes(0, 0) + pos * v.cols, ld, ins, tiles, vt, ins);
   const float* dp = d.lanes(0, 0) + pos * d.cols;
   const auto rows = [&]<int R>(std::int64_t o) {
