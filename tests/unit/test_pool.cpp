@@ -25,6 +25,7 @@ const std::vector<Case> cases = {
     {{2, 3, 5, 7}, {2, 2, 2, 2, 0, 0}},   // 2x2/2 on odd extents (last row and column dropped)
     {{2, 2, 9, 6}, {4, 3, 3, 2, 2, 1}},   // larger kernel, stride 3
     {{1, 2, 6, 39}, {2, 2, 2, 2, 0, 0}},  // 2x2/2 rows of 19 outputs: a full vector and a tail
+    {{1, 2, 3, 67}, {2, 2, 2, 2, 0, 0}},  // 2x2/2 rows of 33 outputs, odd extents
 };
 
 // Direct loops: max (first maximum on ties), average over kh·kw (padding counts as zero).
@@ -101,6 +102,10 @@ TEST_CASE("pooling ops match direct loops") {
         dx_ref.data<float>()[(o / out_plane) * in_plane + imax_ref.data<std::int32_t>()[o]] +=
             dy.data<float>()[o];
       expect_close(dx, dx_ref, "max backward", 1e-6);
+      // The same through the window (the 2x2/2 windows write each row whole, no scatter).
+      Tensor dxw = Tensor::full(c.x, 3.f);
+      ops::max_pool2d_backward(dy, idx, dxw, c.win);
+      expect_close(dxw, dx_ref, "max backward with the window", 1e-6);
 
       Tensor ya = Tensor::empty(ys);
       ops::avg_pool2d_forward(x, ya, c.win);
@@ -208,6 +213,8 @@ TEST_CASE("max pooling backward refuses indices outside the plane, in any plane"
                     doctest::Contains("indices outside a 4x4 plane"));
   idx.data<std::int32_t>()[0] = -1;
   CHECK_THROWS_WITH(ops::max_pool2d_backward(dy, idx, dx),
+                    doctest::Contains("indices outside a 4x4 plane"));
+  CHECK_THROWS_WITH(ops::max_pool2d_backward(dy, idx, dx, ops::Window2d::square(2, 2)),
                     doctest::Contains("indices outside a 4x4 plane"));
 }
 
