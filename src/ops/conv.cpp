@@ -549,9 +549,17 @@ void conv2d_backward_bias(const Tensor& dy, Tensor& dbias) {
     return;
   }
 #endif
-  Eigen::Map<Eigen::VectorXf> db(dbias.data<float>(), m);
+  // Channels spread over the threads, each summed over the samples in order by one thread: the
+  // same bits for any thread count (one thread read fashion-cnn's 6 MiB conv1 gradient in 0.4 ms).
+  float* db = dbias.data<float>();
   const float* d = dy.data<float>();
-  for (std::int64_t s = 0; s < n; ++s) db += ConstMatrixMap(d + s * m * p, m, p).rowwise().sum();
+  pipeline::detail::parallel_for(
+      m, pipeline::detail::threads_for(n * m * p, std::int64_t{1} << 16), [&](std::int64_t c) {
+        float sum = db[c];
+        for (std::int64_t s = 0; s < n; ++s)
+          sum += Eigen::Map<const Eigen::VectorXf>(d + (s * m + c) * p, p).sum();
+        db[c] = sum;
+      });
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& window) {
