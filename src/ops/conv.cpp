@@ -36,11 +36,11 @@
 
 // Strategy. Stride-1 3x3 and 5x5 convolutions with enough channels go to Winograd's transforms
 // (conv_winograd.hpp: 1.5-3x faster than what follows, measured in bench/RESULTS.md); the forward
-// of stride-1 ones with at most 4 input channels (first layers) is summed directly
-// (conv_direct.hpp); the rest are lowered. Each sample is lowered with im2col into a [C·KH·KW,
-// OH·OW] matrix and multiplied by the [M, C·KH·KW] weight with Eigen's packed gemm; the samples of
-// a batch are spread over the OpenMP threads, each thread with its own im2col buffer and a
-// single-threaded gemm (Eigen runs its gemm serially inside an active parallel region, so nothing
+// and weight gradient of stride-1 ones with at most 4 input channels (first layers) are summed
+// directly (conv_direct.hpp); the rest are lowered. Each sample is lowered with im2col into a
+// [C·KH·KW, OH·OW] matrix and multiplied by the [M, C·KH·KW] weight with Eigen's packed gemm; the
+// samples of a batch are spread over the OpenMP threads, each thread with its own im2col buffer and
+// a single-threaded gemm (Eigen runs its gemm serially inside an active parallel region, so nothing
 // nests). We chose this over one whole-batch im2col and one large threaded gemm because the
 // per-sample buffer (627 KiB for fashion-cnn's conv2) stays in the core's L2 cache, while the
 // whole-batch buffer (40 MiB) goes through memory twice, and because it needs no NCHW<->CNHW
@@ -217,8 +217,8 @@ bool use_winograd(const Geometry& g) {
 detail::DirectConvProblem direct_problem(const Geometry& g) {
   return {g.n, g.c, g.h, g.w, g.m, g.oh, g.ow, g.kh, g.kw, g.ph, g.pw};
 }
-// Whether the CPU computes g's forward directly (a first layer's few input channels,
-// conv_direct.hpp).
+// Whether the CPU computes g's forward and weight gradient directly (a first layer's few input
+// channels, conv_direct.hpp).
 bool use_direct(const Geometry& g) {
   return cpu_conv_algorithm() == CpuConvAlgorithm::Automatic &&
          detail::direct_conv_suits(direct_problem(g), g.sh, g.sw);
@@ -499,6 +499,14 @@ void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dwe
   const float* dyd = dy.data<float>();
   if (use_winograd(g)) {
     detail::winograd_backward_filter(winograd_problem(g), xd, dyd, part.data<float>());
+    if (bf16) {
+      round_to_bf16(part, part);
+      add_in_place(dweight, part);
+    }
+    return;
+  }
+  if (use_direct(g)) {
+    detail::direct_conv_backward_filter(direct_problem(g), xd, dyd, part.data<float>());
     if (bf16) {
       round_to_bf16(part, part);
       add_in_place(dweight, part);

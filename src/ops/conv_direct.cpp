@@ -34,6 +34,15 @@ void border_row(const DirectConvProblem& p, const float* row, float* buffer) {
   }
 }
 
+// The sum of a vector's lanes, in a fixed order (halves added until one lane is left).
+float horizontal_sum(__m512 v) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+
 // Output channels m0..m0+MB of one sample: `image` is the sample's bordered rows.
 template <int MB>
 void forward_channels(const DirectConvProblem& p, const float* image, const float* weight,
@@ -68,6 +77,88 @@ void forward_channels(const DirectConvProblem& p, const float* image, const floa
     }
 }
 
+// The weight gradient's register tile: kGradChannels output channels by the kw taps of one kernel
+// row (ky) of one input channel, each a vector of partial sums over 16 output columns, carried
+// across the samples in `acc` (kGradChannels · KW vectors).
+constexpr int kGradChannels = 4;
+
+// One sample's share of a tile: acc[b][kx] += dy[m0 + b] (row oh, 16 columns at a time) times
+// the bordered input row oh + ky − ph shifted by kx. Channels past the last (a group's tail)
+// repeat channel m0; their sums are never read.
+template <int KW>
+void gradient_tile(const DirectConvProblem& p, const float* image, const float* dy, std::int64_t m0,
+                   int valid, std::int64_t c, std::int64_t ky, float* acc) {
+  const std::int64_t rf = row_floats(p), h = p.h, oh_count = p.oh, ow = p.ow;
+  const float* planes[kGradChannels];
+  for (int b = 0; b < kGradChannels; ++b)
+    planes[b] = dy + (m0 + (b < valid ? b : 0)) * oh_count * ow;
+  __m512 sums[kGradChannels][KW];
+  for (int b = 0; b < kGradChannels; ++b)
+    for (int kx = 0; kx < KW; ++kx) sums[b][kx] = _mm512_loadu_ps(acc + (b * KW + kx) * 16);
+  const auto columns = [&](const float* row, std::int64_t offset, __mmask16 mask) {
+    __m512 d[kGradChannels];
+    for (int b = 0; b < kGradChannels; ++b) d[b] = _mm512_maskz_loadu_ps(mask, planes[b] + offset);
+    for (int kx = 0; kx < KW; ++kx) {
+      const __m512 xv = _mm512_loadu_ps(row + kx);
+      for (int b = 0; b < kGradChannels; ++b) sums[b][kx] = _mm512_fmadd_ps(d[b], xv, sums[b][kx]);
+    }
+  };
+  for (std::int64_t oh = 0; oh < oh_count; ++oh) {
+    const std::int64_t ih = oh + ky - p.ph;
+    if (ih < 0 || ih >= h) continue;  // a zero row of the border
+    const float* row = image + (c * h + ih) * rf;
+    std::int64_t ow0 = 0;
+    for (; ow0 + 16 <= ow; ow0 += 16) columns(row + ow0, oh * ow + ow0, 0xffff);
+    if (ow0 < ow) columns(row + ow0, oh * ow + ow0, first_lanes(ow - ow0));
+  }
+  for (int b = 0; b < kGradChannels; ++b)
+    for (int kx = 0; kx < KW; ++kx) _mm512_storeu_ps(acc + (b * KW + kx) * 16, sums[b][kx]);
+}
+
+template <int KW>
+void backward_filter(const DirectConvProblem& p, const float* x, const float* dy, float* dweight) {
+  // Tiles (a group of output channels, an input channel, a kernel row), split among the threads
+  // by tile: each thread runs every sample through its own tiles, so each weight's sum runs in
+  // the same order for any thread count. A sample's output gradient for a group (4 planes) stays
+  // in L1 over its kernel rows.
+  const std::int64_t groups = (p.m + kGradChannels - 1) / kGradChannels;
+  const std::int64_t tiles = groups * p.c * p.kh;
+  const int threads = pipeline::detail::threads_over(tiles, num_threads());
+  const std::int64_t image = p.c * p.h * row_floats(p);
+  pipeline::detail::on_threads(threads, [&](int t) {
+    const auto range = pipeline::detail::static_range(tiles, threads, t);
+    const std::int64_t mine = range.end - range.begin;
+    if (mine <= 0) return;
+    Scratch bordered(image);
+    // Each tile's kGradChannels x KW vectors of partial sums.
+    constexpr std::int64_t kTileFloats = kGradChannels * KW * 16;
+    Scratch sums(mine * kTileFloats);
+    float* acc = sums.get();
+    std::fill_n(acc, mine * kTileFloats, 0.f);
+    for (std::int64_t s = 0; s < p.n; ++s) {
+      for (std::int64_t r = 0; r < p.c * p.h; ++r)
+        border_row(p, x + (s * p.c * p.h + r) * p.w, bordered.get() + r * row_floats(p));
+      const float* dys = dy + s * p.m * p.oh * p.ow;
+      for (std::int64_t tile = range.begin; tile < range.end; ++tile) {
+        const std::int64_t group = tile / (p.c * p.kh), c = tile / p.kh % p.c, ky = tile % p.kh;
+        const std::int64_t m0 = group * kGradChannels;
+        const int valid = static_cast<int>(std::min<std::int64_t>(kGradChannels, p.m - m0));
+        gradient_tile<KW>(p, bordered.get(), dys, m0, valid, c, ky,
+                          acc + (tile - range.begin) * kTileFloats);
+      }
+    }
+    for (std::int64_t tile = range.begin; tile < range.end; ++tile) {
+      const std::int64_t group = tile / (p.c * p.kh), c = tile / p.kh % p.c, ky = tile % p.kh;
+      const float* a = acc + (tile - range.begin) * kTileFloats;
+      for (int b = 0; b < kGradChannels && group * kGradChannels + b < p.m; ++b) {
+        float* w = dweight + ((group * kGradChannels + b) * p.c + c) * p.kh * p.kw + ky * p.kw;
+        for (int kx = 0; kx < KW; ++kx)
+          w[kx] += horizontal_sum(_mm512_loadu_ps(a + (b * KW + kx) * 16));
+      }
+    }
+  });
+}
+
 }  // namespace
 
 bool direct_conv_suits(const DirectConvProblem& p, std::int64_t stride_h, std::int64_t stride_w) {
@@ -96,6 +187,26 @@ void direct_conv_forward(const DirectConvProblem& p, const float* x, const float
   });
 }
 
+void direct_conv_backward_filter(const DirectConvProblem& p, const float* x, const float* dy,
+                                 float* dweight) {
+  switch (p.kw) {
+    case 1:
+      return backward_filter<1>(p, x, dy, dweight);
+    case 2:
+      return backward_filter<2>(p, x, dy, dweight);
+    case 3:
+      return backward_filter<3>(p, x, dy, dweight);
+    case 4:
+      return backward_filter<4>(p, x, dy, dweight);
+    case 5:
+      return backward_filter<5>(p, x, dy, dweight);
+    case 6:
+      return backward_filter<6>(p, x, dy, dweight);
+    default:
+      return backward_filter<7>(p, x, dy, dweight);
+  }
+}
+
 #else  // no AVX-512: convolutions are lowered
 
 bool direct_conv_suits(const DirectConvProblem&, std::int64_t, std::int64_t) {
@@ -103,6 +214,7 @@ bool direct_conv_suits(const DirectConvProblem&, std::int64_t, std::int64_t) {
 }
 void direct_conv_forward(const DirectConvProblem&, const float*, const float*, const float*,
                          float*) {}
+void direct_conv_backward_filter(const DirectConvProblem&, const float*, const float*, float*) {}
 
 #endif
 

@@ -338,10 +338,14 @@ TEST_CASE(
   CHECK(fast.to_vector() != lowered.to_vector());  // two different sums
 }
 
-TEST_CASE("the direct forward of few input channels matches direct loops, on any thread count") {
+TEST_CASE(
+    "the direct forward and weight gradient of few input channels match direct loops, on "
+    "any thread count") {
   // 1 to 4 input channels, kernels 1x1 to 7x7 (rectangular too), every padding up to the
   // kernel's, rows of one, two and three 32-column chunks, channel counts past the 8-channel
-  // block; the output poisoned, with and without bias, the same bits on 1 and 3 threads.
+  // block (forward) and the 4-channel group (weight gradient); the output poisoned, with and
+  // without bias, the gradient accumulated onto non-zero values; the same bits on 1 and 3
+  // threads.
   struct DirectCase {
     std::int64_t n, c, h, w, m;
     ops::Window2d win;
@@ -384,6 +388,22 @@ TEST_CASE("the direct forward of few input channels matches direct loops, on any
         } else {
           CHECK(y.to_vector() == first);
         }
+      }
+    }
+    const Tensor dy = testing::random_tensor(ys, 800 + k);
+    Tensor dx_ref, dw_ref;
+    reference_backward(x, w, dy, c.win, dx_ref, dw_ref);
+    for (float& v : dw_ref.values()) v += 0.5f;  // accumulated onto 0.5
+    std::vector<float> first;
+    for (const int threads : {1, 3}) {
+      set_num_threads(threads);
+      Tensor dw = Tensor::full(w.shape(), 0.5f);
+      ops::conv2d_backward_filter(x, dy, dw, c.win);
+      if (first.empty()) {
+        expect_close(dw, dw_ref, "weight gradient");
+        first = dw.to_vector();
+      } else {
+        CHECK(dw.to_vector() == first);
       }
     }
   }
