@@ -13,11 +13,14 @@ namespace pipeline::ops::detail {
 
 // R rows by 16 KV columns of C: C[r][c] = alpha · Σ_p a[p · lda + r · a_row] · b[p · ldb + c] +
 // beta · C[r][c] over the depth p < k, summed in depth order: vectors of b's rows (the last
-// under `last`), broadcasts of a's.
+// under `last`), broadcasts of a's. Always inlined: called out of line from one Winograd product
+// loop (after an unrelated change there), each call reloading its operands' addresses, the
+// forward convolution ran 1.8x slower.
 template <int R, int KV>
-inline void depth_tile(std::int64_t k, const float* a, std::int64_t lda, const float* b,
-                       std::int64_t ldb, float alpha, float beta, float* c, std::int64_t ldc,
-                       __mmask16 last, std::int64_t a_row = 1) {
+[[gnu::always_inline]] inline void depth_tile(std::int64_t k, const float* a, std::int64_t lda,
+                                              const float* b, std::int64_t ldb, float alpha,
+                                              float beta, float* c, std::int64_t ldc,
+                                              __mmask16 last, std::int64_t a_row = 1) {
   __m512 acc[R][KV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < KV; ++v) acc[r][v] = _mm512_setzero_ps();
