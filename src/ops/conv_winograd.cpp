@@ -552,7 +552,7 @@ struct Correlation {
 // Output channels per register tile of the products. The transformed filters and a block's
 // products have their output channels padded to whole tiles: zero filters whose products are
 // never transformed back.
-constexpr std::int64_t kProductRows = 8;
+constexpr int kProductRows = 8;
 std::int64_t padded_outs(std::int64_t outs) {
   return round_up(outs, kProductRows);
 }
@@ -574,17 +574,15 @@ void position_products(const float* u, std::int64_t u_stride, std::int64_t ins, 
     const float* vp = v.lanes(0, 0) + pos * v.cols;
     float* mp = m.lanes(0, 0) + pos * m.cols;
     for (std::int64_t o = 0; o < outs; o += kProductRows) {
-      constexpr int R = kProductRows;
+      // kProductRows output channels by KV vectors of tiles from vector j on.
+      const auto tile = [&]<int KV>(std::int64_t j) {
+        depth_tile<kProductRows, KV>(ins, up + o, outs, vp + j * kLanes, ldv, 1.f, 0.f,
+                                     mp + o * ldm + j * kLanes, ldm, 0xffff);
+      };
       std::int64_t j = 0;
-      for (; j + 3 <= vectors; j += 3)
-        depth_tile<R, 3>(ins, up + o, outs, vp + j * kLanes, ldv, 1.f, 0.f,
-                         mp + o * ldm + j * kLanes, ldm, 0xffff);
-      if (vectors - j == 2)
-        depth_tile<R, 2>(ins, up + o, outs, vp + j * kLanes, ldv, 1.f, 0.f,
-                         mp + o * ldm + j * kLanes, ldm, 0xffff);
-      else if (vectors - j == 1)
-        depth_tile<R, 1>(ins, up + o, outs, vp + j * kLanes, ldv, 1.f, 0.f,
-                         mp + o * ldm + j * kLanes, ldm, 0xffff);
+      for (; j + 3 <= vectors; j += 3) tile.template operator()<3>(j);
+      if (vectors - j == 2) tile.template operator()<2>(j);
+      if (vectors - j == 1) tile.template operator()<1>(j);
     }
 #else
     m.at_position(pos, 0, outs).noalias() =
