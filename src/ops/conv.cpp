@@ -497,21 +497,18 @@ void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dwe
   Tensor part = bf16 ? Tensor::zeros(dweight.shape()) : dweight;
   const float* xd = x.data<float>();
   const float* dyd = dy.data<float>();
+  const auto accumulate_part = [&] {
+    if (!bf16) return;
+    round_to_bf16(part, part);
+    add_in_place(dweight, part);
+  };
   if (use_winograd(g)) {
     detail::winograd_backward_filter(winograd_problem(g), xd, dyd, part.data<float>());
-    if (bf16) {
-      round_to_bf16(part, part);
-      add_in_place(dweight, part);
-    }
-    return;
+    return accumulate_part();
   }
   if (use_direct(g)) {
     detail::direct_conv_backward_filter(direct_problem(g), xd, dyd, part.data<float>());
-    if (bf16) {
-      round_to_bf16(part, part);
-      add_in_place(dweight, part);
-    }
-    return;
+    return accumulate_part();
   }
   const Lowering low(g);
   const std::int64_t K = g.depth(), P = g.pixels();
@@ -538,10 +535,7 @@ void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dwe
   });
   for (int t = 0; acc_floats > 0 && t < threads; ++t)
     DW += ConstMatrixMap(work.get() + t * per_thread + col_floats + pad_floats, g.m, K);
-  if (bf16) {
-    round_to_bf16(part, part);
-    add_in_place(dweight, part);
-  }
+  accumulate_part();
 }
 
 void conv2d_backward_bias(const Tensor& dy, Tensor& dbias) {
