@@ -4,7 +4,8 @@
 // initialises the parameters and saves them with save_parameters; tests/interop/torch_reference.py
 // builds the same architecture in PyTorch under the same names, loads them strictly and runs two
 // training steps of torch.optim.SGD (momentum 0.9, weight decay) on the same batch. The library
-// runs the same two steps, and every output is compared: logits, loss, every parameter gradient,
+// runs the same two steps (the second from PyTorch's parameters after the first, so that errors
+// do not compound), and every output is compared: logits, loss, every parameter gradient,
 // every parameter update and every buffer update (batch-norm running statistics). Two steps, so
 // that the second exercises the momentum buffer (the first step's buffer is the gradient itself).
 // The other direction: the script initialises the model with PyTorch's own initialisers, saves
