@@ -33,6 +33,11 @@ void border_row(const DirectConvProblem& p, const float* row, float* buffer) {
     buffer[t] = col >= 0 && col < p.w ? row[col] : 0.f;
   }
 }
+// Every row of sample s (its c · h rows), bordered into `image`.
+void border_sample(const DirectConvProblem& p, const float* x, std::int64_t s, float* image) {
+  for (std::int64_t r = 0; r < p.c * p.h; ++r)
+    border_row(p, x + (s * p.c * p.h + r) * p.w, image + r * row_floats(p));
+}
 
 // The sum of a vector's lanes, in a fixed order (halves added until one lane is left).
 float horizontal_sum(__m512 v) {
@@ -81,6 +86,14 @@ void forward_channels(const DirectConvProblem& p, const float* image, const floa
 // row (ky) of one input channel, each a vector of partial sums over 16 output columns, carried
 // across the samples in `acc` (kGradChannels · KW vectors).
 constexpr int kGradChannels = 4;
+
+// A weight-gradient tile: a group of kGradChannels output channels from m0, an input channel, a
+// kernel row; tiles are numbered group-major, then channel, then row.
+struct GradTile {
+  std::int64_t m0, c, ky;
+  GradTile(const DirectConvProblem& p, std::int64_t tile)
+      : m0(tile / (p.c * p.kh) * kGradChannels), c(tile / p.kh % p.c), ky(tile % p.kh) {}
+};
 
 // One sample's share of a tile: acc[b][kx] += dy[m0 + b] (row oh, 16 columns at a time) times
 // the bordered input row oh + ky − ph shifted by kx. Channels past the last (a group's tail)
@@ -136,22 +149,20 @@ void backward_filter(const DirectConvProblem& p, const float* x, const float* dy
     float* acc = sums.get();
     std::fill_n(acc, mine * kTileFloats, 0.f);
     for (std::int64_t s = 0; s < p.n; ++s) {
-      for (std::int64_t r = 0; r < p.c * p.h; ++r)
-        border_row(p, x + (s * p.c * p.h + r) * p.w, bordered.get() + r * row_floats(p));
+      border_sample(p, x, s, bordered.get());
       const float* dys = dy + s * p.m * p.oh * p.ow;
       for (std::int64_t tile = range.begin; tile < range.end; ++tile) {
-        const std::int64_t group = tile / (p.c * p.kh), c = tile / p.kh % p.c, ky = tile % p.kh;
-        const std::int64_t m0 = group * kGradChannels;
-        const int valid = static_cast<int>(std::min<std::int64_t>(kGradChannels, p.m - m0));
-        gradient_tile<KW>(p, bordered.get(), dys, m0, valid, c, ky,
+        const GradTile at(p, tile);
+        const int valid = static_cast<int>(std::min<std::int64_t>(kGradChannels, p.m - at.m0));
+        gradient_tile<KW>(p, bordered.get(), dys, at.m0, valid, at.c, at.ky,
                           acc + (tile - range.begin) * kTileFloats);
       }
     }
     for (std::int64_t tile = range.begin; tile < range.end; ++tile) {
-      const std::int64_t group = tile / (p.c * p.kh), c = tile / p.kh % p.c, ky = tile % p.kh;
+      const GradTile at(p, tile);
       const float* a = acc + (tile - range.begin) * kTileFloats;
-      for (int b = 0; b < kGradChannels && group * kGradChannels + b < p.m; ++b) {
-        float* w = dweight + ((group * kGradChannels + b) * p.c + c) * p.kh * p.kw + ky * p.kw;
+      for (int b = 0; b < kGradChannels && at.m0 + b < p.m; ++b) {
+        float* w = dweight + ((at.m0 + b) * p.c + at.c) * p.kh * p.kw + at.ky * p.kw;
         for (int kx = 0; kx < KW; ++kx)
           w[kx] += horizontal_sum(_mm512_loadu_ps(a + (b * KW + kx) * 16));
       }
@@ -177,8 +188,7 @@ void direct_conv_forward(const DirectConvProblem& p, const float* x, const float
   Scratch images(threads * stride);
   pipeline::detail::parallel_for_dynamic(p.n, threads, [&](std::int64_t s, int t) {
     float* bordered = images.get() + t * stride;
-    for (std::int64_t r = 0; r < p.c * p.h; ++r)
-      border_row(p, x + (s * p.c * p.h + r) * p.w, bordered + r * row_floats(p));
+    border_sample(p, x, s, bordered);
     float* ys = y + s * p.m * p.oh * p.ow;
     std::int64_t m0 = 0;
     for (; m0 + kChannelBlock <= p.m; m0 += kChannelBlock)
