@@ -221,6 +221,11 @@ void profile_range(const Sequential& model, LayerRange range, const std::vector<
   // the caches, and a layer inside a real step was up to 14% slower than that (bench/RESULTS.md).
   const int first = range.begin, n = range.size();
   const auto N = static_cast<std::size_t>(n);
+  // Layers run in the model's order for the range (Sequential::runs_at: a ReLU after the max pool
+  // that follows it), as a stage holding the range runs them; everything below is kept per layer,
+  // indexed by its place in the range.
+  std::vector<std::size_t> order(N);
+  for (int i = 0; i < n; ++i) order[R(i)] = R(model.runs_at(range, first + i) - first);
   std::vector<LayerParams> params;
   std::vector<std::vector<Tensor>> grads;
   for (int i = 0; i < n; ++i) {
@@ -278,20 +283,20 @@ void profile_range(const Sequential& model, LayerRange range, const std::vector<
       if (record) workspace[layer] = std::max(workspace[layer], temporaries);
     };
     for (int i = 0; i < n; ++i) {
-      const auto I = static_cast<std::size_t>(i);
-      const Tensor& x = i == 0 ? input : outputs[I - 1];
+      const std::size_t I = order[R(i)];
+      const Layer& layer = model.layer(first + static_cast<int>(I));
+      const Tensor& x = i == 0 ? input : outputs[order[R(i - 1)]];
       saved[I] = Saved{};  // the last pass's, which a training step would have freed by now
       outputs[I] = Tensor{};
-      keep(I, timer.time(into(fwd[I]), [&] {
-        outputs[I] = model.layer(first + i).forward(params[I], x, saved[I], ctx);
-      }));
-      PIPELINE_CHECK(outputs[I].shape() == shapes[R(first + i + 1)],
-                     "layer '{}' ({}) produced shape {} but reports output shape {}",
-                     model.layer(first + i).name(), model.layer(first + i).kind(),
-                     outputs[I].shape(), shapes[R(first + i + 1)]);
+      keep(I, timer.time(into(fwd[I]),
+                         [&] { outputs[I] = layer.forward(params[I], x, saved[I], ctx); }));
+      const Shape reported = layer.output_shape(x.shape());
+      PIPELINE_CHECK(outputs[I].shape() == reported,
+                     "layer '{}' ({}) produced shape {} but reports output shape {}", layer.name(),
+                     layer.kind(), outputs[I].shape(), reported);
     }
     for (int i = n - 1; i >= 0; --i) {
-      const auto I = static_cast<std::size_t>(i);
+      const std::size_t I = order[R(i)];
       if (i == n - 1) output_grads[I] = loss_grad;
       std::span<Tensor> g(grads[I]);
       Tensor dx;
@@ -299,10 +304,11 @@ void profile_range(const Sequential& model, LayerRange range, const std::vector<
       const bool input = i >= first_dx;
       keep(I, timer.time(into(bwd[I]), [&] {
         if (input || !g.empty())
-          dx = model.layer(first + i).backward(params[I], saved[I], output_grads[I], g,
-                                               input ? GradParts::Both : GradParts::Weight);
+          dx = model.layer(first + static_cast<int>(I))
+                   .backward(params[I], saved[I], output_grads[I], g,
+                             input ? GradParts::Both : GradParts::Weight);
       }));
-      if (i > 0) output_grads[I - 1] = dx;
+      if (i > 0) output_grads[order[R(i - 1)]] = dx;
     }
     for (int k = 0; k < LayerRules::kCount; ++k) {
       const int rule = (rep + k) % LayerRules::kCount;
@@ -378,11 +384,16 @@ void profile_range(const Sequential& model, LayerRange range, const std::vector<
         lp.backward_input_s = lp.backward_s;  // no weights: the whole backward is dL/dx
       }
     }
-    lp.output_bytes = static_cast<std::int64_t>(outputs[I].nbytes());
+    // What the layer declares (a stage ending at it sends that), though a layer that runs after
+    // the next one (Sequential::runs_at) made a smaller tensor here.
+    lp.output_bytes = shapes[R(first + i + 1)].numel() *
+                      static_cast<std::int64_t>(dtype_size(outputs[I].dtype()));
     lp.parameter_bytes = static_cast<std::int64_t>(layer.parameter_bytes());
     if (bf16) lp.stashed_parameter_bytes = bf16_stash_bytes(layer);
-    // The model's input is the data's, not a layer's; a range's later input is a layer's output.
-    const void* input_storage = i > 0       ? outputs[I - 1].storage_id()
+    // The model's input is the data's, not a layer's; a range's later input is a layer's output
+    // (that of the layer which ran before this one: `order` swaps pairs, so it is its own inverse).
+    const std::size_t at = order[I];
+    const void* input_storage = at > 0      ? outputs[order[at - 1]].storage_id()
                                 : first > 0 ? input.storage_id()
                                             : nullptr;
     lp.saved_bytes = saved_bytes(saved[I], input_storage, lp.saved_input_bytes);

@@ -698,12 +698,13 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
         const bool closes = starts_buckets(run);
         Tensor g = std::move(dy);
         for (int i = r.end - 1; i >= r.begin; --i) {
-          const auto k = static_cast<std::size_t>(i - r.begin);
+          const int j = m_model->runs_at(r, i);
+          const auto k = static_cast<std::size_t>(j - r.begin);
           if (i >= first_dx)
-            g = m_model->layer(i).backward(w[k], c.saved[k], g, m_grads[k], GradParts::Both);
+            g = m_model->layer(j).backward(w[k], c.saved[k], g, m_grads[k], GradParts::Both);
           else if (!m_grads[k].empty())
-            (void)m_model->layer(i).backward(w[k], c.saved[k], g, m_grads[k], GradParts::Weight);
-          after_layer_backward(run, i, closes);
+            (void)m_model->layer(j).backward(w[k], c.saved[k], g, m_grads[k], GradParts::Weight);
+          after_layer_backward(run, j, closes);
         }
         if (need_dx) dx = std::move(g);
       }
@@ -714,12 +715,11 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
       c.layer_grads.assign(static_cast<std::size_t>(r.size()), Tensor{});
       Tensor g = std::move(dy);
       for (int i = r.end - 1; i >= r.begin; --i) {
-        const int k = i - r.begin;
-        c.layer_grads[static_cast<std::size_t>(k)] = g;
+        const int j = m_model->runs_at(r, i);
+        const auto k = static_cast<std::size_t>(j - r.begin);
+        c.layer_grads[k] = g;
         if (i < first_dx) break;
-        g = m_model->layer(i).backward(w[static_cast<std::size_t>(k)],
-                                       c.saved[static_cast<std::size_t>(k)], g, std::span<Tensor>(),
-                                       GradParts::Input);
+        g = m_model->layer(j).backward(w[k], c.saved[k], g, std::span<Tensor>(), GradParts::Input);
       }
       if (need_dx) run.input_grads[u] = std::move(g);
       sample_memory(run);
@@ -731,11 +731,12 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
                    m_stage);
     const bool closes = !m_bucket_layers.empty() && starts_buckets(run);
     for (int i = r.end - 1; i >= r.begin; --i) {
-      const auto k = static_cast<std::size_t>(i - r.begin);
+      const int j = m_model->runs_at(r, i);
+      const auto k = static_cast<std::size_t>(j - r.begin);
       if (!m_grads[k].empty())
-        m_model->layer(i).backward(w[k], c.saved[k], c.layer_grads[k], m_grads[k],
+        m_model->layer(j).backward(w[k], c.saved[k], c.layer_grads[k], m_grads[k],
                                    GradParts::Weight);
-      if (!m_bucket_layers.empty()) after_layer_backward(run, i, closes);
+      if (!m_bucket_layers.empty()) after_layer_backward(run, j, closes);
     }
     sample_memory(run);
   }

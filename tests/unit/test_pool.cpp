@@ -1,5 +1,7 @@
 #include <pipeline/core/threads.hpp>
+#include <pipeline/nn/layers/activation.hpp>
 #include <pipeline/nn/layers/pool2d.hpp>
+#include <pipeline/nn/sequential.hpp>
 #include <pipeline/ops/pool.hpp>
 
 #include "support/gradcheck.hpp"
@@ -216,6 +218,77 @@ TEST_CASE("max pooling backward refuses indices outside the plane, in any plane"
                     doctest::Contains("indices outside a 4x4 plane"));
   CHECK_THROWS_WITH(ops::max_pool2d_backward(dy, idx, dx, ops::Window2d::square(2, 2)),
                     doctest::Contains("indices outside a 4x4 plane"));
+}
+
+TEST_CASE("a ReLU before a max pool runs after it, with the same outputs and gradients") {
+  Sequential m("m");
+  m.emplace<ReLU>("relu1")
+      .emplace<MaxPool2d>("pool1", 2)
+      .emplace<ReLU>("relu2")
+      .emplace<MaxPool2d>("pool2", 3, 2, 1);  // overlapping, padded windows
+  const std::vector<int> swapped{1, 0, 3, 2};
+  for (int i = 0; i < m.size(); ++i) CHECK(m.runs_at(m.all(), i) == swapped[std::size_t(i)]);
+  // Never across a range's ends: a stage sends and receives what the layers declare.
+  CHECK(m.runs_at({1, 4}, 1) == 1);
+  CHECK(m.runs_at({1, 4}, 2) == 3);
+  CHECK(m.runs_at({0, 1}, 0) == 0);
+  CHECK(m.runs_at({2, 3}, 2) == 2);
+  // Other activations before a max pool, and a ReLU before an average pool, keep their place.
+  Sequential others("others");
+  others.emplace<Tanh>("tanh")
+      .emplace<MaxPool2d>("pool", 2)
+      .emplace<ReLU>("relu")
+      .emplace<AvgPool2d>("avg", 2);
+  for (int i = 0; i < others.size(); ++i) CHECK(others.runs_at(others.all(), i) == i);
+
+  // Values on a coarse grid, so that windows tie (at zero, below it and above it), and a plane of
+  // sample 0 wholly negative.
+  const Shape xs{2, 3, 24, 24};
+  Tensor x = testing::random_tensor(xs, 70);
+  for (float& v : x.values()) v = std::round(v * 3.f) / 3.f;
+  for (std::int64_t k = 0; k < 24 * 24; ++k) x.values()[k] = -std::abs(x.values()[k]);
+  const Shape ys = m.output_shape(xs);
+  Tensor dy = testing::random_tensor(ys, 71);
+
+  // The reference: every layer in its declared order.
+  ModelParams params = m.init(1);
+  std::vector<Tensor> inputs;
+  std::vector<Saved> saved(std::size_t(m.size()));
+  Tensor h = x;
+  for (int i = 0; i < m.size(); ++i) {
+    inputs.push_back(h);
+    h = m.layer(i).forward(params[std::size_t(i)], h, saved[std::size_t(i)], {});
+  }
+  const std::vector<float> y_ref = h.to_vector();
+  Tensor g = dy;
+  for (int i = m.size() - 1; i >= 0; --i) {
+    std::vector<Tensor> none;
+    g = m.layer(i).backward(params[std::size_t(i)], saved[std::size_t(i)], g, none);
+  }
+  const std::vector<float> dx_ref = g.to_vector();
+
+  // The whole model in one range, and split into ranges that part each pair.
+  for (const std::vector<LayerRange>& ranges :
+       {std::vector<LayerRange>{m.all()}, std::vector<LayerRange>{{0, 1}, {1, 3}, {3, 4}}}) {
+    CAPTURE(ranges.size());
+    std::vector<std::vector<Saved>> saves(ranges.size());
+    std::vector<ModelParams> ps;
+    std::vector<ModelGrads> gs;
+    Tensor out = x;
+    for (std::size_t s = 0; s < ranges.size(); ++s) {
+      ps.push_back(m.init(1, ranges[s]));
+      gs.push_back(m.zero_grads(ranges[s]));
+      out = m.forward(ranges[s], ps[s], out, saves[s], {});
+    }
+    CHECK(out.to_vector() == y_ref);
+    Tensor grad = dy;
+    for (std::size_t s = ranges.size(); s-- > 0;)
+      grad = m.backward(ranges[s], ps[s], saves[s], grad, gs[s]);
+    CHECK(grad.to_vector() == dx_ref);
+    // Run after the pool, relu1 keeps the pooled tensor: a quarter of its input.
+    if (ranges.size() == 1)
+      CHECK(saves[0][0].bytes() == static_cast<std::size_t>(xs.numel()) * sizeof(float) / 4);
+  }
 }
 
 }  // namespace test_pool

@@ -132,6 +132,12 @@ class Layer {
     return false;
   }
 
+  // Whether a Sequential may run this layer after `next`, the layer that directly follows it,
+  // and get the same output and gradients; only layers without parameters say yes. A ReLU before
+  // a max pool does: the ReLU then runs on the pooled tensor, a quarter of the elements under a
+  // 2x2 pool, and keeps that for backward instead of the full-size one (Sequential::runs_at).
+  virtual bool commutes_with_next(const Layer& /*next*/) const { return false; }
+
   std::size_t parameter_bytes() const {
     std::size_t n = 0;
     for (auto& p : parameters()) n += static_cast<std::size_t>(p.shape.numel()) * dtype_size(p.dtype);

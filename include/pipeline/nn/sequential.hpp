@@ -59,6 +59,12 @@ class Sequential {
                       "model '{}' already has a layer named '{}': layer names must be unique",
                       m_name, layer->name());
     m_trainable.push_back(!layer->parameters().empty());
+    if (!m_layers.empty()) {
+      const Layer& before = *m_layers.back();
+      m_commutes_with_next.back() = before.parameters().empty() && layer->parameters().empty() &&
+                                    before.commutes_with_next(*layer);
+    }
+    m_commutes_with_next.push_back(false);
     m_layers.push_back(std::move(layer));
     return *this;
   }
@@ -100,7 +106,21 @@ class Sequential {
     return g;
   }
 
-  // Forward through layers [r.begin, r.end); params[k] belongs to layer r.begin + k.
+  // The layer that runs at position i of range r's forward (backward: in reverse). It is layer i
+  // but where a layer commutes with the next (Layer::commutes_with_next: a ReLU before a max
+  // pool) and both lie in r: those two run in the other order, with the same output and
+  // gradients for less work. Records stay per layer (saved[k], grads[k] and params[k] belong to
+  // layer r.begin + k); only the order changes, and never across the range's ends, so what a
+  // stage receives and sends is what the layers declare.
+  int runs_at(LayerRange r, int i) const {
+    const auto u = static_cast<std::size_t>(i);
+    if (i + 1 < r.end && m_commutes_with_next[u]) return i + 1;
+    if (i > r.begin && m_commutes_with_next[u - 1]) return i - 1;
+    return i;
+  }
+
+  // Forward through layers [r.begin, r.end) (in the order of runs_at); params[k] belongs to layer
+  // r.begin + k.
   Tensor forward(LayerRange r, ModelParams& params, const Tensor& x, std::vector<Saved>& saved,
                  const ForwardContext& ctx) const {
     check_range(r);
@@ -108,8 +128,10 @@ class Sequential {
                    "forward over {} layers with parameters for {}", r.size(), params.size());
     saved.assign(r.size(), Saved{});
     Tensor h = x;
-    for (int i = r.begin; i < r.end; ++i)
-      h = m_layers[i]->forward(params[i - r.begin], h, saved[i - r.begin], ctx);
+    for (int i = r.begin; i < r.end; ++i) {
+      const int j = runs_at(r, i);
+      h = m_layers[j]->forward(params[j - r.begin], h, saved[j - r.begin], ctx);
+    }
     return h;
   }
 
@@ -121,11 +143,12 @@ class Sequential {
     Tensor g = dy;
     const int first = first_input_grad_layer(r, need_input_grad);
     for (int i = r.end - 1; i >= r.begin; --i) {
-      const auto k = static_cast<std::size_t>(i - r.begin);
+      const int j = runs_at(r, i);
+      const auto k = static_cast<std::size_t>(j - r.begin);
       if (i >= first) {
-        g = m_layers[i]->backward(params[k], saved[k], g, grads[k], GradParts::Both);
+        g = m_layers[j]->backward(params[k], saved[k], g, grads[k], GradParts::Both);
       } else if (!grads[k].empty()) {
-        (void)m_layers[i]->backward(params[k], saved[k], g, grads[k], GradParts::Weight);
+        (void)m_layers[j]->backward(params[k], saved[k], g, grads[k], GradParts::Weight);
       }
     }
     return need_input_grad ? g : Tensor{};
@@ -154,6 +177,7 @@ class Sequential {
   std::string m_name;
   std::vector<LayerPtr> m_layers;
   std::vector<bool> m_trainable;  // per layer: it has parameters (asked once, not per backward)
+  std::vector<bool> m_commutes_with_next;  // per layer: runs_at may swap it with the next
   std::set<std::string> m_names;
 };
 

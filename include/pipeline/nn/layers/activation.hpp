@@ -17,6 +17,12 @@ class ActivationLayer : public Layer {
   ops::Activation function() const { return m_fn; }
   std::string kind() const override { return std::string(ops::activation_name(m_fn)); }
   Shape output_shape(const Shape& in) const override { return in; }
+  // max(relu(a), relu(b)) = relu(max(a, b)), and the gradients agree: where the window's maximum
+  // is positive both orders route it to the same element (the first of equal maxima), and where
+  // it is not the ReLU's gradient is zero either way.
+  bool commutes_with_next(const Layer& next) const override {
+    return m_fn == ops::Activation::ReLU && next.kind() == "MaxPool2d";
+  }
   double flops(const Shape& in) const override {
     // Rough per-element costs, counting a transcendental as a handful of multiply-adds.
     double per = m_fn == ops::Activation::ReLU ? 1.0 : m_fn == ops::Activation::GELU ? 8.0 : 4.0;
