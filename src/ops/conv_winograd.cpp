@@ -116,7 +116,8 @@ struct StridedSink {
 // every loop unrolls into vector multiply-adds over the lanes held in registers; `in(i, j)`
 // gives the input's lanes and `out(i, j, lanes)` takes the output's.
 template <int Rows, int Cols, int Depth, typename Source, typename Sink>
-void sandwich(const Square& left, const Square& right, const Source& in, const Sink& out) {
+[[gnu::always_inline]] inline void sandwich(const Square& left, const Square& right,
+                                            const Source& in, const Sink& out) {
   Lanes half[Rows][Depth];
   for (int q = 0; q < Depth; ++q) {
     Lanes column[Depth];
@@ -388,7 +389,7 @@ struct BlockBuffer {
 // four values each: 28 operations where the dense product takes 64 (20 of its coefficients are
 // zero). unit.test_conv checks the transforms against direct convolutions.
 template <typename Value>
-void input_rows_8(const Value (&d)[8], Value (&t)[8]) {
+[[gnu::always_inline]] inline void input_rows_8(const Value (&d)[8], Value (&t)[8]) {
   t[0] = (d[6] - d[0]) + 5.25f * (d[2] - d[4]);
   t[7] = (d[7] - d[1]) + 5.25f * (d[3] - d[5]);
   Value e = d[2] + d[6] - 4.25f * d[4], o = d[1] + d[5] - 4.25f * d[3];
@@ -407,7 +408,7 @@ void input_rows_8(const Value (&d)[8], Value (&t)[8]) {
 // out = T in Tᵀ for a 1-D transform T of N values to M, `rows(d, t)` (t = T d): down the
 // columns, then along the rows.
 template <int N, int M, typename Rows, typename Source, typename Sink>
-void separable(const Rows& rows, const Source& in, const Sink& out) {
+[[gnu::always_inline]] inline void separable(const Rows& rows, const Source& in, const Sink& out) {
   Lanes half[M][N];
   for (int q = 0; q < N; ++q) {
     Lanes column[N], t[M];
@@ -432,7 +433,7 @@ void input_transform_8(const Source& in, const Sink& out) {
 // −1/2, 2, −2, and infinity in the last row): sums and differences of the ±p pairs, 19 operations
 // where the dense product takes 32.
 template <typename Value>
-void output_rows_8x4(const Value (&m)[8], Value (&o)[4]) {
+[[gnu::always_inline]] inline void output_rows_8x4(const Value (&m)[8], Value (&o)[4]) {
   const Value s1 = m[1] + m[2], d1 = m[1] - m[2];
   const Value s2 = m[3] + m[4], d2 = m[3] - m[4];
   const Value s3 = m[5] + m[6], d3 = m[5] - m[6];
@@ -452,7 +453,8 @@ void output_transform_8x4(const Source& in, const Sink& out) {
 // points 0, 1, −1, 1/2, −1/2, 2, −2, then infinity): the rows of p and −p share s_j and differ in
 // the sign of their odd columns, so each pair is e ± o of the even and the odd terms.
 template <int N, typename Value>
-void filter_rows_8(const Square& g, const Value (&d)[N], Value (&t)[8]) {
+[[gnu::always_inline]] inline void filter_rows_8(const Square& g, const Value (&d)[N],
+                                                 Value (&t)[8]) {
   static_assert(N == 4 || N == 5, "F(5, 4) and F(4, 5) filters");
   t[0] = g[0][0] * d[0];
   for (int j = 1; j < 7; j += 2) {
