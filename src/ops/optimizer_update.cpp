@@ -239,34 +239,95 @@ void adamw_piece(const AdamWCpuTensor& t, std::int64_t i, std::int64_t n, const 
 // rounding error stays near float epsilon however long the tensor, at the speed of a float
 // reduction. The blocks of all tensors are summed in one region, each tensor's block sums then
 // added up in block order on one thread, so a tensor's result is the same bit pattern on every
-// rank and thread count, alone or among others.
-std::vector<double> cpu_sums_of_squares(std::span<const Tensor> xs) {
-  constexpr std::int64_t kBlock = 1024;
-  std::vector<std::int64_t> blocks(xs.size());
-  std::vector<std::int64_t> first(xs.size() + 1, 0);  // of each tensor's sums in block_sums
-  for (std::size_t i = 0; i < xs.size(); ++i) {
-    PIPELINE_CHECK(xs[i].dtype() == DType::Float32 && xs[i].device().is_cpu(),
-                   "sum_of_squares: expected a float32 CPU tensor, got {} on {}",
-                   dtype_name(xs[i].dtype()), xs[i].device().str());
-    blocks[i] = (xs[i].numel() + kBlock - 1) / kBlock;
-    first[i + 1] = first[i] + blocks[i];
+// rank and thread count, alone or among others, and inside an update's pass (GradientTail).
+constexpr std::int64_t kSquaresBlock = 1024;
+static_assert(kSquaresBlock == kCacheChunk, "an update's chunks are the blocks of its squares");
+
+class BlockSquares {
+ public:
+  explicit BlockSquares(std::span<const std::int64_t> sizes) : m_first(sizes.size() + 1, 0) {
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      m_first[i + 1] = m_first[i] + (sizes[i] + kSquaresBlock - 1) / kSquaresBlock;
+    m_sums.resize(static_cast<std::size_t>(m_first.back()));
   }
-  thread_local std::vector<float> block_sums;
-  block_sums.resize(static_cast<std::size_t>(first.back()));
-  float* sums = block_sums.data();
+  std::int64_t blocks(std::size_t i) const { return m_first[i + 1] - m_first[i]; }
+  // Tensor i's block from element `at` (a multiple of kSquaresBlock), n elements of it.
+  void add(std::size_t i, const float* x, std::int64_t at, std::int64_t n) {
+    m_sums[static_cast<std::size_t>(m_first[i] + at / kSquaresBlock)] =
+        ConstArray(x + at, n).square().sum();
+  }
+  std::vector<double> totals() const {
+    std::vector<double> out(m_first.size() - 1, 0.0);
+    for (std::size_t i = 0; i < out.size(); ++i)
+      for (std::int64_t b = m_first[i]; b < m_first[i + 1]; ++b)
+        out[i] += static_cast<double>(m_sums[static_cast<std::size_t>(b)]);
+    return out;
+  }
+
+ private:
+  std::vector<std::int64_t> m_first;  // of each tensor's blocks
+  std::vector<float> m_sums;
+};
+
+std::vector<double> cpu_sums_of_squares(std::span<const Tensor> xs) {
+  std::vector<std::int64_t> sizes;
+  for (const Tensor& x : xs) {
+    PIPELINE_CHECK(x.dtype() == DType::Float32 && x.device().is_cpu(),
+                   "sum_of_squares: expected a float32 CPU tensor, got {} on {}",
+                   dtype_name(x.dtype()), x.device().str());
+    sizes.push_back(x.numel());
+  }
+  BlockSquares squares(sizes);
+  std::vector<std::int64_t> blocks;
+  for (std::size_t i = 0; i < xs.size(); ++i) blocks.push_back(squares.blocks(i));
+  pipeline::detail::for_each_piece_of(blocks, kMinPiece / kSquaresBlock, 1,
+                                      [&](std::size_t i, std::int64_t from, std::int64_t count) {
+                                        for (std::int64_t b = from; b < from + count; ++b) {
+                                          const std::int64_t at = b * kSquaresBlock;
+                                          squares.add(i, xs[i].data<float>(), at,
+                                                      std::min(kSquaresBlock, sizes[i] - at));
+                                        }
+                                      });
+  return squares.totals();
+}
+
+// An update of many CPU tensors with a GradientTail: `chunk(i, at, n)` updates elements [at, at +
+// n) of tensor i, one cache chunk; the gradients' squares are summed before it, from the chunk
+// still in L1, and the chunk zeroed after.
+template <typename Chunk>
+void update_with_tail(std::span<Tensor> grads, const GradientTail& tail, Chunk&& chunk) {
+  PIPELINE_CHECK(tail.sums_of_squares.empty() || tail.sums_of_squares.size() == grads.size(),
+                 "an update's tail: {} sums of squares for {} gradients",
+                 tail.sums_of_squares.size(), grads.size());
+  std::vector<std::int64_t> sizes;
+  std::vector<float*> g;
+  for (Tensor& t : grads) {
+    sizes.push_back(t.numel());
+    g.push_back(t.data<float>());
+  }
+  BlockSquares squares(sizes);
+  const bool sum = !tail.sums_of_squares.empty();
+  // Pieces of whole chunks, so that each chunk is one block of the squares.
   pipeline::detail::for_each_piece_of(
-      blocks, kMinPiece / kBlock, 1, [&](std::size_t i, std::int64_t from, std::int64_t count) {
-        const float* p = xs[i].data<float>();
-        const std::int64_t n = xs[i].numel();
-        for (std::int64_t b = from; b < from + count; ++b) {
-          const std::int64_t at = b * kBlock;
-          sums[first[i] + b] = ConstArray(p + at, std::min(kBlock, n - at)).square().sum();
-        }
+      sizes, kMinPiece, kSquaresBlock, [&](std::size_t i, std::int64_t at, std::int64_t n) {
+        by_cache_chunks(at, n, [&](std::int64_t c, std::int64_t count) {
+          if (sum) squares.add(i, g[i], c, count);
+          chunk(i, c, count);
+          if (tail.zero) std::fill_n(g[i] + c, count, 0.f);
+        });
       });
-  std::vector<double> out(xs.size(), 0.0);
-  for (std::size_t i = 0; i < xs.size(); ++i)
-    for (std::int64_t b = first[i]; b < first[i + 1]; ++b) out[i] += static_cast<double>(sums[b]);
-  return out;
+  if (sum) std::ranges::copy(squares.totals(), tail.sums_of_squares.begin());
+}
+
+// The tail's work as passes of their own around `update` (GPU tensors).
+template <typename Update>
+void update_then_tail(std::span<Tensor> grads, const GradientTail& tail, Update&& update) {
+  if (!tail.sums_of_squares.empty()) {
+    const std::vector<double> sums = sums_of_squares(grads);
+    std::ranges::copy(sums, tail.sums_of_squares.begin());
+  }
+  update();
+  if (tail.zero) zero_all(grads);
 }
 
 // Step scalars exist for CUDA graphs only: the CPU update always takes its arguments.
@@ -349,6 +410,24 @@ void sgd_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
                                       });
 }
 
+void sgd_update_many(std::span<Tensor> params, std::span<Tensor> grads,
+                     std::span<Tensor* const> momentum_buffers, bool first_step, const SgdParams& p,
+                     const GradientTail& tail) {
+  if (!params.empty() && params[0].device().is_cuda())
+    return update_then_tail(grads, tail, [&] {
+      sgd_update_many(params, std::span<const Tensor>(grads), momentum_buffers, first_step, p);
+    });
+  PIPELINE_CHECK(grads.size() == params.size() && momentum_buffers.size() == params.size(),
+                 "sgd_update_many: {} parameters, {} gradients and {} momentum buffers",
+                 params.size(), grads.size(), momentum_buffers.size());
+  std::vector<SgdCpuTensor> t;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    t.push_back(sgd_cpu_operands(params[i], grads[i], momentum_buffers[i], p));
+  update_with_tail(grads, tail, [&](std::size_t i, std::int64_t at, std::int64_t n) {
+    sgd_chunk(t[i], at, n, first_step, p);
+  });
+}
+
 void adamw_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
                        std::span<Tensor> exp_avg, std::span<Tensor> exp_avg_sq, std::int64_t step,
                        const AdamWParams& p, const Tensor* step_scalars) {
@@ -380,6 +459,26 @@ void adamw_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
   pipeline::detail::for_each_piece_of(
       sizes, kMinPiece, kPieceAlign,
       [&](std::size_t i, std::int64_t at, std::int64_t n) { adamw_piece(t[i], at, n, s); });
+}
+
+void adamw_update_many(std::span<Tensor> params, std::span<Tensor> grads, std::span<Tensor> exp_avg,
+                       std::span<Tensor> exp_avg_sq, std::int64_t step, const AdamWParams& p,
+                       const GradientTail& tail) {
+  if (!params.empty() && params[0].device().is_cuda())
+    return update_then_tail(grads, tail, [&] {
+      adamw_update_many(params, std::span<const Tensor>(grads), exp_avg, exp_avg_sq, step, p);
+    });
+  PIPELINE_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() &&
+                     exp_avg_sq.size() == params.size(),
+                 "adamw_update_many: {} parameters, {} gradients, {} and {} moments", params.size(),
+                 grads.size(), exp_avg.size(), exp_avg_sq.size());
+  const AdamWCpuStep s = adamw_cpu_step(step, p);
+  std::vector<AdamWCpuTensor> t;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    t.push_back(adamw_cpu_operands(params[i], grads[i], exp_avg[i], exp_avg_sq[i]));
+  update_with_tail(grads, tail, [&](std::size_t i, std::int64_t at, std::int64_t n) {
+    adamw_chunk(t[i], at, n, s);
+  });
 }
 
 std::vector<float> sgd_step_scalars(const SgdParams& p) {

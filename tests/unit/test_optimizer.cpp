@@ -4,6 +4,7 @@
 #include <pipeline/ops/optimizer_update.hpp>
 #include <pipeline/optim/adamw.hpp>
 #include <pipeline/optim/flatten.hpp>
+#include <pipeline/optim/grad_clip.hpp>
 #include <pipeline/optim/sgd.hpp>
 
 #include <Eigen/Core>
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 namespace test_optimizer {
@@ -49,6 +51,14 @@ std::vector<double> adamw_reference(double p, int steps, double lr, double b1, d
     out.push_back(p);
   }
   return out;
+}
+
+bool all_zero(const std::vector<Tensor>& ts) {
+  for (const Tensor& t : ts)
+    if (!std::all_of(t.data<float>(), t.data<float>() + t.numel(),
+                     [](float x) { return x == 0.f && !std::signbit(x); }))
+      return false;
+  return true;
 }
 
 }  // namespace
@@ -320,6 +330,17 @@ TEST_CASE("Updates, sums of squares and zeroing of many tensors at once equal th
       ops::sgd_update_many(w2, g, buffers, first, sp);
       CHECK(same_bits(w1, w2));
       CHECK(same_bits(b1, b2));
+      // With the tail: the same update, the gradients' sums of squares before it and the
+      // gradients zeroed after, all in its pass.
+      std::vector<Tensor> w3 = clones(w0), b3 = clones(m0), g3 = clones(g);
+      buffers.clear();
+      for (Tensor& b : b3) buffers.push_back(&b);
+      std::vector<double> sums(sizes.size(), -1.0);
+      ops::sgd_update_many(w3, g3, buffers, first, sp, {sums, true});
+      CHECK(same_bits(w1, w3));
+      CHECK(same_bits(b1, b3));
+      CHECK(sums == ops::sums_of_squares(g));
+      CHECK(all_zero(g3));
     }
     for (bool decoupled : {true, false}) {
       const ops::AdamWParams ap{.lr = 0.01f, .weight_decay = 0.1f, .decoupled = decoupled};
@@ -331,16 +352,59 @@ TEST_CASE("Updates, sums of squares and zeroing of many tensors at once equal th
       CHECK(same_bits(w1, w2));
       CHECK(same_bits(m1, m2));
       CHECK(same_bits(v1, v2));
+      std::vector<Tensor> w3 = clones(w0), m3 = clones(m0), v3 = clones(v_abs), g3 = clones(g);
+      std::vector<double> sums(sizes.size(), -1.0);
+      ops::adamw_update_many(w3, g3, m3, v3, 3, ap, {sums, true});
+      CHECK(same_bits(w1, w3));
+      CHECK(same_bits(m1, m3));
+      CHECK(same_bits(v1, v3));
+      CHECK(sums == ops::sums_of_squares(g));
+      CHECK(all_zero(g3));
+      // A tail of sums alone leaves the gradients as they were.
+      std::vector<Tensor> g4 = clones(g);
+      w3 = clones(w0), m3 = clones(m0), v3 = clones(v_abs);
+      ops::adamw_update_many(w3, g4, m3, v3, 3, ap, {sums, false});
+      CHECK(same_bits(g4, g));
+      CHECK(same_bits(w1, w3));
     }
     const std::vector<double> sums = ops::sums_of_squares(g);
     for (std::size_t i = 0; i < sizes.size(); ++i) CHECK(sums[i] == ops::sum_of_squares(g[i]));
     std::vector<Tensor> z = clones(g);
     zero_all(z);
-    for (const Tensor& t : z)
-      CHECK(std::all_of(t.data<float>(), t.data<float>() + t.numel(),
-                        [](float x) { return x == 0.f && !std::signbit(x); }));
+    CHECK(all_zero(z));
   }
   set_num_threads(before);
+}
+
+TEST_CASE("An optimizer step that zeroes the gradients equals step, sum_of_squares and zero_all") {
+  const std::vector<Shape> shapes = {{300, 70}, {70}, {5, 3}};
+  for (int rule = 0; rule < 2; ++rule) {
+    CAPTURE(rule);
+    auto make = [rule]() -> std::unique_ptr<Optimizer> {
+      if (rule == 0) return std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f});
+      return std::make_unique<AdamW>(AdamWOptions{});
+    };
+    auto plain = make(), fused = make();
+    std::vector<Tensor> w1, w2;
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      w1.push_back(Tensor::empty(shapes[i]));
+      Rng(i, "w").fill_normal(w1.back(), 0.f, 1.f);
+      w2.push_back(w1.back().clone());
+    }
+    for (int step = 0; step < 3; ++step) {
+      std::vector<Tensor> g1, g2;
+      for (std::size_t i = 0; i < shapes.size(); ++i) {
+        g1.push_back(Tensor::empty(shapes[i]));
+        Rng(10 * step + i, "g").fill_normal(g1.back(), 0.f, 1.f);
+        g2.push_back(g1.back().clone());
+      }
+      const double expected = sum_of_squares(g1);
+      plain->step(w1, g1, 0.05f);
+      CHECK(fused->step_and_zero(w2, g2, 0.05f) == expected);
+      CHECK(all_zero(g2));
+      for (std::size_t i = 0; i < shapes.size(); ++i) CHECK(w1[i].to_vector() == w2[i].to_vector());
+    }
+  }
 }
 
 }  // namespace test_optimizer

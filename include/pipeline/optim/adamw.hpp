@@ -42,16 +42,28 @@ class AdamW final : public Optimizer {
   }
   void update_all(std::span<Tensor> params, std::span<const Tensor> grads, float lr) override {
     if (params.empty() || !uniform_steps()) return Optimizer::update_all(params, grads, lr);
-    std::vector<Tensor> m, v;  // handles sharing the state's storage
+    auto [m, v] = moments();
+    ops::adamw_update_many(params, grads, m, v, state().front().step, params_for(lr),
+                           step_scalars_tensor());
+  }
+  void update_all_and_zero(std::span<Tensor> params, std::span<Tensor> grads, float lr,
+                           std::span<double> sums) override {
+    if (params.empty() || !uniform_steps() || step_scalars_tensor())
+      return Optimizer::update_all_and_zero(params, grads, lr, sums);
+    auto [m, v] = moments();
+    ops::adamw_update_many(params, grads, m, v, state().front().step, params_for(lr), {sums, true});
+  }
+
+ private:
+  // Handles sharing the state's storage: the first and second moments.
+  std::pair<std::vector<Tensor>, std::vector<Tensor>> moments() {
+    std::vector<Tensor> m, v;
     for (ParamState& s : state()) {
       m.push_back(s.buffers[0]);
       v.push_back(s.buffers[1]);
     }
-    ops::adamw_update_many(params, grads, m, v, state().front().step, params_for(lr),
-                           step_scalars_tensor());
+    return {std::move(m), std::move(v)};
   }
-
- private:
   ops::AdamWParams params_for(float lr) const {
     return {lr,          m_options.beta1,        m_options.beta2,
             m_options.eps, m_options.weight_decay, m_options.decoupled};

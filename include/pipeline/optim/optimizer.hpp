@@ -14,6 +14,7 @@
 
 #include <pipeline/core/error.hpp>
 #include <pipeline/core/tensor.hpp>
+#include <pipeline/ops/optimizer_update.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -47,31 +48,21 @@ class Optimizer {
 
   // One update of every params[i] from grads[i] with learning rate lr.
   void step(std::span<Tensor> params, std::span<const Tensor> grads, float lr) {
-    PIPELINE_CHECK(params.size() == grads.size(), "{} step: {} parameters but {} gradients", kind(),
-                   params.size(), grads.size());
-    if (m_state.empty() && !params.empty()) {
-      for (auto& p : params) m_state.push_back(fresh_state(p.shape(), p.device()));
-    }
-    PIPELINE_CHECK(m_state.size() == params.size(),
-                   "{} step: the optimizer holds state for {} parameters but was given {}; the "
-                   "stage's parameters must stay the same between steps",
-                   kind(), m_state.size(), params.size());
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      PIPELINE_CHECK(params[i].shape() == m_state[i].shape,
-                     "{} step: parameter {} has shape {} but its optimizer state was made for {}",
-                     kind(), i, params[i].shape(), m_state[i].shape);
-      PIPELINE_CHECK(grads[i].shape() == params[i].shape(),
-                     "{} step: gradient {} has shape {} but its parameter has shape {}", kind(), i,
-                     grads[i].shape(), params[i].shape());
-    }
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      ParamState& s = m_state[i];
-      // State restored from a file is on the CPU; it follows its parameter to the device.
-      for (auto& b : s.buffers)
-        if (b.device() != params[i].device()) b = b.to(params[i].device());
-      ++s.step;
-    }
+    begin_step(params, grads);
     update_all(params, grads, lr);
+  }
+
+  // step(), then the gradients zeroed, in one pass over them on the CPU (ops::GradientTail);
+  // returns their sum of squares before the update, as sum_of_squares(grads) adds it up. For a
+  // step without clipping, whose norm is only reported: a separate pass for the norm, the update
+  // and one for the zeroing read or wrote every gradient three times.
+  double step_and_zero(std::span<Tensor> params, std::span<Tensor> grads, float lr) {
+    begin_step(params, grads);
+    std::vector<double> sums(grads.size(), 0.0);
+    update_all_and_zero(params, grads, lr, sums);
+    double total = 0;
+    for (double s : sums) total += s;
+    return total;
   }
 
   // CUDA graphs. A replayed graph runs the captured update with the arguments it was captured
@@ -158,6 +149,34 @@ class Optimizer {
   }
 
  protected:
+  // What every update does first: state for new parameters, checks, the step counts advanced.
+  void begin_step(std::span<Tensor> params, std::span<const Tensor> grads) {
+    PIPELINE_CHECK(params.size() == grads.size(), "{} step: {} parameters but {} gradients", kind(),
+                   params.size(), grads.size());
+    if (m_state.empty() && !params.empty()) {
+      for (auto& p : params) m_state.push_back(fresh_state(p.shape(), p.device()));
+    }
+    PIPELINE_CHECK(m_state.size() == params.size(),
+                   "{} step: the optimizer holds state for {} parameters but was given {}; the "
+                   "stage's parameters must stay the same between steps",
+                   kind(), m_state.size(), params.size());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      PIPELINE_CHECK(params[i].shape() == m_state[i].shape,
+                     "{} step: parameter {} has shape {} but its optimizer state was made for {}",
+                     kind(), i, params[i].shape(), m_state[i].shape);
+      PIPELINE_CHECK(grads[i].shape() == params[i].shape(),
+                     "{} step: gradient {} has shape {} but its parameter has shape {}", kind(), i,
+                     grads[i].shape(), params[i].shape());
+    }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      ParamState& s = m_state[i];
+      // State restored from a file is on the CPU; it follows its parameter to the device.
+      for (auto& b : s.buffers)
+        if (b.device() != params[i].device()) b = b.to(params[i].device());
+      ++s.step;
+    }
+  }
+
   // Applies one update; s.step has already been incremented (1 on the first update).
   virtual void update(Tensor& param, const Tensor& grad, ParamState& s, float lr) = 0;
   // Updates every parameter (state()[i] belongs to params[i]); the default updates them one by
@@ -165,6 +184,15 @@ class Optimizer {
   // uniform_steps() says they share one step count, as they do unless restored otherwise.
   virtual void update_all(std::span<Tensor> params, std::span<const Tensor> grads, float lr) {
     for (std::size_t i = 0; i < params.size(); ++i) update(params[i], grads[i], m_state[i], lr);
+  }
+  // update_all with a tail (step_and_zero): sums[i] = sum_of_squares(grads[i]) before the update,
+  // the gradients zeroed after. The default makes them passes of their own.
+  virtual void update_all_and_zero(std::span<Tensor> params, std::span<Tensor> grads, float lr,
+                                   std::span<double> sums) {
+    const std::vector<double> before = ops::sums_of_squares(grads);
+    std::copy(before.begin(), before.end(), sums.begin());
+    update_all(params, grads, lr);
+    zero_all(grads);
   }
   const Tensor* step_scalars_tensor() const {
     return m_step_scalars.defined() ? &m_step_scalars : nullptr;

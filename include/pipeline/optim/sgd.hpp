@@ -48,13 +48,23 @@ class Sgd final : public Optimizer {
   }
   void update_all(std::span<Tensor> params, std::span<const Tensor> grads, float lr) override {
     if (params.empty() || !uniform_steps()) return Optimizer::update_all(params, grads, lr);
-    std::vector<Tensor*> buffers;
-    for (ParamState& s : state()) buffers.push_back(s.buffers.empty() ? nullptr : &s.buffers[0]);
-    ops::sgd_update_many(params, grads, buffers, state().front().step == 1, params_for(lr),
-                         step_scalars_tensor());
+    ops::sgd_update_many(params, grads, momentum_buffers(), state().front().step == 1,
+                         params_for(lr), step_scalars_tensor());
+  }
+  void update_all_and_zero(std::span<Tensor> params, std::span<Tensor> grads, float lr,
+                           std::span<double> sums) override {
+    if (params.empty() || !uniform_steps() || step_scalars_tensor())
+      return Optimizer::update_all_and_zero(params, grads, lr, sums);
+    ops::sgd_update_many(params, grads, momentum_buffers(), state().front().step == 1,
+                         params_for(lr), {sums, true});
   }
 
  private:
+  std::vector<Tensor*> momentum_buffers() {
+    std::vector<Tensor*> buffers;
+    for (ParamState& s : state()) buffers.push_back(s.buffers.empty() ? nullptr : &s.buffers[0]);
+    return buffers;
+  }
   ops::SgdParams params_for(float lr) const {
     return {lr, m_options.momentum, m_options.dampening, m_options.weight_decay,
             m_options.nesterov};

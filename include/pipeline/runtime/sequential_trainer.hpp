@@ -152,12 +152,23 @@ class SequentialTrainer {
   StepResult eager_step(const Batch& batch, float lr, int microbatches) {
     StepResult r = accumulate(batch, microbatches);
     std::vector<Tensor> params = flatten_params(m_params), grads = flatten_grads(m_grads);
-    r.grad_norm = std::sqrt(sum_of_squares(grads));
-    PIPELINE_CHECK(std::isfinite(r.grad_norm), "gradient norm became {} at step {}", r.grad_norm,
-                   m_step);
-    if (m_clip_norm > 0.f) scale(grads, clip_factor(r.grad_norm, m_clip_norm));
-    m_optimizer->step(params, grads, lr);
-    zero_all(grads);
+    if (m_clip_norm > 0.f) {
+      r.grad_norm = std::sqrt(sum_of_squares(grads));
+      PIPELINE_CHECK(std::isfinite(r.grad_norm), "gradient norm became {} at step {}", r.grad_norm,
+                     m_step);
+      scale(grads, clip_factor(r.grad_norm, m_clip_norm));
+      m_optimizer->step(params, grads, lr);
+      zero_all(grads);
+    } else {
+      // The norm is only reported: taken in the update's pass over the gradients, which zeroes
+      // them too. A non-finite one is then found after the update, which spoiled the weights;
+      // the run stops either way.
+      r.grad_norm = std::sqrt(m_optimizer->step_and_zero(params, grads, lr));
+      PIPELINE_CHECK(std::isfinite(r.grad_norm),
+                     "gradient norm became {} at step {}: lower the learning rate or enable "
+                     "gradient clipping",
+                     r.grad_norm, m_step);
+    }
     return r;
   }
 
