@@ -13,10 +13,11 @@ namespace pipeline::ops::detail {
 
 // R rows by 16 KV columns of C: C[r][c] = alpha · Σ_p a[p · lda + r · a_row] · b[p · ldb + c] +
 // beta · C[r][c] over the depth p < k, summed in depth order: vectors of b's rows (the last
-// under `last`), broadcasts of a's. Always inlined: called out of line from one Winograd product
-// loop (after an unrelated change there), each call reloading its operands' addresses, the
-// forward convolution ran 1.8x slower.
-template <int R, int KV>
+// under `last`), broadcasts of a's; with kAhead > 0, b's row p + kAhead prefetched into L1 at
+// depth p (rows far apart, which the hardware does not prefetch). Always inlined: called out of
+// line from one Winograd product loop (after an unrelated change there), each call reloading its
+// operands' addresses, the forward convolution ran 1.8x slower.
+template <int R, int KV, int kAhead = 0>
 [[gnu::always_inline]] inline void depth_tile(std::int64_t k, const float* a, std::int64_t lda,
                                               const float* b, std::int64_t ldb, float alpha,
                                               float beta, float* c, std::int64_t ldc,
@@ -25,6 +26,11 @@ template <int R, int KV>
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < KV; ++v) acc[r][v] = _mm512_setzero_ps();
   for (std::int64_t p = 0; p < k; ++p) {
+    if constexpr (kAhead > 0) {
+      if (p + kAhead < k)
+        for (int v = 0; v < KV; ++v)
+          _mm_prefetch(reinterpret_cast<const char*>(b + (p + kAhead) * ldb + 16 * v), _MM_HINT_T0);
+    }
     __m512 y[KV];
     for (int v = 0; v < KV; ++v)
       y[v] = _mm512_maskz_loadu_ps(v + 1 == KV ? last : __mmask16{0xffff}, b + p * ldb + 16 * v);

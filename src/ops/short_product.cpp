@@ -135,6 +135,9 @@ void depth_rows(std::int64_t i0, std::int64_t i1, std::int64_t n, std::int64_t k
 // packed transposed, R at a time ([tile][p][r]); then each thread takes strips of 16 KV of C's
 // columns and runs every row tile down the strip, so that the strip of B (k rows of 64 KV bytes)
 // comes from memory once and from L2 for the other tiles.
+// How far ahead the first tile of a strip in ab() prefetches B's rows.
+constexpr int kPrefetchRows = 32;
+
 template <int R, int KV>
 void ab(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
         std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
@@ -157,7 +160,13 @@ void ab(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float
         const std::int64_t ld = valid == R ? ldc : kStrip;
         const float tile_beta = valid == R ? beta : 0.f;
         const float* ap = at + t * k * R;
-        if (width == kStrip) {
+        // The first tile of a strip reads the strip's rows of B from memory, each row ldb floats
+        // from the last (12.5 KiB in fc1's weight, farther than the hardware prefetchers look):
+        // it prefetches them kPrefetchRows ahead (fashion-cnn's fc1 input gradient 1.85 → 1.67
+        // ms on 2 threads); the later tiles find them in L2.
+        if (width == kStrip && t == 0) {
+          depth_tile<R, KV, kPrefetchRows>(k, ap, R, b + j, ldb, alpha, tile_beta, out, ld, 0xffff);
+        } else if (width == kStrip) {
           depth_tile<R, KV>(k, ap, R, b + j, ldb, alpha, tile_beta, out, ld, 0xffff);
         } else {
           for (std::int64_t v = 0; v < width; v += 16) {
