@@ -890,35 +890,39 @@ void StageExecutor::do_allreduce(Run& run, const Action& a) {
 
 void StageExecutor::do_step(Run& run, const Action& a) {
   const LayerRange r = layers();
-  // Per-layer sums of squares: for clipping, and to name the layer whose gradient overflowed.
-  // All gradients' sums at once (one wait on a GPU), added up per layer in order.
-  std::vector<Tensor> all;
-  std::vector<std::size_t> layer_of;
   ModelGrads& round = round_grads(run);
+  std::vector<Tensor> grads = flatten_grads(round);
+  std::vector<std::size_t> layer_of;  // of each gradient, to name the layer that overflowed
   for (int k = 0; k < r.size(); ++k)
-    for (const Tensor& g : round[static_cast<std::size_t>(k)]) {
-      all.push_back(g);
-      layer_of.push_back(static_cast<std::size_t>(k));
-    }
-  const std::vector<double> sums = ops::sums_of_squares(all);
-  std::vector<double> layer_ss(static_cast<std::size_t>(r.size()), 0.0);
-  for (std::size_t i = 0; i < sums.size(); ++i) layer_ss[layer_of[i]] += sums[i];
-  double local = 0;
-  for (double s : layer_ss) local += s;
+    layer_of.insert(layer_of.end(), round[static_cast<std::size_t>(k)].size(),
+                    static_cast<std::size_t>(k));
   const std::int64_t step = run.stash
                                 ? run.first_minibatch + std::int64_t{a.microbatch} * replicas()
                                 : run.first_minibatch + a.microbatch;
-  if (!std::isfinite(local)) {
-    for (int k = 0; k < r.size(); ++k)
-      if (!std::isfinite(layer_ss[static_cast<std::size_t>(k)]))
-        PIPELINE_FAIL(Error,
-                      "gradient of layer '{}' (stage {}) became {} at step {}: lower the learning "
-                      "rate or enable gradient clipping (--clip-grad)",
-                      m_model->layer(r.begin + k).name(), m_stage,
-                      layer_ss[static_cast<std::size_t>(k)], step);
-  }
-  std::vector<Tensor> grads = flatten_grads(round);
-  if (m_options.clip_norm > 0.f) {
+  // Every gradient's sum of squares (all at once: one wait on a GPU), added up per layer in
+  // order; the stage's total.
+  std::vector<double> sums(grads.size(), 0.0);
+  auto stage_total = [&] {
+    std::vector<double> layer_ss(static_cast<std::size_t>(r.size()), 0.0);
+    for (std::size_t i = 0; i < sums.size(); ++i) layer_ss[layer_of[i]] += sums[i];
+    double local = 0;
+    for (double s : layer_ss) local += s;
+    if (!std::isfinite(local)) {
+      for (int k = 0; k < r.size(); ++k)
+        if (!std::isfinite(layer_ss[static_cast<std::size_t>(k)]))
+          PIPELINE_FAIL(Error,
+                        "gradient of layer '{}' (stage {}) became {} at step {}: lower the "
+                        "learning rate or enable gradient clipping (--clip-grad)",
+                        m_model->layer(r.begin + k).name(), m_stage,
+                        layer_ss[static_cast<std::size_t>(k)], step);
+    }
+    return local;
+  };
+  const bool clip = m_options.clip_norm > 0.f;
+  if (clip) {
+    const std::vector<double> before = ops::sums_of_squares(grads);
+    std::copy(before.begin(), before.end(), sums.begin());
+    const double local = stage_total();
     // Replicas hold identical gradients after the allreduce: count each stage once.
     Tensor t = Tensor::zeros(Shape{2});
     if (m_replica == 0) put_double(t.data<float>(), local);
@@ -931,8 +935,15 @@ void StageExecutor::do_step(Run& run, const Action& a) {
   if (run.two_buffered) m_store->forget_below(m_store->latest_tag());
   ModelParams& p = m_store->begin_step();
   std::vector<Tensor> flat = flatten_params(p);
-  m_optimizer->step(flat, grads, (*run.lr)(step));
-  zero_all(grads);
+  if (clip) {
+    m_optimizer->step(flat, grads, (*run.lr)(step));
+    zero_all(grads);
+  } else {
+    // Without clipping the sums only find an overflow: taken in the update's pass, which zeroes
+    // the gradients too (the overflow is then found after the update; the run stops either way).
+    m_optimizer->step_and_zero(flat, grads, (*run.lr)(step), sums);
+    stage_total();
+  }
   if (!run.sealed.empty()) run.spare = std::exchange(run.sealed, {});
   sample_memory(run);  // a new weight version, and the optimizer state from the first step on
   ++m_steps;

@@ -556,6 +556,29 @@ TEST_CASE("bad input: layouts, plans and schedules that cannot run fail on every
                                    }),
                          doctest::Contains("at step 1"), Error);
   }
+  SUBCASE("a gradient that overflows names its layer and the step") {
+    // Inputs of 1e25 keep the loss finite, but the weight gradients' squares overflow a float.
+    PipelineLayout layout{{{0, 3}, {3, 6}}, {{0}, {1}}};
+    Schedule s = generate_schedule("gpipe", ScheduleSpec::straight(2, 1, 2));
+    MinibatchFeed huge = feed();
+    huge.load = [](std::int64_t j) {
+      Batch b = minibatch(j);
+      if (j == 1)
+        for (float& v : b.inputs.values()) v *= 1e25f;
+      return b;
+    };
+    for (float clip : {0.f, 1.f}) {  // the norm in the update's pass, and before clipping
+      CAPTURE(clip);
+      CHECK_THROWS_WITH_AS(run_local(2,
+                                     [&](Communicator& comm) {
+                                       StageExecutor ex(model, Shape{kFeatures}, DType::Float32,
+                                                        layout, comm, make_sgd(),
+                                                        {.seed = kSeed, .clip_norm = clip});
+                                       ex.train(s, huge, 0, [](std::int64_t) { return kLr; });
+                                     }),
+                           doctest::Contains("became inf at step 1: lower the"), Error);
+    }
+  }
 }
 
 TEST_CASE(

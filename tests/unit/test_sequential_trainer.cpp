@@ -77,6 +77,19 @@ TEST_CASE("a diverging run stops with the step named") {
       doctest::Contains("at step"));
 }
 
+TEST_CASE("a gradient that overflows stops the run, with or without clipping") {
+  // Inputs of 1e25 keep the loss finite, but the weight gradients' squares overflow a float.
+  ZooModel z = make_model("mlp");
+  SyntheticDataset data(z.sample_shape, 10, 64, 1);
+  Batch b = first_samples(data, 64);
+  for (float& v : b.inputs.values()) v *= 1e25f;
+  for (float clip : {0.f, 1.f}) {  // the norm in the update's pass, and before clipping
+    CAPTURE(clip);
+    SequentialTrainer t(z.model, z.model.init(1), std::make_unique<Sgd>(), 1, clip);
+    CHECK_THROWS_WITH(t.step(b, 0.01f), doctest::Contains("gradient norm became inf at step 0"));
+  }
+}
+
 TEST_CASE("CUDA graphs: refused on the CPU and for a model that draws random numbers") {
   ZooModel z = make_model("fashion-cnn");
   SequentialTrainer cpu(z.model, z.model.init(1), std::make_unique<Sgd>(SgdOptions{}), 1);

@@ -53,16 +53,16 @@ class Optimizer {
   }
 
   // step(), then the gradients zeroed, in one pass over them on the CPU (ops::GradientTail);
-  // returns their sum of squares before the update, as sum_of_squares(grads) adds it up. For a
+  // sums_of_squares[i] gets grads[i]'s before the update, as ops::sums_of_squares gives it. For a
   // step without clipping, whose norm is only reported: a separate pass for the norm, the update
   // and one for the zeroing read or wrote every gradient three times.
-  double step_and_zero(std::span<Tensor> params, std::span<Tensor> grads, float lr) {
+  void step_and_zero(std::span<Tensor> params, std::span<Tensor> grads, float lr,
+                     std::span<double> sums_of_squares) {
+    PIPELINE_CHECK(sums_of_squares.size() == grads.size(),
+                   "{} step: {} sums of squares for {} gradients", kind(), sums_of_squares.size(),
+                   grads.size());
     begin_step(params, grads);
-    std::vector<double> sums(grads.size(), 0.0);
-    update_all_and_zero(params, grads, lr, sums);
-    double total = 0;
-    for (double s : sums) total += s;
-    return total;
+    update_all_and_zero(params, grads, lr, sums_of_squares);
   }
 
   // CUDA graphs. A replayed graph runs the captured update with the arguments it was captured

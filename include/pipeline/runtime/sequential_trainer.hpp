@@ -163,7 +163,11 @@ class SequentialTrainer {
       // The norm is only reported: taken in the update's pass over the gradients, which zeroes
       // them too. A non-finite one is then found after the update, which spoiled the weights;
       // the run stops either way.
-      r.grad_norm = std::sqrt(m_optimizer->step_and_zero(params, grads, lr));
+      std::vector<double> sums(grads.size(), 0.0);
+      m_optimizer->step_and_zero(params, grads, lr, sums);
+      double total = 0;  // as sum_of_squares(grads) adds them up
+      for (double s : sums) total += s;
+      r.grad_norm = std::sqrt(total);
       PIPELINE_CHECK(std::isfinite(r.grad_norm),
                      "gradient norm became {} at step {}: lower the learning rate or enable "
                      "gradient clipping",
