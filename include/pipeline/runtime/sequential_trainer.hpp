@@ -152,10 +152,14 @@ class SequentialTrainer {
   StepResult eager_step(const Batch& batch, float lr, int microbatches) {
     StepResult r = accumulate(batch, microbatches);
     std::vector<Tensor> params = flatten_params(m_params), grads = flatten_grads(m_grads);
+    const auto check_norm = [&] {
+      PIPELINE_CHECK(std::isfinite(r.grad_norm),
+                     "gradient norm became {} at step {}: lower the learning rate{}", r.grad_norm,
+                     m_step, m_clip_norm > 0.f ? "" : " or enable gradient clipping");
+    };
     if (m_clip_norm > 0.f) {
       r.grad_norm = std::sqrt(sum_of_squares(grads));
-      PIPELINE_CHECK(std::isfinite(r.grad_norm), "gradient norm became {} at step {}", r.grad_norm,
-                     m_step);
+      check_norm();
       scale(grads, clip_factor(r.grad_norm, m_clip_norm));
       m_optimizer->step(params, grads, lr);
       zero_all(grads);
@@ -168,10 +172,7 @@ class SequentialTrainer {
       double total = 0;  // as sum_of_squares(grads) adds them up
       for (double s : sums) total += s;
       r.grad_norm = std::sqrt(total);
-      PIPELINE_CHECK(std::isfinite(r.grad_norm),
-                     "gradient norm became {} at step {}: lower the learning rate or enable "
-                     "gradient clipping",
-                     r.grad_norm, m_step);
+      check_norm();
     }
     return r;
   }
