@@ -199,22 +199,12 @@ void direct_conv_forward(const DirectConvProblem& p, const float* x, const float
 
 void direct_conv_backward_filter(const DirectConvProblem& p, const float* x, const float* dy,
                                  float* dweight) {
-  switch (p.kw) {
-    case 1:
-      return backward_filter<1>(p, x, dy, dweight);
-    case 2:
-      return backward_filter<2>(p, x, dy, dweight);
-    case 3:
-      return backward_filter<3>(p, x, dy, dweight);
-    case 4:
-      return backward_filter<4>(p, x, dy, dweight);
-    case 5:
-      return backward_filter<5>(p, x, dy, dweight);
-    case 6:
-      return backward_filter<6>(p, x, dy, dweight);
-    default:
-      return backward_filter<7>(p, x, dy, dweight);
-  }
+  // The kernel's width is a template argument (its taps' partial sums live in registers).
+  using Kernel = void (*)(const DirectConvProblem&, const float*, const float*, float*);
+  static constexpr Kernel kByWidth[] = {backward_filter<1>, backward_filter<2>, backward_filter<3>,
+                                        backward_filter<4>, backward_filter<5>, backward_filter<6>,
+                                        backward_filter<7>};
+  kByWidth[std::clamp<std::int64_t>(p.kw, 1, 7) - 1](p, x, dy, dweight);
 }
 
 #else  // no AVX-512: convolutions are lowered

@@ -131,13 +131,13 @@ void depth_rows(std::int64_t i0, std::int64_t i1, std::int64_t n, std::int64_t k
   for (; i < i1; ++i) run.template operator()<1>(i);
 }
 
+// How far ahead the first tile of a strip in ab() prefetches B's rows.
+constexpr int kPrefetchRows = 32;
+
 // C = alpha · A · B + beta · C for a short A (m ≤ kShortRows rows) and a long depth: A's rows
 // packed transposed, R at a time ([tile][p][r]); then each thread takes strips of 16 KV of C's
 // columns and runs every row tile down the strip, so that the strip of B (k rows of 64 KV bytes)
 // comes from memory once and from L2 for the other tiles.
-// How far ahead the first tile of a strip in ab() prefetches B's rows.
-constexpr int kPrefetchRows = 32;
-
 template <int R, int KV>
 void ab(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
         std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,

@@ -920,8 +920,7 @@ void StageExecutor::do_step(Run& run, const Action& a) {
   };
   const bool clip = m_options.clip_norm > 0.f;
   if (clip) {
-    const std::vector<double> before = ops::sums_of_squares(grads);
-    std::copy(before.begin(), before.end(), sums.begin());
+    sums = ops::sums_of_squares(grads);
     const double local = stage_total();
     // Replicas hold identical gradients after the allreduce: count each stage once.
     Tensor t = Tensor::zeros(Shape{2});

@@ -107,6 +107,24 @@ void run_pipeline(const Sequential& model, const PipelineLayout& layout, const S
   });
 }
 
+// Trains two minibatches of a 2-stage GPipe pipeline (2 ranks) on a feed whose minibatch 1
+// `change` alters.
+void train_changing_minibatch_1(const Sequential& model, void (*change)(Batch&), float clip = 0.f) {
+  PipelineLayout layout{{{0, 3}, {3, 6}}, {{0}, {1}}};
+  Schedule s = generate_schedule("gpipe", ScheduleSpec::straight(2, 1, 2));
+  MinibatchFeed changed = feed();
+  changed.load = [change](std::int64_t j) {
+    Batch b = minibatch(j);
+    if (j == 1) change(b);
+    return b;
+  };
+  run_local(2, [&](Communicator& comm) {
+    StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
+                     {.seed = kSeed, .clip_norm = clip});
+    ex.train(s, changed, 0, [](std::int64_t) { return kLr; });
+  });
+}
+
 // Rounds what passes through it to bfloat16 and back, forward and backward: what a stage
 // boundary does to activations and gradients that move as bf16.
 class Bf16Round final : public Layer {
@@ -540,42 +558,22 @@ TEST_CASE("bad input: layouts, plans and schedules that cannot run fail on every
                          doctest::Contains("unreadable"), IoError);
   }
   SUBCASE("a non-finite loss names the step") {
-    PipelineLayout layout{{{0, 3}, {3, 6}}, {{0}, {1}}};
-    Schedule s = generate_schedule("gpipe", ScheduleSpec::straight(2, 1, 2));
-    MinibatchFeed poisoned = feed();
-    poisoned.load = [](std::int64_t j) {
-      Batch b = minibatch(j);
-      if (j == 1) b.inputs.values()[0] = std::numeric_limits<float>::infinity();
-      return b;
-    };
-    CHECK_THROWS_WITH_AS(run_local(2,
-                                   [&](Communicator& comm) {
-                                     StageExecutor ex(model, Shape{kFeatures}, DType::Float32,
-                                                      layout, comm, make_sgd());
-                                     ex.train(s, poisoned, 0, [](std::int64_t) { return kLr; });
-                                   }),
+    CHECK_THROWS_WITH_AS(train_changing_minibatch_1(
+                             model, [](Batch& b) {
+                               b.inputs.values()[0] = std::numeric_limits<float>::infinity();
+                             }),
                          doctest::Contains("at step 1"), Error);
   }
   SUBCASE("a gradient that overflows names its layer and the step") {
     // Inputs of 1e25 keep the loss finite, but the weight gradients' squares overflow a float.
-    PipelineLayout layout{{{0, 3}, {3, 6}}, {{0}, {1}}};
-    Schedule s = generate_schedule("gpipe", ScheduleSpec::straight(2, 1, 2));
-    MinibatchFeed huge = feed();
-    huge.load = [](std::int64_t j) {
-      Batch b = minibatch(j);
-      if (j == 1)
-        for (float& v : b.inputs.values()) v *= 1e25f;
-      return b;
-    };
     for (float clip : {0.f, 1.f}) {  // the norm in the update's pass, and before clipping
       CAPTURE(clip);
-      CHECK_THROWS_WITH_AS(run_local(2,
-                                     [&](Communicator& comm) {
-                                       StageExecutor ex(model, Shape{kFeatures}, DType::Float32,
-                                                        layout, comm, make_sgd(),
-                                                        {.seed = kSeed, .clip_norm = clip});
-                                       ex.train(s, huge, 0, [](std::int64_t) { return kLr; });
-                                     }),
+      CHECK_THROWS_WITH_AS(train_changing_minibatch_1(
+                               model,
+                               [](Batch& b) {
+                                 for (float& v : b.inputs.values()) v *= 1e25f;
+                               },
+                               clip),
                            doctest::Contains("became inf at step 1: lower the"), Error);
     }
   }
