@@ -19,6 +19,28 @@ void set(Bits& b, int i) { b[static_cast<std::size_t>(i) / 64] |= std::uint64_t{
 
 }  // namespace
 
+template <class Member>
+void StateGraph::charge_stage_ends(const Profile& p, Member&& member) {
+  const int states = size();
+  end_compute_s.assign(static_cast<std::size_t>(states), 0.0);
+  end_forward_s.assign(static_cast<std::size_t>(states), 0.0);
+  end_activation_bytes.assign(static_cast<std::size_t>(states), 0.0);
+  m_cuts_pair.assign(static_cast<std::size_t>(states), 0);
+  for (int v = 0; v + 1 < p.size(); ++v) {
+    const LayerProfile& l = p.layers[static_cast<std::size_t>(v)];
+    if (!l.at_stage_end) continue;
+    const LayerProfile last = as_last_of_stage(l);
+    for (int e = 0; e < states; ++e) {
+      if (!member(e, v) || member(e, v + 1)) continue;
+      const auto u = static_cast<std::size_t>(e);
+      m_cuts_pair[u] = 1;
+      end_compute_s[u] += (last.forward_s + last.backward_s) - (l.forward_s + l.backward_s);
+      end_forward_s[u] += last.forward_s - l.forward_s;
+      end_activation_bytes[u] += static_cast<double>(stash_bytes(last) - stash_bytes(l));
+    }
+  }
+}
+
 StateGraph StateGraph::linear(const Profile& p) {
   StateGraph g;
   g.m_chain = true;
@@ -55,6 +77,7 @@ StateGraph StateGraph::linear(const Profile& p) {
         i + 1 < n ? static_cast<double>(p.layers[static_cast<std::size_t>(i) + 1].saved_input_bytes)
                   : 0.0);
   }
+  g.charge_stage_ends(p, [](int state, int layer) { return layer <= state; });
   g.workspace = StageWorkspace(p, /*prefix_states=*/true);
   return g;
 }
@@ -539,6 +562,9 @@ StateGraph StateGraphAssembler::assemble(const Profile& p, const LayerDag& d, co
     g.pipedream_boundary_bytes.push_back(aug);
     g.kept_input_bytes.push_back(0.0);
   }
+  g.charge_stage_ends(p, [&](int state, int layer) {
+    return test(states[static_cast<std::size_t>(perm[static_cast<std::size_t>(state)])], layer);
+  });
   g.workspace = StageWorkspace(p, /*prefix_states=*/false);
   return g;
 }

@@ -129,6 +129,7 @@ class Solver {
         std::vector<Entry> row;
 #pragma omp for schedule(dynamic, 4)
         for (int s = -1; s < m_S - 1; ++s) {
+          if (s >= 0 && !m_g.can_end(s)) continue;  // no segment starts after such a state
           solve_row(l, s, row);
           for (int j = s + 1; j < m_S; ++j)
             table[static_cast<std::size_t>(j) * static_cast<std::size_t>(m_S + 1) + static_cast<std::size_t>(s + 1)] =
@@ -171,7 +172,7 @@ class Solver {
     // Recomputation is a property of the final stages, which level 0 forms; the outer levels see
     // its cost in the inner tables' times.
     const bool can = !m_pd && level == 0 && m_o.recompute != Recompute::None;
-    const StageMode recomputed{true, true, can ? diff(m_g.forward_s, s, j) : 0.0};
+    const StageMode recomputed{true, true, can ? m_g.stage_forward_s(s, j) : 0.0};
     if (can && m_o.recompute == Recompute::All && !m_memory) return recomputed;
     if (!m_memory) return {};
     double par = diff(m_g.parameter_bytes, s, j), act = m_g.stage_activation_bytes(s, j);
@@ -252,7 +253,7 @@ class Solver {
       }
       // The mode the search gave this stage: the subproblem used `offset` machines through it.
       const StageMode md = mode(level, sg.s, sg.e, sg.machines, offset, level_machines);
-      Expanded x{sg, sub, diff(m_g.compute_s, sg.s, sg.e) + md.extra_s, 0.0, md.recompute};
+      Expanded x{sg, sub, m_g.stage_compute_s(sg.s, sg.e) + md.extra_s, 0.0, md.recompute};
       bool any_transfer = false;
       for (auto it = path.rbegin(); it != path.rend(); ++it) {
         x.compute_path = replicated_stage_time(x.compute_path, it->par, it->replicas, it->bandwidth, it->share);
@@ -357,6 +358,7 @@ class Solver {
     int prev_j = -1;
     for (int j = s + 1; j < m_S; ++j) {
       if (!m_g.is_ancestor(s, j)) continue;
+      if (!m_g.can_end(j)) continue;  // its row stays infinite: no stage, nor prefix, ends there
       const double T = seg_compute(level, s, j);
       const double par = diff(m_g.parameter_bytes, s, j);
       const double cj = m_g.compute_s[static_cast<std::size_t>(j)];
@@ -617,7 +619,8 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     if (fs.compute_path < 0 && !pd)
       ps.recompute = o.recompute == Recompute::All ||
                      (o.recompute == Recompute::Auto && memory && stash_bytes > *memory && recompute_bytes <= *memory);
-    const double T = diff(g.compute_s, fs.s, fs.e) + (ps.recompute ? diff(g.forward_s, fs.s, fs.e) : 0.0);
+    const double T =
+        g.stage_compute_s(fs.s, fs.e) + (ps.recompute ? g.stage_forward_s(fs.s, fs.e) : 0.0);
     if (fs.compute_path >= 0) {
       // The search's own numbers (every level's replication and synchronisation included).
       ps.compute_s = T / r;
@@ -663,6 +666,22 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
   for (const PlanStage& ps : plan.stages)
     for (int rk : ps.ranks) plan.predicted.peak_memory_bytes[static_cast<std::size_t>(rk)] = static_cast<std::int64_t>(ps.memory_bytes);
   return worst;
+}
+
+// A hand-made stage that ends at state e (layer e of a chain) where the planner would not end one
+// (StateGraph::can_end): it is planned as it will run, and the user is told what a cut one layer
+// later saves.
+void warn_if_cutting_pair(const Profile& p, const StateGraph& g, int e) {
+  if (g.can_end(e)) return;
+  const LayerProfile& l = p.layers[static_cast<std::size_t>(e)];
+  const LayerProfile& next = p.layers[static_cast<std::size_t>(e) + 1];
+  log_warn(
+      "a stage ends at layer {} ('{}'), which runs after '{}' when both are in one stage: "
+      "alone it costs {:.3f} ms more a minibatch and sends {:.3g} MiB where a cut after "
+      "'{}' sends {:.3g} MiB; end the stage one layer later",
+      e, l.name, next.name, 1e3 * g.end_compute_s[static_cast<std::size_t>(e)],
+      static_cast<double>(l.output_bytes) / (1 << 20), next.name,
+      static_cast<double>(next.output_bytes) / (1 << 20));
 }
 
 void check_recompute(const PartitionOptions& o) {
@@ -790,12 +809,19 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
   // Compute of the stage [i, j), in describe()'s arithmetic; under --recompute all every stage
   // runs its forward twice.
   const bool twice = o.recompute == Recompute::All;
-  const auto diff = [&](const std::vector<double>& v, int i, int j) {
-    return v[static_cast<std::size_t>(j) - 1] - (i == 0 ? 0.0 : v[static_cast<std::size_t>(i) - 1]);
-  };
   const auto stage_compute = [&](int i, int j) {
-    return diff(g.compute_s, i, j) + (twice ? diff(g.forward_s, i, j) : 0.0);
+    return g.stage_compute_s(i - 1, j - 1) + (twice ? g.stage_forward_s(i - 1, j - 1) : 0.0);
   };
+  // A stage may end before layer j (StateGraph::can_end).
+  const auto cut_allowed = [&](int j) { return j == n || g.can_end(j - 1); };
+  int cut_points = 0;
+  for (int j = 1; j < n; ++j) cut_points += cut_allowed(j);
+  PIPELINE_CHECK_AS(
+      ConfigError, stages <= cut_points + 1,
+      "an interleaved plan of {} stages ({} virtual stages on {} workers) needs {} cuts "
+      "between layers, but {} has only {} where a stage may end (a ReLU and the max "
+      "pool after it stay together); use fewer virtual stages or workers",
+      stages, o.virtual_stages, w, stages - 1, p.model.empty() ? "the model" : p.model, cut_points);
   // Stage `stage` over layers [i, j): its compute, its transfer out (`out`, hoisted by the callers
   // out of their loop over i) and its transfer in, whichever is slowest.
   const auto stage_cost = [&](int stage, int i, int j, double out) {
@@ -812,6 +838,7 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
   for (int k = 1; k <= stages; ++k) {
     const int stage = k - 1;
     for (int j = k; j <= n - (stages - k); ++j) {
+      if (!cut_allowed(j)) continue;
       const double out = k < stages ? cut_time(stage, j) : 0.0;
       double b = kInf;
       int f = -1;
@@ -842,6 +869,7 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
   for (int k = 1; k <= stages; ++k) {
     const int stage = k - 1;
     for (int j = k; j <= n - (stages - k); ++j) {
+      if (!cut_allowed(j)) continue;
       const double out = k < stages ? cut_time(stage, j) : 0.0;
       double b = kInf;
       int f = -1;
@@ -897,7 +925,10 @@ double data_parallel_seconds(const Profile& p, const Topology& t, const Partitio
 Profile with_optimizer_steps(const Profile& profile, const PartitionOptions& options) {
   if (options.optimizer.empty() || options.cost_model == CostModel::PipeDream) return profile;
   Profile charged = profile;
-  for (LayerProfile& l : charged.layers) l.backward_s += l.step_s.of(options.optimizer);
+  for (LayerProfile& l : charged.layers) {
+    l.backward_s += l.step_s.of(options.optimizer);
+    if (l.at_stage_end) l.at_stage_end->backward_s += l.step_s.of(options.optimizer);
+  }
   return charged;
 }
 
@@ -965,7 +996,13 @@ std::optional<Plan> partition_impl(const Profile& measured, const Topology& topo
       }
       PIPELINE_FAIL(ConfigError, "no plan fits in {:.4g} bytes of memory per worker{}", *memory, hint);
     }
-    PIPELINE_FAIL(ConfigError, "no feasible plan for this profile and topology");
+    int cuts = 0, kept = 0;
+    for (int e = 0; e + 1 < g.size(); ++e) (g.can_end(e) ? cuts : kept) += 1;
+    PIPELINE_FAIL(ConfigError, "no feasible plan for this profile and topology{}",
+                  kept == 0 ? std::string()
+                            : fmt::format(" (it has {} places where a stage may end: {} ReLUs stay "
+                                          "with the max pool after them)",
+                                          cuts, kept));
   }
   std::vector<Solver::Expanded> parts;
   solver->expand(static_cast<int>(topology.levels.size()) - 1, -1, g.size() - 1, {0}, {}, parts);
@@ -1068,7 +1105,9 @@ Plan evaluate_stages(const Profile& measured, const Topology& topology,
     }
     cuts.push_back(next);
     Plan plan;
-    describe_interleaved(plan, profile, StateGraph::linear(profile), topology, options, cuts);
+    const StateGraph g = StateGraph::linear(profile);
+    for (std::size_t k = 1; k < cuts.size(); ++k) warn_if_cutting_pair(profile, g, cuts[k] - 1);
+    describe_interleaved(plan, profile, g, topology, options, cuts);
     return plan;
   }
   PIPELINE_CHECK_AS(ConfigError, workers <= topology.workers(), "manual stages use {} workers but the topology has only {}",
@@ -1084,6 +1123,7 @@ Plan evaluate_stages(const Profile& measured, const Topology& topology,
     fs.s = m.begin - 1;
     fs.e = m.end - 1;
     for (int r = 0; r < m.replicas; ++r) fs.ranks.push_back(rank++);
+    warn_if_cutting_pair(profile, g, fs.e);
     stages.push_back(std::move(fs));
   }
   Plan plan;

@@ -140,6 +140,7 @@ struct TypedPartitioner::Impl {
         const std::size_t rest_v = v - static_cast<std::size_t>(r) * stride[t];
         for (int j = s + 1; j < S; ++j) {
           if (!g.chain() && !g.is_ancestor(s, j)) continue;
+          if (!g.can_end(j)) continue;  // it would cut a reordered pair (StateGraph::can_end)
           const double lower = diff(d.compute, s, j) / r;
           if (g.chain() && lower > best.t) break;  // compute only grows with j
           const Cell& rest = cell(j, rest_v);
@@ -171,7 +172,8 @@ struct TypedPartitioner::Impl {
 #pragma omp parallel if (parallel)
     for (int s = S - 2; s >= -1; --s) {
 #pragma omp for schedule(dynamic, 16)
-      for (long long v = 1; v < n; ++v) solve_cell(s, static_cast<std::size_t>(v));
+      for (long long v = 1; v < n; ++v)
+        if (s < 0 || g.can_end(s)) solve_cell(s, static_cast<std::size_t>(v));
     }
   }
 };

@@ -102,6 +102,17 @@ void validate_profile(const Profile& p, std::string_view origin) {
                       "{}: layer {} (\"{}\") has saved_input_bytes = {}, which must be between 0 "
                       "and its saved_bytes ({}): it is the part of them that is the layer's input",
                       origin, i, l.name, l.saved_input_bytes, l.saved_bytes);
+    if (const auto& e = l.at_stage_end) {
+      check_time(e->forward_s, "at_stage_end.forward_s", i, l.name, origin);
+      check_time(e->backward_s, "at_stage_end.backward_s", i, l.name, origin);
+      check_time(e->backward_input_s, "at_stage_end.backward_input_s", i, l.name, origin);
+      check_time(e->backward_weight_s, "at_stage_end.backward_weight_s", i, l.name, origin);
+      PIPELINE_CHECK_AS(
+          ConfigError, e->saved_bytes >= 0 && e->saved_bytes <= kMaxProfileBytes,
+          "{}: layer {} (\"{}\") has at_stage_end.saved_bytes = {}; sizes are 0 to {} "
+          "bytes",
+          origin, i, l.name, e->saved_bytes, kMaxProfileBytes);
+    }
     PIPELINE_CHECK_AS(ConfigError, std::isfinite(l.flops) && l.flops >= 0,
                       "{}: layer {} (\"{}\") has flops = {}; must be finite and non-negative",
                       origin, i, l.name, l.flops);
@@ -118,6 +129,18 @@ void validate_profile(const Profile& p, std::string_view origin) {
       ++indegree[static_cast<std::size_t>(i)];
     }
   }
+  // A layer with end-of-stage costs runs reordered with the next one, which only a pair that
+  // exchanges nothing with other layers can.
+  for (int i = 0; i < n; ++i)
+    PIPELINE_CHECK_AS(
+        ConfigError,
+        !p.layers[static_cast<std::size_t>(i)].at_stage_end ||
+            (i + 1 < n && succ[static_cast<std::size_t>(i)] == std::vector<int>{i + 1} &&
+             p.predecessors(i + 1) == std::vector<int>{i}),
+        "{}: layer {} (\"{}\") has \"at_stage_end\" costs, which only a layer "
+        "whose output the next layer alone takes, and takes alone, can have; "
+        "remove the field",
+        origin, i, p.layers[static_cast<std::size_t>(i)].name);
   // Kahn's algorithm: whatever is left with a positive in-degree lies on a cycle.
   std::vector<int> ready;
   for (int i = 0; i < n; ++i)
@@ -201,6 +224,21 @@ Profile profile_from_json(const json& j, std::string_view origin) {
         l.step_s.of(rule) = get_number(st, rule.c_str(), where + " step_s", origin, true);
       }
     }
+    if (lj.contains("at_stage_end")) {
+      const json& e = lj.at("at_stage_end");
+      const std::string in_e = where + " at_stage_end";
+      PIPELINE_CHECK_AS(ConfigError, e.is_object(),
+                        "{}: {} field \"at_stage_end\" must be an object (forward_s, backward_s, "
+                        "backward_input_s, backward_weight_s, saved_bytes), got {}",
+                        origin, where, e.dump());
+      StageEndCosts c;
+      c.forward_s = get_number(e, "forward_s", in_e, origin, true);
+      c.backward_s = get_number(e, "backward_s", in_e, origin, true);
+      c.backward_input_s = get_number(e, "backward_input_s", in_e, origin, false);
+      c.backward_weight_s = get_number(e, "backward_weight_s", in_e, origin, false);
+      c.saved_bytes = get_bytes(e, "saved_bytes", in_e, origin);
+      l.at_stage_end = c;
+    }
     if (lj.contains("inputs")) {
       const json& in = lj.at("inputs");
       PIPELINE_CHECK_AS(ConfigError, in.is_array(),
@@ -256,6 +294,12 @@ json profile_to_json(const Profile& p) {
     if (l.step_s.measured())
       lj["step_s"] = {
           {"sgd", l.step_s.sgd}, {"momentum", l.step_s.momentum}, {"adamw", l.step_s.adamw}};
+    if (const auto& e = l.at_stage_end)
+      lj["at_stage_end"] = {{"forward_s", e->forward_s},
+                            {"backward_s", e->backward_s},
+                            {"backward_input_s", e->backward_input_s},
+                            {"backward_weight_s", e->backward_weight_s},
+                            {"saved_bytes", e->saved_bytes}};
     if (l.source) lj["source"] = true;
     layers.push_back(std::move(lj));
   }

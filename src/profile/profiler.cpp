@@ -459,6 +459,17 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
   for (int begin = 0; begin < model.size(); begin += per_pass)
     profile_range(model, {begin, std::min(model.size(), begin + per_pass)}, shapes, device, options,
                   bf16, ctx, out.layers);
+  // A layer that runs after the next one inside a range (Sequential::runs_at) runs first, on the
+  // full-size tensor, in a stage that ends at it: profiled again as such a stage runs it, as the
+  // last layer of a range, after the layer whose output it reads.
+  for (int i = 0; i + 1 < model.size(); ++i) {
+    if (!model.runs_after_next(i)) continue;
+    std::vector<LayerProfile> ending;
+    profile_range(model, {std::max(0, i - 1), i + 1}, shapes, device, options, bf16, ctx, ending);
+    const LayerProfile& a = ending.back();
+    out.layers[static_cast<std::size_t>(i)].at_stage_end = StageEndCosts{
+        a.forward_s, a.backward_s, a.backward_input_s, a.backward_weight_s, a.saved_bytes};
+  }
   out.runtime_bytes = std::max<std::int64_t>(0, memory_use(device).in_use_bytes - entry_bytes);
   return out;
 }

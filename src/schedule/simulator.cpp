@@ -85,8 +85,15 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   StageTiming t;
   double input = 0, weight = 0;
   bool split = true;
-  for (int l : stage_layers(ps)) {
-    const LayerProfile& lp = profile.layers[static_cast<std::size_t>(l)];
+  const std::vector<int> layers = stage_layers(ps);
+  for (int l : layers) {
+    // A layer that runs after its successor inside a stage runs first, on the full tensor, where
+    // the stage ends at it (LayerProfile::at_stage_end).
+    const bool ends_pair =
+        l + 1 < profile.size() && owner[static_cast<std::size_t>(l) + 1] != stage;
+    const LayerProfile lp = ends_pair
+                                ? as_last_of_stage(profile.layers[static_cast<std::size_t>(l)])
+                                : profile.layers[static_cast<std::size_t>(l)];
     t.forward_s += lp.forward_s;
     t.backward_s += lp.backward_s;
     input += lp.backward_input_s;
@@ -111,7 +118,7 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   // What the first layer keeps of its input is that received storage, counted just above.
   if (stage > 0)
     t.activation_bytes -=
-        profile.layers[static_cast<std::size_t>(stage_layers(ps).front())].saved_input_bytes;
+        profile.layers[static_cast<std::size_t>(layers.front())].saved_input_bytes;
   t.forward_s *= scale;
   t.backward_s *= scale;
   t.backward_input_s *= scale;

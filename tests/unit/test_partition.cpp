@@ -8,7 +8,9 @@
 #include <pipeline/plan/antichain.hpp>
 #include <pipeline/plan/partition.hpp>
 #include <pipeline/plan/plan_json.hpp>
+#include <pipeline/plan/typed_partition.hpp>
 #include <pipeline/profile/pipedream_graph.hpp>
+#include <pipeline/schedule/simulator.hpp>
 
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
@@ -66,6 +68,7 @@ struct Brute {
     }
     for (int nxt = cur + 1; nxt <= e; ++nxt) {
       if (!g.is_ancestor(cur, nxt) || (nxt != e && !g.is_ancestor(nxt, e))) continue;
+      if (nxt != e && !g.can_end(nxt)) continue;  // no stage ends inside a reordered pair
       int max_r = std::min(o.straight ? 1 : M, M - m);
       for (int r = 1; r <= max_r; ++r) {
         bool first = ks.size() == 1;
@@ -142,6 +145,16 @@ Profile random_profile(std::mt19937& rng, bool dag) {
       l.inputs = in;
     }
     p.layers.push_back(l);
+  }
+  // Some layers run after their successor inside a stage (a ReLU before a max pool): where the
+  // successor takes their output alone, and nothing else does.
+  for (int i = 0; i + 1 < n; ++i) {
+    bool alone = p.predecessors(i + 1) == std::vector<int>{i};
+    for (int j = i + 2; j < n; ++j)
+      for (int in : p.predecessors(j)) alone = alone && in != i;
+    if (alone && coin(rng) == 0)
+      p.layers[i].at_stage_end =
+          StageEndCosts{p.layers[i].forward_s * 3, p.layers[i].backward_s * 3, 0, 0, 1000000};
   }
   return p;
 }
@@ -589,6 +602,70 @@ TEST_CASE("a stage's working memory: the largest of its layers' passes, and the 
   const double cap = after.stages[0].memory_bytes - 1;
   const Plan capped = partition(p, Topology{{{2, 1e10}}, cap}, o);
   for (const PlanStage& s : capped.stages) CHECK(s.memory_bytes <= cap);
+}
+
+TEST_CASE(
+    "a ReLU that runs after its max pool: no plan cuts the pair, a hand-made one pays for it") {
+  // conv, relu, pool, fc. Were the ReLU's costs the same wherever a stage ends, the best cut of
+  // two workers would be after it (8.2 | 8.7 ms); at a stage's end it costs 1 ms instead of 0.2
+  // (it runs before the pool, on the full tensor, and keeps that), so the cut goes after the
+  // conv (8 | 8.9).
+  Profile p = testing::uniform_profile(4, 0.004, 0.004, 1000, 0);
+  p.layers[1].forward_s = p.layers[1].backward_s = 0.0001;
+  p.layers[2].forward_s = p.layers[2].backward_s = 0.0006;
+  p.layers[3].forward_s = p.layers[3].backward_s = 0.00375;
+  p.layers[1].saved_bytes = 250;
+  Topology t{{{2, 1e10}}, {}};
+  PartitionOptions o;
+  o.ignore_transfer = true;
+  o.straight = true;
+  const Plan free = partition(p, t, o);
+  CHECK(free.stages[0].end == 2);
+  CHECK(free.predicted.time_per_minibatch_s == doctest::Approx(0.0087));
+  p.layers[1].at_stage_end = StageEndCosts{0.0005, 0.0005, 0.0005, 0, 1000};
+  const Plan plan = partition(p, t, o);
+  CHECK(plan.stages[0].end == 1);
+  CHECK(plan.predicted.time_per_minibatch_s == doctest::Approx(0.0089));
+  // Replicated, hierarchical and typed plans, and interleaved cuts, keep the pair too.
+  for (const Plan& q :
+       {partition(p, Topology{{{3, 1e10}}, {}}, o), partition(p, Topology{{{3, 1e10}}, {}}),
+        partition(p, Topology{{{2, 1e10}, {2, 1e9}}, {}})})
+    for (const PlanStage& s : q.stages) CHECK(s.end != 2);
+  // Four unreplicated stages need three cuts; two are left.
+  CHECK_THROWS_WITH_AS(partition(p, Topology{{{4, 1e10}}, {}}, o),
+                       doctest::Contains("2 places where a stage may end"), ConfigError);
+  Topology typed = t;
+  typed.types = {WorkerType{"only", 2, std::nullopt, std::nullopt}};
+  const Plan by_type = partition_typed(DeviceProfiles{{"only", p}}, typed, o);
+  CHECK(by_type.stages[0].end == 1);
+  Profile six = testing::uniform_profile(6);
+  six.layers[2].at_stage_end = StageEndCosts{0.002, 0.004, 0.004, 0, 2000};
+  PartitionOptions interleaved;
+  interleaved.virtual_stages = 2;
+  const Plan four = partition(six, t, interleaved);  // three of the four cuts left
+  REQUIRE(four.num_stages() == 4);
+  for (const PlanStage& s : four.stages) CHECK(s.end != 3);
+  interleaved.virtual_stages = 3;
+  CHECK_THROWS_WITH_AS(partition(six, t, interleaved),
+                       doctest::Contains("has only 4 where a stage may end"), ConfigError);
+  // A hand-made plan that ends a stage at the ReLU is charged what it will run, by the
+  // partitioner and the simulator alike.
+  const Plan cut = evaluate_stages(p, t, parse_manual_stages("0:2,2:4"), o);
+  CHECK(cut.stages[0].compute_s == doctest::Approx(0.009));
+  CHECK(cut.predicted.time_per_minibatch_s == doctest::Approx(0.009));
+  const StageTiming ends = stage_timing(p, cut, 0, 1.0);
+  CHECK(ends.forward_s == doctest::Approx(0.0045));
+  CHECK(ends.backward_s == doctest::Approx(0.0045));
+  CHECK(ends.activation_bytes == 1000 + 1000);  // the conv's output and the ReLU's full one
+  const StageTiming inside = stage_timing(p, plan, 1, 1.0);
+  CHECK(inside.forward_s == doctest::Approx(0.0001 + 0.0006 + 0.00375));
+  // The memory model stashes the full tensor there too: 750 bytes more per minibatch in flight.
+  Profile unordered = p;
+  unordered.layers[1].at_stage_end.reset();
+  const Plan cheap = evaluate_stages(unordered, t, parse_manual_stages("0:2,2:4"), o);
+  CHECK(cut.stages[0].memory_bytes - cheap.stages[0].memory_bytes ==
+        doctest::Approx(750.0 * cut.stages[0].in_flight));
+  CHECK(cut.stages[0].in_flight == 2);
 }
 
 }  // namespace test_partition

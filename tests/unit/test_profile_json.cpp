@@ -117,8 +117,53 @@ TEST_CASE("profile.json round trip keeps every field") {
   CHECK_THROWS_WITH_AS(validate_profile(q, "q"), doctest::Contains("workspace_bytes = -1"),
                        ConfigError);
   CHECK(!q.is_chain());
+  CHECK(!q.layers[0].at_stage_end);
+  CHECK(!profile_to_json(q)["layers"][0].contains("at_stage_end"));  // written only when set
   CHECK(q.predecessors(1) == std::vector<int>{0});
   CHECK(q.predecessors(3) == std::vector<int>{1, 2});
+}
+
+TEST_CASE(
+    "end-of-stage costs of a layer that runs after the next one: kept, and only on such a pair") {
+  Profile p = small_dag();
+  p.layers[2].inputs.clear();  // l0 -> l1 -> l2 -> l3 (and l1 -> l3)
+  p.layers[3].inputs = {2};
+  p.layers[1].at_stage_end = StageEndCosts{0.004, 0.005, 0.0045, 0.0005, 8192};
+  const std::string path = temp_path("stage_end.json");
+  write_profile(p, path);
+  const Profile q = read_profile(path);
+  REQUIRE(q.layers[1].at_stage_end.has_value());
+  const StageEndCosts& e = *q.layers[1].at_stage_end;
+  CHECK(e.forward_s == 0.004);
+  CHECK(e.backward_s == 0.005);
+  CHECK(e.backward_input_s == 0.0045);
+  CHECK(e.backward_weight_s == 0.0005);
+  CHECK(e.saved_bytes == 8192);
+  const LayerProfile last = as_last_of_stage(q.layers[1]);
+  CHECK(last.forward_s == 0.004);
+  CHECK(last.saved_bytes == 8192);
+  CHECK(as_last_of_stage(q.layers[0]).forward_s == q.layers[0].forward_s);
+  // Only where the next layer takes the output alone, and nothing else does.
+  const std::string good = profile_to_json(p).dump();
+  auto error_with = [&](auto edit) {
+    nlohmann::json j = nlohmann::json::parse(good);
+    edit(j);
+    return error_of(j.dump());
+  };
+  CHECK(error_with([](auto& j) {
+          j["layers"][3]["inputs"] = {1, 2};
+        }).find("layer 1 (\"l1\") has \"at_stage_end\"") != std::string::npos);
+  CHECK(error_with([](auto& j) {
+          j["layers"][3]["at_stage_end"] = j["layers"][1]["at_stage_end"];
+        }).find("remove the field") != std::string::npos);  // the last layer
+  CHECK(error_with([](auto& j) {
+          j["layers"][1]["at_stage_end"]["forward_s"] = -1;
+        }).find("at_stage_end.forward_s = -1") != std::string::npos);
+  CHECK(error_with([](auto& j) {
+          j["layers"][1]["at_stage_end"].erase("saved_bytes");
+        }).find("saved_bytes") != std::string::npos);
+  CHECK(error_with([](auto& j) { j["layers"][1]["at_stage_end"] = 3; }).find("must be an object") !=
+        std::string::npos);
 }
 
 TEST_CASE("bad profiles are rejected with a message naming the problem") {

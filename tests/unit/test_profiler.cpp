@@ -87,6 +87,21 @@ TEST_CASE("profile of mlp and fashion-cnn matches the layers") {
       CHECK(p.layers[7].parameter_bytes == (3136 * 1024 + 1024) * 4);
       CHECK(p.layers[7].output_bytes == batch * 1024 * 4);
     }
+    // A ReLU before a max pool runs after it inside a stage, keeping the pooled tensor; a stage
+    // that ends at the ReLU runs it on, and keeps, the full one: both are profiled.
+    for (int i = 0; i < p.size(); ++i) {
+      CAPTURE(i);
+      const LayerProfile& l = p.layers[static_cast<std::size_t>(i)];
+      const bool pair = z.model.runs_after_next(i);
+      CHECK(pair == (name == "fashion-cnn" && (i == 1 || i == 4)));
+      REQUIRE(l.at_stage_end.has_value() == pair);
+      if (!pair) continue;
+      CHECK(l.at_stage_end->forward_s > 0);
+      CHECK(l.at_stage_end->backward_s > 0);
+      CHECK(l.at_stage_end->backward_input_s == l.at_stage_end->backward_s);
+      CHECK(l.at_stage_end->saved_bytes == l.output_bytes);
+      CHECK(l.saved_bytes == p.layers[static_cast<std::size_t>(i) + 1].output_bytes);
+    }
   }
 }
 

@@ -103,23 +103,52 @@ class StateGraph {
   // 0 for antichain states of DAGs (the estimate then stays on the safe side).
   std::vector<double> kept_input_bytes;
 
+  // Per state: what a stage that ends at it pays beyond the prefix sums' difference, because it
+  // holds a layer that runs after its successor inside a stage (LayerProfile::at_stage_end)
+  // without that successor: the extra compute and forward seconds and stashed bytes. 0 almost
+  // everywhere; the planner ends no stage at a state that has them (can_end).
+  std::vector<double> end_compute_s;
+  std::vector<double> end_forward_s;
+  std::vector<double> end_activation_bytes;
+
+  // Whether a stage may end at state e: it cuts no pair of layers that runs reordered inside a
+  // stage. A cut after such a pair sends a quarter of the bytes (after a 2x2 pool) for about the
+  // same compute, so the search loses nothing by skipping these states.
+  bool can_end(int e) const { return !m_cuts_pair[static_cast<std::size_t>(e)]; }
+  // Compute and forward seconds of the stage P(e) \ P(s) (s < 0: from the first layer).
+  double stage_compute_s(int s, int e) const {
+    return stage_sum(compute_s, s, e) + end_compute_s[static_cast<std::size_t>(e)];
+  }
+  double stage_forward_s(int s, int e) const {
+    return stage_sum(forward_s, s, e) + end_forward_s[static_cast<std::size_t>(e)];
+  }
+
   // The working memory a stage P(e) \ P(s) needs beside its tensors (StageWorkspace).
   StageWorkspace workspace;
 
   // The activation bytes a stage P(e) \ P(s) stashes per minibatch beside the input it receives.
   double stage_activation_bytes(int s, int e) const {
-    const double a = activation_bytes[static_cast<std::size_t>(e)] -
-                     (s < 0 ? 0.0 : activation_bytes[static_cast<std::size_t>(s)]);
+    const double a =
+        stage_sum(activation_bytes, s, e) + end_activation_bytes[static_cast<std::size_t>(e)];
     return s < 0 ? a : a - kept_input_bytes[static_cast<std::size_t>(s)];
   }
 
  private:
+  static double stage_sum(const std::vector<double>& prefix, int s, int e) {
+    return prefix[static_cast<std::size_t>(e)] -
+           (s < 0 ? 0.0 : prefix[static_cast<std::size_t>(s)]);
+  }
+  // Fills the end_* arrays from each state's members (member(state, layer)).
+  template <class Member>
+  void charge_stage_ends(const Profile& p, Member&& member);
+
   friend struct StateGraphAssembler;
   bool m_chain = true;
   int m_layers = 0, m_groups = 0;
   std::size_t m_state_words = 0, m_layer_words = 0;
   std::vector<std::uint64_t> m_ancestors;  // size × m_state_words bits
   std::vector<std::uint64_t> m_members;    // size × m_layer_words bits (empty for chains)
+  std::vector<char> m_cuts_pair;           // per state: !can_end
 };
 
 // The states partition() plans a profile over: the antichain states, those of a coarsened DAG

@@ -5,8 +5,10 @@
 
 #include <pipeline/core/error.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -44,6 +46,18 @@ struct StepTimes {
     if (optimizer == "adamw" || optimizer == "adam") return t.adamw;
     PIPELINE_FAIL(ConfigError, "unknown optimizer '{}': use sgd, momentum or adamw", optimizer);
   }
+};
+
+// What a layer that runs after its successor inside a stage (Sequential::runs_at: a ReLU before
+// a max pool, which then works on the pooled tensor) costs in a stage that ends at it: there it
+// runs in its declared order, on the full-size tensor it declares and sends. Measured by the
+// profiler as such a stage runs it.
+struct StageEndCosts {
+  double forward_s = 0;
+  double backward_s = 0;
+  double backward_input_s = 0;
+  double backward_weight_s = 0;
+  std::int64_t saved_bytes = 0;
 };
 
 struct LayerProfile {
@@ -91,7 +105,25 @@ struct LayerProfile {
   // of its kernels), as the device's allocator counts them. A stage runs one layer's pass at a
   // time, so it needs the largest of its layers' once. 0 when unknown. Serialised only when set.
   std::int64_t workspace_bytes = 0;
+  // Set for a layer that runs after the next one when both are in one stage: its costs where a
+  // stage ends at it instead (StageEndCosts). The partitioner never cuts such a pair (a cut after
+  // the second layer sends less and computes no more); a hand-made plan may, and is charged
+  // these. Serialised as "at_stage_end": {...} only when set.
+  std::optional<StageEndCosts> at_stage_end;
 };
+
+// The layer as a stage whose last layer it is runs it: at_stage_end's costs where it has them.
+inline LayerProfile as_last_of_stage(LayerProfile l) {
+  if (!l.at_stage_end) return l;
+  const StageEndCosts& e = *l.at_stage_end;
+  l.forward_s = e.forward_s;
+  l.backward_s = e.backward_s;
+  l.backward_input_s = e.backward_input_s;
+  l.backward_weight_s = e.backward_weight_s;
+  l.saved_bytes = e.saved_bytes;
+  l.saved_input_bytes = std::min(l.saved_input_bytes, e.saved_bytes);
+  return l;
+}
 
 // What the memory models charge per stashed minibatch for a layer: its measured saved bytes, or
 // its output when they were not measured.
