@@ -390,9 +390,12 @@ void profile_range(const Sequential& model, LayerRange range, const std::vector<
                       static_cast<std::int64_t>(dtype_size(outputs[I].dtype()));
     lp.parameter_bytes = static_cast<std::int64_t>(layer.parameter_bytes());
     if (bf16) lp.stashed_parameter_bytes = bf16_stash_bytes(layer);
-    // The model's input is the data's, not a layer's; a range's later input is a layer's output
-    // (that of the layer which ran before this one: `order` swaps pairs, so it is its own inverse).
-    const std::size_t at = order[I];
+    // The model's input is the data's, not a layer's; a range's later input is a layer's output:
+    // what a stage starting at this layer receives. That flows into the layer that runs first
+    // from this layer's place on (the next one, where this one runs after it), from the layer
+    // that ran just before (`order` swaps pairs, so it is its own inverse: order[I] is where
+    // layer I ran).
+    const std::size_t at = std::min(order[I], I);
     const void* input_storage = at > 0      ? outputs[order[at - 1]].storage_id()
                                 : first > 0 ? input.storage_id()
                                             : nullptr;

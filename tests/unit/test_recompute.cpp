@@ -471,6 +471,34 @@ TEST_CASE("the planner's memory per stage is what the executor holds, stage inpu
     }
   }
 
+  // A stage that starts at relu1 runs pool1 first on the conv output it receives, which neither
+  // keeps (the ReLU keeps the pooled tensor); one that ends at relu2 runs it on the full tensor
+  // and keeps that (LayerProfile::at_stage_end), and the next stage starts at pool2, which keeps
+  // its indices only. The executor holds what the layers keep; the memory model charges each
+  // received input once per minibatch in flight whether a layer keeps it or not, so where none
+  // does (these two stages) it is over by exactly that.
+  CHECK(layer("relu1").saved_input_bytes == 0);
+  const Plan cut =
+      evaluate_stages(prof, Topology{{{3, 1e10}}, {}}, parse_manual_stages("0:1,1:5,5:10"), o);
+  PipelineLayout cut_layout;
+  for (const auto& s : cut.stages) {
+    cut_layout.stages.push_back({s.begin, s.end});
+    cut_layout.stage_ranks.push_back(s.ranks);
+  }
+  const auto cut_outcome =
+      train(zoo.model, zoo.sample_shape, cut_layout,
+            generate_schedule("1f1b-stash", ScheduleSpec::from_plan(cut, 1, 12)), {},
+            synthetic_feed(zoo.sample_shape, batch));
+  for (int r = 1; r < cut_layout.num_ranks(); ++r) {
+    const PlanStage& ps = cut.stages[static_cast<std::size_t>(r)];
+    const double received =
+        static_cast<double>(prof.layers[static_cast<std::size_t>(ps.begin) - 1].output_bytes);
+    CAPTURE(r);
+    CHECK(static_cast<double>(cut_outcome[static_cast<std::size_t>(r)].peak.total_bytes) ==
+          doctest::Approx(ps.memory_bytes - ps.workspace_bytes - received * ps.in_flight)
+              .epsilon(0.01));
+  }
+
   // The optimizer's state: AdamW's two moments cost one copy of the weights more than momentum.
   CHECK(optimizer_state_copies("sgd") == 0);
   CHECK(optimizer_state_copies("momentum") == 1);
