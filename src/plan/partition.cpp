@@ -999,10 +999,11 @@ std::optional<Plan> partition_impl(const Profile& measured, const Topology& topo
     int cuts = 0, kept = 0;
     for (int e = 0; e + 1 < g.size(); ++e) (g.can_end(e) ? cuts : kept) += 1;
     PIPELINE_FAIL(ConfigError, "no feasible plan for this profile and topology{}",
-                  kept == 0 ? std::string()
-                            : fmt::format(" (it has {} places where a stage may end: {} ReLUs stay "
-                                          "with the max pool after them)",
-                                          cuts, kept));
+                  kept == 0 || !g.chain()
+                      ? std::string()
+                      : fmt::format(" (it has {} places where a stage may end: {} layers stay "
+                                    "with the layer after them, a ReLU with its max pool)",
+                                    cuts, kept));
   }
   std::vector<Solver::Expanded> parts;
   solver->expand(static_cast<int>(topology.levels.size()) - 1, -1, g.size() - 1, {0}, {}, parts);

@@ -112,14 +112,14 @@ class Sequential {
   // gradients for less work. Records stay per layer (saved[k], grads[k] and params[k] belong to
   // layer r.begin + k); only the order changes, and never across the range's ends, so what a
   // stage receives and sends is what the layers declare.
-  // Whether layer i runs after layer i + 1 when a range holds both (see runs_at).
-  bool runs_after_next(int i) const { return m_commutes_with_next[static_cast<std::size_t>(i)]; }
   int runs_at(LayerRange r, int i) const {
     const auto u = static_cast<std::size_t>(i);
     if (i + 1 < r.end && m_commutes_with_next[u]) return i + 1;
     if (i > r.begin && m_commutes_with_next[u - 1]) return i - 1;
     return i;
   }
+  // Whether layer i runs after layer i + 1 when a range holds both (see runs_at).
+  bool runs_after_next(int i) const { return m_commutes_with_next[static_cast<std::size_t>(i)]; }
 
   // Forward through layers [r.begin, r.end) (in the order of runs_at); params[k] belongs to layer
   // r.begin + k.

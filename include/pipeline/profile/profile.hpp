@@ -106,9 +106,9 @@ struct LayerProfile {
   // time, so it needs the largest of its layers' once. 0 when unknown. Serialised only when set.
   std::int64_t workspace_bytes = 0;
   // Set for a layer that runs after the next one when both are in one stage: its costs where a
-  // stage ends at it instead (StageEndCosts). The partitioner never cuts such a pair (a cut after
-  // the second layer sends less and computes no more); a hand-made plan may, and is charged
-  // these. Serialised as "at_stage_end": {...} only when set.
+  // stage ends at it instead (StageEndCosts). The partitioner never cuts such a pair
+  // (StateGraph::can_end); a hand-made plan may, and is charged these. Serialised as
+  // "at_stage_end": {...} only when set.
   std::optional<StageEndCosts> at_stage_end;
 };
 
