@@ -338,6 +338,40 @@ void check_no_step_scalars(const Tensor* scalars, const char* op) {
                  op);
 }
 
+void check_sgd_many(std::size_t params, std::size_t grads, std::size_t momentum_buffers) {
+  PIPELINE_CHECK(grads == params && momentum_buffers == params,
+                 "sgd_update_many: {} parameters, {} gradients and {} momentum buffers", params,
+                 grads, momentum_buffers);
+}
+
+void check_adamw_many(std::size_t params, std::size_t grads, std::size_t exp_avg,
+                      std::size_t exp_avg_sq) {
+  PIPELINE_CHECK(grads == params && exp_avg == params && exp_avg_sq == params,
+                 "adamw_update_many: {} parameters, {} gradients, {} and {} moments", params, grads,
+                 exp_avg, exp_avg_sq);
+}
+
+// Every tensor's CPU operands, checked (the counts were checked by the caller).
+std::vector<SgdCpuTensor> sgd_cpu_operands_of(std::span<Tensor> params,
+                                              std::span<const Tensor> grads,
+                                              std::span<Tensor* const> momentum_buffers,
+                                              const SgdParams& p) {
+  std::vector<SgdCpuTensor> t;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    t.push_back(sgd_cpu_operands(params[i], grads[i], momentum_buffers[i], p));
+  return t;
+}
+
+std::vector<AdamWCpuTensor> adamw_cpu_operands_of(std::span<Tensor> params,
+                                                  std::span<const Tensor> grads,
+                                                  std::span<Tensor> exp_avg,
+                                                  std::span<Tensor> exp_avg_sq) {
+  std::vector<AdamWCpuTensor> t;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    t.push_back(adamw_cpu_operands(params[i], grads[i], exp_avg[i], exp_avg_sq[i]));
+  return t;
+}
+
 }  // namespace
 
 void sgd_update(Tensor& param, const Tensor& grad, Tensor* momentum_buffer, bool first_step,
@@ -381,9 +415,7 @@ void adamw_update(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
 void sgd_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
                      std::span<Tensor* const> momentum_buffers, bool first_step, const SgdParams& p,
                      const Tensor* step_scalars) {
-  PIPELINE_CHECK(grads.size() == params.size() && momentum_buffers.size() == params.size(),
-                 "sgd_update_many: {} parameters, {} gradients and {} momentum buffers",
-                 params.size(), grads.size(), momentum_buffers.size());
+  check_sgd_many(params.size(), grads.size(), momentum_buffers.size());
 #if PIPELINE_WITH_CUDA
   if (!params.empty() && params[0].device().is_cuda()) {
     const Device d = params[0].device();
@@ -398,12 +430,9 @@ void sgd_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
   }
 #endif
   check_no_step_scalars(step_scalars, "sgd_update_many");
-  std::vector<SgdCpuTensor> t;
+  const std::vector<SgdCpuTensor> t = sgd_cpu_operands_of(params, grads, momentum_buffers, p);
   std::vector<std::int64_t> sizes;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    t.push_back(sgd_cpu_operands(params[i], grads[i], momentum_buffers[i], p));
-    sizes.push_back(t.back().n);
-  }
+  for (const SgdCpuTensor& x : t) sizes.push_back(x.n);
   pipeline::detail::for_each_piece_of(sizes, kMinPiece, kPieceAlign,
                                       [&](std::size_t i, std::int64_t at, std::int64_t n) {
                                         sgd_piece(t[i], at, n, first_step, p);
@@ -417,12 +446,8 @@ void sgd_update_many(std::span<Tensor> params, std::span<Tensor> grads,
     return update_then_tail(grads, tail, [&] {
       sgd_update_many(params, std::span<const Tensor>(grads), momentum_buffers, first_step, p);
     });
-  PIPELINE_CHECK(grads.size() == params.size() && momentum_buffers.size() == params.size(),
-                 "sgd_update_many: {} parameters, {} gradients and {} momentum buffers",
-                 params.size(), grads.size(), momentum_buffers.size());
-  std::vector<SgdCpuTensor> t;
-  for (std::size_t i = 0; i < params.size(); ++i)
-    t.push_back(sgd_cpu_operands(params[i], grads[i], momentum_buffers[i], p));
+  check_sgd_many(params.size(), grads.size(), momentum_buffers.size());
+  const std::vector<SgdCpuTensor> t = sgd_cpu_operands_of(params, grads, momentum_buffers, p);
   update_with_tail(grads, tail, [&](std::size_t i, std::int64_t at, std::int64_t n) {
     sgd_chunk(t[i], at, n, first_step, p);
   });
@@ -431,10 +456,7 @@ void sgd_update_many(std::span<Tensor> params, std::span<Tensor> grads,
 void adamw_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
                        std::span<Tensor> exp_avg, std::span<Tensor> exp_avg_sq, std::int64_t step,
                        const AdamWParams& p, const Tensor* step_scalars) {
-  PIPELINE_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() &&
-                     exp_avg_sq.size() == params.size(),
-                 "adamw_update_many: {} parameters, {} gradients, {} and {} moments",
-                 params.size(), grads.size(), exp_avg.size(), exp_avg_sq.size());
+  check_adamw_many(params.size(), grads.size(), exp_avg.size(), exp_avg_sq.size());
 #if PIPELINE_WITH_CUDA
   if (!params.empty() && params[0].device().is_cuda()) {
     const Device d = params[0].device();
@@ -450,12 +472,9 @@ void adamw_update_many(std::span<Tensor> params, std::span<const Tensor> grads,
 #endif
   check_no_step_scalars(step_scalars, "adamw_update_many");
   const AdamWCpuStep s = adamw_cpu_step(step, p);
-  std::vector<AdamWCpuTensor> t;
+  const std::vector<AdamWCpuTensor> t = adamw_cpu_operands_of(params, grads, exp_avg, exp_avg_sq);
   std::vector<std::int64_t> sizes;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    t.push_back(adamw_cpu_operands(params[i], grads[i], exp_avg[i], exp_avg_sq[i]));
-    sizes.push_back(t.back().n);
-  }
+  for (const AdamWCpuTensor& x : t) sizes.push_back(x.n);
   pipeline::detail::for_each_piece_of(
       sizes, kMinPiece, kPieceAlign,
       [&](std::size_t i, std::int64_t at, std::int64_t n) { adamw_piece(t[i], at, n, s); });
@@ -468,14 +487,9 @@ void adamw_update_many(std::span<Tensor> params, std::span<Tensor> grads, std::s
     return update_then_tail(grads, tail, [&] {
       adamw_update_many(params, std::span<const Tensor>(grads), exp_avg, exp_avg_sq, step, p);
     });
-  PIPELINE_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() &&
-                     exp_avg_sq.size() == params.size(),
-                 "adamw_update_many: {} parameters, {} gradients, {} and {} moments", params.size(),
-                 grads.size(), exp_avg.size(), exp_avg_sq.size());
+  check_adamw_many(params.size(), grads.size(), exp_avg.size(), exp_avg_sq.size());
   const AdamWCpuStep s = adamw_cpu_step(step, p);
-  std::vector<AdamWCpuTensor> t;
-  for (std::size_t i = 0; i < params.size(); ++i)
-    t.push_back(adamw_cpu_operands(params[i], grads[i], exp_avg[i], exp_avg_sq[i]));
+  const std::vector<AdamWCpuTensor> t = adamw_cpu_operands_of(params, grads, exp_avg, exp_avg_sq);
   update_with_tail(grads, tail, [&](std::size_t i, std::int64_t at, std::int64_t n) {
     adamw_chunk(t[i], at, n, s);
   });

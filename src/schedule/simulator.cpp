@@ -89,11 +89,11 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   for (int l : layers) {
     // A layer that runs after its successor inside a stage runs first, on the full tensor, where
     // the stage ends at it (LayerProfile::at_stage_end).
-    const bool ends_pair =
-        l + 1 < profile.size() && owner[static_cast<std::size_t>(l) + 1] != stage;
-    const LayerProfile lp = ends_pair
-                                ? as_last_of_stage(profile.layers[static_cast<std::size_t>(l)])
-                                : profile.layers[static_cast<std::size_t>(l)];
+    const LayerProfile& declared = profile.layers[static_cast<std::size_t>(l)];
+    const bool ends_pair = declared.at_stage_end && l + 1 < profile.size() &&
+                           owner[static_cast<std::size_t>(l) + 1] != stage;
+    const LayerProfile ended = ends_pair ? as_last_of_stage(declared) : LayerProfile{};
+    const LayerProfile& lp = ends_pair ? ended : declared;
     t.forward_s += lp.forward_s;
     t.backward_s += lp.backward_s;
     input += lp.backward_input_s;
