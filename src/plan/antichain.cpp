@@ -55,6 +55,7 @@ StateGraph StateGraph::linear(const Profile& p) {
                         i, in);
       last_use[static_cast<std::size_t>(in)] = std::max(last_use[static_cast<std::size_t>(in)], i);
     }
+  const std::vector<char> read_alone = p.input_read_alone();
   double c = 0, a = 0, w = 0, v = 0, f = 0;
   for (int i = 0; i < n; ++i) {
     const auto& l = p.layers[static_cast<std::size_t>(i)];
@@ -73,9 +74,13 @@ StateGraph StateGraph::linear(const Profile& p) {
       if (last_use[static_cast<std::size_t>(v)] > i) cut += static_cast<double>(p.layers[static_cast<std::size_t>(v)].output_bytes);
     g.boundary_bytes.push_back(cut);
     g.pipedream_boundary_bytes.push_back(static_cast<double>(l.output_bytes));
-    g.kept_input_bytes.push_back(
-        i + 1 < n ? static_cast<double>(p.layers[static_cast<std::size_t>(i) + 1].saved_input_bytes)
-                  : 0.0);
+    const LayerProfile* next = i + 1 < n ? &p.layers[static_cast<std::size_t>(i) + 1] : nullptr;
+    g.kept_input_bytes.push_back(next ? static_cast<double>(next->saved_input_bytes) : 0.0);
+    g.kept_input_bytes_ending.push_back(
+        next && next->at_stage_end ? static_cast<double>(next->at_stage_end->saved_input_bytes)
+                                   : g.kept_input_bytes.back());
+    g.frees_input.push_back(next && p.stage_frees_input(read_alone, i + 1, n - 1));
+    g.frees_input_ending.push_back(next && p.stage_frees_input(read_alone, i + 1, i + 1));
   }
   g.charge_stage_ends(p, [](int state, int layer) { return layer <= state; });
   g.workspace = StageWorkspace(p, /*prefix_states=*/true);
@@ -561,6 +566,9 @@ StateGraph StateGraphAssembler::assemble(const Profile& p, const LayerDag& d, co
     g.boundary_bytes.push_back(cut);
     g.pipedream_boundary_bytes.push_back(aug);
     g.kept_input_bytes.push_back(0.0);
+    g.kept_input_bytes_ending.push_back(0.0);
+    g.frees_input.push_back(0);
+    g.frees_input_ending.push_back(0);
   }
   g.charge_stage_ends(p, [&](int state, int layer) {
     return test(states[static_cast<std::size_t>(perm[static_cast<std::size_t>(state)])], layer);

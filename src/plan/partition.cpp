@@ -183,8 +183,8 @@ class Solver {
     const double input = s < 0 ? 0.0 : m_g.boundary_bytes[static_cast<std::size_t>(s)];
     const double work = working_bytes(m_g, s, j, m_ratio);
     if (m_o.recompute != Recompute::All &&
-        stage_memory_bytes(par, version, act, flight, m_o.optimizer_state_factor, input, work) <=
-            *m_memory)
+        stage_memory_bytes(par, version, act, flight, m_o.optimizer_state_factor, input, work,
+                           m_g.stage_frees_input(s, j)) <= *m_memory)
       return {};
     if (!can) return {false};
     if (recompute_stage_memory_bytes(par, version, act, input, flight, m_o.optimizer_state_factor,
@@ -588,7 +588,8 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     const double input = fs.s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(fs.s)];
     const double work = working_bytes(g, fs.s, fs.e, R);
     auto stash_at = [&](int f) {
-      return stage_memory_bytes(par, version, act, f, o.optimizer_state_factor, input, work);
+      return stage_memory_bytes(par, version, act, f, o.optimizer_state_factor, input, work,
+                                g.stage_frees_input(fs.s, fs.e));
     };
     auto recompute_at = [&](int f) {
       return recompute_stage_memory_bytes(par, version, act, input, f, o.optimizer_state_factor,
@@ -761,7 +762,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
         ps.recompute ? recompute_stage_memory_bytes(par, par, act, input, 1,
                                                     o.optimizer_state_factor, ps.workspace_bytes)
                      : stage_memory_bytes(par, par, act, 1, o.optimizer_state_factor, input,
-                                          ps.workspace_bytes);
+                                          ps.workspace_bytes, g.stage_frees_input(f.s, f.e));
     const auto r = static_cast<std::size_t>(k % w);
     compute[r] += ps.compute_s + ps.sync_s;
     transfer[r] += ps.transfer_s;

@@ -87,17 +87,17 @@ struct TypedPartitioner::Impl {
   Mode mode(const TypeData& d, int s, int j, int r, int w, int flight = 0,
             bool delays = false) const {
     // The stage keeps part of its received input as its first layer's saved input (the types'
-    // profiles share their layers, so the states' kept_input_bytes are every type's).
+    // profiles share their layers, so the states' kept input bytes are every type's).
     const double par = diff(d.parameter, s, j), version = diff(d.version, s, j),
-                 act = diff(d.activation, s, j) -
-                       (s < 0 ? 0.0 : g.kept_input_bytes[static_cast<std::size_t>(s)]);
+                 act = diff(d.activation, s, j) - g.stage_kept_input_bytes(s, j);
     const double input = s < 0 ? 0.0 : d.boundary[static_cast<std::size_t>(s)];
     if (flight <= 0) flight = in_flight(w, 0, r);
     const double delay_bytes =
         delays ? delayed_allreduce_bytes(par, version, r, /*input_stage=*/s < 0) : 0.0;
     const double work = working(d, s, j);
     const double stash =
-        stage_memory_bytes(par, version, act, flight, options.optimizer_state_factor, input, work) +
+        stage_memory_bytes(par, version, act, flight, options.optimizer_state_factor, input, work,
+                           g.stage_frees_input(s, j)) +
         delay_bytes;
     const double again = recompute_stage_memory_bytes(par, version, act, input, flight,
                                                       options.optimizer_state_factor, work) +

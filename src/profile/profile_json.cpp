@@ -54,6 +54,16 @@ std::int64_t get_bytes(const json& obj, const char* key, std::string_view where,
   return static_cast<std::int64_t>(v);
 }
 
+// An optional true/false field: false where absent.
+bool get_flag(const json& obj, const char* key, std::string_view where, std::string_view origin) {
+  if (!obj.contains(key)) return false;
+  const json& v = obj.at(key);
+  PIPELINE_CHECK_AS(ConfigError, v.is_boolean(),
+                    "{}: {} field \"{}\" must be true or false, got {}", origin, where, key,
+                    v.dump());
+  return v.get<bool>();
+}
+
 void check_time(double v, const char* field, int layer, const std::string& name,
                 std::string_view origin) {
   if (!std::isfinite(v) || v < 0)
@@ -61,6 +71,19 @@ void check_time(double v, const char* field, int layer, const std::string& name,
         ConfigError,
         "{}: layer {} (\"{}\") has {} = {}; times must be finite and non-negative seconds", origin,
         layer, name, field, v);
+}
+
+// What a layer keeps of its input is part of what it keeps, and then it does not free it.
+void check_saved_input(std::int64_t saved_input, std::int64_t saved, bool frees, const char* prefix,
+                       int layer, const std::string& name, std::string_view origin) {
+  PIPELINE_CHECK_AS(ConfigError, saved_input >= 0 && saved_input <= saved,
+                    "{}: layer {} (\"{}\") has {}saved_input_bytes = {}, which must be between 0 "
+                    "and its {}saved_bytes ({}): it is the part of them that is the layer's input",
+                    origin, layer, name, prefix, saved_input, prefix, saved);
+  PIPELINE_CHECK_AS(ConfigError, !(frees && saved_input > 0),
+                    "{}: layer {} (\"{}\") has {}frees_input true and {}saved_input_bytes = {}: a "
+                    "layer that keeps part of its input does not free it; drop one of the two",
+                    origin, layer, name, prefix, prefix, saved_input);
 }
 
 }  // namespace
@@ -98,10 +121,7 @@ void validate_profile(const Profile& p, std::string_view origin) {
         "{}); sizes are 0 to {} bytes, and a stashed version is at most parameter_bytes",
         origin, i, l.name, l.output_bytes, l.parameter_bytes, l.saved_bytes, l.split_kept_bytes,
         l.stashed_parameter_bytes, l.workspace_bytes, kMaxProfileBytes);
-    PIPELINE_CHECK_AS(ConfigError, l.saved_input_bytes >= 0 && l.saved_input_bytes <= l.saved_bytes,
-                      "{}: layer {} (\"{}\") has saved_input_bytes = {}, which must be between 0 "
-                      "and its saved_bytes ({}): it is the part of them that is the layer's input",
-                      origin, i, l.name, l.saved_input_bytes, l.saved_bytes);
+    check_saved_input(l.saved_input_bytes, l.saved_bytes, l.frees_input, "", i, l.name, origin);
     if (const auto& e = l.at_stage_end) {
       check_time(e->forward_s, "at_stage_end.forward_s", i, l.name, origin);
       check_time(e->backward_s, "at_stage_end.backward_s", i, l.name, origin);
@@ -112,6 +132,8 @@ void validate_profile(const Profile& p, std::string_view origin) {
           "{}: layer {} (\"{}\") has at_stage_end.saved_bytes = {}; sizes are 0 to {} "
           "bytes",
           origin, i, l.name, e->saved_bytes, kMaxProfileBytes);
+      check_saved_input(e->saved_input_bytes, e->saved_bytes, e->frees_input, "at_stage_end.", i,
+                        l.name, origin);
     }
     PIPELINE_CHECK_AS(ConfigError, std::isfinite(l.flops) && l.flops >= 0,
                       "{}: layer {} (\"{}\") has flops = {}; must be finite and non-negative",
@@ -237,6 +259,9 @@ Profile profile_from_json(const json& j, std::string_view origin) {
       c.backward_input_s = get_number(e, "backward_input_s", in_e, origin, false);
       c.backward_weight_s = get_number(e, "backward_weight_s", in_e, origin, false);
       c.saved_bytes = get_bytes(e, "saved_bytes", in_e, origin);
+      if (e.contains("saved_input_bytes"))
+        c.saved_input_bytes = get_bytes(e, "saved_input_bytes", in_e, origin);
+      c.frees_input = get_flag(e, "frees_input", in_e, origin);
       l.at_stage_end = c;
     }
     if (lj.contains("inputs")) {
@@ -255,12 +280,8 @@ Profile profile_from_json(const json& j, std::string_view origin) {
         l.inputs.push_back(static_cast<int>(x));
       }
     }
-    if (lj.contains("source")) {
-      PIPELINE_CHECK_AS(ConfigError, lj.at("source").is_boolean(),
-                        "{}: {} field \"source\" must be true or false, got {}", origin, where,
-                        lj.at("source").dump());
-      l.source = lj.at("source").get<bool>();
-    }
+    l.source = get_flag(lj, "source", where, origin);
+    l.frees_input = get_flag(lj, "frees_input", where, origin);
     p.layers.push_back(std::move(l));
   }
   validate_profile(p, origin);
@@ -294,12 +315,16 @@ json profile_to_json(const Profile& p) {
     if (l.step_s.measured())
       lj["step_s"] = {
           {"sgd", l.step_s.sgd}, {"momentum", l.step_s.momentum}, {"adamw", l.step_s.adamw}};
-    if (const auto& e = l.at_stage_end)
-      lj["at_stage_end"] = {{"forward_s", e->forward_s},
-                            {"backward_s", e->backward_s},
-                            {"backward_input_s", e->backward_input_s},
-                            {"backward_weight_s", e->backward_weight_s},
-                            {"saved_bytes", e->saved_bytes}};
+    if (l.frees_input) lj["frees_input"] = true;
+    if (const auto& e = l.at_stage_end) {
+      json& ej = lj["at_stage_end"] = {{"forward_s", e->forward_s},
+                                       {"backward_s", e->backward_s},
+                                       {"backward_input_s", e->backward_input_s},
+                                       {"backward_weight_s", e->backward_weight_s},
+                                       {"saved_bytes", e->saved_bytes}};
+      if (e->saved_input_bytes != 0) ej["saved_input_bytes"] = e->saved_input_bytes;
+      if (e->frees_input) ej["frees_input"] = true;
+    }
     if (l.source) lj["source"] = true;
     layers.push_back(std::move(lj));
   }

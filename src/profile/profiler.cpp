@@ -364,6 +364,17 @@ void profile_range(const Sequential& model, LayerRange range, const std::vector<
     visit(visit, s);
     return bytes;
   };
+  // Whether the layer keeps any tensor on that storage, whichever layer kept it first.
+  auto keeps_storage = [](const Saved& s, const void* storage) {
+    auto visit = [&](auto&& self, const Saved& node) -> bool {
+      for (const Tensor& t : node.tensors)
+        if (t.defined() && t.storage_id() == storage) return true;
+      for (const Saved& c : node.children)
+        if (self(self, c)) return true;
+      return false;
+    };
+    return visit(visit, s);
+  };
   for (int i = 0; i < n; ++i) {
     const auto I = static_cast<std::size_t>(i);
     const Layer& layer = model.layer(first + i);
@@ -400,6 +411,8 @@ void profile_range(const Sequential& model, LayerRange range, const std::vector<
                                 : first > 0 ? input.storage_id()
                                             : nullptr;
     lp.saved_bytes = saved_bytes(saved[I], input_storage, lp.saved_input_bytes);
+    lp.frees_input = input_storage && !keeps_storage(saved[I], input_storage) &&
+                     outputs[I].storage_id() != input_storage;
     lp.split_kept_bytes = split_kept[I];
     lp.workspace_bytes = workspace[I];
     lp.flops = layer.flops(shapes[R(first + i)]);
@@ -470,8 +483,9 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
     std::vector<LayerProfile> ending;
     profile_range(model, {std::max(0, i - 1), i + 1}, shapes, device, options, bf16, ctx, ending);
     const LayerProfile& a = ending.back();
-    out.layers[static_cast<std::size_t>(i)].at_stage_end = StageEndCosts{
-        a.forward_s, a.backward_s, a.backward_input_s, a.backward_weight_s, a.saved_bytes};
+    out.layers[static_cast<std::size_t>(i)].at_stage_end =
+        StageEndCosts{a.forward_s,   a.backward_s,        a.backward_input_s, a.backward_weight_s,
+                      a.saved_bytes, a.saved_input_bytes, a.frees_input};
   }
   out.runtime_bytes = std::max<std::int64_t>(0, memory_use(device).in_use_bytes - entry_bytes);
   return out;

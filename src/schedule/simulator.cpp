@@ -85,6 +85,7 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   StageTiming t;
   double input = 0, weight = 0;
   bool split = true;
+  std::int64_t kept_input = 0;  // what the first layer keeps of the input the stage receives
   const std::vector<int> layers = stage_layers(ps);
   for (int l : layers) {
     // A layer that runs after its successor inside a stage runs first, on the full tensor, where
@@ -94,6 +95,7 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
                            owner[static_cast<std::size_t>(l) + 1] != stage;
     const LayerProfile ended = ends_pair ? as_last_of_stage(declared) : LayerProfile{};
     const LayerProfile& lp = ends_pair ? ended : declared;
+    if (l == layers.front()) kept_input = lp.saved_input_bytes;
     t.forward_s += lp.forward_s;
     t.backward_s += lp.backward_s;
     input += lp.backward_input_s;
@@ -114,11 +116,8 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   }
   t.output_bytes = stage + 1 < plan.num_stages() ? cut_bytes(profile, owner, stage) : 0;
   const std::int64_t received = stage > 0 ? cut_bytes(profile, owner, stage - 1) : 0;
-  t.activation_bytes += received;
-  // What the first layer keeps of its input is that received storage, counted just above.
-  if (stage > 0)
-    t.activation_bytes -=
-        profile.layers[static_cast<std::size_t>(layers.front())].saved_input_bytes;
+  // What the first layer keeps of its input is that received storage, counted once.
+  t.activation_bytes += received - (stage > 0 ? kept_input : 0);
   t.forward_s *= scale;
   t.backward_s *= scale;
   t.backward_input_s *= scale;
@@ -131,6 +130,9 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
     t.backward_input_s += t.forward_s;
     t.recompute_bytes = t.activation_bytes - received;
     t.activation_bytes = received;
+  } else if (ps.layer_ids.empty() && stage > 0 &&
+             profile.stage_frees_input(profile.input_read_alone(), ps.begin, ps.end - 1)) {
+    t.activation_bytes -= received;  // no layer keeps it past the forward
   }
   t.output_bytes = static_cast<std::int64_t>(static_cast<double>(t.output_bytes) * scale);
   t.activation_bytes = static_cast<std::int64_t>(static_cast<double>(t.activation_bytes) * scale);

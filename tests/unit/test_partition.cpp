@@ -104,9 +104,12 @@ struct Brute {
         // The stage input (bytes crossing into it) is held per in-flight minibatch, and once more
         // as the input gradient of the backward in progress; four posted receives hold a buffer
         // of the larger message each.
+        // A stage whose first layer reads its input alone and keeps none of it frees it.
         double in = a < 0 ? 0.0 : g.boundary_bytes[a];
+        double held = g.stage_frees_input(a, b) ? 0.0 : in;
         double posted = 4 * std::max(in, g.boundary_bytes[b]) / R;
-        if (par * (2 + o.optimizer_state_factor + flight - 1) + (act + in) * flight + in + posted >
+        if (par * (2 + o.optimizer_state_factor + flight - 1) + (act + held) * flight + in +
+                posted >
             mem)
           return kInf;
       }
@@ -137,6 +140,7 @@ Profile random_profile(std::mt19937& rng, bool dag) {
     l.backward_s = std::round(time(rng) * 8) / 1000;
     l.output_bytes = bytes(rng) * 2500000;
     l.parameter_bytes = bytes(rng) * 5000000;
+    l.frees_input = coin(rng) == 0;
     if (dag && i > 0) {
       std::vector<int> in;
       for (int j = 0; j < i; ++j)
@@ -153,8 +157,8 @@ Profile random_profile(std::mt19937& rng, bool dag) {
     for (int j = i + 2; j < n; ++j)
       for (int in : p.predecessors(j)) alone = alone && in != i;
     if (alone && coin(rng) == 0)
-      p.layers[i].at_stage_end =
-          StageEndCosts{p.layers[i].forward_s * 3, p.layers[i].backward_s * 3, 0, 0, 1000000};
+      p.layers[i].at_stage_end = StageEndCosts{
+          p.layers[i].forward_s * 3, p.layers[i].backward_s * 3, 0, 0, 1000000, 0, coin(rng) == 0};
   }
   return p;
 }

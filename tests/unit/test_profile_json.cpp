@@ -128,7 +128,9 @@ TEST_CASE(
   Profile p = small_dag();
   p.layers[2].inputs.clear();  // l0 -> l1 -> l2 -> l3 (and l1 -> l3)
   p.layers[3].inputs = {2};
-  p.layers[1].at_stage_end = StageEndCosts{0.004, 0.005, 0.0045, 0.0005, 8192};
+  p.layers[1].at_stage_end = StageEndCosts{0.004, 0.005, 0.0045, 0.0005, 8192, 2000, false};
+  p.layers[1].saved_bytes = 500;
+  p.layers[1].frees_input = true;
   const std::string path = temp_path("stage_end.json");
   write_profile(p, path);
   const Profile q = read_profile(path);
@@ -139,9 +141,28 @@ TEST_CASE(
   CHECK(e.backward_input_s == 0.0045);
   CHECK(e.backward_weight_s == 0.0005);
   CHECK(e.saved_bytes == 8192);
+  CHECK(e.saved_input_bytes == 2000);
+  CHECK_FALSE(e.frees_input);
+  CHECK(q.layers[1].frees_input);
+  CHECK_FALSE(q.layers[2].frees_input);
+  CHECK(!profile_to_json(q)["layers"][2].contains("frees_input"));  // written only when set
   const LayerProfile last = as_last_of_stage(q.layers[1]);
   CHECK(last.forward_s == 0.004);
   CHECK(last.saved_bytes == 8192);
+  CHECK(last.saved_input_bytes == 2000);
+  CHECK_FALSE(last.frees_input);
+  // A stage starting at l1 frees its input where l1 and l2, which runs before it there, keep
+  // none of it; one of l1 alone as the at_stage_end costs say. Not where l1 shares its input.
+  Profile r = q;
+  r.layers[2].frees_input = true;
+  const std::vector<char> alone = r.input_read_alone();
+  CHECK(alone == std::vector<char>{0, 1, 1, 1});
+  CHECK(r.stage_frees_input(alone, 1, 3));
+  CHECK_FALSE(r.stage_frees_input(alone, 1, 1));  // at_stage_end: kept in place
+  CHECK_FALSE(r.stage_frees_input(alone, 0, 3));  // the first stage receives nothing
+  r.layers[2].frees_input = false;
+  CHECK_FALSE(r.stage_frees_input(alone, 1, 3));
+  CHECK(small_dag().input_read_alone() == std::vector<char>{0, 0, 0, 0});
   CHECK(as_last_of_stage(q.layers[0]).forward_s == q.layers[0].forward_s);
   // Only where the next layer takes the output alone, and nothing else does.
   const std::string good = profile_to_json(p).dump();
@@ -164,6 +185,19 @@ TEST_CASE(
         }).find("saved_bytes") != std::string::npos);
   CHECK(error_with([](auto& j) { j["layers"][1]["at_stage_end"] = 3; }).find("must be an object") !=
         std::string::npos);
+  CHECK(error_with([](auto& j) { j["layers"][1]["at_stage_end"]["saved_input_bytes"] = 9000; })
+            .find("at_stage_end.saved_input_bytes = 9000, which must be between 0 and its "
+                  "at_stage_end.saved_bytes (8192)") != std::string::npos);
+  CHECK(error_with([](auto& j) {
+          j["layers"][1]["at_stage_end"]["frees_input"] = true;
+        }).find("at_stage_end.frees_input true and at_stage_end.saved_input_bytes = 2000") !=
+        std::string::npos);
+  CHECK(error_with([](auto& j) {
+          j["layers"][1]["saved_input_bytes"] = 100;
+        }).find("drop one of the two") != std::string::npos);
+  CHECK(error_with([](auto& j) {
+          j["layers"][1]["frees_input"] = 1;
+        }).find("field \"frees_input\" must be true or false, got 1") != std::string::npos);
 }
 
 TEST_CASE("bad profiles are rejected with a message naming the problem") {

@@ -441,17 +441,20 @@ TEST_CASE("the planner's memory per stage is what the executor holds, stage inpu
   const Topology topo{{{4, 1e10}}, {}};
   PartitionOptions o;
   o.ignore_transfer = true;
+  // Trains a plan's stages under 1F1B-stash, 12 minibatches: what each rank held.
+  auto held_by_executor = [&](const Plan& p, DType dtype = DType::Float32) {
+    PipelineLayout l;
+    for (const auto& s : p.stages) {
+      l.stages.push_back({s.begin, s.end});
+      l.stage_ranks.push_back(s.ranks);
+    }
+    return train(zoo.model, zoo.sample_shape, l,
+                 generate_schedule("1f1b-stash", ScheduleSpec::from_plan(p, 1, 12)), {},
+                 synthetic_feed(zoo.sample_shape, batch), dtype);
+  };
   const Plan plan = evaluate_stages(prof, topo, parse_manual_stages("0:3,3:7,7:8,8:10"), o);
-  PipelineLayout layout;
-  for (const auto& s : plan.stages) {
-    layout.stages.push_back({s.begin, s.end});
-    layout.stage_ranks.push_back(s.ranks);
-  }
-  const Schedule schedule =
-      generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 12));
-  const auto outcome =
-      train(zoo.model, zoo.sample_shape, layout, schedule, {}, synthetic_feed(zoo.sample_shape, batch));
-  for (int r = 0; r < layout.num_ranks(); ++r) {
+  const auto outcome = held_by_executor(plan);
+  for (int r = 0; r < plan.num_stages(); ++r) {
     const double measured =
         static_cast<double>(outcome[static_cast<std::size_t>(r)].peak.total_bytes);
     // The executor counts what it holds; the plan's working memory of a pass (the conv's
@@ -474,29 +477,36 @@ TEST_CASE("the planner's memory per stage is what the executor holds, stage inpu
   // A stage that starts at relu1 runs pool1 first on the conv output it receives, which neither
   // keeps (the ReLU keeps the pooled tensor); one that ends at relu2 runs it on the full tensor
   // and keeps that (LayerProfile::at_stage_end), and the next stage starts at pool2, which keeps
-  // its indices only. The executor holds what the layers keep; the memory model charges each
-  // received input once per minibatch in flight whether a layer keeps it or not, so where none
-  // does (these two stages) it is over by exactly that.
-  CHECK(layer("relu1").saved_input_bytes == 0);
-  const Plan cut =
-      evaluate_stages(prof, Topology{{{3, 1e10}}, {}}, parse_manual_stages("0:1,1:5,5:10"), o);
-  PipelineLayout cut_layout;
-  for (const auto& s : cut.stages) {
-    cut_layout.stages.push_back({s.begin, s.end});
-    cut_layout.stage_ranks.push_back(s.ranks);
+  // its indices only. Those stages free their received input after the forward
+  // (LayerProfile::frees_input); a ReLU that ends a stage works in place on what it received and
+  // keeps that. The plan holds what the executor holds there too.
+  for (const char* name : {"relu1", "pool1", "relu2", "pool2"}) {
+    CAPTURE(name);
+    CHECK(layer(name).frees_input);
+    CHECK(layer(name).saved_input_bytes == 0);
   }
-  const auto cut_outcome =
-      train(zoo.model, zoo.sample_shape, cut_layout,
-            generate_schedule("1f1b-stash", ScheduleSpec::from_plan(cut, 1, 12)), {},
-            synthetic_feed(zoo.sample_shape, batch));
-  for (int r = 1; r < cut_layout.num_ranks(); ++r) {
-    const PlanStage& ps = cut.stages[static_cast<std::size_t>(r)];
-    const double received =
-        static_cast<double>(prof.layers[static_cast<std::size_t>(ps.begin) - 1].output_bytes);
-    CAPTURE(r);
-    CHECK(static_cast<double>(cut_outcome[static_cast<std::size_t>(r)].peak.total_bytes) ==
-          doctest::Approx(ps.memory_bytes - ps.workspace_bytes - received * ps.in_flight)
-              .epsilon(0.01));
+  for (const char* name : {"relu1", "relu2"}) {
+    CAPTURE(name);
+    const StageEndCosts& e = *layer(name).at_stage_end;
+    CHECK_FALSE(e.frees_input);
+    CHECK(e.saved_input_bytes == e.saved_bytes);
+  }
+  for (const char* name : {"conv1", "conv2", "flatten", "fc1", "relu3", "fc2"}) {
+    CAPTURE(name);  // keeps its input, returns a view of it, or reads the model's input
+    CHECK_FALSE(layer(name).frees_input);
+  }
+  // The single-layer stages [relu1] and [relu2] end inside their pairs (as_last_of_stage).
+  for (const char* stages : {"0:1,1:5,5:10", "0:1,1:2,2:10", "0:4,4:5,5:10"}) {
+    CAPTURE(stages);
+    const Plan cut =
+        evaluate_stages(prof, Topology{{{3, 1e10}}, {}}, parse_manual_stages(stages), o);
+    const auto cut_outcome = held_by_executor(cut);
+    for (std::size_t r = 1; r < cut.stages.size(); ++r) {
+      const PlanStage& ps = cut.stages[r];
+      CAPTURE(r);
+      CHECK(static_cast<double>(cut_outcome[r].peak.total_bytes) ==
+            doctest::Approx(ps.memory_bytes - ps.workspace_bytes).epsilon(0.01));
+    }
   }
 
   // The optimizer's state: AdamW's two moments cost one copy of the weights more than momentum.
@@ -533,9 +543,8 @@ TEST_CASE("the planner's memory per stage is what the executor holds, stage inpu
   const Plan plan32 = evaluate_stages(prof, topo, parse_manual_stages("0:3,3:7,7:8,8:10"), o);
   CHECK(plan16.dtype == "bfloat16");  // the trainers' default --dtype for this plan
   CHECK(plan32.dtype.empty());
-  const auto outcome16 = train(zoo.model, zoo.sample_shape, layout, schedule, {},
-                               synthetic_feed(zoo.sample_shape, batch), DType::BFloat16);
-  for (int r = 1; r < layout.num_ranks(); ++r) {
+  const auto outcome16 = held_by_executor(plan, DType::BFloat16);
+  for (int r = 1; r < plan.num_stages(); ++r) {
     const PlanStage& s16 = plan16.stages[static_cast<std::size_t>(r)];
     const PlanStage& s32 = plan32.stages[static_cast<std::size_t>(r)];
     const double measured =

@@ -99,9 +99,14 @@ class StateGraph {
   std::vector<double> pipedream_boundary_bytes;
   // Per state: what a stage that starts right after it keeps of the input it receives
   // (LayerProfile::saved_input_bytes of its first layer), which activation_bytes counts and the
-  // memory model charges as the received input already. Prefix-of-a-layer-order states only;
-  // 0 for antichain states of DAGs (the estimate then stays on the safe side).
-  std::vector<double> kept_input_bytes;
+  // memory model charges as the received input already; and whether it frees that input after
+  // its forward, because its first layer reads it alone and keeps none of it
+  // (Profile::stage_frees_input: a max pool). The `_ending` pair: the same where that first layer
+  // also ends the stage inside a reordered pair (as_last_of_stage). Prefix-of-a-layer-order
+  // states only; 0 and false for antichain states of DAGs (the estimate then stays on the safe
+  // side).
+  std::vector<double> kept_input_bytes, kept_input_bytes_ending;
+  std::vector<char> frees_input, frees_input_ending;
 
   // Per state: what a stage that ends at it pays beyond the prefix sums' difference, because it
   // holds a layer that runs after its successor inside a stage (LayerProfile::at_stage_end)
@@ -129,12 +134,27 @@ class StateGraph {
 
   // The activation bytes a stage P(e) \ P(s) stashes per minibatch beside the input it receives.
   double stage_activation_bytes(int s, int e) const {
-    const double a =
-        stage_sum(activation_bytes, s, e) + end_activation_bytes[static_cast<std::size_t>(e)];
-    return s < 0 ? a : a - kept_input_bytes[static_cast<std::size_t>(s)];
+    return stage_sum(activation_bytes, s, e) + end_activation_bytes[static_cast<std::size_t>(e)] -
+           stage_kept_input_bytes(s, e);
+  }
+  // What of its received input the stage P(e) \ P(s) keeps as its first layer's saved input.
+  double stage_kept_input_bytes(int s, int e) const {
+    if (s < 0) return 0;
+    return (is_pair_end_alone(s, e) ? kept_input_bytes_ending
+                                    : kept_input_bytes)[static_cast<std::size_t>(s)];
+  }
+  // Whether the stage P(e) \ P(s) frees its received input after the forward: a stashing stage
+  // then holds none of it per minibatch in flight; a recomputing one holds it all the same (its
+  // forward runs again from it).
+  bool stage_frees_input(int s, int e) const {
+    if (s < 0) return false;
+    return (is_pair_end_alone(s, e) ? frees_input_ending
+                                    : frees_input)[static_cast<std::size_t>(s)] != 0;
   }
 
  private:
+  // A stage of one layer that ends inside a reordered pair (prefix states: state e is layer e).
+  bool is_pair_end_alone(int s, int e) const { return m_chain && e == s + 1 && !can_end(e); }
   static double stage_sum(const std::vector<double>& prefix, int s, int e) {
     return prefix[static_cast<std::size_t>(e)] -
            (s < 0 ? 0.0 : prefix[static_cast<std::size_t>(s)]);

@@ -111,14 +111,17 @@ inline double posted_receive_bytes(double input_bytes, double output_bytes, doub
 // progress, as large as the input, and the working memory of the pass in progress
 // (`workspace_bytes`: StageWorkspace of antichain.hpp, the temporaries of one layer's pass and
 // the runtime's own, plus posted_receive_bytes). The runtime's measured peak (StageMemory) holds
-// all but the last; the allocator's peak (the trainers' "allocator peak") the last too.
+// all but the last; the allocator's peak (the trainers' "allocator peak") the last too. A stage
+// whose first layer keeps none of its input (`frees_input`: StateGraph::stage_frees_input) holds
+// it only while its forward runs.
 inline double stage_memory_bytes(double parameter_bytes, double version_bytes,
                                  double activation_bytes, int in_flight_minibatches,
                                  double optimizer_state_factor, double input_bytes,
-                                 double workspace_bytes) {
+                                 double workspace_bytes, bool frees_input) {
+  const double held_input = frees_input ? 0.0 : input_bytes;
   return parameter_bytes * (2.0 + optimizer_state_factor) +
          version_bytes * (in_flight_minibatches - 1) +
-         (activation_bytes + input_bytes) * in_flight_minibatches + input_bytes + workspace_bytes;
+         (activation_bytes + held_input) * in_flight_minibatches + input_bytes + workspace_bytes;
 }
 
 // The same stage with activation recomputation: it keeps only its input per in-flight minibatch

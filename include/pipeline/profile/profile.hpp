@@ -58,6 +58,10 @@ struct StageEndCosts {
   double backward_input_s = 0;
   double backward_weight_s = 0;
   std::int64_t saved_bytes = 0;
+  // LayerProfile's saved_input_bytes and frees_input, as such a stage runs the layer: a stage of
+  // that layer alone keeps the input it receives where the layer keeps it (a ReLU in place).
+  std::int64_t saved_input_bytes = 0;
+  bool frees_input = false;
 };
 
 struct LayerProfile {
@@ -88,6 +92,13 @@ struct LayerProfile {
   // this layer holds that storage once, as the input it received, so the memory models do not
   // charge it again there. 0 when unknown.
   std::int64_t saved_input_bytes = 0;
+  // Measured: the layer keeps no part of its input's storage for its backward and does not
+  // return a view of it (a max pool keeps its argmax indices; a ReLU that runs after its pool
+  // keeps the pooled tensor). A stage that starts at it, as the only reader of what it receives,
+  // frees that input after the forward instead of holding it per minibatch in flight
+  // (Profile::input_read_alone). false when it keeps it, and when unknown. Serialised only when
+  // set.
+  bool frees_input = false;
   // Bytes a split backward keeps from the input-gradient half to the weight half: the layer's
   // output gradient, and a composite's children's output gradients. 0 when not measured, and
   // then output_bytes stands for it (split_kept_bytes()).
@@ -121,7 +132,8 @@ inline LayerProfile as_last_of_stage(LayerProfile l) {
   l.backward_input_s = e.backward_input_s;
   l.backward_weight_s = e.backward_weight_s;
   l.saved_bytes = e.saved_bytes;
-  l.saved_input_bytes = std::min(l.saved_input_bytes, e.saved_bytes);
+  l.saved_input_bytes = e.saved_input_bytes;
+  l.frees_input = e.frees_input;
   return l;
 }
 
@@ -163,6 +175,42 @@ struct Profile {
     if (!l.inputs.empty()) return l.inputs;
     if (i == 0 || l.source) return {};
     return {i - 1};
+  }
+
+  // Per layer f: whether the one tensor that crosses a cut just before f is layer f - 1's output,
+  // and f alone reads it. A stage starting at such a layer holds of its received input what that
+  // layer keeps, nothing more; elsewhere later layers of the stage may read it too.
+  std::vector<char> input_read_alone() const {
+    const int n = size();
+    std::vector<char> alone(static_cast<std::size_t>(n), 0);
+    std::vector<int> last_reader(static_cast<std::size_t>(n), -1),
+        readers(static_cast<std::size_t>(n), 0);
+    for (int j = 0; j < n; ++j)
+      for (int v : predecessors(j)) {
+        last_reader[static_cast<std::size_t>(v)] =
+            std::max(last_reader[static_cast<std::size_t>(v)], j);
+        ++readers[static_cast<std::size_t>(v)];
+      }
+    int read_later = -1;  // the last reader of any layer before f - 1
+    for (int f = 1; f < n; ++f) {
+      const auto u = static_cast<std::size_t>(f) - 1;
+      alone[static_cast<std::size_t>(f)] = read_later <= f - 1 && readers[u] == 1 &&
+                                           last_reader[u] == f && predecessors(f).size() == 1;
+      read_later = std::max(read_later, last_reader[u]);
+    }
+    return alone;
+  }
+
+  // Whether a stage of layers first..last frees the input it receives once its forward has run:
+  // its first layer reads it alone (`read_alone`: input_read_alone()) and keeps none of it, nor
+  // does the successor that runs before that layer where the two form a reordered pair inside
+  // the stage (a stage starting at a ReLU before its max pool runs the pool on the input).
+  bool stage_frees_input(const std::vector<char>& read_alone, int first, int last) const {
+    if (first <= 0 || !read_alone[static_cast<std::size_t>(first)]) return false;
+    const LayerProfile& l = layers[static_cast<std::size_t>(first)];
+    if (!l.at_stage_end) return l.frees_input;
+    if (last == first) return l.at_stage_end->frees_input;
+    return l.frees_input && layers[static_cast<std::size_t>(first) + 1].frees_input;
   }
 
   // True when every layer takes exactly the previous layer's output (no DAG edges).
