@@ -279,12 +279,12 @@ class Solver {
 
  private:
   double seg_compute(int level, int s, int j) const {
-    if (level == 0) return m_g.compute_s[static_cast<std::size_t>(j)] - (s < 0 ? 0.0 : m_g.compute_s[static_cast<std::size_t>(s)]);
+    if (level == 0) return StateGraph::stage_sum(m_g.compute_s, s, j);
     // Stored by end state, so that scanning splits k for one end state reads consecutive values.
     return m_tables[static_cast<std::size_t>(level - 1)][static_cast<std::size_t>(j) * static_cast<std::size_t>(m_S + 1) + static_cast<std::size_t>(s + 1)];
   }
-  double diff(const std::vector<double>& v, int s, int j) const {
-    return v[static_cast<std::size_t>(j)] - (s < 0 ? 0.0 : v[static_cast<std::size_t>(s)]);
+  static double diff(const std::vector<double>& v, int s, int j) {
+    return StateGraph::stage_sum(v, s, j);
   }
   double boundary(int k) const {
     return m_pd ? m_g.pipedream_boundary_bytes[static_cast<std::size_t>(k)] : m_g.boundary_bytes[static_cast<std::size_t>(k)];
@@ -562,9 +562,7 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
   std::vector<int> groups(t.levels.size() + 1, 1);
   for (std::size_t l = 0; l < t.levels.size(); ++l) groups[l + 1] = groups[l] * t.levels[l].count;
   const int N = t.workers();
-  auto diff = [&](const std::vector<double>& v, int s, int e) {
-    return v[static_cast<std::size_t>(e)] - (s < 0 ? 0.0 : v[static_cast<std::size_t>(s)]);
-  };
+  const auto diff = &StateGraph::stage_sum;
   plan.stages.clear();
   plan.config.clear();
   std::vector<int> replicas;
@@ -752,9 +750,8 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   for (int k = 0; k < stages; ++k) {
     PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
     const FinalStage& f = fs[static_cast<std::size_t>(k)];
-    const double par = at(g.parameter_bytes, f.e) - at(g.parameter_bytes, f.s),
-                 act = g.stage_activation_bytes(f.s, f.e),
-                 input = at(g.boundary_bytes, f.s);
+    const double par = StateGraph::stage_sum(g.parameter_bytes, f.s, f.e),
+                 act = g.stage_activation_bytes(f.s, f.e), input = at(g.boundary_bytes, f.s);
     // describe() decided recomputation: every stage under --recompute all, none otherwise. One
     // minibatch in flight: no stashed version.
     ps.workspace_bytes = working_bytes(g, f.s, f.e, o.activation_compression.value_or(1.0));

@@ -63,7 +63,7 @@ struct TypedPartitioner::Impl {
     return static_cast<int>(v / stride[t] % static_cast<std::size_t>(types[t].count + 1));
   }
   static double diff(const std::vector<double>& x, int s, int j) {
-    return x[static_cast<std::size_t>(j)] - (s < 0 ? 0.0 : x[static_cast<std::size_t>(s)]);
+    return StateGraph::stage_sum(x, s, j);
   }
 
   struct Mode {

@@ -121,7 +121,12 @@ class StateGraph {
   // a 2x2 pool) and costs the two stages less in all, though it moves the pool's time into the
   // earlier stage, so where that stage is the bottleneck a cut inside could be a little faster.
   bool can_end(int e) const { return !m_cuts_pair[static_cast<std::size_t>(e)]; }
-  // Compute and forward seconds of the stage P(e) \ P(s) (s < 0: from the first layer).
+  // A prefix sum's difference over the stage P(e) \ P(s) (s < 0: from the first layer).
+  static double stage_sum(const std::vector<double>& prefix, int s, int e) {
+    return prefix[static_cast<std::size_t>(e)] -
+           (s < 0 ? 0.0 : prefix[static_cast<std::size_t>(s)]);
+  }
+  // Compute and forward seconds of the stage, with what ending inside a pair adds.
   double stage_compute_s(int s, int e) const {
     return stage_sum(compute_s, s, e) + end_compute_s[static_cast<std::size_t>(e)];
   }
@@ -155,10 +160,6 @@ class StateGraph {
  private:
   // A stage of one layer that ends inside a reordered pair (prefix states: state e is layer e).
   bool is_pair_end_alone(int s, int e) const { return m_chain && e == s + 1 && !can_end(e); }
-  static double stage_sum(const std::vector<double>& prefix, int s, int e) {
-    return prefix[static_cast<std::size_t>(e)] -
-           (s < 0 ? 0.0 : prefix[static_cast<std::size_t>(s)]);
-  }
   // Fills the end_* arrays from each state's members (member(state, layer)).
   template <class Member>
   void charge_stage_ends(const Profile& p, Member&& member);
