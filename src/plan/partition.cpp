@@ -23,11 +23,11 @@ double data_parallel_seconds(const Profile& p, const Topology& t, const Partitio
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // A stage's working memory beside its tensors: its layers' temporaries and the runtime's
-// (StageWorkspace) and the buffers of the receives it keeps posted, at `ratio` compression.
+// (StageWorkspace) and its message buffers (message_buffer_bytes), at `ratio` compression.
 double working_bytes(const StateGraph& g, int s, int e, double ratio) {
   const double input = s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(s)];
   return g.workspace(s, e) +
-         posted_receive_bytes(input, g.boundary_bytes[static_cast<std::size_t>(e)], ratio);
+         message_buffer_bytes(input, g.boundary_bytes[static_cast<std::size_t>(e)], ratio);
 }
 
 struct Entry {

@@ -72,12 +72,12 @@ struct TypedPartitioner::Impl {
     double extra_s = 0;
     double memory_bytes = 0;
   };
-  // The stage's working memory: its layers' temporaries and the runtime's, and the buffers of the
-  // receives it keeps posted.
+  // The stage's working memory: its layers' temporaries and the runtime's, and its message
+  // buffers.
   double working(const TypeData& d, int s, int j) const {
     const double input = s < 0 ? 0.0 : d.boundary[static_cast<std::size_t>(s)];
     return d.workspace(s, j) +
-           posted_receive_bytes(input, d.boundary[static_cast<std::size_t>(j)], ratio);
+           message_buffer_bytes(input, d.boundary[static_cast<std::size_t>(j)], ratio);
   }
 
   // How stage (s..j] runs on r workers of type t with w workers at and after it (partition()'s

@@ -264,10 +264,10 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     c.activation_bytes = t.activation_bytes;
     c.recompute_bytes = t.recompute_bytes;
     c.split_gradient_bytes = t.split_gradient_bytes;
-    // Beside its layers' working memory, the buffers of the receives the stage keeps posted.
+    // Beside its layers' working memory, the stage's message buffers (posted receives, a send).
     const double received =
         s > 0 ? static_cast<double>(cut_bytes(profile, owner, s - 1)) * scale : 0.0;
-    c.workspace_bytes = t.workspace_bytes + static_cast<std::int64_t>(posted_receive_bytes(
+    c.workspace_bytes = t.workspace_bytes + static_cast<std::int64_t>(message_buffer_bytes(
                                                 received, static_cast<double>(t.output_bytes),
                                                 1.0 / options.transfer_bytes_scale));
     c.parameter_bytes = t.parameter_bytes;

@@ -137,8 +137,9 @@ double evaluate(const Instance& x, const std::vector<BruteStage>& stages) {
     const int r = s.replicas;
     const int flight = (after - 1) / r + 1;
     after -= r;
-    // Four posted receives hold a buffer of the larger message each (none after the last stage).
-    const double posted = 4 * std::max(in, i + 1 < stages.size() ? out : 0.0) / R;
+    // Four posted receives and one unfinished send hold a buffer of the larger message each (none
+    // after the last stage).
+    const double posted = 5 * std::max(in, i + 1 < stages.size() ? out : 0.0) / R;
     const double weights = P * (2 + osf + (flight - 1)) + posted;
     const double stash = weights + (A + in) * flight + in;
     const double again = weights + in * flight + A + in;

@@ -226,11 +226,12 @@ TEST_CASE("the partitioner recomputes the stages that would not fit otherwise") 
   const Profile p = narrowing_profile();
   // Two workers: the first stage has 2 minibatches in flight, the second 1. Per worker
   // (parameters, gradient, momentum and stashed versions; activations and inputs in flight; the
-  // input gradient; 4 posted receives of the 1 MB message between the stages):
-  //   [0,2) stashing  2 MB·(2 + 1 + 1) + 21 MB·2 + 4 MB           = 54 MB; recomputing 33 MB
-  //   [2,4) stashing  2 MB·(2 + 1)     + (2 + 1) MB + 1 MB + 4 MB = 14 MB
-  // and every other split or replication needs more than 34 MB either way (data parallelism 35).
-  Topology t{{{2, 1e10}}, 34e6};
+  // input gradient; 4 posted receives and an unfinished send of the 1 MB message between the
+  // stages):
+  //   [0,2) stashing  2 MB·(2 + 1 + 1) + 21 MB·2 + 5 MB           = 55 MB; recomputing 34 MB
+  //   [2,4) stashing  2 MB·(2 + 1)     + (2 + 1) MB + 1 MB + 5 MB = 15 MB
+  // and every other split or replication needs more than 35 MB either way (data parallelism 35).
+  Topology t{{{2, 1e10}}, 34.5e6};
   PartitionOptions o;
   o.recompute = Recompute::Auto;
   const Plan plan = partition(p, t, o);
@@ -239,8 +240,8 @@ TEST_CASE("the partitioner recomputes the stages that would not fit otherwise") 
   CHECK(plan.stages[0].end == 2);
   CHECK(plan.stages[0].recompute);
   CHECK_FALSE(plan.stages[1].recompute);
-  CHECK(plan.stages[0].memory_bytes == doctest::Approx(33e6));
-  CHECK(plan.stages[1].memory_bytes == doctest::Approx(14e6));
+  CHECK(plan.stages[0].memory_bytes == doctest::Approx(34e6));
+  CHECK(plan.stages[1].memory_bytes == doctest::Approx(15e6));
   // The second forward is charged to the recomputing stage: 2 · (1 + 2) + 2 · 1 ms.
   CHECK(plan.stages[0].compute_s == doctest::Approx(0.008));
   CHECK(plan.stages[1].compute_s == doctest::Approx(0.006));
@@ -357,7 +358,7 @@ TEST_CASE("a run of the partitioner's own plan stays under the memory cap, near 
   const double recompute_min = smallest_memory(prof, topo, o);
   MESSAGE("smallest memory per worker: stashing " << stash_min << " B, recomputing "
                                                   << recompute_min << " B");
-  REQUIRE(recompute_min < 0.9 * stash_min);
+  REQUIRE(recompute_min < 0.95 * stash_min);
   topo.memory_bytes_per_worker = 0.5 * (stash_min + recompute_min);
   const double cap = *topo.memory_bytes_per_worker;
   o.recompute = Recompute::None;

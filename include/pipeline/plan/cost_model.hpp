@@ -93,13 +93,20 @@ inline double delayed_allreduce_bytes(double parameter_bytes, double version_byt
 // message.
 constexpr int kPostedReceives = 4;
 
-// The buffers of those receives on a stage, part of its working memory: kPostedReceives messages
-// of the larger it receives — its input from the stage before, the gradient of its output from
-// the stage after (0 where there is none) — at the bytes on the wire (`compression`: the
-// activation compression ratio, 2 for bf16 transfers). On a CPU pipeline of transformer blocks
-// they were the whole 4-5% by which the allocator's peak exceeded the plan.
-inline double posted_receive_bytes(double input_bytes, double output_bytes, double compression) {
-  return kPostedReceives * std::max(input_bytes, output_bytes) / compression;
+// A message a stage sent stays allocated until its receiver takes it, at that rank's next poll
+// of its transfers, which may come after this stage's next pass: its last message is counted as
+// alive beside everything else (on fashion-cnn's and transformer-lm's sending ranks the
+// allocator's peak fell by exactly one message when each send was waited for at once).
+constexpr int kUnfinishedSends = 1;
+
+// The message buffers of a stage, part of its working memory: kPostedReceives receives and
+// kUnfinishedSends sends of the larger message it exchanges — its input (received from the stage
+// before, its gradient sent back), its output (sent on, its gradient received) — at the bytes on
+// the wire (`compression`: the activation compression ratio, 2 for bf16 transfers). On a CPU
+// pipeline of transformer blocks the receives were the whole 4-5% by which the allocator's peak
+// exceeded the plan.
+inline double message_buffer_bytes(double input_bytes, double output_bytes, double compression) {
+  return (kPostedReceives + kUnfinishedSends) * std::max(input_bytes, output_bytes) / compression;
 }
 
 // Bytes per worker of a stage under 1F1B-stash (Pipeline cost model): the working weights, their
@@ -110,7 +117,7 @@ inline double posted_receive_bytes(double input_bytes, double output_bytes, doub
 // bytes crossing into the stage; 0 for the first stage), the input gradient of the backward in
 // progress, as large as the input, and the working memory of the pass in progress
 // (`workspace_bytes`: StageWorkspace of antichain.hpp, the temporaries of one layer's pass and
-// the runtime's own, plus posted_receive_bytes). The runtime's measured peak (StageMemory) holds
+// the runtime's own, plus message_buffer_bytes). The runtime's measured peak (StageMemory) holds
 // all but the last; the allocator's peak (the trainers' "allocator peak") the last too. A stage
 // whose first layer keeps none of its input (`frees_input`: StateGraph::stage_frees_input) holds
 // it only while its forward runs.
