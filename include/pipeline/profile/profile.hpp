@@ -96,7 +96,7 @@ struct LayerProfile {
   // return a view of it (a max pool keeps its argmax indices; a ReLU that runs after its pool
   // keeps the pooled tensor). A stage that starts at it, as the only reader of what it receives,
   // frees that input after the forward instead of holding it per minibatch in flight
-  // (Profile::input_read_alone). false when it keeps it, and when unknown. Serialised only when
+  // (Profile::stage_frees_input). false when it keeps it, and when unknown. Serialised only when
   // set.
   bool frees_input = false;
   // Bytes a split backward keeps from the input-gradient half to the weight half: the layer's
