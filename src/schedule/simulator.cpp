@@ -79,6 +79,19 @@ std::int64_t cut_bytes(const Profile& profile, const std::vector<int>& owner, in
   return bytes;
 }
 
+// Layer l as its stage runs it: a layer that runs after its successor inside a stage runs first,
+// on the full tensor, where the stage ends at it (LayerProfile::at_stage_end); then `ended` holds
+// those costs.
+const LayerProfile& layer_as_run(const Profile& profile, const std::vector<int>& owner, int l,
+                                 LayerProfile& ended) {
+  const LayerProfile& declared = profile.layers[static_cast<std::size_t>(l)];
+  if (!declared.at_stage_end || l + 1 >= profile.size() ||
+      owner[static_cast<std::size_t>(l) + 1] == owner[static_cast<std::size_t>(l)])
+    return declared;
+  ended = as_last_of_stage(declared);
+  return ended;
+}
+
 StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::vector<int>& owner,
                          int stage, double scale) {
   const PlanStage& ps = plan.stages[static_cast<std::size_t>(stage)];
@@ -87,14 +100,9 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   bool split = true;
   std::int64_t kept_input = 0;  // what the first layer keeps of the input the stage receives
   const std::vector<int> layers = stage_layers(ps);
+  LayerProfile ended;
   for (int l : layers) {
-    // A layer that runs after its successor inside a stage runs first, on the full tensor, where
-    // the stage ends at it (LayerProfile::at_stage_end).
-    const LayerProfile& declared = profile.layers[static_cast<std::size_t>(l)];
-    const bool ends_pair = declared.at_stage_end && l + 1 < profile.size() &&
-                           owner[static_cast<std::size_t>(l) + 1] != stage;
-    const LayerProfile ended = ends_pair ? as_last_of_stage(declared) : LayerProfile{};
-    const LayerProfile& lp = ends_pair ? ended : declared;
+    const LayerProfile& lp = layer_as_run(profile, owner, l, ended);
     if (l == layers.front()) kept_input = lp.saved_input_bytes;
     t.forward_s += lp.forward_s;
     t.backward_s += lp.backward_s;
@@ -149,12 +157,13 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
 // is complete (from the profile's per-layer backward times; parameterless layers go with the
 // bucket below them, and a stage without backward time completes each bucket at its end) and its
 // share of the allreduce: that of its bytes, plus the latency term, which every bucket pays.
-void overlap_buckets(const Profile& profile, const PlanStage& ps, detail::StageCosts& c, int r,
-                     const SimulateOptions& options) {
+void overlap_buckets(const Profile& profile, const std::vector<int>& owner, const PlanStage& ps,
+                     detail::StageCosts& c, int r, const SimulateOptions& options) {
   const std::vector<int> layers = stage_layers(ps);
+  LayerProfile ended;
   double total_s = 0, total_bytes = 0;
   for (int l : layers) {
-    total_s += profile.layers[static_cast<std::size_t>(l)].backward_s;
+    total_s += layer_as_run(profile, owner, l, ended).backward_s;
     total_bytes += static_cast<double>(profile.layers[static_cast<std::size_t>(l)].parameter_bytes);
   }
   const double latency = 2.0 * (r - 1) * options.latency_s;
@@ -163,7 +172,7 @@ void overlap_buckets(const Profile& profile, const PlanStage& ps, detail::StageC
       static_cast<double>(std::max<std::int64_t>(1, options.allreduce_bucket_bytes));
   double done_s = 0, bytes = 0;
   for (std::size_t i = layers.size(); i-- > 0;) {
-    const LayerProfile& lp = profile.layers[static_cast<std::size_t>(layers[i])];
+    const LayerProfile& lp = layer_as_run(profile, owner, layers[i], ended);
     done_s += lp.backward_s;
     bytes += static_cast<double>(lp.parameter_bytes);
     if (bytes >= limit || i == 0) {
@@ -254,7 +263,8 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
   std::vector<StageTiming> timing;
   detail::EngineCosts costs;
   for (int s = 0; s < plan.num_stages(); ++s) {
-    StageTiming t = stage_timing(stage_profile(profile, plan, s, options), plan, owner, s, scale);
+    const Profile& stage_prof = stage_profile(profile, plan, s, options);
+    StageTiming t = stage_timing(stage_prof, plan, owner, s, scale);
     detail::StageCosts c;
     c.forward_s = t.forward_s;
     c.backward_s = t.backward_s;
@@ -286,7 +296,7 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
       c.allreduce_cpu_s =
           options.allreduce_cpu_s_per_byte * static_cast<double>(r - 1) * t.parameter_bytes;
       if (options.overlap_allreduce)
-        overlap_buckets(profile, plan.stages[static_cast<std::size_t>(s)], c, r, options);
+        overlap_buckets(stage_prof, owner, plan.stages[static_cast<std::size_t>(s)], c, r, options);
     }
     costs.stages.push_back(c);
     timing.push_back(t);

@@ -600,4 +600,31 @@ TEST_CASE(
   CHECK(overlapped == doctest::Approx(7e-3).epsilon(1e-3));
 }
 
+TEST_CASE(
+    "a replicated stage that ends inside a reordered pair overlaps its allreduce as it runs") {
+  // Layer 3 (no parameters) runs after layer 4 inside a stage; ending stage 0 it runs first, at its
+  // end-of-stage costs, which count for the stage's backward and for when its gradient buckets are
+  // ready alike: the simulation equals one of a profile with those costs written in.
+  Profile ends = uniform_profile(6, 1e-3, 2e-3, 1000, 1'000'000);
+  ends.layers[3].parameter_bytes = 0;
+  const Profile inside = ends;
+  Profile written = ends;
+  ends.layers[3].at_stage_end = StageEndCosts{3e-3, 6e-3, 6e-3, 0, 4000};
+  written.layers[3].forward_s = 3e-3;
+  written.layers[3].backward_s = 6e-3;
+  const Plan plan = make_plan({{4, 2}, {2, 1}});
+  Topology topo;
+  topo.levels = {{3, 1e9}};
+  const Schedule s = generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 60));
+  for (std::int64_t bucket : {1'000'000, 2'000'000}) {
+    CAPTURE(bucket);
+    SimulateOptions o;
+    o.overlap_allreduce = true;
+    o.allreduce_bucket_bytes = bucket;
+    const double t = simulate(s, ends, plan, topo, o).time_per_minibatch_s;
+    CHECK(t == doctest::Approx(simulate(s, written, plan, topo, o).time_per_minibatch_s));
+    CHECK(t > simulate(s, inside, plan, topo, o).time_per_minibatch_s);
+  }
+}
+
 }  // namespace test_simulator
