@@ -87,22 +87,36 @@ StateGraph StateGraph::linear(const Profile& p) {
   return g;
 }
 
-StageWorkspace::StageWorkspace(const Profile& p, bool prefix_states)
-    : m_runtime_bytes(static_cast<double>(p.runtime_bytes)), m_prefix_states(prefix_states) {
-  std::vector<double> layer;
-  for (const LayerProfile& l : p.layers) layer.push_back(static_cast<double>(l.workspace_bytes));
-  if (std::all_of(layer.begin(), layer.end(), [](double b) { return b == 0; })) return;
+LayerRangeMax::LayerRangeMax(std::vector<double> values, bool prefix_states)
+    : m_prefix_states(prefix_states) {
+  if (std::all_of(values.begin(), values.end(), [](double v) { return v == 0; })) return;
   if (!prefix_states) {
-    m_largest.push_back({*std::max_element(layer.begin(), layer.end())});
+    m_rows.push_back({*std::max_element(values.begin(), values.end())});
     return;
   }
-  m_largest.push_back(std::move(layer));
-  for (std::size_t w = 1; 2 * w <= m_largest.front().size(); w *= 2) {
-    const std::vector<double>& prev = m_largest.back();
+  m_rows.push_back(std::move(values));
+  for (std::size_t w = 1; 2 * w <= m_rows.front().size(); w *= 2) {
+    const std::vector<double>& prev = m_rows.back();
     std::vector<double> row(prev.size() - w);
     for (std::size_t i = 0; i < row.size(); ++i) row[i] = std::max(prev[i], prev[i + w]);
-    m_largest.push_back(std::move(row));
+    m_rows.push_back(std::move(row));
   }
+}
+
+StageWorkspace::StageWorkspace(const Profile& p, bool prefix_states)
+    : m_runtime_bytes(static_cast<double>(p.runtime_bytes)) {
+  std::vector<double> temporaries, backward, last;
+  for (const LayerProfile& l : p.layers) {
+    const auto ending = static_cast<double>(backward_peak_bytes(as_last_of_stage(l)));
+    temporaries.push_back(static_cast<double>(l.workspace_bytes));
+    // Between antichain states a layer may end a stage or not: the larger of the two.
+    backward.push_back(
+        std::max(static_cast<double>(backward_peak_bytes(l)), prefix_states ? 0.0 : ending));
+    last.push_back(ending);
+  }
+  m_temporaries = LayerRangeMax(std::move(temporaries), prefix_states);
+  m_backward = LayerRangeMax(std::move(backward), prefix_states);
+  if (prefix_states) m_backward_last = std::move(last);
 }
 
 namespace {

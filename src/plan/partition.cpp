@@ -26,7 +26,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // (StageWorkspace) and its message buffers (message_buffer_bytes), at `ratio` compression.
 double working_bytes(const StateGraph& g, int s, int e, double ratio) {
   const double input = s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(s)];
-  return g.workspace(s, e) +
+  return g.workspace(s, e, input) +
          message_buffer_bytes(input, g.boundary_bytes[static_cast<std::size_t>(e)], ratio);
 }
 

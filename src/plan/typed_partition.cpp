@@ -76,7 +76,7 @@ struct TypedPartitioner::Impl {
   // buffers.
   double working(const TypeData& d, int s, int j) const {
     const double input = s < 0 ? 0.0 : d.boundary[static_cast<std::size_t>(s)];
-    return d.workspace(s, j) +
+    return d.workspace(s, j, input) +
            message_buffer_bytes(input, d.boundary[static_cast<std::size_t>(j)], ratio);
   }
 

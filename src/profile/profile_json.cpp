@@ -115,12 +115,14 @@ void validate_profile(const Profile& p, std::string_view origin) {
             l.split_kept_bytes >= 0 && l.stashed_parameter_bytes >= 0 && l.workspace_bytes >= 0 &&
             l.stashed_parameter_bytes <= l.parameter_bytes && l.output_bytes <= kMaxProfileBytes &&
             l.parameter_bytes <= kMaxProfileBytes && l.saved_bytes <= kMaxProfileBytes &&
-            l.split_kept_bytes <= kMaxProfileBytes && l.workspace_bytes <= kMaxProfileBytes,
+            l.split_kept_bytes <= kMaxProfileBytes && l.workspace_bytes <= kMaxProfileBytes &&
+            l.gradient_bytes >= 0 && l.gradient_bytes <= kMaxProfileBytes,
         "{}: layer {} (\"{}\") has sizes out of range (output_bytes = {}, parameter_bytes = {}, "
         "saved_bytes = {}, split_kept_bytes = {}, stashed_parameter_bytes = {}, workspace_bytes = "
-        "{}); sizes are 0 to {} bytes, and a stashed version is at most parameter_bytes",
+        "{}, gradient_bytes = {}); sizes are 0 to {} bytes, and a stashed version is at most "
+        "parameter_bytes",
         origin, i, l.name, l.output_bytes, l.parameter_bytes, l.saved_bytes, l.split_kept_bytes,
-        l.stashed_parameter_bytes, l.workspace_bytes, kMaxProfileBytes);
+        l.stashed_parameter_bytes, l.workspace_bytes, l.gradient_bytes, kMaxProfileBytes);
     check_saved_input(l.saved_input_bytes, l.saved_bytes, l.frees_input, "", i, l.name, origin);
     if (const auto& e = l.at_stage_end) {
       check_time(e->forward_s, "at_stage_end.forward_s", i, l.name, origin);
@@ -128,10 +130,12 @@ void validate_profile(const Profile& p, std::string_view origin) {
       check_time(e->backward_input_s, "at_stage_end.backward_input_s", i, l.name, origin);
       check_time(e->backward_weight_s, "at_stage_end.backward_weight_s", i, l.name, origin);
       PIPELINE_CHECK_AS(
-          ConfigError, e->saved_bytes >= 0 && e->saved_bytes <= kMaxProfileBytes,
-          "{}: layer {} (\"{}\") has at_stage_end.saved_bytes = {}; sizes are 0 to {} "
-          "bytes",
-          origin, i, l.name, e->saved_bytes, kMaxProfileBytes);
+          ConfigError,
+          e->saved_bytes >= 0 && e->saved_bytes <= kMaxProfileBytes && e->gradient_bytes >= 0 &&
+              e->gradient_bytes <= kMaxProfileBytes,
+          "{}: layer {} (\"{}\") has at_stage_end.saved_bytes = {}, at_stage_end.gradient_bytes "
+          "= {}; sizes are 0 to {} bytes",
+          origin, i, l.name, e->saved_bytes, e->gradient_bytes, kMaxProfileBytes);
       check_saved_input(e->saved_input_bytes, e->saved_bytes, e->frees_input, "at_stage_end.", i,
                         l.name, origin);
     }
@@ -232,6 +236,8 @@ Profile profile_from_json(const json& j, std::string_view origin) {
       l.split_kept_bytes = get_bytes(lj, "split_kept_bytes", where, origin);
     if (lj.contains("workspace_bytes"))
       l.workspace_bytes = get_bytes(lj, "workspace_bytes", where, origin);
+    if (lj.contains("gradient_bytes"))
+      l.gradient_bytes = get_bytes(lj, "gradient_bytes", where, origin);
     if (lj.contains("step_s")) {
       const json& st = lj.at("step_s");
       PIPELINE_CHECK_AS(ConfigError, st.is_object(),
@@ -262,6 +268,8 @@ Profile profile_from_json(const json& j, std::string_view origin) {
       if (e.contains("saved_input_bytes"))
         c.saved_input_bytes = get_bytes(e, "saved_input_bytes", in_e, origin);
       c.frees_input = get_flag(e, "frees_input", in_e, origin);
+      if (e.contains("gradient_bytes"))
+        c.gradient_bytes = get_bytes(e, "gradient_bytes", in_e, origin);
       l.at_stage_end = c;
     }
     if (lj.contains("inputs")) {
@@ -312,6 +320,7 @@ json profile_to_json(const Profile& p) {
     if (l.saved_input_bytes != 0) lj["saved_input_bytes"] = l.saved_input_bytes;
     if (l.split_kept_bytes != 0) lj["split_kept_bytes"] = l.split_kept_bytes;
     if (l.workspace_bytes != 0) lj["workspace_bytes"] = l.workspace_bytes;
+    if (l.gradient_bytes != 0) lj["gradient_bytes"] = l.gradient_bytes;
     if (l.step_s.measured())
       lj["step_s"] = {
           {"sgd", l.step_s.sgd}, {"momentum", l.step_s.momentum}, {"adamw", l.step_s.adamw}};
@@ -324,6 +333,7 @@ json profile_to_json(const Profile& p) {
                                        {"saved_bytes", e->saved_bytes}};
       if (e->saved_input_bytes != 0) ej["saved_input_bytes"] = e->saved_input_bytes;
       if (e->frees_input) ej["frees_input"] = true;
+      if (e->gradient_bytes != 0) ej["gradient_bytes"] = e->gradient_bytes;
     }
     if (l.source) lj["source"] = true;
     layers.push_back(std::move(lj));

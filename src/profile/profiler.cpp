@@ -240,6 +240,8 @@ void profile_range(const Sequential& model, LayerRange range, const std::vector<
   // What an input-gradient pass keeps for the weight pass: the layer's output gradient and, in a
   // composite, its children's (Saved::child_output_grads), each allocation once.
   std::vector<std::int64_t> split_kept(N, 0);
+  // Each layer's output gradient and input gradient, held at once (LayerProfile::gradient_bytes).
+  std::vector<std::int64_t> gradient_pair(N, 0);
   auto split_kept_bytes = [](const Saved& s, const Tensor& dy) {
     std::set<const void*> seen{dy.storage_id()};
     std::int64_t bytes = static_cast<std::int64_t>(dy.storage_end());
@@ -308,6 +310,11 @@ void profile_range(const Sequential& model, LayerRange range, const std::vector<
                    .backward(params[I], saved[I], output_grads[I], g,
                              input ? GradParts::Both : GradParts::Weight);
       }));
+      const Tensor& dy = output_grads[I];
+      gradient_pair[I] = static_cast<std::int64_t>(dy.storage_end()) +
+                         (dx.defined() && dx.storage_id() != dy.storage_id()
+                              ? static_cast<std::int64_t>(dx.storage_end())
+                              : 0);
       if (i > 0) output_grads[order[R(i - 1)]] = dx;
     }
     for (int k = 0; k < LayerRules::kCount; ++k) {
@@ -415,6 +422,7 @@ void profile_range(const Sequential& model, LayerRange range, const std::vector<
                      outputs[I].storage_id() != input_storage;
     lp.split_kept_bytes = split_kept[I];
     lp.workspace_bytes = workspace[I];
+    lp.gradient_bytes = gradient_pair[I];
     lp.flops = layer.flops(shapes[R(first + i)]);
     for (int k = 0; !grads[I].empty() && k < LayerRules::kCount; ++k)
       lp.step_s.of(LayerRules::kNames[static_cast<std::size_t>(k)]) =
@@ -485,7 +493,7 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
     const LayerProfile& a = ending.back();
     out.layers[static_cast<std::size_t>(i)].at_stage_end =
         StageEndCosts{a.forward_s,   a.backward_s,        a.backward_input_s, a.backward_weight_s,
-                      a.saved_bytes, a.saved_input_bytes, a.frees_input};
+                      a.saved_bytes, a.saved_input_bytes, a.frees_input,      a.gradient_bytes};
   }
   out.runtime_bytes = std::max<std::int64_t>(0, memory_use(device).in_use_bytes - entry_bytes);
   return out;

@@ -99,6 +99,7 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   double input = 0, weight = 0;
   bool split = true;
   std::int64_t kept_input = 0;  // what the first layer keeps of the input the stage receives
+  std::int64_t backward_peak = 0;  // the most one layer's backward holds (backward_peak_bytes)
   const std::vector<int> layers = stage_layers(ps);
   LayerProfile ended;
   for (int l : layers) {
@@ -115,6 +116,7 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
     t.activation_bytes += stash_bytes(lp);
     t.split_gradient_bytes += split_kept_bytes(lp);
     t.workspace_bytes = std::max(t.workspace_bytes, lp.workspace_bytes);
+    backward_peak = std::max(backward_peak, backward_peak_bytes(lp));
   }
   if (split && input + weight > 0) {
     t.backward_input_s = input;
@@ -126,6 +128,9 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   const std::int64_t received = stage > 0 ? cut_bytes(profile, owner, stage - 1) : 0;
   // What the first layer keeps of its input is that received storage, counted once.
   t.activation_bytes += received - (stage > 0 ? kept_input : 0);
+  // Working memory: beyond the input gradient (charged as large as the input), what one layer's
+  // backward holds (StageWorkspace, plan/antichain.hpp).
+  t.workspace_bytes = std::max(t.workspace_bytes, backward_peak - received);
   t.forward_s *= scale;
   t.backward_s *= scale;
   t.backward_input_s *= scale;

@@ -555,28 +555,47 @@ TEST_CASE("bf16 transfers are charged as a compression ratio of 2 where transfer
 }
 
 TEST_CASE("a stage's working memory: the largest of its layers' passes, and the runtime's, once") {
-  // StageWorkspace over prefix states against the largest by brute force, on random profiles.
+  // StageWorkspace over prefix states against the largest by brute force, on random profiles:
+  // the layers' temporaries, or what one layer's backward holds (its gradient pair and
+  // temporaries) beyond the stage's input gradient, with the last layer as a stage ending there
+  // runs it.
   std::mt19937 gen(7);
   for (int trial = 0; trial < 50; ++trial) {
     const int n = 1 + static_cast<int>(gen() % 40);
     Profile p = testing::uniform_profile(n, 0.001, 0.002, 100, 1000);
     p.runtime_bytes = static_cast<std::int64_t>(gen() % 3) * 1000;
-    for (LayerProfile& l : p.layers)
+    for (LayerProfile& l : p.layers) {
       l.workspace_bytes = gen() % 4 == 0 ? 0 : static_cast<std::int64_t>(gen() % 100000);
+      l.gradient_bytes = trial % 2 == 0 ? 0 : static_cast<std::int64_t>(gen() % 100000);
+    }
+    for (int l = 0; l + 1 < n; ++l)
+      if (gen() % 5 == 0) {
+        StageEndCosts e;
+        e.gradient_bytes = static_cast<std::int64_t>(gen() % 200000);
+        p.layers[static_cast<std::size_t>(l)].at_stage_end = e;
+      }
+    const double input = static_cast<double>(gen() % 50000);
     const StageWorkspace chain(p, /*prefix_states=*/true);
     const StageWorkspace dag(p, /*prefix_states=*/false);
     std::int64_t all = 0;
-    for (const LayerProfile& l : p.layers) all = std::max(all, l.workspace_bytes);
+    for (const LayerProfile& l : p.layers)
+      all = std::max({all, l.workspace_bytes,
+                      backward_peak_bytes(l) - static_cast<std::int64_t>(input),
+                      backward_peak_bytes(as_last_of_stage(l)) - static_cast<std::int64_t>(input)});
     for (int s = -1; s < n; ++s)
       for (int e = s + 1; e < n; ++e) {
         std::int64_t largest = 0;
-        for (int l = s + 1; l <= e; ++l)
-          largest = std::max(largest, p.layers[static_cast<std::size_t>(l)].workspace_bytes);
+        for (int l = s + 1; l <= e; ++l) {
+          const LayerProfile& lp = p.layers[static_cast<std::size_t>(l)];
+          const LayerProfile run = l == e ? as_last_of_stage(lp) : lp;
+          largest = std::max({largest, lp.workspace_bytes,
+                              backward_peak_bytes(run) - static_cast<std::int64_t>(input)});
+        }
         CAPTURE(n);
         CAPTURE(s);
         CAPTURE(e);
-        CHECK(chain(s, e) == static_cast<double>(p.runtime_bytes + largest));
-        CHECK(dag(s, e) == static_cast<double>(p.runtime_bytes + all));  // the safe side
+        CHECK(chain(s, e, input) == static_cast<double>(p.runtime_bytes + largest));
+        CHECK(dag(s, e, input) == static_cast<double>(p.runtime_bytes + all));  // the safe side
       }
   }
 

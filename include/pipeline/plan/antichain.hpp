@@ -23,34 +23,56 @@
 
 namespace pipeline {
 
-// The working memory a stage needs beside its tensors: the runtime's (Profile::runtime_bytes) and
-// the largest temporaries of one of its layers' passes (LayerProfile::workspace_bytes; a stage runs
-// one pass at a time), for the stages between two states. Exact where the states are prefixes of
-// the layer order (a chain, StateGraph::linear); for antichain states of DAGs the largest of any
-// layer (on the safe side, as kept_input_bytes is).
+// The largest of per-layer values over a stage's layers: for the stage P(e) \ P(s) between
+// prefix states of the layer order (a chain, StateGraph::linear), layers s+1..e from a sparse
+// table; between antichain states of DAGs the largest of all (on the safe side, as
+// kept_input_bytes is).
+class LayerRangeMax {
+ public:
+  LayerRangeMax() = default;
+  LayerRangeMax(std::vector<double> values, bool prefix_states);
+
+  // 0 where the stage has no layers or no layer a value.
+  double operator()(int s, int e) const {
+    if (m_rows.empty() || e <= s) return 0;
+    if (!m_prefix_states) return m_rows.front().front();
+    // Layers s+1..e: the larger of two power-of-two windows that cover them.
+    const int k = std::bit_width(static_cast<unsigned>(e - s)) - 1;
+    const std::vector<double>& row = m_rows[static_cast<std::size_t>(k)];
+    return std::max(row[static_cast<std::size_t>(s + 1)],
+                    row[static_cast<std::size_t>(e + 1 - (1 << k))]);
+  }
+
+ private:
+  bool m_prefix_states = true;
+  // Row k: the largest value of the 2^k layers from each layer on; for antichain states one row
+  // of one value. Empty when no layer has a value.
+  std::vector<std::vector<double>> m_rows;
+};
+
+// The working memory a stage needs beside its tensors: the runtime's (Profile::runtime_bytes), and
+// the larger of its layers' temporaries (LayerProfile::workspace_bytes; a stage runs one pass at a
+// time) and what one of its layers' backward holds (backward_peak_bytes: the layer's output and
+// input gradients and temporaries) beyond the stage's input gradient, which the memory model
+// charges apart (`input_gradient_bytes`). Between prefix states the stage's last layer counts as
+// it runs there (as_last_of_stage: a ReLU that ends a stage before its pool).
 class StageWorkspace {
  public:
   StageWorkspace() = default;
   StageWorkspace(const Profile& profile, bool prefix_states);
 
-  // For the stage P(e) \ P(s) (s < 0: from the start).
-  double operator()(int s, int e) const {
-    if (m_largest.empty()) return m_runtime_bytes;
-    if (!m_prefix_states) return m_runtime_bytes + m_largest.front().front();
-    // Layers s+1..e: the larger of two power-of-two windows that cover them.
-    const int len = e - s;
-    const int k = std::bit_width(static_cast<unsigned>(len)) - 1;
-    const std::vector<double>& row = m_largest[static_cast<std::size_t>(k)];
-    return m_runtime_bytes + std::max(row[static_cast<std::size_t>(s + 1)],
-                                      row[static_cast<std::size_t>(e + 1 - (1 << k))]);
+  double operator()(int s, int e, double input_gradient_bytes) const {
+    const double backward =
+        m_backward_last.empty()
+            ? m_backward(s, e)
+            : std::max(m_backward(s, e - 1), m_backward_last[static_cast<std::size_t>(e)]);
+    return m_runtime_bytes + std::max(m_temporaries(s, e), backward - input_gradient_bytes);
   }
 
  private:
   double m_runtime_bytes = 0;
-  bool m_prefix_states = true;
-  // Row k: the largest workspace of the 2^k layers from each layer on (a sparse table); for
-  // antichain states one row of one value, the largest of all. Empty when no layer has any.
-  std::vector<std::vector<double>> m_largest;
+  LayerRangeMax m_temporaries, m_backward;
+  std::vector<double> m_backward_last;  // prefix states: each layer as a stage's last
 };
 
 class StateGraph {

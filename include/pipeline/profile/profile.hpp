@@ -62,6 +62,7 @@ struct StageEndCosts {
   // that layer alone keeps the input it receives where the layer keeps it (a ReLU in place).
   std::int64_t saved_input_bytes = 0;
   bool frees_input = false;
+  std::int64_t gradient_bytes = 0;  // LayerProfile::gradient_bytes, as such a stage runs it
 };
 
 struct LayerProfile {
@@ -110,6 +111,12 @@ struct LayerProfile {
   // bf16 profile's layers keep their weight matrices in bf16 there (ParamSpec::product_operand).
   // 0: parameter_bytes (version_bytes()). Serialised only when set.
   std::int64_t stashed_parameter_bytes = 0;
+  // Bytes of the layer's output gradient and of the input gradient its backward makes, which
+  // that backward holds at once (each storage once; no input gradient where training makes none,
+  // under the bottom layers with weights). With workspace_bytes, what a stage's backward holds at
+  // this layer beside its stashed tensors (backward_peak_bytes). Measured; 0 when unknown.
+  // Serialised only when set.
+  std::int64_t gradient_bytes = 0;
   // The most memory any one pass of the layer (forward, backward, either half of a split
   // backward, an optimizer step) had allocated at once beyond what it left allocated at its end:
   // its temporaries (packed or converted operands, a composite's intermediate gradients, scratch
@@ -134,7 +141,14 @@ inline LayerProfile as_last_of_stage(LayerProfile l) {
   l.saved_bytes = e.saved_bytes;
   l.saved_input_bytes = e.saved_input_bytes;
   l.frees_input = e.frees_input;
+  l.gradient_bytes = e.gradient_bytes;
   return l;
+}
+
+// What the layer's backward holds at its peak beside the stage's stashed tensors: its gradient
+// pair and its temporaries (the larger of any pass's, on the safe side).
+inline std::int64_t backward_peak_bytes(const LayerProfile& l) {
+  return l.gradient_bytes + l.workspace_bytes;
 }
 
 // What the memory models charge per stashed minibatch for a layer: its measured saved bytes, or
