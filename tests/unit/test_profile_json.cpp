@@ -71,6 +71,7 @@ TEST_CASE("profile.json round trip keeps every field") {
   p.dtype = "bfloat16";
   p.layers[2].stashed_parameter_bytes = p.layers[2].parameter_bytes / 2;
   p.layers[3].workspace_bytes = 1 << 20;
+  p.layers[3].gradient_bytes = 3 << 10;
   p.runtime_bytes = 32 << 20;
   std::string path = temp_path("roundtrip.json");
   write_profile(p, path);
@@ -83,6 +84,7 @@ TEST_CASE("profile.json round trip keeps every field") {
   CHECK(q.runtime_bytes == 32 << 20);
   for (int i = 0; i < 4; ++i) {
     CHECK(q.layers[i].workspace_bytes == p.layers[i].workspace_bytes);
+    CHECK(q.layers[i].gradient_bytes == p.layers[i].gradient_bytes);
     CHECK(q.layers[i].stashed_parameter_bytes == p.layers[i].stashed_parameter_bytes);
     CHECK(q.layers[i].forward_s == p.layers[i].forward_s);
     CHECK(q.layers[i].backward_s == p.layers[i].backward_s);
@@ -128,7 +130,7 @@ TEST_CASE(
   Profile p = small_dag();
   p.layers[2].inputs.clear();  // l0 -> l1 -> l2 -> l3 (and l1 -> l3)
   p.layers[3].inputs = {2};
-  p.layers[1].at_stage_end = StageEndCosts{0.004, 0.005, 0.0045, 0.0005, 8192, 2000, false};
+  p.layers[1].at_stage_end = StageEndCosts{0.004, 0.005, 0.0045, 0.0005, 8192, 2000, false, 7000};
   p.layers[1].saved_bytes = 500;
   p.layers[1].frees_input = true;
   const std::string path = temp_path("stage_end.json");
@@ -142,6 +144,8 @@ TEST_CASE(
   CHECK(e.backward_weight_s == 0.0005);
   CHECK(e.saved_bytes == 8192);
   CHECK(e.saved_input_bytes == 2000);
+  CHECK(e.gradient_bytes == 7000);
+  CHECK(as_last_of_stage(q.layers[1]).gradient_bytes == 7000);
   CHECK_FALSE(e.frees_input);
   CHECK(q.layers[1].frees_input);
   CHECK_FALSE(q.layers[2].frees_input);
@@ -195,6 +199,10 @@ TEST_CASE(
   CHECK(error_with([](auto& j) {
           j["layers"][1]["saved_input_bytes"] = 100;
         }).find("drop one of the two") != std::string::npos);
+  CHECK(error_with([](auto& j) {
+          j["layers"][1]["at_stage_end"]["gradient_bytes"] = -5;
+        }).find("at_stage_end field \"gradient_bytes\" must be a whole number of bytes") !=
+        std::string::npos);
   CHECK(error_with([](auto& j) {
           j["layers"][1]["frees_input"] = 1;
         }).find("field \"frees_input\" must be true or false, got 1") != std::string::npos);

@@ -496,6 +496,15 @@ TEST_CASE("the planner's memory per stage is what the executor holds, stage inpu
     CAPTURE(name);  // keeps its input, returns a view of it, or reads the model's input
     CHECK_FALSE(layer(name).frees_input);
   }
+  // What each layer's backward holds at once of gradients: conv1 makes no input gradient (nothing
+  // under it trains), pool1 reads the pooled gradient and makes the full one, flatten's is a view
+  // of the one it reads, and relu1 ending a stage works on full tensors.
+  const auto out = [&](std::string_view name) { return layer(name).output_bytes; };
+  CHECK(layer("conv1").gradient_bytes == out("conv1"));
+  CHECK(layer("pool1").gradient_bytes == out("pool1") + out("conv1"));
+  CHECK(layer("flatten").gradient_bytes == out("flatten"));
+  CHECK(layer("relu1").at_stage_end->gradient_bytes == 2 * out("relu1"));
+  CHECK(layer("fc1").gradient_bytes == out("fc1") + out("flatten"));
   // The single-layer stages [relu1] and [relu2] end inside their pairs (as_last_of_stage).
   for (const char* stages : {"0:1,1:5,5:10", "0:1,1:2,2:10", "0:4,4:5,5:10"}) {
     CAPTURE(stages);
