@@ -138,7 +138,7 @@ pipeline() {
   grep -E "samples/s|config|bubble" "$OUT/pipeline.log" >>"$S"
   # Each rank's allocator peak beside the plan (now with the profile's working memory).
   grep -A5 "^memory per rank" "$OUT/pipeline.log" >>"$S"
-  grep -o '"runtime_bytes": [0-9]*\|"workspace_bytes": [0-9]*' "$OUT/lm8.json" | sort | uniq -c >>"$S"
+  grep -o '"runtime_bytes": [0-9]*\|"workspace_bytes": [0-9]*\|"gradient_bytes": [0-9]*' "$OUT/lm8.json" | sort | uniq -c >>"$S"
   # A model larger than the GPU (4.8e9 parameters), profiled four blocks at a time, and its plans
   # on one GPU (none fits), one 8-GPU server and two.
   box 120 "$OUT/pipeline.log" "$B/partitioner/pipeline-profile" --model transformer-lm \
