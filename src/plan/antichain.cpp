@@ -75,12 +75,17 @@ StateGraph StateGraph::linear(const Profile& p) {
     g.boundary_bytes.push_back(cut);
     g.pipedream_boundary_bytes.push_back(static_cast<double>(l.output_bytes));
     const LayerProfile* next = i + 1 < n ? &p.layers[static_cast<std::size_t>(i) + 1] : nullptr;
-    g.kept_input_bytes.push_back(next ? static_cast<double>(next->saved_input_bytes) : 0.0);
-    g.kept_input_bytes_ending.push_back(
-        next && next->at_stage_end ? static_cast<double>(next->at_stage_end->saved_input_bytes)
-                                   : g.kept_input_bytes.back());
-    g.frees_input.push_back(next && p.stage_frees_input(read_alone, i + 1, n - 1));
-    g.frees_input_ending.push_back(next && p.stage_frees_input(read_alone, i + 1, i + 1));
+    if (next) {
+      g.received.push_back({static_cast<double>(next->saved_input_bytes),
+                            p.stage_frees_input(read_alone, i + 1, n - 1)});
+      g.received_ending.push_back(
+          {static_cast<double>(next->at_stage_end ? next->at_stage_end->saved_input_bytes
+                                                  : next->saved_input_bytes),
+           p.stage_frees_input(read_alone, i + 1, i + 1)});
+    } else {
+      g.received.emplace_back();
+      g.received_ending.emplace_back();
+    }
   }
   g.charge_stage_ends(p, [](int state, int layer) { return layer <= state; });
   g.workspace = StageWorkspace(p, /*prefix_states=*/true);
@@ -579,10 +584,8 @@ StateGraph StateGraphAssembler::assemble(const Profile& p, const LayerDag& d, co
     g.version_bytes.push_back(vb);
     g.boundary_bytes.push_back(cut);
     g.pipedream_boundary_bytes.push_back(aug);
-    g.kept_input_bytes.push_back(0.0);
-    g.kept_input_bytes_ending.push_back(0.0);
-    g.frees_input.push_back(0);
-    g.frees_input_ending.push_back(0);
+    g.received.emplace_back();
+    g.received_ending.emplace_back();
   }
   g.charge_stage_ends(p, [&](int state, int layer) {
     return test(states[static_cast<std::size_t>(perm[static_cast<std::size_t>(state)])], layer);

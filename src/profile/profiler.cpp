@@ -490,10 +490,7 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
     if (!model.runs_after_next(i)) continue;
     std::vector<LayerProfile> ending;
     profile_range(model, {std::max(0, i - 1), i + 1}, shapes, device, options, bf16, ctx, ending);
-    const LayerProfile& a = ending.back();
-    out.layers[static_cast<std::size_t>(i)].at_stage_end =
-        StageEndCosts{a.forward_s,   a.backward_s,        a.backward_input_s, a.backward_weight_s,
-                      a.saved_bytes, a.saved_input_bytes, a.frees_input,      a.gradient_bytes};
+    out.layers[static_cast<std::size_t>(i)].at_stage_end = stage_end_costs(ending.back());
   }
   out.runtime_bytes = std::max<std::int64_t>(0, memory_use(device).in_use_bytes - entry_bytes);
   return out;

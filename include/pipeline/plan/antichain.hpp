@@ -26,7 +26,7 @@ namespace pipeline {
 // The largest of per-layer values over a stage's layers: for the stage P(e) \ P(s) between
 // prefix states of the layer order (a chain, StateGraph::linear), layers s+1..e from a sparse
 // table; between antichain states of DAGs the largest of all (on the safe side, as
-// kept_input_bytes is).
+// StateGraph::received is).
 class LayerRangeMax {
  public:
   LayerRangeMax() = default;
@@ -119,16 +119,19 @@ class StateGraph {
   std::vector<double> version_bytes;     // Σ version_bytes (a stashed weight version's bytes)
   std::vector<double> boundary_bytes;
   std::vector<double> pipedream_boundary_bytes;
-  // Per state: what a stage that starts right after it keeps of the input it receives
-  // (LayerProfile::saved_input_bytes of its first layer), which activation_bytes counts and the
-  // memory model charges as the received input already; and whether it frees that input after
-  // its forward, because its first layer reads it alone and keeps none of it
-  // (Profile::stage_frees_input: a max pool). The `_ending` pair: the same where that first layer
-  // also ends the stage inside a reordered pair (as_last_of_stage). Prefix-of-a-layer-order
-  // states only; 0 and false for antichain states of DAGs (the estimate then stays on the safe
-  // side).
-  std::vector<double> kept_input_bytes, kept_input_bytes_ending;
-  std::vector<char> frees_input, frees_input_ending;
+  // What a stage that starts right after a state does with the input it receives: what its first
+  // layer keeps of it (LayerProfile::saved_input_bytes), which activation_bytes counts and the
+  // memory model charges as the received input already; and whether it frees it after its
+  // forward, its first layer reading it alone and keeping none of it (Profile::stage_frees_input:
+  // a max pool).
+  struct ReceivedInput {
+    double kept_bytes = 0;
+    bool freed = false;
+  };
+  // Per state; `received_ending`: where that first layer also ends the stage inside a reordered
+  // pair (as_last_of_stage). Prefix-of-a-layer-order states only; nothing kept or freed for
+  // antichain states of DAGs (the estimate then stays on the safe side).
+  std::vector<ReceivedInput> received, received_ending;
 
   // Per state: what a stage that ends at it pays beyond the prefix sums' difference, because it
   // holds a layer that runs after its successor inside a stage (LayerProfile::at_stage_end)
@@ -166,22 +169,20 @@ class StateGraph {
   }
   // What of its received input the stage P(e) \ P(s) keeps as its first layer's saved input.
   double stage_kept_input_bytes(int s, int e) const {
-    if (s < 0) return 0;
-    return (is_pair_end_alone(s, e) ? kept_input_bytes_ending
-                                    : kept_input_bytes)[static_cast<std::size_t>(s)];
+    return s < 0 ? 0.0 : received_input(s, e).kept_bytes;
   }
   // Whether the stage P(e) \ P(s) frees its received input after the forward: a stashing stage
   // then holds none of it per minibatch in flight; a recomputing one holds it all the same (its
   // forward runs again from it).
-  bool stage_frees_input(int s, int e) const {
-    if (s < 0) return false;
-    return (is_pair_end_alone(s, e) ? frees_input_ending
-                                    : frees_input)[static_cast<std::size_t>(s)] != 0;
-  }
+  bool stage_frees_input(int s, int e) const { return s >= 0 && received_input(s, e).freed; }
 
  private:
-  // A stage of one layer that ends inside a reordered pair (prefix states: state e is layer e).
-  bool is_pair_end_alone(int s, int e) const { return m_chain && e == s + 1 && !can_end(e); }
+  // s >= 0; a stage of one layer that ends inside a reordered pair takes `received_ending`
+  // (prefix states: state e is layer e).
+  const ReceivedInput& received_input(int s, int e) const {
+    const bool pair_end_alone = m_chain && e == s + 1 && !can_end(e);
+    return (pair_end_alone ? received_ending : received)[static_cast<std::size_t>(s)];
+  }
   // Fills the end_* arrays from each state's members (member(state, layer)).
   template <class Member>
   void charge_stage_ends(const Profile& p, Member&& member);

@@ -130,7 +130,13 @@ struct LayerProfile {
   std::optional<StageEndCosts> at_stage_end;
 };
 
-// The layer as a stage whose last layer it is runs it: at_stage_end's costs where it has them.
+// The end-of-stage costs of a layer measured as a stage's last layer (`a`), and the layer as a
+// stage whose last layer it is runs it: at_stage_end's costs where it has them. The two carry the
+// same fields.
+inline StageEndCosts stage_end_costs(const LayerProfile& a) {
+  return {a.forward_s,   a.backward_s,        a.backward_input_s, a.backward_weight_s,
+          a.saved_bytes, a.saved_input_bytes, a.frees_input,      a.gradient_bytes};
+}
 inline LayerProfile as_last_of_stage(LayerProfile l) {
   if (!l.at_stage_end) return l;
   const StageEndCosts& e = *l.at_stage_end;
