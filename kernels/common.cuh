@@ -32,6 +32,12 @@ inline bool aligned16(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
+// Four elements as one aligned access (16 bytes of float, 8 of bf16).
+template <typename T>
+struct alignas(4 * sizeof(T)) Four {
+  T v[4];
+};
+
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll

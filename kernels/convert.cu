@@ -40,15 +40,9 @@ struct ToFloat {
   }
 };
 
-// Four elements as one aligned access (16 bytes of float, 8 of bf16).
-template <typename T>
-struct alignas(4 * sizeof(T)) Four {
-  T v[4];
-};
-
 template <typename T>
 bool four_aligned(const T* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % sizeof(Four<T>) == 0;
+  return reinterpret_cast<std::uintptr_t>(p) % sizeof(detail::Four<T>) == 0;
 }
 
 // A memory-bound pass: with `vec` (both pointers four-element aligned) the first n / 4 · 4
@@ -62,11 +56,11 @@ __global__ void convert_kernel(typename Op::Out* out, const typename Op::In* in,
   const std::int64_t tid = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::int64_t n4 = vec ? n / 4 : 0;
   for (std::int64_t i = tid; i < n4; i += stride) {
-    const Four<In> x = reinterpret_cast<const Four<In>*>(in)[i];
-    Four<Out> y;
+    const detail::Four<In> x = reinterpret_cast<const detail::Four<In>*>(in)[i];
+    detail::Four<Out> y;
 #pragma unroll
     for (int j = 0; j < 4; ++j) y.v[j] = Op::one(x.v[j]);
-    reinterpret_cast<Four<Out>*>(out)[i] = y;
+    reinterpret_cast<detail::Four<Out>*>(out)[i] = y;
   }
   for (std::int64_t i = n4 * 4 + tid; i < n; i += stride) out[i] = Op::one(in[i]);
 }

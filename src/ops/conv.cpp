@@ -283,21 +283,23 @@ cuda::Conv2dProblem cuda_problem(const char* op, const Geometry& g, const Device
 }
 
 // A bf16 pass through cuDNN's graph API (cuda/dnn_graph.hpp): `pass` gets operands a and b as
-// bf16 tensors (rounded, or as stashed) and a bf16 result, which is then widened into `out`.
-// False, with nothing queued for `out`, when that path is switched off or cuDNN has no engine for
-// the problem: the caller then runs the legacy path.
+// bf16 tensors (rounded, or as kept in bf16) and a bf16 result of `shape`, which is returned for
+// the caller to widen. Undefined, with nothing queued, when that path is switched off or cuDNN
+// has no engine for the problem: the caller then runs the legacy path.
 template <typename Pass>
-bool bf16_graph_pass(const detail::CudaScope& cuda, const Tensor& a, const Tensor& b, Tensor& out,
-                     Pass&& pass) {
-  if (cuda::graph_convolutions() == cuda::GraphConvolutions::None) return false;
+Tensor bf16_graph_pass(const Tensor& a, const Tensor& b, const Shape& shape, Pass&& pass) {
+  if (cuda::graph_convolutions() == cuda::GraphConvolutions::None) return {};
   const Tensor a16 = to_dtype(a, DType::BFloat16), b16 = to_dtype(b, DType::BFloat16);
-  Tensor out16 = Tensor::empty(out.shape(), DType::BFloat16, out.device());
+  Tensor out16 = Tensor::empty(shape, DType::BFloat16, a.device());
   if (!pass(a16.device_data<std::uint16_t>(), b16.device_data<std::uint16_t>(),
             out16.device_data<std::uint16_t>()))
-    return false;
+    return {};
+  return out16;
+}
+
+void widen_into(const detail::CudaScope& cuda, const Tensor& out16, Tensor& out) {
   kernels::bf16_to_float(cuda.stream(), out.device_data<float>(),
                          out16.device_data<std::uint16_t>(), out.numel());
-  return true;
 }
 #endif
 
@@ -349,16 +351,25 @@ void conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
     const detail::CudaScope cuda(d);
     float* yd = y.device_data<float>();
     const cuda::Conv2dProblem p = cuda_problem("conv2d_forward", g, d);
-    const bool graph =
-        bf16 && bf16_graph_pass(cuda, x_in, weight_in, y, [&](auto x16, auto w16, auto y16) {
-          return cuda::conv2d_forward_bf16(cuda.stream(), d.index, p, x16, w16, y16);
-        });
-    if (!graph) {
-      const Tensor x = product_operand(x_in), weight = product_operand(weight_in);
-      cuda::conv2d_forward_f32(cuda.stream(), d.index, p, x.device_data<float>(),
-                               weight.device_data<float>(), 0.f, yd, bf16);
-      if (bf16) round_to_bf16(y, y);  // before the bias
+    const Tensor y16 = bf16 ? bf16_graph_pass(x_in, weight_in, ys,
+                                              [&](auto x16, auto w16, auto out16) {
+                                                return cuda::conv2d_forward_bf16(
+                                                    cuda.stream(), d.index, p, x16, w16, out16);
+                                              })
+                            : Tensor();
+    if (y16.defined() && bias.defined()) {  // widened and biased in one pass
+      kernels::bf16_to_float_channel_bias(cuda.stream(), yd, y16.device_data<std::uint16_t>(),
+                                          bias.device_data<float>(), g.n, g.m, g.pixels());
+      return;
     }
+    if (y16.defined()) {
+      widen_into(cuda, y16, y);
+      return;
+    }
+    const Tensor x = product_operand(x_in), weight = product_operand(weight_in);
+    cuda::conv2d_forward_f32(cuda.stream(), d.index, p, x.device_data<float>(),
+                             weight.device_data<float>(), 0.f, yd, bf16);
+    if (bf16) round_to_bf16(y, y);  // before the bias
     if (bias.defined())
       kernels::channel_bias_add(cuda.stream(), yd, bias.device_data<float>(), g.n, g.m,
                                 g.pixels());
@@ -411,10 +422,13 @@ void conv2d_backward_data(const Tensor& dy_in, const Tensor& weight_in, Tensor& 
     if (g.n == 0) return;
     const detail::CudaScope cuda(d);
     const cuda::Conv2dProblem p = cuda_problem("conv2d_backward_data", g, d);
-    if (bf16 && bf16_graph_pass(cuda, dy_in, weight_in, dx, [&](auto dy16, auto w16, auto dx16) {
-          return cuda::conv2d_backward_data_bf16(cuda.stream(), d.index, p, dy16, w16, dx16);
-        }))
-      return;
+    if (bf16) {
+      const Tensor dx16 =
+          bf16_graph_pass(dy_in, weight_in, dx.shape(), [&](auto dy16, auto w16, auto out16) {
+            return cuda::conv2d_backward_data_bf16(cuda.stream(), d.index, p, dy16, w16, out16);
+          });
+      if (dx16.defined()) return widen_into(cuda, dx16, dx);
+    }
     const Tensor dy = product_operand(dy_in), weight = product_operand(weight_in);
     cuda::conv2d_backward_data_f32(cuda.stream(), d.index, p, dy.device_data<float>(),
                                    weight.device_data<float>(), 0.f, dx.device_data<float>(), bf16);
@@ -470,11 +484,13 @@ void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dwe
     const cuda::Conv2dProblem p = cuda_problem("conv2d_backward_filter", g, d);
     if (bf16) {  // this call's gradient apart, rounded, then accumulated (as on the CPU)
       Tensor part = Tensor::empty(dweight.shape(), DType::Float32, d);
-      const bool graph =
-          bf16_graph_pass(cuda, x_in, dy_in, part, [&](auto x16, auto dy16, auto dw16) {
-            return cuda::conv2d_backward_filter_bf16(cuda.stream(), d.index, p, x16, dy16, dw16);
+      const Tensor part16 =
+          bf16_graph_pass(x_in, dy_in, part.shape(), [&](auto x16, auto dy16, auto out16) {
+            return cuda::conv2d_backward_filter_bf16(cuda.stream(), d.index, p, x16, dy16, out16);
           });
-      if (!graph) {
+      if (part16.defined()) {
+        widen_into(cuda, part16, part);
+      } else {
         const Tensor x = product_operand(x_in), dy = product_operand(dy_in);
         cuda::conv2d_backward_filter_f32(cuda.stream(), d.index, p, x.device_data<float>(),
                                          dy.device_data<float>(), 0.f, part.device_data<float>(),
@@ -546,8 +562,10 @@ void conv2d_backward_bias(const Tensor& dy, Tensor& dbias) {
 #if PIPELINE_WITH_CUDA
   if (const Device d = detail::common_device("conv2d_backward_bias", {&dy, &dbias}); d.is_cuda()) {
     const detail::CudaScope cuda(d);
+    Tensor workspace = cuda.scratch_floats(kernels::channel_split(n, m, p).workspace_floats(m));
     kernels::channel_bias_grad(cuda.stream(), dy.device_data<float>(), n, m, p,
-                               dbias.device_data<float>());
+                               dbias.device_data<float>(),
+                               workspace.numel() > 0 ? workspace.device_data<float>() : nullptr);
     return;
   }
 #endif

@@ -8,6 +8,7 @@
 
 #include <pipeline/nn/layer.hpp>
 #include <pipeline/ops/conv.hpp>
+#include <pipeline/ops/precision.hpp>
 
 #include <cmath>
 
@@ -83,13 +84,16 @@ class Conv2d final : public Layer {
     PIPELINE_CHECK(dy.shape() == output_shape(x.shape()),
                    "Conv2d '{}': output gradient {} does not match the output {} of input {}",
                    name(), dy.shape(), output_shape(x.shape()), x.shape());
+    // dy as both products read it (bf16 under a bf16 compute dtype), converted once when both
+    // run; the bias gradient sums dy as it is.
+    const Tensor dyp = parts == GradParts::Both ? ops::saved_product_operand(dy) : dy;
     if (has_part(parts, GradParts::Weight)) {
-      ops::conv2d_backward_filter(x, dy, grads[0], m_window);
+      ops::conv2d_backward_filter(x, dyp, grads[0], m_window);
       if (m_opt.bias) ops::conv2d_backward_bias(dy, grads[1]);
     }
     if (!has_part(parts, GradParts::Input)) return {};
     Tensor dx = Tensor::empty(x.shape(), DType::Float32, x.device());
-    ops::conv2d_backward_data(dy, p.params[0], dx, m_window);
+    ops::conv2d_backward_data(dyp, p.params[0], dx, m_window);
     return dx;
   }
 
