@@ -83,6 +83,36 @@ static __global__ void max_pool2d_backward_kernel(PoolShape s, const float* dy,
   }
 }
 
+// Windows that do not overlap (stride >= kernel in both directions): each input element has at
+// most one window, so one thread per output writes its whole window, 0 + dy at the index (the
+// CPU's zero plus its one contribution, -0 and NaN alike) and 0 elsewhere. Against the gather:
+// a quarter of the threads under 2x2 windows and no search for the covering outputs.
+static __global__ void max_pool2d_backward_windows_kernel(PoolShape s, const float* dy,
+                                                          const std::int32_t* indices, float* dx) {
+  const std::int64_t out_plane = s.out_h * s.out_w, total = s.planes * out_plane;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+       t += stride) {
+    const std::int64_t p = t / out_plane, r = t - p * out_plane;
+    const std::int64_t o = r / s.out_w, q = r - o * s.out_w;
+    const std::int64_t h0 = o * s.stride_h - s.pad_h, w0 = q * s.stride_w - s.pad_w;
+    const std::int64_t r_lo = max(h0, std::int64_t{0}), r_hi = min(h0 + s.kernel_h, s.h);
+    const std::int64_t c_lo = max(w0, std::int64_t{0}), c_hi = min(w0 + s.kernel_w, s.w);
+    const std::int64_t at = indices[t];
+    const float g = 0.f + dy[t];
+    float* out = dx + p * s.h * s.w;
+    for (std::int64_t i = r_lo; i < r_hi; ++i)
+      for (std::int64_t j = c_lo; j < c_hi; ++j) out[i * s.w + j] = i * s.w + j == at ? g : 0.f;
+  }
+}
+
+// Whether every input row (column) lies in a window: no gaps between windows (stride == kernel)
+// and the last window reaching the end.
+static bool windows_cover(std::int64_t size, std::int64_t outputs, std::int64_t kernel,
+                          std::int64_t stride, std::int64_t pad) {
+  return stride == kernel && (outputs - 1) * stride - pad + kernel >= size;
+}
+
 static __global__ void max_pool2d_backward_scatter_kernel(std::int64_t planes,
                                                           std::int64_t in_plane,
                                                           std::int64_t out_plane, const float* dy,
@@ -176,6 +206,19 @@ void max_pool2d_backward(cudaStream_t stream, const PoolShape& s, const float* d
                          const std::int32_t* indices, float* dx) {
   const std::int64_t total = s.planes * s.h * s.w;
   if (total <= 0) return;
+  if (s.stride_h >= s.kernel_h && s.stride_w >= s.kernel_w) {
+    // Elements no window covers get zero first (odd sizes, strides past the kernel).
+    if (!windows_cover(s.h, s.out_h, s.kernel_h, s.stride_h, s.pad_h) ||
+        !windows_cover(s.w, s.out_w, s.kernel_w, s.stride_w, s.pad_w))
+      PIPELINE_CUDA_CHECK(
+          cudaMemsetAsync(dx, 0, static_cast<std::size_t>(total) * sizeof(float), stream));
+    const std::int64_t outputs = s.planes * s.out_h * s.out_w;
+    if (outputs <= 0) return;
+    max_pool2d_backward_windows_kernel<<<detail::grid_for(outputs, kPoolThreads), kPoolThreads, 0,
+                                         stream>>>(s, dy, indices, dx);
+    PIPELINE_CUDA_LAUNCH_CHECK();
+    return;
+  }
   max_pool2d_backward_kernel<<<detail::grid_for(total, kPoolThreads), kPoolThreads, 0, stream>>>(
       s, dy, indices, dx);
   PIPELINE_CUDA_LAUNCH_CHECK();

@@ -27,8 +27,9 @@ void max_pool2d_forward(cudaStream_t stream, const PoolShape& s, const float* x,
 
 // dx[i] = Σ dy[k] over the outputs k whose window covers i and whose index is i, added in
 // increasing k: the CPU's order, so the result is the CPU's bit for bit. One thread per input
-// element gathers from the windows covering it (no atomics); an index that is no position of
-// its window contributes nothing.
+// element gathers from the windows covering it (no atomics); where windows do not overlap
+// (stride >= kernel) one thread per output writes its window instead. An index that is no
+// position of its window contributes nothing.
 void max_pool2d_backward(cudaStream_t stream, const PoolShape& s, const float* dy,
                          const std::int32_t* indices, float* dx);
 

@@ -34,6 +34,9 @@ const Case kCases[] = {
     {1, 1, 1, 1, ops::Window2d::square(1)},
     {0, 3, 8, 8, ops::Window2d::square(2, 2)},  // empty batch
     {4, 17, 33, 31, ops::Window2d::square(5, 3, 2)},
+    {2, 3, 11, 10, ops::Window2d::square(2, 3)},   // gaps between windows (stride past the kernel)
+    {2, 4, 9, 9, ops::Window2d::square(2, 2, 1)},  // padded windows that do not overlap
+    {3, 2, 8, 12, {2, 3, 2, 3, 0, 0}},             // rectangular, exactly tiled
 };
 
 // Values on a coarse grid (multiples of 1/8 in [-2, 2)) so that windows hold ties.
