@@ -120,6 +120,12 @@ bench() {
   box 100 "$OUT/bench.log" "$B/bench/bench_gpu_step" --transformed-convolutions ${step_torch[@]:+--torch} \
     --cases vgg16-b64,fashion-cnn-b1024 --precision fp32 --steps 10 --warmup 3
   grep -E "^\| " "$OUT/bench.log" >>"$S"
+  # Where VGG-16's bf16 step goes, layer by layer (convolutions, bias, ReLU and pools), as
+  # bench_gpu_step's vgg16-b64 case runs it.
+  box 90 "$OUT/vgg-profile.log" "$B/partitioner/pipeline-profile" --model vgg16 --device cuda \
+    --dtype bf16 --image-size 224 --classes 1000 --batch 64 --warmup 1 --repeat 5 \
+    -o "$OUT/vgg16-bf16.json"
+  grep -E "^ +[0-9]+ +[a-z_0-9]+ +[A-Z]|^total|^optimizer" "$OUT/vgg-profile.log" >>"$S"
 }
 
 pipeline() {
