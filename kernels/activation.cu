@@ -54,19 +54,20 @@ __device__ __forceinline__ float backward_one(float s, float g) {
 
 }  // namespace
 
-// `vec`: all pointers are 16-byte aligned, so the first n / 4 * 4 elements move as float4.
-template <ActivationKind K>
-static __global__ void activation_forward_kernel(const float* x, float* y, std::int64_t n,
-                                                 bool vec) {
+// `vec`: all pointers are 16-byte aligned, so the first n / 4 * 4 elements move as float4. Out:
+// float, or std::uint16_t for y in bf16 (rounded as it is stored).
+template <ActivationKind K, typename Out>
+static __global__ void activation_forward_kernel(const float* x, Out* y, std::int64_t n, bool vec) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t tid = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::int64_t n4 = vec ? n / 4 : 0;
   for (std::int64_t i = tid; i < n4; i += stride) {
     const float4 v = reinterpret_cast<const float4*>(x)[i];
-    reinterpret_cast<float4*>(y)[i] = make_float4(forward_one<K>(v.x), forward_one<K>(v.y),
-                                                  forward_one<K>(v.z), forward_one<K>(v.w));
+    detail::store4_as(y + 4 * i, make_float4(forward_one<K>(v.x), forward_one<K>(v.y),
+                                             forward_one<K>(v.z), forward_one<K>(v.w)));
   }
-  for (std::int64_t i = n4 * 4 + tid; i < n; i += stride) y[i] = forward_one<K>(x[i]);
+  for (std::int64_t i = n4 * 4 + tid; i < n; i += stride)
+    detail::store_as(y + i, forward_one<K>(x[i]));
 }
 
 template <ActivationKind K>
@@ -87,12 +88,28 @@ static __global__ void activation_backward_kernel(const float* s, const float* g
 
 namespace {
 
-template <ActivationKind K>
-void launch_forward(cudaStream_t stream, const float* x, float* y, std::int64_t n) {
-  const bool vec = detail::aligned16(x) && detail::aligned16(y);
+template <ActivationKind K, typename Out>
+void launch_forward(cudaStream_t stream, const float* x, Out* y, std::int64_t n) {
+  const bool vec =
+      detail::aligned16(x) && reinterpret_cast<std::uintptr_t>(y) % (4 * sizeof(Out)) == 0;
   const unsigned blocks = detail::grid_for(vec ? (n + 3) / 4 : n, kActivationThreads);
-  activation_forward_kernel<K><<<blocks, kActivationThreads, 0, stream>>>(x, y, n, vec);
+  activation_forward_kernel<K, Out><<<blocks, kActivationThreads, 0, stream>>>(x, y, n, vec);
   PIPELINE_CUDA_LAUNCH_CHECK();
+}
+
+template <typename Out>
+void forward_any(cudaStream_t stream, ActivationKind kind, const float* x, Out* y, std::int64_t n) {
+  if (n <= 0) return;
+  switch (kind) {
+    case ActivationKind::ReLU:
+      return launch_forward<ActivationKind::ReLU>(stream, x, y, n);
+    case ActivationKind::GELU:
+      return launch_forward<ActivationKind::GELU>(stream, x, y, n);
+    case ActivationKind::Tanh:
+      return launch_forward<ActivationKind::Tanh>(stream, x, y, n);
+    case ActivationKind::Sigmoid:
+      return launch_forward<ActivationKind::Sigmoid>(stream, x, y, n);
+  }
 }
 
 template <ActivationKind K>
@@ -108,17 +125,12 @@ void launch_backward(cudaStream_t stream, const float* s, const float* g, float*
 
 void activation_forward(cudaStream_t stream, ActivationKind kind, const float* x, float* y,
                         std::int64_t n) {
-  if (n <= 0) return;
-  switch (kind) {
-    case ActivationKind::ReLU:
-      return launch_forward<ActivationKind::ReLU>(stream, x, y, n);
-    case ActivationKind::GELU:
-      return launch_forward<ActivationKind::GELU>(stream, x, y, n);
-    case ActivationKind::Tanh:
-      return launch_forward<ActivationKind::Tanh>(stream, x, y, n);
-    case ActivationKind::Sigmoid:
-      return launch_forward<ActivationKind::Sigmoid>(stream, x, y, n);
-  }
+  forward_any(stream, kind, x, y, n);
+}
+
+void activation_forward_bf16(cudaStream_t stream, ActivationKind kind, const float* x,
+                             std::uint16_t* y, std::int64_t n) {
+  forward_any(stream, kind, x, y, n);
 }
 
 void activation_backward(cudaStream_t stream, ActivationKind kind, const float* saved,

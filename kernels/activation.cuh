@@ -18,6 +18,9 @@ enum class ActivationKind { ReLU, GELU, Tanh, Sigmoid };
 // y = f(x).
 void activation_forward(cudaStream_t stream, ActivationKind kind, const float* x, float* y,
                         std::int64_t n);
+// y = f(x) rounded to bf16 as it is stored (the bits of float_to_bf16 of the float32 result).
+void activation_forward_bf16(cudaStream_t stream, ActivationKind kind, const float* x,
+                             std::uint16_t* y, std::int64_t n);
 // dx = dy ⊙ f'(saved), `saved` being x for ReLU/GELU and y for tanh/sigmoid.
 void activation_backward(cudaStream_t stream, ActivationKind kind, const float* saved,
                          const float* dy, float* dx, std::int64_t n);

@@ -32,6 +32,36 @@ inline bool aligned16(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
+// float32 to bf16 bits: round to nearest, ties to even, NaNs quieted; the CPU's
+// ops::float_to_bf16 integer for integer, so both agree bit for bit.
+__device__ __forceinline__ std::uint16_t to_bf16_bits(float f) {
+  const std::uint32_t bits = __float_as_uint(f);
+  return (bits & 0x7fffffffu) > 0x7f800000u
+             ? static_cast<std::uint16_t>((bits >> 16) | 0x0040u)
+             : static_cast<std::uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// A float32 result stored as Out: float32 as it is, bf16 (std::uint16_t) rounded.
+__device__ __forceinline__ void store_as(float* p, float v) {
+  *p = v;
+}
+__device__ __forceinline__ void store_as(std::uint16_t* p, float v) {
+  *p = to_bf16_bits(v);
+}
+
+// Four results as one aligned store (16 bytes of float, 8 of bf16).
+__device__ __forceinline__ void store4_as(float* p, float4 v) {
+  *reinterpret_cast<float4*>(p) = v;
+}
+__device__ __forceinline__ void store4_as(std::uint16_t* p, float4 v) {
+  uint2 w;
+  w.x = static_cast<std::uint32_t>(to_bf16_bits(v.x)) |
+        static_cast<std::uint32_t>(to_bf16_bits(v.y)) << 16;
+  w.y = static_cast<std::uint32_t>(to_bf16_bits(v.z)) |
+        static_cast<std::uint32_t>(to_bf16_bits(v.w)) << 16;
+  *reinterpret_cast<uint2*>(p) = w;
+}
+
 // Four elements as one aligned access (16 bytes of float, 8 of bf16).
 template <typename T>
 struct alignas(4 * sizeof(T)) Four {

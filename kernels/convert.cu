@@ -10,26 +10,19 @@
 
 namespace pipeline::kernels {
 
-static __device__ std::uint16_t to_bf16_bits(float f) {
-  const std::uint32_t bits = __float_as_uint(f);
-  return (bits & 0x7fffffffu) > 0x7f800000u
-             ? static_cast<std::uint16_t>((bits >> 16) | 0x0040u)
-             : static_cast<std::uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
 namespace {
 
 // The three conversions, one element each.
 struct ToBf16 {
   using In = float;
   using Out = std::uint16_t;
-  static __device__ Out one(float f) { return to_bf16_bits(f); }
+  static __device__ Out one(float f) { return detail::to_bf16_bits(f); }
 };
 struct RoundToBf16 {
   using In = float;
   using Out = float;
   static __device__ Out one(float f) {
-    return __uint_as_float(static_cast<std::uint32_t>(to_bf16_bits(f)) << 16);
+    return __uint_as_float(static_cast<std::uint32_t>(detail::to_bf16_bits(f)) << 16);
   }
 };
 struct ToFloat {

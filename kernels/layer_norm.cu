@@ -38,16 +38,17 @@ int row_threads(std::int64_t features) {
 
 // Items > 0: thread holds columns threadIdx.x + k·blockDim.x, k < Items (needs
 // features <= Items·blockDim.x). Items == 0: any width, global memory re-read per pass.
-template <int Items>
+// Out: float, or std::uint16_t for y in bf16 (rounded as it is stored).
+template <int Items, typename Out>
 static __global__ __launch_bounds__(kMaxThreads) void layer_norm_forward_kernel(
     const float* x, const float* weight, const float* bias, std::int64_t rows, int features,
-    float eps, float* y, float* mean, float* rstd) {
+    float eps, Out* y, float* mean, float* rstd) {
   __shared__ float scratch[detail::kWarp];
   const int tid = threadIdx.x, threads = blockDim.x;
   const float fn = static_cast<float>(features);
   for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * features;
-    float* yr = y + r * features;
+    Out* yr = y + r * features;
     float part = 0.f, m, var;
     if constexpr (Items > 0) {
       float v[Items];
@@ -72,7 +73,7 @@ static __global__ __launch_bounds__(kMaxThreads) void layer_norm_forward_kernel(
 #pragma unroll
       for (int k = 0; k < Items; ++k) {
         const int c = tid + k * threads;
-        if (c < features) yr[c] = (v[k] - m) * rs * weight[c] + bias[c];
+        if (c < features) detail::store_as(yr + c, (v[k] - m) * rs * weight[c] + bias[c]);
       }
       if (tid == 0) {
         mean[r] = m;
@@ -88,7 +89,8 @@ static __global__ __launch_bounds__(kMaxThreads) void layer_norm_forward_kernel(
       }
       var = detail::block_sum(part, scratch) / fn;
       const float rs = 1.f / sqrtf(var + eps);
-      for (int c = tid; c < features; c += threads) yr[c] = (xr[c] - m) * rs * weight[c] + bias[c];
+      for (int c = tid; c < features; c += threads)
+        detail::store_as(yr + c, (xr[c] - m) * rs * weight[c] + bias[c]);
       if (tid == 0) {
         mean[r] = m;
         rstd[r] = rs;
@@ -221,10 +223,10 @@ __device__ __forceinline__ void store4(float* p, float4 v) {
   *reinterpret_cast<float4*>(p) = v;
 }
 
-template <int V>
+template <int V, typename Out>
 static __global__ __launch_bounds__(kWarpRowsThreads) void layer_norm_forward_warp_kernel(
     const float* x, const float* weight, const float* bias, std::int64_t rows, int features,
-    float eps, float* y, float* mean, float* rstd) {
+    float eps, Out* y, float* mean, float* rstd) {
   const int lane = threadIdx.x % detail::kWarp;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x / detail::kWarp);
   const float fn = static_cast<float>(features);
@@ -257,9 +259,10 @@ static __global__ __launch_bounds__(kWarpRowsThreads) void layer_norm_forward_wa
       const int c = 4 * (lane + k * detail::kWarp);
       if (c < features) {
         const float4 w = load4(weight + c), b = load4(bias + c);
-        store4(y + r * features + c,
-               make_float4((v[k].x - m) * rs * w.x + b.x, (v[k].y - m) * rs * w.y + b.y,
-                           (v[k].z - m) * rs * w.z + b.z, (v[k].w - m) * rs * w.w + b.w));
+        detail::store4_as(
+            y + r * features + c,
+            make_float4((v[k].x - m) * rs * w.x + b.x, (v[k].y - m) * rs * w.y + b.y,
+                        (v[k].z - m) * rs * w.z + b.z, (v[k].w - m) * rs * w.w + b.w));
       }
     }
     if (lane == 0) {
@@ -360,9 +363,12 @@ std::int64_t layer_norm_backward_workspace_floats(std::int64_t rows, std::int64_
   return floats;
 }
 
-void layer_norm_forward(cudaStream_t stream, const float* x, const float* weight, const float* bias,
-                        std::int64_t rows, std::int64_t features, float eps, float* y, float* mean,
-                        float* rstd) {
+namespace {
+
+template <typename Out>
+void forward_any(cudaStream_t stream, const float* x, const float* weight, const float* bias,
+                 std::int64_t rows, std::int64_t features, float eps, Out* y, float* mean,
+                 float* rstd) {
   if (rows <= 0 || features <= 0) return;
   const int f = static_cast<int>(features);
   if (warp_rows(features, {x, weight, bias, y})) {
@@ -370,7 +376,7 @@ void layer_norm_forward(cudaStream_t stream, const float* x, const float* weight
     const auto blocks = static_cast<unsigned>(
         std::min((rows + kRowsPerBlock - 1) / kRowsPerBlock, detail::kMaxGridBlocks));
     with_float4s_per_lane(features, [&](auto v) {
-      layer_norm_forward_warp_kernel<decltype(v)::value>
+      layer_norm_forward_warp_kernel<decltype(v)::value, Out>
           <<<blocks, kWarpRowsThreads, 0, stream>>>(x, weight, bias, rows, f, eps, y, mean, rstd);
     });
     PIPELINE_CUDA_LAUNCH_CHECK();
@@ -380,12 +386,26 @@ void layer_norm_forward(cudaStream_t stream, const float* x, const float* weight
   const unsigned blocks =
       static_cast<unsigned>(std::min<std::int64_t>(rows, detail::kMaxGridBlocks));
   if (features <= static_cast<std::int64_t>(threads) * kItems)
-    layer_norm_forward_kernel<kItems>
+    layer_norm_forward_kernel<kItems, Out>
         <<<blocks, threads, 0, stream>>>(x, weight, bias, rows, f, eps, y, mean, rstd);
   else
-    layer_norm_forward_kernel<0>
+    layer_norm_forward_kernel<0, Out>
         <<<blocks, threads, 0, stream>>>(x, weight, bias, rows, f, eps, y, mean, rstd);
   PIPELINE_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void layer_norm_forward(cudaStream_t stream, const float* x, const float* weight, const float* bias,
+                        std::int64_t rows, std::int64_t features, float eps, float* y, float* mean,
+                        float* rstd) {
+  forward_any(stream, x, weight, bias, rows, features, eps, y, mean, rstd);
+}
+
+void layer_norm_forward_bf16(cudaStream_t stream, const float* x, const float* weight,
+                             const float* bias, std::int64_t rows, std::int64_t features, float eps,
+                             std::uint16_t* y, float* mean, float* rstd) {
+  forward_any(stream, x, weight, bias, rows, features, eps, y, mean, rstd);
 }
 
 void layer_norm_backward(cudaStream_t stream, const float* x, const float* weight,

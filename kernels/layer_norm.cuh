@@ -20,6 +20,11 @@ void layer_norm_forward(cudaStream_t stream, const float* x, const float* weight
                         std::int64_t rows, std::int64_t features, float eps, float* y, float* mean,
                         float* rstd);
 
+// The same with y in bf16, rounded as it is stored (the bits of float_to_bf16 of the float32 y).
+void layer_norm_forward_bf16(cudaStream_t stream, const float* x, const float* weight,
+                             const float* bias, std::int64_t rows, std::int64_t features, float eps,
+                             std::uint16_t* y, float* mean, float* rstd);
+
 // float32 elements of device workspace layer_norm_backward() needs (may be 0).
 std::int64_t layer_norm_backward_workspace_floats(std::int64_t rows, std::int64_t features);
 

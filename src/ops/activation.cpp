@@ -1,4 +1,5 @@
 #include <pipeline/ops/activation.hpp>
+#include <pipeline/ops/convert.hpp>
 
 #include "../core/parallel.hpp"
 #include "cuda_dispatch.hpp"
@@ -67,14 +68,25 @@ std::string_view activation_name(Activation a) {
 
 void activation_forward(Activation a, const Tensor& x, Tensor& y) {
   check_same_size("activation_forward", x, y);
+  const bool bf16 = y.dtype() == DType::BFloat16;
 #if PIPELINE_WITH_CUDA
   if (const Device d = detail::common_device("activation_forward", {&x, &y}); d.is_cuda()) {
     const detail::CudaScope cuda(d);
-    kernels::activation_forward(cuda.stream(), kernel_kind(a), x.device_data<float>(),
-                                y.device_data<float>(), x.numel());
+    if (bf16)
+      kernels::activation_forward_bf16(cuda.stream(), kernel_kind(a), x.device_data<float>(),
+                                       y.device_data<std::uint16_t>(), x.numel());
+    else
+      kernels::activation_forward(cuda.stream(), kernel_kind(a), x.device_data<float>(),
+                                  y.device_data<float>(), x.numel());
     return;
   }
 #endif
+  if (bf16) {  // the float32 result, then rounded
+    Tensor y32 = Tensor::empty(y.shape(), DType::Float32, y.device());
+    activation_forward(a, x, y32);
+    to_dtype(y32, y);
+    return;
+  }
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   pipeline::detail::for_each_piece(

@@ -1,3 +1,4 @@
+#include <pipeline/ops/convert.hpp>
 #include <pipeline/ops/norm.hpp>
 
 #include "../core/parallel.hpp"
@@ -75,7 +76,10 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   const std::int64_t f = layer_norm_features(x, weight);
   const std::int64_t rows = x.numel() / f;
   check_vector("layer_norm_forward", "bias", bias, f);
-  check_vector("layer_norm_forward", "y", y, x.numel());
+  const bool bf16 = y.dtype() == DType::BFloat16;  // rounded as it is written
+  PIPELINE_CHECK(y.numel() == x.numel() && (bf16 || y.dtype() == DType::Float32),
+                 "layer_norm_forward: y must be {} float32 or bfloat16 values, got {} {}",
+                 x.numel(), y.numel(), dtype_name(y.dtype()));
   check_vector("layer_norm_forward", "mean", mean, rows);
   check_vector("layer_norm_forward", "rstd", rstd, rows);
   PIPELINE_CHECK(eps > 0.f, "layer_norm_forward: eps must be positive, got {}", eps);
@@ -84,12 +88,25 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
           detail::common_device("layer_norm_forward", {&x, &weight, &bias, &y, &mean, &rstd});
       d.is_cuda()) {
     const detail::CudaScope cuda(d);
-    kernels::layer_norm_forward(cuda.stream(), x.device_data<float>(), weight.device_data<float>(),
-                                bias.device_data<float>(), rows, f, eps, y.device_data<float>(),
-                                mean.device_data<float>(), rstd.device_data<float>());
+    if (bf16)
+      kernels::layer_norm_forward_bf16(cuda.stream(), x.device_data<float>(),
+                                       weight.device_data<float>(), bias.device_data<float>(), rows,
+                                       f, eps, y.device_data<std::uint16_t>(),
+                                       mean.device_data<float>(), rstd.device_data<float>());
+    else
+      kernels::layer_norm_forward(cuda.stream(), x.device_data<float>(),
+                                  weight.device_data<float>(), bias.device_data<float>(), rows, f,
+                                  eps, y.device_data<float>(), mean.device_data<float>(),
+                                  rstd.device_data<float>());
     return;
   }
 #endif
+  if (bf16) {  // the float32 result, then rounded
+    Tensor y32 = Tensor::empty(y.shape(), DType::Float32, y.device());
+    layer_norm_forward(x, weight, bias, eps, y32, mean, rstd);
+    to_dtype(y32, y);
+    return;
+  }
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   float* mp = mean.data<float>();

@@ -76,6 +76,10 @@ void round_to_bf16(const Tensor& x, Tensor& y) {
   });
 }
 
+DType output_dtype(OutputAs as) {
+  return as == OutputAs::ProductOperand ? t_compute_dtype : DType::Float32;
+}
+
 Tensor saved_product_operand(const Tensor& x) {
   if (t_compute_dtype == DType::BFloat16 && x.dtype() == DType::Float32)
     return to_dtype(x, DType::BFloat16);

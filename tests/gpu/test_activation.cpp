@@ -2,6 +2,7 @@
 // odd sizes, in place on a view that is not 16-byte aligned (the scalar path), and the error of a
 // call whose tensors are on two devices.
 #include <pipeline/ops/activation.hpp>
+#include <pipeline/ops/convert.hpp>
 
 #include "gpu_compare.hpp"
 
@@ -68,6 +69,28 @@ TEST_CASE("activations on CUDA: in place on a view at a 4-byte offset") {
     ops::activation_backward(a, saved.to(kGpu), dview, dview);
     expect_close("backward in place", dx_cpu, dview, 1e-5);
     CHECK(host(dyg).values()[0] == dy.values()[0]);
+  }
+}
+
+TEST_CASE("activations on CUDA written in bf16: the float32 results rounded, bit for bit") {
+  // Vector and scalar paths, and a view two bf16 elements in (8-byte stores not aligned).
+  for (std::int64_t n : {1, 7, 33, 1000, 1000003}) {
+    for (Activation a : kAll) {
+      CAPTURE(n);
+      INFO(std::string(ops::activation_name(a)));
+      const Tensor xg =
+          random_tensor(Shape{n}, static_cast<std::uint64_t>(n) + 5, -3.f, 3.f).to(kGpu);
+      Tensor y32 = poisoned(Shape{n});
+      ops::activation_forward(a, xg, y32);
+      Tensor y16 = ops::to_dtype(poisoned(Shape{n}), DType::BFloat16);
+      ops::activation_forward(a, xg, y16);
+      expect_equal("forward in bf16", host(ops::to_dtype(y32, DType::BFloat16)), y16);
+
+      Tensor wide16 = ops::to_dtype(poisoned(Shape{n + 2}), DType::BFloat16);
+      Tensor view = wide16.slice(2, n + 2);
+      ops::activation_forward(a, xg, view);
+      expect_equal("forward in bf16 into a view", host(ops::to_dtype(y32, DType::BFloat16)), view);
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 // bias gradients accumulated into), over widths on both sides of the kernels' register-cached
 // limit (8192) and row counts that are not multiples of anything, with one and many row chunks in
 // the parameter-gradient reduction; optional outputs left out; an empty batch.
+#include <pipeline/ops/convert.hpp>
 #include <pipeline/ops/norm.hpp>
 
 #include "gpu_compare.hpp"
@@ -73,6 +74,26 @@ TEST_CASE("layer norm on CUDA matches the CPU, forward and backward") {
     Tensor db_only = db0.to(kGpu);
     ops::layer_norm_backward(xg, wg, mean_g, rstd_g, dyg, nullptr, nullptr, &db_only);
     expect_equal("dbias alone", host(dbg), db_only);
+  }
+}
+
+TEST_CASE("layer norm on CUDA written in bf16: the float32 y rounded, bit for bit") {
+  for (const Case c : kCases) {
+    CAPTURE(c.rows);
+    CAPTURE(c.features);
+    const auto seed = static_cast<std::uint64_t>(c.rows * 31 + c.features);
+    const Shape xs{c.rows, c.features}, fs{c.features}, rs{c.rows};
+    const Tensor xg = random_tensor(xs, seed, 1.f, 5.f).to(kGpu);
+    const Tensor wg = random_tensor(fs, seed + 1, 0.5f, 1.5f).to(kGpu);
+    const Tensor bg = random_tensor(fs, seed + 2).to(kGpu);
+    Tensor y32 = poisoned(xs), m32 = poisoned(rs), r32 = poisoned(rs);
+    ops::layer_norm_forward(xg, wg, bg, kEps, y32, m32, r32);
+    Tensor y16 = ops::to_dtype(poisoned(xs), DType::BFloat16), m16 = poisoned(rs),
+           r16 = poisoned(rs);
+    ops::layer_norm_forward(xg, wg, bg, kEps, y16, m16, r16);
+    expect_equal("y in bf16", host(ops::to_dtype(y32, DType::BFloat16)), y16);
+    expect_equal("mean", host(m32), m16);
+    expect_equal("rstd", host(r32), r16);
   }
 }
 

@@ -293,6 +293,54 @@ TEST_CASE("Linear keeps its input shared unless asked to keep the product operan
   for (std::size_t i = 0; i < ga.size(); ++i) CHECK(same_bits(ga[i], gb[i]));
 }
 
+TEST_CASE("layer norm and GELU written for products: bf16 under bf16, the same bits downstream") {
+  const Tensor x = random({6, 16}, 61), dy = random({6, 8}, 62);
+  // Each producer once written in float32 and once for products, feeding the same Linear
+  // (which keeps its input as a product operand, as in a transformer block).
+  const auto run = [&](const Layer& producer, const Linear& fc) {
+    LayerParams pp = producer.init(63), pf = fc.init(64);
+    Saved sp, sf;
+    ForwardContext ctx;
+    const Tensor h = producer.forward(pp, x, sp, ctx);
+    const Tensor y = fc.forward(pf, h, sf, ctx);
+    std::vector<Tensor> gf = fc.zero_grads(), gp = producer.zero_grads();
+    const Tensor dh = fc.backward(pf, sf, dy, gf);
+    const Tensor dx = producer.backward(pp, sp, dh, gp);
+    gf.insert(gf.end(), gp.begin(), gp.end());
+    return std::tuple{h.dtype(), y, dx, gf};
+  };
+  const Linear fc("fc", 16, 8, true, SavedInput::ProductOperand);
+  const LayerNorm ln32("ln", 16), ln16("ln", 16, 1e-5f, ops::OutputAs::ProductOperand);
+  const GELU gelu32("gelu"), gelu16("gelu", ops::OutputAs::ProductOperand);
+  const std::pair<const Layer*, const Layer*> pairs[] = {{&ln32, &ln16}, {&gelu32, &gelu16}};
+  for (const DType compute : {DType::Float32, DType::BFloat16}) {
+    const ops::ComputeDTypeScope scope(compute);
+    for (const auto& [wide, narrow] : pairs) {
+      CAPTURE(wide->kind());
+      CAPTURE(dtype_name(compute));
+      const auto [dtype32, y32, dx32, g32] = run(*wide, fc);
+      const auto [dtype16, y16, dx16, g16] = run(*narrow, fc);
+      CHECK(dtype32 == DType::Float32);
+      CHECK(dtype16 == compute);  // bf16 only under a bf16 compute dtype
+      CHECK(same_bits(y32, y16));
+      CHECK(same_bits(dx32, dx16));
+      for (std::size_t i = 0; i < g32.size(); ++i) CHECK(same_bits(g32[i], g16[i]));
+    }
+  }
+  // Written in bf16: the float32 result rounded, for every activation and the layer norm.
+  const ops::ComputeDTypeScope bf16(DType::BFloat16);
+  for (const ops::Activation a : {ops::Activation::ReLU, ops::Activation::GELU,
+                                  ops::Activation::Tanh, ops::Activation::Sigmoid}) {
+    Tensor y = Tensor::empty(x.shape(), DType::BFloat16);
+    ops::activation_forward(a, x, y);
+    CHECK(same_bits(y, ops::to_dtype(ops::activation_forward(a, x), DType::BFloat16)));
+  }
+  // Tanh and sigmoid differentiate their output, which must then stay float32.
+  CHECK_THROWS_WITH_AS(ActivationLayer("t", ops::Activation::Tanh, ops::OutputAs::ProductOperand),
+                       doctest::Contains("its backward reads its output, which must stay float32"),
+                       ConfigError);
+}
+
 TEST_CASE("WeightStore with bf16 stashes: stashed matrices in bf16, the latest in float32") {
   Sequential model("store");
   model.emplace<Linear>("fc1", 6, 5);

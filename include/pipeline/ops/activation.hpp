@@ -23,7 +23,8 @@ constexpr bool activation_saves_output(Activation a) {
   return a == Activation::Tanh || a == Activation::Sigmoid;
 }
 
-// y = f(x).
+// y = f(x). y may be bfloat16: f(x) rounded as it is written (the bits of to_dtype of the
+// float32 result), for an output that only products read (ops/precision.hpp: OutputAs).
 void activation_forward(Activation a, const Tensor& x, Tensor& y);
 // dx = dy ⊙ f'(·), where `saved` is x or y as activation_saves_output(a) says.
 void activation_backward(Activation a, const Tensor& saved, const Tensor& dy, Tensor& dx);

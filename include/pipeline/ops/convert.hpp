@@ -18,6 +18,8 @@ namespace pipeline::ops {
 // x (float32 or bfloat16) as a new tensor of `dtype` (float32 or bfloat16) on x's device; x itself
 // when it already has that dtype.
 Tensor to_dtype(const Tensor& x, DType dtype);
+// x converted into y (float32 and bfloat16 the other way round; as many elements, same device).
+void to_dtype(const Tensor& x, Tensor& y);
 
 // One element, for the CPU loop and for tests.
 constexpr std::uint16_t float_to_bf16(float f) {

@@ -12,8 +12,10 @@
 // and its backward treats them as constants. Both write mean and rstd ([C]) for the backward.
 //
 // Backward outputs are optional (nullptr skips them); dweight and dbias are accumulated into
-// (+=), dx is overwritten. All tensors are float32, all on the CPU or all on one CUDA device
-// (layer norm and batch norm have custom kernels there: kernels/layer_norm.cuh, batch_norm.cuh).
+// (+=), dx is overwritten. All tensors are float32 (the layer norm's y may be bfloat16: y rounded
+// as it is written, for an output that only products read; ops/precision.hpp: OutputAs), all on the
+// CPU or all on one CUDA device (layer norm and batch norm have custom kernels there:
+// kernels/layer_norm.cuh, batch_norm.cuh).
 #pragma once
 
 #include <pipeline/core/tensor.hpp>

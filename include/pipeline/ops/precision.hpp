@@ -59,4 +59,14 @@ Tensor product_operand(const Tensor& x);
 // itself (shared, not copied). Also how to hand one operand to several products: converted once.
 Tensor saved_product_operand(const Tensor& x);
 
+// What a layer writes its output as. ProductOperand: under a bf16 compute dtype in bf16, the
+// values a product reading it would round it to, for an output that only products read (inside
+// a transformer block the layer norms feeding qkv and fc1, GELU feeding fc2): the product's
+// conversion pass and half the output's bytes are saved, and every result is the same bits.
+// Float32 (the default): always float32.
+enum class OutputAs { Float32, ProductOperand };
+
+// The dtype of an output written `as`, under the calling thread's compute dtype.
+DType output_dtype(OutputAs as);
+
 }  // namespace pipeline::ops

@@ -5,6 +5,7 @@
 
 #include <pipeline/nn/layer.hpp>
 #include <pipeline/ops/activation.hpp>
+#include <pipeline/ops/precision.hpp>
 
 #include <string>
 
@@ -12,7 +13,15 @@ namespace pipeline {
 
 class ActivationLayer : public Layer {
  public:
-  ActivationLayer(std::string name, ops::Activation fn) : Layer(std::move(name)), m_fn(fn) {}
+  // `output`: ops::OutputAs (ProductOperand only for the functions differentiated from their
+  // input, whose kept tensor is then not the rounded output).
+  ActivationLayer(std::string name, ops::Activation fn,
+                  ops::OutputAs output = ops::OutputAs::Float32)
+      : Layer(std::move(name)), m_fn(fn), m_output(output) {
+    PIPELINE_CHECK_AS(
+        ConfigError, output == ops::OutputAs::Float32 || !ops::activation_saves_output(fn),
+        "{} '{}': its backward reads its output, which must stay float32", kind(), this->name());
+  }
 
   ops::Activation function() const { return m_fn; }
   std::string kind() const override { return std::string(ops::activation_name(m_fn)); }
@@ -32,7 +41,8 @@ class ActivationLayer : public Layer {
  protected:
   Tensor forward_impl(LayerParams&, const Tensor& x, Saved& saved,
                       const ForwardContext&) const override {
-    Tensor y = ops::activation_forward(m_fn, x);
+    Tensor y = Tensor::empty(x.shape(), ops::output_dtype(m_output), x.device());
+    ops::activation_forward(m_fn, x, y);
     saved.tensors = {ops::activation_saves_output(m_fn) ? y : x};
     return y;
   }
@@ -48,6 +58,7 @@ class ActivationLayer : public Layer {
 
  private:
   ops::Activation m_fn;
+  ops::OutputAs m_output;
 };
 
 class ReLU final : public ActivationLayer {
@@ -57,7 +68,8 @@ class ReLU final : public ActivationLayer {
 
 class GELU final : public ActivationLayer {
  public:
-  explicit GELU(std::string name) : ActivationLayer(std::move(name), ops::Activation::GELU) {}
+  explicit GELU(std::string name, ops::OutputAs output = ops::OutputAs::Float32)
+      : ActivationLayer(std::move(name), ops::Activation::GELU, output) {}
 };
 
 class Tanh final : public ActivationLayer {

@@ -5,13 +5,16 @@
 
 #include <pipeline/nn/layer.hpp>
 #include <pipeline/ops/norm.hpp>
+#include <pipeline/ops/precision.hpp>
 
 namespace pipeline {
 
 class LayerNorm final : public Layer {
  public:
-  LayerNorm(std::string name, std::int64_t features, float eps = 1e-5f)
-      : Layer(std::move(name)), m_features(features), m_eps(eps) {
+  // `output`: ops::OutputAs (the backward reads x, mean and rstd, never y).
+  LayerNorm(std::string name, std::int64_t features, float eps = 1e-5f,
+            ops::OutputAs output = ops::OutputAs::Float32)
+      : Layer(std::move(name)), m_features(features), m_eps(eps), m_output(output) {
     PIPELINE_CHECK_AS(ConfigError, m_features > 0,
                       "LayerNorm '{}': features must be positive, got {}", this->name(),
                       m_features);
@@ -38,7 +41,7 @@ class LayerNorm final : public Layer {
                       const ForwardContext&) const override {
     output_shape(x.shape());
     const std::int64_t rows = x.numel() / m_features;
-    Tensor y = Tensor::empty(x.shape(), DType::Float32, x.device());
+    Tensor y = Tensor::empty(x.shape(), ops::output_dtype(m_output), x.device());
     Tensor mean = Tensor::empty({rows}, DType::Float32, x.device()),
            rstd = Tensor::empty({rows}, DType::Float32, x.device());
     ops::layer_norm_forward(x, p.params[0], p.params[1], m_eps, y, mean, rstd);
@@ -61,6 +64,7 @@ class LayerNorm final : public Layer {
  private:
   std::int64_t m_features;
   float m_eps;
+  ops::OutputAs m_output;
 };
 
 }  // namespace pipeline

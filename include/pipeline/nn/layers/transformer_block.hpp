@@ -37,15 +37,17 @@ class TransformerBlock final : public Composite {
     PIPELINE_CHECK_AS(ConfigError, dropout >= 0.f && dropout < 1.f,
                       "TransformerBlock '{}': dropout must be in [0, 1), got {}", this->name(),
                       dropout);
-    m_ln1 = add_child<LayerNorm>("ln1", dim);
-    // qkv, fc1 and fc2 are the only keepers of their inputs (the layer norms' outputs, GELU's
-    // output): under bf16 they keep them in bf16. proj's input, the attention output, is kept
-    // in float32 by the block (the attention backward's row dots) and shared.
+    // qkv, fc1 and fc2 are the only readers and keepers of their inputs (the layer norms'
+    // outputs, GELU's output): under bf16 those are written in bf16 and kept as they are. proj's
+    // input, the attention output, is kept in float32 by the block (the attention backward's
+    // row dots) and shared.
+    constexpr auto kForProducts = ops::OutputAs::ProductOperand;
+    m_ln1 = add_child<LayerNorm>("ln1", dim, 1e-5f, kForProducts);
     m_qkv = add_child<Linear>("qkv", dim, 3 * dim, true, SavedInput::ProductOperand);
     m_proj = add_child<Linear>("proj", dim, dim);
-    m_ln2 = add_child<LayerNorm>("ln2", dim);
+    m_ln2 = add_child<LayerNorm>("ln2", dim, 1e-5f, kForProducts);
     m_fc1 = add_child<Linear>("fc1", dim, mlp_ratio * dim, true, SavedInput::ProductOperand);
-    m_gelu = add_child<GELU>("gelu");
+    m_gelu = add_child<GELU>("gelu", kForProducts);
     m_fc2 = add_child<Linear>("fc2", mlp_ratio * dim, dim, true, SavedInput::ProductOperand);
   }
 
