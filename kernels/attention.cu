@@ -531,4 +531,36 @@ void attention_backward(cudaStream_t stream, const AttentionProblem& pr, const f
       pr.head_dim, [&](auto d) { backward_padded<decltype(d)::value>(stream, p, blocks); });
 }
 
+bool attention_reads_bf16(const AttentionProblem& pr, const void* q, const void* k, const void* v,
+                          std::int64_t in_stride) {
+  const auto aligned8 = [](const void* x) { return reinterpret_cast<std::uintptr_t>(x) % 8 == 0; };
+  return pr.bf16_operands && pr.mma && pr.head_dim % 4 == 0 && in_stride % 4 == 0 && aligned8(q) &&
+         aligned8(k) && aligned8(v) && attention_bf16_supported();
+}
+
+void attention_forward(cudaStream_t stream, const AttentionProblem& pr, const std::uint16_t* q,
+                       const std::uint16_t* k, const std::uint16_t* v, std::int64_t in_stride,
+                       float* out, std::int64_t out_stride, float* lse) {
+  if (attention::empty(pr)) return;
+  Params p =
+      attention::forward_params(pr, nullptr, nullptr, nullptr, in_stride, out, out_stride, lse);
+  p.q16 = q, p.k16 = k, p.v16 = v;
+  attention::forward_mma(stream, p, pr.head_dim, attention::tile_blocks(pr),
+                         pr.rounded_probabilities);
+}
+
+void attention_backward(cudaStream_t stream, const AttentionProblem& pr, const std::uint16_t* q,
+                        const std::uint16_t* k, const std::uint16_t* v, std::int64_t in_stride,
+                        const float* out, const float* dout, std::int64_t out_stride,
+                        const float* lse, float* dq, float* dk, float* dv, std::int64_t grad_stride,
+                        float* workspace) {
+  if (attention::empty(pr)) return;
+  Params p = attention::backward_params(pr, nullptr, nullptr, nullptr, in_stride, out, dout,
+                                        out_stride, lse, dq, dk, dv, grad_stride, workspace);
+  p.q16 = q, p.k16 = k, p.v16 = v;
+  attention_row_dots(stream, pr, out, dout, out_stride, workspace);
+  attention::backward_mma(stream, p, pr.head_dim, attention::tile_blocks(pr),
+                          pr.rounded_probabilities);
+}
+
 }  // namespace pipeline::kernels

@@ -60,4 +60,23 @@ void attention_row_dots(cudaStream_t stream, const AttentionProblem& p, const fl
 // launchers above take them when bf16_operands is set (attention_common.cuh).
 bool attention_bf16_supported();
 
+// Whether the launchers below can read q, k and v held in bf16 at these addresses, read as they
+// are (half the bytes, no float32 copy) by the register-fragment kernels: bf16_operands and mma
+// set, a device attention_bf16_supported() accepts, head_dim and in_stride multiples of 4 and
+// every pointer 8-byte aligned. Otherwise the caller widens them to float32.
+bool attention_reads_bf16(const AttentionProblem& p, const void* q, const void* k, const void* v,
+                          std::int64_t in_stride);
+
+// The two launchers above with q, k and v in bf16 (their 16 bits, std::uint16_t), the same
+// layout and strides in elements; out, dout, lse and the gradients float32 as above.
+// Precondition: attention_reads_bf16(p, q, k, v, in_stride) (the op checks it).
+void attention_forward(cudaStream_t stream, const AttentionProblem& p, const std::uint16_t* q,
+                       const std::uint16_t* k, const std::uint16_t* v, std::int64_t in_stride,
+                       float* out, std::int64_t out_stride, float* lse);
+void attention_backward(cudaStream_t stream, const AttentionProblem& p, const std::uint16_t* q,
+                        const std::uint16_t* k, const std::uint16_t* v, std::int64_t in_stride,
+                        const float* out, const float* dout, std::int64_t out_stride,
+                        const float* lse, float* dq, float* dk, float* dv, std::int64_t grad_stride,
+                        float* workspace);
+
 }  // namespace pipeline::kernels

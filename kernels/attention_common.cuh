@@ -36,6 +36,11 @@ struct Params {
   int steps, heads, head_dim, tiles;
   float scale;
   bool causal;
+  // q, k and v held in bf16 (set instead of q, k, v): read as they are by the register-fragment
+  // kernels (attention_mma.cu).
+  const std::uint16_t* q16 = nullptr;
+  const std::uint16_t* k16 = nullptr;
+  const std::uint16_t* v16 = nullptr;
 };
 
 inline bool empty(const AttentionProblem& pr) {

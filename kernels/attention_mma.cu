@@ -57,49 +57,59 @@ using attention::Params;
 using attention::visible;
 
 // Rows [row0, row0 + 64) of one head as bf16 into dst[64][D + 8], zero past `steps` and
-// head_dim. Four floats per load where the head's rows allow it (16-byte aligned, head_dim and
-// stride multiples of 4: every packed qkv of a model whose head width is), else one at a time.
-template <int D>
-__device__ __forceinline__ void load_tile(__nv_bfloat16* dst, const float* head,
-                                          std::int64_t stride, int row0, int steps, int head_dim) {
-  const bool by_four =
-      head_dim % 4 == 0 && stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(head) % 16 == 0;
+// head_dim. Four elements per load where the head's rows allow it (aligned to four elements,
+// head_dim and stride multiples of 4: every packed qkv of a model whose head width is), else one
+// at a time. In: float (rounded to bf16 here) or __nv_bfloat16 (copied as it is).
+template <int D, typename In>
+__device__ __forceinline__ void load_tile(__nv_bfloat16* dst, const In* head, std::int64_t stride,
+                                          int row0, int steps, int head_dim) {
+  // bf16 heads always are (attention_reads_bf16).
+  const bool by_four = std::is_same_v<In, __nv_bfloat16> ||
+                       (head_dim % 4 == 0 && stride % 4 == 0 &&
+                        reinterpret_cast<std::uintptr_t>(head) % (4 * sizeof(In)) == 0);
   if (by_four) {
-    // Each thread's float4s in batches whose loads are all issued before the first is used: a
+    // Each thread's loads in batches whose loads are all issued before the first is used: a
     // loop that converts each load before the next waits out the latency once per load.
-    constexpr int kQuads = D / 4;  // float4s per padded row
+    constexpr int kQuads = D / 4;  // four-element groups per padded row
     constexpr int kPerThread = kTile * kQuads / kThreads;
-    static_assert(kTile * kQuads % kThreads == 0, "whole float4s per thread");
+    static_assert(kTile * kQuads % kThreads == 0, "whole groups per thread");
     constexpr int kBatch = kPerThread < 4 ? kPerThread : 4;  // registers
+    using Group = std::conditional_t<std::is_same_v<In, float>, float4, uint2>;
 #pragma unroll
     for (int b = 0; b < kPerThread; b += kBatch) {
-      float4 x[kBatch];
+      Group x[kBatch];
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
         const int i = threadIdx.x + (b + j) * kThreads, r = i / kQuads, d = i % kQuads * 4;
-        x[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+        x[j] = Group{};
         if (row0 + r < steps && d < head_dim)  // d < head_dim: all four, as head_dim % 4 == 0
-          x[j] = *reinterpret_cast<const float4*>(head +
-                                                  static_cast<std::int64_t>(row0 + r) * stride + d);
+          x[j] = *reinterpret_cast<const Group*>(head +
+                                                 static_cast<std::int64_t>(row0 + r) * stride + d);
       }
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {
         const int i = threadIdx.x + (b + j) * kThreads, r = i / kQuads, d = i % kQuads * 4;
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(x[j].x, x[j].y),
-                             hi = __floats2bfloat162_rn(x[j].z, x[j].w);
         uint2 w;
-        w.x = *reinterpret_cast<const std::uint32_t*>(&lo);
-        w.y = *reinterpret_cast<const std::uint32_t*>(&hi);
+        if constexpr (std::is_same_v<In, float>) {
+          const __nv_bfloat162 lo = __floats2bfloat162_rn(x[j].x, x[j].y),
+                               hi = __floats2bfloat162_rn(x[j].z, x[j].w);
+          w.x = *reinterpret_cast<const std::uint32_t*>(&lo);
+          w.y = *reinterpret_cast<const std::uint32_t*>(&hi);
+        } else {
+          w = x[j];
+        }
         *reinterpret_cast<uint2*>(dst + r * kRowLd<D> + d) = w;  // 8-byte aligned: d % 4 == 0
       }
     }
     return;
   }
-  for (int i = threadIdx.x; i < kTile * D; i += kThreads) {
-    const int r = i / D, d = i % D;
-    const bool inside = row0 + r < steps && d < head_dim;
-    dst[r * kRowLd<D> + d] =
-        __float2bfloat16_rn(inside ? head[static_cast<std::int64_t>(row0 + r) * stride + d] : 0.f);
+  if constexpr (std::is_same_v<In, float>) {  // (bf16 heads returned above)
+    for (int i = threadIdx.x; i < kTile * D; i += kThreads) {
+      const int r = i / D, d = i % D;
+      const bool inside = row0 + r < steps && d < head_dim;
+      dst[r * kRowLd<D> + d] = __float2bfloat16_rn(
+          inside ? head[static_cast<std::int64_t>(row0 + r) * stride + d] : 0.f);
+    }
   }
 }
 
@@ -111,6 +121,8 @@ __device__ __forceinline__ void copy_async(void* dst, const void* src, int bytes
   const auto at = static_cast<std::uint32_t>(__cvta_generic_to_shared(dst));
   if constexpr (size == 16)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(at), "l"(src), "r"(bytes));
+  else if constexpr (size == 8)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(at), "l"(src), "r"(bytes));
   else
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(at), "l"(src), "r"(bytes));
 #endif
@@ -139,24 +151,28 @@ constexpr std::size_t staging_bytes() {
 }
 
 // The two tiles a kernel streams (K and V, or Q and dO), 64 rows at a time: the next rows are
-// copied as float32 into shared staging (cp.async) while the warps compute on the current ones,
-// and converted to the bf16 tiles once they have landed. Each thread converts the float4 slots it
-// copied itself, so no barrier stands between a copy's arrival and its conversion. Heads whose
-// rows are not 16-byte aligned are copied a float at a time into the same slots.
-template <int D>
+// copied into shared staging (cp.async) while the warps compute on the current ones, and moved
+// into the bf16 tiles once they have landed: float32 rows converted, bf16 rows copied as they
+// are. Each thread moves the four-element slots it copied itself, so no barrier stands between a
+// copy's arrival and its move. float32 heads whose rows are not 16-byte aligned are copied a
+// float at a time into the same slots (bf16 heads always are 8-byte aligned:
+// attention_reads_bf16). A and B: the two sources' element types (float or __nv_bfloat16).
+template <int D, typename A, typename B>
 struct TileStream {
+  template <typename T>
   struct Source {
-    const float* head;
+    const T* head;
     std::int64_t stride;
   };
-  Source first, second;
+  Source<A> first;
+  Source<B> second;
   __nv_bfloat16* first_tile;
   __nv_bfloat16* second_tile;
-  float* staging;  // [kStagedTiles][64][D]
+  float* staging;  // [kStagedTiles][64][D] floats (bf16 slots use the first half of their bytes)
   int steps, head_dim;
 
-  static constexpr int kSlots = kTile * D / 4 / kThreads;  // float4 slots per thread per tile
-  static_assert(kTile * D / 4 % kThreads == 0, "whole float4 slots per thread");
+  static constexpr int kSlots = kTile * D / 4 / kThreads;  // four-element slots per thread per tile
+  static_assert(kTile * D / 4 % kThreads == 0, "whole slots per thread");
 
   // Starts copying rows [row0, row0 + 64) of the staged tiles.
   __device__ void issue(int row0) const {
@@ -168,56 +184,91 @@ struct TileStream {
   // Rows [row0, row0 + 64) into the bf16 tiles (those issued, and the unstaged one loaded now).
   __device__ void land(int row0) const {
     copies_landed();
-    convert(staging, first_tile);
+    move(first, staging, first_tile);
     if constexpr (kStagedTiles<D> == 2)
-      convert(staging + kTile * D, second_tile);
+      move(second, staging + kTile * D, second_tile);
     else
       load_tile<D>(second_tile, second.head, second.stride, row0, steps, head_dim);
   }
 
  private:
-  __device__ void stage(const Source& src, float* dst, int row0) const {
-    const bool by_four = head_dim % 4 == 0 && src.stride % 4 == 0 &&
-                         reinterpret_cast<std::uintptr_t>(src.head) % 16 == 0;
+  template <typename T>
+  __device__ void stage(const Source<T>& src, float* dst, int row0) const {
+    const bool four = head_dim % 4 == 0 && src.stride % 4 == 0 &&
+                      reinterpret_cast<std::uintptr_t>(src.head) % 16 == 0;
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
       const int i = threadIdx.x + j * kThreads, r = i / (D / 4), d = i % (D / 4) * 4;
       const bool row_inside = row0 + r < steps;
-      const float* from = src.head + static_cast<std::int64_t>(row0 + r) * src.stride + d;
-      if (by_four) {
-        const bool inside = row_inside && d < head_dim;  // all four, as head_dim % 4 == 0
-        copy_async<16>(dst + 4 * i, inside ? from : src.head, inside ? 16 : 0);
-      } else {
+      const T* from = src.head + static_cast<std::int64_t>(row0 + r) * src.stride + d;
+      if constexpr (std::is_same_v<T, float>) {
+        if (four) {
+          const bool inside = row_inside && d < head_dim;  // all four, as head_dim % 4 == 0
+          copy_async<16>(dst + 4 * i, inside ? from : src.head, inside ? 16 : 0);
+        } else {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const bool inside = row_inside && d + c < head_dim;
-          copy_async<4>(dst + 4 * i + c, inside ? from + c : src.head, inside ? 4 : 0);
+          for (int c = 0; c < 4; ++c) {
+            const bool inside = row_inside && d + c < head_dim;
+            copy_async<4>(dst + 4 * i + c, inside ? from + c : src.head, inside ? 4 : 0);
+          }
         }
+      } else {
+        const bool inside = row_inside && d < head_dim;
+        copy_async<8>(dst + 4 * i, inside ? from : src.head, inside ? 8 : 0);
       }
     }
   }
 
-  __device__ static void convert(const float* src, __nv_bfloat16* tile) {
+  template <typename T>
+  __device__ void move(const Source<T>&, const float* staged, __nv_bfloat16* tile) const {
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
       const int i = threadIdx.x + j * kThreads, r = i / (D / 4), d = i % (D / 4) * 4;
-      const float4 x = *reinterpret_cast<const float4*>(src + 4 * i);
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y),
-                           hi = __floats2bfloat162_rn(x.z, x.w);
       uint2 w;
-      w.x = *reinterpret_cast<const std::uint32_t*>(&lo);
-      w.y = *reinterpret_cast<const std::uint32_t*>(&hi);
+      if constexpr (std::is_same_v<T, float>) {
+        const float4 x = *reinterpret_cast<const float4*>(staged + 4 * i);
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y),
+                             hi = __floats2bfloat162_rn(x.z, x.w);
+        w.x = *reinterpret_cast<const std::uint32_t*>(&lo);
+        w.y = *reinterpret_cast<const std::uint32_t*>(&hi);
+      } else {
+        w = *reinterpret_cast<const uint2*>(staged + 4 * i);
+      }
       *reinterpret_cast<uint2*>(tile + r * kRowLd<D> + d) = w;
     }
   }
 };
 
+// q, k and v as the kernels read them: float32, or bf16 held in memory (Params::q16, k16, v16).
+template <typename In>
+__device__ __forceinline__ const In* q_of(const Params& p) {
+  if constexpr (std::is_same_v<In, float>)
+    return p.q;
+  else
+    return reinterpret_cast<const In*>(p.q16);
+}
+template <typename In>
+__device__ __forceinline__ const In* k_of(const Params& p) {
+  if constexpr (std::is_same_v<In, float>)
+    return p.k;
+  else
+    return reinterpret_cast<const In*>(p.k16);
+}
+template <typename In>
+__device__ __forceinline__ const In* v_of(const Params& p) {
+  if constexpr (std::is_same_v<In, float>)
+    return p.v;
+  else
+    return reinterpret_cast<const In*>(p.v16);
+}
+
 // The K and V rows a block of queries streams (the forward's and dQ's), into ks and vs.
-template <int D>
-__device__ TileStream<D> key_value_stream(const Params& p, std::int64_t in_head, __nv_bfloat16* ks,
-                                          __nv_bfloat16* vs, float* staging) {
-  return {{p.k + in_head, p.in_stride},
-          {p.v + in_head, p.in_stride},
+template <int D, typename In>
+__device__ TileStream<D, In, In> key_value_stream(const Params& p, std::int64_t in_head,
+                                                  __nv_bfloat16* ks, __nv_bfloat16* vs,
+                                                  float* staging) {
+  return {{k_of<In>(p) + in_head, p.in_stride},
+          {v_of<In>(p) + in_head, p.in_stride},
           ks,
           vs,
           staging,
@@ -380,7 +431,7 @@ constexpr std::size_t forward_smem() {
   return 3 * kTile * kRowLd<D> * sizeof(__nv_bfloat16) + staging_bytes<D>();
 }
 
-template <int D, bool kRounded>
+template <int D, bool kRounded, typename In>
 __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -393,9 +444,9 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
   const Block blk = block_of(p, /*reversed=*/true);
   const int q0 = blk.tile * kTile;
   const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
-  const TileStream<D> kv = key_value_stream<D>(p, in_head, ks, vs, staging);
+  const auto kv = key_value_stream<D, In>(p, in_head, ks, vs, staging);
   kv.issue(0);
-  load_tile<D>(qs, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
+  load_tile<D>(qs, q_of<In>(p) + in_head, p.in_stride, q0, p.steps, p.head_dim);
   const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
 
   // The softmax in base 2 (scores times scale · log2 e; exp2 is one instruction): the same
@@ -482,7 +533,7 @@ constexpr std::size_t dkv_smem() {
 
 // A block owns 64 keys (a warp 16) and streams the query tiles that see them: with Sᵀ = K Qᵀ and
 // dPᵀ = V dOᵀ in the accumulators, dV += Pᵀ dO and dK += dSᵀ Q · scale.
-template <int D, bool kRounded>
+template <int D, bool kRounded, typename In>
 __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   auto* ks = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -499,17 +550,17 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
   const int k0 = blk.tile * kTile;
   const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
   const std::int64_t out_head = head_offset(p, blk.b, blk.h, p.out_stride);
-  const TileStream<D> qdo{{p.q + in_head, p.in_stride},
-                          {p.dout + out_head, p.out_stride},
-                          qs,
-                          dos,
-                          staging,
-                          p.steps,
-                          p.head_dim};
+  const TileStream<D, In, float> qdo{{q_of<In>(p) + in_head, p.in_stride},
+                                     {p.dout + out_head, p.out_stride},
+                                     qs,
+                                     dos,
+                                     staging,
+                                     p.steps,
+                                     p.head_dim};
   const int first_q_tile = p.causal ? blk.tile : 0;
   qdo.issue(first_q_tile * kTile);
-  load_tile<D>(ks, p.k + in_head, p.in_stride, k0, p.steps, p.head_dim);
-  load_tile<D>(vs, p.v + in_head, p.in_stride, k0, p.steps, p.head_dim);
+  load_tile<D>(ks, k_of<In>(p) + in_head, p.in_stride, k0, p.steps, p.head_dim);
+  load_tile<D>(vs, v_of<In>(p) + in_head, p.in_stride, k0, p.steps, p.head_dim);
   const int keys[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
 
   const float scale2 = p.scale * kLog2e;
@@ -556,7 +607,7 @@ constexpr std::size_t dq_smem() {
 
 // A block owns 64 queries (a warp 16) and streams the key tiles they see: with S = Q Kᵀ and
 // dP = dO Vᵀ in the accumulators, dQ += dS K · scale.
-template <int D, bool kRounded>
+template <int D, bool kRounded, typename In>
 __global__ __launch_bounds__(kThreads, D <= 64 ? 3 : 1) void attention_dq_mma_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem[];
   auto* qs = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -570,9 +621,9 @@ __global__ __launch_bounds__(kThreads, D <= 64 ? 3 : 1) void attention_dq_mma_ke
   const Block blk = block_of(p, /*reversed=*/true);
   const int q0 = blk.tile * kTile;
   const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
-  const TileStream<D> kv = key_value_stream<D>(p, in_head, ks, vs, staging);
+  const auto kv = key_value_stream<D, In>(p, in_head, ks, vs, staging);
   kv.issue(0);
-  load_tile<D>(qs, p.q + in_head, p.in_stride, q0, p.steps, p.head_dim);
+  load_tile<D>(qs, q_of<In>(p) + in_head, p.in_stride, q0, p.steps, p.head_dim);
   load_tile<D>(dos, p.dout + head_offset(p, blk.b, blk.h, p.out_stride), p.out_stride, q0, p.steps,
                p.head_dim);
   const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
@@ -625,13 +676,26 @@ void with_rounding(bool rounded, F&& fn) {
     fn(std::false_type{});
 }
 
+// Runs fn with the kernels' input type: __nv_bfloat16 when q, k and v are held in bf16.
+template <typename F>
+void with_inputs(const Params& p, F&& fn) {
+  if (p.q16 != nullptr)
+    fn(__nv_bfloat16{});
+  else
+    fn(float{});
+}
+
 void forward_mma(cudaStream_t stream, const Params& p, std::int64_t head_dim, unsigned blocks,
                  bool rounded) {
   with_padded_head_dim(head_dim, [&](auto d) {
     with_rounding(rounded, [&](auto r) {
-      constexpr int D = decltype(d)::value;
-      constexpr bool R = decltype(r)::value;
-      launch(attention_forward_mma_kernel<D, R>, blocks, kThreads, forward_smem<D>(), stream, p);
+      with_inputs(p, [&](auto in) {
+        constexpr int D = decltype(d)::value;
+        constexpr bool R = decltype(r)::value;
+        using In = decltype(in);
+        launch(attention_forward_mma_kernel<D, R, In>, blocks, kThreads, forward_smem<D>(), stream,
+               p);
+      });
     });
   });
 }
@@ -640,10 +704,13 @@ void backward_mma(cudaStream_t stream, const Params& p, std::int64_t head_dim, u
                   bool rounded) {
   with_padded_head_dim(head_dim, [&](auto d) {
     with_rounding(rounded, [&](auto r) {
-      constexpr int D = decltype(d)::value;
-      constexpr bool R = decltype(r)::value;
-      launch(attention_dkv_mma_kernel<D, R>, blocks, kThreads, dkv_smem<D>(), stream, p);
-      launch(attention_dq_mma_kernel<D, R>, blocks, kThreads, dq_smem<D>(), stream, p);
+      with_inputs(p, [&](auto in) {
+        constexpr int D = decltype(d)::value;
+        constexpr bool R = decltype(r)::value;
+        using In = decltype(in);
+        launch(attention_dkv_mma_kernel<D, R, In>, blocks, kThreads, dkv_smem<D>(), stream, p);
+        launch(attention_dq_mma_kernel<D, R, In>, blocks, kThreads, dq_smem<D>(), stream, p);
+      });
     });
   });
 }

@@ -22,9 +22,9 @@ std::atomic<bool> g_allow_tf32{false};
 constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
 
 // What decides the algorithm: shapes, strides, transposes, epilogue, compute type, beta != 0,
-// operand type.
+// operand type, result type.
 using AlgoKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                           std::int64_t, bool, bool, int, bool, bool, int>;
+                           std::int64_t, bool, bool, int, bool, bool, int, int>;
 
 // One cuBLASLt handle, workspace and algorithm cache per device and thread (a stage thread of an
 // in-process pipeline has its own, so nothing is shared between concurrent streams).
@@ -84,13 +84,18 @@ bool allow_tf32() { return g_allow_tf32; }
 
 namespace {
 
-// C (fp32) = alpha op(A) op(B) + beta C with A and B of `operands` type (fp32 or bf16); bf16
-// operands always accumulate in fp32, fp32 ones in TF32 where allowed.
-void gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::int64_t m,
+// C (`result_type`: fp32, or bf16 with beta 0) = alpha op(A) op(B) + beta C with A and B of
+// `operands` type (fp32 or bf16); bf16 operands always accumulate in fp32, fp32 ones in TF32
+// where allowed. A bf16 result for which cuBLASLt has no algorithm returns false with nothing
+// queued; an fp32 one always runs (its epilogue as a pass of its own where it must).
+bool gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::int64_t m,
               std::int64_t n, std::int64_t k, float alpha, cudaDataType_t operands, const void* a,
-              std::int64_t lda, const void* b, std::int64_t ldb, float beta, float* c,
-              std::int64_t ldc, GemmEpilogue epilogue, const float* bias) {
-  if (m == 0 || n == 0) return;
+              std::int64_t lda, const void* b, std::int64_t ldb, float beta, void* c,
+              cudaDataType_t result_type, std::int64_t ldc, GemmEpilogue epilogue,
+              const float* bias) {
+  if (m == 0 || n == 0) return true;
+  PIPELINE_CHECK(result_type == CUDA_R_32F || beta == 0.f,
+                 "gemm: a bf16 result is written, never accumulated into (beta {})", beta);
   PIPELINE_CHECK(epilogue == GemmEpilogue::None || bias != nullptr,
                  "gemm: a bias epilogue needs the bias");
   DeviceGuard guard(device);
@@ -117,6 +122,10 @@ void gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
         cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)));
     PIPELINE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                          &bias, sizeof(bias)));
+    // The bias is fp32 whatever the result's type (by default it would be the result's).
+    const std::int32_t bias_type = CUDA_R_32F;
+    PIPELINE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        op.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
   }
   // Stored shapes (column-major rows x cols) of the two operands and of C^T.
   Layout la, lb, lc;
@@ -126,14 +135,22 @@ void gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
   const std::uint64_t b_cols = trans_a ? static_cast<std::uint64_t>(k) : static_cast<std::uint64_t>(m);
   PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la.layout, operands, a_rows, a_cols, ldb));
   PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb.layout, operands, b_rows, b_cols, lda));
-  PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc.layout, CUDA_R_32F,
-                                                   static_cast<std::uint64_t>(n),
-                                                   static_cast<std::uint64_t>(m), ldc));
+  PIPELINE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(
+      &lc.layout, result_type, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m), ldc));
 
-  const AlgoKey key{m,       n,           k,
-                    lda,     ldb,         ldc,
-                    trans_a, trans_b,     static_cast<int>(epilogue),
-                    tf32,    beta != 0.f, static_cast<int>(operands)};
+  const AlgoKey key{m,
+                    n,
+                    k,
+                    lda,
+                    ldb,
+                    ldc,
+                    trans_a,
+                    trans_b,
+                    static_cast<int>(epilogue),
+                    tf32,
+                    beta != 0.f,
+                    static_cast<int>(operands),
+                    static_cast<int>(result_type)};
   auto it = ctx.algos.find(key);
   if (it == ctx.algos.end()) {
     Preference pref;
@@ -146,7 +163,8 @@ void gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
     const cublasStatus_t status =
         cublasLtMatmulAlgoGetHeuristic(ctx.handle, op.desc, la.layout, lb.layout, lc.layout,
                                        lc.layout, pref.pref, 1, &result, &found);
-    if (epilogue != GemmEpilogue::None && (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
+    if ((epilogue != GemmEpilogue::None || result_type != CUDA_R_32F) &&
+        (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
       it = ctx.algos.emplace(key, std::nullopt).first;
     } else {
       PIPELINE_CUBLAS_CHECK(status);
@@ -158,20 +176,24 @@ void gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
       it = ctx.algos.emplace(key, result.algo).first;
     }
   }
-  if (!it->second) {  // the epilogue as its own pass: the same numbers, one more pass over C
+  if (!it->second) {
+    if (result_type != CUDA_R_32F) return false;
+    // The epilogue as its own pass: the same numbers, one more pass over C.
     PIPELINE_CHECK(
         ldc == n, "gemm: an unfused bias epilogue needs a dense C ({} columns, stride {})", n, ldc);
+    auto* c32 = static_cast<float*>(c);
     gemm_any(stream, device, trans_a, trans_b, m, n, k, alpha, operands, a, lda, b, ldb, beta, c,
-             ldc, GemmEpilogue::None, nullptr);
-    kernels::add_bias(stream, c, bias, m, n);
+             result_type, ldc, GemmEpilogue::None, nullptr);
+    kernels::add_bias(stream, c32, bias, m, n);
     if (epilogue == GemmEpilogue::ReluBias)
-      kernels::activation_forward(stream, kernels::ActivationKind::ReLU, c, c, m * n);
-    return;
+      kernels::activation_forward(stream, kernels::ActivationKind::ReLU, c32, c32, m * n);
+    return true;
   }
   // k == 0 is a valid product: the result is beta C (plus the epilogue).
   PIPELINE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op.desc, &alpha, b, la.layout, a, lb.layout,
                                        &beta, c, lc.layout, c, lc.layout, &*it->second,
                                        ctx.workspace, kWorkspaceBytes, stream));
+  return true;
 }
 
 }  // namespace
@@ -181,7 +203,7 @@ void gemm_f32(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
               const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc,
               GemmEpilogue epilogue, const float* bias) {
   gemm_any(stream, device, trans_a, trans_b, m, n, k, alpha, CUDA_R_32F, a, lda, b, ldb, beta, c,
-           ldc, epilogue, bias);
+           CUDA_R_32F, ldc, epilogue, bias);
 }
 
 void gemm_bf16(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::int64_t m,
@@ -189,7 +211,15 @@ void gemm_bf16(cudaStream_t stream, int device, bool trans_a, bool trans_b, std:
                std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, float beta, float* c,
                std::int64_t ldc, GemmEpilogue epilogue, const float* bias) {
   gemm_any(stream, device, trans_a, trans_b, m, n, k, alpha, CUDA_R_16BF, a, lda, b, ldb, beta, c,
-           ldc, epilogue, bias);
+           CUDA_R_32F, ldc, epilogue, bias);
+}
+
+bool gemm_bf16_out(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::int64_t m,
+                   std::int64_t n, std::int64_t k, float alpha, const std::uint16_t* a,
+                   std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, std::uint16_t* c,
+                   std::int64_t ldc, GemmEpilogue epilogue, const float* bias) {
+  return gemm_any(stream, device, trans_a, trans_b, m, n, k, alpha, CUDA_R_16BF, a, lda, b, ldb,
+                  0.f, c, CUDA_R_16BF, ldc, epilogue, bias);
 }
 
 }  // namespace pipeline::cuda

@@ -196,6 +196,32 @@ Tensor qkv_operand(const Tensor& x) {
   return product_operand(x);
 }
 
+// Whether a packed qkv held in bf16 goes to the CUDA kernels as it is (half the bytes, no
+// float32 copy): on a device and with a kernel choice that read bf16 (kernels::
+// attention_reads_bf16); otherwise it is widened (qkv_operand).
+bool reads_bf16_qkv(const char* op, const Tensor& qkv, std::int64_t heads, bool causal) {
+#if PIPELINE_WITH_CUDA
+  if (qkv.dtype() != DType::BFloat16 || !qkv.device().is_cuda() || qkv.rank() != 3 ||
+      qkv.dim(2) % 3 != 0 || heads <= 0 || qkv.dim(2) / 3 % heads != 0 || qkv.numel() == 0)
+    return false;
+  const std::int64_t C = qkv.dim(2) / 3;
+  const Layout L{qkv.dim(0), qkv.dim(1), C, heads, C / heads};
+  const kernels::AttentionProblem pr = cuda_problem(op, L, qkv.device(), causal);
+  const detail::CudaScope cuda(qkv.device());  // attention_bf16_supported asks the current device
+  const std::uint16_t* p = qkv.device_data<std::uint16_t>();
+  return kernels::attention_reads_bf16(pr, p, p + C, p + 2 * C, 3 * C);
+#else
+  (void)op, (void)qkv, (void)heads, (void)causal;
+  return false;
+#endif
+}
+
+// The packed qkv's shape, in float32 — or in bf16 where `bf16` (reads_bf16_qkv).
+void check_packed(const char* op, const char* what, const Tensor& t, const Shape& want, bool bf16) {
+  if (!bf16) return check_shape(op, what, t, want);
+  PIPELINE_CHECK(t.shape() == want, "{}: {} must be {}, got {}", op, what, want, t.shape());
+}
+
 }  // namespace
 
 void set_bf16_attention_kernel(Bf16AttentionKernel kernel) {
@@ -273,21 +299,28 @@ void attention_backward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_
 
 void attention_forward_packed(const Tensor& qkv_in, std::int64_t heads, Tensor& out, Tensor& saved,
                               bool causal) {
-  const Tensor qkv = qkv_operand(qkv_in);
   const char* op = "attention_forward_packed";
+  const bool bf16 = reads_bf16_qkv(op, qkv_in, heads, causal);
+  const Tensor qkv = bf16 ? qkv_in : qkv_operand(qkv_in);
   const Layout L = check_layout(op, out, heads);
   const Device device = op_device(op, {&qkv, &out, &saved});
-  check_shape(op, "qkv", qkv, Shape{L.batch, L.steps, 3 * L.channels});
+  check_packed(op, "qkv", qkv, Shape{L.batch, L.steps, 3 * L.channels}, bf16);
   check_shape(op, "saved", saved, attention_saved_shape(device, L.batch, heads, L.steps));
   if (out.numel() == 0) return;
 #if PIPELINE_WITH_CUDA
   if (device.is_cuda()) {
     const kernels::AttentionProblem pr = cuda_problem(op, L, device, causal);
     const detail::CudaScope cuda(device);
+    const std::int64_t C = L.channels;
+    if (bf16) {
+      const std::uint16_t* p = qkv.device_data<std::uint16_t>();
+      kernels::attention_forward(cuda.stream(), pr, p, p + C, p + 2 * C, 3 * C,
+                                 out.device_data<float>(), C, saved.device_data<float>());
+      return;
+    }
     const float* p = qkv.device_data<float>();
-    kernels::attention_forward(cuda.stream(), pr, p, p + L.channels, p + 2 * L.channels,
-                               3 * L.channels, out.device_data<float>(), L.channels,
-                               saved.device_data<float>());
+    kernels::attention_forward(cuda.stream(), pr, p, p + C, p + 2 * C, 3 * C,
+                               out.device_data<float>(), C, saved.device_data<float>());
     return;
   }
 #endif
@@ -299,12 +332,13 @@ void attention_forward_packed(const Tensor& qkv_in, std::int64_t heads, Tensor& 
 void attention_backward_packed(const Tensor& qkv_in, const Tensor& out, const Tensor& saved,
                                const Tensor& dout_in, std::int64_t heads, Tensor& dqkv,
                                bool causal) {
-  const Tensor qkv = qkv_operand(qkv_in), dout = product_operand(dout_in);
   const char* op = "attention_backward_packed";
+  const bool bf16 = reads_bf16_qkv(op, qkv_in, heads, causal);
+  const Tensor qkv = bf16 ? qkv_in : qkv_operand(qkv_in), dout = product_operand(dout_in);
   const Layout L = check_layout(op, dout, heads);
   const Device device = op_device(op, {&qkv, &out, &saved, &dout, &dqkv});
   const Shape packed{L.batch, L.steps, 3 * L.channels};
-  check_shape(op, "qkv", qkv, packed);
+  check_packed(op, "qkv", qkv, packed, bf16);
   check_shape(op, "dqkv", dqkv, packed);
   check_shape(op, "out", out, dout.shape());
   check_shape(op, "saved", saved, attention_saved_shape(device, L.batch, heads, L.steps));
@@ -314,12 +348,21 @@ void attention_backward_packed(const Tensor& qkv_in, const Tensor& out, const Te
     const kernels::AttentionProblem pr = cuda_problem(op, L, device, causal);
     const detail::CudaScope cuda(device);
     Tensor workspace = cuda.scratch_floats(kernels::attention_backward_workspace_floats(pr));
-    const float* p = qkv.device_data<float>();
+    const std::int64_t C = L.channels;
     float* d = dqkv.device_data<float>();
-    kernels::attention_backward(cuda.stream(), pr, p, p + L.channels, p + 2 * L.channels,
-                                3 * L.channels, out.device_data<float>(), dout.device_data<float>(),
-                                L.channels, saved.device_data<float>(), d, d + L.channels,
-                                d + 2 * L.channels, 3 * L.channels, workspace.device_data<float>());
+    if (bf16) {
+      const std::uint16_t* p = qkv.device_data<std::uint16_t>();
+      kernels::attention_backward(cuda.stream(), pr, p, p + C, p + 2 * C, 3 * C,
+                                  out.device_data<float>(), dout.device_data<float>(), C,
+                                  saved.device_data<float>(), d, d + C, d + 2 * C, 3 * C,
+                                  workspace.device_data<float>());
+      return;
+    }
+    const float* p = qkv.device_data<float>();
+    kernels::attention_backward(cuda.stream(), pr, p, p + C, p + 2 * C, 3 * C,
+                                out.device_data<float>(), dout.device_data<float>(), C,
+                                saved.device_data<float>(), d, d + C, d + 2 * C, 3 * C,
+                                workspace.device_data<float>());
     return;
   }
 #endif

@@ -58,11 +58,42 @@ void gemm_cuda(Device d, const Tensor& a, bool trans_a, const Tensor& b, bool tr
 }
 #endif
 
+// C in bf16 (beta 0): on CUDA under a bf16 compute dtype written by the product itself, rounded
+// once as it is stored; elsewhere, or where cuBLASLt has no algorithm for it, computed in float32
+// and rounded (to_dtype): the same values up to the order of accumulation.
+void gemm_bf16_result(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                      const Tensor* bias, Tensor& c, GemmShape s, float alpha, float beta) {
+  PIPELINE_CHECK(beta == 0.f,
+                 "gemm: a bfloat16 result is written, never accumulated into (beta {})", beta);
+#if PIPELINE_WITH_CUDA
+  if (const Device d = detail::common_device("gemm", {&a, &b, &c});
+      d.is_cuda() && compute_dtype() == DType::BFloat16) {
+    const detail::CudaScope cuda(d);
+    const Tensor a16 = to_dtype(a, DType::BFloat16), b16 = to_dtype(b, DType::BFloat16);
+    if (cuda::gemm_bf16_out(cuda.stream(), d.index, trans_a, trans_b, s.m, s.n, s.k, alpha,
+                            a16.device_data<std::uint16_t>(), a.dim(1),
+                            b16.device_data<std::uint16_t>(), b.dim(1),
+                            c.device_data<std::uint16_t>(), c.dim(1),
+                            bias ? cuda::GemmEpilogue::Bias : cuda::GemmEpilogue::None,
+                            bias ? bias->device_data<float>() : nullptr))
+      return;
+  }
+#endif
+  Tensor c32 = Tensor::empty(c.shape(), DType::Float32, c.device());
+  if (bias)
+    gemm_bias(a, trans_a, b, trans_b, *bias, c32);
+  else
+    gemm(a, trans_a, b, trans_b, c32, alpha, 0.f);
+  to_dtype(c32, c);
+}
+
 }  // namespace
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
           float beta) {
   const auto [m, n, k] = gemm_shape(a, trans_a, b, trans_b, c);
+  if (c.dtype() == DType::BFloat16)
+    return gemm_bf16_result(a, trans_a, b, trans_b, nullptr, c, {m, n, k}, alpha, beta);
 #if PIPELINE_WITH_CUDA
   if (const Device d = detail::common_device("gemm", {&a, &b, &c}); d.is_cuda()) {
     gemm_cuda(d, a, trans_a, b, trans_b, c, {m, n, k}, alpha, beta, nullptr);
@@ -104,6 +135,8 @@ void gemm_bias(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, con
   PIPELINE_CHECK(bias.dtype() == DType::Float32 && bias.numel() == s.n,
                  "gemm_bias: the bias must be {} float32 values (one per column of C), got {} {}",
                  s.n, bias.numel(), dtype_name(bias.dtype()));
+  if (c.dtype() == DType::BFloat16)
+    return gemm_bf16_result(a, trans_a, b, trans_b, &bias, c, s, 1.f, 0.f);
 #if PIPELINE_WITH_CUDA
   if (const Device d = detail::common_device("gemm_bias", {&a, &b, &bias, &c}); d.is_cuda()) {
     gemm_cuda(d, a, trans_a, b, trans_b, c, s, 1.f, 0.f, bias.device_data<float>());

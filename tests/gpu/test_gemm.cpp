@@ -6,6 +6,7 @@
 #include <pipeline/cuda/stream.hpp>
 #include <pipeline/ops/activation.hpp>
 #include <pipeline/ops/bias.hpp>
+#include <pipeline/ops/convert.hpp>
 #include <pipeline/ops/gemm.hpp>
 #include <pipeline/ops/precision.hpp>
 
@@ -124,6 +125,50 @@ TEST_CASE("gemm_bias on cuda:0 equals gemm then add_bias on the CPU, fp32 and bf
                      bias.to(Device::cuda(0)), y);
       CHECK(normalized_error(y, want) <= 1e-5);
     }
+}
+
+// A product written in bf16 by cuBLASLt (rounded once as it is stored) against the same product
+// written in fp32 and then rounded: at most one bf16 step apart (2^-8 relative), where the two
+// algorithms accumulate in different orders; C poisoned so an unwritten element fails.
+TEST_CASE("gemm into a bf16 result on cuda:0: the fp32 result rounded, to one bf16 step") {
+  Rng rng(8, "gemm-bf16-result");
+  const ops::ComputeDTypeScope bf16(DType::BFloat16);
+  for (const bool with_bias : {false, true})
+    for (const auto [m, n, k] :
+         {std::array<std::int64_t, 3>{1, 8, 33}, std::array<std::int64_t, 3>{33, 1000, 8},
+          std::array<std::int64_t, 3>{512, 3072, 1024}}) {
+      CAPTURE(m);
+      CAPTURE(n);
+      CAPTURE(with_bias);
+      const Device gpu = Device::cuda(0);
+      const Tensor x = random(Shape{m, k}, rng).to(gpu), w = random(Shape{n, k}, rng).to(gpu),
+                   bias = random(Shape{n}, rng).to(gpu);
+      Tensor y32 = Tensor::empty(Shape{m, n}, DType::Float32, gpu);
+      Tensor y16 = ops::to_dtype(Tensor::full(Shape{m, n}, std::nanf(""), gpu), DType::BFloat16);
+      if (with_bias) {
+        ops::gemm_bias(x, false, w, true, bias, y32);
+        ops::gemm_bias(x, false, w, true, bias, y16);
+      } else {
+        ops::gemm(x, false, w, true, y32);
+        ops::gemm(x, false, w, true, y16);
+      }
+      const Tensor want = ops::to_dtype(y32, DType::BFloat16).to(Device::cpu());
+      const Tensor got = y16.to(Device::cpu());
+      REQUIRE(got.dtype() == DType::BFloat16);
+      const auto* a = want.data<std::uint16_t>();
+      const auto* b = got.data<std::uint16_t>();
+      std::int64_t far = 0;
+      for (std::int64_t i = 0; i < want.numel(); ++i) {
+        const float u = ops::bf16_to_float(a[i]), v = ops::bf16_to_float(b[i]);
+        if (!(std::abs(u - v) <= std::abs(u) * (1.f / 128)))  // NaN (unwritten) fails too
+          ++far;
+      }
+      CHECK(far == 0);
+    }
+  Tensor c = Tensor::empty(Shape{2, 2}, DType::BFloat16, Device::cuda(0));
+  const Tensor a = random(Shape{2, 2}, rng).to(Device::cuda(0));
+  CHECK_THROWS_WITH_AS(ops::gemm(a, false, a, false, c, 1.f, 1.f),
+                       doctest::Contains("never accumulated into"), Error);
 }
 
 TEST_CASE("gemm with tensors on two devices is refused naming both") {

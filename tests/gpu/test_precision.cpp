@@ -195,6 +195,47 @@ TEST_CASE("attention on the bf16 tensor cores equals the CPU's on rounded operan
     }
 }
 
+// A packed qkv held in bf16 is read as it is by the register-fragment kernels: the same bits as
+// float32 holding the same values, forward and backward; a head width that is not a multiple of
+// 4 (30) is widened first, with the same result.
+TEST_CASE("attention reads a packed qkv held in bf16 as the float32 one of the same values") {
+  const ops::ComputeDTypeScope bf16(DType::BFloat16);
+  struct RestoreKernel {
+    ops::Bf16AttentionKernel was = ops::bf16_attention_kernel();
+    ~RestoreKernel() { ops::set_bf16_attention_kernel(was); }
+  } restore;
+  struct Case {
+    std::int64_t batch, steps, channels, heads;
+    bool causal;
+  };
+  const Case cases[] = {Case{1, 1, 64, 2, true},    Case{2, 200, 256, 4, true},
+                        Case{1, 130, 256, 2, true}, Case{2, 77, 96, 3, false},
+                        Case{1, 100, 128, 1, true}, Case{2, 70, 90, 3, true}};
+  for (const auto kernel : {ops::Bf16AttentionKernel::Mma, ops::Bf16AttentionKernel::MmaRounded})
+    for (const Case c : cases) {
+      ops::set_bf16_attention_kernel(kernel);
+      CAPTURE(static_cast<int>(kernel));
+      CAPTURE(c.steps);
+      CAPTURE(c.channels);
+      CAPTURE(c.heads);
+      const Shape xs{c.batch, c.steps, c.channels}, packed{c.batch, c.steps, 3 * c.channels};
+      const auto seed = static_cast<std::uint64_t>(c.steps * 17 + c.channels);
+      const Tensor qkv16 = ops::to_dtype(random_tensor(packed, seed).to(kGpu), DType::BFloat16);
+      const Tensor qkv32 = ops::to_dtype(qkv16, DType::Float32);
+      const Tensor dout = random_tensor(xs, seed + 1).to(kGpu);
+      const Shape ss = ops::attention_saved_shape(kGpu, c.batch, c.heads, c.steps);
+      Tensor out32 = poisoned(xs), out16 = poisoned(xs), s32 = poisoned(ss), s16 = poisoned(ss);
+      ops::attention_forward_packed(qkv32, c.heads, out32, s32, c.causal);
+      ops::attention_forward_packed(qkv16, c.heads, out16, s16, c.causal);
+      expect_equal("out", host(out32), out16);
+      expect_equal("log-sum-exp", host(s32), s16);
+      Tensor d32 = poisoned(packed), d16 = poisoned(packed);
+      ops::attention_backward_packed(qkv32, out32, s32, dout, c.heads, d32, c.causal);
+      ops::attention_backward_packed(qkv16, out16, s16, dout, c.heads, d16, c.causal);
+      expect_equal("dqkv", host(d32), d16);
+    }
+}
+
 namespace {
 
 ZooModel small_lm() {

@@ -293,6 +293,32 @@ TEST_CASE("Linear keeps its input shared unless asked to keep the product operan
   for (std::size_t i = 0; i < ga.size(); ++i) CHECK(same_bits(ga[i], gb[i]));
 }
 
+TEST_CASE("gemm into a bf16 result: the float32 product rounded; Linear written for products") {
+  const Tensor a = random({5, 7}, 71), b = random({6, 7}, 72), bias = random({6}, 73);
+  for (const DType compute : {DType::Float32, DType::BFloat16}) {
+    const ops::ComputeDTypeScope scope(compute);
+    Tensor c32 = Tensor::empty({5, 6}), c16 = Tensor::empty({5, 6}, DType::BFloat16);
+    ops::gemm(a, false, b, true, c32);
+    ops::gemm(a, false, b, true, c16);
+    CHECK(same_bits(c16, ops::to_dtype(c32, DType::BFloat16)));
+    ops::gemm_bias(a, false, b, true, bias, c32);
+    ops::gemm_bias(a, false, b, true, bias, c16);
+    CHECK(same_bits(c16, ops::to_dtype(c32, DType::BFloat16)));
+    CHECK_THROWS_WITH_AS(ops::gemm(a, false, b, true, c16, 1.f, 1.f),
+                         doctest::Contains("never accumulated into"), Error);
+
+    // A Linear written for products: bf16 under a bf16 compute dtype, the same values rounded.
+    const Linear wide("fc", 7, 6),
+        narrow("fc", 7, 6, true, SavedInput::Shared, ops::OutputAs::ProductOperand);
+    LayerParams p = wide.init(74);
+    Saved s1, s2;
+    ForwardContext ctx;
+    const Tensor y32 = wide.forward(p, a, s1, ctx), y = narrow.forward(p, a, s2, ctx);
+    CHECK(y.dtype() == compute);
+    CHECK(same_bits(y, ops::to_dtype(y32, compute)));
+  }
+}
+
 TEST_CASE("layer norm and GELU written for products: bf16 under bf16, the same bits downstream") {
   const Tensor x = random({6, 16}, 61), dy = random({6, 8}, 62);
   // Each producer once written in float32 and once for products, feeding the same Linear

@@ -46,4 +46,14 @@ void gemm_bf16(cudaStream_t stream, int device, bool trans_a, bool trans_b, std:
                std::int64_t ldc, GemmEpilogue epilogue = GemmEpilogue::None,
                const float* bias = nullptr);
 
+// C (bf16, its 16 bits; beta 0) = alpha op(A) op(B) (then the epilogue, its bias fp32) with bf16
+// operands accumulated in fp32 and rounded once as they are stored: a product whose result only
+// other products read (ops::OutputAs). False, with nothing queued, when cuBLASLt has no algorithm
+// for it; the caller then computes in fp32 and rounds.
+bool gemm_bf16_out(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::int64_t m,
+                   std::int64_t n, std::int64_t k, float alpha, const std::uint16_t* a,
+                   std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, std::uint16_t* c,
+                   std::int64_t ldc, GemmEpilogue epilogue = GemmEpilogue::None,
+                   const float* bias = nullptr);
+
 }  // namespace pipeline::cuda

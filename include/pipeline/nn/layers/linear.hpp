@@ -22,13 +22,15 @@ enum class SavedInput { Shared, ProductOperand };
 
 class Linear final : public Layer {
  public:
+  // `output`: ops::OutputAs (the backward never reads y).
   Linear(std::string name, std::int64_t in_features, std::int64_t out_features, bool bias = true,
-         SavedInput saved_input = SavedInput::Shared)
+         SavedInput saved_input = SavedInput::Shared, ops::OutputAs output = ops::OutputAs::Float32)
       : Layer(std::move(name)),
         m_in(in_features),
         m_out(out_features),
         m_bias(bias),
-        m_saved_input(saved_input) {
+        m_saved_input(saved_input),
+        m_output(output) {
     PIPELINE_CHECK_AS(ConfigError, m_in > 0 && m_out > 0,
                       "Linear '{}': features must be positive, got {} -> {}", this->name(), m_in, m_out);
   }
@@ -62,7 +64,7 @@ class Linear final : public Layer {
                       const ForwardContext&) const override {
     Shape out_shape = output_shape(x.shape());
     const std::int64_t rows = x.numel() / m_in;
-    Tensor y = Tensor::empty(out_shape, DType::Float32, x.device());
+    Tensor y = Tensor::empty(out_shape, ops::output_dtype(m_output), x.device());
     Tensor y2 = y.reshape({rows, m_out});
     // The kept bf16 copy is the product's operand too: x is converted once, not twice.
     const Tensor xp =
@@ -97,6 +99,7 @@ class Linear final : public Layer {
   std::int64_t m_in, m_out;
   bool m_bias;
   SavedInput m_saved_input;
+  ops::OutputAs m_output;
 };
 
 }  // namespace pipeline

@@ -38,12 +38,12 @@ class TransformerBlock final : public Composite {
                       "TransformerBlock '{}': dropout must be in [0, 1), got {}", this->name(),
                       dropout);
     // qkv, fc1 and fc2 are the only readers and keepers of their inputs (the layer norms'
-    // outputs, GELU's output): under bf16 those are written in bf16 and kept as they are. proj's
-    // input, the attention output, is kept in float32 by the block (the attention backward's
-    // row dots) and shared.
+    // outputs, GELU's output), and the attention of qkv's output: under bf16 those are written
+    // in bf16 and kept as they are. proj's input, the attention output, is kept in float32 by the
+    // block (the attention backward's row dots) and shared.
     constexpr auto kForProducts = ops::OutputAs::ProductOperand;
     m_ln1 = add_child<LayerNorm>("ln1", dim, 1e-5f, kForProducts);
-    m_qkv = add_child<Linear>("qkv", dim, 3 * dim, true, SavedInput::ProductOperand);
+    m_qkv = add_child<Linear>("qkv", dim, 3 * dim, true, SavedInput::ProductOperand, kForProducts);
     m_proj = add_child<Linear>("proj", dim, dim);
     m_ln2 = add_child<LayerNorm>("ln2", dim, 1e-5f, kForProducts);
     m_fc1 = add_child<Linear>("fc1", dim, mlp_ratio * dim, true, SavedInput::ProductOperand);
@@ -96,7 +96,8 @@ class TransformerBlock final : public Composite {
                                       DType::Float32, x.device());
     ops::attention_forward_packed(qkv, m_heads, attn, attn_saved);
     Tensor x1 = forward_child(m_proj, p, attn, saved, ctx);
-    // The attention backward reads q, k and v only as product operands: bf16 under bf16.
+    // The attention backward reads q, k and v only as product operands: bf16 under bf16 (qkv
+    // itself, written so).
     saved.tensors = {ops::saved_product_operand(qkv), attn, attn_saved};
     if (drop) {
       Tensor mask;
