@@ -111,6 +111,11 @@ bench() {
   # Our steps replayed from CUDA graphs against PyTorch eager, fashion-cnn at batch 64.
   box 100 "$OUT/bench.log" "$B/bench/bench_gpu_step" --cases fashion-cnn-b64 --cuda-graphs \
     --precision fp32,tf32,bf16 ${step_torch[@]:+--torch} --steps "${BENCH_STEPS:-20}" --warmup 5
+  # The transformer's bf16 step with every layer writing float32 (the products converting what
+  # they read, the attention widening a bf16 qkv) against the default, where the layers that only
+  # products read write bf16 and the attention reads the bf16 qkv as it is (ops::OutputAs).
+  box 100 "$OUT/bench.log" env PIPELINE_BF16_OUTPUTS=0 "$B/bench/bench_gpu_step" \
+    --cases transformer-lm-b16 --precision bf16 --steps 10 --warmup 3
   # bf16 convolutions through cuDNN's legacy API (TF32 on bf16 operands) against the graph API's
   # bf16 engines (the default; cuda/dnn_graph.hpp), same run.
   box 100 "$OUT/bench.log" env PIPELINE_CUDNN_GRAPH=none "$B/bench/bench_gpu_step" \

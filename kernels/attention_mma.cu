@@ -194,8 +194,8 @@ struct TileStream {
  private:
   template <typename T>
   __device__ void stage(const Source<T>& src, float* dst, int row0) const {
-    const bool four = head_dim % 4 == 0 && src.stride % 4 == 0 &&
-                      reinterpret_cast<std::uintptr_t>(src.head) % 16 == 0;
+    [[maybe_unused]] const bool four = head_dim % 4 == 0 && src.stride % 4 == 0 &&
+                                       reinterpret_cast<std::uintptr_t>(src.head) % 16 == 0;
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
       const int i = threadIdx.x + j * kThreads, r = i / (D / 4), d = i % (D / 4) * 4;

@@ -63,7 +63,8 @@ Tensor saved_product_operand(const Tensor& x);
 // values a product reading it would round it to, for an output that only products read (inside
 // a transformer block the layer norms feeding qkv and fc1, GELU feeding fc2): the product's
 // conversion pass and half the output's bytes are saved, and every result is the same bits.
-// Float32 (the default): always float32.
+// Float32 (the default): always float32. PIPELINE_BF16_OUTPUTS=0 makes every output float32
+// (the same results; for comparing the two data flows).
 enum class OutputAs { Float32, ProductOperand };
 
 // The dtype of an output written `as`, under the calling thread's compute dtype.
