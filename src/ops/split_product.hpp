@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -60,6 +61,81 @@ inline bool in_parallel_region() {
 #endif
 }
 
+// Eigen's packing buffers, kept per thread. Eigen's product allocates its packed panels on every
+// call and frees them after; on a worker thread a panel over 128 KiB comes from that thread's
+// malloc arena, which glibc shrinks again on free, so every product paid page faults and TLB
+// shootdowns for memory it had just released (the mlp's step at 2 threads: ~90 faults, 25% of
+// its time; bench/RESULTS.md). Grown as needed, never shrunk, 64-byte aligned as Eigen's.
+inline float* packing_buffer(int which, std::int64_t floats) {
+  struct Buffer {
+    float* data = nullptr;
+    std::int64_t floats = 0;
+    ~Buffer() { Eigen::internal::aligned_free(data); }
+  };
+  thread_local Buffer buffers[2];
+  Buffer& b = buffers[which];
+  if (b.floats < floats) {
+    Eigen::internal::aligned_free(b.data);
+    b.data = static_cast<float*>(
+        Eigen::internal::aligned_malloc(static_cast<std::size_t>(floats) * sizeof(float)));
+    b.floats = floats;
+  }
+  return b.data;
+}
+
+// Eigen's blocking of a one-thread float product (the sizes its own product would choose), its
+// panels in the calling thread's packing_buffer instead of a fresh allocation.
+template <int DestOrder>
+class ReusedBlocking
+    : public Eigen::internal::gemm_blocking_space<DestOrder, float, float, Eigen::Dynamic,
+                                                  Eigen::Dynamic, Eigen::Dynamic, 1, false> {
+ public:
+  ReusedBlocking(Eigen::Index rows, Eigen::Index cols, Eigen::Index depth)
+      : ReusedBlocking::gemm_blocking_space(rows, cols, depth, 1, true) {
+    this->m_blockA = packing_buffer(0, this->m_mc * this->m_kc);
+    this->m_blockB = packing_buffer(1, this->m_kc * this->m_nc);
+  }
+  ~ReusedBlocking() { this->m_blockA = this->m_blockB = nullptr; }  // not Eigen's to free
+  ReusedBlocking(const ReusedBlocking&) = delete;
+  ReusedBlocking& operator=(const ReusedBlocking&) = delete;
+};
+
+// dst += alpha · lhs · rhs on the calling thread: Eigen's float product kernel (as
+// `dst.noalias() += alpha * (lhs * rhs)` runs it, the same blocking and so the same bits) over
+// the thread's reused packing buffers. Shapes Eigen computes without packing (a row or column
+// result, or one under its coefficient-based threshold) go to Eigen as they are.
+template <typename Dest, typename Lhs, typename Rhs>
+void product_add(Dest&& dst, const Lhs& a_lhs, const Rhs& a_rhs, float alpha) {
+  namespace ei = Eigen::internal;
+  using D = std::remove_reference_t<Dest>;
+  if (a_lhs.cols() == 0 || dst.rows() == 0 || dst.cols() == 0) return;
+  if (dst.rows() == 1 || dst.cols() == 1 ||
+      a_rhs.rows() + dst.rows() + dst.cols() < EIGEN_GEMM_TO_COEFFBASED_THRESHOLD) {
+    dst.noalias() += alpha * (a_lhs * a_rhs);
+    return;
+  }
+  using LhsTraits = ei::blas_traits<Lhs>;
+  using RhsTraits = ei::blas_traits<Rhs>;
+  using LhsClean = typename ei::remove_all<typename LhsTraits::DirectLinearAccessType>::type;
+  using RhsClean = typename ei::remove_all<typename RhsTraits::DirectLinearAccessType>::type;
+  const auto& lhs = LhsTraits::extract(a_lhs);
+  const auto& rhs = RhsTraits::extract(a_rhs);
+  constexpr int kDestOrder = (D::Flags & Eigen::RowMajorBit) ? Eigen::RowMajor : Eigen::ColMajor;
+  constexpr int kLhsOrder =
+      (LhsClean::Flags & Eigen::RowMajorBit) ? Eigen::RowMajor : Eigen::ColMajor;
+  constexpr int kRhsOrder =
+      (RhsClean::Flags & Eigen::RowMajorBit) ? Eigen::RowMajor : Eigen::ColMajor;
+  static_assert(!LhsTraits::NeedToConjugate && !RhsTraits::NeedToConjugate, "real products");
+  const float actual_alpha = ei::combine_scalar_factors(alpha, a_lhs, a_rhs);
+  ReusedBlocking<kDestOrder> blocking(dst.rows(), dst.cols(), lhs.cols());
+  ei::general_matrix_matrix_product<
+      Eigen::Index, float, kLhsOrder, false, float, kRhsOrder, false, kDestOrder,
+      D::InnerStrideAtCompileTime>::run(dst.rows(), dst.cols(), lhs.cols(), &lhs.coeffRef(0, 0),
+                                        lhs.outerStride(), &rhs.coeffRef(0, 0), rhs.outerStride(),
+                                        &dst.coeffRef(0, 0), dst.innerStride(), dst.outerStride(),
+                                        actual_alpha, blocking, nullptr);
+}
+
 enum class Into { Accumulate, Overwrite };
 
 // C += alpha * A * B (Into::Overwrite: C = alpha * A * B) for Eigen expressions (maps, blocks,
@@ -82,7 +158,7 @@ void split_product(CMatrix&& C, const AExpr& A, const BExpr& B, float alpha,
   if (threads <= 1) {
     const EigenOnThisThread one;
     if (into == Into::Overwrite) C.setZero();
-    C.noalias() += alpha * (A * B);
+    product_add(C, A, B, alpha);
     return;
   }
   const std::int64_t piece = (extent / threads + kAlign - 1) / kAlign * kAlign;
@@ -94,11 +170,11 @@ void split_product(CMatrix&& C, const AExpr& A, const BExpr& B, float alpha,
     if (by_columns) {
       auto block = C.middleCols(begin, len);
       if (into == Into::Overwrite) block.setZero();
-      block.noalias() += alpha * (A * B.middleCols(begin, len));
+      product_add(block, A, B.middleCols(begin, len), alpha);
     } else {
       auto block = C.middleRows(begin, len);
       if (into == Into::Overwrite) block.setZero();
-      block.noalias() += alpha * (A.middleRows(begin, len) * B);
+      product_add(block, A.middleRows(begin, len), B, alpha);
     }
   });
 }

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include "../../src/ops/short_product.hpp"
+#include "../../src/ops/split_product.hpp"
 
 #include <Eigen/Core>
 
@@ -84,6 +85,61 @@ TEST_CASE("products split over threads, by rows or by columns, equal the naive t
             }
           CHECK(worst < 1e-6);
         }
+  set_num_threads(was);
+}
+
+TEST_CASE(
+    "Eigen's product over the thread's reused packing buffers is Eigen's product, bit for bit") {
+  using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  struct Case {
+    Eigen::Index m, k, n;
+  };
+  // Growing and shrinking buffers (large after small, small after large), a row and a column
+  // result and shapes under Eigen's coefficient-based threshold (Eigen's own path), every
+  // transpose; on the calling thread and on a worker thread of a parallel region.
+  const Case cases[] = {{3, 4, 5},      {64, 784, 256},  {7, 9, 11},
+                        {1, 300, 40},   {300, 40, 1},    {517, 70, 33},
+                        {40, 90, 1001}, {64, 3136, 512}, {129, 257, 130}};
+  const auto check = [&] {
+    for (const Case c : cases)
+      for (const bool ta : {false, true})
+        for (const bool tb : {false, true}) {
+          CAPTURE(c.m);
+          CAPTURE(c.k);
+          CAPTURE(c.n);
+          const Mat a = ta ? Mat::Random(c.k, c.m) : Mat::Random(c.m, c.k);
+          const Mat b = tb ? Mat::Random(c.n, c.k) : Mat::Random(c.k, c.n);
+          const Mat c0 = Mat::Random(c.m, c.n);
+          Mat want = c0, got = c0;
+          const ops::detail::EigenOnThisThread one;
+          if (ta && tb) {
+            want.noalias() += 0.5f * (a.transpose() * b.transpose());
+            ops::detail::product_add(got, a.transpose(), b.transpose(), 0.5f);
+          } else if (ta) {
+            want.noalias() += 0.5f * (a.transpose() * b);
+            ops::detail::product_add(got, a.transpose(), b, 0.5f);
+          } else if (tb) {
+            want.noalias() += 0.5f * (a * b.transpose());
+            ops::detail::product_add(got, a, b.transpose(), 0.5f);
+          } else {
+            want.noalias() += 0.5f * (a * b);
+            ops::detail::product_add(got, a, b, 0.5f);
+          }
+          CHECK(std::equal(want.data(), want.data() + want.size(), got.data()));
+          if (!ta && !tb) {  // a block of a larger result (outer stride past its width)
+            Mat wide = Mat::Zero(c.m, c.n + 3), wide_want = wide;
+            wide_want.leftCols(c.n).noalias() += 0.5f * (a * b);
+            ops::detail::product_add(wide.leftCols(c.n), a, b, 0.5f);
+            CHECK(std::equal(wide_want.data(), wide_want.data() + wide_want.size(), wide.data()));
+          }
+        }
+  };
+  check();
+  const int was = num_threads();
+  set_num_threads(2);
+  pipeline::detail::on_threads(2, [&](int t) {
+    if (t == 1) check();
+  });
   set_num_threads(was);
 }
 
