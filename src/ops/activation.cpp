@@ -81,12 +81,7 @@ void activation_forward(Activation a, const Tensor& x, Tensor& y) {
     return;
   }
 #endif
-  if (bf16) {  // the float32 result, then rounded
-    Tensor y32 = Tensor::empty(y.shape(), DType::Float32, y.device());
-    activation_forward(a, x, y32);
-    to_dtype(y32, y);
-    return;
-  }
+  if (bf16) return compute_rounded(y, [&](Tensor& y32) { activation_forward(a, x, y32); });
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   pipeline::detail::for_each_piece(

@@ -79,12 +79,12 @@ void gemm_bf16_result(const Tensor& a, bool trans_a, const Tensor& b, bool trans
       return;
   }
 #endif
-  Tensor c32 = Tensor::empty(c.shape(), DType::Float32, c.device());
-  if (bias)
-    gemm_bias(a, trans_a, b, trans_b, *bias, c32);
-  else
-    gemm(a, trans_a, b, trans_b, c32, alpha, 0.f);
-  to_dtype(c32, c);
+  compute_rounded(c, [&](Tensor& c32) {
+    if (bias)
+      gemm_bias(a, trans_a, b, trans_b, *bias, c32);
+    else
+      gemm(a, trans_a, b, trans_b, c32, alpha, 0.f);
+  });
 }
 
 }  // namespace

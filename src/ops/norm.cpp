@@ -101,12 +101,9 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
     return;
   }
 #endif
-  if (bf16) {  // the float32 result, then rounded
-    Tensor y32 = Tensor::empty(y.shape(), DType::Float32, y.device());
-    layer_norm_forward(x, weight, bias, eps, y32, mean, rstd);
-    to_dtype(y32, y);
-    return;
-  }
+  if (bf16)
+    return compute_rounded(
+        y, [&](Tensor& y32) { layer_norm_forward(x, weight, bias, eps, y32, mean, rstd); });
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
   float* mp = mean.data<float>();

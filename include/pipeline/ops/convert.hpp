@@ -21,6 +21,15 @@ Tensor to_dtype(const Tensor& x, DType dtype);
 // x converted into y (float32 and bfloat16 the other way round; as many elements, same device).
 void to_dtype(const Tensor& x, Tensor& y);
 
+// y (bfloat16) = compute(y32) rounded, y32 a new float32 tensor of y's shape and device: how an op
+// writes a bf16 result where it has no kernel that rounds as it stores.
+template <typename Compute>
+void compute_rounded(Tensor& y, Compute&& compute) {
+  Tensor y32 = Tensor::empty(y.shape(), DType::Float32, y.device());
+  compute(y32);
+  to_dtype(y32, y);
+}
+
 // One element, for the CPU loop and for tests.
 constexpr std::uint16_t float_to_bf16(float f) {
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(f);
