@@ -239,27 +239,13 @@ struct TileStream {
   }
 };
 
-// q, k and v as the kernels read them: float32, or bf16 held in memory (Params::q16, k16, v16).
+// q, k or v as the kernels read it: its float32 pointer, or its bf16 one (Params::q16, k16, v16).
 template <typename In>
-__device__ __forceinline__ const In* q_of(const Params& p) {
+__device__ __forceinline__ const In* operand(const float* f32, const std::uint16_t* b16) {
   if constexpr (std::is_same_v<In, float>)
-    return p.q;
+    return f32;
   else
-    return reinterpret_cast<const In*>(p.q16);
-}
-template <typename In>
-__device__ __forceinline__ const In* k_of(const Params& p) {
-  if constexpr (std::is_same_v<In, float>)
-    return p.k;
-  else
-    return reinterpret_cast<const In*>(p.k16);
-}
-template <typename In>
-__device__ __forceinline__ const In* v_of(const Params& p) {
-  if constexpr (std::is_same_v<In, float>)
-    return p.v;
-  else
-    return reinterpret_cast<const In*>(p.v16);
+    return reinterpret_cast<const In*>(b16);
 }
 
 // The K and V rows a block of queries streams (the forward's and dQ's), into ks and vs.
@@ -267,8 +253,8 @@ template <int D, typename In>
 __device__ TileStream<D, In, In> key_value_stream(const Params& p, std::int64_t in_head,
                                                   __nv_bfloat16* ks, __nv_bfloat16* vs,
                                                   float* staging) {
-  return {{k_of<In>(p) + in_head, p.in_stride},
-          {v_of<In>(p) + in_head, p.in_stride},
+  return {{operand<In>(p.k, p.k16) + in_head, p.in_stride},
+          {operand<In>(p.v, p.v16) + in_head, p.in_stride},
           ks,
           vs,
           staging,
@@ -446,7 +432,7 @@ __global__ __launch_bounds__(kThreads) void attention_forward_mma_kernel(Params 
   const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
   const auto kv = key_value_stream<D, In>(p, in_head, ks, vs, staging);
   kv.issue(0);
-  load_tile<D>(qs, q_of<In>(p) + in_head, p.in_stride, q0, p.steps, p.head_dim);
+  load_tile<D>(qs, operand<In>(p.q, p.q16) + in_head, p.in_stride, q0, p.steps, p.head_dim);
   const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
 
   // The softmax in base 2 (scores times scale · log2 e; exp2 is one instruction): the same
@@ -550,7 +536,7 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
   const int k0 = blk.tile * kTile;
   const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
   const std::int64_t out_head = head_offset(p, blk.b, blk.h, p.out_stride);
-  const TileStream<D, In, float> qdo{{q_of<In>(p) + in_head, p.in_stride},
+  const TileStream<D, In, float> qdo{{operand<In>(p.q, p.q16) + in_head, p.in_stride},
                                      {p.dout + out_head, p.out_stride},
                                      qs,
                                      dos,
@@ -559,8 +545,8 @@ __global__ __launch_bounds__(kThreads) void attention_dkv_mma_kernel(Params p) {
                                      p.head_dim};
   const int first_q_tile = p.causal ? blk.tile : 0;
   qdo.issue(first_q_tile * kTile);
-  load_tile<D>(ks, k_of<In>(p) + in_head, p.in_stride, k0, p.steps, p.head_dim);
-  load_tile<D>(vs, v_of<In>(p) + in_head, p.in_stride, k0, p.steps, p.head_dim);
+  load_tile<D>(ks, operand<In>(p.k, p.k16) + in_head, p.in_stride, k0, p.steps, p.head_dim);
+  load_tile<D>(vs, operand<In>(p.v, p.v16) + in_head, p.in_stride, k0, p.steps, p.head_dim);
   const int keys[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
 
   const float scale2 = p.scale * kLog2e;
@@ -623,7 +609,7 @@ __global__ __launch_bounds__(kThreads, D <= 64 ? 3 : 1) void attention_dq_mma_ke
   const std::int64_t in_head = head_offset(p, blk.b, blk.h, p.in_stride);
   const auto kv = key_value_stream<D, In>(p, in_head, ks, vs, staging);
   kv.issue(0);
-  load_tile<D>(qs, q_of<In>(p) + in_head, p.in_stride, q0, p.steps, p.head_dim);
+  load_tile<D>(qs, operand<In>(p.q, p.q16) + in_head, p.in_stride, q0, p.steps, p.head_dim);
   load_tile<D>(dos, p.dout + head_offset(p, blk.b, blk.h, p.out_stride), p.out_stride, q0, p.steps,
                p.head_dim);
   const int rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};

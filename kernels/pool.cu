@@ -30,6 +30,19 @@ __device__ __forceinline__ void covering(std::int64_t i, std::int64_t kernel, st
   first = num <= 0 ? 0 : (num + stride - 1) / stride;
   last = min(outputs - 1, (i + pad) / stride);
 }
+// Output t's plane and its window clipped to the image: rows [r_lo, r_hi), columns [c_lo, c_hi).
+struct ClippedWindow {
+  std::int64_t plane, r_lo, r_hi, c_lo, c_hi;
+};
+
+__device__ __forceinline__ ClippedWindow window_of(const PoolShape& s, std::int64_t t) {
+  const std::int64_t out_plane = s.out_h * s.out_w;
+  const std::int64_t p = t / out_plane, r = t - p * out_plane;
+  const std::int64_t o = r / s.out_w, q = r - o * s.out_w;
+  const std::int64_t h0 = o * s.stride_h - s.pad_h, w0 = q * s.stride_w - s.pad_w;
+  return {p, max(h0, std::int64_t{0}), min(h0 + s.kernel_h, s.h), max(w0, std::int64_t{0}),
+          min(w0 + s.kernel_w, s.w)};
+}
 }  // namespace
 
 static __global__ void max_pool2d_forward_kernel(PoolShape s, const float* x, float* y,
@@ -38,11 +51,7 @@ static __global__ void max_pool2d_forward_kernel(PoolShape s, const float* x, fl
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
        t += stride) {
-    const std::int64_t p = t / out_plane, r = t - p * out_plane;
-    const std::int64_t o = r / s.out_w, q = r - o * s.out_w;
-    const std::int64_t h0 = o * s.stride_h - s.pad_h, w0 = q * s.stride_w - s.pad_w;
-    const std::int64_t r_lo = max(h0, std::int64_t{0}), r_hi = min(h0 + s.kernel_h, s.h);
-    const std::int64_t c_lo = max(w0, std::int64_t{0}), c_hi = min(w0 + s.kernel_w, s.w);
+    const auto [p, r_lo, r_hi, c_lo, c_hi] = window_of(s, t);
     const float* in = x + p * s.h * s.w;
     std::int64_t best_at = r_lo * s.w + c_lo;
     float best = -INFINITY;
@@ -93,11 +102,7 @@ static __global__ void max_pool2d_backward_windows_kernel(PoolShape s, const flo
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
        t += stride) {
-    const std::int64_t p = t / out_plane, r = t - p * out_plane;
-    const std::int64_t o = r / s.out_w, q = r - o * s.out_w;
-    const std::int64_t h0 = o * s.stride_h - s.pad_h, w0 = q * s.stride_w - s.pad_w;
-    const std::int64_t r_lo = max(h0, std::int64_t{0}), r_hi = min(h0 + s.kernel_h, s.h);
-    const std::int64_t c_lo = max(w0, std::int64_t{0}), c_hi = min(w0 + s.kernel_w, s.w);
+    const auto [p, r_lo, r_hi, c_lo, c_hi] = window_of(s, t);
     const std::int64_t at = indices[t];
     const float g = 0.f + dy[t];
     float* out = dx + p * s.h * s.w;
@@ -137,11 +142,7 @@ static __global__ void avg_pool2d_forward_kernel(PoolShape s, float scale, const
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
        t += stride) {
-    const std::int64_t p = t / out_plane, r = t - p * out_plane;
-    const std::int64_t o = r / s.out_w, q = r - o * s.out_w;
-    const std::int64_t h0 = o * s.stride_h - s.pad_h, w0 = q * s.stride_w - s.pad_w;
-    const std::int64_t r_lo = max(h0, std::int64_t{0}), r_hi = min(h0 + s.kernel_h, s.h);
-    const std::int64_t c_lo = max(w0, std::int64_t{0}), c_hi = min(w0 + s.kernel_w, s.w);
+    const auto [p, r_lo, r_hi, c_lo, c_hi] = window_of(s, t);
     const float* in = x + p * s.h * s.w;
     float sum = 0.f;
     for (std::int64_t i = r_lo; i < r_hi; ++i)
