@@ -341,7 +341,9 @@ TEST_CASE("layer norm and GELU written for products: bf16 under bf16, the same b
   const std::pair<const Layer*, const Layer*> pairs[] = {{&ln32, &ln16}, {&gelu32, &gelu16}};
   for (const DType compute : {DType::Float32, DType::BFloat16}) {
     const ops::ComputeDTypeScope scope(compute);
-    for (const auto& [wide, narrow] : pairs) {
+    for (const auto& pair : pairs) {
+      const Layer* wide = pair.first;
+      const Layer* narrow = pair.second;
       CAPTURE(wide->kind());
       CAPTURE(dtype_name(compute));
       const auto [dtype32, y32, dx32, g32] = run(*wide, fc);
