@@ -10,6 +10,7 @@
 #include <pipeline/nn/layers/activation.hpp>
 #include <pipeline/nn/layers/conv2d.hpp>
 #include <pipeline/nn/layers/linear.hpp>
+#include <pipeline/nn/layers/residual_block.hpp>
 #include <pipeline/nn/layers/transformer_block.hpp>
 #include <pipeline/ops/attention.hpp>
 #include <pipeline/ops/conv.hpp>
@@ -25,6 +26,7 @@
 #include "../support/param_compare.hpp"
 #include "../support/synthetic_minibatches.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -274,6 +276,55 @@ TEST_CASE("a transformer block under bf16 keeps its product operands in bf16: sa
     const Tensor dx_wide = block.backward(p, wide, dy, g_wide, parts);
     if (parts != GradParts::Weight) CHECK(same_bits(dx, dx_wide));
     for (std::size_t i = 0; i < g.size(); ++i) CHECK(same_bits(g[i], g_wide[i]));
+  }
+}
+
+namespace {
+
+// The storages of the bfloat16 tensors `saved` keeps, recursively, once per tensor kept.
+void bf16_storages(const Saved& saved, std::vector<const void*>& out) {
+  for (const Tensor& t : saved.tensors)
+    if (t.dtype() == DType::BFloat16) out.push_back(t.storage_id());
+  for (const Saved& c : saved.children) bf16_storages(c, out);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "convolutions under bf16 keep their inputs in bf16, a residual block's x once: same "
+    "gradients") {
+  const Conv2d conv("conv", 3, 4, 3, 1, 1);
+  const ResidualBlock block("block", 4, 8, 2);  // conv1 and the downsampling conv both read x
+  const std::pair<const Layer*, Shape> cases[] = {{&conv, Shape{2, 3, 9, 7}},
+                                                  {&block, Shape{2, 4, 8, 8}}};
+  for (const auto& c : cases) {
+    const Layer& layer = *c.first;
+    CAPTURE(layer.kind());
+    const Tensor x = random(c.second, 81);
+    LayerParams p = layer.init(82);
+    const ops::ComputeDTypeScope bf16(DType::BFloat16);
+    Saved saved;
+    ForwardContext ctx;
+    const Tensor y = layer.forward(p, x, saved, ctx);
+    const Tensor dy = random(y.shape(), 83);
+    std::vector<const void*> storages;
+    bf16_storages(saved, storages);
+    const Saved wide = widened(saved);
+    CHECK(saved.bytes() < wide.bytes());
+    if (&layer == &conv) {
+      CHECK(storages.size() == 1);
+    } else {  // conv1 and downsample.0 share one copy of x; conv2 keeps relu1's output
+      REQUIRE(storages.size() == 3);
+      std::sort(storages.begin(), storages.end());
+      CHECK(std::unique(storages.begin(), storages.end()) - storages.begin() == 2);
+    }
+    for (const GradParts parts : {GradParts::Both, GradParts::Input, GradParts::Weight}) {
+      std::vector<Tensor> g = layer.zero_grads(), g_wide = layer.zero_grads();
+      const Tensor dx = layer.backward(p, saved, dy, g, parts);
+      const Tensor dx_wide = layer.backward(p, wide, dy, g_wide, parts);
+      if (parts != GradParts::Weight) CHECK(same_bits(dx, dx_wide));
+      for (std::size_t i = 0; i < g.size(); ++i) CHECK(same_bits(g[i], g_wide[i]));
+    }
   }
 }
 

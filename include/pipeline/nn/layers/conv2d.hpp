@@ -3,7 +3,10 @@
 // Parameters: weight [out, in, kh, kw], bias [out] (optional), both initialised U(±1/√(in·kh·kw))
 // like PyTorch's defaults. Input [N, in, H, W] -> output [N, out, OH, OW] with
 // OH = (H + 2·pad_h − kh) / stride_h + 1 (and the same in w); dilation 1, groups 1.
-// Saves its input for the weight gradient.
+// Keeps its input for the weight gradient as the products read it: under a bf16 compute dtype in
+// bf16 (ops::saved_product_operand: half the bytes, the same gradients bit for bit, and no second
+// conversion for the backward). What a convolution reads in the zoo's models — a ReLU's or a
+// pool's output, a residual block's input — nothing else keeps, so the float32 input is freed.
 #pragma once
 
 #include <pipeline/nn/layer.hpp>
@@ -73,8 +76,9 @@ class Conv2d final : public Layer {
   Tensor forward_impl(LayerParams& p, const Tensor& x, Saved& saved,
                       const ForwardContext&) const override {
     Tensor y = Tensor::empty(output_shape(x.shape()), DType::Float32, x.device());
-    ops::conv2d_forward(x, p.params[0], m_opt.bias ? p.params[1] : Tensor(), y, m_window);
-    saved.tensors = {x};
+    const Tensor xp = ops::saved_product_operand(x);  // converted once, for both passes
+    ops::conv2d_forward(xp, p.params[0], m_opt.bias ? p.params[1] : Tensor(), y, m_window);
+    saved.tensors = {xp};
     return y;
   }
 

@@ -14,6 +14,7 @@
 #include <pipeline/nn/layers/activation.hpp>
 #include <pipeline/nn/layers/batch_norm.hpp>
 #include <pipeline/nn/layers/conv2d.hpp>
+#include <pipeline/ops/precision.hpp>
 
 namespace pipeline {
 
@@ -62,13 +63,15 @@ class ResidualBlock final : public Composite {
                       const ForwardContext& ctx) const override {
     output_shape(x.shape());
     saved.children.assign(static_cast<std::size_t>(num_children()), Saved{});
-    Tensor h = forward_child(m_conv1, p, x, saved, ctx);
+    // conv1 and the downsampling conv read x as a product operand: converted once, kept once.
+    const Tensor xp = ops::saved_product_operand(x);
+    Tensor h = forward_child(m_conv1, p, xp, saved, ctx);
     h = forward_child(m_bn1, p, h, saved, ctx);
     h = forward_child(m_relu1, p, h, saved, ctx);
     h = forward_child(m_conv2, p, h, saved, ctx);
     h = forward_child(m_bn2, p, h, saved, ctx);  // a fresh tensor: bn2 keeps its input, not this
     if (has_downsample()) {
-      Tensor s = forward_child(m_ds_conv, p, x, saved, ctx);
+      Tensor s = forward_child(m_ds_conv, p, xp, saved, ctx);
       s = forward_child(m_ds_bn, p, s, saved, ctx);
       add_in_place(h, s);
     } else {
