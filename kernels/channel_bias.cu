@@ -20,13 +20,6 @@ namespace {
 constexpr int kChannelBiasThreads = 256;
 constexpr int kChannelReduceThreads = 256;
 
-__device__ __forceinline__ float widened(float x) {
-  return x;
-}
-__device__ __forceinline__ float widened(std::uint16_t b) {
-  return __uint_as_float(static_cast<std::uint32_t>(b) << 16);
-}
-
 // y[i] = widened(x[i]) + bias[channel of i] (x may be y). `vec`: plane % 4 == 0 and both
 // pointers aligned to four elements.
 template <typename In>
@@ -40,13 +33,13 @@ __global__ void channel_bias_kernel(float* y, const In* x, const float* bias, st
       const detail::Four<In> in = reinterpret_cast<const detail::Four<In>*>(x)[i];
       detail::Four<float> out;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) out.v[j] = widened(in.v[j]) + b;
+      for (int j = 0; j < 4; ++j) out.v[j] = detail::widened(in.v[j]) + b;
       reinterpret_cast<detail::Four<float>*>(y)[i] = out;
     }
     return;
   }
   for (std::int64_t i = tid; i < total; i += stride)
-    y[i] = widened(x[i]) + bias[(i / plane) % channels];
+    y[i] = detail::widened(x[i]) + bias[(i / plane) % channels];
 }
 
 template <typename In>

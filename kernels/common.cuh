@@ -41,6 +41,14 @@ __device__ __forceinline__ std::uint16_t to_bf16_bits(float f) {
              : static_cast<std::uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
+// bf16 bits widened to float32 (exact); a float32 value as it is (for kernels templated on both).
+__device__ __forceinline__ float widened(std::uint16_t b) {
+  return __uint_as_float(static_cast<std::uint32_t>(b) << 16);
+}
+__device__ __forceinline__ float widened(float x) {
+  return x;
+}
+
 // A float32 result stored as Out: float32 as it is, bf16 (std::uint16_t) rounded.
 __device__ __forceinline__ void store_as(float* p, float v) {
   *p = v;

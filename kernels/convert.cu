@@ -21,16 +21,12 @@ struct ToBf16 {
 struct RoundToBf16 {
   using In = float;
   using Out = float;
-  static __device__ Out one(float f) {
-    return __uint_as_float(static_cast<std::uint32_t>(detail::to_bf16_bits(f)) << 16);
-  }
+  static __device__ Out one(float f) { return detail::widened(detail::to_bf16_bits(f)); }
 };
 struct ToFloat {
   using In = std::uint16_t;
   using Out = float;
-  static __device__ Out one(std::uint16_t b) {
-    return __uint_as_float(static_cast<std::uint32_t>(b) << 16);
-  }
+  static __device__ Out one(std::uint16_t b) { return detail::widened(b); }
 };
 
 template <typename T>

@@ -312,15 +312,14 @@ void attention_forward_packed(const Tensor& qkv_in, std::int64_t heads, Tensor& 
     const kernels::AttentionProblem pr = cuda_problem(op, L, device, causal);
     const detail::CudaScope cuda(device);
     const std::int64_t C = L.channels;
-    if (bf16) {
-      const std::uint16_t* p = qkv.device_data<std::uint16_t>();
+    const auto run = [&](const auto* p) {  // q, k, v side by side in each row
       kernels::attention_forward(cuda.stream(), pr, p, p + C, p + 2 * C, 3 * C,
                                  out.device_data<float>(), C, saved.device_data<float>());
-      return;
-    }
-    const float* p = qkv.device_data<float>();
-    kernels::attention_forward(cuda.stream(), pr, p, p + C, p + 2 * C, 3 * C,
-                               out.device_data<float>(), C, saved.device_data<float>());
+    };
+    if (bf16)
+      run(qkv.device_data<std::uint16_t>());
+    else
+      run(qkv.device_data<float>());
     return;
   }
 #endif
@@ -350,19 +349,16 @@ void attention_backward_packed(const Tensor& qkv_in, const Tensor& out, const Te
     Tensor workspace = cuda.scratch_floats(kernels::attention_backward_workspace_floats(pr));
     const std::int64_t C = L.channels;
     float* d = dqkv.device_data<float>();
-    if (bf16) {
-      const std::uint16_t* p = qkv.device_data<std::uint16_t>();
+    const auto run = [&](const auto* p) {
       kernels::attention_backward(cuda.stream(), pr, p, p + C, p + 2 * C, 3 * C,
                                   out.device_data<float>(), dout.device_data<float>(), C,
                                   saved.device_data<float>(), d, d + C, d + 2 * C, 3 * C,
                                   workspace.device_data<float>());
-      return;
-    }
-    const float* p = qkv.device_data<float>();
-    kernels::attention_backward(cuda.stream(), pr, p, p + C, p + 2 * C, 3 * C,
-                                out.device_data<float>(), dout.device_data<float>(), C,
-                                saved.device_data<float>(), d, d + C, d + 2 * C, 3 * C,
-                                workspace.device_data<float>());
+    };
+    if (bf16)
+      run(qkv.device_data<std::uint16_t>());
+    else
+      run(qkv.device_data<float>());
     return;
   }
 #endif
