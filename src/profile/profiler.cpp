@@ -78,9 +78,9 @@ Tensor random_activations(const Shape& shape, const ProfileOptions& o) {
 // work ahead of the device as a training step does).
 //
 // It also measures each region's temporaries: the most the device's allocator had in use during
-// the region beyond what was in use at its end (LayerProfile::workspace_bytes). On a GPU that is
-// the allocator's view in the order the host queues the work, which is the order the stream-
-// ordered pool reuses blocks in.
+// the region beyond what was in use at its start or its end (LayerProfile::workspace_bytes). On a
+// GPU that is the allocator's view in the order the host queues the work, which is the order the
+// stream- ordered pool reuses blocks in.
 class PassTimer {
  public:
   explicit PassTimer(Device device) : m_device(device) {}
@@ -88,6 +88,7 @@ class PassTimer {
   // Runs fn, timing it into `into` (if given); returns its temporaries' bytes.
   std::int64_t time(std::vector<double>* into, const std::function<void()>& fn) {
     reset_memory_peak(m_device);
+    m_start_in_use = memory_use(m_device).in_use_bytes;
 #if PIPELINE_WITH_CUDA
     if (m_device.is_cuda()) {
       const cudaStream_t stream = cuda::current_stream(m_device.index);
@@ -119,12 +120,17 @@ class PassTimer {
   }
 
  private:
+  // Beyond the larger of the start and the end: a pass that frees what it was handed (the weight
+  // half of a split backward lets go of the output gradients the input half kept) has not made
+  // those bytes as temporaries, and a stage charges them apart (split_kept_bytes).
   std::int64_t temporaries() const {
     const MemoryUse use = memory_use(m_device);
-    return std::max<std::int64_t>(0, use.peak_in_use_bytes - use.in_use_bytes);
+    return std::max<std::int64_t>(
+        0, use.peak_in_use_bytes - std::max(use.in_use_bytes, m_start_in_use));
   }
 
   Device m_device;
+  std::int64_t m_start_in_use = 0;
 #if PIPELINE_WITH_CUDA
   struct Pending {
     std::vector<double>* into;

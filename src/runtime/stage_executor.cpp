@@ -692,7 +692,7 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
     if (parts == GradParts::Both) {
       Tensor dx;
       if (m_bucket_layers.empty()) {
-        dx = m_model->backward(r, w, c.saved, dy, m_grads, need_dx);
+        dx = m_model->backward(r, w, c.saved, std::move(dy), m_grads, need_dx);
       } else {
         // Sequential::backward layer by layer, so that finished buckets start their allreduce.
         const bool closes = starts_buckets(run);

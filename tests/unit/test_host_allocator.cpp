@@ -4,14 +4,18 @@
 #include <pipeline/core/tensor.hpp>
 #include <pipeline/core/threads.hpp>
 #include <pipeline/data/synthetic.hpp>
+#include <pipeline/nn/layers/activation.hpp>
 #include <pipeline/nn/zoo.hpp>
 #include <pipeline/optim/sgd.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
+
+#include "support/gradcheck.hpp"
 
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -128,6 +132,35 @@ TEST_CASE("a warm training step reaches the system for no tensor") {
   trainer.step(b, 1e-3f, 2);
   CHECK(host_allocator().stats().system_allocations == before);
   CHECK(host_allocator().stats().cache_hits > 0);
+}
+
+TEST_CASE("a range's backward lets go of each layer's output gradient once that layer is done") {
+  // What the memory model assumes of a stage: one layer's gradient pair at a time, not the
+  // stage's received gradient as well until its whole backward ends.
+  if (!cached_build()) return;
+  Sequential m("relus");
+  for (int i = 0; i < 3; ++i) m.emplace<ReLU>("relu" + std::to_string(i));
+  ModelParams params = m.init(1);
+  ModelGrads grads = m.zero_grads(m.all());
+  const Shape shape{64, 1024};  // 256 KiB: counted by the caching allocator
+  const std::int64_t bytes =
+      static_cast<std::int64_t>(HostAllocator::rounded_size(shape.numel() * 4));
+  auto backward_peak = [&](bool move) {
+    std::vector<Saved> saved;
+    Tensor y =
+        m.forward(m.all(), params, testing::random_tensor(shape, 1), saved, {Mode::Train, 0});
+    y = Tensor{};
+    Tensor dy = testing::random_tensor(shape, 2);
+    reset_memory_peak(Device::cpu());
+    const std::int64_t start = memory_use(Device::cpu()).in_use_bytes;
+    Tensor dx = move ? m.backward(m.all(), params, saved, std::move(dy), grads)
+                     : m.backward(m.all(), params, saved, dy, grads);
+    return memory_use(Device::cpu()).peak_in_use_bytes - start;
+  };
+  const std::int64_t held = backward_peak(false), moved = backward_peak(true);
+  CAPTURE(held);
+  CAPTURE(moved);
+  CHECK(held - moved == bytes);
 }
 
 }  // namespace test_host_allocator

@@ -205,6 +205,15 @@ TEST_CASE("workspace bytes: the temporaries of a layer's passes, as the allocato
   REQUIRE(p.layers[1].kind == "TransformerBlock");
   CHECK(p.layers[1].workspace_bytes >= 2 * p.layers[1].output_bytes);
   CHECK(p.runtime_bytes == 0);  // nothing is kept on the CPU besides tensors
+  // The weight half of a split backward lets go of the children's output gradients that the
+  // input half kept (split_kept_bytes, charged apart): they are not its temporaries, so the split
+  // halves add nothing to what the whole backward makes (they added 1.5 times the whole
+  // backward's temporaries when a pass's were counted beyond its end alone).
+  ProfileOptions whole = quick();
+  whole.split_backward = false;
+  const Profile w = profile(z, 8, Device::cpu(), whole);
+  CHECK(p.layers[1].split_kept_bytes > p.layers[1].output_bytes);
+  CHECK(p.layers[1].workspace_bytes == w.layers[1].workspace_bytes);
   Sequential m("relu");
   m.emplace<ReLU>("relu");
   const Profile q = profile(m, Shape{4096}, 16, Device::cpu(), quick());

@@ -138,11 +138,13 @@ class Sequential {
   }
 
   // Backward through the range in reverse; accumulates into grads. Returns dL/dx of the range's
-  // input, or an undefined tensor when need_input_grad is false (the first stage skips it).
+  // input, or an undefined tensor when need_input_grad is false (the first stage skips it). Each
+  // layer's output gradient is let go once that layer's backward is done: a caller that moves dy
+  // in holds no more than one layer's gradient pair at a time (the memory model's assumption).
   Tensor backward(LayerRange r, const ModelParams& params, const std::vector<Saved>& saved,
-                  const Tensor& dy, ModelGrads& grads, bool need_input_grad = true) const {
+                  Tensor dy, ModelGrads& grads, bool need_input_grad = true) const {
     check_range(r);
-    Tensor g = dy;
+    Tensor g = std::move(dy);
     const int first = first_input_grad_layer(r, need_input_grad);
     for (int i = r.end - 1; i >= r.begin; --i) {
       const int j = runs_at(r, i);

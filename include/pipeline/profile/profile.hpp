@@ -118,7 +118,8 @@ struct LayerProfile {
   // Serialised only when set.
   std::int64_t gradient_bytes = 0;
   // The most memory any one pass of the layer (forward, backward, either half of a split
-  // backward, an optimizer step) had allocated at once beyond what it left allocated at its end:
+  // backward, an optimizer step) had allocated at once beyond what it held at its start and at
+  // its end, the larger (what it left is its output; what it let go of was charged elsewhere):
   // its temporaries (packed or converted operands, a composite's intermediate gradients, scratch
   // of its kernels), as the device's allocator counts them. A stage runs one layer's pass at a
   // time, so it needs the largest of its layers' once. 0 when unknown. Serialised only when set.

@@ -74,7 +74,8 @@ class SequentialTrainer {
                      "loss became {} at step {} (microbatch {}): lower the learning rate or enable "
                      "gradient clipping",
                      l.loss, m_step, micro - 1);
-      m_model->backward(m_model->all(), m_params, saved, l.grad, m_grads, false);
+      logits = Tensor{};  // the loss's gradient is all the backward needs of it
+      m_model->backward(m_model->all(), m_params, saved, std::move(l.grad), m_grads, false);
       r.loss += l.loss;
       r.correct += l.correct;
       r.count += l.count;
