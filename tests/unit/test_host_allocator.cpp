@@ -134,7 +134,9 @@ TEST_CASE("a warm training step reaches the system for no tensor") {
   CHECK(host_allocator().stats().cache_hits > 0);
 }
 
-TEST_CASE("a range's backward lets go of each layer's output gradient once that layer is done") {
+TEST_CASE(
+    "a range's backward lets go of each layer's output gradient and, consuming them, its saved "
+    "records") {
   // What the memory model assumes of a stage: one layer's gradient pair at a time, not the
   // stage's received gradient as well until its whole backward ends.
   if (!cached_build()) return;
@@ -161,6 +163,28 @@ TEST_CASE("a range's backward lets go of each layer's output gradient once that 
   CAPTURE(held);
   CAPTURE(moved);
   CHECK(held - moved == bytes);
+
+  // Consuming the saved records too: each ReLU keeps its output (one 256 KiB tensor), which goes
+  // once its backward is done, so the three records are gone by the end; the peak (at the top
+  // layer: the three records and its gradient pair) is the same.
+  auto after_backward = [&](bool consume) {
+    std::vector<Saved> saved;
+    Tensor y =
+        m.forward(m.all(), params, testing::random_tensor(shape, 1), saved, {Mode::Train, 0});
+    y = Tensor{};
+    Tensor dy = testing::random_tensor(shape, 2);
+    reset_memory_peak(Device::cpu());
+    const std::int64_t start = memory_use(Device::cpu()).in_use_bytes;
+    Tensor dx = consume ? m.backward(m.all(), params, std::move(saved), std::move(dy), grads)
+                        : m.backward(m.all(), params, saved, std::move(dy), grads);
+    const MemoryUse use = memory_use(Device::cpu());
+    return std::pair{use.in_use_bytes - start, use.peak_in_use_bytes - start};
+  };
+  const std::pair<std::int64_t, std::int64_t> kept = after_backward(false);
+  const std::pair<std::int64_t, std::int64_t> consumed = after_backward(true);
+  CHECK(kept.first == 0);               // dx in, dy out
+  CHECK(consumed.first == -3 * bytes);  // and the three records out
+  CHECK(kept.second == consumed.second);
 }
 
 }  // namespace test_host_allocator

@@ -12,6 +12,7 @@
 
 #include <set>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -143,19 +144,13 @@ class Sequential {
   // in holds no more than one layer's gradient pair at a time (the memory model's assumption).
   Tensor backward(LayerRange r, const ModelParams& params, const std::vector<Saved>& saved,
                   Tensor dy, ModelGrads& grads, bool need_input_grad = true) const {
-    check_range(r);
-    Tensor g = std::move(dy);
-    const int first = first_input_grad_layer(r, need_input_grad);
-    for (int i = r.end - 1; i >= r.begin; --i) {
-      const int j = runs_at(r, i);
-      const auto k = static_cast<std::size_t>(j - r.begin);
-      if (i >= first) {
-        g = m_layers[j]->backward(params[k], saved[k], g, grads[k], GradParts::Both);
-      } else if (!grads[k].empty()) {
-        (void)m_layers[j]->backward(params[k], saved[k], g, grads[k], GradParts::Weight);
-      }
-    }
-    return need_input_grad ? g : Tensor{};
+    return backward_through(r, params, saved, std::move(dy), grads, need_input_grad);
+  }
+  // The same, consuming the saved records: each layer's goes once its backward is done, as
+  // autograd frees a node's saved tensors, so the layers below never hold the ones above.
+  Tensor backward(LayerRange r, const ModelParams& params, std::vector<Saved>&& saved, Tensor dy,
+                  ModelGrads& grads, bool need_input_grad = true) const {
+    return backward_through(r, params, saved, std::move(dy), grads, need_input_grad);
   }
 
   // The lowest layer of r whose backward computes its input gradient: r.begin when the range's
@@ -172,6 +167,28 @@ class Sequential {
   }
 
  private:
+  // Releases each layer's saved record after its backward where the records are not const.
+  template <class SavedRecords>
+  Tensor backward_through(LayerRange r, const ModelParams& params, SavedRecords& saved, Tensor dy,
+                          ModelGrads& grads, bool need_input_grad) const {
+    check_range(r);
+    PIPELINE_CHECK(saved.size() == static_cast<std::size_t>(r.size()),
+                   "backward over {} layers with saved records for {}", r.size(), saved.size());
+    Tensor g = std::move(dy);
+    const int first = first_input_grad_layer(r, need_input_grad);
+    for (int i = r.end - 1; i >= r.begin; --i) {
+      const int j = runs_at(r, i);
+      const auto k = static_cast<std::size_t>(j - r.begin);
+      if (i >= first) {
+        g = m_layers[j]->backward(params[k], saved[k], g, grads[k], GradParts::Both);
+      } else if (!grads[k].empty()) {
+        (void)m_layers[j]->backward(params[k], saved[k], g, grads[k], GradParts::Weight);
+      }
+      if constexpr (!std::is_const_v<SavedRecords>) saved[k] = Saved{};
+    }
+    return need_input_grad ? g : Tensor{};
+  }
+
   void check_range(LayerRange r) const {
     PIPELINE_CHECK(0 <= r.begin && r.begin <= r.end && r.end <= size(),
                    "layer range [{}, {}) out of bounds for model '{}' with {} layers", r.begin,

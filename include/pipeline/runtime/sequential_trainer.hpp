@@ -75,7 +75,8 @@ class SequentialTrainer {
                      "gradient clipping",
                      l.loss, m_step, micro - 1);
       logits = Tensor{};  // the loss's gradient is all the backward needs of it
-      m_model->backward(m_model->all(), m_params, saved, std::move(l.grad), m_grads, false);
+      m_model->backward(m_model->all(), m_params, std::move(saved), std::move(l.grad), m_grads,
+                        false);
       r.loss += l.loss;
       r.correct += l.correct;
       r.count += l.count;
