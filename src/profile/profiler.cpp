@@ -79,8 +79,8 @@ Tensor random_activations(const Shape& shape, const ProfileOptions& o) {
 //
 // It also measures each region's temporaries: the most the device's allocator had in use during
 // the region beyond what was in use at its start or its end (LayerProfile::workspace_bytes). On a
-// GPU that is the allocator's view in the order the host queues the work, which is the order the
-// stream- ordered pool reuses blocks in.
+// GPU that is the allocator's view in the order the host queues the work, which is the order
+// the stream-ordered pool reuses blocks in.
 class PassTimer {
  public:
   explicit PassTimer(Device device) : m_device(device) {}
