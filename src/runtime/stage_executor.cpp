@@ -709,7 +709,7 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
         if (need_dx) dx = std::move(g);
       }
       if (need_dx) run.input_grads[u] = std::move(dx);
-      sample_memory(run);  // saved records, the output gradient and the input gradient at once
+      sample_memory(run);  // saved records and the input gradient at once
     } else {
       // Input gradient only: keep every layer's output gradient for the weight pass.
       c.layer_grads.assign(static_cast<std::size_t>(r.size()), Tensor{});
