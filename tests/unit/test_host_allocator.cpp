@@ -147,7 +147,10 @@ TEST_CASE(
   const Shape shape{64, 1024};  // 256 KiB: counted by the caching allocator
   const std::int64_t bytes =
       static_cast<std::int64_t>(HostAllocator::rounded_size(shape.numel() * 4));
-  auto backward_peak = [&](bool move) {
+  // One forward and backward of the three ReLUs; what the backward left in use and its peak,
+  // both counted from its start. `move_dy`: the output gradient moved in; `consume`: the saved
+  // records too.
+  auto backward_use = [&](bool move_dy, bool consume) {
     std::vector<Saved> saved;
     Tensor y =
         m.forward(m.all(), params, testing::random_tensor(shape, 1), saved, {Mode::Train, 0});
@@ -155,11 +158,14 @@ TEST_CASE(
     Tensor dy = testing::random_tensor(shape, 2);
     reset_memory_peak(Device::cpu());
     const std::int64_t start = memory_use(Device::cpu()).in_use_bytes;
-    Tensor dx = move ? m.backward(m.all(), params, saved, std::move(dy), grads)
-                     : m.backward(m.all(), params, saved, dy, grads);
-    return memory_use(Device::cpu()).peak_in_use_bytes - start;
+    Tensor given = move_dy ? std::move(dy) : dy;
+    Tensor dx = consume ? m.backward(m.all(), params, std::move(saved), std::move(given), grads)
+                        : m.backward(m.all(), params, saved, std::move(given), grads);
+    const MemoryUse use = memory_use(Device::cpu());
+    return std::pair{use.in_use_bytes - start, use.peak_in_use_bytes - start};
   };
-  const std::int64_t held = backward_peak(false), moved = backward_peak(true);
+  const std::int64_t held = backward_use(false, false).second;
+  const std::int64_t moved = backward_use(true, false).second;
   CAPTURE(held);
   CAPTURE(moved);
   CHECK(held - moved == bytes);
@@ -167,21 +173,8 @@ TEST_CASE(
   // Consuming the saved records too: each ReLU keeps its output (one 256 KiB tensor), which goes
   // once its backward is done, so the three records are gone by the end; the peak (at the top
   // layer: the three records and its gradient pair) is the same.
-  auto after_backward = [&](bool consume) {
-    std::vector<Saved> saved;
-    Tensor y =
-        m.forward(m.all(), params, testing::random_tensor(shape, 1), saved, {Mode::Train, 0});
-    y = Tensor{};
-    Tensor dy = testing::random_tensor(shape, 2);
-    reset_memory_peak(Device::cpu());
-    const std::int64_t start = memory_use(Device::cpu()).in_use_bytes;
-    Tensor dx = consume ? m.backward(m.all(), params, std::move(saved), std::move(dy), grads)
-                        : m.backward(m.all(), params, saved, std::move(dy), grads);
-    const MemoryUse use = memory_use(Device::cpu());
-    return std::pair{use.in_use_bytes - start, use.peak_in_use_bytes - start};
-  };
-  const std::pair<std::int64_t, std::int64_t> kept = after_backward(false);
-  const std::pair<std::int64_t, std::int64_t> consumed = after_backward(true);
+  const std::pair<std::int64_t, std::int64_t> kept = backward_use(true, false);
+  const std::pair<std::int64_t, std::int64_t> consumed = backward_use(true, true);
   CHECK(kept.first == 0);               // dx in, dy out
   CHECK(consumed.first == -3 * bytes);  // and the three records out
   CHECK(kept.second == consumed.second);

@@ -247,6 +247,19 @@ Saved widened(const Saved& saved) {
   return w;
 }
 
+// The layer's backward from its bf16-kept records and from the same records widened: the same
+// input gradient and weight gradients, bit for bit, whole and split.
+void check_same_gradients(const Layer& layer, LayerParams& p, const Saved& saved, const Saved& wide,
+                          const Tensor& dy) {
+  for (const GradParts parts : {GradParts::Both, GradParts::Input, GradParts::Weight}) {
+    std::vector<Tensor> g = layer.zero_grads(), g_wide = layer.zero_grads();
+    const Tensor dx = layer.backward(p, saved, dy, g, parts);
+    const Tensor dx_wide = layer.backward(p, wide, dy, g_wide, parts);
+    if (parts != GradParts::Weight) CHECK(same_bits(dx, dx_wide));
+    for (std::size_t i = 0; i < g.size(); ++i) CHECK(same_bits(g[i], g_wide[i]));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a transformer block under bf16 keeps its product operands in bf16: same gradients") {
@@ -270,13 +283,7 @@ TEST_CASE("a transformer block under bf16 keeps its product operands in bf16: sa
   CHECK(saved.bytes() + halved == wide.bytes());
   CHECK(wide.bytes() == fp32_saved.bytes());
 
-  for (const GradParts parts : {GradParts::Both, GradParts::Input, GradParts::Weight}) {
-    std::vector<Tensor> g = block.zero_grads(), g_wide = block.zero_grads();
-    const Tensor dx = block.backward(p, saved, dy, g, parts);
-    const Tensor dx_wide = block.backward(p, wide, dy, g_wide, parts);
-    if (parts != GradParts::Weight) CHECK(same_bits(dx, dx_wide));
-    for (std::size_t i = 0; i < g.size(); ++i) CHECK(same_bits(g[i], g_wide[i]));
-  }
+  check_same_gradients(block, p, saved, wide, dy);
 }
 
 namespace {
@@ -318,13 +325,7 @@ TEST_CASE(
       std::sort(storages.begin(), storages.end());
       CHECK(std::unique(storages.begin(), storages.end()) - storages.begin() == 2);
     }
-    for (const GradParts parts : {GradParts::Both, GradParts::Input, GradParts::Weight}) {
-      std::vector<Tensor> g = layer.zero_grads(), g_wide = layer.zero_grads();
-      const Tensor dx = layer.backward(p, saved, dy, g, parts);
-      const Tensor dx_wide = layer.backward(p, wide, dy, g_wide, parts);
-      if (parts != GradParts::Weight) CHECK(same_bits(dx, dx_wide));
-      for (std::size_t i = 0; i < g.size(); ++i) CHECK(same_bits(g[i], g_wide[i]));
-    }
+    check_same_gradients(layer, p, saved, wide, dy);
   }
 }
 

@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <numeric>
@@ -573,9 +574,9 @@ TEST_CASE("the planner's memory per stage is what the executor holds, stage inpu
       saved += static_cast<double>(bf16.layers[static_cast<std::size_t>(l)].parameter_bytes -
                                    version_bytes(bf16.layers[static_cast<std::size_t>(l)]));
     // The weight versions, and where the stage holds a convolution its kept inputs too.
-    bool convolution = false;
-    for (int l = s16.begin; l < s16.end; ++l)
-      convolution = convolution || bf16.layers[static_cast<std::size_t>(l)].kind == "Conv2d";
+    const bool convolution =
+        std::any_of(bf16.layers.begin() + s16.begin, bf16.layers.begin() + s16.end,
+                    [](const LayerProfile& l) { return l.kind == "Conv2d"; });
     if (convolution)
       CHECK(held32 - held16 > saved * (s16.in_flight - 1));
     else
