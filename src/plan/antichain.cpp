@@ -89,6 +89,7 @@ StateGraph StateGraph::linear(const Profile& p) {
   }
   g.charge_stage_ends(p, [](int state, int layer) { return layer <= state; });
   g.workspace = StageWorkspace(p, /*prefix_states=*/true);
+  g.loss_gradient_bytes = static_cast<double>(p.loss_gradient_bytes);
   return g;
 }
 
@@ -591,6 +592,7 @@ StateGraph StateGraphAssembler::assemble(const Profile& p, const LayerDag& d, co
     return test(states[static_cast<std::size_t>(perm[static_cast<std::size_t>(state)])], layer);
   });
   g.workspace = StageWorkspace(p, /*prefix_states=*/false);
+  g.loss_gradient_bytes = static_cast<double>(p.loss_gradient_bytes);
   return g;
 }
 

@@ -26,7 +26,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // (StageWorkspace) and its message buffers (message_buffer_bytes), at `ratio` compression.
 double working_bytes(const StateGraph& g, int s, int e, double ratio) {
   const double input = s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(s)];
-  return g.workspace(s, e, input) +
+  return g.workspace(s, e, backward_gradient_bytes(input, g.stage_loss_gradient_bytes(e))) +
          message_buffer_bytes(input, g.boundary_bytes[static_cast<std::size_t>(e)], ratio);
 }
 
@@ -181,14 +181,15 @@ class Solver {
     if (level != 0) return {};  // inner stages were checked one level down
     int flight = in_flight(m_workers, m - r, r);
     const double input = s < 0 ? 0.0 : m_g.boundary_bytes[static_cast<std::size_t>(s)];
+    const double loss = m_g.stage_loss_gradient_bytes(j);
     const double work = working_bytes(m_g, s, j, m_ratio);
     if (m_o.recompute != Recompute::All &&
-        stage_memory_bytes(par, version, act, flight, m_o.optimizer_state_factor, input, work,
+        stage_memory_bytes(par, version, act, flight, m_o.optimizer_state_factor, input, loss, work,
                            m_g.stage_frees_input(s, j)) <= *m_memory)
       return {};
     if (!can) return {false};
-    if (recompute_stage_memory_bytes(par, version, act, input, flight, m_o.optimizer_state_factor,
-                                     work) <= *m_memory)
+    if (recompute_stage_memory_bytes(par, version, act, input, loss, flight,
+                                     m_o.optimizer_state_factor, work) <= *m_memory)
       return recomputed;
     return {false};
   }
@@ -584,14 +585,15 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     const double par = diff(g.parameter_bytes, fs.s, fs.e), act = g.stage_activation_bytes(fs.s, fs.e);
     const double version = diff(g.version_bytes, fs.s, fs.e);
     const double input = fs.s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(fs.s)];
+    const double loss = g.stage_loss_gradient_bytes(fs.e);
     const double work = working_bytes(g, fs.s, fs.e, R);
     auto stash_at = [&](int f) {
-      return stage_memory_bytes(par, version, act, f, o.optimizer_state_factor, input, work,
+      return stage_memory_bytes(par, version, act, f, o.optimizer_state_factor, input, loss, work,
                                 g.stage_frees_input(fs.s, fs.e));
     };
     auto recompute_at = [&](int f) {
-      return recompute_stage_memory_bytes(par, version, act, input, f, o.optimizer_state_factor,
-                                          work);
+      return recompute_stage_memory_bytes(par, version, act, input, loss, f,
+                                          o.optimizer_state_factor, work);
     };
     int flight = in_flight(N, lo, r);
     double delay_bytes = 0;
@@ -755,10 +757,11 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     // describe() decided recomputation: every stage under --recompute all, none otherwise. One
     // minibatch in flight: no stashed version.
     ps.workspace_bytes = working_bytes(g, f.s, f.e, o.activation_compression.value_or(1.0));
+    const double loss = g.stage_loss_gradient_bytes(f.e);
     ps.memory_bytes =
-        ps.recompute ? recompute_stage_memory_bytes(par, par, act, input, 1,
+        ps.recompute ? recompute_stage_memory_bytes(par, par, act, input, loss, 1,
                                                     o.optimizer_state_factor, ps.workspace_bytes)
-                     : stage_memory_bytes(par, par, act, 1, o.optimizer_state_factor, input,
+                     : stage_memory_bytes(par, par, act, 1, o.optimizer_state_factor, input, loss,
                                           ps.workspace_bytes, g.stage_frees_input(f.s, f.e));
     const auto r = static_cast<std::size_t>(k % w);
     compute[r] += ps.compute_s + ps.sync_s;

@@ -76,7 +76,7 @@ struct TypedPartitioner::Impl {
   // buffers.
   double working(const TypeData& d, int s, int j) const {
     const double input = s < 0 ? 0.0 : d.boundary[static_cast<std::size_t>(s)];
-    return d.workspace(s, j, input) +
+    return d.workspace(s, j, backward_gradient_bytes(input, g.stage_loss_gradient_bytes(j))) +
            message_buffer_bytes(input, d.boundary[static_cast<std::size_t>(j)], ratio);
   }
 
@@ -94,12 +94,13 @@ struct TypedPartitioner::Impl {
     if (flight <= 0) flight = in_flight(w, 0, r);
     const double delay_bytes =
         delays ? delayed_allreduce_bytes(par, version, r, /*input_stage=*/s < 0) : 0.0;
+    const double loss = g.stage_loss_gradient_bytes(j);
     const double work = working(d, s, j);
     const double stash =
-        stage_memory_bytes(par, version, act, flight, options.optimizer_state_factor, input, work,
-                           g.stage_frees_input(s, j)) +
+        stage_memory_bytes(par, version, act, flight, options.optimizer_state_factor, input, loss,
+                           work, g.stage_frees_input(s, j)) +
         delay_bytes;
-    const double again = recompute_stage_memory_bytes(par, version, act, input, flight,
+    const double again = recompute_stage_memory_bytes(par, version, act, input, loss, flight,
                                                       options.optimizer_state_factor, work) +
                          delay_bytes;
     const bool can = options.recompute != Recompute::None;

@@ -499,6 +499,9 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
     out.layers[static_cast<std::size_t>(i)].at_stage_end = stage_end_costs(ending.back());
   }
   out.runtime_bytes = std::max<std::int64_t>(0, memory_use(device).in_use_bytes - entry_bytes);
+  // The loss's gradient has the logits' shape in float32 (SoftmaxCrossEntropy, nn/loss.hpp).
+  out.loss_gradient_bytes =
+      shapes.back().numel() * static_cast<std::int64_t>(dtype_size(DType::Float32));
   return out;
 }
 

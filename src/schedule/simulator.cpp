@@ -124,13 +124,17 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   } else {
     t.backward_input_s = t.backward_weight_s = t.backward_s / 2;
   }
-  t.output_bytes = stage + 1 < plan.num_stages() ? cut_bytes(profile, owner, stage) : 0;
+  const bool last = stage + 1 == plan.num_stages();
+  t.output_bytes = last ? 0 : cut_bytes(profile, owner, stage);
   const std::int64_t received = stage > 0 ? cut_bytes(profile, owner, stage - 1) : 0;
+  // The last stage keeps the loss's gradient from a minibatch's forward to its backward.
+  const std::int64_t loss_gradient = last ? profile.loss_gradient_bytes : 0;
   // What the first layer keeps of its input is that received storage, counted once.
   t.activation_bytes += received - (stage > 0 ? kept_input : 0);
-  // Working memory: beyond the input gradient (charged as large as the input), what one layer's
-  // backward holds (StageWorkspace, plan/antichain.hpp).
-  t.workspace_bytes = std::max(t.workspace_bytes, backward_peak - received);
+  // Working memory: beyond the gradient of the backward in progress (backward_gradient_bytes of
+  // plan/cost_model.hpp), what one layer's backward holds (StageWorkspace, plan/antichain.hpp).
+  t.workspace_bytes =
+      std::max(t.workspace_bytes, backward_peak - std::max(received, loss_gradient));
   t.forward_s *= scale;
   t.backward_s *= scale;
   t.backward_input_s *= scale;
@@ -147,6 +151,7 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
              profile.stage_frees_input(profile.input_read_alone(), ps.begin, ps.end - 1)) {
     t.activation_bytes -= received;  // no layer keeps it past the forward
   }
+  t.activation_bytes += loss_gradient;
   t.output_bytes = static_cast<std::int64_t>(static_cast<double>(t.output_bytes) * scale);
   t.activation_bytes = static_cast<std::int64_t>(static_cast<double>(t.activation_bytes) * scale);
   t.recompute_bytes = static_cast<std::int64_t>(static_cast<double>(t.recompute_bytes) * scale);

@@ -14,10 +14,11 @@
 #include <pipeline/nn/layers/dropout.hpp>
 #include <pipeline/nn/layers/flatten.hpp>
 #include <pipeline/nn/layers/linear.hpp>
-#include <pipeline/optim/sgd.hpp>
 #include <pipeline/nn/zoo.hpp>
+#include <pipeline/optim/sgd.hpp>
 #include <pipeline/plan/partition.hpp>
 #include <pipeline/plan/plan_json.hpp>
+#include <pipeline/profile/profile_json.hpp>
 #include <pipeline/profile/profiler.hpp>
 #include <pipeline/runtime/stage_executor.hpp>
 #include <pipeline/schedule/generator.hpp>
@@ -81,11 +82,11 @@ struct RankOutcome {
 std::vector<RankOutcome> train(const Sequential& model, const Shape& sample,
                                const PipelineLayout& layout, const Schedule& schedule,
                                std::vector<bool> recompute, const MinibatchFeed& feed,
-                               DType compute = DType::Float32) {
+                               DType compute = DType::Float32, DType input = DType::Float32) {
   std::vector<RankOutcome> out(static_cast<std::size_t>(layout.num_ranks()));
   std::mutex m;
   run_local(layout.num_ranks(), [&](Communicator& comm) {
-    StageExecutor ex(model, sample, DType::Float32, layout, comm, make_sgd(),
+    StageExecutor ex(model, sample, input, layout, comm, make_sgd(),
                      {.seed = kSeed, .compute_dtype = compute, .recompute = recompute});
     TrainResult r = ex.train(schedule, feed, 0, [](std::int64_t) { return kLr; });
     std::lock_guard<std::mutex> lock(m);
@@ -601,6 +602,98 @@ TEST_CASE("the planner's memory per stage is what the executor holds, stage inpu
     MESSAGE("data parallel rank " << r << ": measured peak " << measured << " B, planned " << held
                                   << " B besides working memory");
     CHECK(measured == doctest::Approx(held).epsilon(0.01));
+  }
+}
+
+TEST_CASE("the last stage holds the loss's gradient of each minibatch in flight, as planned") {
+  // A language model's logits are wider than the hidden state its last stage receives: the loss's
+  // gradient, made at the forward and read by the backward, is what that stage holds most of
+  // beside its records.
+  set_num_threads(1);
+  ZooOptions zo;
+  zo.dim = 32;
+  zo.heads = 2;
+  zo.blocks = 2;
+  zo.seq_len = 16;
+  const ZooModel zoo = make_model("transformer-lm", zo);
+  constexpr std::int64_t batch = 4;
+  ProfileOptions po;
+  po.warmup = 0;
+  po.repeat = 1;
+  const Profile prof = profile(zoo, batch, Device::cpu(), po);
+  const std::int64_t loss_gradient = batch * zo.seq_len * zo.vocab * 4;  // float32 logits
+  CHECK(prof.loss_gradient_bytes == loss_gradient);
+  CHECK(profile_from_json(profile_to_json(prof), "round trip").loss_gradient_bytes ==
+        loss_gradient);
+
+  const Topology topo{{{2, 1e10}}, {}};
+  PartitionOptions o;
+  o.ignore_transfer = true;
+  o.optimizer_state_factor = optimizer_state_copies("momentum");  // make_sgd's
+  const std::vector<ManualStage> stages =
+      parse_manual_stages("0:2,2:5");  // embed, block1 | block2, ln_f, head
+  const Plan plan = evaluate_stages(prof, topo, stages, o);
+  Profile unknown = prof;  // an imported profile says nothing of the loss
+  unknown.loss_gradient_bytes = 0;
+  const Plan uncharged = evaluate_stages(unknown, topo, stages, o);
+  const double input = static_cast<double>(prof.layers[1].output_bytes);
+  REQUIRE(static_cast<double>(loss_gradient) > 2 * input);
+
+  PipelineLayout layout;
+  for (const PlanStage& s : plan.stages) {
+    layout.stages.push_back({s.begin, s.end});
+    layout.stage_ranks.push_back(s.ranks);
+  }
+  const MinibatchFeed feed{[&](std::int64_t j) {
+                             Batch b;
+                             b.inputs = Tensor::empty(zoo.input_shape(batch), DType::Int32);
+                             b.labels = Tensor::empty(zoo.input_shape(batch), DType::Int32);
+                             std::int32_t* x = b.inputs.data<std::int32_t>();
+                             std::int32_t* y = b.labels.data<std::int32_t>();
+                             for (std::int64_t i = 0; i < b.inputs.numel(); ++i) {
+                               x[i] = static_cast<std::int32_t>((i * 7 + j) % zo.vocab);
+                               y[i] = static_cast<std::int32_t>((i * 5 + 3 * j) % zo.vocab);
+                             }
+                             return b;
+                           },
+                           [](std::int64_t) { return batch; }};
+  for (const bool recompute : {false, true}) {
+    CAPTURE(recompute);
+    PartitionOptions ro = o;
+    ro.recompute = recompute ? Recompute::All : Recompute::None;
+    const Plan p = recompute ? evaluate_stages(prof, topo, stages, ro) : plan;
+    const Plan q = recompute ? evaluate_stages(unknown, topo, stages, ro) : uncharged;
+    const auto outcome = train(zoo.model, zoo.sample_shape, layout,
+                               generate_schedule("1f1b-stash", ScheduleSpec::from_plan(p, 1, 8)),
+                               {recompute, recompute}, feed, DType::Float32, DType::Int32);
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      const PlanStage& s = p.stages[static_cast<std::size_t>(r)];
+      const PlanStage& before = q.stages[static_cast<std::size_t>(r)];
+      const double measured =
+          static_cast<double>(outcome[static_cast<std::size_t>(r)].peak.total_bytes);
+      const double held = s.memory_bytes - s.workspace_bytes;
+      MESSAGE("stage " << r << std::string(recompute ? " (recomputing)" : "") << ": measured peak "
+                       << measured << " B, planned " << held << " B besides working memory, "
+                       << before.memory_bytes - before.workspace_bytes
+                       << " B without the loss's gradient");
+      if (r == 0) {
+        CHECK(s.memory_bytes == before.memory_bytes);  // the first stage holds none of it
+        continue;
+      }
+      if (recompute) {
+        // The executor counts between passes, where a recomputing stage never holds its records
+        // and the loss's gradient at once; inside its backward it does, which the allocator sees.
+        CHECK(measured <= held);
+      } else {
+        CHECK(measured == doctest::Approx(held).epsilon(0.01));
+      }
+      // One minibatch in flight on the last stage: the loss's gradient instead of an input
+      // gradient as large as the input, and what a layer's backward holds beyond it.
+      CHECK(held - (before.memory_bytes - before.workspace_bytes) ==
+            doctest::Approx(static_cast<double>(loss_gradient) - input));
+      CHECK(s.memory_bytes <= before.memory_bytes + static_cast<double>(loss_gradient) - input);
+    }
   }
 }
 

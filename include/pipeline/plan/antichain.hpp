@@ -53,20 +53,21 @@ class LayerRangeMax {
 // The working memory a stage needs beside its tensors: the runtime's (Profile::runtime_bytes), and
 // the larger of its layers' temporaries (LayerProfile::workspace_bytes; a stage runs one pass at a
 // time) and what one of its layers' backward holds (backward_peak_bytes: the layer's output and
-// input gradients and temporaries) beyond the stage's input gradient, which the memory model
-// charges apart (`input_gradient_bytes`). Between prefix states the stage's last layer counts as
-// it runs there (as_last_of_stage: a ReLU that ends a stage before its pool).
+// input gradients and temporaries) beyond the gradient of the backward in progress, which the
+// memory model charges apart (`gradient_bytes`: backward_gradient_bytes of plan/cost_model.hpp).
+// Between prefix states the stage's last layer counts as it runs there (as_last_of_stage: a ReLU
+// that ends a stage before its pool).
 class StageWorkspace {
  public:
   StageWorkspace() = default;
   StageWorkspace(const Profile& profile, bool prefix_states);
 
-  double operator()(int s, int e, double input_gradient_bytes) const {
+  double operator()(int s, int e, double gradient_bytes) const {
     const double backward =
         m_backward_last.empty()
             ? m_backward(s, e)
             : std::max(m_backward(s, e - 1), m_backward_last[static_cast<std::size_t>(e)]);
-    return m_runtime_bytes + std::max(m_temporaries(s, e), backward - input_gradient_bytes);
+    return m_runtime_bytes + std::max(m_temporaries(s, e), backward - gradient_bytes);
   }
 
  private:
@@ -161,6 +162,13 @@ class StateGraph {
 
   // The working memory a stage P(e) \ P(s) needs beside its tensors (StageWorkspace).
   StageWorkspace workspace;
+  // Profile::loss_gradient_bytes: what the last stage holds of the loss's gradient per minibatch.
+  double loss_gradient_bytes = 0;
+  // The loss's gradient a stage that ends at state e holds per minibatch: loss_gradient_bytes
+  // where it ends the model (the last state holds every layer), nothing elsewhere.
+  double stage_loss_gradient_bytes(int e) const {
+    return e == size() - 1 ? loss_gradient_bytes : 0;
+  }
 
   // The activation bytes a stage P(e) \ P(s) stashes per minibatch beside the input it receives.
   double stage_activation_bytes(int s, int e) const {

@@ -109,39 +109,63 @@ inline double message_buffer_bytes(double input_bytes, double output_bytes, doub
   return (kPostedReceives + kUnfinishedSends) * std::max(input_bytes, output_bytes) / compression;
 }
 
+// The gradient of the backward in progress that the memory model charges beside a stage's
+// stashed activations: its input gradient, as large as the input (`input_bytes`), or on the last
+// stage the loss's gradient where that is the larger (`loss_gradient_bytes`:
+// StateGraph::stage_loss_gradient_bytes): the backward reads it, and lets it go before its input
+// gradient is whole. A stage's working memory counts its layers' backward beyond this
+// (StageWorkspace).
+inline double backward_gradient_bytes(double input_bytes, double loss_gradient_bytes) {
+  return std::max(input_bytes, loss_gradient_bytes);
+}
+
+// The gradients a stage holds beside its stashed activations: backward_gradient_bytes, and on the
+// last stage the loss's gradient of every other minibatch in flight, made at its forward and kept
+// for its backward (on a transformer-lm's last stage twice its input).
+inline double held_gradient_bytes(double input_bytes, double loss_gradient_bytes,
+                                  int in_flight_minibatches) {
+  return loss_gradient_bytes * (in_flight_minibatches - 1) +
+         backward_gradient_bytes(input_bytes, loss_gradient_bytes);
+}
+
 // Bytes per worker of a stage under 1F1B-stash (Pipeline cost model): the working weights, their
 // gradient, the optimizer state (`optimizer_state_factor` copies, 1 for momentum SGD, 2 for
 // Adam), one stashed weight version per in-flight minibatch beyond the newest (`version_bytes`
 // each: parameter_bytes, or less where a bf16 profile stashes weight matrices in bf16), the
 // activations of every in-flight minibatch with the stage input it received (`input_bytes`, the
-// bytes crossing into the stage; 0 for the first stage), the input gradient of the backward in
-// progress, as large as the input, and the working memory of the pass in progress
-// (`workspace_bytes`: StageWorkspace of antichain.hpp, the temporaries of one layer's pass and
-// the runtime's own, plus message_buffer_bytes). The runtime's measured peak (StageMemory) holds
-// all but the last; the allocator's peak (the trainers' "allocator peak") the last too. A stage
-// whose first layer keeps none of its input (`frees_input`: StateGraph::stage_frees_input) holds
-// it only while its forward runs.
+// bytes crossing into the stage; 0 for the first stage), the gradients of held_gradient_bytes,
+// and the working memory of the pass in progress (`workspace_bytes`: StageWorkspace of
+// antichain.hpp, the temporaries of one layer's pass and the runtime's own, plus
+// message_buffer_bytes). The runtime's measured peak (StageMemory) holds all but the last; the
+// allocator's peak (the trainers' "allocator peak") the last too. A stage whose first layer keeps
+// none of its input (`frees_input`: StateGraph::stage_frees_input) holds it only while its
+// forward runs.
 inline double stage_memory_bytes(double parameter_bytes, double version_bytes,
                                  double activation_bytes, int in_flight_minibatches,
                                  double optimizer_state_factor, double input_bytes,
-                                 double workspace_bytes, bool frees_input) {
+                                 double loss_gradient_bytes, double workspace_bytes,
+                                 bool frees_input) {
   const double held_input = frees_input ? 0.0 : input_bytes;
   return parameter_bytes * (2.0 + optimizer_state_factor) +
          version_bytes * (in_flight_minibatches - 1) +
-         (activation_bytes + held_input) * in_flight_minibatches + input_bytes + workspace_bytes;
+         (activation_bytes + held_input) * in_flight_minibatches +
+         held_gradient_bytes(input_bytes, loss_gradient_bytes, in_flight_minibatches) +
+         workspace_bytes;
 }
 
 // The same stage with activation recomputation: it keeps only its input per in-flight minibatch
 // and runs its forward again at backward, so one minibatch's activations are held at a time,
-// during its backward (with its input gradient). It costs one more forward: the stage's compute
-// becomes forward + backward + forward.
+// during its backward (with the gradients of held_gradient_bytes). It costs one more forward: the
+// stage's compute becomes forward + backward + forward.
 inline double recompute_stage_memory_bytes(double parameter_bytes, double version_bytes,
                                            double activation_bytes, double input_bytes,
-                                           int in_flight_minibatches, double optimizer_state_factor,
-                                           double workspace_bytes) {
+                                           double loss_gradient_bytes, int in_flight_minibatches,
+                                           double optimizer_state_factor, double workspace_bytes) {
   return parameter_bytes * (2.0 + optimizer_state_factor) +
          version_bytes * (in_flight_minibatches - 1) + input_bytes * in_flight_minibatches +
-         activation_bytes + input_bytes + workspace_bytes;
+         activation_bytes +
+         held_gradient_bytes(input_bytes, loss_gradient_bytes, in_flight_minibatches) +
+         workspace_bytes;
 }
 
 // Copies of the weights an optimizer keeps (PartitionOptions::optimizer_state_factor) by its

@@ -185,6 +185,11 @@ struct Profile {
   // library's workspace and the like (on a GPU, cuBLASLt's per-thread workspace), which every rank
   // holds once whatever its layers. Measured by the profiler; 0 when unknown or none (the CPU).
   std::int64_t runtime_bytes = 0;
+  // Bytes of the loss's gradient with respect to the model's output for one minibatch (float32,
+  // the logits' shape), which the last stage holds from each minibatch's forward to its backward
+  // and which the last layer's backward reads. Known to the profiler; 0 when unknown (an imported
+  // profile), and then not charged. Serialised only when set.
+  std::int64_t loss_gradient_bytes = 0;
 
   bool bf16() const { return dtype == "bfloat16"; }
 
