@@ -711,13 +711,14 @@ void StageExecutor::do_backward(Run& run, const Action& a, GradParts parts) {
       if (need_dx) run.input_grads[u] = std::move(dx);
       sample_memory(run);  // saved records and the input gradient at once
     } else {
-      // Input gradient only: keep every layer's output gradient for the weight pass.
+      // Input gradient only: keep the output gradients of the layers with weights for the weight
+      // pass (the others have nothing to do there).
       c.layer_grads.assign(static_cast<std::size_t>(r.size()), Tensor{});
       Tensor g = std::move(dy);
       for (int i = r.end - 1; i >= r.begin; --i) {
         const int j = m_model->runs_at(r, i);
         const auto k = static_cast<std::size_t>(j - r.begin);
-        c.layer_grads[k] = g;
+        if (!m_grads[k].empty()) c.layer_grads[k] = g;
         if (i < first_dx) break;
         g = m_model->layer(j).backward(w[k], c.saved[k], g, std::span<Tensor>(), GradParts::Input);
       }

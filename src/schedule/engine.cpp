@@ -81,6 +81,10 @@ struct StageSlot {
   int requested = 0;  // DoubleBuffered: the newest version a forward has used
   // Versions referenced by in-flight microbatches, as runs (version, count), oldest first.
   Fifo<std::pair<int, int>> runs;
+  // A replica's gradient sets: rounds whose gradients are complete and await their allreduce,
+  // and whether a backward of a round not yet complete has run since.
+  int unreduced_rounds = 0;
+  bool open_round = false;
 };
 
 struct RankState {
@@ -159,15 +163,18 @@ class Engine {
     for (int st = 0; st < s.num_stages(); ++st)
       for (std::size_t i = 0; i < s.stage_ranks[st].size(); ++i) {
         const int r = s.stage_ranks[st][i];
-        m_ranks[r].slots.push_back({st, 0, 0, {}});
+        m_ranks[r].slots.push_back({st, 0, 0, {}, 0, false});
         // Replicated stages have a rank each; a rank of several stages is replica 0 of them.
         m_replica[static_cast<std::size_t>(r)] = static_cast<int>(i);
       }
-    // Where overlapped allreduces start: the closing backwards (as the executor's).
-    const bool overlap =
+    // The closing backwards (as the executor's): where overlapped allreduces start, and where a
+    // replica's gradients of a round are complete, so that a backward after it needs a second set.
+    m_overlap =
         costs != nullptr && std::any_of(costs->stages.begin(), costs->stages.end(),
                                         [](const StageCosts& c) { return !c.bucket_s.empty(); });
-    for (std::size_t r = 0; overlap && r < s.ranks.size(); ++r)
+    const bool replicated = std::any_of(s.stage_ranks.begin(), s.stage_ranks.end(),
+                                        [](const std::vector<int>& g) { return g.size() > 1; });
+    for (std::size_t r = 0; (m_overlap || replicated) && r < s.ranks.size(); ++r)
       m_ranks[r].closes = closing_backwards(s.ranks[r], s.policy, s.microbatches);
     // Only schedules without flushes (stash, 2BW) have a steady-state period, measured over the
     // window; skip the pass over every action otherwise.
@@ -227,7 +234,7 @@ class Engine {
     RankState& st = m_ranks[r];
     RankRecord& rec = m_result.ranks[r];
     int versions = 0;
-    std::int64_t weight_bytes = 0, workspace_bytes = 0;
+    std::int64_t weight_bytes = 0, state_bytes = 0, backward_gradient = 0, workspace_bytes = 0;
     for (auto& sl : st.slots) {
       int v;
       if (m_s.policy == UpdatePolicy::DoubleBuffered) {
@@ -244,6 +251,9 @@ class Engine {
       versions += v;
       if (auto* c = stage_costs(sl.stage)) {
         if (v > 0) weight_bytes += c->parameter_bytes + c->version_bytes * (v - 1);
+        const int gradient_sets = std::max(1, sl.unreduced_rounds + (sl.open_round ? 1 : 0));
+        state_bytes += c->gradient_bytes * gradient_sets + c->optimizer_bytes;
+        backward_gradient = std::max(backward_gradient, c->backward_gradient_bytes);
         workspace_bytes = std::max(workspace_bytes, c->workspace_bytes);
       }
     }
@@ -251,8 +261,11 @@ class Engine {
     rec.peak_weight_versions = std::max(rec.peak_weight_versions, versions);
     rec.peak_activation_bytes = std::max(rec.peak_activation_bytes, st.activation_bytes);
     rec.peak_weight_bytes = std::max(rec.peak_weight_bytes, weight_bytes);
-    rec.peak_memory_bytes =
-        std::max(rec.peak_memory_bytes, st.activation_bytes + weight_bytes + workspace_bytes);
+    state_bytes += backward_gradient;
+    rec.peak_state_bytes = std::max(rec.peak_state_bytes, state_bytes);
+    rec.workspace_bytes = workspace_bytes;
+    rec.peak_memory_bytes = std::max(
+        rec.peak_memory_bytes, st.activation_bytes + weight_bytes + state_bytes + workspace_bytes);
   }
 
   void on_forward(int r, const Action& a) {
@@ -355,6 +368,7 @@ class Engine {
           break;
         case ActionKind::Backward:
           if (!st.resumed) {
+            open_gradients(r, a);
             hold_recomputed(r, c, 1);
             if (!compute(r, straggle(r, c ? c->backward_s : 0))) return;
           }
@@ -372,7 +386,10 @@ class Engine {
           computed(st);
           break;
         case ActionKind::BackwardWeight:
-          if (!st.resumed && !compute(r, straggle(r, c ? c->backward_weight_s : 0))) return;
+          if (!st.resumed) {
+            open_gradients(r, a);
+            if (!compute(r, straggle(r, c ? c->backward_weight_s : 0))) return;
+          }
           note_close(r, a);
           on_release(r, a);
           hold_recomputed(r, c, -1);
@@ -444,6 +461,8 @@ class Engine {
           record(r, a, st.clock, end);
           st.clock = end;
           st.at_allreduce = false;
+          StageSlot& sl = slot(st, a.stage);
+          sl.unreduced_rounds = std::max(0, sl.unreduced_rounds - 1);
           ++st.pc;
           ++round.passed;
           Group& g = m_groups[static_cast<std::size_t>(a.stage)];
@@ -481,7 +500,20 @@ class Engine {
     RankState& st = m_ranks[r];
     if (st.closes.empty() || st.closes[st.pc] < 0) return;
     if (m_s.stage_ranks[static_cast<std::size_t>(a.stage)].size() < 2) return;
-    contribute(a.stage, st.closes[st.pc], r, st.last_start, st.last_length);
+    StageSlot& sl = slot(st, a.stage);
+    ++sl.unreduced_rounds;
+    sl.open_round = false;
+    if (m_overlap) contribute(a.stage, st.closes[st.pc], r, st.last_start, st.last_length);
+  }
+
+  // Before a replica's backward that makes weight gradients (B or W): a round under way, in a
+  // second gradient set where a closed one still awaits its allreduce.
+  void open_gradients(int r, const Action& a) {
+    if (m_s.stage_ranks[static_cast<std::size_t>(a.stage)].size() < 2) return;
+    StageSlot& sl = slot(m_ranks[r], a.stage);
+    if (sl.open_round) return;
+    sl.open_round = true;
+    if (sl.unreduced_rounds > 0) account_memory(r);
   }
 
   Round& round_of(int stage, int number) {
@@ -687,6 +719,7 @@ class Engine {
   const Schedule& m_s;
   const EngineCosts* m_costs;
   bool m_trace;
+  bool m_overlap = false;  // some stage reduces its gradients in buckets during its backward
   std::vector<RankState> m_ranks;
   double m_jitter_sigma = 0;
   std::vector<Group> m_groups;

@@ -42,6 +42,9 @@ struct StageCosts {
   std::vector<double> bucket_ready;
   std::vector<double> bucket_s;
   std::int64_t activation_bytes = 0;  // stashed per microbatch between its forward and backward
+  // The input gradient of a backward in progress beyond activation_bytes
+  // (StageTiming::backward_gradient_bytes), charged throughout, as the partitioner charges it.
+  std::int64_t backward_gradient_bytes = 0;
   // Rebuilt by a recomputing stage at the start of a backward (B, or I of a split one) and held
   // until it ends (B) or until its W.
   std::int64_t recompute_bytes = 0;
@@ -49,6 +52,10 @@ struct StageCosts {
   std::int64_t split_gradient_bytes = 0;
   std::int64_t parameter_bytes = 0;  // the latest weight version
   std::int64_t version_bytes = 0;    // each older (stashed) version
+  // One set of gradient accumulators; a replica holds a second while a backward of the next
+  // round runs before the allreduce of a closed one (the runtime's delayed allreduce).
+  std::int64_t gradient_bytes = 0;
+  std::int64_t optimizer_bytes = 0;  // the optimizer's state (momentum, Adam's moments)
   std::int64_t workspace_bytes = 0;  // working memory of a pass (StageTiming::workspace_bytes)
 };
 
@@ -80,6 +87,8 @@ struct RankRecord {
   int peak_weight_versions = 1;
   std::int64_t peak_activation_bytes = 0;
   std::int64_t peak_weight_bytes = 0;
+  std::int64_t peak_state_bytes = 0;  // gradients (RankSimulation's) and optimizer state
+  std::int64_t workspace_bytes = 0;   // the working memory charged (the largest of its stages')
   std::int64_t peak_memory_bytes = 0;
   // Steady-state window of stash schedules (timed runs only): from the start of the rank's
   // forward number n/4 to that of number 3n/4 (n = its forwards); window_forwards == 0 when the

@@ -2,6 +2,7 @@
 #include <pipeline/schedule/simulator.hpp>
 
 #include <pipeline/plan/cost_model.hpp>
+#include <pipeline/plan/partition.hpp>
 
 #include "engine.hpp"
 
@@ -114,7 +115,8 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
     t.version_bytes += version_bytes(lp);
     if (!plan.optimizer.empty()) t.step_s += lp.step_s.of(plan.optimizer);
     t.activation_bytes += stash_bytes(lp);
-    t.split_gradient_bytes += split_kept_bytes(lp);
+    // The weight half reads the output gradients of the layers it trains, and only those.
+    if (lp.parameter_bytes > 0) t.split_gradient_bytes += split_kept_bytes(lp);
     t.workspace_bytes = std::max(t.workspace_bytes, lp.workspace_bytes);
     backward_peak = std::max(backward_peak, backward_peak_bytes(lp));
   }
@@ -127,14 +129,20 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   const bool last = stage + 1 == plan.num_stages();
   t.output_bytes = last ? 0 : cut_bytes(profile, owner, stage);
   const std::int64_t received = stage > 0 ? cut_bytes(profile, owner, stage - 1) : 0;
-  // The last stage keeps the loss's gradient from a minibatch's forward to its backward.
+  // The last stage keeps the loss's gradient from a minibatch's forward to its backward (to its W,
+  // where its last layer has weights: that layer's kept output gradient, counted once).
   const std::int64_t loss_gradient = last ? profile.loss_gradient_bytes : 0;
+  if (last && layer_as_run(profile, owner, layers.back(), ended).parameter_bytes > 0)
+    t.split_gradient_bytes -= std::min(t.split_gradient_bytes, loss_gradient);
   // What the first layer keeps of its input is that received storage, counted once.
   t.activation_bytes += received - (stage > 0 ? kept_input : 0);
-  // Working memory: beyond the gradient of the backward in progress (backward_gradient_bytes of
-  // plan/cost_model.hpp), what one layer's backward holds (StageWorkspace, plan/antichain.hpp).
-  t.workspace_bytes =
-      std::max(t.workspace_bytes, backward_peak - std::max(received, loss_gradient));
+  // As the partitioner charges them beside the stashed activations: the gradient of the backward
+  // in progress (backward_gradient_bytes of plan/cost_model.hpp; the loss's is stashed below),
+  // and as working memory, beyond it, the larger of one layer pass's temporaries and what one
+  // layer's backward holds (StageWorkspace, plan/antichain.hpp).
+  const std::int64_t gradient = std::max(received, loss_gradient);
+  t.backward_gradient_bytes = gradient - loss_gradient;
+  t.workspace_bytes = std::max(t.workspace_bytes, backward_peak - gradient);
   t.forward_s *= scale;
   t.backward_s *= scale;
   t.backward_input_s *= scale;
@@ -157,6 +165,8 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   t.recompute_bytes = static_cast<std::int64_t>(static_cast<double>(t.recompute_bytes) * scale);
   t.split_gradient_bytes =
       static_cast<std::int64_t>(static_cast<double>(t.split_gradient_bytes) * scale);
+  t.backward_gradient_bytes =
+      static_cast<std::int64_t>(static_cast<double>(t.backward_gradient_bytes) * scale);
   t.workspace_bytes = static_cast<std::int64_t>(static_cast<double>(t.workspace_bytes) * scale) +
                       profile.runtime_bytes;
   return t;
@@ -270,6 +280,9 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
   const double scale =
       profile.batch_size > 0 ? static_cast<double>(microbatch_size) / profile.batch_size : 1.0;
   const std::vector<int> owner = layer_stages(profile, plan);
+  // The optimizer's copies of the weights: the plan's, or the partitioner's default.
+  const double optimizer_copies = plan.optimizer.empty() ? PartitionOptions{}.optimizer_state_factor
+                                                         : optimizer_state_copies(plan.optimizer);
   std::vector<StageTiming> timing;
   detail::EngineCosts costs;
   for (int s = 0; s < plan.num_stages(); ++s) {
@@ -290,8 +303,13 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     c.workspace_bytes = t.workspace_bytes + static_cast<std::int64_t>(message_buffer_bytes(
                                                 received, static_cast<double>(t.output_bytes),
                                                 1.0 / options.transfer_bytes_scale));
+    c.backward_gradient_bytes = t.backward_gradient_bytes;
     c.parameter_bytes = t.parameter_bytes;
     c.version_bytes = t.version_bytes;
+    // Gradients accumulate in float32 like the weights; the optimizer keeps its copies of them.
+    c.gradient_bytes = t.parameter_bytes;
+    c.optimizer_bytes =
+        static_cast<std::int64_t>(optimizer_copies * static_cast<double>(t.parameter_bytes));
     const auto& group = schedule.stage_ranks[s];
     int r = static_cast<int>(group.size());
     if (r > 1) {
@@ -405,6 +423,8 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     rs.peak_weight_versions = rec.peak_weight_versions;
     rs.peak_activation_bytes = rec.peak_activation_bytes;
     rs.peak_weight_bytes = rec.peak_weight_bytes;
+    rs.peak_state_bytes = rec.peak_state_bytes;
+    rs.workspace_bytes = rec.workspace_bytes;
     rs.peak_memory_bytes = rec.peak_memory_bytes;
     busy += rec.busy_s;
     steady_bubble_sum += rs.steady_state_bubble_fraction;

@@ -124,9 +124,14 @@ TEST_CASE("1F1B-stash has no bubble in the steady state and runs at the bottlene
       CHECK(r.peak_weight_versions == p - r.stage);
       CHECK(r.peak_activations == p - r.stage);
       // Stashed: the stage's output plus its received input per microbatch, and p - s versions;
-      // four posted receives and an unfinished send of a 1000-byte message.
+      // a gradient set and the momentum (the partitioner's default optimizer) as large as the
+      // weights; the input gradient of a backward, as large as the input; four posted receives
+      // and an unfinished send of a 1000-byte message.
       std::int64_t act = r.stage == 0 ? 1000 : 2000;
-      CHECK(r.peak_memory_bytes == (p - r.stage) * act + (p - r.stage) * 500 + 5000);
+      std::int64_t input_gradient = r.stage == 0 ? 0 : 1000;
+      CHECK(r.peak_state_bytes == 2 * 500 + input_gradient);
+      CHECK(r.peak_memory_bytes ==
+            (p - r.stage) * act + (p - r.stage) * 500 + 2 * 500 + input_gradient + 5000);
     }
   }
   // Unequal stages: the slowest stage sets the pace.

@@ -131,7 +131,8 @@ struct StageTiming {
   double backward_input_s = 0;
   double backward_weight_s = 0;
   std::int64_t output_bytes = 0;      // sent to the next stage per microbatch
-  std::int64_t activation_bytes = 0;  // stashed per in-flight microbatch
+  std::int64_t activation_bytes =
+      0;  // stashed per in-flight microbatch (last stage: with the loss's gradient)
   // Held from a split backward's I to its W: the gradients of the stage's layer outputs.
   std::int64_t split_gradient_bytes = 0;
   std::int64_t parameter_bytes = 0;
@@ -144,8 +145,13 @@ struct StageTiming {
   // backward and backward_input times include the forward it runs again.
   bool recompute = false;
   std::int64_t recompute_bytes = 0;
-  // Temporaries of the stage's largest layer pass (scaled with the microbatch) and the runtime's
-  // own working memory (Profile::runtime_bytes), held during a pass.
+  // The gradient of the backward in progress beyond activation_bytes: its input gradient, as large
+  // as the input, less the loss's gradient where that is held (backward_gradient_bytes of
+  // plan/cost_model.hpp).
+  std::int64_t backward_gradient_bytes = 0;
+  // Beyond that gradient, the larger of the stage's layer passes' temporaries and what one layer's
+  // backward holds (scaled with the microbatch), and the runtime's own working memory
+  // (Profile::runtime_bytes).
   std::int64_t workspace_bytes = 0;
 };
 
@@ -166,8 +172,19 @@ struct RankSimulation {
   int peak_weight_versions = 1;
   std::int64_t peak_activation_bytes = 0;
   std::int64_t peak_weight_bytes = 0;
-  // Activations and weight versions at once, plus the working memory of the rank's stages'
-  // passes (StageTiming::workspace_bytes, the largest of its stages').
+  // Gradient accumulators (two sets while a replica's backward runs before the allreduce of a
+  // closed round), the input gradient of a backward in progress (StageTiming's
+  // backward_gradient_bytes, the largest of the rank's stages') and the optimizer's state
+  // (Plan::optimizer's copies of the weights; the partitioner's default, momentum, when the plan
+  // names none).
+  std::int64_t peak_state_bytes = 0;
+  // The working memory of the rank's stages' passes: StageTiming::workspace_bytes, the largest of
+  // its stages', with the stage's message buffers (message_buffer_bytes of plan/cost_model.hpp).
+  std::int64_t workspace_bytes = 0;
+  // Activations, weight versions, gradients (with the input gradient of a backward in progress)
+  // and optimizer state at once, plus workspace_bytes:
+  // what the partitioner's estimate for a stage charges (PlanStage::memory_bytes), for the
+  // schedule simulated.
   std::int64_t peak_memory_bytes = 0;
 };
 
