@@ -321,6 +321,10 @@ int run(int argc, char** argv) {
                        {"steady_state_bubble_fraction", r.steady_state_bubble_fraction},
                        {"peak_activations", r.peak_activations},
                        {"peak_weight_versions", r.peak_weight_versions},
+                       {"peak_activation_bytes", r.peak_activation_bytes},
+                       {"peak_weight_bytes", r.peak_weight_bytes},
+                       {"peak_state_bytes", r.peak_state_bytes},
+                       {"workspace_bytes", r.workspace_bytes},
                        {"peak_memory_bytes", r.peak_memory_bytes}});
     json out = {{"schedule", sim.schedule},
                 {"time_per_minibatch_s", sim.time_per_minibatch_s},

@@ -92,13 +92,15 @@ if(TARGET pipeline-profile AND TARGET pipeline-partition)
 endif()
 
 # The planner's memory estimate against the allocator's peak on 2 ranks of a transformer-lm plan
-# (the profile's per-layer working memory charged once per stage) and of a fashion-cnn plan.
-if(TARGET pipeline-profile AND TARGET pipeline-partition AND TARGET train_transformer_lm
-   AND EXISTS /usr/share/games/fortunes/fortunes)
+# (the profile's per-layer working memory charged once per stage) and of a fashion-cnn plan, and
+# pipeline-simulate's for that plan under GPipe and ZB-H1.
+if(TARGET pipeline-profile AND TARGET pipeline-partition AND TARGET pipeline-simulate
+   AND TARGET train_transformer_lm AND EXISTS /usr/share/games/fortunes/fortunes)
   add_test(NAME example.memory_model
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/memory_scenario.sh
                    $<TARGET_FILE:pipeline-profile> $<TARGET_FILE:pipeline-partition>
-                   $<TARGET_FILE:train_transformer_lm> ${_train} ${_mpirun})
+                   $<TARGET_FILE:pipeline-simulate> $<TARGET_FILE:train_transformer_lm> ${_train}
+                   ${_mpirun})
   set_tests_properties(example.memory_model PROPERTIES LABELS "example;mpi" PROCESSORS 2
                        TIMEOUT 300)
 endif()
