@@ -68,6 +68,15 @@ MinibatchFeed synthetic_feed(Shape sample, std::int64_t batch) {
           [batch](std::int64_t) { return batch; }};
 }
 
+// One pass, untimed: these tests read a profile's bytes, not its times.
+Profile bytes_profile(const ZooModel& zoo, int batch, DType compute = DType::Float32) {
+  ProfileOptions po;
+  po.warmup = 0;
+  po.repeat = 1;
+  po.compute_dtype = compute;
+  return profile(zoo, batch, Device::cpu(), po);
+}
+
 std::unique_ptr<Optimizer> make_sgd() {
   return std::make_unique<Sgd>(SgdOptions{.momentum = 0.9f, .weight_decay = 1e-3f});
 }
@@ -420,10 +429,7 @@ TEST_CASE("the planner's memory per stage is what the executor holds, stage inpu
   set_num_threads(1);
   const ZooModel zoo = make_model("fashion-cnn");
   constexpr int batch = 16;
-  ProfileOptions po;
-  po.warmup = 0;
-  po.repeat = 1;
-  const Profile prof = profile(zoo, batch, Device::cpu(), po);
+  const Profile prof = bytes_profile(zoo, batch);
   // conv2 keeps pool1's output, fc1 the flattened pool2 output, relu3 fc1's output: each is the
   // input a stage starting there receives, and the stage holds it once.
   auto layer = [&](std::string_view name) -> const LayerProfile& {
@@ -537,8 +543,7 @@ TEST_CASE("the planner's memory per stage is what the executor holds, stage inpu
 
   // bf16 mixed precision: the stashed weight versions keep their matrices in bf16. A bf16 profile
   // says how many bytes that leaves per version, and the plan and the executor agree again.
-  po.compute_dtype = DType::BFloat16;
-  const Profile bf16 = profile(zoo, batch, Device::cpu(), po);
+  const Profile bf16 = bytes_profile(zoo, batch, DType::BFloat16);
   CHECK(bf16.dtype == "bfloat16");
   for (std::size_t l = 0; l < bf16.layers.size(); ++l) {
     const LayerProfile& b = bf16.layers[l];
@@ -617,10 +622,7 @@ TEST_CASE("the last stage holds the loss's gradient of each minibatch in flight,
   zo.seq_len = 16;
   const ZooModel zoo = make_model("transformer-lm", zo);
   constexpr std::int64_t batch = 4;
-  ProfileOptions po;
-  po.warmup = 0;
-  po.repeat = 1;
-  const Profile prof = profile(zoo, batch, Device::cpu(), po);
+  const Profile prof = bytes_profile(zoo, batch);
   const std::int64_t loss_gradient = batch * zo.seq_len * zo.vocab * 4;  // float32 logits
   CHECK(prof.loss_gradient_bytes == loss_gradient);
   CHECK(profile_from_json(profile_to_json(prof), "round trip").loss_gradient_bytes ==
@@ -639,11 +641,7 @@ TEST_CASE("the last stage holds the loss's gradient of each minibatch in flight,
   const double input = static_cast<double>(prof.layers[1].output_bytes);
   REQUIRE(static_cast<double>(loss_gradient) > 2 * input);
 
-  PipelineLayout layout;
-  for (const PlanStage& s : plan.stages) {
-    layout.stages.push_back({s.begin, s.end});
-    layout.stage_ranks.push_back(s.ranks);
-  }
+  const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
   const MinibatchFeed feed{[&](std::int64_t j) {
                              Batch b;
                              b.inputs = Tensor::empty(zoo.input_shape(batch), DType::Int32);
@@ -704,10 +702,7 @@ TEST_CASE("the simulator's memory under every schedule kind is what the executor
   set_num_threads(1);
   const ZooModel zoo = make_model("fashion-cnn");
   constexpr int microbatch = 16;
-  ProfileOptions po;
-  po.warmup = 0;
-  po.repeat = 1;
-  const Profile prof = profile(zoo, microbatch, Device::cpu(), po);
+  const Profile prof = bytes_profile(zoo, microbatch);
   PartitionOptions o;
   o.ignore_transfer = true;
   o.optimizer = "momentum";  // make_sgd's
@@ -725,11 +720,7 @@ TEST_CASE("the simulator's memory under every schedule kind is what the executor
     int workers = 0;
     for (const ManualStage& s : stages) workers += s.replicas;
     const Plan plan = evaluate_stages(prof, Topology{{{workers, 1e10}}, {}}, stages, o);
-    PipelineLayout layout;
-    for (const PlanStage& s : plan.stages) {
-      layout.stages.push_back({s.begin, s.end});
-      layout.stage_ranks.push_back(s.ranks);
-    }
+    const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
     const Schedule schedule =
         generate_schedule(c.schedule, ScheduleSpec::from_plan(plan, c.microbatches, 6));
     const std::int64_t minibatch = std::int64_t{microbatch} * c.microbatches;
