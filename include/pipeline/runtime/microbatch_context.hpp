@@ -27,8 +27,8 @@ struct MicrobatchContext {
   Tensor labels;                    // last stage: the targets
   Tensor loss_grad;                 // last stage: dL/dlogits, computed right after the forward
   Tensor output;                    // the forward's output until it is sent (or scored)
-  std::vector<Tensor>
-      layer_grads;  // split backward: the output gradients of layers with weights, from I to W
+  // Split backward: the output gradients of the layers with weights, from I to W.
+  std::vector<Tensor> layer_grads;
   std::int64_t samples = 0;
   // Activation recomputation: the stage's input, kept instead of `saved` between the forward and
   // the backward, and the forward's dropout seed, so the recomputed forward draws the same masks.

@@ -131,8 +131,8 @@ struct StageTiming {
   double backward_input_s = 0;
   double backward_weight_s = 0;
   std::int64_t output_bytes = 0;      // sent to the next stage per microbatch
-  std::int64_t activation_bytes =
-      0;  // stashed per in-flight microbatch (last stage: with the loss's gradient)
+  // Stashed per in-flight microbatch (on the last stage with the loss's gradient).
+  std::int64_t activation_bytes = 0;
   // Held from a split backward's I to its W: the gradients of the stage's layer outputs.
   std::int64_t split_gradient_bytes = 0;
   std::int64_t parameter_bytes = 0;
@@ -182,9 +182,8 @@ struct RankSimulation {
   // its stages', with the stage's message buffers (message_buffer_bytes of plan/cost_model.hpp).
   std::int64_t workspace_bytes = 0;
   // Activations, weight versions, gradients (with the input gradient of a backward in progress)
-  // and optimizer state at once, plus workspace_bytes:
-  // what the partitioner's estimate for a stage charges (PlanStage::memory_bytes), for the
-  // schedule simulated.
+  // and optimizer state at once, plus workspace_bytes: what the partitioner's estimate for a stage
+  // charges (PlanStage::memory_bytes), for the schedule simulated.
   std::int64_t peak_memory_bytes = 0;
 };
 
