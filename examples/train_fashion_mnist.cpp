@@ -175,7 +175,9 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   ZooModel zoo = image_model(o);
   FashionMnist train(o.data, Split::Train), test(o.data, Split::Test);
 
-  const Plan plan = examples::plan_for_job(o.pipeline, zoo, comm, o.batch, *make_optimizer(o));
+  std::optional<Profile> profile;  // the plan's, for the simulated memory at the end
+  const Plan plan =
+      examples::plan_for_job(o.pipeline, zoo, comm, o.batch, *make_optimizer(o), &profile);
   if (comm.rank() == 0) fmt::print("{}\n", describe(plan));
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
   const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout);
@@ -259,8 +261,8 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
     log_info("saved stage {}'s parameters to {}", ex.stage(), path);
   }
   if (schedule) examples::write_trace_if_asked(o.pipeline, comm, ex, *schedule);
-  examples::report_peak_memory(ex, comm, plan, examples::recompute_stages(o.pipeline, plan),
-                               metrics, reporter);
+  examples::report_peak_memory(ex, comm, plan, o.pipeline, profile, schedule, o.batch, metrics,
+                               reporter);
   comm.barrier();
   if (reporter) fmt::print("test accuracy: {:.4f}\n", accuracy);
   return 0;

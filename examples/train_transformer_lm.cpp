@@ -135,7 +135,9 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
   ZooModel zoo = model_for(o);
   const TextDataset train = train_text(o), valid = validation_text(o);
-  const Plan plan = examples::plan_for_job(o.pipeline, zoo, comm, o.batch, *make_optimizer(o));
+  std::optional<Profile> profile;  // the plan's, for the simulated memory at the end
+  const Plan plan =
+      examples::plan_for_job(o.pipeline, zoo, comm, o.batch, *make_optimizer(o), &profile);
   if (o.pipeline.plan.empty() && comm.rank() == 0)
     fmt::print("plan: {}\n", plan_to_json(plan).dump());
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
@@ -195,8 +197,8 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   StageExecutor::Eval e = ex.evaluate(examples::evaluation_feed(vloader), vloader.num_batches());
   metrics.write({{"validation_loss", e.loss}, {"perplexity", std::exp(e.loss)}});
   if (schedule) examples::write_trace_if_asked(o.pipeline, comm, ex, *schedule);
-  examples::report_peak_memory(ex, comm, plan, examples::recompute_stages(o.pipeline, plan),
-                               metrics, ex.is_loss_rank());
+  examples::report_peak_memory(ex, comm, plan, o.pipeline, profile, schedule, o.batch, metrics,
+                               ex.is_loss_rank());
   comm.barrier();
   if (ex.is_loss_rank()) report(e.loss);
   return 0;

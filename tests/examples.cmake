@@ -136,6 +136,13 @@ add_test(NAME example.in_process
 set_tests_properties(example.in_process PROPERTIES LABELS "example;mpi" PROCESSORS 2 TIMEOUT 300)
 pipeline_expect_failure(in_process_without_plan "--in-process runs the stages of a plan"
                         ${_train} --in-process --steps 1)
+pipeline_expect_failure(profile_without_plan "--profile names the profile --plan was made from"
+                        ${_train} --in-process --steps 1
+                        --profile ${PROJECT_SOURCE_DIR}/fuzz/corpus/profile_json/chain.json)
+pipeline_expect_failure(profile_of_another_model
+                        "--profile .*chain.json is of chain6 .6 layers. but --plan is for mlp"
+                        ${_train} --in-process --model mlp --plan ${_plans}/mlp_2.json --steps 1
+                        --profile ${PROJECT_SOURCE_DIR}/fuzz/corpus/profile_json/chain.json)
 pipeline_expect_failure(in_process_plan_wrong_model
                         "rank [0-9]. the plan is for model 'mlp' but the program trains 'fashion-cnn'"
                         ${_train} --in-process --plan ${_plans}/mlp_2.json --steps 2)

@@ -12,19 +12,29 @@
 //
 // The planner's estimate is for its own assumptions: minibatches of the profile's batch size
 // under 1F1B with weight stashing and the plan's in-flight depth; under a flush schedule or
-// another batch size the two differ by design.
+// another batch size the two differ by design. With the profile the plan was made from, the
+// report adds each rank's peak as the simulator predicts it for the schedule the run executed
+// (simulated_peak_memory), which holds for any schedule and microbatch count.
 #pragma once
 
 #include <pipeline/comm/communicator.hpp>
+#include <pipeline/core/log.hpp>
 #include <pipeline/plan/plan.hpp>
+#include <pipeline/profile/profile.hpp>
 #include <pipeline/runtime/metrics.hpp>
 #include <pipeline/runtime/stage_executor.hpp>
+#include <pipeline/schedule/simulator.hpp>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <exception>
+#include <optional>
 #include <vector>
+
+#include "common/pipeline_flags.hpp"
 
 namespace pipeline::examples {
 
@@ -59,10 +69,42 @@ inline std::vector<StageMemory> gather_peak_memory(const StageExecutor& ex, Comm
   return out;
 }
 
-// Prints the table (when `print`) and writes one metrics line per rank. Collective (gathers).
+// Every rank's peak memory as the simulator predicts it for `schedule` (the one the run executed,
+// on minibatches of `minibatch_size` samples) over the plan with the run's recomputation and
+// transfer dtype (pipeline-simulate's peak_memory_bytes). Empty, with a warning, where the
+// profile does not fit the plan: the run has ended by then, and keeps its results.
+inline std::vector<std::int64_t> simulated_peak_memory(const Profile& profile, Plan plan,
+                                                       const PipelineFlags& flags,
+                                                       const Schedule& schedule,
+                                                       int minibatch_size) {
+  const std::vector<bool> recompute = recompute_stages(flags, plan);
+  for (std::size_t s = 0; s < plan.stages.size(); ++s) plan.stages[s].recompute = recompute[s];
+  SimulateOptions options;
+  const int microbatches = std::max(1, schedule.microbatches);
+  options.microbatch_size = (minibatch_size + microbatches - 1) / microbatches;
+  options.transfer_bytes_scale = flags.wire_dtype(&plan) == DType::BFloat16 ? 0.5 : 1.0;
+  std::vector<std::int64_t> out;
+  try {
+    for (const RankSimulation& r : simulate(schedule, profile, plan, Topology{}, options).ranks)
+      out.push_back(r.peak_memory_bytes);
+  } catch (const std::exception& e) {
+    log_warn("no simulated memory: {}", e.what());
+    out.clear();
+  }
+  return out;
+}
+
+// Prints the table (when `print`) and writes one metrics line per rank; with the profile the plan
+// was made from and the schedule run, each rank's simulated_peak_memory beside. Collective
+// (gathers).
 inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, const Plan& plan,
-                               const std::vector<bool>& recompute, MetricsWriter& metrics,
-                               bool print) {
+                               const PipelineFlags& flags, const std::optional<Profile>& profile,
+                               const std::optional<Schedule>& schedule, int minibatch_size,
+                               MetricsWriter& metrics, bool print) {
+  const std::vector<bool> recompute = recompute_stages(flags, plan);
+  const std::vector<std::int64_t> simulated =
+      profile && schedule ? simulated_peak_memory(*profile, plan, flags, *schedule, minibatch_size)
+                          : std::vector<std::int64_t>();
   const std::vector<StageMemory> all = gather_peak_memory(ex, comm);
   bool counted = false;  // the allocator's figure is there
   for (const StageMemory& m : all) counted = counted || m.allocator_bytes > 0;
@@ -71,10 +113,12 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
   if (print)
     fmt::print(
         "memory per rank, measured peak bytes held (MiB; each part at its own peak) vs the "
-        "planner's estimate:\n{:>4} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} "
-        "{:>10}{}\n",
-        "rank", "stage", "recompute", "params", "grads", "optimizer", "stashed w", "activation",
-        "peak", "planned", counted ? fmt::format(" {:>14}", "allocator peak") : "");
+        "planner's estimate{}:\n{:>4} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} "
+        "{:>10}{}{}\n",
+        simulated.empty() ? "" : " and the simulated peak of the schedule run", "rank", "stage",
+        "recompute", "params", "grads", "optimizer", "stashed w", "activation", "peak", "planned",
+        simulated.empty() ? "" : fmt::format(" {:>10}", "simulated"),
+        counted ? fmt::format(" {:>14}", "allocator peak") : "");
   for (int s = 0; s < layout.num_stages(); ++s)
     for (int r : layout.stage_ranks[static_cast<std::size_t>(s)]) {
       const StageMemory& m = all[static_cast<std::size_t>(r)];
@@ -92,27 +136,31 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
           planned_workspace += plan.stages[k].workspace_bytes;
         }
       }
+      const auto R = static_cast<std::size_t>(r);
       if (print)
         fmt::print(
             "{:>4} {:>5} {:>9} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} "
-            "{:>10}{}\n",
+            "{:>10}{}{}\n",
             r, fmt::format("{}", fmt::join(held, ",")), rc ? "yes" : "no", m.parameter_bytes / kMiB,
             m.gradient_bytes / kMiB, m.optimizer_bytes / kMiB, m.stashed_weight_bytes / kMiB,
             m.activation_bytes / kMiB, m.total_bytes / kMiB,
             planned > 0 ? fmt::format("{:.3f}", planned / kMiB) : std::string("-"),
+            R < simulated.size() ? fmt::format(" {:>10.3f}", simulated[R] / kMiB) : std::string(),
             counted ? fmt::format(" {:>14.3f}", m.allocator_bytes / kMiB) : std::string());
-      metrics.write({{"memory_rank", r},
-                     {"stage", s},
-                     {"recompute", rc},
-                     {"measured_peak_bytes", m.total_bytes},
-                     {"parameter_bytes", m.parameter_bytes},
-                     {"gradient_bytes", m.gradient_bytes},
-                     {"optimizer_bytes", m.optimizer_bytes},
-                     {"stashed_weight_bytes", m.stashed_weight_bytes},
-                     {"activation_bytes", m.activation_bytes},
-                     {"planned_bytes", planned},
-                     {"planned_workspace_bytes", planned_workspace},
-                     {"allocator_peak_bytes", m.allocator_bytes}});
+      nlohmann::json record{{"memory_rank", r},
+                            {"stage", s},
+                            {"recompute", rc},
+                            {"measured_peak_bytes", m.total_bytes},
+                            {"parameter_bytes", m.parameter_bytes},
+                            {"gradient_bytes", m.gradient_bytes},
+                            {"optimizer_bytes", m.optimizer_bytes},
+                            {"stashed_weight_bytes", m.stashed_weight_bytes},
+                            {"activation_bytes", m.activation_bytes},
+                            {"planned_bytes", planned},
+                            {"planned_workspace_bytes", planned_workspace},
+                            {"allocator_peak_bytes", m.allocator_bytes}};
+      if (R < simulated.size()) record["simulated_peak_bytes"] = simulated[R];
+      metrics.write(record);
     }
 }
 

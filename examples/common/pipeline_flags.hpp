@@ -12,6 +12,7 @@
 #include <pipeline/core/log.hpp>
 #include <pipeline/ops/precision.hpp>
 #include <pipeline/plan/plan_json.hpp>
+#include <pipeline/profile/profile_json.hpp>
 #include <pipeline/runtime/pipeline_setup.hpp>
 #include <pipeline/schedule/generator.hpp>
 
@@ -20,7 +21,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/validators.hpp"
@@ -29,6 +32,9 @@ namespace pipeline::examples {
 
 struct PipelineFlags {
   std::string plan;          // empty: rank 0 profiles and partitions the model for the job
+  // The profile --plan was made from: the end-of-run memory report adds each rank's peak as the
+  // simulator predicts it for the schedule run (a run without --plan has its own profile).
+  std::string profile;
   std::string schedule;      // empty: the plan's
   std::string schedule_csv;  // a hand-written schedule instead of a generated one
   std::string trace;         // empty: no trace
@@ -77,6 +83,9 @@ struct PipelineFlags {
   void check() const {
     PIPELINE_CHECK_AS(ConfigError, schedule_csv.empty() || schedule.empty(),
                       "give either --schedule or --schedule-csv, not both");
+    PIPELINE_CHECK_AS(ConfigError, profile.empty() || !plan.empty(),
+                      "--profile names the profile --plan was made from; without --plan the run "
+                      "profiles the model itself: drop --profile, or give --plan");
     PIPELINE_CHECK_AS(ConfigError, !runs_in_process() || !plan.empty(),
                       "--in-process runs the stages of a plan as threads of this process: give "
                       "--plan plan.json (pipeline-partition writes one)");
@@ -135,6 +144,11 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
                "instead of one process per stage under mpirun");
   app.add_option("--plan", flags.plan,
                  "train as a pipeline with this plan.json (pipeline-partition)");
+  app.add_option("--profile", flags.profile,
+                 "the profile.json --plan was made from: the memory report at the end then shows "
+                 "each rank's peak as pipeline-simulate predicts it for the schedule and "
+                 "microbatches this run used")
+      ->check(CLI::ExistingFile);
   app.add_option("--schedule", flags.schedule,
                  "pipeline schedule: gpipe, 1f1b-flush, zb-h1, 1f1b-stash, ... (default: the "
                  "plan's)")
@@ -186,23 +200,37 @@ inline std::string update_rule(const Optimizer& optimizer) {
 
 // The plan of the job: --plan, or (without it) rank 0 profiles `zoo` at minibatch size `batch`
 // and partitions it for the job's ranks, charging `optimizer`'s state in the memory model.
-// Checked against the job and the model either way. Collective.
+// Checked against the job and the model either way. `profile`, where given, gets the profile the
+// plan was made from: --profile's, or the one just measured; none (nullopt) with a --plan alone.
+// Collective.
 inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Communicator& comm,
-                         int batch, const Optimizer& optimizer) {
+                         int batch, const Optimizer& optimizer,
+                         std::optional<Profile>* profile = nullptr) {
   Plan plan;
   if (flags.plan.empty()) {
     if (comm.rank() == 0)
       log_info("no --plan: profiling {} at batch {} and partitioning it for {} workers",
                zoo.model.name(), batch, comm.size());
+    Profile measured;
     plan =
         auto_plan(zoo, comm,
                   {.batch = batch,
                    .optimizer_state_factor = static_cast<double>(optimizer.buffer_names().size()),
                    .optimizer = update_rule(optimizer),
                    .compute_dtype = flags.compute_dtype(),
-                   .transfer_dtype = flags.wire_dtype()});
+                   .transfer_dtype = flags.wire_dtype()},
+                  profile != nullptr ? &measured : nullptr);
+    if (profile != nullptr) *profile = std::move(measured);
   } else {
     plan = read_plan(flags.plan);
+    if (profile != nullptr && !flags.profile.empty()) {
+      *profile = read_profile(flags.profile);
+      const Profile& p = **profile;
+      PIPELINE_CHECK_AS(ConfigError, p.size() == zoo.model.size() && p.model == plan.model,
+                        "--profile {} is of {} ({} layers) but --plan is for {} ({} layers): give "
+                        "the profile the plan was made from",
+                        flags.profile, p.model, p.size(), plan.model, zoo.model.size());
+    }
   }
   check_plan_for_job(plan, zoo.model, comm.size());
   if (comm.rank() == 0) log_precision(flags, &plan);

@@ -4,6 +4,7 @@
 #include <pipeline/core/log.hpp>
 #include <pipeline/plan/partition.hpp>
 #include <pipeline/plan/plan_json.hpp>
+#include <pipeline/profile/profile_json.hpp>
 #include <pipeline/profile/profiler.hpp>
 #include <pipeline/schedule/csv.hpp>
 #include <pipeline/schedule/dealing.hpp>
@@ -65,8 +66,9 @@ void check_plan_for_job(const Plan& plan, const Sequential& model, int world_siz
                     world_size);
 }
 
-Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions& options) {
-  std::string text;
+Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions& options,
+               Profile* profile_out) {
+  std::string text, profile_text;
   if (comm.rank() == 0) {
     // Rank 0 alone profiles, so the other ranks do not disturb its timings and every rank
     // ends up with the same plan.
@@ -85,8 +87,12 @@ Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions&
     Plan plan = partition(profile, topo, part);
     plan.model = model.model.name();
     text = plan_to_json(plan).dump();
+    if (profile_out != nullptr) profile_text = profile_to_json(profile).dump();
   }
   text = broadcast_string(comm, text, 0);
+  if (profile_out != nullptr)
+    *profile_out = profile_from_json(nlohmann::json::parse(broadcast_string(comm, profile_text, 0)),
+                                     "the partitioner's profile");
   return plan_from_json(nlohmann::json::parse(text), "the partitioner's plan");
 }
 

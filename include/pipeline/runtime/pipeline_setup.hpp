@@ -10,6 +10,7 @@
 #include <pipeline/comm/communicator.hpp>
 #include <pipeline/nn/zoo.hpp>
 #include <pipeline/plan/plan.hpp>
+#include <pipeline/profile/profile.hpp>
 #include <pipeline/runtime/stage_executor.hpp>
 #include <pipeline/schedule/schedule.hpp>
 
@@ -47,8 +48,10 @@ struct AutoPlanOptions {
 };
 
 // Rank 0 profiles the zoo model and partitions it for `comm.size()` workers on one level of the
-// given bandwidth; every rank returns the same plan. Collective.
-Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions& options = {});
+// given bandwidth; every rank returns the same plan and, where `profile` is given, gets the
+// profile it was made from. Collective.
+Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions& options = {},
+               Profile* profile = nullptr);
 
 struct ScheduleRequest {
   std::string name = "1f1b-stash";  // a generator name (generator.hpp); ignored when csv is set
