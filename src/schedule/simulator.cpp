@@ -101,6 +101,9 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   bool split = true;
   std::int64_t kept_input = 0;  // what the first layer keeps of the input the stage receives
   std::int64_t backward_peak = 0;  // the most one layer's backward holds (backward_peak_bytes)
+  // The same when the backward is split, less the output gradient the I keeps for the W, which
+  // split_gradient_bytes holds.
+  std::int64_t split_backward_peak = 0;
   const std::vector<int> layers = stage_layers(ps);
   LayerProfile ended;
   for (int l : layers) {
@@ -119,6 +122,9 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
     if (lp.parameter_bytes > 0) t.split_gradient_bytes += split_kept_bytes(lp);
     t.workspace_bytes = std::max(t.workspace_bytes, lp.workspace_bytes);
     backward_peak = std::max(backward_peak, backward_peak_bytes(lp));
+    split_backward_peak =
+        std::max(split_backward_peak,
+                 backward_peak_bytes(lp) - (lp.parameter_bytes > 0 ? split_kept_bytes(lp) : 0));
   }
   if (split && input + weight > 0) {
     t.backward_input_s = input;
@@ -142,6 +148,7 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   // layer's backward holds (StageWorkspace, plan/antichain.hpp).
   const std::int64_t gradient = std::max(received, loss_gradient);
   t.backward_gradient_bytes = gradient - loss_gradient;
+  t.split_workspace_bytes = std::max(t.workspace_bytes, split_backward_peak - gradient);
   t.workspace_bytes = std::max(t.workspace_bytes, backward_peak - gradient);
   t.forward_s *= scale;
   t.backward_s *= scale;
@@ -169,6 +176,9 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
       static_cast<std::int64_t>(static_cast<double>(t.backward_gradient_bytes) * scale);
   t.workspace_bytes = static_cast<std::int64_t>(static_cast<double>(t.workspace_bytes) * scale) +
                       profile.runtime_bytes;
+  t.split_workspace_bytes =
+      static_cast<std::int64_t>(static_cast<double>(t.split_workspace_bytes) * scale) +
+      profile.runtime_bytes;
   return t;
 }
 
@@ -283,6 +293,12 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
   // The optimizer's copies of the weights: the plan's, or the partitioner's default.
   const double optimizer_copies = plan.optimizer.empty() ? PartitionOptions{}.optimizer_state_factor
                                                          : optimizer_state_copies(plan.optimizer);
+  // A schedule of split backwards (ZB-H1) runs every backward as an I and a W.
+  const bool split_backward = std::any_of(
+      schedule.ranks.begin(), schedule.ranks.end(), [](const std::vector<Action>& actions) {
+        return std::any_of(actions.begin(), actions.end(),
+                           [](const Action& a) { return a.kind == ActionKind::BackwardInput; });
+      });
   std::vector<StageTiming> timing;
   detail::EngineCosts costs;
   for (int s = 0; s < plan.num_stages(); ++s) {
@@ -300,9 +316,10 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     // Beside its layers' working memory, the stage's message buffers (posted receives, a send).
     const double received =
         s > 0 ? static_cast<double>(cut_bytes(profile, owner, s - 1)) * scale : 0.0;
-    c.workspace_bytes = t.workspace_bytes + static_cast<std::int64_t>(message_buffer_bytes(
-                                                received, static_cast<double>(t.output_bytes),
-                                                1.0 / options.transfer_bytes_scale));
+    c.workspace_bytes =
+        (split_backward ? t.split_workspace_bytes : t.workspace_bytes) +
+        static_cast<std::int64_t>(message_buffer_bytes(
+            received, static_cast<double>(t.output_bytes), 1.0 / options.transfer_bytes_scale));
     c.backward_gradient_bytes = t.backward_gradient_bytes;
     c.parameter_bytes = t.parameter_bytes;
     c.version_bytes = t.version_bytes;

@@ -153,6 +153,9 @@ struct StageTiming {
   // backward holds (scaled with the microbatch), and the runtime's own working memory
   // (Profile::runtime_bytes).
   std::int64_t workspace_bytes = 0;
+  // The same for a split backward, whose I keeps each trained layer's output gradient for its W
+  // in split_gradient_bytes: a layer's backward holds that much less beyond it.
+  std::int64_t split_workspace_bytes = 0;
 };
 
 // `scale` = microbatch size / profile batch size. Throws ConfigError when the stage's layer
