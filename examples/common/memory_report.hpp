@@ -70,14 +70,14 @@ inline std::vector<StageMemory> gather_peak_memory(const StageExecutor& ex, Comm
 }
 
 // Every rank's peak memory as the simulator predicts it for `schedule` (the one the run executed,
-// on minibatches of `minibatch_size` samples) over the plan with the run's recomputation and
-// transfer dtype (pipeline-simulate's peak_memory_bytes). Empty, with a warning, where the
-// profile does not fit the plan: the run has ended by then, and keeps its results.
+// on minibatches of `minibatch_size` samples) over the plan with the run's recomputation (per
+// stage) and transfer dtype (pipeline-simulate's peak_memory_bytes). Empty, with a warning, where
+// the profile does not fit the plan: the run has ended by then, and keeps its results.
 inline std::vector<std::int64_t> simulated_peak_memory(const Profile& profile, Plan plan,
+                                                       const std::vector<bool>& recompute,
                                                        const PipelineFlags& flags,
                                                        const Schedule& schedule,
                                                        int minibatch_size) {
-  const std::vector<bool> recompute = recompute_stages(flags, plan);
   for (std::size_t s = 0; s < plan.stages.size(); ++s) plan.stages[s].recompute = recompute[s];
   SimulateOptions options;
   const int microbatches = std::max(1, schedule.microbatches);
@@ -103,8 +103,9 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
                                MetricsWriter& metrics, bool print) {
   const std::vector<bool> recompute = recompute_stages(flags, plan);
   const std::vector<std::int64_t> simulated =
-      profile && schedule ? simulated_peak_memory(*profile, plan, flags, *schedule, minibatch_size)
-                          : std::vector<std::int64_t>();
+      profile && schedule
+          ? simulated_peak_memory(*profile, plan, recompute, flags, *schedule, minibatch_size)
+          : std::vector<std::int64_t>();
   const std::vector<StageMemory> all = gather_peak_memory(ex, comm);
   bool counted = false;  // the allocator's figure is there
   for (const StageMemory& m : all) counted = counted || m.allocator_bytes > 0;

@@ -104,6 +104,7 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   // The same when the backward is split, less the output gradient the I keeps for the W, which
   // split_gradient_bytes holds.
   std::int64_t split_backward_peak = 0;
+  std::int64_t top_kept = 0;  // what the I keeps of the stage's last layer's output gradient
   const std::vector<int> layers = stage_layers(ps);
   LayerProfile ended;
   for (int l : layers) {
@@ -119,12 +120,11 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
     if (!plan.optimizer.empty()) t.step_s += lp.step_s.of(plan.optimizer);
     t.activation_bytes += stash_bytes(lp);
     // The weight half reads the output gradients of the layers it trains, and only those.
-    if (lp.parameter_bytes > 0) t.split_gradient_bytes += split_kept_bytes(lp);
+    top_kept = lp.parameter_bytes > 0 ? split_kept_bytes(lp) : 0;
+    t.split_gradient_bytes += top_kept;
     t.workspace_bytes = std::max(t.workspace_bytes, lp.workspace_bytes);
     backward_peak = std::max(backward_peak, backward_peak_bytes(lp));
-    split_backward_peak =
-        std::max(split_backward_peak,
-                 backward_peak_bytes(lp) - (lp.parameter_bytes > 0 ? split_kept_bytes(lp) : 0));
+    split_backward_peak = std::max(split_backward_peak, backward_peak_bytes(lp) - top_kept);
   }
   if (split && input + weight > 0) {
     t.backward_input_s = input;
@@ -138,8 +138,7 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   // The last stage keeps the loss's gradient from a minibatch's forward to its backward (to its W,
   // where its last layer has weights: that layer's kept output gradient, counted once).
   const std::int64_t loss_gradient = last ? profile.loss_gradient_bytes : 0;
-  if (last && layer_as_run(profile, owner, layers.back(), ended).parameter_bytes > 0)
-    t.split_gradient_bytes -= std::min(t.split_gradient_bytes, loss_gradient);
+  if (top_kept > 0) t.split_gradient_bytes -= std::min(t.split_gradient_bytes, loss_gradient);
   // What the first layer keeps of its input is that received storage, counted once.
   t.activation_bytes += received - (stage > 0 ? kept_input : 0);
   // As the partitioner charges them beside the stashed activations: the gradient of the backward
