@@ -48,8 +48,8 @@ inline ChannelSplit channel_split(std::int64_t n, std::int64_t channels, std::in
 
 // dbias[c] += Σ_{n, p} dy[n, c, p]: each chunk (channel_split) of a channel summed by one block in
 // double in a fixed order into `workspace` (channel_split(...).workspace_floats(channels) floats;
-// null when that is 0), then the chunks added in chunk order: the same bits on every run, and at
-// least as accurate as the CPU's float sums.
+// null when that is 0), then the chunks added in an order fixed by the shape alone (reduce.cuh's
+// column sums): the same bits on every run, and at least as accurate as the CPU's float sums.
 void channel_bias_grad(cudaStream_t stream, const float* dy, std::int64_t n, std::int64_t channels,
                        std::int64_t plane, float* dbias, float* workspace);
 

@@ -3,8 +3,9 @@
 // Bias gradients, layer norm's weight/bias gradients and the positional table's gradient all sum
 // a tall matrix over its rows. The kernels that do it split the rows into `chunks` consecutive
 // blocks of `rows_per_chunk`; each chunk's column sums go to a [chunks, cols] float workspace,
-// and column_partials_finish() adds the chunks up in chunk order. The split depends only on
-// (rows, cols), never on the device, so a result is the same bits on every run and every GPU.
+// and column_partials_finish() adds the chunks up (as any column sum: interleaved over 8 lanes of
+// four accumulators, reduce.cu). The split and the order depend only on (rows, cols), never on the
+// device or on scheduling, so a result is the same bits on every run and every GPU.
 // With one chunk no workspace is needed and the first pass adds into the output directly.
 #pragma once
 
@@ -47,7 +48,8 @@ inline ColumnSplit column_split(std::int64_t rows, std::int64_t cols) {
 void column_sums(cudaStream_t stream, const float* x, std::int64_t rows, std::int64_t cols,
                  float* workspace, float* out);
 
-// out[c] += Σ_{k < chunks} partials[k * cols + c], in order of k. Asynchronous on `stream`.
+// out[c] += Σ_{k < chunks} partials[k * cols + c], in an order fixed by (chunks, cols).
+// Asynchronous on `stream`.
 void column_partials_finish(cudaStream_t stream, const float* partials, std::int64_t chunks,
                             std::int64_t cols, float* out);
 

@@ -1,4 +1,5 @@
 #include <pipeline/core/error.hpp>
+#include <pipeline/core/log.hpp>
 #include <pipeline/cuda/blas.hpp>
 #include <pipeline/cuda/check.hpp>
 #include <pipeline/cuda/device_memory.hpp>
@@ -84,6 +85,20 @@ bool allow_tf32() { return g_allow_tf32; }
 
 namespace {
 
+// Once per process: a bf16 result that cuBLASLt does not write itself is computed in fp32 and
+// rounded (the same values, one more pass over C), which a benchmark would otherwise show only as
+// a missing gain.
+void note_unfused_bf16(std::int64_t m, std::int64_t n, std::int64_t k, GemmEpilogue epilogue,
+                       cublasStatus_t status) {
+  static std::atomic<bool> noted{false};
+  if (noted.exchange(true)) return;
+  log_info(
+      "cuBLASLt writes no bf16 result for a {}x{}x{} product{} on {} ({}): it and any "
+      "such product are computed in fp32 and rounded",
+      m, n, k, epilogue == GemmEpilogue::None ? "" : " with an fp32 bias epilogue",
+      current_device_name(), cublasLtGetStatusName(status));
+}
+
 // C (`result_type`: fp32, or bf16 with beta 0) = alpha op(A) op(B) + beta C with A and B of
 // `operands` type (fp32 or bf16); bf16 operands always accumulate in fp32, fp32 ones in TF32
 // where allowed. A bf16 result for which cuBLASLt has no algorithm returns false with nothing
@@ -166,6 +181,7 @@ bool gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
     if ((epilogue != GemmEpilogue::None || result_type != CUDA_R_32F) &&
         (status != CUBLAS_STATUS_SUCCESS || found == 0)) {
       it = ctx.algos.emplace(key, std::nullopt).first;
+      if (result_type != CUDA_R_32F) note_unfused_bf16(m, n, k, epilogue, status);
     } else {
       PIPELINE_CUBLAS_CHECK(status);
       PIPELINE_CHECK_AS(CudaError, found > 0,
@@ -190,9 +206,17 @@ bool gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
     return true;
   }
   // k == 0 is a valid product: the result is beta C (plus the epilogue).
-  PIPELINE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, op.desc, &alpha, b, la.layout, a, lb.layout,
-                                       &beta, c, lc.layout, c, lc.layout, &*it->second,
-                                       ctx.workspace, kWorkspaceBytes, stream));
+  const cublasStatus_t run =
+      cublasLtMatmul(ctx.handle, op.desc, &alpha, b, la.layout, a, lb.layout, &beta, c, lc.layout,
+                     c, lc.layout, &*it->second, ctx.workspace, kWorkspaceBytes, stream);
+  if (run == CUBLAS_STATUS_NOT_SUPPORTED && result_type != CUDA_R_32F) {
+    // An algorithm the heuristic offered and the call refused (nothing queued): the caller
+    // computes this key in fp32 and rounds from now on.
+    it->second = std::nullopt;
+    note_unfused_bf16(m, n, k, epilogue, run);
+    return false;
+  }
+  PIPELINE_CUBLAS_CHECK(run);
   return true;
 }
 

@@ -66,7 +66,7 @@ void gemm_bf16_result(const Tensor& a, bool trans_a, const Tensor& b, bool trans
   PIPELINE_CHECK(beta == 0.f,
                  "gemm: a bfloat16 result is written, never accumulated into (beta {})", beta);
 #if PIPELINE_WITH_CUDA
-  if (const Device d = detail::common_device("gemm", {&a, &b, &c});
+  if (const Device d = detail::common_device(bias ? "gemm_bias" : "gemm", {&a, &b, bias, &c});
       d.is_cuda() && compute_dtype() == DType::BFloat16) {
     const detail::CudaScope cuda(d);
     const Tensor a16 = to_dtype(a, DType::BFloat16), b16 = to_dtype(b, DType::BFloat16);

@@ -79,11 +79,9 @@ void round_to_bf16(const Tensor& x, Tensor& y) {
   });
 }
 
-namespace {
-
 // PIPELINE_BF16_OUTPUTS=0 writes every output in float32 (the products then convert them): the
 // same results, for comparing the two data flows' speed and memory.
-bool outputs_for_products() {
+bool bf16_outputs_for_products() {
   static const bool on = [] {
     const char* v = std::getenv("PIPELINE_BF16_OUTPUTS");
     return v == nullptr || std::string_view(v) != "0";
@@ -91,11 +89,9 @@ bool outputs_for_products() {
   return on;
 }
 
-}  // namespace
-
 DType output_dtype(OutputAs as) {
-  return as == OutputAs::ProductOperand && outputs_for_products() ? t_compute_dtype
-                                                                  : DType::Float32;
+  return as == OutputAs::ProductOperand && bf16_outputs_for_products() ? t_compute_dtype
+                                                                       : DType::Float32;
 }
 
 Tensor saved_product_operand(const Tensor& x) {

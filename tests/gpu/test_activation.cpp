@@ -73,7 +73,8 @@ TEST_CASE("activations on CUDA: in place on a view at a 4-byte offset") {
 }
 
 TEST_CASE("activations on CUDA written in bf16: the float32 results rounded, bit for bit") {
-  // Vector and scalar paths, and a view two bf16 elements in (8-byte stores not aligned).
+  // Vector and scalar paths, and views two and four bf16 elements in (stores aligned to 4 and
+  // 8 bytes, not 16).
   for (std::int64_t n : {1, 7, 33, 1000, 1000003}) {
     for (Activation a : kAll) {
       CAPTURE(n);
@@ -86,10 +87,14 @@ TEST_CASE("activations on CUDA written in bf16: the float32 results rounded, bit
       ops::activation_forward(a, xg, y16);
       expect_equal("forward in bf16", host(ops::to_dtype(y32, DType::BFloat16)), y16);
 
-      Tensor wide16 = ops::to_dtype(poisoned(Shape{n + 2}), DType::BFloat16);
-      Tensor view = wide16.slice(2, n + 2);
-      ops::activation_forward(a, xg, view);
-      expect_equal("forward in bf16 into a view", host(ops::to_dtype(y32, DType::BFloat16)), view);
+      for (const std::int64_t offset : {2, 4}) {  // 4-byte and 8-byte (not 16-byte) aligned
+        CAPTURE(offset);
+        Tensor wide16 = ops::to_dtype(poisoned(Shape{n + offset}), DType::BFloat16);
+        Tensor view = wide16.slice(offset, n + offset);
+        ops::activation_forward(a, xg, view);
+        expect_equal("forward in bf16 into a view", host(ops::to_dtype(y32, DType::BFloat16)),
+                     view);
+      }
     }
   }
 }

@@ -35,6 +35,11 @@ const Case kCases[] = {
     {4, 8, 9, 9, 3, ops::Window2d::square(1, 2)},          // 1x1 with stride 2
     {2, 3, 33, 33, 8, ops::Window2d::square(7, 2, 3)},     // resnet-style stem
     {7, 64, 4, 4, 64, ops::Window2d::square(3, 1, 1)},
+    // The bias gradient split into chunks on planes that are not a multiple of 4 (a chunk ends
+    // inside a sample): 2 chunks of a 9x9 plane, 7x7 planes of 130 samples, and 49 chunks.
+    {100, 2, 9, 9, 5, ops::Window2d::square(3, 1, 1)},
+    {130, 8, 7, 7, 16, ops::Window2d::square(3, 1, 1)},
+    {64, 3, 56, 56, 8, ops::Window2d::square(3, 1, 1)},
 };
 
 constexpr double kTol = 1e-4;

@@ -37,6 +37,8 @@ const Case kCases[] = {
     {2, 3, 11, 10, ops::Window2d::square(2, 3)},   // gaps between windows (stride past the kernel)
     {2, 4, 9, 9, ops::Window2d::square(2, 2, 1)},  // padded windows that do not overlap
     {3, 2, 8, 12, {2, 3, 2, 3, 0, 0}},             // rectangular, exactly tiled
+    {2, 3, 8, 9, ops::Window2d::square(2, 2)},     // rows tiled, the last column in no window
+    {2, 3, 11, 10, ops::Window2d::square(2, 3, 1)},  // gaps between padded windows
 };
 
 // Values on a coarse grid (multiples of 1/8 in [-2, 2)) so that windows hold ties.

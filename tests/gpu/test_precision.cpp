@@ -5,6 +5,9 @@
 // as they are; transformer-lm trained in bf16 on the GPU tracks float32 (loss within 2% after 200
 // steps) and its 1F1B-stash weights stashed in bf16 equal those stashed in float32.
 #include <pipeline/cuda/dnn_graph.hpp>
+#include <pipeline/nn/layers/conv2d.hpp>
+#include <pipeline/nn/layers/residual_block.hpp>
+#include <pipeline/nn/layers/transformer_block.hpp>
 #include <pipeline/nn/zoo.hpp>
 #include <pipeline/ops/attention.hpp>
 #include <pipeline/ops/conv.hpp>
@@ -112,6 +115,30 @@ TEST_CASE("convolutions and attention under bf16 on CUDA equal the CPU's") {
       expect_close("conv2d_forward bf16", y, yg, 1e-2);
       expect_close("conv2d_backward_data bf16", dx, dxg, 1e-2);
       expect_close("conv2d_backward_filter bf16", dw, dwg, 1e-2);
+      // The input and output gradient already in bf16 (what a Conv2d keeps and converts once
+      // under a bf16 compute dtype): the same values go to the same deterministic algorithms, so
+      // the same bits as from their float32 copies.
+      const Tensor x16 = ops::to_dtype(x.to(kGpu), DType::BFloat16);
+      const Tensor dy16 = ops::to_dtype(dy.to(kGpu), DType::BFloat16);
+      Tensor yg16 = poisoned(ys), dxg16 = poisoned(dx.shape());
+      Tensor dwg16 = random_tensor(weight.shape(), 5 + i).to(kGpu);
+      ops::conv2d_forward(x16, weight16, bias.to(kGpu), yg16, w);
+      ops::conv2d_backward_data(dy16, weight16, dxg16, w);
+      ops::conv2d_backward_filter(x16, dy16, dwg16, w);
+      expect_equal("conv2d_forward, bf16 input", host(yg), yg16);
+      // The bias is added to the rounded product exactly (one float add: with the widening in
+      // one kernel on the graph path, four at a time where a plane is a multiple of 4).
+      Tensor yg_nb = poisoned(ys);
+      ops::conv2d_forward(x16, weight16, Tensor(), yg_nb, w);
+      const Tensor y_nb = host(yg_nb);
+      Tensor want_biased = Tensor::empty(ys);
+      const std::int64_t plane = ys[2] * ys[3];
+      for (std::int64_t e = 0; e < want_biased.numel(); ++e)
+        want_biased.data<float>()[e] =
+            y_nb.data<float>()[e] + bias.data<float>()[(e / plane) % c.out];
+      expect_equal("conv2d_forward bias after the rounding", want_biased, yg);
+      expect_equal("conv2d_backward_data, bf16 gradient", host(dxg), dxg16);
+      expect_equal("conv2d_backward_filter, bf16 input and gradient", host(dwg), dwg16);
     }
   }
 
@@ -128,6 +155,80 @@ TEST_CASE("convolutions and attention under bf16 on CUDA equal the CPU's") {
   ops::attention_backward_packed(qkvg, outg, savedg, dout.to(kGpu), H, dqkvg);
   expect_close("attention forward bf16", out, outg, 1e-4);
   expect_close("attention backward bf16", dqkv, dqkvg, 1e-4);
+}
+
+namespace {
+
+// `saved` with every bfloat16 tensor widened to float32 (on its device), recursively: what the
+// layers kept before they kept product operands in bf16.
+Saved widened(const Saved& saved) {
+  Saved w;
+  for (const Tensor& t : saved.tensors)
+    w.tensors.push_back(t.dtype() == DType::BFloat16 ? ops::to_dtype(t, DType::Float32) : t);
+  for (const Saved& c : saved.children) w.children.push_back(widened(c));
+  w.child_output_grads = saved.child_output_grads;
+  return w;
+}
+
+// What `layer` computes under bf16 on the GPU: its output, then for each of the whole, input and
+// weight passes the input gradient and the weight gradients, once from what the layer kept
+// (inputs of its products in bf16) and once from the same records widened, which must give the
+// same bits; everything within bf16's rounding of the CPU under bf16.
+void check_layer_under_bf16(const Layer& layer, const Shape& x_shape, std::uint64_t seed) {
+  const ops::ComputeDTypeScope bf16(DType::BFloat16);
+  const Tensor x = random_tensor(x_shape, seed);
+  LayerParams p = layer.init(seed + 1);
+  LayerParams pg = p.to(kGpu);
+  Saved saved, saved_g;
+  const ForwardContext ctx;
+  const Tensor y = layer.forward(p, x, saved, ctx);
+  const Tensor yg = layer.forward(pg, x.to(kGpu), saved_g, ctx);
+  expect_close("forward", y, yg, 1e-2);
+  const Tensor dy = random_tensor(y.shape(), seed + 2);
+  const Saved wide_g = widened(saved_g);
+  for (const GradParts parts : {GradParts::Both, GradParts::Input, GradParts::Weight}) {
+    CAPTURE(static_cast<int>(parts));
+    std::vector<Tensor> g = layer.zero_grads(), gg = layer.zero_grads(kGpu),
+                        gw = layer.zero_grads(kGpu);
+    const Tensor dx = layer.backward(p, saved, dy, g, parts);
+    const Tensor dxg = layer.backward(pg, saved_g, dy.to(kGpu), gg, parts);
+    const Tensor dxw = layer.backward(pg, wide_g, dy.to(kGpu), gw, parts);
+    if (parts != GradParts::Weight) {
+      expect_close("input gradient", dx, dxg, 1e-2);
+      expect_equal("input gradient from widened records", host(dxw), dxg);
+    }
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      CAPTURE(i);
+      expect_close("weight gradient", g[i], gg[i], 1e-2);
+      expect_equal("weight gradient from widened records", host(gw[i]), gg[i]);
+    }
+  }
+}
+
+}  // namespace
+
+// A Conv2d, a residual block whose conv1 and downsampling conv read one bf16 copy of x, and a
+// transformer block whose layer norms, GELU and qkv product write bf16 (head widths 32, 20, 10:
+// the bf16 qkv read as it is, zero-filled past its width, and widened), under bf16 on the GPU.
+TEST_CASE("layers under bf16 on CUDA: bf16 records give the widened records' bits, near the CPU") {
+  const RestoreGraphConvolutions restore;
+  for (const bool graph : {true, false}) {  // cuDNN's graph API, and the legacy path
+    CAPTURE(graph);
+    cuda::set_graph_convolutions(graph ? cuda::GraphConvolutions::Bf16
+                                       : cuda::GraphConvolutions::None);
+    check_layer_under_bf16(Conv2d("conv", 3, 4, 3, 1, 1), Shape{2, 3, 9, 7}, 81);
+    check_layer_under_bf16(ResidualBlock("block", 4, 8, 2), Shape{2, 4, 8, 8}, 91);
+  }
+  struct Block {
+    std::int64_t dim, heads, steps;
+  };
+  for (const Block b : {Block{64, 2, 7}, Block{60, 3, 65}, Block{30, 3, 7}, Block{45, 3, 65}}) {
+    CAPTURE(b.dim);
+    CAPTURE(b.heads);
+    CAPTURE(b.steps);
+    check_layer_under_bf16(TransformerBlock("block", b.dim, b.heads), Shape{2, b.steps, b.dim},
+                           101 + static_cast<std::uint64_t>(b.dim));
+  }
 }
 
 // Every set of tensor-core kernels (ops::Bf16AttentionKernel; sm_80 and later, the float32 ones
@@ -147,7 +248,8 @@ TEST_CASE("attention on the bf16 tensor cores equals the CPU's on rounded operan
   const Case cases[] = {Case{1, 1, 64, 1, true},    Case{2, 200, 256, 4, true},
                         Case{1, 130, 256, 2, true}, Case{3, 77, 96, 3, false},
                         Case{2, 64, 128, 1, false}, Case{1, 1000, 64, 1, true},
-                        Case{2, 70, 90, 3, true},   Case{1, 65, 21, 1, false}};
+                        Case{2, 70, 90, 3, true},   Case{1, 65, 21, 1, false},
+                        Case{2, 70, 60, 3, true}};  // head width 20: 4-aligned, under its padding
   for (const auto kernel : {ops::Bf16AttentionKernel::Wmma, ops::Bf16AttentionKernel::Mma,
                             ops::Bf16AttentionKernel::MmaRounded})
     for (const Case c : cases) {
@@ -196,8 +298,9 @@ TEST_CASE("attention on the bf16 tensor cores equals the CPU's on rounded operan
 }
 
 // A packed qkv held in bf16 is read as it is by the register-fragment kernels: the same bits as
-// float32 holding the same values, forward and backward; a head width that is not a multiple of
-// 4 (30) is widened first, with the same result.
+// float32 holding the same values, forward and backward, head widths 20 and 100 (multiples of 4
+// below the kernels' padded widths) among them; a head width that is not a multiple of 4 (30),
+// and the WMMA kernels, widen it first, with the same result.
 TEST_CASE("attention reads a packed qkv held in bf16 as the float32 one of the same values") {
   const ops::ComputeDTypeScope bf16(DType::BFloat16);
   struct RestoreKernel {
@@ -210,8 +313,12 @@ TEST_CASE("attention reads a packed qkv held in bf16 as the float32 one of the s
   };
   const Case cases[] = {Case{1, 1, 64, 2, true},    Case{2, 200, 256, 4, true},
                         Case{1, 130, 256, 2, true}, Case{2, 77, 96, 3, false},
-                        Case{1, 100, 128, 1, true}, Case{2, 70, 90, 3, true}};
-  for (const auto kernel : {ops::Bf16AttentionKernel::Mma, ops::Bf16AttentionKernel::MmaRounded})
+                        Case{1, 100, 128, 1, true}, Case{2, 70, 90, 3, true},
+                        Case{2, 70, 60, 3, true},     // head width 20: zero-filled past it
+                        Case{1, 33, 300, 3, false}};  // head width 100 of a padded 128
+  // The WMMA kernels widen a bf16 qkv first: the same values, the same bits.
+  for (const auto kernel : {ops::Bf16AttentionKernel::Mma, ops::Bf16AttentionKernel::MmaRounded,
+                            ops::Bf16AttentionKernel::Wmma})
     for (const Case c : cases) {
       ops::set_bf16_attention_kernel(kernel);
       CAPTURE(static_cast<int>(kernel));

@@ -70,4 +70,8 @@ enum class OutputAs { Float32, ProductOperand };
 // The dtype of an output written `as`, under the calling thread's compute dtype.
 DType output_dtype(OutputAs as);
 
+// Whether ProductOperand outputs are written in the compute dtype (PIPELINE_BF16_OUTPUTS unset or
+// not 0; read once per process).
+bool bf16_outputs_for_products();
+
 }  // namespace pipeline::ops
