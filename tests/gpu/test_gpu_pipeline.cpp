@@ -1,6 +1,7 @@
 // Pipelines on one GPU, every rank a thread of this process with its own stream
-// (runtime/in_process.hpp): GPipe and 1F1B-flush on 2, 3 and 4 stages (and a replicated stage)
-// equal sequential training on the same GPU to fp32 rounding; 1F1B-stash equals the independent
+// (runtime/in_process.hpp): GPipe, 1F1B-flush and ZB-H1 on 2, 3 and 4 stages (and a replicated
+// stage), and interleaved 1F1B with and without recomputation, equal sequential training on the
+// same GPU to fp32 rounding; 1F1B-stash equals the independent
 // weight-history reference; the in-process communicator hands device tensors between streams
 // (point-to-point and allreduce, bitwise the CPU's group-order sum); and the stage executor's
 // every tensor stays on the device.
@@ -24,6 +25,7 @@
 #include "support/stash_reference.hpp"
 
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <numeric>
 
@@ -141,7 +143,7 @@ TEST_CASE("the in-process communicator moves device tensors between the ranks' s
   });
 }
 
-TEST_CASE("gpipe and 1f1b-flush on one GPU equal sequential GPU training") {
+TEST_CASE("gpipe, 1f1b-flush and zb-h1 on one GPU equal sequential GPU training") {
   const Sequential model = model_of(0.25f);
   const int minibatches = 3, micro = 4;
   SequentialTrainer ref(model, to_device(model.init(kSeed), kGpu), make_sgd(), kSeed);
@@ -158,7 +160,9 @@ TEST_CASE("gpipe and 1f1b-flush on one GPU equal sequential GPU training") {
       {{{0, 2}, {2, 3}, {3, 5}, {5, 6}}, {{0}, {1}, {2}, {3}}},
       {{{0, 3}, {3, 6}}, {{0, 1}, {2}}},  // a replicated stage: its allreduce on the device
   };
-  for (const std::string name : {"gpipe", "1f1b-flush"}) {
+  // ZB-H1: each backward split into its input half and its weight half, which reads the output
+  // gradients the first kept (of the layers with weights) on the device.
+  for (const std::string name : {"gpipe", "1f1b-flush", "zb-h1"}) {
     for (const Case& c : cases) {
       ScheduleSpec spec;
       spec.stage_ranks = c.ranks;
@@ -173,6 +177,50 @@ TEST_CASE("gpipe and 1f1b-flush on one GPU equal sequential GPU training") {
       for (int r = 0; r < layout.num_ranks(); ++r)
         CHECK(max_rel_diff(out.params[static_cast<std::size_t>(r)], want,
                            out.ranges[static_cast<std::size_t>(r)]) <= 1e-5);
+    }
+  }
+}
+
+// Interleaved 1F1B (v = 2: every rank holds two stages, stage k on rank k mod p) on 2 and 3
+// ranks, then again with most stages recomputing their activations in the backward: the weights
+// of sequential training on the same GPU.
+TEST_CASE("interleaved-1f1b on one GPU, with and without recomputation, equals sequential") {
+  const Sequential model = model_of(0.25f);
+  for (const int p : {2, 3}) {
+    const int micro = p == 3 ? 6 : 4, minibatches = 3, stages = 2 * p;
+    CAPTURE(p);
+    SequentialTrainer ref(model, to_device(model.init(kSeed), kGpu), make_sgd(), kSeed);
+    for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
+    const ModelParams want = to_device(ref.params(), Device::cpu());
+    PipelineLayout layout;
+    for (int k = 0; k < stages; ++k) {
+      layout.stages.push_back({k * 6 / stages, (k + 1) * 6 / stages});
+      layout.stage_ranks.push_back({k % p});
+    }
+    const Schedule s =
+        generate_schedule("interleaved-1f1b", ScheduleSpec::interleaved(p, 2, micro, minibatches));
+    REQUIRE(s.stage_ranks == layout.stage_ranks);
+    for (const bool recompute : {false, true}) {
+      CAPTURE(recompute);
+      std::vector<bool> which;
+      if (recompute)
+        for (int k = 0; k < stages; ++k) which.push_back(k % 3 != 1);
+      std::mutex mutex;
+      std::map<int, ModelParams> stage_params;
+      run_in_process({.ranks = p, .device = kGpu}, [&](Communicator& comm, Device d) {
+        StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
+                         {.seed = kSeed, .device = d, .recompute = which});
+        ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
+        std::lock_guard<std::mutex> lock(mutex);
+        for (int stage : ex.stages())
+          stage_params[stage] = to_device(ex.params(stage), Device::cpu());
+      });
+      REQUIRE(stage_params.size() == static_cast<std::size_t>(stages));
+      for (int k = 0; k < stages; ++k) {
+        CAPTURE(k);
+        CHECK(max_rel_diff(stage_params[k], want, layout.stages[static_cast<std::size_t>(k)]) <=
+              1e-5);
+      }
     }
   }
 }
