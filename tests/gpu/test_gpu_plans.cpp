@@ -1,0 +1,100 @@
+// Plans the partitioner emits for random models and clusters (tests/support/random_plans.hpp:
+// replicated, interleaved and recomputing stages), trained in one process on one GPU, each rank a
+// thread with its own stream: flush schedules equal sequential training on the same GPU, and
+// 1F1B-stash the weight-stashing reference (on the CPU), to fp32 rounding.
+#include <doctest/doctest.h>
+
+#include <pipeline/core/rng.hpp>
+#include <pipeline/runtime/in_process.hpp>
+#include <pipeline/runtime/sequential_trainer.hpp>
+#include <pipeline/runtime/stage_executor.hpp>
+#include <pipeline/schedule/generator.hpp>
+
+#include "support/param_compare.hpp"
+#include "support/random_plans.hpp"
+#include "support/stash_reference.hpp"
+#include "support/synthetic_minibatches.hpp"
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace test_gpu_plans {
+
+using namespace pipeline;
+using namespace pipeline::testing;
+
+namespace {
+
+constexpr float kLr = 0.05f;
+constexpr std::uint64_t kSeed = 5;
+const Device kGpu = Device::cuda(0);
+
+const SyntheticMinibatches minibatch(Shape{kPlanFeatures}, kPlanClasses, kPlanBatch, 480, 9);
+
+// Each stage's final parameters on the host.
+std::map<int, ModelParams> train_plan_on_gpu(const Sequential& model, const PipelineLayout& layout,
+                                             const Schedule& schedule,
+                                             const std::vector<bool>& recompute) {
+  std::mutex mutex;
+  std::map<int, ModelParams> out;
+  run_in_process({.ranks = layout.num_ranks(), .device = kGpu}, [&](Communicator& comm, Device d) {
+    StageExecutor ex(model, Shape{kPlanFeatures}, DType::Float32, layout, comm, momentum_sgd(),
+                     {.seed = kSeed, .device = d, .recompute = recompute});
+    const TrainResult r = ex.train(schedule, minibatch.feed(), 0, [](std::int64_t) { return kLr; });
+    CHECK(std::isfinite(r.loss));
+    std::lock_guard<std::mutex> lock(mutex);
+    for (int stage : ex.stages()) out.emplace(stage, to_device(ex.params(stage), Device::cpu()));
+  });
+  return out;
+}
+
+void check_stages(const std::map<int, ModelParams>& got, const ModelParams& want,
+                  const PipelineLayout& layout, double tol) {
+  REQUIRE(got.size() == static_cast<std::size_t>(layout.num_stages()));
+  for (const auto& entry : got) {
+    const int stage = entry.first;
+    CAPTURE(stage);
+    CHECK(max_rel_diff(entry.second, want, layout.stages[static_cast<std::size_t>(stage)]) <= tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("random partitioner plans train on one GPU like their references") {
+  Rng rng(2027, "gpu-plans");
+  for (int trial = 0; trial < 10; ++trial) {
+    CAPTURE(trial);
+    const RandomPlan c = random_plan(rng, kSeed);
+    CAPTURE(c.describe());
+    const Sequential model = plan_mlp(c.widths, 0.2f);
+    const PipelineLayout layout = PipelineLayout::from_plan(c.plan, model);
+
+    const int minibatches = 2, micro = c.flush_microbatches;
+    CAPTURE(micro);
+    SequentialTrainer ref(model, to_device(model.init(kSeed), kGpu), momentum_sgd(), kSeed);
+    for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
+    const ModelParams want = to_device(ref.params(), Device::cpu());
+    for (const std::string& name : flush_schedules(c.plan)) {
+      CAPTURE(name);
+      const Schedule s =
+          generate_schedule(name, ScheduleSpec::from_plan(c.plan, micro, minibatches));
+      check_stages(train_plan_on_gpu(model, layout, s, c.recompute), want, layout, 1e-5);
+    }
+
+    if (c.plan.virtual_stages > 1) continue;
+    const Sequential still = plan_mlp(c.widths, 0.f);
+    ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, 1, c.stash_minibatches);
+    spec.vertical_sync = c.vertical_sync;
+    const Schedule s = generate_schedule("1f1b-stash", spec);
+    StashReference stash{still,         kSeed, kLr, momentum_sgd,   minibatch,
+                         layout.stages, {},    {},  c.vertical_sync};
+    stash.follow(s);
+    // The reference runs on the CPU: fp32 rounding apart.
+    check_stages(train_plan_on_gpu(still, layout, s, c.recompute), stash.run(c.stash_minibatches),
+                 layout, 1e-4);
+  }
+}
+
+}  // namespace test_gpu_plans

@@ -1,0 +1,117 @@
+// Random plans as the partitioner emits them, for the tests that train every plan it can emit
+// (tests/unit/test_plans_train.cpp on CPU ranks, tests/gpu/test_gpu_plans.cpp on one GPU): a
+// random MLP, its profile (bytes measured, times drawn), a random topology of 2 to 6 workers on
+// one or two levels, partitioned with random options (straight or not, transfers ignored or not,
+// interleaved where the layers allow), the plan passed through plan.json and back, and some
+// stages marked to recompute as a user may mark them by hand.
+#pragma once
+
+#include <pipeline/core/rng.hpp>
+#include <pipeline/nn/layers/activation.hpp>
+#include <pipeline/nn/layers/dropout.hpp>
+#include <pipeline/nn/layers/linear.hpp>
+#include <pipeline/plan/partition.hpp>
+#include <pipeline/plan/plan_json.hpp>
+#include <pipeline/profile/profiler.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace pipeline::testing {
+
+inline constexpr int kPlanFeatures = 10;
+inline constexpr int kPlanClasses = 4;
+inline constexpr int kPlanBatch = 24;  // divisible by every flush microbatch count drawn below
+
+// Linear + ReLU pairs of the given widths, a dropout after the first pair (rate 0 keeps the
+// layer, so one plan serves both), then the classifier.
+inline Sequential plan_mlp(const std::vector<std::int64_t>& widths, float dropout) {
+  Sequential m("random-mlp");
+  std::int64_t in = kPlanFeatures;
+  for (std::size_t i = 0; i < widths.size(); ++i) {
+    m.emplace<Linear>("fc" + std::to_string(i), in, widths[i]);
+    m.emplace<ReLU>("relu" + std::to_string(i));
+    if (i == 0) m.emplace<Dropout>("drop", dropout);
+    in = widths[i];
+  }
+  m.emplace<Linear>("head", in, kPlanClasses);
+  return m;
+}
+
+struct RandomPlan {
+  std::vector<std::int64_t> widths;  // of plan_mlp
+  Profile profile;
+  Topology topology;
+  Plan plan;
+  std::vector<bool> recompute;  // per stage (empty: none recomputes)
+  int workers = 0;
+  int flush_microbatches = 0;  // at least one per replica; for interleaved a multiple of the ranks
+  int stash_minibatches = 0;   // dealt evenly to every stage's replicas (their allreduces pair up)
+  bool vertical_sync = false;  // for 1F1B-stash
+
+  int max_replicas() const {
+    int r = 1;
+    for (const PlanStage& s : plan.stages) r = std::max(r, s.replicas);
+    return r;
+  }
+  bool recomputes() const { return std::count(recompute.begin(), recompute.end(), true) > 0; }
+  // "0:3x2 3:7r" for the log.
+  std::string describe() const {
+    std::string out;
+    for (const PlanStage& s : plan.stages)
+      out += std::to_string(s.begin) + ":" + std::to_string(s.end) +
+             (s.replicas > 1 ? "x" + std::to_string(s.replicas) : "") + (s.recompute ? "r " : " ");
+    return out;
+  }
+};
+
+inline RandomPlan random_plan(Rng& rng, std::uint64_t seed) {
+  RandomPlan c;
+  c.widths.resize(2 + rng.below(4));
+  for (auto& w : c.widths) w = 4 + static_cast<std::int64_t>(rng.below(29));
+  // Measured bytes, drawn times: plans of every shape, the same on every run.
+  c.profile = profile(plan_mlp(c.widths, 0.2f), Shape{kPlanFeatures}, kPlanBatch, Device::cpu(),
+                      {.warmup = 0, .repeat = 1, .seed = seed});
+  for (LayerProfile& l : c.profile.layers) {
+    l.forward_s = (l.parameter_bytes > 0 ? 1e-3 : 1e-4) * (0.2 + 2.8 * rng.uniform(0, 1));
+    l.backward_s = 2 * l.forward_s * (0.7 + 0.6 * rng.uniform(0, 1));
+    l.backward_input_s = l.backward_weight_s = 0;
+  }
+  c.workers = 2 + static_cast<int>(rng.below(5));
+  const double bandwidth = 1e8 * (1 + static_cast<double>(rng.below(100)));
+  if (c.workers % 2 == 0 && rng.below(2) == 0)
+    c.topology.levels = {{2, 1e10}, {c.workers / 2, bandwidth}};
+  else
+    c.topology.levels = {{c.workers, bandwidth}};
+  PartitionOptions o;
+  o.ignore_transfer = rng.below(3) == 0;
+  o.straight = rng.below(4) == 0;
+  if (static_cast<int>(c.profile.layers.size()) >= 2 * c.workers && rng.below(4) == 0)
+    o.virtual_stages = 2;
+  c.plan = parse_plan(plan_to_json(partition(c.profile, c.topology, o)).dump(), "random plan");
+  if (rng.below(3) == 0)
+    for (PlanStage& s : c.plan.stages) c.recompute.push_back(s.recompute = rng.below(2) == 0);
+  const int counts[] = {2, 3, 4, 6, 8, 12};
+  if (c.plan.virtual_stages > 1)
+    c.flush_microbatches = c.workers * (1 + static_cast<int>(rng.below(2)));
+  else
+    do c.flush_microbatches = counts[rng.below(6)];
+    while (c.flush_microbatches < c.max_replicas());
+  int whole = 1;
+  for (const PlanStage& s : c.plan.stages) whole = std::lcm(whole, s.replicas);
+  c.stash_minibatches = whole * ((6 + whole - 1) / whole);
+  c.vertical_sync = rng.below(2) == 0;
+  return c;
+}
+
+// The flush schedules that run a plan: interleaved 1F1B for an interleaved plan, else GPipe,
+// 1F1B-flush and ZB-H1.
+inline std::vector<std::string> flush_schedules(const Plan& plan) {
+  if (plan.virtual_stages > 1) return {"interleaved-1f1b"};
+  return {"gpipe", "1f1b-flush", "zb-h1"};
+}
+
+}  // namespace pipeline::testing
