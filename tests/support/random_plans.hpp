@@ -14,6 +14,8 @@
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/profile/profiler.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
