@@ -2,9 +2,10 @@
 // (measured bytes, random times) and cluster topologies are partitioned, the plan goes through
 // plan.json and back, and each schedule kind generated from it validates, simulates and runs on
 // the in-process communicator. Flush schedules (GPipe, 1F1B-flush, ZB-H1, interleaved 1F1B for
-// interleaved plans) equal the single process with gradient accumulation; 1F1B-stash equals the
-// independent reference of weight stashing with the plan's replicas, warm-ups and delays, with and
-// without vertical sync; stages marked to recompute change nothing.
+// interleaved plans; replicas dealt microbatches round-robin or by random speeds) equal the single
+// process with gradient accumulation; 1F1B-stash equals the independent reference of weight
+// stashing with the plan's replicas, warm-ups and delays, with and without vertical sync; stages
+// marked to recompute change nothing.
 #include <doctest/doctest.h>
 
 #include <pipeline/comm/comms/local.hpp>
@@ -12,6 +13,7 @@
 #include <pipeline/core/threads.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
 #include <pipeline/runtime/stage_executor.hpp>
+#include <pipeline/schedule/dealing.hpp>
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/simulator.hpp>
 #include <pipeline/schedule/validate.hpp>
@@ -73,7 +75,7 @@ void check_stages(const std::map<int, ModelParams>& got, const ModelParams& want
 TEST_CASE("random partitioner plans schedule, validate, simulate and train like their references") {
   set_num_threads(1);
   Rng rng(2026, "plans-train");
-  int replicated = 0, interleaved = 0, recomputing = 0;
+  int replicated = 0, interleaved = 0, recomputing = 0, dealt = 0;
   for (int trial = 0; trial < 40; ++trial) {
     CAPTURE(trial);
     const RandomPlan c = random_plan(rng, kSeed);
@@ -92,8 +94,16 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
     for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
     for (const std::string& name : flush_schedules(c.plan)) {
       CAPTURE(name);
-      const Schedule s =
-          generate_schedule(name, ScheduleSpec::from_plan(c.plan, micro, minibatches));
+      ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, micro, minibatches);
+      // Replicas of random speeds get microbatches by speed (as --rebalance deals them) on every
+      // other plan with a replicated stage: the same minibatch gradients.
+      if (c.max_replicas() > 1 && c.plan.virtual_stages == 1 && trial % 2 == 0) {
+        std::vector<double> seconds;
+        for (int r = 0; r < c.plan.workers; ++r) seconds.push_back(1.0 + rng.below(4));
+        spec.dealing = dealing_by_speed(spec, seconds);
+        dealt += !spec.dealing.empty();
+      }
+      const Schedule s = generate_schedule(name, spec);
       CHECK(validation_error(s).empty());
       CHECK(simulate(s, c.profile, c.plan, c.topology).samples_per_s > 0);
       check_stages(train_plan(model, layout, s, c.recompute), ref.params(), layout, 1e-5);
@@ -115,10 +125,12 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
                  1e-5);
   }
   MESSAGE("plans with replicated stages: " << replicated << ", interleaved: " << interleaved
-                                           << ", with recomputing stages: " << recomputing);
+                                           << ", with recomputing stages: " << recomputing
+                                           << "; flush schedules dealt by speed: " << dealt);
   CHECK(replicated > 0);
   CHECK(interleaved > 0);
   CHECK(recomputing > 0);
+  CHECK(dealt > 0);
 }
 
 }  // namespace test_plans_train
