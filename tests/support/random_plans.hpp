@@ -1,9 +1,9 @@
 // Random plans as the partitioner emits them, for the tests that train every plan it can emit
 // (tests/unit/test_plans_train.cpp on CPU ranks, tests/gpu/test_gpu_plans.cpp on one GPU): a
 // random MLP, its profile (bytes measured, times drawn), a random topology of 2 to 6 workers on
-// one or two levels, partitioned with random options (straight or not, transfers ignored or not,
-// interleaved where the layers allow), the plan passed through plan.json and back, and some
-// stages marked to recompute as a user may mark them by hand.
+// one or two levels, or a mixed cluster of fast and slow workers, partitioned with random options
+// (straight or not, transfers ignored or not, interleaved where the layers allow), the plan passed
+// through plan.json and back, and some stages marked to recompute as a user may mark them by hand.
 #pragma once
 
 #include <pipeline/core/rng.hpp>
@@ -12,7 +12,9 @@
 #include <pipeline/nn/layers/linear.hpp>
 #include <pipeline/plan/partition.hpp>
 #include <pipeline/plan/plan_json.hpp>
+#include <pipeline/plan/typed_partition.hpp>
 #include <pipeline/profile/profiler.hpp>
+#include <pipeline/schedule/simulator.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -49,7 +51,8 @@ struct RandomPlan {
   Topology topology;
   Plan plan;
   std::vector<bool> recompute;  // per stage (empty: none recomputes)
-  int workers = 0;
+  DeviceProfiles typed_profiles;  // for a mixed cluster: a profile per worker type (else empty)
+  int workers = 0;                // that the plan uses
   int flush_microbatches = 0;  // at least one per replica; for interleaved a multiple of the ranks
   int stash_minibatches = 0;   // dealt evenly to every stage's replicas (their allreduces pair up)
   bool vertical_sync = false;  // for 1F1B-stash
@@ -60,12 +63,19 @@ struct RandomPlan {
     return r;
   }
   bool recomputes() const { return std::count(recompute.begin(), recompute.end(), true) > 0; }
-  // "0:3x2 3:7r" for the log.
+  // `schedule` timed by the simulator, each stage from its worker type's profile where typed.
+  Simulation simulate_schedule(const Schedule& schedule) const {
+    SimulateOptions options;
+    if (!typed_profiles.empty()) options.device_profiles = &typed_profiles;
+    return simulate(schedule, profile, plan, topology, options);
+  }
+  // "0:3x2 3:7r", with each stage's worker type on a mixed cluster ("fast@0:3"), for the log.
   std::string describe() const {
     std::string out;
     for (const PlanStage& s : plan.stages)
-      out += std::to_string(s.begin) + ":" + std::to_string(s.end) +
-             (s.replicas > 1 ? "x" + std::to_string(s.replicas) : "") + (s.recompute ? "r " : " ");
+      out += (s.device.empty() ? "" : s.device + "@") + std::to_string(s.begin) + ":" +
+             std::to_string(s.end) + (s.replicas > 1 ? "x" + std::to_string(s.replicas) : "") +
+             (s.recompute ? "r " : " ");
     return out;
   }
 };
@@ -91,9 +101,29 @@ inline RandomPlan random_plan(Rng& rng, std::uint64_t seed) {
   PartitionOptions o;
   o.ignore_transfer = rng.below(3) == 0;
   o.straight = rng.below(4) == 0;
-  if (static_cast<int>(c.profile.layers.size()) >= 2 * c.workers && rng.below(4) == 0)
+  const int kind = static_cast<int>(rng.below(5));
+  Plan plan;
+  if (kind == 0 && static_cast<int>(c.profile.layers.size()) >= 2 * c.workers) {
     o.virtual_stages = 2;
-  c.plan = parse_plan(plan_to_json(partition(c.profile, c.topology, o)).dump(), "random plan");
+    plan = partition(c.profile, c.topology, o);
+  } else if (kind == 1) {
+    // A mixed cluster: "fast" workers and "slow" ones 1.5-4x slower on every layer, one level;
+    // the plan may leave workers of either type unused.
+    const int fast = 1 + static_cast<int>(rng.below(static_cast<std::uint64_t>(c.workers - 1)));
+    c.topology.levels = {{c.workers, bandwidth}};
+    c.topology.types = {{"fast", fast}, {"slow", c.workers - fast}};
+    c.typed_profiles = {{"fast", c.profile}, {"slow", c.profile}};
+    const double slower = 1.5 + 2.5 * rng.uniform(0, 1);
+    for (LayerProfile& l : c.typed_profiles.at("slow").layers) {
+      l.forward_s *= slower;
+      l.backward_s *= slower;
+    }
+    plan = partition_typed(c.typed_profiles, c.topology, o);
+  } else {
+    plan = partition(c.profile, c.topology, o);
+  }
+  c.plan = parse_plan(plan_to_json(plan).dump(), "random plan");
+  c.workers = c.plan.workers;
   if (rng.below(3) == 0)
     for (PlanStage& s : c.plan.stages) c.recompute.push_back(s.recompute = rng.below(2) == 0);
   const int counts[] = {2, 3, 4, 6, 8, 12};

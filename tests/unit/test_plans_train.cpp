@@ -1,11 +1,11 @@
 // Every plan the partitioner emits trains, the way a user reaches it: random models, profiles
-// (measured bytes, random times) and cluster topologies are partitioned, the plan goes through
-// plan.json and back, and each schedule kind generated from it validates, simulates and runs on
-// the in-process communicator. Flush schedules (GPipe, 1F1B-flush, ZB-H1, interleaved 1F1B for
-// interleaved plans; replicas dealt microbatches round-robin or by random speeds) equal the single
-// process with gradient accumulation; 1F1B-stash equals the independent reference of weight
-// stashing with the plan's replicas, warm-ups and delays, with and without vertical sync; stages
-// marked to recompute change nothing.
+// (measured bytes, random times) and cluster topologies (mixed ones too) are partitioned, the plan
+// goes through plan.json and back, and each schedule kind generated from it validates, simulates
+// and runs on the in-process communicator. Flush schedules (GPipe, 1F1B-flush, ZB-H1, interleaved
+// 1F1B for interleaved plans; replicas dealt microbatches round-robin or by random speeds) equal
+// the single process with gradient accumulation; 1F1B-stash equals the independent reference of
+// weight stashing with the plan's replicas, warm-ups and delays, with and without vertical sync;
+// stages marked to recompute change nothing.
 #include <doctest/doctest.h>
 
 #include <pipeline/comm/comms/local.hpp>
@@ -75,7 +75,7 @@ void check_stages(const std::map<int, ModelParams>& got, const ModelParams& want
 TEST_CASE("random partitioner plans schedule, validate, simulate and train like their references") {
   set_num_threads(1);
   Rng rng(2026, "plans-train");
-  int replicated = 0, interleaved = 0, recomputing = 0, dealt = 0;
+  int replicated = 0, interleaved = 0, mixed = 0, recomputing = 0, dealt = 0;
   for (int trial = 0; trial < 40; ++trial) {
     CAPTURE(trial);
     const RandomPlan c = random_plan(rng, kSeed);
@@ -83,6 +83,7 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
     CAPTURE(c.describe());
     replicated += c.max_replicas() > 1;
     interleaved += c.plan.virtual_stages > 1;
+    mixed += !c.typed_profiles.empty();
     recomputing += c.recomputes();
     const Sequential model = plan_mlp(c.widths, 0.2f);
     const PipelineLayout layout = PipelineLayout::from_plan(c.plan, model);
@@ -105,7 +106,7 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
       }
       const Schedule s = generate_schedule(name, spec);
       CHECK(validation_error(s).empty());
-      CHECK(simulate(s, c.profile, c.plan, c.topology).samples_per_s > 0);
+      CHECK(c.simulate_schedule(s).samples_per_s > 0);
       check_stages(train_plan(model, layout, s, c.recompute), ref.params(), layout, 1e-5);
     }
 
@@ -117,7 +118,7 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
     CAPTURE(spec.vertical_sync);
     const Schedule s = generate_schedule("1f1b-stash", spec);
     CHECK(validation_error(s).empty());
-    CHECK(simulate(s, c.profile, c.plan, c.topology).samples_per_s > 0);
+    CHECK(c.simulate_schedule(s).samples_per_s > 0);
     StashReference stash{still,         kSeed, kLr, momentum_sgd,   minibatch,
                          layout.stages, {},    {},  c.vertical_sync};
     stash.follow(s);
@@ -125,10 +126,12 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
                  1e-5);
   }
   MESSAGE("plans with replicated stages: " << replicated << ", interleaved: " << interleaved
+                                           << ", on mixed workers: " << mixed
                                            << ", with recomputing stages: " << recomputing
                                            << "; flush schedules dealt by speed: " << dealt);
   CHECK(replicated > 0);
   CHECK(interleaved > 0);
+  CHECK(mixed > 0);
   CHECK(recomputing > 0);
   CHECK(dealt > 0);
 }
