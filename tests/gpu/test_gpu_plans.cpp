@@ -1,7 +1,8 @@
 // Plans the partitioner emits for random models and clusters (tests/support/random_plans.hpp:
 // replicated, interleaved and recomputing stages), trained in one process on one GPU, each rank a
-// thread with its own stream: flush schedules equal sequential training on the same GPU, and
-// 1F1B-stash the weight-stashing reference (on the CPU), to fp32 rounding.
+// thread with its own stream: flush schedules equal sequential training on the same GPU, 2BW the
+// reference of double-buffered weights and 1F1B-stash that of weight stashing (both on the CPU),
+// to fp32 rounding.
 #include <doctest/doctest.h>
 
 #include <pipeline/core/rng.hpp>
@@ -84,6 +85,13 @@ TEST_CASE("random partitioner plans train on one GPU like their references") {
     }
 
     if (c.plan.virtual_stages > 1) continue;
+    // The references run on the CPU: fp32 rounding apart.
+    const Schedule two = two_buffered_schedule_for(c.plan, micro, minibatches + 2);
+    check_stages(train_plan_on_gpu(model, layout, two, c.recompute),
+                 two_buffered_reference(model, kSeed, kLr, momentum_sgd, minibatch, minibatches + 2,
+                                        two.microbatches),
+                 layout, 1e-4);
+
     const Sequential still = plan_mlp(c.widths, 0.f);
     ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, 1, c.stash_minibatches);
     spec.vertical_sync = c.vertical_sync;
@@ -91,7 +99,6 @@ TEST_CASE("random partitioner plans train on one GPU like their references") {
     StashReference stash{still,         kSeed, kLr, momentum_sgd,   minibatch,
                          layout.stages, {},    {},  c.vertical_sync};
     stash.follow(s);
-    // The reference runs on the CPU: fp32 rounding apart.
     check_stages(train_plan_on_gpu(still, layout, s, c.recompute), stash.run(c.stash_minibatches),
                  layout, 1e-4);
   }

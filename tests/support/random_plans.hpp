@@ -14,6 +14,7 @@
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/plan/typed_partition.hpp>
 #include <pipeline/profile/profiler.hpp>
+#include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/simulator.hpp>
 
 #include <nlohmann/json.hpp>
@@ -137,6 +138,20 @@ inline RandomPlan random_plan(Rng& rng, std::uint64_t seed) {
   c.stash_minibatches = whole * ((6 + whole - 1) / whole);
   c.vertical_sync = rng.below(2) == 0;
   return c;
+}
+
+// 2BW's schedule for `plan` with the fewest microbatches it admits (at least `first`; each stage
+// needs its warm-up forwards on every replica within one minibatch, and says so otherwise).
+inline Schedule two_buffered_schedule_for(const Plan& plan, int first, int minibatches) {
+  for (const int m : {first, 4, 6, 8, 12, 24}) {
+    if (m < first) continue;
+    try {
+      return generate_schedule("2bw", ScheduleSpec::from_plan(plan, m, minibatches));
+    } catch (const ConfigError& e) {
+      if (std::string(e.what()).find("--microbatches") == std::string::npos) throw;
+    }
+  }
+  throw ConfigError("2bw admits none of 4 to 24 microbatches for this plan");
 }
 
 // The flush schedules that run a plan: interleaved 1F1B for an interleaved plan, else GPipe,

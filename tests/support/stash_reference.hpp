@@ -1,8 +1,9 @@
-// An independent sequential reference of PipeDream's weight stashing (1F1B-stash), for the
-// runtime tests: it never runs the executor, only the model's per-stage forward and backward with
-// per-stage weight version histories.
+// Independent sequential references of PipeDream's weight stashing (1F1B-stash) and of
+// PipeDream-2BW's double-buffered weights, for the runtime tests: they never run the executor,
+// only the model's forward and backward with weight version histories.
 #pragma once
 
+#include <pipeline/data/dataset.hpp>
 #include <pipeline/nn/loss.hpp>
 #include <pipeline/nn/sequential.hpp>
 #include <pipeline/optim/flatten.hpp>
@@ -169,6 +170,37 @@ inline void StashReference::follow(const Schedule& s) {
                      d);
     delaying.push_back(d);
   }
+}
+
+// PipeDream-2BW, independently of the executor: minibatch j's gradient, accumulated over its
+// `micro` microbatches, is taken at the weights after max(0, j - 1) steps and applied to the
+// latest.
+inline ModelParams two_buffered_reference(
+    const Sequential& model, std::uint64_t seed, float lr,
+    const std::function<std::unique_ptr<Optimizer>()>& make_optimizer,
+    const std::function<Batch(std::int64_t)>& minibatch, int minibatches, int micro) {
+  std::vector<ModelParams> history;
+  history.push_back(model.init(seed));
+  auto opt = make_optimizer();
+  for (int j = 0; j < minibatches; ++j) {
+    ModelParams& w = history[static_cast<std::size_t>(double_buffered_version(j))];
+    ModelGrads g = model.zero_grads(model.all());
+    const Batch b = minibatch(j);
+    int i = 0;
+    for (const Batch& mb : split_microbatches(b, micro)) {
+      std::vector<Saved> saved;
+      ForwardContext ctx{Mode::Train, microbatch_seed(seed, j, i++)};
+      Tensor y = model.forward(model.all(), w, mb.inputs, saved, ctx);
+      LossResult l = SoftmaxCrossEntropy{}(y, mb.labels, 1.f / static_cast<float>(b.size()));
+      model.backward(model.all(), w, saved, l.grad, g, false);
+    }
+    ModelParams next = clone_params(history.back());
+    std::vector<Tensor> flat = flatten_params(next);
+    std::vector<Tensor> grads = flatten_grads(g);
+    opt->step(flat, grads, lr);
+    history.push_back(std::move(next));
+  }
+  return std::move(history.back());
 }
 
 }  // namespace pipeline::testing

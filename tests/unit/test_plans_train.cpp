@@ -75,7 +75,7 @@ void check_stages(const std::map<int, ModelParams>& got, const ModelParams& want
 TEST_CASE("random partitioner plans schedule, validate, simulate and train like their references") {
   set_num_threads(1);
   Rng rng(2026, "plans-train");
-  int replicated = 0, interleaved = 0, mixed = 0, recomputing = 0, dealt = 0;
+  int replicated = 0, interleaved = 0, mixed = 0, recomputing = 0, dealt = 0, two_buffered = 0;
   for (int trial = 0; trial < 40; ++trial) {
     CAPTURE(trial);
     const RandomPlan c = random_plan(rng, kSeed);
@@ -110,8 +110,22 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
       check_stages(train_plan(model, layout, s, c.recompute), ref.params(), layout, 1e-5);
     }
 
-    // 1F1B-stash with the plan's own in-flight counts against the reference of weight stashing.
     if (c.plan.virtual_stages > 1) continue;
+    // 2BW with the fewest microbatches it admits for the plan, against the reference of
+    // double-buffered weights.
+    {
+      const Schedule s = two_buffered_schedule_for(c.plan, micro, minibatches + 2);
+      CAPTURE(s.microbatches);
+      CHECK(validation_error(s).empty());
+      CHECK(c.simulate_schedule(s).samples_per_s > 0);
+      check_stages(train_plan(model, layout, s, c.recompute),
+                   two_buffered_reference(model, kSeed, kLr, momentum_sgd, minibatch,
+                                          minibatches + 2, s.microbatches),
+                   layout, 1e-5);
+      ++two_buffered;
+    }
+
+    // 1F1B-stash with the plan's own in-flight counts against the reference of weight stashing.
     const Sequential still = plan_mlp(c.widths, 0.f);  // the reference has no dropout masks
     ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, 1, c.stash_minibatches);
     spec.vertical_sync = c.vertical_sync;
@@ -125,15 +139,16 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
     check_stages(train_plan(still, layout, s, c.recompute), stash.run(c.stash_minibatches), layout,
                  1e-5);
   }
-  MESSAGE("plans with replicated stages: " << replicated << ", interleaved: " << interleaved
-                                           << ", on mixed workers: " << mixed
-                                           << ", with recomputing stages: " << recomputing
-                                           << "; flush schedules dealt by speed: " << dealt);
+  MESSAGE("plans with replicated stages: "
+          << replicated << ", interleaved: " << interleaved << ", on mixed workers: " << mixed
+          << ", with recomputing stages: " << recomputing
+          << "; flush schedules dealt by speed: " << dealt << ", 2bw runs: " << two_buffered);
   CHECK(replicated > 0);
   CHECK(interleaved > 0);
   CHECK(mixed > 0);
   CHECK(recomputing > 0);
   CHECK(dealt > 0);
+  CHECK(two_buffered > 0);
 }
 
 }  // namespace test_plans_train

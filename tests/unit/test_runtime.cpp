@@ -291,38 +291,12 @@ TEST_CASE("flush schedules dealt by speed equal SequentialTrainer; each microbat
   }
 }
 
-// PipeDream-2BW, independently of the executor: minibatch j's gradient, accumulated over its
-// microbatches, is taken at the weights after max(0, j - 1) steps and applied to the latest.
-static ModelParams two_buffered_reference(const Sequential& model, int minibatches, int micro) {
-  std::vector<ModelParams> history;
-  history.push_back(model.init(kSeed));
-  auto opt = make_sgd();
-  for (int j = 0; j < minibatches; ++j) {
-    ModelParams& w = history[static_cast<std::size_t>(double_buffered_version(j))];
-    ModelGrads g = model.zero_grads(model.all());
-    const Batch b = minibatch(j);
-    int i = 0;
-    for (const Batch& mb : split_microbatches(b, micro)) {
-      std::vector<Saved> saved;
-      ForwardContext ctx{Mode::Train, microbatch_seed(kSeed, j, i++)};
-      Tensor y = model.forward(model.all(), w, mb.inputs, saved, ctx);
-      LossResult l = SoftmaxCrossEntropy{}(y, mb.labels, 1.f / static_cast<float>(b.size()));
-      model.backward(model.all(), w, saved, l.grad, g, false);
-    }
-    ModelParams next = clone_params(history.back());
-    std::vector<Tensor> flat = flatten_params(next);
-    std::vector<Tensor> grads = flatten_grads(g);
-    opt->step(flat, grads, kLr);
-    history.push_back(std::move(next));
-  }
-  return std::move(history.back());
-}
-
 TEST_CASE("2bw equals its reference: gradients one step stale, two weight versions") {
   set_num_threads(1);
   const Sequential model = small_model();
   const int minibatches = 5, micro = 4;
-  const ModelParams want = two_buffered_reference(model, minibatches, micro);
+  const ModelParams want = pipeline::testing::two_buffered_reference(model, kSeed, kLr, make_sgd,
+                                                                     minibatch, minibatches, micro);
   // Staleness really changes the result: plain sequential training differs.
   SequentialTrainer seq(model, model.init(kSeed), make_sgd(), kSeed);
   for (int j = 0; j < minibatches; ++j) seq.step(minibatch(j), kLr, micro);
