@@ -50,17 +50,6 @@ std::map<int, ModelParams> train_plan_on_gpu(const Sequential& model, const Pipe
   });
   return out;
 }
-
-void check_stages(const std::map<int, ModelParams>& got, const ModelParams& want,
-                  const PipelineLayout& layout, double tol) {
-  REQUIRE(got.size() == static_cast<std::size_t>(layout.num_stages()));
-  for (const auto& entry : got) {
-    const int stage = entry.first;
-    CAPTURE(stage);
-    CHECK(max_rel_diff(entry.second, want, layout.stages[static_cast<std::size_t>(stage)]) <= tol);
-  }
-}
-
 }  // namespace
 
 TEST_CASE("random partitioner plans train on one GPU like their references") {

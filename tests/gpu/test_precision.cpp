@@ -27,10 +27,12 @@
 #include <mutex>
 
 #include "gpu_compare.hpp"
+#include "support/widened_records.hpp"
 
 namespace test_precision {
 
 using namespace pipeline;
+using pipeline::testing::widened;
 using namespace pipeline::gpu_test;
 
 TEST_CASE("round_to_bf16 on CUDA equals the CPU bit for bit") {
@@ -158,17 +160,6 @@ TEST_CASE("convolutions and attention under bf16 on CUDA equal the CPU's") {
 }
 
 namespace {
-
-// `saved` with every bfloat16 tensor widened to float32 (on its device), recursively: what the
-// layers kept before they kept product operands in bf16.
-Saved widened(const Saved& saved) {
-  Saved w;
-  for (const Tensor& t : saved.tensors)
-    w.tensors.push_back(t.dtype() == DType::BFloat16 ? ops::to_dtype(t, DType::Float32) : t);
-  for (const Saved& c : saved.children) w.children.push_back(widened(c));
-  w.child_output_grads = saved.child_output_grads;
-  return w;
-}
 
 // What `layer` computes under bf16 on the GPU: its output, then for each of the whole, input and
 // weight passes the input gradient and the weight gradients, once from what the layer kept

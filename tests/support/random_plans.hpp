@@ -14,13 +14,18 @@
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/plan/typed_partition.hpp>
 #include <pipeline/profile/profiler.hpp>
+#include <pipeline/runtime/stage_executor.hpp>
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/simulator.hpp>
 
+#include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
+
+#include "param_compare.hpp"
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -152,6 +157,18 @@ inline Schedule two_buffered_schedule_for(const Plan& plan, int first, int minib
     }
   }
   throw ConfigError("2bw admits none of 4 to 24 microbatches for this plan");
+}
+
+// Each stage's final parameters (by stage, as the ranks reported them; the replicas of a stage end
+// equal) against the parameters of the reference, over the stage's layers.
+inline void check_stages(const std::map<int, ModelParams>& got, const ModelParams& want,
+                         const PipelineLayout& layout, double tol) {
+  REQUIRE(got.size() == static_cast<std::size_t>(layout.num_stages()));
+  for (const auto& entry : got) {
+    const int stage = entry.first;
+    CAPTURE(stage);
+    CHECK(max_rel_diff(entry.second, want, layout.stages[static_cast<std::size_t>(stage)]) <= tol);
+  }
 }
 
 // The flush schedules that run a plan: interleaved 1F1B for an interleaved plan, else GPipe,

@@ -25,6 +25,7 @@
 
 #include "../support/param_compare.hpp"
 #include "../support/synthetic_minibatches.hpp"
+#include "../support/widened_records.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -35,6 +36,7 @@ namespace test_precision {
 
 using namespace pipeline;
 using pipeline::testing::max_rel_diff;
+using pipeline::testing::widened;
 
 namespace {
 
@@ -235,17 +237,6 @@ TEST_CASE("weight matrices are product operands; biases are not") {
 }
 
 namespace {
-
-// `saved` with every bfloat16 tensor widened to float32, recursively: what the layers kept before
-// they kept product operands in bf16.
-Saved widened(const Saved& saved) {
-  Saved w;
-  for (const Tensor& t : saved.tensors)
-    w.tensors.push_back(t.dtype() == DType::BFloat16 ? ops::to_dtype(t, DType::Float32) : t);
-  for (const Saved& c : saved.children) w.children.push_back(widened(c));
-  w.child_output_grads = saved.child_output_grads;
-  return w;
-}
 
 // The layer's backward from its bf16-kept records and from the same records widened: the same
 // input gradient and weight gradients, bit for bit, whole and split.
