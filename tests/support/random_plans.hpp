@@ -1,9 +1,10 @@
 // Random plans as the partitioner emits them, for the tests that train every plan it can emit
-// (tests/unit/test_plans_train.cpp on CPU ranks, tests/gpu/test_gpu_plans.cpp on one GPU): a
-// random MLP, its profile (bytes measured, times drawn), a random topology of 2 to 6 workers on
-// one or two levels, or a mixed cluster of fast and slow workers, partitioned with random options
-// (straight or not, transfers ignored or not, interleaved where the layers allow), the plan passed
-// through plan.json and back, and some stages marked to recompute as a user may mark them by hand.
+// (tests/unit/test_plans_train.cpp on in-process CPU ranks, tests/mpi/test_plans_mpi.cpp over
+// MPI, tests/gpu/test_gpu_plans.cpp on one GPU): a random MLP, its profile (bytes measured, times
+// drawn), a random topology of 2 to 6 workers on one or two levels, or a mixed cluster of fast and
+// slow workers, partitioned with random options (straight or not, transfers ignored or not,
+// interleaved where the layers allow), the plan passed through plan.json and back, and some
+// stages marked to recompute as a user may mark them by hand.
 #pragma once
 
 #include <pipeline/core/rng.hpp>
@@ -86,7 +87,8 @@ struct RandomPlan {
   }
 };
 
-inline RandomPlan random_plan(Rng& rng, std::uint64_t seed) {
+// `workers` > 0 fixes the cluster's size (a plan on a mixed cluster may still use fewer).
+inline RandomPlan random_plan(Rng& rng, std::uint64_t seed, int workers = 0) {
   RandomPlan c;
   c.widths.resize(2 + rng.below(4));
   for (auto& w : c.widths) w = 4 + static_cast<std::int64_t>(rng.below(29));
@@ -98,7 +100,7 @@ inline RandomPlan random_plan(Rng& rng, std::uint64_t seed) {
     l.backward_s = 2 * l.forward_s * (0.7 + 0.6 * rng.uniform(0, 1));
     l.backward_input_s = l.backward_weight_s = 0;
   }
-  c.workers = 2 + static_cast<int>(rng.below(5));
+  c.workers = workers > 0 ? workers : 2 + static_cast<int>(rng.below(5));
   const double bandwidth = 1e8 * (1 + static_cast<double>(rng.below(100)));
   if (c.workers % 2 == 0 && rng.below(2) == 0)
     c.topology.levels = {{2, 1e10}, {c.workers / 2, bandwidth}};

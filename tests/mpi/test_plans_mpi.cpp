@@ -1,0 +1,88 @@
+// ranks: 3 4
+// Plans the partitioner emits for random models on a cluster of the world's size
+// (tests/support/random_plans.hpp: replicated, interleaved, mixed-worker and recomputing stages),
+// trained over MPI, one process per stage replica: flush schedules equal the single process, 2BW
+// the double-buffered reference and 1F1B-stash the weight-stashing reference, every rank's
+// stages to 1e-5.
+#include <doctest/doctest.h>
+
+#include <pipeline/comm/comms/mpi.hpp>
+#include <pipeline/core/threads.hpp>
+#include <pipeline/runtime/sequential_trainer.hpp>
+#include <pipeline/runtime/stage_executor.hpp>
+#include <pipeline/schedule/generator.hpp>
+
+#include "support/param_compare.hpp"
+#include "support/random_plans.hpp"
+#include "support/stash_reference.hpp"
+#include "support/synthetic_minibatches.hpp"
+
+#include <string>
+
+using namespace pipeline;
+using namespace pipeline::testing;
+
+namespace {
+
+constexpr float kLr = 0.05f;
+constexpr std::uint64_t kSeed = 5;
+
+const SyntheticMinibatches minibatch(Shape{kPlanFeatures}, kPlanClasses, kPlanBatch, 480, 9);
+
+// Trains `schedule` on this rank and checks each of its stages against `want`.
+void train_and_check(MpiCommunicator& comm, const Sequential& model, const PipelineLayout& layout,
+                     const Schedule& schedule, const std::vector<bool>& recompute,
+                     const ModelParams& want) {
+  StageExecutor ex(model, Shape{kPlanFeatures}, DType::Float32, layout, comm, momentum_sgd(),
+                   {.seed = kSeed, .recompute = recompute});
+  ex.train(schedule, minibatch.feed(), 0, [](std::int64_t) { return kLr; });
+  for (int stage : ex.stages()) {
+    CAPTURE(stage);
+    CHECK(max_rel_diff(ex.params(stage), want, layout.stages[static_cast<std::size_t>(stage)]) <=
+          1e-5);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("random partitioner plans train over MPI like their references") {
+  set_num_threads(1);
+  MpiCommunicator comm;
+  comm.set_timeout(60);
+  Rng rng(31 + static_cast<std::uint64_t>(comm.size()), "plans-mpi");  // the same on every rank
+  for (int trial = 0; trial < 6; ++trial) {
+    CAPTURE(trial);
+    RandomPlan c = random_plan(rng, kSeed, comm.size());
+    while (c.plan.workers != comm.size())  // a mixed cluster's plan may leave workers idle
+      c = random_plan(rng, kSeed, comm.size());
+    CAPTURE(c.describe());
+    const Sequential model = plan_mlp(c.widths, 0.2f);
+    const PipelineLayout layout = PipelineLayout::from_plan(c.plan, model);
+
+    const int minibatches = 2, micro = c.flush_microbatches;
+    SequentialTrainer ref(model, model.init(kSeed), momentum_sgd(), kSeed);
+    for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
+    for (const std::string& name : flush_schedules(c.plan)) {
+      CAPTURE(name);
+      train_and_check(comm, model, layout,
+                      generate_schedule(name, ScheduleSpec::from_plan(c.plan, micro, minibatches)),
+                      c.recompute, ref.params());
+    }
+    if (c.plan.virtual_stages > 1) continue;
+
+    const Schedule two = two_buffered_schedule_for(c.plan, micro, minibatches + 2);
+    train_and_check(comm, model, layout, two, c.recompute,
+                    two_buffered_reference(model, kSeed, kLr, momentum_sgd, minibatch,
+                                           minibatches + 2, two.microbatches));
+
+    const Sequential still = plan_mlp(c.widths, 0.f);
+    ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, 1, c.stash_minibatches);
+    spec.vertical_sync = c.vertical_sync;
+    const Schedule s = generate_schedule("1f1b-stash", spec);
+    StashReference stash{still,         kSeed, kLr, momentum_sgd,   minibatch,
+                         layout.stages, {},    {},  c.vertical_sync};
+    stash.follow(s);
+    train_and_check(comm, still, layout, s, c.recompute, stash.run(c.stash_minibatches));
+  }
+  comm.barrier();
+}
