@@ -32,18 +32,17 @@ constexpr float kLr = 0.05f;
 constexpr std::uint64_t kSeed = 5;
 const Device kGpu = Device::cuda(0);
 
-const SyntheticMinibatches minibatch(Shape{kPlanFeatures}, kPlanClasses, kPlanBatch, 480, 9);
-
 // Each stage's final parameters on the host.
-std::map<int, ModelParams> train_plan_on_gpu(const Sequential& model, const PipelineLayout& layout,
-                                             const Schedule& schedule,
-                                             const std::vector<bool>& recompute) {
+std::map<int, ModelParams> train_plan_on_gpu(const RandomPlan& c, const Sequential& model,
+                                             const PipelineLayout& layout,
+                                             const Schedule& schedule) {
   std::mutex mutex;
   std::map<int, ModelParams> out;
   run_in_process({.ranks = layout.num_ranks(), .device = kGpu}, [&](Communicator& comm, Device d) {
-    StageExecutor ex(model, Shape{kPlanFeatures}, DType::Float32, layout, comm, momentum_sgd(),
-                     {.seed = kSeed, .device = d, .recompute = recompute});
-    const TrainResult r = ex.train(schedule, minibatch.feed(), 0, [](std::int64_t) { return kLr; });
+    StageExecutor ex(model, c.sample(), DType::Float32, layout, comm, momentum_sgd(),
+                     {.seed = kSeed, .device = d, .recompute = c.recompute});
+    const TrainResult r =
+        ex.train(schedule, c.minibatches().feed(), 0, [](std::int64_t) { return kLr; });
     CHECK(std::isfinite(r.loss));
     std::lock_guard<std::mutex> lock(mutex);
     for (int stage : ex.stages()) out.emplace(stage, to_device(ex.params(stage), Device::cpu()));
@@ -58,7 +57,8 @@ TEST_CASE("random partitioner plans train on one GPU like their references") {
     CAPTURE(trial);
     const RandomPlan c = random_plan(rng, kSeed);
     CAPTURE(c.describe());
-    const Sequential model = plan_mlp(c.widths, 0.2f);
+    const Sequential model = c.model(0.2f);
+    const SyntheticMinibatches& minibatch = c.minibatches();
     const PipelineLayout layout = PipelineLayout::from_plan(c.plan, model);
 
     const int minibatches = 2, micro = c.flush_microbatches;
@@ -70,26 +70,26 @@ TEST_CASE("random partitioner plans train on one GPU like their references") {
       CAPTURE(name);
       const Schedule s =
           generate_schedule(name, ScheduleSpec::from_plan(c.plan, micro, minibatches));
-      check_stages(train_plan_on_gpu(model, layout, s, c.recompute), want, layout, 1e-5);
+      check_stages(train_plan_on_gpu(c, model, layout, s), want, layout, 1e-5);
     }
 
     if (c.plan.virtual_stages > 1) continue;
     // The references run on the CPU: fp32 rounding apart.
     const Schedule two = two_buffered_schedule_for(c.plan, micro, minibatches + 2);
-    check_stages(train_plan_on_gpu(model, layout, two, c.recompute),
+    check_stages(train_plan_on_gpu(c, model, layout, two),
                  two_buffered_reference(model, kSeed, kLr, momentum_sgd, minibatch, minibatches + 2,
                                         two.microbatches),
                  layout, 1e-4);
 
-    const Sequential still = plan_mlp(c.widths, 0.f);
+    const Sequential still = c.model(0.f);
     ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, 1, c.stash_minibatches);
     spec.vertical_sync = c.vertical_sync;
     const Schedule s = generate_schedule("1f1b-stash", spec);
     StashReference stash{still,         kSeed, kLr, momentum_sgd,   minibatch,
                          layout.stages, {},    {},  c.vertical_sync};
     stash.follow(s);
-    check_stages(train_plan_on_gpu(still, layout, s, c.recompute), stash.run(c.stash_minibatches),
-                 layout, 1e-4);
+    check_stages(train_plan_on_gpu(c, still, layout, s), stash.run(c.stash_minibatches), layout,
+                 1e-4);
   }
 }
 

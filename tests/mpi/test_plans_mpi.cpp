@@ -27,15 +27,13 @@ namespace {
 constexpr float kLr = 0.05f;
 constexpr std::uint64_t kSeed = 5;
 
-const SyntheticMinibatches minibatch(Shape{kPlanFeatures}, kPlanClasses, kPlanBatch, 480, 9);
-
 // Trains `schedule` on this rank and checks each of its stages against `want`.
-void train_and_check(MpiCommunicator& comm, const Sequential& model, const PipelineLayout& layout,
-                     const Schedule& schedule, const std::vector<bool>& recompute,
+void train_and_check(MpiCommunicator& comm, const RandomPlan& c, const Sequential& model,
+                     const PipelineLayout& layout, const Schedule& schedule,
                      const ModelParams& want) {
-  StageExecutor ex(model, Shape{kPlanFeatures}, DType::Float32, layout, comm, momentum_sgd(),
-                   {.seed = kSeed, .recompute = recompute});
-  ex.train(schedule, minibatch.feed(), 0, [](std::int64_t) { return kLr; });
+  StageExecutor ex(model, c.sample(), DType::Float32, layout, comm, momentum_sgd(),
+                   {.seed = kSeed, .recompute = c.recompute});
+  ex.train(schedule, c.minibatches().feed(), 0, [](std::int64_t) { return kLr; });
   for (int stage : ex.stages()) {
     CAPTURE(stage);
     CHECK(max_rel_diff(ex.params(stage), want, layout.stages[static_cast<std::size_t>(stage)]) <=
@@ -56,7 +54,8 @@ TEST_CASE("random partitioner plans train over MPI like their references") {
     while (c.plan.workers != comm.size())  // a mixed cluster's plan may leave workers idle
       c = random_plan(rng, kSeed, comm.size());
     CAPTURE(c.describe());
-    const Sequential model = plan_mlp(c.widths, 0.2f);
+    const Sequential model = c.model(0.2f);
+    const SyntheticMinibatches& minibatch = c.minibatches();
     const PipelineLayout layout = PipelineLayout::from_plan(c.plan, model);
 
     const int minibatches = 2, micro = c.flush_microbatches;
@@ -64,25 +63,25 @@ TEST_CASE("random partitioner plans train over MPI like their references") {
     for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
     for (const std::string& name : flush_schedules(c.plan)) {
       CAPTURE(name);
-      train_and_check(comm, model, layout,
+      train_and_check(comm, c, model, layout,
                       generate_schedule(name, ScheduleSpec::from_plan(c.plan, micro, minibatches)),
-                      c.recompute, ref.params());
+                      ref.params());
     }
     if (c.plan.virtual_stages > 1) continue;
 
     const Schedule two = two_buffered_schedule_for(c.plan, micro, minibatches + 2);
-    train_and_check(comm, model, layout, two, c.recompute,
+    train_and_check(comm, c, model, layout, two,
                     two_buffered_reference(model, kSeed, kLr, momentum_sgd, minibatch,
                                            minibatches + 2, two.microbatches));
 
-    const Sequential still = plan_mlp(c.widths, 0.f);
+    const Sequential still = c.model(0.f);
     ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, 1, c.stash_minibatches);
     spec.vertical_sync = c.vertical_sync;
     const Schedule s = generate_schedule("1f1b-stash", spec);
     StashReference stash{still,         kSeed, kLr, momentum_sgd,   minibatch,
                          layout.stages, {},    {},  c.vertical_sync};
     stash.follow(s);
-    train_and_check(comm, still, layout, s, c.recompute, stash.run(c.stash_minibatches));
+    train_and_check(comm, c, still, layout, s, stash.run(c.stash_minibatches));
   }
   comm.barrier();
 }

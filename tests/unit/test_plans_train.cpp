@@ -1,11 +1,11 @@
-// Every plan the partitioner emits trains, the way a user reaches it: random models, profiles
-// (measured bytes, random times) and cluster topologies (mixed ones too) are partitioned, the plan
-// goes through plan.json and back, and each schedule kind generated from it validates, simulates
-// and runs on the in-process communicator. Flush schedules (GPipe, 1F1B-flush, ZB-H1, interleaved
-// 1F1B for interleaved plans; replicas dealt microbatches round-robin or by random speeds) equal
-// the single process with gradient accumulation; 1F1B-stash equals the independent reference of
-// weight stashing with the plan's replicas, warm-ups and delays, with and without vertical sync;
-// stages marked to recompute change nothing.
+// Every plan the partitioner emits trains, the way a user reaches it: random MLPs and CNNs,
+// profiles (measured bytes, random times) and cluster topologies (mixed ones too) are partitioned,
+// the plan goes through plan.json and back, and each schedule kind generated from it validates,
+// simulates and runs on the in-process communicator. Flush schedules (GPipe, 1F1B-flush, ZB-H1,
+// interleaved 1F1B for interleaved plans; replicas dealt microbatches round-robin or by random
+// speeds) equal the single process with gradient accumulation; 1F1B-stash equals the independent
+// reference of weight stashing with the plan's replicas, warm-ups and delays, with and without
+// vertical sync; stages marked to recompute change nothing.
 #include <doctest/doctest.h>
 
 #include <pipeline/comm/comms/local.hpp>
@@ -40,19 +40,17 @@ namespace {
 constexpr float kLr = 0.05f;
 constexpr std::uint64_t kSeed = 5;
 
-const SyntheticMinibatches minibatch(Shape{kPlanFeatures}, kPlanClasses, kPlanBatch, 480, 9);
-
 // Each stage's final parameters (a replicated stage's replicas end equal: the first to report
 // stands for it).
-std::map<int, ModelParams> train_plan(const Sequential& model, const PipelineLayout& layout,
-                                      const Schedule& schedule,
-                                      const std::vector<bool>& recompute) {
+std::map<int, ModelParams> train_plan(const RandomPlan& c, const Sequential& model,
+                                      const PipelineLayout& layout, const Schedule& schedule) {
   std::mutex mutex;
   std::map<int, ModelParams> out;
   run_local(layout.num_ranks(), [&](Communicator& comm) {
-    StageExecutor ex(model, Shape{kPlanFeatures}, DType::Float32, layout, comm, momentum_sgd(),
-                     {.seed = kSeed, .recompute = recompute});
-    const TrainResult r = ex.train(schedule, minibatch.feed(), 0, [](std::int64_t) { return kLr; });
+    StageExecutor ex(model, c.sample(), DType::Float32, layout, comm, momentum_sgd(),
+                     {.seed = kSeed, .recompute = c.recompute});
+    const TrainResult r =
+        ex.train(schedule, c.minibatches().feed(), 0, [](std::int64_t) { return kLr; });
     CHECK(std::isfinite(r.loss));
     std::lock_guard<std::mutex> lock(mutex);
     for (int stage : ex.stages()) out.emplace(stage, ex.params(stage));
@@ -64,17 +62,20 @@ std::map<int, ModelParams> train_plan(const Sequential& model, const PipelineLay
 TEST_CASE("random partitioner plans schedule, validate, simulate and train like their references") {
   set_num_threads(1);
   Rng rng(2026, "plans-train");
-  int replicated = 0, interleaved = 0, mixed = 0, recomputing = 0, dealt = 0, two_buffered = 0;
+  int cnns = 0, replicated = 0, interleaved = 0, mixed = 0, recomputing = 0, dealt = 0,
+      two_buffered = 0;
   for (int trial = 0; trial < 40; ++trial) {
     CAPTURE(trial);
     const RandomPlan c = random_plan(rng, kSeed);
     CAPTURE(c.workers);
     CAPTURE(c.describe());
+    cnns += c.cnn;
     replicated += c.max_replicas() > 1;
     interleaved += c.plan.virtual_stages > 1;
     mixed += !c.typed_profiles.empty();
     recomputing += c.recomputes();
-    const Sequential model = plan_mlp(c.widths, 0.2f);
+    const Sequential model = c.model(0.2f);
+    const SyntheticMinibatches& minibatch = c.minibatches();
     const PipelineLayout layout = PipelineLayout::from_plan(c.plan, model);
 
     // Flush schedules against the single process.
@@ -96,7 +97,7 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
       const Schedule s = generate_schedule(name, spec);
       CHECK(validation_error(s).empty());
       CHECK(c.simulate_schedule(s).samples_per_s > 0);
-      check_stages(train_plan(model, layout, s, c.recompute), ref.params(), layout, 1e-5);
+      check_stages(train_plan(c, model, layout, s), ref.params(), layout, 1e-5);
     }
 
     if (c.plan.virtual_stages > 1) continue;
@@ -107,7 +108,7 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
       CAPTURE(s.microbatches);
       CHECK(validation_error(s).empty());
       CHECK(c.simulate_schedule(s).samples_per_s > 0);
-      check_stages(train_plan(model, layout, s, c.recompute),
+      check_stages(train_plan(c, model, layout, s),
                    two_buffered_reference(model, kSeed, kLr, momentum_sgd, minibatch,
                                           minibatches + 2, s.microbatches),
                    layout, 1e-5);
@@ -115,7 +116,7 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
     }
 
     // 1F1B-stash with the plan's own in-flight counts against the reference of weight stashing.
-    const Sequential still = plan_mlp(c.widths, 0.f);  // the reference has no dropout masks
+    const Sequential still = c.model(0.f);  // the reference has no dropout masks
     ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, 1, c.stash_minibatches);
     spec.vertical_sync = c.vertical_sync;
     CAPTURE(spec.vertical_sync);
@@ -125,13 +126,14 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
     StashReference stash{still,         kSeed, kLr, momentum_sgd,   minibatch,
                          layout.stages, {},    {},  c.vertical_sync};
     stash.follow(s);
-    check_stages(train_plan(still, layout, s, c.recompute), stash.run(c.stash_minibatches), layout,
-                 1e-5);
+    check_stages(train_plan(c, still, layout, s), stash.run(c.stash_minibatches), layout, 1e-5);
   }
-  MESSAGE("plans with replicated stages: "
-          << replicated << ", interleaved: " << interleaved << ", on mixed workers: " << mixed
-          << ", with recomputing stages: " << recomputing
-          << "; flush schedules dealt by speed: " << dealt << ", 2bw runs: " << two_buffered);
+  MESSAGE("plans of CNNs: " << cnns << ", with replicated stages: " << replicated
+                            << ", interleaved: " << interleaved << ", on mixed workers: " << mixed
+                            << ", with recomputing stages: " << recomputing
+                            << "; flush schedules dealt by speed: " << dealt
+                            << ", 2bw runs: " << two_buffered);
+  CHECK(cnns > 0);
   CHECK(replicated > 0);
   CHECK(interleaved > 0);
   CHECK(mixed > 0);
