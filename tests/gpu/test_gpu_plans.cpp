@@ -74,22 +74,10 @@ TEST_CASE("random partitioner plans train on one GPU like their references") {
     }
 
     if (c.plan.virtual_stages > 1) continue;
-    // The references run on the CPU: fp32 rounding apart.
-    const Schedule two = two_buffered_schedule_for(c.plan, micro, minibatches + 2);
-    check_stages(train_plan_on_gpu(c, model, layout, two),
-                 two_buffered_reference(model, kSeed, kLr, momentum_sgd, minibatch, minibatches + 2,
-                                        two.microbatches),
-                 layout, 1e-4);
-
-    const Sequential still = c.model(0.f);
-    ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, 1, c.stash_minibatches);
-    spec.vertical_sync = c.vertical_sync;
-    const Schedule s = generate_schedule("1f1b-stash", spec);
-    StashReference stash{still,         kSeed, kLr, momentum_sgd,   minibatch,
-                         layout.stages, {},    {},  c.vertical_sync};
-    stash.follow(s);
-    check_stages(train_plan_on_gpu(c, still, layout, s), stash.run(c.stash_minibatches), layout,
-                 1e-4);
+    // 2BW and 1F1B-stash against their references, which run on the CPU: fp32 rounding apart.
+    for (const ReferenceRun& run : {two_buffered_run(c, micro, minibatches + 2, kSeed, kLr),
+                                    stash_run(c, layout, kSeed, kLr)})
+      check_stages(train_plan_on_gpu(c, run.model, layout, run.schedule), run.want, layout, 1e-4);
   }
 }
 

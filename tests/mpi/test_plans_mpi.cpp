@@ -69,19 +69,9 @@ TEST_CASE("random partitioner plans train over MPI like their references") {
     }
     if (c.plan.virtual_stages > 1) continue;
 
-    const Schedule two = two_buffered_schedule_for(c.plan, micro, minibatches + 2);
-    train_and_check(comm, c, model, layout, two,
-                    two_buffered_reference(model, kSeed, kLr, momentum_sgd, minibatch,
-                                           minibatches + 2, two.microbatches));
-
-    const Sequential still = c.model(0.f);
-    ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, 1, c.stash_minibatches);
-    spec.vertical_sync = c.vertical_sync;
-    const Schedule s = generate_schedule("1f1b-stash", spec);
-    StashReference stash{still,         kSeed, kLr, momentum_sgd,   minibatch,
-                         layout.stages, {},    {},  c.vertical_sync};
-    stash.follow(s);
-    train_and_check(comm, c, still, layout, s, stash.run(c.stash_minibatches));
+    for (const ReferenceRun& run : {two_buffered_run(c, micro, minibatches + 2, kSeed, kLr),
+                                    stash_run(c, layout, kSeed, kLr)})
+      train_and_check(comm, c, run.model, layout, run.schedule, run.want);
   }
   comm.barrier();
 }

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "param_compare.hpp"
+#include "stash_reference.hpp"
 #include "synthetic_minibatches.hpp"
 
 #include <algorithm>
@@ -220,6 +221,37 @@ inline void check_stages(const std::map<int, ModelParams>& got, const ModelParam
     CAPTURE(stage);
     CHECK(max_rel_diff(entry.second, want, layout.stages[static_cast<std::size_t>(stage)]) <= tol);
   }
+}
+
+// A schedule of a plan, the model it trains and the weights its reference ends with.
+struct ReferenceRun {
+  Sequential model;
+  Schedule schedule;
+  ModelParams want;
+};
+
+// 2BW with the fewest microbatches the plan admits (at least `micro`) over `minibatches`, against
+// the reference of double-buffered weights (SGD with momentum, the dropout of `c.model(0.2f)`).
+inline ReferenceRun two_buffered_run(const RandomPlan& c, int micro, int minibatches,
+                                     std::uint64_t seed, float lr) {
+  ReferenceRun r{c.model(0.2f), two_buffered_schedule_for(c.plan, micro, minibatches), {}};
+  r.want = two_buffered_reference(r.model, seed, lr, momentum_sgd, c.minibatches(), minibatches,
+                                  r.schedule.microbatches);
+  return r;
+}
+
+// 1F1B-stash with the plan's own in-flight counts and the drawn vertical sync, against the
+// reference of weight stashing (the model without dropout: the reference draws no masks).
+inline ReferenceRun stash_run(const RandomPlan& c, const PipelineLayout& layout, std::uint64_t seed,
+                              float lr) {
+  ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, 1, c.stash_minibatches);
+  spec.vertical_sync = c.vertical_sync;
+  ReferenceRun r{c.model(0.f), generate_schedule("1f1b-stash", spec), {}};
+  StashReference stash{r.model,       seed, lr, momentum_sgd,   c.minibatches(),
+                       layout.stages, {},   {}, c.vertical_sync};
+  stash.follow(r.schedule);
+  r.want = stash.run(c.stash_minibatches);
+  return r;
 }
 
 // The flush schedules that run a plan: interleaved 1F1B for an interleaved plan, else GPipe,

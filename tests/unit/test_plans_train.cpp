@@ -101,32 +101,20 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
     }
 
     if (c.plan.virtual_stages > 1) continue;
-    // 2BW with the fewest microbatches it admits for the plan, against the reference of
-    // double-buffered weights.
-    {
-      const Schedule s = two_buffered_schedule_for(c.plan, micro, minibatches + 2);
+    // 2BW with the fewest microbatches it admits for the plan, and 1F1B-stash with the plan's own
+    // in-flight counts, against their weight-versioning references.
+    const ReferenceRun two = two_buffered_run(c, micro, minibatches + 2, kSeed, kLr);
+    const ReferenceRun stash = stash_run(c, layout, kSeed, kLr);
+    for (const ReferenceRun* run : {&two, &stash}) {
+      const Schedule& s = run->schedule;
+      CAPTURE(s.name);
       CAPTURE(s.microbatches);
+      CAPTURE(c.vertical_sync);
       CHECK(validation_error(s).empty());
       CHECK(c.simulate_schedule(s).samples_per_s > 0);
-      check_stages(train_plan(c, model, layout, s),
-                   two_buffered_reference(model, kSeed, kLr, momentum_sgd, minibatch,
-                                          minibatches + 2, s.microbatches),
-                   layout, 1e-5);
-      ++two_buffered;
+      check_stages(train_plan(c, run->model, layout, s), run->want, layout, 1e-5);
     }
-
-    // 1F1B-stash with the plan's own in-flight counts against the reference of weight stashing.
-    const Sequential still = c.model(0.f);  // the reference has no dropout masks
-    ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, 1, c.stash_minibatches);
-    spec.vertical_sync = c.vertical_sync;
-    CAPTURE(spec.vertical_sync);
-    const Schedule s = generate_schedule("1f1b-stash", spec);
-    CHECK(validation_error(s).empty());
-    CHECK(c.simulate_schedule(s).samples_per_s > 0);
-    StashReference stash{still,         kSeed, kLr, momentum_sgd,   minibatch,
-                         layout.stages, {},    {},  c.vertical_sync};
-    stash.follow(s);
-    check_stages(train_plan(c, still, layout, s), stash.run(c.stash_minibatches), layout, 1e-5);
+    ++two_buffered;
   }
   MESSAGE("plans of CNNs: " << cnns << ", with replicated stages: " << replicated
                             << ", interleaved: " << interleaved << ", on mixed workers: " << mixed
