@@ -138,7 +138,8 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   // The last stage keeps the loss's gradient from a minibatch's forward to its backward (to its W,
   // where its last layer has weights: that layer's kept output gradient, counted once).
   const std::int64_t loss_gradient = last ? profile.loss_gradient_bytes : 0;
-  if (top_kept > 0) t.split_gradient_bytes -= std::min(t.split_gradient_bytes, loss_gradient);
+  if (last && top_kept > 0)
+    t.split_gradient_bytes -= std::min(t.split_gradient_bytes, loss_gradient);
   // What the first layer keeps of its input is that received storage, counted once.
   t.activation_bytes += received - (stage > 0 ? kept_input : 0);
   // As the partitioner charges them beside the stashed activations: the gradient of the backward

@@ -13,7 +13,6 @@
 
 #include "support/param_compare.hpp"
 #include "support/random_plans.hpp"
-#include "support/stash_reference.hpp"
 #include "support/synthetic_minibatches.hpp"
 
 #include <cmath>

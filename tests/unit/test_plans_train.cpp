@@ -3,9 +3,10 @@
 // the plan goes through plan.json and back, and each schedule kind generated from it validates,
 // simulates and runs on the in-process communicator. Flush schedules (GPipe, 1F1B-flush, ZB-H1,
 // interleaved 1F1B for interleaved plans; replicas dealt microbatches round-robin or by random
-// speeds) equal the single process with gradient accumulation; 1F1B-stash equals the independent
-// reference of weight stashing with the plan's replicas, warm-ups and delays, with and without
-// vertical sync; stages marked to recompute change nothing.
+// speeds) equal the single process with gradient accumulation; 2BW the reference of
+// double-buffered weights; 1F1B-stash the independent reference of weight stashing with the plan's
+// replicas, warm-ups and delays, with and without vertical sync; stages marked to recompute change
+// nothing.
 #include <doctest/doctest.h>
 
 #include <pipeline/comm/comms/local.hpp>
@@ -20,10 +21,8 @@
 
 #include "support/param_compare.hpp"
 #include "support/random_plans.hpp"
-#include "support/stash_reference.hpp"
 #include "support/synthetic_minibatches.hpp"
 
-#include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -57,6 +56,7 @@ std::map<int, ModelParams> train_plan(const RandomPlan& c, const Sequential& mod
   });
   return out;
 }
+
 }  // namespace
 
 TEST_CASE("random partitioner plans schedule, validate, simulate and train like their references") {
