@@ -1,7 +1,8 @@
-# Run-time options for tests built with sanitizers (the asan and fuzz presets: unit tests, fuzzers).
+# Run-time options for tests built with sanitizers (the asan and fuzz presets: unit tests, fuzzers;
+# the tsan preset: the unit tests that run threads of their own).
 #
 # pipeline_sanitizer_environment(<var> [MPI]) sets <var> to the ENVIRONMENT entries a test needs
-# when CMAKE_CXX_FLAGS enable AddressSanitizer or UBSan, and to nothing otherwise, so that
+# when CMAKE_CXX_FLAGS enable AddressSanitizer, UBSan or ThreadSanitizer, and to nothing otherwise, so that
 # ordinary builds run their tests unchanged; pipeline_apply_sanitizer_environment() adds them to
 # the tests of a directory. The options make every finding fail the test (UBSan prints the stack
 # and halts; -fno-sanitize-recover=undefined in the presets already makes it fatal) and point each
@@ -32,8 +33,26 @@ function(pipeline_sanitizer_environment out_var)
     list(APPEND env
          "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=${supp}/ubsan.supp")
   endif()
+  if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=[^ ]*thread")
+    list(APPEND env "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=${supp}/tsan.supp"
+         "OMP_TOOL_LIBRARIES=${PIPELINE_ARCHER_LIBRARY}")
+  endif()
   set(${out_var} "${env}" PARENT_SCOPE)
 endfunction()
+
+# ThreadSanitizer does not see the synchronisation inside LLVM's OpenMP runtime (not instrumented):
+# every parallel region would report races between its threads. Archer, an OpenMP tool shipped
+# with that runtime, tells TSan about each region's fork, barriers and join; the tests load it
+# through OMP_TOOL_LIBRARIES. Without it a TSan build's reports would be noise, so it is required.
+if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=[^ ]*thread")
+  get_filename_component(_omp_dir "${OpenMP_omp_LIBRARY}" DIRECTORY)
+  find_library(PIPELINE_ARCHER_LIBRARY archer HINTS ${_omp_dir})
+  if(NOT PIPELINE_ARCHER_LIBRARY)
+    message(FATAL_ERROR "ThreadSanitizer builds need LLVM's OpenMP tool libarcher.so beside "
+                        "libomp (${_omp_dir}): install libomp-dev of the clang in use (Debian: "
+                        "libomp-14-dev), or set PIPELINE_ARCHER_LIBRARY to its path")
+  endif()
+endif()
 
 # Appends the sanitizer environment to every test defined so far in the calling directory (call
 # it at the end of each CMakeLists.txt that adds tests); tests labelled `mpi` get the MPI variant.
