@@ -1,13 +1,18 @@
 // The device caching allocator's policy (cuda/caching_pool.hpp) on a fake driver: size classes,
 // reuse without the driver in a steady state, stream order, cross-stream events, statistics, and
-// the out-of-memory path (cache released and retried, then an error naming the figures).
+// the out-of-memory path (cache released and retried, then an error naming the figures), and the
+// pool shared by the stage threads of an in-process pipeline.
 #include <pipeline/cuda/caching_pool.hpp>
 
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
+#include <thread>
+#include <vector>
 
 namespace test_caching_pool {
 
@@ -278,6 +283,51 @@ TEST_CASE("a capture's live block freed after the capture returns to its private
   CHECK(((y == out && z == x) || (y == x && z == out)));
   pool.deallocate(y);
   pool.deallocate(z);
+}
+
+TEST_CASE("stage threads sharing one pool: no block lent twice, the figures add up") {
+  // Each thread is a stage on a stream of its own; every fifth block is also used on the next
+  // stage's stream (an event then guards its reuse), and the device is small enough that the
+  // cache is released and retried (waiting on those events) while the others allocate.
+  constexpr int kThreads = 4, kIterations = 300;
+  FakeDevice dev;
+  dev.capacity = std::size_t{24} << 20;
+  CachingPool pool(dev.driver(), "cuda:0");
+  const std::vector<std::size_t> sizes = {512, 4096, 1 << 20, 3'000'000, 700};
+  std::vector<int> corrupted(kThreads, 0);
+  std::vector<std::thread> stages;
+  for (int t = 0; t < kThreads; ++t) {
+    stages.emplace_back([&, t] {
+      std::vector<void*> held;
+      for (int i = 0; i < kIterations; ++i) {
+        const std::size_t bytes = sizes[static_cast<std::size_t>(i + t) % sizes.size()];
+        void* p = pool.allocate(bytes, stream(t + 1));
+        std::memset(p, t + 1, 64);  // a block lent to two stages at once is overwritten here
+        held.push_back(p);
+        if (held.size() < 3) continue;
+        void* q = held.front();
+        held.erase(held.begin());
+        for (int b = 0; b < 64; ++b)
+          corrupted[t] += static_cast<unsigned char>(static_cast<char*>(q)[b]) != t + 1;
+        if (i % 5 == 0) pool.record_stream(q, stream((t + 1) % kThreads + 1));
+        pool.deallocate(q);
+      }
+      for (void* q : held) pool.deallocate(q);
+    });
+  }
+  for (auto& s : stages) s.join();
+  for (int t = 0; t < kThreads; ++t) CHECK(corrupted[t] == 0);
+  const PoolStats stats = pool.stats();
+  CHECK(stats.requests == kThreads * kIterations);
+  CHECK(stats.in_use_bytes == 0);
+  CHECK(pool.live_blocks() == 0);
+  CHECK(stats.peak_in_use_bytes <= static_cast<std::int64_t>(dev.capacity));
+  CHECK(stats.driver_frees > 0);  // the out-of-memory path ran
+  for (int t = 0; t < kThreads; ++t) CHECK(pool.stream_use(stream(t + 1)).in_use_bytes == 0);
+  CHECK(stats.cached_bytes == static_cast<std::int64_t>(dev.used));
+  pool.release_cached();
+  CHECK(dev.blocks.empty());
+  CHECK(pool.stats().cached_bytes == 0);
 }
 
 }  // namespace test_caching_pool
