@@ -1,6 +1,8 @@
 // CSV import and export of schedules.
 #include <pipeline/schedule/csv.hpp>
 
+#include "../core/json_io.hpp"
+
 #include <algorithm>
 #include <charconv>
 #include <fstream>
@@ -158,12 +160,7 @@ Schedule schedule_from_csv(std::string_view text) {
 }
 
 void write_schedule_csv(const std::string& path, const Schedule& schedule) {
-  std::ofstream out(path, std::ios::binary);
-  PIPELINE_CHECK_AS(IoError, out.good(), "cannot open '{}' for writing the schedule CSV", path);
-  out << schedule_to_csv(schedule);
-  out.close();
-  PIPELINE_CHECK_AS(IoError, !out.fail(), "writing the schedule CSV '{}' failed (disk full?)",
-                    path);
+  detail::write_file_atomically(path, schedule_to_csv(schedule));  // never a truncated schedule
 }
 
 Schedule read_schedule_csv(const std::string& path) {

@@ -1,12 +1,13 @@
 // Chrome-trace JSON and SVG timelines of simulated runs.
 #include <pipeline/schedule/trace.hpp>
 
+#include "../core/json_io.hpp"
+
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 
 namespace pipeline {
 namespace {
@@ -61,14 +62,6 @@ void check_events(const Simulation& sim) {
                     "the simulation of '{}' has no recorded events; simulate with "
                     "SimulateOptions::record_trace = true",
                     sim.schedule);
-}
-
-void write_text(const std::string& path, const std::string& text, const char* what) {
-  std::ofstream out(path, std::ios::binary);
-  PIPELINE_CHECK_AS(IoError, out.good(), "cannot open '{}' for writing the {}", path, what);
-  out << text;
-  out.close();
-  PIPELINE_CHECK_AS(IoError, !out.fail(), "writing the {} '{}' failed (disk full?)", what, path);
 }
 
 // A tick spacing of 1, 2 or 5 times a power of ten giving about `n` ticks over `span`.
@@ -276,12 +269,12 @@ std::string timeline_svg(const Simulation& sim, const Schedule& schedule,
 }
 
 void write_chrome_trace(const std::string& path, const Simulation& sim, const Schedule& schedule) {
-  write_text(path, chrome_trace_json(sim, schedule), "Chrome trace");
+  detail::write_file_atomically(path, chrome_trace_json(sim, schedule));
 }
 
 void write_timeline_svg(const std::string& path, const Simulation& sim, const Schedule& schedule,
                         const SvgOptions& options) {
-  write_text(path, timeline_svg(sim, schedule, options), "SVG timeline");
+  detail::write_file_atomically(path, timeline_svg(sim, schedule, options));
 }
 
 }  // namespace pipeline

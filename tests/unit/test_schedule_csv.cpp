@@ -134,6 +134,11 @@ TEST_CASE("schedule CSV files") {
   Schedule s = generate_schedule("1f1b-flush", ScheduleSpec::straight(3, 4));
   write_schedule_csv(path, s);
   CHECK(read_schedule_csv(path).ranks == s.ranks);
+  // Written whole through a temporary file: rewriting leaves the new schedule and nothing else.
+  Schedule longer = generate_schedule("gpipe", ScheduleSpec::straight(3, 8));
+  write_schedule_csv(path, longer);
+  CHECK(read_schedule_csv(path).ranks == longer.ranks);
+  CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
   std::remove(path.c_str());
   CHECK_THROWS_AS(read_schedule_csv(path), IoError);
   CHECK_THROWS_AS(write_schedule_csv("/nonexistent-dir/x.csv", s), IoError);
