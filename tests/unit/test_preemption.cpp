@@ -37,6 +37,9 @@ TEST_CASE("preemption: the first signal sets the flag, the second ends the proce
   for (int sig : {SIGTERM, SIGINT}) {
     CAPTURE(sig);
     const int status = in_child([sig] {
+      // As in a fresh process: the handler before ours is the default action (not the test
+      // runner's crash reporter, inherited from the parent, which is not async-signal-safe).
+      std::signal(sig, SIG_DFL);
       catch_preemption_signals();
       catch_preemption_signals();  // idempotent
       if (preemption_requested() || preemption_signal() != 0) ::_exit(10);
