@@ -20,6 +20,7 @@
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -69,21 +70,18 @@ int main(int argc, char** argv) {
   std::int64_t batch = 64;
   double min_seconds = 1.0;
   std::string results;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--threads")
-      threads = std::atoi(argv[i + 1]);
-    else if (a == "--batch")
-      batch = std::atoll(argv[i + 1]);
-    else if (a == "--min-seconds")
-      min_seconds = std::atof(argv[i + 1]);
-    else if (a == "--results")
-      results = argv[i + 1];
-    else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{
+      "fashion-cnn's and a VGG-16 layer's convolutions on the CPU: each algorithm, each pass"};
+  app.add_option("--threads", threads, "CPU threads (default: the machine's cores)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--batch", batch, "samples per call")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  app.add_option("--min-seconds", min_seconds, "time each measurement at least this long")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--results", results, "also write the table here");
+  CLI11_PARSE(app, argc, argv);
   set_num_threads(threads);
 
   struct Conv {

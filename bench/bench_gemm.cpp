@@ -20,12 +20,12 @@
 #include <pipeline/ops/gemm.hpp>
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -72,31 +72,23 @@ struct Product {
   float beta;
 };
 
-std::vector<int> parse_list(const std::string& text) {
-  std::vector<int> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) out.push_back(std::stoi(item));
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int> thread_counts{1, 2, 4, 8, 16};
   double gap_us = 200, min_seconds = 0.3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--threads")
-      thread_counts = parse_list(argv[i + 1]);
-    else if (a == "--gap")
-      gap_us = std::atof(argv[i + 1]);
-    else if (a == "--min-seconds")
-      min_seconds = std::atof(argv[i + 1]);
-    else {
-      fmt::print(stderr, "unknown option {} (--threads LIST, --gap US, --min-seconds S)\n", a);
-      return 2;
-    }
-  }
+  CLI::App app{"Each matrix product of a training step at each thread count"};
+  app.add_option("--threads", thread_counts, "thread counts, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--gap", gap_us, "microseconds the calling thread works alone before a call")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--min-seconds", min_seconds, "time each measurement at least this long")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   const std::int64_t b = 64;
   auto linear = [&](const std::string& layer, std::int64_t in, std::int64_t out) {
     return std::vector<Product>{{layer + " forward", b, out, in, false, true, 0.f},

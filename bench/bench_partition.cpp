@@ -12,13 +12,13 @@
 #include <pipeline/profile/pipedream_graph.hpp>
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <random>
@@ -139,10 +139,11 @@ std::string load_average() {
 
 int main(int argc, char** argv) {
   std::string dir = "../shared/reference/pipedream-profiles", only;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
-    else dir = argv[i];
-  }
+  CLI::App app{"The partitioner over PipeDream's published profiles: time, states, memory"};
+  app.add_option("dir", dir, "the folder of PipeDream's profiles (<model>/graph.txt)")
+      ->capture_default_str();
+  app.add_option("--only", only, "only the profiles whose name contains this");
+  CLI11_PARSE(app, argc, argv);
   auto wanted = [&](const std::string& name) { return only.empty() || name.find(only) != std::string::npos; };
   std::fflush(stdout);
 

@@ -11,6 +11,7 @@
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -36,19 +37,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 int main(int argc, char** argv) {
   int ranks = 1024, microbatches = 10000;
   std::string results;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--ranks")
-      ranks = std::atoi(argv[i + 1]);
-    else if (a == "--microbatches")
-      microbatches = std::atoi(argv[i + 1]);
-    else if (a == "--results")
-      results = argv[i + 1];
-    else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{"Schedule generation, validation and simulation at scale"};
+  app.add_option("--ranks", ranks, "pipeline stages")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--microbatches", microbatches, "microbatches per minibatch")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
+  app.add_option("--results", results, "also write the table here");
+  CLI11_PARSE(app, argc, argv);
   Profile profile;
   profile.batch_size = 32;
   Plan plan;
