@@ -2,12 +2,13 @@
 # the tsan preset: the unit tests that run threads of their own).
 #
 # pipeline_sanitizer_environment(<var> [MPI]) sets <var> to the ENVIRONMENT entries a test needs
-# when CMAKE_CXX_FLAGS enable AddressSanitizer, UBSan or ThreadSanitizer, and to nothing otherwise, so that
-# ordinary builds run their tests unchanged; pipeline_apply_sanitizer_environment() adds them to
-# the tests of a directory. The options make every finding fail the test (UBSan prints the stack
-# and halts; -fno-sanitize-recover=undefined in the presets already makes it fatal) and point each
-# sanitizer at its suppression file in tests/support/, where every entry says which third-party
-# false positive it silences and why it is one.
+# when CMAKE_CXX_FLAGS enable AddressSanitizer, UBSan or ThreadSanitizer, and to nothing
+# otherwise, so that ordinary builds run their tests unchanged;
+# pipeline_apply_sanitizer_environment() adds them to the tests of a directory. The options make
+# every finding fail the test (UBSan prints the stack and halts; -fno-sanitize-recover=undefined in
+# the presets already makes it fatal) and point each sanitizer at its suppression file in
+# tests/support/, where every entry says which third-party false positive it silences and why it
+# is one.
 function(pipeline_sanitizer_environment out_var)
   # MPI: LSan must unwind through OpenMPI's libraries, built without frame pointers, to see the
   # frames that lsan.supp names; the slow unwinder does, at a cost only MPI tests need to pay.
@@ -34,8 +35,8 @@ function(pipeline_sanitizer_environment out_var)
          "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=${supp}/ubsan.supp")
   endif()
   if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=[^ ]*thread")
-    list(APPEND env "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=${supp}/tsan.supp"
-         "OMP_TOOL_LIBRARIES=${PIPELINE_ARCHER_LIBRARY}")
+    set(tsan "halt_on_error=1:second_deadlock_stack=1:suppressions=${supp}/tsan.supp")
+    list(APPEND env "TSAN_OPTIONS=${tsan}" "OMP_TOOL_LIBRARIES=${PIPELINE_ARCHER_LIBRARY}")
   endif()
   set(${out_var} "${env}" PARENT_SCOPE)
 endfunction()
