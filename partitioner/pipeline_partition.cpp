@@ -76,8 +76,7 @@ bool stashes(const pipeline::Plan& plan) {
 }
 
 // The plan run by the schedule simulator as the runtime runs it (replicas' allreduces overlap
-// their closing backwards, pipeline-simulate --overlap-allreduce), with pipeline-simulate's
-// defaults otherwise: one
+// their closing backwards), with pipeline-simulate's defaults: one
 // microbatch per minibatch and enough minibatches for a steady state (8 per worker, a multiple
 // of every stage's replica count) under a stash schedule, which reports its steady-state value;
 // 4 microbatches per stage and one minibatch under a flush schedule, which reports the whole
@@ -121,7 +120,7 @@ void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim
         "in flight cannot hide, or replicas of a stage waiting for each other at its allreduce (a "
         "replicated stage after the first gets its minibatches one at a time, and a plan without "
         "the memory for the deeper in-flight counts that hide it keeps PipeDream's); "
-        "pipeline-simulate --overlap-allreduce --trace shows where\n");
+        "pipeline-simulate --trace shows where\n");
 }
 
 // The stages' device types joined like the config ("h100-a100-a100"); "" for an untyped plan.

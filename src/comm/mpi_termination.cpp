@@ -5,8 +5,10 @@
 // writes "<what>, at <context>" into one of two static slots and then publishes it by bumping a
 // generation counter; the handler copies the slot of the generation it read and retries when the
 // generation moved meanwhile (a writer on another thread reusing that slot). Everything the
-// handler touches is a lock-free atomic or a static char array, and it only calls write(2),
-// sigaction(2) and raise(3).
+// handler touches is a lock-free atomic or a char array, and it only calls write(2), sigaction(2)
+// and raise(3). The line goes out in one write(2): under PIPE_BUF bytes, a write to mpirun's pipe
+// is atomic, so the line is neither split by the other ranks' lines nor cut short when mpirun's
+// SIGKILL follows its SIGTERM while the rank is still writing.
 #include <pipeline/comm/comms/mpi.hpp>
 #include <pipeline/core/error.hpp>
 
@@ -17,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <csignal>
 #include <cstring>
 #include <string>
@@ -43,9 +46,13 @@ TerminationState& state() {
   return s;
 }
 
-void write_all(const char* text) {
-  std::size_t n = 0;
-  while (text[n] != '\0') ++n;
+// Appends `text` to the line of `used` bytes (of `capacity`), cutting it at the end of the buffer.
+void append(char* line, std::size_t& used, std::size_t capacity, const char* text) {
+  while (*text != '\0' && used + 1 < capacity) line[used++] = *text++;
+  line[used] = '\0';
+}
+
+void write_all(const char* text, std::size_t n) {
   while (n > 0) {
     const ssize_t w = ::write(STDERR_FILENO, text, n);
     if (w <= 0) return;
@@ -66,21 +73,24 @@ void on_sigterm(int sig) {
   }
   note[kNoteBytes - 1] = '\0';
 
-  write_all(s.header);
-  write_all("mpirun ended this rank (SIGTERM) while it was ");
+  char line[sizeof(s.header) + kNoteBytes + 512];
+  std::size_t used = 0;
+  const auto add = [&](const char* text) { append(line, used, sizeof(line), text); };
+  add(s.header);
+  add("mpirun ended this rank (SIGTERM) while it was ");
   if (note[0] == '\0') {
-    write_all("not waiting for any peer yet");
+    add("not waiting for any peer yet");
   } else if (s.waiting.load(std::memory_order_acquire)) {
-    write_all("waiting for ");
-    write_all(note);
+    add("waiting for ");
+    add(note);
   } else {
-    write_all("computing; its last wait was for ");
-    write_all(note);
+    add("computing; its last wait was for ");
+    add(note);
   }
-  write_all(
-      ". Another rank of the job died or failed (or the job was interrupted): find the "
-      "rank that mpirun names, or its own error line, in the job's output, fix that and run "
-      "again\n");
+  add(". Another rank of the job died or failed (or the job was interrupted): find the rank that "
+      "mpirun names, or its own error line, in the job's output, fix that and run again\n");
+  static_assert(sizeof(line) <= PIPE_BUF, "one atomic write to a pipe");
+  write_all(line, used);
 
   // Die of the signal as without the handler: SA_RESETHAND restored the default action, which
   // ends the process now or, where the signal is blocked inside its handler, when this returns.
