@@ -18,6 +18,8 @@
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/plan/typed_partition.hpp>
 #include <pipeline/profile/profiler.hpp>
+#include <pipeline/runtime/in_process.hpp>
+#include <pipeline/runtime/sequential_trainer.hpp>
 #include <pipeline/runtime/stage_executor.hpp>
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/simulator.hpp>
@@ -30,8 +32,10 @@
 #include "synthetic_minibatches.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -221,6 +225,39 @@ inline void check_stages(const std::map<int, ModelParams>& got, const ModelParam
     CAPTURE(stage);
     CHECK(max_rel_diff(entry.second, want, layout.stages[static_cast<std::size_t>(stage)]) <= tol);
   }
+}
+
+// The flush schedules' reference: the single process on `device`, `minibatches` steps of `micro`
+// microbatches with gradient accumulation; its parameters on the host.
+inline ModelParams sequential_run(const RandomPlan& c, const Sequential& model, int minibatches,
+                                  int micro, std::uint64_t seed, float lr,
+                                  Device device = Device::cpu()) {
+  SequentialTrainer ref(model, to_device(model.init(seed), device), momentum_sgd(), seed);
+  for (int j = 0; j < minibatches; ++j) ref.step(c.minibatches()(j), lr, micro);
+  return to_device(ref.params(), Device::cpu());
+}
+
+// Trains `schedule` with every rank a thread of this process on `device` (on a GPU each with its
+// own stream): each stage's final parameters on the host (a replicated stage's replicas end
+// equal: the first to report stands for it).
+inline std::map<int, ModelParams> train_in_process(const RandomPlan& c, const Sequential& model,
+                                                   const PipelineLayout& layout,
+                                                   const Schedule& schedule, std::uint64_t seed,
+                                                   float lr, Device device = Device::cpu()) {
+  std::mutex mutex;
+  std::map<int, ModelParams> out;
+  run_in_process(
+      {.ranks = layout.num_ranks(), .device = device}, [&](Communicator& comm, Device d) {
+        StageExecutor ex(model, c.sample(), DType::Float32, layout, comm, momentum_sgd(),
+                         {.seed = seed, .device = d, .recompute = c.recompute});
+        const TrainResult r =
+            ex.train(schedule, c.minibatches().feed(), 0, [lr](std::int64_t) { return lr; });
+        CHECK(std::isfinite(r.loss));
+        std::lock_guard<std::mutex> lock(mutex);
+        for (int stage : ex.stages())
+          out.emplace(stage, to_device(ex.params(stage), Device::cpu()));
+      });
+  return out;
 }
 
 // A schedule of a plan, the model it trains and the weights its reference ends with.

@@ -9,23 +9,15 @@
 // nothing.
 #include <doctest/doctest.h>
 
-#include <pipeline/comm/comms/local.hpp>
 #include <pipeline/core/rng.hpp>
 #include <pipeline/core/threads.hpp>
-#include <pipeline/runtime/sequential_trainer.hpp>
-#include <pipeline/runtime/stage_executor.hpp>
 #include <pipeline/schedule/dealing.hpp>
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/simulator.hpp>
 #include <pipeline/schedule/validate.hpp>
 
-#include "support/param_compare.hpp"
 #include "support/random_plans.hpp"
-#include "support/synthetic_minibatches.hpp"
 
-#include <cmath>
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -38,24 +30,6 @@ namespace {
 
 constexpr float kLr = 0.05f;
 constexpr std::uint64_t kSeed = 5;
-
-// Each stage's final parameters (a replicated stage's replicas end equal: the first to report
-// stands for it).
-std::map<int, ModelParams> train_plan(const RandomPlan& c, const Sequential& model,
-                                      const PipelineLayout& layout, const Schedule& schedule) {
-  std::mutex mutex;
-  std::map<int, ModelParams> out;
-  run_local(layout.num_ranks(), [&](Communicator& comm) {
-    StageExecutor ex(model, c.sample(), DType::Float32, layout, comm, momentum_sgd(),
-                     {.seed = kSeed, .recompute = c.recompute});
-    const TrainResult r =
-        ex.train(schedule, c.minibatches().feed(), 0, [](std::int64_t) { return kLr; });
-    CHECK(std::isfinite(r.loss));
-    std::lock_guard<std::mutex> lock(mutex);
-    for (int stage : ex.stages()) out.emplace(stage, ex.params(stage));
-  });
-  return out;
-}
 
 }  // namespace
 
@@ -75,14 +49,12 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
     mixed += !c.typed_profiles.empty();
     recomputing += c.recomputes();
     const Sequential model = c.model(0.2f);
-    const SyntheticMinibatches& minibatch = c.minibatches();
     const PipelineLayout layout = PipelineLayout::from_plan(c.plan, model);
 
     // Flush schedules against the single process.
     const int minibatches = 2, micro = c.flush_microbatches;
     CAPTURE(micro);
-    SequentialTrainer ref(model, model.init(kSeed), momentum_sgd(), kSeed);
-    for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
+    const ModelParams want = sequential_run(c, model, minibatches, micro, kSeed, kLr);
     for (const std::string& name : flush_schedules(c.plan)) {
       CAPTURE(name);
       ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, micro, minibatches);
@@ -97,7 +69,7 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
       const Schedule s = generate_schedule(name, spec);
       CHECK(validation_error(s).empty());
       CHECK(c.simulate_schedule(s).samples_per_s > 0);
-      check_stages(train_plan(c, model, layout, s), ref.params(), layout, 1e-5);
+      check_stages(train_in_process(c, model, layout, s, kSeed, kLr), want, layout, 1e-5);
     }
 
     if (c.plan.virtual_stages > 1) continue;
@@ -112,7 +84,7 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
       CAPTURE(c.vertical_sync);
       CHECK(validation_error(s).empty());
       CHECK(c.simulate_schedule(s).samples_per_s > 0);
-      check_stages(train_plan(c, run->model, layout, s), run->want, layout, 1e-5);
+      check_stages(train_in_process(c, run->model, layout, s, kSeed, kLr), run->want, layout, 1e-5);
     }
     ++two_buffered;
   }
