@@ -369,18 +369,27 @@ void transform_windows(const float* data, const Image& image, std::int64_t chann
 // lanes(r, column) with stride cols between positions, and position pos is a rows x cols matrix.
 // Keeping a row's α² positions together (rather than [ξ][row][cols]) makes the 36 vectors a
 // transform stores or loads lie within a few KiB, where a whole-matrix stride of a multiple of
-// 4 KiB mapped all of them to one L1 cache set (transforms 2x slower, measured).
+// 4 KiB mapped all of them to one L1 cache set (transforms 2x slower, measured). The products
+// walk a position down the rows, so rows are one cache line more than their α² · cols floats
+// apart: at α = 8 and 32 tiles a row is 8 KiB, and every row of a product's depth fell into
+// one L1 set too.
 template <int A>
 struct BlockBuffer {
   static constexpr int kPositions = A * A;
+  static constexpr std::int64_t kRowPadding = 16;  // floats: one cache line
   float* data;
   std::int64_t cols;
+  static std::int64_t row_stride(std::int64_t cols) { return kPositions * cols + kRowPadding; }
+  static std::int64_t floats(std::int64_t rows, std::int64_t cols) {
+    return rows * row_stride(cols);
+  }
+  std::int64_t row_stride() const { return row_stride(cols); }
   float* lanes(std::int64_t row, std::int64_t column) const {
-    return data + row * kPositions * cols + column;
+    return data + row * row_stride() + column;
   }
   Eigen::Map<RowMatrix, Eigen::Unaligned, Eigen::OuterStride<>> at_position(
       int pos, std::int64_t first_row, std::int64_t rows) const {
-    return {lanes(first_row, 0) + pos * cols, rows, cols, Eigen::OuterStride<>(kPositions * cols)};
+    return {lanes(first_row, 0) + pos * cols, rows, cols, Eigen::OuterStride<>(row_stride())};
   }
 };
 
@@ -571,7 +580,7 @@ void position_products(const float* u, std::int64_t u_stride, std::int64_t ins, 
   for (int pos = 0; pos < kPositions; ++pos) {
     const float* up = u + pos * u_stride;
 #if defined(__AVX512F__)
-    const std::int64_t ldv = kPositions * v.cols, ldm = kPositions * m.cols;
+    const std::int64_t ldv = v.row_stride(), ldm = m.row_stride();
     const std::int64_t vectors = v.cols / kLanes;
     const float* vp = v.lanes(0, 0) + pos * v.cols;
     float* mp = m.lanes(0, 0) + pos * m.cols;
@@ -603,7 +612,8 @@ void correlate(const Correlation& p, const WinogradMatrices& f, const float* x, 
   const std::int64_t tiles = grid.count(), block = block_tiles(A, p.ins, outs);
   const std::int64_t blocks = ceil_div(tiles, block);
   const int threads = static_cast<int>(std::clamp<std::int64_t>(blocks, 1, num_threads()));
-  const std::int64_t v_floats = kPositions * p.ins * block, m_floats = kPositions * outs * block;
+  const std::int64_t v_floats = BlockBuffer<A>::floats(p.ins, block),
+                     m_floats = BlockBuffer<A>::floats(outs, block);
   Scratch work(threads * (v_floats + m_floats));
   pipeline::detail::parallel_for_dynamic(blocks, threads, [&](std::int64_t index, int thread) {
     const EigenOnThisThread one;
@@ -740,7 +750,7 @@ template <int A>
 void gradient_products(int pos, const BlockBuffer<A>& d, std::int64_t outs, const BlockBuffer<A>& v,
                        std::int64_t ins, float* acc, float* vt) {
 #if defined(__AVX512F__)
-  const std::int64_t tiles = v.cols, ld = BlockBuffer<A>::kPositions * v.cols;
+  const std::int64_t tiles = v.cols, ld = v.row_stride();
   transpose_rows(v.lanes(0, 0) + pos * v.cols, ld, ins, tiles, vt, ins);
   const float* dp = d.lanes(0, 0) + pos * d.cols;
   const auto rows = [&]<int R>(std::int64_t o) {
@@ -777,7 +787,7 @@ void backward_filter(const WinogradProblem& p, const float* x, const float* dy, 
   const std::int64_t blocks = ceil_div(tiles, block);
   // acc[ξ][o][i], positions acc_stride apart (whole lane groups, read as such at the end).
   const std::int64_t count = p.m * p.c, acc_stride = round_up(count, kLanes);
-  Scratch work(kPositions * acc_stride + kPositions * (p.c + p.m) * block);
+  Scratch work(kPositions * acc_stride + BlockBuffer<A>::floats(p.c + p.m, block));
   float* acc = work.get();
   float* buffers = acc + kPositions * acc_stride;
   std::fill_n(acc, kPositions * acc_stride, 0.f);
@@ -790,7 +800,7 @@ void backward_filter(const WinogradProblem& p, const float* x, const float* dy, 
       const std::int64_t first = b * block,
                          groups = ceil_div(std::min(block, tiles - first), kLanes);
       const BlockBuffer<A> v{buffers, groups * kLanes};
-      const BlockBuffer<A> d{buffers + kPositions * p.c * v.cols, v.cols};
+      const BlockBuffer<A> d{buffers + BlockBuffer<A>::floats(p.c, v.cols), v.cols};
       windows.clear();
       tiles_of_grad.clear();
       for (std::int64_t group = 0; group < groups; ++group) {
