@@ -43,11 +43,11 @@ Scratch packed_tiles(const float* a, std::int64_t lda, std::int64_t m, std::int6
   return at;
 }
 
-// R columns of C over its m rows: C[i][r] = alpha · Σ_p at[p][i] · b[r][p] + beta · C[i][r], b's
-// rows ldb floats apart. V vectors of 16 rows (m ≤ 16 V).
+// R columns of C over its 16 V rows, written column by column into ct (ct[r · 16 V + i] = Σ_p
+// at[p][i] · b[r][p], b's rows ldb floats apart): C's own columns lie a row of C apart, often 4
+// KiB, where storing them element by element took a sixth of the kernel's time.
 template <int V, int R>
-void tile(const float* at, std::int64_t k, const float* b, std::int64_t ldb, float alpha,
-          float beta, float* c, std::int64_t ldc, std::int64_t m) {
+void tile(const float* at, std::int64_t k, const float* b, std::int64_t ldb, float* ct) {
   constexpr int kRows = 16 * V;
   __m512 acc[R][V];
   for (int r = 0; r < R; ++r)
@@ -60,16 +60,8 @@ void tile(const float* at, std::int64_t k, const float* b, std::int64_t ldb, flo
       for (int v = 0; v < V; ++v) acc[r][v] = _mm512_fmadd_ps(x[v], s, acc[r][v]);
     }
   }
-  alignas(64) float column[kRows];
-  for (int r = 0; r < R; ++r) {
-    for (int v = 0; v < V; ++v) _mm512_store_ps(column + 16 * v, acc[r][v]);
-    float* out = c + r;
-    if (beta == 0.f) {
-      for (std::int64_t i = 0; i < m; ++i) out[i * ldc] = alpha * column[i];
-    } else {
-      for (std::int64_t i = 0; i < m; ++i) out[i * ldc] = alpha * column[i] + beta * out[i * ldc];
-    }
-  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(ct + r * kRows + 16 * v, acc[r][v]);
 }
 
 // About 24 accumulators in every shape: V vectors of rows times R columns.
@@ -91,18 +83,29 @@ template <int V>
 void abt(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
          std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
          std::int64_t ldc) {
-  Scratch at = packed_tiles(a, lda, m, k, 16 * V);  // one tile of all the rows
-  // Whole tiles of R columns per thread, then the last columns one by one.
+  constexpr int kRows = 16 * V;
+  Scratch at = packed_tiles(a, lda, m, k, kRows);  // one tile of all the rows
+  Scratch ct(n * kRows);                           // C transposed, each column's kRows together
+  // Whole tiles of R columns per thread, then the last columns one by one; each thread then
+  // writes its columns of C row by row.
   constexpr int R = kTileColumns<V>;
   const std::int64_t tiles = (n + R - 1) / R;
   const int threads = product_threads(m, n, k, tiles);
   pipeline::detail::on_threads(threads, [&](int t) {
     const auto range = pipeline::detail::static_range(tiles, threads, t);
-    const std::int64_t end = std::min(n, range.end * R);
-    std::int64_t j = range.begin * R;
-    for (; j + R <= end; j += R)
-      tile<V, R>(at.get(), k, b + j * ldb, ldb, alpha, beta, c + j, ldc, m);
-    for (; j < end; ++j) tile<V, 1>(at.get(), k, b + j * ldb, ldb, alpha, beta, c + j, ldc, m);
+    const std::int64_t begin = range.begin * R, end = std::min(n, range.end * R);
+    std::int64_t j = begin;
+    for (; j + R <= end; j += R) tile<V, R>(at.get(), k, b + j * ldb, ldb, ct.get() + j * kRows);
+    for (; j < end; ++j) tile<V, 1>(at.get(), k, b + j * ldb, ldb, ct.get() + j * kRows);
+    for (std::int64_t i = 0; i < m; ++i) {
+      float* out = c + i * ldc;
+      const float* column = ct.get() + i;
+      if (beta == 0.f) {
+        for (j = begin; j < end; ++j) out[j] = alpha * column[j * kRows];
+      } else {
+        for (j = begin; j < end; ++j) out[j] = alpha * column[j * kRows] + beta * out[j];
+      }
+    }
   });
 }
 
