@@ -520,6 +520,34 @@ void transform_inputs(const float* data, const Image& image, std::int64_t channe
                        [&](const auto& from) { transform_input<A>(from, to); });
 }
 
+// Asks for the rows of one channel that a lane group's extent x extent windows read, ahead of
+// transform_windows: consecutive groups read planes tens of KiB apart, which the hardware
+// prefetchers do not follow, and a transform's first gather waited for memory (a fifth of
+// conv2's input transforms and weight gradient in `perf`). Groups spanning more than two samples
+// (images under 16 tiles) are left to the hardware.
+inline void prefetch_windows(const float* data, const Image& image, std::int64_t channel,
+                             const LaneWindows& windows, int extent) {
+  int last = kLanes - 1;
+  while (last > 0 && !windows.valid[last]) --last;
+  if (!windows.valid[0]) return;
+  const auto rows = [&](std::int64_t sample, std::int64_t from, std::int64_t to) {
+    from = std::max<std::int64_t>(from, 0);
+    to = std::min(to, image.h);
+    if (from >= to) return;
+    const float* plane = data + (sample * image.channels + channel) * image.plane();
+    const auto* begin = reinterpret_cast<const char*>(plane + from * image.w);
+    const auto* end = reinterpret_cast<const char*>(plane + to * image.w);
+    for (const char* line = begin; line < end; line += 64) __builtin_prefetch(line, 0, 3);
+  };
+  const std::int64_t first = windows.sample[0], final = windows.sample[last];
+  if (first == final) {
+    rows(first, windows.y[0], windows.y[last] + extent);
+  } else if (final == first + 1) {
+    rows(first, windows.y[0], image.h);
+    rows(final, 0, windows.y[last] + extent);
+  }
+}
+
 // Transformed filters: u[ξ][row][col] = G g Gᵀ of every filter g, read as filter(row, col) (r x
 // r, row-major; nullptr: a zero filter); positions `stride` floats apart (rows · cols rounded up
 // to whole lane groups).
@@ -605,7 +633,6 @@ void position_products(const float* u, std::int64_t u_stride, std::int64_t ins, 
 template <int A>
 void correlate(const Correlation& p, const WinogradMatrices& f, const float* x, const float* u,
                std::int64_t u_stride, const float* bias, bool round_bf16, float* y) {
-  constexpr int kPositions = A * A;
   const TileGrid grid{p.samples, ceil_div(p.oh, f.m), ceil_div(p.ow, f.m), f.m};
   const Image in{p.ins, p.h, p.w}, out{p.outs, p.oh, p.ow};
   const std::int64_t outs = padded_outs(p.outs);
@@ -626,9 +653,11 @@ void correlate(const Correlation& p, const WinogradMatrices& f, const float* x, 
       windows.emplace_back(grid, first + group * kLanes, in, p.pad_h, p.pad_w);
       outputs.emplace_back(grid, first + group * kLanes, out, 0, 0);
     }
-    for (std::int64_t c = 0; c < p.ins; ++c)
-      for (std::int64_t group = 0; group < groups; ++group)
-        transform_inputs(x, in, c, windows[group], v, group * kLanes);
+    for (std::int64_t q = 0; q < p.ins * groups; ++q) {
+      if (q + 1 < p.ins * groups)
+        prefetch_windows(x, in, (q + 1) / groups, windows[(q + 1) % groups], A);
+      transform_inputs(x, in, q / groups, windows[q % groups], v, q % groups * kLanes);
+    }
     position_products(u, u_stride, p.ins, outs, v, m);
     for (std::int64_t o = 0; o < p.outs; ++o) {
       const float b = bias ? bias[o] : 0.f;
@@ -808,19 +837,24 @@ void backward_filter(const WinogradProblem& p, const float* x, const float* dy, 
         tiles_of_grad.emplace_back(grid, first + group * kLanes, grad, 0, 0);
       }
       // The two kinds of transform cost very differently: each is split evenly on its own.
-#pragma omp for schedule(static) collapse(2) nowait
-      for (std::int64_t c = 0; c < p.c; ++c)  // the input's α x α windows: Bᵀ x B
-        for (std::int64_t group = 0; group < groups; ++group)
-          transform_inputs(x, in, c, windows[group], v, group * kLanes);
-#pragma omp for schedule(static) collapse(2)
-      for (std::int64_t o = 0; o < p.m; ++o)  // the output gradient's m x m tiles: G dy Gᵀ
-        for (std::int64_t group = 0; group < groups; ++group) {
-          const StridedSink<A> to{d.lanes(o, group * kLanes), d.cols};
-          transform_windows<A>(dy, grad, o, tiles_of_grad[group], m,
-                               [&](const auto& from) { transform_filter<A>(m, f.g, from, to); });
-        }
-        // One thread a position: each accumulator element summed in the same order for any
-        // thread count.
+      // (Each thread's items are consecutive: it prefetches its next one.)
+#pragma omp for schedule(static) nowait
+      for (std::int64_t q = 0; q < p.c * groups; ++q) {  // the input's α x α windows: Bᵀ x B
+        if (q + 1 < p.c * groups)
+          prefetch_windows(x, in, (q + 1) / groups, windows[(q + 1) % groups], A);
+        transform_inputs(x, in, q / groups, windows[q % groups], v, q % groups * kLanes);
+      }
+#pragma omp for schedule(static)
+      for (std::int64_t q = 0; q < p.m * groups; ++q) {  // the output gradient's tiles: G dy Gᵀ
+        const std::int64_t o = q / groups, group = q % groups;
+        if (q + 1 < p.m * groups)
+          prefetch_windows(dy, grad, (q + 1) / groups, tiles_of_grad[(q + 1) % groups], m);
+        const StridedSink<A> to{d.lanes(o, group * kLanes), d.cols};
+        transform_windows<A>(dy, grad, o, tiles_of_grad[group], m,
+                             [&](const auto& from) { transform_filter<A>(m, f.g, from, to); });
+      }
+      // One thread a position: each accumulator element summed in the same order for any
+      // thread count.
 #pragma omp for schedule(static)
       for (int pos = 0; pos < kPositions; ++pos)
         gradient_products(pos, d, p.m, v, p.c, acc + pos * acc_stride, transposed.get());
