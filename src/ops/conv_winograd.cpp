@@ -527,9 +527,9 @@ void transform_inputs(const float* data, const Image& image, std::int64_t channe
 // (images under 16 tiles) are left to the hardware.
 inline void prefetch_windows(const float* data, const Image& image, std::int64_t channel,
                              const LaneWindows& windows, int extent) {
-  int last = kLanes - 1;
-  while (last > 0 && !windows.valid[last]) --last;
   if (!windows.valid[0]) return;
+  int last = kLanes - 1;
+  while (!windows.valid[last]) --last;
   const auto rows = [&](std::int64_t sample, std::int64_t from, std::int64_t to) {
     from = std::max<std::int64_t>(from, 0);
     to = std::min(to, image.h);
