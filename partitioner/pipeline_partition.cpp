@@ -20,8 +20,9 @@
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/simulator.hpp>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -82,19 +83,26 @@ bool stashes(const pipeline::Plan& plan) {
 // 4 microbatches per stage and one minibatch under a flush schedule, which reports the whole
 // makespan's (an interleaved plan: 4 microbatches per worker, as for a plain plan on as many
 // workers). The partitioner itself stays independent of the schedule library.
-pipeline::Simulation simulate_plan(const pipeline::Plan& plan, const pipeline::Profile& profile,
-                                   const pipeline::Topology& topo,
-                                   const pipeline::DeviceProfiles* device_profiles,
-                                   double transfer_bytes_scale) {
+std::vector<int> replica_counts(const pipeline::Plan& plan) {
+  std::vector<int> counts;
+  for (const auto& s : plan.stages) counts.push_back(s.replicas);
+  return counts;
+}
+
+// Nothing when the plan's replica counts make a steady state too long to simulate (the
+// partitioner's plan is written all the same, with a note).
+std::optional<pipeline::Simulation> simulate_plan(const pipeline::Plan& plan,
+                                                  const pipeline::Profile& profile,
+                                                  const pipeline::Topology& topo,
+                                                  const pipeline::DeviceProfiles* device_profiles,
+                                                  double transfer_bytes_scale) {
   const bool stash = stashes(plan);
   int microbatches = stash ? 1 : 4 * (plan.interleaved() ? plan.workers : plan.num_stages()), minibatches = 1;
   if (stash) {
-    int lcm = 1, workers = 0;
-    for (const auto& s : plan.stages) {
-      lcm = std::lcm(lcm, std::max(s.replicas, 1));
-      workers += s.replicas;
-    }
-    minibatches = lcm * ((8 * workers + lcm - 1) / lcm);
+    const std::int64_t steady = pipeline::steady_state_minibatches(
+        replica_counts(plan), pipeline::kMaxSimulatedMinibatches);
+    if (steady == 0) return std::nullopt;
+    minibatches = static_cast<int>(steady);
   }
   pipeline::Schedule schedule =
       pipeline::generate_schedule(plan.schedule, pipeline::ScheduleSpec::from_plan(plan, microbatches, minibatches));
@@ -329,8 +337,17 @@ int main(int argc, char** argv) {
     if (!no_simulate) {
       sim = simulate_plan(plan, profile, topo, topo.typed() ? &profiles : nullptr,
                           transfer_dtype == "bf16" ? 0.5 : 1.0);
-      plan.predicted.bubble_fraction =
-          stashes(plan) ? sim->steady_state_bubble_fraction : sim->bubble_fraction;
+      if (sim)
+        plan.predicted.bubble_fraction =
+            stashes(plan) ? sim->steady_state_bubble_fraction : sim->bubble_fraction;
+      else
+        fmt::print(stderr,
+                   "pipeline-partition: note: not simulated: under {} the replica counts {} deal "
+                   "minibatches in rounds of their least common multiple, more than {} "
+                   "minibatches to a steady state; a run of this plan takes minibatches in "
+                   "multiples of it\n",
+                   plan.schedule, fmt::join(replica_counts(plan), "-"),
+                   pipeline::kMaxSimulatedMinibatches);
     }
     std::vector<pipeline::RankPlacement> placement;  // placed before anything is written
     if (!rankfile_path.empty())

@@ -270,11 +270,17 @@ int run(int argc, char** argv) {
     if (minibatches <= 0) {
       minibatches = 1;
       if (stash) {
-        int lcm = 1;
-        for (auto& s : plan.stages) lcm = std::lcm(lcm, std::max(s.replicas, 1));
-        int workers = 0;
-        for (auto& s : plan.stages) workers += s.replicas;
-        minibatches = lcm * ((8 * workers + lcm - 1) / lcm);
+        std::vector<int> counts;
+        for (auto& s : plan.stages) counts.push_back(s.replicas);
+        const std::int64_t steady = steady_state_minibatches(counts, kMaxSimulatedMinibatches);
+        PIPELINE_CHECK_AS(
+            ConfigError, steady > 0,
+            "under {} the plan's replica counts {} deal minibatches in rounds of "
+            "their least common multiple, more than {} minibatches to a steady "
+            "state: too long to simulate, and a run of this plan takes minibatches in "
+            "multiples of it; plan with replica counts that share factors",
+            name, fmt::join(counts, "-"), kMaxSimulatedMinibatches);
+        minibatches = static_cast<int>(steady);
       }
     }
     ScheduleSpec spec = ScheduleSpec::from_plan(plan, microbatches, minibatches);

@@ -9,6 +9,7 @@
 #include <deque>
 #include <limits>
 #include <optional>
+#include <unordered_map>
 
 namespace pipeline::detail {
 namespace {
@@ -96,6 +97,10 @@ struct RankState {
   bool at_allreduce = false;  // arrived at the allreduce at pc, waiting for the others
   int wait_channel = -1;      // blocked on a receive from this inbox channel
   std::vector<Channel> inbox;
+  // (sender, kind) -> inbox position, once the inbox outgrows a scan: a stage after one with
+  // hundreds of replicas hears from each of them, and a search per message made simulating
+  // such a plan quadratic.
+  std::unordered_map<std::int64_t, int> inbox_index;
   std::vector<StageSlot> slots;
   Fifo<InFlight> inflight;
   std::vector<std::pair<std::int64_t, int>> received_versions;  // (stage<<32|unit, version)
@@ -338,10 +343,27 @@ class Engine {
   }
 
   Channel& channel(int dst, int src, bool gradient) {
-    auto& inbox = m_ranks[dst].inbox;
-    for (auto& c : inbox)
-      if (c.src == src && c.gradient == gradient) return c;
+    constexpr std::size_t kScanned = 8;  // most ranks hear from one or two peers
+    RankState& st = m_ranks[dst];
+    auto& inbox = st.inbox;
+    const auto key = [](int sender, bool grad) {
+      return std::int64_t{sender} * 2 + (grad ? 1 : 0);
+    };
+    if (inbox.size() <= kScanned) {
+      for (auto& c : inbox)
+        if (c.src == src && c.gradient == gradient) return c;
+    } else if (const auto it = st.inbox_index.find(key(src, gradient));
+               it != st.inbox_index.end()) {
+      return inbox[static_cast<std::size_t>(it->second)];
+    }
     inbox.push_back({src, gradient, {}, 0});
+    if (inbox.size() > kScanned) {
+      if (st.inbox_index.empty())
+        for (std::size_t i = 0; i < inbox.size(); ++i)
+          st.inbox_index.emplace(key(inbox[i].src, inbox[i].gradient), static_cast<int>(i));
+      else
+        st.inbox_index.emplace(key(src, gradient), static_cast<int>(inbox.size() - 1));
+    }
     return inbox.back();
   }
 

@@ -172,9 +172,13 @@ std::vector<int> replica_microbatches(const ScheduleSpec& spec, int stage, int r
   const bool dealt =
       static_cast<std::size_t>(stage) < spec.dealing.size() && !spec.dealing[stage].empty();
   std::vector<int> out;
-  for (int u = first; u < first + count; ++u)
-    if ((dealt ? spec.dealing[stage][static_cast<std::size_t>(u)] : u % r) == replica)
+  if (!dealt) {  // round robin: every r-th unit (a scan of every unit per replica was quadratic)
+    for (int u = first + ((replica - first) % r + r) % r; u < first + count; u += r)
       out.push_back(u);
+    return out;
+  }
+  for (int u = first; u < first + count; ++u)
+    if (spec.dealing[stage][static_cast<std::size_t>(u)] == replica) out.push_back(u);
   return out;
 }
 
@@ -569,6 +573,21 @@ std::vector<int> stash_depth_limits(const ScheduleSpec& spec) {
   return limits;
 }
 
+}  // namespace detail
+
+std::int64_t steady_state_minibatches(const std::vector<int>& replicas, std::int64_t limit) {
+  std::int64_t lcm = 1, workers = 0;
+  for (int r : replicas) {
+    lcm = std::lcm(lcm, std::int64_t{std::max(r, 1)});
+    workers += std::max(r, 1);
+    if (lcm > limit) return 0;  // also before it could overflow
+  }
+  const std::int64_t minibatches = lcm * ((8 * workers + lcm - 1) / lcm);
+  return minibatches <= limit ? minibatches : 0;
+}
+
+namespace detail {
+
 StashShape replicated_stash_shape(const ScheduleSpec& spec) {
   // With replicas the allreduces couple the replicas' orders, and PipeDream's warm-ups may wait
   // on each other across uneven replica counts (its 4-2-3-3-2-1-1 deadlocks) or leave stages
@@ -578,9 +597,11 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
   // several starts without delays, then from the best shape found with every replica but the
   // last delaying. Depths stay within the stages' in-flight counts (stash_depth_limits).
   ScheduleSpec probe = spec;
-  int lcm = 1;
-  for (auto& r : spec.stage_ranks) lcm = std::lcm(lcm, static_cast<int>(r.size()));
-  probe.minibatches = lcm * ((8 * spec.num_ranks() + lcm - 1) / lcm);
+  std::vector<int> counts;
+  for (auto& r : spec.stage_ranks) counts.push_back(static_cast<int>(r.size()));
+  const std::int64_t rounds = steady_state_minibatches(counts, kMaxSimulatedMinibatches);
+  // Replica counts whose rounds are too many to probe: the run asked for is its own probe.
+  probe.minibatches = rounds > 0 ? static_cast<int>(rounds) : spec.minibatches;
   const auto stages = static_cast<std::size_t>(spec.num_stages());
   std::vector<int> limit = stash_depth_limits(spec), replicas, delay_limit;
   for (std::size_t s = 0; s < stages; ++s) {

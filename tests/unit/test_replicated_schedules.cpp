@@ -375,7 +375,12 @@ TEST_CASE("1f1b-stash on balanced replicated plans runs at the planner's period"
                                                      {{1, 1}, {2, 2}},
                                                      {{1, 1}, {3, 3}, {2, 2}},
                                                      {{1, 1}, {2, 2}, {3, 3}},
-                                                     {{2, 2}, {3, 3}, {1, 1}}}) {
+                                                     {{2, 2}, {3, 3}, {1, 1}},
+                                                     // A rank hearing from 12 replicas (its
+                                                     // inbox indexed, not scanned), and 12
+                                                     // hearing from one.
+                                                     {{12, 12}, {1, 1}},
+                                                     {{1, 1}, {12, 12}}}) {
     Plan plan = testing::make_plan(stages);
     int layers = 0;
     std::vector<int> config;
@@ -460,6 +465,30 @@ TEST_CASE("1f1b-stash on random balanced replicated plans: near the planner's pe
           " at its rate");
   CHECK(sum / plans < 1.03);
   CHECK(at_rate >= 26);
+}
+
+TEST_CASE("a replica's round-robin microbatches are every r-th from any first one") {
+  ScheduleSpec spec;
+  spec.stage_ranks = {{0, 1, 2, 3, 4, 5, 6}};
+  for (int first = 0; first < 20; ++first)
+    for (int count : {0, 1, 6, 7, 8, 30})
+      for (int replica = 0; replica < 7; ++replica) {
+        std::vector<int> want;
+        for (int u = first; u < first + count; ++u)
+          if (u % 7 == replica) want.push_back(u);
+        CHECK(detail::replica_microbatches(spec, 0, replica, first, count) == want);
+      }
+}
+
+TEST_CASE("a stash run's steady state: whole rounds of every stage, none past the limit") {
+  // PipeDream's 4-2-3-3-2-1-1: rounds of 12, at least 8 minibatches per worker (128).
+  CHECK(steady_state_minibatches({4, 2, 3, 3, 2, 1, 1}, kMaxSimulatedMinibatches) == 132);
+  CHECK(steady_state_minibatches({1, 1}, kMaxSimulatedMinibatches) == 16);
+  // The partitioner's plan for 4096 workers of the mlp: rounds of 79,546,350 minibatches.
+  CHECK(steady_state_minibatches({2938, 1083, 75}, kMaxSimulatedMinibatches) == 0);
+  CHECK(steady_state_minibatches({2938, 1083, 75}, 100'000'000) == 79'546'350);
+  CHECK(steady_state_minibatches({2147483647, 2147483646, 2147483645}, kMaxSimulatedMinibatches) ==
+        0);  // no overflow on the way
 }
 
 }  // namespace test_replicated_schedules

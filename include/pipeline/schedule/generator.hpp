@@ -11,6 +11,7 @@
 #include <pipeline/plan/plan.hpp>
 #include <pipeline/schedule/schedule.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -84,6 +85,16 @@ void insert_communication(Schedule& schedule);
 // call it first; those that place several stages on one rank (interleaved schedules) pass
 // one_stage_per_rank = false.
 void check_spec(const ScheduleSpec& spec, bool one_stage_per_rank = true);
+
+// Minibatches for a 1F1B-stash run to reach its steady state: at least 8 per worker, in whole
+// rounds of every stage (round-robin dealing needs a multiple of every replica count, so of their
+// least common multiple). 0 when that exceeds `limit`: coprime replica counts in the thousands
+// (PipeDream's planner gives 2938-1083-75 for 4096 workers) make it tens of millions, more than a
+// simulation or a run can take.
+std::int64_t steady_state_minibatches(const std::vector<int>& replicas, std::int64_t limit);
+// The limit the simulating front ends take (a simulation of about a million minibatches per
+// stage runs for seconds).
+inline constexpr std::int64_t kMaxSimulatedMinibatches = std::int64_t{1} << 20;
 
 namespace detail {
 // Warm-up depth of one replica of `stage` under 1F1B: PipeDream's
