@@ -83,12 +83,6 @@ bool stashes(const pipeline::Plan& plan) {
 // 4 microbatches per stage and one minibatch under a flush schedule, which reports the whole
 // makespan's (an interleaved plan: 4 microbatches per worker, as for a plain plan on as many
 // workers). The partitioner itself stays independent of the schedule library.
-std::vector<int> replica_counts(const pipeline::Plan& plan) {
-  std::vector<int> counts;
-  for (const auto& s : plan.stages) counts.push_back(s.replicas);
-  return counts;
-}
-
 // Nothing when the plan's replica counts make a steady state too long to simulate (the
 // partitioner's plan is written all the same, with a note).
 std::optional<pipeline::Simulation> simulate_plan(const pipeline::Plan& plan,
@@ -100,7 +94,7 @@ std::optional<pipeline::Simulation> simulate_plan(const pipeline::Plan& plan,
   int microbatches = stash ? 1 : 4 * (plan.interleaved() ? plan.workers : plan.num_stages()), minibatches = 1;
   if (stash) {
     const std::int64_t steady = pipeline::steady_state_minibatches(
-        replica_counts(plan), pipeline::kMaxSimulatedMinibatches);
+        plan.replica_counts(), pipeline::kMaxSimulatedMinibatches);
     if (steady == 0) return std::nullopt;
     minibatches = static_cast<int>(steady);
   }
@@ -346,7 +340,7 @@ int main(int argc, char** argv) {
                    "minibatches in rounds of their least common multiple, more than {} "
                    "minibatches to a steady state; a run of this plan takes minibatches in "
                    "multiples of it\n",
-                   plan.schedule, fmt::join(replica_counts(plan), "-"),
+                   plan.schedule, fmt::join(plan.replica_counts(), "-"),
                    pipeline::kMaxSimulatedMinibatches);
     }
     std::vector<pipeline::RankPlacement> placement;  // placed before anything is written

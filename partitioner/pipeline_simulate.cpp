@@ -270,16 +270,15 @@ int run(int argc, char** argv) {
     if (minibatches <= 0) {
       minibatches = 1;
       if (stash) {
-        std::vector<int> counts;
-        for (auto& s : plan.stages) counts.push_back(s.replicas);
-        const std::int64_t steady = steady_state_minibatches(counts, kMaxSimulatedMinibatches);
+        const std::int64_t steady =
+            steady_state_minibatches(plan.replica_counts(), kMaxSimulatedMinibatches);
         PIPELINE_CHECK_AS(
             ConfigError, steady > 0,
             "under {} the plan's replica counts {} deal minibatches in rounds of "
             "their least common multiple, more than {} minibatches to a steady "
             "state: too long to simulate, and a run of this plan takes minibatches in "
             "multiples of it; plan with replica counts that share factors",
-            name, fmt::join(counts, "-"), kMaxSimulatedMinibatches);
+            name, fmt::join(plan.replica_counts(), "-"), kMaxSimulatedMinibatches);
         minibatches = static_cast<int>(steady);
       }
     }

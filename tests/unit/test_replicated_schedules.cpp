@@ -149,8 +149,7 @@ TEST_CASE("every schedule kind validates and simulates on random replicated plan
     const Case c = random_case(rng);
     // Stash needs a multiple of every replica count: minibatches = 2 x their lcm.
     if (replica_lcm(c.plan) > (kSanitized ? 60 : 420)) continue;
-    std::vector<int> config;
-    for (auto& s : c.plan.stages) config.push_back(s.replicas);
+    const std::vector<int> config = c.plan.replica_counts();
     const int microbatches = 1 + static_cast<int>(rng.below(12));
     // A third of the plans also run on fewer cores than ranks.
     const int cores =
@@ -187,8 +186,7 @@ TEST_CASE("flush schedules follow any dealing of microbatches to replicas; the o
       for (int u = 0; u < microbatches * minibatches; ++u)
         spec.dealing[st].push_back(static_cast<std::int32_t>(rng.below(r)));
     }
-    std::vector<int> config;
-    for (auto& st : c.plan.stages) config.push_back(st.replicas);
+    const std::vector<int> config = c.plan.replica_counts();
     CAPTURE(fmt::format("{}", fmt::join(config, "-")));
     CAPTURE(microbatches);
     for (const std::string kind : {"gpipe", "1f1b-flush", "zb-h1"}) {
@@ -245,8 +243,7 @@ TEST_CASE(
       }
       const int microbatches = 1 + static_cast<int>(rng.below(24));
       const ScheduleSpec spec = ScheduleSpec::from_plan(c.plan, microbatches, 2);
-      std::vector<int> config;
-      for (auto& st : c.plan.stages) config.push_back(st.replicas);
+      const std::vector<int> config = c.plan.replica_counts();
       CAPTURE(fmt::format("{}", fmt::join(config, "-")));
       CAPTURE(microbatches);
       const Schedule searched = generate_schedule(kind, spec);

@@ -79,6 +79,12 @@ struct Plan {
 
   int num_stages() const { return static_cast<int>(stages.size()); }
   bool interleaved() const { return virtual_stages > 1; }
+  // Each stage's replica count, in stage order.
+  std::vector<int> replica_counts() const {
+    std::vector<int> counts;
+    for (const PlanStage& s : stages) counts.push_back(s.replicas);
+    return counts;
+  }
 };
 
 }  // namespace pipeline
