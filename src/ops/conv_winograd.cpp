@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <cstdlib>
 #include <vector>
 
 #if defined(__AVX2__)
@@ -111,27 +112,37 @@ struct StridedSink {
   void operator()(int i, int j, Lanes v) const { store(base + (i * A + j) * stride, v); }
 };
 
+// Row i of a transform's input: `in.row<N>(i, r)` where the source loads whole rows, else
+// element by element.
+template <int N, typename Source>
+[[gnu::always_inline]] inline void row_of(const Source& in, int i, Lanes (&r)[N]) {
+  if constexpr (requires { in.template row<N>(i, r); })
+    in.template row<N>(i, r);
+  else
+    for (int j = 0; j < N; ++j) r[j] = in(i, j);
+}
+
 // out = L · in · Rᵀ over the top-left Depth x Depth of `in`, for L (Rows x Depth) and R
 // (Cols x Depth): Bᵀ d B, G g Gᵀ and Aᵀ M A are all of this form. Extents are compile-time, so
-// every loop unrolls into vector multiply-adds over the lanes held in registers; `in(i, j)`
-// gives the input's lanes and `out(i, j, lanes)` takes the output's.
+// every loop unrolls into vector multiply-adds over the lanes held in registers; the input is
+// taken a row at a time (row_of) and `out(i, j, lanes)` takes the output's lanes.
 template <int Rows, int Cols, int Depth, typename Source, typename Sink>
 [[gnu::always_inline]] inline void sandwich(const Square& left, const Square& right,
                                             const Source& in, const Sink& out) {
-  Lanes half[Rows][Depth];
-  for (int q = 0; q < Depth; ++q) {
-    Lanes column[Depth];
-    for (int k = 0; k < Depth; ++k) column[k] = in(k, q);
-    for (int i = 0; i < Rows; ++i) {
-      Lanes acc = left[i][0] * column[0];
-      for (int k = 1; k < Depth; ++k) acc += left[i][k] * column[k];
-      half[i][q] = acc;
+  Lanes half[Depth][Cols];  // in · Rᵀ
+  for (int k = 0; k < Depth; ++k) {
+    Lanes row[Depth];
+    row_of(in, k, row);
+    for (int j = 0; j < Cols; ++j) {
+      Lanes acc = right[j][0] * row[0];
+      for (int q = 1; q < Depth; ++q) acc += right[j][q] * row[q];
+      half[k][j] = acc;
     }
   }
-  for (int i = 0; i < Rows; ++i)
-    for (int j = 0; j < Cols; ++j) {
-      Lanes acc = right[j][0] * half[i][0];
-      for (int q = 1; q < Depth; ++q) acc += right[j][q] * half[i][q];
+  for (int j = 0; j < Cols; ++j)
+    for (int i = 0; i < Rows; ++i) {
+      Lanes acc = left[i][0] * half[0][j];
+      for (int k = 1; k < Depth; ++k) acc += left[i][k] * half[k][j];
       out(i, j, acc);
     }
 }
@@ -176,10 +187,10 @@ struct Image {
 
 // The windows of one lane group in an image: each lane's sample and the top-left corner of its
 // window, at its tile's origin shifted by (-shift_h, -shift_w) (the padding); lanes past the last
-// tile are not valid. With AVX-512, also each lane's offset from its channel's plane in sample 0
-// and, per window row i and column j, the lanes for which it lies inside the image; with AVX2,
-// each lane's offset of its window's first row in channel 0 and which of that row's 8 columns
-// lie inside the image (none in lanes with no tile), for gather_rows.
+// tile are not valid. With AVX2, also each lane's offset of its window's first row in channel 0
+// and which of that row's 8 columns lie inside the image (none in lanes with no tile), for
+// gather_rows; with AVX-512 the same columns as a mask and, per window row, the lanes for which
+// it lies inside the image, for RowLoaded and RowStored.
 struct LaneWindows {
   std::int64_t sample[kLanes], y[kLanes], x[kLanes];
   bool valid[kLanes];
@@ -188,12 +199,12 @@ struct LaneWindows {
   __m256i columns_inside[kLanes];
 #endif
 #if defined(__AVX512F__)
-  bool narrow;  // offsets fit in 32 bits
-  __m512i offset;
-  __mmask16 row_inside[kMaxAlpha], col_inside[kMaxAlpha];
+  __mmask16 row_inside[kMaxAlpha];  // per window row, the lanes for which it lies inside
+  __mmask8 columns[kLanes];         // per lane, which of its first 8 columns lie inside
 #endif
 
-  LaneWindows(const TileGrid& grid, std::int64_t first, const Image& image, std::int64_t shift_h,
+  LaneWindows(const TileGrid& grid, std::int64_t first, [[maybe_unused]] const Image& image,
+              std::int64_t shift_h,
               std::int64_t shift_w) {
     const std::int64_t per_sample = grid.tiles_h * grid.tiles_w;
     for (int l = 0; l < kLanes; ++l) {
@@ -217,20 +228,14 @@ struct LaneWindows {
     }
 #endif
 #if defined(__AVX512F__)
-    const std::int64_t sample_floats = image.channels * image.plane();
-    narrow = grid.samples * sample_floats < (std::int64_t{1} << 31);
-    alignas(64) std::int32_t offsets[kLanes];
-    for (int l = 0; l < kLanes; ++l)
-      offsets[l] = static_cast<std::int32_t>(sample[l] * sample_floats + y[l] * image.w + x[l]);
-    offset = _mm512_load_si512(offsets);
     for (int i = 0; i < kMaxAlpha; ++i) {
-      row_inside[i] = col_inside[i] = 0;
-      for (int l = 0; l < kLanes; ++l) {
-        const auto bit = static_cast<__mmask16>(valid[l] ? 1u << l : 0u);
-        if (y[l] + i >= 0 && y[l] + i < image.h) row_inside[i] |= bit;
-        if (x[l] + i >= 0 && x[l] + i < image.w) col_inside[i] |= bit;
-      }
+      row_inside[i] = 0;
+      for (int l = 0; l < kLanes; ++l)
+        if (valid[l] && y[l] + i >= 0 && y[l] + i < image.h)
+          row_inside[i] |= static_cast<__mmask16>(1u << l);
     }
+    for (int l = 0; l < kLanes; ++l)
+      columns[l] = static_cast<__mmask8>(_mm256_movemask_ps(_mm256_castsi256_ps(columns_inside[l])));
 #endif
   }
 };
@@ -315,47 +320,147 @@ void gather_rows(const float* data, const Image& image, std::int64_t channel,
 #endif
 
 #if defined(__AVX512F__)
-// The same values straight into registers, one masked gather per element: a transform's input
-// never goes through memory. (Through a stack tile, loads of it that alias in-flight stores to
-// the block buffers modulo 4 KiB stalled behind them: the same step ran 2x slower depending on
-// where the main thread's stack happened to lie.)
-struct Gathered {
-  const float* plane;  // the channel's plane in sample 0
+// Shuffles within each 128-bit part of two vectors (as vunpcklps, vunpckhps and vshufps do):
+// the steps of in-register transposes. In part q: interleave_low gives a0 b0 a1 b1,
+// interleave_high a2 b2 a3 b3, pairs_low a0 a1 b0 b1 and pairs_high a2 a3 b2 b3.
+inline Lanes interleave_low(Lanes a, Lanes b) {
+  return __builtin_shufflevector(a, b, 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28, 13, 29);
+}
+inline Lanes interleave_high(Lanes a, Lanes b) {
+  return __builtin_shufflevector(a, b, 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27, 14, 30, 15, 31);
+}
+inline Lanes pairs_low(Lanes a, Lanes b) {
+  return __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+}
+inline Lanes pairs_high(Lanes a, Lanes b) {
+  return __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+}
+
+inline float* row_address(float* data, std::int64_t offset) {
+  return const_cast<float*>(row_address(static_cast<const float*>(data), offset));
+}
+
+// The same values straight into registers, a window row at a time: each lane's row is one masked
+// load of 8 floats, and the 16 lanes' rows are transposed in registers into the row's per-column
+// lane vectors, so a transform's input never goes through memory. (Through a stack tile, loads
+// of it that alias in-flight stores to the block buffers modulo 4 KiB stalled behind them: the
+// same step ran 2x slower depending on where the main thread's stack happened to lie. One masked
+// gather per element instead kept the gathers' loads busy: two thirds of conv2's input
+// transforms in `perf` on an AMD Zen 5.)
+struct RowLoaded {
+  const float* data;     // the image
+  std::int64_t channel;  // offset of the channel's plane in a sample
   std::int64_t w;
+  __mmask8 within;  // the window's extent
   const LaneWindows& o;
-  Lanes operator()(int i, int j) const {
+
+  __mmask8 mask(int l, int i) const {
+    return (o.row_inside[i] >> l) & 1 ? o.columns[l] & within : 0;
+  }
+  const float* address(int l, int i) const {
+    return row_address(data, o.corner[l] + channel + i * w);
+  }
+
+  // Lane k's window row i in the low half, lane k + 8's in the high half (zeros outside).
+  Lanes lane_pair(int k, int i) const {
+    using Half = float __attribute__((vector_size(8 * sizeof(float))));
+    const auto row = reinterpret_cast<Half>(_mm256_maskz_loadu_ps(mask(k, i), address(k, i)));
+    const Lanes low = __builtin_shufflevector(row, Half{}, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                              12, 13, 14, 15);  // zero-extended: no instruction
     return reinterpret_cast<Lanes>(
-        _mm512_mask_i32gather_ps(_mm512_setzero_ps(), o.row_inside[i] & o.col_inside[j], o.offset,
-                                 plane + i * w + j, sizeof(float)));
+        _mm512_mask_loadu_ps(reinterpret_cast<__m512>(low),
+                             static_cast<__mmask16>(mask(k + 8, i) << 8), address(k + 8, i) - 8));
+  }
+
+  template <int N>
+  [[gnu::always_inline]] void row(int i, Lanes (&r)[N]) const {
+    static_assert(N <= 8 && kLanes == 16, "8-column rows of 16 lanes");
+    // Lane k's row in the low half of v[k], lane k + 8's in its high half; then an 8 x 8
+    // transpose of each half (unpacks and shuffles within 128-bit lanes, as vunpck*ps and
+    // vshufps do; the last step pairs 128-bit lanes across both halves).
+    Lanes v[8], t[8], u[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) v[k] = lane_pair(k, i);
+#pragma GCC unroll 4
+    for (int k = 0; k < 8; k += 2) {
+      t[k] = interleave_low(v[k], v[k + 1]);
+      t[k + 1] = interleave_high(v[k], v[k + 1]);
+    }
+#pragma GCC unroll 2
+    for (int k = 0; k < 8; k += 4) {
+      u[k] = pairs_low(t[k], t[k + 2]);
+      u[k + 1] = pairs_high(t[k], t[k + 2]);
+      u[k + 2] = pairs_low(t[k + 1], t[k + 3]);
+      u[k + 3] = pairs_high(t[k + 1], t[k + 3]);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < N; ++j) {
+      const Lanes a = u[j % 4], b = u[j % 4 + 4];
+      r[j] = j < 4 ? __builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24,
+                                             25, 26, 27)
+                   : __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28,
+                                             29, 30, 31);
+    }
   }
 };
 
-// Output element (i, j) of each lane's tile, plus a bias, scattered into its image (the lanes
-// whose pixel lies inside).
-struct Scattered {
-  float* plane;  // the channel's plane in sample 0
+// The outputs of m x m tiles (m <= 4), plus a bias, stored a tile row at a time: the sink keeps
+// the tile in registers and `store` transposes each row's column vectors into each lane's m
+// values, one masked store per lane and row (the pixels inside the image). One masked scatter per
+// element (the form before) spent a quarter of conv2's forward in its scatters in `perf`, on
+// an AMD Zen 5.
+struct RowStored {
+  float* data;           // the image
+  std::int64_t channel;  // offset of the channel's plane in a sample
   std::int64_t w;
+  int m;
   const LaneWindows& o;
-  float bias;
+  Lanes (*tile)[4];  // [i][j], the sink's registers
+
+  // (Extents past 4 are instantiated by sandwich_n but never called: m is 2 or 4.)
   void operator()(int i, int j, Lanes v) const {
-    _mm512_mask_i32scatter_ps(plane + i * w + j, o.row_inside[i] & o.col_inside[j], o.offset,
-                              reinterpret_cast<__m512>(v + bias), sizeof(float));
+    if (i < 4 && j < 4) tile[i][j] = v;
+  }
+
+  void store(float bias) const {
+    const auto columns = static_cast<__mmask8>((1u << m) - 1);
+    for (int i = 0; i < m; ++i) {
+      const Lanes a = tile[i][0] + bias, b = tile[i][1] + bias, c = tile[i][2] + bias,
+                  d = tile[i][3] + bias;
+      // A 4 x 4 transpose in each 128-bit part: r[k]'s part q holds lane 4q + k's row.
+      const Lanes ab_low = interleave_low(a, b), ab_high = interleave_high(a, b),
+                  cd_low = interleave_low(c, d), cd_high = interleave_high(c, d);
+      const Lanes r[4] = {pairs_low(ab_low, cd_low), pairs_high(ab_low, cd_low),
+                          pairs_low(ab_high, cd_high), pairs_high(ab_high, cd_high)};
+#pragma GCC unroll 16
+      for (int l = 0; l < kLanes; ++l) {
+        const __mmask8 mask = (o.row_inside[i] >> l) & 1 ? o.columns[l] & columns : 0;
+        float* at = row_address(data, o.corner[l] + channel + i * w);
+        const __m512 row = reinterpret_cast<__m512>(r[l % 4]);
+        __m128 part;
+        switch (l / 4) {
+          case 0: part = _mm512_castps512_ps128(row); break;
+          case 1: part = _mm512_extractf32x4_ps(row, 1); break;
+          case 2: part = _mm512_extractf32x4_ps(row, 2); break;
+          default: part = _mm512_extractf32x4_ps(row, 3); break;
+        }
+        _mm_mask_storeu_ps(at, mask, part);
+      }
+    }
   }
 };
 #endif
 
 // Applies sandwich_n-style transform `apply(source)` to the extent x extent windows of one lane
-// group of one channel: from registers where the gathers can address the image, else through a
-// tile.
+// group of one channel: from registers with AVX-512, else through a tile.
 template <int A, typename Apply>
 void transform_windows(const float* data, const Image& image, std::int64_t channel,
                        const LaneWindows& windows, int extent, const Apply& apply) {
 #if defined(__AVX512F__)
-  if (windows.narrow) {
-    apply(Gathered{data + channel * image.plane(), image.w, windows});
-    return;
-  }
-#endif
+  static_assert(A <= 8, "RowLoaded reads rows of up to 8 columns");
+  const auto within = static_cast<__mmask8>((1u << extent) - 1);
+  apply(RowLoaded{data, channel * image.plane(), image.w, within, windows});
+#else
   LaneTile<A> d;
 #if defined(__AVX2__)
   gather_rows(data, image, channel, windows, extent, d);
@@ -363,6 +468,7 @@ void transform_windows(const float* data, const Image& image, std::int64_t chann
   gather(data, image, channel, windows, extent, d);
 #endif
   apply(Strided<A>{d.v, kLanes});
+#endif
 }
 
 // A block's buffer laid out [row][ξ][cols]: row r's lane group `column / kLanes` starts at
@@ -414,21 +520,21 @@ template <typename Value>
   t[6] = e - o;
 }
 
-// out = T in Tᵀ for a 1-D transform T of N values to M, `rows(d, t)` (t = T d): down the
-// columns, then along the rows.
+// out = T in Tᵀ for a 1-D transform T of N values to M, `rows(d, t)` (t = T d): along the
+// input's rows (as row_of gives them), then down the columns.
 template <int N, int M, typename Rows, typename Source, typename Sink>
 [[gnu::always_inline]] inline void separable(const Rows& rows, const Source& in, const Sink& out) {
-  Lanes half[M][N];
-  for (int q = 0; q < N; ++q) {
-    Lanes column[N], t[M];
-    for (int k = 0; k < N; ++k) column[k] = in(k, q);
-    rows(column, t);
-    for (int i = 0; i < M; ++i) half[i][q] = t[i];
+  Lanes half[N][M];
+  for (int i = 0; i < N; ++i) {
+    Lanes row[N];
+    row_of(in, i, row);
+    rows(row, half[i]);
   }
-  for (int i = 0; i < M; ++i) {
-    Lanes t[M];
-    rows(half[i], t);
-    for (int j = 0; j < M; ++j) out(i, j, t[j]);
+  for (int j = 0; j < M; ++j) {
+    Lanes column[N], t[M];
+    for (int k = 0; k < N; ++k) column[k] = half[k][j];
+    rows(column, t);
+    for (int i = 0; i < M; ++i) out(i, j, t[i]);
   }
 }
 
@@ -665,8 +771,11 @@ void correlate(const Correlation& p, const WinogradMatrices& f, const float* x, 
         const Strided<A> from{m.lanes(o, group * kLanes), m.cols};
         const LaneWindows& at = outputs[group];
 #if defined(__AVX512F__)
-        if (at.narrow && !round_bf16) {
-          transform_outputs<A>(f, from, Scattered{y + o * out.plane(), p.ow, at, b});
+        if (!round_bf16 && f.m <= 4) {
+          Lanes tile[4][4] = {};
+          const RowStored to{y, o * out.plane(), p.ow, f.m, at, tile};
+          transform_outputs<A>(f, from, to);
+          to.store(b);
           continue;
         }
 #endif
