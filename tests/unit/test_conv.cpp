@@ -345,7 +345,7 @@ TEST_CASE(
   // kernel's, rows of one, two and three 32-column chunks, channel counts past the 8-channel
   // block (forward) and the 4-channel group (weight gradient); the output poisoned, with and
   // without bias, the gradient accumulated onto non-zero values; the same bits on 1 and 3
-  // threads.
+  // threads (the weight gradient: where the direct form takes it, with AVX-512).
   struct DirectCase {
     std::int64_t n, c, h, w, m;
     ops::Window2d win;
@@ -399,7 +399,9 @@ TEST_CASE(
       set_num_threads(threads);
       Tensor dw = Tensor::full(w.shape(), 0.5f);
       ops::conv2d_backward_filter(x, dy, dw, c.win);
-      if (first.empty()) {
+      // (The lowered form, taken without AVX-512, sums each thread's samples apart: the same
+      // bits for a given thread count only.)
+      if (first.empty() || !direct) {
         expect_close(dw, dw_ref, "weight gradient");
         first = dw.to_vector();
       } else {
