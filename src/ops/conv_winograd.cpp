@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <cstdlib>
 #include <vector>
 
 #if defined(__AVX2__)
@@ -204,8 +203,7 @@ struct LaneWindows {
 #endif
 
   LaneWindows(const TileGrid& grid, std::int64_t first, [[maybe_unused]] const Image& image,
-              std::int64_t shift_h,
-              std::int64_t shift_w) {
+              std::int64_t shift_h, std::int64_t shift_w) {
     const std::int64_t per_sample = grid.tiles_h * grid.tiles_w;
     for (int l = 0; l < kLanes; ++l) {
       const std::int64_t t = first + l;
@@ -376,8 +374,7 @@ struct RowLoaded {
   [[gnu::always_inline]] void row(int i, Lanes (&r)[N]) const {
     static_assert(N <= 8 && kLanes == 16, "8-column rows of 16 lanes");
     // Lane k's row in the low half of v[k], lane k + 8's in its high half; then an 8 x 8
-    // transpose of each half (unpacks and shuffles within 128-bit lanes, as vunpck*ps and
-    // vshufps do; the last step pairs 128-bit lanes across both halves).
+    // transpose of each half, whose last step pairs 128-bit parts across the halves.
     Lanes v[8], t[8], u[8];
 #pragma GCC unroll 8
     for (int k = 0; k < 8; ++k) v[k] = lane_pair(k, i);
@@ -432,20 +429,18 @@ struct RowStored {
                   cd_low = interleave_low(c, d), cd_high = interleave_high(c, d);
       const Lanes r[4] = {pairs_low(ab_low, cd_low), pairs_high(ab_low, cd_low),
                           pairs_low(ab_high, cd_high), pairs_high(ab_high, cd_high)};
-#pragma GCC unroll 16
-      for (int l = 0; l < kLanes; ++l) {
-        const __mmask8 mask = (o.row_inside[i] >> l) & 1 ? o.columns[l] & columns : 0;
-        float* at = row_address(data, o.corner[l] + channel + i * w);
-        const __m512 row = reinterpret_cast<__m512>(r[l % 4]);
-        __m128 part;
-        switch (l / 4) {
-          case 0: part = _mm512_castps512_ps128(row); break;
-          case 1: part = _mm512_extractf32x4_ps(row, 1); break;
-          case 2: part = _mm512_extractf32x4_ps(row, 2); break;
-          default: part = _mm512_extractf32x4_ps(row, 3); break;
+      const auto store_part = [&]<int Q>() {  // lanes 4Q .. 4Q + 3
+        for (int k = 0; k < 4; ++k) {
+          const int l = 4 * Q + k;
+          const __mmask8 mask = (o.row_inside[i] >> l) & 1 ? o.columns[l] & columns : 0;
+          _mm_mask_storeu_ps(row_address(data, o.corner[l] + channel + i * w), mask,
+                             _mm512_extractf32x4_ps(reinterpret_cast<__m512>(r[k]), Q));
         }
-        _mm_mask_storeu_ps(at, mask, part);
-      }
+      };
+      store_part.template operator()<0>();
+      store_part.template operator()<1>();
+      store_part.template operator()<2>();
+      store_part.template operator()<3>();
     }
   }
 };
