@@ -304,7 +304,8 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data, "directory with the Fashion-MNIST IDX files")
       ->capture_default_str();
   app.add_option("--load", o.load, "initial parameters (safetensors)");
-  app.add_option("--save", o.save, "write the trained parameters here (safetensors)");
+  app.add_option("--save", o.save, "write the trained parameters here (safetensors)")
+      ->check(examples::file_to_write());
   app.add_option("--metrics", o.metrics, "write JSON-lines metrics here");
   app.add_option("--eval-batch", o.eval_batch, "batch size for evaluation")
       ->check(CLI::Range(1, 65536));

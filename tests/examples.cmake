@@ -26,6 +26,12 @@ pipeline_expect_failure(not_safetensors "error: .*CMakeLists.txt" ${_train} --st
 pipeline_expect_failure(unwritable_metrics "cannot open metrics file" ${_train} --steps 1
                         --metrics /nonexistent/dir/metrics.jsonl)
 pipeline_expect_failure(model_not_for_images "not Fashion-MNIST" ${_train} --model transformer-lm)
+# Refused before training, not after it (an epoch of no batch divided by zero; a missing
+# directory for --save failed once the parameters were trained).
+pipeline_expect_failure(batch_over_dataset "use a batch size of at most 60000" ${_train}
+                        --batch 60001 --steps 1)
+pipeline_expect_failure(save_to_missing_dir "--save: cannot write .*does not exist" ${_train}
+                        --steps 1 --save /nonexistent/dir/params.safetensors)
 
 # Pipelined runs under mpirun (one rank per stage replica) and their bad input: every rank ends
 # with the error, never a hang.

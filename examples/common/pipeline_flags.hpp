@@ -188,7 +188,8 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
   app.add_option("--comm-timeout", flags.comm_timeout,
                  "seconds any wait for a peer may take before the job ends with an error")
       ->check(positive_number());
-  app.add_option("--trace", flags.trace, "write this rank's executed schedule as a Chrome trace");
+  app.add_option("--trace", flags.trace, "write this rank's executed schedule as a Chrome trace")
+      ->check(file_to_write());
 }
 
 // The name the planner knows `optimizer`'s update rule by: sgd, momentum or adamw (Adam with

@@ -92,6 +92,13 @@ TEST_CASE("Uneven shards are padded to equal length, or cut with drop_last") {
   CHECK(dropped_seen.size() == 8);
   CHECK_THROWS_AS(DataLoader(d, {.rank = 4, .world = 4}), ConfigError);
   CHECK_THROWS_AS(DataLoader(d, {.batch_size = 0}), ConfigError);
+  // With drop_last a shard smaller than one batch would have epochs of no batch at all.
+  CHECK_THROWS_WITH_AS(DataLoader(d, {.batch_size = 11, .drop_last = true}),
+                       doctest::Contains("use a batch size of at most 10"), ConfigError);
+  CHECK_THROWS_WITH_AS(DataLoader(d, {.batch_size = 3, .drop_last = true, .rank = 1, .world = 4}),
+                       doctest::Contains("a batch of 3 is more than the 2 samples"), ConfigError);
+  CHECK(DataLoader(d, {.batch_size = 10, .drop_last = true}).num_batches() == 1);
+  CHECK(DataLoader(d, {.batch_size = 11}).num_batches() == 1);  // kept: one short batch
 }
 
 TEST_CASE("Microbatches are views of the batch") {

@@ -19,6 +19,7 @@
 #include <iterator>
 #include <numeric>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -46,6 +47,16 @@ class DataLoader {
     PIPELINE_CHECK_AS(ConfigError, samples_per_shard() >= 1 || dataset.size() == 0,
                       "{} has {} samples, too few for {} shards with drop_last", dataset.name(),
                       dataset.size(), options.world);
+    // With drop_last an epoch of a shard smaller than one batch has no batch at all.
+    PIPELINE_CHECK_AS(
+        ConfigError,
+        !options.drop_last || dataset.size() == 0 || samples_per_shard() >= options.batch_size,
+        "a batch of {} is more than the {} samples of {}{}, and the last short "
+        "batch is dropped, so an epoch has no batch: use a batch size of at most {}",
+        options.batch_size, samples_per_shard(), dataset.name(),
+        options.world > 1 ? fmt::format(" that each of {} shards holds", options.world)
+                          : std::string(),
+        samples_per_shard());
   }
 
   const Dataset& dataset() const { return *m_dataset; }
