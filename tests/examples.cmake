@@ -51,6 +51,14 @@ add_test(NAME example.train_fashion_mnist.pipeline_auto_plan
 add_test(NAME example.train_fashion_mnist.pipeline_2bw
          COMMAND ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --schedule 2bw
                  --microbatches 4 --steps 40 --batch 32 --threads 1 --eval-batch 2000)
+# Steps that the replicas cannot all take (2-1 takes minibatches in pairs): the run says so,
+# trains the pairs it can and evaluates what it trained (it reported an accuracy of 0).
+add_test(NAME example.train_fashion_mnist.pipeline_steps_not_dealt
+         COMMAND ${_mpirun} 3 ${_train} --model mlp --plan ${_plans}/mlp_3_replicated.json
+                 --steps 5 --batch 32 --threads 1 --eval-batch 2000)
+set_tests_properties(example.train_fashion_mnist.pipeline_steps_not_dealt PROPERTIES
+                     LABELS example PROCESSORS 2 TIMEOUT 300
+                     PASS_REGULAR_EXPRESSION "training 4 of the 5 steps asked for(.|\n)*epoch 1: test loss [0-9.]+ test accuracy 0\.[0-9]*[1-9]")
 set_tests_properties(example.train_fashion_mnist.pipeline_1f1b_stash
                      example.train_fashion_mnist.pipeline_2bw
                      example.train_fashion_mnist.pipeline_replicated_flush

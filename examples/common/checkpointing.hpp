@@ -321,6 +321,12 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
       p.position += loop.per_epoch - p.position % loop.per_epoch;
   };
   skip_epoch_tail();
+  // Whether the run trains nothing past `position`: what is left of it cannot be dealt to the
+  // replicas (or holds no whole copy of a hand-written schedule).
+  const auto run_ends_at = [&](std::int64_t position) {
+    const std::int64_t left = loop.total - position;
+    return req.csv.empty() ? left < g : !last_schedule || left < last_schedule->minibatches;
+  };
   while (p.position < loop.total) {
     const std::int64_t epoch_begin = p.position / loop.per_epoch * loop.per_epoch;
     std::int64_t n = std::min(loop.total, epoch_begin + usable) - p.position;
@@ -336,6 +342,12 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
                         "multiple of {}",
                         loop.total - start, g);
       if (n <= 0) break;  // the run's last minibatches cannot be dealt to the replicas
+      if (p.position == start && loop.total - start < loop.per_epoch &&
+          (loop.total - start) % g != 0 && comm.rank() == 0)
+        log_warn(
+            "training {} of the {} steps asked for: this plan's stage replicas take "
+            "minibatches in groups of {}",
+            (loop.total - start) / g * g, loop.total - start, g);
       if (rebalancer) {
         n = std::min<std::int64_t>(n, loop.rebalance_every);
         req.seconds_per_rank = rebalancer->seconds_per_microbatch();
@@ -385,7 +397,8 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
     } else {
       p.trained += n;
       p.position = end;
-      const bool epoch_done = p.position == epoch_begin + usable || p.position >= loop.total;
+      // (An epoch the run leaves part of is done too: its model is evaluated.)
+      const bool epoch_done = p.position == epoch_begin + usable || run_ends_at(p.position);
       if (epoch_done) {
         if (loop.on_epoch_end) loop.on_epoch_end(epoch_begin / loop.per_epoch, epoch_result);
         epoch_result = TrainResult{};
