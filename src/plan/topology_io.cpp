@@ -333,12 +333,16 @@ nlohmann::json topology_to_json(const Topology& t) {
   return j;
 }
 
+constexpr std::string_view kTopologyEmptyHint =
+    "; expected a topology JSON object with a \"levels\" array";
+
 Topology parse_topology(std::string_view text, std::string_view origin) {
-  return topology_from_json(detail::parse_json_text(text, origin, ""), origin);
+  return topology_from_json(detail::parse_json_text(text, origin, kTopologyEmptyHint), origin);
 }
 
 Topology read_topology(const std::string& path) {
-  return topology_from_json(detail::read_json_file(path, "topology file", ""), path);
+  return topology_from_json(detail::read_json_file(path, "topology file", kTopologyEmptyHint),
+                            path);
 }
 
 std::string describe_topology(const Topology& t) {

@@ -586,6 +586,9 @@ TEST_CASE("topology and plan.json round trips with and without types, prices and
        R"({"levels": [{"count": 1, "bandwidth": 1e9}], "types": []})",
        R"({"levels": [{"count": 1, "bandwidth": 1e9}], "price_per_worker_hour": "cheap"})"})
     CHECK_THROWS_AS(parse_topology(bad, "bad"), ConfigError);
+  CHECK_THROWS_WITH_AS(parse_topology("", "empty.json"),
+                       doctest::Contains("the file is empty; expected a topology JSON object"),
+                       ConfigError);
   const WorkerType w = parse_worker_type("h100:8:4.5:80GiB");
   CHECK(w.name == "h100");
   CHECK(w.count == 8);

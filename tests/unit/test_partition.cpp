@@ -255,6 +255,26 @@ TEST_CASE("deterministic ties and manual stages") {
   CHECK_THROWS_WITH_AS(partition(p, small), doctest::Contains("smallest memory"), ConfigError);
 }
 
+TEST_CASE("levels of thousands of workers plan; a level too large to search names the remedy") {
+  Profile p;
+  p.model = "flat";
+  p.batch_size = 1;
+  for (int i = 0; i < 8; ++i)
+    p.layers.push_back(
+        {fmt::format("l{}", i), "X", 0.001, 0.002, 0, 0, 0, 0, 100, 1000, 0, {}, false});
+  // Past 512 workers a level's search no longer remembers its windows per machine pair.
+  const Plan wide = partition(p, Topology{{{3000, 1e10}}, {}});
+  int workers = 0;
+  for (int r : wide.replica_counts()) workers += r;
+  CHECK(workers <= 3000);
+  CHECK(wide.predicted.time_per_minibatch_s < 0.024 / 100);
+  CHECK_THROWS_WITH_AS(
+      partition(p, Topology{{{100000, 1e10}}, {}}),
+      doctest::Contains("topology level 0 has 100000 workers, more than the 65536"), ConfigError);
+  CHECK_THROWS_WITH_AS(partition(p, Topology{{{4, 1e11}, {200000, 1e10}}, {}}),
+                       doctest::Contains("--level 25000:<bandwidth between servers>"), ConfigError);
+}
+
 TEST_CASE("the optimizer's measured steps join each replica's compute, once per minibatch") {
   Profile p = testing::uniform_profile(6, 0.001, 0.002, 100, 1000);
   for (int i = 0; i < 6; ++i)

@@ -104,7 +104,9 @@ TEST_CASE("malformed plans name the problem and the origin") {
                  "expected sgd, momentum or adamw"));
   CHECK(
       mentions(error_of([](auto& j) { j["dtype"] = "float16"; }), "expected bfloat16 or float32"));
-  CHECK_THROWS_AS(parse_plan("", "empty.json"), ConfigError);
+  CHECK_THROWS_WITH_AS(
+      parse_plan(" \n", "empty.json"),
+      doctest::Contains("empty.json: the file is empty; expected a pipeline.plan/1"), ConfigError);
   try {
     parse_plan("{\"format\": ", "broken.json");
     FAIL("malformed JSON parsed");
