@@ -20,6 +20,8 @@
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/simulator.hpp>
 
+#include "../examples/common/validators.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
@@ -178,8 +180,11 @@ int main(int argc, char** argv) {
   app.add_option("--deadline", deadline_text, "the cheapest plan that trains --samples by then (90s, 45m, 6h, 2d)");
   app.add_option("--budget", budget, "the fastest plan that trains --samples within this cost (currency units)");
   app.add_flag("--frontier", frontier, "print the time/cost Pareto frontier of the plans for --samples");
-  app.add_option("--frontier-json", frontier_json, "write the frontier as JSON");
-  app.add_option("--frontier-svg", frontier_svg, "write the frontier (and every candidate) as an SVG plot");
+  app.add_option("--frontier-json", frontier_json, "write the frontier as JSON")
+      ->check(pipeline::examples::file_to_write());
+  app.add_option("--frontier-svg", frontier_svg,
+                 "write the frontier (and every candidate) as an SVG plot")
+      ->check(pipeline::examples::file_to_write());
   app.add_option("--recompute", recompute,
                  "activation recomputation: auto (default: the stages that would not fit in --memory otherwise), "
                  "all stages, or none")
@@ -209,16 +214,19 @@ int main(int argc, char** argv) {
   app.add_option("--max-states", max_states,
                  "antichain states the search may use; a DAG with more is planned over a coarsened DAG "
                  "(default 0: 4000 on one level, 1500 on several)");
-  app.add_option("-o,--output", output, "write plan.json here");
+  app.add_option("-o,--output", output, "write plan.json here")
+      ->check(pipeline::examples::file_to_write());
   app.add_flag("-q,--quiet", quiet, "no table on stdout");
   app.add_flag("--no-simulate", no_simulate, "leave predicted.bubble_fraction at 0 instead of simulating the plan");
   // Several hosts: an OpenMPI rankfile that puts each rank on the host the topology assigns it.
   std::string hosts_path, rankfile_path;
   pipeline::PlacementOptions placement_options;
   auto* hosts_opt = app.add_option("--hosts", hosts_path, "OpenMPI hostfile (NAME [slots=N] per line) to place the ranks on");
-  app.add_option("--rankfile", rankfile_path, "write an OpenMPI rankfile here (mpirun --rankfile FILE) placing rank r "
-                                              "on host r / (workers per host)")
-      ->needs(hosts_opt);
+  app.add_option("--rankfile", rankfile_path,
+                 "write an OpenMPI rankfile here (mpirun --rankfile FILE) placing rank r "
+                 "on host r / (workers per host)")
+      ->needs(hosts_opt)
+      ->check(pipeline::examples::file_to_write());
   hosts_opt->needs("--rankfile");
   app.add_option("--host-level", placement_options.host_level,
                  "topology levels inside one host (default: 1 with several levels, 0 with one: a host per worker)");

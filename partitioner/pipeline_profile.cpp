@@ -9,12 +9,13 @@
 #include <pipeline/profile/profile_json.hpp>
 #include <pipeline/profile/profiler.hpp>
 
+#include "../examples/common/validators.hpp"
+
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdint>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -104,7 +105,9 @@ int main(int argc, char** argv) {
                  "profile the layers this many at a time, each group in passes of its own (a "
                  "model too large for the device at once); 0: all together (default)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("-o,--output", output, "write profile.json here")->required();
+  app.add_option("-o,--output", output, "write profile.json here")
+      ->required()
+      ->check(pipeline::examples::file_to_write());
   app.add_flag("-q,--quiet", quiet, "no table on stdout");
   auto* images = app.add_option_group("image models (mlp, fashion-cnn, vgg16, resnet18)");
   images->add_option("--image-size", zoo.image_size, "input height and width (default 28 or 32)");
@@ -128,13 +131,6 @@ int main(int argc, char** argv) {
     PIPELINE_CHECK_AS(ConfigError, opt.warmup >= 0, "--warmup must be >= 0, got {}", opt.warmup);
     PIPELINE_CHECK_AS(ConfigError, app.count("--threads") == 0 || threads >= 1,
                       "--threads must be at least 1, got {}", threads);
-    // Fail before the measurements, not after them, when the output cannot be written.
-    const auto dir = std::filesystem::absolute(output).parent_path();
-    PIPELINE_CHECK_AS(IoError, std::filesystem::is_directory(dir),
-                      "cannot write profile '{}': directory '{}' does not exist", output,
-                      dir.string());
-    PIPELINE_CHECK_AS(IoError, !std::filesystem::is_directory(output),
-                      "cannot write profile '{}': it is a directory; give a file name", output);
     opt.split_backward = !no_split;
     opt.compute_dtype = pipeline::ops::parse_compute_dtype(dtype);
 

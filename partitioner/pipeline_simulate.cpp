@@ -42,6 +42,8 @@
 #include <pipeline/schedule/simulator.hpp>
 #include <pipeline/schedule/trace.hpp>
 
+#include "../examples/common/validators.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
@@ -196,8 +198,10 @@ int run(int argc, char** argv) {
   app.add_option("--allreduce-bucket-bytes", bucket_bytes,
                  "bucket size with --overlap-allreduce (the runtime's default: 4 MiB)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--trace", trace_path, "write a Chrome-trace / Perfetto JSON");
-  app.add_option("--svg", svg_path, "write an SVG timeline");
+  app.add_option("--trace", trace_path, "write a Chrome-trace / Perfetto JSON")
+      ->check(pipeline::examples::file_to_write());
+  app.add_option("--svg", svg_path, "write an SVG timeline")
+      ->check(pipeline::examples::file_to_write());
   app.add_flag("--json", as_json, "print the result as JSON");
   std::vector<std::string> slow_ranks;
   double jitter_cv = 0;

@@ -1,12 +1,11 @@
 // Command-line checks the example programs share, beyond CLI11's own (Range, IsMember, ...).
 #pragma once
 
+#include <pipeline/core/output_path.hpp>
+
 #include <CLI/CLI.hpp>
 
-#include <unistd.h>
-
 #include <cmath>
-#include <filesystem>
 #include <string>
 
 namespace pipeline::examples {
@@ -26,24 +25,10 @@ inline CLI::Validator positive_number() {
       "POSITIVE");
 }
 
-// A file the run writes at its end (parameters, a trace): its directory must exist and be
-// writable, checked before training rather than after it.
+// A file the run writes at its end (parameters, a trace, a plan): checked before the work that
+// fills it rather than after it.
 inline CLI::Validator file_to_write() {
-  return CLI::Validator(
-      [](std::string& s) -> std::string {
-        namespace fs = std::filesystem;
-        const fs::path path(s);
-        std::error_code ec;
-        if (fs::is_directory(path, ec)) return "'" + s + "' is a directory: name a file in it";
-        const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-        if (!fs::is_directory(dir, ec))
-          return "cannot write '" + s + "': directory '" + dir.string() +
-                 "' does not exist (create it first)";
-        if (::access(dir.c_str(), W_OK) != 0)
-          return "cannot write '" + s + "': directory '" + dir.string() + "' is not writable";
-        return {};
-      },
-      "FILE");
+  return CLI::Validator([](std::string& s) { return output_path_problem(s); }, "FILE");
 }
 
 }  // namespace pipeline::examples

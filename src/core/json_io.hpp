@@ -3,6 +3,8 @@
 // malformed one as ConfigError naming the path, and every writer replaces the file atomically.
 #pragma once
 
+#include "output_file.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <string>
@@ -20,8 +22,5 @@ nlohmann::json read_json_file(const std::string& path, std::string_view what,
 // same errors as read_json_file: ConfigError when it is blank or malformed.
 nlohmann::json parse_json_text(std::string_view text, std::string_view origin,
                                std::string_view empty_hint);
-
-// Writes `text` to `path` through `path`.tmp and a rename, so that a reader never sees half a file.
-void write_file_atomically(const std::string& path, const std::string& text);
 
 }  // namespace pipeline::detail

@@ -1,11 +1,12 @@
 #include <pipeline/io/safetensors.hpp>
 
+#include "../core/output_file.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -13,9 +14,7 @@
 #include <fstream>
 #include <set>
 
-#include <fcntl.h>
 #include <zlib.h>
-#include <unistd.h>
 
 namespace pipeline {
 
@@ -49,21 +48,6 @@ const char* file_dtype(DType t) {
 
 std::string shape_str(const std::vector<std::int64_t>& dims) {
   return fmt::format("[{}]", fmt::join(dims, ", "));
-}
-
-// Writes all of [data, data + n) to fd, retrying short writes and interruptions.
-bool write_all(int fd, const void* data, std::size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return true;
 }
 
 }  // namespace
@@ -305,50 +289,19 @@ FileDigest save_safetensors(const std::string& path, const NamedTensors& tensors
   for (int i = 0; i < 8; ++i)
     len_bytes[i] = static_cast<unsigned char>((text.size() >> (8 * i)) & 0xff);
 
-  const fs::path dest(path);
-  const fs::path dir = dest.has_parent_path() ? dest.parent_path() : fs::path(".");
-  static std::atomic<unsigned> counter{0};
-  const fs::path tmp = dir / fmt::format(".{}.tmp.{}.{}", dest.filename().string(), ::getpid(),
-                                         counter.fetch_add(1));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  PIPELINE_CHECK_AS(IoError, fd >= 0, "cannot create '{}' to write '{}': {}", tmp.string(), path,
-                    std::strerror(errno));
-  auto fail = [&](const char* what) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    PIPELINE_FAIL(IoError, "writing '{}' failed while {}: {}", path, what, std::strerror(err));
-  };
+  detail::OutputFile out(path);
   // The digest covers exactly the bytes written, so a reader can check the file against it.
   FileDigest digest;
   digest.crc32 = static_cast<std::uint32_t>(::crc32(0L, Z_NULL, 0));
-  auto put = [&](const void* data, std::size_t n) {
-    if (!write_all(fd, data, n)) return false;
+  auto put = [&](const void* data, std::size_t n, const char* what) {
+    out.write(data, n, what);
     digest.crc32 = crc32_update(digest.crc32, data, n);
     digest.bytes += n;
-    return true;
   };
-  if (!put(len_bytes, 8) || !put(text.data(), text.size())) fail("writing the header");
-  for (auto& [name, t] : host_tensors)
-    if (!put(t.raw(), t.nbytes())) fail("writing tensor data");
-  if (::fsync(fd) != 0) fail("flushing to disk");
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    PIPELINE_FAIL(IoError, "writing '{}' failed while closing: {}", path, std::strerror(err));
-  }
-  if (::rename(tmp.c_str(), dest.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    PIPELINE_FAIL(IoError, "cannot move '{}' into place as '{}': {}", tmp.string(), path,
-                  std::strerror(err));
-  }
-  // Make the rename itself durable; failure here leaves a complete file, so it is not an error.
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  put(len_bytes, 8, "writing the header");
+  put(text.data(), text.size(), "writing the header");
+  for (auto& [name, t] : host_tensors) put(t.raw(), t.nbytes(), "writing tensor data");
+  out.commit();
   return digest;
 }
 

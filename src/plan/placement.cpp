@@ -2,7 +2,7 @@
 
 #include <pipeline/core/error.hpp>
 
-#include "../core/json_io.hpp"
+#include "../core/output_file.hpp"
 
 #include <fmt/format.h>
 

@@ -1,7 +1,7 @@
 // CSV import and export of schedules.
 #include <pipeline/schedule/csv.hpp>
 
-#include "../core/json_io.hpp"
+#include "../core/output_file.hpp"
 
 #include <algorithm>
 #include <charconv>

@@ -1,7 +1,7 @@
 // Chrome-trace JSON and SVG timelines of simulated runs.
 #include <pipeline/schedule/trace.hpp>
 
-#include "../core/json_io.hpp"
+#include "../core/output_file.hpp"
 
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
