@@ -21,6 +21,7 @@
 #include <pipeline/optim/sgd.hpp>
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/runtime/metrics.hpp>
+#include <pipeline/runtime/pipeline_parameters.hpp>
 #include <pipeline/runtime/pipeline_setup.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
 
@@ -256,9 +257,9 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
              done.trained, train_s, static_cast<double>(samples) / std::max(train_s, 1e-9));
   examples::report_checkpoints(checkpoints.get(), done);
   if (!o.save.empty()) {
-    const std::string path = per_rank_path(o.save, comm.rank(), comm.size());
-    save_parameters(path, zoo.model, ex.params(), ex.layers());
-    log_info("saved stage {}'s parameters to {}", ex.stage(), path);
+    save_pipeline_parameters(o.save, zoo.model, layout, comm, ex.params(), device);
+    if (comm.rank() == 0)
+      log_info("saved the parameters of all {} stages to {}", layout.num_stages(), o.save);
   }
   if (schedule) examples::write_trace_if_asked(o.pipeline, comm, ex, *schedule);
   examples::report_peak_memory(ex, comm, plan, o.pipeline, profile, schedule, o.batch, metrics,

@@ -12,6 +12,7 @@
 #include <pipeline/core/dtype.hpp>
 #include <pipeline/core/error.hpp>
 #include <pipeline/core/log.hpp>
+#include <pipeline/core/output_path.hpp>
 #include <pipeline/core/rng.hpp>
 #include <pipeline/core/shape.hpp>
 #include <pipeline/core/tensor.hpp>
@@ -77,6 +78,7 @@
 #include <pipeline/runtime/checkpoint_manifest.hpp>
 #include <pipeline/runtime/metrics.hpp>
 #include <pipeline/runtime/microbatch_context.hpp>
+#include <pipeline/runtime/pipeline_parameters.hpp>
 #include <pipeline/runtime/pipeline_setup.hpp>
 #include <pipeline/runtime/preemption.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
