@@ -175,6 +175,16 @@ inline void announce_preemption(const RunProgress& p, int signal) {
   std::fflush(stdout);
 }
 
+// A run resumed at or past its last step trains nothing (a finished job started again by its
+// scheduler, or --steps lowered): say so, rather than print a run of 0 steps.
+inline void warn_if_nothing_to_train(std::int64_t start, std::int64_t total) {
+  if (start > 0 && start >= total)
+    log_warn(
+        "resumed at step {}, {} the {} steps this run asks for (--steps/--epochs): nothing "
+        "to train; the model is evaluated as the checkpoint holds it",
+        start, start == total ? "the last of" : "past", total);
+}
+
 // The single-process loop: steps `trainer` from `start` to `total`; `on_step(step, result, dt)`
 // after each step (step counts from 1) and `on_epoch_end(epoch)` when an epoch's last batch is
 // done. Checkpoints when due and when a stop is requested (then returns with preempted set).
@@ -185,6 +195,7 @@ inline RunProgress train_single(
     const std::function<void(std::int64_t)>& on_epoch_end = {}) {
   using Clock = std::chrono::steady_clock;
   const std::int64_t per_epoch = loader.num_batches();
+  warn_if_nothing_to_train(start, total);
   RunProgress p{start};
   auto checkpoint = [&] {
     checkpoints->save(p.position, model, trainer.params(), trainer.optimizer());
@@ -220,8 +231,8 @@ inline RunProgress train_single(
     }
     if (p.position % per_epoch == 0 && on_epoch_end) on_epoch_end(p.position / per_epoch - 1);
   }
-  if (checkpoints) {
-    if (checkpoints->last_saved_step() != p.position) checkpoint();
+  if (checkpoints) {  // the final state, unless it is the checkpoint resumed from
+    if (p.position > start && checkpoints->last_saved_step() != p.position) checkpoint();
     p.checkpoint = checkpoints->finish();
   }
   return p;
@@ -297,6 +308,7 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
   std::optional<SpeedRebalancer> rebalancer;
   std::vector<std::vector<int>> reported_dealing;
   if (loop.rebalance_every > 0) rebalancer.emplace(comm);
+  if (comm.rank() == 0) warn_if_nothing_to_train(start, loop.total);
   const int g = minibatch_granularity(req.name, *loop.layout);
   // Minibatches of an epoch that can be dealt to the replicas; the rest of the epoch is skipped.
   const std::int64_t usable = loop.per_epoch - loop.per_epoch % g;
@@ -413,8 +425,11 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
       return p;
     }
   }
-  if (ckpt) {
-    if (ckpt->last_saved_step() != p.position) checkpoint(p.position);
+  // A run that trained nothing (resumed at its end) still evaluates the model it holds.
+  if (p.trained == 0 && loop.on_epoch_end)
+    loop.on_epoch_end(std::max<std::int64_t>(p.position - 1, 0) / loop.per_epoch, TrainResult{});
+  if (ckpt) {  // the final state, unless it is the checkpoint resumed from
+    if (p.trained > 0 && ckpt->last_saved_step() != p.position) checkpoint(p.position);
     p.checkpoint = ckpt->finish();
   }
   return p;

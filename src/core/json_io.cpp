@@ -8,22 +8,22 @@
 namespace pipeline::detail {
 
 nlohmann::json read_json_file(const std::string& path, std::string_view what,
-                              std::string_view empty_hint) {
+                              std::string_view hint) {
   std::ifstream in(path, std::ios::binary);
   PIPELINE_CHECK_AS(IoError, in.good(), "cannot open {} '{}' for reading", what, path);
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_json_text(ss.str(), path, empty_hint);
+  return parse_json_text(ss.str(), path, hint);
 }
 
 nlohmann::json parse_json_text(std::string_view text, std::string_view origin,
-                               std::string_view empty_hint) {
+                               std::string_view hint) {
   PIPELINE_CHECK_AS(ConfigError, text.find_first_not_of(" \t\r\n") != std::string_view::npos,
-                    "{}: the file is empty{}", origin, empty_hint);
+                    "{}: the file is empty{}", origin, hint);
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    PIPELINE_FAIL(ConfigError, "{}: malformed JSON: {}", origin, e.what());
+    PIPELINE_FAIL(ConfigError, "{}: malformed JSON: {}{}", origin, e.what(), hint);
   }
 }
 

@@ -13,14 +13,14 @@
 namespace pipeline::detail {
 
 // Parses the JSON file at `path`. `what` names the file in the IoError when it cannot be opened
-// ("plan file"); `empty_hint`, when not empty, is appended to the error for a blank file so that it
-// says what the file should hold.
+// ("plan file"); `hint`, when not empty, is appended to the error for a blank or malformed file so
+// that it says what the file should hold or what to do.
 nlohmann::json read_json_file(const std::string& path, std::string_view what,
-                              std::string_view empty_hint);
+                              std::string_view hint);
 
 // Parses JSON text that came from `origin` (a path, or a name for text held in memory) with the
 // same errors as read_json_file: ConfigError when it is blank or malformed.
 nlohmann::json parse_json_text(std::string_view text, std::string_view origin,
-                               std::string_view empty_hint);
+                               std::string_view hint);
 
 }  // namespace pipeline::detail

@@ -272,16 +272,17 @@ Plan plan_from_json(const json& j, std::string_view origin) {
   return p;
 }
 
-// What an empty plan file should have held (the profile and topology readers say the same).
-constexpr std::string_view kPlanEmptyHint =
+// What an empty or malformed plan file should have held (the profile and topology readers say the
+// same).
+constexpr std::string_view kPlanFileHint =
     "; expected a pipeline.plan/1 JSON object, as pipeline-partition writes";
 
 Plan parse_plan(std::string_view text, std::string_view origin) {
-  return plan_from_json(detail::parse_json_text(text, origin, kPlanEmptyHint), origin);
+  return plan_from_json(detail::parse_json_text(text, origin, kPlanFileHint), origin);
 }
 
 Plan read_plan(const std::string& path) {
-  return plan_from_json(detail::read_json_file(path, "plan file", kPlanEmptyHint), path);
+  return plan_from_json(detail::read_json_file(path, "plan file", kPlanFileHint), path);
 }
 
 void write_plan(const Plan& plan, const std::string& path) {

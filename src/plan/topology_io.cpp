@@ -333,16 +333,15 @@ nlohmann::json topology_to_json(const Topology& t) {
   return j;
 }
 
-constexpr std::string_view kTopologyEmptyHint =
+constexpr std::string_view kTopologyFileHint =
     "; expected a topology JSON object with a \"levels\" array";
 
 Topology parse_topology(std::string_view text, std::string_view origin) {
-  return topology_from_json(detail::parse_json_text(text, origin, kTopologyEmptyHint), origin);
+  return topology_from_json(detail::parse_json_text(text, origin, kTopologyFileHint), origin);
 }
 
 Topology read_topology(const std::string& path) {
-  return topology_from_json(detail::read_json_file(path, "topology file", kTopologyEmptyHint),
-                            path);
+  return topology_from_json(detail::read_json_file(path, "topology file", kTopologyFileHint), path);
 }
 
 std::string describe_topology(const Topology& t) {

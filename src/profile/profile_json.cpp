@@ -13,7 +13,7 @@ namespace {
 
 using nlohmann::json;
 
-constexpr std::string_view kProfileEmptyHint = "; expected a pipeline.profile/1 JSON object";
+constexpr std::string_view kProfileFileHint = "; expected a pipeline.profile/1 JSON object";
 
 const json& require(const json& obj, const char* key, std::string_view where,
                     std::string_view origin) {
@@ -357,11 +357,11 @@ json profile_to_json(const Profile& p) {
 }
 
 Profile parse_profile(std::string_view text, std::string_view origin) {
-  return profile_from_json(detail::parse_json_text(text, origin, kProfileEmptyHint), origin);
+  return profile_from_json(detail::parse_json_text(text, origin, kProfileFileHint), origin);
 }
 
 Profile read_profile(const std::string& path) {
-  return profile_from_json(detail::read_json_file(path, "profile file", kProfileEmptyHint), path);
+  return profile_from_json(detail::read_json_file(path, "profile file", kProfileFileHint), path);
 }
 
 void write_profile(const Profile& profile, const std::string& path) {

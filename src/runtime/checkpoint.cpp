@@ -579,7 +579,9 @@ std::optional<Checkpoint> find_latest_checkpoint(const std::string& dir) {
       continue;
     }
     const std::string file = (d.path / "manifest.json").string();
-    const nlohmann::json j = detail::read_json_file(file, "checkpoint manifest", "");
+    const nlohmann::json j = detail::read_json_file(
+        file, "checkpoint manifest",
+        "; the checkpoint is damaged: resume from an older one (delete this step's directory)");
     Checkpoint c{d.path.string(), parse_checkpoint_manifest(j.dump(), file)};
     PIPELINE_CHECK_AS(
         ConfigError, c.manifest.step == d.step,

@@ -21,6 +21,9 @@
 #   sigterm             SIGTERM to mpirun: every rank finishes its step, the job checkpoints,
 #                       names the checkpoint and exits; --resume continues from that step
 #                       (1f1b-flush on 2 ranks; sigterm-stash: 1f1b-stash on 4 ranks)
+#   finished            a finished job started again (--resume at its last step, or past a lowered
+#                       --steps), single-process and on 2 ranks: it trains nothing, says so,
+#                       scores what the job scored and leaves its checkpoint as it was
 #   refused             resuming with another seed, batch, optimizer or model, from a corrupt
 #                       shard, or from a file, fails with the problem and the fix named
 # Exits non-zero with a message on the first failed check.
@@ -239,6 +242,29 @@ run_refused() {
   echo "resuming with another seed, batch, optimizer or model, from a corrupt shard or a file: refused, naming the fix"
 }
 
+run_finished() {
+  local job
+  for job in single pipelined; do
+    local cmd=("$train")
+    [[ $job == pipelined ]] && cmd=("${mpirun[@]}" 2 "$train" --plan "$plans/mlp_2.json")
+    "${cmd[@]}" "${common[@]}" --steps 6 --checkpoint-dir "$work/$job" > "$work/$job.log" 2>&1 ||
+      { cat "$work/$job.log"; fail "the $job run failed"; }
+    local manifest=$work/$job/step-000000006/manifest.json
+    touch -d '2000-01-01' "$manifest"
+    for steps in 6 4; do
+      "${cmd[@]}" "${common[@]}" --steps $steps --resume "$work/$job" > "$work/$job.again.log" 2>&1 ||
+        { cat "$work/$job.again.log"; fail "the $job restart (--steps $steps) failed"; }
+      grep -q "resumed at step 6, .* the $steps steps this run asks for .*nothing to train" "$work/$job.again.log" ||
+        { cat "$work/$job.again.log"; fail "the $job restart (--steps $steps) did not say it trains nothing"; }
+      [[ $(grep "test accuracy:" "$work/$job.again.log") == $(grep "test accuracy:" "$work/$job.log") ]] ||
+        { cat "$work/$job.log" "$work/$job.again.log"; fail "the $job restart scores differently"; }
+      [[ $(stat -c %Y "$manifest") == $(date -d '2000-01-01' +%s) ]] ||
+        fail "the $job restart (--steps $steps) rewrote the checkpoint it resumed from"
+    done
+  done
+  echo "a finished job started again (single-process and 2 ranks): trains nothing, says so, scores the same, leaves its checkpoint"
+}
+
 case $case_name in
   bitwise-*) run_bitwise "${case_name#bitwise-}" ;;
   stash) run_bitwise 1f1b-stash ;;
@@ -246,6 +272,7 @@ case $case_name in
   sigkill) run_sigkill ;;
   interrupted) run_interrupted ;;
   refused) run_refused ;;
+  finished) run_finished ;;
   sigterm) run_sigterm 1f1b-flush 2 "$plans/mlp_2.json" ;;
   sigterm-stash) run_sigterm 1f1b-stash 4 "$plans/mlp_4.json" ;;
   *) fail "unknown case" ;;
