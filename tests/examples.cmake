@@ -192,7 +192,7 @@ endif()
 # Checkpoints, resume (same plan bit-identical, 1f1b-stash, another plan, after SIGKILL, after an interrupted
 # write) and SIGTERM to mpirun, driven as a user drives them (support/checkpoint_scenarios.sh).
 foreach(_case bitwise-sequential bitwise-gpipe bitwise-1f1b-flush stash replan sigkill
-        interrupted refused finished sigterm sigterm-stash)
+        interrupted refused finished sigterm sigterm-stash sigterm-rank1)
   add_test(NAME example.checkpoint.${_case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/checkpoint_scenarios.sh ${_case} ${_train}
                    ${_plans} ${_mpirun})

@@ -168,10 +168,12 @@ inline void report_checkpoints(const Checkpointer* checkpoints, const RunProgres
              p.position, p.checkpoint, checkpoints->max_stall_s() * 1e3);
 }
 
+// `signal`: the one this process received; 0 when the stop came from a signal to another rank.
 inline void announce_preemption(const RunProgress& p, int signal) {
   fmt::print(
-      "stopped by signal {} after step {}: checkpoint '{}' written; continue with --resume\n",
-      signal, p.position, p.checkpoint);
+      "stopped by {} after step {}: checkpoint '{}' written; continue with --resume\n",
+      signal > 0 ? fmt::format("signal {}", signal) : std::string("a signal to another rank"),
+      p.position, p.checkpoint);
   std::fflush(stdout);
 }
 

@@ -20,7 +20,8 @@
 #                       being written leaves only complete checkpoints to resume from
 #   sigterm             SIGTERM to mpirun: every rank finishes its step, the job checkpoints,
 #                       names the checkpoint and exits; --resume continues from that step
-#                       (1f1b-flush on 2 ranks; sigterm-stash: 1f1b-stash on 4 ranks)
+#                       (1f1b-flush on 2 ranks; sigterm-stash: 1f1b-stash on 4 ranks;
+#                       sigterm-rank1: SIGTERM to rank 1 alone, which the coordinator announces)
 #   finished            a finished job started again (--resume at its last step, or past a lowered
 #                       --steps), single-process and on 2 ranks: it trains nothing, says so,
 #                       scores what the job scored and leaves its checkpoint as it was
@@ -185,8 +186,16 @@ run_interrupted() {
   echo "rank killed as checkpoint 100 was written: resumed from the complete checkpoint of step $from"
 }
 
+# The pid of rank $1 of the job whose command line holds $2.
+rank_pid() {
+  local p
+  for p in $(pgrep -f -- "$2"); do
+    tr '\0' '\n' < "/proc/$p/environ" 2> /dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && { echo "$p"; return; }
+  done
+}
+
 run_sigterm() {
-  local schedule=$1 ranks=$2 plan=$3
+  local schedule=$1 ranks=$2 plan=$3 target=${4:-mpirun}
   # mpirun passes SIGTERM on to the ranks after its grace period and SIGKILLs them one period
   # later (odls_base_sigkill_timeout): 3 s is ample for a step and a checkpoint of this model.
   "${mpirun[@]}" "$ranks" --mca odls_base_sigkill_timeout 3 "$train" "${common[@]}" \
@@ -198,7 +207,16 @@ run_sigterm() {
     sleep 0.1
   done
   [[ -f $work/a/step-000001000/manifest.json ]] || { kill -KILL $job; cat "$work/a.log"; fail "no checkpoint appeared"; }
-  kill -TERM $job
+  local signalled=$ranks by="signal 15"
+  if [[ $target == rank1 ]]; then  # one rank alone: it asks, the others agree
+    local pid
+    pid=$(rank_pid 1 "--checkpoint-dir $work/a") || true
+    [[ -n $pid ]] || { kill -KILL $job; fail "rank 1's process not found"; }
+    kill -TERM "$pid"
+    signalled=1 by="a signal to another rank"
+  else
+    kill -TERM $job
+  fi
   local waited=0
   while kill -0 $job 2> /dev/null; do
     sleep 0.2
@@ -207,14 +225,14 @@ run_sigterm() {
   done
   wait $job || true
   local line step
-  line=$(grep "stopped by signal 15 after step" "$work/a.log") || { cat "$work/a.log"; fail "no stop message"; }
+  line=$(grep "stopped by $by after step" "$work/a.log") || { cat "$work/a.log"; fail "no stop message"; }
   step=$(sed -n 's/.*after step \([0-9]*\):.*/\1/p' <<< "$line")
   [[ -f $work/a/step-$(printf %09d "$step")/manifest.json ]] || fail "the named checkpoint of step $step is missing"
-  [[ $(grep -c "stop requested (SIGTERM" "$work/a.log") == "$ranks" ]] || { cat "$work/a.log"; fail "not every rank saw the stop request"; }
+  [[ $(grep -c "stop requested (SIGTERM" "$work/a.log") == "$signalled" ]] || { cat "$work/a.log"; fail "not every signalled rank saw the stop request"; }
   "${mpirun[@]}" "$ranks" "$train" "${common[@]}" --plan "$plan" --schedule "$schedule" \
     --steps $((step + 40)) --resume "$work/a" > "$work/b.log" 2>&1 || { cat "$work/b.log"; fail "the resume failed"; }
   [[ $(resumed_step "$work/b.log") == "$step" ]] || { cat "$work/b.log"; fail "did not resume at step $step"; }
-  echo "$schedule, $ranks ranks, SIGTERM to mpirun: every rank stopped after step $step with its checkpoint; resumed there"
+  echo "$schedule, $ranks ranks, SIGTERM to $target: every rank stopped after step $step with its checkpoint; resumed there"
 }
 
 # Runs "$@", which must fail with output matching $expect.
@@ -275,5 +293,6 @@ case $case_name in
   finished) run_finished ;;
   sigterm) run_sigterm 1f1b-flush 2 "$plans/mlp_2.json" ;;
   sigterm-stash) run_sigterm 1f1b-stash 4 "$plans/mlp_4.json" ;;
+  sigterm-rank1) run_sigterm 1f1b-flush 2 "$plans/mlp_2.json" rank1 ;;
   *) fail "unknown case" ;;
 esac
