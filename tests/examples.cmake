@@ -73,6 +73,10 @@ pipeline_expect_failure(plan_wrong_model "plan is for model 'mlp' but the progra
 pipeline_expect_failure(schedule_deadlock "deadlock|wait on each other|never"
                         ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2
                         --schedule-csv ${_plans}/deadlock_2.csv)
+# A CSV schedule fixes its own microbatches: a --microbatches beside it would be ignored.
+pipeline_expect_failure(schedule_csv_with_microbatches "--schedule-csv excludes --microbatches"
+                        ${_train} --model mlp --plan ${_plans}/mlp_2.json --in-process --steps 2
+                        --schedule-csv ${_plans}/deadlock_2.csv --microbatches 4)
 pipeline_expect_failure(2bw_too_few_microbatches "needs at least 3 microbatches"
                         ${_mpirun} 4 ${_train} --model mlp --plan ${_plans}/mlp_4.json --steps 2
                         --schedule 2bw --microbatches 2)

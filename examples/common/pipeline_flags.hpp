@@ -14,6 +14,7 @@
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/profile/profile_json.hpp>
 #include <pipeline/runtime/pipeline_setup.hpp>
+#include <pipeline/schedule/csv.hpp>
 #include <pipeline/schedule/generator.hpp>
 
 #include <fmt/format.h>
@@ -153,15 +154,18 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
                  "pipeline schedule: gpipe, 1f1b-flush, zb-h1, 1f1b-stash, ... (default: the "
                  "plan's)")
       ->check(CLI::IsMember(GeneratorRegistry::builtin().names()));
-  app.add_option("--schedule-csv", flags.schedule_csv,
-                 "a hand-written schedule (CSV), validated first")
-      ->check(CLI::ExistingFile);
+  auto* csv = app.add_option("--schedule-csv", flags.schedule_csv,
+                             "a hand-written schedule (CSV), validated first; it fixes its own "
+                             "microbatches and weight-version policy")
+                  ->check(CLI::ExistingFile);
   app.add_option("--microbatches", flags.microbatches,
                  "microbatches per minibatch for flush schedules (default: stages x the most "
                  "replicas of a stage)")
-      ->check(CLI::Range(1, 65536));
+      ->check(CLI::Range(1, 65536))
+      ->excludes(csv);
   app.add_flag("--vertical-sync", flags.vertical_sync,
-               "1f1b-stash: every stage uses the weight version the input stage used");
+               "1f1b-stash: every stage uses the weight version the input stage used")
+      ->excludes(csv);
   app.add_option("--recompute", flags.recompute,
                  "activation recomputation: auto (the plan's choice per stage), all or none")
       ->check(CLI::IsMember({"none", "auto", "all"}))
@@ -274,6 +278,7 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
   req.microbatches = flags.microbatches > 0 ? flags.microbatches
                      : stashes(req)         ? 1
                                             : layout.num_stages() * static_cast<int>(replicas);
+  if (!req.csv.empty()) req.microbatches = read_schedule_csv(req.csv).microbatches;  // for the logs
   req.in_flight = plan.in_flight > 1 ? plan.in_flight : 0;
   PIPELINE_CHECK_AS(ConfigError,
                     !flags.rebalance ||
