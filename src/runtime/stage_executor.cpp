@@ -643,9 +643,9 @@ void StageExecutor::do_forward(Run& run, const Action& a) {
   const float scale = 1.f / static_cast<float>(run.feed->size(mb));
   LossResult l = m_loss(y, data.labels, scale);
   PIPELINE_CHECK(std::isfinite(l.loss),
-                 "loss became {} at step {} (microbatch {} of minibatch {}): lower the learning "
-                 "rate or enable gradient clipping (--clip-grad)",
-                 l.loss, mb, run.micro_of(u), mb);
+                 "loss became {} at step {} (its microbatch {}): lower the learning rate or "
+                 "enable gradient clipping (--clip-grad)",
+                 l.loss, mb + 1, run.micro_of(u));
   c.loss_grad = std::move(l.grad);
   MinibatchStats& st = run.stats[mb];
   st.minibatch = mb;
@@ -915,7 +915,7 @@ void StageExecutor::do_step(Run& run, const Action& a) {
                         "gradient of layer '{}' (stage {}) became {} at step {}: lower the "
                         "learning rate or enable gradient clipping (--clip-grad)",
                         m_model->layer(r.begin + k).name(), m_stage,
-                        layer_ss[static_cast<std::size_t>(k)], step);
+                        layer_ss[static_cast<std::size_t>(k)], step + 1);
     }
     return local;
   };

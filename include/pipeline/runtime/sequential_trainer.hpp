@@ -71,9 +71,9 @@ class SequentialTrainer {
       Tensor logits = m_model->forward(m_model->all(), m_params, mb.inputs, saved, ctx);
       LossResult l = m_loss(logits, mb.labels, scale);
       PIPELINE_CHECK(std::isfinite(l.loss),
-                     "loss became {} at step {} (microbatch {}): lower the learning rate or enable "
-                     "gradient clipping",
-                     l.loss, m_step, micro - 1);
+                     "loss became {} at step {} (its microbatch {}): lower the learning rate or "
+                     "enable gradient clipping (--clip-grad)",
+                     l.loss, m_step + 1, micro - 1);
       logits = Tensor{};  // the loss's gradient is all the backward needs of it
       m_model->backward(m_model->all(), m_params, std::move(saved), std::move(l.grad), m_grads,
                         false);
@@ -94,10 +94,10 @@ class SequentialTrainer {
            [&](const Batch& b, Tensor& totals) { queue_step(b, lr, microbatches, totals); }});
       PIPELINE_CHECK(std::isfinite(r.loss),
                      "loss became {} at step {}: lower the learning rate or enable gradient "
-                     "clipping",
-                     r.loss, m_step);
+                     "clipping (--clip-grad)",
+                     r.loss, m_step + 1);
       PIPELINE_CHECK(std::isfinite(r.grad_norm), "gradient norm became {} at step {}", r.grad_norm,
-                     m_step);
+                     m_step + 1);
     } else {
       r = eager_step(batch, lr, microbatches);
     }
@@ -157,7 +157,8 @@ class SequentialTrainer {
     const auto check_norm = [&] {
       PIPELINE_CHECK(std::isfinite(r.grad_norm),
                      "gradient norm became {} at step {}: lower the learning rate{}", r.grad_norm,
-                     m_step, m_clip_norm > 0.f ? "" : " or enable gradient clipping");
+                     m_step + 1,
+                     m_clip_norm > 0.f ? "" : " or enable gradient clipping (--clip-grad)");
     };
     if (m_clip_norm > 0.f) {
       r.grad_norm = std::sqrt(sum_of_squares(grads));
