@@ -46,6 +46,7 @@ struct Options {
   int batch = 16;
   float lr = 3e-3f;
   std::string lr_schedule = "warmup:20+cosine";
+  bool lr_schedule_given = false;  // the default warms up for fewer steps on runs of 20 or fewer
   float weight_decay = 0.01f;
   float clip_grad = 1.f;
   std::uint64_t seed = 1;
@@ -55,6 +56,13 @@ struct Options {
   examples::PipelineFlags pipeline;
   examples::CheckpointFlags checkpoints;
 };
+
+// The schedule asked for; by default 20 warm-up steps, or half the run when it is no longer than
+// that (a cosine decay needs steps after the warm-up).
+std::string lr_schedule(const Options& o, long steps) {
+  if (o.lr_schedule_given || steps > 20) return o.lr_schedule;
+  return steps >= 2 ? fmt::format("warmup:{}+cosine", steps / 2) : std::string("cosine");
+}
 
 ZooModel model_for(const Options& o) {
   ZooOptions z;
@@ -106,7 +114,7 @@ int run_single(const Options& o) {
   const auto checkpoints =
       examples::make_checkpointer(o.checkpoints, info, CheckpointRole::single(zoo.model), nullptr);
   const DataLoader loader = train_loader(o, train);
-  const LrSchedule lr = LrSchedule::parse(o.lr_schedule, o.lr, o.steps);
+  const LrSchedule lr = LrSchedule::parse(lr_schedule(o, o.steps), o.lr, o.steps);
   MetricsWriter metrics(o.metrics, start > 0);
   const auto t0 = Clock::now();
   const examples::RunProgress done =
@@ -162,7 +170,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   const auto checkpoints = examples::make_checkpointer(
       o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm);
   const DataLoader loader = train_loader(o, train);
-  const LrSchedule lr = LrSchedule::parse(o.lr_schedule, o.lr, steps);
+  const LrSchedule lr = LrSchedule::parse(lr_schedule(o, steps), o.lr, steps);
   MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string(), start > 0);
   const MinibatchFeed feed = examples::training_feed(loader);
   examples::PipelinedLoop loop;
@@ -221,8 +229,11 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.lr, "peak learning rate (AdamW)")
       ->check(CLI::Range(1e-8f, 10.f))
       ->capture_default_str();
-  app.add_option("--lr-schedule", o.lr_schedule, "learning-rate schedule (lr_schedule.hpp)")
-      ->capture_default_str();
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "learning-rate schedule (lr_schedule.hpp; by default runs of 20 steps or fewer "
+                 "warm up for half of them)")
+      ->capture_default_str()
+      ->each([&](const std::string&) { o.lr_schedule_given = true; });
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")
       ->check(CLI::Range(0.f, 1.f));
   app.add_option("--clip-grad", o.clip_grad,

@@ -210,6 +210,11 @@ if(TARGET train_transformer_lm AND EXISTS /usr/share/games/fortunes/fortunes)
   add_test(NAME example.train_transformer_lm.pipeline
            COMMAND ${_mpirun} 2 $<TARGET_FILE:train_transformer_lm> --steps 30 --threads 1
                    --schedule 1f1b-flush --microbatches 2)
+  # A run shorter than the default schedule's 20 warm-up steps warms up for half of it.
+  add_test(NAME example.train_transformer_lm.short_run
+           COMMAND $<TARGET_FILE:train_transformer_lm> --steps 3 --threads 1)
+  set_tests_properties(example.train_transformer_lm.short_run PROPERTIES LABELS example
+                       PASS_REGULAR_EXPRESSION "validation loss: ")
   set_tests_properties(example.train_transformer_lm.smoke example.train_transformer_lm.pipeline
                        PROPERTIES LABELS example PROCESSORS 2 TIMEOUT 300
                        PASS_REGULAR_EXPRESSION "validation loss: [0-9.]+ perplexity: [0-9.]+")

@@ -59,9 +59,10 @@ PipelineLayout PipelineLayout::straight(std::vector<LayerRange> stage_layers) {
 
 PipelineLayout PipelineLayout::from_plan(const Plan& plan, const Sequential& model) {
   PIPELINE_CHECK_AS(ConfigError, plan.model.empty() || plan.model == model.name(),
-                    "the plan is for model '{}' but the program trains '{}': partition this model "
-                    "(or pass --model {})",
-                    plan.model, model.name(), plan.model);
+                    "the plan is for model '{}' but the program trains '{}': give a plan made "
+                    "from a profile of '{}' (pipeline-profile, then pipeline-partition), or train "
+                    "the model the plan is for",
+                    plan.model, model.name(), model.name());
   PIPELINE_CHECK_AS(ConfigError, plan.num_stages() >= 1, "the plan has no stages");
   PipelineLayout l;
   int expect = 0, next_rank = 0;
