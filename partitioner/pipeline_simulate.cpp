@@ -178,9 +178,10 @@ int run(int argc, char** argv) {
   app.add_option("--topology", topology_path, "topology JSON file instead of --level")
       ->excludes(level_opt);
   app.add_option("--latency", latency, "seconds per message");
-  app.add_option("--transfer-dtype", transfer_dtype,
-                 "element type of the activations and gradients sent between stages: float32 or "
-                 "bf16 (half the bytes; default: the profile's dtype)")
+  app.add_option(
+         "--transfer-dtype", transfer_dtype,
+         "element type of the activations and gradients sent between stages: float32 or "
+         "bf16 (half the bytes; default: the plan's transfer_dtype, else the profile's dtype)")
       ->check(CLI::IsMember({"float32", "bf16"}));
   app.add_flag("--full-duplex", full_duplex, "links carry both directions at full bandwidth");
   // On by default: the trainers always overlap, so a prediction is for the run a user makes.
@@ -249,6 +250,7 @@ int run(int argc, char** argv) {
   }
   check_device_profiles(profiles);
   const Profile& profile = profiles.begin()->second;
+  const bool transfer_dtype_given = !transfer_dtype.empty();
   if (transfer_dtype.empty()) transfer_dtype = profile.bf16() ? "bf16" : "float32";
   if (!availability_path.empty())
     return replay_trace(profile, availability_path,
@@ -257,6 +259,8 @@ int run(int argc, char** argv) {
   PIPELINE_CHECK_AS(ConfigError, !plan_path.empty(),
                     "--plan is required (but with --availability, which plans by itself)");
   Plan plan = read_plan(plan_path);
+  if (!transfer_dtype_given && !plan.transfer_dtype.empty())  // the plan's costs assume it
+    transfer_dtype = plan.transfer_bf16() ? "bf16" : "float32";
   for (const PlanStage& st : plan.stages)
     PIPELINE_CHECK_AS(ConfigError, st.device.empty() || profiles.count(st.device) == 1,
                       "{}: a stage runs on worker type '{}'; give its profile with --profile "

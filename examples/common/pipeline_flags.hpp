@@ -54,7 +54,8 @@ struct PipelineFlags {
   // the plan's (Plan::dtype), else float32.
   std::string dtype;
   // The element type of the activations and gradients sent between stages: float32 or bf16;
-  // empty: bf16 when the products compute in bf16, else float32.
+  // empty: the plan's (Plan::transfer_dtype) when it names one, else bf16 when the products
+  // compute in bf16, else float32.
   std::string transfer_dtype;
 
   DType compute_dtype(const Plan* plan = nullptr) const {
@@ -62,6 +63,8 @@ struct PipelineFlags {
     return plan != nullptr && plan->dtype == "bfloat16" ? DType::BFloat16 : DType::Float32;
   }
   DType wire_dtype(const Plan* plan = nullptr) const {
+    if (transfer_dtype.empty() && plan != nullptr && !plan->transfer_dtype.empty())
+      return plan->transfer_bf16() ? DType::BFloat16 : DType::Float32;
     if (transfer_dtype.empty()) return compute_dtype(plan);
     return transfer_dtype == "bf16" ? DType::BFloat16 : DType::Float32;
   }
@@ -117,7 +120,12 @@ inline void log_precision(const PipelineFlags& flags, const Plan* plan = nullptr
         "estimate assumes weight versions stashed in {} (drop --dtype to follow the plan)",
         plan->dtype.empty() ? "float32" : plan->dtype, dtype_name(dtype),
         plan->dtype == "bfloat16" ? "bf16" : "float32");
-  if (dtype != DType::BFloat16) return;
+  if (dtype != DType::BFloat16) {
+    if (flags.wire_dtype(plan) == DType::BFloat16)
+      log_info("float32 compute; activations and gradients move between stages as bf16{}",
+               flags.transfer_dtype.empty() ? " (the plan's transfer_dtype)" : "");
+    return;
+  }
   log_info(
       "mixed precision: bf16 products with float32 accumulation, float32 master weights and "
       "optimizer state; stashed weight matrices in bf16, transfers in {}",
@@ -186,8 +194,8 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
       ->check(CLI::IsMember({"float32", "bf16"}));
   app.add_option("--transfer-dtype", flags.transfer_dtype,
                  "element type of the activations and gradients sent between stages: float32, or "
-                 "bf16 for half the bytes on the wire (default: bf16 under --dtype bf16, else "
-                 "float32)")
+                 "bf16 for half the bytes on the wire (default: the plan's transfer_dtype, else "
+                 "bf16 under --dtype bf16, else float32)")
       ->check(CLI::IsMember({"float32", "bf16"}));
   app.add_option("--comm-timeout", flags.comm_timeout,
                  "seconds any wait for a peer may take before the job ends with an error")

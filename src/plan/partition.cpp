@@ -721,6 +721,7 @@ void finish(Plan& plan, const Profile& p, const Topology& t, const PartitionOpti
   plan.predicted.data_parallel_time_per_minibatch_s = data_parallel_seconds(p, t, o);
   if (o.cost_model == CostModel::Pipeline) plan.optimizer = o.optimizer;
   if (p.bf16()) plan.dtype = p.dtype;
+  record_transfer_dtype(plan, o);
 }
 
 // Interleaved plans (options.virtual_stages != 1): what partition() and evaluate_stages() both

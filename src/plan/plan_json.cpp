@@ -108,6 +108,7 @@ json plan_to_json(const Plan& p) {
   if (!p.cost_model.empty()) j["cost_model"] = p.cost_model;
   if (!p.optimizer.empty()) j["optimizer"] = p.optimizer;
   if (!p.dtype.empty()) j["dtype"] = p.dtype;
+  if (!p.transfer_dtype.empty()) j["transfer_dtype"] = p.transfer_dtype;
   j["stages"] = std::move(stages);
   j["predicted"] = {
       {"time_per_minibatch_s", p.predicted.time_per_minibatch_s},
@@ -162,6 +163,13 @@ Plan plan_from_json(const json& j, std::string_view origin) {
     PIPELINE_CHECK_AS(ConfigError, p.dtype == "bfloat16" || p.dtype == "float32",
                       "{}: \"dtype\" is \"{}\"; expected bfloat16 or float32", origin, p.dtype);
     if (p.dtype == "float32") p.dtype.clear();
+  }
+  if (j.contains("transfer_dtype")) {
+    p.transfer_dtype = get<std::string>(j, "transfer_dtype", "the plan", origin);
+    PIPELINE_CHECK_AS(ConfigError, p.transfer_dtype == "bfloat16" || p.transfer_dtype == "float32",
+                      "{}: \"transfer_dtype\" is \"{}\"; expected bfloat16 or float32", origin,
+                      p.transfer_dtype);
+    if ((p.transfer_dtype == "bfloat16") == (p.dtype == "bfloat16")) p.transfer_dtype.clear();
   }
   const json& stages = j.contains("stages") ? j.at("stages") : json();
   PIPELINE_CHECK_AS(ConfigError, stages.is_array() && !stages.empty(),

@@ -353,6 +353,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
   plan.cost_model = std::string(to_string(CostModel::Pipeline));
   plan.optimizer = x.options.optimizer;
   plan.dtype = x.dtype;
+  record_transfer_dtype(plan, x.options);
   // The stages' replica counts first: the in-flight counts the schedule needs depend on the
   // stages after each (stash_in_flights).
   std::vector<int> replicas;

@@ -71,6 +71,29 @@ TEST_CASE("plan.json round trip") {
   auto j = plan_to_json(q);
   j["dtype"] = "float32";
   CHECK(parse_plan(j.dump(), "explicit float32").dtype.empty());
+  // Transfers in another dtype than the plan's are recorded; the implied one is not written.
+  CHECK(!q.transfer_bf16());
+  CHECK(!plan_to_json(q).contains("transfer_dtype"));
+  j["transfer_dtype"] = "bfloat16";
+  const Plan t = parse_plan(j.dump(), "bf16 transfers");
+  CHECK(t.transfer_bf16());
+  CHECK(plan_to_json(t)["transfer_dtype"] == "bfloat16");
+  j["dtype"] = "bfloat16";
+  CHECK(parse_plan(j.dump(), "implied").transfer_dtype.empty());
+  CHECK(parse_plan(j.dump(), "implied").transfer_bf16());
+  j["transfer_dtype"] = "float32";
+  CHECK(!parse_plan(j.dump(), "float32 transfers of a bf16 plan").transfer_bf16());
+  j["transfer_dtype"] = "fp8";
+  CHECK(mentions(
+      [&] {
+        try {
+          parse_plan(j.dump(), "bad");
+        } catch (const ConfigError& e) {
+          return std::string(e.what());
+        }
+        return std::string();
+      }(),
+      "\"transfer_dtype\" is \"fp8\"; expected bfloat16 or float32"));
 }
 
 TEST_CASE("integer fields of plan.json take only integers in range") {

@@ -70,15 +70,26 @@ struct PartitionOptions {
   // Stages per worker: 1 for PipeDream's plans; v > 1 plans an interleaved pipeline of v·p
   // stages (see above; implies a straight pipeline on every worker, Pipeline cost model).
   int virtual_stages = 1;
+  // The transfers' element type (set_transfer_dtype), recorded in the plan; unset: float32.
+  std::optional<DType> transfer_dtype;
 };
 
 // Activations and gradients sent in `dtype`: bf16 halves the bytes on the wire, which the cost
 // models charge as a compression ratio of 2 on top of any ratio already set. PipeDream's model
 // charges transfers only under a ratio, so without one it stays uncharged there too.
 inline void set_transfer_dtype(PartitionOptions& o, DType dtype) {
+  o.transfer_dtype = dtype;
   if (dtype == DType::BFloat16 &&
       (o.cost_model == CostModel::Pipeline || o.activation_compression.has_value()))
     o.activation_compression = 2.0 * o.activation_compression.value_or(1.0);
+}
+
+// Records in `plan` the transfers' element type the options set, where it is not the one the
+// plan's dtype implies (Plan::transfer_dtype). Call after plan.dtype is set.
+inline void record_transfer_dtype(Plan& plan, const PartitionOptions& o) {
+  if (!o.transfer_dtype) return;
+  const bool bf16 = *o.transfer_dtype == DType::BFloat16;
+  plan.transfer_dtype = bf16 == (plan.dtype == "bfloat16") ? "" : bf16 ? "bfloat16" : "float32";
 }
 
 // A stage of a manual plan: [begin, end) layer range replicated `replicas` times.

@@ -71,6 +71,14 @@ struct Plan {
   // "dtype", absent for float32): the precision its memory estimate assumes (weight versions
   // stashed in bf16) and the trainers' default --dtype.
   std::string dtype;
+  // The element type of the activations and gradients between stages the plan's costs assume when
+  // it is not the one `dtype` implies ("bfloat16" for float32 plans, "float32" for bf16 ones;
+  // plan.json "transfer_dtype", absent otherwise): the trainers' and simulator's default
+  // --transfer-dtype. transfer_bf16() says which it is.
+  std::string transfer_dtype;
+  bool transfer_bf16() const {
+    return transfer_dtype.empty() ? dtype == "bfloat16" : transfer_dtype == "bfloat16";
+  }
   // Stages per rank: 1 for a plain pipeline (each rank serves one stage), v > 1 for an
   // interleaved plan (stages.size() == v · workers, stage k on rank k mod workers, no replicas).
   int virtual_stages = 1;
