@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
   app.add_option("--layers-per-pass", opt.layers_per_pass,
                  "profile the layers this many at a time, each group in passes of its own (a "
                  "model too large for the device at once); 0: all together (default)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(pipeline::examples::non_negative_number());
   app.add_option("-o,--output", output, "write profile.json here")
       ->required()
       ->check(pipeline::examples::file_to_write());

@@ -177,7 +177,8 @@ int run(int argc, char** argv) {
                      "topology level COUNT:BANDWIDTH, innermost first (repeat), e.g. 8:300GB/s");
   app.add_option("--topology", topology_path, "topology JSON file instead of --level")
       ->excludes(level_opt);
-  app.add_option("--latency", latency, "seconds per message");
+  app.add_option("--latency", latency, "seconds per message")
+      ->check(pipeline::examples::non_negative_number());
   app.add_option(
          "--transfer-dtype", transfer_dtype,
          "element type of the activations and gradients sent between stages: float32 or "
@@ -195,10 +196,10 @@ int run(int argc, char** argv) {
   app.add_option("--allreduce-cpu-ns", reduce_ns_per_byte,
                  "CPU ranks: nanoseconds of a replica's core per byte of a peer's gradients it "
                  "copies and sums in an allreduce (bench_pipeline measures it; default 0)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(pipeline::examples::non_negative_number());
   app.add_option("--allreduce-bucket-bytes", bucket_bytes,
                  "bucket size with --overlap-allreduce (the runtime's default: 4 MiB)")
-      ->check(CLI::PositiveNumber);
+      ->check(pipeline::examples::positive_number());
   app.add_option("--trace", trace_path, "write a Chrome-trace / Perfetto JSON")
       ->check(pipeline::examples::file_to_write());
   app.add_option("--svg", svg_path, "write an SVG timeline")
@@ -212,13 +213,13 @@ int run(int argc, char** argv) {
   app.add_option("--jitter", jitter_cv,
                  "coefficient of variation of a lognormal factor (mean 1) on every compute "
                  "action's time (default 0: none)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(pipeline::examples::non_negative_number());
   app.add_option("--seed", seed, "seed of the jitter (default 0)");
   int cores = 0;
   app.add_option("--cores", cores,
                  "CPU cores the ranks share (one host, e.g. mpirun --oversubscribe): with fewer "
                  "cores than ranks, ranks computing at once share them (default 0: a core each)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(pipeline::examples::non_negative_number());
   bool rebalance = false;
   app.add_flag("--rebalance", rebalance,
                "deal replicated stages' microbatches by their ranks' speed under --slow-rank "

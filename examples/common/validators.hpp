@@ -10,19 +10,34 @@
 
 namespace pipeline::examples {
 
-// A finite number > 0. CLI::PositiveNumber would also pass "inf" and "nan", and a Range needs
-// an arbitrary upper bound; rates and time-outs need neither.
-inline CLI::Validator positive_number() {
+namespace detail {
+// A finite number above (strict) or at least 0; the message names the rule, not CLI11's bounds
+// (CLI::PositiveNumber prints the largest double, 309 digits, and passes "inf").
+inline CLI::Validator finite_number_from_zero(bool strict, const char* name) {
   return CLI::Validator(
-      [](std::string& s) {
-        double v = 0;
+      [strict](std::string& s) {
+        double v = -1;
+        std::size_t used = 0;
         try {
-          v = std::stod(s);
+          v = std::stod(s, &used);
         } catch (...) {
         }
-        return v > 0 && std::isfinite(v) ? std::string() : "must be a positive number, got " + s;
+        const bool ok = used == s.size() && std::isfinite(v) && (strict ? v > 0 : v >= 0);
+        return ok ? std::string()
+                  : std::string(strict ? "must be a positive number" : "must be a number >= 0") +
+                        ", got " + s;
       },
-      "POSITIVE");
+      name);
+}
+}  // namespace detail
+
+// A finite number > 0 (rates, time-outs, sizes).
+inline CLI::Validator positive_number() {
+  return detail::finite_number_from_zero(true, "POSITIVE");
+}
+// A finite number >= 0 (counts where 0 means none or off).
+inline CLI::Validator non_negative_number() {
+  return detail::finite_number_from_zero(false, "NON-NEGATIVE");
 }
 
 // A file the run writes at its end (parameters, a trace, a plan): checked before the work that

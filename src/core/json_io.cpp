@@ -2,6 +2,7 @@
 
 #include <pipeline/core/error.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -9,6 +10,9 @@ namespace pipeline::detail {
 
 nlohmann::json read_json_file(const std::string& path, std::string_view what,
                               std::string_view hint) {
+  std::error_code ec;
+  PIPELINE_CHECK_AS(IoError, !std::filesystem::is_directory(path, ec),
+                    "{} '{}' is a directory; give the file", what, path);
   std::ifstream in(path, std::ios::binary);
   PIPELINE_CHECK_AS(IoError, in.good(), "cannot open {} '{}' for reading", what, path);
   std::stringstream ss;
