@@ -207,7 +207,8 @@ int main(int argc, char** argv) {
   app.add_flag("--ignore-transfer", ignore_transfer, "no activation transfer cost");
   app.add_option("--activation-compression", compression, "activation compression ratio R (transfers cost 2a/(B r R))");
   app.add_option("--stages", stages_text, "evaluate this plan instead: BEGIN:END[xREPLICAS],... e.g. 0:5x2,5:12,12:20");
-  app.add_option("--batch", batch, "batch size of the profile (overrides the file)");
+  app.add_option("--batch", batch, "batch size of the profile (overrides the file)")
+      ->check(CLI::Range(1, 1 << 30));
   app.add_option("--virtual-stages", virtual_stages,
                  "V > 1: an interleaved plan of V·p stages over the p workers, stage k on rank k mod p, "
                  "to run under interleaved-1f1b (default 1)");

@@ -166,9 +166,11 @@ int run(int argc, char** argv) {
                          " (interleaved = interleaved-1f1b)");
   app.add_option("--schedule-csv", schedule_csv, "a schedule written as CSV")->excludes(by_name);
   app.add_option("--microbatches", microbatches,
-                 "microbatches per minibatch (default: 4 x stages; 1 for stash)");
+                 "microbatches per minibatch (default: 4 x stages; 1 for stash)")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--minibatches", minibatches,
-                 "minibatches to simulate (default: 1; stash: 8 x workers)");
+                 "minibatches to simulate (default: 1; stash: 8 x workers)")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--microbatch-size", microbatch_size,
                  "samples per microbatch (default: the profile's batch)");
   std::string topology_path;
@@ -314,6 +316,11 @@ int run(int argc, char** argv) {
   if (named) opt.device_profiles = &profiles;
   const Topology topology =
       topology_path.empty() ? parse_levels(levels) : read_topology(topology_path);
+  PIPELINE_CHECK_AS(
+      ConfigError, topology.levels.empty() || topology.workers() >= schedule.num_ranks(),
+      "the topology has {} worker(s) but the schedule runs {} ranks: describe a "
+      "cluster of at least {} (e.g. --level {}:<bandwidth>)",
+      topology.workers(), schedule.num_ranks(), schedule.num_ranks(), schedule.num_ranks());
   opt.rank_slowdown = parse_slow_ranks(slow_ranks);
   PIPELINE_CHECK_AS(ConfigError,
                     opt.rank_slowdown.size() <= static_cast<std::size_t>(schedule.num_ranks()),

@@ -30,6 +30,8 @@ pipeline_expect_failure(model_not_for_images "not Fashion-MNIST" ${_train} --mod
 # directory for --save failed once the parameters were trained).
 pipeline_expect_failure(batch_over_dataset "use a batch size of at most 60000" ${_train}
                         --batch 60001 --steps 1)
+pipeline_expect_failure(checkpoint_every_without_dir "--checkpoint-every and --checkpoint-keep need a directory"
+                        ${_train} --model mlp --steps 1 --checkpoint-every 1)
 pipeline_expect_failure(save_to_missing_dir "--save: cannot write .*does not exist" ${_train}
                         --steps 1 --save /nonexistent/dir/params.safetensors)
 

@@ -57,6 +57,7 @@ struct CheckpointFlags {
   std::string resume;
 
   // Where new checkpoints go (empty: none are written).
+  bool cadence_given = false;  // --checkpoint-every or --checkpoint-keep on the command line
   std::string output_dir() const { return dir.empty() ? resume : dir; }
   bool writes() const { return !output_dir().empty(); }
 };
@@ -66,10 +67,12 @@ inline void add_checkpoint_flags(CLI::App& app, CheckpointFlags& flags) {
                  "write checkpoints (parameters, optimizer state, step) under this directory");
   app.add_option("--checkpoint-every", flags.every,
                  "steps between checkpoints (0: only at the end and when stopped by a signal)")
-      ->check(CLI::Range(0L, 1L << 40));
+      ->check(CLI::Range(0L, 1L << 40))
+      ->each([&flags](const std::string&) { flags.cadence_given = true; });
   app.add_option("--checkpoint-keep", flags.keep, "complete checkpoints to keep")
       ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->each([&flags](const std::string&) { flags.cadence_given = true; });
   app.add_option("--resume", flags.resume,
                  "continue from the newest complete checkpoint in this directory (from the start "
                  "when it has none)");
@@ -139,6 +142,9 @@ inline std::int64_t resume_if_asked(const CheckpointFlags& flags, const Checkpoi
 inline std::unique_ptr<Checkpointer> make_checkpointer(const CheckpointFlags& flags,
                                                        const CheckpointRunInfo& run,
                                                        CheckpointRole role, Communicator* comm) {
+  PIPELINE_CHECK_AS(ConfigError, flags.writes() || !flags.cadence_given,
+                    "--checkpoint-every and --checkpoint-keep need a directory to write "
+                    "checkpoints in: add --checkpoint-dir DIR (or --resume DIR)");
   if (!flags.writes()) return nullptr;
   auto c = std::make_unique<Checkpointer>(
       CheckpointOptions{flags.output_dir(), flags.every, flags.keep}, run, std::move(role), comm);

@@ -82,6 +82,23 @@ struct PipelineFlags {
 
   bool runs_in_process() const { return in_process || comm == "local"; }
 
+  // The flags given that only a pipelined run uses (a single-process run warns that it ignores
+  // them: a job script may pass the same flags to both).
+  std::vector<std::string> pipeline_only_flags_given() const {
+    std::vector<std::string> given;
+    const std::pair<bool, const char*> flags[] = {{!schedule.empty(), "--schedule"},
+                                                  {!schedule_csv.empty(), "--schedule-csv"},
+                                                  {!trace.empty(), "--trace"},
+                                                  {microbatches > 0, "--microbatches"},
+                                                  {vertical_sync, "--vertical-sync"},
+                                                  {rebalance, "--rebalance"},
+                                                  {!transfer_dtype.empty(), "--transfer-dtype"},
+                                                  {comm_timeout > 0, "--comm-timeout"}};
+    for (const auto& [set, name] : flags)
+      if (set) given.emplace_back(name);
+    return given;
+  }
+
   // ConfigError for flags that contradict each other. A single-process run ignores these flags,
   // so only a pipelined run checks them.
   void check() const {

@@ -17,8 +17,9 @@
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/runtime/in_process.hpp>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
 
 #include <atomic>
 #include <cstdio>
@@ -118,6 +119,11 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
     }
   }
   try {
+    if (const auto ignored = flags.pipeline_only_flags_given(); !ignored.empty())
+      log_warn(
+          "ignoring {}: this run trains in one process; pipeline flags apply with --plan, "
+          "--in-process or mpirun -np N",
+          fmt::join(ignored, ", "));
     const ops::ComputeDTypeScope precision(flags.compute_dtype());
     log_precision(flags);
     return single();
