@@ -102,7 +102,7 @@ int replay_trace(const Profile& profile, const std::string& trace_path, const To
                     "(the outermost count is taken from the trace)");
   AvailabilityOptions o;
   o.samples = samples;
-  o.restart_s = restart_text == "0" ? 0.0 : parse_duration(restart_text);
+  o.restart_s = parse_duration(restart_text, /*allow_zero=*/true);
   if (!price_text.empty()) o.price_per_worker_hour = parse_price(price_text);
   o.partition.recompute = Recompute::Auto;
   const auto trace = read_availability_csv(trace_path);

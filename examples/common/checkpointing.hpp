@@ -347,6 +347,18 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
     const std::int64_t left = loop.total - position;
     return req.csv.empty() ? left < g : !last_schedule || left < last_schedule->minibatches;
   };
+  if (req.csv.empty() && loop.total > start) {  // generated schedules deal in groups of g
+    const std::int64_t asked = loop.total - start;
+    PIPELINE_CHECK_AS(ConfigError, asked >= g,
+                      "{} step(s) to train, but this plan's stage replicas take minibatches in "
+                      "groups of {}: train at least {} steps (--steps, a multiple of {})",
+                      asked, g, start + g, g);
+    if (asked < loop.per_epoch && asked % g != 0 && comm.rank() == 0)
+      log_warn(
+          "training {} of the {} steps asked for: this plan's stage replicas take "
+          "minibatches in groups of {}",
+          asked / g * g, asked, g);
+  }
   while (p.position < loop.total) {
     const std::int64_t epoch_begin = p.position / loop.per_epoch * loop.per_epoch;
     std::int64_t n = std::min(loop.total, epoch_begin + usable) - p.position;
@@ -357,17 +369,7 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
       n = last_schedule->minibatches;
       if (p.position + n > loop.total) break;
     } else {
-      PIPELINE_CHECK_AS(ConfigError, n > 0 || p.position > start,
-                        "{} steps cannot be dealt to the stage replicas of this plan: use a "
-                        "multiple of {}",
-                        loop.total - start, g);
       if (n <= 0) break;  // the run's last minibatches cannot be dealt to the replicas
-      if (p.position == start && loop.total - start < loop.per_epoch &&
-          (loop.total - start) % g != 0 && comm.rank() == 0)
-        log_warn(
-            "training {} of the {} steps asked for: this plan's stage replicas take "
-            "minibatches in groups of {}",
-            (loop.total - start) / g * g, loop.total - start, g);
       if (rebalancer) {
         n = std::min<std::int64_t>(n, loop.rebalance_every);
         req.seconds_per_rank = rebalancer->seconds_per_microbatch();
@@ -380,8 +382,11 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
       }
     }
     PIPELINE_CHECK_AS(ConfigError, loop.feed->size(p.position) >= last_schedule->microbatches,
-                      "a minibatch of {} samples cannot be cut into {} microbatches",
-                      loop.feed->size(p.position), last_schedule->microbatches);
+                      "a minibatch of {} samples cannot be cut into {} microbatches: use a --batch "
+                      "of at least {}{}",
+                      loop.feed->size(p.position), last_schedule->microbatches,
+                      last_schedule->microbatches,
+                      req.csv.empty() ? " or fewer --microbatches" : " or a schedule of fewer");
     if (ckpt && !stop)
       stop = std::make_unique<StopAgreement>(comm, ckpt->coordinator(), stop_margin(*last_schedule),
                                              g);

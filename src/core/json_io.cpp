@@ -31,4 +31,13 @@ nlohmann::json parse_json_text(std::string_view text, std::string_view origin,
   }
 }
 
+std::string dump_format_first(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("format")) return j.dump(1) + '\n';
+  nlohmann::ordered_json out;
+  out["format"] = j.at("format");
+  for (const auto& [key, value] : j.items())
+    if (key != "format") out[key] = value;
+  return out.dump(1) + '\n';
+}
+
 }  // namespace pipeline::detail

@@ -23,4 +23,8 @@ nlohmann::json read_json_file(const std::string& path, std::string_view what,
 nlohmann::json parse_json_text(std::string_view text, std::string_view origin,
                                std::string_view hint);
 
+// `j` as the library's files hold it: indented by one space, its "format" field first (the
+// version a reader checks before anything else), the other keys in order; a final newline.
+std::string dump_format_first(const nlohmann::json& j);
+
 }  // namespace pipeline::detail

@@ -175,7 +175,7 @@ const CostedPlan& fastest_within_budget(const std::vector<CostedPlan>& candidate
   return *best;
 }
 
-double parse_duration(std::string_view text) {
+double parse_duration(std::string_view text, bool allow_zero) {
   std::string s;
   for (char c : text)
     if (c != ' ') s.push_back(c);
@@ -206,10 +206,11 @@ double parse_duration(std::string_view text) {
   auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   PIPELINE_CHECK_AS(
       ConfigError,
-      !s.empty() && ec == std::errc() && ptr == s.data() + s.size() && std::isfinite(v) && v > 0,
-      "cannot parse duration '{}': expected a positive number with a unit s, m, h or d, e.g. "
-      "90s, 45m, 6h, 2d",
-      text);
+      !s.empty() && ec == std::errc() && ptr == s.data() + s.size() && std::isfinite(v) &&
+          (allow_zero ? v >= 0 : v > 0),
+      "cannot parse duration '{}': expected a {} number of seconds, or one with a unit s, m, h "
+      "or d, e.g. 90s, 45m, 6h, 2d",
+      text, allow_zero ? "non-negative" : "positive");
   return v * unit;
 }
 

@@ -1029,19 +1029,21 @@ std::optional<Plan> partition_impl(const Profile& measured, const Topology& topo
     }
     int cuts = 0, kept = 0;
     for (int e = 0; e + 1 < g.size(); ++e) (g.can_end(e) ? cuts : kept) += 1;
+    const std::string places =
+        kept == 0 || !g.chain()
+            ? std::string()
+            : fmt::format(
+                  " (it has {} places where a stage may end: {} layers stay with the layer "
+                  "after them, a ReLU with its max pool)",
+                  cuts, kept);
     PIPELINE_CHECK_AS(
         ConfigError,
         !g.chain() || !options.straight || options.allow_idle || topology.workers() <= cuts + 1,
-        "no plan gives each of the {} workers a stage of its own (--straight): the "
-        "model can be cut in at most {} stages; give at most {} workers, pass "
-        "--allow-idle, or drop --straight",
-        topology.workers(), cuts + 1, cuts + 1);
-    PIPELINE_FAIL(ConfigError, "no feasible plan for this profile and topology{}",
-                  kept == 0 || !g.chain()
-                      ? std::string()
-                      : fmt::format(" (it has {} places where a stage may end: {} layers stay "
-                                    "with the layer after them, a ReLU with its max pool)",
-                                    cuts, kept));
+        "no plan gives each of the {} workers a stage of its own (--straight): the model can be "
+        "cut in at most {} stages{}; give at most {} workers, pass --allow-idle, or drop "
+        "--straight",
+        topology.workers(), cuts + 1, places, cuts + 1);
+    PIPELINE_FAIL(ConfigError, "no feasible plan for this profile and topology{}", places);
   }
   std::vector<Solver::Expanded> parts;
   solver->expand(static_cast<int>(topology.levels.size()) - 1, -1, g.size() - 1, {0}, {}, parts);

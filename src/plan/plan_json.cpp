@@ -294,7 +294,7 @@ Plan read_plan(const std::string& path) {
 }
 
 void write_plan(const Plan& plan, const std::string& path) {
-  detail::write_file_atomically(path, plan_to_json(plan).dump(1) + '\n');
+  detail::write_file_atomically(path, detail::dump_format_first(plan_to_json(plan)));
 }
 
 }  // namespace pipeline

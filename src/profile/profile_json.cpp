@@ -366,7 +366,7 @@ Profile read_profile(const std::string& path) {
 
 void write_profile(const Profile& profile, const std::string& path) {
   validate_profile(profile, path);
-  detail::write_file_atomically(path, profile_to_json(profile).dump(1) + '\n');
+  detail::write_file_atomically(path, detail::dump_format_first(profile_to_json(profile)));
 }
 
 }  // namespace pipeline

@@ -7,6 +7,9 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 namespace test_plan_json {
@@ -48,6 +51,18 @@ TEST_CASE("plan.json round trip") {
   CHECK(p.stages[0].ranks == std::vector<int>{0, 1});
   CHECK(p.predicted.peak_memory_bytes.back() == 5000000000);
   const Plan q = parse_plan(plan_to_json(p).dump(), "again");
+  {  // written with its format line first, and read back the same
+    const std::string path =
+        (std::filesystem::temp_directory_path() / "pipeline_test_plan_format.json").string();
+    write_plan(p, path);
+    std::ifstream in(path);
+    std::string first, second;
+    std::getline(in, first);
+    std::getline(in, second);
+    CHECK(second == " \"format\": \"pipeline.plan/1\",");
+    CHECK(plan_to_json(read_plan(path)) == plan_to_json(p));
+    std::remove(path.c_str());
+  }
   CHECK(q.stages[1].begin == 2);
   CHECK(q.stages[1].end == 5);
   CHECK(q.predicted.peak_memory_bytes == p.predicted.peak_memory_bytes);

@@ -75,6 +75,13 @@ TEST_CASE("profile.json round trip keeps every field") {
   p.runtime_bytes = 32 << 20;
   std::string path = temp_path("roundtrip.json");
   write_profile(p, path);
+  {  // the format line first, as the file formats promise, before the sorted keys
+    std::ifstream in(path);
+    std::string first, second;
+    std::getline(in, first);
+    std::getline(in, second);
+    CHECK(second.rfind(" \"format\": \"pipeline.profile/", 0) == 0);
+  }
   Profile q = read_profile(path);
   REQUIRE(q.size() == 4);
   CHECK(q.model == "dag");

@@ -62,8 +62,8 @@ const CostedPlan& fastest_within_budget(const std::vector<CostedPlan>& candidate
                                         double samples);
 
 // "90s", "45m", "6h", "2d", "1.5h" (a plain number is seconds) -> seconds; ConfigError on
-// anything else, zero or negative.
-double parse_duration(std::string_view text);
+// anything else, a negative duration, or zero unless `allow_zero`.
+double parse_duration(std::string_view text, bool allow_zero = false);
 // Seconds as "42s", "7.5m", "7.4h" or "2.1d" (3 significant digits); round_up: never below the
 // value (for "raise --deadline to ...").
 std::string format_duration(double seconds, bool round_up = false);
