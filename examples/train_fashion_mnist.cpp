@@ -298,6 +298,7 @@ int main(int argc, char** argv) {
   app.add_option("--clip-grad", o.clip_grad, "clip the global gradient norm to this (0: off)")
       ->check(CLI::Range(0.f, 1e9f));
   app.add_option("--seed", o.seed, "seed of initial weights, shuffling and dropout")
+      ->check(examples::non_negative_number())
       ->capture_default_str();
   app.add_flag("--no-shuffle", o.no_shuffle, "visit the training set in file order");
   app.add_option("--threads", o.threads, "CPU threads (default: cores / ranks on this host)")

@@ -239,7 +239,9 @@ int main(int argc, char** argv) {
   app.add_option("--clip-grad", o.clip_grad,
                  "global gradient-norm clip (0: off; ignored by 1f1b-stash)")
       ->check(CLI::Range(0.f, 1e9f));
-  app.add_option("--seed", o.seed, "seed of weights, shuffling and dropout")->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of weights, shuffling and dropout")
+      ->check(examples::non_negative_number())
+      ->capture_default_str();
   app.add_option("--threads", o.threads, "CPU threads per rank")->check(CLI::Range(1, 1024));
   app.add_option("--seq-len", o.seq_len, "context length in bytes")
       ->check(CLI::Range(2L, 4096L))

@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
   app.add_option("--repeat", opt.repeat,
                  "timed runs per measurement; medians over these (default 10)");
   app.add_option("--threads", threads, "CPU threads (default: the machine's cores)");
-  app.add_option("--seed", opt.seed, "seed of parameters and inputs");
+  app.add_option("--seed", opt.seed, "seed of parameters and inputs")
+      ->check(pipeline::examples::non_negative_number());
   app.add_flag("--no-split", no_split, "skip the separate input- and weight-gradient measurements");
   app.add_option("--layers-per-pass", opt.layers_per_pass,
                  "profile the layers this many at a time, each group in passes of its own (a "

@@ -216,7 +216,8 @@ int run(int argc, char** argv) {
                  "coefficient of variation of a lognormal factor (mean 1) on every compute "
                  "action's time (default 0: none)")
       ->check(pipeline::examples::non_negative_number());
-  app.add_option("--seed", seed, "seed of the jitter (default 0)");
+  app.add_option("--seed", seed, "seed of the jitter (default 0)")
+      ->check(pipeline::examples::non_negative_number());
   int cores = 0;
   app.add_option("--cores", cores,
                  "CPU cores the ranks share (one host, e.g. mpirun --oversubscribe): with fewer "
