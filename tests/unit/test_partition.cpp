@@ -256,12 +256,7 @@ TEST_CASE("deterministic ties and manual stages") {
 }
 
 TEST_CASE("levels of thousands of workers plan; a level too large to search names the remedy") {
-  Profile p;
-  p.model = "flat";
-  p.batch_size = 1;
-  for (int i = 0; i < 8; ++i)
-    p.layers.push_back(
-        {fmt::format("l{}", i), "X", 0.001, 0.002, 0, 0, 0, 0, 100, 1000, 0, {}, false});
+  const Profile p = testing::uniform_profile(8, 0.001, 0.002, 100, 1000);
   // Past 512 workers a level's search no longer remembers its windows per machine pair.
   const Plan wide = partition(p, Topology{{{3000, 1e10}}, {}});
   int workers = 0;
