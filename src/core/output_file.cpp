@@ -79,11 +79,10 @@ std::string output_path_problem(const std::string& path) {
 namespace pipeline::detail {
 
 OutputFile::OutputFile(std::string path) : m_path(std::move(path)), m_dest(m_path) {
-  PIPELINE_CHECK_AS(IoError, !m_path.empty(), "an output file needs a path");
+  if (const std::string problem = output_path_problem(m_path); !problem.empty())
+    PIPELINE_FAIL(IoError, "{}", problem);
   struct stat st {};
   const bool exists = ::stat(m_path.c_str(), &st) == 0;  // follows links
-  PIPELINE_CHECK_AS(IoError, !exists || !S_ISDIR(st.st_mode),
-                    "cannot write '{}': it is a directory; name a file inside it", m_path);
   if (exists && written_in_place(m_path, st)) {
     m_fd = ::open(m_path.c_str(), O_WRONLY | O_CLOEXEC);
     PIPELINE_CHECK_AS(IoError, m_fd >= 0, "cannot open '{}' for writing: {}", m_path,
