@@ -63,10 +63,10 @@ struct PipelineFlags {
     return plan != nullptr && plan->dtype == "bfloat16" ? DType::BFloat16 : DType::Float32;
   }
   DType wire_dtype(const Plan* plan = nullptr) const {
-    if (transfer_dtype.empty() && plan != nullptr && !plan->transfer_dtype.empty())
+    if (!transfer_dtype.empty()) return transfer_dtype == "bf16" ? DType::BFloat16 : DType::Float32;
+    if (plan != nullptr && !plan->transfer_dtype.empty())
       return plan->transfer_bf16() ? DType::BFloat16 : DType::Float32;
-    if (transfer_dtype.empty()) return compute_dtype(plan);
-    return transfer_dtype == "bf16" ? DType::BFloat16 : DType::Float32;
+    return compute_dtype(plan);
   }
 
   // Where the run trains (parse_device: cpu, cuda, cuda:N).
