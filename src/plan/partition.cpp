@@ -343,7 +343,7 @@ class Solver {
     std::vector<int> first_finite(SM + 1, std::numeric_limits<int>::max());
     // pos[m][mp]: where the window's lower end was for the previous end state (chains only). It
     // grows with the square of the level's count, so a level past kMaxRememberedCount workers
-    // gallops from the previous mp's window instead, as DAGs do (slower, same result).
+    // gallops from the previous mp's window instead, as DAGs do (the same result; faster there).
     const bool remember = m_g.chain() && (m_o.straight || M <= kMaxRememberedCount);
     std::vector<int> pos(!remember ? 0 : m_o.straight ? SM + 1 : (SM + 1) * (SM + 1), s + 1);
     const double cs = s < 0 ? 0.0 : m_g.compute_s[static_cast<std::size_t>(s)];
