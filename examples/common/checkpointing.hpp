@@ -55,9 +55,9 @@ struct CheckpointFlags {
   long every = 0;
   int keep = 2;
   std::string resume;
+  bool cadence_given = false;  // --checkpoint-every or --checkpoint-keep on the command line
 
   // Where new checkpoints go (empty: none are written).
-  bool cadence_given = false;  // --checkpoint-every or --checkpoint-keep on the command line
   std::string output_dir() const { return dir.empty() ? resume : dir; }
   bool writes() const { return !output_dir().empty(); }
 };
