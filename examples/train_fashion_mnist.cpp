@@ -110,7 +110,7 @@ int run(const Options& o) {
     trainer.use_cuda_graphs();
     log_info("CUDA graphs: each batch shape's second step is captured, later ones replay it");
   }
-  const CheckpointRunInfo info = examples::checkpoint_run_info(o.model, trainer.optimizer(), o.seed,
+  const CheckpointRunInfo info = examples::checkpoint_run_info(zoo, trainer.optimizer(), o.seed,
                                                                o.batch, 1, o.pipeline, nullptr);
   const std::int64_t start = examples::resume_if_asked(
       o.checkpoints, info, true, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
@@ -194,8 +194,8 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
       examples::with_injected_slowdown(
           examples::executor_options(o.pipeline, plan, o.seed, o.clip_grad, device), comm.rank()));
   if (!o.load.empty()) load_parameters(o.load, zoo.model, ex.params(), ex.layers());
-  const CheckpointRunInfo info = examples::checkpoint_run_info(
-      o.model, ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline, &plan);
+  const CheckpointRunInfo info = examples::checkpoint_run_info(zoo, ex.optimizer(), o.seed, o.batch,
+                                                               comm.size(), o.pipeline, &plan);
   const std::int64_t start = examples::resume_if_asked(
       o.checkpoints, info, comm.rank() == 0, zoo.model, ex.layers(), ex.params(), ex.optimizer());
   const auto checkpoints = examples::make_checkpointer(

@@ -107,8 +107,8 @@ int run_single(const Options& o) {
     trainer.use_cuda_graphs();
     log_info("CUDA graphs: each batch shape's second step is captured, later ones replay it");
   }
-  const CheckpointRunInfo info = examples::checkpoint_run_info(
-      "transformer-lm", trainer.optimizer(), o.seed, o.batch, 1, o.pipeline, nullptr);
+  const CheckpointRunInfo info = examples::checkpoint_run_info(zoo, trainer.optimizer(), o.seed,
+                                                               o.batch, 1, o.pipeline, nullptr);
   const std::int64_t start = examples::resume_if_asked(
       o.checkpoints, info, true, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
   const auto checkpoints =
@@ -163,8 +163,8 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
           examples::executor_options(o.pipeline, plan, o.seed,
                                      examples::stashes(req) ? 0.f : o.clip_grad, device),
           comm.rank()));
-  const CheckpointRunInfo info = examples::checkpoint_run_info(
-      "transformer-lm", ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline, &plan);
+  const CheckpointRunInfo info = examples::checkpoint_run_info(zoo, ex.optimizer(), o.seed, o.batch,
+                                                               comm.size(), o.pipeline, &plan);
   const std::int64_t start = examples::resume_if_asked(
       o.checkpoints, info, comm.rank() == 0, zoo.model, ex.layers(), ex.params(), ex.optimizer());
   const auto checkpoints = examples::make_checkpointer(

@@ -205,6 +205,10 @@ foreach(_case bitwise-sequential bitwise-gpipe bitwise-1f1b-flush stash replan s
   set_tests_properties(example.checkpoint.${_case} PROPERTIES LABELS "example;mpi" PROCESSORS 2
                        TIMEOUT 300)
 endforeach()
+if(TARGET train_transformer_lm AND EXISTS /usr/share/games/fortunes/fortunes)
+  set_tests_properties(example.checkpoint.refused PROPERTIES
+                       ENVIRONMENT "TRAIN_TRANSFORMER_LM=$<TARGET_FILE:train_transformer_lm>")
+endif()
 
 if(TARGET train_transformer_lm AND EXISTS /usr/share/games/fortunes/fortunes)
   add_test(NAME example.train_transformer_lm.smoke

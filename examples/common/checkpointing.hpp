@@ -20,6 +20,7 @@
 #include <pipeline/core/log.hpp>
 #include <pipeline/data/device_prefetch.hpp>
 #include <pipeline/data/loader.hpp>
+#include <pipeline/nn/zoo.hpp>
 #include <pipeline/optim/lr_schedule.hpp>
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/runtime/checkpoint.hpp>
@@ -79,11 +80,12 @@ inline void add_checkpoint_flags(CLI::App& app, CheckpointFlags& flags) {
 }
 
 // What a run records in its checkpoints and checks on resume; `plan` is null for one process.
-inline CheckpointRunInfo checkpoint_run_info(const std::string& model, const Optimizer& optimizer,
+inline CheckpointRunInfo checkpoint_run_info(const ZooModel& zoo, const Optimizer& optimizer,
                                              std::uint64_t seed, std::int64_t batch_size,
                                              int world_size, const PipelineFlags& flags,
                                              const Plan* plan) {
-  return {.model = model,
+  return {.model = zoo.model.name(),
+          .architecture = zoo.architecture,
           .schedule = plan ? schedule_name(flags, *plan) : "sequential",
           .optimizer = optimizer.kind(),
           .seed = seed,

@@ -43,7 +43,11 @@ ZooModel image_model(std::string_view model, ZooOptions& o, std::int64_t default
   return ZooModel{Sequential(std::string(model)),
                   {o.channels, o.image_size, o.image_size},
                   DType::Float32,
-                  o.num_classes};
+                  o.num_classes,
+                  {{"channels", o.channels},
+                   {"image_size", o.image_size},
+                   {"num_classes", o.num_classes},
+                   {"width", o.width}}};
 }
 
 ZooModel mlp(ZooOptions o) {
@@ -129,7 +133,15 @@ ZooModel transformer_lm(const ZooOptions& o) {
                     o.vocab, o.seq_len, o.dim, o.blocks);
   PIPELINE_CHECK_AS(ConfigError, o.heads >= 1 && o.dim % o.heads == 0,
                     "transformer-lm: dim {} must be divisible by heads {}", o.dim, o.heads);
-  ZooModel z{Sequential("transformer-lm"), {o.seq_len}, DType::Int32, o.vocab};
+  ZooModel z{Sequential("transformer-lm"),
+             {o.seq_len},
+             DType::Int32,
+             o.vocab,
+             {{"vocab", o.vocab},
+              {"seq_len", o.seq_len},
+              {"dim", o.dim},
+              {"heads", o.heads},
+              {"blocks", o.blocks}}};
   z.model.emplace<Embedding>("embed", o.vocab, o.dim, o.seq_len);
   for (std::int64_t b = 0; b < o.blocks; ++b)
     z.model.emplace<TransformerBlock>(fmt::format("block{}", b + 1), o.dim, o.heads, 4, o.dropout);

@@ -43,6 +43,7 @@ nlohmann::ordered_json manifest_to_json(const CheckpointManifest& m) {
   return {{"format", CheckpointManifest::kFormat},
           {"step", m.step},
           {"model", m.model},
+          {"architecture", nlohmann::ordered_json::parse(m.architecture.dump())},
           {"world_size", m.world_size},
           {"schedule", m.schedule},
           {"optimizer", m.optimizer},
@@ -163,6 +164,11 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
   CheckpointManifest m;
   m.step = top.integer("step", 0, kMaxI64);
   m.model = top.string("model");
+  if (j.contains("architecture")) m.architecture = j.at("architecture");
+  PIPELINE_CHECK_AS(ConfigError, m.architecture.is_null() || m.architecture.is_object(),
+                    "checkpoint manifest '{}': 'architecture' must be an object of the model's "
+                    "options or null",
+                    origin);
   m.world_size = static_cast<int>(top.integer("world_size", 1, 1 << 20));
   m.schedule = top.string("schedule");
   m.optimizer = top.string("optimizer");
@@ -514,6 +520,7 @@ void Checkpointer::start_manifest(InFlight& f) {
   CheckpointManifest m;
   m.step = f.step;
   m.model = m_info.model;
+  m.architecture = m_info.architecture;
   m.world_size = m_info.world_size;
   m.schedule = m_info.schedule;
   m.optimizer = m_info.optimizer;
@@ -597,6 +604,19 @@ void check_resume_compatible(const CheckpointManifest& m, const CheckpointRunInf
                     "the checkpoint is of model '{}' but this run trains '{}': resume with the "
                     "model it was written for (--model {})",
                     m.model, run.model, m.model);
+  if (m.architecture.is_object() && run.architecture.is_object()) {
+    // The first option that differs, named as the trainers' flag for it (seq_len: --seq-len).
+    for (const auto& [option, value] : m.architecture.items()) {
+      const nlohmann::json& ours =
+          run.architecture.contains(option) ? run.architecture.at(option) : nlohmann::json();
+      std::string flag = "--" + option;
+      std::replace(flag.begin(), flag.end(), '_', '-');
+      PIPELINE_CHECK_AS(ConfigError, ours == value,
+                        "the checkpoint is of {} with {} {} but this run builds it with {} {}: "
+                        "resume with {} {}",
+                        m.model, flag, value.dump(), flag, ours.dump(), flag, value.dump());
+    }
+  }
   PIPELINE_CHECK_AS(
       ConfigError, m.seed == run.seed,
       "the checkpoint was written by a run with --seed {} but this run has --seed "

@@ -26,7 +26,8 @@
 #                       --steps), single-process and on 2 ranks: it trains nothing, says so,
 #                       scores what the job scored and leaves its checkpoint as it was
 #   refused             resuming with another seed, batch, optimizer or model, from a corrupt
-#                       shard, or from a file, fails with the problem and the fix named
+#                       shard, or from a file, fails with the problem and the fix named; with
+#                       TRAIN_TRANSFORMER_LM set (its binary), also another --heads
 # Exits non-zero with a message on the first failed check.
 set -euo pipefail
 
@@ -257,7 +258,15 @@ run_refused() {
     --checkpoint-dir "$work/a.log/sub"
   printf 'x' | dd of="$work/a/step-000000010/stage-0.safetensors" bs=1 seek=100 conv=notrunc 2> /dev/null
   expect_refusal "stage-0.safetensors' is corrupt.*CRC-32" "${resume[@]}" --model mlp
-  echo "resuming with another seed, batch, optimizer or model, from a corrupt shard or a file: refused, naming the fix"
+  # transformer-lm with other heads has the same tensor shapes: the recorded architecture tells.
+  if [[ -n ${TRAIN_TRANSFORMER_LM:-} ]]; then
+    local lm=("$TRAIN_TRANSFORMER_LM" --threads 1 --dim 32 --blocks 1 --seq-len 16)
+    "${lm[@]}" --heads 4 --steps 2 --checkpoint-dir "$work/lm" > "$work/lm.log" 2>&1 ||
+      { cat "$work/lm.log"; fail "the transformer-lm run failed"; }
+    expect_refusal "with --heads 4 but this run builds it with --heads 2: resume with --heads 4" \
+      "${lm[@]}" --heads 2 --steps 4 --resume "$work/lm"
+  fi
+  echo "resuming with another seed, batch, optimizer, model or architecture, from a corrupt shard or a file: refused, naming the fix"
 }
 
 run_finished() {

@@ -47,7 +47,11 @@ struct Trained {
 };
 
 CheckpointRunInfo info_for(const Trained& t, int world = 1) {
-  return {.model = t.zoo.model.name(), .optimizer = "adamw", .seed = 3, .batch_size = 32,
+  return {.model = t.zoo.model.name(),
+          .architecture = t.zoo.architecture,
+          .optimizer = "adamw",
+          .seed = 3,
+          .batch_size = 32,
           .world_size = world};
 }
 
@@ -95,6 +99,7 @@ TEST_CASE("checkpoint manifest: round trip and malformed manifests") {
   CheckpointManifest m;
   m.step = 12;
   m.model = "mlp";
+  m.architecture = {{"channels", 1}, {"width", 0.5}};
   m.world_size = 2;
   m.schedule = "1f1b-flush";
   m.optimizer = "adamw";
@@ -109,6 +114,7 @@ TEST_CASE("checkpoint manifest: round trip and malformed manifests") {
   CHECK(back.step == 12);
   CHECK(back.seed == m.seed);
   CHECK(back.plan == m.plan);
+  CHECK(back.architecture == m.architecture);
   REQUIRE(back.shards.size() == 2);
   CHECK(back.shards[0].crc32 == 0xdeadbeef);
   CHECK(back.shards[0].tensors[0].shape == Shape{10});
@@ -133,6 +139,11 @@ TEST_CASE("checkpoint manifest: round trip and malformed manifests") {
         std::string::npos);
   CHECK(message_of([] { parse_checkpoint_manifest("{\"format\":", "m.json"); }).find("not valid JSON") !=
         std::string::npos);
+  CHECK(broken([](auto& j) { j["architecture"] = 3; }).find("'architecture'") != std::string::npos);
+  // Manifests written before the architecture was recorded still parse; a resume checks less.
+  nlohmann::json old = nlohmann::json::parse(text);
+  old.erase("architecture");
+  CHECK(parse_checkpoint_manifest(old.dump(), "m.json").architecture.is_null());
 }
 
 TEST_CASE("checkpoint: single process, written and restored exactly (parameters and optimizer)") {
@@ -231,7 +242,7 @@ TEST_CASE("checkpoint: corrupt shards and manifests are rejected, naming the fil
     CHECK(message_of([&] { find_latest_checkpoint(dir.path.string()); }).find(manifest) !=
           std::string::npos);
   }
-  SUBCASE("resume checks: model, seed, batch, optimizer") {
+  SUBCASE("resume checks: model, architecture, seed, batch, optimizer") {
     const auto c = find_latest_checkpoint(dir.path.string());
     CheckpointRunInfo run = info_for(t);
     run.seed = 4;
@@ -245,6 +256,16 @@ TEST_CASE("checkpoint: corrupt shards and manifests are rejected, naming the fil
     run.optimizer = "sgd";
     CHECK(message_of([&] { check_resume_compatible(c->manifest, run); }).find("--optimizer adamw") !=
           std::string::npos);
+    // Options that give the same tensor shapes (transformer-lm's heads) are caught by the
+    // recorded architecture, named as the trainers' flag.
+    run = info_for(t);
+    run.architecture["image_size"] = 32;
+    CHECK(message_of([&] { check_resume_compatible(c->manifest, run); })
+              .find("with --image-size 28 but this run builds it with --image-size 32: resume "
+                    "with --image-size 28") != std::string::npos);
+    CheckpointManifest older = c->manifest;
+    older.architecture = nullptr;
+    check_resume_compatible(older, run);
   }
 }
 

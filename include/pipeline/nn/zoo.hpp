@@ -12,6 +12,8 @@
 #include <pipeline/core/dtype.hpp>
 #include <pipeline/nn/sequential.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,6 +41,12 @@ struct ZooModel {
   Shape sample_shape;  // one sample's input shape, without the batch dimension
   DType input_dtype = DType::Float32;
   std::int64_t num_classes = 0;  // classes, or vocabulary size for language models
+
+  // The options that define this model, as resolved (defaults filled in), by option name:
+  // {"channels": 1, "image_size": 28, "num_classes": 10, "width": 1} for image models, {"vocab",
+  // "seq_len", "dim", "heads", "blocks"} for transformer-lm. Checkpoints record it so that a
+  // resume under other options that happen to give the same tensor shapes (heads) is refused.
+  nlohmann::ordered_json architecture;
 
   // The shape of a batch of `batch` inputs: {batch, sample_shape...}.
   Shape input_shape(std::int64_t batch) const { return sample_shape.batched(batch); }

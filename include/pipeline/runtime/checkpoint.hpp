@@ -52,6 +52,7 @@ struct CheckpointOptions {
 // What a run records about itself in every manifest (and what a resume checks it against).
 struct CheckpointRunInfo {
   std::string model;
+  nlohmann::json architecture;  // ZooModel::architecture (null: not checked)
   std::string schedule = "sequential";
   std::string optimizer;
   std::uint64_t seed = 0;

@@ -6,6 +6,7 @@
 // job that dies while writing leaves a directory without one, which resume skips.
 //
 //   {"format": "pipeline.checkpoint/1", "step": 200, "model": "fashion-cnn",
+//    "architecture": {"channels": 1, "image_size": 28, "num_classes": 10, "width": 1},
 //    "world_size": 4, "schedule": "1f1b-flush", "optimizer": "adamw", "seed": 1,
 //    "batch_size": 64, "weight_versions": 1, "plan": {...plan.json...} or null,
 //    "shards": [{"file": "stage-0.safetensors", "stage": 0, "layers": [0, 4],
@@ -54,6 +55,7 @@ struct CheckpointManifest {
 
   std::int64_t step = 0;
   std::string model;
+  nlohmann::json architecture;  // ZooModel::architecture; null in manifests written before it
   int world_size = 1;
   std::string schedule;   // "sequential" for a single-process run
   std::string optimizer;  // Optimizer::kind()
