@@ -30,6 +30,53 @@ Tensor random(Shape s, std::uint64_t seed) {
 float at(const Tensor& t, std::int64_t i, std::int64_t j, bool trans) {
   return trans ? t.data<float>()[j * t.dim(1) + i] : t.data<float>()[i * t.dim(1) + j];
 }
+
+// op(A) · op(B) in double, with the sum of its terms' magnitudes (the scale of each element's
+// rounding): A's rows and B's columns gathered first so that the inner loop runs over contiguous
+// memory (the sanitizer builds run it too).
+struct ExactProduct {
+  std::int64_t m, n;
+  std::vector<double> value, size;
+
+  ExactProduct(const Tensor& a, bool ta, const Tensor& b, bool tb)
+      : m(ta ? a.dim(1) : a.dim(0)), n(tb ? b.dim(0) : b.dim(1)) {
+    const std::int64_t k = ta ? a.dim(0) : a.dim(1);
+    std::vector<double> rows(static_cast<std::size_t>(m * k)),
+        cols(static_cast<std::size_t>(n * k));
+    for (std::int64_t p = 0; p < k; ++p) {
+      for (std::int64_t i = 0; i < m; ++i) rows[i * k + p] = at(a, i, p, ta);
+      for (std::int64_t j = 0; j < n; ++j) cols[j * k + p] = at(b, p, j, tb);
+    }
+    value.resize(static_cast<std::size_t>(m * n));
+    size.resize(value.size());
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        const double* x = &rows[i * k];
+        const double* y = &cols[j * k];
+        double sum = 0, magnitude = 0;
+        for (std::int64_t p = 0; p < k; ++p) {
+          sum += x[p] * y[p];
+          magnitude += std::abs(x[p] * y[p]);
+        }
+        value[i * n + j] = sum;
+        size[i * n + j] = magnitude;
+      }
+  }
+
+  // The largest error of c = alpha · op(A) · op(B) + beta · c0, relative to each element's scale
+  // (1 for a NaN: an element the product left unwritten).
+  double worst_error(const Tensor& c, float alpha, float beta, const Tensor& c0) const {
+    const float* got = c.data<float>();
+    const float* before = c0.data<float>();
+    double worst = 0;
+    for (std::int64_t e = 0; e < m * n; ++e) {
+      const double ref = alpha * value[e] + beta * before[e];
+      const double err = std::abs(got[e] - ref) / (std::abs(alpha) * size[e] + 1);
+      worst = std::max(worst, std::isnan(err) ? 1.0 : err);
+    }
+    return worst;
+  }
+};
 }  // namespace
 
 TEST_CASE("gemm matches the naive triple loop for every transpose and beta") {
@@ -72,19 +119,7 @@ TEST_CASE("products split over threads, by rows or by columns, equal the naive t
           CAPTURE(threads);
           CAPTURE(s.m);
           CAPTURE(s.n);
-          double worst = 0;
-          for (std::int64_t i = 0; i < s.m; ++i)
-            for (std::int64_t j = 0; j < s.n; ++j) {
-              double ref = 0, size = 0;
-              for (std::int64_t p = 0; p < s.k; ++p) {
-                ref += static_cast<double>(at(a, i, p, ta)) * at(b, p, j, tb);
-                size += std::abs(static_cast<double>(at(a, i, p, ta)) * at(b, p, j, tb));
-              }
-              ref = 0.5 * ref + c0.data<float>()[i * s.n + j];
-              const double err = std::abs(c.data<float>()[i * s.n + j] - ref) / (0.5 * size + 1);
-              worst = std::max(worst, err);
-            }
-          CHECK(worst < 1e-6);
+          CHECK(ExactProduct(a, ta, b, tb).worst_error(c, 0.5f, 1.f, c0) < 1e-6);
         }
   set_num_threads(was);
 }
@@ -151,28 +186,8 @@ namespace {
 // the thread count), the same bits on both.
 void check_short_product(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c0) {
   const int was = num_threads();
-  const std::int64_t m = c0.dim(0), n = c0.dim(1), k = ta ? a.dim(0) : a.dim(1);
-  // The exact product and the sum of its terms' magnitudes, once for both betas: A's rows and
-  // B's columns gathered first so that the reference's inner loop runs over contiguous memory
-  // (the sanitizer builds run it too).
-  std::vector<double> rows(static_cast<std::size_t>(m * k)), cols(static_cast<std::size_t>(n * k));
-  for (std::int64_t p = 0; p < k; ++p) {
-    for (std::int64_t i = 0; i < m; ++i) rows[i * k + p] = at(a, i, p, ta);
-    for (std::int64_t j = 0; j < n; ++j) cols[j * k + p] = at(b, p, j, tb);
-  }
-  std::vector<double> product(static_cast<std::size_t>(m * n)), size(product.size());
-  for (std::int64_t i = 0; i < m; ++i)
-    for (std::int64_t j = 0; j < n; ++j) {
-      const double* x = &rows[i * k];
-      const double* y = &cols[j * k];
-      double sum = 0, magnitude = 0;
-      for (std::int64_t p = 0; p < k; ++p) {
-        sum += x[p] * y[p];
-        magnitude += std::abs(x[p] * y[p]);
-      }
-      product[i * n + j] = sum;
-      size[i * n + j] = magnitude;
-    }
+  const std::int64_t m = c0.dim(0), n = c0.dim(1);
+  const ExactProduct exact(a, ta, b, tb);
   for (const float beta : {0.f, 1.f}) {
     CAPTURE(beta);
     Tensor first;
@@ -186,15 +201,7 @@ void check_short_product(const Tensor& a, bool ta, const Tensor& b, bool tb, con
         continue;
       }
       first = c;
-      const float* got = c.data<float>();
-      const float* was_c = c0.data<float>();
-      double worst = 0;
-      for (std::int64_t e = 0; e < m * n; ++e) {
-        const double ref = 0.5 * product[e] + beta * was_c[e];
-        const double err = std::abs(got[e] - ref) / (0.5 * size[e] + 1);
-        worst = std::max(worst, std::isnan(err) ? 1.0 : err);
-      }
-      CHECK(worst < 1e-6);
+      CHECK(exact.worst_error(c, 0.5f, beta, c0) < 1e-6);
     }
   }
   set_num_threads(was);
