@@ -44,9 +44,9 @@ ZooModel image_model(std::string_view model, ZooOptions& o, std::int64_t default
                   {o.channels, o.image_size, o.image_size},
                   DType::Float32,
                   o.num_classes,
-                  {{"channels", o.channels},
-                   {"image_size", o.image_size},
-                   {"num_classes", o.num_classes},
+                  {{"channels", static_cast<double>(o.channels)},
+                   {"image_size", static_cast<double>(o.image_size)},
+                   {"num_classes", static_cast<double>(o.num_classes)},
                    {"width", o.width}}};
 }
 
@@ -137,11 +137,11 @@ ZooModel transformer_lm(const ZooOptions& o) {
              {o.seq_len},
              DType::Int32,
              o.vocab,
-             {{"vocab", o.vocab},
-              {"seq_len", o.seq_len},
-              {"dim", o.dim},
-              {"heads", o.heads},
-              {"blocks", o.blocks}}};
+             {{"vocab", static_cast<double>(o.vocab)},
+              {"seq_len", static_cast<double>(o.seq_len)},
+              {"dim", static_cast<double>(o.dim)},
+              {"heads", static_cast<double>(o.heads)},
+              {"blocks", static_cast<double>(o.blocks)}}};
   z.model.emplace<Embedding>("embed", o.vocab, o.dim, o.seq_len);
   for (std::int64_t b = 0; b < o.blocks; ++b)
     z.model.emplace<TransformerBlock>(fmt::format("block{}", b + 1), o.dim, o.heads, 4, o.dropout);

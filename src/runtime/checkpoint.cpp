@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -25,6 +26,23 @@ namespace fs = std::filesystem;
 namespace pipeline {
 
 // --- manifest ----------------------------------------------------------------------------------
+
+namespace {
+
+// {"option": value, ...}, whole numbers written as integers.
+nlohmann::ordered_json architecture_to_json(
+    const std::vector<std::pair<std::string, double>>& options) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [option, value] : options) {
+    if (value == std::trunc(value) && std::abs(value) < 0x1p53)
+      j[option] = static_cast<std::int64_t>(value);
+    else
+      j[option] = value;
+  }
+  return j;
+}
+
+}  // namespace
 
 nlohmann::ordered_json manifest_to_json(const CheckpointManifest& m) {
   nlohmann::ordered_json shards = nlohmann::ordered_json::array();
@@ -43,7 +61,7 @@ nlohmann::ordered_json manifest_to_json(const CheckpointManifest& m) {
   return {{"format", CheckpointManifest::kFormat},
           {"step", m.step},
           {"model", m.model},
-          {"architecture", nlohmann::ordered_json::parse(m.architecture.dump())},
+          {"architecture", architecture_to_json(m.architecture)},
           {"world_size", m.world_size},
           {"schedule", m.schedule},
           {"optimizer", m.optimizer},
@@ -164,11 +182,17 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
   CheckpointManifest m;
   m.step = top.integer("step", 0, kMaxI64);
   m.model = top.string("model");
-  if (j.contains("architecture")) m.architecture = j.at("architecture");
-  PIPELINE_CHECK_AS(ConfigError, m.architecture.is_null() || m.architecture.is_object(),
-                    "checkpoint manifest '{}': 'architecture' must be an object of the model's "
-                    "options or null",
-                    origin);
+  if (j.contains("architecture")) {
+    const nlohmann::json& a = j.at("architecture");
+    const bool numbers = a.is_object() && std::all_of(a.begin(), a.end(),
+                                                      [](const auto& v) { return v.is_number(); });
+    PIPELINE_CHECK_AS(ConfigError, numbers,
+                      "checkpoint manifest '{}': 'architecture' must be an object of the model's "
+                      "options and their numbers",
+                      origin);
+    for (const auto& [option, value] : a.items())
+      m.architecture.emplace_back(option, value.get<double>());
+  }
   m.world_size = static_cast<int>(top.integer("world_size", 1, 1 << 20));
   m.schedule = top.string("schedule");
   m.optimizer = top.string("optimizer");
@@ -604,18 +628,18 @@ void check_resume_compatible(const CheckpointManifest& m, const CheckpointRunInf
                     "the checkpoint is of model '{}' but this run trains '{}': resume with the "
                     "model it was written for (--model {})",
                     m.model, run.model, m.model);
-  if (m.architecture.is_object() && run.architecture.is_object()) {
-    // The first option that differs, named as the trainers' flag for it (seq_len: --seq-len).
-    for (const auto& [option, value] : m.architecture.items()) {
-      const nlohmann::json& ours =
-          run.architecture.contains(option) ? run.architecture.at(option) : nlohmann::json();
-      std::string flag = "--" + option;
-      std::replace(flag.begin(), flag.end(), '_', '-');
-      PIPELINE_CHECK_AS(ConfigError, ours == value,
-                        "the checkpoint is of {} with {} {} but this run builds it with {} {}: "
-                        "resume with {} {}",
-                        m.model, flag, value.dump(), flag, ours.dump(), flag, value.dump());
-    }
+  // The first recorded option that differs, named as the trainers' flag for it (seq_len:
+  // --seq-len). Manifests written before the architecture was recorded have none to compare.
+  for (const auto& [option, value] : m.architecture) {
+    const auto ours = std::find_if(run.architecture.begin(), run.architecture.end(),
+                                   [&](const auto& o) { return o.first == option; });
+    if (ours == run.architecture.end()) continue;
+    std::string flag = "--" + option;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    PIPELINE_CHECK_AS(ConfigError, ours->second == value,
+                      "the checkpoint is of {} with {} {} but this run builds it with {} {}: "
+                      "resume with {} {}",
+                      m.model, flag, value, flag, ours->second, flag, value);
   }
   PIPELINE_CHECK_AS(
       ConfigError, m.seed == run.seed,

@@ -99,7 +99,7 @@ TEST_CASE("checkpoint manifest: round trip and malformed manifests") {
   CheckpointManifest m;
   m.step = 12;
   m.model = "mlp";
-  m.architecture = {{"channels", 1}, {"width", 0.5}};
+  m.architecture = {{"channels", 1}, {"width", 0.5}};  // the order in which they come back
   m.world_size = 2;
   m.schedule = "1f1b-flush";
   m.optimizer = "adamw";
@@ -139,11 +139,14 @@ TEST_CASE("checkpoint manifest: round trip and malformed manifests") {
         std::string::npos);
   CHECK(message_of([] { parse_checkpoint_manifest("{\"format\":", "m.json"); }).find("not valid JSON") !=
         std::string::npos);
+  CHECK(text.find("\"architecture\":{\"channels\":1,\"width\":0.5}") != std::string::npos);
   CHECK(broken([](auto& j) { j["architecture"] = 3; }).find("'architecture'") != std::string::npos);
+  CHECK(broken([](auto& j) { j["architecture"]["width"] = "wide"; }).find("'architecture'") !=
+        std::string::npos);
   // Manifests written before the architecture was recorded still parse; a resume checks less.
   nlohmann::json old = nlohmann::json::parse(text);
   old.erase("architecture");
-  CHECK(parse_checkpoint_manifest(old.dump(), "m.json").architecture.is_null());
+  CHECK(parse_checkpoint_manifest(old.dump(), "m.json").architecture.empty());
 }
 
 TEST_CASE("checkpoint: single process, written and restored exactly (parameters and optimizer)") {
@@ -259,12 +262,13 @@ TEST_CASE("checkpoint: corrupt shards and manifests are rejected, naming the fil
     // Options that give the same tensor shapes (transformer-lm's heads) are caught by the
     // recorded architecture, named as the trainers' flag.
     run = info_for(t);
-    run.architecture["image_size"] = 32;
+    for (auto& [option, value] : run.architecture)
+      if (option == "image_size") value = 32;
     CHECK(message_of([&] { check_resume_compatible(c->manifest, run); })
               .find("with --image-size 28 but this run builds it with --image-size 32: resume "
                     "with --image-size 28") != std::string::npos);
     CheckpointManifest older = c->manifest;
-    older.architecture = nullptr;
+    older.architecture.clear();
     check_resume_compatible(older, run);
   }
 }

@@ -12,10 +12,9 @@
 #include <pipeline/core/dtype.hpp>
 #include <pipeline/nn/sequential.hpp>
 
-#include <nlohmann/json.hpp>
-
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace pipeline {
@@ -43,10 +42,10 @@ struct ZooModel {
   std::int64_t num_classes = 0;  // classes, or vocabulary size for language models
 
   // The options that define this model, as resolved (defaults filled in), by option name:
-  // {"channels": 1, "image_size": 28, "num_classes": 10, "width": 1} for image models, {"vocab",
-  // "seq_len", "dim", "heads", "blocks"} for transformer-lm. Checkpoints record it so that a
-  // resume under other options that happen to give the same tensor shapes (heads) is refused.
-  nlohmann::ordered_json architecture;
+  // channels, image_size, num_classes, width for image models; vocab, seq_len, dim, heads, blocks
+  // for transformer-lm. Checkpoints record them so that a resume under other options that happen
+  // to give the same tensor shapes (heads) is refused.
+  std::vector<std::pair<std::string, double>> architecture;
 
   // The shape of a batch of `batch` inputs: {batch, sample_shape...}.
   Shape input_shape(std::int64_t batch) const { return sample_shape.batched(batch); }

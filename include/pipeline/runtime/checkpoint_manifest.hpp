@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pipeline {
@@ -55,7 +56,8 @@ struct CheckpointManifest {
 
   std::int64_t step = 0;
   std::string model;
-  nlohmann::json architecture;  // ZooModel::architecture; null in manifests written before it
+  // ZooModel::architecture (empty in manifests written before it was recorded).
+  std::vector<std::pair<std::string, double>> architecture;
   int world_size = 1;
   std::string schedule;   // "sequential" for a single-process run
   std::string optimizer;  // Optimizer::kind()
