@@ -632,7 +632,7 @@ void check_resume_compatible(const CheckpointManifest& m, const CheckpointRunInf
   // --seq-len). Manifests written before the architecture was recorded have none to compare.
   for (const auto& [option, value] : m.architecture) {
     const auto ours = std::find_if(run.architecture.begin(), run.architecture.end(),
-                                   [&](const auto& o) { return o.first == option; });
+                                   [name = &option](const auto& o) { return o.first == *name; });
     if (ours == run.architecture.end()) continue;
     std::string flag = "--" + option;
     std::replace(flag.begin(), flag.end(), '_', '-');
