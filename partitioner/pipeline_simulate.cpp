@@ -263,6 +263,16 @@ int run(int argc, char** argv) {
   PIPELINE_CHECK_AS(ConfigError, !plan_path.empty(),
                     "--plan is required (but with --availability, which plans by itself)");
   Plan plan = read_plan(plan_path);
+  PIPELINE_CHECK_AS(ConfigError,
+                    plan.model.empty() || profile.model.empty() || plan.model == profile.model,
+                    "{}: the plan is for model '{}' but the profile is of '{}': give the profile "
+                    "the plan was made from",
+                    plan_path, plan.model, profile.model);
+  if (const auto d = first_difference(plan.architecture, profile.architecture))
+    PIPELINE_FAIL(ConfigError,
+                  "{}: the plan was made for {} with {} {} but the profile is of it with {} {}: "
+                  "give the profile the plan was made from",
+                  plan_path, plan.model, d->flag, d->recorded, d->flag, d->ours);
   if (!transfer_dtype_given && !plan.transfer_dtype.empty())  // the plan's costs assume it
     transfer_dtype = plan.transfer_bf16() ? "bf16" : "float32";
   for (const PlanStage& st : plan.stages)

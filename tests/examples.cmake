@@ -154,6 +154,14 @@ add_test(NAME example.in_process
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/in_process_scenario.sh ${_train} ${_lm}
                  ${_plans} ${_mpirun})
 set_tests_properties(example.in_process PROPERTIES LABELS "example;mpi" PROCESSORS 2 TIMEOUT 300)
+# A plan records the options of the model it was profiled as: one made for --dim 32 is refused for a
+# --dim 64 model (same layers; the partition and memory estimate are another model's).
+if(NOT _lm STREQUAL "-")
+  pipeline_expect_failure(plan_of_another_architecture
+                          "plan was made for transformer-lm with --dim 32 but this run builds it with --dim 64: train with --dim 32"
+                          ${_lm} --in-process --plan ${_plans}/transformer_lm_dim32_2.json --dim 64
+                          --blocks 1 --seq-len 16 --steps 1 --threads 1)
+endif()
 pipeline_expect_failure(in_process_without_plan "--in-process runs the stages of a plan"
                         ${_train} --in-process --steps 1)
 pipeline_expect_failure(profile_without_plan "--profile names the profile --plan was made from"

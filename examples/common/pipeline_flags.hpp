@@ -256,13 +256,15 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
     if (profile != nullptr && !flags.profile.empty()) {
       *profile = read_profile(flags.profile);
       const Profile& p = **profile;
-      PIPELINE_CHECK_AS(ConfigError, p.size() == zoo.model.size() && p.model == plan.model,
+      PIPELINE_CHECK_AS(ConfigError,
+                        p.size() == zoo.model.size() && p.model == plan.model &&
+                            !first_difference(p.architecture, plan.architecture),
                         "--profile {} is of {} ({} layers) but --plan is for {} ({} layers): give "
                         "the profile the plan was made from",
                         flags.profile, p.model, p.size(), plan.model, zoo.model.size());
     }
   }
-  check_plan_for_job(plan, zoo.model, comm.size());
+  check_plan_for_job(plan, zoo, comm.size());
   if (comm.rank() == 0) log_precision(flags, &plan);
   return plan;
 }

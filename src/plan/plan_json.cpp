@@ -1,6 +1,7 @@
 #include <pipeline/plan/plan_json.hpp>
 
 #include <pipeline/core/error.hpp>
+#include <pipeline/nn/architecture.hpp>
 
 #include "../core/json_io.hpp"
 
@@ -100,6 +101,7 @@ json plan_to_json(const Plan& p) {
   json j;
   j["format"] = p.interleaved() ? kPlanFormatInterleaved : kPlanFormat;
   j["model"] = p.model;
+  if (!p.architecture.empty()) j["architecture"] = architecture_to_json(p.architecture);
   j["workers"] = p.workers;
   if (p.interleaved()) j["virtual_stages"] = p.virtual_stages;
   j["schedule"] = p.schedule;
@@ -129,6 +131,8 @@ Plan plan_from_json(const json& j, std::string_view origin) {
                     origin, format, kPlanFormat, kPlanFormatInterleaved);
   Plan p;
   p.model = j.contains("model") ? get<std::string>(j, "model", "the plan", origin) : "";
+  if (j.contains("architecture"))
+    p.architecture = architecture_from_json(j.at("architecture"), "the plan", std::string(origin));
   p.workers = get_int(j, "workers", "the plan", origin);
   PIPELINE_CHECK_AS(ConfigError, p.workers >= 1, "{}: workers = {}; need at least 1", origin,
                     p.workers);

@@ -43,6 +43,7 @@ struct TypedPartitioner::Impl {
   PartitionOptions options;
   Topology topology;
   std::string model;  // the profiles' model name and batch size (the profiles are not kept)
+  Architecture architecture;
   std::string dtype;  // the profiles' dtype when it is not float32 (Plan::dtype)
   int batch_size = 0;
   StateGraph g;
@@ -217,6 +218,7 @@ TypedPartitioner::TypedPartitioner(const DeviceProfiles& profiles, const Topolog
       profiles.size(), topology.types.size());
   const Profile& reference = profiles.find(topology.types.front().name)->second;
   x.model = reference.model;
+  x.architecture = reference.architecture;
   if (reference.bf16()) x.dtype = reference.dtype;
   x.batch_size = reference.batch_size;
   // One set of states for every type, from the first type's profile (the types' profiles share
@@ -348,6 +350,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
                     fmt::format("{}", fmt::join(usage(index), ", ")));
   Plan plan;
   plan.model = x.model;
+  plan.architecture = x.architecture;
   plan.workers = x.total[index];
   plan.schedule = "1f1b-stash";
   plan.cost_model = std::string(to_string(CostModel::Pipeline));

@@ -1,6 +1,7 @@
 #include <pipeline/profile/profile_json.hpp>
 
 #include <pipeline/core/error.hpp>
+#include <pipeline/nn/architecture.hpp>
 
 #include "../core/json_io.hpp"
 
@@ -201,6 +202,9 @@ Profile profile_from_json(const json& j, std::string_view origin) {
                     origin, format, kProfileFormat);
   Profile p;
   p.model = get_string(j, "model", "the profile", origin, false);
+  if (j.contains("architecture"))
+    p.architecture =
+        architecture_from_json(j.at("architecture"), "the profile", std::string(origin));
   p.device = get_string(j, "device", "the profile", origin, false);
   if (j.contains("dtype")) p.dtype = get_string(j, "dtype", "the profile", origin, true);
   double batch = get_number(j, "batch_size", "the profile", origin, true);
@@ -347,6 +351,7 @@ json profile_to_json(const Profile& p) {
   json j;
   j["format"] = kProfileFormat;
   j["model"] = p.model;
+  if (!p.architecture.empty()) j["architecture"] = architecture_to_json(p.architecture);
   j["batch_size"] = p.batch_size;
   j["device"] = p.device;
   j["dtype"] = p.dtype;

@@ -508,7 +508,9 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
 Profile profile(const ZooModel& model, int batch, Device device, ProfileOptions options) {
   options.input_dtype = model.input_dtype;
   if (model.input_dtype == DType::Int32) options.input_int_bound = model.num_classes;
-  return profile(model.model, model.sample_shape, batch, device, options);
+  Profile p = profile(model.model, model.sample_shape, batch, device, options);
+  p.architecture = model.architecture;
+  return p;
 }
 
 }  // namespace pipeline

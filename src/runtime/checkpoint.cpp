@@ -27,23 +27,6 @@ namespace pipeline {
 
 // --- manifest ----------------------------------------------------------------------------------
 
-namespace {
-
-// {"option": value, ...}, whole numbers written as integers.
-nlohmann::ordered_json architecture_to_json(
-    const std::vector<std::pair<std::string, double>>& options) {
-  nlohmann::ordered_json j = nlohmann::ordered_json::object();
-  for (const auto& [option, value] : options) {
-    if (value == std::trunc(value) && std::abs(value) < 0x1p53)
-      j[option] = static_cast<std::int64_t>(value);
-    else
-      j[option] = value;
-  }
-  return j;
-}
-
-}  // namespace
-
 nlohmann::ordered_json manifest_to_json(const CheckpointManifest& m) {
   nlohmann::ordered_json shards = nlohmann::ordered_json::array();
   for (auto& s : m.shards) {
@@ -182,17 +165,8 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
   CheckpointManifest m;
   m.step = top.integer("step", 0, kMaxI64);
   m.model = top.string("model");
-  if (j.contains("architecture")) {
-    const nlohmann::json& a = j.at("architecture");
-    const bool numbers = a.is_object() && std::all_of(a.begin(), a.end(),
-                                                      [](const auto& v) { return v.is_number(); });
-    PIPELINE_CHECK_AS(ConfigError, numbers,
-                      "checkpoint manifest '{}': 'architecture' must be an object of the model's "
-                      "options and their numbers",
-                      origin);
-    for (const auto& [option, value] : a.items())
-      m.architecture.emplace_back(option, value.get<double>());
-  }
+  if (j.contains("architecture"))
+    m.architecture = architecture_from_json(j.at("architecture"), "checkpoint manifest", origin);
   m.world_size = static_cast<int>(top.integer("world_size", 1, 1 << 20));
   m.schedule = top.string("schedule");
   m.optimizer = top.string("optimizer");
@@ -628,19 +602,12 @@ void check_resume_compatible(const CheckpointManifest& m, const CheckpointRunInf
                     "the checkpoint is of model '{}' but this run trains '{}': resume with the "
                     "model it was written for (--model {})",
                     m.model, run.model, m.model);
-  // The first recorded option that differs, named as the trainers' flag for it (seq_len:
-  // --seq-len). Manifests written before the architecture was recorded have none to compare.
-  for (const auto& [option, value] : m.architecture) {
-    const auto ours = std::find_if(run.architecture.begin(), run.architecture.end(),
-                                   [name = &option](const auto& o) { return o.first == *name; });
-    if (ours == run.architecture.end()) continue;
-    std::string flag = "--" + option;
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    PIPELINE_CHECK_AS(ConfigError, ours->second == value,
-                      "the checkpoint is of {} with {} {} but this run builds it with {} {}: "
-                      "resume with {} {}",
-                      m.model, flag, value, flag, ours->second, flag, value);
-  }
+  // Options that give the same tensor shapes (transformer-lm's heads) would load without error.
+  if (const auto d = first_difference(m.architecture, run.architecture))
+    PIPELINE_FAIL(ConfigError,
+                  "the checkpoint is of {} with {} {} but this run builds it with {} {}: resume "
+                  "with {} {}",
+                  m.model, d->flag, d->recorded, d->flag, d->ours, d->flag, d->recorded);
   PIPELINE_CHECK_AS(
       ConfigError, m.seed == run.seed,
       "the checkpoint was written by a run with --seed {} but this run has --seed "

@@ -67,6 +67,11 @@ TEST_CASE("plan.json round trip") {
   CHECK(q.stages[1].end == 5);
   CHECK(q.predicted.peak_memory_bytes == p.predicted.peak_memory_bytes);
   CHECK(q.optimizer == "adamw");
+  CHECK(q.architecture.empty());  // a plan without "architecture" (PipeDream's, older files)
+  Plan with = p;
+  with.architecture = {{"heads", 4}, {"dim", 128}};
+  CHECK(parse_plan(plan_to_json(with).dump(), "again").architecture ==
+        Architecture{{"dim", 128}, {"heads", 4}});
   // Per stage: the minibatches held and whether the replicas may delay their allreduces.
   CHECK(q.stages[0].in_flight == 3);
   CHECK(!q.stages[0].delay_allreduce);
@@ -142,6 +147,10 @@ TEST_CASE("malformed plans name the problem and the origin") {
                  "expected sgd, momentum or adamw"));
   CHECK(
       mentions(error_of([](auto& j) { j["dtype"] = "float16"; }), "expected bfloat16 or float32"));
+  CHECK(mentions(error_of([](auto& j) {
+                   j["architecture"] = {{"dim", "wide"}};
+                 }),
+                 "'architecture' must be an object of the model's options"));
   CHECK_THROWS_WITH_AS(
       parse_plan(" \n", "empty.json"),
       doctest::Contains("empty.json: the file is empty; expected a pipeline.plan/1"), ConfigError);

@@ -73,6 +73,7 @@ TEST_CASE("profile.json round trip keeps every field") {
   p.layers[3].workspace_bytes = 1 << 20;
   p.layers[3].gradient_bytes = 3 << 10;
   p.runtime_bytes = 32 << 20;
+  p.architecture = {{"dim", 128}, {"width", 0.5}};
   std::string path = temp_path("roundtrip.json");
   write_profile(p, path);
   {  // the format line first, as the file formats promise, before the sorted keys
@@ -85,6 +86,7 @@ TEST_CASE("profile.json round trip keeps every field") {
   Profile q = read_profile(path);
   REQUIRE(q.size() == 4);
   CHECK(q.model == "dag");
+  CHECK(q.architecture == Architecture{{"dim", 128}, {"width", 0.5}});
   CHECK(q.batch_size == 8);
   CHECK(q.device == "cpu: test");
   CHECK(q.bf16());

@@ -59,6 +59,28 @@ TEST_CASE("every zoo model builds, infers shapes and runs forward and backward")
   }
 }
 
+TEST_CASE("a zoo model's architecture is its resolved options; first_difference names a flag") {
+  const ZooModel cnn = make_model("fashion-cnn");
+  CHECK(cnn.architecture ==
+        Architecture{{"channels", 1}, {"image_size", 28}, {"num_classes", 10}, {"width", 1}});
+  ZooOptions o;
+  o.heads = 8;
+  const ZooModel lm4 = make_model("transformer-lm"), lm8 = make_model("transformer-lm", o);
+  CHECK_FALSE(first_difference(lm4.architecture, lm4.architecture));
+  const auto d = first_difference(lm4.architecture, lm8.architecture);
+  REQUIRE(d);
+  CHECK(d->flag == "--heads");
+  CHECK(d->recorded == "4");
+  CHECK(d->ours == "8");
+  o = {};
+  o.seq_len = 32;
+  CHECK(first_difference(lm4.architecture, make_model("transformer-lm", o).architecture)->flag ==
+        "--seq-len");
+  // Options only one side records are not compared (files written before they were recorded).
+  CHECK_FALSE(first_difference({}, lm8.architecture));
+  CHECK_FALSE(first_difference({{"depth", 3}}, lm8.architecture));
+}
+
 TEST_CASE("zoo rejects unknown names and impossible options") {
   CHECK_THROWS_WITH_AS(make_model("resnet-9000"), doctest::Contains("fashion-cnn"), ConfigError);
   ZooOptions bad;

@@ -10,11 +10,11 @@
 #pragma once
 
 #include <pipeline/core/dtype.hpp>
+#include <pipeline/nn/architecture.hpp>
 #include <pipeline/nn/sequential.hpp>
 
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 namespace pipeline {
@@ -45,7 +45,7 @@ struct ZooModel {
   // channels, image_size, num_classes, width for image models; vocab, seq_len, dim, heads, blocks
   // for transformer-lm. Checkpoints record them so that a resume under other options that happen
   // to give the same tensor shapes (heads) is refused.
-  std::vector<std::pair<std::string, double>> architecture;
+  Architecture architecture;
 
   // The shape of a batch of `batch` inputs: {batch, sample_shape...}.
   Shape input_shape(std::int64_t batch) const { return sample_shape.batched(batch); }

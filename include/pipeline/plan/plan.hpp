@@ -8,6 +8,8 @@
 // the interleaved-1f1b schedule (ScheduleSpec::from_plan builds its spec).
 #pragma once
 
+#include <pipeline/nn/architecture.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -59,6 +61,7 @@ struct PlanPrediction {
 
 struct Plan {
   std::string model;
+  Architecture architecture;  // the profile's (Profile::architecture); empty where not recorded
   int workers = 0;
   std::string schedule = "1f1b-stash";
   int in_flight = 1;   // minibatches admitted at the input stage (PipeDream's warm-up depth)

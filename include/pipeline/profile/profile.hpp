@@ -4,6 +4,7 @@
 #pragma once
 
 #include <pipeline/core/error.hpp>
+#include <pipeline/nn/architecture.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -175,6 +176,9 @@ inline std::int64_t split_kept_bytes(const LayerProfile& l) {
 
 struct Profile {
   std::string model;
+  // The options the zoo built the model with (ZooModel::architecture); empty where not recorded
+  // (a profile of a model outside the zoo, PipeDream's profiles, older files).
+  Architecture architecture;
   int batch_size = 0;
   std::string device;
   // The dtype the products were timed in: "float32", or "bfloat16" (mixed precision, whose

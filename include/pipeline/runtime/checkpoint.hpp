@@ -52,7 +52,7 @@ struct CheckpointOptions {
 // What a run records about itself in every manifest (and what a resume checks it against).
 struct CheckpointRunInfo {
   std::string model;
-  std::vector<std::pair<std::string, double>> architecture;  // ZooModel::architecture
+  Architecture architecture;  // ZooModel::architecture
   std::string schedule = "sequential";
   std::string optimizer;
   std::uint64_t seed = 0;

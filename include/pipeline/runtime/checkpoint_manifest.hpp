@@ -24,12 +24,12 @@
 #pragma once
 
 #include <pipeline/core/shape.hpp>
+#include <pipeline/nn/architecture.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace pipeline {
@@ -57,7 +57,7 @@ struct CheckpointManifest {
   std::int64_t step = 0;
   std::string model;
   // ZooModel::architecture (empty in manifests written before it was recorded).
-  std::vector<std::pair<std::string, double>> architecture;
+  Architecture architecture;
   int world_size = 1;
   std::string schedule;   // "sequential" for a single-process run
   std::string optimizer;  // Optimizer::kind()

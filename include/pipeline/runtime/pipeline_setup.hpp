@@ -31,6 +31,10 @@ std::string broadcast_string(Communicator& comm, const std::string& text, int ro
 // Checks that `plan` can run on this job: as many workers as ranks, and made for `model`.
 // ConfigError naming the mismatch and what to do.
 void check_plan_for_job(const Plan& plan, const Sequential& model, int world_size);
+// The same for a zoo model, which also checks the options it was built with against those of the
+// model the plan was profiled as (a plan for --dim 64 would run a --dim 128 model on a partition
+// and memory estimate made for another).
+void check_plan_for_job(const Plan& plan, const ZooModel& model, int world_size);
 
 struct AutoPlanOptions {
   int batch = 64;                      // profile batch size (the minibatch size)
