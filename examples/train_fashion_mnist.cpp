@@ -200,12 +200,14 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
       o.checkpoints, info, comm.rank() == 0, zoo.model, ex.layers(), ex.params(), ex.optimizer());
   const auto checkpoints = examples::make_checkpointer(
       o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm);
-  if (comm.rank() == 0)
+  if (comm.rank() == 0) {
     log_info(
         "{}: {} stages on {} ranks, schedule {} ({} microbatch(es) per minibatch of {}), {} "
         "threads per rank",
         o.model, layout.num_stages(), comm.size(), info.schedule, req.microbatches, o.batch,
         num_threads());
+    if (!o.pipeline.plan.empty()) examples::warn_if_microbatch_differs(plan, req, o.batch);
+  }
 
   const MinibatchFeed feed = examples::training_feed(loader);
   const DataLoader test_loader(test, {.batch_size = o.eval_batch, .shuffle = false});

@@ -151,10 +151,13 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
   const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout);
   examples::check_interleaved_run(plan, !o.checkpoints.output_dir().empty(), false);
+  if (comm.rank() == 0 && !o.pipeline.plan.empty())
+    examples::warn_if_microbatch_differs(plan, req, o.batch);
+  // The stage replicas take minibatches in groups of g: the loop trains the whole groups of
+  // --steps and says so when that is fewer (or refuses fewer than g); the progress line and the
+  // learning-rate schedule count the steps it trains.
   const int g = minibatch_granularity(req.name, layout);
-  const long steps = o.steps - o.steps % g;
-  PIPELINE_CHECK_AS(ConfigError, steps > 0, "--steps {} is below the {} replicas to deal to",
-                    o.steps, g);
+  const long steps = std::max<long>(o.steps - o.steps % g, g);
 
   // --clip-grad is documented as ignored by 1f1b-stash, whose stages step at their own pace.
   StageExecutor ex(
@@ -179,7 +182,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   loop.feed = &feed;
   loop.lr = &lr;
   loop.per_epoch = loader.num_batches();
-  loop.total = steps;
+  loop.total = o.steps;
   loop.checkpoints = checkpoints.get();
   loop.rebalance_every = examples::rebalance_segment(o.pipeline, layout, comm.rank());
   loop.on_minibatch = [&](const MinibatchStats& st, double) {

@@ -161,6 +161,22 @@ if(NOT _lm STREQUAL "-")
                           "plan was made for transformer-lm with --dim 32 but this run builds it with --dim 64: train with --dim 32"
                           ${_lm} --in-process --plan ${_plans}/transformer_lm_dim32_2.json --dim 64
                           --blocks 1 --seq-len 16 --steps 1 --threads 1)
+  # ... and the batch it was profiled at: microbatches of another size are trained, with a warning
+  # that the plan's times and memory are not theirs.
+  add_test(NAME example.train_transformer_lm.plan_of_another_batch
+           COMMAND ${_lm} --in-process --plan ${_plans}/transformer_lm_dim32_2.json --dim 32
+                   --blocks 1 --seq-len 16 --steps 1 --threads 1 --batch 16)
+  set_tests_properties(example.train_transformer_lm.plan_of_another_batch PROPERTIES LABELS example
+                       PASS_REGULAR_EXPRESSION "plan was made from a profile at batch 8, but this run's microbatches hold 16 samples")
+  # Replicas take minibatches in groups: --steps 3 on two replicas trains 2 and says so, 1 is refused.
+  add_test(NAME example.train_transformer_lm.steps_not_dealt
+           COMMAND ${_lm} --in-process --plan ${_plans}/transformer_lm_dim32_data_parallel.json
+                   --dim 32 --blocks 1 --seq-len 16 --steps 3 --threads 1 --batch 8)
+  set_tests_properties(example.train_transformer_lm.steps_not_dealt PROPERTIES LABELS example
+                       PASS_REGULAR_EXPRESSION "training 2 of the 3 steps asked for")
+  pipeline_expect_failure(lm_steps_below_replicas "train at least 2 steps"
+                          ${_lm} --in-process --plan ${_plans}/transformer_lm_dim32_data_parallel.json
+                          --dim 32 --blocks 1 --seq-len 16 --steps 1 --threads 1 --batch 8)
 endif()
 pipeline_expect_failure(in_process_without_plan "--in-process runs the stages of a plan"
                         ${_train} --in-process --steps 1)

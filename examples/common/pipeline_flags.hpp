@@ -318,6 +318,21 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
   return req;
 }
 
+// A plan's predictions (stage times, memory) hold for microbatches of its profile's batch size;
+// warns when this run's microbatches hold another number of samples (a plan made at batch 8 run
+// with --batch 16 charges every stage half the time and activation memory it takes).
+inline void warn_if_microbatch_differs(const Plan& plan, const ScheduleRequest& req,
+                                       std::int64_t batch) {
+  if (plan.batch_size <= 0 || req.microbatches <= 0) return;
+  const std::int64_t samples = batch / req.microbatches;
+  if (samples == plan.batch_size) return;
+  log_warn(
+      "the plan was made from a profile at batch {}, but this run's microbatches hold {} samples "
+      "(--batch {} in {} microbatch(es)): the plan's times and memory are for {}; for a plan of "
+      "this run, profile at --batch {}",
+      plan.batch_size, samples, batch, req.microbatches, plan.batch_size, samples);
+}
+
 // Minibatches per run segment between speed measurements (PipelinedLoop::rebalance_every): 0
 // when --rebalance is off or no stage of the layout is replicated (then there is nothing to
 // re-deal, which rank 0 says).

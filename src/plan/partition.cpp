@@ -714,6 +714,7 @@ void check_recompute(const PartitionOptions& o) {
 void finish(Plan& plan, const Profile& p, const Topology& t, const PartitionOptions& o, double time) {
   plan.model = p.model;
   plan.architecture = p.architecture;
+  plan.batch_size = p.batch_size;
   plan.workers = t.workers();
   plan.schedule = "1f1b-stash";
   plan.cost_model = std::string(to_string(o.cost_model));

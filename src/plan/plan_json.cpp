@@ -102,6 +102,7 @@ json plan_to_json(const Plan& p) {
   j["format"] = p.interleaved() ? kPlanFormatInterleaved : kPlanFormat;
   j["model"] = p.model;
   if (!p.architecture.empty()) j["architecture"] = architecture_to_json(p.architecture);
+  if (p.batch_size > 0) j["batch_size"] = p.batch_size;
   j["workers"] = p.workers;
   if (p.interleaved()) j["virtual_stages"] = p.virtual_stages;
   j["schedule"] = p.schedule;
@@ -133,6 +134,11 @@ Plan plan_from_json(const json& j, std::string_view origin) {
   p.model = j.contains("model") ? get<std::string>(j, "model", "the plan", origin) : "";
   if (j.contains("architecture"))
     p.architecture = architecture_from_json(j.at("architecture"), "the plan", std::string(origin));
+  if (j.contains("batch_size")) {
+    p.batch_size = get_int(j, "batch_size", "the plan", origin);
+    PIPELINE_CHECK_AS(ConfigError, p.batch_size >= 1, "{}: batch_size = {}; need at least 1",
+                      origin, p.batch_size);
+  }
   p.workers = get_int(j, "workers", "the plan", origin);
   PIPELINE_CHECK_AS(ConfigError, p.workers >= 1, "{}: workers = {}; need at least 1", origin,
                     p.workers);

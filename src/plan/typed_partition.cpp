@@ -351,6 +351,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
   Plan plan;
   plan.model = x.model;
   plan.architecture = x.architecture;
+  plan.batch_size = x.batch_size;
   plan.workers = x.total[index];
   plan.schedule = "1f1b-stash";
   plan.cost_model = std::string(to_string(CostModel::Pipeline));

@@ -70,8 +70,11 @@ TEST_CASE("plan.json round trip") {
   CHECK(q.architecture.empty());  // a plan without "architecture" (PipeDream's, older files)
   Plan with = p;
   with.architecture = {{"heads", 4}, {"dim", 128}};
-  CHECK(parse_plan(plan_to_json(with).dump(), "again").architecture ==
-        Architecture{{"dim", 128}, {"heads", 4}});
+  with.batch_size = 32;
+  const Plan back = parse_plan(plan_to_json(with).dump(), "again");
+  CHECK(back.architecture == Architecture{{"dim", 128}, {"heads", 4}});
+  CHECK(back.batch_size == 32);
+  CHECK(q.batch_size == 0);  // not recorded
   // Per stage: the minibatches held and whether the replicas may delay their allreduces.
   CHECK(q.stages[0].in_flight == 3);
   CHECK(!q.stages[0].delay_allreduce);
@@ -147,6 +150,7 @@ TEST_CASE("malformed plans name the problem and the origin") {
                  "expected sgd, momentum or adamw"));
   CHECK(
       mentions(error_of([](auto& j) { j["dtype"] = "float16"; }), "expected bfloat16 or float32"));
+  CHECK(mentions(error_of([](auto& j) { j["batch_size"] = 0; }), "batch_size = 0"));
   CHECK(mentions(error_of([](auto& j) {
                    j["architecture"] = {{"dim", "wide"}};
                  }),

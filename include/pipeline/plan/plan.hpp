@@ -62,6 +62,8 @@ struct PlanPrediction {
 struct Plan {
   std::string model;
   Architecture architecture;  // the profile's (Profile::architecture); empty where not recorded
+  // The profile's batch size: the microbatch the predictions hold for (0: not recorded).
+  int batch_size = 0;
   int workers = 0;
   std::string schedule = "1f1b-stash";
   int in_flight = 1;   // minibatches admitted at the input stage (PipeDream's warm-up depth)
