@@ -161,6 +161,17 @@ if(NOT _lm STREQUAL "-")
                           "plan was made for transformer-lm with --dim 32 but this run builds it with --dim 64: train with --dim 32"
                           ${_lm} --in-process --plan ${_plans}/transformer_lm_dim32_2.json --dim 64
                           --blocks 1 --seq-len 16 --steps 1 --threads 1)
+  pipeline_expect_failure(profile_of_another_architecture
+                          "--profile .* is of transformer-lm with --dim 64 but --plan was made for it with --dim 32"
+                          ${_lm} --in-process --plan ${_plans}/transformer_lm_dim32_2.json --dim 32
+                          --blocks 1 --seq-len 16 --steps 1 --threads 1
+                          --profile ${_plans}/transformer_lm_dim64_profile.json)
+  if(TARGET pipeline-simulate)
+    pipeline_expect_failure(simulate_profile_of_another_architecture
+                            "the plan was made for transformer-lm with --dim 32 but the profile is of it with --dim 64"
+                            $<TARGET_FILE:pipeline-simulate> --plan ${_plans}/transformer_lm_dim32_2.json
+                            --profile ${_plans}/transformer_lm_dim64_profile.json)
+  endif()
   # ... and the batch it was profiled at: microbatches of another size are trained, with a warning
   # that the plan's times and memory are not theirs.
   add_test(NAME example.train_transformer_lm.plan_of_another_batch

@@ -256,12 +256,15 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
     if (profile != nullptr && !flags.profile.empty()) {
       *profile = read_profile(flags.profile);
       const Profile& p = **profile;
-      PIPELINE_CHECK_AS(ConfigError,
-                        p.size() == zoo.model.size() && p.model == plan.model &&
-                            !first_difference(p.architecture, plan.architecture),
+      PIPELINE_CHECK_AS(ConfigError, p.size() == zoo.model.size() && p.model == plan.model,
                         "--profile {} is of {} ({} layers) but --plan is for {} ({} layers): give "
                         "the profile the plan was made from",
                         flags.profile, p.model, p.size(), plan.model, zoo.model.size());
+      if (const auto d = first_difference(plan.architecture, p.architecture))
+        PIPELINE_FAIL(ConfigError,
+                      "--profile {} is of {} with {} {} but --plan was made for it with {} {}: "
+                      "give the profile the plan was made from",
+                      flags.profile, p.model, d->flag, d->ours, d->flag, d->recorded);
     }
   }
   check_plan_for_job(plan, zoo, comm.size());

@@ -43,8 +43,7 @@ struct ZooModel {
 
   // The options that define this model, as resolved (defaults filled in), by option name:
   // channels, image_size, num_classes, width for image models; vocab, seq_len, dim, heads, blocks
-  // for transformer-lm. Checkpoints record them so that a resume under other options that happen
-  // to give the same tensor shapes (heads) is refused.
+  // for transformer-lm. Profiles, plans and checkpoints record them (architecture.hpp).
   Architecture architecture;
 
   // The shape of a batch of `batch` inputs: {batch, sample_shape...}.
