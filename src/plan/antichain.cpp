@@ -219,14 +219,26 @@ bool enumerate_states(const LayerDag& d, const std::vector<int>& group, std::siz
 
   std::vector<std::uint64_t> pool, addable;  // state i: words [i·gw, (i+1)·gw)
   std::vector<std::vector<int>> par;
-  std::size_t slots = 16;
-  while (slots < 2 * (cap + 1)) slots *= 2;
+  // Open addressing over the states found so far, grown as they are (not sized for the cap: a
+  // cap of millions would cost its table on every call of the coarsening's bisection).
+  std::size_t slots = 64;
   std::vector<int> table(slots, -1);
   auto row = [&](std::vector<std::uint64_t>& v, std::size_t i) { return v.data() + i * gw; };
   auto hash = [&](const std::uint64_t* x) {
     std::uint64_t h = 1469598103934665603ull;
     for (std::size_t w = 0; w < gw; ++w) h = (h ^ x[w]) * 1099511628211ull ^ (h >> 29);
     return static_cast<std::size_t>(h);
+  };
+  auto empty_slot = [&](const std::uint64_t* x) {  // for a state not in the table
+    std::size_t h = hash(x) & (slots - 1);
+    while (table[h] >= 0) h = (h + 1) & (slots - 1);
+    return h;
+  };
+  auto grow = [&] {
+    slots *= 2;
+    table.assign(slots, -1);
+    for (std::size_t i = 0; i < par.size(); ++i)
+      table[empty_slot(row(pool, i))] = static_cast<int>(i);
   };
   // Index of the state `x`, inserted (with its addable groups) when new; -1 beyond the cap.
   Bits next(gw), next_addable(gw);
@@ -235,6 +247,10 @@ bool enumerate_states(const LayerDag& d, const std::vector<int>& group, std::siz
     for (; table[h] >= 0; h = (h + 1) & (slots - 1))
       if (std::equal(next.begin(), next.end(), row(pool, static_cast<std::size_t>(table[h])))) return table[h];
     if (par.size() >= cap) return -1;
+    if (2 * (par.size() + 1) > slots) {  // keeps the load at most a half
+      grow();
+      h = empty_slot(next.data());
+    }
     table[h] = static_cast<int>(par.size());
     pool.insert(pool.end(), next.begin(), next.end());
     addable.insert(addable.end(), next_addable.begin(), next_addable.end());
