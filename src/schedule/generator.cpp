@@ -17,6 +17,7 @@
 #include <cmath>
 #include <deque>
 #include <limits>
+#include <map>
 #include <numeric>
 
 namespace pipeline {
@@ -617,6 +618,14 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
     lower_until_valid(probe, shape, sched);
     return shape;
   };
+  // The climbs come back to shapes they have timed (a step and its reverse; the second climb
+  // along the first one's path): each shape is simulated once.
+  std::map<std::pair<std::vector<int>, std::vector<int>>, double> timed;
+  auto makespan = [&](const StashShape& shape) {
+    auto [it, fresh] = timed.try_emplace({shape.warmups, shape.delaying}, 0.0);
+    if (fresh) it->second = balanced_makespan(probe, stash_schedule_with(probe, shape));
+    return it->second;
+  };
   // Starts: PipeDream's depths lowered until they run; depths that keep every stage's window of
   // microbatches in flight (replicas × (depth + 1)) no larger than the stage before it; PipeDream's
   // depths with only the input stage capped, lowered until they run; none.
@@ -649,7 +658,7 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
             const int hi = value == &at.warmups[s] ? limit[s] : delay_limit[s];
             if (*value + step < 0 || *value + step > hi) continue;
             *value += step;
-            const double t = balanced_makespan(probe, stash_schedule_with(probe, at));
+            const double t = makespan(at);
             if (t < at_s * (1 - 1e-9)) {
               at_s = t;
               improved = true;
@@ -674,8 +683,7 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
   for (std::size_t i = 0; i < starts.size(); ++i) {
     bool seen = false;
     for (std::size_t j = 0; j < i; ++j) seen = seen || starts[j].warmups == starts[i].warmups;
-    if (!seen)
-      promise.push_back({balanced_makespan(probe, stash_schedule_with(probe, starts[i])), i});
+    if (!seen) promise.push_back({makespan(starts[i]), i});
   }
   std::sort(promise.begin(), promise.end());
   for (std::size_t k = 0; k < std::min<std::size_t>(2, promise.size()); ++k)
@@ -688,7 +696,7 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
     delayed.delaying[s] = std::min(replicas[s] - 1, delay_limit[s]);
   if (delayed.delaying != best.delaying) {
     delayed = lowered(delayed);
-    consider(delayed, balanced_makespan(probe, stash_schedule_with(probe, delayed)));
+    consider(delayed, makespan(delayed));
   }
   return best;
 }
@@ -716,9 +724,13 @@ std::vector<int> replicated_flush_warmups(const ScheduleSpec& spec, bool split_b
     const int r = static_cast<int>(ranks.size());
     limit.push_back(std::max(0, (spec.microbatches + r - 1) / r - 1));
   }
+  std::map<std::vector<int>, double> timed;  // each depth vector simulated once
   auto makespan = [&](const std::vector<int>& w) {
-    return balanced_makespan(
-        probe, split_backward ? zero_bubble_h1_with(probe, &w) : one_f_one_b_flush_with(probe, &w));
+    auto [it, fresh] = timed.try_emplace(w, 0.0);
+    if (fresh)
+      it->second = balanced_makespan(probe, split_backward ? zero_bubble_h1_with(probe, &w)
+                                                           : one_f_one_b_flush_with(probe, &w));
+    return it->second;
   };
   double best_s = makespan(warmups);
   for (bool improved = std::isfinite(best_s); improved;) {
