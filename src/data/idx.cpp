@@ -91,7 +91,8 @@ IdxArray read_idx(const std::string& path) {
   // The declared size is allocated at once where the file could hold it: deflate expands data
   // at most 1032-fold. A header that lies beyond that gets a buffer grown as data arrives
   // (doubling from 1 MiB, in steps of at most 64 MiB), so it cannot make us allocate much more
-  // than the file holds. (Growing every buffer that way took a third of a 47 MB read.)
+  // than the file holds. (Growing every buffer so took nearly half of a 47 MB read, and twice its
+  // memory.)
   const std::size_t expected = static_cast<std::size_t>(total);
   const std::size_t file_bytes = static_cast<std::size_t>(std::filesystem::file_size(path));
   const bool plausible = expected / 1032 <= file_bytes;
