@@ -53,6 +53,13 @@ add_test(NAME example.train_fashion_mnist.pipeline_auto_plan
 add_test(NAME example.train_fashion_mnist.pipeline_2bw
          COMMAND ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --schedule 2bw
                  --microbatches 4 --steps 40 --batch 32 --threads 1 --eval-batch 2000)
+# A single-process run names the pipeline flags it was given and ignores (they were read only
+# from a hand-kept list, which had lost --comm, --profile, --recompute and --rebalance-every).
+add_test(NAME example.train_fashion_mnist.pipeline_flags_ignored
+         COMMAND ${_train} --model mlp --steps 2 --batch 32 --threads 1 --eval-batch 10000
+                 --comm mpi --microbatches 2 --recompute all --rebalance-every 5)
+set_tests_properties(example.train_fashion_mnist.pipeline_flags_ignored PROPERTIES LABELS example
+                     PASS_REGULAR_EXPRESSION "ignoring --comm, --microbatches, --recompute, --rebalance-every: this run trains in one process(.|\n)*test accuracy: 0\\.[0-9]+")
 # Steps that the replicas cannot all take (2-1 takes minibatches in pairs): the run says so,
 # trains the pairs it can and evaluates what it trained (it reported an accuracy of 0).
 add_test(NAME example.train_fashion_mnist.pipeline_steps_not_dealt

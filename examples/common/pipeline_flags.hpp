@@ -32,7 +32,7 @@
 namespace pipeline::examples {
 
 struct PipelineFlags {
-  std::string plan;          // empty: rank 0 profiles and partitions the model for the job
+  std::string plan;  // empty: rank 0 profiles and partitions the model for the job
   // The profile --plan was made from: the end-of-run memory report adds each rank's peak as the
   // simulator predicts it for the schedule run (a run without --plan has its own profile).
   std::string profile;
@@ -81,23 +81,6 @@ struct PipelineFlags {
   bool cuda_graphs = false;
 
   bool runs_in_process() const { return in_process || comm == "local"; }
-
-  // The flags given that only a pipelined run uses (a single-process run warns that it ignores
-  // them: a job script may pass the same flags to both).
-  std::vector<std::string> pipeline_only_flags_given() const {
-    std::vector<std::string> given;
-    const std::pair<bool, const char*> flags[] = {{!schedule.empty(), "--schedule"},
-                                                  {!schedule_csv.empty(), "--schedule-csv"},
-                                                  {!trace.empty(), "--trace"},
-                                                  {microbatches > 0, "--microbatches"},
-                                                  {vertical_sync, "--vertical-sync"},
-                                                  {rebalance, "--rebalance"},
-                                                  {!transfer_dtype.empty(), "--transfer-dtype"},
-                                                  {comm_timeout > 0, "--comm-timeout"}};
-    for (const auto& [set, name] : flags)
-      if (set) given.emplace_back(name);
-    return given;
-  }
 
   // ConfigError for flags that contradict each other. A single-process run ignores these flags,
   // so only a pipelined run checks them.
@@ -149,6 +132,22 @@ inline void log_precision(const PipelineFlags& flags, const Plan* plan = nullptr
       flags.wire_dtype(plan) == DType::BFloat16 ? "bf16" : "float32");
 }
 
+// The help section of the flags that only a pipelined run reads. A single-process run names
+// those it was given and ignores (pipeline_only_flags_given): a job script may pass the same
+// flags to both.
+inline constexpr const char* kPipelineOnlyFlags =
+    "Pipeline options (read with --plan, --in-process or under mpirun -np N)";
+
+// The flags of the kPipelineOnlyFlags section given on the command line, by name.
+inline std::vector<std::string> pipeline_only_flags_given(const CLI::App& app) {
+  std::vector<std::string> given;
+  for (const CLI::Option* o : app.get_options([](const CLI::Option* o) {
+         return o->get_group() == kPipelineOnlyFlags && o->count() > 0;
+       }))
+    given.push_back(o->get_name());
+  return given;
+}
+
 // Adds the pipeline flags to `app`, bound to `flags`.
 inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
   app.add_option("--device", flags.device,
@@ -161,47 +160,58 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
                  "else MPI, staging device tensors through the host), nccl, mpi, or local (all "
                  "ranks in this process, as --in-process)")
       ->check(CLI::IsMember({"auto", "nccl", "mpi", "local"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kPipelineOnlyFlags);
   app.add_flag("--cuda-graphs", flags.cuda_graphs,
                "single-process GPU training: capture a step into a CUDA graph once its batch "
                "shape has run, and replay it (the same results, far fewer launches)");
   app.add_flag("--in-process", flags.in_process,
                "run every stage of --plan as a thread of this one process (one GPU, or the CPU), "
-               "instead of one process per stage under mpirun");
+               "instead of one process per stage under mpirun")
+      ->group(kPipelineOnlyFlags);
   app.add_option("--plan", flags.plan,
-                 "train as a pipeline with this plan.json (pipeline-partition)");
+                 "train as a pipeline with this plan.json (pipeline-partition)")
+      ->group(kPipelineOnlyFlags);
   app.add_option("--profile", flags.profile,
                  "the profile.json --plan was made from: the memory report at the end then shows "
                  "each rank's peak as pipeline-simulate predicts it for the schedule and "
                  "microbatches this run used")
-      ->check(CLI::ExistingFile);
+      ->check(CLI::ExistingFile)
+      ->group(kPipelineOnlyFlags);
   app.add_option("--schedule", flags.schedule,
                  "pipeline schedule: gpipe, 1f1b-flush, zb-h1, 1f1b-stash, ... (default: the "
                  "plan's)")
-      ->check(CLI::IsMember(GeneratorRegistry::builtin().names()));
+      ->check(CLI::IsMember(GeneratorRegistry::builtin().names()))
+      ->group(kPipelineOnlyFlags);
   auto* csv = app.add_option("--schedule-csv", flags.schedule_csv,
                              "a hand-written schedule (CSV), validated first; it fixes its own "
                              "microbatches and weight-version policy")
-                  ->check(CLI::ExistingFile);
+                  ->check(CLI::ExistingFile)
+                  ->group(kPipelineOnlyFlags);
   app.add_option("--microbatches", flags.microbatches,
                  "microbatches per minibatch for flush schedules (default: stages x the most "
                  "replicas of a stage)")
       ->check(CLI::Range(1, 65536))
-      ->excludes(csv);
+      ->excludes(csv)
+      ->group(kPipelineOnlyFlags);
   app.add_flag("--vertical-sync", flags.vertical_sync,
                "1f1b-stash: every stage uses the weight version the input stage used")
-      ->excludes(csv);
+      ->excludes(csv)
+      ->group(kPipelineOnlyFlags);
   app.add_option("--recompute", flags.recompute,
                  "activation recomputation: auto (the plan's choice per stage), all or none")
       ->check(CLI::IsMember({"none", "auto", "all"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kPipelineOnlyFlags);
   app.add_flag("--rebalance", flags.rebalance,
                "deal each replicated stage's microbatches by its replicas' measured speed, so a "
-               "slow replica hands work to its peers (flush schedules: gpipe, 1f1b-flush, zb-h1)");
+               "slow replica hands work to its peers (flush schedules: gpipe, 1f1b-flush, zb-h1)")
+      ->group(kPipelineOnlyFlags);
   app.add_option("--rebalance-every", flags.rebalance_every,
                  "with --rebalance: minibatches between re-measurements of the replicas' speed")
       ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kPipelineOnlyFlags);
   app.add_option("--dtype", flags.dtype,
                  "dtype of the matrix products, convolutions and attention: float32, or bf16 "
                  "(mixed precision: bf16 operands with float32 accumulation, float32 master "
@@ -213,12 +223,15 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
                  "element type of the activations and gradients sent between stages: float32, or "
                  "bf16 for half the bytes on the wire (default: the plan's transfer_dtype, else "
                  "bf16 under --dtype bf16, else float32)")
-      ->check(CLI::IsMember({"float32", "bf16"}));
+      ->check(CLI::IsMember({"float32", "bf16"}))
+      ->group(kPipelineOnlyFlags);
   app.add_option("--comm-timeout", flags.comm_timeout,
                  "seconds any wait for a peer may take before the job ends with an error")
-      ->check(positive_number());
+      ->check(positive_number())
+      ->group(kPipelineOnlyFlags);
   app.add_option("--trace", flags.trace, "write this rank's executed schedule as a Chrome trace")
-      ->check(file_to_write());
+      ->check(file_to_write())
+      ->group(kPipelineOnlyFlags);
 }
 
 // The name the planner knows `optimizer`'s update rule by: sgd, momentum or adamw (Adam with

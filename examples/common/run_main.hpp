@@ -119,7 +119,7 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
     }
   }
   try {
-    if (const auto ignored = flags.pipeline_only_flags_given(); !ignored.empty())
+    if (const auto ignored = pipeline_only_flags_given(app); !ignored.empty())
       log_warn(
           "ignoring {}: this run trains in one process; pipeline flags apply with --plan, "
           "--in-process or mpirun -np N",
