@@ -206,7 +206,8 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
         "threads per rank",
         o.model, layout.num_stages(), comm.size(), info.schedule, req.microbatches, o.batch,
         num_threads());
-    if (!o.pipeline.plan.empty()) examples::warn_if_microbatch_differs(plan, req, o.batch);
+    if (!o.pipeline.plan.empty())
+      examples::warn_where_plan_differs(plan, req, o.batch, ex.optimizer());
   }
 
   const MinibatchFeed feed = examples::training_feed(loader);

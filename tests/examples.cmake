@@ -186,6 +186,14 @@ if(NOT _lm STREQUAL "-")
                    --blocks 1 --seq-len 16 --steps 1 --threads 1 --batch 16)
   set_tests_properties(example.train_transformer_lm.plan_of_another_batch PROPERTIES LABELS example
                        PASS_REGULAR_EXPRESSION "plan was made from a profile at batch 8, but this run's microbatches hold 16 samples")
+  # ... and the optimizer whose state its memory estimate charges (pipeline-partition's default,
+  # momentum: one copy of the weights; this trainer's AdamW holds two).
+  add_test(NAME example.train_transformer_lm.plan_of_another_optimizer
+           COMMAND ${_lm} --in-process --plan ${_plans}/transformer_lm_dim32_2.json --dim 32
+                   --blocks 1 --seq-len 16 --steps 1 --threads 1 --batch 8)
+  set_tests_properties(example.train_transformer_lm.plan_of_another_optimizer PROPERTIES
+                       LABELS example
+                       PASS_REGULAR_EXPRESSION "memory estimate is for the momentum optimizer \\(1 weight copy per stage\\) but this run trains with adamw \\(2 weight copies\\): its stages hold more than planned; for a plan of this run, partition with --optimizer adamw")
   # Replicas take minibatches in groups: --steps 3 on two replicas trains 2 and says so, 1 is refused.
   add_test(NAME example.train_transformer_lm.steps_not_dealt
            COMMAND ${_lm} --in-process --plan ${_plans}/transformer_lm_dim32_data_parallel.json

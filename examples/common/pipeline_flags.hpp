@@ -11,6 +11,7 @@
 #include <pipeline/core/error.hpp>
 #include <pipeline/core/log.hpp>
 #include <pipeline/ops/precision.hpp>
+#include <pipeline/plan/cost_model.hpp>
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/profile/profile_json.hpp>
 #include <pipeline/runtime/pipeline_setup.hpp>
@@ -334,19 +335,36 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
   return req;
 }
 
-// A plan's predictions (stage times, memory) hold for microbatches of its profile's batch size;
-// warns when this run's microbatches hold another number of samples (a plan made at batch 8 run
-// with --batch 16 charges every stage half the time and activation memory it takes).
-inline void warn_if_microbatch_differs(const Plan& plan, const ScheduleRequest& req,
-                                       std::int64_t batch) {
-  if (plan.batch_size <= 0 || req.microbatches <= 0) return;
-  const std::int64_t samples = batch / req.microbatches;
-  if (samples == plan.batch_size) return;
-  log_warn(
-      "the plan was made from a profile at batch {}, but this run's microbatches hold {} samples "
-      "(--batch {} in {} microbatch(es)): the plan's times and memory are for {}; for a plan of "
-      "this run, profile at --batch {}",
-      plan.batch_size, samples, batch, req.microbatches, plan.batch_size, samples);
+// Warns where a --plan's predictions do not hold for this run (rank 0 of a job calls it):
+// - its stage times and memory are for microbatches of its profile's batch size (a plan made at
+//   batch 8 run with --batch 16 charges every stage half the time and activation memory it takes);
+// - its memory estimate charges the state of the optimizer it was made for (plan.json
+//   "optimizer": sgd none, momentum one copy of the weights, adamw two), and pipeline-partition's
+//   default is PipeDream's momentum while the trainers' is adamw.
+inline void warn_where_plan_differs(const Plan& plan, const ScheduleRequest& req,
+                                    std::int64_t batch, const Optimizer& optimizer) {
+  const std::int64_t samples = req.microbatches > 0 ? batch / req.microbatches : 0;
+  if (plan.batch_size > 0 && samples > 0 && samples != plan.batch_size)
+    log_warn(
+        "the plan was made from a profile at batch {}, but this run's microbatches hold {} "
+        "samples (--batch {} in {} microbatch(es)): the plan's times and memory are for {}; for a "
+        "plan of this run, profile at --batch {}",
+        plan.batch_size, samples, batch, req.microbatches, plan.batch_size, samples);
+  const std::string rule = update_rule(optimizer);
+  if (!plan.optimizer.empty() && plan.optimizer != rule) {
+    auto copies = [](const std::string& r) {
+      const int n = static_cast<int>(optimizer_state_copies(r));
+      return n == 0 ? std::string("no state")
+                    : fmt::format("{} weight cop{}", n, n == 1 ? "y" : "ies");
+    };
+    log_warn(
+        "the plan's memory estimate is for the {} optimizer ({} per stage) but this run trains "
+        "with {} ({}): its stages hold {} than planned; for a plan of this run, partition with "
+        "--optimizer {}",
+        plan.optimizer, copies(plan.optimizer), rule, copies(rule),
+        optimizer_state_copies(rule) > optimizer_state_copies(plan.optimizer) ? "more" : "less",
+        rule);
+  }
 }
 
 // Minibatches per run segment between speed measurements (PipelinedLoop::rebalance_every): 0
