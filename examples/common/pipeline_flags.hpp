@@ -33,7 +33,7 @@
 namespace pipeline::examples {
 
 struct PipelineFlags {
-  std::string plan;  // empty: rank 0 profiles and partitions the model for the job
+  std::string plan;          // empty: rank 0 profiles and partitions the model for the job
   // The profile --plan was made from: the end-of-run memory report adds each rank's peak as the
   // simulator predicts it for the schedule run (a run without --plan has its own profile).
   std::string profile;
