@@ -101,8 +101,8 @@ int run_single(const Options& o) {
   const TextDataset train = train_text(o), valid = validation_text(o);
   const Device device = parse_device(o.pipeline.device);
   if (!device.is_cpu()) log_info("training on {}", device.str());
-  SequentialTrainer trainer(zoo.model, to_device(zoo.model.init(o.seed), device), make_optimizer(o),
-                            o.seed, o.clip_grad);
+  SequentialTrainer trainer(zoo.model, to_device(zoo.model.init(o.seed), device),
+                            make_optimizer(o), o.seed, o.clip_grad);
   if (o.pipeline.cuda_graphs) {
     trainer.use_cuda_graphs();
     log_info("CUDA graphs: each batch shape's second step is captured, later ones replay it");
@@ -151,8 +151,6 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
   const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout);
   examples::check_interleaved_run(plan, !o.checkpoints.output_dir().empty(), false);
-  if (comm.rank() == 0 && !o.pipeline.plan.empty())
-    examples::warn_where_plan_differs(plan, req, o.batch, *make_optimizer(o));
   // The stage replicas take minibatches in groups of g: the loop trains the whole groups of
   // --steps and says so when that is fewer (or refuses fewer than g); the progress line and the
   // learning-rate schedule count the steps it trains.
@@ -166,6 +164,8 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
           examples::executor_options(o.pipeline, plan, o.seed,
                                      examples::stashes(req) ? 0.f : o.clip_grad, device),
           comm.rank()));
+  if (comm.rank() == 0 && !o.pipeline.plan.empty())
+    examples::warn_where_plan_differs(plan, req, o.batch, ex.optimizer());
   const CheckpointRunInfo info = examples::checkpoint_run_info(zoo, ex.optimizer(), o.seed, o.batch,
                                                                comm.size(), o.pipeline, &plan);
   const std::int64_t start = examples::resume_if_asked(
