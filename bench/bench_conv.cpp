@@ -12,7 +12,9 @@
 // second of CPU time summed over threads (on a quiet machine, GFLOP/s ≈ threads · GF/cpu-s; on a
 // shared one the wall-clock columns drop while GF/cpu-s still shows the kernels' efficiency).
 //
-// Usage: bench_conv [--threads N] [--batch N] [--min-seconds S] [--results FILE]
+// Usage: bench_conv [--threads N] [--batch N] [--min-seconds S] [--layer NAME] [--pass NAME]
+//                   [--algorithm NAME] [--results FILE]
+// --layer, --pass and --algorithm keep only the rows named (for profiling one pass alone).
 // With --results the table is appended to FILE (e.g. bench/RESULTS.md) with the machine and date.
 #include <pipeline/core/threads.hpp>
 #include <pipeline/ops/conv.hpp>
@@ -69,7 +71,7 @@ int main(int argc, char** argv) {
   int threads = default_num_threads();
   std::int64_t batch = 64;
   double min_seconds = 1.0;
-  std::string results;
+  std::string results, only_layer, only_pass, only_algorithm;
   CLI::App app{
       "fashion-cnn's and a VGG-16 layer's convolutions on the CPU: each algorithm, each pass"};
   app.add_option("--threads", threads, "CPU threads (default: the machine's cores)")
@@ -81,6 +83,12 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--results", results, "also write the table here");
+  app.add_option("--layer", only_layer, "only this layer: conv1, conv2 or vgg16")
+      ->check(CLI::IsMember({"conv1", "conv2", "vgg16"}));
+  app.add_option("--pass", only_pass, "only this pass: forward, backward-data or backward-filter")
+      ->check(CLI::IsMember({"forward", "backward-data", "backward-filter"}));
+  app.add_option("--algorithm", only_algorithm, "only this algorithm: lowered or automatic")
+      ->check(CLI::IsMember({"lowered", "automatic"}));
   CLI11_PARSE(app, argc, argv);
   set_num_threads(threads);
 
@@ -105,15 +113,26 @@ int main(int argc, char** argv) {
                     flop / t.best_s * 1e-9, flop / t.median_cpu_s * 1e-9,
                     speedup > 0 ? fmt::format("{:.2f}x", speedup) : std::string());
   };
-  // Each pass under both algorithms, the lowered one first.
+  // Each pass under both algorithms, the lowered one first (those the filters keep).
   auto both = [&](const std::string& layer, const char* pass, double flop,
                   const std::function<void()>& fn) {
-    ops::set_cpu_conv_algorithm(ops::CpuConvAlgorithm::Lowered);
-    const Timing lowered = time_it(fn, min_seconds);
-    ops::set_cpu_conv_algorithm(ops::CpuConvAlgorithm::Automatic);
-    const Timing automatic = time_it(fn, min_seconds);
-    row(layer, pass, "lowered", flop, lowered, 0);
-    row(layer, pass, "automatic", flop, automatic, lowered.median_s / automatic.median_s);
+    std::string pass_flag = pass;
+    std::replace(pass_flag.begin(), pass_flag.end(), ' ', '-');
+    if ((!only_layer.empty() && !layer.starts_with(only_layer + " ")) ||
+        (!only_pass.empty() && pass_flag != only_pass))
+      return;
+    Timing lowered{}, automatic{};
+    if (only_algorithm != "automatic") {
+      ops::set_cpu_conv_algorithm(ops::CpuConvAlgorithm::Lowered);
+      lowered = time_it(fn, min_seconds);
+      row(layer, pass, "lowered", flop, lowered, 0);
+    }
+    if (only_algorithm != "lowered") {
+      ops::set_cpu_conv_algorithm(ops::CpuConvAlgorithm::Automatic);
+      automatic = time_it(fn, min_seconds);
+      row(layer, pass, "automatic", flop, automatic,
+          only_algorithm.empty() ? lowered.median_s / automatic.median_s : 0);
+    }
   };
 
   for (const Conv& c : convs) {
@@ -130,7 +149,7 @@ int main(int argc, char** argv) {
     both(c.name, "backward data", flop, [&] { ops::conv2d_backward_data(dy, w, dx, win); });
     both(c.name, "backward filter", flop, [&] { ops::conv2d_backward_filter(x, dy, dw, win); });
   }
-  {
+  if (only_layer.empty() && only_pass.empty() && only_algorithm.empty()) {
     const std::int64_t m = 64, k = 32 * 25, n = batch * 14 * 14;
     Tensor a = bench::random_tensor({m, k}, 5), bm = bench::random_tensor({k, n}, 6),
            cm = Tensor::empty({m, n});
