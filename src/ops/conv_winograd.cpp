@@ -937,11 +937,8 @@ void backward_filter(const WinogradProblem& p, const float* x, const float* dy, 
   pipeline::detail::on_threads(threads, [&](int thread) {
     const EigenOnThisThread one;
     float* const acc = sums.get() + thread * acc_floats;
+    // (threads_over gives every thread at least one lane group.)
     const pipeline::detail::Range mine = pipeline::detail::static_range(groups, threads, thread);
-    if (mine.begin == mine.end) {
-      std::fill_n(acc, acc_floats, 0.f);
-      return;
-    }
     float* const buffers = work.get() + thread * buffer_floats;
     float* const transposed = buffers + BlockBuffer<A>::floats(p.c + p.m, block);  // tiles x ins
     std::vector<LaneWindows> windows, tiles_of_grad;

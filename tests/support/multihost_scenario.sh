@@ -38,8 +38,10 @@ run() {  # run LOG COMMAND...: the command's output to LOG, shown when it fails
 cores=$(nproc)
 
 echo "== 2 stages, one rank per host, 100 Mbit/s between the hosts"
-run "$work/partition2.log" "$partition" --profile "$work/profile.json" --workers 2 --bandwidth 100Mbit/s --straight \
-  --hosts "$NETNS_HOSTFILE" --rankfile "$work/rankfile2.txt" --cores-per-rank "$cores" -o "$work/plan2.json"
+# (--optimizer adamw: the trainer's, so that the plan's memory estimate is this run's.)
+run "$work/partition2.log" "$partition" --profile "$work/profile.json" --optimizer adamw --workers 2 \
+  --bandwidth 100Mbit/s --straight --hosts "$NETNS_HOSTFILE" --rankfile "$work/rankfile2.txt" \
+  --cores-per-rank "$cores" -o "$work/plan2.json"
 cat "$work/partition2.log" "$work/rankfile2.txt"
 expected="rank 0=${hosts[0]} slot=0-$((cores - 1))"
 [[ $cores == 1 ]] && expected="rank 0=${hosts[0]} slot=0"
@@ -69,8 +71,8 @@ awk -v m="$measured" -v p="$predicted" 'BEGIN {
   { echo "multihost: measured throughput is not within -20%..+15% of the prediction" >&2; exit 1; }
 
 echo "== 4 stages on 2 hosts x 2 workers, against the same plan on one host"
-run "$work/partition4.log" "$partition" --profile "$work/profile.json" --level 2:10Gbit/s --level 2:100Mbit/s \
-  --straight --hosts "$NETNS_HOSTFILE" --rankfile "$work/rankfile4.txt" -o "$work/plan4.json"
+run "$work/partition4.log" "$partition" --profile "$work/profile.json" --optimizer adamw --level 2:10Gbit/s \
+  --level 2:100Mbit/s --straight --hosts "$NETNS_HOSTFILE" --rankfile "$work/rankfile4.txt" -o "$work/plan4.json"
 grep rankfile "$work/partition4.log"
 common=(--model mlp --plan "$work/plan4.json" --schedule 1f1b-flush --microbatches 4 --steps 30 --batch 32
         --threads 1 --eval-batch 2000 --comm-timeout 60)
