@@ -225,9 +225,15 @@ void for_each_checked_plane(const Tensor& indices, Tensor& dx, std::int64_t out_
   std::atomic<bool> ok{true};
   for_each_plane(planes, in_plane, [&](std::int64_t p) {
     const std::int32_t* idx = id + p * out_plane;
-    bool in_range = true;
-    for (std::int64_t k = 0; k < out_plane; ++k) in_range &= idx[k] >= 0 && idx[k] < in_plane;
-    if (in_range)
+    // The plane's smallest and largest index: min and max reductions vectorise, where a test of
+    // each index behind a short-circuit ran element by element (a quarter of pool1's backward).
+    std::int32_t low = 0, high = 0;
+    if (out_plane > 0) low = high = idx[0];
+    for (std::int64_t k = 0; k < out_plane; ++k) {
+      low = std::min(low, idx[k]);
+      high = std::max(high, idx[k]);
+    }
+    if (low >= 0 && high < in_plane)
       fn(p, idx);
     else
       ok.store(false, std::memory_order_relaxed);
