@@ -226,7 +226,7 @@ void for_each_checked_plane(const Tensor& indices, Tensor& dx, std::int64_t out_
   for_each_plane(planes, in_plane, [&](std::int64_t p) {
     const std::int32_t* idx = id + p * out_plane;
     // The plane's smallest and largest index: min and max reductions vectorise, where a test of
-    // each index behind a short-circuit ran element by element (a quarter of pool1's backward).
+    // each index behind a short-circuit ran element by element (pool1's backward 3-5% faster).
     std::int32_t low = 0, high = 0;
     if (out_plane > 0) low = high = idx[0];
     for (std::int64_t k = 0; k < out_plane; ++k) {
