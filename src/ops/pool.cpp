@@ -227,8 +227,8 @@ void for_each_checked_plane(const Tensor& indices, Tensor& dx, std::int64_t out_
     const std::int32_t* idx = id + p * out_plane;
     // The plane's smallest and largest index: min and max reductions vectorise, where a test of
     // each index behind a short-circuit ran element by element (pool1's backward 3-5% faster).
-    std::int32_t low = 0, high = 0;
-    if (out_plane > 0) low = high = idx[0];
+    std::int32_t low = std::numeric_limits<std::int32_t>::max(),
+                 high = std::numeric_limits<std::int32_t>::min();  // no index: in range
     for (std::int64_t k = 0; k < out_plane; ++k) {
       low = std::min(low, idx[k]);
       high = std::max(high, idx[k]);
