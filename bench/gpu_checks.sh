@@ -113,6 +113,17 @@ bench() {
   # Our steps replayed from CUDA graphs against PyTorch eager, fashion-cnn at batch 64.
   box 100 "$OUT/bench.log" "$B/bench/bench_gpu_step" --cases fashion-cnn-b64 --cuda-graphs \
     --precision fp32,tf32,bf16 ${step_torch[@]:+--torch} --steps "${BENCH_STEPS:-20}" --warmup 5
+  # Shallow first layers (fashion-cnn's conv1) on the direct kernels always (1) and never (0),
+  # against the default above, where each shape takes them only if they timed faster than cuDNN:
+  # graphed float32 steps, then conv1's own times in the profile.
+  for direct in 1 0; do
+    box 60 "$OUT/bench.log" env PIPELINE_CUDA_CONV_DIRECT=$direct "$B/bench/bench_gpu_step" \
+      --cases fashion-cnn-b64,fashion-cnn-b1024 --cuda-graphs --precision fp32 --steps 20 --warmup 5
+    box 30 "$OUT/conv-direct.log" env PIPELINE_CUDA_CONV_DIRECT=$direct \
+      "$B/partitioner/pipeline-profile" --model fashion-cnn --device cuda --batch 64 --repeat 5 \
+      -o "$OUT/fashion-direct$direct.json"
+  done
+  [[ -f $OUT/conv-direct.log ]] && grep -E "^===|conv1" "$OUT/conv-direct.log" >>"$S"
   # The transformer's bf16 step with every layer writing float32 (the products converting what
   # they read, the attention widening a bf16 qkv) against the default, where the layers that only
   # products read write bf16 and the attention reads the bf16 qkv as it is (ops::OutputAs).

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -35,6 +36,15 @@ std::atomic<bool> g_transformed{[] {
   const char* v = std::getenv("PIPELINE_CONV_TRANSFORMED");
   return v != nullptr && std::string_view(v) == "1";
 }()};
+// PIPELINE_CUDA_CONV_DIRECT=1 or 0 starts the process with offered kernels always or never taken.
+std::atomic<DirectConvolutions> g_direct{[] {
+  const std::string_view v = std::getenv("PIPELINE_CUDA_CONV_DIRECT") != nullptr
+                                 ? std::getenv("PIPELINE_CUDA_CONV_DIRECT")
+                                 : "";
+  return v == "1"   ? DirectConvolutions::Always
+         : v == "0" ? DirectConvolutions::Never
+                    : DirectConvolutions::Timed;
+}()};
 
 // The largest workspace an algorithm search offers the candidates: enough for every
 // implicit-gemm and Winograd algorithm of the zoo's models; FFT variants wanting more are
@@ -45,13 +55,15 @@ constexpr std::size_t kMinSearchWorkspace = std::size_t{16} << 20;
 enum class Pass : int { Forward = 0, BackwardData = 1, BackwardFilter = 2 };
 constexpr const char* kPassNames[] = {"forward", "backward-data", "backward-filter"};
 
-// Everything the choice depends on: pass, the problem, the math mode, determinism, and whether
-// every pointer is 16-byte aligned (a tensor view may start anywhere; some kernels need more).
-using AlgoKey = std::array<int, 17>;
+// Everything the choice depends on: pass, the problem, the math mode, determinism, whether
+// every pointer is 16-byte aligned (a tensor view may start anywhere; some kernels need more),
+// and whether a kernel of the caller's was timed beside cuDNN's.
+using AlgoKey = std::array<int, 18>;
 
 struct AlgoChoice {
   int algo = 0;
   std::size_t workspace = 0;
+  bool direct = false;  // the caller's kernel measured faster than any algorithm
 };
 
 // One cuDNN handle and algorithm cache per device and thread.
@@ -99,11 +111,12 @@ bool aligned16(const void* p) {
 }
 
 AlgoKey make_key(Pass pass, const Conv2dProblem& p, bool bf16_operands, bool tf32, bool det,
-                 bool exact, bool aligned) {
+                 bool exact, bool aligned, bool direct_timed) {
   AlgoKey key{};
   const auto shape = p.fields();
   auto at = std::copy(shape.begin(), shape.end(), key.begin());
-  for (const bool flag : {bf16_operands, tf32, det, exact, aligned}) *at++ = flag ? 1 : 0;
+  for (const bool flag : {bf16_operands, tf32, det, exact, aligned, direct_timed})
+    *at++ = flag ? 1 : 0;
   *at = static_cast<int>(pass);
   return key;
 }
@@ -167,12 +180,44 @@ struct ConvDescriptors {
                 det ? ": cuda::set_deterministic(false) admits the non-deterministic ones" : "");
 }
 
+// Milliseconds one call of `run` takes on `stream`: the best of three, after one untimed call.
+float time_ms(int device, cudaStream_t stream, const std::function<void()>& run) {
+  run();
+  float best = std::numeric_limits<float>::infinity();
+  for (int i = 0; i < 3; ++i) {
+    Event start = Event::create(device, true), end = Event::create(device, true);
+    start.record(stream);
+    run();
+    end.record(stream);
+    end.synchronize();
+    best = std::min(best, Event::elapsed_ms(start, end));
+  }
+  return best;
+}
+
+// What `choose` times of the caller's kernel under `mode` (nothing unless Timed): a call into
+// `out` itself where it is overwritten (beta 0), else into a scratch output of `out_bytes`, as
+// cuDNN's search does, so that an accumulated result is not touched.
+std::function<float()> timed_direct(DirectConvolutions mode, const ConvKernel& direct, int device,
+                                    cudaStream_t stream, float beta, float* out,
+                                    std::size_t out_bytes) {
+  if (mode != DirectConvolutions::Timed) return {};
+  return [&direct, device, stream, beta, out, out_bytes] {
+    const Workspace scratch(device, beta != 0.f ? out_bytes : 0, stream);
+    float* target = beta != 0.f ? static_cast<float*>(scratch.get()) : out;
+    return time_ms(device, stream, [&] { direct(0.f, target); });
+  };
+}
+
 // The algorithm of `key`, searched for once. Sizes(algo, &bytes) asks one algorithm's workspace;
 // Find(ws, bytes, perf, &returned) times the candidates; Heuristic(perf, &returned) ranks them
-// without running anything (the fallback when no timed candidate is usable).
+// without running anything (the fallback when no timed candidate is usable). `time_direct`,
+// where given, times the caller's kernel (ms), which wins over a slower timed algorithm and over
+// algorithms that were not timed.
 template <typename Perf, int Count, typename Sizes, typename Find, typename Heuristic>
 AlgoChoice choose(DnnContext& ctx, const AlgoKey& key, Pass pass, const Conv2dProblem& p, bool det,
-                  bool exact, cudaStream_t stream, Sizes sizes, Find find, Heuristic heuristic) {
+                  bool exact, cudaStream_t stream, Sizes sizes, Find find, Heuristic heuristic,
+                  const std::function<float()>& time_direct) {
   if (auto it = ctx.algos.find(key); it != ctx.algos.end()) return it->second;
   std::size_t wanted = 0;
   for (int a = 0; a < Count; ++a) {
@@ -187,6 +232,11 @@ AlgoChoice choose(DnnContext& ctx, const AlgoKey& key, Pass pass, const Conv2dPr
     const auto ws = search_workspace(ctx.device, wanted, stream);
     PIPELINE_CUDNN_CHECK(find(ws->get(), ws->bytes(), perf.data(), &returned));
     best = pick(perf.data(), returned, det, exact, ws->bytes());
+  }
+  if (time_direct && (best == nullptr || time_direct() < best->time)) {
+    const AlgoChoice choice{0, 0, true};
+    ctx.algos.emplace(key, choice);
+    return choice;
   }
   if (best == nullptr) {
     PIPELINE_CUDNN_CHECK(heuristic(perf.data(), &returned));
@@ -229,6 +279,13 @@ bool deterministic() {
   return g_deterministic;
 }
 
+void set_direct_convolutions(DirectConvolutions mode) {
+  g_direct = mode;
+}
+DirectConvolutions direct_convolutions() {
+  return g_direct;
+}
+
 void set_transformed_convolutions(bool allow) {
   g_transformed = allow;
 }
@@ -267,14 +324,18 @@ namespace {
 // bf16 products exactly, accumulated in fp32, whatever allow_tf32() says. (cuDNN's own bf16
 // NCHW convolutions through this API measured 6x slower than TF32 ones on vgg16, H100.)
 void forward_pass(cudaStream_t stream, int device, const Conv2dProblem& p, bool bf16_operands,
-                  const void* x, const void* weight, float beta, void* y) {
+                  const void* x, const void* weight, float beta, void* y,
+                  const ConvKernel& direct) {
   if (p.n == 0) return;
+  const DirectConvolutions mode = direct ? g_direct.load() : DirectConvolutions::Never;
+  if (mode == DirectConvolutions::Always) return direct(beta, static_cast<float*>(y));
   CallSetup s(device, stream);
   const bool tensor_cores = s.tf32 || bf16_operands;
   const ConvDescriptors d(p, tensor_cores);
   const bool exact = !tensor_cores && !s.transformed;
   const AlgoKey key = make_key(Pass::Forward, p, bf16_operands, tensor_cores, s.det, exact,
-                               aligned16(x) && aligned16(weight) && aligned16(y));
+                               aligned16(x) && aligned16(weight) && aligned16(y),
+                               mode == DirectConvolutions::Timed);
   const std::size_t y_bytes = sizeof(float) * static_cast<std::size_t>(p.n) *
                               static_cast<std::size_t>(p.m) * static_cast<std::size_t>(p.out_h()) *
                               static_cast<std::size_t>(p.out_w());
@@ -297,7 +358,9 @@ void forward_pass(cudaStream_t stream, int device, const Conv2dProblem& p, bool 
         return cudnnGetConvolutionForwardAlgorithm_v7(s.handle, d.x.get(), d.w.get(), d.conv.get(),
                                                       d.y.get(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                                       returned, perf);
-      });
+      },
+      timed_direct(mode, direct, device, stream, beta, static_cast<float*>(y), y_bytes));
+  if (choice.direct) return direct(beta, static_cast<float*>(y));
   const Workspace ws(device, choice.workspace, stream);
   const float alpha = 1.f;
   PIPELINE_CUDNN_CHECK(cudnnConvolutionForward(s.handle, &alpha, d.x.get(), x, d.w.get(), weight,
@@ -314,7 +377,7 @@ void backward_data_pass(cudaStream_t stream, int device, const Conv2dProblem& p,
   const ConvDescriptors d(p, tensor_cores);
   const bool exact = !tensor_cores && !s.transformed;
   const AlgoKey key = make_key(Pass::BackwardData, p, bf16_operands, tensor_cores, s.det, exact,
-                               aligned16(dy) && aligned16(weight) && aligned16(dx));
+                               aligned16(dy) && aligned16(weight) && aligned16(dx), false);
   const std::size_t dx_bytes = sizeof(float) * static_cast<std::size_t>(p.n) *
                                static_cast<std::size_t>(p.c) * static_cast<std::size_t>(p.h) *
                                static_cast<std::size_t>(p.w);
@@ -338,7 +401,8 @@ void backward_data_pass(cudaStream_t stream, int device, const Conv2dProblem& p,
             return cudnnGetConvolutionBackwardDataAlgorithm_v7(
                 s.handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
                 CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, returned, perf);
-          });
+          },
+          {});
   const Workspace ws(device, choice.workspace, stream);
   const float alpha = 1.f;
   PIPELINE_CUDNN_CHECK(
@@ -349,14 +413,17 @@ void backward_data_pass(cudaStream_t stream, int device, const Conv2dProblem& p,
 
 void backward_filter_pass(cudaStream_t stream, int device, const Conv2dProblem& p,
                           bool bf16_operands, const void* x, const void* dy, float beta,
-                          void* dweight) {
+                          void* dweight, const ConvKernel& direct) {
   if (p.n == 0) return;
+  const DirectConvolutions mode = direct ? g_direct.load() : DirectConvolutions::Never;
+  if (mode == DirectConvolutions::Always) return direct(beta, static_cast<float*>(dweight));
   CallSetup s(device, stream);
   const bool tensor_cores = s.tf32 || bf16_operands;
   const ConvDescriptors d(p, tensor_cores);
   const bool exact = !tensor_cores && !s.transformed;
   const AlgoKey key = make_key(Pass::BackwardFilter, p, bf16_operands, tensor_cores, s.det, exact,
-                               aligned16(x) && aligned16(dy) && aligned16(dweight));
+                               aligned16(x) && aligned16(dy) && aligned16(dweight),
+                               mode == DirectConvolutions::Timed);
   const std::size_t dw_bytes = sizeof(float) * static_cast<std::size_t>(p.m) *
                                static_cast<std::size_t>(p.c) * static_cast<std::size_t>(p.kh) *
                                static_cast<std::size_t>(p.kw);
@@ -381,7 +448,9 @@ void backward_filter_pass(cudaStream_t stream, int device, const Conv2dProblem& 
             return cudnnGetConvolutionBackwardFilterAlgorithm_v7(
                 s.handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),
                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, returned, perf);
-          });
+          },
+          timed_direct(mode, direct, device, stream, beta, static_cast<float*>(dweight), dw_bytes));
+  if (choice.direct) return direct(beta, static_cast<float*>(dweight));
   const Workspace ws(device, choice.workspace, stream);
   const float alpha = 1.f;
   PIPELINE_CUDNN_CHECK(
@@ -402,10 +471,11 @@ bool graph_f32(bool bf16_operands) {
 }  // namespace
 
 void conv2d_forward_f32(cudaStream_t stream, int device, const Conv2dProblem& p, const float* x,
-                        const float* weight, float beta, float* y, bool bf16_operands) {
+                        const float* weight, float beta, float* y, bool bf16_operands,
+                        const ConvKernel& direct) {
   if (graph_f32(bf16_operands) && conv2d_forward_graph_f32(stream, device, p, x, weight, beta, y))
     return;
-  forward_pass(stream, device, p, bf16_operands, x, weight, beta, y);
+  forward_pass(stream, device, p, bf16_operands, x, weight, beta, y, direct);
 }
 void conv2d_backward_data_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
                               const float* dy, const float* weight, float beta, float* dx,
@@ -417,11 +487,11 @@ void conv2d_backward_data_f32(cudaStream_t stream, int device, const Conv2dProbl
 }
 void conv2d_backward_filter_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
                                 const float* x, const float* dy, float beta, float* dweight,
-                                bool bf16_operands) {
+                                bool bf16_operands, const ConvKernel& direct) {
   if (graph_f32(bf16_operands) &&
       conv2d_backward_filter_graph_f32(stream, device, p, x, dy, beta, dweight))
     return;
-  backward_filter_pass(stream, device, p, bf16_operands, x, dy, beta, dweight);
+  backward_filter_pass(stream, device, p, bf16_operands, x, dy, beta, dweight, direct);
 }
 
 }  // namespace pipeline::cuda

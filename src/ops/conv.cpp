@@ -24,7 +24,9 @@
 
 #if PIPELINE_WITH_CUDA
 #include <pipeline/cuda/dnn.hpp>
+
 #include <pipeline/cuda/dnn_graph.hpp>
+#include "conv_direct.cuh"
 
 #include "channel_bias.cuh"
 #include "convert.cuh"
@@ -282,6 +284,13 @@ cuda::Conv2dProblem cuda_problem(const char* op, const Geometry& g, const Device
           i(g.kw), i(g.sh), i(g.sw), i(g.ph), i(g.pw)};
 }
 
+// The CUDA direct kernels' problem for geometry g (offered where direct_conv_applies).
+kernels::DirectConv cuda_direct_problem(const Geometry& g) {
+  const auto i = [](std::int64_t v) { return static_cast<int>(v); };
+  return {i(g.n),  i(g.c),  i(g.h),  i(g.w),  i(g.m),  i(g.kh), i(g.kw),
+          i(g.sh), i(g.sw), i(g.ph), i(g.pw), i(g.oh), i(g.ow)};
+}
+
 // A bf16 pass through cuDNN's graph API (cuda/dnn_graph.hpp): `pass` gets operands a and b as
 // bf16 tensors (rounded, or as kept in bf16) and a bf16 result of `shape`, which is returned for
 // the caller to widen. Undefined, with nothing queued, when that path is switched off or cuDNN
@@ -367,8 +376,17 @@ void conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& b
       return;
     }
     const Tensor x = product_operand(x_in), weight = product_operand(weight_in);
+    // A shallow window's direct kernel is offered to the float32 choice (cuda::ConvKernel).
+    const kernels::DirectConv direct = cuda_direct_problem(g);
+    cuda::ConvKernel direct_kernel;
+    if (!bf16 && kernels::direct_conv_applies(direct))
+      direct_kernel = [&](float beta, float* out) {
+        PIPELINE_CHECK(beta == 0.f, "the direct convolution overwrites its output");
+        kernels::direct_conv_forward(cuda.stream(), direct, x.device_data<float>(),
+                                     weight.device_data<float>(), out);
+      };
     cuda::conv2d_forward_f32(cuda.stream(), d.index, p, x.device_data<float>(),
-                             weight.device_data<float>(), 0.f, yd, bf16);
+                             weight.device_data<float>(), 0.f, yd, bf16, direct_kernel);
     if (bf16) round_to_bf16(y, y);  // before the bias
     if (bias.defined())
       kernels::channel_bias_add(cuda.stream(), yd, bias.device_data<float>(), g.n, g.m,
@@ -501,9 +519,19 @@ void conv2d_backward_filter(const Tensor& x_in, const Tensor& dy_in, Tensor& dwe
       return;
     }
     const Tensor x = product_operand(x_in), dy = product_operand(dy_in);
+    const kernels::DirectConv direct = cuda_direct_problem(g);
+    cuda::ConvKernel direct_kernel;
+    if (kernels::direct_conv_applies(direct))
+      direct_kernel = [&](float beta, float* out) {
+        Tensor workspace =
+            cuda.scratch_bytes(kernels::direct_conv_backward_filter_workspace(direct));
+        kernels::direct_conv_backward_filter(cuda.stream(), direct, x.device_data<float>(),
+                                             dy.device_data<float>(), beta, out, workspace.raw());
+      };
     // Weight gradients accumulate (beta = 1), as on the CPU.
     cuda::conv2d_backward_filter_f32(cuda.stream(), d.index, p, x.device_data<float>(),
-                                     dy.device_data<float>(), 1.f, dweight.device_data<float>());
+                                     dy.device_data<float>(), 1.f, dweight.device_data<float>(),
+                                     false, direct_kernel);
     return;
   }
 #endif

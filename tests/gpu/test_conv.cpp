@@ -1,9 +1,10 @@
-// CUDA convolution (cuDNN) against the CPU op: forward with and without bias, backward data,
-// backward filter and bias accumulated into non-zero gradients (beta = 1), over fashion-cnn's
-// shapes, odd sizes, stride 2, rectangular kernels and padding, 1x1 convolutions, batch 1 and an
-// empty batch; the deterministic algorithms reproduce their bits; mixed devices are refused. All of
-// it through cuDNN's legacy API and through its graph API (cuda/dnn_graph.hpp). fp32 with TF32
-// off: errors normalised by the output's typical magnitude stay below 1e-4.
+// CUDA convolution (cuDNN, and the direct kernels of shallow windows) against the CPU op: forward
+// with and without bias, backward data, backward filter and bias accumulated into non-zero
+// gradients (beta = 1), over fashion-cnn's shapes, odd sizes, stride 2, rectangular kernels and
+// padding, 1x1 convolutions, batch 1 and an empty batch; the deterministic algorithms reproduce
+// their bits; mixed devices are refused. All of it through cuDNN's legacy API and through its graph
+// API (cuda/dnn_graph.hpp). fp32 with TF32 off: errors normalised by the output's typical magnitude
+// stay below 1e-4.
 #include <pipeline/cuda/blas.hpp>
 #include <pipeline/cuda/dnn.hpp>
 #include <pipeline/cuda/dnn_graph.hpp>
@@ -180,6 +181,59 @@ TEST_CASE("conv2d with the transformed-domain algorithms allowed stays near the 
       ops::conv2d_backward_filter(x, dy, dw, c.window);
       ops::conv2d_backward_filter(x.to(kGpu), dy.to(kGpu), dwg, c.window);
       expect_close("dweight", dw, dwg, 1e-2);
+    }
+  }
+}
+
+// The direct kernels of shallow windows (kernels/conv_direct.cuh), always taken, never taken and
+// timed against cuDNN: fashion-cnn's conv1 at batch 64 and 1024 (whole rows a unit, several units
+// a block), VGG's 3-channel 3x3 first layer, a 2-channel rectangular window with mixed stride and
+// padding at the 30-tap, 64-output limits, more samples than the weight gradient's 256 blocks,
+// and a row too wide for more than a few rows in its window.
+TEST_CASE("conv2d's direct kernels for shallow windows match the CPU, however chosen") {
+  cuda::set_allow_tf32(false);
+  struct RestoreDirect {
+    cuda::DirectConvolutions was = cuda::direct_convolutions();
+    ~RestoreDirect() { cuda::set_direct_convolutions(was); }
+  } restore;
+  const Case cases[] = {
+      {64, 1, 28, 28, 32, ops::Window2d::square(5, 1, 2)},
+      {1024, 1, 28, 28, 32, ops::Window2d::square(5, 1, 2)},
+      {4, 3, 32, 32, 64, ops::Window2d::square(3, 1, 1)},
+      {6, 2, 11, 13, 64, {3, 5, 2, 1, 1, 2}},
+      {300, 1, 9, 9, 5, ops::Window2d::square(5, 1, 2)},
+      {2, 1, 7, 2500, 3, ops::Window2d::square(3, 1, 1)},
+  };
+  for (const auto mode : {cuda::DirectConvolutions::Always, cuda::DirectConvolutions::Never,
+                          cuda::DirectConvolutions::Timed}) {
+    cuda::set_direct_convolutions(mode);
+    for (const Case& c : cases) {
+      CAPTURE(static_cast<int>(mode));
+      CAPTURE(c.n);
+      CAPTURE(c.c);
+      CAPTURE(c.w);
+      CAPTURE(c.m);
+      const Shape xs{c.n, c.c, c.h, c.w}, ws{c.m, c.c, c.window.kernel_h, c.window.kernel_w};
+      const Shape ys = ops::conv2d_output_shape(xs, ws, c.window);
+      const Tensor x = random_tensor(xs, 81), w = random_tensor(ws, 82),
+                   b = random_tensor(Shape{c.m}, 83);
+      const Tensor dy = random_tensor(ys, 84), dw0 = random_tensor(ws, 85);
+      const Tensor xg = x.to(kGpu), wg = w.to(kGpu), dyg = dy.to(kGpu);
+      Tensor y = Tensor::empty(ys), yg = poisoned(ys);
+      ops::conv2d_forward(x, w, b, y, c.window);
+      ops::conv2d_forward(xg, wg, b.to(kGpu), yg, c.window);
+      expect_close("y", y, yg, kTol);
+      Tensor dw = dw0.clone(), dwg = dw0.to(kGpu);
+      ops::conv2d_backward_filter(x, dy, dw, c.window);
+      ops::conv2d_backward_filter(xg, dyg, dwg, c.window);
+      expect_close("dweight (accumulated)", dw, dwg, kTol);
+      ops::conv2d_backward_filter(x, dy, dw, c.window);
+      ops::conv2d_backward_filter(xg, dyg, dwg, c.window);
+      expect_close("dweight (accumulated twice)", dw, dwg, kTol);
+      Tensor dwg_again = dw0.to(kGpu);
+      ops::conv2d_backward_filter(xg, dyg, dwg_again, c.window);
+      ops::conv2d_backward_filter(xg, dyg, dwg_again, c.window);
+      expect_equal("dweight rerun", host(dwg), dwg_again);
     }
   }
 }

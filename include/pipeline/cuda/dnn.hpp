@@ -42,6 +42,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <utility>
 
 #if defined(__GNUC__)
@@ -61,6 +62,19 @@ bool deterministic();
 // Process-wide; off by default, on from the start with PIPELINE_CONV_TRANSFORMED=1.
 void set_transformed_convolutions(bool allow);
 bool transformed_convolutions();
+
+// A kernel of the caller's for one pass of one problem: out = pass(...) + beta · out, queued on
+// the pass's stream, on the pass's inputs. Offered to a pass (below), it is one more candidate of
+// that problem's algorithm choice, timed on the same inputs as cuDNN's algorithms and taken where
+// it was faster (the op's direct kernels for shallow windows, kernels/conv_direct.cuh).
+using ConvKernel = std::function<void(float beta, float* out)>;
+
+// Whether kernels offered to a pass are timed against cuDNN's algorithms (Timed, the default),
+// always taken (Always) or never (Never); process-wide. PIPELINE_CUDA_CONV_DIRECT=1 or 0 starts
+// a process at Always or Never (the A/B of bench/gpu_checks.sh; the tests set each).
+enum class DirectConvolutions { Timed, Always, Never };
+void set_direct_convolutions(DirectConvolutions mode);
+DirectConvolutions direct_convolutions();
 
 // The calling thread's cuDNN handle on `device` (made on first use), bound to `stream`. The
 // device must be current (DeviceGuard).
@@ -150,10 +164,12 @@ struct Conv2dProblem {
 // out = conv-pass(...) + beta · out (beta 0: overwrite, 1: accumulate). n == 0 does nothing.
 // `bf16_operands`: both operands hold bf16 values (rounded under a bf16 compute dtype,
 // ops/precision.hpp); TF32 holds them exactly, so the pass runs on the tensor cores whatever
-// allow_tf32() says and equals a bf16 convolution accumulated in fp32.
+// allow_tf32() says and equals a bf16 convolution accumulated in fp32. `direct`, where given, is
+// offered to the legacy API's choice (ConvKernel).
 // y = x ⋆ weight
 void conv2d_forward_f32(cudaStream_t stream, int device, const Conv2dProblem& p, const float* x,
-                        const float* weight, float beta, float* y, bool bf16_operands = false);
+                        const float* weight, float beta, float* y, bool bf16_operands = false,
+                        const ConvKernel& direct = {});
 // dx = the adjoint of the forward applied to dy (a transposed convolution)
 void conv2d_backward_data_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
                               const float* dy, const float* weight, float beta, float* dx,
@@ -161,7 +177,7 @@ void conv2d_backward_data_f32(cudaStream_t stream, int device, const Conv2dProbl
 // dweight = Σ_n dy_n ⋆ x_n
 void conv2d_backward_filter_f32(cudaStream_t stream, int device, const Conv2dProblem& p,
                                 const float* x, const float* dy, float beta, float* dweight,
-                                bool bf16_operands = false);
+                                bool bf16_operands = false, const ConvKernel& direct = {});
 
 }  // namespace pipeline::cuda
 
