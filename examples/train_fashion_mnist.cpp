@@ -174,13 +174,18 @@ std::string describe(const Plan& plan) {
 int run_pipelined(const Options& o, Communicator& comm, Device device) {
   set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
   ZooModel zoo = image_model(o);
-  FashionMnist train(o.data, Split::Train), test(o.data, Split::Test);
 
   std::optional<Profile> profile;  // the plan's, for the simulated memory at the end
   const Plan plan =
       examples::plan_for_job(o.pipeline, zoo, comm, o.batch, *make_optimizer(o), &profile);
   if (comm.rank() == 0) fmt::print("{}\n", describe(plan));
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
+  // Only ranks of the first stage feed images; the others read the labels (the last stage's
+  // loss, and every rank's sample count).
+  const std::vector<int> mine = layout.stages_of(comm.rank());
+  const auto contents = !mine.empty() && mine.front() != 0 ? FashionMnist::Contents::Labels
+                                                           : FashionMnist::Contents::Everything;
+  FashionMnist train(o.data, Split::Train, contents), test(o.data, Split::Test, contents);
   const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout);
   examples::check_interleaved_run(plan, !o.checkpoints.output_dir().empty(),
                                   !o.save.empty() || !o.load.empty());

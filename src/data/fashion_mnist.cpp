@@ -26,11 +26,16 @@ std::string locate(const std::string& dir, const std::string& stem) {
 
 }  // namespace
 
-FashionMnist::FashionMnist(std::string dir, Split split) : m_dir(std::move(dir)), m_split(split) {
+FashionMnist::FashionMnist(std::string dir, Split split, Contents contents)
+    : m_dir(std::move(dir)), m_split(split), m_contents(contents) {
   const std::string prefix = split == Split::Train ? "train" : "t10k";
   const std::string image_path = locate(m_dir, prefix + "-images-idx3-ubyte");
   const std::string label_path = locate(m_dir, prefix + "-labels-idx1-ubyte");
-  IdxArray images = read_idx(image_path);
+  IdxArray images;
+  if (contents == Contents::Everything)
+    images = read_idx(image_path);
+  else
+    images.dims = read_idx_dims(image_path);
   IdxArray labels = read_idx(label_path);
   PIPELINE_CHECK_AS(IoError,
                     images.dims.size() == 3 && images.dims[1] == kRows && images.dims[2] == kCols,
@@ -56,15 +61,20 @@ std::string FashionMnist::name() const {
 
 Batch FashionMnist::get(std::span<const std::int64_t> indices) const {
   check_indices(indices);
-  Batch b = allocate(static_cast<std::int64_t>(indices.size()));
+  const auto count = static_cast<std::int64_t>(indices.size());
+  Batch b = m_contents == Contents::Labels
+                ? Batch{Tensor(), Tensor::empty(label_shape().batched(count), DType::Int32)}
+                : allocate(count);
+  std::int32_t* y = b.labels.data<std::int32_t>();
+  for (std::size_t k = 0; k < indices.size(); ++k)
+    y[k] = m_labels[static_cast<std::size_t>(indices[k])];
+  if (m_contents == Contents::Labels) return b;
   constexpr std::int64_t kPixels = kRows * kCols;
   float* x = b.inputs.data<float>();
-  std::int32_t* y = b.labels.data<std::int32_t>();
   for (std::size_t k = 0; k < indices.size(); ++k) {
     const std::uint8_t* src = m_pixels.data() + indices[k] * kPixels;
     float* dst = x + static_cast<std::int64_t>(k) * kPixels;
     for (std::int64_t p = 0; p < kPixels; ++p) dst[p] = static_cast<float>(src[p]) / 255.f;
-    y[k] = m_labels[static_cast<std::size_t>(indices[k])];
   }
   return b;
 }

@@ -46,18 +46,20 @@ std::size_t read_some(gzFile f, std::uint8_t* dst, std::size_t n, const std::str
   return done;
 }
 
-}  // namespace
-
-IdxArray read_idx(const std::string& path) {
+GzFile open_idx(const std::string& path) {
   PIPELINE_CHECK_AS(IoError, std::filesystem::is_regular_file(path),
                     "IDX file '{}' does not exist or is not a regular file", path);
   GzFile f(gzopen(path.c_str(), "rb"));
   PIPELINE_CHECK_AS(IoError, f != nullptr, "cannot open IDX file '{}': {}", path,
                     std::strerror(errno));
   gzbuffer(f.get(), 1 << 20);
+  return f;
+}
 
+// The header's dimensions, every check of it made; `f` is left at the first element.
+std::vector<std::int64_t> read_header(gzFile f, const std::string& path) {
   std::uint8_t magic[4];
-  PIPELINE_CHECK_AS(IoError, read_some(f.get(), magic, 4, path) == 4,
+  PIPELINE_CHECK_AS(IoError, read_some(f, magic, 4, path) == 4,
                     "IDX file '{}' is too short to hold a header", path);
   PIPELINE_CHECK_AS(IoError, magic[0] == 0 && magic[1] == 0,
                     "'{}' is not an IDX file: bad magic {:02x} {:02x} {:02x} {:02x}", path,
@@ -70,10 +72,10 @@ IdxArray read_idx(const std::string& path) {
   PIPELINE_CHECK_AS(IoError, rank >= 1 && rank <= 8,
                     "IDX file '{}' declares {} dimensions; expected 1 to 8", path, rank);
 
-  IdxArray out;
+  std::vector<std::int64_t> dims;
   std::uint8_t raw[4 * 8];
   PIPELINE_CHECK_AS(IoError,
-                    read_some(f.get(), raw, 4 * static_cast<std::size_t>(rank), path) ==
+                    read_some(f, raw, 4 * static_cast<std::size_t>(rank), path) ==
                         4 * static_cast<std::size_t>(rank),
                     "IDX file '{}' is truncated inside its {} dimension sizes", path, rank);
   std::int64_t total = 1;
@@ -81,12 +83,27 @@ IdxArray read_idx(const std::string& path) {
     const std::uint8_t* b = raw + 4 * d;
     const std::int64_t n = (std::int64_t{b[0]} << 24) | (std::int64_t{b[1]} << 16) |
                            (std::int64_t{b[2]} << 8) | std::int64_t{b[3]};
-    out.dims.push_back(n);
+    dims.push_back(n);
     PIPELINE_CHECK_AS(IoError, n == 0 || total <= (std::int64_t{1} << 40) / n,
                       "IDX file '{}' declares an implausible size (dimensions so far: {})", path,
-                      fmt::join(out.dims, " x "));
+                      fmt::join(dims, " x "));
     total *= n;
   }
+  return dims;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> read_idx_dims(const std::string& path) {
+  const GzFile f = open_idx(path);
+  return read_header(f.get(), path);
+}
+
+IdxArray read_idx(const std::string& path) {
+  const GzFile f = open_idx(path);
+  IdxArray out;
+  out.dims = read_header(f.get(), path);
+  const std::int64_t total = out.numel();
 
   // The declared size is allocated at once where the file could hold it: deflate expands data
   // at most 1032-fold. A header that lies beyond that gets a buffer grown as data arrives

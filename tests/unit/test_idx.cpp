@@ -78,6 +78,14 @@ TEST_CASE("Truncated and corrupt IDX files give IoError") {
   expect({0, 0, 8, 3, 0, 0, 0xff, 0xff, 0, 0, 0xff, 0xff, 0, 0, 0, 1, 1, 2, 3}, "truncated");
   expect({0, 0, 8, 3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1}, "implausible");
   CHECK_THROWS_WITH_AS(read_idx(dir.file("absent")), doctest::Contains("does not exist"), IoError);
+  // The header alone: its own errors, but not the data's.
+  const std::string header_only = dir.file("header");
+  write_bytes(header_only, {1, 2, 8, 2, 0, 0, 0, 4, 0, 0, 0, 3});
+  CHECK_THROWS_WITH_AS(read_idx_dims(header_only), doctest::Contains("bad magic"), IoError);
+  write_bytes(header_only, {0, 0, 8, 2, 0, 0, 0});
+  CHECK_THROWS_WITH_AS(read_idx_dims(header_only), doctest::Contains("dimension sizes"), IoError);
+  write_bytes(header_only, {bytes.begin(), bytes.end() - 1});
+  CHECK(read_idx_dims(header_only) == std::vector<std::int64_t>{4, 3});
 
   // A gzip stream cut in half, and one with its compressed body garbled.
   const std::string gz = dir.file("good.gz");
@@ -113,6 +121,23 @@ TEST_CASE("FashionMnist reads a directory of IDX files, .gz or plain") {
   CHECK(b.inputs.values()[784 + 10] == doctest::Approx(img.data[784 + 10] / 255.0));
   std::vector<std::int64_t> out_of_range{5};
   CHECK_THROWS(test.get(out_of_range));
+
+  // Labels alone: the images' header is read (and checked against the labels), their pixels not.
+  CHECK(read_idx_dims(dir.file("t10k-images-idx3-ubyte.gz")) ==
+        std::vector<std::int64_t>{5, 28, 28});
+  const FashionMnist labels(dir.path.string(), Split::Test, FashionMnist::Contents::Labels);
+  CHECK(labels.size() == 5);
+  CHECK(labels.sample_shape() == Shape{1, 28, 28});
+  const Batch lb = labels.get(idx);
+  CHECK_FALSE(lb.inputs.defined());
+  CHECK(lb.size() == 2);
+  CHECK(lb.labels.data<std::int32_t>()[0] == 1);
+  CHECK(lb.labels.data<std::int32_t>()[1] == 9);
+  IdxArray fewer = images(4);
+  write_idx(dir.file("t10k-images-idx3-ubyte.gz"), fewer, true);
+  CHECK_THROWS_WITH_AS(FashionMnist(dir.path.string(), Split::Test, FashionMnist::Contents::Labels),
+                       doctest::Contains("holds 4 images"), IoError);
+  write_idx(dir.file("t10k-images-idx3-ubyte.gz"), img, true);
 
   // The training split is missing: the error names the package and the flag.
   CHECK_THROWS_WITH_AS(FashionMnist(dir.path.string(), Split::Train),

@@ -25,6 +25,8 @@ struct IdxArray {
 };
 
 IdxArray read_idx(const std::string& path);
+// The dimensions alone, from the header (checked as read_idx checks it; the data is not read).
+std::vector<std::int64_t> read_idx_dims(const std::string& path);
 void write_idx(const std::string& path, const IdxArray& array, bool gzip);
 
 }  // namespace pipeline
