@@ -2,8 +2,8 @@
 //
 // Forward: one thread per output pixel (n, oh, ow). It loads the window's taps once into
 // registers (zero outside the input) and makes all M outputs from them, the weights in shared
-// memory (every thread of a warp reads the same weight: a broadcast). Consecutive threads take
-// consecutive pixels, so loads and stores are coalesced along a row.
+// memory, four in one load (every thread of a warp reads the same ones: a broadcast). Consecutive
+// threads take consecutive pixels, so loads and stores are coalesced along a row.
 //
 // Weight gradient: dw[m, tap] = Σ_{n, pixel} dy[n, m, pixel] · x[n, tap at pixel], a long sum
 // into few results. The pixels go in units of whole output rows of one sample: a block stages a
@@ -95,9 +95,15 @@ FilterUnits filter_units(const DirectConv& p) {
 
 static __global__ __launch_bounds__(kForwardThreads) void direct_conv_forward_kernel(
     DirectConv p, Taps t, const float* x, const float* weight, float* y) {
-  __shared__ float ws[kDirectConvMaxOutputs * kDirectConvMaxDepth];
-  const int depth = p.c * p.kh * p.kw;
-  for (int i = threadIdx.x; i < p.m * depth; i += blockDim.x) ws[i] = weight[i];
+  // Each output's weights on a row of kDirectConvMaxDepth floats, zero past the window's depth,
+  // so that they are read four at a time (a warp reads the same four: one broadcast).
+  __shared__ float4 ws4[kDirectConvMaxOutputs * kDirectConvMaxDepth / 4];
+  float* ws = reinterpret_cast<float*>(ws4);
+  const int depth = p.c * p.kh * p.kw, quads = (depth + 3) / 4;
+  for (int i = threadIdx.x; i < p.m * kDirectConvMaxDepth; i += blockDim.x) {
+    const int m = i / kDirectConvMaxDepth, k = i % kDirectConvMaxDepth;
+    ws[i] = k < depth ? weight[m * depth + k] : 0.f;
+  }
   __syncthreads();
   const std::int64_t plane = static_cast<std::int64_t>(p.oh) * p.ow;
   const std::int64_t pixels = plane * p.n;
@@ -114,11 +120,17 @@ static __global__ __launch_bounds__(kForwardThreads) void direct_conv_forward_ke
       v[i] = i < depth ? tap(p, t, x, n, i, ih0, iw0) : 0.f;
     float* out = y + static_cast<std::int64_t>(n) * p.m * plane + pix;
     for (int m = 0; m < p.m; ++m) {
-      const float* wm = ws + m * depth;
+      const float4* wm = ws4 + m * (kDirectConvMaxDepth / 4);
       float acc = 0.f;
 #pragma unroll
-      for (int i = 0; i < kDirectConvMaxDepth; ++i)
-        if (i < depth) acc = fmaf(v[i], wm[i], acc);
+      for (int j = 0; j < kDirectConvMaxDepth / 4; ++j) {
+        if (j >= quads) break;
+        const float4 w4 = wm[j];
+        acc = fmaf(v[4 * j], w4.x, acc);
+        acc = fmaf(v[4 * j + 1], w4.y, acc);
+        acc = fmaf(v[4 * j + 2], w4.z, acc);
+        acc = fmaf(v[4 * j + 3], w4.w, acc);
+      }
       out[static_cast<std::int64_t>(m) * plane] = acc;
     }
   }

@@ -180,19 +180,18 @@ struct ConvDescriptors {
                 det ? ": cuda::set_deterministic(false) admits the non-deterministic ones" : "");
 }
 
-// Milliseconds one call of `run` takes on `stream`: the best of three, after one untimed call.
+// Milliseconds one call of `run` takes on `stream`: the mean of three in a row, after one untimed
+// call (the best of several would favour the caller's kernel over cuDNN's one figure for each of
+// its algorithms).
 float time_ms(int device, cudaStream_t stream, const std::function<void()>& run) {
+  constexpr int kCalls = 3;
   run();
-  float best = std::numeric_limits<float>::infinity();
-  for (int i = 0; i < 3; ++i) {
-    Event start = Event::create(device, true), end = Event::create(device, true);
-    start.record(stream);
-    run();
-    end.record(stream);
-    end.synchronize();
-    best = std::min(best, Event::elapsed_ms(start, end));
-  }
-  return best;
+  Event start = Event::create(device, true), end = Event::create(device, true);
+  start.record(stream);
+  for (int i = 0; i < kCalls; ++i) run();
+  end.record(stream);
+  end.synchronize();
+  return Event::elapsed_ms(start, end) / kCalls;
 }
 
 // What `choose` times of the caller's kernel under `mode` (nothing unless Timed): a call into
