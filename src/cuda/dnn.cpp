@@ -4,6 +4,7 @@
 #include <pipeline/cuda/device_memory.hpp>
 #include <pipeline/cuda/dnn.hpp>
 #include <pipeline/cuda/dnn_graph.hpp>
+#include <pipeline/cuda/graph.hpp>
 #include <pipeline/cuda/stream.hpp>
 
 #include "call_workspace.hpp"
@@ -212,12 +213,15 @@ std::function<float()> timed_direct(DirectConvolutions mode, const ConvKernel& d
 // Find(ws, bytes, perf, &returned) times the candidates; Heuristic(perf, &returned) ranks them
 // without running anything (the fallback when no timed candidate is usable). `time_direct`,
 // where given, times the caller's kernel (ms), which wins over a slower timed algorithm and over
-// algorithms that were not timed.
+// algorithms that were not timed. Inside a CUDA graph capture nothing may wait for the device:
+// a problem first met there takes the heuristics' ranking, untimed and not cached (an eager call
+// of it later searches as usual), where a timed search would have failed the capture.
 template <typename Perf, int Count, typename Sizes, typename Find, typename Heuristic>
 AlgoChoice choose(DnnContext& ctx, const AlgoKey& key, Pass pass, const Conv2dProblem& p, bool det,
                   bool exact, cudaStream_t stream, Sizes sizes, Find find, Heuristic heuristic,
                   const std::function<float()>& time_direct) {
   if (auto it = ctx.algos.find(key); it != ctx.algos.end()) return it->second;
+  const bool capture = capturing(stream);
   std::size_t wanted = 0;
   for (int a = 0; a < Count; ++a) {
     std::size_t bytes = 0;
@@ -227,12 +231,12 @@ AlgoChoice choose(DnnContext& ctx, const AlgoKey& key, Pass pass, const Conv2dPr
   std::array<Perf, Count> perf{};
   int returned = 0;
   const Perf* best = nullptr;
-  {
+  if (!capture) {
     const auto ws = search_workspace(ctx.device, wanted, stream);
     PIPELINE_CUDNN_CHECK(find(ws->get(), ws->bytes(), perf.data(), &returned));
     best = pick(perf.data(), returned, det, exact, ws->bytes());
   }
-  if (time_direct && (best == nullptr || time_direct() < best->time)) {
+  if (!capture && time_direct && (best == nullptr || time_direct() < best->time)) {
     const AlgoChoice choice{0, 0, true};
     ctx.algos.emplace(key, choice);
     return choice;
@@ -247,7 +251,7 @@ AlgoChoice choose(DnnContext& ctx, const AlgoKey& key, Pass pass, const Conv2dPr
   std::size_t bytes = 0;
   PIPELINE_CUDNN_CHECK(sizes(choice.algo, &bytes));
   choice.workspace = std::max(choice.workspace, bytes);
-  ctx.algos.emplace(key, choice);
+  if (!capture) ctx.algos.emplace(key, choice);
   return choice;
 }
 

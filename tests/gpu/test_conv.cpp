@@ -8,6 +8,8 @@
 #include <pipeline/cuda/blas.hpp>
 #include <pipeline/cuda/dnn.hpp>
 #include <pipeline/cuda/dnn_graph.hpp>
+#include <pipeline/cuda/graph.hpp>
+#include <pipeline/cuda/stream.hpp>
 #include <pipeline/ops/conv.hpp>
 
 #include "gpu_compare.hpp"
@@ -235,6 +237,43 @@ TEST_CASE("conv2d's direct kernels for shallow windows match the CPU, however ch
       ops::conv2d_backward_filter(xg, dyg, dwg_again, c.window);
       expect_equal("dweight rerun", host(dwg), dwg_again);
     }
+  }
+}
+
+// A convolution whose shape is first met inside a CUDA graph capture cannot be searched for (the
+// search waits for the device): it runs on cuDNN's heuristic choice, which the replay computes
+// correctly, and a later eager call searches as usual. A shallow window too, with the direct
+// kernels offered to the timed choice.
+TEST_CASE("conv2d first met inside a CUDA graph capture runs on the heuristics' choice") {
+  cuda::set_allow_tf32(false);
+  const Case cases[] = {{3, 6, 10, 11, 5, ops::Window2d::square(3, 1, 1)},
+                        {5, 1, 12, 9, 7, ops::Window2d::square(5, 1, 2)}};
+  for (const Case& c : cases) {
+    CAPTURE(c.c);
+    const Shape xs{c.n, c.c, c.h, c.w}, ws{c.m, c.c, c.window.kernel_h, c.window.kernel_w};
+    const Shape ys = ops::conv2d_output_shape(xs, ws, c.window);
+    const Tensor x = random_tensor(xs, 91), w = random_tensor(ws, 92), dy = random_tensor(ys, 93);
+    const Tensor dw0 = random_tensor(ws, 94);
+    const Tensor xg = x.to(kGpu), wg = w.to(kGpu), dyg = dy.to(kGpu);
+    Tensor yg = poisoned(ys), dwg = dw0.to(kGpu);
+    const cuda::Stream stream = cuda::Stream::create(0);
+    {
+      const cuda::StreamGuard on(stream);
+      const cuda::Graph graph = cuda::Graph::capture(stream, [&] {
+        ops::conv2d_forward(xg, wg, Tensor(), yg, c.window);
+        ops::conv2d_backward_filter(xg, dyg, dwg, c.window);
+      });
+      graph.replay(stream.get());
+      stream.synchronize();
+    }
+    Tensor y = Tensor::empty(ys), dw = dw0.clone();
+    ops::conv2d_forward(x, w, Tensor(), y, c.window);
+    ops::conv2d_backward_filter(x, dy, dw, c.window);
+    expect_close("y (replayed)", y, yg, kTol);
+    expect_close("dweight (replayed)", dw, dwg, kTol);
+    Tensor yg_eager = poisoned(ys);
+    ops::conv2d_forward(xg, wg, Tensor(), yg_eager, c.window);
+    expect_close("y (eager, searched)", y, yg_eager, kTol);
   }
 }
 
