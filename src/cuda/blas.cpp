@@ -9,6 +9,7 @@
 #include "bias.cuh"
 
 #include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -23,9 +24,20 @@ std::atomic<bool> g_allow_tf32{false};
 constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
 
 // What decides the algorithm: shapes, strides, transposes, epilogue, compute type, beta != 0,
-// operand type, result type.
-using AlgoKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
-                           std::int64_t, bool, bool, int, bool, bool, int, int>;
+// operand type, result type, and the alignments of the two operands and of C.
+using AlgoKey =
+    std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+               bool, bool, int, bool, bool, int, int, std::uint32_t, std::uint32_t, std::uint32_t>;
+
+// The largest power of two, up to 256, that divides the address: the alignment an algorithm may
+// count on. cuBLASLt's heuristic assumes 256 unless told less, and a call on a less aligned view
+// (a microbatch's rows, a tensor's slice) may then be refused.
+std::uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t a = 256;
+  while (a > 1 && address % a != 0) a /= 2;
+  return a;
+}
 
 // One cuBLASLt handle, workspace and algorithm cache per device and thread (a stage thread of an
 // in-process pipeline has its own, so nothing is shared between concurrent streams).
@@ -165,7 +177,10 @@ bool gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
                     tf32,
                     beta != 0.f,
                     static_cast<int>(operands),
-                    static_cast<int>(result_type)};
+                    static_cast<int>(result_type),
+                    alignment_of(b),
+                    alignment_of(a),
+                    alignment_of(c)};
   auto it = ctx.algos.find(key);
   if (it == ctx.algos.end()) {
     Preference pref;
@@ -173,6 +188,15 @@ bool gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
     const std::size_t workspace = kWorkspaceBytes;
     PIPELINE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+    // cuBLASLt's A is our B and its B our A (the column-major view above); C and D are C.
+    const std::uint32_t aligned[] = {std::get<13>(key), std::get<14>(key), std::get<15>(key),
+                                     std::get<15>(key)};
+    const cublasLtMatmulPreferenceAttributes_t which[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i)
+      PIPELINE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, which[i], &aligned[i],
+                                                                 sizeof(aligned[i])));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t status =
