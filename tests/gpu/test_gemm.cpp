@@ -74,6 +74,31 @@ TEST_CASE("gemm on CUDA equals the CPU gemm for every transpose and alpha, beta"
   }
 }
 
+// Views that start past a whole allocation (a microbatch's rows, a slice): cuBLASLt is told each
+// operand's alignment, down to 4 bytes, so that it offers no algorithm the call would refuse; the
+// same shapes at full alignment keep their own cached algorithm.
+TEST_CASE("gemm on CUDA over row slices that start 4, 8, 16 or 256 bytes into a tensor") {
+  Rng rng(5, "gemm-gpu-views");
+  const std::int64_t m = 96, n = 80, k = 72;
+  for (const std::int64_t skip : {1, 2, 4, 64}) {  // rows of one float skipped: 4 to 256 bytes
+    CAPTURE(skip);
+    const Tensor a_all = random(Shape{m + skip, k}, rng), b_all = random(Shape{k + skip, n}, rng);
+    const Tensor a = a_all.reshape({(m + skip) * k}).slice(skip, skip + m * k).reshape({m, k});
+    const Tensor b = b_all.reshape({(k + skip) * n}).slice(skip, skip + k * n).reshape({k, n});
+    Tensor c_all = random(Shape{(m * n + skip)}, rng);
+    Tensor c = c_all.slice(skip, skip + m * n).reshape({m, n});
+    Tensor c_gpu_all = c_all.to(Device::cuda(0));
+    Tensor c_gpu = c_gpu_all.slice(skip, skip + m * n).reshape({m, n});
+    const Tensor a_gpu_all = a_all.reshape({(m + skip) * k}).to(Device::cuda(0));
+    const Tensor b_gpu_all = b_all.reshape({(k + skip) * n}).to(Device::cuda(0));
+    const Tensor a_gpu = a_gpu_all.slice(skip, skip + m * k).reshape({m, k});
+    const Tensor b_gpu = b_gpu_all.slice(skip, skip + k * n).reshape({k, n});
+    ops::gemm(a, false, b, false, c, 1.f, 1.f);
+    ops::gemm(a_gpu, false, b_gpu, false, c_gpu, 1.f, 1.f);
+    CHECK(normalized_error(c_gpu, c) <= 1e-5);
+  }
+}
+
 TEST_CASE("TF32 is off by default and, when allowed, within TF32 rounding") {
   CHECK(!cuda::allow_tf32());
   Rng rng(4, "gemm-tf32");
