@@ -47,6 +47,23 @@ const Case kCases[] = {
 
 constexpr double kTol = 1e-4;
 
+// The weight gradient accumulated into dw0 once and twice (the second call reuses the cached
+// choice) equals the CPU's, and a rerun from dw0 gives the same bits.
+void check_weight_gradient(const Tensor& x, const Tensor& dy, const Tensor& dw0,
+                           const ops::Window2d& window) {
+  const Tensor xg = x.to(kGpu), dyg = dy.to(kGpu);
+  Tensor dw = dw0.clone(), dwg = dw0.to(kGpu);
+  for (const char* what : {"dweight (accumulated)", "dweight (accumulated twice)"}) {
+    ops::conv2d_backward_filter(x, dy, dw, window);
+    ops::conv2d_backward_filter(xg, dyg, dwg, window);
+    expect_close(what, dw, dwg, kTol);
+  }
+  Tensor dwg_again = dw0.to(kGpu);
+  ops::conv2d_backward_filter(xg, dyg, dwg_again, window);
+  ops::conv2d_backward_filter(xg, dyg, dwg_again, window);
+  expect_equal("dweight rerun", host(dwg), dwg_again);
+}
+
 }  // namespace
 
 TEST_CASE("conv2d on CUDA matches the CPU: forward, backward data, filter and bias") {
@@ -94,12 +111,9 @@ TEST_CASE("conv2d on CUDA matches the CPU: forward, backward data, filter and bi
       ops::conv2d_backward_data(dyg, wg, dxg, c.window);
       expect_close("dx", dx, dxg, kTol);
 
-      // Gradients accumulate into what is already there (beta = 1): start from non-zero values.
-      Tensor dw = dw0.clone();
-      ops::conv2d_backward_filter(x, dy, dw, c.window);
-      Tensor dwg = dw0.to(kGpu);
-      ops::conv2d_backward_filter(xg, dyg, dwg, c.window);
-      expect_close("dweight (accumulated)", dw, dwg, kTol);
+      // Gradients accumulate into what is already there (beta = 1): start from non-zero values;
+      // the deterministic algorithms give the same bits on a rerun.
+      check_weight_gradient(x, dy, dw0, c.window);
 
       Tensor db = db0.clone();
       ops::conv2d_backward_bias(dy, db);
@@ -107,15 +121,6 @@ TEST_CASE("conv2d on CUDA matches the CPU: forward, backward data, filter and bi
       ops::conv2d_backward_bias(dyg, dbg);
       expect_close("dbias (accumulated)", db, dbg, kTol);
 
-      // Twice accumulated equals the CPU twice accumulated (the second call reuses the cached
-      // algorithm), and the deterministic algorithms give the same bits on a rerun.
-      ops::conv2d_backward_filter(x, dy, dw, c.window);
-      ops::conv2d_backward_filter(xg, dyg, dwg, c.window);
-      expect_close("dweight (accumulated twice)", dw, dwg, kTol);
-      Tensor dwg_again = dw0.to(kGpu);
-      ops::conv2d_backward_filter(xg, dyg, dwg_again, c.window);
-      ops::conv2d_backward_filter(xg, dyg, dwg_again, c.window);
-      expect_equal("dweight rerun", host(dwg), dwg_again);
       Tensor dxg_again = poisoned(xs);
       ops::conv2d_backward_data(dyg, wg, dxg_again, c.window);
       expect_equal("dx rerun", host(dxg), dxg_again);
@@ -220,22 +225,11 @@ TEST_CASE("conv2d's direct kernels for shallow windows match the CPU, however ch
       const Tensor x = random_tensor(xs, 81), w = random_tensor(ws, 82),
                    b = random_tensor(Shape{c.m}, 83);
       const Tensor dy = random_tensor(ys, 84), dw0 = random_tensor(ws, 85);
-      const Tensor xg = x.to(kGpu), wg = w.to(kGpu), dyg = dy.to(kGpu);
       Tensor y = Tensor::empty(ys), yg = poisoned(ys);
       ops::conv2d_forward(x, w, b, y, c.window);
-      ops::conv2d_forward(xg, wg, b.to(kGpu), yg, c.window);
+      ops::conv2d_forward(x.to(kGpu), w.to(kGpu), b.to(kGpu), yg, c.window);
       expect_close("y", y, yg, kTol);
-      Tensor dw = dw0.clone(), dwg = dw0.to(kGpu);
-      ops::conv2d_backward_filter(x, dy, dw, c.window);
-      ops::conv2d_backward_filter(xg, dyg, dwg, c.window);
-      expect_close("dweight (accumulated)", dw, dwg, kTol);
-      ops::conv2d_backward_filter(x, dy, dw, c.window);
-      ops::conv2d_backward_filter(xg, dyg, dwg, c.window);
-      expect_close("dweight (accumulated twice)", dw, dwg, kTol);
-      Tensor dwg_again = dw0.to(kGpu);
-      ops::conv2d_backward_filter(xg, dyg, dwg_again, c.window);
-      ops::conv2d_backward_filter(xg, dyg, dwg_again, c.window);
-      expect_equal("dweight rerun", host(dwg), dwg_again);
+      check_weight_gradient(x, dy, dw0, c.window);
     }
   }
 }
