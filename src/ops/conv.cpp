@@ -24,11 +24,10 @@
 
 #if PIPELINE_WITH_CUDA
 #include <pipeline/cuda/dnn.hpp>
-
 #include <pipeline/cuda/dnn_graph.hpp>
-#include "conv_direct.cuh"
 
 #include "channel_bias.cuh"
+#include "conv_direct.cuh"
 #include "convert.cuh"
 #endif
 
