@@ -85,6 +85,10 @@ checks() {
       xargs -P 4 -L 1 bash -c 'box $((lane - 5)) "$OUT/sanitizer.log" compute-sanitizer --tool $0 \
         --error-exitcode 9 "$B/tests/gpu_tests" "--source-file=*/gpu/test_$1.cpp" \
         "--test-case-exclude=*after 200 steps*,*1F1B-stash on one GPU*"' &
+    # The direct first-layer kernels (a shared-memory window, barriers, warp reductions) under
+    # racecheck by themselves: test_conv as a whole would spend the lane in cuDNN's kernels.
+    box $((lane - 5)) "$OUT/sanitizer.log" compute-sanitizer --tool racecheck --error-exitcode 9 \
+      "$B/tests/gpu_tests" "--source-file=*/gpu/test_conv.cpp" "--test-case=*direct kernels*" &
   fi
   if has train; then
     (box 120 "$OUT/train.log" "$B/examples/train_fashion_mnist" --device cuda --data "$DATA"
