@@ -10,10 +10,11 @@
 // unit's input window in shared memory once, and each of its warps sums one output channel over
 // the unit, a lane per pixel and a register per tap, every input value read from the window.
 // (A first form, a block per output channel reading each tap from global memory, read the input
-// 32-64 times over; it lost to cuDNN under bf16 and at batch 1024 and was reverted.) A block keeps its sums over the units it
-// takes, then adds each tap's sum over a warp's lanes by one butterfly and writes the results as
-// its partial sums; a second kernel adds the blocks' partials in block order. Units, blocks and
-// both orders depend on the shape alone, so the bits are the same on every run.
+// 32-64 times over; it lost to cuDNN under bf16 and at batch 1024 and was reverted.) A block
+// keeps its sums over the units it takes, then adds each tap's sum over a warp's lanes by one
+// butterfly and writes the results as its partial sums; a second kernel adds the blocks'
+// partials in block order. Units, blocks and both orders depend on the shape alone, so the bits
+// are the same on every run.
 #include "common.cuh"
 #include "conv_direct.cuh"
 
@@ -139,7 +140,7 @@ static __global__ __launch_bounds__(kForwardThreads) void direct_conv_forward_ke
 // Partial sums [blockIdx.x][m][tap] of the units block blockIdx.x takes, for the output channels
 // blockIdx.y · kFilterWarps + warp.
 static __global__ __launch_bounds__(kFilterThreads) void direct_conv_filter_partial_kernel(
-    DirectConv p, FilterUnits u, const float* x, const float* dy, float* partials) {
+    DirectConv p, Taps taps, FilterUnits u, const float* x, const float* dy, float* partials) {
   __shared__ float window[kWindowFloats];
   const int depth = p.c * p.kh * p.kw;
   const int lane = threadIdx.x % detail::kWarp, warp = threadIdx.x / detail::kWarp;
@@ -147,10 +148,8 @@ static __global__ __launch_bounds__(kFilterThreads) void direct_conv_filter_part
   // Each tap's place in the window relative to its pixel's corner.
   int offset[kDirectConvMaxDepth];
 #pragma unroll
-  for (int t = 0; t < kDirectConvMaxDepth; ++t) {
-    const int c = t / (p.kh * p.kw), kh = t / p.kw % p.kh, kw = t % p.kw;
-    offset[t] = (c * u.window_rows + kh) * u.window_cols + kw;
-  }
+  for (int t = 0; t < kDirectConvMaxDepth; ++t)
+    offset[t] = (taps.c[t] * u.window_rows + taps.kh[t]) * u.window_cols + taps.kw[t];
   float acc[kDirectConvMaxDepth];
 #pragma unroll
   for (int t = 0; t < kDirectConvMaxDepth; ++t) acc[t] = 0.f;
@@ -234,7 +233,8 @@ void direct_conv_backward_filter(cudaStream_t stream, const DirectConv& p, const
   auto* partials = static_cast<float*>(workspace);
   const dim3 grid(static_cast<unsigned>(u.blocks),
                   static_cast<unsigned>((p.m + kFilterWarps - 1) / kFilterWarps));
-  direct_conv_filter_partial_kernel<<<grid, kFilterThreads, 0, stream>>>(p, u, x, dy, partials);
+  direct_conv_filter_partial_kernel<<<grid, kFilterThreads, 0, stream>>>(p, taps_of(p), u, x, dy,
+                                                                         partials);
   PIPELINE_CUDA_LAUNCH_CHECK();
   const int outputs = p.m * p.c * p.kh * p.kw;
   direct_conv_filter_finish_kernel<<<(outputs + 127) / 128, 128, 0, stream>>>(

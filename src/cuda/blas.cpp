@@ -6,6 +6,7 @@
 #include <pipeline/cuda/stream.hpp>
 
 #include "activation.cuh"
+#include "alignment.hpp"
 #include "bias.cuh"
 
 #include <atomic>
@@ -29,14 +30,10 @@ using AlgoKey =
     std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                bool, bool, int, bool, bool, int, int, std::uint32_t, std::uint32_t, std::uint32_t>;
 
-// The largest power of two, up to 256, that divides the address: the alignment an algorithm may
-// count on. cuBLASLt's heuristic assumes 256 unless told less, and a call on a less aligned view
-// (a microbatch's rows, a tensor's slice) may then be refused.
+// What an algorithm may count on: cuBLASLt's heuristic assumes 256 bytes unless told less, and a
+// call on a less aligned view (a microbatch's rows, a tensor's slice) may then be refused.
 std::uint32_t alignment_of(const void* p) {
-  const auto address = reinterpret_cast<std::uintptr_t>(p);
-  std::uint32_t a = 256;
-  while (a > 1 && address % a != 0) a /= 2;
-  return a;
+  return static_cast<std::uint32_t>(detail::pointer_alignment(p, 256));
 }
 
 // One cuBLASLt handle, workspace and algorithm cache per device and thread (a stage thread of an

@@ -7,6 +7,7 @@
 #include <pipeline/cuda/graph.hpp>
 #include <pipeline/cuda/stream.hpp>
 
+#include "alignment.hpp"
 #include "call_workspace.hpp"
 
 #include <algorithm>
@@ -108,7 +109,7 @@ std::unique_ptr<Workspace> search_workspace(int device, std::size_t wanted, cuda
 }
 
 bool aligned16(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+  return detail::pointer_alignment(p, 16) == 16;
 }
 
 AlgoKey make_key(Pass pass, const Conv2dProblem& p, bool bf16_operands, bool tf32, bool det,

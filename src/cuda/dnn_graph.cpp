@@ -6,6 +6,7 @@
 #include <pipeline/cuda/graph.hpp>
 #include <pipeline/cuda/stream.hpp>
 
+#include "alignment.hpp"
 #include "call_workspace.hpp"
 
 #include <algorithm>
@@ -111,12 +112,10 @@ class Descriptor {
   cudnnBackendDescriptor_t m_desc = nullptr;
 };
 
-// The largest power of two up to 16 that divides the address (what the tensor promises cuDNN).
+// What the tensor promises cuDNN: a power of two up to 16 (every element type here is at least
+// 2-byte aligned).
 std::int64_t alignment_of(const void* p) {
-  const auto a = reinterpret_cast<std::uintptr_t>(p);
-  std::int64_t align = 16;
-  while (align > 2 && a % static_cast<std::uintptr_t>(align) != 0) align /= 2;
-  return align;
+  return std::max<std::int64_t>(detail::pointer_alignment(p, 16), 2);
 }
 
 // A packed NCHW tensor of bf16 or float32 elements.
