@@ -187,8 +187,6 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
                                                            : FashionMnist::Contents::Everything;
   FashionMnist train(o.data, Split::Train, contents), test(o.data, Split::Test, contents);
   const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout);
-  examples::check_interleaved_run(plan, !o.checkpoints.output_dir().empty(),
-                                  !o.save.empty() || !o.load.empty());
 
   const DataLoader loader = train_loader(o, train);
   const long per_epoch = static_cast<long>(loader.num_batches());
@@ -198,11 +196,11 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
       zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
       examples::with_injected_slowdown(
           examples::executor_options(o.pipeline, plan, o.seed, o.clip_grad, device), comm.rank()));
-  if (!o.load.empty()) load_parameters(o.load, zoo.model, ex.params(), ex.layers());
+  if (!o.load.empty())
+    ex.for_each_stage([&](int) { load_parameters(o.load, zoo.model, ex.params(), ex.layers()); });
   const CheckpointRunInfo info = examples::checkpoint_run_info(zoo, ex.optimizer(), o.seed, o.batch,
                                                                comm.size(), o.pipeline, &plan);
-  const std::int64_t start = examples::resume_if_asked(
-      o.checkpoints, info, comm.rank() == 0, zoo.model, ex.layers(), ex.params(), ex.optimizer());
+  const std::int64_t start = examples::resume_if_asked(o.checkpoints, info, comm.rank() == 0, ex);
   const auto checkpoints = examples::make_checkpointer(
       o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm);
   if (comm.rank() == 0) {
@@ -265,7 +263,9 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
              done.trained, train_s, static_cast<double>(samples) / std::max(train_s, 1e-9));
   examples::report_checkpoints(checkpoints.get(), done);
   if (!o.save.empty()) {
-    save_pipeline_parameters(o.save, zoo.model, layout, comm, ex.params(), device);
+    save_pipeline_parameters(
+        o.save, zoo.model, layout, comm, [&](int s) -> const ModelParams& { return ex.params(s); },
+        device);
     if (comm.rank() == 0)
       log_info("saved the parameters of all {} stages to {}", layout.num_stages(), o.save);
   }

@@ -150,7 +150,6 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
     fmt::print("plan: {}\n", plan_to_json(plan).dump());
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
   const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout);
-  examples::check_interleaved_run(plan, !o.checkpoints.output_dir().empty(), false);
   // The stage replicas take minibatches in groups of g: the loop trains the whole groups of
   // --steps and says so when that is fewer (or refuses fewer than g); the progress line and the
   // learning-rate schedule count the steps it trains.
@@ -168,8 +167,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
     examples::warn_where_plan_differs(plan, req, o.batch, ex.optimizer());
   const CheckpointRunInfo info = examples::checkpoint_run_info(zoo, ex.optimizer(), o.seed, o.batch,
                                                                comm.size(), o.pipeline, &plan);
-  const std::int64_t start = examples::resume_if_asked(
-      o.checkpoints, info, comm.rank() == 0, zoo.model, ex.layers(), ex.params(), ex.optimizer());
+  const std::int64_t start = examples::resume_if_asked(o.checkpoints, info, comm.rank() == 0, ex);
   const auto checkpoints = examples::make_checkpointer(
       o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm);
   const DataLoader loader = train_loader(o, train);

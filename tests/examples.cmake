@@ -245,10 +245,12 @@ if(PIPELINE_WITH_CUDA)
                        SKIP_RETURN_CODE 77)
 endif()
 
-# Checkpoints, resume (same plan bit-identical, 1f1b-stash, another plan, after SIGKILL, after an interrupted
-# write) and SIGTERM to mpirun, driven as a user drives them (support/checkpoint_scenarios.sh).
+# Checkpoints, resume (same plan bit-identical, 1f1b-stash, another plan, an interleaved plan, after
+# SIGKILL, after an interrupted write) and SIGTERM to mpirun, driven as a user drives them
+# (support/checkpoint_scenarios.sh).
 foreach(_case bitwise-sequential bitwise-gpipe bitwise-1f1b-flush stash replan sigkill
-        interrupted refused finished sigterm sigterm-stash sigterm-rank1)
+        interrupted refused finished sigterm sigterm-stash sigterm-rank1 interleaved
+        sigterm-interleaved)
   add_test(NAME example.checkpoint.${_case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/checkpoint_scenarios.sh ${_case} ${_train}
                    ${_plans} ${_mpirun})

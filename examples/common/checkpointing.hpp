@@ -139,6 +139,16 @@ inline std::int64_t resume_if_asked(const CheckpointFlags& flags, const Checkpoi
   return c->manifest.step;
 }
 
+// The same for every stage a pipeline's rank runs (several on an interleaved plan).
+inline std::int64_t resume_if_asked(const CheckpointFlags& flags, const CheckpointRunInfo& run,
+                                    bool log, StageExecutor& ex) {
+  const std::optional<Checkpoint> c = checkpoint_to_resume(flags, run, log);
+  if (!c) return 0;
+  ex.for_each_stage(
+      [&](int) { restore_stage(*c, ex.model(), ex.layers(), ex.params(), ex.optimizer()); });
+  return c->manifest.step;
+}
+
 // The run's checkpoint writer (null without --checkpoint-dir or --resume), with SIGTERM/SIGINT
 // turned into stop requests. Collective.
 inline std::unique_ptr<Checkpointer> make_checkpointer(const CheckpointFlags& flags,
@@ -335,8 +345,10 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
   RunProgress p{start};
   TrainResult epoch_result;  // the segments of the epoch in progress, summed
   std::unique_ptr<StopAgreement> stop;
+  // Between runs: every stage of this rank. During a run, each stage as its step completes.
   auto checkpoint = [&](std::int64_t position) {
-    ckpt->save(position, ex.model(), ex.params(), ex.optimizer());
+    ex.for_each_stage(
+        [&](int s) { ckpt->save(position, s, ex.model(), ex.params(), ex.optimizer()); });
   };
   auto skip_epoch_tail = [&] {
     if (p.position % loop.per_epoch >= usable)
@@ -408,7 +420,8 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
         },
         [&](std::int64_t position) {
           if (!ckpt) return;
-          if (ckpt->due(position)) checkpoint(position);
+          if (ckpt->due(position))
+            ckpt->save(position, ex.stage(), ex.model(), ex.params(), ex.optimizer());
           ckpt->poll();
           if (ex.stop_position() < 0)
             if (auto k = stop->poll(position)) ex.stop_before(*k);

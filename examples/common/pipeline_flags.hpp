@@ -378,20 +378,6 @@ inline int rebalance_segment(const PipelineFlags& flags, const PipelineLayout& l
   return 0;
 }
 
-// Interleaved plans (several stages per rank) write neither checkpoints nor --save/--load
-// parameter files yet: both keep one stage per rank. ConfigError naming the flag.
-inline void check_interleaved_run(const Plan& plan, bool checkpoints, bool parameter_files) {
-  if (!plan.interleaved()) return;
-  PIPELINE_CHECK_AS(ConfigError, !checkpoints,
-                    "checkpoints of an interleaved plan ({} stages per rank) are not supported "
-                    "yet: drop --checkpoint-dir/--resume, or partition without --virtual-stages",
-                    plan.virtual_stages);
-  PIPELINE_CHECK_AS(ConfigError, !parameter_files,
-                    "--save/--load of an interleaved plan ({} stages per rank) are not supported "
-                    "yet; partition without --virtual-stages",
-                    plan.virtual_stages);
-}
-
 // Which stages of the plan recompute their activations under --recompute.
 inline std::vector<bool> recompute_stages(const PipelineFlags& flags, const Plan& plan) {
   std::vector<bool> out;

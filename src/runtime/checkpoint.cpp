@@ -202,9 +202,13 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
 
 // --- roles -------------------------------------------------------------------------------------
 
+bool CheckpointRole::runs(int stage) const {
+  return std::find(stages.begin(), stages.end(), stage) != stages.end();
+}
+
 CheckpointRole CheckpointRole::single(const Sequential& model) {
   CheckpointRole r;
-  r.layers = model.all();
+  r.stages = {0};
   r.stage_writers = {0};
   r.stage_layers = {model.all()};
   return r;
@@ -212,9 +216,9 @@ CheckpointRole CheckpointRole::single(const Sequential& model) {
 
 CheckpointRole CheckpointRole::for_layout(const PipelineLayout& layout, int rank) {
   CheckpointRole r;
-  r.stage = layout.stage_of(rank);
-  r.layers = layout.stages[static_cast<std::size_t>(r.stage)];
-  r.writer = layout.stage_ranks[static_cast<std::size_t>(r.stage)].front() == rank;
+  r.rank = rank;
+  r.stages = layout.stages_of(rank);
+  PIPELINE_CHECK_AS(ConfigError, !r.stages.empty(), "checkpoints: rank {} runs no stage", rank);
   for (int s = 0; s < layout.num_stages(); ++s) {
     r.stage_writers.push_back(layout.stage_ranks[static_cast<std::size_t>(s)].front());
     r.stage_layers.push_back(layout.stages[static_cast<std::size_t>(s)]);
@@ -373,10 +377,11 @@ constexpr int kRecordBody = 3;
 struct Checkpointer::InFlight {
   std::int64_t step = 0;
   std::string path;
-  std::future<WrittenShard> shard;  // writers: the background write of this rank's shard
-  bool shard_done = false;
-  // Non-coordinator writers: the record on its way to the coordinator.
-  Tensor record_length, record_body;
+  std::vector<int> unsaved;  // this rank's stages whose save() for this step has not come yet
+  // This rank's shards: their background writes, by stage, until each is taken.
+  std::map<int, std::future<WrittenShard>> writes;
+  // Non-coordinator writers: the records on their way to the coordinator (length and text each).
+  std::vector<Tensor> record_tensors;
   std::vector<Request> sends;
   // Coordinator: every stage's record, the length receives still open, the manifest write.
   std::vector<std::optional<CheckpointShard>> records;
@@ -419,37 +424,20 @@ Checkpointer::Checkpointer(CheckpointOptions options, CheckpointRunInfo info, Ch
 Checkpointer::~Checkpointer() {
   if (!m_flight) return;
   try {
-    if (m_flight->shard.valid()) m_flight->shard.wait();
+    for (auto& [stage, write] : m_flight->writes)
+      if (write.valid()) write.wait();
     if (m_flight->manifest.valid()) m_flight->manifest.wait();
   } catch (...) {
   }
 }
 
-void Checkpointer::save(std::int64_t step, const Sequential& model, const ModelParams& params,
-                        const Optimizer& optimizer) {
+void Checkpointer::begin(std::int64_t step) {
   finish();
-  const auto t0 = Clock::now();
   auto f = std::make_unique<InFlight>();
   f->step = step;
   f->path = (fs::path(m_options.dir) / checkpoint_dir_name(step)).string();
+  f->unsaved = m_role.stages;
   const int rank = m_comm ? m_comm->rank() : 0;
-  if (m_role.writer) {
-    std::error_code ec;
-    fs::create_directories(f->path, ec);
-    PIPELINE_CHECK_AS(IoError, !ec, "cannot create checkpoint directory '{}': {}", f->path,
-                      ec.message());
-    NamedTensors state = snapshot(model, m_role.layers, params, optimizer, std::move(m_spare));
-    Metadata meta{{"format", "pipeline.checkpoint-shard/1"},
-                  {"model", model.name()},
-                  {"step", std::to_string(step)},
-                  {"layers", fmt::format("{}:{}", m_role.layers.begin, m_role.layers.end)}};
-    f->shard = std::async(std::launch::async,
-                          [dir = f->path, stage = m_role.stage, r = m_role.layers,
-                           state = std::move(state), meta = std::move(meta)]() mutable {
-                            CheckpointShard record = write_shard(dir, stage, r, state, meta);
-                            return WrittenShard{std::move(record), std::move(state)};
-                          });
-  }
   if (rank == m_role.coordinator) {
     const std::size_t stages = m_role.stage_writers.size();
     f->records.resize(stages);
@@ -463,35 +451,81 @@ void Checkpointer::save(std::int64_t step, const Sequential& model, const ModelP
     }
   }
   m_flight = std::move(f);
-  m_last_step = step;
-  m_last_stall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  m_last_stall_s = 0;
+}
+
+void Checkpointer::save(std::int64_t step, int stage, const Sequential& model,
+                        const ModelParams& params, const Optimizer& optimizer) {
+  PIPELINE_CHECK(m_role.runs(stage), "checkpoint: stage {} saved on a rank that runs stage(s) {}",
+                 stage, m_role.stages);
+  const auto t0 = Clock::now();
+  if (!m_flight || m_flight->step != step) begin(step);
+  InFlight& f = *m_flight;
+  const auto pending = std::find(f.unsaved.begin(), f.unsaved.end(), stage);
+  if (pending == f.unsaved.end()) return;  // already saved at this step
+  f.unsaved.erase(pending);
+  if (m_role.writes(stage)) {
+    std::error_code ec;
+    fs::create_directories(f.path, ec);
+    PIPELINE_CHECK_AS(IoError, !ec, "cannot create checkpoint directory '{}': {}", f.path,
+                      ec.message());
+    const LayerRange r = m_role.stage_layers.at(static_cast<std::size_t>(stage));
+    NamedTensors state = snapshot(model, r, params, optimizer, std::move(m_spare[stage]));
+    Metadata meta{{"format", "pipeline.checkpoint-shard/1"},
+                  {"model", model.name()},
+                  {"step", std::to_string(step)},
+                  {"layers", fmt::format("{}:{}", r.begin, r.end)}};
+    f.writes[stage] = std::async(
+        std::launch::async,
+        [dir = f.path, stage, r, state = std::move(state), meta = std::move(meta)]() mutable {
+          CheckpointShard record = write_shard(dir, stage, r, state, meta);
+          return WrittenShard{std::move(record), std::move(state)};
+        });
+  }
+  if (f.unsaved.empty()) m_last_step = step;
+  m_last_stall_s += std::chrono::duration<double>(Clock::now() - t0).count();
   m_max_stall_s = std::max(m_max_stall_s, m_last_stall_s);
+}
+
+void Checkpointer::save(std::int64_t step, const Sequential& model, const ModelParams& params,
+                        const Optimizer& optimizer) {
+  PIPELINE_CHECK(m_role.stages.size() == 1,
+                 "checkpoint: this rank runs stages {}: save each with its stage number",
+                 m_role.stages);
+  save(step, m_role.stages.front(), model, params, optimizer);
 }
 
 void Checkpointer::send_record(InFlight& f, const CheckpointShard& record) {
   const std::string text = shard_to_json(record);
-  f.record_length = Tensor::from_ints(Shape{1}, {static_cast<std::int32_t>(text.size())});
-  f.record_body =
+  Tensor length = Tensor::from_ints(Shape{1}, {static_cast<std::int32_t>(text.size())});
+  Tensor body =
       Tensor::zeros(Shape{static_cast<std::int64_t>((text.size() + 3) / 4)}, DType::Int32);
-  std::memcpy(f.record_body.raw(), text.data(), text.size());
-  f.sends.push_back(m_comm->isend(f.record_length, m_role.coordinator,
-                                  Tag::control(m_role.stage, kRecordLength)));
+  std::memcpy(body.raw(), text.data(), text.size());
   f.sends.push_back(
-      m_comm->isend(f.record_body, m_role.coordinator, Tag::control(m_role.stage, kRecordBody)));
+      m_comm->isend(length, m_role.coordinator, Tag::control(record.stage, kRecordLength)));
+  f.sends.push_back(
+      m_comm->isend(body, m_role.coordinator, Tag::control(record.stage, kRecordBody)));
+  f.record_tensors.push_back(std::move(length));
+  f.record_tensors.push_back(std::move(body));
 }
 
-void Checkpointer::take_own_shard(InFlight& f, bool block) {
-  if (!m_role.writer || f.shard_done) return;
-  if (!block && f.shard.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
-  WrittenShard written = f.shard.get();  // rethrows a failed write
-  m_spare = std::move(written.state);
-  CheckpointShard& record = written.record;
-  f.shard_done = true;
+void Checkpointer::take_own_shards(InFlight& f, bool block) {
   const int rank = m_comm ? m_comm->rank() : 0;
-  if (rank == m_role.coordinator)
-    f.records[static_cast<std::size_t>(m_role.stage)] = std::move(record);
-  else
-    send_record(f, record);
+  for (auto it = f.writes.begin(); it != f.writes.end();) {
+    std::future<WrittenShard>& write = it->second;
+    if (!block && write.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      ++it;
+      continue;
+    }
+    WrittenShard written = write.get();  // rethrows a failed write
+    const int stage = it->first;
+    m_spare[stage] = std::move(written.state);
+    if (rank == m_role.coordinator)
+      f.records[static_cast<std::size_t>(stage)] = std::move(written.record);
+    else
+      send_record(f, written.record);
+    it = f.writes.erase(it);
+  }
 }
 
 void Checkpointer::receive_records(InFlight& f, bool block) {
@@ -537,10 +571,18 @@ void Checkpointer::start_manifest(InFlight& f) {
 bool Checkpointer::advance(bool block) {
   if (!m_flight) return true;
   InFlight& f = *m_flight;
-  take_own_shard(f, block);
+  if (!f.unsaved.empty()) {
+    // This rank's part is not all there yet: its other stages save when they step.
+    PIPELINE_CHECK(!block,
+                   "checkpoint of step {}: stage(s) {} of rank {} were never saved; every stage "
+                   "a rank runs must be saved before finish()",
+                   f.step, f.unsaved, m_comm ? m_comm->rank() : 0);
+    return false;
+  }
+  take_own_shards(f, block);
   const int rank = m_comm ? m_comm->rank() : 0;
   if (rank != m_role.coordinator) {
-    if (m_role.writer && !f.shard_done) return false;
+    if (!f.writes.empty()) return false;
     for (auto& r : f.sends) {
       if (block)
         r.wait();

@@ -4,7 +4,9 @@
 #include <pipeline/core/error.hpp>
 #include <pipeline/io/safetensors.hpp>
 
+#include <algorithm>
 #include <cstddef>
+#include <vector>
 
 namespace pipeline {
 
@@ -23,32 +25,38 @@ void for_each_tensor(Params& params, Visit&& visit) {
 
 void save_pipeline_parameters(const std::string& path, const Sequential& model,
                               const PipelineLayout& layout, Communicator& comm,
-                              const ModelParams& stage_params, Device device, int root) {
+                              const StageParams& stage_params, Device device, int root) {
   const int rank = comm.rank();
-  const int stage = layout.stage_of(rank);
-  PIPELINE_CHECK_AS(ConfigError, layout.stages_of(rank).size() == 1,
-                    "saving the parameters of a rank that runs {} stages (an interleaved plan) is "
-                    "not supported",
-                    layout.stages_of(rank).size());
-  PIPELINE_CHECK(static_cast<int>(stage_params.size()) ==
-                     layout.stages[static_cast<std::size_t>(stage)].size(),
-                 "save_pipeline_parameters: parameters of {} layers given for stage {} of {}",
-                 stage_params.size(), stage, layout.stages[static_cast<std::size_t>(stage)].size());
-  const int root_stage = layout.stage_of(root);
-  auto sender_of = [&](int s) { return layout.stage_ranks[static_cast<std::size_t>(s)].front(); };
+  const std::vector<int> root_stages = layout.stages_of(root);
+  const auto on_root = [&](int s) {
+    return std::find(root_stages.begin(), root_stages.end(), s) != root_stages.end();
+  };
+  const auto sender_of = [&](int s) {
+    return layout.stage_ranks[static_cast<std::size_t>(s)].front();
+  };
+  const auto params_of = [&](int s) -> const ModelParams& {
+    const ModelParams& p = stage_params(s);
+    PIPELINE_CHECK(static_cast<int>(p.size()) == layout.stages[static_cast<std::size_t>(s)].size(),
+                   "save_pipeline_parameters: parameters of {} layers given for stage {} of {}",
+                   p.size(), s, layout.stages[static_cast<std::size_t>(s)].size());
+    return p;
+  };
   if (rank != root) {
-    if (stage == root_stage || sender_of(stage) != rank) return;
-    int k = 0;
-    for_each_tensor(stage_params,
-                    [&](const Tensor& t) { comm.send(t, root, Tag::control(stage, k++)); });
+    for (int s : layout.stages_of(rank)) {
+      if (on_root(s) || sender_of(s) != rank) continue;
+      int k = 0;
+      for_each_tensor(params_of(s),
+                      [&](const Tensor& t) { comm.send(t, root, Tag::control(s, k++)); });
+    }
     return;
   }
   ModelParams all(static_cast<std::size_t>(model.size()));
   for (int s = 0; s < layout.num_stages(); ++s) {
     const LayerRange r = layout.stages[static_cast<std::size_t>(s)];
-    if (s == root_stage) {
+    if (on_root(s)) {
+      const ModelParams& own = params_of(s);
       for (int i = r.begin; i < r.end; ++i)
-        all[static_cast<std::size_t>(i)] = stage_params[static_cast<std::size_t>(i - r.begin)];
+        all[static_cast<std::size_t>(i)] = own[static_cast<std::size_t>(i - r.begin)];
       continue;
     }
     for (int i = r.begin; i < r.end; ++i) {

@@ -392,6 +392,13 @@ void StageExecutor::for_each_stage(Run& run, const std::function<void()>& f) {
   activate(run, m_my_stages.front());
 }
 
+void StageExecutor::for_each_stage(const std::function<void(int stage)>& f) {
+  PIPELINE_CHECK(m_run == nullptr, "for_each_stage during train() or evaluate() on rank {}",
+                 rank());
+  Run idle;  // between runs no run holds per-stage state
+  for_each_stage(idle, [&] { f(m_stage); });
+}
+
 StageExecutor::~StageExecutor() = default;
 
 ModelParams& StageExecutor::params() {

@@ -11,8 +11,11 @@
 
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "../support/temp_dir.hpp"
 
@@ -82,6 +85,18 @@ void save_single(const std::string& dir, Trained& t, std::int64_t step, int keep
   Checkpointer c({dir, 0, keep}, info_for(t), CheckpointRole::single(t.zoo.model), nullptr);
   c.save(step, t.zoo.model, t.params, *t.optimizer);
   CHECK(c.finish() == (fs::path(dir) / checkpoint_dir_name(step)).string());
+}
+
+// A stage's slice of the trained parameters and optimizer state.
+std::pair<ModelParams, std::unique_ptr<Optimizer>> stage_slice(const Trained& whole, LayerRange r) {
+  const Sequential& model = whole.zoo.model;
+  ModelParams p;
+  for (int i = r.begin; i < r.end; ++i)
+    p.push_back(whole.params[static_cast<std::size_t>(i)].clone());
+  auto opt = std::make_unique<AdamW>();
+  const auto all = whole.optimizer->state_tensors(parameter_names(model, model.all()));
+  opt->load_state_tensors(all, parameter_shapes(model, r), parameter_names(model, r));
+  return {std::move(p), std::move(opt)};
 }
 
 std::string message_of(const std::function<void()>& fn) {
@@ -281,20 +296,12 @@ TEST_CASE("checkpoint: a 3-stage pipeline of in-process ranks, restored under an
   PipelineLayout layout;
   layout.stages = {{0, 2}, {2, 4}, {4, model.size()}};
   layout.stage_ranks = {{0}, {1, 2}, {3}};
-  // Each stage's slice of the trained parameters and optimizer state.
-  auto slice = [&](LayerRange r) {
-    ModelParams p;
-    for (int i = r.begin; i < r.end; ++i) p.push_back(whole.params[static_cast<std::size_t>(i)].clone());
-    auto opt = std::make_unique<AdamW>();
-    const auto names = parameter_names(model, r);
-    const auto all = whole.optimizer->state_tensors(parameter_names(model, model.all()));
-    opt->load_state_tensors(all, parameter_shapes(model, r), names);
-    return std::make_pair(std::move(p), std::move(opt));
-  };
   run_local(4, [&](Communicator& comm) {
     const CheckpointRole role = CheckpointRole::for_layout(layout, comm.rank());
-    CHECK(role.writer == (comm.rank() != 2));
-    auto [params, opt] = slice(role.layers);
+    REQUIRE(role.stages.size() == 1);
+    CHECK(role.writes(role.stages.front()) == (comm.rank() != 2));
+    auto [params, opt] =
+        stage_slice(whole, layout.stages[static_cast<std::size_t>(role.stages.front())]);
     Checkpointer c({dir.path.string(), 10, 2}, info_for(whole, 4), role, &comm);
     for (std::int64_t step = 10; step <= 30; step += 10) {
       CHECK(c.due(step));
@@ -321,6 +328,79 @@ TEST_CASE("checkpoint: a 3-stage pipeline of in-process ranks, restored under an
   restore_stage(*c, model, {1, 5}, tail, opt);
   CHECK(same(tail[0].params[0], whole.params[1].params[0]));
   CHECK(opt.state().size() == parameter_shapes(model, {1, 5}).size());
+}
+
+TEST_CASE("checkpoint: ranks that run several stages (an interleaved layout) write a shard each") {
+  testing::TempDir dir("ckpt_interleaved");
+  Trained whole;
+  const Sequential& model = whole.zoo.model;
+  // Four stages, stage k on rank k % 2: rank 0 runs stages 0 and 2, rank 1 stages 1 and 3.
+  PipelineLayout layout;
+  layout.stages = {{0, 2}, {2, 3}, {3, 5}, {5, model.size()}};
+  layout.stage_ranks = {{0}, {1}, {0}, {1}};
+  run_local(2, [&](Communicator& comm) {
+    const CheckpointRole role = CheckpointRole::for_layout(layout, comm.rank());
+    CHECK(role.stages == std::vector<int>{comm.rank(), comm.rank() + 2});
+    CHECK(role.writes(comm.rank() + 2));
+    CHECK_FALSE(role.writes(1 - comm.rank()));
+    std::map<int, std::pair<ModelParams, std::unique_ptr<Optimizer>>> state;
+    for (int s : role.stages)
+      state[s] = stage_slice(whole, layout.stages[static_cast<std::size_t>(s)]);
+    Checkpointer c({dir.path.string(), 10, 2}, info_for(whole, 2), role, &comm);
+    for (std::int64_t step = 10; step <= 20; step += 10) {
+      // The stages save as they step: the later one first on rank 1, with polls in between, and
+      // a stage saved twice at one step is written once.
+      std::vector<int> order = role.stages;
+      if (comm.rank() == 1) std::reverse(order.begin(), order.end());
+      const std::int64_t before = step == 10 ? -1 : step - 10;
+      for (int s : order) {
+        c.save(step, s, model, state[s].first, *state[s].second);
+        c.save(step, s, model, state[s].first, *state[s].second);
+        CHECK(c.last_saved_step() == (s == order.back() ? step : before));
+        c.poll();
+      }
+    }
+    CHECK(c.finish() == (comm.rank() == 0 ? (dir.path / checkpoint_dir_name(20)).string() : ""));
+    // A stage the rank does not run, and the one-stage form on a rank of two stages, are refused.
+    CHECK(message_of([&] {
+            c.save(30, 1 - comm.rank(), model, state[comm.rank()].first,
+                   *state[comm.rank()].second);
+          }).find("runs stage(s)") != std::string::npos);
+    CHECK(message_of([&] {
+            c.save(30, model, state[comm.rank()].first, *state[comm.rank()].second);
+          }).find("save each with its stage number") != std::string::npos);
+  });
+  const auto c = find_latest_checkpoint(dir.path.string());
+  REQUIRE(c.has_value());
+  CHECK(c->manifest.step == 20);
+  REQUIRE(c->manifest.shards.size() == 4);
+  for (int s = 0; s < 4; ++s) {
+    CHECK(c->manifest.shards[static_cast<std::size_t>(s)].stage == s);
+    CHECK(c->manifest.shards[static_cast<std::size_t>(s)].file ==
+          fmt::format("stage-{}.safetensors", s));
+  }
+  // The whole model and its optimizer state come back from the four shards.
+  Trained fresh(11, 0);
+  restore_stage(*c, model, model.all(), fresh.params, *fresh.optimizer);
+  check_equal(whole.params, fresh.params);
+  check_equal(*whole.optimizer, *fresh.optimizer);
+}
+
+TEST_CASE("checkpoint: finish() before every stage of the rank was saved names the stages") {
+  testing::TempDir dir("ckpt_unsaved");
+  Trained whole;
+  PipelineLayout layout;
+  layout.stages = {{0, 3}, {3, whole.zoo.model.size()}};
+  layout.stage_ranks = {{0}, {0}};
+  Checkpointer c({dir.path.string(), 0, 2}, info_for(whole), CheckpointRole::for_layout(layout, 0),
+                 nullptr);
+  auto [params, opt] = stage_slice(whole, layout.stages[0]);
+  c.save(5, 0, whole.zoo.model, params, *opt);
+  c.poll();  // does not wait for stage 1
+  CHECK(c.last_saved_step() == -1);
+  const std::string m = message_of([&] { c.finish(); });
+  CHECK_MESSAGE(m.find("stage(s) [1] of rank 0 were never saved") != std::string::npos, m);
+  CHECK_FALSE(fs::exists(dir.path / checkpoint_dir_name(5) / "manifest.json"));
 }
 
 }  // namespace test_checkpoint

@@ -10,7 +10,9 @@
 // shard is on disk, then deletes checkpoints beyond the newest `keep` and directories left
 // incomplete by an interrupted write. Records travel as messages that poll() sends and receives
 // without blocking, so the manifest appears within a step of the last shard; finish() waits for
-// it. One checkpoint is in flight at a time: save() first finishes the previous one.
+// it. One checkpoint is in flight at a time: save() first finishes the previous one. A rank that
+// runs several stages (an interleaved plan) saves each of them, as its stages step, and writes a
+// shard per stage.
 //
 // Checkpoints are taken between pipeline segments, when no microbatch is in flight, so each stage
 // holds exactly one weight version: there are no stashed versions to save, and a run resumed
@@ -36,6 +38,7 @@
 
 #include <cstdint>
 #include <future>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,14 +64,17 @@ struct CheckpointRunInfo {
   nlohmann::json plan;  // null for a single-process run
 };
 
-// Who writes which shard: one writer per stage (its first replica), and the coordinator.
+// Who writes which shard: one writer per stage (its first replica), and the coordinator. A rank
+// runs one stage, or several on an interleaved plan (each unreplicated, so it writes them all).
 struct CheckpointRole {
-  int stage = 0;
-  LayerRange layers;
-  bool writer = true;
+  int rank = 0;
+  std::vector<int> stages;               // the stages this rank runs, ascending
   int coordinator = 0;                   // rank that writes manifests
   std::vector<int> stage_writers;        // stage -> writer rank
   std::vector<LayerRange> stage_layers;  // stage -> its layers
+
+  bool runs(int stage) const;
+  bool writes(int stage) const { return runs(stage) && stage_writers.at(stage) == rank; }
 
   // A single process holding every layer.
   static CheckpointRole single(const Sequential& model);
@@ -95,26 +101,36 @@ class Checkpointer {
     return m_options.every > 0 && step > 0 && step % m_options.every == 0;
   }
 
-  // Copies this stage's state after `step` steps and starts writing it; `params` are the stage's
-  // layers' (params[k] is layer role.layers.begin + k). Finishes the previous checkpoint first.
+  // Copies stage `stage`'s state after `step` steps and starts writing it (`params[k]` is layer
+  // stage_layers[stage].begin + k; `optimizer` holds that stage's state). A rank calls it once per
+  // stage it runs, in any order and at any time before finish(); the first call for a new step
+  // finishes the previous checkpoint first, and a call for a stage already saved at this step
+  // does nothing. A later replica (which writes nothing) calls it too.
+  void save(std::int64_t step, int stage, const Sequential& model, const ModelParams& params,
+            const Optimizer& optimizer);
+  // The same for the rank's only stage.
   void save(std::int64_t step, const Sequential& model, const ModelParams& params,
             const Optimizer& optimizer);
   // Moves writes in flight along without blocking (see the header comment). Call every step.
   void poll();
-  // Blocks until the checkpoint in flight, if any, is complete. Returns the directory of the
-  // newest checkpoint this run completed (on the coordinator; empty elsewhere or if none).
+  // Blocks until the checkpoint in flight, if any, is complete (Error if a stage of this rank was
+  // not saved for it). Returns the directory of the newest checkpoint this run completed (on the
+  // coordinator; empty elsewhere or if none).
   std::string finish();
 
+  // The newest step whose every stage on this rank was saved (-1: none yet).
   std::int64_t last_saved_step() const { return m_last_step; }
-  // Time save() held up training: the last one and the longest so far, in seconds.
+  // Time save() held up training (a step's calls summed): the last step's and the longest so
+  // far, in seconds.
   double last_stall_s() const { return m_last_stall_s; }
   double max_stall_s() const { return m_max_stall_s; }
 
  private:
   struct InFlight;
 
+  void begin(std::int64_t step);
   void send_record(InFlight& f, const CheckpointShard& record);
-  void take_own_shard(InFlight& f, bool block);
+  void take_own_shards(InFlight& f, bool block);
   void receive_records(InFlight& f, bool block);
   void start_manifest(InFlight& f);
   // Moves the checkpoint in flight along (waiting for each part when `block`); true once done.
@@ -125,7 +141,7 @@ class Checkpointer {
   CheckpointRole m_role;
   Communicator* m_comm;
   std::unique_ptr<InFlight> m_flight;
-  NamedTensors m_spare;  // the last checkpoint's copy of the state, reused by the next
+  std::map<int, NamedTensors> m_spare;  // per stage, the last checkpoint's copy for the next
   std::int64_t m_last_step = -1;
   std::string m_last_complete;
   double m_last_stall_s = 0, m_max_stall_s = 0;

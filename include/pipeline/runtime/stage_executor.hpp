@@ -245,7 +245,13 @@ class StageExecutor {
   // The latest weights of any of this rank's stages (layout().stages[stage]'s layers).
   ModelParams& params(int stage);
   const WeightStore& weights() const { return *m_store; }
+  // The optimizer, holding the active stage's state (during train()'s callbacks, the stage whose
+  // action is running; between calls, the rank's first stage).
   Optimizer& optimizer() { return *m_optimizer; }
+  // Calls f(s) for each of this rank's stages s with s active: stage(), layers(), params() and
+  // optimizer() are then s's. Between train() and evaluate() calls only (checkpoints, restoring,
+  // loading parameters); the first stage is active again afterwards.
+  void for_each_stage(const std::function<void(int stage)>& f);
   std::int64_t steps_done() const { return m_steps; }
   // Whether this rank's stage recomputes its activations.
   bool recomputes() const { return m_recompute; }
