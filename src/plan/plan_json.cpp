@@ -1,5 +1,7 @@
 #include <pipeline/plan/plan_json.hpp>
 
+#include <pipeline/plan/interleaved_layout.hpp>
+
 #include <pipeline/core/error.hpp>
 #include <pipeline/nn/architecture.hpp>
 
@@ -212,13 +214,10 @@ Plan plan_from_json(const json& j, std::string_view origin) {
                           "{}: rank {} serves more than one stage", origin, r);
     }
     if (p.interleaved())
-      PIPELINE_CHECK_AS(
-          ConfigError,
-          s.replicas == 1 && s.ranks.front() == static_cast<int>(i) % p.workers &&
-              !sj.contains("layer_ids"),
-          "{}: {} of an interleaved plan ({} stages per rank) must be one contiguous layer range "
-          "on rank {} alone (stage k on rank k mod workers), got ranks {}",
-          origin, where, p.virtual_stages, static_cast<int>(i) % p.workers, sj.at("ranks").dump());
+      PIPELINE_CHECK_AS(ConfigError, !sj.contains("layer_ids"),
+                        "{}: {} of an interleaved plan ({} stages per rank) must be one contiguous "
+                        "layer range, not \"layer_ids\"",
+                        origin, where, p.virtual_stages);
     if (sj.contains("layer_ids")) {
       s.layer_ids = get_ints(sj, "layer_ids", where, origin);
       for (int v : s.layer_ids)
@@ -266,14 +265,26 @@ Plan plan_from_json(const json& j, std::string_view origin) {
     }
     p.stages.push_back(std::move(s));
   }
-  if (p.interleaved())
+  if (p.interleaved()) {
+    // Stage k on the ranks of stage k mod p, with r pipelines of p ranks: v·p stages in all.
+    std::vector<std::vector<int>> stage_ranks;
+    for (const PlanStage& s : p.stages) stage_ranks.push_back(s.ranks);
+    InterleavedShape shape;
+    try {
+      shape = interleaved_shape(stage_ranks);
+    } catch (const ConfigError& e) {
+      PIPELINE_FAIL(ConfigError, "{}: {}", origin, e.what());
+    }
+    const std::int64_t pipelines = shape.replicas;
     PIPELINE_CHECK_AS(
         ConfigError,
-        static_cast<std::int64_t>(p.num_stages()) == std::int64_t{p.virtual_stages} * p.workers,
-        "{}: an interleaved plan of {} stages per rank on {} workers needs {} "
-        "stages, got {}",
-        origin, p.virtual_stages, p.workers, std::int64_t{p.virtual_stages} * p.workers,
-        p.num_stages());
+        static_cast<std::int64_t>(p.num_stages()) * pipelines ==
+            std::int64_t{p.virtual_stages} * p.workers,
+        "{}: an interleaved plan of {} stages per rank on {} workers ({} pipeline(s) of {}) "
+        "needs {} stages, got {}",
+        origin, p.virtual_stages, p.workers, pipelines, p.workers / pipelines,
+        std::int64_t{p.virtual_stages} * p.workers / pipelines, p.num_stages());
+  }
   if (j.contains("predicted")) {
     const json& pj = j.at("predicted");
     PIPELINE_CHECK_AS(ConfigError, pj.is_object(), "{}: \"predicted\" must be an object", origin);

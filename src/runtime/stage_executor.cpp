@@ -8,6 +8,7 @@
 #include <pipeline/ops/precision.hpp>
 #include <pipeline/optim/flatten.hpp>
 #include <pipeline/optim/grad_clip.hpp>
+#include <pipeline/plan/interleaved_layout.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/validate.hpp>
@@ -179,6 +180,7 @@ struct StageExecutor::StageSlot {
   ModelGrads grads;
   std::vector<ParamState> optimizer_state;  // the optimizer's per-parameter state for the stage
   bool recompute = false;
+  std::vector<LayerRange> bucket_layers;
 };
 
 // The per-stage part of a run, parked with its StageSlot.
@@ -188,6 +190,13 @@ struct StageExecutor::RunSlot {
   std::map<int, WeightStore::Tag> input_tags;
   std::map<int, Tensor> output_grads;
   std::map<int, Tensor> input_grads;
+  // A replicated stage's allreduce under way (Run's fields of the same names).
+  std::vector<Request> buckets_in_flight;
+  std::size_t buckets_started = 0;
+  int in_flight_round = -1;
+  ModelGrads sealed, spare;
+  int closed_round = -1;
+  AllReduceTiming allreduce;
 };
 
 struct StageExecutor::Run {
@@ -246,12 +255,42 @@ struct StageExecutor::Run {
 
   std::size_t current = 0;
   TrainResult result;
+  // Several stages per rank with clipping: the step whose global gradient norm is known.
+  std::int64_t clip_step = -1;
+  double clip_norm = 0;
 
   std::int64_t minibatch_of(int u) const { return first_minibatch + u / microbatches; }
   int micro_of(int u) const { return u % microbatches; }
   // The microbatch number that travels in tags: global over the run.
   int global(int u) const { return static_cast<int>(first_minibatch * microbatches + u); }
 };
+
+namespace {
+
+// A replicated stage's gradient buckets, in backward order: layers from the stage's last one down
+// until a bucket holds allreduce_bucket_bytes (one bucket without overlap); layers without
+// parameters ride with their neighbours.
+std::vector<LayerRange> gradient_buckets(const ModelGrads& grads, LayerRange r,
+                                         const ExecutorOptions& options) {
+  const std::int64_t limit = options.overlap_allreduce
+                                 ? std::max<std::int64_t>(1, options.allreduce_bucket_bytes)
+                                 : std::numeric_limits<std::int64_t>::max();
+  std::vector<LayerRange> buckets;
+  std::int64_t bytes = 0;
+  int end = r.end;
+  for (int i = r.end - 1; i >= r.begin; --i) {
+    for (const Tensor& g : grads[static_cast<std::size_t>(i - r.begin)])
+      bytes += static_cast<std::int64_t>(g.nbytes());
+    if (bytes >= limit || i == r.begin) {
+      buckets.push_back({i, end});
+      end = i;
+      bytes = 0;
+    }
+  }
+  return buckets;
+}
+
+}  // namespace
 
 // --- executor ----------------------------------------------------------------------------------
 
@@ -315,42 +354,30 @@ StageExecutor::StageExecutor(const Sequential& model, Shape sample_shape, DType 
       to_device(model.init(m_options.seed, layers()), m_options.device));
   if (bf16_stash) m_store->set_bf16_stash(bf16_stash_mask(model, layers()));
   m_grads = model.zero_grads(layers(), m_options.device);
-  if (mine.size() > 1) {
-    // Gradient buckets, in backward order: layers from the stage's last one down until a bucket
-    // holds allreduce_bucket_bytes; layers without parameters ride with their neighbours.
-    const LayerRange r = layers();
-    const std::int64_t limit = m_options.overlap_allreduce
-                                   ? std::max<std::int64_t>(1, m_options.allreduce_bucket_bytes)
-                                   : std::numeric_limits<std::int64_t>::max();
-    std::int64_t bytes = 0;
-    int end = r.end;
-    for (int i = r.end - 1; i >= r.begin; --i) {
-      for (const Tensor& g : m_grads[static_cast<std::size_t>(i - r.begin)])
-        bytes += static_cast<std::int64_t>(g.nbytes());
-      if (bytes >= limit || i == r.begin) {
-        m_bucket_layers.push_back({i, end});
-        end = i;
-        bytes = 0;
-      }
-    }
-  }
+  if (mine.size() > 1) m_bucket_layers = gradient_buckets(m_grads, layers(), m_options);
   m_recompute = static_cast<std::size_t>(m_stage) < m_options.recompute.size() &&
                 m_options.recompute[static_cast<std::size_t>(m_stage)];
   // The rank's other stages (interleaved plans), parked until an action of theirs activates them.
   m_my_stages = m_layout.stages_of(comm.rank());
+  // Several stages per rank only as an interleaved layout (ConfigError naming what breaks it).
+  if (m_my_stages.size() > 1) interleaved_shape(m_layout.stage_ranks);
   m_slots.resize(m_my_stages.size());
   for (std::size_t i = 1; i < m_my_stages.size(); ++i) {
     const int s = m_my_stages[i];
-    PIPELINE_CHECK_AS(ConfigError, mine.size() == 1 && m_layout.stage_ranks[s].size() == 1,
-                      "rank {} holds stages {} and {}, one of them replicated: a rank may hold "
-                      "several stages (an interleaved plan) only when none of them is replicated",
-                      comm.rank(), m_stage, s);
+    // Replicated stages of an interleaved plan: every stage of the rank has its replica group
+    // (created in stage order, the same on every replica) and its gradient buckets.
+    const auto& ranks = m_layout.stage_ranks[static_cast<std::size_t>(s)];
     StageSlot& slot = m_slots[i];
     slot.stage = s;
+    slot.replica =
+        static_cast<int>(std::find(ranks.begin(), ranks.end(), comm.rank()) - ranks.begin());
+    if (ranks.size() > 1) slot.replica_group = comm.create_group(ranks);
     slot.store = std::make_unique<WeightStore>(
         to_device(model.init(m_options.seed, m_layout.stages[s]), m_options.device));
     if (bf16_stash) slot.store->set_bf16_stash(bf16_stash_mask(model, m_layout.stages[s]));
     slot.grads = model.zero_grads(m_layout.stages[s], m_options.device);
+    if (ranks.size() > 1)
+      slot.bucket_layers = gradient_buckets(slot.grads, m_layout.stages[s], m_options);
     slot.recompute = static_cast<std::size_t>(s) < m_options.recompute.size() &&
                      m_options.recompute[static_cast<std::size_t>(s)];
   }
@@ -372,12 +399,20 @@ void StageExecutor::activate(Run& run, int stage) {
     std::swap(m_grads, s.grads);
     std::swap(m_optimizer->state(), s.optimizer_state);
     std::swap(m_recompute, s.recompute);
+    std::swap(m_bucket_layers, s.bucket_layers);
     RunSlot& r = run.parked[i];
     std::swap(run.table, r.table);
     std::swap(run.inputs, r.inputs);
     std::swap(run.input_tags, r.input_tags);
     std::swap(run.output_grads, r.output_grads);
     std::swap(run.input_grads, r.input_grads);
+    std::swap(run.buckets_in_flight, r.buckets_in_flight);
+    std::swap(run.buckets_started, r.buckets_started);
+    std::swap(run.in_flight_round, r.in_flight_round);
+    std::swap(run.sealed, r.sealed);
+    std::swap(run.spare, r.spare);
+    std::swap(run.closed_round, r.closed_round);
+    std::swap(run.allreduce, r.allreduce);
   };
   exchange(m_active);  // park the active stage
   m_active = static_cast<std::size_t>(it - m_my_stages.begin());
@@ -931,12 +966,37 @@ void StageExecutor::do_step(Run& run, const Action& a) {
   if (clip) {
     sums = ops::sums_of_squares(grads);
     const double local = stage_total();
+    // The squared norm over every stage (one world sum per step: every rank steps each of its
+    // stages once per minibatch under the flush schedules of a rank with several stages).
     // Replicas hold identical gradients after the allreduce: count each stage once.
-    Tensor t = Tensor::zeros(Shape{2});
-    if (m_replica == 0) put_double(t.data<float>(), local);
-    t = t.to(m_options.device);
-    m_comm->allreduce_sum(t, m_comm->world());
-    const double norm = std::sqrt(get_double(t.to(Device::cpu()).data<float>()));
+    auto global_norm = [&](double mine) {
+      Tensor t = Tensor::zeros(Shape{2});
+      put_double(t.data<float>(), mine);
+      t = t.to(m_options.device);
+      m_comm->allreduce_sum(t, m_comm->world());
+      return std::sqrt(get_double(t.to(Device::cpu()).data<float>()));
+    };
+    double norm = 0;
+    if (m_my_stages.size() == 1) {
+      norm = global_norm(m_replica == 0 ? local : 0.0);
+    } else {
+      // Several stages on this rank (an interleaved plan): the first of its steps of a minibatch
+      // sums all of them, whose gradients are final by then (every allreduce of the minibatch
+      // comes before its steps), and the others reuse that norm.
+      if (run.clip_step != step) {
+        const int active = m_stage;
+        double mine = 0;
+        for_each_stage(run, [&] {
+          std::vector<double> ss = ops::sums_of_squares(flatten_grads(round_grads(run)));
+          if (m_replica == 0)
+            for (double x : ss) mine += x;
+        });
+        activate(run, active);
+        run.clip_step = step;
+        run.clip_norm = global_norm(mine);
+      }
+      norm = run.clip_norm;
+    }
     scale(std::span<Tensor>(grads), clip_factor(norm, m_options.clip_norm));
   }
   // 2BW: after step k only minibatches from k + 1 on run, on the weights after k steps or later.

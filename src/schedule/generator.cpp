@@ -39,13 +39,17 @@ ScheduleSpec ScheduleSpec::straight(int stages, int microbatches, int minibatche
 }
 
 ScheduleSpec ScheduleSpec::interleaved(int ranks, int stages_per_rank, int microbatches,
-                                       int minibatches) {
+                                       int minibatches, int replicas) {
   PIPELINE_CHECK_AS(
-      ConfigError, ranks > 0 && stages_per_rank > 0,
-      "an interleaved pipeline needs ranks > 0 and stages per rank > 0, got {} and {}", ranks,
-      stages_per_rank);
+      ConfigError, ranks > 0 && stages_per_rank > 0 && replicas > 0,
+      "an interleaved pipeline needs ranks, stages per rank and replicas > 0, got {}, {} and {}",
+      ranks, stages_per_rank, replicas);
   ScheduleSpec s;
-  for (int k = 0; k < ranks * stages_per_rank; ++k) s.stage_ranks.push_back({k % ranks});
+  for (int k = 0; k < ranks * stages_per_rank; ++k) {
+    std::vector<int> mine;
+    for (int j = 0; j < replicas; ++j) mine.push_back(j * ranks + k % ranks);
+    s.stage_ranks.push_back(std::move(mine));
+  }
   s.microbatches = microbatches;
   s.minibatches = minibatches;
   return s;
@@ -53,19 +57,23 @@ ScheduleSpec ScheduleSpec::interleaved(int ranks, int stages_per_rank, int micro
 
 ScheduleSpec ScheduleSpec::from_plan(const Plan& plan, int microbatches, int minibatches) {
   if (plan.interleaved()) {
-    // v·p stages, stage k on rank k mod p (plan_from_json checks that plan.json says so).
+    // v·p stages, stage k on the ranks of stage k mod p (plan_from_json checks that plan.json
+    // says so); plans written by hand may leave the ranks out: pipeline j then holds ranks
+    // j·p .. j·p + p − 1.
     const int v = plan.virtual_stages;
     PIPELINE_CHECK_AS(ConfigError, plan.num_stages() % v == 0,
                       "an interleaved plan of {} stages per rank has {} stages, not a multiple "
                       "of {}",
                       v, plan.num_stages(), v);
-    ScheduleSpec s = interleaved(plan.num_stages() / v, v, microbatches, minibatches);
+    ScheduleSpec s = interleaved(plan.num_stages() / v, v, microbatches, minibatches,
+                                 plan.stages.front().replicas);
     for (int k = 0; k < plan.num_stages(); ++k)
-      PIPELINE_CHECK_AS(ConfigError,
-                        plan.stages[k].ranks.empty() || plan.stages[k].ranks == s.stage_ranks[k],
-                        "stage {} of the interleaved plan runs on ranks {} but must run on rank "
-                        "{} alone (stage k on rank k mod {})",
-                        k, plan.stages[k].ranks, s.stage_ranks[k][0], plan.num_stages() / v);
+      if (!plan.stages[k].ranks.empty()) s.stage_ranks[k] = plan.stages[k].ranks;
+    const InterleavedShape shape = interleaved_shape(s.stage_ranks);
+    PIPELINE_CHECK_AS(ConfigError, shape.stages_per_rank == v,
+                      "the interleaved plan says {} stages per rank but its {} stages run on {} "
+                      "ranks per pipeline",
+                      v, plan.num_stages(), shape.positions);
     return s;
   }
   ScheduleSpec s;

@@ -7,6 +7,7 @@
 // and some stages marked to recompute as a user may mark them by hand.
 #pragma once
 
+#include <fmt/format.h>
 #include <pipeline/core/rng.hpp>
 #include <pipeline/nn/layers/activation.hpp>
 #include <pipeline/nn/layers/conv2d.hpp>
@@ -125,9 +126,9 @@ struct RandomPlan {
   std::string describe() const {
     std::string out;
     for (const PlanStage& s : plan.stages)
-      out += (s.device.empty() ? "" : s.device + "@") + std::to_string(s.begin) + ":" +
-             std::to_string(s.end) + (s.replicas > 1 ? "x" + std::to_string(s.replicas) : "") +
-             (s.recompute ? "r " : " ");
+      out +=
+          fmt::format("{}{}:{}{}{} ", s.device.empty() ? "" : s.device + "@", s.begin, s.end,
+                      s.replicas > 1 ? fmt::format("x{}", s.replicas) : "", s.recompute ? "r" : "");
     return out;
   }
 };

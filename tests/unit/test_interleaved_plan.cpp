@@ -169,14 +169,33 @@ TEST_CASE("plan.json: what an interleaved plan must say, and what a version-1 pl
   CHECK(error_of(kInterleavedPlan, [](auto& j) {
           j["virtual_stages"] = 1.5;
         }).find("virtual_stages") != std::string::npos);
-  // Stage k on rank k mod p, without replicas, and exactly v·p stages.
+  // Stage k on the ranks of stage k mod p, every stage with the same replicas, and exactly v·p
+  // stages per pipeline.
   CHECK(error_of(kInterleavedPlan, [](auto& j) {
           j["stages"][2]["ranks"] = {1};
-        }).find("rank 0 alone") != std::string::npos);
+        }).find("stage k on the ranks of stage k mod 2") != std::string::npos);
   CHECK(!error_of(kInterleavedPlan, [](auto& j) {
            j["stages"][1]["replicas"] = 2;
            j["stages"][1]["ranks"] = {1, 0};
          }).empty());
+  // Two pipelines of 2 ranks (ranks 0, 1 and 2, 3): every stage replicated on both.
+  const auto two_pipelines = [](auto& j) {
+    j["workers"] = 4;
+    for (int k = 0; k < 4; ++k) {
+      j["stages"][k]["replicas"] = 2;
+      j["stages"][k]["ranks"] = {k % 2, 2 + k % 2};
+    }
+  };
+  CHECK(error_of(kInterleavedPlan, two_pipelines).empty());
+  CHECK(error_of(kInterleavedPlan, [&](auto& j) {
+          two_pipelines(j);
+          j["stages"][3]["ranks"] = {1, 2};
+        }).find("stage 3 runs on ranks [1, 2]") != std::string::npos);
+  CHECK(error_of(kInterleavedPlan, [&](auto& j) {
+          two_pipelines(j);
+          j["stages"][1]["ranks"] = {1, 2};
+          j["stages"][3]["ranks"] = {1, 2};
+        }).find("must be a multiple of the replicas") != std::string::npos);
   CHECK(error_of(kInterleavedPlan, [](auto& j) {
           j["virtual_stages"] = 3;
         }).find("needs 6 stages") != std::string::npos);

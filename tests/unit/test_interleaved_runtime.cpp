@@ -145,6 +145,49 @@ TEST_CASE("interleaved 1F1B (v = 2) equals SequentialTrainer on 2, 3 and 4 ranks
   }
 }
 
+// Data parallelism over interleaved pipelines: every stage's replicas sum their gradients, so the
+// order of the sums differs from one process's (rounding only). Clipping takes the norm over
+// every stage of every rank (each rank steps several stages, each replica counts once).
+TEST_CASE(
+    "interleaved 1F1B on 1 and 2 data-parallel pipelines equals SequentialTrainer, clipped or "
+    "not") {
+  set_num_threads(1);
+  const Sequential model = deep_model();
+  const int p = 2, v = 2, micro = 8, minibatches = 3;
+  for (const auto [replicas, clip] : {std::pair{1, 0.05f}, {2, 0.f}, {2, 0.05f}}) {
+    CAPTURE(replicas);
+    CAPTURE(clip);
+    const ScheduleSpec spec = ScheduleSpec::interleaved(p, v, micro, minibatches, replicas);
+    PipelineLayout layout = interleaved_layout(p, v);
+    layout.stage_ranks = spec.stage_ranks;  // stage k on ranks k mod 2 (and 2 + k mod 2)
+    const Schedule s = generate_schedule("interleaved-1f1b", spec);
+    SequentialTrainer ref(model, model.init(kSeed), make_sgd(), kSeed, clip);
+    for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
+    std::mutex mutex;
+    std::vector<std::pair<int, ModelParams>> replica_params;  // (stage, weights) of every replica
+    std::vector<TrainResult> results(static_cast<std::size_t>(p * replicas));
+    run_local(p * replicas, [&](Communicator& comm) {
+      StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
+                       {.seed = kSeed, .clip_norm = clip});
+      const TrainResult r = ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
+      std::lock_guard<std::mutex> lock(mutex);
+      results[static_cast<std::size_t>(comm.rank())] = r;
+      for (int stage : ex.stages()) replica_params.emplace_back(stage, ex.params(stage));
+    });
+    REQUIRE(replica_params.size() == static_cast<std::size_t>(p * v * replicas));
+    for (const auto& [stage, params] : replica_params) {
+      CAPTURE(stage);
+      CHECK(max_rel_diff(params, ref.params(), layout.stages[static_cast<std::size_t>(stage)]) <=
+            1e-5);
+    }
+    for (const TrainResult& r : results) CHECK(r.steps == v * minibatches);
+    // The last stage's first replica reports whole minibatches (its replicas' statistics summed).
+    const TrainResult& last = results[static_cast<std::size_t>(p - 1)];
+    CHECK(last.minibatches == minibatches);
+    CHECK(last.count == minibatches * kBatch);
+  }
+}
+
 TEST_CASE(
     "interleaved plan: partitioned, written, read, trained, evaluated like the straight pipeline") {
   set_num_threads(1);
@@ -185,7 +228,7 @@ TEST_CASE(
   CHECK(out.eval.loss == doctest::Approx(flat.eval.loss).epsilon(1e-6));
   CHECK(out.eval.accuracy == doctest::Approx(flat.eval.accuracy));
 
-  // A rank of several stages holds them unreplicated only.
+  // A rank of several stages holds them in an interleaved layout only.
   PipelineLayout bad = layout;
   bad.stage_ranks = {{0, 1}, {1}, {0}, {1}};
   CHECK_THROWS_AS(run_local(2,

@@ -297,14 +297,43 @@ TEST_CASE("interleaved 1F1B: every rank's stages in groups of p microbatches, va
 
   CHECK_THROWS_WITH_AS(generate_schedule("interleaved-1f1b", ScheduleSpec::interleaved(2, 2, 3)),
                        doctest::Contains("multiple of 2; got 3"), ConfigError);
+  // Which rank holds which place of the pipeline is the layout's to say.
   ScheduleSpec shuffled = ScheduleSpec::straight(3, 3);
   std::swap(shuffled.stage_ranks[1], shuffled.stage_ranks[2]);
-  CHECK_THROWS_WITH_AS(generate_schedule("interleaved-1f1b", shuffled),
-                       doctest::Contains("stage k on rank k mod 3"), ConfigError);
+  CHECK(validation_error(generate_schedule("interleaved-1f1b", shuffled)).empty());
+  ScheduleSpec crossed = ScheduleSpec::interleaved(3, 2, 3);
+  std::swap(crossed.stage_ranks[3], crossed.stage_ranks[4]);
+  CHECK_THROWS_WITH_AS(generate_schedule("interleaved-1f1b", crossed),
+                       doctest::Contains("stage k on the ranks of stage k mod 3"), ConfigError);
   ScheduleSpec uneven = ScheduleSpec::interleaved(2, 2, 4);
   uneven.stage_ranks.push_back({0});
   CHECK_THROWS_WITH_AS(generate_schedule("interleaved-1f1b", uneven),
                        doctest::Contains("5 stages on 2 ranks"), ConfigError);
+}
+
+TEST_CASE(
+    "interleaved 1F1B over data-parallel pipelines: round-robin microbatches, allreduces before "
+    "steps") {
+  // p = 2 places, v = 2 stages each, r = 2 pipelines (ranks 0, 1 and 2, 3), m = 8: pipeline j
+  // runs microbatches j, j + 2, ... in the order one pipeline runs its 4.
+  const ScheduleSpec spec = ScheduleSpec::interleaved(2, 2, 8, 2, 2);
+  CHECK(spec.stage_ranks == std::vector<std::vector<int>>{{0, 2}, {1, 3}, {0, 2}, {1, 3}});
+  const Schedule s = generate_schedule("interleaved-1f1b", spec);
+  CHECK(s.num_ranks() == 4);
+  CHECK(to_string(compute_only(s.ranks[3])).substr(0, 39) ==
+        "1F1 1F3 3F1 3B1 3F3 3B3 1F5 1B1 1F7 1B3");
+  const auto& last = s.ranks[2];
+  CHECK(to_string(std::vector<Action>(last.end() - 4, last.end())) == "0AR1 2AR1 0ST1 2ST1");
+  CHECK(validation_error(s).empty());
+  const ValidationReport rep = validate(s);
+  CHECK(rep.ranks[0].peak_activations == 5);
+  // Every microbatch runs once on each stage, on the pipeline round-robin gives it.
+  for (int r = 0; r < 4; ++r)
+    for (const Action& a : s.ranks[r])
+      if (a.kind == ActionKind::Forward) CHECK(s.rank_of(a.stage, a.microbatch) == r);
+  CHECK_THROWS_WITH_AS(
+      generate_schedule("interleaved-1f1b", ScheduleSpec::interleaved(2, 2, 6, 1, 2)),
+      doctest::Contains("multiple of 4; got 6"), ConfigError);
 }
 
 }  // namespace test_schedule

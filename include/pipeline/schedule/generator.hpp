@@ -46,9 +46,10 @@ struct ScheduleSpec {
 
   // p stages of one rank each (rank s runs stage s).
   static ScheduleSpec straight(int stages, int microbatches, int minibatches = 1);
-  // v·p stages on p ranks, stage k on rank k mod p (interleaved schedules).
+  // v·p stages on p ranks, stage k on rank k mod p (interleaved schedules); with r replicas,
+  // r such pipelines, replica j of stage k on rank j·p + k mod p.
   static ScheduleSpec interleaved(int ranks, int stages_per_rank, int microbatches,
-                                  int minibatches = 1);
+                                  int minibatches = 1, int replicas = 1);
   // The stages and replicas of a plan; in_flight from the plan.
   static ScheduleSpec from_plan(const Plan& plan, int microbatches, int minibatches = 1);
 };

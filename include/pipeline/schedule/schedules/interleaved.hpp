@@ -10,10 +10,19 @@
 // the makespan, i.e. (p − 1) / (v·m) relative to the ideal time, at the price of v times the
 // point-to-point messages.
 //
-// Spec: stage_ranks has v·p stages of one replica each, stage k on rank k mod p
-// (ScheduleSpec::interleaved builds it); microbatches must be a multiple of p.
+// Data parallelism over interleaved pipelines (Megatron's DP × PP): every stage may have the same
+// number r of replicas, replica j of stage k on the rank of replica j of stage k mod p, so the
+// p·r ranks form r interleaved pipelines of p ranks. Microbatches are dealt round-robin (u to
+// pipeline u mod r); each pipeline runs the order above over its m/r microbatches, and at the
+// end of the minibatch every rank allreduces each of its stages' gradients with the stage's other
+// replicas, then steps them (all allreduces before the steps, so that a global gradient norm
+// sees every stage's final gradient).
+//
+// Spec: stage_ranks as above (ScheduleSpec::interleaved builds it); microbatches must be a
+// multiple of p·r.
 #pragma once
 
+#include <pipeline/plan/interleaved_layout.hpp>
 #include <pipeline/schedule/generator.hpp>
 
 namespace pipeline {
