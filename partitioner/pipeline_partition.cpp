@@ -64,9 +64,18 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
           "model)\n",
           plan.optimizer, step * 1e3);
   }
-  if (plan.interleaved())
-    fmt::print("interleaved: {} virtual stages per worker, stage k on rank k mod {}\n", plan.virtual_stages,
-               plan.workers);
+  if (plan.interleaved()) {
+    const int pipelines = plan.stages.front().replicas, places = plan.workers / pipelines;
+    if (pipelines == 1)
+      fmt::print("interleaved: {} virtual stages per worker, stage k on rank k mod {}\n",
+                 plan.virtual_stages, places);
+    else
+      fmt::print(
+          "interleaved: {} virtual stages per worker, {} data-parallel pipelines of {} ranks "
+          "(pipeline j on "
+          "ranks {}j..{}j+{}), stage k at place k mod {} of each\n",
+          plan.virtual_stages, pipelines, places, places, places, places - 1, places);
+  }
   fmt::print("time per minibatch {:.6f} s ({:.1f} samples/s)\n", p.time_per_minibatch_s, p.samples_per_s);
   fmt::print("data parallel      {:.6f} s   speedup over data parallelism {:.3f}x\n", p.data_parallel_time_per_minibatch_s,
              p.time_per_minibatch_s > 0 ? p.data_parallel_time_per_minibatch_s / p.time_per_minibatch_s : 0.0);
@@ -209,9 +218,11 @@ int main(int argc, char** argv) {
   app.add_option("--stages", stages_text, "evaluate this plan instead: BEGIN:END[xREPLICAS],... e.g. 0:5x2,5:12,12:20");
   app.add_option("--batch", batch, "batch size of the profile (overrides the file)")
       ->check(CLI::Range(1, 1 << 30));
-  app.add_option("--virtual-stages", virtual_stages,
-                 "V > 1: an interleaved plan of V·p stages over the p workers, stage k on rank k mod p, "
-                 "to run under interleaved-1f1b (default 1)");
+  app.add_option(
+      "--virtual-stages", virtual_stages,
+      "V > 1: an interleaved plan of V·p stages over pipelines of p workers, stage k on rank "
+      "k mod p of each, to run under interleaved-1f1b; the workers form one pipeline or several "
+      "data-parallel ones, whichever is predicted faster (one with --straight) (default 1)");
   app.add_option("--max-states", max_states,
                  "antichain states the search may use; a DAG with more is planned over a coarsened DAG "
                  "(default 0: 4000 on one level, 1500 on several)");

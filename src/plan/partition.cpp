@@ -744,19 +744,52 @@ void check_interleaved_request(const Profile& p, const Topology& t, const Partit
                     "interleaved plans need at least 2 workers ({} virtual stages on {} worker "
                     "would only add transfers); use --virtual-stages 1",
                     v, w);
-  PIPELINE_CHECK_AS(ConfigError, std::int64_t{v} * w <= p.size(),
+  // The shortest pipeline (2 ranks; all of them with --straight) must have enough layers.
+  const int shortest = o.straight ? w : 2;
+  PIPELINE_CHECK_AS(ConfigError, std::int64_t{v} * shortest <= p.size(),
                     "{} virtual stages per worker on {} workers make {} stages but the model has "
                     "only {} layers; use at most {} virtual stages",
-                    v, w, std::int64_t{v} * w, p.size(), std::max(1, p.size() / w));
+                    v, shortest, std::int64_t{v} * shortest, p.size(),
+                    std::max(1, p.size() / shortest));
 }
 
-// The interleaved plan whose stage k is the layer range [cuts[k], cuts[k + 1]) on rank k mod p:
-// describe()'s per-stage breakdown, with the memory and time of interleaved 1F1B (a flush
-// schedule: one weight version; each rank's time is the sum over its stages). Returns the
-// slowest stage's max(compute, transfer), and the plan in `plan`.
+// An interleaved plan's pipelines on the topology: `pipelines` (d) copies of a pipeline of
+// `positions` (p) ranks, pipeline j on ranks j·p .. j·p + p − 1, so stage k's replicas sit on
+// ranks k mod p + j·p and allreduce across the level that joins rank 0 and rank (d − 1)·p.
+struct InterleavedPipes {
+  int pipelines = 1;
+  int positions = 1;
+  std::vector<int> groups;  // workers per group at each level (span_level)
+  double sync_bandwidth = 0;
+
+  InterleavedPipes(const Topology& t, int d) : pipelines(d), positions(t.workers() / d) {
+    groups.assign(t.levels.size() + 1, 1);
+    for (std::size_t l = 0; l < t.levels.size(); ++l) groups[l + 1] = groups[l] * t.levels[l].count;
+    sync_bandwidth = t.levels[static_cast<std::size_t>(span_level(groups, 0, (d - 1) * positions))]
+                         .bandwidth_bytes_per_s;
+  }
+  std::vector<int> ranks_of(int stage) const {
+    std::vector<int> r;
+    for (int j = 0; j < pipelines; ++j) r.push_back(j * positions + stage % positions);
+    return r;
+  }
+  // Seconds of the allreduce of `parameter_bytes` among a stage's replicas, once per minibatch.
+  double sync_s(double parameter_bytes) const {
+    return pipelines > 1 ? sync_time(parameter_bytes, pipelines, sync_bandwidth, 1.0) : 0.0;
+  }
+};
+
+// The interleaved plan whose stage k is the layer range [cuts[k], cuts[k + 1]) on the ranks of
+// place k mod p of each pipeline: describe()'s per-stage breakdown, with the memory and time of
+// interleaved 1F1B (a flush schedule: one weight version; each rank's time is the sum over its
+// stages; each pipeline takes 1/d of a minibatch's samples and every stage allreduces its
+// gradients once per minibatch). Returns the slowest stage's max(compute + allreduce, transfer),
+// and the plan in `plan`.
 double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, const Topology& t,
-                            const PartitionOptions& o, const std::vector<int>& cuts) {
-  const int w = t.workers(), stages = static_cast<int>(cuts.size()) - 1;
+                            const PartitionOptions& o, const std::vector<int>& cuts,
+                            const InterleavedPipes& pipes) {
+  const int w = t.workers(), places = pipes.positions, d = pipes.pipelines;
+  const int stages = static_cast<int>(cuts.size()) - 1;
   std::vector<FinalStage> fs(static_cast<std::size_t>(stages));
   for (int k = 0; k < stages; ++k) {
     FinalStage& f = fs[static_cast<std::size_t>(k)];
@@ -764,46 +797,56 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
       f.layers.push_back(l);
     f.s = cuts[static_cast<std::size_t>(k)] - 1;
     f.e = cuts[static_cast<std::size_t>(k) + 1] - 1;
-    f.ranks = {k % w};
+    f.ranks = pipes.ranks_of(k);
   }
-  const double slowest = describe(plan, g, t, o, fs, std::nullopt, false);
-  std::vector<double> compute(static_cast<std::size_t>(w), 0.0), transfer = compute,
-                                                                 memory = compute;
+  describe(plan, g, t, o, fs, std::nullopt, false);
+  std::vector<double> compute(static_cast<std::size_t>(places), 0.0), transfer = compute,
+                                                                      memory = compute;
   const auto at = [](const std::vector<double>& v, int i) {
     return i < 0 ? 0.0 : v[static_cast<std::size_t>(i)];
   };
+  double slowest = 0;
   for (int k = 0; k < stages; ++k) {
     PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
     const FinalStage& f = fs[static_cast<std::size_t>(k)];
-    const double par = StateGraph::stage_sum(g.parameter_bytes, f.s, f.e),
-                 act = g.stage_activation_bytes(f.s, f.e), input = at(g.boundary_bytes, f.s);
-    // describe() decided recomputation: every stage under --recompute all, none otherwise. One
-    // minibatch in flight: no stashed version.
+    const double par = StateGraph::stage_sum(g.parameter_bytes, f.s, f.e);
+    // A pipeline holds 1/d of the minibatch: its activations, input and loss gradient.
+    const double act = g.stage_activation_bytes(f.s, f.e) / d,
+                 input = at(g.boundary_bytes, f.s) / d;
+    // describe() decided recomputation (every stage under --recompute all, none otherwise) and
+    // each replica's share of compute and transfers; its allreduce is whole, once per minibatch.
+    ps.sync_s = pipes.sync_s(par);
+    // One minibatch in flight: no stashed version.
     ps.workspace_bytes = working_bytes(g, f.s, f.e, o.activation_compression.value_or(1.0));
-    const double loss = g.stage_loss_gradient_bytes(f.e);
+    const double loss = g.stage_loss_gradient_bytes(f.e) / d;
     ps.memory_bytes =
         ps.recompute ? recompute_stage_memory_bytes(par, par, act, input, loss, 1,
                                                     o.optimizer_state_factor, ps.workspace_bytes)
                      : stage_memory_bytes(par, par, act, 1, o.optimizer_state_factor, input, loss,
                                           ps.workspace_bytes, g.stage_frees_input(f.s, f.e));
-    const auto r = static_cast<std::size_t>(k % w);
+    const auto r = static_cast<std::size_t>(k % places);
     compute[r] += ps.compute_s + ps.sync_s;
     transfer[r] += ps.transfer_s;
     memory[r] += ps.memory_bytes;
+    slowest = std::max(slowest, std::max(ps.compute_s + ps.sync_s, ps.transfer_s));
   }
   double time = 0;
-  for (int r = 0; r < w; ++r) {
+  for (int r = 0; r < places; ++r) {
     const auto i = static_cast<std::size_t>(r);
     time = std::max(time, std::max(compute[i], transfer[i]));
-    plan.predicted.peak_memory_bytes[i] = static_cast<std::int64_t>(memory[i]);
     if (t.memory_bytes_per_worker && memory[i] > *t.memory_bytes_per_worker)
-      PIPELINE_FAIL(ConfigError,
-                    "the interleaved plan ({} stages per worker) needs {:.4g} bytes on rank {} "
-                    "(stages {}, {}, ...), more than the {:.4g} available; use fewer virtual "
-                    "stages, more workers or more memory{}",
-                    o.virtual_stages, memory[i], r, r, r + w, *t.memory_bytes_per_worker,
-                    o.recompute == Recompute::All ? "" : ", or recompute activations (--recompute all)");
+      PIPELINE_FAIL(
+          ConfigError,
+          "the interleaved plan ({} stages per worker{}) needs {:.4g} bytes on rank {} "
+          "(stages {}, {}, ...), more than the {:.4g} available; use fewer virtual "
+          "stages, more workers or more memory{}",
+          o.virtual_stages, d > 1 ? fmt::format(", {} pipelines of {}", d, places) : "", memory[i],
+          r, r, r + places, *t.memory_bytes_per_worker,
+          o.recompute == Recompute::All ? "" : ", or recompute activations (--recompute all)");
   }
+  for (int rank = 0; rank < w; ++rank)
+    plan.predicted.peak_memory_bytes[static_cast<std::size_t>(rank)] =
+        static_cast<std::int64_t>(memory[static_cast<std::size_t>(rank % places)]);
   plan.in_flight = 1;
   finish(plan, p, t, o, time);
   plan.schedule = "interleaved-1f1b";
@@ -811,41 +854,42 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   return slowest;
 }
 
-// Exact DP over the cut points of the layer order: v·p contiguous stages, stage k on rank
-// k mod p, minimising the slowest stage's max(compute, transfer in, transfer out).
-Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionOptions& o) {
-  const StateGraph g = StateGraph::linear(p);
-  const int w = t.workers(), n = g.size(), stages = o.virtual_stages * w;
+// Exact DP over the cut points of the layer order for `pipes`: v·p contiguous stages, stage k at
+// place k mod p of every pipeline, minimising the slowest stage's max(compute + allreduce,
+// transfer in, transfer out). nullopt when the model has too few places to cut.
+std::optional<Plan> partition_interleaved_pipes(const Profile& p, const StateGraph& g,
+                                                const Topology& t, const PartitionOptions& o,
+                                                const InterleavedPipes& pipes) {
+  const int places = pipes.positions, d = pipes.pipelines, n = g.size();
+  const int stages = o.virtual_stages * places;
   const bool charge = !o.ignore_transfer;
   const double R = o.activation_compression.value_or(1.0);
-  std::vector<int> groups(t.levels.size() + 1, 1);
-  for (std::size_t l = 0; l < t.levels.size(); ++l) groups[l + 1] = groups[l] * t.levels[l].count;
-  // The bandwidth of the cut after stage k: between ranks k mod p and (k + 1) mod p.
+  // The bandwidth of the cut after stage k: between places k mod p and (k + 1) mod p.
   std::vector<double> bandwidth(static_cast<std::size_t>(stages), 0.0);
   for (int k = 0; k < stages; ++k)
     bandwidth[static_cast<std::size_t>(k)] =
-        t.levels[static_cast<std::size_t>(span_level(groups, k % w, (k + 1) % w))].bandwidth_bytes_per_s;
-  // Seconds of the transfer across the cut after stage k, which ends before layer j.
+        t.levels[static_cast<std::size_t>(span_level(pipes.groups, k % places, (k + 1) % places))]
+            .bandwidth_bytes_per_s;
+  // Seconds of the transfer across the cut after stage k, which ends before layer j (each
+  // pipeline sends its share).
   const auto cut_time = [&](int k, int j) {
     if (!charge) return 0.0;
-    return transfer_time(g.boundary_bytes[static_cast<std::size_t>(j) - 1], 1, bandwidth[static_cast<std::size_t>(k)], R);
+    return transfer_time(g.boundary_bytes[static_cast<std::size_t>(j) - 1], d,
+                         bandwidth[static_cast<std::size_t>(k)], R);
   };
-  // Compute of the stage [i, j), in describe()'s arithmetic; under --recompute all every stage
-  // runs its forward twice.
+  // Compute and allreduce of the stage [i, j), in describe()'s arithmetic; under --recompute all
+  // every stage runs its forward twice.
   const bool twice = o.recompute == Recompute::All;
   const auto stage_compute = [&](int i, int j) {
-    return g.stage_compute_s(i - 1, j - 1) + (twice ? g.stage_forward_s(i - 1, j - 1) : 0.0);
+    const double T =
+        g.stage_compute_s(i - 1, j - 1) + (twice ? g.stage_forward_s(i - 1, j - 1) : 0.0);
+    return T / d + pipes.sync_s(StateGraph::stage_sum(g.parameter_bytes, i - 1, j - 1));
   };
   // A stage may end before layer j (StateGraph::can_end).
   const auto cut_allowed = [&](int j) { return j == n || g.can_end(j - 1); };
   int cut_points = 0;
   for (int j = 1; j < n; ++j) cut_points += cut_allowed(j);
-  PIPELINE_CHECK_AS(
-      ConfigError, stages <= cut_points + 1,
-      "an interleaved plan of {} stages ({} virtual stages on {} workers) needs {} cuts "
-      "between layers, but {} has only {} where a stage may end (a ReLU and the max "
-      "pool after it stay together); use fewer virtual stages or workers",
-      stages, o.virtual_stages, w, stages - 1, p.model.empty() ? "the model" : p.model, cut_points);
+  if (stages > cut_points + 1) return std::nullopt;
   // Stage `stage` over layers [i, j): its compute, its transfer out (`out`, hoisted by the callers
   // out of their loop over i) and its transfer in, whichever is slowest.
   const auto stage_cost = [&](int stage, int i, int j, double out) {
@@ -917,10 +961,44 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
   for (int k = stages; k > 0; --k)
     cuts[static_cast<std::size_t>(k) - 1] = from[cell(k, cuts[static_cast<std::size_t>(k)])];
   Plan plan;
-  const double slowest = describe_interleaved(plan, p, g, t, o, cuts);
-  PIPELINE_CHECK(slowest == optimum, "internal: the slowest stage of the interleaved plan ({}) is not the optimum ({})",
+  const double slowest = describe_interleaved(plan, p, g, t, o, cuts, pipes);
+  PIPELINE_CHECK(std::abs(slowest - optimum) <= 1e-9 * optimum,
+                 "internal: the slowest stage of the interleaved plan ({}) is not the optimum ({})",
                  slowest, optimum);
   return plan;
+}
+
+// The fastest interleaved plan over the data-parallel degrees d that divide the workers into
+// pipelines of at least 2 (d = 1 only with --straight): each degree's exact cut, then the least
+// predicted time per minibatch (ties: fewer pipelines). Memory limits rule degrees out; when
+// none fits, the error of the single pipeline (or of the last degree tried) stands.
+Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionOptions& o) {
+  const StateGraph g = StateGraph::linear(p);
+  const int w = t.workers();
+  std::optional<Plan> best;
+  std::optional<ConfigError> refused;
+  for (int d = 1; d <= (o.straight ? 1 : w / 2); ++d) {
+    if (w % d != 0) continue;
+    try {
+      std::optional<Plan> plan = partition_interleaved_pipes(p, g, t, o, InterleavedPipes(t, d));
+      if (plan &&
+          (!best || plan->predicted.time_per_minibatch_s < best->predicted.time_per_minibatch_s))
+        best = std::move(plan);
+    } catch (const ConfigError& e) {
+      if (!refused || d == 1) refused = e;
+    }
+  }
+  if (best) return *best;
+  if (refused) throw *refused;
+  int cut_points = 0;
+  for (int j = 1; j < g.size(); ++j) cut_points += g.can_end(j - 1);
+  const int places = o.straight ? w : 2;  // the shortest pipeline tried
+  PIPELINE_FAIL(ConfigError,
+                "an interleaved plan of {} stages ({} virtual stages on {} workers) needs {} cuts "
+                "between layers, but {} has only {} where a stage may end (a ReLU and the max "
+                "pool after it stay together); use fewer virtual stages or workers",
+                o.virtual_stages * places, o.virtual_stages, places, o.virtual_stages * places - 1,
+                p.model.empty() ? "the model" : p.model, cut_points);
 }
 
 }  // namespace
@@ -1134,23 +1212,32 @@ Plan evaluate_stages(const Profile& measured, const Topology& topology,
                     profile.size());
   check_interleaved_request(profile, topology, options);
   if (options.virtual_stages > 1) {
-    const int w = topology.workers();
-    PIPELINE_CHECK_AS(ConfigError, static_cast<std::int64_t>(manual.size()) == std::int64_t{options.virtual_stages} * w,
-                      "an interleaved plan of {} virtual stages per worker on {} workers has {} stages, got {}",
-                      options.virtual_stages, w, std::int64_t{options.virtual_stages} * w, manual.size());
+    // Every stage with the same replicas r: r pipelines of p = workers / r ranks.
+    const int w = topology.workers(), r = manual.front().replicas;
+    for (const ManualStage& m : manual)
+      PIPELINE_CHECK_AS(ConfigError, m.replicas == r,
+                        "stage {}:{} asks for {} replicas but the first stage for {}: the stages "
+                        "of an interleaved plan (--virtual-stages {}) have the same replicas, one "
+                        "per pipeline",
+                        m.begin, m.end, m.replicas, r, options.virtual_stages);
+    PIPELINE_CHECK_AS(ConfigError, w % r == 0 && w / r >= 2 && !(options.straight && r > 1),
+                      "{} pipelines (replicas of every stage) on {} workers: the workers must "
+                      "make {} pipelines of at least 2{}",
+                      r, w, r, options.straight ? ", and --straight forbids replicas" : "");
+    const int places = w / r;
+    PIPELINE_CHECK_AS(
+        ConfigError,
+        static_cast<std::int64_t>(manual.size()) == std::int64_t{options.virtual_stages} * places,
+        "an interleaved plan of {} virtual stages per worker on {} workers{} has {} stages, got {}",
+        options.virtual_stages, w, r > 1 ? fmt::format(" ({} pipelines of {})", r, places) : "",
+        std::int64_t{options.virtual_stages} * places, manual.size());
     std::vector<int> cuts;
-    for (const ManualStage& m : manual) {
-      PIPELINE_CHECK_AS(ConfigError, m.replicas == 1,
-                        "stage {}:{} asks for {} replicas, but the stages of an interleaved plan "
-                        "(--virtual-stages {}) are not replicated",
-                        m.begin, m.end, m.replicas, options.virtual_stages);
-      cuts.push_back(m.begin);
-    }
+    for (const ManualStage& m : manual) cuts.push_back(m.begin);
     cuts.push_back(next);
     Plan plan;
     const StateGraph g = StateGraph::linear(profile);
     for (std::size_t k = 1; k < cuts.size(); ++k) warn_if_cutting_pair(profile, g, cuts[k] - 1);
-    describe_interleaved(plan, profile, g, topology, options, cuts);
+    describe_interleaved(plan, profile, g, topology, options, cuts, InterleavedPipes(topology, r));
     return plan;
   }
   PIPELINE_CHECK_AS(ConfigError, workers <= topology.workers(), "manual stages use {} workers but the topology has only {}",

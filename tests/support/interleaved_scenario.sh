@@ -5,7 +5,8 @@
 # stage k on rank k mod 2), draw its interleaved timeline, train it on 2 ranks under mpirun with
 # the plan's default schedule (interleaved-1f1b): the loss trajectory equals one process's
 # (fp32 rounding: microbatch gradients accumulate instead of one batch's); a schedule for one
-# stage per rank is refused, naming the fix.
+# stage per rank is refused, naming the fix. Then 4 workers as data-parallel interleaved
+# pipelines (the partitioner's own plan, and one given by hand), checkpointed and resumed.
 set -euo pipefail
 profile=$1
 partition=$2
@@ -51,4 +52,53 @@ assert len(single) == len(run) == 16, (len(single), len(run))
 worst = max(abs(a - b) / abs(b) for a, b in zip(run, single))
 assert worst < 1e-4, f"interleaved 1F1B drifts from one process by {worst:.2e}"
 print(f"interleaved plan (2 stages per rank, 2 ranks): within {worst:.1e} of one process over 16 steps")
+PY
+
+# Four workers: the partitioner's own plan (one pipeline of 4 or two data-parallel pipelines of
+# 2, whichever it predicts faster), and two pipelines of 2 evaluated by hand through the CLI;
+# both train to one process's losses, and the data-parallel one checkpoints and resumes
+# bit-identically (each stage's shard written by its first replica).
+"$partition" --profile "$work/profile.json" --workers 4 --bandwidth 10Gbit/s --virtual-stages 2 \
+  -o "$work/plan4.json" > "$work/partition4.log" 2>&1 || { cat "$work/partition4.log"; exit 1; }
+"$partition" --profile "$work/profile.json" --workers 4 --bandwidth 10Gbit/s --virtual-stages 2 \
+  --stages 0:2x2,2:3x2,3:5x2,5:6x2 -o "$work/plan_dp.json" > "$work/partition_dp.log" 2>&1 ||
+  { cat "$work/partition_dp.log"; exit 1; }
+grep -q "2 data-parallel pipelines of 2 ranks" "$work/partition_dp.log" || { cat "$work/partition_dp.log"; exit 1; }
+"$simulate" --profile "$work/profile.json" --plan "$work/plan_dp.json" --schedule interleaved \
+  --level 4:10Gbit/s > "$work/simulate_dp.log" 2>&1 || { cat "$work/simulate_dp.log"; exit 1; }
+grep -q "schedule interleaved-1f1b: 4 ranks" "$work/simulate_dp.log" || { cat "$work/simulate_dp.log"; exit 1; }
+for plan in plan4 plan_dp; do
+  "${mpirun[@]}" 4 "$train" "${common[@]}" --plan "$work/$plan.json" --steps 16 \
+    --metrics "$work/$plan.jsonl" > "$work/$plan.log" 2>&1 || { cat "$work/$plan.log"; exit 1; }
+done
+"${mpirun[@]}" 4 "$train" "${common[@]}" --plan "$work/plan_dp.json" --steps 16 \
+  --checkpoint-dir "$work/ckpt" --checkpoint-every 8 --checkpoint-keep 4 --metrics "$work/a.jsonl" \
+  > "$work/a.log" 2>&1 || { cat "$work/a.log"; exit 1; }
+mkdir "$work/resume" && cp -r "$work/ckpt/step-000000008" "$work/resume/"
+"${mpirun[@]}" 4 "$train" "${common[@]}" --plan "$work/plan_dp.json" --steps 16 \
+  --resume "$work/resume" --metrics "$work/b.jsonl" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }
+for s in 0 1 2 3; do
+  cmp "$work/ckpt/step-000000016/stage-$s.safetensors" "$work/resume/step-000000016/stage-$s.safetensors" ||
+    { echo "the resumed data-parallel run's stage $s differs"; exit 1; }
+done
+
+python3 - "$work" <<'PY'
+import json, sys
+w = sys.argv[1]
+dp = json.load(open(f"{w}/plan_dp.json"))
+assert [s["ranks"] for s in dp["stages"]] == [[0, 2], [1, 3], [0, 2], [1, 3]], dp["stages"]
+own = json.load(open(f"{w}/plan4.json"))
+pipelines = own["stages"][0]["replicas"]
+def losses(path):
+    return [r["loss"] for r in map(json.loads, open(path)) if "step" in r]
+single = losses(f"{w}/single.jsonl")
+for name in ("plan4", "plan_dp"):
+    run = losses(f"{w}/{name}.jsonl")
+    assert len(run) == 16, (name, len(run))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(run, single))
+    assert worst < 1e-4, f"{name} drifts from one process by {worst:.2e}"
+b = losses(f"{w}/b.jsonl")
+assert b == losses(f"{w}/a.jsonl")[8:], "the resumed data-parallel run's losses differ"
+print(f"4 workers: the partitioner's plan ({pipelines} pipeline(s)) and 2 data-parallel pipelines "
+      f"by hand train as one process; resumed at step 8 bit-identically")
 PY

@@ -14,18 +14,22 @@
 // than `max_states` antichain states are planned over the antichain states of a coarsened DAG
 // (StateGraph::build_coarsened; logged), never worse than planning over one topological order.
 //
-// Interleaved plans (PartitionOptions::virtual_stages = v > 1): the p workers form a straight
-// pipeline (no replicas) and the model, in its layer order, is cut into v·p contiguous stages,
-// stage k on rank k mod p. An exact dynamic program over the cut points minimises the slowest
-// stage's time: max(compute, transfer in, transfer out) with the cost model's transfer_time at
-// the bandwidth of the level joining the two ranks; among the cuts that reach it, a second pass
-// takes the one with the least sum of squared stage times (the most even; ties: the earlier
-// cut), which also evens out each rank's sum over its stages. The plan's
-// time_per_minibatch_s is the slowest rank's steady-state time, the sum over its v stages of
-// their compute (or of their transfers, if larger); the memory per rank is the sum over its
-// stages of weights, gradient, optimizer state and one minibatch of activations, which is the
-// peak of interleaved 1F1B with as many microbatches as workers (every pair in flight) and an
-// upper bound with more. With a memory limit the plan must fit or ConfigError names the rank.
+// Interleaved plans (PartitionOptions::virtual_stages = v > 1): the workers form d data-parallel
+// copies of a straight pipeline of p = workers / d ranks (pipeline j on ranks j·p .. j·p + p − 1;
+// d = 1 with `straight`), and the model, in its layer order, is cut into v·p contiguous stages,
+// stage k at place k mod p of every pipeline. For each d that leaves pipelines of at least 2 ranks,
+// an exact dynamic program over the cut points minimises the slowest stage's time: max(compute /
+// d + the allreduce of its weights among its d replicas, transfer in, transfer out), transfers at
+// the bandwidth of the level joining the two ranks (each pipeline sends 1/d of them), the
+// allreduce at the bandwidth of the level joining the pipelines; among the cuts that reach it, a
+// second pass takes the one with the least sum of squared stage times (the most even; ties: the
+// earlier cut), which also evens out each rank's sum over its stages. The degree with the least
+// predicted time wins (ties: fewer pipelines). The plan's time_per_minibatch_s is the slowest
+// rank's steady-state time, the sum over its v stages of their compute and allreduce (or of
+// their transfers, if larger); the memory per rank is the sum over its stages of weights,
+// gradient, optimizer state and one minibatch's share (1/d) of activations, which is the peak of
+// interleaved 1F1B with as many microbatches as ranks (every pair in flight) and an upper bound
+// with more. With a memory limit the plan must fit or ConfigError names the rank.
 // Recomputation: under Recompute::All every stage keeps only its input and runs its forward
 // twice (its compute includes the second forward); Auto recomputes no stage of such a plan.
 #pragma once
@@ -67,8 +71,8 @@ struct PartitionOptions {
   // levels keep a table over every pair of states). A DAG with more is planned over the states of
   // a coarsened DAG, with one topological order's prefixes added (StateGraph::build_coarsened).
   std::size_t max_states = 0;
-  // Stages per worker: 1 for PipeDream's plans; v > 1 plans an interleaved pipeline of v·p
-  // stages (see above; implies a straight pipeline on every worker, Pipeline cost model).
+  // Stages per worker: 1 for PipeDream's plans; v > 1 plans d interleaved pipelines of v·p
+  // stages (see above; Pipeline cost model; `straight` keeps d = 1).
   int virtual_stages = 1;
   // The transfers' element type (set_transfer_dtype), recorded in the plan; unset: float32.
   std::optional<DType> transfer_dtype;
@@ -122,7 +126,8 @@ std::vector<ManualStage> parse_manual_stages(std::string_view text);
 // ranks assigned consecutively). Throws ConfigError when the stages do not cover the model
 // exactly in order, use more workers than the topology has, or (with a memory limit) do not fit.
 // With options.virtual_stages = v > 1 the stages form an interleaved plan: exactly v·p of them,
-// without replicas, stage k on rank k mod p.
+// each with the same replicas r (r pipelines of p = workers / r ranks), stage k at place k mod p
+// of every pipeline.
 Plan evaluate_stages(const Profile& profile, const Topology& topology, const std::vector<ManualStage>& stages,
                      const PartitionOptions& options = {});
 

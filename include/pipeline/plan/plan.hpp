@@ -3,8 +3,9 @@
 // (format "pipeline.plan/1", see DESIGN.md; "pipeline.plan/2" for interleaved plans).
 //
 // Interleaved plans (virtual_stages = v > 1, Narayanan et al. SC'21): the model is cut into v·p
-// contiguous stages over p workers and stage k runs on rank k mod p alone, so every rank holds v
-// non-adjacent layer ranges and a microbatch passes every rank v times. Such a plan runs under
+// contiguous stages over p workers and stage k runs on rank k mod p, so every rank holds v
+// non-adjacent layer ranges and a microbatch passes every rank v times; r data-parallel copies of
+// such a pipeline replicate every stage r times (interleaved_layout.hpp). Such a plan runs under
 // the interleaved-1f1b schedule (ScheduleSpec::from_plan builds its spec).
 #pragma once
 
@@ -85,7 +86,8 @@ struct Plan {
     return transfer_dtype.empty() ? dtype == "bfloat16" : transfer_dtype == "bfloat16";
   }
   // Stages per rank: 1 for a plain pipeline (each rank serves one stage), v > 1 for an
-  // interleaved plan (stages.size() == v · workers, stage k on rank k mod workers, no replicas).
+  // interleaved plan: r pipelines of p = workers / r ranks, stages.size() == v · p, every stage
+  // with r replicas, stage k on the ranks of stage k mod p (interleaved_layout.hpp).
   int virtual_stages = 1;
   std::vector<PlanStage> stages;
   PlanPrediction predicted;

@@ -17,8 +17,9 @@
 // byte for byte as before. The bump is only for the plans that need it because a rank of such a
 // plan serves v stages: a reader that knows only /1 would have to refuse it anyway, and now says
 // so by its format check instead of a misleading "rank serves more than one stage". Both versions
-// are read. A /2 plan must have v >= 2, exactly v · workers contiguous stages of one replica,
-// stage k on rank k mod workers; a /1 plan must not have "virtual_stages" other than 1.
+// are read. A /2 plan must have v >= 2 and be an interleaved layout (interleaved_layout.hpp): r
+// pipelines of p = workers / r ranks, exactly v · p contiguous stages of r replicas each, stage k
+// on the ranks of stage k mod p; a /1 plan must not have "virtual_stages" other than 1.
 #pragma once
 
 #include <pipeline/plan/plan.hpp>
