@@ -158,9 +158,10 @@ inline RandomPlan random_plan(Rng& rng, std::uint64_t seed, int workers = 0) {
   o.straight = rng.below(4) == 0;
   const int kind = static_cast<int>(rng.below(5));
   Plan plan;
-  if (kind == 0 && static_cast<int>(c.profile.layers.size()) >= 2 * c.workers) {
-    // Interleaved where the model has the cuts (a ReLU and the max pool after it stay together;
-    // the partitioner says so, and the plan is then a plain one).
+  if (kind == 0 && static_cast<int>(c.profile.layers.size()) >= 2 * (o.straight ? c.workers : 2)) {
+    // Interleaved where the model has the cuts, for one pipeline of every worker or data-parallel
+    // pipelines of 2 or more (a ReLU and the max pool after it stay together; where even 2 ranks
+    // of 2 stages cannot be cut, the partitioner says so, and the plan is then a plain one).
     o.virtual_stages = 2;
     try {
       plan = partition(c.profile, c.topology, o);

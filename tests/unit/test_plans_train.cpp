@@ -37,7 +37,7 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
   set_num_threads(1);
   Rng rng(2026, "plans-train");
   int cnns = 0, replicated = 0, interleaved = 0, mixed = 0, recomputing = 0, dealt = 0,
-      two_buffered = 0;
+      two_buffered = 0, data_parallel_interleaved = 0;
   for (int trial = 0; trial < 40; ++trial) {
     CAPTURE(trial);
     const RandomPlan c = random_plan(rng, kSeed);
@@ -46,6 +46,7 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
     cnns += c.cnn;
     replicated += c.max_replicas() > 1;
     interleaved += c.plan.virtual_stages > 1;
+    data_parallel_interleaved += c.plan.virtual_stages > 1 && c.max_replicas() > 1;
     mixed += !c.typed_profiles.empty();
     recomputing += c.recomputes();
     const Sequential model = c.model(0.2f);
@@ -89,13 +90,15 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
     ++two_buffered;
   }
   MESSAGE("plans of CNNs: " << cnns << ", with replicated stages: " << replicated
-                            << ", interleaved: " << interleaved << ", on mixed workers: " << mixed
-                            << ", with recomputing stages: " << recomputing
-                            << "; flush schedules dealt by speed: " << dealt
+                            << ", interleaved: " << interleaved
+                            << " (over data-parallel pipelines: " << data_parallel_interleaved
+                            << "), on mixed workers: " << mixed << ", with recomputing stages: "
+                            << recomputing << "; flush schedules dealt by speed: " << dealt
                             << ", 2bw runs: " << two_buffered);
   CHECK(cnns > 0);
   CHECK(replicated > 0);
   CHECK(interleaved > 0);
+  CHECK(data_parallel_interleaved > 0);
   CHECK(mixed > 0);
   CHECK(recomputing > 0);
   CHECK(dealt > 0);
