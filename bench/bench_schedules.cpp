@@ -4,15 +4,16 @@
 //
 //   mpirun -np 4 bench_schedules [--model transformer-lm] [--batch 8] [--microbatches 8]
 //                                [--minibatches 4] [--threads 1] [--repeat 3]
-//                                [--schedules 1f1b-flush,zb-h1,interleaved-1f1b,1f1b-stash,2bw]
+//                                [--schedules 1f1b-flush,zb-h1,interleaved-1f1b,interleaved-zb-h1,
+//                                             1f1b-stash,2bw]
 //                                [--results FILE]
 //
 // One job measures everything, so that the ratios compare numbers taken under the same load:
 //  1. rank 0 profiles the model at the microbatch size with the backward split into its input-
 //     and weight-gradient halves (what zb-h1 schedules), times one SGD step per layer range, and
 //     ranks 0 and 1 time a ping-pong of the largest boundary activation (the simulator's link);
-//  2. the partitioner plans a straight P-stage pipeline and, for interleaved-1f1b, a pipeline of
-//     2P stages over the P ranks (stage k on rank k mod P);
+//  2. the partitioner plans a straight P-stage pipeline and, for the interleaved schedules, a
+//     pipeline of 2P stages over the P ranks (stage k on rank k mod P; --straight);
 //  3. --repeat times, per schedule: the ranks train --minibatches minibatches of --microbatches
 //     microbatches of --batch samples (1f1b-stash: as many minibatches of one microbatch, the
 //     same samples) after a warm-up, timed between barriers; every rank reports its peak bytes
@@ -63,13 +64,15 @@ struct Options {
   int threads = 1;
   int repeat = 3;
   int virtual_stages = 2;
-  std::vector<std::string> schedules{"1f1b-flush", "zb-h1", "interleaved-1f1b", "1f1b-stash",
-                                     "2bw"};
+  std::vector<std::string> schedules{"1f1b-flush",        "zb-h1",      "interleaved-1f1b",
+                                     "interleaved-zb-h1", "1f1b-stash", "2bw"};
   std::string results;
 };
 
 bool is_stash(const std::string& name) { return name.rfind("1f1b-stash", 0) == 0; }
-bool is_interleaved(const std::string& name) { return name == "interleaved-1f1b"; }
+bool is_interleaved(const std::string& name) {
+  return name.rfind("interleaved-", 0) == 0;
+}
 
 // Every schedule trains the same samples: stash schedules as minibatches of one microbatch.
 ScheduleRequest request_for(const std::string& name, const Options& o) {

@@ -306,12 +306,14 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
   req.name = flags.schedule.empty() ? plan.schedule : flags.schedule;
   if (req.name == "interleaved") req.name = "interleaved-1f1b";
   req.csv = flags.schedule_csv;
-  // An interleaved plan's ranks hold several stages, which only interleaved-1f1b orders (its
-  // default microbatch count below, one per stage, is a multiple of the workers, as it needs).
+  // An interleaved plan's ranks hold several stages, which only the interleaved schedules order
+  // (their default microbatch count below, one per stage and replica, is a multiple of the
+  // workers, as they need).
   PIPELINE_CHECK_AS(ConfigError,
-                    !plan.interleaved() || !req.csv.empty() || req.name == "interleaved-1f1b",
+                    !plan.interleaved() || !req.csv.empty() || req.name == "interleaved-1f1b" ||
+                        req.name == "interleaved-zb-h1",
                     "the plan is interleaved ({} stages per rank): run it with --schedule "
-                    "interleaved-1f1b (its default), not {}",
+                    "interleaved-1f1b (its default) or interleaved-zb-h1, not {}",
                     plan.virtual_stages, req.name);
   req.vertical_sync = flags.vertical_sync;
   // Flush schedules need a microbatch per stage to keep every stage busy, and one per replica to

@@ -813,6 +813,7 @@ const GeneratorRegistry& GeneratorRegistry::builtin() {
     r.add("1f1b-flush", one_f_one_b_flush_schedule);
     r.add("1f1b-stash", one_f_one_b_stash_schedule);
     r.add("interleaved-1f1b", interleaved_one_f_one_b_schedule);
+    r.add("interleaved-zb-h1", interleaved_zero_bubble_schedule);
     r.add("zb-h1", zero_bubble_h1_schedule);
     r.add("2bw", two_buffered_schedule);
     r.add("1f1b-stash-vsync", [](const ScheduleSpec& spec) {

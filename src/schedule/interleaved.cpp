@@ -2,30 +2,44 @@
 #include <pipeline/schedule/schedules/interleaved.hpp>
 
 #include <algorithm>
+#include <deque>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace pipeline {
 
-Schedule interleaved_one_f_one_b_schedule(const ScheduleSpec& spec) {
+namespace {
+
+// Interleaved 1F1B, or with `split_backward` its zero-bubble form: each backward split into I
+// (queued in 1F1B's order) and W, rank r's W's deferred by `lag(r)` I's.
+Schedule interleaved_schedule(const ScheduleSpec& spec, const std::string& name,
+                              bool split_backward) {
   check_spec(spec, /*one_stage_per_rank=*/false);
-  detail::require_round_robin(spec, "interleaved-1f1b");
+  detail::require_round_robin(spec, name);
   const InterleavedShape shape = interleaved_shape(spec.stage_ranks);
   const int p = shape.positions, v = shape.stages_per_rank, replicas = shape.replicas;
   PIPELINE_CHECK_AS(
       ConfigError, spec.microbatches % (p * replicas) == 0,
-      "interleaved-1f1b sends microbatches through the ranks of each of its {} pipeline(s) in "
-      "groups of {} (the ranks), so microbatches per minibatch must be a multiple of {}; got {}",
-      replicas, p, p * replicas, spec.microbatches);
+      "{} sends microbatches through the ranks of each of its {} pipeline(s) in groups of {} "
+      "(the ranks), so microbatches per minibatch must be a multiple of {}; got {}",
+      name, replicas, p, p * replicas, spec.microbatches);
   const int m = spec.microbatches / replicas;  // per pipeline
   const int total = m * v;                     // (stage, microbatch) pairs per rank and minibatch
-  Schedule sched = detail::empty_schedule(spec, "interleaved-1f1b", UpdatePolicy::Flush);
+  const auto warmup_of = [&](int r) {
+    return m == p ? total : std::min(total, 2 * (p - 1 - r) + (v - 1) * p);
+  };
+  Schedule sched = detail::empty_schedule(spec, name, UpdatePolicy::Flush);
   for (int pipe = 0; pipe < replicas; ++pipe)
     for (int r = 0; r < p; ++r) {
       auto& out = sched.ranks[static_cast<std::size_t>(spec.stage_ranks[r][pipe])];
       // Room for the communication too, which insert_communication adds in place.
       out.reserve(static_cast<std::size_t>(spec.minibatches) *
-                  static_cast<std::size_t>(6 * total + 2 * v));
-      const int warmup = m == p ? total : std::min(total, 2 * (p - 1 - r) + (v - 1) * p);
+                  static_cast<std::size_t>(7 * total + 2 * v));
+      const int warmup = warmup_of(r);
+      // Zero bubble: rank r runs short of rank 0's warm-up by this many forwards, and holds as
+      // many W's back, which then fill its cool-down while the I's race up the pipeline.
+      const int lag = warmup_of(0) - warmup;
       for (int j = 0; j < spec.minibatches; ++j) {
         // This pipeline's microbatches of the minibatch (round-robin: pipe, pipe + r, ...).
         const std::vector<int> mbs =
@@ -38,13 +52,24 @@ Schedule interleaved_one_f_one_b_schedule(const ScheduleSpec& spec) {
           const int mb = k / (p * v) * p + k % p;
           return std::pair<int, int>{chunk * p + r, mbs[static_cast<std::size_t>(mb)]};
         };
+        std::deque<std::pair<int, int>> pending;  // (stage, microbatch) whose I ran, W not yet
         auto fwd = [&](int k) {
           auto [s, u] = pair_of(k, false);
           out.push_back(forward(s, u));
         };
         auto bwd = [&](int k) {
           auto [s, u] = pair_of(k, true);
-          out.push_back(backward(s, u));
+          if (!split_backward) {
+            out.push_back(backward(s, u));
+            return;
+          }
+          out.push_back({ActionKind::BackwardInput, s, u, -1});
+          pending.emplace_back(s, u);
+          if (static_cast<int>(pending.size()) > lag) {
+            out.push_back(
+                {ActionKind::BackwardWeight, pending.front().first, pending.front().second, -1});
+            pending.pop_front();
+          }
         };
         for (int k = 0; k < warmup; ++k) fwd(k);
         for (int k = 0; k < total - warmup; ++k) {
@@ -52,6 +77,7 @@ Schedule interleaved_one_f_one_b_schedule(const ScheduleSpec& spec) {
           bwd(k);
         }
         for (int k = total - warmup; k < total; ++k) bwd(k);
+        for (auto [s, u] : pending) out.push_back({ActionKind::BackwardWeight, s, u, -1});
         if (replicas > 1)
           for (int c = 0; c < v; ++c) out.push_back({ActionKind::AllReduce, c * p + r, j, -1});
         for (int c = 0; c < v; ++c) out.push_back({ActionKind::Step, c * p + r, j, -1});
@@ -59,6 +85,16 @@ Schedule interleaved_one_f_one_b_schedule(const ScheduleSpec& spec) {
     }
   insert_communication(sched);
   return sched;
+}
+
+}  // namespace
+
+Schedule interleaved_one_f_one_b_schedule(const ScheduleSpec& spec) {
+  return interleaved_schedule(spec, "interleaved-1f1b", /*split_backward=*/false);
+}
+
+Schedule interleaved_zero_bubble_schedule(const ScheduleSpec& spec) {
+  return interleaved_schedule(spec, "interleaved-zb-h1", /*split_backward=*/true);
 }
 
 }  // namespace pipeline

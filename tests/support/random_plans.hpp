@@ -293,10 +293,10 @@ inline ReferenceRun stash_run(const RandomPlan& c, const PipelineLayout& layout,
   return r;
 }
 
-// The flush schedules that run a plan: interleaved 1F1B for an interleaved plan, else GPipe,
-// 1F1B-flush and ZB-H1.
+// The flush schedules that run a plan: interleaved 1F1B and its zero-bubble form for an
+// interleaved plan, else GPipe, 1F1B-flush and ZB-H1.
 inline std::vector<std::string> flush_schedules(const Plan& plan) {
-  if (plan.virtual_stages > 1) return {"interleaved-1f1b"};
+  if (plan.virtual_stages > 1) return {"interleaved-1f1b", "interleaved-zb-h1"};
   return {"gpipe", "1f1b-flush", "zb-h1"};
 }
 

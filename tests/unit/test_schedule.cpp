@@ -336,4 +336,22 @@ TEST_CASE(
       doctest::Contains("multiple of 4; got 6"), ConfigError);
 }
 
+TEST_CASE("interleaved zero bubble: I in the backward's place, rank r's W's deferred by 2r") {
+  // p = 2, v = 2, m = 4: rank 0 runs each W right after its I, rank 1 two I's later.
+  const Schedule s = generate_schedule("interleaved-zb-h1", ScheduleSpec::interleaved(2, 2, 4));
+  CHECK(to_string(compute_only(s.ranks[0])) ==
+        "0F0 0F1 2F0 2F1 0F2 2I0 2W0 0F3 2I1 2W1 2F2 0I0 0W0 2F3 0I1 0W1 2I2 2W2 2I3 2W3 0I2 0W2 "
+        "0I3 0W3");
+  CHECK(to_string(compute_only(s.ranks[1])) ==
+        "1F0 1F1 3F0 3I0 3F1 3I1 1F2 1I0 3W0 1F3 1I1 3W1 3F2 3I2 1W0 3F3 3I3 1W1 1I2 3W2 1I3 3W3 "
+        "1W2 1W3");
+  CHECK(validation_error(s).empty());
+  // Over data-parallel pipelines too; a straight layout is refused as for interleaved 1F1B.
+  CHECK(validation_error(
+            generate_schedule("interleaved-zb-h1", ScheduleSpec::interleaved(3, 2, 12, 2, 2)))
+            .empty());
+  CHECK_THROWS_WITH_AS(generate_schedule("interleaved-zb-h1", ScheduleSpec::interleaved(2, 2, 3)),
+                       doctest::Contains("multiple of 2; got 3"), ConfigError);
+}
+
 }  // namespace test_schedule

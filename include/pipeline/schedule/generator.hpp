@@ -57,7 +57,7 @@ struct ScheduleSpec {
 using ScheduleGenerator = std::function<Schedule(const ScheduleSpec&)>;
 
 // Generators by name. builtin() holds gpipe, 1f1b-flush, zb-h1, 1f1b-stash, 1f1b-stash-vsync,
-// 2bw and interleaved-1f1b;
+// 2bw, interleaved-1f1b and interleaved-zb-h1;
 // copy it and add() to extend.
 class GeneratorRegistry {
  public:

@@ -18,6 +18,13 @@
 // replicas, then steps them (all allreduces before the steps, so that a global gradient norm
 // sees every stage's final gradient).
 //
+// Interleaved zero bubble (interleaved-zb-h1; ZB-H1 of Qi et al. 2023 on interleaved stages):
+// the same order with every backward split into I, the input gradient the previous stage waits
+// for, in the backward's place, and W, the weight gradient nobody waits for, deferred on rank r
+// by the forwards its warm-up runs short of rank 0's (2r I's), so rank r's W's fill its cool-down
+// while the I's race up the pipeline. Each rank then holds as many microbatches as rank 0 does
+// under interleaved 1F1B; results are those of interleaved 1F1B (flush, split backward).
+//
 // Spec: stage_ranks as above (ScheduleSpec::interleaved builds it); microbatches must be a
 // multiple of p·r.
 #pragma once
@@ -28,5 +35,6 @@
 namespace pipeline {
 
 Schedule interleaved_one_f_one_b_schedule(const ScheduleSpec& spec);
+Schedule interleaved_zero_bubble_schedule(const ScheduleSpec& spec);
 
 }  // namespace pipeline
