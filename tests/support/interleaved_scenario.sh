@@ -3,10 +3,11 @@
 #   interleaved_scenario.sh PIPELINE_PROFILE PIPELINE_PARTITION PIPELINE_SIMULATE TRAIN MPIRUN...
 # profile the mlp, plan it with --virtual-stages 2 on 2 workers (plan.json version 2, 4 stages,
 # stage k on rank k mod 2), draw its interleaved timeline, train it on 2 ranks under mpirun with
-# the plan's default schedule (interleaved-1f1b): the loss trajectory equals one process's
-# (fp32 rounding: microbatch gradients accumulate instead of one batch's); a schedule for one
-# stage per rank is refused, naming the fix. Then 4 workers as data-parallel interleaved
-# pipelines (the partitioner's own plan, and one given by hand), checkpointed and resumed.
+# the plan's default schedule (interleaved-1f1b) and its zero-bubble form (interleaved-zb-h1):
+# the loss trajectories equal one process's (fp32 rounding: microbatch gradients accumulate
+# instead of one batch's); a schedule for one stage per rank is refused, naming the fix. Then 4
+# workers as data-parallel interleaved pipelines (the partitioner's own plan, and one given by
+# hand), checkpointed and resumed.
 set -euo pipefail
 profile=$1
 partition=$2
@@ -34,6 +35,9 @@ grep -q "<svg" "$work/timeline.svg"
   --metrics "$work/interleaved.jsonl" > "$work/interleaved.log" 2>&1 ||
   { cat "$work/interleaved.log"; exit 1; }
 grep -q "schedule interleaved-1f1b" "$work/interleaved.log" || { cat "$work/interleaved.log"; exit 1; }
+"${mpirun[@]}" 2 "$train" "${common[@]}" --plan "$work/plan.json" --steps 16 --schedule interleaved-zb-h1 \
+  --metrics "$work/zero_bubble.jsonl" > "$work/zero_bubble.log" 2>&1 ||
+  { cat "$work/zero_bubble.log"; exit 1; }
 if "${mpirun[@]}" 2 "$train" "${common[@]}" --plan "$work/plan.json" --steps 2 \
     --schedule 1f1b-flush > "$work/refused.log" 2>&1; then
   echo "1f1b-flush ran on an interleaved plan"; exit 1
@@ -48,9 +52,11 @@ assert [s["ranks"] for s in plan["stages"]] == [[0], [1], [0], [1]], plan["stage
 def losses(path):
     return [r["loss"] for r in map(json.loads, open(path)) if "step" in r]
 single, run = losses(sys.argv[2]), losses(sys.argv[3])
-assert len(single) == len(run) == 16, (len(single), len(run))
+zero_bubble = losses(sys.argv[3].replace("interleaved.jsonl", "zero_bubble.jsonl"))
+assert len(single) == len(run) == len(zero_bubble) == 16, (len(single), len(run), len(zero_bubble))
 worst = max(abs(a - b) / abs(b) for a, b in zip(run, single))
 assert worst < 1e-4, f"interleaved 1F1B drifts from one process by {worst:.2e}"
+assert max(abs(a - b) / abs(b) for a, b in zip(zero_bubble, single)) < 1e-4, "interleaved ZB-H1 drifts"
 print(f"interleaved plan (2 stages per rank, 2 ranks): within {worst:.1e} of one process over 16 steps")
 PY
 
