@@ -517,6 +517,15 @@ TEST_CASE("DAG plans: a stage's layer_ids decide its compute and the bytes cross
                        doctest::Contains("reads layer 2 of the later stage 1"), ConfigError);
 }
 
+// v·p stages of one layer each (uniform_profile: 1 ms forward, 2 ms backward), stage k on rank
+// k mod p.
+Plan interleaved_equal_plan(int p, int v) {
+  Plan plan;
+  for (int k = 0; k < v * p; ++k) plan.stages.push_back({k, k + 1, 1, {k % p}});
+  plan.workers = p;
+  return plan;
+}
+
 TEST_CASE("interleaved 1F1B: bubble (p-1)/(v·m + p-1), i.e. (p-1)/(v·m) of the ideal time") {
   for (int p : {1, 2, 4}) {
     for (int v : {1, 2, 3}) {
@@ -524,11 +533,8 @@ TEST_CASE("interleaved 1F1B: bubble (p-1)/(v·m + p-1), i.e. (p-1)/(v·m) of the
         CAPTURE(p);
         CAPTURE(v);
         CAPTURE(m);
-        // v·p equal stages of 1 ms forward and 2 ms backward, stage k on rank k mod p.
-        Profile prof = uniform_profile(v * p);
-        Plan plan;
-        for (int k = 0; k < v * p; ++k) plan.stages.push_back({k, k + 1, 1, {k % p}});
-        plan.workers = p;
+        const Profile prof = uniform_profile(v * p);
+        const Plan plan = interleaved_equal_plan(p, v);
         Schedule s = generate_schedule("interleaved-1f1b", ScheduleSpec::interleaved(p, v, m, 2));
         Simulation sim = simulate(s, prof, plan, {});
         const double expected = static_cast<double>(p - 1) / (v * m + p - 1);
@@ -555,10 +561,8 @@ TEST_CASE("interleaved 1F1B: bubble (p-1)/(v·m + p-1), i.e. (p-1)/(v·m) of the
         CAPTURE(p);
         CAPTURE(v);
         CAPTURE(m);
-        Profile prof = uniform_profile(v * p);
-        Plan plan;
-        for (int k = 0; k < v * p; ++k) plan.stages.push_back({k, k + 1, 1, {k % p}});
-        plan.workers = p;
+        const Profile prof = uniform_profile(v * p);
+        const Plan plan = interleaved_equal_plan(p, v);
         const ScheduleSpec spec = ScheduleSpec::interleaved(p, v, m, 2);
         const Simulation one =
             simulate(generate_schedule("interleaved-1f1b", spec), prof, plan, {});
