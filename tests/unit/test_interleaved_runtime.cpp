@@ -163,7 +163,7 @@ TEST_CASE(
   set_num_threads(1);
   const Sequential model = deep_model();
   const int p = 2, v = 2, micro = 8, minibatches = 3;
-  for (const auto [replicas, clip] : {std::pair{1, 0.05f}, {2, 0.f}, {2, 0.05f}}) {
+  for (const auto& [replicas, clip] : {std::pair{1, 0.05f}, {2, 0.f}, {2, 0.05f}}) {
     CAPTURE(replicas);
     CAPTURE(clip);
     const ScheduleSpec spec = ScheduleSpec::interleaved(p, v, micro, minibatches, replicas);
