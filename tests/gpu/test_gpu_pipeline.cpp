@@ -181,47 +181,48 @@ TEST_CASE("gpipe, 1f1b-flush and zb-h1 on one GPU equal sequential GPU training"
   }
 }
 
-// Interleaved 1F1B (v = 2: every rank holds two stages, stage k on rank k mod p) on 2 and 3
-// ranks, then again with most stages recomputing their activations in the backward: the weights
-// of sequential training on the same GPU.
-TEST_CASE("interleaved-1f1b on one GPU, with and without recomputation, equals sequential") {
+// Interleaved 1F1B and its zero-bubble form (v = 2: every rank holds two stages, stage k on rank
+// k mod p) on 2 and 3 ranks, 2 ranks also as 2 data-parallel pipelines (4 ranks), then again with
+// most stages recomputing their activations in the backward: the weights of sequential training
+// on the same GPU.
+TEST_CASE("interleaved schedules on one GPU, with and without recomputation, equal sequential") {
   const Sequential model = model_of(0.25f);
-  for (const int p : {2, 3}) {
+  for (const auto& [p, replicas] : {std::pair{2, 1}, {3, 1}, {2, 2}}) {
     const int micro = p == 3 ? 6 : 4, minibatches = 3, stages = 2 * p;
     CAPTURE(p);
+    CAPTURE(replicas);
     SequentialTrainer ref(model, to_device(model.init(kSeed), kGpu), make_sgd(), kSeed);
     for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
     const ModelParams want = to_device(ref.params(), Device::cpu());
+    const ScheduleSpec spec = ScheduleSpec::interleaved(p, 2, micro, minibatches, replicas);
     PipelineLayout layout;
-    for (int k = 0; k < stages; ++k) {
+    for (int k = 0; k < stages; ++k)
       layout.stages.push_back({k * 6 / stages, (k + 1) * 6 / stages});
-      layout.stage_ranks.push_back({k % p});
-    }
-    const Schedule s =
-        generate_schedule("interleaved-1f1b", ScheduleSpec::interleaved(p, 2, micro, minibatches));
-    REQUIRE(s.stage_ranks == layout.stage_ranks);
-    for (const bool recompute : {false, true}) {
-      CAPTURE(recompute);
-      std::vector<bool> which;
-      if (recompute)
-        for (int k = 0; k < stages; ++k) which.push_back(k % 3 != 1);
-      std::mutex mutex;
-      std::map<int, ModelParams> stage_params;
-      run_in_process({.ranks = p, .device = kGpu}, [&](Communicator& comm, Device d) {
-        StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
-                         {.seed = kSeed, .device = d, .recompute = which});
-        ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
-        std::lock_guard<std::mutex> lock(mutex);
-        for (int stage : ex.stages())
-          stage_params[stage] = to_device(ex.params(stage), Device::cpu());
-      });
-      REQUIRE(stage_params.size() == static_cast<std::size_t>(stages));
-      for (int k = 0; k < stages; ++k) {
-        CAPTURE(k);
-        CHECK(max_rel_diff(stage_params[k], want, layout.stages[static_cast<std::size_t>(k)]) <=
-              1e-5);
+    layout.stage_ranks = spec.stage_ranks;
+    for (const char* name : {"interleaved-1f1b", "interleaved-zb-h1"})
+      for (const bool recompute : {false, true}) {
+        CAPTURE(name);
+        CAPTURE(recompute);
+        const Schedule s = generate_schedule(name, spec);
+        std::vector<bool> which;
+        if (recompute)
+          for (int k = 0; k < stages; ++k) which.push_back(k % 3 != 1);
+        std::mutex mutex;
+        std::vector<std::pair<int, ModelParams>> stage_params;  // every replica's
+        run_in_process({.ranks = p * replicas, .device = kGpu}, [&](Communicator& comm, Device d) {
+          StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
+                           {.seed = kSeed, .device = d, .recompute = which});
+          ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
+          std::lock_guard<std::mutex> lock(mutex);
+          for (int stage : ex.stages())
+            stage_params.emplace_back(stage, to_device(ex.params(stage), Device::cpu()));
+        });
+        REQUIRE(stage_params.size() == static_cast<std::size_t>(stages * replicas));
+        for (const auto& [k, params] : stage_params) {
+          CAPTURE(k);
+          CHECK(max_rel_diff(params, want, layout.stages[static_cast<std::size_t>(k)]) <= 1e-5);
+        }
       }
-    }
   }
 }
 
