@@ -24,7 +24,7 @@ InterleavedShape interleaved_shape(const std::vector<std::vector<int>>& stage_ra
   shape.positions = workers / shape.replicas;
   PIPELINE_CHECK_AS(
       ConfigError, stages % shape.positions == 0,
-      "interleaved-1f1b needs the same number of stages on every rank: {} stages on {} ranks "
+      "an interleaved layout needs the same number of stages on every rank: {} stages on {} ranks "
       "per pipeline; cut the model into a multiple of {} stages",
       stages, shape.positions, shape.positions);
   shape.stages_per_rank = stages / shape.positions;

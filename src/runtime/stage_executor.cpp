@@ -966,9 +966,9 @@ void StageExecutor::do_step(Run& run, const Action& a) {
   if (clip) {
     sums = ops::sums_of_squares(grads);
     const double local = stage_total();
-    // The squared norm over every stage (one world sum per step: every rank steps each of its
-    // stages once per minibatch under the flush schedules of a rank with several stages).
-    // Replicas hold identical gradients after the allreduce: count each stage once.
+    // The norm over every stage of the model, one world sum per minibatch on every rank (a rank
+    // of several stages runs flush schedules only). Replicas hold identical gradients after the
+    // allreduce: each stage counts once.
     auto global_norm = [&](double mine) {
       Tensor t = Tensor::zeros(Shape{2});
       put_double(t.data<float>(), mine);
