@@ -187,7 +187,8 @@ TEST_CASE("gpipe, 1f1b-flush and zb-h1 on one GPU equal sequential GPU training"
 // on the same GPU.
 TEST_CASE("interleaved schedules on one GPU, with and without recomputation, equal sequential") {
   const Sequential model = model_of(0.25f);
-  for (const auto& [p, replicas] : {std::pair{2, 1}, {3, 1}, {2, 2}}) {
+  for (const auto& shape : {std::pair{2, 1}, {3, 1}, {2, 2}}) {
+    const int p = shape.first, replicas = shape.second;
     const int micro = p == 3 ? 6 : 4, minibatches = 3, stages = 2 * p;
     CAPTURE(p);
     CAPTURE(replicas);
@@ -218,7 +219,9 @@ TEST_CASE("interleaved schedules on one GPU, with and without recomputation, equ
             stage_params.emplace_back(stage, to_device(ex.params(stage), Device::cpu()));
         });
         REQUIRE(stage_params.size() == static_cast<std::size_t>(stages * replicas));
-        for (const auto& [k, params] : stage_params) {
+        for (const auto& entry : stage_params) {
+          const int k = entry.first;
+          const ModelParams& params = entry.second;
           CAPTURE(k);
           CHECK(max_rel_diff(params, want, layout.stages[static_cast<std::size_t>(k)]) <= 1e-5);
         }

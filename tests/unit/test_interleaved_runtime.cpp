@@ -163,7 +163,9 @@ TEST_CASE(
   set_num_threads(1);
   const Sequential model = deep_model();
   const int p = 2, v = 2, micro = 8, minibatches = 3;
-  for (const auto& [replicas, clip] : {std::pair{1, 0.05f}, {2, 0.f}, {2, 0.05f}}) {
+  for (const auto& run : {std::pair{1, 0.05f}, {2, 0.f}, {2, 0.05f}}) {
+    const int replicas = run.first;
+    const float clip = run.second;
     CAPTURE(replicas);
     CAPTURE(clip);
     const ScheduleSpec spec = ScheduleSpec::interleaved(p, v, micro, minibatches, replicas);
@@ -184,7 +186,9 @@ TEST_CASE(
       for (int stage : ex.stages()) replica_params.emplace_back(stage, ex.params(stage));
     });
     REQUIRE(replica_params.size() == static_cast<std::size_t>(p * v * replicas));
-    for (const auto& [stage, params] : replica_params) {
+    for (const auto& entry : replica_params) {
+      const int stage = entry.first;
+      const ModelParams& params = entry.second;
       CAPTURE(stage);
       CHECK(max_rel_diff(params, ref.params(), layout.stages[static_cast<std::size_t>(stage)]) <=
             1e-5);
