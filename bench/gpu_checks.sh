@@ -8,7 +8,9 @@
 #   STEPS="tests train bench pipeline cpu" (default: all five, run in the order named; cpu: this
 #   library against PyTorch on the CPU at CPU_THREADS (default 1 2 8 16), pinned; fashion-cnn's
 #   layers (ours) and ops (PyTorch's profiler) on 2; bench_conv on 16; bench_gemm and the mlp's
-#   layer profile on 2 and 16; the mlp's steps on 1-16), LANE=<cap of the tests/train lanes>, CASES=<bench_gpu_step cases>,
+#   layer profile on 2 and 16; the mlp's steps on 1-16; schedules, not in the default: the schedules
+#   on 4 CPU ranks and data-parallel interleaved pipelines on 8, against the simulator),
+#   LANE=<cap of the tests/train lanes>, CASES=<bench_gpu_step cases>,
 #   BENCH_STEPS=20, BENCH_KERNELS=1 (0: no bench_kernels), DATA=<Fashion-MNIST dir>, TEXT=<training text>,
 #   MEMCHECK, RACECHECK=<gpu test files under compute-sanitizer, e.g. "softmax_xent bias">,
 #   ARCH=90 (CMAKE_CUDA_ARCHITECTURES), PRECISION=fp32,tf32,bf16 (bench_gpu_step), TORCH=1 (0: no
@@ -67,7 +69,7 @@ if [[ ${SKIP_BUILD:-0} != 1 ]]; then
     >"$OUT/build.log" 2>&1
   box 300 "$OUT/build.log" cmake --build "$B" -j "$(nproc)" -- -k 0 pipeline_gpu_tests \
     train_fashion_mnist train_transformer_lm bench_gpu_step bench_kernels bench_train bench_conv bench_gemm \
-    pipeline-profile pipeline-partition pipeline-simulate ||
+    bench_schedules pipeline-profile pipeline-partition pipeline-simulate ||
     grep -m20 -A6 "error" "$OUT/build.log" >>"$S"
 fi
 
@@ -218,13 +220,36 @@ cpu() {
   grep -E "^\| (empty|mlp)|^ +[0-9]+ +fc|^optimizer" "$OUT/threads.log" >>"$S"
 }
 
+schedules() {
+  # The schedules on CPU ranks of a core each, measured beside the simulator: bench_schedules on 4
+  # ranks (transformer-lm), then data-parallel interleaved pipelines on 8: the partitioner's own
+  # interleaved plan (it weighs 1, 2 and 4 pipelines) against one pipeline of 8 (--straight), each
+  # trained under mpirun beside the plan's prediction.
+  box 150 "$OUT/schedules.log" mpirun --bind-to core -np 4 "$B/bench/bench_schedules" --repeat 3 \
+    --minibatches 4 --schedules 1f1b-flush,zb-h1,interleaved-1f1b,interleaved-zb-h1
+  grep -A5 "^schedule " "$OUT/schedules.log" >>"$S"
+  local lm=(--seq-len 64 --dim 128 --heads 4 --blocks 16 --batch 16)
+  box 60 "$OUT/schedules.log" "$B/partitioner/pipeline-profile" --model transformer-lm --threads 1 \
+    "${lm[@]}" -o "$OUT/lm-cpu.json" || return
+  for pipes in straight own; do
+    local flags=()
+    [[ $pipes == straight ]] && flags=(--straight)
+    box 20 "$OUT/schedules.log" "$B/partitioner/pipeline-partition" --profile "$OUT/lm-cpu.json" \
+      --workers 8 --bandwidth 10GB/s --virtual-stages 2 --optimizer adamw "${flags[@]}" \
+      -o "$OUT/lm-cpu-$pipes.json" &&
+      box 120 "$OUT/schedules.log" mpirun --bind-to core -np 8 "$B/examples/train_transformer_lm" \
+        --plan "$OUT/lm-cpu-$pipes.json" "${lm[@]}" --threads 1 --steps 60 --text "$TEXT"
+  done
+  grep -E "^config|^interleaved:|^time per minibatch|samples/s through" "$OUT/schedules.log" >>"$S"
+}
+
 # Steps run in the order STEPS names them; tests and train together, where the first of them is.
 ran_checks=0
 for step in $STEPS; do
   case $step in
     tests | train) ((ran_checks)) || checks; ran_checks=1 ;;
-    bench | pipeline | cpu) $step ;;
-    *) echo "unknown step '$step' (tests, train, bench, pipeline, cpu)" >>"$S" ;;
+    bench | pipeline | cpu | schedules) $step ;;
+    *) echo "unknown step '$step' (tests, train, bench, pipeline, cpu, schedules)" >>"$S" ;;
   esac
 done
 echo "[$(($(date +%s) - T0))s] done" >>"$S"
