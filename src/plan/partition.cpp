@@ -856,10 +856,9 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
 
 // Exact DP over the cut points of the layer order for `pipes`: v·p contiguous stages, stage k at
 // place k mod p of every pipeline, minimising the slowest stage's max(compute + allreduce,
-// transfer in, transfer out). nullopt when the model has too few places to cut.
-std::optional<Plan> partition_interleaved_pipes(const Profile& p, const StateGraph& g,
-                                                const Topology& t, const PartitionOptions& o,
-                                                const InterleavedPipes& pipes) {
+// transfer in, transfer out). The model must have the v·p − 1 places to cut.
+Plan partition_interleaved_pipes(const Profile& p, const StateGraph& g, const Topology& t,
+                                 const PartitionOptions& o, const InterleavedPipes& pipes) {
   const int places = pipes.positions, d = pipes.pipelines, n = g.size();
   const int stages = o.virtual_stages * places;
   const bool charge = !o.ignore_transfer;
@@ -887,9 +886,6 @@ std::optional<Plan> partition_interleaved_pipes(const Profile& p, const StateGra
   };
   // A stage may end before layer j (StateGraph::can_end).
   const auto cut_allowed = [&](int j) { return j == n || g.can_end(j - 1); };
-  int cut_points = 0;
-  for (int j = 1; j < n; ++j) cut_points += cut_allowed(j);
-  if (stages > cut_points + 1) return std::nullopt;
   // Stage `stage` over layers [i, j): its compute, its transfer out (`out`, hoisted by the callers
   // out of their loop over i) and its transfer in, whichever is slowest.
   const auto stage_cost = [&](int stage, int i, int j, double out) {
@@ -975,14 +971,15 @@ std::optional<Plan> partition_interleaved_pipes(const Profile& p, const StateGra
 Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionOptions& o) {
   const StateGraph g = StateGraph::linear(p);
   const int w = t.workers();
+  int cut_points = 0;  // where a stage may end, the model's end aside
+  for (int j = 1; j < g.size(); ++j) cut_points += g.can_end(j - 1);
   std::optional<Plan> best;
   std::optional<ConfigError> refused;
   for (int d = 1; d <= (o.straight ? 1 : w / 2); ++d) {
-    if (w % d != 0) continue;
+    if (w % d != 0 || o.virtual_stages * (w / d) > cut_points + 1) continue;
     try {
-      std::optional<Plan> plan = partition_interleaved_pipes(p, g, t, o, InterleavedPipes(t, d));
-      if (plan &&
-          (!best || plan->predicted.time_per_minibatch_s < best->predicted.time_per_minibatch_s))
+      Plan plan = partition_interleaved_pipes(p, g, t, o, InterleavedPipes(t, d));
+      if (!best || plan.predicted.time_per_minibatch_s < best->predicted.time_per_minibatch_s)
         best = std::move(plan);
     } catch (const ConfigError& e) {
       if (!refused || d == 1) refused = e;
@@ -990,8 +987,6 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
   }
   if (best) return *best;
   if (refused) throw *refused;
-  int cut_points = 0;
-  for (int j = 1; j < g.size(); ++j) cut_points += g.can_end(j - 1);
   const int places = o.straight ? w : 2;  // the shortest pipeline tried
   PIPELINE_FAIL(ConfigError,
                 "an interleaved plan of {} stages ({} virtual stages on {} workers) needs {} cuts "

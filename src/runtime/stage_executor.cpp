@@ -183,23 +183,29 @@ struct StageExecutor::StageSlot {
   std::vector<LayerRange> bucket_layers;
 };
 
-// The per-stage part of a run, parked with its StageSlot.
+// The per-stage part of a run: the active stage's is the Run itself (its base), the others' are
+// parked in Run::parked and swapped in by activate().
 struct StageExecutor::RunSlot {
   std::unique_ptr<InFlightTable> table;
-  std::map<int, Tensor> inputs;
+  std::map<int, Tensor> inputs;  // received activations by microbatch
   std::map<int, WeightStore::Tag> input_tags;
-  std::map<int, Tensor> output_grads;
-  std::map<int, Tensor> input_grads;
-  // A replicated stage's allreduce under way (Run's fields of the same names).
+  std::map<int, Tensor> output_grads;  // received gradients by microbatch
+  std::map<int, Tensor> input_grads;   // computed, to be sent
+  // Replicated stage: the buckets' allreduces in flight, of round in_flight_round (-1: none).
   std::vector<Request> buckets_in_flight;
   std::size_t buckets_started = 0;
   int in_flight_round = -1;
+  // A schedule may run a backward of the next round before the AR of the round in flight (a
+  // replica that waits for its allreduce after its next backward): the round in flight's
+  // gradients then move to `sealed` and the backward accumulates into a second set (`spare`,
+  // zeroed, kept for reuse). closed_round: that next round once its backward closed it; its
+  // buckets start when the AR of the round in flight has waited.
   ModelGrads sealed, spare;
   int closed_round = -1;
-  AllReduceTiming allreduce;
+  AllReduceTiming allreduce;  // of the allreduce under way (record_trace)
 };
 
-struct StageExecutor::Run {
+struct StageExecutor::Run : RunSlot {
   const Schedule* schedule = nullptr;
   const std::vector<Action>* actions = nullptr;
   const MinibatchFeed* feed = nullptr;
@@ -215,17 +221,12 @@ struct StageExecutor::Run {
   const StepDoneFunction* on_step_done = nullptr;
   std::int64_t frontier = -1;  // the highest global minibatch any executed action belonged to
 
-  std::unique_ptr<InFlightTable> table;
   std::vector<std::size_t> recv_indices;  // indices of RA/RG actions, in order
   std::size_t next_to_post = 0;           // into recv_indices
   std::deque<PostedRecv> posted;
 
-  std::map<int, Tensor> inputs;  // received activations by microbatch
-  std::map<int, WeightStore::Tag> input_tags;
-  std::map<int, Tensor> output_grads;  // received gradients by microbatch
-  std::map<int, Tensor> input_grads;   // computed, to be sent
   std::vector<Request> sends;
-  // Several stages per rank: the per-stage state above of the stages not active now, by their
+  // Several stages per rank: the per-stage state (RunSlot) of the stages not active now, by their
   // index in StageExecutor::m_my_stages (the active one's entry is empty).
   std::vector<RunSlot> parked;
 
@@ -234,19 +235,7 @@ struct StageExecutor::Run {
 
   // Replicated stage: by action index, the allreduce round whose gradients the action (the
   // round's last B or W) completes, or -1 (closing_backwards): it starts the gradient buckets.
-  // The buckets' allreduces in flight, of round in_flight_round (-1: none).
   std::vector<std::int32_t> closes_gradients;
-  std::vector<Request> buckets_in_flight;
-  std::size_t buckets_started = 0;
-  int in_flight_round = -1;
-  // A schedule may run a backward of the next round before the AR of the round in flight (a
-  // replica that waits for its allreduce after its next backward): the round in flight's
-  // gradients then move to `sealed` and the backward accumulates into a second set (`spare`,
-  // zeroed, kept for reuse). closed_round: that next round once its backward closed it; its
-  // buckets start when the AR of the round in flight has waited.
-  ModelGrads sealed, spare;
-  int closed_round = -1;
-  AllReduceTiming allreduce;  // of the allreduce under way (record_trace)
 
   std::map<std::int64_t, MinibatchStats> stats;  // last stage, per minibatch being scored
   std::map<std::int64_t, int> scored;            // microbatches scored per minibatch
@@ -255,7 +244,7 @@ struct StageExecutor::Run {
 
   std::size_t current = 0;
   TrainResult result;
-  // Several stages per rank with clipping: the step whose global gradient norm is known.
+  // With clipping: the step whose global gradient norm is known, and that norm.
   std::int64_t clip_step = -1;
   double clip_norm = 0;
 
@@ -400,19 +389,7 @@ void StageExecutor::activate(Run& run, int stage) {
     std::swap(m_optimizer->state(), s.optimizer_state);
     std::swap(m_recompute, s.recompute);
     std::swap(m_bucket_layers, s.bucket_layers);
-    RunSlot& r = run.parked[i];
-    std::swap(run.table, r.table);
-    std::swap(run.inputs, r.inputs);
-    std::swap(run.input_tags, r.input_tags);
-    std::swap(run.output_grads, r.output_grads);
-    std::swap(run.input_grads, r.input_grads);
-    std::swap(run.buckets_in_flight, r.buckets_in_flight);
-    std::swap(run.buckets_started, r.buckets_started);
-    std::swap(run.in_flight_round, r.in_flight_round);
-    std::swap(run.sealed, r.sealed);
-    std::swap(run.spare, r.spare);
-    std::swap(run.closed_round, r.closed_round);
-    std::swap(run.allreduce, r.allreduce);
+    std::swap(static_cast<RunSlot&>(run), run.parked[i]);
   };
   exchange(m_active);  // park the active stage
   m_active = static_cast<std::size_t>(it - m_my_stages.begin());
@@ -966,38 +943,31 @@ void StageExecutor::do_step(Run& run, const Action& a) {
   if (clip) {
     sums = ops::sums_of_squares(grads);
     const double local = stage_total();
-    // The norm over every stage of the model, one world sum per minibatch on every rank (a rank
-    // of several stages runs flush schedules only). Replicas hold identical gradients after the
-    // allreduce: each stage counts once.
-    auto global_norm = [&](double mine) {
+    // The norm over every stage of the model: one world sum per optimizer step of the model,
+    // taken at the first of a rank's steps of the minibatch over all its stages (several on an
+    // interleaved plan, whose flush schedules run every allreduce of the minibatch before its
+    // steps, so their gradients are final); the rank's other steps of the minibatch reuse it.
+    // Replicas hold identical gradients after the allreduce: each stage counts once.
+    if (run.clip_step != step) {
+      const int active = m_stage;
+      double mine = 0;
+      for_each_stage(run, [&] {
+        if (m_replica != 0) return;
+        if (m_stage == active) {
+          mine += local;
+          return;
+        }
+        for (double x : ops::sums_of_squares(flatten_grads(round_grads(run)))) mine += x;
+      });
+      activate(run, active);
       Tensor t = Tensor::zeros(Shape{2});
       put_double(t.data<float>(), mine);
       t = t.to(m_options.device);
       m_comm->allreduce_sum(t, m_comm->world());
-      return std::sqrt(get_double(t.to(Device::cpu()).data<float>()));
-    };
-    double norm = 0;
-    if (m_my_stages.size() == 1) {
-      norm = global_norm(m_replica == 0 ? local : 0.0);
-    } else {
-      // Several stages on this rank (an interleaved plan): the first of its steps of a minibatch
-      // sums all of them, whose gradients are final by then (every allreduce of the minibatch
-      // comes before its steps), and the others reuse that norm.
-      if (run.clip_step != step) {
-        const int active = m_stage;
-        double mine = 0;
-        for_each_stage(run, [&] {
-          std::vector<double> ss = ops::sums_of_squares(flatten_grads(round_grads(run)));
-          if (m_replica == 0)
-            for (double x : ss) mine += x;
-        });
-        activate(run, active);
-        run.clip_step = step;
-        run.clip_norm = global_norm(mine);
-      }
-      norm = run.clip_norm;
+      run.clip_step = step;
+      run.clip_norm = std::sqrt(get_double(t.to(Device::cpu()).data<float>()));
     }
-    scale(std::span<Tensor>(grads), clip_factor(norm, m_options.clip_norm));
+    scale(std::span<Tensor>(grads), clip_factor(run.clip_norm, m_options.clip_norm));
   }
   // 2BW: after step k only minibatches from k + 1 on run, on the weights after k steps or later.
   if (run.two_buffered) m_store->forget_below(m_store->latest_tag());
