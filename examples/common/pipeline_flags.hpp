@@ -12,6 +12,7 @@
 #include <pipeline/core/log.hpp>
 #include <pipeline/ops/precision.hpp>
 #include <pipeline/plan/cost_model.hpp>
+#include <pipeline/plan/interleaved_layout.hpp>
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/profile/profile_json.hpp>
 #include <pipeline/runtime/pipeline_setup.hpp>
@@ -304,17 +305,21 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
                                         const PipelineLayout& layout) {
   ScheduleRequest req;
   req.name = flags.schedule.empty() ? plan.schedule : flags.schedule;
-  if (req.name == "interleaved") req.name = "interleaved-1f1b";
   req.csv = flags.schedule_csv;
-  // An interleaved plan's ranks hold several stages, which only the interleaved schedules order
-  // (their default microbatch count below, one per stage and replica, is a multiple of the
-  // workers, as they need).
-  PIPELINE_CHECK_AS(ConfigError,
-                    !plan.interleaved() || !req.csv.empty() || req.name == "interleaved-1f1b" ||
-                        req.name == "interleaved-zb-h1",
-                    "the plan is interleaved ({} stages per rank): run it with --schedule "
-                    "interleaved-1f1b (its default) or interleaved-zb-h1, not {}",
-                    plan.virtual_stages, req.name);
+  // An interleaved plan's ranks hold several stages, which only the interleaved schedules order:
+  // interleaved-1f1b and interleaved-zb-h1 a looped placement, zb-v a V (their default microbatch
+  // count below, one per stage and replica, is a multiple of the workers, as the first two need).
+  if (plan.interleaved() && req.csv.empty()) {
+    const bool v = interleaved_shape(layout.stage_ranks).placement == StagePlacement::V;
+    if (req.name == "interleaved") req.name = v ? "zb-v" : "interleaved-1f1b";
+    PIPELINE_CHECK_AS(
+        ConfigError,
+        v ? req.name == "zb-v" : req.name == "interleaved-zb-h1" || req.name == "interleaved-1f1b",
+        "the plan is interleaved ({} stages per rank, {} placement): run it with --schedule {}, "
+        "not {}",
+        plan.virtual_stages, v ? "V" : "looped",
+        v ? "zb-v (its default)" : "interleaved-1f1b (its default) or interleaved-zb-h1", req.name);
+  }
   req.vertical_sync = flags.vertical_sync;
   // Flush schedules need a microbatch per stage to keep every stage busy, and one per replica to
   // keep every replica busy (with one microbatch a data-parallel minibatch ran on one replica

@@ -8,6 +8,28 @@
 
 namespace pipeline {
 
+const char* to_string(StagePlacement placement) {
+  return placement == StagePlacement::V ? "v" : "looped";
+}
+
+std::vector<std::vector<int>> interleaved_stage_ranks(int positions, int stages_per_rank,
+                                                      int replicas, StagePlacement placement) {
+  PIPELINE_CHECK_AS(
+      ConfigError, positions > 0 && stages_per_rank > 0 && replicas > 0,
+      "an interleaved pipeline needs ranks, stages per rank and replicas > 0, got {}, {} and {}",
+      positions, stages_per_rank, replicas);
+  PIPELINE_CHECK_AS(ConfigError, placement == StagePlacement::Looped || stages_per_rank == 2,
+                    "a V-shape placement has 2 stages per rank, not {}", stages_per_rank);
+  InterleavedShape shape{positions, stages_per_rank, replicas, placement};
+  std::vector<std::vector<int>> out;
+  for (int k = 0; k < positions * stages_per_rank; ++k) {
+    std::vector<int> mine;
+    for (int j = 0; j < replicas; ++j) mine.push_back(j * positions + shape.place_of(k));
+    out.push_back(std::move(mine));
+  }
+  return out;
+}
+
 InterleavedShape interleaved_shape(const std::vector<std::vector<int>>& stage_ranks) {
   PIPELINE_CHECK_AS(ConfigError, !stage_ranks.empty() && !stage_ranks[0].empty(),
                     "an interleaved layout needs stages with ranks");
@@ -21,29 +43,36 @@ InterleavedShape interleaved_shape(const std::vector<std::vector<int>>& stage_ra
                     "an interleaved layout with {} replicas of every stage on {} ranks: the ranks "
                     "must be a multiple of the replicas",
                     shape.replicas, workers);
-  shape.positions = workers / shape.replicas;
+  const int p = workers / shape.replicas;
+  shape.positions = p;
   PIPELINE_CHECK_AS(
-      ConfigError, stages % shape.positions == 0,
+      ConfigError, stages % p == 0,
       "an interleaved layout needs the same number of stages on every rank: {} stages on {} ranks "
       "per pipeline; cut the model into a multiple of {} stages",
-      stages, shape.positions, shape.positions);
-  shape.stages_per_rank = stages / shape.positions;
+      stages, p, p);
+  shape.stages_per_rank = stages / p;
   // (Stages 0..p-1 then hold p·r distinct ranks: every rank is at one place of one pipeline.)
-  for (int k = 0; k < shape.positions; ++k) {
+  for (int k = 0; k < p; ++k) {
     const auto& mine = stage_ranks[static_cast<std::size_t>(k)];
     PIPELINE_CHECK_AS(ConfigError, static_cast<int>(mine.size()) == shape.replicas,
                       "an interleaved layout gives every stage the same replicas, but stage 0 has "
                       "{} and stage {} has {}",
                       shape.replicas, k, mine.size());
   }
+  // Stage p on the ranks of stage p − 1 (not of stage 0) makes it a V.
+  if (shape.stages_per_rank == 2 && p > 1 &&
+      stage_ranks[static_cast<std::size_t>(p)] == stage_ranks[static_cast<std::size_t>(p) - 1])
+    shape.placement = StagePlacement::V;
   for (int k = 0; k < stages; ++k) {
     const auto& mine = stage_ranks[static_cast<std::size_t>(k)];
-    const auto& first = stage_ranks[static_cast<std::size_t>(k % shape.positions)];
+    const int place = shape.place_of(k);
+    const auto& first = stage_ranks[static_cast<std::size_t>(place)];
     PIPELINE_CHECK_AS(
         ConfigError, mine == first,
         "an interleaved layout places stage k on the ranks of stage k mod {} (the ranks of one "
-        "pipeline), replica for replica, but stage {} runs on ranks {} and stage {} on {}",
-        shape.positions, k, mine, k % shape.positions, first);
+        "pipeline; looped) or, with 2 stages per rank, of stage {} - k (a V), replica for "
+        "replica, but stage {} runs on ranks {} and stage {} on {}",
+        p, 2 * p - 1, k, mine, place, first);
   }
   return shape;
 }

@@ -6,6 +6,7 @@
 #include <pipeline/schedule/schedules/interleaved.hpp>
 #include <pipeline/schedule/schedules/one_f_one_b.hpp>
 #include <pipeline/schedule/schedules/two_buffered.hpp>
+#include <pipeline/schedule/schedules/zb_v.hpp>
 #include <pipeline/schedule/schedules/zero_bubble.hpp>
 #include <pipeline/schedule/validate.hpp>
 
@@ -40,16 +41,16 @@ ScheduleSpec ScheduleSpec::straight(int stages, int microbatches, int minibatche
 
 ScheduleSpec ScheduleSpec::interleaved(int ranks, int stages_per_rank, int microbatches,
                                        int minibatches, int replicas) {
-  PIPELINE_CHECK_AS(
-      ConfigError, ranks > 0 && stages_per_rank > 0 && replicas > 0,
-      "an interleaved pipeline needs ranks, stages per rank and replicas > 0, got {}, {} and {}",
-      ranks, stages_per_rank, replicas);
   ScheduleSpec s;
-  for (int k = 0; k < ranks * stages_per_rank; ++k) {
-    std::vector<int> mine;
-    for (int j = 0; j < replicas; ++j) mine.push_back(j * ranks + k % ranks);
-    s.stage_ranks.push_back(std::move(mine));
-  }
+  s.stage_ranks = interleaved_stage_ranks(ranks, stages_per_rank, replicas, StagePlacement::Looped);
+  s.microbatches = microbatches;
+  s.minibatches = minibatches;
+  return s;
+}
+
+ScheduleSpec ScheduleSpec::v_shape(int ranks, int microbatches, int minibatches, int replicas) {
+  ScheduleSpec s;
+  s.stage_ranks = interleaved_stage_ranks(ranks, 2, replicas, StagePlacement::V);
   s.microbatches = microbatches;
   s.minibatches = minibatches;
   return s;
@@ -57,9 +58,9 @@ ScheduleSpec ScheduleSpec::interleaved(int ranks, int stages_per_rank, int micro
 
 ScheduleSpec ScheduleSpec::from_plan(const Plan& plan, int microbatches, int minibatches) {
   if (plan.interleaved()) {
-    // v·p stages, stage k on the ranks of stage k mod p (plan_from_json checks that plan.json
-    // says so); plans written by hand may leave the ranks out: pipeline j then holds ranks
-    // j·p .. j·p + p − 1.
+    // v·p stages, stage k on the ranks of the stage at its place (looped or V; plan_from_json
+    // checks that plan.json says so); plans written by hand may leave the ranks out: pipeline j
+    // then holds ranks j·p .. j·p + p − 1, looped.
     const int v = plan.virtual_stages;
     PIPELINE_CHECK_AS(ConfigError, plan.num_stages() % v == 0,
                       "an interleaved plan of {} stages per rank has {} stages, not a multiple "
@@ -815,6 +816,7 @@ const GeneratorRegistry& GeneratorRegistry::builtin() {
     r.add("interleaved-1f1b", interleaved_one_f_one_b_schedule);
     r.add("interleaved-zb-h1", interleaved_zero_bubble_schedule);
     r.add("zb-h1", zero_bubble_h1_schedule);
+    r.add("zb-v", zero_bubble_v_schedule);
     r.add("2bw", two_buffered_schedule);
     r.add("1f1b-stash-vsync", [](const ScheduleSpec& spec) {
       ScheduleSpec s = spec;

@@ -18,6 +18,10 @@ Schedule interleaved_schedule(const ScheduleSpec& spec, const std::string& name,
   check_spec(spec, /*one_stage_per_rank=*/false);
   detail::require_round_robin(spec, name);
   const InterleavedShape shape = interleaved_shape(spec.stage_ranks);
+  PIPELINE_CHECK_AS(ConfigError, shape.placement == StagePlacement::Looped,
+                    "{} runs stage k on the ranks of stage k mod p; these {} stages are placed "
+                    "in a V (stage k >= {} on the ranks of stage {} - k): run them with zb-v",
+                    name, spec.num_stages(), shape.positions, 2 * shape.positions - 1);
   const int p = shape.positions, v = shape.stages_per_rank, replicas = shape.replicas;
   PIPELINE_CHECK_AS(
       ConfigError, spec.microbatches % (p * replicas) == 0,

@@ -25,6 +25,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <tuple>
 
 #include "support/param_compare.hpp"
 #include "support/synthetic_minibatches.hpp"
@@ -198,6 +199,60 @@ TEST_CASE(
     const TrainResult& last = results[static_cast<std::size_t>(p - 1)];
     CHECK(last.minibatches == minibatches);
     CHECK(last.count == minibatches * kBatch);
+  }
+}
+
+// ZB-V: 2p stages in a V (rank r holds stages r and 2p - 1 - r, so rank 0 both reads the inputs
+// and scores the loss, and the activation between stages p - 1 and p stays on rank p - 1), any
+// microbatch count; over data-parallel V pipelines with clipping the sums' order differs from one
+// process's (rounding only).
+TEST_CASE("zb-v equals SequentialTrainer on 2, 3 and 4 ranks and over data-parallel V pipelines") {
+  set_num_threads(1);
+  const Sequential model = deep_model();
+  const int minibatches = 3;
+  for (const auto& run : {std::tuple{2, 3, 1, 0.f},
+                          {3, 5, 1, 0.f},
+                          {4, 4, 1, 0.f},
+                          {2, 6, 2, 0.05f},
+                          {3, 7, 2, 0.f}}) {
+    const int p = std::get<0>(run), micro = std::get<1>(run), replicas = std::get<2>(run);
+    const float clip = std::get<3>(run);
+    CAPTURE(p);
+    CAPTURE(micro);
+    CAPTURE(replicas);
+    const ScheduleSpec spec = ScheduleSpec::v_shape(p, micro, minibatches, replicas);
+    PipelineLayout layout = interleaved_layout(p, 2);
+    layout.stage_ranks = spec.stage_ranks;
+    const Schedule s = generate_schedule("zb-v", spec);
+    SequentialTrainer ref(model, model.init(kSeed), make_sgd(), kSeed, clip);
+    for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
+    // Stages that recompute their activations too (each rank holds one that does).
+    std::vector<bool> recompute;
+    for (int k = 0; k < 2 * p; ++k) recompute.push_back(k < p);
+    std::mutex mutex;
+    std::vector<std::pair<int, ModelParams>> replica_params;  // (stage, weights) of every replica
+    std::vector<TrainResult> results(static_cast<std::size_t>(p * replicas));
+    run_local(p * replicas, [&](Communicator& comm) {
+      StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
+                       {.seed = kSeed, .clip_norm = clip, .recompute = recompute});
+      const TrainResult r = ex.train(s, feed(), 0, [](std::int64_t) { return kLr; });
+      std::lock_guard<std::mutex> lock(mutex);
+      results[static_cast<std::size_t>(comm.rank())] = r;
+      for (int stage : ex.stages()) replica_params.emplace_back(stage, ex.params(stage));
+    });
+    REQUIRE(replica_params.size() == static_cast<std::size_t>(2 * p * replicas));
+    const double tolerance = replicas > 1 ? 1e-5 : 1e-6;
+    for (const auto& entry : replica_params) {
+      const int stage = entry.first;
+      CAPTURE(stage);
+      CHECK(max_rel_diff(entry.second, ref.params(),
+                         layout.stages[static_cast<std::size_t>(stage)]) <= tolerance);
+    }
+    for (const TrainResult& r : results) CHECK(r.steps == 2 * minibatches);
+    // Rank 0 holds the loss stage: it scored every minibatch (its replicas' statistics summed).
+    CHECK(results[0].minibatches == minibatches);
+    CHECK(results[0].count == minibatches * kBatch);
+    CHECK(std::isfinite(results[0].loss));
   }
 }
 

@@ -354,4 +354,40 @@ TEST_CASE("interleaved zero bubble: I in the backward's place, rank r's W's defe
                        doctest::Contains("multiple of 2; got 3"), ConfigError);
 }
 
+TEST_CASE("zb-v: a V of 2p stages, I before F before W, at most 2p stage activations a rank") {
+  // p = 2: stages 0 and 3 on rank 0, 1 and 2 on rank 1; 4 microbatches. Rank 0 runs three
+  // forwards before the first comes back (room for 4 activations, reserving none), then an I
+  // whenever one is ready, a forward else, a W to fill; 25 ticks on unit times, the bound of
+  // 6m + p - 1.
+  const ScheduleSpec spec = ScheduleSpec::v_shape(2, 4);
+  CHECK(spec.stage_ranks == std::vector<std::vector<int>>{{0}, {1}, {1}, {0}});
+  const Schedule s = generate_schedule("zb-v", spec);
+  CHECK(to_string(compute_only(s.ranks[0])) ==
+        "0F0 0F1 0F2 3F0 3I0 3W0 3F1 0I0 3I1 0W0 3W1 0I1 0F3 3F2 3I2 0W1 3W2 0I2 0W2 3F3 3I3 3W3 "
+        "0I3 0W3");
+  // Stage 1's activation goes to stage 2 on the same rank.
+  CHECK(to_string(std::vector<Action>(s.ranks[1].begin(), s.ranks[1].begin() + 5)) ==
+        "1RA0@0 1F0 1SA0@1 2RA0@1 2F0");
+  CHECK(validation_error(s).empty());
+  // Every microbatch count, p = 2..6, on one pipeline or two: valid, and no rank holds more than
+  // 2p stage activations (1F1B's peak on its first rank, as two half stages a microbatch).
+  for (int p = 2; p <= 6; ++p)
+    for (int m = 1; m <= 3 * p; ++m)
+      for (int r : {1, 2}) {
+        CAPTURE(p);
+        CAPTURE(m);
+        CAPTURE(r);
+        const Schedule v = generate_schedule("zb-v", ScheduleSpec::v_shape(p, m * r, 2, r));
+        REQUIRE(validation_error(v).empty());
+        for (const auto& rank : validate(v).ranks) CHECK(rank.peak_activations <= 2 * p);
+      }
+  // Each layout runs under its own schedules.
+  CHECK_THROWS_WITH_AS(generate_schedule("zb-v", ScheduleSpec::interleaved(2, 2, 4)),
+                       doctest::Contains("zb-v runs a V-shape layout"), ConfigError);
+  CHECK_THROWS_WITH_AS(generate_schedule("interleaved-1f1b", spec),
+                       doctest::Contains("run them with zb-v"), ConfigError);
+  CHECK_THROWS_WITH_AS(generate_schedule("zb-v", ScheduleSpec::v_shape(2, 1, 1, 2)),
+                       doctest::Contains("at least 2 microbatches"), ConfigError);
+}
+
 }  // namespace test_schedule

@@ -50,6 +50,9 @@ struct ScheduleSpec {
   // r such pipelines, replica j of stage k on rank j·p + k mod p.
   static ScheduleSpec interleaved(int ranks, int stages_per_rank, int microbatches,
                                   int minibatches = 1, int replicas = 1);
+  // 2p stages on p ranks in a V (zb-v): stage k on rank k, stage 2p − 1 − k on rank k; with r
+  // replicas, r such pipelines (interleaved_layout.hpp).
+  static ScheduleSpec v_shape(int ranks, int microbatches, int minibatches = 1, int replicas = 1);
   // The stages and replicas of a plan; in_flight from the plan.
   static ScheduleSpec from_plan(const Plan& plan, int microbatches, int minibatches = 1);
 };
@@ -57,7 +60,7 @@ struct ScheduleSpec {
 using ScheduleGenerator = std::function<Schedule(const ScheduleSpec&)>;
 
 // Generators by name. builtin() holds gpipe, 1f1b-flush, zb-h1, 1f1b-stash, 1f1b-stash-vsync,
-// 2bw, interleaved-1f1b and interleaved-zb-h1;
+// 2bw, interleaved-1f1b, interleaved-zb-h1 and zb-v;
 // copy it and add() to extend.
 class GeneratorRegistry {
  public:

@@ -1,0 +1,42 @@
+// ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", 2023): zero-bubble order on a V-shape
+// placement. The model is cut into 2p stages; rank r holds stage r and stage 2p − 1 − r, so a
+// microbatch's forward goes down the ranks 0..p−1 and back up, its backward down and up again,
+// and rank 0 holds both the input and the loss stage (interleaved_layout.hpp, StagePlacement::V).
+// Every backward is split into I (the input gradient) and W (the weight gradient).
+//
+// The order is built by list scheduling on unit times (F = I = W): at each tick every idle rank
+// runs an I that is ready (oldest microbatch first, its later stage first), else a forward that
+// is ready (its later stage first), else its oldest pending W. A rank holds at most 2p stage
+// activations (an F's until its W): 1F1B's peak on its first rank, as two half-size stages per
+// microbatch, on every rank alike; a forward of the rank's first stage also keeps room for
+// microbatches whose second forward is still to come (a few amounts of room are tried, the
+// shortest order on unit times kept). With equal stage times the order reaches, or comes within
+// a tick or two of, the bound of p − 1 idle ticks per rank while the first microbatch goes down
+// the V, for any microbatch count: a bubble of (p − 1) / (6m + p − 1) of the makespan (m
+// microbatches a minibatch). The V's first rank both starts and ends each minibatch, so unlike
+// looped interleaving no minibatch's warm-up overlaps the previous one's cool-down: with a
+// microbatch per rank (m = p) its bubble is half of interleaved-zb-h1's, at m ≥ 2p up to twice
+// it (which then holds up to 1.5× the activations on its later ranks, while ZB-V's are even).
+// The transfer between stage p − 1 and p stays on one rank.
+//
+// Flush semantics as the other zero-bubble schedules: per minibatch every W runs before the
+// rank's allreduces (replicated stages: r V-pipelines of p ranks, microbatches dealt round-robin,
+// as interleaved_layout.hpp places them) and its steps, so the result equals sequential training.
+// Any microbatch count works.
+#pragma once
+
+#include <pipeline/schedule/generator.hpp>
+
+#include <vector>
+
+namespace pipeline {
+
+Schedule zero_bubble_v_schedule(const ScheduleSpec& spec);
+
+namespace detail {
+// The compute order (F, I, W actions; microbatches 0..m−1) of one minibatch of a V pipeline of p
+// ranks, per rank, as zero_bubble_v_schedule runs it.
+std::vector<std::vector<Action>> zero_bubble_v_order(int p, int m);
+}  // namespace detail
+
+}  // namespace pipeline
