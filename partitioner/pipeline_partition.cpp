@@ -66,15 +66,21 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
   }
   if (plan.interleaved()) {
     const int pipelines = plan.stages.front().replicas, places = plan.workers / pipelines;
+    std::vector<std::vector<int>> stage_ranks;
+    for (const auto& s : plan.stages) stage_ranks.push_back(s.ranks);
+    const bool v =
+        pipeline::interleaved_shape(stage_ranks).placement == pipeline::StagePlacement::V;
+    const std::string where = v ? fmt::format("stages k and {} - k at place k", 2 * places - 1)
+                                : fmt::format("stage k at place k mod {}", places);
     if (pipelines == 1)
-      fmt::print("interleaved: {} virtual stages per worker, stage k on rank k mod {}\n",
-                 plan.virtual_stages, places);
+      fmt::print("interleaved: {} virtual stages per worker{}, {} (rank = place)\n",
+                 plan.virtual_stages, v ? " in a V" : "", where);
     else
       fmt::print(
-          "interleaved: {} virtual stages per worker, {} data-parallel pipelines of {} ranks "
-          "(pipeline j on "
-          "ranks {}j..{}j+{}), stage k at place k mod {} of each\n",
-          plan.virtual_stages, pipelines, places, places, places, places - 1, places);
+          "interleaved: {} virtual stages per worker{}, {} data-parallel pipelines of {} ranks "
+          "(pipeline j on ranks {}j..{}j+{}), {} of each\n",
+          plan.virtual_stages, v ? " in a V" : "", pipelines, places, places, places, places - 1,
+          where);
   }
   fmt::print("time per minibatch {:.6f} s ({:.1f} samples/s)\n", p.time_per_minibatch_s, p.samples_per_s);
   fmt::print("data parallel      {:.6f} s   speedup over data parallelism {:.3f}x\n", p.data_parallel_time_per_minibatch_s,
@@ -169,6 +175,7 @@ int main(int argc, char** argv) {
   std::optional<double> samples, budget;
   bool frontier = false;
   int workers = 0, batch = 0, virtual_stages = 1;
+  std::string stage_placement = "looped";
   bool straight = false, allow_idle = false, ignore_transfer = false, quiet = false, no_simulate = false;
   std::optional<double> compression;
   std::size_t max_states = pipeline::PartitionOptions{}.max_states;
@@ -223,6 +230,11 @@ int main(int argc, char** argv) {
       "V > 1: an interleaved plan of V·p stages over pipelines of p workers, stage k on rank "
       "k mod p of each, to run under interleaved-1f1b; the workers form one pipeline or several "
       "data-parallel ones, whichever is predicted faster (one with --straight) (default 1)");
+  app.add_option("--stage-placement", stage_placement,
+                 "where an interleaved plan's stages go: looped (stage k at place k mod p) or v "
+                 "(2 stages per worker, stages k and 2p-1-k at place k, to run under zb-v; "
+                 "implies --virtual-stages 2) (default looped)")
+      ->check(CLI::IsMember({"looped", "v"}));
   app.add_option("--max-states", max_states,
                  "antichain states the search may use; a DAG with more is planned over a coarsened DAG "
                  "(default 0: 4000 on one level, 1500 on several)");
@@ -322,6 +334,10 @@ int main(int argc, char** argv) {
                         ? pipeline::Recompute::None
                         : pipeline::parse_recompute(recompute);
     opt.virtual_stages = virtual_stages;
+    if (stage_placement == "v") {
+      opt.placement = pipeline::StagePlacement::V;
+      if (opt.virtual_stages == 1) opt.virtual_stages = 2;
+    }
     opt.optimizer_state_factor = pipeline::optimizer_state_copies(optimizer);
     opt.optimizer = optimizer;
 

@@ -4,9 +4,9 @@
 //   FILE]
 //                     [--microbatches M] [--minibatches N] [--trace FILE] [--svg FILE] [--json]
 //
-// `--schedule interleaved` names interleaved-1f1b, the schedule of interleaved plans (plan.json
-// "virtual_stages" > 1), which is also their default; such a plan's default microbatch count is
-// 4 per worker (a multiple of the workers, as the schedule needs).
+// `--schedule interleaved` names the schedule of an interleaved plan (plan.json "virtual_stages"
+// > 1), which is also its default: interleaved-1f1b, or zb-v for stages placed in a V; such a
+// plan's default microbatch count is 4 per worker (a multiple of the workers, as the first needs).
 //
 // Prints a per-rank table (or, with --json, one JSON object) on stdout. The topology for transfer
 // and allreduce costs is given innermost level first with repeated --level COUNT:BANDWIDTH, or
@@ -32,6 +32,7 @@
 #include <pipeline/core/log.hpp>
 #include <pipeline/plan/cost_plan.hpp>
 #include <pipeline/plan/device_profiles.hpp>
+#include <pipeline/plan/interleaved_layout.hpp>
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/plan/topology_io.hpp>
 #include <pipeline/profile/profile_json.hpp>
@@ -285,7 +286,7 @@ int run(int argc, char** argv) {
     schedule = read_schedule_csv(schedule_csv);
   } else {
     std::string name = schedule_name.empty() ? plan.schedule : schedule_name;
-    if (name == "interleaved") name = "interleaved-1f1b";
+    if (name == "interleaved") name = interleaved_schedule_for(plan);
     bool stash = name.rfind("1f1b-stash", 0) == 0;
     if (microbatches <= 0)
       microbatches = stash ? 1 : 4 * (plan.interleaved() ? plan.workers : plan.num_stages());

@@ -311,7 +311,7 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
   // count below, one per stage and replica, is a multiple of the workers, as the first two need).
   if (plan.interleaved() && req.csv.empty()) {
     const bool v = interleaved_shape(layout.stage_ranks).placement == StagePlacement::V;
-    if (req.name == "interleaved") req.name = v ? "zb-v" : "interleaved-1f1b";
+    if (req.name == "interleaved") req.name = interleaved_schedule_for(plan);
     PIPELINE_CHECK_AS(
         ConfigError,
         v ? req.name == "zb-v" : req.name == "interleaved-zb-h1" || req.name == "interleaved-1f1b",

@@ -1,6 +1,7 @@
 #include <pipeline/plan/interleaved_layout.hpp>
 
 #include <pipeline/core/error.hpp>
+#include <pipeline/plan/plan.hpp>
 
 #include <fmt/ranges.h>
 
@@ -75,6 +76,20 @@ InterleavedShape interleaved_shape(const std::vector<std::vector<int>>& stage_ra
         p, 2 * p - 1, k, mine, place, first);
   }
   return shape;
+}
+
+StagePlacement placement_of(const Plan& plan) {
+  if (!plan.interleaved()) return StagePlacement::Looped;
+  std::vector<std::vector<int>> stage_ranks;
+  for (const PlanStage& s : plan.stages) {
+    if (s.ranks.empty()) return StagePlacement::Looped;
+    stage_ranks.push_back(s.ranks);
+  }
+  return interleaved_shape(stage_ranks).placement;
+}
+
+std::string interleaved_schedule_for(const Plan& plan) {
+  return placement_of(plan) == StagePlacement::V ? "zb-v" : "interleaved-1f1b";
 }
 
 }  // namespace pipeline

@@ -654,11 +654,12 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     }
     if (transfer && fs.compute_path < 0) {
       const auto& bytes = pd ? g.pipedream_boundary_bytes : g.boundary_bytes;
-      if (fs.s >= 0) {
+      // (Neighbouring stages on the same rank, as at the bottom of a V, hand over in memory.)
+      if (fs.s >= 0 && stages[i - 1].ranks.front() != fs.ranks.front()) {
         const int l2 = span_level(groups, stages[i - 1].ranks.front(), fs.ranks.front());
         ps.transfer_s = std::max(ps.transfer_s, transfer_time(bytes[static_cast<std::size_t>(fs.s)], r, t.levels[static_cast<std::size_t>(l2)].bandwidth_bytes_per_s, R));
       }
-      if (i + 1 < stages.size()) {
+      if (i + 1 < stages.size() && stages[i + 1].ranks.front() != fs.ranks.front()) {
         const int l2 = span_level(groups, fs.ranks.front(), stages[i + 1].ranks.front());
         ps.transfer_s = std::max(ps.transfer_s, transfer_time(bytes[static_cast<std::size_t>(fs.e)], r, t.levels[static_cast<std::size_t>(l2)].bandwidth_bytes_per_s, R));
       }
@@ -731,6 +732,10 @@ void finish(Plan& plan, const Profile& p, const Topology& t, const PartitionOpti
 void check_interleaved_request(const Profile& p, const Topology& t, const PartitionOptions& o) {
   const int v = o.virtual_stages, w = t.workers();
   PIPELINE_CHECK_AS(ConfigError, v >= 1, "virtual stages per worker must be at least 1, got {}", v);
+  PIPELINE_CHECK_AS(ConfigError, o.placement == StagePlacement::Looped || v == 2,
+                    "a V placement has 2 stages per worker (stage k and 2p - 1 - k on rank k); "
+                    "got --virtual-stages {}: use --virtual-stages 2",
+                    v);
   if (v == 1) return;
   PIPELINE_CHECK_AS(ConfigError, o.cost_model == CostModel::Pipeline,
                     "interleaved plans ({} virtual stages per worker) use the pipeline cost model; "
@@ -755,22 +760,28 @@ void check_interleaved_request(const Profile& p, const Topology& t, const Partit
 
 // An interleaved plan's pipelines on the topology: `pipelines` (d) copies of a pipeline of
 // `positions` (p) ranks, pipeline j on ranks j·p .. j·p + p − 1, so stage k's replicas sit on
-// ranks k mod p + j·p and allreduce across the level that joins rank 0 and rank (d − 1)·p.
+// ranks j·p + (k's place: k mod p looped, or in a V) and allreduce across the level that joins
+// rank 0 and rank (d − 1)·p.
 struct InterleavedPipes {
   int pipelines = 1;
   int positions = 1;
+  InterleavedShape shape;
   std::vector<int> groups;  // workers per group at each level (span_level)
   double sync_bandwidth = 0;
 
-  InterleavedPipes(const Topology& t, int d) : pipelines(d), positions(t.workers() / d) {
+  InterleavedPipes(const Topology& t, int d, const PartitionOptions& o)
+      : pipelines(d),
+        positions(t.workers() / d),
+        shape{positions, o.virtual_stages, d, o.placement} {
     groups.assign(t.levels.size() + 1, 1);
     for (std::size_t l = 0; l < t.levels.size(); ++l) groups[l + 1] = groups[l] * t.levels[l].count;
     sync_bandwidth = t.levels[static_cast<std::size_t>(span_level(groups, 0, (d - 1) * positions))]
                          .bandwidth_bytes_per_s;
   }
+  int place_of(int stage) const { return shape.place_of(stage); }
   std::vector<int> ranks_of(int stage) const {
     std::vector<int> r;
-    for (int j = 0; j < pipelines; ++j) r.push_back(j * positions + stage % positions);
+    for (int j = 0; j < pipelines; ++j) r.push_back(j * positions + place_of(stage));
     return r;
   }
   // Seconds of the allreduce of `parameter_bytes` among a stage's replicas, once per minibatch.
@@ -824,7 +835,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
                                                     o.optimizer_state_factor, ps.workspace_bytes)
                      : stage_memory_bytes(par, par, act, 1, o.optimizer_state_factor, input, loss,
                                           ps.workspace_bytes, g.stage_frees_input(f.s, f.e));
-    const auto r = static_cast<std::size_t>(k % places);
+    const auto r = static_cast<std::size_t>(pipes.place_of(k));
     compute[r] += ps.compute_s + ps.sync_s;
     transfer[r] += ps.transfer_s;
     memory[r] += ps.memory_bytes;
@@ -834,22 +845,26 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   for (int r = 0; r < places; ++r) {
     const auto i = static_cast<std::size_t>(r);
     time = std::max(time, std::max(compute[i], transfer[i]));
-    if (t.memory_bytes_per_worker && memory[i] > *t.memory_bytes_per_worker)
+    if (t.memory_bytes_per_worker && memory[i] > *t.memory_bytes_per_worker) {
+      std::vector<int> held;
+      for (int k = 0; k < stages; ++k)
+        if (pipes.place_of(k) == r) held.push_back(k);
       PIPELINE_FAIL(
           ConfigError,
           "the interleaved plan ({} stages per worker{}) needs {:.4g} bytes on rank {} "
-          "(stages {}, {}, ...), more than the {:.4g} available; use fewer virtual "
+          "(stages {}), more than the {:.4g} available; use fewer virtual "
           "stages, more workers or more memory{}",
           o.virtual_stages, d > 1 ? fmt::format(", {} pipelines of {}", d, places) : "", memory[i],
-          r, r, r + places, *t.memory_bytes_per_worker,
+          r, fmt::join(held, ", "), *t.memory_bytes_per_worker,
           o.recompute == Recompute::All ? "" : ", or recompute activations (--recompute all)");
+    }
   }
   for (int rank = 0; rank < w; ++rank)
     plan.predicted.peak_memory_bytes[static_cast<std::size_t>(rank)] =
         static_cast<std::int64_t>(memory[static_cast<std::size_t>(rank % places)]);
   plan.in_flight = 1;
   finish(plan, p, t, o, time);
-  plan.schedule = "interleaved-1f1b";
+  plan.schedule = o.placement == StagePlacement::V ? "zb-v" : "interleaved-1f1b";
   plan.virtual_stages = o.virtual_stages;
   return slowest;
 }
@@ -863,16 +878,20 @@ Plan partition_interleaved_pipes(const Profile& p, const StateGraph& g, const To
   const int stages = o.virtual_stages * places;
   const bool charge = !o.ignore_transfer;
   const double R = o.activation_compression.value_or(1.0);
-  // The bandwidth of the cut after stage k: between places k mod p and (k + 1) mod p.
+  // The bandwidth of the cut after stage k: between the places of stages k and k + 1 (none within
+  // one place, as at the bottom of a V).
   std::vector<double> bandwidth(static_cast<std::size_t>(stages), 0.0);
-  for (int k = 0; k < stages; ++k)
+  for (int k = 0; k + 1 < stages; ++k) {
+    const int a = pipes.place_of(k), b = pipes.place_of(k + 1);
     bandwidth[static_cast<std::size_t>(k)] =
-        t.levels[static_cast<std::size_t>(span_level(pipes.groups, k % places, (k + 1) % places))]
-            .bandwidth_bytes_per_s;
+        a == b ? 0.0
+               : t.levels[static_cast<std::size_t>(span_level(pipes.groups, a, b))]
+                     .bandwidth_bytes_per_s;
+  }
   // Seconds of the transfer across the cut after stage k, which ends before layer j (each
   // pipeline sends its share).
   const auto cut_time = [&](int k, int j) {
-    if (!charge) return 0.0;
+    if (!charge || bandwidth[static_cast<std::size_t>(k)] == 0.0) return 0.0;
     return transfer_time(g.boundary_bytes[static_cast<std::size_t>(j) - 1], d,
                          bandwidth[static_cast<std::size_t>(k)], R);
   };
@@ -978,7 +997,7 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
   for (int d = 1; d <= (o.straight ? 1 : w / 2); ++d) {
     if (w % d != 0 || o.virtual_stages * (w / d) > cut_points + 1) continue;
     try {
-      Plan plan = partition_interleaved_pipes(p, g, t, o, InterleavedPipes(t, d));
+      Plan plan = partition_interleaved_pipes(p, g, t, o, InterleavedPipes(t, d, o));
       if (!best || plan.predicted.time_per_minibatch_s < best->predicted.time_per_minibatch_s)
         best = std::move(plan);
     } catch (const ConfigError& e) {
@@ -1232,7 +1251,8 @@ Plan evaluate_stages(const Profile& measured, const Topology& topology,
     Plan plan;
     const StateGraph g = StateGraph::linear(profile);
     for (std::size_t k = 1; k < cuts.size(); ++k) warn_if_cutting_pair(profile, g, cuts[k] - 1);
-    describe_interleaved(plan, profile, g, topology, options, cuts, InterleavedPipes(topology, r));
+    describe_interleaved(plan, profile, g, topology, options, cuts,
+                         InterleavedPipes(topology, r, options));
     return plan;
   }
   PIPELINE_CHECK_AS(ConfigError, workers <= topology.workers(), "manual stages use {} workers but the topology has only {}",

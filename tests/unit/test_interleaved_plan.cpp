@@ -71,10 +71,13 @@ Profile random_chain(std::mt19937& rng, int layers) {
 }
 
 // Independent statement of the objective: every way of cutting the chain into `stages`
-// non-empty ranges, stage k on rank k mod p; a stage costs max(compute, transfer in, transfer
-// out) with transfers 2a/B at the bandwidth of the level joining the two ranks.
-double brute_force(const Profile& p, const Topology& t, int stages, bool transfer) {
+// non-empty ranges, stage k on rank k mod p (or in a V: stage k >= p on rank 2p - 1 - k); a stage
+// costs max(compute, transfer in, transfer out) with transfers 2a/B at the bandwidth of the level
+// joining the two ranks, none between stages on one rank.
+double brute_force(const Profile& p, const Topology& t, int stages, bool transfer,
+                   bool v_shape = false) {
   const int n = p.size(), w = t.workers();
+  auto rank_of = [&](int k) { return v_shape && k >= w ? 2 * w - 1 - k : k % w; };
   auto level_bandwidth = [&](int a, int b) {
     int size = 1;
     for (std::size_t l = 0; l < t.levels.size(); ++l) {
@@ -84,10 +87,10 @@ double brute_force(const Profile& p, const Topology& t, int stages, bool transfe
     return t.levels.back().bandwidth_bytes_per_s;
   };
   auto cut = [&](int k, int layer_end) {  // the cut after stage k, before layer layer_end
-    if (!transfer) return 0.0;
+    if (!transfer || rank_of(k) == rank_of(k + 1)) return 0.0;
     return 2.0 *
            static_cast<double>(p.layers[static_cast<std::size_t>(layer_end) - 1].output_bytes) /
-           level_bandwidth(k % w, (k + 1) % w);
+           level_bandwidth(rank_of(k), rank_of(k + 1));
   };
   double best = std::numeric_limits<double>::infinity();
   std::vector<int> cuts{0};
@@ -357,6 +360,82 @@ TEST_CASE(
     CHECK(simulate(s, q, read, topo).makespan_s > 0);
   }
   CHECK(replicated > 0);
+}
+
+TEST_CASE("V placement: plan.json, the partitioner's optimum on random chains, zb-v runs it") {
+  // plan.json: stage k >= p on the ranks of stage 2p - 1 - k reads as a V, whose schedule is zb-v.
+  nlohmann::json j = nlohmann::json::parse(kInterleavedPlan);
+  j["schedule"] = "zb-v";
+  j["stages"][2]["ranks"] = {1};
+  j["stages"][3]["ranks"] = {0};
+  const Plan v = parse_plan(j.dump(), "v.json");
+  CHECK(placement_of(v) == StagePlacement::V);
+  CHECK(interleaved_schedule_for(v) == "zb-v");
+  CHECK(placement_of(parse_plan(kInterleavedPlan, "looped.json")) == StagePlacement::Looped);
+  CHECK(ScheduleSpec::from_plan(v, 4).stage_ranks == ScheduleSpec::v_shape(2, 4).stage_ranks);
+  CHECK(parse_plan(plan_to_json(v).dump(), "again.json").stages[3].ranks == std::vector<int>{0});
+  // Neither looped nor a V.
+  CHECK(error_of(kInterleavedPlan, [](nlohmann::json& p) {
+          p["stages"][3]["ranks"] = {0};
+        }).find("(a V)") != std::string::npos);
+
+  std::mt19937 rng(20261207);
+  int replicated = 0;
+  for (int iter = 0; iter < 120; ++iter) {
+    CAPTURE(iter);
+    const int w = std::uniform_int_distribution<int>(2, 4)(rng);
+    const int n = std::uniform_int_distribution<int>(2 * w, 2 * w + 5)(rng);
+    const Profile p = random_chain(rng, n);
+    Topology t;
+    t.levels = iter % 3 == 2 && w % 2 == 0
+                   ? std::vector<TopologyLevel>{{2, 1e9}, {w / 2, 2e8}}
+                   : std::vector<TopologyLevel>{
+                         {w, std::uniform_real_distribution<double>(1e8, 1e10)(rng)}};
+    PartitionOptions o;
+    o.virtual_stages = 2;
+    o.placement = StagePlacement::V;
+    o.ignore_transfer = iter % 4 == 3;
+    o.straight = iter % 2 == 0;
+    const Plan plan = partition(p, t, o);
+    CHECK(plan.schedule == "zb-v");
+    CHECK(placement_of(plan) == StagePlacement::V);
+    const int r = plan.stages.front().replicas, places = w / r;
+    replicated += r > 1;
+    REQUIRE(plan.num_stages() == 2 * places);
+    for (int k = 0; k < plan.num_stages(); ++k) {
+      std::vector<int> ranks;
+      for (int i = 0; i < r; ++i)
+        ranks.push_back(i * places + (k < places ? k : 2 * places - 1 - k));
+      CHECK(plan.stages[k].ranks == ranks);
+    }
+    if (o.straight) {
+      double slowest = 0;
+      for (const PlanStage& s : plan.stages)
+        slowest = std::max(slowest, std::max(s.compute_s, s.transfer_s));
+      CHECK(slowest ==
+            doctest::Approx(brute_force(p, t, 2 * w, !o.ignore_transfer, /*v_shape=*/true))
+                .epsilon(1e-12));
+    }
+    const Plan read = parse_plan(plan_to_json(plan).dump(), "random");
+    const Schedule s = generate_schedule(read.schedule, ScheduleSpec::from_plan(read, 2 * w, 2));
+    validate(s);
+    CHECK(simulate(s, p, read, t).makespan_s > 0);
+  }
+  CHECK(replicated > 0);
+
+  // By hand: stages in a V over 2 workers; a V of 3 stages per worker is refused.
+  Profile flat = random_chain(rng, 8);
+  PartitionOptions o;
+  o.virtual_stages = 2;
+  o.placement = StagePlacement::V;
+  const Topology two{{{2, 1e10}}, {}};
+  const Plan manual = evaluate_stages(flat, two, parse_manual_stages("0:1,1:4,4:6,6:8"), o);
+  CHECK(manual.schedule == "zb-v");
+  CHECK(manual.stages[2].ranks == std::vector<int>{1});
+  CHECK(manual.stages[3].ranks == std::vector<int>{0});
+  o.virtual_stages = 3;
+  CHECK_THROWS_WITH_AS(partition(flat, two, o), doctest::Contains("a V placement has 2 stages"),
+                       ConfigError);
 }
 
 TEST_CASE(

@@ -13,6 +13,8 @@
 
 namespace pipeline {
 
+struct Plan;
+
 enum class StagePlacement { Looped, V };
 
 // "looped" / "v".
@@ -40,5 +42,12 @@ InterleavedShape interleaved_shape(const std::vector<std::vector<int>>& stage_ra
 // j·p .. j·p + p − 1), each stage's replica j at its place in pipeline j.
 std::vector<std::vector<int>> interleaved_stage_ranks(int positions, int stages_per_rank,
                                                       int replicas, StagePlacement placement);
+
+// The placement of an interleaved plan's stages (looped for a plan whose stages name no ranks,
+// which ScheduleSpec::from_plan lays out looped).
+StagePlacement placement_of(const Plan& plan);
+
+// What `--schedule interleaved` names for a plan: zb-v for a V, interleaved-1f1b otherwise.
+std::string interleaved_schedule_for(const Plan& plan);
 
 }  // namespace pipeline

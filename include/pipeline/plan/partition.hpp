@@ -17,7 +17,9 @@
 // Interleaved plans (PartitionOptions::virtual_stages = v > 1): the workers form d data-parallel
 // copies of a straight pipeline of p = workers / d ranks (pipeline j on ranks j·p .. j·p + p − 1;
 // d = 1 with `straight`), and the model, in its layer order, is cut into v·p contiguous stages,
-// stage k at place k mod p of every pipeline. For each d that leaves pipelines of at least 2 ranks,
+// stage k at place k mod p of every pipeline (or, with PartitionOptions::placement V and v = 2,
+// stage k ≥ p at place 2p − 1 − k, so that stages p − 1 and p share a rank and hand over without
+// a transfer). For each d that leaves pipelines of at least 2 ranks,
 // an exact dynamic program over the cut points minimises the slowest stage's time: max(compute /
 // d + the allreduce of its weights among its d replicas, transfer in, transfer out), transfers at
 // the bandwidth of the level joining the two ranks (each pipeline sends 1/d of them), the
@@ -36,6 +38,7 @@
 
 #include <pipeline/core/dtype.hpp>
 #include <pipeline/plan/cost_model.hpp>
+#include <pipeline/plan/interleaved_layout.hpp>
 #include <pipeline/plan/plan.hpp>
 #include <pipeline/plan/topology.hpp>
 #include <pipeline/profile/profile.hpp>
@@ -74,6 +77,9 @@ struct PartitionOptions {
   // Stages per worker: 1 for PipeDream's plans; v > 1 plans d interleaved pipelines of v·p
   // stages (see above; Pipeline cost model; `straight` keeps d = 1).
   int virtual_stages = 1;
+  // Where an interleaved plan's stages go: looped (stage k at place k mod p, interleaved-1f1b) or,
+  // with 2 virtual stages, in a V (stage k ≥ p at place 2p − 1 − k, zb-v; interleaved_layout.hpp).
+  StagePlacement placement = StagePlacement::Looped;
   // The transfers' element type (set_transfer_dtype), recorded in the plan; unset: float32.
   std::optional<DType> transfer_dtype;
 };
@@ -126,8 +132,8 @@ std::vector<ManualStage> parse_manual_stages(std::string_view text);
 // ranks assigned consecutively). Throws ConfigError when the stages do not cover the model
 // exactly in order, use more workers than the topology has, or (with a memory limit) do not fit.
 // With options.virtual_stages = v > 1 the stages form an interleaved plan: exactly v·p of them,
-// each with the same replicas r (r pipelines of p = workers / r ranks), stage k at place k mod p
-// of every pipeline.
+// each with the same replicas r (r pipelines of p = workers / r ranks), stage k at its place
+// (options.placement) of every pipeline.
 Plan evaluate_stages(const Profile& profile, const Topology& topology, const std::vector<ManualStage>& stages,
                      const PartitionOptions& options = {});
 
