@@ -5,7 +5,7 @@
 //   mpirun -np 4 bench_schedules [--model transformer-lm] [--batch 8] [--microbatches 8]
 //                                [--minibatches 4] [--threads 1] [--repeat 3]
 //                                [--schedules 1f1b-flush,zb-h1,interleaved-1f1b,interleaved-zb-h1,
-//                                             1f1b-stash,2bw]
+//                                             zb-v,1f1b-stash,2bw]
 //                                [--results FILE]
 //
 // One job measures everything, so that the ratios compare numbers taken under the same load:
@@ -13,7 +13,8 @@
 //     and weight-gradient halves (what zb-h1 schedules), times one SGD step per layer range, and
 //     ranks 0 and 1 time a ping-pong of the largest boundary activation (the simulator's link);
 //  2. the partitioner plans a straight P-stage pipeline and, for the interleaved schedules, a
-//     pipeline of 2P stages over the P ranks (stage k on rank k mod P; --straight);
+//     pipeline of 2P stages over the P ranks (stage k on rank k mod P; --straight), and for zb-v
+//     one of 2P stages in a V (stages k and 2P - 1 - k on rank k);
 //  3. --repeat times, per schedule: the ranks train --minibatches minibatches of --microbatches
 //     microbatches of --batch samples (1f1b-stash: as many minibatches of one microbatch, the
 //     same samples) after a warm-up, timed between barriers; every rank reports its peak bytes
@@ -64,14 +65,17 @@ struct Options {
   int threads = 1;
   int repeat = 3;
   int virtual_stages = 2;
-  std::vector<std::string> schedules{"1f1b-flush",        "zb-h1",      "interleaved-1f1b",
-                                     "interleaved-zb-h1", "1f1b-stash", "2bw"};
+  std::vector<std::string> schedules{
+      "1f1b-flush", "zb-h1", "interleaved-1f1b", "interleaved-zb-h1", "zb-v", "1f1b-stash", "2bw"};
   std::string results;
 };
 
 bool is_stash(const std::string& name) { return name.rfind("1f1b-stash", 0) == 0; }
 bool is_interleaved(const std::string& name) {
   return name.rfind("interleaved-", 0) == 0;
+}
+bool is_v(const std::string& name) {
+  return name == "zb-v";
 }
 
 // Every schedule trains the same samples: stash schedules as minibatches of one microbatch.
@@ -187,8 +191,17 @@ int run_bench(const Options& o, Communicator& world) {
   const bool any_interleaved =
       std::any_of(o.schedules.begin(), o.schedules.end(), [](auto& n) { return is_interleaved(n); });
   const Plan iplan = any_interleaved ? partition(prof, topo, interleaved) : plan;
+  PartitionOptions v_shape = straight;
+  v_shape.virtual_stages = 2;
+  v_shape.placement = StagePlacement::V;
+  const bool any_v = std::any_of(o.schedules.begin(), o.schedules.end(), is_v);
+  const Plan vplan = any_v ? partition(prof, topo, v_shape) : plan;
+  // The plan each schedule runs.
+  const auto plan_for = [&](const std::string& name) -> const Plan& {
+    return is_v(name) ? vplan : is_interleaved(name) ? iplan : plan;
+  };
   double step_s = 0;
-  for (const Plan* pl : {&plan, &iplan})
+  for (const Plan* pl : {&plan, &iplan, &vplan})
     for (auto& st : pl->stages)
       step_s = std::max(step_s, bench::time_step(z.model, {st.begin, st.end}).step_s);
 
@@ -205,7 +218,7 @@ int run_bench(const Options& o, Communicator& world) {
       const Batch b = data.slice(0, samples);
       const MinibatchFeed feed{[b](std::int64_t) { return b; },
                                [samples](std::int64_t) { return samples; }};
-      Measured m = run_schedule(z, o, name, is_interleaved(name) ? iplan : plan, world, feed);
+      Measured m = run_schedule(z, o, name, plan_for(name), world, feed);
       rows[k].rates.push_back(m.samples_per_s);
       if (rows[k].memory.empty()) rows[k].memory = m.memory;
       for (std::size_t q = 0; q < m.memory.size(); ++q) rows[k].memory[q].include(m.memory[q]);
@@ -220,7 +233,7 @@ int run_bench(const Options& o, Communicator& world) {
   std::string detail;
   for (std::size_t k = 0; k < o.schedules.size(); ++k) {
     const std::string& name = o.schedules[k];
-    const Plan& pl = is_interleaved(name) ? iplan : plan;
+    const Plan& pl = plan_for(name);
     const PipelineLayout layout = PipelineLayout::from_plan(pl, z.model);
     const ScheduleRequest req = request_for(name, o);
     const int n = minibatches_for(name, o);
@@ -263,7 +276,8 @@ int run_bench(const Options& o, Communicator& world) {
     }
   }
   std::string stages;
-  for (const Plan* pl : {&plan, &iplan}) {
+  for (const Plan* pl : {&plan, &iplan, &vplan}) {
+    if (pl != &plan && pl->num_stages() == plan.num_stages()) continue;  // not asked for
     std::vector<std::string> ranges;
     for (auto& st : pl->stages) ranges.push_back(fmt::format("[{},{})", st.begin, st.end));
     stages += fmt::format("  {} stages: {}\n", pl->num_stages(), fmt::join(ranges, " "));

@@ -975,6 +975,51 @@ Plan partition_interleaved_pipes(const Profile& p, const StateGraph& g, const To
   cuts.back() = n;
   for (int k = stages; k > 0; --k)
     cuts[static_cast<std::size_t>(k) - 1] = from[cell(k, cuts[static_cast<std::size_t>(k)])];
+  // A rank's time is the sum over its stages, and which stages share a rank (the placement: k mod
+  // p, or a V) is more than a DP over prefixes sees. So, keeping every stage within the optimum,
+  // move single cut points while that lowers the slowest rank's sum of compute (then the sum of
+  // their squares): each move strictly lowers the pair, so this ends.
+  const auto cost_of = [&](int k) {
+    const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
+    return stage_cost(k, i, j, k + 1 < stages ? cut_time(k, j) : 0.0);
+  };
+  const auto rank_balance = [&] {
+    std::vector<double> sum(static_cast<std::size_t>(places), 0.0);
+    for (int k = 0; k < stages; ++k)
+      sum[static_cast<std::size_t>(pipes.place_of(k))] +=
+          stage_compute(cuts[static_cast<std::size_t>(k)], cuts[static_cast<std::size_t>(k) + 1]);
+    double worst = 0, squares = 0;
+    for (double x : sum) {
+      worst = std::max(worst, x);
+      squares += x * x;
+    }
+    return std::pair{worst, squares};
+  };
+  const double slack = optimum * (1 + 1e-12);
+  auto current = rank_balance();
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int k = 1; k < stages; ++k)
+      for (int step : {-1, 1}) {
+        auto& c = cuts[static_cast<std::size_t>(k)];
+        const int was = c;
+        c = was + step;
+        bool ok = c > cuts[static_cast<std::size_t>(k) - 1] &&
+                  c < cuts[static_cast<std::size_t>(k) + 1] && cut_allowed(c) &&
+                  cost_of(k - 1) <= slack && cost_of(k) <= slack;
+        // Neighbours' transfers change with the cut too.
+        if (ok && k >= 2) ok = cost_of(k - 2) <= slack;
+        if (ok && k + 1 < stages) ok = cost_of(k + 1) <= slack;
+        const auto next = ok ? rank_balance() : current;
+        if (ok && (next.first < current.first * (1 - 1e-12) ||
+                   (next.first <= current.first && next.second < current.second * (1 - 1e-12)))) {
+          current = next;
+          moved = true;
+        } else {
+          c = was;
+        }
+      }
+  }
   Plan plan;
   const double slowest = describe_interleaved(plan, p, g, t, o, cuts, pipes);
   PIPELINE_CHECK(std::abs(slowest - optimum) <= 1e-9 * optimum,

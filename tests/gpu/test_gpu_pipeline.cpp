@@ -1,7 +1,7 @@
 // Pipelines on one GPU, every rank a thread of this process with its own stream
 // (runtime/in_process.hpp): GPipe, 1F1B-flush and ZB-H1 on 2, 3 and 4 stages (and a replicated
-// stage), and interleaved 1F1B with and without recomputation, equal sequential training on the
-// same GPU to fp32 rounding; 1F1B-stash equals the independent
+// stage), and interleaved 1F1B, interleaved ZB-H1 and ZB-V with and without recomputation, equal
+// sequential training on the same GPU to fp32 rounding; 1F1B-stash equals the independent
 // weight-history reference; the in-process communicator hands device tensors between streams
 // (point-to-point and allreduce, bitwise the CPU's group-order sum); and the stage executor's
 // every tensor stays on the device.
@@ -182,9 +182,9 @@ TEST_CASE("gpipe, 1f1b-flush and zb-h1 on one GPU equal sequential GPU training"
 }
 
 // Interleaved 1F1B and its zero-bubble form (v = 2: every rank holds two stages, stage k on rank
-// k mod p) on 2 and 3 ranks, 2 ranks also as 2 data-parallel pipelines (4 ranks), then again with
-// most stages recomputing their activations in the backward: the weights of sequential training
-// on the same GPU.
+// k mod p), and ZB-V (stages k and 2p - 1 - k on rank k) on 2 and 3 ranks, 2 ranks also as 2
+// data-parallel pipelines (4 ranks), then again with most stages recomputing their activations in
+// the backward: the weights of sequential training on the same GPU.
 TEST_CASE("interleaved schedules on one GPU, with and without recomputation, equal sequential") {
   const Sequential model = model_of(0.25f);
   for (const auto& shape : {std::pair{2, 1}, {3, 1}, {2, 2}}) {
@@ -195,15 +195,18 @@ TEST_CASE("interleaved schedules on one GPU, with and without recomputation, equ
     SequentialTrainer ref(model, to_device(model.init(kSeed), kGpu), make_sgd(), kSeed);
     for (int j = 0; j < minibatches; ++j) ref.step(minibatch(j), kLr, micro);
     const ModelParams want = to_device(ref.params(), Device::cpu());
-    const ScheduleSpec spec = ScheduleSpec::interleaved(p, 2, micro, minibatches, replicas);
     PipelineLayout layout;
     for (int k = 0; k < stages; ++k)
       layout.stages.push_back({k * 6 / stages, (k + 1) * 6 / stages});
-    layout.stage_ranks = spec.stage_ranks;
-    for (const char* name : {"interleaved-1f1b", "interleaved-zb-h1"})
+    for (const std::string name : {"interleaved-1f1b", "interleaved-zb-h1", "zb-v"})
       for (const bool recompute : {false, true}) {
         CAPTURE(name);
         CAPTURE(recompute);
+        // zb-v runs the stages in a V (stages k and 2p - 1 - k on rank k).
+        const ScheduleSpec spec =
+            name == "zb-v" ? ScheduleSpec::v_shape(p, micro, minibatches, replicas)
+                           : ScheduleSpec::interleaved(p, 2, micro, minibatches, replicas);
+        layout.stage_ranks = spec.stage_ranks;
         const Schedule s = generate_schedule(name, spec);
         std::vector<bool> which;
         if (recompute)

@@ -7,7 +7,9 @@
 # the loss trajectories equal one process's (fp32 rounding: microbatch gradients accumulate
 # instead of one batch's); a schedule for one stage per rank is refused, naming the fix. Then 4
 # workers as data-parallel interleaved pipelines (the partitioner's own plan, and one given by
-# hand), checkpointed and resumed.
+# hand), checkpointed and resumed. Last, the same in a V (--stage-placement v, zb-v): on 2 and
+# on 4 workers the partitioner's plans train as one process, and the looped data-parallel run's
+# checkpoint resumes on the V.
 set -euo pipefail
 profile=$1
 partition=$2
@@ -107,4 +109,49 @@ b = losses(f"{w}/b.jsonl")
 assert b == losses(f"{w}/a.jsonl")[8:], "the resumed data-parallel run's losses differ"
 print(f"4 workers: the partitioner's plan ({pipelines} pipeline(s)) and 2 data-parallel pipelines "
       f"by hand train as one process; resumed at step 8 bit-identically")
+PY
+
+# A V: stages k and 3 - k on rank k, under zb-v (the plan's schedule), on 2 workers and as the
+# partitioner's 4-worker plan; the V resumes the looped data-parallel run's step-8 checkpoint and
+# continues it as that run did (fp32 rounding: the V's microbatches sum in another order).
+"$partition" --profile "$work/profile.json" --workers 2 --bandwidth 10Gbit/s --stage-placement v \
+  -o "$work/plan_v.json" > "$work/partition_v.log" 2>&1 || { cat "$work/partition_v.log"; exit 1; }
+grep -q "2 virtual stages per worker in a V" "$work/partition_v.log" || { cat "$work/partition_v.log"; exit 1; }
+"$simulate" --profile "$work/profile.json" --plan "$work/plan_v.json" --schedule interleaved \
+  --level 2:10Gbit/s > "$work/simulate_v.log" 2>&1 || { cat "$work/simulate_v.log"; exit 1; }
+grep -q "schedule zb-v: 2 ranks" "$work/simulate_v.log" || { cat "$work/simulate_v.log"; exit 1; }
+"$partition" --profile "$work/profile.json" --workers 4 --bandwidth 10Gbit/s --stage-placement v \
+  -o "$work/plan_v4.json" > "$work/partition_v4.log" 2>&1 || { cat "$work/partition_v4.log"; exit 1; }
+"${mpirun[@]}" 2 "$train" "${common[@]}" --plan "$work/plan_v.json" --steps 16 \
+  --metrics "$work/v.jsonl" > "$work/v.log" 2>&1 || { cat "$work/v.log"; exit 1; }
+grep -q "schedule zb-v" "$work/v.log" || { cat "$work/v.log"; exit 1; }
+"${mpirun[@]}" 4 "$train" "${common[@]}" --plan "$work/plan_v4.json" --steps 16 \
+  --metrics "$work/v4.jsonl" > "$work/v4.log" 2>&1 || { cat "$work/v4.log"; exit 1; }
+if "${mpirun[@]}" 2 "$train" "${common[@]}" --plan "$work/plan_v.json" --steps 2 \
+    --schedule interleaved-1f1b > "$work/refused_v.log" 2>&1; then
+  echo "interleaved-1f1b ran on a V"; exit 1
+fi
+grep -q "run it with --schedule zb-v" "$work/refused_v.log" || { cat "$work/refused_v.log"; exit 1; }
+mkdir "$work/resume_v" && cp -r "$work/ckpt/step-000000008" "$work/resume_v/"
+"${mpirun[@]}" 2 "$train" "${common[@]}" --plan "$work/plan_v.json" --steps 16 \
+  --resume "$work/resume_v" --metrics "$work/c.jsonl" > "$work/c.log" 2>&1 || { cat "$work/c.log"; exit 1; }
+
+python3 - "$work" <<'PY'
+import json, sys
+w = sys.argv[1]
+v = json.load(open(f"{w}/plan_v.json"))
+assert v["schedule"] == "zb-v", v["schedule"]
+assert [s["ranks"] for s in v["stages"]] == [[0], [1], [1], [0]], v["stages"]
+def losses(path):
+    return [r["loss"] for r in map(json.loads, open(path)) if "step" in r]
+single = losses(f"{w}/single.jsonl")
+for name in ("v", "v4"):
+    run = losses(f"{w}/{name}.jsonl")
+    assert len(run) == 16, (name, len(run))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(run, single))
+    assert worst < 1e-4, f"{name} drifts from one process by {worst:.2e}"
+c, a = losses(f"{w}/c.jsonl"), losses(f"{w}/a.jsonl")[8:]
+assert len(c) == 8 and max(abs(x - y) / abs(y) for x, y in zip(c, a)) < 1e-4, (c, a)
+print("V placement (zb-v): the partitioner's plans on 2 and 4 workers train as one process; "
+      "resumed from the looped run's checkpoint")
 PY

@@ -163,11 +163,13 @@ inline RandomPlan random_plan(Rng& rng, std::uint64_t seed, int workers = 0) {
     // pipelines of 2 or more (a ReLU and the max pool after it stay together; where even 2 ranks
     // of 2 stages cannot be cut, the partitioner says so, and the plan is then a plain one).
     o.virtual_stages = 2;
+    if (rng.below(2) == 0) o.placement = StagePlacement::V;  // zb-v's layout
     try {
       plan = partition(c.profile, c.topology, o);
     } catch (const ConfigError& e) {
       if (std::string(e.what()).find("cuts between layers") == std::string::npos) throw;
       o.virtual_stages = 1;
+      o.placement = StagePlacement::Looped;
       plan = partition(c.profile, c.topology, o);
     }
   } else if (kind == 1) {
@@ -294,8 +296,9 @@ inline ReferenceRun stash_run(const RandomPlan& c, const PipelineLayout& layout,
 }
 
 // The flush schedules that run a plan: interleaved 1F1B and its zero-bubble form for an
-// interleaved plan, else GPipe, 1F1B-flush and ZB-H1.
+// interleaved plan (ZB-V for one in a V), else GPipe, 1F1B-flush and ZB-H1.
 inline std::vector<std::string> flush_schedules(const Plan& plan) {
+  if (placement_of(plan) == StagePlacement::V) return {"zb-v"};
   if (plan.virtual_stages > 1) return {"interleaved-1f1b", "interleaved-zb-h1"};
   return {"gpipe", "1f1b-flush", "zb-h1"};
 }

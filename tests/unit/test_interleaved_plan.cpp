@@ -481,7 +481,10 @@ TEST_CASE(
   CHECK_THROWS_WITH_AS(evaluate_stages(p, t, parse_manual_stages("0:4,4:8"), o),
                        doctest::Contains("has 4 stages, got 2"), ConfigError);
   // One layer slower than the rest fixes the optimum; within it the cut is the most even one
-  // (stages of 1, 10, 5 and 5 ms: ranks of 6 and 15 ms), not the earliest (1, 10, 1, 9 ms).
+  // (stages of 1, 10, 5 and 5 ms), not the earliest (1, 10, 1, 9 ms: ranks of 2 and 19 ms), and
+  // then cut points move to even out the ranks, each the sum of its stages: 1, 10, 9 and 1 ms
+  // make ranks of 10 and 11 ms, where 1, 10, 5, 5 made 6 and 15. In a V (ranks: stages 0 + 3 and
+  // 1 + 2) the same sums come from 1, 10, 1 and 9 ms.
   Profile skewed = p;
   skewed.layers.resize(6);
   const double ms[] = {1, 10, 1, 4, 4, 1};
@@ -491,8 +494,14 @@ TEST_CASE(
   }
   const Plan even = partition(skewed, t, o);
   CHECK(even.stages[2].begin == 2);
-  CHECK(even.stages[3].begin == 4);
-  CHECK(even.predicted.time_per_minibatch_s == doctest::Approx(0.015));
+  CHECK(even.stages[3].begin == 5);
+  CHECK(even.predicted.time_per_minibatch_s == doctest::Approx(0.011));
+  PartitionOptions v_shape = o;
+  v_shape.placement = StagePlacement::V;
+  const Plan v = partition(skewed, t, v_shape);
+  CHECK(v.stages[2].begin == 2);
+  CHECK(v.stages[3].begin == 3);
+  CHECK(v.predicted.time_per_minibatch_s == doctest::Approx(0.011));
   // Equal layers and free communication: the partitioned plan's interleaved bubble is exactly
   // (p - 1) / (v·m + p - 1), against 1F1B's (p - 1) / (m + p - 1) on the straight plan.
   Topology four{{{4, 1e10}}, {}};

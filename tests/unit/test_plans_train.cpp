@@ -2,11 +2,11 @@
 // profiles (measured bytes, random times) and cluster topologies (mixed ones too) are partitioned,
 // the plan goes through plan.json and back, and each schedule kind generated from it validates,
 // simulates and runs on the in-process communicator. Flush schedules (GPipe, 1F1B-flush, ZB-H1,
-// interleaved 1F1B for interleaved plans; replicas dealt microbatches round-robin or by random
-// speeds) equal the single process with gradient accumulation; 2BW the reference of
-// double-buffered weights; 1F1B-stash the independent reference of weight stashing with the plan's
-// replicas, warm-ups and delays, with and without vertical sync; stages marked to recompute change
-// nothing.
+// interleaved 1F1B for interleaved plans, ZB-V for those in a V; replicas dealt microbatches
+// round-robin or by random speeds) equal the single process with gradient accumulation; 2BW the
+// reference of double-buffered weights; 1F1B-stash the independent reference of weight stashing
+// with the plan's replicas, warm-ups and delays, with and without vertical sync; stages marked to
+// recompute change nothing.
 #include <doctest/doctest.h>
 
 #include <pipeline/core/rng.hpp>
@@ -37,7 +37,7 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
   set_num_threads(1);
   Rng rng(2026, "plans-train");
   int cnns = 0, replicated = 0, interleaved = 0, mixed = 0, recomputing = 0, dealt = 0,
-      two_buffered = 0, data_parallel_interleaved = 0;
+      two_buffered = 0, data_parallel_interleaved = 0, v_shaped = 0;
   for (int trial = 0; trial < 40; ++trial) {
     CAPTURE(trial);
     const RandomPlan c = random_plan(rng, kSeed);
@@ -47,6 +47,7 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
     replicated += c.max_replicas() > 1;
     interleaved += c.plan.virtual_stages > 1;
     data_parallel_interleaved += c.plan.virtual_stages > 1 && c.max_replicas() > 1;
+    v_shaped += placement_of(c.plan) == StagePlacement::V;
     mixed += !c.typed_profiles.empty();
     recomputing += c.recomputes();
     const Sequential model = c.model(0.2f);
@@ -92,13 +93,15 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
   MESSAGE("plans of CNNs: " << cnns << ", with replicated stages: " << replicated
                             << ", interleaved: " << interleaved
                             << " (over data-parallel pipelines: " << data_parallel_interleaved
-                            << "), on mixed workers: " << mixed << ", with recomputing stages: "
-                            << recomputing << "; flush schedules dealt by speed: " << dealt
+                            << ", in a V: " << v_shaped << "), on mixed workers: " << mixed
+                            << ", with recomputing stages: " << recomputing
+                            << "; flush schedules dealt by speed: " << dealt
                             << ", 2bw runs: " << two_buffered);
   CHECK(cnns > 0);
   CHECK(replicated > 0);
   CHECK(interleaved > 0);
   CHECK(data_parallel_interleaved > 0);
+  CHECK(v_shaped > 0);
   CHECK(mixed > 0);
   CHECK(recomputing > 0);
   CHECK(dealt > 0);
