@@ -118,7 +118,7 @@ Schedule zero_bubble_v_schedule(const ScheduleSpec& spec) {
   const InterleavedShape shape = interleaved_shape(spec.stage_ranks);
   PIPELINE_CHECK_AS(ConfigError, shape.placement == StagePlacement::V,
                     "zb-v runs a V-shape layout (2 stages per rank, stage k and 2p - 1 - k on rank "
-                    "k; pipeline-partition --virtual-stages 2 --placement v plans one), but these "
+                    "k; pipeline-partition --stage-placement v plans one), but these "
                     "{} stages on {} ranks per pipeline are {} with {} stages per rank{}",
                     spec.num_stages(), shape.positions, to_string(shape.placement),
                     shape.stages_per_rank,

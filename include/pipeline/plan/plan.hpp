@@ -6,7 +6,8 @@
 // contiguous stages over p workers and stage k runs on rank k mod p, so every rank holds v
 // non-adjacent layer ranges and a microbatch passes every rank v times; r data-parallel copies of
 // such a pipeline replicate every stage r times (interleaved_layout.hpp). Such a plan runs under
-// the interleaved-1f1b schedule (ScheduleSpec::from_plan builds its spec).
+// the interleaved-1f1b schedule (ScheduleSpec::from_plan builds its spec); one of 2 stages per
+// rank placed in a V (stage k ≥ p on the rank of stage 2p − 1 − k) under zb-v.
 #pragma once
 
 #include <pipeline/nn/architecture.hpp>
@@ -87,7 +88,7 @@ struct Plan {
   }
   // Stages per rank: 1 for a plain pipeline (each rank serves one stage), v > 1 for an
   // interleaved plan: r pipelines of p = workers / r ranks, stages.size() == v · p, every stage
-  // with r replicas, stage k on the ranks of stage k mod p (interleaved_layout.hpp).
+  // with r replicas, stage k on the ranks of stage k mod p, or in a V (interleaved_layout.hpp).
   int virtual_stages = 1;
   std::vector<PlanStage> stages;
   PlanPrediction predicted;

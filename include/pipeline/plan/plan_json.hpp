@@ -19,7 +19,8 @@
 // so by its format check instead of a misleading "rank serves more than one stage". Both versions
 // are read. A /2 plan must have v >= 2 and be an interleaved layout (interleaved_layout.hpp): r
 // pipelines of p = workers / r ranks, exactly v · p contiguous stages of r replicas each, stage k
-// on the ranks of stage k mod p; a /1 plan must not have "virtual_stages" other than 1.
+// on the ranks of stage k mod p (looped) or, with v = 2, of stage 2p − 1 − k for k ≥ p (a V, for
+// zb-v); a /1 plan must not have "virtual_stages" other than 1.
 #pragma once
 
 #include <pipeline/plan/plan.hpp>
