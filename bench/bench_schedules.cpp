@@ -79,10 +79,12 @@ bool is_v(const std::string& name) {
 }
 
 // Every schedule trains the same samples: stash schedules as minibatches of one microbatch.
-ScheduleRequest request_for(const std::string& name, const Options& o) {
+// (The stages' times as the trainers take them from the plan: zb-v orders by them.)
+ScheduleRequest request_for(const std::string& name, const Options& o, const Plan& plan) {
   ScheduleRequest req;
   req.name = name;
   req.microbatches = is_stash(name) ? 1 : o.microbatches;
+  for (const PlanStage& st : plan.stages) req.stage_seconds.push_back(st.compute_s);
   return req;
 }
 int minibatches_for(const std::string& name, const Options& o) {
@@ -119,7 +121,7 @@ struct Measured {
 Measured run_schedule(const ZooModel& z, const Options& o, const std::string& name,
                       const Plan& plan, Communicator& comm, const MinibatchFeed& feed) {
   const PipelineLayout layout = PipelineLayout::from_plan(plan, z.model);
-  const ScheduleRequest req = request_for(name, o);
+  const ScheduleRequest req = request_for(name, o, plan);
   const int n = minibatches_for(name, o);
   const Schedule warm = make_schedule(req, layout, is_stash(name) ? comm.size() : 1);
   const Schedule timed = make_schedule(req, layout, n);
@@ -214,7 +216,8 @@ int run_bench(const Options& o, Communicator& world) {
   for (int rep = 0; rep < o.repeat; ++rep)
     for (std::size_t k = 0; k < o.schedules.size(); ++k) {
       const std::string& name = o.schedules[k];
-      const std::int64_t samples = static_cast<std::int64_t>(o.batch) * request_for(name, o).microbatches;
+      const std::int64_t samples =
+          static_cast<std::int64_t>(o.batch) * request_for(name, o, plan_for(name)).microbatches;
       const Batch b = data.slice(0, samples);
       const MinibatchFeed feed{[b](std::int64_t) { return b; },
                                [samples](std::int64_t) { return samples; }};
@@ -235,7 +238,7 @@ int run_bench(const Options& o, Communicator& world) {
     const std::string& name = o.schedules[k];
     const Plan& pl = plan_for(name);
     const PipelineLayout layout = PipelineLayout::from_plan(pl, z.model);
-    const ScheduleRequest req = request_for(name, o);
+    const ScheduleRequest req = request_for(name, o, pl);
     const int n = minibatches_for(name, o);
     SimulateOptions so;
     so.microbatch_size = o.batch;

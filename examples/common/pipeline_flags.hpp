@@ -331,6 +331,7 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
                                             : layout.num_stages() * static_cast<int>(replicas);
   if (!req.csv.empty()) req.microbatches = read_schedule_csv(req.csv).microbatches;  // for the logs
   req.in_flight = plan.in_flight > 1 ? plan.in_flight : 0;
+  for (const PlanStage& st : plan.stages) req.stage_seconds.push_back(st.compute_s);
   PIPELINE_CHECK_AS(ConfigError,
                     !flags.rebalance ||
                         (req.csv.empty() &&

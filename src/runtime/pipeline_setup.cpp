@@ -126,6 +126,7 @@ Schedule make_schedule(const ScheduleRequest& request, const PipelineLayout& lay
     spec.minibatches = minibatches;
     spec.vertical_sync = request.vertical_sync;
     spec.in_flight = request.in_flight;
+    spec.stage_seconds = request.stage_seconds;
     if (!request.seconds_per_rank.empty())
       spec.dealing = dealing_by_speed(spec, request.seconds_per_rank);
     s = generate_schedule(request.name, spec);

@@ -6,6 +6,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 namespace pipeline {
@@ -14,97 +15,192 @@ namespace {
 
 struct VOrder {
   std::vector<std::vector<Action>> ranks;
-  int ticks = 0;  // makespan on unit times
+  double makespan = 0;
 };
 
-// The list schedule of module comment, a rank's first-stage forward keeping room for up to
+// Seconds of one microbatch's F, I and W on each stage: a third each of the stage's time, or 1
+// each without times.
+struct StageTimes {
+  std::vector<double> third;  // per stage
+  double of(int stage) const { return third[static_cast<std::size_t>(stage)]; }
+};
+
+StageTimes stage_times(const std::vector<double>& seconds, int stages) {
+  StageTimes t;
+  const bool given = static_cast<int>(seconds.size()) == stages &&
+                     std::all_of(seconds.begin(), seconds.end(), [](double x) { return x > 0; });
+  for (int k = 0; k < stages; ++k)
+    t.third.push_back(given ? seconds[static_cast<std::size_t>(k)] / 3 : 1.0);
+  return t;
+}
+
+// The list schedule of the module comment, in event order: the rank whose next action can start
+// first runs it (ties: the lower rank), choosing among what is ready then an I (oldest
+// microbatch, later stage), else a forward (later stage), else its oldest W, and when nothing is
+// ready yet the action that is ready first. A rank's first-stage forward keeps room for up to
 // `reserve` of the microbatches whose second-stage forward is still to come; nullopt when it
-// stalls (every rank idle with work left: too little room reserved).
-std::optional<VOrder> v_order_with(int p, int m, int reserve) {
+// stalls (too little room reserved).
+std::optional<VOrder> v_order_with(int p, int m, int reserve, const StageTimes& times) {
   const int stages = 2 * p, last = stages - 1;
   const int limit = 2 * p;  // stage activations a rank holds (module comment)
-  constexpr int kNotYet = -1;
-  // The tick each (stage, microbatch)'s F and I end, kNotYet before.
-  std::vector<std::vector<int>> f_end(static_cast<std::size_t>(stages),
-                                      std::vector<int>(static_cast<std::size_t>(m), kNotYet));
+  constexpr double kNotYet = -1;
+  // When each (stage, microbatch)'s F and I end, kNotYet before they are scheduled.
+  std::vector<std::vector<double>> f_end(static_cast<std::size_t>(stages),
+                                         std::vector<double>(static_cast<std::size_t>(m), kNotYet));
   auto i_end = f_end;
-  std::vector<int> next_f(static_cast<std::size_t>(stages), 0), next_i = next_f;
-  std::vector<std::deque<std::pair<int, int>>> pending_w(static_cast<std::size_t>(p));
-  std::vector<int> held(static_cast<std::size_t>(p), 0), busy_until = held;
-  VOrder out;
-  out.ranks.resize(static_cast<std::size_t>(p));
-  const auto at = [](std::vector<std::vector<int>>& v, int s, int u) -> int& {
+  const auto at = [](std::vector<std::vector<double>>& v, int s, int u) -> double& {
     return v[static_cast<std::size_t>(s)][static_cast<std::size_t>(u)];
   };
-  const auto done_by = [](int end, int t) { return end != kNotYet && end <= t; };
+  std::vector<int> next_f(static_cast<std::size_t>(stages), 0), next_i = next_f;
+  std::vector<std::deque<std::pair<int, int>>> pending_w(static_cast<std::size_t>(p));
+  std::vector<int> held(static_cast<std::size_t>(p), 0);
+  std::vector<double> free_at(static_cast<std::size_t>(p), 0.0);
+  VOrder out;
+  out.ranks.resize(static_cast<std::size_t>(p));
+  // A candidate: when it can start, then its rank in the order of preference.
+  struct Candidate {
+    double ready;
+    int kind_rank;  // I 0, F 1, W 2
+    int microbatch;
+    int minus_stage;
+    Action action;
+    auto key() const { return std::tuple{kind_rank, microbatch, minus_stage}; }
+  };
   const int total = 3 * stages * m;
-  for (int t = 0, ran = 0; ran < total; ++t) {
-    bool progress = false;
+  for (int ran = 0; ran < total; ++ran) {
+    int rank = -1;
+    std::optional<Candidate> pick;
+    double pick_start = 0;
     for (int r = 0; r < p; ++r) {
       const auto ri = static_cast<std::size_t>(r);
-      if (busy_until[ri] > t) {
-        progress = true;
-        continue;
-      }
       const int first = r, second = last - r;  // the rank's stages, in forward order
-      std::optional<Action> act;
-      // An I that is ready: the oldest microbatch, then the later stage (more backward after it).
+      std::vector<Candidate> c;
       for (int s : {second, first}) {
         const int u = next_i[static_cast<std::size_t>(s)];
-        if (u >= m || !done_by(at(f_end, s, u), t)) continue;
-        if (s < last && !done_by(at(i_end, s + 1, u), t)) continue;
-        if (!act || u < act->microbatch) act = Action{ActionKind::BackwardInput, s, u, -1};
+        if (u >= m || at(f_end, s, u) == kNotYet) continue;
+        if (s < last && at(i_end, s + 1, u) == kNotYet) continue;
+        const double ready = std::max(at(f_end, s, u), s < last ? at(i_end, s + 1, u) : 0.0);
+        c.push_back({ready, 0, u, -s, {ActionKind::BackwardInput, s, u, -1}});
       }
-      // Else a forward that is ready, the later stage first (it leads to a backward sooner).
-      for (int s : {second, first}) {
-        if (act || held[ri] >= limit) break;
-        const int u = next_f[static_cast<std::size_t>(s)];
-        if (u >= m || (s > 0 && !done_by(at(f_end, s - 1, u), t))) continue;
-        const int coming_back =
-            next_f[static_cast<std::size_t>(first)] - next_f[static_cast<std::size_t>(second)];
-        if (s == first && held[ri] + std::min(reserve, coming_back) + 2 > limit) continue;
-        act = Action{ActionKind::Forward, s, u, -1};
-      }
-      if (!act && !pending_w[ri].empty()) {
+      if (held[ri] < limit)
+        for (int s : {second, first}) {
+          const int u = next_f[static_cast<std::size_t>(s)];
+          if (u >= m || (s > 0 && at(f_end, s - 1, u) == kNotYet)) continue;
+          const int coming_back =
+              next_f[static_cast<std::size_t>(first)] - next_f[static_cast<std::size_t>(second)];
+          if (s == first && held[ri] + std::min(reserve, coming_back) + 2 > limit) continue;
+          c.push_back(
+              {s > 0 ? at(f_end, s - 1, u) : 0.0, 1, u, -s, {ActionKind::Forward, s, u, -1}});
+        }
+      if (!pending_w[ri].empty()) {
         auto [s, u] = pending_w[ri].front();
-        pending_w[ri].pop_front();
-        act = Action{ActionKind::BackwardWeight, s, u, -1};
+        c.push_back({0.0, 2, u, -s, {ActionKind::BackwardWeight, s, u, -1}});
       }
-      if (!act) continue;
-      const int s = act->stage, u = act->microbatch;
-      busy_until[ri] = t + 1;
-      out.ticks = t + 1;
-      progress = true;
-      ++ran;
-      out.ranks[ri].push_back(*act);
-      if (act->kind == ActionKind::Forward) {
-        at(f_end, s, u) = t + 1;
-        ++next_f[static_cast<std::size_t>(s)];
-        ++held[ri];
-      } else if (act->kind == ActionKind::BackwardInput) {
-        at(i_end, s, u) = t + 1;
-        ++next_i[static_cast<std::size_t>(s)];
-        pending_w[ri].emplace_back(s, u);
-      } else {
-        --held[ri];
+      if (c.empty()) continue;
+      const double now = free_at[ri];
+      const Candidate* best = nullptr;
+      for (const Candidate& x : c) {
+        if (x.ready > now) continue;
+        if (!best || x.key() < best->key()) best = &x;
+      }
+      if (!best)  // nothing ready yet: what is ready first
+        for (const Candidate& x : c)
+          if (!best || std::pair{x.ready, x.key()} < std::pair{best->ready, best->key()}) best = &x;
+      const double start = std::max(now, best->ready);
+      if (rank < 0 || start < pick_start) {
+        rank = r;
+        pick = *best;
+        pick_start = start;
       }
     }
-    if (!progress) return std::nullopt;
+    if (rank < 0) return std::nullopt;
+    const auto ri = static_cast<std::size_t>(rank);
+    const Action a = pick->action;
+    const double end = pick_start + times.of(a.stage);
+    free_at[ri] = end;
+    out.makespan = std::max(out.makespan, end);
+    out.ranks[ri].push_back(a);
+    if (a.kind == ActionKind::Forward) {
+      at(f_end, a.stage, a.microbatch) = end;
+      ++next_f[static_cast<std::size_t>(a.stage)];
+      ++held[ri];
+    } else if (a.kind == ActionKind::BackwardInput) {
+      at(i_end, a.stage, a.microbatch) = end;
+      ++next_i[static_cast<std::size_t>(a.stage)];
+      pending_w[ri].emplace_back(a.stage, a.microbatch);
+    } else {
+      pending_w[ri].pop_front();
+      --held[ri];
+    }
   }
   return out;
 }
 
+// The makespan of two minibatches of per-rank orders run on `times` (each action as soon as its
+// rank is free and its inputs are there; a rank starts the second minibatch after its own part of
+// the first, as the flush lets it): what the simulator gives for the order, warm-up and the
+// overlap of consecutive minibatches included. The orders are complete and feasible.
+double makespan_of(const std::vector<std::vector<Action>>& order, int m, const StageTimes& times) {
+  constexpr int kMinibatches = 2;
+  const int p = static_cast<int>(order.size()), stages = 2 * p, n = kMinibatches * m;
+  std::vector<std::vector<Action>> ranks(order.size());
+  for (std::size_t r = 0; r < order.size(); ++r)
+    for (int j = 0; j < kMinibatches; ++j)
+      for (Action a : order[r]) {
+        a.microbatch += j * m;
+        ranks[r].push_back(a);
+      }
+  constexpr double kNotYet = -1;
+  std::vector<double> f_end(static_cast<std::size_t>(stages * n), kNotYet), i_end = f_end;
+  const auto cell = [n](int s, int u) { return static_cast<std::size_t>(s * n + u); };
+  std::vector<std::size_t> next(static_cast<std::size_t>(p), 0);
+  std::vector<double> free_at(static_cast<std::size_t>(p), 0.0);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int r = 0; r < p; ++r) {
+      const auto ri = static_cast<std::size_t>(r);
+      for (; next[ri] < ranks[ri].size(); ++next[ri]) {
+        const Action& a = ranks[ri][next[ri]];
+        double ready = 0;
+        if (a.kind == ActionKind::Forward && a.stage > 0)
+          ready = f_end[cell(a.stage - 1, a.microbatch)];
+        if (a.kind == ActionKind::BackwardInput)
+          ready = a.stage + 1 < stages ? i_end[cell(a.stage + 1, a.microbatch)] : 0.0;
+        if (ready == kNotYet) break;  // its input comes from a rank further behind
+        const double end = std::max(free_at[ri], ready) + times.of(a.stage);
+        free_at[ri] = end;
+        if (a.kind == ActionKind::Forward) f_end[cell(a.stage, a.microbatch)] = end;
+        if (a.kind == ActionKind::BackwardInput) i_end[cell(a.stage, a.microbatch)] = end;
+        moved = true;
+      }
+    }
+  }
+  return *std::max_element(free_at.begin(), free_at.end());
+}
+
 }  // namespace
 
-std::vector<std::vector<Action>> detail::zero_bubble_v_order(int p, int m) {
+std::vector<std::vector<Action>> detail::zero_bubble_v_order(int p, int m,
+                                                             const std::vector<double>& seconds) {
   PIPELINE_CHECK(p >= 1 && m >= 1, "internal: a V pipeline of {} ranks and {} microbatches", p, m);
+  const StageTimes times = stage_times(seconds, 2 * p);
   // Reserving room for every microbatch still to come back never stalls; reserving less lets
-  // the first stages run further ahead, which at some counts saves a few ticks (a handful of
+  // the first stages run further ahead, which at some counts saves a little (a handful of
   // settings tried; the shortest kept, the first on a tie).
+  // With stage times, the orders built on unit times compete too, so the result is never slower
+  // on those times than the order without them. Each is judged by two minibatches run on the
+  // times (a rank's part of one minibatch may overlap the next).
+  const StageTimes unit = stage_times({}, 2 * p);
+  const bool timed = times.third != unit.third;
   std::optional<VOrder> best;
-  for (int reserve : {m, 3, 2, 1, 0}) {
-    std::optional<VOrder> o = v_order_with(p, m, reserve);
-    if (o && (!best || o->ticks < best->ticks)) best = std::move(o);
+  for (const StageTimes* t : {&times, &unit}) {
+    if (t == &unit && !timed) break;
+    for (int reserve : {m, 3, 2, 1, 0}) {
+      std::optional<VOrder> o = v_order_with(p, m, reserve, *t);
+      if (!o) continue;
+      o->makespan = makespan_of(o->ranks, m, times);
+      if (!best || o->makespan < best->makespan) best = std::move(o);
+    }
   }
   PIPELINE_CHECK(best.has_value(),
                  "internal: the ZB-V order of {} ranks and {} microbatches stalls", p, m);
@@ -137,7 +233,8 @@ Schedule zero_bubble_v_schedule(const ScheduleSpec& spec) {
           detail::replica_microbatches(spec, 0, pipe, j * spec.microbatches, spec.microbatches);
       const int m = static_cast<int>(mbs.size());
       auto it = orders.find(m);
-      if (it == orders.end()) it = orders.emplace(m, detail::zero_bubble_v_order(p, m)).first;
+      if (it == orders.end())
+        it = orders.emplace(m, detail::zero_bubble_v_order(p, m, spec.stage_seconds)).first;
       for (int r = 0; r < p; ++r) {
         auto& out = sched.ranks[static_cast<std::size_t>(spec.stage_ranks[r][pipe])];
         const auto& mine = it->second[static_cast<std::size_t>(r)];

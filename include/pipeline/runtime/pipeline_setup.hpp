@@ -67,6 +67,9 @@ struct ScheduleRequest {
   // microbatches by these speeds (schedule/dealing.hpp; flush schedules only). Empty:
   // round-robin.
   std::vector<double> seconds_per_rank;
+  // Seconds per microbatch of every stage (the plan's PlanStage::compute_s), for the schedules
+  // that order by time (zb-v; ScheduleSpec::stage_seconds). Empty: equal stages.
+  std::vector<double> stage_seconds;
 };
 
 // The schedule for `minibatches` minibatches on the layout, generated or read, then validated;

@@ -40,6 +40,10 @@ struct ScheduleSpec {
   // deals them by the replicas' speed). Empty: round-robin. Flush schedules (gpipe, 1f1b-flush,
   // zb-h1) follow any dealing; the others deal round-robin and refuse one.
   std::vector<std::vector<std::int32_t>> dealing;
+  // Per stage, the seconds of one microbatch's forward and backward on a replica (the plan's
+  // PlanStage::compute_s), for the generators that order by time (zb-v); empty or any
+  // non-positive entry: equal stages.
+  std::vector<double> stage_seconds;
 
   int num_stages() const { return static_cast<int>(stage_ranks.size()); }
   int num_ranks() const;
@@ -53,7 +57,7 @@ struct ScheduleSpec {
   // 2p stages on p ranks in a V (zb-v): stage k on rank k, stage 2p − 1 − k on rank k; with r
   // replicas, r such pipelines (interleaved_layout.hpp).
   static ScheduleSpec v_shape(int ranks, int microbatches, int minibatches = 1, int replicas = 1);
-  // The stages and replicas of a plan; in_flight from the plan.
+  // The stages and replicas of a plan; in_flight and stage_seconds from the plan.
   static ScheduleSpec from_plan(const Plan& plan, int microbatches, int minibatches = 1);
 };
 
