@@ -84,7 +84,7 @@ ScheduleRequest request_for(const std::string& name, const Options& o, const Pla
   ScheduleRequest req;
   req.name = name;
   req.microbatches = is_stash(name) ? 1 : o.microbatches;
-  for (const PlanStage& st : plan.stages) req.stage_seconds.push_back(st.compute_s);
+  req.stage_seconds = plan.stage_seconds();
   return req;
 }
 int minibatches_for(const std::string& name, const Options& o) {

@@ -66,10 +66,7 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
   }
   if (plan.interleaved()) {
     const int pipelines = plan.stages.front().replicas, places = plan.workers / pipelines;
-    std::vector<std::vector<int>> stage_ranks;
-    for (const auto& s : plan.stages) stage_ranks.push_back(s.ranks);
-    const bool v =
-        pipeline::interleaved_shape(stage_ranks).placement == pipeline::StagePlacement::V;
+    const bool v = pipeline::placement_of(plan) == pipeline::StagePlacement::V;
     const std::string where = v ? fmt::format("stages k and {} - k at place k", 2 * places - 1)
                                 : fmt::format("stage k at place k mod {}", places);
     if (pipelines == 1)

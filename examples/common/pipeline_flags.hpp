@@ -310,7 +310,7 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
   // interleaved-1f1b and interleaved-zb-h1 a looped placement, zb-v a V (their default microbatch
   // count below, one per stage and replica, is a multiple of the workers, as the first two need).
   if (plan.interleaved() && req.csv.empty()) {
-    const bool v = interleaved_shape(layout.stage_ranks).placement == StagePlacement::V;
+    const bool v = placement_of(plan) == StagePlacement::V;
     if (req.name == "interleaved") req.name = interleaved_schedule_for(plan);
     PIPELINE_CHECK_AS(
         ConfigError,
@@ -331,7 +331,7 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
                                             : layout.num_stages() * static_cast<int>(replicas);
   if (!req.csv.empty()) req.microbatches = read_schedule_csv(req.csv).microbatches;  // for the logs
   req.in_flight = plan.in_flight > 1 ? plan.in_flight : 0;
-  for (const PlanStage& st : plan.stages) req.stage_seconds.push_back(st.compute_s);
+  req.stage_seconds = plan.stage_seconds();
   PIPELINE_CHECK_AS(ConfigError,
                     !flags.rebalance ||
                         (req.csv.empty() &&

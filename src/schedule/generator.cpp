@@ -57,8 +57,6 @@ ScheduleSpec ScheduleSpec::v_shape(int ranks, int microbatches, int minibatches,
 }
 
 ScheduleSpec ScheduleSpec::from_plan(const Plan& plan, int microbatches, int minibatches) {
-  std::vector<double> seconds;
-  for (const PlanStage& st : plan.stages) seconds.push_back(st.compute_s);
   if (plan.interleaved()) {
     // v·p stages, stage k on the ranks of the stage at its place (looped or V; plan_from_json
     // checks that plan.json says so); plans written by hand may leave the ranks out: pipeline j
@@ -77,7 +75,7 @@ ScheduleSpec ScheduleSpec::from_plan(const Plan& plan, int microbatches, int min
                       "the interleaved plan says {} stages per rank but its {} stages run on {} "
                       "ranks per pipeline",
                       v, plan.num_stages(), shape.positions);
-    s.stage_seconds = std::move(seconds);
+    s.stage_seconds = plan.stage_seconds();
     return s;
   }
   ScheduleSpec s;
@@ -97,7 +95,7 @@ ScheduleSpec ScheduleSpec::from_plan(const Plan& plan, int microbatches, int min
     s.stage_in_flight.push_back(st.in_flight);
     s.stage_may_delay.push_back(st.delay_allreduce);
   }
-  s.stage_seconds = std::move(seconds);
+  s.stage_seconds = plan.stage_seconds();
   return s;
 }
 

@@ -3,9 +3,11 @@
 #include <pipeline/schedule/schedules/zb_v.hpp>
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <map>
 #include <optional>
+#include <span>
 #include <tuple>
 #include <utility>
 
@@ -59,11 +61,11 @@ std::optional<VOrder> v_order_with(int p, int m, int reserve, const StageTimes& 
   out.ranks.resize(static_cast<std::size_t>(p));
   // A candidate: when it can start, then its rank in the order of preference.
   struct Candidate {
-    double ready;
-    int kind_rank;  // I 0, F 1, W 2
-    int microbatch;
-    int minus_stage;
-    Action action;
+    double ready = 0;
+    int kind_rank = 0;  // I 0, F 1, W 2
+    int microbatch = 0;
+    int minus_stage = 0;
+    Action action{};
     auto key() const { return std::tuple{kind_rank, microbatch, minus_stage}; }
   };
   const int total = 3 * stages * m;
@@ -74,13 +76,15 @@ std::optional<VOrder> v_order_with(int p, int m, int reserve, const StageTimes& 
     for (int r = 0; r < p; ++r) {
       const auto ri = static_cast<std::size_t>(r);
       const int first = r, second = last - r;  // the rank's stages, in forward order
-      std::vector<Candidate> c;
+      // At most an I and a forward of each of its two stages, and a W.
+      std::array<Candidate, 5> c;
+      std::size_t n = 0;
       for (int s : {second, first}) {
         const int u = next_i[static_cast<std::size_t>(s)];
         if (u >= m || at(f_end, s, u) == kNotYet) continue;
         if (s < last && at(i_end, s + 1, u) == kNotYet) continue;
         const double ready = std::max(at(f_end, s, u), s < last ? at(i_end, s + 1, u) : 0.0);
-        c.push_back({ready, 0, u, -s, {ActionKind::BackwardInput, s, u, -1}});
+        c[n++] = {ready, 0, u, -s, {ActionKind::BackwardInput, s, u, -1}};
       }
       if (held[ri] < limit)
         for (int s : {second, first}) {
@@ -89,22 +93,22 @@ std::optional<VOrder> v_order_with(int p, int m, int reserve, const StageTimes& 
           const int coming_back =
               next_f[static_cast<std::size_t>(first)] - next_f[static_cast<std::size_t>(second)];
           if (s == first && held[ri] + std::min(reserve, coming_back) + 2 > limit) continue;
-          c.push_back(
-              {s > 0 ? at(f_end, s - 1, u) : 0.0, 1, u, -s, {ActionKind::Forward, s, u, -1}});
+          c[n++] = {s > 0 ? at(f_end, s - 1, u) : 0.0, 1, u, -s, {ActionKind::Forward, s, u, -1}};
         }
       if (!pending_w[ri].empty()) {
         auto [s, u] = pending_w[ri].front();
-        c.push_back({0.0, 2, u, -s, {ActionKind::BackwardWeight, s, u, -1}});
+        c[n++] = {0.0, 2, u, -s, {ActionKind::BackwardWeight, s, u, -1}};
       }
-      if (c.empty()) continue;
+      if (n == 0) continue;
+      const std::span<const Candidate> cands(c.data(), n);
       const double now = free_at[ri];
       const Candidate* best = nullptr;
-      for (const Candidate& x : c) {
+      for (const Candidate& x : cands) {
         if (x.ready > now) continue;
         if (!best || x.key() < best->key()) best = &x;
       }
       if (!best)  // nothing ready yet: what is ready first
-        for (const Candidate& x : c)
+        for (const Candidate& x : cands)
           if (!best || std::pair{x.ready, x.key()} < std::pair{best->ready, best->key()}) best = &x;
       const double start = std::max(now, best->ready);
       if (rank < 0 || start < pick_start) {

@@ -101,6 +101,13 @@ struct Plan {
     for (const PlanStage& s : stages) counts.push_back(s.replicas);
     return counts;
   }
+  // Each stage's predicted compute per replica (PlanStage::compute_s), in stage order: what the
+  // schedules that order by time take (ScheduleSpec::stage_seconds).
+  std::vector<double> stage_seconds() const {
+    std::vector<double> seconds;
+    for (const PlanStage& s : stages) seconds.push_back(s.compute_s);
+    return seconds;
+  }
 };
 
 }  // namespace pipeline
