@@ -15,10 +15,8 @@ namespace pipeline {
 
 namespace {
 
-struct VOrder {
-  std::vector<std::vector<Action>> ranks;
-  double makespan = 0;
-};
+// Each rank's compute actions in order.
+using VOrder = std::vector<std::vector<Action>>;
 
 // Seconds of one microbatch's F, I and W on each stage: a third each of the stage's time, or 1
 // each without times.
@@ -57,8 +55,7 @@ std::optional<VOrder> v_order_with(int p, int m, int reserve, const StageTimes& 
   std::vector<std::deque<std::pair<int, int>>> pending_w(static_cast<std::size_t>(p));
   std::vector<int> held(static_cast<std::size_t>(p), 0);
   std::vector<double> free_at(static_cast<std::size_t>(p), 0.0);
-  VOrder out;
-  out.ranks.resize(static_cast<std::size_t>(p));
+  VOrder out(static_cast<std::size_t>(p));
   // A candidate: when it can start, then its rank in the order of preference.
   struct Candidate {
     double ready = 0;
@@ -122,8 +119,7 @@ std::optional<VOrder> v_order_with(int p, int m, int reserve, const StageTimes& 
     const Action a = pick->action;
     const double end = pick_start + times.of(a.stage);
     free_at[ri] = end;
-    out.makespan = std::max(out.makespan, end);
-    out.ranks[ri].push_back(a);
+    out[ri].push_back(a);
     if (a.kind == ActionKind::Forward) {
       at(f_end, a.stage, a.microbatch) = end;
       ++next_f[static_cast<std::size_t>(a.stage)];
@@ -144,7 +140,7 @@ std::optional<VOrder> v_order_with(int p, int m, int reserve, const StageTimes& 
 // rank is free and its inputs are there; a rank starts the second minibatch after its own part of
 // the first, as the flush lets it): what the simulator gives for the order, warm-up and the
 // overlap of consecutive minibatches included. The orders are complete and feasible.
-double makespan_of(const std::vector<std::vector<Action>>& order, int m, const StageTimes& times) {
+double makespan_of(const VOrder& order, int m, const StageTimes& times) {
   constexpr int kMinibatches = 2;
   const int p = static_cast<int>(order.size()), stages = 2 * p, n = kMinibatches * m;
   std::vector<std::vector<Action>> ranks(order.size());
@@ -197,18 +193,22 @@ std::vector<std::vector<Action>> detail::zero_bubble_v_order(int p, int m,
   const StageTimes unit = stage_times({}, 2 * p);
   const bool timed = times.third != unit.third;
   std::optional<VOrder> best;
+  double best_makespan = 0;
   for (const StageTimes* t : {&times, &unit}) {
     if (t == &unit && !timed) break;
     for (int reserve : {m, 3, 2, 1, 0}) {
       std::optional<VOrder> o = v_order_with(p, m, reserve, *t);
       if (!o) continue;
-      o->makespan = makespan_of(o->ranks, m, times);
-      if (!best || o->makespan < best->makespan) best = std::move(o);
+      const double makespan = makespan_of(*o, m, times);
+      if (!best || makespan < best_makespan) {
+        best = std::move(o);
+        best_makespan = makespan;
+      }
     }
   }
   PIPELINE_CHECK(best.has_value(),
                  "internal: the ZB-V order of {} ranks and {} microbatches stalls", p, m);
-  return std::move(best->ranks);
+  return std::move(*best);
 }
 
 Schedule zero_bubble_v_schedule(const ScheduleSpec& spec) {
