@@ -5,6 +5,7 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <set>
 
 namespace pipeline {
@@ -76,6 +77,65 @@ InterleavedShape interleaved_shape(const std::vector<std::vector<int>>& stage_ra
         p, 2 * p - 1, k, mine, place, first);
   }
   return shape;
+}
+
+InterleavedPair interleaved_1f1b_pair(int positions, int stages_per_rank, int k, bool backward) {
+  const int p = positions, v = stages_per_rank;
+  const int group = k % (p * v) / p;
+  return {backward ? v - 1 - group : group, k / (p * v) * p + k % p};
+}
+
+int interleaved_1f1b_warmup(int positions, int stages_per_rank, int microbatches, int place) {
+  const int p = positions, v = stages_per_rank, total = microbatches * v;
+  return microbatches == p ? total : std::min(total, 2 * (p - 1 - place) + (v - 1) * p);
+}
+
+namespace {
+
+// The looped case of interleaved_peak_held: the counts at the peak over the walk of each m.
+std::vector<int> looped_peak_held(int p, int v, int place, const std::vector<double>& bytes) {
+  std::vector<int> best(static_cast<std::size_t>(v), 0), held = best;
+  double best_bytes = -1;
+  const auto note = [&] {
+    double sum = 0;
+    for (int c = 0; c < v; ++c)
+      sum += held[static_cast<std::size_t>(c)] * bytes[static_cast<std::size_t>(c)];
+    if (sum > best_bytes) {
+      best_bytes = sum;
+      best = held;
+    }
+  };
+  const auto step = [&](int k, bool backward) {
+    held[static_cast<std::size_t>(interleaved_1f1b_pair(p, v, k, backward).chunk)] +=
+        backward ? -1 : 1;
+    if (!backward) note();
+  };
+  // From m = 2p on, the warm-up is at most (v + 1)p forwards and the steady state repeats every
+  // p·v of them: m = 5p covers a whole period after the longest warm-up.
+  for (int m = p; m <= 5 * p; m += p) {
+    std::fill(held.begin(), held.end(), 0);
+    const int total = m * v, warmup = interleaved_1f1b_warmup(p, v, m, place);
+    for (int k = 0; k < warmup; ++k) step(k, false);
+    for (int k = 0; k < total - warmup; ++k) {
+      step(warmup + k, false);
+      step(k, true);
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+std::vector<int> interleaved_peak_held(const InterleavedShape& shape, int place,
+                                       const std::vector<double>& bytes) {
+  const int p = shape.positions, v = shape.stages_per_rank;
+  PIPELINE_CHECK(static_cast<int>(bytes.size()) == v && place >= 0 && place < p,
+                 "internal: {} byte counts for place {} of {} with {} stages each", bytes.size(),
+                 place, p, v);
+  if (shape.placement == StagePlacement::Looped) return looped_peak_held(p, v, place, bytes);
+  const double first = bytes[0], second = bytes[1];
+  if ((2 * p - 1) * first + second >= p * (first + second)) return {2 * p - 1, 1};
+  return {p, p};
 }
 
 StagePlacement placement_of(const Plan& plan) {

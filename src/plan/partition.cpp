@@ -790,12 +790,27 @@ struct InterleavedPipes {
   }
 };
 
+// What a stage of layers [begin, end) keeps per microbatch from its input-gradient half to its
+// weight-gradient half under a split backward (zb-v): the output gradients of its layers with
+// weights, the loss's gradient apart (counted as the last stage's anyway), as the simulator
+// charges them (split_kept_bytes).
+double split_kept_stage_bytes(const Profile& p, int begin, int end) {
+  double sum = 0, top = 0;
+  for (int l = begin; l < end; ++l) {
+    const LayerProfile& lp = p.layers[static_cast<std::size_t>(l)];
+    top = lp.parameter_bytes > 0 ? static_cast<double>(split_kept_bytes(lp)) : 0.0;
+    sum += top;
+  }
+  if (end == p.size() && top > 0) sum -= std::min(sum, static_cast<double>(p.loss_gradient_bytes));
+  return sum;
+}
+
 // The interleaved plan whose stage k is the layer range [cuts[k], cuts[k + 1]) on the ranks of
-// place k mod p of each pipeline: describe()'s per-stage breakdown, with the memory and time of
-// interleaved 1F1B (a flush schedule: one weight version; each rank's time is the sum over its
-// stages; each pipeline takes 1/d of a minibatch's samples and every stage allreduces its
-// gradients once per minibatch). Returns the slowest stage's max(compute + allreduce, transfer),
-// and the plan in `plan`.
+// its place in each pipeline: describe()'s per-stage breakdown, with the memory and time of its
+// schedule (a flush: one weight version; each rank's time is the sum over its stages; each
+// pipeline takes 1/d of a minibatch's microbatches and every stage allreduces its gradients once
+// per minibatch; a rank holds what interleaved_peak_held says). Returns the slowest stage's
+// max(compute + allreduce, transfer), and the plan in `plan`.
 double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, const Topology& t,
                             const PartitionOptions& o, const std::vector<int>& cuts,
                             const InterleavedPipes& pipes) {
@@ -816,30 +831,54 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   const auto at = [](const std::vector<double>& v, int i) {
     return i < 0 ? 0.0 : v[static_cast<std::size_t>(i)];
   };
+  // Each stage's memory apart from the microbatches it holds (`fixed`), and what one microbatch
+  // holds from its forward to its backward (`per`): every microbatch is a whole one of the
+  // profile's batch, whichever pipeline takes it.
+  std::vector<double> fixed(static_cast<std::size_t>(stages)), per = fixed;
   double slowest = 0;
   for (int k = 0; k < stages; ++k) {
     PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
     const FinalStage& f = fs[static_cast<std::size_t>(k)];
     const double par = StateGraph::stage_sum(g.parameter_bytes, f.s, f.e);
-    // A pipeline holds 1/d of the minibatch: its activations, input and loss gradient.
-    const double act = g.stage_activation_bytes(f.s, f.e) / d,
-                 input = at(g.boundary_bytes, f.s) / d;
+    const double act = g.stage_activation_bytes(f.s, f.e), input = at(g.boundary_bytes, f.s);
     // describe() decided recomputation (every stage under --recompute all, none otherwise) and
     // each replica's share of compute and transfers; its allreduce is whole, once per minibatch.
     ps.sync_s = pipes.sync_s(par);
-    // One minibatch in flight: no stashed version.
     ps.workspace_bytes = working_bytes(g, f.s, f.e, o.activation_compression.value_or(1.0));
-    const double loss = g.stage_loss_gradient_bytes(f.e) / d;
-    ps.memory_bytes =
+    const double loss = g.stage_loss_gradient_bytes(f.e);
+    // A flush schedule: one weight version. The memory with one microbatch held, less that one.
+    const double one =
         ps.recompute ? recompute_stage_memory_bytes(par, par, act, input, loss, 1,
                                                     o.optimizer_state_factor, ps.workspace_bytes)
                      : stage_memory_bytes(par, par, act, 1, o.optimizer_state_factor, input, loss,
                                           ps.workspace_bytes, g.stage_frees_input(f.s, f.e));
+    // zb-v's W comes after the I: a microbatch between the two keeps the output gradients its
+    // weights need, and a recomputing stage the activations it rebuilt for the I too.
+    const bool split = pipes.shape.placement == StagePlacement::V;
+    per[static_cast<std::size_t>(k)] =
+        loss + (ps.recompute ? input : act + (g.stage_frees_input(f.s, f.e) ? 0.0 : input)) +
+        (split ? split_kept_stage_bytes(p, ps.begin, ps.end) + (ps.recompute ? act : 0.0) : 0.0);
+    fixed[static_cast<std::size_t>(k)] = one - per[static_cast<std::size_t>(k)];
     const auto r = static_cast<std::size_t>(pipes.place_of(k));
     compute[r] += ps.compute_s + ps.sync_s;
     transfer[r] += ps.transfer_s;
-    memory[r] += ps.memory_bytes;
     slowest = std::max(slowest, std::max(ps.compute_s + ps.sync_s, ps.transfer_s));
+  }
+  // A rank holds the microbatches of its stages that its schedule keeps at its peak.
+  for (int r = 0; r < places; ++r) {
+    std::vector<int> mine;  // its stages in forward order
+    for (int k = 0; k < stages; ++k)
+      if (pipes.place_of(k) == r) mine.push_back(k);
+    std::vector<double> bytes;
+    for (int k : mine) bytes.push_back(per[static_cast<std::size_t>(k)]);
+    const std::vector<int> held = interleaved_peak_held(pipes.shape, r, bytes);
+    for (std::size_t c = 0; c < mine.size(); ++c) {
+      const auto k = static_cast<std::size_t>(mine[c]);
+      PlanStage& ps = plan.stages[k];
+      ps.in_flight = 0;  // 1F1B-stash's count, which describe() set: no stash schedule runs it
+      ps.memory_bytes = fixed[k] + held[c] * per[k];
+      memory[static_cast<std::size_t>(r)] += ps.memory_bytes;
+    }
   }
   double time = 0;
   for (int r = 0; r < places; ++r) {
@@ -856,7 +895,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
           "stages, more workers or more memory{}",
           o.virtual_stages, d > 1 ? fmt::format(", {} pipelines of {}", d, places) : "", memory[i],
           r, fmt::join(held, ", "), *t.memory_bytes_per_worker,
-          o.recompute == Recompute::All ? "" : ", or recompute activations (--recompute all)");
+          o.recompute == Recompute::None ? ", or recompute activations (--recompute auto)" : "");
     }
   }
   for (int rank = 0; rank < w; ++rank)
@@ -1041,12 +1080,21 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
   std::optional<ConfigError> refused;
   for (int d = 1; d <= (o.straight ? 1 : w / 2); ++d) {
     if (w % d != 0 || o.virtual_stages * (w / d) > cut_points + 1) continue;
-    try {
-      Plan plan = partition_interleaved_pipes(p, g, t, o, InterleavedPipes(t, d, o));
-      if (!best || plan.predicted.time_per_minibatch_s < best->predicted.time_per_minibatch_s)
-        best = std::move(plan);
-    } catch (const ConfigError& e) {
-      if (!refused || d == 1) refused = e;
+    // Under --recompute auto, every stage recomputes where stashing does not fit (the error
+    // kept is then the recomputing plan's).
+    std::vector<Recompute> tries{o.recompute == Recompute::All ? Recompute::All : Recompute::None};
+    if (o.recompute == Recompute::Auto) tries.push_back(Recompute::All);
+    for (Recompute recompute : tries) {
+      PartitionOptions with = o;
+      with.recompute = recompute;
+      try {
+        Plan plan = partition_interleaved_pipes(p, g, t, with, InterleavedPipes(t, d, with));
+        if (!best || plan.predicted.time_per_minibatch_s < best->predicted.time_per_minibatch_s)
+          best = std::move(plan);
+        break;
+      } catch (const ConfigError& e) {
+        if (recompute == tries.back() && (!refused || d == 1)) refused = e;
+      }
     }
   }
   if (best) return *best;

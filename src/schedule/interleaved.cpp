@@ -30,9 +30,7 @@ Schedule interleaved_schedule(const ScheduleSpec& spec, const std::string& name,
       name, replicas, p, p * replicas, spec.microbatches);
   const int m = spec.microbatches / replicas;  // per pipeline
   const int total = m * v;                     // (stage, microbatch) pairs per rank and minibatch
-  const auto warmup_of = [&](int r) {
-    return m == p ? total : std::min(total, 2 * (p - 1 - r) + (v - 1) * p);
-  };
+  const auto warmup_of = [&](int r) { return interleaved_1f1b_warmup(p, v, m, r); };
   Schedule sched = detail::empty_schedule(spec, name, UpdatePolicy::Flush);
   for (int pipe = 0; pipe < replicas; ++pipe)
     for (int r = 0; r < p; ++r) {
@@ -48,13 +46,10 @@ Schedule interleaved_schedule(const ScheduleSpec& spec, const std::string& name,
         // This pipeline's microbatches of the minibatch (round-robin: pipe, pipe + r, ...).
         const std::vector<int> mbs =
             detail::replica_microbatches(spec, r, pipe, j * spec.microbatches, spec.microbatches);
-        // The k-th forward (backward) of the rank within the minibatch: groups of p
-        // microbatches, cycling through the rank's stages in ascending (descending) order.
+        // The k-th forward (backward) of the rank within the minibatch.
         auto pair_of = [&](int k, bool backward) {
-          const int group = k % (p * v) / p;
-          const int chunk = backward ? v - 1 - group : group;
-          const int mb = k / (p * v) * p + k % p;
-          return std::pair<int, int>{chunk * p + r, mbs[static_cast<std::size_t>(mb)]};
+          const InterleavedPair pair = interleaved_1f1b_pair(p, v, k, backward);
+          return std::pair<int, int>{pair.chunk * p + r, mbs[static_cast<std::size_t>(pair.index)]};
         };
         std::deque<std::pair<int, int>> pending;  // (stage, microbatch) whose I ran, W not yet
         auto fwd = [&](int k) {

@@ -43,6 +43,33 @@ InterleavedShape interleaved_shape(const std::vector<std::vector<int>>& stage_ra
 std::vector<std::vector<int>> interleaved_stage_ranks(int positions, int stages_per_rank,
                                                       int replicas, StagePlacement placement);
 
+// Interleaved 1F1B's order on one place of a pipeline (interleaved-1f1b, interleaved-zb-h1):
+// within a minibatch of m microbatches per pipeline (a multiple of p) the place runs
+// interleaved_1f1b_warmup() forwards, then a forward and a backward in turn, then the remaining
+// backwards. Its k-th forward (backward) is of its `chunk`-th stage (chunk·p + place) and of the
+// `index`-th microbatch the pipeline takes in the minibatch: groups of p microbatches cycling
+// through its stages, in ascending order for forwards and descending for backwards.
+struct InterleavedPair {
+  int chunk = 0;
+  int index = 0;
+};
+InterleavedPair interleaved_1f1b_pair(int positions, int stages_per_rank, int k, bool backward);
+int interleaved_1f1b_warmup(int positions, int stages_per_rank, int microbatches, int place);
+
+// How many microbatches of each of its stages a place of an interleaved pipeline holds (from a
+// microbatch's forward to its backward) at the moment their bytes peak, one microbatch of its
+// c-th stage holding bytes[c] (its stages in forward order: place, place + p, ... looped; place
+// and 2p − 1 − place in a V), under the plan's schedule and over every microbatch count it
+// accepts:
+//  - looped, interleaved 1F1B: its own order walked for m = p, 2p, ... until the steady state
+//    repeats (m = p runs all forwards first: p of every stage; from 2p on, rank 0 holds
+//    2(p − 1) + (v − 1)p + 1, the last rank (v − 1)p + 1);
+//  - a V, zb-v: its list scheduler keeps at most 2p stage activations per rank, at most 2p − 1 of
+//    them of the first stage, and the second stage holds only microbatches the first still holds
+//    (its W comes first), so the bound is the larger of (2p − 1, 1) and (p, p).
+std::vector<int> interleaved_peak_held(const InterleavedShape& shape, int place,
+                                       const std::vector<double>& bytes);
+
 // The placement of an interleaved plan's stages (looped for a plan whose stages name no ranks,
 // which ScheduleSpec::from_plan lays out looped).
 StagePlacement placement_of(const Plan& plan);

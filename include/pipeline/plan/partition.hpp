@@ -29,11 +29,14 @@
 // predicted time wins (ties: fewer pipelines). The plan's time_per_minibatch_s is the slowest
 // rank's steady-state time, the sum over its v stages of their compute and allreduce (or of
 // their transfers, if larger); the memory per rank is the sum over its stages of weights,
-// gradient, optimizer state and one minibatch's share (1/d) of activations, which is the peak of
-// interleaved 1F1B with as many microbatches as ranks (every pair in flight) and an upper bound
-// with more. With a memory limit the plan must fit or ConfigError names the rank.
-// Recomputation: under Recompute::All every stage keeps only its input and runs its forward
-// twice (its compute includes the second forward); Auto recomputes no stage of such a plan.
+// gradient, optimizer state and working memory, and of the microbatches (each a whole one of the
+// profile's batch, whichever pipeline takes it) its schedule holds at its peak for any microbatch
+// count (interleaved_peak_held: interleaved 1F1B's own order; zb-v's bound, with the output
+// gradients kept from each I to its W). With a memory limit the plan must fit or ConfigError
+// names the rank. Recomputation: under Recompute::All every stage keeps only its input per held
+// microbatch (zb-v also what it rebuilt, from the I to the W) and runs its forward twice (its
+// compute includes the second forward); Auto recomputes every stage of a pipeline count's plan
+// where stashing does not fit and recomputing does.
 #pragma once
 
 #include <pipeline/core/dtype.hpp>
