@@ -809,11 +809,12 @@ double split_kept_stage_bytes(const Profile& p, int begin, int end) {
 // its place in each pipeline: describe()'s per-stage breakdown, with the memory and time of its
 // schedule (a flush: one weight version; each rank's time is the sum over its stages; each
 // pipeline takes 1/d of a minibatch's microbatches and every stage allreduces its gradients once
-// per minibatch; a rank holds what interleaved_peak_held says). Returns the slowest stage's
-// max(compute + allreduce, transfer), and the plan in `plan`.
+// per minibatch; a rank holds what interleaved_peak_held says), the stages marked in `recompute`
+// recomputing. Returns the slowest stage's max(compute + allreduce, transfer), and the plan in
+// `plan`; fit_interleaved() checks its memory.
 double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, const Topology& t,
                             const PartitionOptions& o, const std::vector<int>& cuts,
-                            const InterleavedPipes& pipes) {
+                            const InterleavedPipes& pipes, const std::vector<bool>& recompute) {
   const int w = t.workers(), places = pipes.positions, d = pipes.pipelines;
   const int stages = static_cast<int>(cuts.size()) - 1;
   std::vector<FinalStage> fs(static_cast<std::size_t>(stages));
@@ -825,7 +826,9 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     f.e = cuts[static_cast<std::size_t>(k) + 1] - 1;
     f.ranks = pipes.ranks_of(k);
   }
-  describe(plan, g, t, o, fs, std::nullopt, false);
+  PartitionOptions stashing = o;  // recomputation is per stage here, as `recompute` says
+  stashing.recompute = Recompute::None;
+  describe(plan, g, t, stashing, fs, std::nullopt, false);
   std::vector<double> compute(static_cast<std::size_t>(places), 0.0), transfer = compute,
                                                                       memory = compute;
   const auto at = [](const std::vector<double>& v, int i) {
@@ -841,8 +844,12 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     const FinalStage& f = fs[static_cast<std::size_t>(k)];
     const double par = StateGraph::stage_sum(g.parameter_bytes, f.s, f.e);
     const double act = g.stage_activation_bytes(f.s, f.e), input = at(g.boundary_bytes, f.s);
-    // describe() decided recomputation (every stage under --recompute all, none otherwise) and
-    // each replica's share of compute and transfers; its allreduce is whole, once per minibatch.
+    // describe() gave each replica's share of compute and transfers; a recomputing stage runs its
+    // forward twice; its allreduce is whole, once per minibatch.
+    if (recompute[static_cast<std::size_t>(k)]) {
+      ps.recompute = true;
+      ps.compute_s += g.stage_forward_s(f.s, f.e) / d;
+    }
     ps.sync_s = pipes.sync_s(par);
     ps.workspace_bytes = working_bytes(g, f.s, f.e, o.activation_compression.value_or(1.0));
     const double loss = g.stage_loss_gradient_bytes(f.e);
@@ -884,19 +891,6 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   for (int r = 0; r < places; ++r) {
     const auto i = static_cast<std::size_t>(r);
     time = std::max(time, std::max(compute[i], transfer[i]));
-    if (t.memory_bytes_per_worker && memory[i] > *t.memory_bytes_per_worker) {
-      std::vector<int> held;
-      for (int k = 0; k < stages; ++k)
-        if (pipes.place_of(k) == r) held.push_back(k);
-      PIPELINE_FAIL(
-          ConfigError,
-          "the interleaved plan ({} stages per worker{}) needs {:.4g} bytes on rank {} "
-          "(stages {}), more than the {:.4g} available; use fewer virtual "
-          "stages, more workers or more memory{}",
-          o.virtual_stages, d > 1 ? fmt::format(", {} pipelines of {}", d, places) : "", memory[i],
-          r, fmt::join(held, ", "), *t.memory_bytes_per_worker,
-          o.recompute == Recompute::None ? ", or recompute activations (--recompute auto)" : "");
-    }
   }
   for (int rank = 0; rank < w; ++rank)
     plan.predicted.peak_memory_bytes[static_cast<std::size_t>(rank)] =
@@ -906,6 +900,63 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   plan.schedule = o.placement == StagePlacement::V ? "zb-v" : "interleaved-1f1b";
   plan.virtual_stages = o.virtual_stages;
   return slowest;
+}
+
+// The first place (rank of the first pipeline) whose memory exceeds the topology's, or -1.
+int place_over_memory(const Plan& plan, const Topology& t, const InterleavedPipes& pipes) {
+  if (!t.memory_bytes_per_worker) return -1;
+  for (int r = 0; r < pipes.positions; ++r)
+    if (static_cast<double>(plan.predicted.peak_memory_bytes[static_cast<std::size_t>(r)]) >
+        *t.memory_bytes_per_worker)
+      return r;
+  return -1;
+}
+
+// The interleaved plan of describe_interleaved() with every stage recomputing under
+// --recompute all and none otherwise; under auto, while a rank holds more than the memory, the one
+// of its stashing stages whose recomputation lowers its memory most recomputes. ConfigError
+// naming the rank where it still does not fit.
+Plan fit_interleaved(const Profile& p, const StateGraph& g, const Topology& t,
+                     const PartitionOptions& o, const std::vector<int>& cuts,
+                     const InterleavedPipes& pipes) {
+  const int stages = static_cast<int>(cuts.size()) - 1;
+  std::vector<bool> recompute(static_cast<std::size_t>(stages), o.recompute == Recompute::All);
+  Plan plan;
+  describe_interleaved(plan, p, g, t, o, cuts, pipes, recompute);
+  const auto memory_at = [](const Plan& q, int r) {
+    return q.predicted.peak_memory_bytes[static_cast<std::size_t>(r)];
+  };
+  for (int r; o.recompute == Recompute::Auto && (r = place_over_memory(plan, t, pipes)) >= 0;) {
+    std::optional<Plan> best;
+    for (int k = 0; k < stages; ++k) {
+      if (pipes.place_of(k) != r || recompute[static_cast<std::size_t>(k)]) continue;
+      recompute[static_cast<std::size_t>(k)] = true;
+      Plan trial;
+      describe_interleaved(trial, p, g, t, o, cuts, pipes, recompute);
+      recompute[static_cast<std::size_t>(k)] = false;
+      if (!best || memory_at(trial, r) < memory_at(*best, r)) best = std::move(trial);
+    }
+    if (!best) break;  // every stage of the rank recomputes already
+    for (int k = 0; k < stages; ++k)
+      recompute[static_cast<std::size_t>(k)] = best->stages[static_cast<std::size_t>(k)].recompute;
+    plan = std::move(*best);
+  }
+  if (const int r = place_over_memory(plan, t, pipes); r >= 0) {
+    std::vector<int> held;
+    for (int k = 0; k < stages; ++k)
+      if (pipes.place_of(k) == r) held.push_back(k);
+    PIPELINE_FAIL(
+        ConfigError,
+        "the interleaved plan ({} stages per worker{}) needs {:.4g} bytes on rank {} (stages {}), "
+        "more than the {:.4g} available; use fewer virtual stages, more workers or more memory{}",
+        o.virtual_stages,
+        pipes.pipelines > 1 ? fmt::format(", {} pipelines of {}", pipes.pipelines, pipes.positions)
+                            : "",
+        static_cast<double>(memory_at(plan, r)), r, fmt::join(held, ", "),
+        *t.memory_bytes_per_worker,
+        o.recompute == Recompute::None ? ", or recompute activations (--recompute auto)" : "");
+  }
+  return plan;
 }
 
 // Exact DP over the cut points of the layer order for `pipes`: v·p contiguous stages, stage k at
@@ -1059,12 +1110,16 @@ Plan partition_interleaved_pipes(const Profile& p, const StateGraph& g, const To
         }
       }
   }
-  Plan plan;
-  const double slowest = describe_interleaved(plan, p, g, t, o, cuts, pipes);
-  PIPELINE_CHECK(std::abs(slowest - optimum) <= 1e-9 * optimum,
-                 "internal: the slowest stage of the interleaved plan ({}) is not the optimum ({})",
-                 slowest, optimum);
-  return plan;
+  {
+    Plan plan;
+    const double slowest = describe_interleaved(
+        plan, p, g, t, o, cuts, pipes, std::vector<bool>(static_cast<std::size_t>(stages), twice));
+    PIPELINE_CHECK(
+        std::abs(slowest - optimum) <= 1e-9 * optimum,
+        "internal: the slowest stage of the interleaved plan ({}) is not the optimum ({})", slowest,
+        optimum);
+  }
+  return fit_interleaved(p, g, t, o, cuts, pipes);
 }
 
 // The fastest interleaved plan over the data-parallel degrees d that divide the workers into
@@ -1080,9 +1135,10 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
   std::optional<ConfigError> refused;
   for (int d = 1; d <= (o.straight ? 1 : w / 2); ++d) {
     if (w % d != 0 || o.virtual_stages * (w / d) > cut_points + 1) continue;
-    // Under --recompute auto, every stage recomputes where stashing does not fit (the error
-    // kept is then the recomputing plan's).
-    std::vector<Recompute> tries{o.recompute == Recompute::All ? Recompute::All : Recompute::None};
+    // Under --recompute auto, the cut of stashing stages with those of its ranks that would not
+    // fit recomputing, and the cut of all stages recomputing, whichever is faster (the error kept
+    // is then the second's).
+    std::vector<Recompute> tries{o.recompute};
     if (o.recompute == Recompute::Auto) tries.push_back(Recompute::All);
     for (Recompute recompute : tries) {
       PartitionOptions with = o;
@@ -1091,7 +1147,6 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
         Plan plan = partition_interleaved_pipes(p, g, t, with, InterleavedPipes(t, d, with));
         if (!best || plan.predicted.time_per_minibatch_s < best->predicted.time_per_minibatch_s)
           best = std::move(plan);
-        break;
       } catch (const ConfigError& e) {
         if (recompute == tries.back() && (!refused || d == 1)) refused = e;
       }
@@ -1341,12 +1396,10 @@ Plan evaluate_stages(const Profile& measured, const Topology& topology,
     std::vector<int> cuts;
     for (const ManualStage& m : manual) cuts.push_back(m.begin);
     cuts.push_back(next);
-    Plan plan;
     const StateGraph g = StateGraph::linear(profile);
     for (std::size_t k = 1; k < cuts.size(); ++k) warn_if_cutting_pair(profile, g, cuts[k] - 1);
-    describe_interleaved(plan, profile, g, topology, options, cuts,
-                         InterleavedPipes(topology, r, options));
-    return plan;
+    return fit_interleaved(profile, g, topology, options, cuts,
+                           InterleavedPipes(topology, r, options));
   }
   PIPELINE_CHECK_AS(ConfigError, workers <= topology.workers(), "manual stages use {} workers but the topology has only {}",
                     workers, topology.workers());

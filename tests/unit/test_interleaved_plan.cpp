@@ -519,28 +519,55 @@ TEST_CASE("partition --virtual-stages: each rank's memory is what its schedule h
   CHECK(pipelines > 0);
 
   // A memory limit between what stashing and recomputing need: refused, naming --recompute auto,
-  // which then recomputes every stage.
-  Profile p = random_chain(rng, 8);
-  for (LayerProfile& l : p.layers) l.saved_bytes = 40 * l.output_bytes;
-  PartitionOptions o;
-  o.virtual_stages = 2;
-  o.straight = true;
-  Topology t{{{2, 1e10}}, {}};
+  // which then recomputes the stages of the rank that needs it, or every stage where that is
+  // faster, the plan fitting either way.
   const auto most = [](const Plan& plan) {
     return static_cast<double>(*std::max_element(plan.predicted.peak_memory_bytes.begin(),
                                                  plan.predicted.peak_memory_bytes.end()));
   };
-  const double stash = most(partition(p, t, o));
-  o.recompute = Recompute::All;
-  const double recompute = most(partition(p, t, o));
-  REQUIRE(recompute < stash);
-  t.memory_bytes_per_worker = (stash + recompute) / 2;
-  o.recompute = Recompute::None;
-  CHECK_THROWS_WITH_AS(partition(p, t, o), doctest::Contains("--recompute auto"), ConfigError);
-  o.recompute = Recompute::Auto;
-  const Plan fits = partition(p, t, o);
-  for (const PlanStage& st : fits.stages) CHECK(st.recompute);
-  CHECK(most(fits) <= *t.memory_bytes_per_worker);
+  for (const bool heavy_first : {false, true}) {
+    CAPTURE(heavy_first);
+    // Equal layers; with heavy_first, the first keeps far more than the others, so only rank 0
+    // needs to recompute.
+    Profile p = random_chain(rng, 8);
+    for (LayerProfile& l : p.layers) {
+      l.forward_s = 0.001;
+      l.backward_s = 0.002;
+      l.output_bytes = 100000;
+      l.saved_bytes = heavy_first && &l == &p.layers[0] ? 40000000 : 4000000;
+    }
+    PartitionOptions o;
+    o.virtual_stages = 2;
+    o.straight = true;
+    Topology t{{{2, 1e10}}, {}};
+    const Plan stashing = partition(p, t, o);
+    o.recompute = Recompute::All;
+    const Plan recomputing = partition(p, t, o);
+    REQUIRE(most(recomputing) < most(stashing));
+    t.memory_bytes_per_worker = (most(stashing) + most(recomputing)) / 2;
+    o.recompute = Recompute::None;
+    CHECK_THROWS_WITH_AS(partition(p, t, o), doctest::Contains("--recompute auto"), ConfigError);
+    o.recompute = Recompute::Auto;
+    const Plan fits = partition(p, t, o);
+    CHECK(most(fits) <= *t.memory_bytes_per_worker);
+    CHECK(fits.predicted.time_per_minibatch_s <=
+          recomputing.predicted.time_per_minibatch_s * (1 + 1e-12));
+    int recomputed = 0;
+    for (const PlanStage& st : fits.stages) recomputed += st.recompute;
+    CHECK(recomputed > 0);
+    if (heavy_first) {
+      // Rank 0's first stage alone; the plan is faster than every stage recomputing.
+      CHECK(recomputed == 1);
+      CHECK(fits.stages[0].recompute);
+      CHECK(fits.predicted.time_per_minibatch_s < recomputing.predicted.time_per_minibatch_s);
+    }
+    // The manual plan of the same cuts recomputes the same stages.
+    std::vector<ManualStage> manual;
+    for (const PlanStage& st : fits.stages) manual.push_back({st.begin, st.end, 1});
+    const Plan again = evaluate_stages(p, t, manual, o);
+    for (std::size_t k = 0; k < manual.size(); ++k)
+      CHECK(again.stages[k].recompute == fits.stages[k].recompute);
+  }
 }
 
 TEST_CASE(

@@ -35,8 +35,9 @@
 // gradients kept from each I to its W). With a memory limit the plan must fit or ConfigError
 // names the rank. Recomputation: under Recompute::All every stage keeps only its input per held
 // microbatch (zb-v also what it rebuilt, from the I to the W) and runs its forward twice (its
-// compute includes the second forward); Auto recomputes every stage of a pipeline count's plan
-// where stashing does not fit and recomputing does.
+// compute includes the second forward); Auto takes the faster of two plans that fit: the
+// stashing cut with, on each rank that would not fit, its stages recomputing one by one (the one
+// that saves most there first), and the cut of every stage recomputing.
 #pragma once
 
 #include <pipeline/core/dtype.hpp>
