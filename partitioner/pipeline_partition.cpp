@@ -54,7 +54,13 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
                typed ? "  " + s.device : std::string());
   }
   const auto& p = plan.predicted;
-  fmt::print("config {}   in flight {}\n", plan.config, plan.in_flight);
+  if (plan.microbatches > 0)
+    fmt::print(
+        "config {}   for {} with {} microbatches per minibatch ({} per pipeline)\n", plan.config,
+        plan.schedule, plan.microbatches,
+        (plan.microbatches + plan.stages.front().replicas - 1) / plan.stages.front().replicas);
+  else
+    fmt::print("config {}   in flight {}\n", plan.config, plan.in_flight);
   if (!plan.optimizer.empty()) {
     double step = 0;
     for (const auto& l : profile.layers) step += l.step_s.of(plan.optimizer);
@@ -79,7 +85,9 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
           plan.virtual_stages, v ? " in a V" : "", pipelines, places, places, places, places - 1,
           where);
   }
-  fmt::print("time per minibatch {:.6f} s ({:.1f} samples/s)\n", p.time_per_minibatch_s, p.samples_per_s);
+  fmt::print(
+      "time per minibatch {:.6f} s ({:.1f} samples/s){}\n", p.time_per_minibatch_s, p.samples_per_s,
+      plan.microbatches > 0 ? " per microbatch of the profile's batch, its bubble included" : "");
   fmt::print("data parallel      {:.6f} s   speedup over data parallelism {:.3f}x\n", p.data_parallel_time_per_minibatch_s,
              p.time_per_minibatch_s > 0 ? p.data_parallel_time_per_minibatch_s / p.time_per_minibatch_s : 0.0);
   fmt::print("bubble fraction    {:.4f} ({} schedule, simulated)\n", p.bubble_fraction, plan.schedule);
@@ -94,9 +102,9 @@ bool stashes(const pipeline::Plan& plan) {
 // their closing backwards), with pipeline-simulate's defaults: one
 // microbatch per minibatch and enough minibatches for a steady state (8 per worker, a multiple
 // of every stage's replica count) under a stash schedule, which reports its steady-state value;
-// 4 microbatches per stage and one minibatch under a flush schedule, which reports the whole
-// makespan's (an interleaved plan: 4 microbatches per worker, as for a plain plan on as many
-// workers). The partitioner itself stays independent of the schedule library.
+// the plan's microbatches (or 4 per stage) and one minibatch under a flush schedule, which reports
+// the whole makespan's (an interleaved plan: 4 microbatches per worker, as for a plain plan on as
+// many workers). The partitioner itself stays independent of the schedule library.
 // Nothing when the plan's replica counts make a steady state too long to simulate (the
 // partitioner's plan is written all the same, with a note).
 std::optional<pipeline::Simulation> simulate_plan(const pipeline::Plan& plan,
@@ -105,7 +113,11 @@ std::optional<pipeline::Simulation> simulate_plan(const pipeline::Plan& plan,
                                                   const pipeline::DeviceProfiles* device_profiles,
                                                   double transfer_bytes_scale) {
   const bool stash = stashes(plan);
-  int microbatches = stash ? 1 : 4 * (plan.interleaved() ? plan.workers : plan.num_stages()), minibatches = 1;
+  int microbatches = stash ? 1
+                     : plan.microbatches > 0
+                         ? plan.microbatches
+                         : 4 * (plan.interleaved() ? plan.workers : plan.num_stages()),
+      minibatches = 1;
   if (stash) {
     const std::int64_t steady = pipeline::steady_state_minibatches(
         plan.replica_counts(), pipeline::kMaxSimulatedMinibatches);
@@ -124,13 +136,12 @@ std::optional<pipeline::Simulation> simulate_plan(const pipeline::Plan& plan,
 // The steady state the schedule reaches beside the partitioner's figure, and why where it falls
 // more than 10% short of it.
 void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim) {
-  const double ratio = sim.time_per_minibatch_s > 0
-                           ? plan.predicted.time_per_minibatch_s / sim.time_per_minibatch_s
-                           : 1.0;
+  const double ratio =
+      plan.predicted.samples_per_s > 0 ? sim.samples_per_s / plan.predicted.samples_per_s : 1.0;
   fmt::print(
       "simulated          {:.6f} s ({:.1f} samples/s, {} schedule), {:.3f}x the partitioner's\n",
       sim.time_per_minibatch_s, sim.samples_per_s, plan.schedule, ratio);
-  if (ratio < 0.9)
+  if (ratio < 0.9 && stashes(plan))
     fmt::print(
         "note: the schedule cannot reach the partitioner's figure: transfers that the minibatches "
         "in flight cannot hide, or replicas of a stage waiting for each other at its allreduce (a "
@@ -171,7 +182,8 @@ int main(int argc, char** argv) {
   std::string price_text, deadline_text, frontier_json, frontier_svg;
   std::optional<double> samples, budget;
   bool frontier = false;
-  int workers = 0, batch = 0, virtual_stages = 1;
+  int workers = 0, batch = 0, virtual_stages = 1, microbatches = 0;
+  std::string schedule = "1f1b-stash";
   std::string stage_placement = "looped";
   bool straight = false, allow_idle = false, ignore_transfer = false, quiet = false, no_simulate = false;
   std::optional<double> compression;
@@ -227,6 +239,15 @@ int main(int argc, char** argv) {
       "V > 1: an interleaved plan of V·p stages over pipelines of p workers, stage k on rank "
       "k mod p of each, to run under interleaved-1f1b; the workers form one pipeline or several "
       "data-parallel ones, whichever is predicted faster (one with --straight) (default 1)");
+  app.add_option("--schedule", schedule,
+                 "the schedule to plan for: 1f1b-stash (default; PipeDream's objective), or a "
+                 "flush schedule (1f1b-flush, zb-h1, gpipe): data-parallel copies of a straight "
+                 "pipeline, the depth and cuts that run --microbatches fastest")
+      ->check(CLI::IsMember({"1f1b-stash", "1f1b-flush", "zb-h1", "gpipe"}));
+  app.add_option("--microbatches", microbatches,
+                 "microbatches per minibatch a flush --schedule runs, recorded in the plan for the "
+                 "trainers (default: 4 per worker)")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("--stage-placement", stage_placement,
                  "where an interleaved plan's stages go: looped (stage k at place k mod p) or v "
                  "(2 stages per worker, stages k and 2p-1-k at place k, to run under zb-v; "
@@ -337,6 +358,17 @@ int main(int argc, char** argv) {
     }
     opt.optimizer_state_factor = pipeline::optimizer_state_copies(optimizer);
     opt.optimizer = optimizer;
+    opt.schedule = schedule;
+    opt.microbatches = microbatches;
+    PIPELINE_CHECK_AS(ConfigError, microbatches == 0 || schedule != "1f1b-stash",
+                      "--microbatches is for a flush --schedule (1f1b-flush, zb-h1, gpipe); "
+                      "1f1b-stash runs one per minibatch");
+    PIPELINE_CHECK_AS(
+        ConfigError, schedule == "1f1b-stash" || (stages_text.empty() && !costing && !topo.typed()),
+        "--schedule {} plans one kind of worker by itself; --stages, worker types "
+        "and --deadline/--budget/--frontier plan for 1f1b-stash (time any plan "
+        "under {} with pipeline-simulate --schedule {})",
+        schedule, schedule, schedule);
 
     pipeline::Plan plan;
     std::optional<pipeline::CostedPlan> chosen;
@@ -387,7 +419,7 @@ int main(int argc, char** argv) {
     if (!quiet) {
       if (frontier && chosen) fmt::print("\n");
       print_table(plan, profile, topo, seconds);
-      if (sim && stashes(plan)) print_simulated(plan, *sim);
+      if (sim && (stashes(plan) || plan.microbatches > 0)) print_simulated(plan, *sim);
       if (chosen)
         fmt::print("trains {:.6g} samples in {} for {:.2f} ({} at {:.2f} per hour){}\n", *samples,
                    pipeline::format_duration(chosen->time_s), chosen->cost, pipeline::describe_workers(*chosen, topo),

@@ -167,7 +167,7 @@ int run(int argc, char** argv) {
                          " (interleaved = interleaved-1f1b)");
   app.add_option("--schedule-csv", schedule_csv, "a schedule written as CSV")->excludes(by_name);
   app.add_option("--microbatches", microbatches,
-                 "microbatches per minibatch (default: 4 x stages; 1 for stash)")
+                 "microbatches per minibatch (default: the plan's, or 4 x stages; 1 for stash)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--minibatches", minibatches,
                  "minibatches to simulate (default: 1; stash: 8 x workers)")
@@ -289,7 +289,10 @@ int run(int argc, char** argv) {
     if (name == "interleaved") name = interleaved_schedule_for(plan);
     bool stash = name.rfind("1f1b-stash", 0) == 0;
     if (microbatches <= 0)
-      microbatches = stash ? 1 : 4 * (plan.interleaved() ? plan.workers : plan.num_stages());
+      microbatches = stash ? 1
+                     : plan.microbatches > 0
+                         ? plan.microbatches
+                         : 4 * (plan.interleaved() ? plan.workers : plan.num_stages());
     if (minibatches <= 0) {
       minibatches = 1;
       if (stash) {

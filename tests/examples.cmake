@@ -142,6 +142,11 @@ if(TARGET pipeline-profile AND TARGET pipeline-partition AND TARGET pipeline-sim
                    $<TARGET_FILE:pipeline-simulate> ${_train} ${_mpirun})
   set_tests_properties(example.interleaved_plan PROPERTIES LABELS "example;mpi" PROCESSORS 2
                        TIMEOUT 300)
+  add_test(NAME example.flush_plan
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/flush_plan_scenario.sh
+                   $<TARGET_FILE:pipeline-profile> $<TARGET_FILE:pipeline-partition>
+                   $<TARGET_FILE:pipeline-simulate> ${_train} ${_mpirun})
+  set_tests_properties(example.flush_plan PROPERTIES LABELS "example;mpi" PROCESSORS 2 TIMEOUT 300)
 endif()
 
 # Uneven replication (1-2-3 on 6 ranks): flush equals one process, stash learns.

@@ -191,8 +191,8 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
                   ->check(CLI::ExistingFile)
                   ->group(kPipelineOnlyFlags);
   app.add_option("--microbatches", flags.microbatches,
-                 "microbatches per minibatch for flush schedules (default: stages x the most "
-                 "replicas of a stage)")
+                 "microbatches per minibatch for flush schedules (default: the plan's, or "
+                 "stages x the most replicas of a stage)")
       ->check(CLI::Range(1, 65536))
       ->excludes(csv)
       ->group(kPipelineOnlyFlags);
@@ -326,9 +326,11 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
   // while the other waited at the allreduce); stash schedules pipeline whole minibatches instead.
   std::size_t replicas = 1;
   for (auto& r : layout.stage_ranks) replicas = std::max(replicas, r.size());
-  req.microbatches = flags.microbatches > 0 ? flags.microbatches
-                     : stashes(req)         ? 1
-                                            : layout.num_stages() * static_cast<int>(replicas);
+  // A plan made for a flush schedule says how many it was made for.
+  req.microbatches = flags.microbatches > 0  ? flags.microbatches
+                     : stashes(req)          ? 1
+                     : plan.microbatches > 0 ? plan.microbatches
+                                             : layout.num_stages() * static_cast<int>(replicas);
   if (!req.csv.empty()) req.microbatches = read_schedule_csv(req.csv).microbatches;  // for the logs
   req.in_flight = plan.in_flight > 1 ? plan.in_flight : 0;
   req.stage_seconds = plan.stage_seconds();

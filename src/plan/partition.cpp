@@ -1163,6 +1163,224 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
                 p.model.empty() ? "the model" : p.model, cut_points);
 }
 
+// What running a backward of the layers [begin, end) as its two halves, I and W, costs beyond
+// running it whole (the profile's split times, where every layer has them, as the simulator
+// takes them).
+double split_extra_s(const Profile& p, int begin, int end) {
+  double whole = 0, halves = 0;
+  for (int l = begin; l < end; ++l) {
+    const LayerProfile& lp = p.layers[static_cast<std::size_t>(l)];
+    if (lp.backward_input_s <= 0 && lp.backward_weight_s <= 0 && lp.backward_s > 0) return 0.0;
+    whole += lp.backward_s;
+    halves += lp.backward_input_s + lp.backward_weight_s;
+  }
+  return halves - whole;
+}
+
+// Flush schedules partition_flush() plans for.
+bool is_planned_flush(std::string_view schedule) {
+  return schedule == "1f1b-flush" || schedule == "zb-h1" || schedule == "gpipe";
+}
+
+// Microbatches stage k of a straight pipeline of p holds at once under a flush schedule, with m of
+// them per pipeline and minibatch.
+int flush_held(std::string_view schedule, int k, int p, int m) {
+  if (schedule == "gpipe") return m;
+  if (schedule == "zb-h1") return std::min(m, p);
+  return std::min(m, p - k);
+}
+
+// One degree d of partition_flush(): d copies of a straight pipeline of p stages over `measured`
+// (its times without optimizer steps; `g` its linear states), every stage fitting. nullopt where
+// no cut fits; the plan otherwise, its predicted time per minibatch of m microbatches in `time`.
+std::optional<Plan> partition_flush_degree(const Profile& measured, const Profile& charged,
+                                           const StateGraph& g, const Topology& t,
+                                           const PartitionOptions& o, int d, int m, double& time) {
+  const int w = t.workers(), p = w / d, n = g.size();
+  const int mp = (m + d - 1) / d;  // microbatches per pipeline
+  const double R = o.activation_compression.value_or(1.0);
+  const std::optional<double> memory = t.memory_bytes_per_worker;
+  std::vector<int> groups(t.levels.size() + 1, 1);
+  for (std::size_t l = 0; l < t.levels.size(); ++l) groups[l + 1] = groups[l] * t.levels[l].count;
+  const auto bandwidth = [&](int a, int b) {
+    return t.levels[static_cast<std::size_t>(span_level(groups, a, b))].bandwidth_bytes_per_s;
+  };
+  // Per microbatch: the transfer across the cut before layer j, after stage k (to stage k + 1).
+  const auto cut_time = [&](int k, int j) {
+    if (o.ignore_transfer) return 0.0;
+    return transfer_time(g.boundary_bytes[static_cast<std::size_t>(j) - 1], 1,
+                         bandwidth(k * d, (k + 1) * d), R);
+  };
+  // Stage k over layers [i, j): whether it recomputes and its compute per microbatch; nullopt
+  // where it fits in memory neither way the options allow.
+  struct Choice {
+    bool recompute = false;
+    double compute_s = 0;
+    double memory_bytes = 0;
+  };
+  const bool split = o.schedule == "zb-h1";
+  const auto choose = [&](int k, int i, int j) -> std::optional<Choice> {
+    const int s = i - 1, e = j - 1, held = flush_held(o.schedule, k, p, mp);
+    const double par = StateGraph::stage_sum(g.parameter_bytes, s, e);
+    const double act = g.stage_activation_bytes(s, e);
+    const double input = s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(s)];
+    const double loss = g.stage_loss_gradient_bytes(e);
+    const double work = working_bytes(g, s, e, R);
+    // Under zb-h1 a microbatch between its I and W keeps its output gradients (and what a
+    // recomputing stage rebuilt).
+    const double kept = split ? split_kept_stage_bytes(measured, i, j) : 0.0;
+    const double stash = stage_memory_bytes(par, 0.0, act, held, o.optimizer_state_factor, input,
+                                            loss, work, g.stage_frees_input(s, e)) +
+                         held * kept;
+    const double rebuilt = recompute_stage_memory_bytes(par, 0.0, act, input, loss, held,
+                                                        o.optimizer_state_factor, work) +
+                           held * (kept + (split ? act : 0.0));
+    const auto fits = [&](double bytes) { return !memory || bytes <= *memory; };
+    const bool recompute = o.recompute == Recompute::All ||
+                           (o.recompute == Recompute::Auto && !fits(stash) && fits(rebuilt));
+    if (!fits(recompute ? rebuilt : stash)) return std::nullopt;
+    return Choice{recompute,
+                  g.stage_compute_s(s, e) + (recompute ? g.stage_forward_s(s, e) : 0.0) +
+                      (split ? split_extra_s(measured, i, j) : 0.0),
+                  recompute ? rebuilt : stash};
+  };
+  const auto cut_allowed = [&](int j) { return j == n || g.can_end(j - 1); };
+  const auto cost = [&](int k, int i, int j) {
+    const std::optional<Choice> c = choose(k, i, j);
+    if (!c) return kInf;
+    double x = c->compute_s;
+    if (k > 0) x = std::max(x, cut_time(k - 1, i));
+    if (k + 1 < p) x = std::max(x, cut_time(k, j));
+    return x;
+  };
+  // best[k][j]: the slowest of the first k stages over layers [0, j); from[k][j]: where the k-th
+  // starts.
+  const auto width = static_cast<std::size_t>(n) + 1;
+  const auto cell = [&](int k, int j) {
+    return static_cast<std::size_t>(k) * width + static_cast<std::size_t>(j);
+  };
+  std::vector<double> best((static_cast<std::size_t>(p) + 1) * width, kInf);
+  std::vector<int> from(best.size(), -1);
+  best[0] = 0;
+  for (int k = 1; k <= p; ++k)
+    for (int j = k; j <= n - (p - k); ++j) {
+      if (!cut_allowed(j)) continue;
+      for (int i = k - 1; i < j; ++i) {
+        const double before = best[cell(k - 1, i)];
+        if (!(before < best[cell(k, j)])) continue;
+        const double cand = std::max(before, cost(k - 1, i, j));
+        if (cand < best[cell(k, j)]) {
+          best[cell(k, j)] = cand;
+          from[cell(k, j)] = i;
+        }
+      }
+    }
+  const double slowest = best[cell(p, n)];
+  if (!std::isfinite(slowest)) return std::nullopt;
+  std::vector<int> cuts(static_cast<std::size_t>(p) + 1, n);
+  for (int k = p; k > 0; --k)
+    cuts[static_cast<std::size_t>(k) - 1] = from[cell(k, cuts[static_cast<std::size_t>(k)])];
+  // The plan: describe()'s per-stage breakdown, then the flush schedule's memory and time.
+  std::vector<FinalStage> fs(static_cast<std::size_t>(p));
+  for (int k = 0; k < p; ++k) {
+    FinalStage& f = fs[static_cast<std::size_t>(k)];
+    for (int l = cuts[static_cast<std::size_t>(k)]; l < cuts[static_cast<std::size_t>(k) + 1]; ++l)
+      f.layers.push_back(l);
+    f.s = cuts[static_cast<std::size_t>(k)] - 1;
+    f.e = cuts[static_cast<std::size_t>(k) + 1] - 1;
+    for (int r = 0; r < d; ++r) f.ranks.push_back(k * d + r);
+  }
+  PartitionOptions stashing = o;  // describe() decides no recomputation: the choices above do
+  stashing.recompute = Recompute::None;
+  Plan plan;
+  describe(plan, g, t, stashing, fs, std::nullopt, false);
+  double way = 0, tail = 0, least_weight = kInf;  // a microbatch's way; the end of a minibatch
+  for (int k = 0; k < p; ++k) {
+    PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
+    const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
+    const Choice c = *choose(k, i, j);
+    ps.recompute = c.recompute;
+    ps.compute_s = c.compute_s / d;
+    ps.memory_bytes = c.memory_bytes;
+    ps.in_flight = 0;  // 1F1B-stash's count, which describe() set
+    ps.delay_allreduce = true;
+    way += c.compute_s + (k + 1 < p ? cut_time(k, j) : 0.0);
+    double step = 0, weight = 0;
+    for (int l = i; l < j; ++l) {
+      const LayerProfile& lp = measured.layers[static_cast<std::size_t>(l)];
+      if (!o.optimizer.empty()) step += lp.step_s.of(o.optimizer);
+      weight += lp.backward_input_s > 0 || lp.backward_weight_s > 0 ? lp.backward_weight_s
+                                                                    : lp.backward_s / 2;
+    }
+    const double sync = d > 1 ? sync_time(StateGraph::stage_sum(g.parameter_bytes, i - 1, j - 1), d,
+                                          bandwidth(k * d, k * d + d - 1), 1.0)
+                              : 0.0;
+    ps.sync_s = sync / m;  // per microbatch, as time_per_minibatch_s
+    tail = std::max(tail, sync + step);
+    least_weight = std::min(least_weight, weight);
+  }
+  // ZB-H1's W's fill 2(p − 1) of 1F1B's bubble slots from p microbatches per pipeline on (Qi et
+  // al.), p − 1 with one.
+  const int filled = p - 1 + std::min(mp, p) - 1;
+  time = way + (mp - 1) * slowest + tail - (split ? filled * least_weight : 0.0);
+  finish(plan, charged, t, o, time / m);
+  plan.schedule = o.schedule;
+  plan.microbatches = m;
+  plan.in_flight = 1;
+  plan.predicted.peak_memory_bytes.assign(static_cast<std::size_t>(w), 0);
+  for (const PlanStage& ps : plan.stages)
+    for (int r : ps.ranks)
+      plan.predicted.peak_memory_bytes[static_cast<std::size_t>(r)] =
+          static_cast<std::int64_t>(ps.memory_bytes);
+  return plan;
+}
+
+// partition() for a flush schedule (partition.hpp): the fastest degree that fits.
+Plan partition_flush(const Profile& measured, const Profile& charged, const Topology& t,
+                     const PartitionOptions& o) {
+  PIPELINE_CHECK_AS(ConfigError, o.cost_model == CostModel::Pipeline,
+                    "planning for {} needs the pipeline cost model (PipeDream's plans 1f1b-stash): "
+                    "drop --cost-model pipedream",
+                    o.schedule);
+  PIPELINE_CHECK_AS(ConfigError, o.virtual_stages == 1,
+                    "--virtual-stages plans interleaved schedules of its own; drop --schedule {}",
+                    o.schedule);
+  PIPELINE_CHECK_AS(ConfigError, !o.allow_idle,
+                    "a plan for {} puts a stage replica on every worker; --allow-idle does not "
+                    "apply (give fewer workers instead)",
+                    o.schedule);
+  PIPELINE_CHECK_AS(ConfigError, o.microbatches >= 0,
+                    "microbatches per minibatch must be positive, got {}", o.microbatches);
+  const int w = t.workers();
+  const int m = o.microbatches > 0 ? o.microbatches : 4 * w;
+  const StateGraph g = StateGraph::linear(measured);
+  int cut_points = 0;  // where a stage may end, the model's end aside
+  for (int j = 1; j < g.size(); ++j) cut_points += g.can_end(j - 1);
+  std::optional<Plan> best;
+  double best_time = kInf, data_parallel = 0;
+  for (int d = o.straight ? 1 : w; d >= 1; --d) {
+    if (w % d != 0 || w / d > cut_points + 1) continue;
+    double time = 0;
+    std::optional<Plan> plan = partition_flush_degree(measured, charged, g, t, o, d, m, time);
+    if (d == w && plan) data_parallel = time / m;
+    if (plan && time < best_time * (1 - 1e-12)) {
+      best = std::move(plan);
+      best_time = time;
+    }
+  }
+  PIPELINE_CHECK_AS(
+      ConfigError, best.has_value(),
+      "no plan for {} of {} workers{} fits{}: every cut of every pipeline depth needs more; "
+      "use more workers or more memory{}",
+      o.schedule, w, o.straight ? " in one pipeline" : "",
+      t.memory_bytes_per_worker
+          ? fmt::format(" in {:.4g} bytes per worker", *t.memory_bytes_per_worker)
+          : "",
+      o.recompute == Recompute::None ? ", or recompute activations (--recompute auto)" : "");
+  if (data_parallel > 0) best->predicted.data_parallel_time_per_minibatch_s = data_parallel;
+  return *best;
+}
+
 }  // namespace
 
 namespace {
@@ -1234,6 +1452,15 @@ std::optional<Plan> partition_impl(const Profile& measured, const Topology& topo
           "describe the cluster as the levels it is wired in, e.g. --level 8:<bandwidth "
           "inside a server> --level {}:<bandwidth between servers>",
           l, topology.levels[l].count, kMaxLevelCount, (topology.levels[l].count + 7) / 8);
+  if (is_planned_flush(options.schedule))
+    return partition_flush(measured, profile, topology, options);
+  PIPELINE_CHECK_AS(ConfigError, options.schedule == "1f1b-stash",
+                    "the partitioner plans for 1f1b-stash, 1f1b-flush, zb-h1 or gpipe, not '{}'{}",
+                    options.schedule,
+                    options.schedule.starts_with("interleaved") || options.schedule == "zb-v"
+                        ? " (interleaved plans: --virtual-stages 2, and --stage-placement v for "
+                          "zb-v)"
+                        : "");
   if (options.virtual_stages > 1) return partition_interleaved(profile, topology, options);
   const StateGraph g = make_states(profile, antichain_state_budget(topology, options));
   std::optional<double> memory = topology.memory_bytes_per_worker;
@@ -1360,6 +1587,11 @@ Plan evaluate_stages(const Profile& measured, const Topology& topology,
                     "manual stages are evaluated on a topology of one kind of worker; this one has {} "
                     "worker types",
                     topology.types.size());
+  PIPELINE_CHECK_AS(
+      ConfigError, options.schedule == "1f1b-stash",
+      "manual stages are evaluated for 1f1b-stash (or, with --virtual-stages, their "
+      "interleaved schedule); time them under {} with pipeline-simulate --schedule {}",
+      options.schedule, options.schedule);
   PIPELINE_CHECK_AS(ConfigError, !manual.empty(), "a manual plan needs at least one stage");
   check_recompute(options);
   int next = 0, workers = 0;

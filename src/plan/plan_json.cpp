@@ -109,6 +109,7 @@ json plan_to_json(const Plan& p) {
   if (p.interleaved()) j["virtual_stages"] = p.virtual_stages;
   j["schedule"] = p.schedule;
   j["in_flight"] = p.in_flight;
+  if (p.microbatches > 0) j["microbatches"] = p.microbatches;
   j["config"] = p.config;
   if (!p.cost_model.empty()) j["cost_model"] = p.cost_model;
   if (!p.optimizer.empty()) j["optimizer"] = p.optimizer;
@@ -161,6 +162,12 @@ Plan plan_from_json(const json& j, std::string_view origin) {
   if (j.contains("in_flight")) p.in_flight = get_int(j, "in_flight", "the plan", origin);
   PIPELINE_CHECK_AS(ConfigError, p.in_flight >= 1, "{}: in_flight = {}; need at least 1", origin,
                     p.in_flight);
+  if (j.contains("microbatches")) {
+    p.microbatches = get_int(j, "microbatches", "the plan", origin);
+    PIPELINE_CHECK_AS(ConfigError, p.microbatches >= 1,
+                      "{}: \"microbatches\" = {}; a minibatch has at least 1 (or leave it out)",
+                      origin, p.microbatches);
+  }
   if (j.contains("config")) p.config = get<std::string>(j, "config", "the plan", origin);
   if (j.contains("cost_model"))
     p.cost_model = get<std::string>(j, "cost_model", "the plan", origin);

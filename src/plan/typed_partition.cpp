@@ -430,6 +430,10 @@ Plan TypedPartitioner::plan(std::size_t index) const {
 
 Plan partition_typed(const DeviceProfiles& profiles, const Topology& topology,
                      const PartitionOptions& options) {
+  PIPELINE_CHECK_AS(ConfigError, options.schedule == "1f1b-stash",
+                    "mixed clusters are planned for 1f1b-stash, not {}; time the plan under {} "
+                    "with pipeline-simulate --schedule {}",
+                    options.schedule, options.schedule, options.schedule);
   TypedPartitioner p(profiles, topology, options);
   return p.plan(p.fastest());
 }

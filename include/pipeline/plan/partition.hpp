@@ -86,7 +86,32 @@ struct PartitionOptions {
   StagePlacement placement = StagePlacement::Looped;
   // The transfers' element type (set_transfer_dtype), recorded in the plan; unset: float32.
   std::optional<DType> transfer_dtype;
+  // The schedule the plan is for: "1f1b-stash" (PipeDream's objective, above), or a flush
+  // schedule ("1f1b-flush", "zb-h1", "gpipe"; see below) run with `microbatches` per minibatch
+  // (0: 4 per worker), which the plan records for the trainers and the simulator.
+  std::string schedule = "1f1b-stash";
+  int microbatches = 0;
 };
+
+// Plans for a flush schedule (PartitionOptions::schedule; Pipeline cost model, one kind of
+// worker, one stage per worker): d data-parallel copies of a straight pipeline of p = workers / d
+// stages (stage k's d replicas on ranks k·d .. k·d + d − 1; the round-robin dealing then gives
+// each copy ⌈m / d⌉ of a minibatch's m microbatches), for every d that divides the workers, d =
+// workers being plain data parallelism and d = 1 the only one under `straight`. For each d an exact
+// dynamic program over the cut points minimises the slowest stage per microbatch, max(compute,
+// transfer in, transfer out), among the cuts whose every stage fits in memory (under Recompute::
+// Auto a stage that would not fit stashing recomputes where that fits; All: every stage); the
+// degree with the least predicted time per minibatch wins:
+//   the sum of the stages' compute and of the transfers between them (a microbatch's way through
+//   the pipeline) + (⌈m / d⌉ − 1) × the slowest stage + the largest allreduce of a stage's
+//   gradients among its replicas and optimizer step (once per minibatch),
+// less, under zb-h1, 2(p − 1) × the least weight-gradient time of a stage (the W's that fill
+// 1F1B's bubble). A stage holds, per replica, its weights, gradient and optimizer state (no
+// stashed version) and the activations of min(⌈m/d⌉, p − k) microbatches under 1f1b-flush (stage
+// k), min(⌈m/d⌉, p) under zb-h1 (with the output gradients kept from each I to its W), ⌈m/d⌉
+// under gpipe. The plan's time_per_minibatch_s is the predicted time per minibatch divided by m
+// (per microbatch of the profile's batch, so samples_per_s compares with any other plan), and its
+// data-parallel time the same figure for d = workers.
 
 // Activations and gradients sent in `dtype`: bf16 halves the bytes on the wire, which the cost
 // models charge as a compression ratio of 2 on top of any ratio already set. PipeDream's model

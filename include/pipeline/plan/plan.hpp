@@ -69,6 +69,10 @@ struct Plan {
   int workers = 0;
   std::string schedule = "1f1b-stash";
   int in_flight = 1;   // minibatches admitted at the input stage (PipeDream's warm-up depth)
+  // Microbatches per minibatch the plan's prediction and memory are for, when it was planned for a
+  // flush schedule (plan.json "microbatches", absent otherwise): the trainers' and the
+  // simulator's default.
+  int microbatches = 0;
   std::string config;  // PipeDream notation: replicas per stage joined by '-'
   std::string cost_model;  // "pipeline" or "pipedream" (empty when unknown)
   // The update rule whose step times the prediction includes ("sgd", "momentum", "adamw"; plan.json

@@ -1,0 +1,233 @@
+// Plans for flush schedules (PartitionOptions::schedule 1f1b-flush, zb-h1, gpipe): d copies of a
+// straight pipeline, every d that divides the workers weighed. On random chains and topologies the
+// plan is well formed, round-trips through plan.json with its microbatches, schedules, validates
+// and simulates at the predicted rate (free transfers) with no rank above its planned memory, its
+// cut is the exact optimum of its depth, and under its schedule it is never slower than the plan
+// made for 1f1b-stash; memory limits recompute stage by stage; bad requests are ConfigErrors.
+#include <pipeline/core/error.hpp>
+#include <pipeline/plan/partition.hpp>
+#include <pipeline/plan/plan_json.hpp>
+#include <pipeline/schedule/generator.hpp>
+#include <pipeline/schedule/simulator.hpp>
+#include <pipeline/schedule/validate.hpp>
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+
+namespace test_flush_plan {
+
+using namespace pipeline;
+
+namespace {
+
+// A chain of `layers` with drawn times (backwards split into halves), bytes and step times.
+Profile random_chain(std::mt19937& rng, int layers) {
+  Profile p;
+  p.model = "random";
+  p.batch_size = 16;
+  std::uniform_real_distribution<double> time(0.0005, 0.01);
+  std::uniform_int_distribution<int> bytes(1, 64);
+  for (int i = 0; i < layers; ++i) {
+    LayerProfile l;
+    l.name = fmt::format("l{}", i);
+    l.kind = "Linear";
+    l.forward_s = time(rng);
+    l.backward_input_s = time(rng);
+    l.backward_weight_s = time(rng);
+    l.backward_s = l.backward_input_s + l.backward_weight_s;
+    l.output_bytes = std::int64_t{bytes(rng)} * 100000;
+    l.saved_bytes = std::int64_t{bytes(rng)} * 100000;
+    l.split_kept_bytes = std::int64_t{bytes(rng)} * 20000;
+    l.parameter_bytes = std::int64_t{bytes(rng)} * 40960;
+    l.step_s.adamw = time(rng) / 10;
+    p.layers.push_back(l);
+  }
+  p.loss_gradient_bytes = 200000;
+  return p;
+}
+
+// The least, over every cut of the chain into `stages` ranges, of the slowest stage's compute per
+// microbatch (F + B of its layers; no transfers).
+double brute_force(const Profile& p, int stages) {
+  const int n = p.size();
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<int> cuts{0};
+  std::function<void(int)> go = [&](int k) {
+    if (k == stages - 1) {
+      cuts.push_back(n);
+      double worst = 0;
+      for (int s = 0; s < stages; ++s) {
+        double c = 0;
+        for (int l = cuts[s]; l < cuts[s + 1]; ++l)
+          c += p.layers[l].forward_s + p.layers[l].backward_s;
+        worst = std::max(worst, c);
+      }
+      best = std::min(best, worst);
+      cuts.pop_back();
+      return;
+    }
+    for (int e = cuts.back() + 1; e <= n - (stages - 1 - k); ++e) {
+      cuts.push_back(e);
+      go(k + 1);
+      cuts.pop_back();
+    }
+  };
+  go(0);
+  return best;
+}
+
+double most_memory(const Plan& plan) {
+  return static_cast<double>(*std::max_element(plan.predicted.peak_memory_bytes.begin(),
+                                               plan.predicted.peak_memory_bytes.end()));
+}
+
+}  // namespace
+
+TEST_CASE("partition --schedule flush: random chains plan, simulate as predicted, fit, and win") {
+  std::mt19937 rng(20261206);
+  const char* schedules[] = {"1f1b-flush", "zb-h1", "gpipe"};
+  int pipelined = 0, replicated = 0;
+  for (int iter = 0; iter < 90; ++iter) {
+    CAPTURE(iter);
+    const int w = std::uniform_int_distribution<int>(2, 8)(rng);
+    const Profile p = random_chain(rng, std::uniform_int_distribution<int>(w, w + 6)(rng));
+    // Every other cluster's network is as good as free (transfers and allreduces take
+    // nanoseconds), where the plan's rate is compared with the simulator's.
+    const bool free = iter % 2 == 0;
+    Topology t;
+    t.levels = iter % 3 == 2 && w % 2 == 0
+                   ? std::vector<TopologyLevel>{{2, free ? 1e15 : 1e10}, {w / 2, free ? 1e15 : 1e9}}
+                   : std::vector<TopologyLevel>{
+                         {w, free ? 1e15 : std::uniform_real_distribution<double>(1e8, 1e10)(rng)}};
+    PartitionOptions o;
+    o.schedule = schedules[iter % 3];
+    o.microbatches = std::uniform_int_distribution<int>(1, 4 * w)(rng);
+    o.ignore_transfer = free;
+    o.straight = iter % 7 == 6;
+    o.optimizer = "adamw";
+    o.optimizer_state_factor = 2;
+    CAPTURE(o.schedule);
+    CAPTURE(o.microbatches);
+    const Plan plan = partition(p, t, o);
+    CHECK(plan.schedule == o.schedule);
+    CHECK(plan.microbatches == o.microbatches);
+    CHECK_FALSE(plan.interleaved());
+    // d copies of a straight pipeline: every stage d replicas on adjacent ranks, covering the
+    // layers in order.
+    const int d = plan.stages.front().replicas, depth = plan.num_stages();
+    REQUIRE(d * depth == w);
+    if (o.straight) CHECK(d == 1);
+    pipelined += depth > 1;
+    replicated += d > 1;
+    int next = 0;
+    for (int k = 0; k < depth; ++k) {
+      const PlanStage& s = plan.stages[k];
+      CHECK(s.begin == next);
+      CHECK(s.end > s.begin);
+      CHECK(s.replicas == d);
+      for (int r = 0; r < d; ++r) CHECK(s.ranks[r] == k * d + r);
+      next = s.end;
+    }
+    CHECK(next == p.size());
+    // The exact optimum of its depth.
+    if (free) {
+      double slowest = 0;
+      for (const PlanStage& s : plan.stages) slowest = std::max(slowest, s.compute_s * d);
+      CHECK(slowest == doctest::Approx(brute_force(p, depth)).epsilon(1e-12));
+    }
+    // plan.json keeps the microbatches, and the plan runs as predicted, within its memory.
+    const Plan read = parse_plan(plan_to_json(plan).dump(), "flush");
+    CHECK(read.microbatches == plan.microbatches);
+    const Schedule s =
+        generate_schedule(read.schedule, ScheduleSpec::from_plan(read, read.microbatches, 1));
+    validate(s);
+    const Simulation sim = simulate(s, p, read, t);
+    for (int r = 0; r < w; ++r) {
+      CAPTURE(r);
+      CHECK(sim.ranks[static_cast<std::size_t>(r)].peak_memory_bytes <=
+            plan.predicted.peak_memory_bytes[static_cast<std::size_t>(r)]);
+    }
+    if (free) {
+      // Within 5%, or faster where zb-h1's W's fill more of the bubble than the plan counts on
+      // (it credits the least W of a stage).
+      CHECK(sim.samples_per_s >= plan.predicted.samples_per_s * 0.95);
+      CHECK(sim.samples_per_s <=
+            plan.predicted.samples_per_s * (o.schedule == "zb-h1" ? 1.3 : 1.05));
+      // Under the same schedule and microbatches, the plan made for 1f1b-stash is no faster.
+      PartitionOptions stash = o;
+      stash.schedule = "1f1b-stash";
+      stash.microbatches = 0;
+      const Plan other = partition(p, t, stash);
+      const Simulation theirs =
+          simulate(generate_schedule(o.schedule, ScheduleSpec::from_plan(other, o.microbatches, 1)),
+                   p, other, t);
+      CHECK(sim.samples_per_s >= theirs.samples_per_s * 0.97);
+    }
+  }
+  CHECK(pipelined > 10);
+  CHECK(replicated > 10);
+}
+
+TEST_CASE("partition --schedule flush: memory limits recompute stage by stage, or refuse") {
+  std::mt19937 rng(7);
+  Profile p = random_chain(rng, 8);
+  for (LayerProfile& l : p.layers) l.saved_bytes = 4000000;
+  p.layers[0].saved_bytes = 40000000;  // the first stage holds most, and the most microbatches
+  PartitionOptions o;
+  o.schedule = "1f1b-flush";
+  o.microbatches = 8;
+  o.straight = true;
+  Topology t{{{4, 1e10}}, {}};
+  const Plan stashing = partition(p, t, o);
+  o.recompute = Recompute::All;
+  const Plan recomputing = partition(p, t, o);
+  REQUIRE(most_memory(recomputing) < most_memory(stashing));
+  t.memory_bytes_per_worker = (most_memory(stashing) + most_memory(recomputing)) / 2;
+  o.recompute = Recompute::None;
+  CHECK_THROWS_WITH_AS(partition(p, t, o), doctest::Contains("--recompute auto"), ConfigError);
+  o.recompute = Recompute::Auto;
+  const Plan fits = partition(p, t, o);
+  CHECK(most_memory(fits) <= *t.memory_bytes_per_worker);
+  CHECK(fits.stages[0].recompute);
+  int recomputed = 0;
+  for (const PlanStage& s : fits.stages) recomputed += s.recompute;
+  CHECK(recomputed < fits.num_stages());
+  CHECK(fits.predicted.samples_per_s >= recomputing.predicted.samples_per_s);
+  t.memory_bytes_per_worker = 1000;
+  CHECK_THROWS_WITH_AS(partition(p, t, o), doctest::Contains("no plan for 1f1b-flush of 4 workers"),
+                       ConfigError);
+}
+
+TEST_CASE("partition --schedule: what it plans for, and clear errors otherwise") {
+  std::mt19937 rng(11);
+  const Profile p = random_chain(rng, 6);
+  const Topology t{{{2, 1e10}}, {}};
+  PartitionOptions o;
+  o.schedule = "2bw";
+  CHECK_THROWS_WITH_AS(partition(p, t, o),
+                       doctest::Contains("1f1b-stash, 1f1b-flush, zb-h1 or gpipe"), ConfigError);
+  o.schedule = "zb-v";
+  CHECK_THROWS_WITH_AS(partition(p, t, o), doctest::Contains("--stage-placement v"), ConfigError);
+  o.schedule = "1f1b-flush";
+  o.virtual_stages = 2;
+  CHECK_THROWS_WITH_AS(partition(p, t, o), doctest::Contains("--virtual-stages"), ConfigError);
+  o.virtual_stages = 1;
+  o.cost_model = CostModel::PipeDream;
+  CHECK_THROWS_WITH_AS(partition(p, t, o), doctest::Contains("pipeline cost model"), ConfigError);
+  o.cost_model = CostModel::Pipeline;
+  CHECK_THROWS_WITH_AS(evaluate_stages(p, t, parse_manual_stages("0:3,3:6"), o),
+                       doctest::Contains("pipeline-simulate --schedule 1f1b-flush"), ConfigError);
+  // The default: 4 microbatches per worker.
+  CHECK(partition(p, t, o).microbatches == 8);
+  // A plan for 1f1b-stash records none.
+  CHECK(partition(p, t, {}).microbatches == 0);
+}
+
+}  // namespace test_flush_plan
