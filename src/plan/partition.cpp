@@ -1253,33 +1253,67 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     if (k + 1 < p) x = std::max(x, cut_time(k, j));
     return x;
   };
-  // best[k][j]: the slowest of the first k stages over layers [0, j); from[k][j]: where the k-th
-  // starts.
+  // The time per minibatch is a microbatch's way through the pipeline (the stages' compute, and
+  // at each cut its activation and its gradient, one after the other) + (mp − 1) × the slowest
+  // stage: a sum and a maximum over the stages. So each cell (k stages over layers [0, j)) keeps
+  // the labels (slowest, way) that no other label of the cell beats in both, at most kLabels of
+  // them (those of the least mp-weighted time; exact unless a cell has more).
+  constexpr std::size_t kLabels = 32;
+  struct Label {
+    double slowest = 0, way = 0;
+    int from = -1;       // where the k-th stage starts
+    std::size_t up = 0;  // the label of cell (k − 1, from) it extends
+  };
+  const auto weighted = [&](const Label& l) { return l.way + (mp - 1) * l.slowest; };
   const auto width = static_cast<std::size_t>(n) + 1;
   const auto cell = [&](int k, int j) {
     return static_cast<std::size_t>(k) * width + static_cast<std::size_t>(j);
   };
-  std::vector<double> best((static_cast<std::size_t>(p) + 1) * width, kInf);
-  std::vector<int> from(best.size(), -1);
-  best[0] = 0;
+  std::vector<std::vector<Label>> labels((static_cast<std::size_t>(p) + 1) * width);
+  labels[0] = {Label{}};
+  std::vector<Label> next;
   for (int k = 1; k <= p; ++k)
     for (int j = k; j <= n - (p - k); ++j) {
       if (!cut_allowed(j)) continue;
+      next.clear();
       for (int i = k - 1; i < j; ++i) {
-        const double before = best[cell(k - 1, i)];
-        if (!(before < best[cell(k, j)])) continue;
-        const double cand = std::max(before, cost(k - 1, i, j));
-        if (cand < best[cell(k, j)]) {
-          best[cell(k, j)] = cand;
-          from[cell(k, j)] = i;
-        }
+        const std::vector<Label>& before = labels[cell(k - 1, i)];
+        if (before.empty()) continue;
+        const double c = cost(k - 1, i, j);
+        if (!std::isfinite(c)) continue;
+        const double way = choose(k - 1, i, j)->compute_s + (k < p ? 2 * cut_time(k - 1, j) : 0.0);
+        for (std::size_t b = 0; b < before.size(); ++b)
+          next.push_back({std::max(before[b].slowest, c), before[b].way + way, i, b});
+      }
+      // The Pareto front: by slowest, then way; keep those whose way beats every faster one's.
+      std::sort(next.begin(), next.end(), [](const Label& a, const Label& b) {
+        return a.slowest != b.slowest ? a.slowest < b.slowest : a.way < b.way;
+      });
+      std::vector<Label>& front = labels[cell(k, j)];
+      for (const Label& l : next)
+        if (front.empty() || l.way < front.back().way) front.push_back(l);
+      if (front.size() > kLabels) {
+        std::sort(front.begin(), front.end(),
+                  [&](const Label& a, const Label& b) { return weighted(a) < weighted(b); });
+        front.resize(kLabels);
+        std::sort(front.begin(), front.end(),
+                  [](const Label& a, const Label& b) { return a.slowest < b.slowest; });
       }
     }
-  const double slowest = best[cell(p, n)];
-  if (!std::isfinite(slowest)) return std::nullopt;
+  const std::vector<Label>& done = labels[cell(p, n)];
+  if (done.empty()) return std::nullopt;
+  // The least time; of equal ones (to rounding) the least slowest stage.
+  std::size_t pick = 0;
+  for (std::size_t b = 1; b < done.size(); ++b)
+    if (weighted(done[b]) < weighted(done[pick]) * (1 - 1e-12)) pick = b;
+  const double slowest = done[pick].slowest;
   std::vector<int> cuts(static_cast<std::size_t>(p) + 1, n);
-  for (int k = p; k > 0; --k)
-    cuts[static_cast<std::size_t>(k) - 1] = from[cell(k, cuts[static_cast<std::size_t>(k)])];
+  for (int k = p, j = n; k > 0; --k) {
+    const Label& l = labels[cell(k, j)][pick];
+    cuts[static_cast<std::size_t>(k) - 1] = l.from;
+    pick = l.up;
+    j = l.from;
+  }
   // The plan: describe()'s per-stage breakdown, then the flush schedule's memory and time.
   std::vector<FinalStage> fs(static_cast<std::size_t>(p));
   for (int k = 0; k < p; ++k) {
@@ -1304,7 +1338,7 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     ps.memory_bytes = c.memory_bytes;
     ps.in_flight = 0;  // 1F1B-stash's count, which describe() set
     ps.delay_allreduce = true;
-    way += c.compute_s + (k + 1 < p ? cut_time(k, j) : 0.0);
+    way += c.compute_s + (k + 1 < p ? 2 * cut_time(k, j) : 0.0);
     double step = 0, weight = 0;
     for (int l = i; l < j; ++l) {
       const LayerProfile& lp = measured.layers[static_cast<std::size_t>(l)];

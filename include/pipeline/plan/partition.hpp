@@ -97,14 +97,15 @@ struct PartitionOptions {
 // worker, one stage per worker): d data-parallel copies of a straight pipeline of p = workers / d
 // stages (stage k's d replicas on ranks k·d .. k·d + d − 1; the round-robin dealing then gives
 // each copy ⌈m / d⌉ of a minibatch's m microbatches), for every d that divides the workers, d =
-// workers being plain data parallelism and d = 1 the only one under `straight`. For each d an exact
-// dynamic program over the cut points minimises the slowest stage per microbatch, max(compute,
-// transfer in, transfer out), among the cuts whose every stage fits in memory (under Recompute::
-// Auto a stage that would not fit stashing recomputes where that fits; All: every stage); the
-// degree with the least predicted time per minibatch wins:
-//   the sum of the stages' compute and of the transfers between them (a microbatch's way through
-//   the pipeline) + (⌈m / d⌉ − 1) × the slowest stage + the largest allreduce of a stage's
-//   gradients among its replicas and optimizer step (once per minibatch),
+// workers being plain data parallelism and d = 1 the only one under `straight`. For each d a
+// dynamic program over the cut points minimises the predicted time per minibatch among the cuts
+// whose every stage fits in memory (under Recompute::Auto a stage that would not fit stashing
+// recomputes where that fits; All: every stage), keeping per cut point the (slowest stage, way)
+// pairs that no other beats in both; the degree with the least time wins:
+//   a microbatch's way through the pipeline (the stages' compute, and at each cut its activation
+//   and its gradient, one after the other) + (⌈m / d⌉ − 1) × the slowest stage per microbatch,
+//   max(compute, transfer in, transfer out) + the largest allreduce of a stage's gradients
+//   among its replicas and optimizer step (once per minibatch),
 // less, under zb-h1, 2(p − 1) × the least weight-gradient time of a stage (the W's that fill
 // 1F1B's bubble). A stage holds, per replica, its weights, gradient and optimizer state (no
 // stashed version) and the activations of min(⌈m/d⌉, p − k) microbatches under 1f1b-flush (stage
