@@ -791,8 +791,8 @@ struct InterleavedPipes {
 };
 
 // What a stage of layers [begin, end) keeps per microbatch from its input-gradient half to its
-// weight-gradient half under a split backward (zb-v): the output gradients of its layers with
-// weights, the loss's gradient apart (counted as the last stage's anyway), as the simulator
+// weight-gradient half under a split backward (zb-v, zb-h1): the output gradients of its layers
+// with weights, the loss's gradient apart (counted as the last stage's anyway), as the simulator
 // charges them (split_kept_bytes).
 double split_kept_stage_bytes(const Profile& p, int begin, int end) {
   double sum = 0, top = 0;
@@ -803,6 +803,13 @@ double split_kept_stage_bytes(const Profile& p, int begin, int end) {
   }
   if (end == p.size() && top > 0) sum -= std::min(sum, static_cast<double>(p.loss_gradient_bytes));
   return sum;
+}
+
+// What a microbatch between its I and its W holds under a split backward beyond what a stage
+// holds for it under a whole one: the output gradients its weights need (`kept`), and on a
+// recomputing stage the activations it rebuilt for the I.
+double split_held_bytes(double kept, double activation_bytes, bool recompute) {
+  return kept + (recompute ? activation_bytes : 0.0);
 }
 
 // The interleaved plan whose stage k is the layer range [cuts[k], cuts[k + 1]) on the ranks of
@@ -864,7 +871,8 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     const bool split = pipes.shape.placement == StagePlacement::V;
     per[static_cast<std::size_t>(k)] =
         loss + (ps.recompute ? input : act + (g.stage_frees_input(f.s, f.e) ? 0.0 : input)) +
-        (split ? split_kept_stage_bytes(p, ps.begin, ps.end) + (ps.recompute ? act : 0.0) : 0.0);
+        (split ? split_held_bytes(split_kept_stage_bytes(p, ps.begin, ps.end), act, ps.recompute)
+               : 0.0);
     fixed[static_cast<std::size_t>(k)] = one - per[static_cast<std::size_t>(k)];
     const auto r = static_cast<std::size_t>(pipes.place_of(k));
     compute[r] += ps.compute_s + ps.sync_s;
@@ -1226,15 +1234,13 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     const double input = s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(s)];
     const double loss = g.stage_loss_gradient_bytes(e);
     const double work = working_bytes(g, s, e, R);
-    // Under zb-h1 a microbatch between its I and W keeps its output gradients (and what a
-    // recomputing stage rebuilt).
     const double kept = split ? split_kept_stage_bytes(measured, i, j) : 0.0;
     const double stash = stage_memory_bytes(par, 0.0, act, held, o.optimizer_state_factor, input,
                                             loss, work, g.stage_frees_input(s, e)) +
-                         held * kept;
+                         (split ? held * split_held_bytes(kept, act, false) : 0.0);
     const double rebuilt = recompute_stage_memory_bytes(par, 0.0, act, input, loss, held,
                                                         o.optimizer_state_factor, work) +
-                           held * (kept + (split ? act : 0.0));
+                           (split ? held * split_held_bytes(kept, act, true) : 0.0);
     const auto fits = [&](double bytes) { return !memory || bytes <= *memory; };
     const bool recompute = o.recompute == Recompute::All ||
                            (o.recompute == Recompute::Auto && !fits(stash) && fits(rebuilt));
@@ -1245,10 +1251,9 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
                   recompute ? rebuilt : stash};
   };
   const auto cut_allowed = [&](int j) { return j == n || g.can_end(j - 1); };
-  const auto cost = [&](int k, int i, int j) {
-    const std::optional<Choice> c = choose(k, i, j);
-    if (!c) return kInf;
-    double x = c->compute_s;
+  // Stage k over [i, j) per microbatch, its compute as chosen: max(compute, transfer in, out).
+  const auto cost = [&](int k, int i, int j, const Choice& c) {
+    double x = c.compute_s;
     if (k > 0) x = std::max(x, cut_time(k - 1, i));
     if (k + 1 < p) x = std::max(x, cut_time(k, j));
     return x;
@@ -1279,9 +1284,10 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
       for (int i = k - 1; i < j; ++i) {
         const std::vector<Label>& before = labels[cell(k - 1, i)];
         if (before.empty()) continue;
-        const double c = cost(k - 1, i, j);
-        if (!std::isfinite(c)) continue;
-        const double way = choose(k - 1, i, j)->compute_s + (k < p ? 2 * cut_time(k - 1, j) : 0.0);
+        const std::optional<Choice> choice = choose(k - 1, i, j);
+        if (!choice) continue;
+        const double c = cost(k - 1, i, j, *choice);
+        const double way = choice->compute_s + (k < p ? 2 * cut_time(k - 1, j) : 0.0);
         for (std::size_t b = 0; b < before.size(); ++b)
           next.push_back({std::max(before[b].slowest, c), before[b].way + way, i, b});
       }
@@ -1390,6 +1396,11 @@ Plan partition_flush(const Profile& measured, const Profile& charged, const Topo
   const StateGraph g = StateGraph::linear(measured);
   int cut_points = 0;  // where a stage may end, the model's end aside
   for (int j = 1; j < g.size(); ++j) cut_points += g.can_end(j - 1);
+  PIPELINE_CHECK_AS(ConfigError, !o.straight || w <= cut_points + 1,
+                    "a plan for {} in one pipeline of {} stages (--straight) needs {} cuts, but "
+                    "the model has only {} places to cut; leave out --straight or give at most {} "
+                    "workers",
+                    o.schedule, w, w - 1, cut_points, cut_points + 1);
   std::optional<Plan> best;
   double best_time = kInf, data_parallel = 0;
   for (int d = o.straight ? 1 : w; d >= 1; --d) {
