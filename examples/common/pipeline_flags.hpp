@@ -13,6 +13,7 @@
 #include <pipeline/ops/precision.hpp>
 #include <pipeline/plan/cost_model.hpp>
 #include <pipeline/plan/interleaved_layout.hpp>
+#include <pipeline/plan/partition.hpp>
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/profile/profile_json.hpp>
 #include <pipeline/runtime/pipeline_setup.hpp>
@@ -244,7 +245,9 @@ inline std::string update_rule(const Optimizer& optimizer) {
 }
 
 // The plan of the job: --plan, or (without it) rank 0 profiles `zoo` at minibatch size `batch`
-// and partitions it for the job's ranks, charging `optimizer`'s state in the memory model.
+// and partitions it for the job's ranks, charging `optimizer`'s state in the memory model (for a
+// flush --schedule the partitioner plans for, at its microbatch size: --microbatches of them, or
+// one per rank).
 // Checked against the job and the model either way. `profile`, where given, gets the profile the
 // plan was made from: --profile's, or the one just measured; none (nullopt) with a --plan alone.
 // Collective.
@@ -253,9 +256,13 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
                          std::optional<Profile>* profile = nullptr) {
   Plan plan;
   if (flags.plan.empty()) {
+    const bool flush = plans_flush(flags.schedule);
+    const int microbatches = !flush ? 1 : flags.microbatches > 0 ? flags.microbatches : comm.size();
     if (comm.rank() == 0)
-      log_info("no --plan: profiling {} at batch {} and partitioning it for {} workers",
-               zoo.model.name(), batch, comm.size());
+      log_info(
+          "no --plan: profiling {} at batch {} and partitioning it for {} workers{}",
+          zoo.model.name(), batch / std::max(1, microbatches), comm.size(),
+          flush ? fmt::format(" under {} with {} microbatches", flags.schedule, microbatches) : "");
     Profile measured;
     plan =
         auto_plan(zoo, comm,
@@ -263,7 +270,9 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
                    .optimizer_state_factor = static_cast<double>(optimizer.buffer_names().size()),
                    .optimizer = update_rule(optimizer),
                    .compute_dtype = flags.compute_dtype(),
-                   .transfer_dtype = flags.wire_dtype()},
+                   .transfer_dtype = flags.wire_dtype(),
+                   .schedule = flush ? flags.schedule : "1f1b-stash",
+                   .microbatches = microbatches},
                   profile != nullptr ? &measured : nullptr);
     if (profile != nullptr) *profile = std::move(measured);
   } else {

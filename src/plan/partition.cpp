@@ -1185,11 +1185,6 @@ double split_extra_s(const Profile& p, int begin, int end) {
   return halves - whole;
 }
 
-// Flush schedules partition_flush() plans for.
-bool is_planned_flush(std::string_view schedule) {
-  return schedule == "1f1b-flush" || schedule == "zb-h1" || schedule == "gpipe";
-}
-
 // Microbatches stage k of a straight pipeline of p holds at once under a flush schedule, with m of
 // them per pipeline and minibatch.
 int flush_held(std::string_view schedule, int k, int p, int m) {
@@ -1497,8 +1492,7 @@ std::optional<Plan> partition_impl(const Profile& measured, const Topology& topo
           "describe the cluster as the levels it is wired in, e.g. --level 8:<bandwidth "
           "inside a server> --level {}:<bandwidth between servers>",
           l, topology.levels[l].count, kMaxLevelCount, (topology.levels[l].count + 7) / 8);
-  if (is_planned_flush(options.schedule))
-    return partition_flush(measured, profile, topology, options);
+  if (plans_flush(options.schedule)) return partition_flush(measured, profile, topology, options);
   PIPELINE_CHECK_AS(ConfigError, options.schedule == "1f1b-stash",
                     "the partitioner plans for 1f1b-stash, 1f1b-flush, zb-h1 or gpipe, not '{}'{}",
                     options.schedule,

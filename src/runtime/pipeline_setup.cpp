@@ -80,6 +80,12 @@ void check_plan_for_job(const Plan& plan, const ZooModel& model, int world_size)
 Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions& options,
                Profile* profile_out) {
   std::string text, profile_text;
+  const bool flush = plans_flush(options.schedule);
+  const int microbatches = flush ? options.microbatches : 1;
+  PIPELINE_CHECK_AS(ConfigError, microbatches >= 1 && options.batch % microbatches == 0,
+                    "planning for {} runs a minibatch of {} samples as {} microbatches, which must "
+                    "divide it: give --microbatches a divisor of --batch (or a --plan)",
+                    options.schedule, options.batch, microbatches);
   if (comm.rank() == 0) {
     // Rank 0 alone profiles, so the other ranks do not disturb its timings and every rank
     // ends up with the same plan.
@@ -87,7 +93,7 @@ Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions&
     po.repeat = std::max(1, options.profile_repeat);
     po.warmup = 1;
     po.compute_dtype = options.compute_dtype;
-    Profile profile = pipeline::profile(model, options.batch, Device::cpu(), po);
+    Profile profile = pipeline::profile(model, options.batch / microbatches, Device::cpu(), po);
     Topology topo;
     topo.levels.push_back({comm.size(), options.bandwidth_bytes_per_s});
     PartitionOptions part;
@@ -95,6 +101,10 @@ Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions&
     part.optimizer_state_factor = options.optimizer_state_factor;
     part.optimizer = options.optimizer;
     set_transfer_dtype(part, options.transfer_dtype);
+    if (flush) {
+      part.schedule = options.schedule;
+      part.microbatches = microbatches;
+    }
     Plan plan = partition(profile, topo, part);
     plan.model = model.model.name();
     text = plan_to_json(plan).dump();

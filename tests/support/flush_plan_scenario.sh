@@ -3,7 +3,8 @@
 #   flush_plan_scenario.sh PIPELINE_PROFILE PIPELINE_PARTITION PIPELINE_SIMULATE TRAIN MPIRUN...
 # pipeline-partition --schedule 1f1b-flush|zb-h1 --microbatches 8 writes the schedule and the
 # microbatch count into plan.json; pipeline-simulate and the trainer take both from it, and the
-# trained losses equal one process's (fp32 rounding).
+# trained losses equal one process's (fp32 rounding); without --plan the trainer plans for the flush
+# schedule it is asked to run.
 set -euo pipefail
 profile_bin=$1
 partition_bin=$2
@@ -42,12 +43,19 @@ for plan in flush zb; do
   grep -q "schedule $want (8 microbatch(es) per minibatch of 64)" "$work/out.log" ||
     { cat "$work/out.log"; echo "the trainer did not run the plan's schedule and microbatches"; exit 1; }
 done
-python3 - "$work/single.jsonl" "$work/flush.jsonl" "$work/zb.jsonl" <<'PY'
+# Without --plan the trainer plans for the flush schedule it is asked to run.
+run "${mpirun[@]}" 2 "$train" "${common[@]}" --schedule zb-h1 --microbatches 8 \
+  --metrics "$work/auto.jsonl"
+grep -q "profiling mlp at batch 8 and partitioning it for 2 workers under zb-h1 with 8 microbatches" \
+  "$work/out.log" &&
+  grep -q "schedule zb-h1 (8 microbatch(es) per minibatch of 64)" "$work/out.log" ||
+  { cat "$work/out.log"; echo "the trainer did not plan for the schedule it runs"; exit 1; }
+python3 - "$work/single.jsonl" "$work/flush.jsonl" "$work/zb.jsonl" "$work/auto.jsonl" <<'PY'
 import json, sys
 def losses(path):
     return [r["loss"] for r in map(json.loads, open(path)) if "step" in r]
 single = losses(sys.argv[1])
-for name, path in zip(["1f1b-flush", "zb-h1"], sys.argv[2:]):
+for name, path in zip(["1f1b-flush", "zb-h1", "zb-h1 (planned at start-up)"], sys.argv[2:]):
     run = losses(path)
     assert len(run) == len(single) == 12, (name, len(run), len(single))
     worst = max(abs(a - b) / abs(b) for a, b in zip(run, single))

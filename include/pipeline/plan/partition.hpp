@@ -114,6 +114,12 @@ struct PartitionOptions {
 // (per microbatch of the profile's batch, so samples_per_s compares with any other plan), and its
 // data-parallel time the same figure for d = workers.
 
+// Whether the partitioner plans for `schedule` as a flush schedule (1f1b-flush, zb-h1, gpipe;
+// PartitionOptions::schedule).
+inline bool plans_flush(std::string_view schedule) {
+  return schedule == "1f1b-flush" || schedule == "zb-h1" || schedule == "gpipe";
+}
+
 // Activations and gradients sent in `dtype`: bf16 halves the bytes on the wire, which the cost
 // models charge as a compression ratio of 2 on top of any ratio already set. PipeDream's model
 // charges transfers only under a ratio, so without one it stays uncharged there too.

@@ -49,11 +49,15 @@ struct AutoPlanOptions {
   // The job's product dtype (profiled under it: a bf16 profile) and transfer dtype.
   DType compute_dtype = DType::Float32;
   DType transfer_dtype = DType::Float32;
+  // The schedule to plan for (PartitionOptions::schedule): under a flush schedule the minibatch of
+  // `batch` samples runs as `microbatches` of batch / microbatches, which the profile is taken at.
+  std::string schedule = "1f1b-stash";
+  int microbatches = 1;
 };
 
 // Rank 0 profiles the zoo model and partitions it for `comm.size()` workers on one level of the
-// given bandwidth; every rank returns the same plan and, where `profile` is given, gets the
-// profile it was made from. Collective.
+// given bandwidth, for the options' schedule; every rank returns the same plan and, where `profile`
+// is given, gets the profile it was made from. Collective.
 Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions& options = {},
                Profile* profile = nullptr);
 
