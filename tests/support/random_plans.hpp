@@ -3,7 +3,8 @@
 // MPI, tests/gpu/test_gpu_plans.cpp on one GPU): a random MLP or small CNN, its profile (bytes
 // measured, times drawn), a random topology of 2 to 6 workers on one or two levels, or a mixed
 // cluster of fast and slow workers, partitioned with random options (straight or not, transfers
-// ignored or not, interleaved where the layers allow), the plan passed through plan.json and back,
+// ignored or not, interleaved where the layers allow, for 1F1B-stash or a flush schedule), the
+// plan passed through plan.json and back,
 // and some stages marked to recompute as a user may mark them by hand.
 #pragma once
 
@@ -185,6 +186,14 @@ inline RandomPlan random_plan(Rng& rng, std::uint64_t seed, int workers = 0) {
       l.backward_s *= slower;
     }
     plan = partition_typed(c.typed_profiles, c.topology, o);
+  } else if (kind == 2) {
+    // Planned for a flush schedule: data-parallel copies of a straight pipeline.
+    const char* flush[] = {"1f1b-flush", "zb-h1", "gpipe"};
+    o.schedule = flush[rng.below(3)];
+    const int counts[] = {2, 3, 4, 6, 8, 12};
+    do o.microbatches = counts[rng.below(6)];
+    while (o.microbatches < c.workers);
+    plan = partition(c.profile, c.topology, o);
   } else {
     plan = partition(c.profile, c.topology, o);
   }
@@ -195,6 +204,8 @@ inline RandomPlan random_plan(Rng& rng, std::uint64_t seed, int workers = 0) {
   const int counts[] = {2, 3, 4, 6, 8, 12};
   if (c.plan.virtual_stages > 1)
     c.flush_microbatches = c.workers * (1 + static_cast<int>(rng.below(2)));
+  else if (c.plan.microbatches > 0)
+    c.flush_microbatches = c.plan.microbatches;  // what it was planned for
   else
     do c.flush_microbatches = counts[rng.below(6)];
     while (c.flush_microbatches < c.max_replicas());
