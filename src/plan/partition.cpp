@@ -790,19 +790,57 @@ struct InterleavedPipes {
   }
 };
 
-// What a stage of layers [begin, end) keeps per microbatch from its input-gradient half to its
-// weight-gradient half under a split backward (zb-v, zb-h1): the output gradients of its layers
-// with weights, the loss's gradient apart (counted as the last stage's anyway), as the simulator
-// charges them (split_kept_bytes).
-double split_kept_stage_bytes(const Profile& p, int begin, int end) {
-  double sum = 0, top = 0;
-  for (int l = begin; l < end; ++l) {
-    const LayerProfile& lp = p.layers[static_cast<std::size_t>(l)];
-    top = lp.parameter_bytes > 0 ? static_cast<double>(split_kept_bytes(lp)) : 0.0;
-    sum += top;
+// A stage's costs under a split backward (zb-v, zb-h1), from prefix sums over the layers so that
+// the searches take them in O(1).
+class SplitCosts {
+ public:
+  explicit SplitCosts(const Profile& p)
+      : m_loss(static_cast<double>(p.loss_gradient_bytes)),
+        m_last_has_weights(p.size() > 0 && p.layers.back().parameter_bytes > 0) {
+    for (const LayerProfile& l : p.layers) {
+      m_kept.push_back(m_kept.back() +
+                       (l.parameter_bytes > 0 ? static_cast<double>(split_kept_bytes(l)) : 0.0));
+      m_extra.push_back(m_extra.back() + l.backward_input_s + l.backward_weight_s - l.backward_s);
+      const bool whole = l.backward_input_s <= 0 && l.backward_weight_s <= 0 && l.backward_s > 0;
+      m_unsplit.push_back(m_unsplit.back() + (whole ? 1 : 0));
+    }
   }
-  if (end == p.size() && top > 0) sum -= std::min(sum, static_cast<double>(p.loss_gradient_bytes));
-  return sum;
+  // What the layers [begin, end) keep per microbatch from the input-gradient half to the
+  // weight-gradient half: the output gradients of those with weights, the loss's gradient apart
+  // (counted as the last stage's anyway), as the simulator charges them (split_kept_bytes).
+  double kept_bytes(int begin, int end) const {
+    const double sum = at(m_kept, end) - at(m_kept, begin);
+    const bool last = end == static_cast<int>(m_kept.size()) - 1;
+    return last && m_last_has_weights ? sum - std::min(sum, m_loss) : sum;
+  }
+  // What running their backward as its two halves costs beyond running it whole (the profile's
+  // split times, where every layer has them, as the simulator takes them).
+  double extra_s(int begin, int end) const {
+    if (m_unsplit[static_cast<std::size_t>(end)] != m_unsplit[static_cast<std::size_t>(begin)])
+      return 0.0;
+    return at(m_extra, end) - at(m_extra, begin);
+  }
+
+ private:
+  static double at(const std::vector<double>& v, int i) { return v[static_cast<std::size_t>(i)]; }
+  double m_loss;
+  bool m_last_has_weights;
+  std::vector<double> m_kept{0.0}, m_extra{0.0};
+  std::vector<int> m_unsplit{0};
+};
+
+// The stages of a chain cut at `cuts` (stage k over layers [cuts[k], cuts[k + 1])), stage k on
+// the ranks ranks_of(k).
+template <class RanksOf>
+std::vector<FinalStage> stages_at_cuts(const std::vector<int>& cuts, RanksOf&& ranks_of) {
+  std::vector<FinalStage> fs(cuts.size() - 1);
+  for (std::size_t k = 0; k < fs.size(); ++k) {
+    for (int l = cuts[k]; l < cuts[k + 1]; ++l) fs[k].layers.push_back(l);
+    fs[k].s = cuts[k] - 1;
+    fs[k].e = cuts[k + 1] - 1;
+    fs[k].ranks = ranks_of(static_cast<int>(k));
+  }
+  return fs;
 }
 
 // What a microbatch between its I and its W holds under a split backward beyond what a stage
@@ -824,15 +862,8 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
                             const InterleavedPipes& pipes, const std::vector<bool>& recompute) {
   const int w = t.workers(), places = pipes.positions, d = pipes.pipelines;
   const int stages = static_cast<int>(cuts.size()) - 1;
-  std::vector<FinalStage> fs(static_cast<std::size_t>(stages));
-  for (int k = 0; k < stages; ++k) {
-    FinalStage& f = fs[static_cast<std::size_t>(k)];
-    for (int l = cuts[static_cast<std::size_t>(k)]; l < cuts[static_cast<std::size_t>(k) + 1]; ++l)
-      f.layers.push_back(l);
-    f.s = cuts[static_cast<std::size_t>(k)] - 1;
-    f.e = cuts[static_cast<std::size_t>(k) + 1] - 1;
-    f.ranks = pipes.ranks_of(k);
-  }
+  const std::vector<FinalStage> fs = stages_at_cuts(cuts, [&](int k) { return pipes.ranks_of(k); });
+  const SplitCosts split_costs(p);
   PartitionOptions stashing = o;  // recomputation is per stage here, as `recompute` says
   stashing.recompute = Recompute::None;
   describe(plan, g, t, stashing, fs, std::nullopt, false);
@@ -871,7 +902,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     const bool split = pipes.shape.placement == StagePlacement::V;
     per[static_cast<std::size_t>(k)] =
         loss + (ps.recompute ? input : act + (g.stage_frees_input(f.s, f.e) ? 0.0 : input)) +
-        (split ? split_held_bytes(split_kept_stage_bytes(p, ps.begin, ps.end), act, ps.recompute)
+        (split ? split_held_bytes(split_costs.kept_bytes(ps.begin, ps.end), act, ps.recompute)
                : 0.0);
     fixed[static_cast<std::size_t>(k)] = one - per[static_cast<std::size_t>(k)];
     const auto r = static_cast<std::size_t>(pipes.place_of(k));
@@ -1171,20 +1202,6 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
                 p.model.empty() ? "the model" : p.model, cut_points);
 }
 
-// What running a backward of the layers [begin, end) as its two halves, I and W, costs beyond
-// running it whole (the profile's split times, where every layer has them, as the simulator
-// takes them).
-double split_extra_s(const Profile& p, int begin, int end) {
-  double whole = 0, halves = 0;
-  for (int l = begin; l < end; ++l) {
-    const LayerProfile& lp = p.layers[static_cast<std::size_t>(l)];
-    if (lp.backward_input_s <= 0 && lp.backward_weight_s <= 0 && lp.backward_s > 0) return 0.0;
-    whole += lp.backward_s;
-    halves += lp.backward_input_s + lp.backward_weight_s;
-  }
-  return halves - whole;
-}
-
 // Microbatches stage k of a straight pipeline of p holds at once under a flush schedule, with m of
 // them per pipeline and minibatch.
 int flush_held(std::string_view schedule, int k, int p, int m) {
@@ -1197,8 +1214,9 @@ int flush_held(std::string_view schedule, int k, int p, int m) {
 // (its times without optimizer steps; `g` its linear states), every stage fitting. nullopt where
 // no cut fits; the plan otherwise, its predicted time per minibatch of m microbatches in `time`.
 std::optional<Plan> partition_flush_degree(const Profile& measured, const Profile& charged,
-                                           const StateGraph& g, const Topology& t,
-                                           const PartitionOptions& o, int d, int m, double& time) {
+                                           const StateGraph& g, const SplitCosts& split_costs,
+                                           const Topology& t, const PartitionOptions& o, int d,
+                                           int m, double& time) {
   const int w = t.workers(), p = w / d, n = g.size();
   const int mp = (m + d - 1) / d;  // microbatches per pipeline
   const double R = o.activation_compression.value_or(1.0);
@@ -1229,7 +1247,7 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     const double input = s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(s)];
     const double loss = g.stage_loss_gradient_bytes(e);
     const double work = working_bytes(g, s, e, R);
-    const double kept = split ? split_kept_stage_bytes(measured, i, j) : 0.0;
+    const double kept = split ? split_costs.kept_bytes(i, j) : 0.0;
     const double stash = stage_memory_bytes(par, 0.0, act, held, o.optimizer_state_factor, input,
                                             loss, work, g.stage_frees_input(s, e)) +
                          (split ? held * split_held_bytes(kept, act, false) : 0.0);
@@ -1242,7 +1260,7 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     if (!fits(recompute ? rebuilt : stash)) return std::nullopt;
     return Choice{recompute,
                   g.stage_compute_s(s, e) + (recompute ? g.stage_forward_s(s, e) : 0.0) +
-                      (split ? split_extra_s(measured, i, j) : 0.0),
+                      (split ? split_costs.extra_s(i, j) : 0.0),
                   recompute ? rebuilt : stash};
   };
   const auto cut_allowed = [&](int j) { return j == n || g.can_end(j - 1); };
@@ -1316,15 +1334,11 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     j = l.from;
   }
   // The plan: describe()'s per-stage breakdown, then the flush schedule's memory and time.
-  std::vector<FinalStage> fs(static_cast<std::size_t>(p));
-  for (int k = 0; k < p; ++k) {
-    FinalStage& f = fs[static_cast<std::size_t>(k)];
-    for (int l = cuts[static_cast<std::size_t>(k)]; l < cuts[static_cast<std::size_t>(k) + 1]; ++l)
-      f.layers.push_back(l);
-    f.s = cuts[static_cast<std::size_t>(k)] - 1;
-    f.e = cuts[static_cast<std::size_t>(k) + 1] - 1;
-    for (int r = 0; r < d; ++r) f.ranks.push_back(k * d + r);
-  }
+  const std::vector<FinalStage> fs = stages_at_cuts(cuts, [d](int k) {
+    std::vector<int> ranks;
+    for (int r = 0; r < d; ++r) ranks.push_back(k * d + r);
+    return ranks;
+  });
   PartitionOptions stashing = o;  // describe() decides no recomputation: the choices above do
   stashing.recompute = Recompute::None;
   Plan plan;
@@ -1389,6 +1403,7 @@ Plan partition_flush(const Profile& measured, const Profile& charged, const Topo
   const int w = t.workers();
   const int m = o.microbatches > 0 ? o.microbatches : 4 * w;
   const StateGraph g = StateGraph::linear(measured);
+  const SplitCosts split_costs(measured);
   int cut_points = 0;  // where a stage may end, the model's end aside
   for (int j = 1; j < g.size(); ++j) cut_points += g.can_end(j - 1);
   PIPELINE_CHECK_AS(ConfigError, !o.straight || w <= cut_points + 1,
@@ -1401,7 +1416,8 @@ Plan partition_flush(const Profile& measured, const Profile& charged, const Topo
   for (int d = o.straight ? 1 : w; d >= 1; --d) {
     if (w % d != 0 || w / d > cut_points + 1) continue;
     double time = 0;
-    std::optional<Plan> plan = partition_flush_degree(measured, charged, g, t, o, d, m, time);
+    std::optional<Plan> plan =
+        partition_flush_degree(measured, charged, g, split_costs, t, o, d, m, time);
     if (d == w && plan) data_parallel = time / m;
     if (plan && time < best_time * (1 - 1e-12)) {
       best = std::move(plan);
