@@ -106,13 +106,14 @@ struct PartitionOptions {
 //   and its gradient, one after the other) + (⌈m / d⌉ − 1) × the slowest stage per microbatch,
 //   max(compute, transfer in, transfer out) + the largest allreduce of a stage's gradients
 //   among its replicas and optimizer step (once per minibatch),
-// less, under zb-h1, 2(p − 1) × the least weight-gradient time of a stage (the W's that fill
-// 1F1B's bubble). A stage holds, per replica, its weights, gradient and optimizer state (no
-// stashed version) and the activations of min(⌈m/d⌉, p − k) microbatches under 1f1b-flush (stage
-// k), min(⌈m/d⌉, p) under zb-h1 (with the output gradients kept from each I to its W), ⌈m/d⌉
-// under gpipe. The plan's time_per_minibatch_s is the predicted time per minibatch divided by m
-// (per microbatch of the profile's batch, so samples_per_s compares with any other plan), and its
-// data-parallel time the same figure for d = workers.
+// less, under zb-h1, (p − 1 + min(⌈m / d⌉, p) − 1) × the least weight-gradient time of a stage
+// (the W's that fill 1F1B's bubble: 2(p − 1) of them from p microbatches per copy on). A stage
+// holds, per replica, its weights, gradient and optimizer state (no stashed version) and the
+// activations of min(⌈m/d⌉, p − k) microbatches under 1f1b-flush (stage k), min(⌈m/d⌉, p) under
+// zb-h1 (with the output gradients kept from each I to its W), ⌈m/d⌉ under gpipe. The plan's
+// time_per_minibatch_s is the predicted time per minibatch divided by m (per microbatch of the
+// profile's batch, so samples_per_s compares with any other plan), and its data-parallel time the
+// same figure for d = workers.
 
 // Whether the partitioner plans for `schedule` as a flush schedule (1f1b-flush, zb-h1, gpipe;
 // PartitionOptions::schedule).
