@@ -11,13 +11,12 @@
 #include <pipeline/schedule/simulator.hpp>
 #include <pipeline/schedule/validate.hpp>
 
+#include "support/chain_cuts.hpp"
+
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
-#include <functional>
-#include <limits>
 #include <random>
 #include <string>
 
@@ -51,36 +50,6 @@ Profile random_chain(std::mt19937& rng, int layers) {
   }
   p.loss_gradient_bytes = 200000;
   return p;
-}
-
-// The least, over every cut of the chain into `stages` ranges, of the slowest stage's compute per
-// microbatch (F + B of its layers; no transfers).
-double brute_force(const Profile& p, int stages) {
-  const int n = p.size();
-  double best = std::numeric_limits<double>::infinity();
-  std::vector<int> cuts{0};
-  std::function<void(int)> go = [&](int k) {
-    if (k == stages - 1) {
-      cuts.push_back(n);
-      double worst = 0;
-      for (int s = 0; s < stages; ++s) {
-        double c = 0;
-        for (int l = cuts[s]; l < cuts[s + 1]; ++l)
-          c += p.layers[l].forward_s + p.layers[l].backward_s;
-        worst = std::max(worst, c);
-      }
-      best = std::min(best, worst);
-      cuts.pop_back();
-      return;
-    }
-    for (int e = cuts.back() + 1; e <= n - (stages - 1 - k); ++e) {
-      cuts.push_back(e);
-      go(k + 1);
-      cuts.pop_back();
-    }
-  };
-  go(0);
-  return best;
 }
 
 double most_memory(const Plan& plan) {
@@ -140,7 +109,7 @@ TEST_CASE("partition --schedule flush: random chains plan, simulate as predicted
     if (free) {
       double slowest = 0;
       for (const PlanStage& s : plan.stages) slowest = std::max(slowest, s.compute_s * d);
-      CHECK(slowest == doctest::Approx(brute_force(p, depth)).epsilon(1e-12));
+      CHECK(slowest == doctest::Approx(testing::least_slowest_stage(p, depth)).epsilon(1e-12));
     }
     // plan.json keeps the microbatches, and the plan runs as predicted, within its memory.
     const Plan read = parse_plan(plan_to_json(plan).dump(), "flush");

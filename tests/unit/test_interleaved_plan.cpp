@@ -9,6 +9,8 @@
 #include <pipeline/schedule/simulator.hpp>
 #include <pipeline/schedule/validate.hpp>
 
+#include "support/chain_cuts.hpp"
+
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -92,32 +94,12 @@ double brute_force(const Profile& p, const Topology& t, int stages, bool transfe
            static_cast<double>(p.layers[static_cast<std::size_t>(layer_end) - 1].output_bytes) /
            level_bandwidth(rank_of(k), rank_of(k + 1));
   };
-  double best = std::numeric_limits<double>::infinity();
-  std::vector<int> cuts{0};
-  std::function<void(int)> go = [&](int k) {
-    if (k == stages - 1) {
-      cuts.push_back(n);
-      double worst = 0;
-      for (int s = 0; s < stages; ++s) {
-        double c = 0;
-        for (int l = cuts[s]; l < cuts[s + 1]; ++l)
-          c += p.layers[l].forward_s + p.layers[l].backward_s;
-        if (s > 0) c = std::max(c, cut(s - 1, cuts[s]));
-        if (s + 1 < stages) c = std::max(c, cut(s, cuts[s + 1]));
-        worst = std::max(worst, c);
-      }
-      best = std::min(best, worst);
-      cuts.pop_back();
-      return;
-    }
-    for (int e = cuts.back() + 1; e <= n - (stages - 1 - k); ++e) {
-      cuts.push_back(e);
-      go(k + 1);
-      cuts.pop_back();
-    }
-  };
-  go(0);
-  return best;
+  return testing::least_slowest_stage(p, stages, [&](int k, int begin, int end) {
+    double c = 0;
+    if (k > 0) c = std::max(c, cut(k - 1, begin));
+    if (k + 1 < stages) c = std::max(c, cut(k, end));
+    return c;
+  });
 }
 
 }  // namespace
