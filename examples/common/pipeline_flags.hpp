@@ -247,7 +247,7 @@ inline std::string update_rule(const Optimizer& optimizer) {
 // The plan of the job: --plan, or (without it) rank 0 profiles `zoo` at minibatch size `batch`
 // and partitions it for the job's ranks, charging `optimizer`'s state in the memory model (for a
 // flush --schedule the partitioner plans for, at its microbatch size: --microbatches of them, or
-// one per rank).
+// 4 per rank where that divides the minibatch).
 // Checked against the job and the model either way. `profile`, where given, gets the profile the
 // plan was made from: --profile's, or the one just measured; none (nullopt) with a --plan alone.
 // Collective.
@@ -256,8 +256,13 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
                          std::optional<Profile>* profile = nullptr) {
   Plan plan;
   if (flags.plan.empty()) {
+    // A flush schedule's microbatches: --microbatches, or as pipeline-partition's default, 4 per
+    // rank, or the most below that which divide the minibatch.
     const bool flush = plans_flush(flags.schedule);
-    const int microbatches = !flush ? 1 : flags.microbatches > 0 ? flags.microbatches : comm.size();
+    int microbatches = flush ? flags.microbatches : 1;
+    if (microbatches <= 0)
+      for (microbatches = std::min(batch, 4 * comm.size()); batch % microbatches != 0;)
+        --microbatches;
     if (comm.rank() == 0)
       log_info(
           "no --plan: profiling {} at batch {} and partitioning it for {} workers{}",
