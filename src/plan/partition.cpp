@@ -897,14 +897,16 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
                                                     o.optimizer_state_factor, ps.workspace_bytes)
                      : stage_memory_bytes(par, par, act, 1, o.optimizer_state_factor, input, loss,
                                           ps.workspace_bytes, g.stage_frees_input(f.s, f.e));
+    const double whole =
+        loss + (ps.recompute ? input : act + (g.stage_frees_input(f.s, f.e) ? 0.0 : input));
+    fixed[static_cast<std::size_t>(k)] = one - whole;
     // zb-v's W comes after the I: a microbatch between the two keeps the output gradients its
     // weights need, and a recomputing stage the activations it rebuilt for the I too.
     const bool split = pipes.shape.placement == StagePlacement::V;
     per[static_cast<std::size_t>(k)] =
-        loss + (ps.recompute ? input : act + (g.stage_frees_input(f.s, f.e) ? 0.0 : input)) +
-        (split ? split_held_bytes(split_costs.kept_bytes(ps.begin, ps.end), act, ps.recompute)
-               : 0.0);
-    fixed[static_cast<std::size_t>(k)] = one - per[static_cast<std::size_t>(k)];
+        whole + (split
+                     ? split_held_bytes(split_costs.kept_bytes(ps.begin, ps.end), act, ps.recompute)
+                     : 0.0);
     const auto r = static_cast<std::size_t>(pipes.place_of(k));
     compute[r] += ps.compute_s + ps.sync_s;
     transfer[r] += ps.transfer_s;

@@ -78,7 +78,7 @@ Profile random_chain(std::mt19937& rng, int layers) {
 // joining the two ranks, none between stages on one rank.
 double brute_force(const Profile& p, const Topology& t, int stages, bool transfer,
                    bool v_shape = false) {
-  const int n = p.size(), w = t.workers();
+  const int w = t.workers();
   auto rank_of = [&](int k) { return v_shape && k >= w ? 2 * w - 1 - k : k % w; };
   auto level_bandwidth = [&](int a, int b) {
     int size = 1;
