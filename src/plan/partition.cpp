@@ -1346,6 +1346,7 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
   Plan plan;
   describe(plan, g, t, stashing, fs, std::nullopt, false);
   double way = 0, tail = 0, least_weight = kInf;  // a microbatch's way; the end of a minibatch
+  double forwards = 0, backwards = 0;             // the slowest stage's forward, and backward
   for (int k = 0; k < p; ++k) {
     PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
     const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
@@ -1356,6 +1357,9 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     ps.in_flight = 0;  // 1F1B-stash's count, which describe() set
     ps.delay_allreduce = true;
     way += c.compute_s + (k + 1 < p ? 2 * cut_time(k, j) : 0.0);
+    const double forward = g.stage_forward_s(i - 1, j - 1);
+    forwards = std::max(forwards, forward);
+    backwards = std::max(backwards, c.compute_s - forward);
     double step = 0, weight = 0;
     for (int l = i; l < j; ++l) {
       const LayerProfile& lp = measured.layers[static_cast<std::size_t>(l)];
@@ -1373,7 +1377,10 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
   // ZB-H1's W's fill 2(p − 1) of 1F1B's bubble slots from p microbatches per pipeline on (Qi et
   // al.), p − 1 with one.
   const int filled = p - 1 + std::min(mp, p) - 1;
-  time = way + (mp - 1) * slowest + tail - (split ? filled * least_weight : 0.0);
+  // GPipe runs every forward, then every backward: each phase paced by its own slowest stage
+  // (its cut is still the one that 1F1B's figure chose).
+  const double pace = o.schedule == "gpipe" ? std::max(slowest, forwards + backwards) : slowest;
+  time = way + (mp - 1) * pace + tail - (split ? filled * least_weight : 0.0);
   finish(plan, charged, t, o, time / m);
   plan.schedule = o.schedule;
   plan.microbatches = m;

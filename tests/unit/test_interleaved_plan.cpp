@@ -446,7 +446,7 @@ TEST_CASE("partition --virtual-stages: each rank's memory is what its schedule h
   std::mt19937 rng(20261208);
   std::uniform_int_distribution<int> bytes(1, 64);
   int pipelines = 0;
-  for (int iter = 0; iter < 60; ++iter) {
+  for (int iter = 0; iter < 150; ++iter) {
     CAPTURE(iter);
     const int w = std::uniform_int_distribution<int>(2, 4)(rng);
     const bool v_shape = iter % 2 == 1;

@@ -107,7 +107,9 @@ struct PartitionOptions {
 //   max(compute, transfer in, transfer out) + the largest allreduce of a stage's gradients
 //   among its replicas and optimizer step (once per minibatch),
 // less, under zb-h1, (p − 1 + min(⌈m / d⌉, p) − 1) × the least weight-gradient time of a stage
-// (the W's that fill 1F1B's bubble: 2(p − 1) of them from p microbatches per copy on). A stage
+// (the W's that fill 1F1B's bubble: 2(p − 1) of them from p microbatches per copy on); under
+// gpipe, whose forwards and backwards run in two phases, the slowest stage's forward plus the
+// slowest's backward pace the further microbatches where that is more (the cut is 1F1B's). A stage
 // holds, per replica, its weights, gradient and optimizer state (no stashed version) and the
 // activations of min(⌈m/d⌉, p − k) microbatches under 1f1b-flush (stage k), min(⌈m/d⌉, p) under
 // zb-h1 (with the output gradients kept from each I to its W), ⌈m/d⌉ under gpipe. The plan's
