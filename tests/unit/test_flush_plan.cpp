@@ -12,6 +12,7 @@
 #include <pipeline/schedule/validate.hpp>
 
 #include "support/chain_cuts.hpp"
+#include "support/memory_limit_plans.hpp"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -50,11 +51,6 @@ Profile random_chain(std::mt19937& rng, int layers) {
   }
   p.loss_gradient_bytes = 200000;
   return p;
-}
-
-double most_memory(const Plan& plan) {
-  return static_cast<double>(*std::max_element(plan.predicted.peak_memory_bytes.begin(),
-                                               plan.predicted.peak_memory_bytes.end()));
 }
 
 }  // namespace
@@ -153,23 +149,17 @@ TEST_CASE("partition --schedule flush: memory limits recompute stage by stage, o
   o.schedule = "1f1b-flush";
   o.microbatches = 8;
   o.straight = true;
-  Topology t{{{4, 1e10}}, {}};
-  const Plan stashing = partition(p, t, o);
-  o.recompute = Recompute::All;
-  const Plan recomputing = partition(p, t, o);
-  REQUIRE(most_memory(recomputing) < most_memory(stashing));
-  t.memory_bytes_per_worker = (most_memory(stashing) + most_memory(recomputing)) / 2;
-  o.recompute = Recompute::None;
-  CHECK_THROWS_WITH_AS(partition(p, t, o), doctest::Contains("--recompute auto"), ConfigError);
-  o.recompute = Recompute::Auto;
-  const Plan fits = partition(p, t, o);
-  CHECK(most_memory(fits) <= *t.memory_bytes_per_worker);
+  const testing::LimitedPlans plans =
+      testing::plan_under_halfway_limit(p, Topology{{{4, 1e10}}, {}}, o);
+  const Plan& fits = plans.fits;
   CHECK(fits.stages[0].recompute);
   int recomputed = 0;
   for (const PlanStage& s : fits.stages) recomputed += s.recompute;
   CHECK(recomputed < fits.num_stages());
-  CHECK(fits.predicted.samples_per_s >= recomputing.predicted.samples_per_s);
+  CHECK(fits.predicted.samples_per_s >= plans.recomputing.predicted.samples_per_s);
+  Topology t = plans.limited;
   t.memory_bytes_per_worker = 1000;
+  o.recompute = Recompute::Auto;
   CHECK_THROWS_WITH_AS(partition(p, t, o), doctest::Contains("no plan for 1f1b-flush of 4 workers"),
                        ConfigError);
 }

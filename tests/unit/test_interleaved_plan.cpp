@@ -10,6 +10,7 @@
 #include <pipeline/schedule/validate.hpp>
 
 #include "support/chain_cuts.hpp"
+#include "support/memory_limit_plans.hpp"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -503,10 +504,6 @@ TEST_CASE("partition --virtual-stages: each rank's memory is what its schedule h
   // A memory limit between what stashing and recomputing need: refused, naming --recompute auto,
   // which then recomputes the stages of the rank that needs it, or every stage where that is
   // faster, the plan fitting either way.
-  const auto most = [](const Plan& plan) {
-    return static_cast<double>(*std::max_element(plan.predicted.peak_memory_bytes.begin(),
-                                                 plan.predicted.peak_memory_bytes.end()));
-  };
   for (const bool heavy_first : {false, true}) {
     CAPTURE(heavy_first);
     // Equal layers; with heavy_first, the first keeps far more than the others, so only rank 0
@@ -521,17 +518,11 @@ TEST_CASE("partition --virtual-stages: each rank's memory is what its schedule h
     PartitionOptions o;
     o.virtual_stages = 2;
     o.straight = true;
-    Topology t{{{2, 1e10}}, {}};
-    const Plan stashing = partition(p, t, o);
-    o.recompute = Recompute::All;
-    const Plan recomputing = partition(p, t, o);
-    REQUIRE(most(recomputing) < most(stashing));
-    t.memory_bytes_per_worker = (most(stashing) + most(recomputing)) / 2;
-    o.recompute = Recompute::None;
-    CHECK_THROWS_WITH_AS(partition(p, t, o), doctest::Contains("--recompute auto"), ConfigError);
+    const testing::LimitedPlans plans =
+        testing::plan_under_halfway_limit(p, Topology{{{2, 1e10}}, {}}, o);
+    const Plan &fits = plans.fits, &recomputing = plans.recomputing;
+    const Topology& t = plans.limited;
     o.recompute = Recompute::Auto;
-    const Plan fits = partition(p, t, o);
-    CHECK(most(fits) <= *t.memory_bytes_per_worker);
     CHECK(fits.predicted.time_per_minibatch_s <=
           recomputing.predicted.time_per_minibatch_s * (1 + 1e-12));
     int recomputed = 0;
