@@ -346,8 +346,7 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
                      : plan.microbatches > 0 ? plan.microbatches
                                              : layout.num_stages() * static_cast<int>(replicas);
   if (!req.csv.empty()) req.microbatches = read_schedule_csv(req.csv).microbatches;  // for the logs
-  req.in_flight = plan.in_flight > 1 ? plan.in_flight : 0;
-  req.stage_seconds = plan.stage_seconds();
+  take_plan_hints(req, plan);
   PIPELINE_CHECK_AS(ConfigError,
                     !flags.rebalance ||
                         (req.csv.empty() &&

@@ -573,10 +573,11 @@ int span_level(const std::vector<int>& groups, int a, int b) {
   return l;
 }
 
-// Fills stages, ranks, config, in_flight and the per-stage breakdown with the flat evaluation
-// of each stage at the bandwidth of the level its ranks span; returns the bottleneck.
-double describe(Plan& plan, const StateGraph& g, const Topology& t, const PartitionOptions& o,
-                const std::vector<FinalStage>& stages, std::optional<double> memory, bool check_memory) {
+// describe() with the in-flight counts the schedule's stash shape may take (`flights`, per
+// stage; stash_in_flights() or more), each taken where it fits.
+double describe_at(Plan& plan, const StateGraph& g, const Topology& t, const PartitionOptions& o,
+                   const std::vector<FinalStage>& stages, std::optional<double> memory,
+                   bool check_memory, const std::vector<int>& flights) {
   const bool pd = o.cost_model == CostModel::PipeDream;
   const bool transfer = !o.ignore_transfer && (!pd || o.activation_compression.has_value());
   const double R = o.activation_compression.value_or(1.0);
@@ -622,11 +623,16 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
       // on a replicated stage a second gradient set and one more weight version for replicas
       // that wait for their allreduce after their next backward (StashShape). Taken where they
       // fit without changing whether the stage recomputes; PipeDream's count otherwise.
-      const int deeper = deeper_flights[i];
+      // The most of `flights` that fits, down to stash_in_flights()'.
       const double extra = delayed_allreduce_bytes(par, version, r, /*input_stage=*/fs.s < 0);
       auto over = [&](double bytes) { return memory && bytes > *memory; };
-      if (!over(std::min(stash_at(deeper), recompute_at(deeper)) + extra) &&
-          over(stash_at(deeper) + extra) == over(stash_at(flight))) {
+      auto fits = [&](int f) {
+        return !over(std::min(stash_at(f), recompute_at(f)) + extra) &&
+               over(stash_at(f) + extra) == over(stash_at(flight));
+      };
+      int deeper = std::max(flights[i], deeper_flights[i]);
+      while (deeper > deeper_flights[i] && !fits(deeper)) --deeper;
+      if (fits(deeper)) {
         flight = deeper;
         delay_bytes = extra;
       } else {
@@ -651,6 +657,13 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
     } else {
       ps.compute_s = T / r;
       ps.sync_s = r > 1 ? sync_time(par, r, B, 1.0) / r : 0.0;
+    }
+    if (transfer && fs.s >= 0 && stages[i - 1].ranks.front() != fs.ranks.front()) {
+      const auto& bytes = pd ? g.pipedream_boundary_bytes : g.boundary_bytes;
+      const int l2 = span_level(groups, stages[i - 1].ranks.front(), fs.ranks.front());
+      ps.input_message_s =
+          transfer_time(bytes[static_cast<std::size_t>(fs.s)], 1,
+                        t.levels[static_cast<std::size_t>(l2)].bandwidth_bytes_per_s, R);
     }
     if (transfer && fs.compute_path < 0) {
       const auto& bytes = pd ? g.pipedream_boundary_bytes : g.boundary_bytes;
@@ -688,6 +701,31 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
   for (const PlanStage& ps : plan.stages)
     for (int rk : ps.ranks) plan.predicted.peak_memory_bytes[static_cast<std::size_t>(rk)] = static_cast<std::int64_t>(ps.memory_bytes);
   return worst;
+}
+
+// Fills stages, ranks, config, in_flight and the per-stage breakdown with the flat evaluation
+// of each stage at the bandwidth of the level its ranks span; returns the bottleneck. The
+// in-flight counts are those that hide the plan's transfers (stash_in_flights with transfers, at
+// the bottleneck's period) where they fit.
+double describe(Plan& plan, const StateGraph& g, const Topology& t, const PartitionOptions& o,
+                const std::vector<FinalStage>& stages, std::optional<double> memory,
+                bool check_memory) {
+  std::vector<int> replicas;
+  for (const FinalStage& fs : stages) replicas.push_back(static_cast<int>(fs.ranks.size()));
+  const std::vector<int> counts = stash_in_flights(t.workers(), replicas);
+  const double period = describe_at(plan, g, t, o, stages, memory, check_memory, counts);
+  if (o.cost_model == CostModel::PipeDream) return period;
+  std::vector<double> replica_seconds, message_seconds;
+  for (std::size_t k = 0; k < plan.stages.size(); ++k) {
+    const PlanStage& ps = plan.stages[k];
+    replica_seconds.push_back(ps.compute_s * ps.replicas);
+    message_seconds.push_back(ps.input_message_s);
+  }
+  const std::vector<int> flights =
+      stash_in_flights(t.workers(), replicas, replica_seconds, message_seconds, period);
+  // (The first pass decided recomputation; deeper counts are taken only where they keep it.)
+  return flights == counts ? period
+                           : describe_at(plan, g, t, o, stages, memory, check_memory, flights);
 }
 
 // A hand-made stage that ends at state e (layer e of a chain) where the planner would not end one

@@ -98,6 +98,7 @@ json plan_to_json(const Plan& p) {
                        {"transfer_s", s.transfer_s},
                        {"memory_bytes", s.memory_bytes}};
     if (s.workspace_bytes != 0) sj["predicted"]["workspace_bytes"] = s.workspace_bytes;
+    if (s.input_message_s > 0) sj["predicted"]["input_message_s"] = s.input_message_s;
     stages.push_back(std::move(sj));
   }
   json j;
@@ -269,6 +270,7 @@ Plan plan_from_json(const json& j, std::string_view origin) {
       s.transfer_s = number_or(pj, "transfer_s", 0, origin);
       s.memory_bytes = number_or(pj, "memory_bytes", 0, origin);
       s.workspace_bytes = number_or(pj, "workspace_bytes", 0, origin);
+      s.input_message_s = number_or(pj, "input_message_s", 0, origin);
     }
     p.stages.push_back(std::move(s));
   }

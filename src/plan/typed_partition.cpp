@@ -368,45 +368,70 @@ Plan TypedPartitioner::plan(std::size_t index) const {
     v -= static_cast<std::size_t>(c.replicas) * x.stride[static_cast<std::size_t>(c.type)];
     s = c.j;
   }
-  const std::vector<int> deeper = stash_in_flights(x.total[index], replicas);
-  int s = -1, rank = 0;
-  std::size_t v = index;
-  double worst = 0;
-  while (s != x.S - 1) {
-    const Cell& c = x.cell(s, v);
-    const TypeData& d = x.types[static_cast<std::size_t>(c.type)];
-    // As partition(): the schedule's deeper count and delayed allreduces where they fit without
-    // changing whether the stage recomputes; PipeDream's count otherwise.
-    Impl::Mode md = x.mode(d, s, c.j, c.replicas, x.total[v]);
-    const int base_flight = in_flight(x.total[v], 0, c.replicas);
-    const int flight = deeper[plan.stages.size()];
-    const Impl::Mode deep = x.mode(d, s, c.j, c.replicas, x.total[v], flight, true);
-    const bool take_deeper = deep.fits && deep.recompute == md.recompute;
-    if (take_deeper) md = deep;
-    const Impl::StageCost cost = x.stage_cost(d, s, c.j, c.replicas, md);
-    PlanStage ps;
-    const std::vector<int> layers = x.g.layers_between(s, c.j);
-    ps.begin = layers.front();
-    ps.end = layers.back() + 1;
-    if (static_cast<int>(layers.size()) != ps.end - ps.begin) ps.layer_ids = layers;
-    ps.replicas = c.replicas;
-    for (int r = 0; r < c.replicas; ++r) ps.ranks.push_back(rank++);
-    ps.recompute = md.recompute;
-    ps.in_flight = take_deeper ? flight : base_flight;
-    ps.delay_allreduce = take_deeper || c.replicas == 1;
-    ps.device = d.name;
-    ps.compute_s = (Impl::diff(d.compute, s, c.j) + md.extra_s) / c.replicas;
-    ps.sync_s = std::max(0.0, cost.compute_path - ps.compute_s);
-    ps.transfer_s = cost.transfer;
-    ps.memory_bytes = md.memory_bytes;
-    ps.workspace_bytes = x.working(d, s, c.j);
-    worst = std::max(worst, cost.time());
-    if (!plan.stages.empty()) plan.config.push_back('-');
-    plan.config += std::to_string(c.replicas);
-    plan.stages.push_back(std::move(ps));
-    v -= static_cast<std::size_t>(c.replicas) * x.stride[static_cast<std::size_t>(c.type)];
-    s = c.j;
+  // The stages at the given in-flight counts (stash_in_flights or more), each taken where it fits
+  // (as partition()'s describe()); returns the slowest stage's time.
+  auto expand = [&](const std::vector<int>& flights) {
+    plan.stages.clear();
+    plan.config.clear();
+    const std::vector<int> deeper = stash_in_flights(x.total[index], replicas);
+    int s = -1, rank = 0;
+    std::size_t v = index;
+    double worst = 0;
+    while (s != x.S - 1) {
+      const Cell& c = x.cell(s, v);
+      const TypeData& d = x.types[static_cast<std::size_t>(c.type)];
+      const std::size_t k = plan.stages.size();
+      // As partition(): the schedule's deeper count and delayed allreduces where they fit without
+      // changing whether the stage recomputes; PipeDream's count otherwise.
+      Impl::Mode md = x.mode(d, s, c.j, c.replicas, x.total[v]);
+      const int base_flight = in_flight(x.total[v], 0, c.replicas);
+      int flight = std::max(flights[k], deeper[k]);
+      auto deep_at = [&](int f) { return x.mode(d, s, c.j, c.replicas, x.total[v], f, true); };
+      auto fits = [&](const Impl::Mode& m) { return m.fits && m.recompute == md.recompute; };
+      while (flight > deeper[k] && !fits(deep_at(flight))) --flight;
+      const Impl::Mode deep = deep_at(flight);
+      const bool take_deeper = fits(deep);
+      if (take_deeper) md = deep;
+      const Impl::StageCost cost = x.stage_cost(d, s, c.j, c.replicas, md);
+      PlanStage ps;
+      const std::vector<int> layers = x.g.layers_between(s, c.j);
+      ps.begin = layers.front();
+      ps.end = layers.back() + 1;
+      if (static_cast<int>(layers.size()) != ps.end - ps.begin) ps.layer_ids = layers;
+      ps.replicas = c.replicas;
+      for (int r = 0; r < c.replicas; ++r) ps.ranks.push_back(rank++);
+      ps.recompute = md.recompute;
+      ps.in_flight = take_deeper ? flight : base_flight;
+      ps.delay_allreduce = take_deeper || c.replicas == 1;
+      ps.device = d.name;
+      ps.compute_s = (Impl::diff(d.compute, s, c.j) + md.extra_s) / c.replicas;
+      ps.sync_s = std::max(0.0, cost.compute_path - ps.compute_s);
+      ps.transfer_s = cost.transfer;
+      if (s >= 0 && x.transfer)
+        ps.input_message_s =
+            transfer_time(d.boundary[static_cast<std::size_t>(s)], 1, x.bandwidth, x.ratio);
+      ps.memory_bytes = md.memory_bytes;
+      ps.workspace_bytes = x.working(d, s, c.j);
+      worst = std::max(worst, cost.time());
+      if (!plan.stages.empty()) plan.config.push_back('-');
+      plan.config += std::to_string(c.replicas);
+      plan.stages.push_back(std::move(ps));
+      v -= static_cast<std::size_t>(c.replicas) * x.stride[static_cast<std::size_t>(c.type)];
+      s = c.j;
+    }
+    return worst;
+  };
+  const std::vector<int> counts = stash_in_flights(x.total[index], replicas);
+  double worst = expand(counts);
+  std::vector<double> replica_seconds, message_seconds;
+  for (std::size_t k = 0; k < plan.stages.size(); ++k) {
+    const PlanStage& ps = plan.stages[k];
+    replica_seconds.push_back(ps.compute_s * ps.replicas);
+    message_seconds.push_back(ps.input_message_s);
   }
+  const std::vector<int> flights =
+      stash_in_flights(x.total[index], replicas, replica_seconds, message_seconds, worst);
+  if (flights != counts) worst = expand(flights);
   PIPELINE_CHECK(
       worst == best,
       "internal: the slowest stage of the expanded typed plan ({}) is not the optimum ({})", worst,

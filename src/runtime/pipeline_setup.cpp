@@ -124,6 +124,15 @@ int minibatch_granularity(const std::string& schedule_name, const PipelineLayout
   return l;
 }
 
+void take_plan_hints(ScheduleRequest& request, const Plan& plan) {
+  const ScheduleSpec planned = ScheduleSpec::from_plan(plan, request.microbatches);
+  request.in_flight = planned.in_flight;
+  request.stage_in_flight = planned.stage_in_flight;
+  request.stage_may_delay = planned.stage_may_delay;
+  request.stage_seconds = planned.stage_seconds;
+  request.input_message_seconds = planned.input_message_seconds;
+}
+
 Schedule make_schedule(const ScheduleRequest& request, const PipelineLayout& layout,
                        int minibatches) {
   Schedule s;
@@ -136,7 +145,10 @@ Schedule make_schedule(const ScheduleRequest& request, const PipelineLayout& lay
     spec.minibatches = minibatches;
     spec.vertical_sync = request.vertical_sync;
     spec.in_flight = request.in_flight;
+    spec.stage_in_flight = request.stage_in_flight;
+    spec.stage_may_delay = request.stage_may_delay;
     spec.stage_seconds = request.stage_seconds;
+    spec.input_message_seconds = request.input_message_seconds;
     if (!request.seconds_per_rank.empty())
       spec.dealing = dealing_by_speed(spec, request.seconds_per_rank);
     s = generate_schedule(request.name, spec);

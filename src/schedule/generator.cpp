@@ -20,6 +20,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <tuple>
 
 namespace pipeline {
 
@@ -96,6 +97,7 @@ ScheduleSpec ScheduleSpec::from_plan(const Plan& plan, int microbatches, int min
     s.stage_may_delay.push_back(st.delay_allreduce);
   }
   s.stage_seconds = plan.stage_seconds();
+  for (auto& st : plan.stages) s.input_message_seconds.push_back(st.input_message_s);
   return s;
 }
 
@@ -162,6 +164,20 @@ std::vector<int> stash_warmups(const ScheduleSpec& spec) {
     const auto si = static_cast<std::size_t>(s);
     if (si < spec.stage_in_flight.size() && spec.stage_in_flight[si] > 0)
       w = std::min(w, spec.stage_in_flight[si] - 1);
+    if (!out.empty()) w = std::min(w, out.back());
+    out.push_back(std::max(w, 0));
+  }
+  return out;
+}
+
+std::vector<int> planned_warmups(const ScheduleSpec& spec) {
+  std::vector<int> out;
+  for (int s = 0; s < spec.num_stages(); ++s) {
+    const auto si = static_cast<std::size_t>(s);
+    int w = si < spec.stage_in_flight.size() && spec.stage_in_flight[si] > 0
+                ? spec.stage_in_flight[si] - 1
+                : one_f_one_b_warmup(spec, s);
+    if (spec.in_flight > 0) w = std::min(w, spec.in_flight - 1);
     if (!out.empty()) w = std::min(w, out.back());
     out.push_back(std::max(w, 0));
   }
@@ -485,9 +501,10 @@ Schedule one_f_one_b_stash_schedule(const ScheduleSpec& spec) {
                       "stage {} (their allreduces must pair up); use a multiple of {}",
                       spec.minibatches, r, s, r);
   }
-  // A pipeline without replicas runs under PipeDream's warm-ups, at the rate it predicts.
+  // A pipeline without replicas runs under the planner's depths: PipeDream's, or more where its
+  // transfers need them (stash_in_flights with transfers).
   if (!has_replicated_stage(spec))
-    return detail::stash_schedule_with(spec, {detail::stash_warmups(spec), {}});
+    return detail::stash_schedule_with(spec, {detail::planned_warmups(spec), {}});
   detail::StashShape shape = detail::replicated_stash_shape(spec);
   Schedule sched = detail::stash_schedule_with(spec, shape);
   // The shape was chosen on a shorter run; the schedule's own length is checked too.
@@ -507,23 +524,50 @@ std::vector<int> stages_of_ranks(const ScheduleSpec& spec) {
   return out;
 }
 
+// Whether the spec carries every stage's time (ScheduleSpec::stage_seconds).
+bool has_stage_seconds(const ScheduleSpec& spec) {
+  return spec.stage_seconds.size() == spec.stage_ranks.size() &&
+         std::all_of(spec.stage_seconds.begin(), spec.stage_seconds.end(),
+                     [](double t) { return t > 0; });
+}
+
 // The time the schedule takes on a balanced pipeline — the pipeline the planner builds, every
 // stage taking the same time per minibatch: a replica of a stage with r replicas spends r units
 // on a forward and 2r on a backward (r each on its input- and weight-gradient halves) — with free
 // communication and allreduces that start with each replica's closing backward, as the runtime's
-// do; infinity when it deadlocks.
-double balanced_makespan(const ScheduleSpec& spec, const Schedule& schedule) {
+// do; infinity when it deadlocks. With `planned_costs` and the spec's stage_seconds, on the plan's
+// own pipeline instead: each stage's time (a third forward, two thirds backward) and its input
+// messages on the links as the simulator charges them (round_robin_pair_share), so that depths
+// which hide slow transfers win.
+double probe_makespan(const ScheduleSpec& spec, const Schedule& schedule, bool planned_costs) {
+  const bool costed = planned_costs && has_stage_seconds(spec);
   EngineCosts costs;
-  for (auto& ranks : spec.stage_ranks) {
+  for (std::size_t s = 0; s < spec.stage_ranks.size(); ++s) {
+    const auto r = static_cast<double>(spec.stage_ranks[s].size());
+    const double replica_s = costed ? 3 * spec.stage_seconds[s] * r : 3 * r;
     StageCosts c;
-    c.forward_s = static_cast<double>(ranks.size());
-    c.backward_s = 2.0 * static_cast<double>(ranks.size());
+    c.forward_s = replica_s / 3;
+    c.backward_s = replica_s - c.forward_s;
     c.backward_input_s = c.backward_weight_s = c.backward_s / 2;
     // The runtime's allreduce overlaps: it starts with each replica's closing backward.
     c.bucket_ready = {1.0};
     c.bucket_s = {0.0};
     costs.stages.push_back(c);
   }
+  std::vector<double> message;  // per stage: one input message on a pair's channel
+  if (costed && spec.input_message_seconds.size() == spec.stage_ranks.size()) {
+    message.assign(spec.stage_ranks.size(), 0.0);
+    for (std::size_t s = 1; s < message.size(); ++s)
+      message[s] = std::max(0.0, spec.input_message_seconds[s]) /
+                   round_robin_pair_share(static_cast<int>(spec.stage_ranks[s - 1].size()),
+                                          static_cast<int>(spec.stage_ranks[s].size()));
+  }
+  if (!message.empty())
+    costs.transfer_s = [&message](int src, int dst, int stage, ActionKind kind) {
+      if (src == dst) return 0.0;
+      return message[static_cast<std::size_t>(kind == ActionKind::SendActivation ? stage + 1
+                                                                                 : stage)];
+    };
   try {
     const EngineResult result = execute_schedule(schedule, &costs, false);
     double end = 0;
@@ -604,10 +648,11 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
   // With replicas the allreduces couple the replicas' orders, and PipeDream's warm-ups may wait
   // on each other across uneven replica counts (its 4-2-3-3-2-1-1 deadlocks) or leave stages
   // starved. The shape is searched instead: a hill climb over one-step changes of a stage's
-  // depth or delaying replicas that minimises the balanced pipeline's makespan
-  // (balanced_makespan) on a run of a few rounds per worker, from the two most promising of
-  // several starts without delays, then from the best shape found with every replica but the
-  // last delaying. Depths stay within the stages' in-flight counts (stash_depth_limits).
+  // depth or delaying replicas that minimises the makespan of the plan's pipeline (its stage
+  // times and messages where the spec has them, else a balanced one without transfers:
+  // probe_makespan) on a run of a few rounds per worker, from the two most promising of several
+  // starts without delays, then from the best shape found with every replica but the last
+  // delaying. Depths stay within the stages' in-flight counts (stash_depth_limits).
   ScheduleSpec probe = spec;
   std::vector<int> counts;
   for (auto& r : spec.stage_ranks) counts.push_back(static_cast<int>(r.size()));
@@ -631,10 +676,27 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
   };
   // The climbs come back to shapes they have timed (a step and its reverse; the second climb
   // along the first one's path): each shape is simulated once.
-  std::map<std::pair<std::vector<int>, std::vector<int>>, double> timed;
+  // A shape is timed on the plan's pipeline and on the balanced one: of shapes equally fast on
+  // the first (as where a slow link, not the shape, sets the pace), the one faster on the second
+  // keeps its stages from waiting on each other when their times drift (a straggler).
+  struct Timing {
+    double planned = 0, balanced = 0;
+    bool finite() const { return std::isfinite(planned); }
+    bool operator<(const Timing& o) const {
+      return planned < o.planned * (1 - 1e-9) ||
+             (planned <= o.planned * (1 + 1e-9) && balanced < o.balanced * (1 - 1e-9));
+    }
+  };
+  std::map<std::pair<std::vector<int>, std::vector<int>>, Timing> timed;
   auto makespan = [&](const StashShape& shape) {
-    auto [it, fresh] = timed.try_emplace({shape.warmups, shape.delaying}, 0.0);
-    if (fresh) it->second = balanced_makespan(probe, stash_schedule_with(probe, shape));
+    auto [it, fresh] = timed.try_emplace({shape.warmups, shape.delaying}, Timing{});
+    if (fresh) {
+      const Schedule sched = stash_schedule_with(probe, shape);
+      it->second.balanced = probe_makespan(probe, sched, false);
+      it->second.planned = has_stage_seconds(probe) && std::isfinite(it->second.balanced)
+                               ? probe_makespan(probe, sched, true)
+                               : it->second.balanced;
+    }
     return it->second;
   };
   // Starts: PipeDream's depths lowered until they run; depths that keep every stage's window of
@@ -655,13 +717,14 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
     uncapped.push_back(std::min(one_f_one_b_warmup(spec, static_cast<int>(s)), limit[s]));
   starts.push_back(lowered({uncapped, std::vector<int>(stages, 0)}));
   starts.push_back({std::vector<int>(stages, 0), std::vector<int>(stages, 0)});
+  starts.push_back(lowered({planned_warmups(probe), std::vector<int>(stages, 0)}));
   // Each evaluation simulates the whole probe run: beyond 64 ranks the search would take longer
   // than the run it plans, so the first start is taken as it is.
   if (spec.num_ranks() > kMaxSearchedRanks) return starts.front();
 
   // From `at`, whose makespan is at_s, to a local optimum (its makespan left in at_s).
-  auto climb = [&](StashShape at, double& at_s) {
-    for (bool improved = std::isfinite(at_s); improved;) {
+  auto climb = [&](StashShape at, Timing& at_s) {
+    for (bool improved = at_s.finite(); improved;) {
       improved = false;
       for (std::size_t s = 0; s < stages; ++s)
         for (int* value : {&at.warmups[s], &at.delaying[s]})
@@ -669,8 +732,8 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
             const int hi = value == &at.warmups[s] ? limit[s] : delay_limit[s];
             if (*value + step < 0 || *value + step > hi) continue;
             *value += step;
-            const double t = makespan(at);
-            if (t < at_s * (1 - 1e-9)) {
+            const Timing t = makespan(at);
+            if (t < at_s) {
               at_s = t;
               improved = true;
             } else {
@@ -681,8 +744,9 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
     return at;
   };
   StashShape best;
-  double best_s = std::numeric_limits<double>::infinity();
-  auto consider = [&](const StashShape& start, double s_time) {
+  const double inf = std::numeric_limits<double>::infinity();
+  Timing best_s{inf, inf};
+  auto consider = [&](const StashShape& start, Timing s_time) {
     StashShape found = climb(start, s_time);
     if (s_time < best_s) {
       best = std::move(found);
@@ -690,16 +754,19 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
     }
   };
   // The climbs take most of the time: only from the two distinct starts that run fastest.
-  std::vector<std::pair<double, std::size_t>> promise;
+  std::vector<std::pair<Timing, std::size_t>> promise;
   for (std::size_t i = 0; i < starts.size(); ++i) {
     bool seen = false;
     for (std::size_t j = 0; j < i; ++j) seen = seen || starts[j].warmups == starts[i].warmups;
     if (!seen) promise.push_back({makespan(starts[i]), i});
   }
-  std::sort(promise.begin(), promise.end());
+  std::sort(promise.begin(), promise.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.first.planned, a.first.balanced, a.second) <
+           std::tie(b.first.planned, b.first.balanced, b.second);
+  });
   for (std::size_t k = 0; k < std::min<std::size_t>(2, promise.size()); ++k)
-    if (std::isfinite(promise[k].first)) consider(starts[promise[k].second], promise[k].first);
-  PIPELINE_CHECK(std::isfinite(best_s),
+    if (promise[k].first.finite()) consider(starts[promise[k].second], promise[k].first);
+  PIPELINE_CHECK(best_s.finite(),
                  "no 1F1B-stash shape without deadlock was found for stages on ranks {}",
                  spec.stage_ranks);
   StashShape delayed = best;
@@ -739,8 +806,10 @@ std::vector<int> replicated_flush_warmups(const ScheduleSpec& spec, bool split_b
   auto makespan = [&](const std::vector<int>& w) {
     auto [it, fresh] = timed.try_emplace(w, 0.0);
     if (fresh)
-      it->second = balanced_makespan(probe, split_backward ? zero_bubble_h1_with(probe, &w)
-                                                           : one_f_one_b_flush_with(probe, &w));
+      it->second = probe_makespan(
+          probe,
+          split_backward ? zero_bubble_h1_with(probe, &w) : one_f_one_b_flush_with(probe, &w),
+          false);
     return it->second;
   };
   double best_s = makespan(warmups);

@@ -372,8 +372,7 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
         static_cast<std::size_t>(boundaries));
     for (int s = 0; s < boundaries; ++s) {
       const int a = schedule.replicas(s), b = schedule.replicas(s + 1);
-      boundary_share[static_cast<std::size_t>(s)] =
-          1.0 / static_cast<double>(std::max(a, b) / std::gcd(a, b));
+      boundary_share[static_cast<std::size_t>(s)] = round_robin_pair_share(a, b);
       if (schedule.round_robin(s) && schedule.round_robin(s + 1)) continue;
       std::map<std::pair<int, int>, int> pair;
       std::map<int, int> lower, upper;

@@ -321,7 +321,8 @@ TEST_CASE("plan.json keeps the per-stage recompute choice; plans without it read
 
 TEST_CASE("the simulator charges the second forward and stashes only the stage input") {
   const Profile p = uniform_profile();
-  Plan plan = evaluate_stages(p, Topology{{{2, 1e10}}, {}}, parse_manual_stages("0:2,2:4"));
+  // Planned, as simulated, on free links: PipeDream's in-flight counts.
+  Plan plan = evaluate_stages(p, Topology{{{2, 1e18}}, {}}, parse_manual_stages("0:2,2:4"));
   const Schedule s = generate_schedule("1f1b-stash", ScheduleSpec::from_plan(plan, 1, 8));
   const Simulation stash = simulate(s, p, plan, Topology{});
   plan.stages[0].recompute = plan.stages[1].recompute = true;

@@ -49,6 +49,11 @@ struct PlanStage {
   double compute_s = 0;
   double sync_s = 0;
   double transfer_s = 0;
+  // Seconds one of the stage's input activations (or, back, its gradient) takes on the link from
+  // the stage before at the link's whole bandwidth, 2a/B as a half-duplex pair carries both (0 for
+  // the input stage, free links, or unknown): what the schedule's warm-up depths must hide
+  // (stash_in_flights with transfers).
+  double input_message_s = 0;
   double memory_bytes = 0;
   double workspace_bytes = 0;
 };

@@ -71,10 +71,21 @@ struct ScheduleRequest {
   // microbatches by these speeds (schedule/dealing.hpp; flush schedules only). Empty:
   // round-robin.
   std::vector<double> seconds_per_rank;
-  // Seconds per microbatch of every stage (the plan's PlanStage::compute_s), for the schedules
-  // that order by time (zb-v; ScheduleSpec::stage_seconds). Empty: equal stages.
+  // What the plan tells the generators beyond its layout, as ScheduleSpec::from_plan takes it,
+  // so that a trainer runs the schedule the simulator timed: per stage the minibatches a replica
+  // may hold and whether its replicas may delay their allreduces (stash schedules), its seconds
+  // per microbatch (PlanStage::compute_s) and its input messages' link seconds
+  // (PlanStage::input_message_s). Empty: PipeDream's depths, equal stages, free links.
+  std::vector<int> stage_in_flight;
+  std::vector<char> stage_may_delay;
   std::vector<double> stage_seconds;
+  std::vector<double> input_message_seconds;
 };
+
+// Sets what `plan` tells its schedule's generator beyond its layout (in_flight and the per-stage
+// hints above), as ScheduleSpec::from_plan does, so that the trainers run the schedule that
+// pipeline-simulate times for the plan.
+void take_plan_hints(ScheduleRequest& request, const Plan& plan);
 
 // The schedule for `minibatches` minibatches on the layout, generated or read, then validated;
 // ConfigError when it cannot be executed (naming the rank and action) or does not fit the layout.

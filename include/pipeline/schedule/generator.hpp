@@ -40,10 +40,15 @@ struct ScheduleSpec {
   // deals them by the replicas' speed). Empty: round-robin. Flush schedules (gpipe, 1f1b-flush,
   // zb-h1) follow any dealing; the others deal round-robin and refuse one.
   std::vector<std::vector<std::int32_t>> dealing;
-  // Per stage, the seconds of one microbatch's forward and backward on a replica (the plan's
-  // PlanStage::compute_s), for the generators that order by time (zb-v); empty or any
-  // non-positive entry: equal stages.
+  // Per stage, the seconds of one microbatch's forward and backward over its replicas (the
+  // plan's PlanStage::compute_s: a replica's time over the replica count), for the generators
+  // that order by time (zb-v) and the stash shape search; empty or any non-positive entry: equal
+  // stages.
   std::vector<double> stage_seconds;
+  // Per stage, the seconds one input activation (or its gradient) takes on the link from the
+  // stage before at its whole bandwidth (PlanStage::input_message_s); the stash shape search
+  // charges them as the simulator does. Empty: free links.
+  std::vector<double> input_message_seconds;
 
   int num_stages() const { return static_cast<int>(stage_ranks.size()); }
   int num_ranks() const;
@@ -112,6 +117,10 @@ int one_f_one_b_warmup(const ScheduleSpec& spec, int stage);
 // capped by spec.in_flight - 1 on every stage and by the stage's own stage_in_flight - 1, and
 // non-increasing along the pipeline.
 std::vector<int> stash_warmups(const ScheduleSpec& spec);
+// Warm-up depth of every stage under 1F1B-stash as the plan gives it: the stage's
+// stage_in_flight - 1 (which exceeds PipeDream's depth where the planner found that transfers
+// need more), PipeDream's where not given, capped by spec.in_flight - 1 and non-increasing.
+std::vector<int> planned_warmups(const ScheduleSpec& spec);
 // The shape of a 1F1B-stash schedule per stage: its warm-up depth, and how many of its replicas
 // (the first ones of the round-robin) wait for each allreduce and step only after their next
 // backward. Round-robin dealing staggers a stage's replicas by one period of the stage before
