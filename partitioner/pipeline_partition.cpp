@@ -144,9 +144,10 @@ void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim
   if (ratio < 0.9 && stashes(plan))
     fmt::print(
         "note: the schedule cannot reach the partitioner's figure: transfers that the minibatches "
-        "in flight cannot hide, or replicas of a stage waiting for each other at its allreduce (a "
-        "replicated stage after the first gets its minibatches one at a time, and a plan without "
-        "the memory for the deeper in-flight counts that hide it keeps PipeDream's); "
+        "in flight cannot hide (where the memory, or --pipedream-in-flight, kept the in-flight "
+        "counts that would hide them), or replicas of a stage waiting for each other at its "
+        "allreduce (a replicated stage after the first gets its minibatches one at a time, and a "
+        "plan without the memory for the deeper in-flight counts that hide it keeps PipeDream's); "
         "pipeline-simulate --trace shows where\n");
 }
 
@@ -186,6 +187,7 @@ int main(int argc, char** argv) {
   std::string schedule = "1f1b-stash";
   std::string stage_placement = "looped";
   bool straight = false, allow_idle = false, ignore_transfer = false, quiet = false, no_simulate = false;
+  bool pipedream_in_flight = false;
   std::optional<double> compression;
   std::size_t max_states = pipeline::PartitionOptions{}.max_states;
   std::string recompute = "auto", optimizer = "momentum", transfer_dtype;
@@ -230,6 +232,10 @@ int main(int argc, char** argv) {
   app.add_flag("--straight", straight, "no replicated stages");
   app.add_flag("--allow-idle", allow_idle, "leave workers unused when that is no slower");
   app.add_flag("--ignore-transfer", ignore_transfer, "no activation transfer cost");
+  app.add_flag("--pipedream-in-flight", pipedream_in_flight,
+               "keep PipeDream's minibatches in flight on a pipeline without replicas (the least "
+               "weight staleness), even where slow links then leave round trips unhidden "
+               "(default: more where that hides them)");
   app.add_option("--activation-compression", compression, "activation compression ratio R (transfers cost 2a/(B r R))");
   app.add_option("--stages", stages_text, "evaluate this plan instead: BEGIN:END[xREPLICAS],... e.g. 0:5x2,5:12,12:20");
   app.add_option("--batch", batch, "batch size of the profile (overrides the file)")
@@ -344,6 +350,7 @@ int main(int argc, char** argv) {
     opt.straight = straight;
     opt.allow_idle = allow_idle;
     opt.ignore_transfer = ignore_transfer;
+    opt.pipedream_in_flight = pipedream_in_flight;
     opt.activation_compression = compression;
     if (transfer_dtype == "bf16") pipeline::set_transfer_dtype(opt, pipeline::DType::BFloat16);
     opt.max_states = max_states;

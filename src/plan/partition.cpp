@@ -714,7 +714,7 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
   for (const FinalStage& fs : stages) replicas.push_back(static_cast<int>(fs.ranks.size()));
   const std::vector<int> counts = stash_in_flights(t.workers(), replicas);
   const double period = describe_at(plan, g, t, o, stages, memory, check_memory, counts);
-  if (o.cost_model == CostModel::PipeDream) return period;
+  if (o.cost_model == CostModel::PipeDream || o.pipedream_in_flight) return period;
   std::vector<double> replica_seconds, message_seconds;
   for (std::size_t k = 0; k < plan.stages.size(); ++k) {
     const PlanStage& ps = plan.stages[k];

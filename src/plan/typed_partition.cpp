@@ -431,7 +431,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
   }
   const std::vector<int> flights =
       stash_in_flights(x.total[index], replicas, replica_seconds, message_seconds, worst);
-  if (flights != counts) worst = expand(flights);
+  if (flights != counts && !x.options.pipedream_in_flight) worst = expand(flights);
   PIPELINE_CHECK(
       worst == best,
       "internal: the slowest stage of the expanded typed plan ({}) is not the optimum ({})", worst,

@@ -544,7 +544,8 @@ double probe_makespan(const ScheduleSpec& spec, const Schedule& schedule, bool p
   EngineCosts costs;
   for (std::size_t s = 0; s < spec.stage_ranks.size(); ++s) {
     const auto r = static_cast<double>(spec.stage_ranks[s].size());
-    const double replica_s = costed ? 3 * spec.stage_seconds[s] * r : 3 * r;
+    // (stage_seconds is a replica's time over the replica count, PlanStage::compute_s.)
+    const double replica_s = costed ? spec.stage_seconds[s] * r : 3 * r;
     StageCosts c;
     c.forward_s = replica_s / 3;
     c.backward_s = replica_s - c.forward_s;

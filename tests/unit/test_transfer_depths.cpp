@@ -185,6 +185,12 @@ TEST_CASE("over a slow link the partitioner's plans run at its rate under their 
       CHECK(sim.time_per_minibatch_s <= predicted * (1 + 1e-3));
       if (straight) {
         CHECK(plan.in_flight > with_pipedream_counts(plan).in_flight);
+        // The least staleness, asked for: PipeDream's counts.
+        PartitionOptions least = options;
+        least.pipedream_in_flight = true;
+        const Plan pd = partition(profile, topology, least);
+        CHECK(pd.config == plan.config);
+        CHECK(pd.in_flight == with_pipedream_counts(plan).in_flight);
         CHECK(before.time_per_minibatch_s > 1.2 * sim.time_per_minibatch_s);
       } else {
         CHECK(plan.in_flight == with_pipedream_counts(plan).in_flight);
