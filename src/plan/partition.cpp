@@ -1280,8 +1280,10 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     double memory_bytes = 0;
   };
   const bool split = o.schedule == "zb-h1";
-  const auto choose = [&](int k, int i, int j) -> std::optional<Choice> {
-    const int s = i - 1, e = j - 1, held = flush_held(o.schedule, k, p, mp);
+  // (`held`: the microbatches the stage holds, flush_held()'s unless given.)
+  const auto choose = [&](int k, int i, int j, int held = 0) -> std::optional<Choice> {
+    const int s = i - 1, e = j - 1;
+    if (held <= 0) held = flush_held(o.schedule, k, p, mp);
     const double par = StateGraph::stage_sum(g.parameter_bytes, s, e);
     const double act = g.stage_activation_bytes(s, e);
     const double input = s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(s)];
@@ -1414,6 +1416,49 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
   }
   // ZB-H1's W's fill 2(p − 1) of 1F1B's bubble slots from p microbatches per pipeline on (Qi et
   // al.), p − 1 with one.
+  // Over slow links: each stage starts enough microbatches before its first backward that every
+  // loop to a later stage and back fits in them (stash_in_flights with transfers, at the slowest
+  // stage's pace), where that fits in memory without recomputing more; the schedule runs those
+  // depths (PlanStage::in_flight: warm-up + 1). Under 1F1B-flush a stage holds its own depth's
+  // microbatches, under ZB-H1 every stage the first stage's (flush_held); GPipe holds them all.
+  if (o.schedule != "gpipe") {
+    std::vector<double> compute, message;
+    for (int k = 0; k < p; ++k) {
+      const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
+      compute.push_back(choose(k, i, j)->compute_s);
+      message.push_back(k > 0 ? cut_time(k - 1, i) : 0.0);
+    }
+    std::vector<int> depths = stash_in_flights(p, std::vector<int>(static_cast<std::size_t>(p), 1),
+                                               compute, message, slowest);
+    for (int& depth : depths) depth = std::min(depth, mp);
+    // The microbatches stage k holds at the depths, and whether every stage fits them.
+    const auto held_at = [&](int k) {
+      return std::max(flush_held(o.schedule, k, p, mp),
+                      split ? depths.front() : depths[static_cast<std::size_t>(k)]);
+    };
+    const auto fits = [&](int k) {
+      const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
+      const std::optional<Choice> c = choose(k, i, j, held_at(k));
+      return c && c->recompute == plan.stages[static_cast<std::size_t>(k)].recompute;
+    };
+    // Stage by stage, lowered until it fits (under ZB-H1 the first stage's depth, which every
+    // stage holds), never deeper than the stage before it (the schedule's depths do not rise).
+    for (int k = 0; k < p; ++k) {
+      int& depth = depths[static_cast<std::size_t>(split ? 0 : k)];
+      if (k > 0)
+        depths[static_cast<std::size_t>(k)] =
+            std::min(depths[static_cast<std::size_t>(k)], depths[static_cast<std::size_t>(k) - 1]);
+      // (At flush_held()'s count every stage fits: the search above chose it so.)
+      while (depth > 1 && !fits(k)) --depth;
+      for (int& later : depths) later = std::min(later, depths.front());
+    }
+    for (int k = 0; k < p; ++k) {
+      PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
+      const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
+      ps.in_flight = std::max(depths[static_cast<std::size_t>(k)], std::min(p - k, mp));
+      ps.memory_bytes = choose(k, i, j, held_at(k))->memory_bytes;
+    }
+  }
   const int filled = p - 1 + std::min(mp, p) - 1;
   // GPipe runs every forward, then every backward: each phase paced by its own slowest stage
   // (its cut is still the one that 1F1B's figure chose).

@@ -385,7 +385,15 @@ bool detail::searches_flush_warmups(const ScheduleSpec& spec) {
 
 Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
   check_spec(spec);
-  if (!detail::searches_flush_warmups(spec)) return detail::one_f_one_b_flush_with(spec, nullptr);
+  if (!detail::searches_flush_warmups(spec)) {
+    // A pipeline without replicas under the plan's depths (PipeDream's, or more where the plan
+    // found that its transfers need them), beyond a minibatch's microbatches to no effect.
+    if (!has_replicated_stage(spec) && !spec.stage_in_flight.empty()) {
+      const std::vector<int> warmups = detail::planned_warmups(spec);
+      return detail::one_f_one_b_flush_with(spec, &warmups);
+    }
+    return detail::one_f_one_b_flush_with(spec, nullptr);
+  }
   const std::vector<int> warmups = detail::replicated_flush_warmups(spec, /*split=*/false);
   return detail::one_f_one_b_flush_with(spec, &warmups);
 }
@@ -407,7 +415,14 @@ Schedule detail::zero_bubble_h1_with(const ScheduleSpec& spec, const std::vector
 
 Schedule zero_bubble_h1_schedule(const ScheduleSpec& spec) {
   check_spec(spec);
-  if (!detail::searches_flush_warmups(spec)) return detail::zero_bubble_h1_with(spec, nullptr);
+  if (!detail::searches_flush_warmups(spec)) {
+    // As 1F1B-flush: a pipeline without replicas under the plan's depths.
+    if (!has_replicated_stage(spec) && !spec.stage_in_flight.empty()) {
+      const std::vector<int> warmups = detail::planned_warmups(spec);
+      return detail::zero_bubble_h1_with(spec, &warmups);
+    }
+    return detail::zero_bubble_h1_with(spec, nullptr);
+  }
   const std::vector<int> warmups = detail::replicated_flush_warmups(spec, /*split=*/true);
   return detail::zero_bubble_h1_with(spec, &warmups);
 }
@@ -579,6 +594,28 @@ double probe_makespan(const ScheduleSpec& spec, const Schedule& schedule, bool p
   }
 }
 
+// A schedule timed on the plan's pipeline (`planned`, where the spec has its stage times and the
+// caller asks for them; else the balanced one's) and on the balanced one. Of schedules equally
+// fast on the first (as where a slow link, not the order, sets the pace), the one faster on the
+// second keeps its stages from waiting on each other when their times drift (a straggler).
+struct ProbeTime {
+  double planned = 0, balanced = 0;
+  bool finite() const { return std::isfinite(planned); }
+  bool operator<(const ProbeTime& o) const {
+    return planned < o.planned * (1 - 1e-9) ||
+           (planned <= o.planned * (1 + 1e-9) && balanced < o.balanced * (1 - 1e-9));
+  }
+};
+
+ProbeTime probe_time(const ScheduleSpec& spec, const Schedule& schedule, bool planned_costs) {
+  ProbeTime t;
+  t.balanced = probe_makespan(spec, schedule, false);
+  t.planned = planned_costs && has_stage_seconds(spec) && std::isfinite(t.balanced)
+                  ? probe_makespan(spec, schedule, true)
+                  : t.balanced;
+  return t;
+}
+
 }  // namespace
 
 void lower_until_valid(const ScheduleSpec& spec, StashShape& shape, Schedule& sched) {
@@ -677,27 +714,11 @@ StashShape replicated_stash_shape(const ScheduleSpec& spec) {
   };
   // The climbs come back to shapes they have timed (a step and its reverse; the second climb
   // along the first one's path): each shape is simulated once.
-  // A shape is timed on the plan's pipeline and on the balanced one: of shapes equally fast on
-  // the first (as where a slow link, not the shape, sets the pace), the one faster on the second
-  // keeps its stages from waiting on each other when their times drift (a straggler).
-  struct Timing {
-    double planned = 0, balanced = 0;
-    bool finite() const { return std::isfinite(planned); }
-    bool operator<(const Timing& o) const {
-      return planned < o.planned * (1 - 1e-9) ||
-             (planned <= o.planned * (1 + 1e-9) && balanced < o.balanced * (1 - 1e-9));
-    }
-  };
+  using Timing = ProbeTime;
   std::map<std::pair<std::vector<int>, std::vector<int>>, Timing> timed;
   auto makespan = [&](const StashShape& shape) {
     auto [it, fresh] = timed.try_emplace({shape.warmups, shape.delaying}, Timing{});
-    if (fresh) {
-      const Schedule sched = stash_schedule_with(probe, shape);
-      it->second.balanced = probe_makespan(probe, sched, false);
-      it->second.planned = has_stage_seconds(probe) && std::isfinite(it->second.balanced)
-                               ? probe_makespan(probe, sched, true)
-                               : it->second.balanced;
-    }
+    if (fresh) it->second = probe_time(probe, stash_schedule_with(probe, shape), true);
     return it->second;
   };
   // Starts: PipeDream's depths lowered until they run; depths that keep every stage's window of
@@ -786,8 +807,9 @@ std::vector<int> replicated_flush_warmups(const ScheduleSpec& spec, bool split_b
   // for its own gradients), and PipeDream's depths can leave the pipeline waiting on those round
   // trips: on a balanced 1-2-1 plan with 16 microbatches they take 28% longer than one more
   // forward in flight at the input stage. The depths are searched by the same hill climb over
-  // one-step changes, on the balanced pipeline, from PipeDream's depths (so never slower there);
-  // minibatches are independent under a flush, so two of them stand for the run. Beyond 64
+  // one-step changes (timed as the stash shapes are), from PipeDream's depths or the plan's,
+  // whichever is faster (so never slower there); minibatches are independent under a flush, so
+  // two of them stand for the run. Beyond 64
   // ranks, or 16384 microbatches times ranks (each evaluation simulates the probe), PipeDream's
   // depths are kept.
   std::vector<int> warmups;
@@ -797,32 +819,47 @@ std::vector<int> replicated_flush_warmups(const ScheduleSpec& spec, bool split_b
     return warmups;
   ScheduleSpec probe = spec;
   probe.minibatches = std::min(spec.minibatches, 2);
-  // A replica's warm-up beyond its share of a minibatch's microbatches changes nothing.
-  std::vector<int> limit;
-  for (const auto& ranks : spec.stage_ranks) {
-    const int r = static_cast<int>(ranks.size());
+  // A replica's warm-up beyond its share of a minibatch's microbatches changes nothing, nor
+  // beyond the microbatches the plan gave it memory for (ScheduleSpec::stage_in_flight).
+  std::vector<int> limit, planned;
+  bool all_planned = true;
+  for (std::size_t s = 0; s < spec.stage_ranks.size(); ++s) {
+    const int r = static_cast<int>(spec.stage_ranks[s].size());
     limit.push_back(std::max(0, (spec.microbatches + r - 1) / r - 1));
+    const bool given = s < spec.stage_in_flight.size() && spec.stage_in_flight[s] > 0;
+    all_planned = all_planned && given;
+    if (given) limit.back() = std::min(limit.back(), spec.stage_in_flight[s] - 1);
+    planned.push_back(given ? spec.stage_in_flight[s] - 1 : warmups[s]);
   }
-  std::map<std::vector<int>, double> timed;  // each depth vector simulated once
+  // Timed on the plan's own stages and links where it gives every stage's memory (a plan made for
+  // this schedule), else on the balanced pipeline only.
+  std::map<std::vector<int>, ProbeTime> timed;  // each depth vector simulated once
   auto makespan = [&](const std::vector<int>& w) {
-    auto [it, fresh] = timed.try_emplace(w, 0.0);
+    auto [it, fresh] = timed.try_emplace(w, ProbeTime{});
     if (fresh)
-      it->second = probe_makespan(
+      it->second = probe_time(
           probe,
           split_backward ? zero_bubble_h1_with(probe, &w) : one_f_one_b_flush_with(probe, &w),
-          false);
+          all_planned);
     return it->second;
   };
-  double best_s = makespan(warmups);
-  for (bool improved = std::isfinite(best_s); improved;) {
+  ProbeTime best_s = makespan(warmups);
+  if (planned != warmups) {
+    const ProbeTime t = makespan(planned);
+    if (t < best_s) {
+      warmups = planned;
+      best_s = t;
+    }
+  }
+  for (bool improved = best_s.finite(); improved;) {
     improved = false;
     for (std::size_t s = 0; s < warmups.size(); ++s)
       for (int step : {+1, -1}) {
         std::vector<int> candidate = warmups;
         candidate[s] += step;
         if (candidate[s] < 0 || candidate[s] > std::max(limit[s], warmups[s])) continue;
-        const double t = makespan(candidate);
-        if (t < best_s * (1 - 1e-9)) {
+        const ProbeTime t = makespan(candidate);
+        if (t < best_s) {
           warmups = std::move(candidate);
           best_s = t;
           improved = true;
