@@ -715,14 +715,7 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
   const std::vector<int> counts = stash_in_flights(t.workers(), replicas);
   const double period = describe_at(plan, g, t, o, stages, memory, check_memory, counts);
   if (o.cost_model == CostModel::PipeDream || o.pipedream_in_flight) return period;
-  std::vector<double> replica_seconds, message_seconds;
-  for (std::size_t k = 0; k < plan.stages.size(); ++k) {
-    const PlanStage& ps = plan.stages[k];
-    replica_seconds.push_back(ps.compute_s * ps.replicas);
-    message_seconds.push_back(ps.input_message_s);
-  }
-  const std::vector<int> flights =
-      stash_in_flights(t.workers(), replicas, replica_seconds, message_seconds, period);
+  const std::vector<int> flights = stash_in_flights_hiding_transfers(plan, t.workers(), period);
   // (The first pass decided recomputation; deeper counts are taken only where they keep it.)
   return flights == counts ? period
                            : describe_at(plan, g, t, o, stages, memory, check_memory, flights);
@@ -1551,6 +1544,16 @@ double data_parallel_seconds(const Profile& p, const Topology& t, const Partitio
 }
 
 }  // namespace
+
+std::vector<int> stash_in_flights_hiding_transfers(const Plan& plan, int workers, double period_s) {
+  std::vector<double> replica_seconds, message_seconds;
+  for (const PlanStage& ps : plan.stages) {
+    replica_seconds.push_back(ps.compute_s * ps.replicas);
+    message_seconds.push_back(ps.input_message_s);
+  }
+  return stash_in_flights(workers, plan.replica_counts(), replica_seconds, message_seconds,
+                          period_s);
+}
 
 Profile with_optimizer_steps(const Profile& profile, const PartitionOptions& options) {
   if (options.optimizer.empty() || options.cost_model == CostModel::PipeDream) return profile;

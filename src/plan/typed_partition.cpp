@@ -423,14 +423,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
   };
   const std::vector<int> counts = stash_in_flights(x.total[index], replicas);
   double worst = expand(counts);
-  std::vector<double> replica_seconds, message_seconds;
-  for (std::size_t k = 0; k < plan.stages.size(); ++k) {
-    const PlanStage& ps = plan.stages[k];
-    replica_seconds.push_back(ps.compute_s * ps.replicas);
-    message_seconds.push_back(ps.input_message_s);
-  }
-  const std::vector<int> flights =
-      stash_in_flights(x.total[index], replicas, replica_seconds, message_seconds, worst);
+  const std::vector<int> flights = stash_in_flights_hiding_transfers(plan, x.total[index], worst);
   if (flights != counts && !x.options.pipedream_in_flight) worst = expand(flights);
   PIPELINE_CHECK(
       worst == best,

@@ -184,6 +184,11 @@ Plan evaluate_stages(const Profile& profile, const Topology& topology, const std
 // options.optimizer (with_optimizer_steps(p, {}) is p).
 Profile with_optimizer_steps(const Profile& profile, const PartitionOptions& options);
 
+// The in-flight counts that hide a 1F1B-stash plan's transfers (stash_in_flights with transfers)
+// from its stages' compute (PlanStage::compute_s) and input messages (input_message_s), at
+// `period_s` per minibatch on `workers` workers.
+std::vector<int> stash_in_flights_hiding_transfers(const Plan& plan, int workers, double period_s);
+
 // Data-parallel time per minibatch over every worker under the chosen model (the baseline).
 double data_parallel_time(const Profile& profile, const Topology& topology, const PartitionOptions& options = {});
 
