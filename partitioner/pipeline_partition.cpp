@@ -100,7 +100,8 @@ bool stashes(const pipeline::Plan& plan) {
 
 // The plan run by the schedule simulator as the runtime runs it (replicas' allreduces overlap
 // their closing backwards), with pipeline-simulate's defaults: one
-// microbatch per minibatch and enough minibatches for a steady state (8 per worker, a multiple
+// microbatch per minibatch and enough minibatches for a steady state (8 per worker, or per
+// minibatch its replicas hold, a multiple
 // of every stage's replica count) under a stash schedule, which reports its steady-state value;
 // the plan's microbatches (or 4 per stage) and one minibatch under a flush schedule, which reports
 // the whole makespan's (an interleaved plan: 4 microbatches per worker, as for a plain plan on as
@@ -119,8 +120,8 @@ std::optional<pipeline::Simulation> simulate_plan(const pipeline::Plan& plan,
                          : 4 * (plan.interleaved() ? plan.workers : plan.num_stages()),
       minibatches = 1;
   if (stash) {
-    const std::int64_t steady = pipeline::steady_state_minibatches(
-        plan.replica_counts(), pipeline::kMaxSimulatedMinibatches);
+    const std::int64_t steady =
+        pipeline::steady_state_minibatches(plan, pipeline::kMaxSimulatedMinibatches);
     if (steady == 0) return std::nullopt;
     minibatches = static_cast<int>(steady);
   }

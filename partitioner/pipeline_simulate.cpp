@@ -169,8 +169,10 @@ int run(int argc, char** argv) {
   app.add_option("--microbatches", microbatches,
                  "microbatches per minibatch (default: the plan's, or 4 x stages; 1 for stash)")
       ->check(CLI::Range(1, 1 << 20));
-  app.add_option("--minibatches", minibatches,
-                 "minibatches to simulate (default: 1; stash: 8 x workers)")
+  app.add_option(
+         "--minibatches", minibatches,
+         "minibatches to simulate (default: 1; stash: 8 x workers, or with replicated stages 8 x "
+         "the minibatches their replicas hold)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--microbatch-size", microbatch_size,
                  "samples per microbatch (default: the profile's batch)");
@@ -296,8 +298,7 @@ int run(int argc, char** argv) {
     if (minibatches <= 0) {
       minibatches = 1;
       if (stash) {
-        const std::int64_t steady =
-            steady_state_minibatches(plan.replica_counts(), kMaxSimulatedMinibatches);
+        const std::int64_t steady = steady_state_minibatches(plan, kMaxSimulatedMinibatches);
         PIPELINE_CHECK_AS(
             ConfigError, steady > 0,
             "under {} the plan's replica counts {} deal minibatches in rounds of "

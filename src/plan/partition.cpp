@@ -1407,8 +1407,6 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     tail = std::max(tail, sync + step);
     least_weight = std::min(least_weight, weight);
   }
-  // ZB-H1's W's fill 2(p − 1) of 1F1B's bubble slots from p microbatches per pipeline on (Qi et
-  // al.), p − 1 with one.
   // Over slow links: each stage starts enough microbatches before its first backward that every
   // loop to a later stage and back fits in them (stash_in_flights with transfers, at the slowest
   // stage's pace), where that fits in memory without recomputing more; the schedule runs those
@@ -1452,6 +1450,8 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
       ps.memory_bytes = choose(k, i, j, held_at(k))->memory_bytes;
     }
   }
+  // ZB-H1's W's fill 2(p − 1) of 1F1B's bubble slots from p microbatches per pipeline on (Qi et
+  // al.), p − 1 with one.
   const int filled = p - 1 + std::min(mp, p) - 1;
   // GPipe runs every forward, then every backward: each phase paced by its own slowest stage
   // (its cut is still the one that 1F1B's figure chose).

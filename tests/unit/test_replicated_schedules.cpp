@@ -488,4 +488,26 @@ TEST_CASE("a stash run's steady state: whole rounds of every stage, none past th
         0);  // no overflow on the way
 }
 
+TEST_CASE("a replicated plan's steady state: 8 times the minibatches its replicas hold") {
+  // Stages of `replicas` on consecutive ranks, each replica holding `in_flight` minibatches.
+  auto plan_of = [](std::vector<std::pair<int, int>> stages) {
+    Plan plan;
+    for (const auto& stage : stages) {
+      PlanStage s;
+      s.replicas = stage.first;
+      s.in_flight = stage.second;
+      for (int r = 0; r < s.replicas; ++r) s.ranks.push_back(plan.workers++);
+      plan.stages.push_back(s);
+    }
+    return plan;
+  };
+  const Plan replicated = plan_of({{3, 4}, {1, 1}});
+  // 3 x 4 + 1 held: 104, rounded up to whole rounds of 3.
+  CHECK(steady_state_minibatches(replicated, kMaxSimulatedMinibatches) == 105);
+  // Past the limit: 8 per worker in whole rounds, as for the replica counts alone.
+  CHECK(steady_state_minibatches(replicated, 100) == 33);
+  // Without replicas 8 per worker (their pattern repeats every minibatch).
+  CHECK(steady_state_minibatches(plan_of({{1, 7}, {1, 1}}), kMaxSimulatedMinibatches) == 16);
+}
+
 }  // namespace test_replicated_schedules

@@ -105,6 +105,11 @@ void check_spec(const ScheduleSpec& spec, bool one_stage_per_rank = true);
 // (PipeDream's planner gives 2938-1083-75 for 4096 workers) make it tens of millions, more than a
 // simulation or a run can take.
 std::int64_t steady_state_minibatches(const std::vector<int>& replicas, std::int64_t limit);
+// The same for a plan's run: with replicated stages the shape's first rounds last about as many
+// minibatches as its replicas hold (PlanStage::in_flight), so at least 8 times those where that
+// stays within `limit` (VGG-16's 7-1 plan over a 1.25 GB/s link, 8 in flight a replica, read 9%
+// fast at 8 minibatches per worker).
+std::int64_t steady_state_minibatches(const Plan& plan, std::int64_t limit);
 // The limit the simulating front ends take (a simulation of about a million minibatches per
 // stage runs for seconds).
 inline constexpr std::int64_t kMaxSimulatedMinibatches = std::int64_t{1} << 20;
