@@ -59,8 +59,17 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
         "config {}   for {} with {} microbatches per minibatch ({} per pipeline)\n", plan.config,
         plan.schedule, plan.microbatches,
         (plan.microbatches + plan.stages.front().replicas - 1) / plan.stages.front().replicas);
-  else
-    fmt::print("config {}   in flight {}\n", plan.config, plan.in_flight);
+  else {
+    // Deeper than PipeDream's count where the planner found that transfers need it: say so, as
+    // it costs weight staleness under 1f1b-stash.
+    const int pipedream = pipeline::stash_in_flights(plan.workers, plan.replica_counts()).front();
+    fmt::print("config {}   in flight {}{}\n", plan.config, plan.in_flight,
+               plan.in_flight > pipedream
+                   ? fmt::format(" (PipeDream's {}, more to hide the transfers; older weights in "
+                                 "the first stages' forwards: --pipedream-in-flight keeps {})",
+                                 pipedream, pipedream)
+                   : std::string());
+  }
   if (!plan.optimizer.empty()) {
     double step = 0;
     for (const auto& l : profile.layers) step += l.step_s.of(plan.optimizer);
