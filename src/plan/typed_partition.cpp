@@ -370,10 +370,10 @@ Plan TypedPartitioner::plan(std::size_t index) const {
   }
   // The stages at the given in-flight counts (stash_in_flights or more), each taken where it fits
   // (as partition()'s describe()); returns the slowest stage's time.
+  const std::vector<int> deeper = stash_in_flights(x.total[index], replicas);
   auto expand = [&](const std::vector<int>& flights) {
     plan.stages.clear();
     plan.config.clear();
-    const std::vector<int> deeper = stash_in_flights(x.total[index], replicas);
     int s = -1, rank = 0;
     std::size_t v = index;
     double worst = 0;
@@ -421,10 +421,9 @@ Plan TypedPartitioner::plan(std::size_t index) const {
     }
     return worst;
   };
-  const std::vector<int> counts = stash_in_flights(x.total[index], replicas);
-  double worst = expand(counts);
+  double worst = expand(deeper);
   const std::vector<int> flights = stash_in_flights_hiding_transfers(plan, x.total[index], worst);
-  if (flights != counts && !x.options.pipedream_in_flight) worst = expand(flights);
+  if (flights != deeper && !x.options.pipedream_in_flight) worst = expand(flights);
   PIPELINE_CHECK(
       worst == best,
       "internal: the slowest stage of the expanded typed plan ({}) is not the optimum ({})", worst,
