@@ -29,11 +29,11 @@ struct PlanStage {
   // Activation recomputation: the stage keeps only its input per in-flight microbatch and runs
   // its forward again during backward (plan.json "recompute": true; absent means false).
   bool recompute = false;
-  // Minibatches a replica of the stage holds at once under 1F1B-stash (microbatches under
-  // 1F1B-flush, for a plan made for it), which its memory estimate charges and the schedule keeps
-  // to: PipeDream's count, or more where the planner found that transfers need them
-  // (stash_in_flights with transfers) (plan.json "in_flight"; 0 when absent: the schedule's
-  // default, stash_in_flight of the stage).
+  // Minibatches a replica of the stage holds at once under 1F1B-stash (for a plan made for a
+  // flush schedule: the microbatches it starts before its first backward under 1F1B-flush or
+  // ZB-H1), which its memory estimate charges and the schedule keeps to: PipeDream's count, or
+  // more where the planner found that transfers need them (stash_in_flights with transfers)
+  // (plan.json "in_flight"; 0 when absent: the schedule's default, stash_in_flight of the stage).
   int in_flight = 0;
   // Whether the stage's replicas may wait for an allreduce only after their next backward, which
   // takes a second gradient set and one more weight version per replica (plan.json

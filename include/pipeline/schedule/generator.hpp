@@ -122,9 +122,10 @@ int one_f_one_b_warmup(const ScheduleSpec& spec, int stage);
 // capped by spec.in_flight - 1 on every stage and by the stage's own stage_in_flight - 1, and
 // non-increasing along the pipeline.
 std::vector<int> stash_warmups(const ScheduleSpec& spec);
-// Warm-up depth of every stage under 1F1B-stash as the plan gives it: the stage's
-// stage_in_flight - 1 (which exceeds PipeDream's depth where the planner found that transfers
-// need more), PipeDream's where not given, capped by spec.in_flight - 1 and non-increasing.
+// Warm-up depth of every stage as the plan gives it (1F1B-stash, and 1F1B-flush and ZB-H1 on a
+// pipeline without replicas): the stage's stage_in_flight - 1 (which exceeds PipeDream's depth
+// where the planner found that transfers need more), PipeDream's where not given, capped by
+// spec.in_flight - 1 and non-increasing.
 std::vector<int> planned_warmups(const ScheduleSpec& spec);
 // The shape of a 1F1B-stash schedule per stage: its warm-up depth, and how many of its replicas
 // (the first ones of the round-robin) wait for each allreduce and step only after their next
