@@ -436,7 +436,8 @@ int main(int argc, char** argv) {
     if (!quiet) {
       if (frontier && chosen) fmt::print("\n");
       print_table(plan, profile, topo, seconds);
-      if (sim && (stashes(plan) || plan.microbatches > 0)) print_simulated(plan, *sim);
+      if (sim && (stashes(plan) || plan.microbatches > 0 || plan.interleaved()))
+        print_simulated(plan, *sim);
       if (chosen)
         fmt::print("trains {:.6g} samples in {} for {:.2f} ({} at {:.2f} per hour){}\n", *samples,
                    pipeline::format_duration(chosen->time_s), chosen->cost, pipeline::describe_workers(*chosen, topo),
