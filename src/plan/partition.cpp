@@ -1380,6 +1380,7 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
   describe(plan, g, t, stashing, fs, std::nullopt, false);
   double way = 0, tail = 0, least_weight = kInf;  // a microbatch's way; the end of a minibatch
   double forwards = 0, backwards = 0;             // the slowest stage's forward, and backward
+  std::vector<double> compute, message;           // per stage: its compute, and its input's message
   for (int k = 0; k < p; ++k) {
     PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
     const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
@@ -1390,6 +1391,8 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     ps.in_flight = 0;  // 1F1B-stash's count, which describe() set
     ps.delay_allreduce = true;
     way += c.compute_s + (k + 1 < p ? 2 * cut_time(k, j) : 0.0);
+    compute.push_back(c.compute_s);
+    message.push_back(k > 0 ? cut_time(k - 1, i) : 0.0);
     const double forward = g.stage_forward_s(i - 1, j - 1);
     forwards = std::max(forwards, forward);
     backwards = std::max(backwards, c.compute_s - forward);
@@ -1413,12 +1416,6 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
   // depths (PlanStage::in_flight: warm-up + 1). Under 1F1B-flush a stage holds its own depth's
   // microbatches, under ZB-H1 every stage the first stage's (flush_held); GPipe holds them all.
   if (o.schedule != "gpipe") {
-    std::vector<double> compute, message;
-    for (int k = 0; k < p; ++k) {
-      const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
-      compute.push_back(choose(k, i, j)->compute_s);
-      message.push_back(k > 0 ? cut_time(k - 1, i) : 0.0);
-    }
     std::vector<int> depths = stash_in_flights(p, std::vector<int>(static_cast<std::size_t>(p), 1),
                                                compute, message, slowest);
     for (int& depth : depths) depth = std::min(depth, mp);

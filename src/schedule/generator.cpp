@@ -20,6 +20,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <tuple>
 
 namespace pipeline {
@@ -155,33 +156,33 @@ int one_f_one_b_warmup(const ScheduleSpec& spec, int stage) {
   return std::max(0, (spec.num_ranks() - 1 - before) / replicas);
 }
 
-std::vector<int> stash_warmups(const ScheduleSpec& spec) {
+namespace {
+
+// Warm-up depths from each stage's own cap (stage_in_flight - 1, where given): taken as the depth
+// (`deepen`) or only as a cap on PipeDream's; then capped by spec.in_flight - 1 on every stage
+// (not only the input) and kept non-increasing along the pipeline.
+std::vector<int> capped_warmups(const ScheduleSpec& spec, bool deepen) {
   std::vector<int> out;
   for (int s = 0; s < spec.num_stages(); ++s) {
     int w = one_f_one_b_warmup(spec, s);
-    // Capping every stage (not only the input) keeps warm-ups non-increasing along the pipeline.
-    if (spec.in_flight > 0) w = std::min(w, spec.in_flight - 1);
     const auto si = static_cast<std::size_t>(s);
     if (si < spec.stage_in_flight.size() && spec.stage_in_flight[si] > 0)
-      w = std::min(w, spec.stage_in_flight[si] - 1);
+      w = deepen ? spec.stage_in_flight[si] - 1 : std::min(w, spec.stage_in_flight[si] - 1);
+    if (spec.in_flight > 0) w = std::min(w, spec.in_flight - 1);
     if (!out.empty()) w = std::min(w, out.back());
     out.push_back(std::max(w, 0));
   }
   return out;
 }
 
+}  // namespace
+
+std::vector<int> stash_warmups(const ScheduleSpec& spec) {
+  return capped_warmups(spec, false);
+}
+
 std::vector<int> planned_warmups(const ScheduleSpec& spec) {
-  std::vector<int> out;
-  for (int s = 0; s < spec.num_stages(); ++s) {
-    const auto si = static_cast<std::size_t>(s);
-    int w = si < spec.stage_in_flight.size() && spec.stage_in_flight[si] > 0
-                ? spec.stage_in_flight[si] - 1
-                : one_f_one_b_warmup(spec, s);
-    if (spec.in_flight > 0) w = std::min(w, spec.in_flight - 1);
-    if (!out.empty()) w = std::min(w, out.back());
-    out.push_back(std::max(w, 0));
-  }
-  return out;
+  return capped_warmups(spec, true);
 }
 
 void require_round_robin(const ScheduleSpec& spec, const std::string& schedule) {
@@ -383,19 +384,19 @@ bool detail::searches_flush_warmups(const ScheduleSpec& spec) {
   return has_replicated_stage(spec) && !deals_by_list(spec);
 }
 
+std::optional<std::vector<int>> detail::flush_warmups(const ScheduleSpec& spec,
+                                                      bool split_backward) {
+  if (searches_flush_warmups(spec)) return replicated_flush_warmups(spec, split_backward);
+  // A pipeline without replicas under the plan's depths (PipeDream's, or more where the plan
+  // found that its transfers need them), beyond a minibatch's microbatches to no effect.
+  if (!has_replicated_stage(spec) && !spec.stage_in_flight.empty()) return planned_warmups(spec);
+  return std::nullopt;
+}
+
 Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
   check_spec(spec);
-  if (!detail::searches_flush_warmups(spec)) {
-    // A pipeline without replicas under the plan's depths (PipeDream's, or more where the plan
-    // found that its transfers need them), beyond a minibatch's microbatches to no effect.
-    if (!has_replicated_stage(spec) && !spec.stage_in_flight.empty()) {
-      const std::vector<int> warmups = detail::planned_warmups(spec);
-      return detail::one_f_one_b_flush_with(spec, &warmups);
-    }
-    return detail::one_f_one_b_flush_with(spec, nullptr);
-  }
-  const std::vector<int> warmups = detail::replicated_flush_warmups(spec, /*split=*/false);
-  return detail::one_f_one_b_flush_with(spec, &warmups);
+  const auto warmups = detail::flush_warmups(spec, /*split_backward=*/false);
+  return detail::one_f_one_b_flush_with(spec, warmups ? &*warmups : nullptr);
 }
 
 Schedule detail::zero_bubble_h1_with(const ScheduleSpec& spec, const std::vector<int>* warmups) {
@@ -415,16 +416,8 @@ Schedule detail::zero_bubble_h1_with(const ScheduleSpec& spec, const std::vector
 
 Schedule zero_bubble_h1_schedule(const ScheduleSpec& spec) {
   check_spec(spec);
-  if (!detail::searches_flush_warmups(spec)) {
-    // As 1F1B-flush: a pipeline without replicas under the plan's depths.
-    if (!has_replicated_stage(spec) && !spec.stage_in_flight.empty()) {
-      const std::vector<int> warmups = detail::planned_warmups(spec);
-      return detail::zero_bubble_h1_with(spec, &warmups);
-    }
-    return detail::zero_bubble_h1_with(spec, nullptr);
-  }
-  const std::vector<int> warmups = detail::replicated_flush_warmups(spec, /*split=*/true);
-  return detail::zero_bubble_h1_with(spec, &warmups);
+  const auto warmups = detail::flush_warmups(spec, /*split_backward=*/true);
+  return detail::zero_bubble_h1_with(spec, warmups ? &*warmups : nullptr);
 }
 
 Schedule two_buffered_schedule(const ScheduleSpec& spec) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -152,6 +153,10 @@ Schedule stash_schedule_with(const ScheduleSpec& spec, const StashShape& shape);
 // Whether 1F1B-flush and ZB-H1 search their warm-up depths: on replicated stages dealt
 // round-robin.
 bool searches_flush_warmups(const ScheduleSpec& spec);
+// The warm-up depths 1F1B-flush (ZB-H1 with split_backward) runs: searched on a pipeline with
+// replicated stages (replicated_flush_warmups), the plan's on one without (planned_warmups);
+// nullopt: PipeDream's.
+std::optional<std::vector<int>> flush_warmups(const ScheduleSpec& spec, bool split_backward);
 // Warm-up depths for 1F1B-flush (ZB-H1 with split_backward) on a pipeline with replicated
 // stages dealt round-robin, chosen by simulating the balanced pipeline (see generator.cpp);
 // never slower there than PipeDream's.
