@@ -261,8 +261,9 @@ int main(int argc, char** argv) {
                  "pipeline, the depth and cuts that run --microbatches fastest")
       ->check(CLI::IsMember({"1f1b-stash", "1f1b-flush", "zb-h1", "gpipe"}));
   app.add_option("--microbatches", microbatches,
-                 "microbatches per minibatch a flush --schedule runs, recorded in the plan for the "
-                 "trainers (default: 4 per worker)")
+                 "microbatches per minibatch a flush --schedule or an interleaved plan "
+                 "(--virtual-stages) runs, recorded in the plan for the trainers (default: 4 per "
+                 "worker)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--stage-placement", stage_placement,
                  "where an interleaved plan's stages go: looped (stage k at place k mod p) or v "
@@ -377,9 +378,10 @@ int main(int argc, char** argv) {
     opt.optimizer = optimizer;
     opt.schedule = schedule;
     opt.microbatches = microbatches;
-    PIPELINE_CHECK_AS(ConfigError, microbatches == 0 || schedule != "1f1b-stash",
-                      "--microbatches is for a flush --schedule (1f1b-flush, zb-h1, gpipe); "
-                      "1f1b-stash runs one per minibatch");
+    PIPELINE_CHECK_AS(ConfigError,
+                      microbatches == 0 || schedule != "1f1b-stash" || opt.virtual_stages > 1,
+                      "--microbatches is for a flush --schedule (1f1b-flush, zb-h1, gpipe) or "
+                      "an interleaved plan (--virtual-stages); 1f1b-stash runs one per minibatch");
     PIPELINE_CHECK_AS(
         ConfigError, schedule == "1f1b-stash" || (stages_text.empty() && !costing && !topo.typed()),
         "--schedule {} plans one kind of worker by itself; --stages, worker types "

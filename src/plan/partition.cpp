@@ -768,6 +768,16 @@ void check_interleaved_request(const Profile& p, const Topology& t, const Partit
                     "got --virtual-stages {}: use --virtual-stages 2",
                     v);
   if (v == 1) return;
+  PIPELINE_CHECK_AS(ConfigError, o.microbatches >= 0,
+                    "microbatches per minibatch must be positive, got {}", o.microbatches);
+  PIPELINE_CHECK_AS(ConfigError, o.placement == StagePlacement::V || o.microbatches % w == 0,
+                    "interleaved-1f1b deals microbatches round-robin to its pipelines and takes "
+                    "each pipeline's in groups of its ranks, so a minibatch's microbatches must "
+                    "be a multiple of the {} workers; got {} (try {})",
+                    w, o.microbatches,
+                    o.microbatches < w ? fmt::format("{}", w)
+                                       : fmt::format("{} or {}", o.microbatches / w * w,
+                                                     (o.microbatches / w + 1) * w));
   PIPELINE_CHECK_AS(ConfigError, o.cost_model == CostModel::Pipeline,
                     "interleaved plans ({} virtual stages per worker) use the pipeline cost model; "
                     "PipeDream's optimizer has none (drop --cost-model pipedream)",
@@ -796,6 +806,7 @@ void check_interleaved_request(const Profile& p, const Topology& t, const Partit
 struct InterleavedPipes {
   int pipelines = 1;
   int positions = 1;
+  int microbatches = 1;  // per minibatch, over all pipelines (PartitionOptions::microbatches)
   InterleavedShape shape;
   std::vector<int> groups;  // workers per group at each level (span_level)
   double sync_bandwidth = 0;
@@ -803,6 +814,7 @@ struct InterleavedPipes {
   InterleavedPipes(const Topology& t, int d, const PartitionOptions& o)
       : pipelines(d),
         positions(t.workers() / d),
+        microbatches(o.microbatches > 0 ? o.microbatches : 4 * t.workers()),
         shape{positions, o.virtual_stages, d, o.placement} {
     groups.assign(t.levels.size() + 1, 1);
     for (std::size_t l = 0; l < t.levels.size(); ++l) groups[l + 1] = groups[l] * t.levels[l].count;
@@ -819,6 +831,8 @@ struct InterleavedPipes {
   double sync_s(double parameter_bytes) const {
     return pipelines > 1 ? sync_time(parameter_bytes, pipelines, sync_bandwidth, 1.0) : 0.0;
   }
+  // The microbatches each pipeline takes of a minibatch (dealt round-robin).
+  int per_pipeline() const { return (microbatches + pipelines - 1) / pipelines; }
 };
 
 // A stage's costs under a split backward (zb-v, zb-h1), from prefix sums over the layers so that
@@ -883,23 +897,30 @@ double split_held_bytes(double kept, double activation_bytes, bool recompute) {
 
 // The interleaved plan whose stage k is the layer range [cuts[k], cuts[k + 1]) on the ranks of
 // its place in each pipeline: describe()'s per-stage breakdown, with the memory and time of its
-// schedule (a flush: one weight version; each rank's time is the sum over its stages; each
-// pipeline takes 1/d of a minibatch's microbatches and every stage allreduces its gradients once
-// per minibatch; a rank holds what interleaved_peak_held says), the stages marked in `recompute`
-// recomputing. Returns the slowest stage's max(compute + allreduce, transfer), and the plan in
-// `plan`; fit_interleaved() checks its memory.
+// schedule (a flush: one weight version; each pipeline takes 1/d of a minibatch's microbatches,
+// each rank runs all of its stages for each of them, and every stage allreduces its gradients and
+// steps once per minibatch; a rank holds what interleaved_peak_held says), the stages marked in
+// `recompute` recomputing. `p` is the measured profile (no optimizer step in its backward times:
+// the step comes once per minibatch here) and `g` its chain. Returns the slowest stage's
+// max(compute + allreduce, transfer) per microbatch, and the plan in `plan`; fit_interleaved()
+// checks its memory.
 double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, const Topology& t,
                             const PartitionOptions& o, const std::vector<int>& cuts,
                             const InterleavedPipes& pipes, const std::vector<bool>& recompute) {
   const int w = t.workers(), places = pipes.positions, d = pipes.pipelines;
-  const int stages = static_cast<int>(cuts.size()) - 1;
+  const int stages = static_cast<int>(cuts.size()) - 1, m = pipes.microbatches;
   const std::vector<FinalStage> fs = stages_at_cuts(cuts, [&](int k) { return pipes.ranks_of(k); });
   const SplitCosts split_costs(p);
   PartitionOptions stashing = o;  // recomputation is per stage here, as `recompute` says
   stashing.recompute = Recompute::None;
   describe(plan, g, t, stashing, fs, std::nullopt, false);
-  std::vector<double> compute(static_cast<std::size_t>(places), 0.0), transfer = compute,
-                                                                      memory = compute;
+  // Per rank: its stages' compute and transfers per microbatch of a pipeline, their memory, and
+  // their allreduces and optimizer steps at the end of a minibatch.
+  std::vector<double> compute(static_cast<std::size_t>(places), 0.0),
+      transfer = compute, memory = compute, tail = compute;
+  std::vector<double> forwards = compute;  // the forward part of `compute`
+  double way = 0;  // a microbatch's way through the v·p stages and the messages between them
+  double least_weight = kInf;  // the least weight-gradient time of a stage (zb-v's W)
   const auto at = [](const std::vector<double>& v, int i) {
     return i < 0 ? 0.0 : v[static_cast<std::size_t>(i)];
   };
@@ -919,7 +940,11 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
       ps.recompute = true;
       ps.compute_s += g.stage_forward_s(f.s, f.e) / d;
     }
-    ps.sync_s = pipes.sync_s(par);
+    const double sync = pipes.sync_s(par);
+    ps.sync_s = sync / m;  // per microbatch, as time_per_minibatch_s
+    double step = 0;
+    if (!o.optimizer.empty())
+      for (int l : f.layers) step += p.layers[static_cast<std::size_t>(l)].step_s.of(o.optimizer);
     ps.workspace_bytes = working_bytes(g, f.s, f.e, o.activation_compression.value_or(1.0));
     const double loss = g.stage_loss_gradient_bytes(f.e);
     // A flush schedule: one weight version. The memory with one microbatch held, less that one.
@@ -939,8 +964,18 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
                      ? split_held_bytes(split_costs.kept_bytes(ps.begin, ps.end), act, ps.recompute)
                      : 0.0);
     const auto r = static_cast<std::size_t>(pipes.place_of(k));
-    compute[r] += ps.compute_s + ps.sync_s;
-    transfer[r] += ps.transfer_s;
+    compute[r] += ps.compute_s * d;  // describe() gave each pipeline's share of a microbatch
+    transfer[r] += ps.transfer_s * d;
+    tail[r] += sync + step;
+    forwards[r] += g.stage_forward_s(f.s, f.e);
+    way += ps.compute_s * d + ps.input_message_s;
+    double weight = 0;
+    for (int l : f.layers) {
+      const LayerProfile& lp = p.layers[static_cast<std::size_t>(l)];
+      weight += lp.backward_input_s > 0 || lp.backward_weight_s > 0 ? lp.backward_weight_s
+                                                                    : lp.backward_s / 2;
+    }
+    least_weight = std::min(least_weight, weight);
     slowest = std::max(slowest, std::max(ps.compute_s + ps.sync_s, ps.transfer_s));
   }
   // A rank holds the microbatches of its stages that its schedule keeps at its peak.
@@ -959,16 +994,34 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
       memory[static_cast<std::size_t>(r)] += ps.memory_bytes;
     }
   }
-  double time = 0;
-  for (int r = 0; r < places; ++r) {
-    const auto i = static_cast<std::size_t>(r);
-    time = std::max(time, std::max(compute[i], transfer[i]));
+  // A minibatch: each pipeline's ⌈m/d⌉ microbatches at the slowest rank's pace (its compute, or
+  // its transfers where they take longer), plus the fill and drain, which interleaving cuts to
+  // 1/v of a microbatch's way (Narayanan et al.: (p − 1) of v·p equal stages' times), plus the
+  // slowest rank's allreduces and steps.
+  double pace = 0, end = 0, forward = 0, backward = 0;
+  for (std::size_t r = 0; r < compute.size(); ++r) {
+    pace = std::max(pace, std::max(compute[r], transfer[r]));
+    end = std::max(end, tail[r]);
+    forward = std::max(forward, forwards[r]);
+    backward = std::max(backward, compute[r] - forwards[r]);
   }
+  const int mp = pipes.per_pipeline();
+  const double v = o.virtual_stages;
+  const bool looped = pipes.shape.placement == StagePlacement::Looped;
+  // With p microbatches per pipeline interleaved 1F1B runs every forward before any backward:
+  // the two phases are paced by their own slowest rank (as GPipe's).
+  if (looped && mp <= places) pace = std::max(pace, forward + backward);
+  double bubble = (way - pace) / v;
+  // zb-v's W's fill 3(p − 1) of interleaved 1F1B's bubble slots (Qi et al.).
+  if (!looped) bubble = std::max(0.0, bubble - 3 * (places - 1) * least_weight);
+  const double makespan = mp * pace + bubble + end;
   for (int rank = 0; rank < w; ++rank)
     plan.predicted.peak_memory_bytes[static_cast<std::size_t>(rank)] =
         static_cast<std::int64_t>(memory[static_cast<std::size_t>(rank % places)]);
   plan.in_flight = 1;
-  finish(plan, p, t, o, time);
+  finish(plan, p, t, o, makespan / m);
+  plan.predicted.data_parallel_time_per_minibatch_s = data_parallel_time(p, t, o);
+  plan.microbatches = m;
   plan.schedule = o.placement == StagePlacement::V ? "zb-v" : "interleaved-1f1b";
   plan.virtual_stages = o.virtual_stages;
   return slowest;
@@ -1063,7 +1116,8 @@ Plan partition_interleaved_pipes(const Profile& p, const StateGraph& g, const To
   const auto stage_compute = [&](int i, int j) {
     const double T =
         g.stage_compute_s(i - 1, j - 1) + (twice ? g.stage_forward_s(i - 1, j - 1) : 0.0);
-    return T / d + pipes.sync_s(StateGraph::stage_sum(g.parameter_bytes, i - 1, j - 1));
+    return T / d + pipes.sync_s(StateGraph::stage_sum(g.parameter_bytes, i - 1, j - 1)) /
+                       pipes.microbatches;
   };
   // A stage may end before layer j (StateGraph::can_end).
   const auto cut_allowed = [&](int j) { return j == n || g.can_end(j - 1); };
@@ -1201,11 +1255,12 @@ Plan partition_interleaved_pipes(const Profile& p, const StateGraph& g, const To
 Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionOptions& o) {
   const StateGraph g = StateGraph::linear(p);
   const int w = t.workers();
+  const int m = InterleavedPipes(t, 1, o).microbatches;
   int cut_points = 0;  // where a stage may end, the model's end aside
   for (int j = 1; j < g.size(); ++j) cut_points += g.can_end(j - 1);
   std::optional<Plan> best;
   std::optional<ConfigError> refused;
-  for (int d = 1; d <= (o.straight ? 1 : w / 2); ++d) {
+  for (int d = 1; d <= (o.straight ? 1 : std::min(w / 2, m)); ++d) {
     if (w % d != 0 || o.virtual_stages * (w / d) > cut_points + 1) continue;
     // Under --recompute auto, the cut of stashing stages with those of its ranks that would not
     // fit recomputing, and the cut of all stages recomputing, whichever is faster (the error kept
@@ -1608,7 +1663,7 @@ std::optional<Plan> partition_impl(const Profile& measured, const Topology& topo
                         ? " (interleaved plans: --virtual-stages 2, and --stage-placement v for "
                           "zb-v)"
                         : "");
-  if (options.virtual_stages > 1) return partition_interleaved(profile, topology, options);
+  if (options.virtual_stages > 1) return partition_interleaved(measured, topology, options);
   const StateGraph g = make_states(profile, antichain_state_budget(topology, options));
   std::optional<double> memory = topology.memory_bytes_per_worker;
   auto solve = [&](std::optional<double> mem, const PartitionOptions& opts) {
@@ -1775,10 +1830,14 @@ Plan evaluate_stages(const Profile& measured, const Topology& topology,
     std::vector<int> cuts;
     for (const ManualStage& m : manual) cuts.push_back(m.begin);
     cuts.push_back(next);
-    const StateGraph g = StateGraph::linear(profile);
-    for (std::size_t k = 1; k < cuts.size(); ++k) warn_if_cutting_pair(profile, g, cuts[k] - 1);
-    return fit_interleaved(profile, g, topology, options, cuts,
-                           InterleavedPipes(topology, r, options));
+    const InterleavedPipes pipes(topology, r, options);
+    PIPELINE_CHECK_AS(ConfigError, pipes.microbatches >= r,
+                      "{} pipelines deal a minibatch's microbatches round-robin, so it needs at "
+                      "least {}; got --microbatches {}",
+                      r, r, pipes.microbatches);
+    const StateGraph g = StateGraph::linear(measured);
+    for (std::size_t k = 1; k < cuts.size(); ++k) warn_if_cutting_pair(measured, g, cuts[k] - 1);
+    return fit_interleaved(measured, g, topology, options, cuts, pipes);
   }
   PIPELINE_CHECK_AS(ConfigError, workers <= topology.workers(), "manual stages use {} workers but the topology has only {}",
                     workers, topology.workers());

@@ -294,7 +294,9 @@ TEST_CASE(
   straight.straight = true;
   const Plan one = partition(p, t, straight);
   REQUIRE(one.num_stages() == 8);
-  CHECK(one.predicted.time_per_minibatch_s == doctest::Approx(0.011));
+  // 16 microbatches (4 per worker) at rank 0's 11 ms, and half the 17 ms way less those 11 ms.
+  CHECK(one.microbatches == 16);
+  CHECK(one.predicted.time_per_minibatch_s == doctest::Approx((16 * 0.011 + 0.003) / 16));
   CHECK(plan.predicted.time_per_minibatch_s < 0.6 * one.predicted.time_per_minibatch_s);
   // The same cut by hand, and the plan through plan.json, a schedule and the simulator.
   const Plan manual = evaluate_stages(p, t, parse_manual_stages("0:1x2,1:4x2,4:6x2,6:8x2"), o);
@@ -343,6 +345,49 @@ TEST_CASE(
     CHECK(simulate(s, q, read, topo).makespan_s > 0);
   }
   CHECK(replicated > 0);
+}
+
+TEST_CASE(
+    "partition --virtual-stages: a minibatch's time, fill and drain included, is what it runs") {
+  // Random chains on links fast enough that compute paces them, looped and V plans, one or more
+  // pipelines, random microbatch counts: the schedule the plan names, simulated as the CLI does,
+  // within 25% of the plan's time per minibatch and 5% in the median (the steady state alone,
+  // which the plan said before, was 12% fast in the median and up to 60% fast).
+  std::mt19937 rng(20261206);
+  for (const StagePlacement placement : {StagePlacement::Looped, StagePlacement::V}) {
+    CAPTURE(to_string(placement));
+    std::vector<double> ratios;
+    for (int iter = 0; iter < 80; ++iter) {
+      CAPTURE(iter);
+      const int w = std::uniform_int_distribution<int>(2, 4)(rng);
+      const int v =
+          placement == StagePlacement::V ? 2 : std::uniform_int_distribution<int>(2, 3)(rng);
+      const Profile p =
+          random_chain(rng, std::uniform_int_distribution<int>(v * w, v * w + 6)(rng));
+      Topology t;
+      t.levels = {{w, std::uniform_real_distribution<double>(1e10, 1e11)(rng)}};
+      PartitionOptions o;
+      o.virtual_stages = v;
+      o.placement = placement;
+      o.straight = iter % 2 == 0;
+      o.microbatches = w * std::uniform_int_distribution<int>(1, 4)(rng);
+      const Plan plan = parse_plan(plan_to_json(partition(p, t, o)).dump(), "random");
+      REQUIRE(plan.microbatches == o.microbatches);
+      SimulateOptions so;
+      so.overlap_allreduce = true;
+      const Simulation sim = simulate(
+          generate_schedule(plan.schedule, ScheduleSpec::from_plan(plan, plan.microbatches, 1)), p,
+          plan, t, so);
+      const double ratio = sim.samples_per_s / plan.predicted.samples_per_s;
+      CHECK(ratio >= 0.75);
+      CHECK(ratio <= 1.25);
+      ratios.push_back(ratio);
+    }
+    std::sort(ratios.begin(), ratios.end());
+    const double median = ratios[ratios.size() / 2];
+    CHECK(median >= 0.95);
+    CHECK(median <= 1.05);
+  }
 }
 
 TEST_CASE("V placement: plan.json, the partitioner's optimum on random chains, zb-v runs it") {
@@ -554,14 +599,30 @@ TEST_CASE(
   Topology t{{{2, 1e10}}, {}};
   PartitionOptions o;
   o.virtual_stages = 2;
-  // Eight equal layers over four stages: two each; each rank holds two stages of 6 ms.
+  // Eight equal layers over four stages: two each; each rank holds two stages of 6 ms. A
+  // minibatch of 8 microbatches (4 per worker) takes 8 of a rank's 12 ms, and the fill and drain:
+  // the 24 ms way less those 12, over the 2 virtual stages.
   const Plan plan = partition(p, t, o);
   for (int k = 0; k < 4; ++k) CHECK(plan.stages[k].end - plan.stages[k].begin == 2);
-  CHECK(plan.predicted.time_per_minibatch_s == doctest::Approx(0.012));
+  CHECK(plan.microbatches == 8);
+  CHECK(plan.predicted.time_per_minibatch_s == doctest::Approx((8 * 0.012 + 0.006) / 8));
   const Plan manual = evaluate_stages(p, t, parse_manual_stages("0:1,1:4,4:6,6:8"), o);
   CHECK(manual.virtual_stages == 2);
   CHECK(manual.stages[1].ranks == std::vector<int>{1});
-  CHECK(manual.predicted.time_per_minibatch_s == doctest::Approx(0.015));  // rank 1: 3 + 2 layers
+  // Rank 1: 3 + 2 layers, 15 ms.
+  CHECK(manual.predicted.time_per_minibatch_s == doctest::Approx((8 * 0.015 + 0.0045) / 8));
+  // --microbatches: the plan records them; interleaved 1F1B takes them in groups of the ranks.
+  PartitionOptions sixteen = o;
+  sixteen.microbatches = 16;
+  const Plan longer = partition(p, t, sixteen);
+  CHECK(longer.microbatches == 16);
+  CHECK(longer.predicted.time_per_minibatch_s == doctest::Approx((16 * 0.012 + 0.006) / 16));
+  CHECK(parse_plan(plan_to_json(longer).dump(), "longer").microbatches == 16);
+  sixteen.microbatches = 7;
+  CHECK_THROWS_WITH_AS(partition(p, t, sixteen), doctest::Contains("multiple of the 2 workers"),
+                       ConfigError);
+  sixteen.placement = StagePlacement::V;  // zb-v deals any count
+  CHECK(partition(p, t, sixteen).microbatches == 7);
 
   auto fails = [&](PartitionOptions opt, const Topology& topo, const char* what) {
     CHECK_THROWS_WITH_AS(partition(p, topo, opt), doctest::Contains(what), ConfigError);
@@ -600,18 +661,20 @@ TEST_CASE(
   const Plan even = partition(skewed, t, o);
   CHECK(even.stages[2].begin == 2);
   CHECK(even.stages[3].begin == 5);
-  CHECK(even.predicted.time_per_minibatch_s == doctest::Approx(0.011));
+  CHECK(even.predicted.time_per_minibatch_s == doctest::Approx((8 * 0.011 + 0.005) / 8));
   PartitionOptions v_shape = o;
   v_shape.placement = StagePlacement::V;
   const Plan v = partition(skewed, t, v_shape);
   CHECK(v.stages[2].begin == 2);
   CHECK(v.stages[3].begin == 3);
-  CHECK(v.predicted.time_per_minibatch_s == doctest::Approx(0.011));
+  // zb-v's W's fill 3 (p - 1) of the bubble's slots: the least stage's W is a third of 1 ms.
+  CHECK(v.predicted.time_per_minibatch_s == doctest::Approx((8 * 0.011 + 0.005 - 0.001) / 8));
   // Equal layers and free communication: the partitioned plan's interleaved bubble is exactly
   // (p - 1) / (v·m + p - 1), against 1F1B's (p - 1) / (m + p - 1) on the straight plan.
   Topology four{{{4, 1e10}}, {}};
   PartitionOptions free = o;
   free.ignore_transfer = true;
+  free.straight = true;
   const Plan interleaved = partition(p, four, free);
   const Simulation il =
       simulate(generate_schedule("interleaved-1f1b", ScheduleSpec::from_plan(interleaved, 8)), p,
@@ -630,7 +693,7 @@ TEST_CASE(
   PartitionOptions all = o;
   all.recompute = Recompute::All;
   const Plan recomputed = parse_plan(plan_to_json(partition(p, t, all)).dump(), "recomputed");
-  CHECK(recomputed.predicted.time_per_minibatch_s == doctest::Approx(0.016));
+  CHECK(recomputed.predicted.time_per_minibatch_s == doctest::Approx((8 * 0.016 + 0.008) / 8));
   for (const PlanStage& s : recomputed.stages) CHECK(s.recompute);
   // A rank holds several microbatches of each stage: recomputing keeps only their inputs.
   CHECK(recomputed.stages[1].memory_bytes < plan.stages[1].memory_bytes);

@@ -21,14 +21,21 @@
 // stage k ≥ p at place 2p − 1 − k, so that stages p − 1 and p share a rank and hand over without
 // a transfer). For each d that leaves pipelines of at least 2 ranks,
 // an exact dynamic program over the cut points minimises the slowest stage's time: max(compute /
-// d + the allreduce of its weights among its d replicas, transfer in, transfer out), transfers at
+// d + the allreduce of its weights among its d replicas / m, transfer in, transfer out), with m
+// microbatches per minibatch (PartitionOptions::microbatches, 0: 4 per worker; for looped plans a
+// multiple of the workers, which interleaved 1F1B takes in groups of a pipeline's), transfers at
 // the bandwidth of the level joining the two ranks (each pipeline sends 1/d of them), the
 // allreduce at the bandwidth of the level joining the pipelines; among the cuts that reach it, a
 // second pass takes the one with the least sum of squared stage times (the most even; ties: the
 // earlier cut), which also evens out each rank's sum over its stages. The degree with the least
-// predicted time wins (ties: fewer pipelines). The plan's time_per_minibatch_s is the slowest
-// rank's steady-state time, the sum over its v stages of their compute and allreduce (or of
-// their transfers, if larger); the memory per rank is the sum over its stages of weights,
+// predicted time wins (ties: fewer pipelines). The plan records m, and its time_per_minibatch_s
+// is a minibatch's makespan per microbatch: ⌈m/d⌉ × the slowest rank's pace (the sum over its v
+// stages of their compute per microbatch, or of their transfers, if larger) + the fill and drain,
+// (a microbatch's way through the v·p stages and the messages between them − that pace) / v
+// (under zb-v less 3(p − 1) × the least weight-gradient time of a stage, not below 0; with only
+// p microbatches per pipeline, which interleaved 1F1B runs all forwards first, the pace is at
+// least the slowest rank's forwards plus the slowest rank's backwards) + the slowest rank's
+// allreduces and optimizer steps; the memory per rank is the sum over its stages of weights,
 // gradient, optimizer state and working memory, and of the microbatches (each a whole one of the
 // profile's batch, whichever pipeline takes it) its schedule holds at its peak for any microbatch
 // count (interleaved_peak_held: interleaved 1F1B's own order; zb-v's bound, with the output
