@@ -161,6 +161,34 @@ void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim
         "pipeline-simulate --trace shows where\n");
 }
 
+// Where the partitioner's interleaved plan is predicted slower than its 1F1B-flush plan for the
+// same workers and microbatches (interleaving sends every microbatch through each worker v times,
+// so over slow links its messages can cost more than its smaller bubble saves), a note saying so
+// and how to plan that one instead.
+void note_faster_flush_plan(const pipeline::Plan& interleaved, const pipeline::Profile& profile,
+                            const pipeline::Topology& topo, pipeline::PartitionOptions options) {
+  options.virtual_stages = 1;
+  options.placement = pipeline::StagePlacement::Looped;
+  options.schedule = "1f1b-flush";
+  options.microbatches = interleaved.microbatches;
+  std::optional<pipeline::Plan> flush;
+  try {
+    flush = pipeline::partition(profile, topo, options);
+  } catch (const pipeline::ConfigError&) {
+    return;  // no 1F1B-flush plan fits: nothing faster to point to
+  }
+  const double ratio = flush->predicted.samples_per_s / interleaved.predicted.samples_per_s;
+  if (ratio > 1.05)
+    fmt::print(
+        "note: the 1f1b-flush plan of these workers for the same {} microbatches (config {}, "
+        "--schedule 1f1b-flush without --virtual-stages) is predicted {:.2f}x as fast{}\n",
+        interleaved.microbatches, flush->config, ratio,
+        flush->num_stages() > 1
+            ? fmt::format(": its microbatches pass each worker once, not {} times",
+                          interleaved.virtual_stages)
+            : std::string(" (plain data parallelism)"));
+}
+
 // The stages' device types joined like the config ("h100-a100-a100"); "" for an untyped plan.
 std::string devices_text(const pipeline::Plan& plan) {
   std::string s;
@@ -440,6 +468,8 @@ int main(int argc, char** argv) {
       print_table(plan, profile, topo, seconds);
       if (sim && (stashes(plan) || plan.microbatches > 0 || plan.interleaved()))
         print_simulated(plan, *sim);
+      if (plan.interleaved() && stages_text.empty() && !chosen && !topo.typed())
+        note_faster_flush_plan(plan, profile, topo, opt);
       if (chosen)
         fmt::print("trains {:.6g} samples in {} for {:.2f} ({} at {:.2f} per hour){}\n", *samples,
                    pipeline::format_duration(chosen->time_s), chosen->cost, pipeline::describe_workers(*chosen, topo),
