@@ -521,6 +521,17 @@ Batch StageExecutor::microbatch_data(Run& run, int u) {
     PIPELINE_CHECK(b.size() == run.feed->size(mb),
                    "the feed's minibatch {} has {} samples but its size function says {}", mb,
                    b.size(), run.feed->size(mb));
+    // The model's input stage checks what a feed of the caller's gives it: a feed of another
+    // model's samples would otherwise fail deep inside a layer.
+    if (m_my_stages.front() == 0 && b.inputs.defined())
+      PIPELINE_CHECK_AS(
+          ConfigError,
+          b.inputs.dtype() == m_input_dtype && b.inputs.shape() == m_sample_shape.batched(b.size()),
+          "the feed's minibatch {} has inputs of {} {}, but the model takes samples "
+          "of {} {} (the executor's sample shape and input dtype): feed it the "
+          "data of the model it trains",
+          mb, b.inputs.shape().str(), dtype_name(b.inputs.dtype()), m_sample_shape.str(),
+          dtype_name(m_input_dtype));
     // Only what this rank's stages use: the input stage the inputs, the output stage the labels
     // (a minibatch of inputs held by the last stage was as large as its activations).
     // m_my_stages ascends: the rank holds the input stage if its first is 0.

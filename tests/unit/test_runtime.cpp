@@ -537,6 +537,18 @@ TEST_CASE("bad input: layouts, plans and schedules that cannot run fail on every
             model, [](Batch& b) { b.inputs.values()[0] = std::numeric_limits<float>::infinity(); }),
         doctest::Contains("at step 2 (its microbatch 0)"), Error);  // counted from 1
   }
+  SUBCASE("a feed of another model's samples names both shapes") {
+    const std::string expected = fmt::format(
+        "the feed's minibatch 1 has inputs of [{}, {}] float32, but the model takes "
+        "samples of [{}] float32",
+        kBatch, kFeatures + 1, kFeatures);
+    CHECK_THROWS_WITH_AS(
+        train_changing_minibatch_1(model,
+                                   [](Batch& b) {
+                                     b.inputs = Tensor::zeros(Shape{b.size(), kFeatures + 1});
+                                   }),
+        doctest::Contains(expected.c_str()), ConfigError);
+  }
   SUBCASE("a gradient that overflows names its layer and the step") {
     // Inputs of 1e25 keep the loss finite, but the weight gradients' squares overflow a float.
     for (float clip : {0.f, 1.f}) {  // the norm in the update's pass, and before clipping

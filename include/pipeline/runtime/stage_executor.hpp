@@ -357,7 +357,6 @@ class StageExecutor {
   std::vector<AllReduceTiming> m_allreduce_trace;
   std::vector<LayerRange> m_bucket_layers;  // see allreduce_buckets()
   double m_t0 = 0;
-  bool m_store_ready = false;
   bool m_recompute = false;
   StageMemory m_peak_memory;
   Run* m_run = nullptr;  // the train() in progress
