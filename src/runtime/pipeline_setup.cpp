@@ -125,12 +125,7 @@ int minibatch_granularity(const std::string& schedule_name, const PipelineLayout
 }
 
 void take_plan_hints(ScheduleRequest& request, const Plan& plan) {
-  const ScheduleSpec planned = ScheduleSpec::from_plan(plan, request.microbatches);
-  request.in_flight = planned.in_flight;
-  request.stage_in_flight = planned.stage_in_flight;
-  request.stage_may_delay = planned.stage_may_delay;
-  request.stage_seconds = planned.stage_seconds;
-  request.input_message_seconds = planned.input_message_seconds;
+  static_cast<ScheduleHints&>(request) = ScheduleSpec::from_plan(plan, request.microbatches);
 }
 
 Schedule make_schedule(const ScheduleRequest& request, const PipelineLayout& layout,
@@ -140,15 +135,11 @@ Schedule make_schedule(const ScheduleRequest& request, const PipelineLayout& lay
     s = read_schedule_csv(request.csv);
   } else {
     ScheduleSpec spec;
+    static_cast<ScheduleHints&>(spec) = request;
     spec.stage_ranks = layout.stage_ranks;
     spec.microbatches = request.microbatches;
     spec.minibatches = minibatches;
     spec.vertical_sync = request.vertical_sync;
-    spec.in_flight = request.in_flight;
-    spec.stage_in_flight = request.stage_in_flight;
-    spec.stage_may_delay = request.stage_may_delay;
-    spec.stage_seconds = request.stage_seconds;
-    spec.input_message_seconds = request.input_message_seconds;
     if (!request.seconds_per_rank.empty())
       spec.dealing = dealing_by_speed(spec, request.seconds_per_rank);
     s = generate_schedule(request.name, spec);

@@ -12,6 +12,7 @@
 #include <pipeline/plan/plan.hpp>
 #include <pipeline/profile/profile.hpp>
 #include <pipeline/runtime/stage_executor.hpp>
+#include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/schedule.hpp>
 
 #include <cstdint>
@@ -61,30 +62,21 @@ struct AutoPlanOptions {
 Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions& options = {},
                Profile* profile = nullptr);
 
-struct ScheduleRequest {
+// The schedule a trainer runs, with what its plan tells the generator (the ScheduleHints:
+// take_plan_hints(); left empty, PipeDream's depths, equal stages and free links).
+struct ScheduleRequest : ScheduleHints {
   std::string name = "1f1b-stash";  // a generator name (generator.hpp); ignored when csv is set
   std::string csv;                  // a hand-written schedule file
   int microbatches = 1;             // per minibatch (flush schedules)
   bool vertical_sync = false;
-  int in_flight = 0;                // 0: the plan's (or PipeDream's NOAM)
   // Seconds per microbatch of every rank (SpeedRebalancer): replicated stages deal their
   // microbatches by these speeds (schedule/dealing.hpp; flush schedules only). Empty:
   // round-robin.
   std::vector<double> seconds_per_rank;
-  // What the plan tells the generators beyond its layout, as ScheduleSpec::from_plan takes it,
-  // so that a trainer runs the schedule the simulator timed: per stage the minibatches a replica
-  // may hold and whether its replicas may delay their allreduces (stash schedules), its seconds
-  // per microbatch (PlanStage::compute_s) and its input messages' link seconds
-  // (PlanStage::input_message_s). Empty: PipeDream's depths, equal stages, free links.
-  std::vector<int> stage_in_flight;
-  std::vector<char> stage_may_delay;
-  std::vector<double> stage_seconds;
-  std::vector<double> input_message_seconds;
 };
 
-// Sets what `plan` tells its schedule's generator beyond its layout (in_flight and the per-stage
-// hints above), as ScheduleSpec::from_plan does, so that the trainers run the schedule that
-// pipeline-simulate times for the plan.
+// Sets the hints `plan` gives its schedule's generator, as ScheduleSpec::from_plan does, so that
+// the trainers run the schedule that pipeline-simulate times for the plan.
 void take_plan_hints(ScheduleRequest& request, const Plan& plan);
 
 // The schedule for `minibatches` minibatches on the layout, generated or read, then validated;

@@ -20,12 +20,10 @@
 
 namespace pipeline {
 
-// What a generator is asked for.
-struct ScheduleSpec {
-  // stage -> ranks of its replicas (PlanStage::ranks).
-  std::vector<std::vector<int>> stage_ranks;
-  int microbatches = 1;  // per minibatch (stash schedules: must be 1, each minibatch is a unit)
-  int minibatches = 1;
+// What a plan tells the generators beyond its layout (ScheduleSpec::from_plan takes them from
+// it; the trainers pass them on through ScheduleRequest), so that a run follows the schedule the
+// simulator timed for the plan.
+struct ScheduleHints {
   // Stash schedules: minibatches each replica of the input stage admits before its first
   // backward (PipeDream's NOAM); 0 picks NOAM = ceil(workers / replicas of the input stage),
   // i.e. one warm-up of (workers - 1 - ranks before s) / replicas(s) forwards per stage.
@@ -36,11 +34,6 @@ struct ScheduleSpec {
   // Stash schedules: per stage, whether its replicas may delay their allreduces (StashShape;
   // PlanStage::delay_allreduce); empty: all may.
   std::vector<char> stage_may_delay;
-  bool vertical_sync = false;
-  // stage -> the replica of each of the run's microbatches (Schedule::dealing; dealing.hpp
-  // deals them by the replicas' speed). Empty: round-robin. Flush schedules (gpipe, 1f1b-flush,
-  // zb-h1) follow any dealing; the others deal round-robin and refuse one.
-  std::vector<std::vector<std::int32_t>> dealing;
   // Per stage, the seconds of one microbatch's forward and backward over its replicas (the
   // plan's PlanStage::compute_s: a replica's time over the replica count), for the generators
   // that order by time (zb-v) and the stash shape search; empty or any non-positive entry: equal
@@ -50,6 +43,19 @@ struct ScheduleSpec {
   // stage before at its whole bandwidth (PlanStage::input_message_s); the stash shape search
   // charges them as the simulator does. Empty: free links.
   std::vector<double> input_message_seconds;
+};
+
+// What a generator is asked for.
+struct ScheduleSpec : ScheduleHints {
+  // stage -> ranks of its replicas (PlanStage::ranks).
+  std::vector<std::vector<int>> stage_ranks;
+  int microbatches = 1;  // per minibatch (stash schedules: must be 1, each minibatch is a unit)
+  int minibatches = 1;
+  bool vertical_sync = false;
+  // stage -> the replica of each of the run's microbatches (Schedule::dealing; dealing.hpp
+  // deals them by the replicas' speed). Empty: round-robin. Flush schedules (gpipe, 1f1b-flush,
+  // zb-h1) follow any dealing; the others deal round-robin and refuse one.
+  std::vector<std::vector<std::int32_t>> dealing;
 
   int num_stages() const { return static_cast<int>(stage_ranks.size()); }
   int num_ranks() const;
