@@ -159,6 +159,16 @@ void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim
         "allreduce (a replicated stage after the first gets its minibatches one at a time, and a "
         "plan without the memory for the deeper in-flight counts that hide it keeps PipeDream's); "
         "pipeline-simulate --trace shows where\n");
+  else if (ratio < 0.9 && plan.interleaved())
+    fmt::print(
+        "note: the schedule falls short of the partitioner's figure: {}, and where the messages "
+        "between stages are slow against their compute a microbatch's round trip is not hidden "
+        "(the partitioner charges each link's load and the fill and drain, not this wait); fewer "
+        "virtual stages or faster links close it, and pipeline-simulate --trace shows where\n",
+        pipeline::placement_of(plan) == pipeline::StagePlacement::V
+            ? "zb-v sends each microbatch down a pipeline's ranks and back up"
+            : "interleaved 1F1B takes each pipeline's microbatches round its ranks in groups of "
+              "the ranks");
 }
 
 // Where the partitioner's interleaved plan is predicted slower than its 1F1B-flush plan for the

@@ -968,7 +968,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     transfer[r] += ps.transfer_s * d;
     tail[r] += sync + step;
     forwards[r] += g.stage_forward_s(f.s, f.e);
-    way += ps.compute_s * d + ps.input_message_s;
+    way += ps.compute_s * d + 2 * ps.input_message_s;  // its input, and that input's gradient
     double weight = 0;
     for (int l : f.layers) {
       const LayerProfile& lp = p.layers[static_cast<std::size_t>(l)];
