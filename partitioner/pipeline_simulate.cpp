@@ -11,7 +11,7 @@
 // Prints a per-rank table (or, with --json, one JSON object) on stdout. The topology for transfer
 // and allreduce costs is given innermost level first with repeated --level COUNT:BANDWIDTH, or
 // as a topology JSON file (--topology, the partitioner's format); without either communication
-// is free.
+// is free (and a note says so where the plan was made with transfers or allreduces).
 //
 // Plans over a mixed cluster (stages with a "device" type) take a profile per type:
 // --profile h100=h100.json --profile a100=a100.json; each stage is timed from its type's.
@@ -50,6 +50,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <numeric>
@@ -377,6 +378,17 @@ int run(int argc, char** argv) {
   }
   fmt::print("schedule {}: {} ranks, {} microbatch(es) x {} minibatch(es)\n", sim.schedule,
              schedule.num_ranks(), schedule.microbatches, schedule.minibatches);
+  // Free links by default: say so where the plan was made with transfers or allreduces, which
+  // this run then does not time (pipeline-partition times them on the links it was given).
+  if (topology.levels.empty() && opt.latency_s == 0 &&
+      std::any_of(plan.stages.begin(), plan.stages.end(), [](const PlanStage& s) {
+        return s.transfer_s > 0 || s.input_message_s > 0 || s.sync_s > 0;
+      }))
+    fmt::print(
+        "note: links are free here (no --level or --topology), but the plan was made with "
+        "transfers or allreduces: give the partitioner's links (e.g. --level {}:10Gbit/s) to "
+        "time them\n",
+        schedule.num_ranks());
   fmt::print(
       "time per minibatch {:.6f} s, {:.1f} samples/s, bubble {:.1f}% (steady state {:.1f}%)\n",
       sim.time_per_minibatch_s, sim.samples_per_s, 100 * sim.bubble_fraction,

@@ -1281,13 +1281,28 @@ Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionO
   }
   if (best) return *best;
   if (refused) throw *refused;
-  const int places = o.straight ? w : 2;  // the shortest pipeline tried
+  // The shortest pipeline the workers make: one of all of them under --straight, else the least
+  // divisor of at least 2 (all of them when their count is prime).
+  int places = w;
+  for (int q = 2; !o.straight && q < w; ++q)
+    if (w % q == 0) {
+      places = q;
+      break;
+    }
   PIPELINE_FAIL(ConfigError,
-                "an interleaved plan of {} stages ({} virtual stages on {} workers) needs {} cuts "
-                "between layers, but {} has only {} where a stage may end (a ReLU and the max "
-                "pool after it stay together); use fewer virtual stages or workers",
-                o.virtual_stages * places, o.virtual_stages, places, o.virtual_stages * places - 1,
-                p.model.empty() ? "the model" : p.model, cut_points);
+                "an interleaved plan on {} workers needs pipelines of at least {} of them{}, and "
+                "{} stages ({} virtual stages per worker) need {} cuts between layers, but {} has "
+                "only {} where a stage may end (a ReLU and the max pool after it stay together); "
+                "use fewer virtual stages{}",
+                w, places,
+                o.straight             ? " (--straight: one pipeline)"
+                : places == w && w > 2 ? fmt::format(" ({} is prime)", w)
+                                       : "",
+                o.virtual_stages * places, o.virtual_stages, o.virtual_stages * places - 1,
+                p.model.empty() ? "the model" : p.model, cut_points,
+                o.straight   ? " or workers"
+                : places > 2 ? " or a worker count that makes shorter pipelines"
+                             : "");
 }
 
 // Microbatches stage k of a straight pipeline of p holds at once under a flush schedule, with m of
