@@ -148,9 +148,14 @@ std::optional<pipeline::Simulation> simulate_plan(const pipeline::Plan& plan,
 void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim) {
   const double ratio =
       plan.predicted.samples_per_s > 0 ? sim.samples_per_s / plan.predicted.samples_per_s : 1.0;
+  // A plan for microbatches states its time per microbatch of the profile's batch: so does this.
+  const double seconds =
+      plan.microbatches > 0 ? sim.time_per_minibatch_s * plan.batch_size / sim.samples_per_minibatch
+                            : sim.time_per_minibatch_s;
   fmt::print(
-      "simulated          {:.6f} s ({:.1f} samples/s, {} schedule), {:.3f}x the partitioner's\n",
-      sim.time_per_minibatch_s, sim.samples_per_s, plan.schedule, ratio);
+      "simulated          {:.6f} s{} ({:.1f} samples/s, {} schedule), {:.3f}x the partitioner's\n",
+      seconds, plan.microbatches > 0 ? " per microbatch" : "", sim.samples_per_s, plan.schedule,
+      ratio);
   if (ratio < 0.9 && stashes(plan))
     fmt::print(
         "note: the schedule cannot reach the partitioner's figure: transfers that the minibatches "

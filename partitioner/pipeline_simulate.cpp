@@ -290,6 +290,7 @@ int run(int argc, char** argv) {
   } else {
     std::string name = schedule_name.empty() ? plan.schedule : schedule_name;
     if (name == "interleaved") name = interleaved_schedule_for(plan);
+    check_schedule_for_plan(plan, name);
     bool stash = name.rfind("1f1b-stash", 0) == 0;
     if (microbatches <= 0)
       microbatches = stash ? 1

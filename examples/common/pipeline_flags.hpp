@@ -323,16 +323,9 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
   // An interleaved plan's ranks hold several stages, which only the interleaved schedules order:
   // interleaved-1f1b and interleaved-zb-h1 a looped placement, zb-v a V (their default microbatch
   // count below, one per stage and replica, is a multiple of the workers, as the first two need).
-  if (plan.interleaved() && req.csv.empty()) {
-    const bool v = placement_of(plan) == StagePlacement::V;
+  if (req.csv.empty()) {
     if (req.name == "interleaved") req.name = interleaved_schedule_for(plan);
-    PIPELINE_CHECK_AS(
-        ConfigError,
-        v ? req.name == "zb-v" : req.name == "interleaved-zb-h1" || req.name == "interleaved-1f1b",
-        "the plan is interleaved ({} stages per rank, {} placement): run it with --schedule {}, "
-        "not {}",
-        plan.virtual_stages, v ? "V" : "looped",
-        v ? "zb-v (its default)" : "interleaved-1f1b (its default) or interleaved-zb-h1", req.name);
+    check_schedule_for_plan(plan, req.name);
   }
   req.vertical_sync = flags.vertical_sync;
   // Flush schedules need a microbatch per stage to keep every stage busy, and one per replica to
@@ -370,9 +363,10 @@ inline void warn_where_plan_differs(const Plan& plan, const ScheduleRequest& req
   if (plan.batch_size > 0 && samples > 0 && samples != plan.batch_size)
     log_warn(
         "the plan was made from a profile at batch {}, but this run's microbatches hold {} "
-        "samples (--batch {} in {} microbatch(es)): the plan's times and memory are for {}; for a "
-        "plan of this run, profile at --batch {}",
-        plan.batch_size, samples, batch, req.microbatches, plan.batch_size, samples);
+        "samples (--batch {} in {} microbatch(es)): the plan's times and memory are for {}; train "
+        "with --batch {} to run it as planned, or, for a plan of this run, profile at --batch {}",
+        plan.batch_size, samples, batch, req.microbatches, plan.batch_size,
+        std::int64_t{plan.batch_size} * req.microbatches, samples);
   const std::string rule = update_rule(optimizer);
   if (!plan.optimizer.empty() && plan.optimizer != rule) {
     auto copies = [](const std::string& r) {

@@ -152,4 +152,27 @@ std::string interleaved_schedule_for(const Plan& plan) {
   return placement_of(plan) == StagePlacement::V ? "zb-v" : "interleaved-1f1b";
 }
 
+void check_schedule_for_plan(const Plan& plan, const std::string& schedule) {
+  const bool interleaved_schedule =
+      schedule == "interleaved-1f1b" || schedule == "interleaved-zb-h1" || schedule == "zb-v";
+  if (!plan.interleaved()) {
+    PIPELINE_CHECK_AS(ConfigError, !interleaved_schedule,
+                      "{} runs interleaved plans (several stages on each rank), but this plan "
+                      "gives each worker one stage ({} stages over {} workers): run it under its "
+                      "own schedule ({}), or make an interleaved one with pipeline-partition "
+                      "--virtual-stages 2{}",
+                      schedule, plan.num_stages(), plan.workers, plan.schedule,
+                      schedule == "zb-v" ? " --stage-placement v" : "");
+    return;
+  }
+  const bool v = placement_of(plan) == StagePlacement::V;
+  PIPELINE_CHECK_AS(
+      ConfigError,
+      v ? schedule == "zb-v" : schedule == "interleaved-zb-h1" || schedule == "interleaved-1f1b",
+      "the plan is interleaved ({} stages per rank, {} placement): run it with --schedule {}, "
+      "not {}",
+      plan.virtual_stages, v ? "V" : "looped",
+      v ? "zb-v (its default)" : "interleaved-1f1b (its default) or interleaved-zb-h1", schedule);
+}
+
 }  // namespace pipeline

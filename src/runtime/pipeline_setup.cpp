@@ -58,8 +58,11 @@ std::string broadcast_string(Communicator& comm, const std::string& text, int ro
 void check_plan_for_job(const Plan& plan, const Sequential& model, int world_size) {
   PIPELINE_CHECK_AS(ConfigError, plan.workers == world_size,
                     "the plan is for {} workers but the job has {} ranks: run it with mpirun -np "
-                    "{}, or partition the model for {} workers",
-                    plan.workers, world_size, plan.workers, world_size);
+                    "{}, or partition the model for {} workers{}",
+                    plan.workers, world_size, plan.workers, world_size,
+                    world_size == 1 ? ", or run all its stages in this process (the trainers' "
+                                      "--in-process)"
+                                    : "");
   PipelineLayout layout = PipelineLayout::from_plan(plan, model);
   PIPELINE_CHECK_AS(ConfigError, layout.num_ranks() == world_size,
                     "the plan's stages use {} ranks but the job has {}", layout.num_ranks(),

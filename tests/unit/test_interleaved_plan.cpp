@@ -697,10 +697,27 @@ TEST_CASE(
   for (const PlanStage& s : recomputed.stages) CHECK(s.recompute);
   // A rank holds several microbatches of each stage: recomputing keeps only their inputs.
   CHECK(recomputed.stages[1].memory_bytes < plan.stages[1].memory_bytes);
-  // One virtual stage is the ordinary planner.
+  // One virtual stage is the ordinary planner, and the interleaved generators refuse its
+  // layout, naming the fix.
   PartitionOptions one;
   one.virtual_stages = 1;
   CHECK_FALSE(partition(p, t, one).interleaved());
+  const Plan straight_plan = partition(p, t, one);
+  for (const char* name : {"interleaved-1f1b", "interleaved-zb-h1", "zb-v"})
+    CHECK_THROWS_WITH_AS(
+        check_schedule_for_plan(straight_plan, name),
+        doctest::Contains(fmt::format("this plan gives each worker one stage ({} stages over 2 "
+                                      "workers): run it under its own schedule (1f1b-stash), or "
+                                      "make an interleaved one with pipeline-partition "
+                                      "--virtual-stages 2",
+                                      straight_plan.num_stages())
+                              .c_str()),
+        ConfigError);
+  CHECK_NOTHROW(check_schedule_for_plan(straight_plan, "1f1b-flush"));
+  CHECK_NOTHROW(check_schedule_for_plan(plan, "interleaved-zb-h1"));
+  CHECK_THROWS_WITH_AS(check_schedule_for_plan(plan, "zb-v"),
+                       doctest::Contains("run it with --schedule interleaved-1f1b (its default)"),
+                       ConfigError);
 }
 
 }  // namespace test_interleaved_plan

@@ -77,4 +77,9 @@ StagePlacement placement_of(const Plan& plan);
 // What `--schedule interleaved` names for a plan: zb-v for a V, interleaved-1f1b otherwise.
 std::string interleaved_schedule_for(const Plan& plan);
 
+// ConfigError naming the fix where the generator `schedule` cannot order the plan's stages: an
+// interleaved plan runs under its placement's schedules only (interleaved-1f1b and
+// interleaved-zb-h1 looped, zb-v a V), and those run interleaved plans only.
+void check_schedule_for_plan(const Plan& plan, const std::string& schedule);
+
 }  // namespace pipeline
