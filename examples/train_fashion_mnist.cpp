@@ -210,7 +210,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
         o.model, layout.num_stages(), comm.size(), info.schedule, req.microbatches, o.batch,
         num_threads());
     if (!o.pipeline.plan.empty())
-      examples::warn_where_plan_differs(plan, req, o.batch, ex.optimizer());
+      examples::warn_where_plan_differs(plan, req, o.batch, ex.optimizer(), device);
   }
 
   const MinibatchFeed feed = examples::training_feed(loader);

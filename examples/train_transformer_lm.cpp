@@ -164,7 +164,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
                                      examples::stashes(req) ? 0.f : o.clip_grad, device),
           comm.rank()));
   if (comm.rank() == 0 && !o.pipeline.plan.empty())
-    examples::warn_where_plan_differs(plan, req, o.batch, ex.optimizer());
+    examples::warn_where_plan_differs(plan, req, o.batch, ex.optimizer(), device);
   const CheckpointRunInfo info = examples::checkpoint_run_info(zoo, ex.optimizer(), o.seed, o.batch,
                                                                comm.size(), o.pipeline, &plan);
   const std::int64_t start = examples::resume_if_asked(o.checkpoints, info, comm.rank() == 0, ex);

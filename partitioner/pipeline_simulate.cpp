@@ -225,7 +225,8 @@ int run(int argc, char** argv) {
   int cores = 0;
   app.add_option("--cores", cores,
                  "CPU cores the ranks share (one host, e.g. mpirun --oversubscribe): with fewer "
-                 "cores than ranks, ranks computing at once share them (default 0: a core each)")
+                 "cores than ranks (times the threads the profile was timed on), ranks computing "
+                 "at once share them (default 0: a core each)")
       ->check(pipeline::examples::non_negative_number());
   bool rebalance = false;
   app.add_flag("--rebalance", rebalance,
@@ -347,6 +348,7 @@ int run(int argc, char** argv) {
   opt.jitter_cv = jitter_cv;
   opt.jitter_seed = seed;
   opt.cores = cores;
+  opt.threads_per_rank = std::max(1, profile.threads);
   Simulation sim = simulate(schedule, profile, plan, topology, opt);
   if (!trace_path.empty()) write_chrome_trace(trace_path, sim, schedule);
   if (!svg_path.empty()) write_timeline_svg(svg_path, sim, schedule);
@@ -395,8 +397,12 @@ int run(int argc, char** argv) {
       sim.time_per_minibatch_s, sim.samples_per_s, 100 * sim.bubble_fraction,
       100 * sim.steady_state_bubble_fraction);
   if (!sim.core_stretch.empty())
-    fmt::print("{} ranks share {} cores: each rank's compute takes x{:.3f} as long\n",
-               schedule.num_ranks(), cores, fmt::join(sim.core_stretch, "/x"));
+    fmt::print("{} ranks{} share {} cores: each rank's compute takes x{:.3f} as long\n",
+               schedule.num_ranks(),
+               opt.threads_per_rank > 1
+                   ? fmt::format(" of {} threads (the profile's)", opt.threads_per_rank)
+                   : "",
+               cores, fmt::join(sim.core_stretch, "/x"));
   for (int st = 0; st < schedule.num_stages(); ++st)
     if (rebalance && schedule.replicas(st) > 1)
       fmt::print("stage {} deals {} of {} microbatches to ranks {}\n", st,

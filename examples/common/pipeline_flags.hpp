@@ -10,6 +10,7 @@
 #include <pipeline/comm/transport.hpp>
 #include <pipeline/core/error.hpp>
 #include <pipeline/core/log.hpp>
+#include <pipeline/core/threads.hpp>
 #include <pipeline/ops/precision.hpp>
 #include <pipeline/plan/cost_model.hpp>
 #include <pipeline/plan/interleaved_layout.hpp>
@@ -356,9 +357,19 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
 //   batch 8 run with --batch 16 charges every stage half the time and activation memory it takes);
 // - its memory estimate charges the state of the optimizer it was made for (plan.json
 //   "optimizer": sgd none, momentum one copy of the weights, adamw two), and pipeline-partition's
-//   default is PipeDream's momentum while the trainers' is adamw.
+//   default is PipeDream's momentum while the trainers' is adamw;
+// - its CPU times are for ranks that compute on as many threads as its profile was timed on
+//   (plan.json "profile_threads"), and pipeline-profile takes every core by default while the
+//   trainers give each rank its share of them.
 inline void warn_where_plan_differs(const Plan& plan, const ScheduleRequest& req,
-                                    std::int64_t batch, const Optimizer& optimizer) {
+                                    std::int64_t batch, const Optimizer& optimizer, Device device) {
+  if (!device.is_cuda() && plan.profile_threads > 0 && plan.profile_threads != num_threads())
+    log_warn(
+        "the plan's times were measured on {} thread(s) per process, but this run's ranks compute "
+        "on {} (--threads): its predicted rate is for ranks of {}; for a plan of this run, profile "
+        "with "
+        "--threads {}",
+        plan.profile_threads, num_threads(), plan.profile_threads, num_threads());
   const std::int64_t samples = req.microbatches > 0 ? batch / req.microbatches : 0;
   if (plan.batch_size > 0 && samples > 0 && samples != plan.batch_size)
     log_warn(

@@ -750,6 +750,7 @@ void finish(Plan& plan, const Profile& p, const Topology& t, const PartitionOpti
   plan.workers = t.workers();
   plan.schedule = "1f1b-stash";
   plan.cost_model = std::string(to_string(o.cost_model));
+  plan.profile_threads = p.threads;
   plan.predicted.time_per_minibatch_s = time;
   plan.predicted.samples_per_s = time > 0 ? p.batch_size / time : 0.0;
   plan.predicted.data_parallel_time_per_minibatch_s = data_parallel_seconds(p, t, o);

@@ -115,6 +115,7 @@ json plan_to_json(const Plan& p) {
   if (!p.cost_model.empty()) j["cost_model"] = p.cost_model;
   if (!p.optimizer.empty()) j["optimizer"] = p.optimizer;
   if (!p.dtype.empty()) j["dtype"] = p.dtype;
+  if (p.profile_threads > 0) j["profile_threads"] = p.profile_threads;
   if (!p.transfer_dtype.empty()) j["transfer_dtype"] = p.transfer_dtype;
   j["stages"] = std::move(stages);
   j["predicted"] = {
@@ -183,6 +184,13 @@ Plan plan_from_json(const json& j, std::string_view origin) {
     PIPELINE_CHECK_AS(ConfigError, p.dtype == "bfloat16" || p.dtype == "float32",
                       "{}: \"dtype\" is \"{}\"; expected bfloat16 or float32", origin, p.dtype);
     if (p.dtype == "float32") p.dtype.clear();
+  }
+  if (j.contains("profile_threads")) {
+    p.profile_threads = get_int(j, "profile_threads", "the plan", origin);
+    PIPELINE_CHECK_AS(ConfigError, p.profile_threads >= 1,
+                      "{}: \"profile_threads\" = {}; a profile is timed on at least 1 thread (or "
+                      "leave it out)",
+                      origin, p.profile_threads);
   }
   if (j.contains("transfer_dtype")) {
     p.transfer_dtype = get<std::string>(j, "transfer_dtype", "the plan", origin);

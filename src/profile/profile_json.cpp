@@ -212,6 +212,15 @@ Profile profile_from_json(const json& j, std::string_view origin) {
       ConfigError, std::isfinite(batch) && batch >= 0 && batch == std::floor(batch) && batch < 1e9,
       "{}: batch_size must be a non-negative integer, got {}", origin, j.at("batch_size").dump());
   p.batch_size = static_cast<int>(batch);
+  if (j.contains("threads")) {
+    const double threads = get_number(j, "threads", "the profile", origin, true);
+    PIPELINE_CHECK_AS(ConfigError,
+                      std::isfinite(threads) && threads >= 1 && threads == std::floor(threads) &&
+                          threads <= 1 << 16,
+                      "{}: threads must be a positive integer, got {}", origin,
+                      j.at("threads").dump());
+    p.threads = static_cast<int>(threads);
+  }
   if (j.contains("runtime_bytes"))
     p.runtime_bytes = get_bytes(j, "runtime_bytes", "the profile", origin);
   if (j.contains("loss_gradient_bytes"))
@@ -355,6 +364,7 @@ json profile_to_json(const Profile& p) {
   j["batch_size"] = p.batch_size;
   j["device"] = p.device;
   j["dtype"] = p.dtype;
+  if (p.threads > 0) j["threads"] = p.threads;
   if (p.runtime_bytes != 0) j["runtime_bytes"] = p.runtime_bytes;
   if (p.loss_gradient_bytes != 0) j["loss_gradient_bytes"] = p.loss_gradient_bytes;
   j["layers"] = std::move(layers);

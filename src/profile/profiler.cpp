@@ -473,6 +473,7 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
 #else
   out.device = cpu_device_description(threads);
 #endif
+  if (!device.is_cuda()) out.threads = threads;
   const ops::ComputeDTypeScope precision(options.compute_dtype);
   const bool bf16 = options.compute_dtype == DType::BFloat16;
   out.dtype = bf16 ? "bfloat16" : "float32";

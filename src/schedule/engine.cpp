@@ -161,9 +161,12 @@ class Engine {
       for (std::size_t r = 0; r < s.ranks.size(); ++r)
         m_ranks[r].jitter.emplace(costs->jitter_seed, fmt::format("jitter.rank{}", r));
     }
-    if (costs != nullptr && costs->shared_cores > 0 &&
-        static_cast<std::size_t>(costs->shared_cores) < s.ranks.size())
-      m_cores = costs->shared_cores;
+    if (costs != nullptr && costs->shared_cores > 0) {
+      // Cores in units of what one computing rank takes.
+      const double slots = static_cast<double>(costs->shared_cores) /
+                           static_cast<double>(std::max(1, costs->threads_per_rank));
+      if (slots < static_cast<double>(s.ranks.size())) m_cores = slots;
+    }
     m_replica.assign(s.ranks.size(), 0);
     for (int st = 0; st < s.num_stages(); ++st)
       for (std::size_t i = 0; i < s.stage_ranks[st].size(); ++i) {
@@ -648,7 +651,7 @@ class Engine {
       m_now = next_start;
       return;
     }
-    const double speed = std::min(1.0, static_cast<double>(m_cores) / running);
+    const double speed = std::min(1.0, m_cores / running);
     double step = std::numeric_limits<double>::infinity();
     for (const Job& j : m_jobs)
       if (j.start <= m_now) step = std::min(step, j.remaining / speed);
@@ -747,7 +750,8 @@ class Engine {
   std::vector<Group> m_groups;
   std::vector<int> m_replica;  // rank -> its replica index within its stage
   std::vector<int> m_work;
-  int m_cores = 0;  // EngineCosts::shared_cores when fewer than the ranks, else 0
+  // EngineCosts::shared_cores over its threads_per_rank when fewer than the ranks, else 0.
+  double m_cores = 0;
   std::vector<Job> m_jobs;
   double m_now = 0;  // the shared cores' timeline
   int m_next_flow = 0;

@@ -75,6 +75,7 @@ struct EngineCosts {
   // at min(1, shared_cores / k) of its speed while k run (processor sharing). The replicas' CPU
   // share of an allreduce stretches by the contention when it starts.
   int shared_cores = 0;
+  int threads_per_rank = 1;  // of the shared cores, what one computing rank takes
   double jitter_cv = 0;
   std::uint64_t jitter_seed = 0;
 };

@@ -347,8 +347,12 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     timing.push_back(t);
   }
   costs.rank_slowdown = options.rank_slowdown;
-  const bool shared = options.cores > 0 && schedule.num_ranks() > options.cores;
+  PIPELINE_CHECK_AS(ConfigError, options.threads_per_rank >= 1,
+                    "threads per rank must be at least 1, got {}", options.threads_per_rank);
+  const bool shared =
+      options.cores > 0 && schedule.num_ranks() * options.threads_per_rank > options.cores;
   costs.shared_cores = shared ? options.cores : 0;
+  costs.threads_per_rank = options.threads_per_rank;
   costs.jitter_cv = options.jitter_cv;
   costs.jitter_seed = options.jitter_seed;
   // Free links and zero latency leave transfer_s empty, so the engine skips the call.

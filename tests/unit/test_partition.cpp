@@ -246,6 +246,17 @@ TEST_CASE("deterministic ties and manual stages") {
   Plan m = evaluate_stages(p, t, parse_manual_stages("0:2,2:4,4:6,6:8"));
   CHECK(m.predicted.time_per_minibatch_s == doctest::Approx(0.006));
   CHECK(m.config == "1-1-1-1");
+  // The threads the profile was timed on travel with every kind of plan.
+  p.threads = 2;
+  CHECK(partition(p, t).profile_threads == 2);
+  CHECK(evaluate_stages(p, t, parse_manual_stages("0:2,2:4,4:6,6:8")).profile_threads == 2);
+  PartitionOptions flush;
+  flush.schedule = "1f1b-flush";
+  CHECK(partition(p, t, flush).profile_threads == 2);
+  PartitionOptions interleaved;
+  interleaved.virtual_stages = 2;
+  CHECK(partition(p, t, interleaved).profile_threads == 2);
+  p.threads = 0;
   CHECK_THROWS_AS(evaluate_stages(p, t, parse_manual_stages("0:2,3:8")), ConfigError);
   CHECK_THROWS_AS(evaluate_stages(p, t, parse_manual_stages("0:2x4,2:8")), ConfigError);
   CHECK_THROWS_AS(evaluate_stages(p, t, parse_manual_stages("0:2,2:7")), ConfigError);

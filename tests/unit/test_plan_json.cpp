@@ -86,6 +86,11 @@ TEST_CASE("plan.json round trip") {
   Plan r = p;
   r.optimizer.clear();
   CHECK(!plan_to_json(r).contains("optimizer"));
+  // The profile's threads, where known, travel with the plan.
+  CHECK(!plan_to_json(r).contains("profile_threads"));
+  r.profile_threads = 2;
+  CHECK(parse_plan(plan_to_json(r).dump(), "threads").profile_threads == 2);
+  r.profile_threads = 0;
   // A float32 plan writes no dtype; a bf16 one says so.
   CHECK(q.dtype.empty());
   CHECK(!plan_to_json(q).contains("dtype"));

@@ -73,6 +73,7 @@ TEST_CASE("profile.json round trip keeps every field") {
   p.layers[3].workspace_bytes = 1 << 20;
   p.layers[3].gradient_bytes = 3 << 10;
   p.runtime_bytes = 32 << 20;
+  p.threads = 3;
   p.architecture = {{"dim", 128}, {"width", 0.5}};
   std::string path = temp_path("roundtrip.json");
   write_profile(p, path);
@@ -91,6 +92,7 @@ TEST_CASE("profile.json round trip keeps every field") {
   CHECK(q.device == "cpu: test");
   CHECK(q.bf16());
   CHECK(q.runtime_bytes == 32 << 20);
+  CHECK(q.threads == 3);
   for (int i = 0; i < 4; ++i) {
     CHECK(q.layers[i].workspace_bytes == p.layers[i].workspace_bytes);
     CHECK(q.layers[i].gradient_bytes == p.layers[i].gradient_bytes);
@@ -124,6 +126,8 @@ TEST_CASE("profile.json round trip keeps every field") {
   CHECK(!profile_to_json(q)["layers"][0].contains("workspace_bytes"));  // 0: unknown, not written
   q.runtime_bytes = 0;
   CHECK(!profile_to_json(q).contains("runtime_bytes"));
+  q.threads = 0;  // unknown (a GPU's, an imported profile's): not written
+  CHECK(!profile_to_json(q).contains("threads"));
   q.layers[3].workspace_bytes = -1;
   CHECK_THROWS_WITH_AS(validate_profile(q, "q"), doctest::Contains("workspace_bytes = -1"),
                        ConfigError);

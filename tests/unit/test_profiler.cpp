@@ -80,6 +80,7 @@ TEST_CASE("profile of mlp and fashion-cnn matches the layers") {
     ZooModel z = make_model(name);
     Profile p = profile(z, batch, Device::cpu(), quick());
     check_against_model(p, z, batch);
+    CHECK(p.threads == num_threads());  // what a rank's compute must run on for these times
     if (name == "fashion-cnn") {
       // Times are not compared with each other: on a loaded machine any run can be preempted.
       CHECK(p.layers[0].kind == "Conv2d");

@@ -259,6 +259,18 @@ TEST_CASE("ranks sharing cores compute at cores / (ranks computing) of their spe
   CHECK(shared.makespan_s == doctest::Approx(2 * alone.makespan_s).epsilon(1e-3));
   REQUIRE(shared.core_stretch.size() == 4);
   for (double f : shared.core_stretch) CHECK(f == doctest::Approx(2.0).epsilon(1e-3));
+  // Ranks profiled on 2 threads each take 2 of the cores: 4 such ranks on 8 cores compute as
+  // on cores of their own, on 4 cores as the 4 single-threaded ranks on 2.
+  SimulateOptions threaded;
+  threaded.threads_per_rank = 2;
+  threaded.cores = 8;
+  CHECK(simulate(s, prof, dp, {}, threaded).makespan_s == alone.makespan_s);
+  threaded.cores = 4;
+  const Simulation halved = simulate(s, prof, dp, {}, threaded);
+  CHECK(halved.makespan_s == doctest::Approx(shared.makespan_s).epsilon(1e-12));
+  threaded.threads_per_rank = 0;
+  CHECK_THROWS_WITH_AS(simulate(s, prof, dp, {}, threaded),
+                       doctest::Contains("threads per rank must be at least 1"), ConfigError);
 
   // A 4-stage pipeline on fewer cores: the cores cannot do more than their share of the work
   // (cores x time >= the ranks' compute), and sharing never makes it faster than alone nor

@@ -89,6 +89,9 @@ struct Plan {
   // "dtype", absent for float32): the precision its memory estimate assumes (weight versions
   // stashed in bf16) and the trainers' default --dtype.
   std::string dtype;
+  // The threads per process its CPU profile was timed on (Profile::threads; plan.json
+  // "profile_threads", absent when unknown): its times hold for ranks that compute on as many.
+  int profile_threads = 0;
   // The element type of the activations and gradients between stages the plan's costs assume when
   // it is not the one `dtype` implies ("bfloat16" for float32 plans, "float32" for bf16 ones;
   // plan.json "transfer_dtype", absent otherwise): the trainers' and simulator's default

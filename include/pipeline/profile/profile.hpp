@@ -181,6 +181,10 @@ struct Profile {
   Architecture architecture;
   int batch_size = 0;
   std::string device;
+  // CPU profiles: the threads each layer was timed on (pipeline::num_threads() when profiled), a
+  // rank's compute being as fast only on as many cores. 0 when unknown (GPU profiles, imported
+  // and older ones). Serialised only when set.
+  int threads = 0;
   // The dtype the products were timed in: "float32", or "bfloat16" (mixed precision, whose
   // pipelines move activations and gradients as bf16 by default).
   std::string dtype = "float32";

@@ -112,6 +112,10 @@ struct SimulateOptions {
   // contention when it starts. The cores never do more than their share: the time per
   // minibatch is at least the work per minibatch over the cores.
   int cores = 0;
+  // With `cores`: the threads each rank's compute was timed on (the profile's Profile::threads),
+  // each computing rank taking that many of the cores (k ranks of t threads run at cores / (k t)
+  // of their profiled speed where that is less than 1).
+  int threads_per_rank = 1;
 };
 
 // One executed action. Sends: start is when it was posted, end the arrival at the receiver.
