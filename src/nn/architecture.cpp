@@ -37,6 +37,7 @@ Architecture architecture_from_json(const nlohmann::json& j, const std::string& 
 
 std::optional<ArchitectureDifference> first_difference(const Architecture& recorded,
                                                        const Architecture& ours) {
+  std::optional<ArchitectureDifference> out;
   for (const auto& [option, value] : recorded) {
     const std::string& name = option;
     const auto mine =
@@ -44,9 +45,18 @@ std::optional<ArchitectureDifference> first_difference(const Architecture& recor
     if (mine == ours.end() || mine->second == value) continue;
     std::string flag = "--" + option;
     std::replace(flag.begin(), flag.end(), '_', '-');
-    return ArchitectureDifference{flag, fmt::format("{}", value), fmt::format("{}", mine->second)};
+    const std::string theirs = fmt::format("{}", value),
+                      mine_text = fmt::format("{}", mine->second);
+    if (!out) {
+      out = ArchitectureDifference{flag, theirs, mine_text, "", ""};
+    } else {
+      out->recorded_flags += ' ';
+      out->our_flags += ' ';
+    }
+    out->recorded_flags += flag + ' ' + theirs;
+    out->our_flags += flag + ' ' + mine_text;
   }
-  return std::nullopt;
+  return out;
 }
 
 }  // namespace pipeline

@@ -646,9 +646,8 @@ void check_resume_compatible(const CheckpointManifest& m, const CheckpointRunInf
   // Options that give the same tensor shapes (transformer-lm's heads) would load without error.
   if (const auto d = first_difference(m.architecture, run.architecture))
     PIPELINE_FAIL(ConfigError,
-                  "the checkpoint is of {} with {} {} but this run builds it with {} {}: resume "
-                  "with {} {}",
-                  m.model, d->flag, d->recorded, d->flag, d->ours, d->flag, d->recorded);
+                  "the checkpoint is of {} with {} but this run builds it with {}: resume with {}",
+                  m.model, d->recorded_flags, d->our_flags, d->recorded_flags);
   PIPELINE_CHECK_AS(
       ConfigError, m.seed == run.seed,
       "the checkpoint was written by a run with --seed {} but this run has --seed "

@@ -73,10 +73,10 @@ void check_plan_for_job(const Plan& plan, const ZooModel& model, int world_size)
   if (plan.model == model.model.name())
     if (const auto d = first_difference(plan.architecture, model.architecture))
       PIPELINE_FAIL(ConfigError,
-                    "the plan was made for {} with {} {} but this run builds it with {} {}: train "
-                    "with {} {}, or profile and partition the model this run trains "
-                    "(pipeline-profile, then pipeline-partition)",
-                    plan.model, d->flag, d->recorded, d->flag, d->ours, d->flag, d->recorded);
+                    "the plan was made for {} with {} but this run builds it with {}: train with "
+                    "{}, or profile and partition the model this run trains (pipeline-profile, "
+                    "then pipeline-partition)",
+                    plan.model, d->recorded_flags, d->our_flags, d->recorded_flags);
   check_plan_for_job(plan, model.model, world_size);
 }
 

@@ -76,6 +76,13 @@ TEST_CASE("a zoo model's architecture is its resolved options; first_difference 
   o.seq_len = 32;
   CHECK(first_difference(lm4.architecture, make_model("transformer-lm", o).architecture)->flag ==
         "--seq-len");
+  // Every differing option, as flags, for a message that names the whole fix.
+  o.heads = 8;
+  const auto both =
+      first_difference(lm4.architecture, make_model("transformer-lm", o).architecture);
+  REQUIRE(both);
+  CHECK(both->recorded_flags == "--seq-len 64 --heads 4");  // in the recorded order
+  CHECK(both->our_flags == "--seq-len 32 --heads 8");
   // Options only one side records are not compared (files written before they were recorded).
   CHECK_FALSE(first_difference({}, lm8.architecture));
   CHECK_FALSE(first_difference({{"depth", 3}}, lm8.architecture));

@@ -24,10 +24,13 @@ Architecture architecture_from_json(const nlohmann::json& j, const std::string& 
                                     const std::string& origin);
 
 // The first option recorded in both whose values differ, as the trainers' flags spell it:
-// {"--heads", "4", "2"} for (recorded heads 4, ours heads 2). Options only one side records are
-// not compared (files written before an option was recorded).
+// {"--heads", "4", "2"} for (recorded heads 4, ours heads 2), and every such option as flags
+// ("--blocks 4 --heads 4" recorded, "--blocks 2 --heads 2" ours), so that one message names all
+// the fix needs. Options only one side records are not compared (files written before an option
+// was recorded).
 struct ArchitectureDifference {
   std::string flag, recorded, ours;
+  std::string recorded_flags, our_flags;
 };
 std::optional<ArchitectureDifference> first_difference(const Architecture& recorded,
                                                        const Architecture& ours);
