@@ -132,6 +132,14 @@ int main(int argc, char** argv) {
     PIPELINE_CHECK_AS(ConfigError, opt.warmup >= 0, "--warmup must be >= 0, got {}", opt.warmup);
     PIPELINE_CHECK_AS(ConfigError, app.count("--threads") == 0 || threads >= 1,
                       "--threads must be at least 1, got {}", threads);
+    // A model's options of another kind of model would be silently ignored: name them.
+    const bool lm = model_name == "transformer-lm";
+    for (const auto* group : {images, text})
+      if ((group == text) != lm)
+        for (const CLI::Option* option : group->get_options())
+          PIPELINE_CHECK_AS(ConfigError, option->count() == 0,
+                            "{} is an option of {}, not of {}: leave it out", option->get_name(),
+                            group == text ? "transformer-lm" : "the image models", model_name);
     opt.split_backward = !no_split;
     opt.compute_dtype = pipeline::ops::parse_compute_dtype(dtype);
 

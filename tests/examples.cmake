@@ -39,6 +39,10 @@ pipeline_expect_failure(save_to_missing_dir "--save: cannot write .*does not exi
 # with the error, never a hang.
 set(_mpirun ${MPIEXEC_EXECUTABLE} ${PIPELINE_MPIRUN_FLAGS} ${MPIEXEC_NUMPROC_FLAG})
 set(_plans ${CMAKE_CURRENT_SOURCE_DIR}/data/runtime)
+# A flag the chosen schedule has no use for is refused, not ignored.
+pipeline_expect_failure(vertical_sync_without_stash "--vertical-sync chooses the weight version of each microbatch under 1f1b-stash; 1f1b-flush keeps one version"
+                        ${_train} --model mlp --in-process --plan ${_plans}/mlp_2.json
+                        --schedule 1f1b-flush --vertical-sync --steps 1 --threads 1)
 add_test(NAME example.train_fashion_mnist.pipeline_1f1b_stash
          COMMAND ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json
                  --schedule 1f1b-stash --steps 40 --batch 32 --threads 1 --eval-batch 2000

@@ -328,6 +328,10 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
     if (req.name == "interleaved") req.name = interleaved_schedule_for(plan);
     check_schedule_for_plan(plan, req.name);
   }
+  PIPELINE_CHECK_AS(ConfigError, !flags.vertical_sync || stashes(req) || !req.csv.empty(),
+                    "--vertical-sync chooses the weight version of each microbatch under "
+                    "1f1b-stash; {} keeps one version: drop it, or add --schedule 1f1b-stash",
+                    req.name);
   req.vertical_sync = flags.vertical_sync;
   // Flush schedules need a microbatch per stage to keep every stage busy, and one per replica to
   // keep every replica busy (with one microbatch a data-parallel minibatch ran on one replica
