@@ -114,8 +114,7 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
       if (t.transport == Transport::Nccl) return pipelined_over_nccl(comm, t.device, pipelined);
       return pipelined(comm, t.device >= 0 ? Device::cuda(t.device) : Device::cpu());
     } catch (const std::exception& e) {
-      report(e);
-      comm.abort(e.what());
+      comm.abort(e.what());  // which prints the error, once
     }
   }
   try {

@@ -719,6 +719,7 @@ void MpiCommunicator::barrier() {
 }
 
 void MpiCommunicator::abort(const std::string& reason) {
+  detail::note_aborting();
   log(LogLevel::Error, "{}: aborting the job on every rank: {}", detail::host_and_pid(), reason);
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);

@@ -34,6 +34,7 @@ struct TerminationState {
   std::atomic<bool> installed{false};
   std::atomic<unsigned> generation{0};  // slot generation % 2 holds the current note
   std::atomic<bool> waiting{false};     // inside a WaitNote now
+  std::atomic<bool> aborting{false};    // note_aborting(): its own error is printed
   char slots[2][kNoteBytes] = {};
   char header[256] = {};  // "[rank 3] error: host node1, pid 4242: "
 };
@@ -63,6 +64,10 @@ void write_all(const char* text, std::size_t n) {
 
 void on_sigterm(int sig) {
   TerminationState& s = state();
+  if (s.aborting.load(std::memory_order_acquire)) {
+    std::raise(sig);  // SA_RESETHAND restored the default action
+    return;
+  }
   char note[kNoteBytes];
   note[0] = '\0';
   for (int attempt = 0; attempt < 4; ++attempt) {
@@ -120,6 +125,10 @@ void note_wait(std::string_view what, const WaitSettings& settings) {
   slot[std::min<std::size_t>(r.size, kNoteBytes - 1)] = '\0';
   s.generation.store(next, std::memory_order_release);
   s.waiting.store(true, std::memory_order_release);
+}
+
+void note_aborting() {
+  state().aborting.store(true, std::memory_order_release);
 }
 
 void note_wait_ended() {

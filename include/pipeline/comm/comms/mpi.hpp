@@ -80,6 +80,9 @@ struct MpiShared;
 bool termination_report_installed();
 void note_wait(std::string_view what, const WaitSettings& settings);
 void note_wait_ended();
+// This rank is aborting the job over its own error, which it has printed: mpirun's SIGTERM then
+// ends it without the report that points at another rank.
+void note_aborting();
 
 // While alive, records for report_termination_on_sigterm() what this process waits for
 // (`describe()`, e.g. "a receive of ... from rank 2") and where its caller is (the settings'
