@@ -167,8 +167,11 @@ std::string describe(const Plan& plan) {
   for (auto& s : plan.stages)
     stages += fmt::format("{}[{}, {}){}", stages.empty() ? "" : " ", s.begin, s.end,
                           s.replicas > 1 ? fmt::format("x{}", s.replicas) : "");
-  return fmt::format("plan for {} on {} workers: config {}, stages {}, predicted {:.0f} samples/s",
-                     plan.model, plan.workers, plan.config, stages, plan.predicted.samples_per_s);
+  return fmt::format("plan for {} on {} workers: config {}, stages {}{}", plan.model, plan.workers,
+                     plan.config, stages,
+                     plan.predicted.samples_per_s > 0
+                         ? fmt::format(", predicted {:.0f} samples/s", plan.predicted.samples_per_s)
+                         : std::string());
 }
 
 int run_pipelined(const Options& o, Communicator& comm, Device device) {

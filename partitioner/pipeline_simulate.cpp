@@ -424,7 +424,7 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const pipeline::Error& e) {
-    pipeline::log(pipeline::LogLevel::Error, "{}", e.what());
+    fmt::print(stderr, "pipeline-simulate: error: {}\n", e.what());  // as the other tools
     return 1;
   }
 }

@@ -433,8 +433,14 @@ inline ExecutorOptions executor_options(const PipelineFlags& flags, const Plan& 
 inline void write_trace_if_asked(const PipelineFlags& flags, Communicator& comm,
                                  const StageExecutor& executor, const Schedule& schedule) {
   if (flags.trace.empty()) return;
-  write_rank_trace(per_rank_path(flags.trace, comm.rank(), comm.size()), executor.trace_events(),
-                   schedule, fmt::format("{} rank {}", schedule.name, comm.rank()));
+  const std::string path = per_rank_path(flags.trace, comm.rank(), comm.size());
+  write_rank_trace(path, executor.trace_events(), schedule,
+                   fmt::format("{} rank {}", schedule.name, comm.rank()));
+  if (comm.rank() == 0)
+    log_info("--trace: wrote {}{}", path,
+             comm.size() > 1
+                 ? fmt::format(" and one such file for each of the other {} ranks", comm.size() - 1)
+                 : "");
 }
 
 }  // namespace pipeline::examples
