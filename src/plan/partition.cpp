@@ -836,6 +836,20 @@ struct InterleavedPipes {
   int per_pipeline() const { return (microbatches + pipelines - 1) / pipelines; }
 };
 
+// A layer's weight-gradient time (W) under a split backward: measured, or half its backward where
+// the profile has no split (as the simulator takes it).
+double weight_gradient_s(const LayerProfile& l) {
+  return l.backward_input_s > 0 || l.backward_weight_s > 0 ? l.backward_weight_s : l.backward_s / 2;
+}
+
+// The optimizer step time of layers [i, j) under `optimizer` (none when empty).
+double step_s(const Profile& p, int i, int j, const std::string& optimizer) {
+  double step = 0;
+  if (!optimizer.empty())
+    for (int l = i; l < j; ++l) step += p.layers[static_cast<std::size_t>(l)].step_s.of(optimizer);
+  return step;
+}
+
 // A stage's costs under a split backward (zb-v, zb-h1), from prefix sums over the layers so that
 // the searches take them in O(1).
 class SplitCosts {
@@ -943,9 +957,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     }
     const double sync = pipes.sync_s(par);
     ps.sync_s = sync / m;  // per microbatch, as time_per_minibatch_s
-    double step = 0;
-    if (!o.optimizer.empty())
-      for (int l : f.layers) step += p.layers[static_cast<std::size_t>(l)].step_s.of(o.optimizer);
+    const double step = step_s(p, ps.begin, ps.end, o.optimizer);
     ps.workspace_bytes = working_bytes(g, f.s, f.e, o.activation_compression.value_or(1.0));
     const double loss = g.stage_loss_gradient_bytes(f.e);
     // A flush schedule: one weight version. The memory with one microbatch held, less that one.
@@ -971,11 +983,8 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     forwards[r] += g.stage_forward_s(f.s, f.e);
     way += ps.compute_s * d + 2 * ps.input_message_s;  // its input, and that input's gradient
     double weight = 0;
-    for (int l : f.layers) {
-      const LayerProfile& lp = p.layers[static_cast<std::size_t>(l)];
-      weight += lp.backward_input_s > 0 || lp.backward_weight_s > 0 ? lp.backward_weight_s
-                                                                    : lp.backward_s / 2;
-    }
+    for (int l = ps.begin; l < ps.end; ++l)
+      weight += weight_gradient_s(p.layers[static_cast<std::size_t>(l)]);
     least_weight = std::min(least_weight, weight);
     slowest = std::max(slowest, std::max(ps.compute_s + ps.sync_s, ps.transfer_s));
   }
@@ -1467,13 +1476,10 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     const double forward = g.stage_forward_s(i - 1, j - 1);
     forwards = std::max(forwards, forward);
     backwards = std::max(backwards, c.compute_s - forward);
-    double step = 0, weight = 0;
-    for (int l = i; l < j; ++l) {
-      const LayerProfile& lp = measured.layers[static_cast<std::size_t>(l)];
-      if (!o.optimizer.empty()) step += lp.step_s.of(o.optimizer);
-      weight += lp.backward_input_s > 0 || lp.backward_weight_s > 0 ? lp.backward_weight_s
-                                                                    : lp.backward_s / 2;
-    }
+    const double step = step_s(measured, i, j, o.optimizer);
+    double weight = 0;
+    for (int l = i; l < j; ++l)
+      weight += weight_gradient_s(measured.layers[static_cast<std::size_t>(l)]);
     const double sync = d > 1 ? sync_time(StateGraph::stage_sum(g.parameter_bytes, i - 1, j - 1), d,
                                           bandwidth(k * d, k * d + d - 1), 1.0)
                               : 0.0;
