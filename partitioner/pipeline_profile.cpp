@@ -14,9 +14,14 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
+#include <fstream>
+#include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -73,6 +78,30 @@ void print_table(const pipeline::Profile& p, const pipeline::ZooModel& z, double
       "times are medians over the repeats, IQR their interquartile range (ms); GFLOP/s is forward "
       "FLOPs over forward time; profiled in {:.1f} s\n",
       seconds);
+}
+
+// A profile taken while other processes keep the cores busy comes out slow, and so do the plans
+// and predictions made from it: where, before profiling, the tasks running besides this one
+// (the least of a few looks at /proc/loadavg's runnable count, so that a blip does not count)
+// and the profile's threads are more than the cores, say so on stderr. Silent where unknown.
+void note_busy_machine(int threads) {
+  int others = std::numeric_limits<int>::max();
+  for (int look = 0; look < 5; ++look) {
+    if (look > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::ifstream in("/proc/loadavg");
+    double one = 0, five = 0, fifteen = 0;
+    int running = 0;
+    char slash = 0;
+    if (!(in >> one >> five >> fifteen >> running >> slash) || slash != '/') return;
+    others = std::min(others, running - 1);  // this process is one of them
+  }
+  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores <= 0 || others <= 0 || others + threads <= cores) return;
+  fmt::print(stderr,
+             "pipeline-profile: note: {} other task(s) are running on the {} cores, so they "
+             "compete with the profile's {} thread(s): its times (and the plans made from them) "
+             "may come out slow; profile on an idle machine, or with fewer --threads\n",
+             others, cores, threads);
 }
 
 }  // namespace
@@ -145,6 +174,7 @@ int main(int argc, char** argv) {
 
     pipeline::ZooModel z = pipeline::make_model(model_name, zoo);
     pipeline::set_num_threads(threads > 0 ? threads : pipeline::default_num_threads());
+    if (!device.is_cuda()) note_busy_machine(pipeline::num_threads());
     pipeline::Profile p = pipeline::profile(z, batch, device, opt);
     pipeline::write_profile(p, output);
     const double seconds =
