@@ -111,6 +111,7 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
   for (const StageMemory& m : all) counted = counted || m.allocator_bytes > 0;
   const PipelineLayout& layout = ex.layout();
   constexpr double kMiB = 1048576.0;
+  bool overridden = false;  // a row whose stages recompute otherwise than their plan says
   if (print)
     fmt::print(
         "memory per rank, measured peak bytes held (MiB; each part at its own peak) vs the "
@@ -127,16 +128,19 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
       // first, beside the sum of their estimates.
       const std::vector<int> held = layout.stages_of(r);
       if (held.front() != s) continue;
-      bool rc = false;
+      bool rc = false, differs = false;
       double planned = 0, planned_workspace = 0;
       for (int h : held) {
         const auto k = static_cast<std::size_t>(h);
-        rc = rc || (k < recompute.size() && recompute[k]);
+        const bool mine = k < recompute.size() && recompute[k];
+        rc = rc || mine;
         if (k < plan.stages.size()) {
           planned += plan.stages[k].memory_bytes;
           planned_workspace += plan.stages[k].workspace_bytes;
+          differs = differs || mine != plan.stages[k].recompute;
         }
       }
+      overridden = overridden || (differs && planned > 0);
       const auto R = static_cast<std::size_t>(r);
       if (print)
         fmt::print(
@@ -145,7 +149,8 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
             r, fmt::format("{}", fmt::join(held, ",")), rc ? "yes" : "no", m.parameter_bytes / kMiB,
             m.gradient_bytes / kMiB, m.optimizer_bytes / kMiB, m.stashed_weight_bytes / kMiB,
             m.activation_bytes / kMiB, m.total_bytes / kMiB,
-            planned > 0 ? fmt::format("{:.3f}", planned / kMiB) : std::string("-"),
+            planned > 0 ? fmt::format("{:.3f}{}", planned / kMiB, differs ? "*" : "")
+                        : std::string("-"),
             R < simulated.size() ? fmt::format(" {:>10.3f}", simulated[R] / kMiB) : std::string(),
             counted ? fmt::format(" {:>14.3f}", m.allocator_bytes / kMiB) : std::string());
       nlohmann::json record{{"memory_rank", r},
@@ -163,6 +168,10 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
       if (R < simulated.size()) record["simulated_peak_bytes"] = simulated[R];
       metrics.write(record);
     }
+  if (print && overridden)
+    fmt::print(
+        "* planned for the plan's own choice of recomputation, which --recompute overrides in "
+        "this run (the simulated column is for this run's)\n");
 }
 
 }  // namespace pipeline::examples
