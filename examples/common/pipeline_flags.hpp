@@ -292,9 +292,9 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
                         flags.profile, p.model, p.size(), plan.model, zoo.model.size());
       if (const auto d = first_difference(plan.architecture, p.architecture))
         PIPELINE_FAIL(ConfigError,
-                      "--profile {} is of {} with {} {} but --plan was made for it with {} {}: "
-                      "give the profile the plan was made from",
-                      flags.profile, p.model, d->flag, d->ours, d->flag, d->recorded);
+                      "--profile {} is of {} with {} but --plan was made for it with {}: give the "
+                      "profile the plan was made from",
+                      flags.profile, p.model, d->our_flags, d->recorded_flags);
     }
   }
   check_plan_for_job(plan, zoo, comm.size());
@@ -370,9 +370,8 @@ inline void warn_where_plan_differs(const Plan& plan, const ScheduleRequest& req
   if (!device.is_cuda() && plan.profile_threads > 0 && plan.profile_threads != num_threads())
     log_warn(
         "the plan's times were measured on {} thread(s) per process, but this run's ranks compute "
-        "on {} (--threads): its predicted rate is for ranks of {}; for a plan of this run, profile "
-        "with "
-        "--threads {}",
+        "on {} (--threads): its predicted rate is for ranks of {}; for a plan of this run, "
+        "profile with --threads {}",
         plan.profile_threads, num_threads(), plan.profile_threads, num_threads());
   const std::int64_t samples = req.microbatches > 0 ? batch / req.microbatches : 0;
   if (plan.batch_size > 0 && samples > 0 && samples != plan.batch_size)

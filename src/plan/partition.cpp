@@ -800,6 +800,12 @@ void check_interleaved_request(const Profile& p, const Topology& t, const Partit
                     std::max(1, p.size() / shortest));
 }
 
+// Microbatches per minibatch a flush or interleaved plan is made for: the options', else 4 per
+// worker.
+int planned_microbatches(const PartitionOptions& o, int workers) {
+  return o.microbatches > 0 ? o.microbatches : 4 * workers;
+}
+
 // An interleaved plan's pipelines on the topology: `pipelines` (d) copies of a pipeline of
 // `positions` (p) ranks, pipeline j on ranks j·p .. j·p + p − 1, so stage k's replicas sit on
 // ranks j·p + (k's place: k mod p looped, or in a V) and allreduce across the level that joins
@@ -815,7 +821,7 @@ struct InterleavedPipes {
   InterleavedPipes(const Topology& t, int d, const PartitionOptions& o)
       : pipelines(d),
         positions(t.workers() / d),
-        microbatches(o.microbatches > 0 ? o.microbatches : 4 * t.workers()),
+        microbatches(planned_microbatches(o, t.workers())),
         shape{positions, o.virtual_stages, d, o.placement} {
     groups.assign(t.levels.size() + 1, 1);
     for (std::size_t l = 0; l < t.levels.size(); ++l) groups[l + 1] = groups[l] * t.levels[l].count;
@@ -1029,8 +1035,8 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     plan.predicted.peak_memory_bytes[static_cast<std::size_t>(rank)] =
         static_cast<std::int64_t>(memory[static_cast<std::size_t>(rank % places)]);
   plan.in_flight = 1;
-  finish(plan, p, t, o, makespan / m);
-  plan.predicted.data_parallel_time_per_minibatch_s = data_parallel_time(p, t, o);
+  finish(plan, p, t, o,
+         makespan / m);  // (fit_interleaved() adds the steps to its data-parallel time)
   plan.microbatches = m;
   plan.schedule = o.placement == StagePlacement::V ? "zb-v" : "interleaved-1f1b";
   plan.virtual_stages = o.virtual_stages;
@@ -1091,6 +1097,8 @@ Plan fit_interleaved(const Profile& p, const StateGraph& g, const Topology& t,
         *t.memory_bytes_per_worker,
         o.recompute == Recompute::None ? ", or recompute activations (--recompute auto)" : "");
   }
+  // Data parallelism steps once per minibatch too (`p` has no steps in its backward times).
+  plan.predicted.data_parallel_time_per_minibatch_s = data_parallel_time(p, t, o);
   return plan;
 }
 
@@ -1265,7 +1273,7 @@ Plan partition_interleaved_pipes(const Profile& p, const StateGraph& g, const To
 Plan partition_interleaved(const Profile& p, const Topology& t, const PartitionOptions& o) {
   const StateGraph g = StateGraph::linear(p);
   const int w = t.workers();
-  const int m = InterleavedPipes(t, 1, o).microbatches;
+  const int m = planned_microbatches(o, w);
   int cut_points = 0;  // where a stage may end, the model's end aside
   for (int j = 1; j < g.size(); ++j) cut_points += g.can_end(j - 1);
   std::optional<Plan> best;
@@ -1560,7 +1568,7 @@ Plan partition_flush(const Profile& measured, const Profile& charged, const Topo
   PIPELINE_CHECK_AS(ConfigError, o.microbatches >= 0,
                     "microbatches per minibatch must be positive, got {}", o.microbatches);
   const int w = t.workers();
-  const int m = o.microbatches > 0 ? o.microbatches : 4 * w;
+  const int m = planned_microbatches(o, w);
   const StateGraph g = StateGraph::linear(measured);
   const SplitCosts split_costs(measured);
   int cut_points = 0;  // where a stage may end, the model's end aside
