@@ -160,7 +160,7 @@ class Solver {
   // How one level of the search turns a segment's time T into its stage's time:
   // max((T + sync) / r, transfer / r), exactly as solve_row computes it.
   struct LevelStep {
-    double par = 0, bandwidth = 1, share = 1, transfer = -1;  // transfer < 0: none (first stage)
+    double par = 0, bandwidth = 1, share = 1, transfer = -1;  // transfer < 0: none
     int replicas = 1;
   };
   struct Expanded {
@@ -249,6 +249,8 @@ class Solver {
       step.replicas = sg.machines;
       if (i == 0) {
         step.share = m_pd ? W : G;
+        if (m_transfer && !m_pd && sg.e != m_S - 1)
+          step.transfer = transfer_time(boundary(sg.e), sg.machines, B, m_ratio);
       } else {
         step.share = m_pd ? 1.0 : G;
         step.transfer = 0;
@@ -399,6 +401,10 @@ class Solver {
         const StageMode single = (m == 1 || !m_o.straight) && std::isfinite(T) ? mode(level, s, j, m, m, M) : StageMode{false};
         if (single.fits) {
           best.t = replicated_stage_time(T + single.extra_s, par, m, B, share_single);
+          // Its replicas send its output over their own links, whatever the next stage's
+          // replicas (PipeDream charges only the receiving stage's share).
+          if (m_transfer && !m_pd && !last_state)
+            best.t = std::max(best.t, transfer_time(boundary(j), m, B, m_ratio));
           best.k = -2;
           best.stages = 1;
         }

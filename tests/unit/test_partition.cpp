@@ -115,9 +115,11 @@ struct Brute {
       }
     }
     double v = (T + 4.0 * (r - 1) * par / (B * r * share)) / r;
-    if (transfer && !first) {
+    // A stage's replicas move its input and output over their own links; PipeDream's model
+    // charges the receiving stage alone, so its first stage moves nothing.
+    if (transfer && (!first || !pd)) {
       const auto& bytes = pd ? g.pipedream_boundary_bytes : g.boundary_bytes;
-      v = std::max(v, 2 * bytes[a] / (B * r * R));
+      if (!first) v = std::max(v, 2 * bytes[a] / (B * r * R));
       if (b != g.size() - 1) v = std::max(v, 2 * bytes[b] / (B * r * R));
     }
     return v;

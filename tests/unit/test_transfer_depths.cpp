@@ -18,6 +18,8 @@
 #include <numeric>
 #include <random>
 
+#include "support/uniform_profile.hpp"
+
 namespace test_transfer_depths {
 
 using namespace pipeline;
@@ -134,17 +136,52 @@ TEST_CASE("on free links and balanced stages the counts with transfers are PipeD
     CAPTURE(replicas);
     CHECK(stash_in_flights(workers, replicas, seconds, messages, 0.01) ==
           stash_in_flights(workers, replicas));
-    // Stages faster than the period need no more either; replicated pipelines keep their counts
-    // whatever their links take (the shape search hides the transfers within them).
+    // Stages faster than the period need no more either.
     for (double& t : seconds) t *= 0.5;
     CHECK(stash_in_flights(workers, replicas, seconds, messages, 0.01) ==
           stash_in_flights(workers, replicas));
-    const bool has_replicas =
-        std::any_of(replicas.begin(), replicas.end(), [](int r) { return r > 1; });
+    // Messages of two periods: never fewer, and more at the input stage of every pipeline of
+    // several stages (its loop to the next stage and back takes 4 periods more).
     for (double& m : messages) m = 0.02;
-    if (has_replicas)
-      CHECK(stash_in_flights(workers, replicas, seconds, messages, 0.01) ==
-            stash_in_flights(workers, replicas));
+    const std::vector<int> slow = stash_in_flights(workers, replicas, seconds, messages, 0.01);
+    const std::vector<int> free = stash_in_flights(workers, replicas);
+    for (int s = 0; s < stages; ++s) CHECK(slow[s] >= free[s]);
+    if (stages > 1 && replicas[0] == 1) CHECK(slow[0] > free[0]);
+  }
+}
+
+TEST_CASE("with replicas each loop fits in the minibatches a replica holds") {
+  // mlp on 4 workers at 1 Gbit/s, 1-2-1 (the partitioner's plan): 0.897, 0.008 and 0.456 ms of
+  // compute per minibatch on a replica, a period of 1.049 ms (the transfers), messages of
+  // 1.049 ms at a link's whole bandwidth, 2.098 ms on a pair's half of it.
+  const std::vector<int> replicas{1, 2, 1};
+  const std::vector<double> seconds{0.897e-3, 0.008e-3, 0.456e-3}, messages{0, 1.049e-3, 1.049e-3};
+  // Stage 1's loop to stage 2 and back: 0.464 + 2 · 2.098 ms, 5 periods, over its 2 replicas:
+  // 3. Stage 0's loop to stage 2: 1.361 + 4 · 2.098 ms, 10 periods; to stage 1: 5 periods after
+  // the (3 − 1) · 2 stage 1 holds its minibatches: 9.
+  CHECK(stash_in_flights(4, replicas, seconds, messages, 1.049e-3) == std::vector<int>{10, 3, 1});
+  CHECK(stash_in_flights(4, replicas) == std::vector<int>{5, 3, 1});
+}
+
+TEST_CASE("over a slow link replicated plans run at the partitioner's rate") {
+  // Six equal layers of 0.6 ms on 4 workers at 1 Gbit/s, a replicated stage after the first
+  // and at it: a message takes 1.05 ms at a link's whole bandwidth, 2.1 ms on a pair's share,
+  // against a period of 1.8 ms.
+  const Profile profile = testing::uniform_profile(6, 0.0002, 0.0004, 1 << 16, 1000);
+  for (const char* stages : {"0:3,3:4x2,4:6", "0:2x2,2:5,5:6"}) {
+    CAPTURE(stages);
+    const Topology topology{{{4, 1.25e8}}, {}};
+    const Plan plan = evaluate_stages(profile, topology, parse_manual_stages(stages));
+    const Simulation sim = run(plan, profile, topology);
+    const Simulation before = run(with_pipedream_counts(plan), profile, topology);
+    MESSAGE(fmt::format(
+        "config {}: in flight {}, simulated {:.3f}x the predicted rate "
+        "(the counts without messages: {:.3f}x)",
+        plan.config, plan.in_flight, plan.predicted.time_per_minibatch_s / sim.time_per_minibatch_s,
+        plan.predicted.time_per_minibatch_s / before.time_per_minibatch_s));
+    CHECK(sim.time_per_minibatch_s <= plan.predicted.time_per_minibatch_s * (1 + 5e-3));
+    CHECK(before.time_per_minibatch_s > 1.2 * sim.time_per_minibatch_s);
+    check_memory_as_planned(plan, sim);
   }
 }
 

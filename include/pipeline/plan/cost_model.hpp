@@ -93,27 +93,46 @@ inline double round_robin_pair_share(int a, int b) {
 // time over the plan's period (`period_s`) bounds that difference. On free links and balanced
 // stages this is PipeDream's count; never less. Over slow links PipeDream's count leaves the
 // pipeline waiting: VGG-16 on 4 workers at 1.25 GB/s, 1-1-1-1, ran at 0.65x its planned rate with
-// depths 3-2-1-0 and at it with 6-3-2-0. Pipelines with replicas keep stash_in_flights(): the
-// generator's shape search, timed on the plan's stage times and messages, hid the transfers
-// within them where measured (VGG-16's 3-1 and 7-1 at 1.25 GB/s run at their planned rate).
+// depths 3-2-1-0 and at it with 6-3-2-0. With replicas the same holds per replica, whose loop
+// carries one minibatch in r (and whose messages each take a pair's share of the link): mlp's
+// 1-2-1 on 4 workers at 1 Gbit/s ran at 0.54x its planned rate with stash_in_flights()' 5 at the
+// input stage and at it with 10. The generator's shape search, timed on the plan's stage times
+// and messages, then picks depths within these counts (stash_depth_limits).
 inline std::vector<int> stash_in_flights(int workers, const std::vector<int>& replicas,
                                          const std::vector<double>& replica_seconds,
                                          const std::vector<double>& message_seconds,
                                          double period_s) {
   std::vector<int> out = stash_in_flights(workers, replicas);
-  const bool straight = std::all_of(replicas.begin(), replicas.end(), [](int r) { return r == 1; });
-  if (!straight || !(period_s > 0)) return out;
+  if (!(period_s > 0)) return out;
   // Periods a loop takes, rounded up; within 0.1% of whole periods counts as whole (a minibatch
   // more in flight there would buy at most 0.1%, as on links so fast their messages vanish).
   const auto periods = [&](double seconds) {
     return static_cast<int>(std::ceil(seconds / period_s * (1 - 1e-3)));
   };
+  // need[s]: what a replica of stage s must hold for the loops to fit, PipeDream's count at
+  // least. A replica takes every r-th minibatch, so it runs a minibatch's backward
+  // (need[s] − 1)·r_s periods after its forward, and the loop from s to j and back takes the
+  // loop's periods less the r_s of stage s's own passes; at the input stage, whose replicas meet
+  // at every allreduce (the generator delays none there), plus the r_s − 1 for which the first
+  // replica of a round waits for the last.
+  std::vector<int> need(out.size());
+  int before = 0;
+  for (std::size_t s = 0; s < need.size(); ++s) {
+    need[s] = in_flight(workers, before, replicas[s]);
+    before += replicas[s];
+  }
   for (std::size_t s = out.size(); s-- > 0;) {
-    double loop = 0;  // from s to j and back
-    for (std::size_t j = s; j < out.size(); ++j) {
-      loop += replica_seconds[j] + (j > s ? 2 * message_seconds[j] : 0.0);
-      out[s] = std::max(out[s], out[j] - 1 + periods(loop));
+    double loop = replica_seconds[s];  // from s to j and back
+    for (std::size_t j = s + 1; j < out.size(); ++j) {
+      // A pair of ranks gets its share of the link (round_robin_pair_share), so its messages
+      // take longer than the boundary's load per minibatch.
+      loop += replica_seconds[j] +
+              2 * message_seconds[j] / round_robin_pair_share(replicas[j - 1], replicas[j]);
+      const int periods_held =
+          (need[j] - 1) * replicas[j] + periods(loop) + (s == 0 ? replicas[s] - 1 : 0);
+      need[s] = std::max(need[s], (periods_held + replicas[s] - 1) / replicas[s]);
     }
+    out[s] = std::max(out[s], need[s]);
   }
   return out;
 }
