@@ -172,8 +172,9 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   app.add_option(
          "--minibatches", minibatches,
-         "minibatches to simulate (default: 1; stash: 8 x workers, or with replicated stages 8 x "
-         "the minibatches their replicas hold)")
+         "minibatches to simulate (default: 1; stash: 8 x workers, or 8 x the deepest stage's "
+         "in-flight count where that is more, or with replicated stages 8 x the minibatches "
+         "their replicas hold)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--microbatch-size", microbatch_size,
                  "samples per microbatch (default: the profile's batch)");

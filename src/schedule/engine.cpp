@@ -106,7 +106,7 @@ struct RankState {
   std::vector<std::pair<std::int64_t, int>> received_versions;  // (stage<<32|unit, version)
   std::int64_t activation_bytes = 0;
   int forwards_seen = 0;
-  int forwards_total = 0;
+  int window_open = 0, window_close = 0;  // the forwards that open and close its window
   // Overlapped allreduce: by action index, the allreduce round whose gradients the backward
   // there completes, or -1 (closing_backwards).
   std::vector<std::int32_t> closes;
@@ -188,10 +188,20 @@ class Engine {
     // window; skip the pass over every action otherwise.
     const bool window = costs != nullptr && s.policy != UpdatePolicy::Flush;
     for (std::size_t r = 0; window && r < s.ranks.size(); ++r) {
-      int n = 0;
-      for (auto& a : s.ranks[r]) n += a.kind == ActionKind::Forward ? 1 : 0;
-      m_ranks[r].forwards_total = n;
-      if (n >= 4) m_result.ranks[r].window_forwards = n * 3 / 4 - n / 4;
+      // The window opens at forward n/4, or after the rank's warm-up where that is longer: a rank
+      // whose forwards are fast runs its warm-up at once and then waits a whole round trip for
+      // its first gradient, which is the fill, not the period.
+      int n = 0, warmup = -1;
+      for (auto& a : s.ranks[r]) {
+        if (warmup < 0 && (a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardInput))
+          warmup = n;
+        n += a.kind == ActionKind::Forward ? 1 : 0;
+      }
+      RankState& st = m_ranks[r];
+      st.window_open = std::max(n / 4, warmup);
+      st.window_close = n * 3 / 4;
+      if (n >= 4 && st.window_close > st.window_open)
+        m_result.ranks[r].window_forwards = st.window_close - st.window_open;
     }
   }
 
@@ -507,11 +517,10 @@ class Engine {
     RankState& st = m_ranks[r];
     RankRecord& rec = m_result.ranks[r];
     if (rec.window_forwards) {
-      const int n = st.forwards_total;
-      if (st.forwards_seen == n / 4) {
+      if (st.forwards_seen == st.window_open) {
         rec.window_begin_s = st.clock;
         rec.window_begin_busy_s = st.busy;
-      } else if (st.forwards_seen == n * 3 / 4) {
+      } else if (st.forwards_seen == st.window_close) {
         rec.window_end_s = st.clock;
         rec.window_end_busy_s = st.busy;
       }

@@ -92,8 +92,9 @@ struct RankRecord {
   std::int64_t workspace_bytes = 0;   // the working memory charged (the largest of its stages')
   std::int64_t peak_memory_bytes = 0;
   // Steady-state window of stash schedules (timed runs only): from the start of the rank's
-  // forward number n/4 to that of number 3n/4 (n = its forwards); window_forwards == 0 when the
-  // rank has too few, or for flush schedules.
+  // forward number n/4 (or its first after its warm-up, where that comes later) to that of number
+  // 3n/4 (n = its forwards); window_forwards == 0 when the rank has too few, or for flush
+  // schedules.
   int window_forwards = 0;
   double window_begin_s = 0, window_begin_busy_s = 0;
   double window_end_s = 0, window_end_busy_s = 0;

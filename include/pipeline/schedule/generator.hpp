@@ -115,7 +115,8 @@ std::int64_t steady_state_minibatches(const std::vector<int>& replicas, std::int
 // The same for a plan's run: with replicated stages the shape's first rounds last about as many
 // minibatches as its replicas hold (PlanStage::in_flight), so at least 8 times those where that
 // stays within `limit` (VGG-16's 7-1 plan over a 1.25 GB/s link, 8 in flight a replica, read 9%
-// fast at 8 minibatches per worker).
+// fast at 8 minibatches per worker); without replicas, at least 8 times the deepest stage's
+// in-flight count, which slow links make more than the workers.
 std::int64_t steady_state_minibatches(const Plan& plan, std::int64_t limit);
 // The limit the simulating front ends take (a simulation of about a million minibatches per
 // stage runs for seconds).

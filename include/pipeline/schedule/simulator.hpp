@@ -47,9 +47,10 @@
 // parameters. Recomputation also charges the stage's forward time again inside its backward.
 //
 // Reported: time per minibatch (flush schedules: makespan / minibatches; stash and 2BW schedules:
-// the steady-state period, measured on every rank from its forward n/4 to its forward 3n/4, the
-// slowest rank's), samples/s, bubble fraction (idle share of the makespan) overall and per rank,
-// and its steady-state value over the same window.
+// the steady-state period, measured on every rank from its forward n/4, or its first after its
+// warm-up where that is later, to its forward 3n/4, the slowest rank's), samples/s, bubble fraction
+// (idle share of the makespan) overall and per rank, and its steady-state value over the same
+// window.
 #pragma once
 
 #include <pipeline/plan/device_profiles.hpp>
