@@ -1474,6 +1474,7 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
   describe(plan, g, t, stashing, fs, std::nullopt, false);
   double way = 0, tail = 0, least_weight = kInf;  // a microbatch's way; the end of a minibatch
   double forwards = 0, backwards = 0;             // the slowest stage's forward, and backward
+  double longest_message = 0;                     // the slowest cut's message
   std::vector<double> compute, message;           // per stage: its compute, and its input's message
   for (int k = 0; k < p; ++k) {
     PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
@@ -1487,6 +1488,7 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     way += c.compute_s + (k + 1 < p ? 2 * cut_time(k, j) : 0.0);
     compute.push_back(c.compute_s);
     message.push_back(k > 0 ? cut_time(k - 1, i) : 0.0);
+    longest_message = std::max(longest_message, message.back());
     const double forward = g.stage_forward_s(i - 1, j - 1);
     forwards = std::max(forwards, forward);
     backwards = std::max(backwards, c.compute_s - forward);
@@ -1541,9 +1543,13 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
   // ZB-H1's W's fill 2(p − 1) of 1F1B's bubble slots from p microbatches per pipeline on (Qi et
   // al.), p − 1 with one.
   const int filled = p - 1 + std::min(mp, p) - 1;
-  // GPipe runs every forward, then every backward: each phase paced by its own slowest stage
-  // (its cut is still the one that 1F1B's figure chose).
-  const double pace = o.schedule == "gpipe" ? std::max(slowest, forwards + backwards) : slowest;
+  // GPipe runs every forward, then every backward: each phase paced by its own slowest stage or
+  // cut, whose activations and gradients do not cross at once as under 1F1B (its cut is still
+  // the one that 1F1B's figure chose).
+  const double pace = o.schedule == "gpipe"
+                          ? std::max(slowest, std::max(forwards, longest_message) +
+                                                  std::max(backwards, longest_message))
+                          : slowest;
   time = way + (mp - 1) * pace + tail - (split ? filled * least_weight : 0.0);
   finish(plan, charged, t, o, time / m);
   plan.schedule = o.schedule;

@@ -14,6 +14,7 @@
 
 #include "support/chain_cuts.hpp"
 #include "support/memory_limit_plans.hpp"
+#include "support/uniform_profile.hpp"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -145,6 +146,30 @@ TEST_CASE("partition --schedule flush: random chains plan, simulate as predicted
   }
   CHECK(pipelined > 20);
   CHECK(replicated > 20);
+}
+
+TEST_CASE("partition --schedule gpipe: messages slower than the stages pace both phases") {
+  // Two stages of 0.4 ms forward and 0.8 ms backward per microbatch; a message takes 1.05 ms. 1F1B
+  // sends activations while gradients come back; GPipe's phases cannot, so each is paced by the
+  // cut: 2.1 ms per microbatch, not 1F1B's 1.2 ms.
+  const Profile p = testing::uniform_profile(4, 0.0002, 0.0004, 1 << 16, 1000);
+  const Topology t{{{2, 1.25e8}}, {}};
+  for (const char* schedule : {"gpipe", "1f1b-flush"}) {
+    CAPTURE(schedule);
+    PartitionOptions o;
+    o.schedule = schedule;
+    o.microbatches = 16;
+    o.straight = true;
+    const Plan plan = partition(p, t, o);
+    REQUIRE(plan.config == "1-1");
+    const Simulation sim = simulate(
+        generate_schedule(schedule, ScheduleSpec::from_plan(plan, o.microbatches, 1)), p, plan, t);
+    MESSAGE(fmt::format("{}: predicted {:.3f} ms, simulated {:.3f} ms per microbatch", schedule,
+                        1e3 * plan.predicted.time_per_minibatch_s,
+                        1e3 * sim.time_per_minibatch_s / o.microbatches));
+    CHECK(sim.time_per_minibatch_s / o.microbatches ==
+          doctest::Approx(plan.predicted.time_per_minibatch_s).epsilon(0.03));
+  }
 }
 
 TEST_CASE("partition --schedule flush: memory limits recompute stage by stage, or refuse") {
