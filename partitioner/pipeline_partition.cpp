@@ -285,10 +285,11 @@ int main(int argc, char** argv) {
   app.add_flag("--straight", straight, "no replicated stages");
   app.add_flag("--allow-idle", allow_idle, "leave workers unused when that is no slower");
   app.add_flag("--ignore-transfer", ignore_transfer, "no activation transfer cost");
-  app.add_flag("--pipedream-in-flight", pipedream_in_flight,
-               "1f1b-stash: keep PipeDream's minibatches in flight on a pipeline without replicas "
-               "(the least weight staleness), even where slow links then leave round trips "
-               "unhidden (default: more where that hides them)");
+  app.add_flag(
+      "--pipedream-in-flight", pipedream_in_flight,
+      "1f1b-stash: keep PipeDream's minibatches in flight (the least weight staleness; with "
+      "replicated stages, the r - 1 more a stage of r replicas needs), even where slow "
+      "links then leave round trips unhidden (default: more where that hides them)");
   app.add_option("--activation-compression", compression, "activation compression ratio R (transfers cost 2a/(B r R))");
   app.add_option("--stages", stages_text, "evaluate this plan instead: BEGIN:END[xREPLICAS],... e.g. 0:5x2,5:12,12:20");
   app.add_option("--batch", batch, "batch size of the profile (overrides the file)")

@@ -67,9 +67,9 @@ struct PartitionOptions {
   bool straight = false;          // no replication (PipeDream --straight_pipeline)
   bool allow_idle = false;        // may leave workers unused (PipeDream --use_fewer_machines)
   bool ignore_transfer = false;   // no activation transfer cost at all
-  // 1F1B-stash plans without replicas keep PipeDream's in-flight counts (the least weight
-  // staleness) even where slow links then leave round trips unhidden; by default they hold more
-  // where that hides them (stash_in_flights with transfers).
+  // 1F1B-stash plans keep PipeDream's in-flight counts (the least weight staleness; with
+  // replicas, stash_in_flights()') even where slow links then leave round trips unhidden; by
+  // default they hold more where that hides them (stash_in_flights with transfers).
   bool pipedream_in_flight = false;
   // Activation compression ratio R. PipeDream model: transfers are charged only when it is set.
   // Pipeline model: 1 when unset.
