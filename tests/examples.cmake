@@ -82,7 +82,7 @@ set_tests_properties(example.train_fashion_mnist.pipeline_1f1b_stash
 pipeline_expect_failure(plan_wrong_world "plan is for 2 workers but the job has 3 ranks"
                         ${_mpirun} 3 ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2)
 pipeline_expect_failure(plan_wrong_model "plan is for model 'mlp' but the program trains 'fashion-cnn'"
-                        ${_mpirun} 2 ${_train} --plan ${_plans}/mlp_2.json --steps 2)
+                        ${_mpirun} 2 ${_train} --model fashion-cnn --plan ${_plans}/mlp_2.json --steps 2)
 pipeline_expect_failure(schedule_deadlock "deadlock|wait on each other|never"
                         ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2
                         --schedule-csv ${_plans}/deadlock_2.csv)
@@ -188,6 +188,13 @@ if(NOT _lm STREQUAL "-")
                             $<TARGET_FILE:pipeline-simulate> --plan ${_plans}/transformer_lm_dim32_2.json
                             --profile ${_plans}/transformer_lm_dim64_profile.json)
   endif()
+  # Model options the command line leaves out are the plan's (its model among them): the run builds
+  # the model it was made for, and says so.
+  add_test(NAME example.train_transformer_lm.plan_model_options
+           COMMAND ${_lm} --in-process --plan ${_plans}/transformer_lm_dim32_2.json --steps 1
+                   --threads 1 --batch 8)
+  set_tests_properties(example.train_transformer_lm.plan_model_options PROPERTIES LABELS example
+                       PASS_REGULAR_EXPRESSION "--plan: --blocks 1 --dim 32 --heads 4 --seq-len 16, as the plan was made")
   # ... and the batch it was profiled at: microbatches of another size are trained, with a warning
   # that the plan's times and memory are not theirs.
   add_test(NAME example.train_transformer_lm.plan_of_another_batch
@@ -224,7 +231,7 @@ pipeline_expect_failure(profile_of_another_model
                         --profile ${PROJECT_SOURCE_DIR}/fuzz/corpus/profile_json/chain.json)
 pipeline_expect_failure(in_process_plan_wrong_model
                         "rank [0-9]. the plan is for model 'mlp' but the program trains 'fashion-cnn'"
-                        ${_train} --in-process --plan ${_plans}/mlp_2.json --steps 2)
+                        ${_train} --model fashion-cnn --in-process --plan ${_plans}/mlp_2.json --steps 2)
 pipeline_expect_failure(nccl_on_cpu "--comm nccl moves tensors between GPUs"
                         ${_mpirun} 2 ${_train} --model mlp --plan ${_plans}/mlp_2.json --steps 2
                         --comm nccl)

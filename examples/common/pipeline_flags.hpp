@@ -152,6 +152,40 @@ inline std::vector<std::string> pipeline_only_flags_given(const CLI::App& app) {
   return given;
 }
 
+// A plan is made for one model ("model" and "architecture" in plan.json): the model options of
+// `plan_path` that the command line leaves out and `app` has a flag for are taken from it, so that
+// the run builds the model the plan was made for (options given differently are still refused,
+// naming them). Returns what was taken ("--dim 128 --blocks 4"), or nothing where the plan cannot
+// be read (reading it again says why) or a value is not one the flag takes.
+inline std::string take_plan_model_options(CLI::App& app, const std::string& plan_path) {
+  if (plan_path.empty()) return {};
+  Plan plan;
+  try {
+    plan = read_plan(plan_path);
+  } catch (const std::exception&) {
+    return {};
+  }
+  std::vector<std::pair<std::string, std::string>> options;
+  if (!plan.model.empty()) options.emplace_back("model", plan.model);
+  for (const auto& [option, value] : plan.architecture)
+    options.emplace_back(option, fmt::format("{}", value));
+  std::string taken;
+  for (auto [option, value] : options) {
+    std::replace(option.begin(), option.end(), '_', '-');
+    CLI::Option* o = app.get_option_no_throw("--" + option);
+    if (o == nullptr || o->count() > 0) continue;
+    try {
+      o->add_result(value);
+      o->run_callback();
+    } catch (const CLI::Error&) {
+      o->clear();  // not a value this program takes: the plan's check names the difference
+      continue;
+    }
+    taken += fmt::format("{}--{} {}", taken.empty() ? "" : " ", option, value);
+  }
+  return taken;
+}
+
 // Adds the pipeline flags to `app`, bound to `flags`.
 inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
   app.add_option("--device", flags.device,

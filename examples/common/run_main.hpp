@@ -75,6 +75,10 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  const std::string taken = take_plan_model_options(app, flags.plan);
+  const auto note_taken = [&taken](int rank) {
+    if (rank == 0 && !taken.empty()) log_info("--plan: {}, as the plan was made", taken);
+  };
   auto report = [](const std::exception& e) {
     std::fflush(stdout);  // so that the error follows what was printed before it
     fmt::print(stderr, "error: {}\n", e.what());
@@ -83,6 +87,7 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
   if (flags.runs_in_process()) {
     try {
       flags.check();
+      note_taken(0);
       const Plan plan = read_plan(flags.plan);
       const Device device = parse_device(flags.device);
       log_info("in-process pipeline: the plan's {} ranks as threads of this process, on {}{}",
@@ -108,6 +113,7 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
     report_termination_on_sigterm();
     try {
       flags.check();
+      note_taken(comm.rank());
       if (flags.comm_timeout > 0) comm.set_timeout(flags.comm_timeout);
       const TransportChoice t = rank_transport(flags);
       if (comm.rank() == 0) log_info("transport: {}", t.reason);
