@@ -88,10 +88,11 @@ inline double round_robin_pair_share(int a, int b) {
 // stash_in_flights() where messages take time. On a pipeline without replicas 1F1B keeps
 // w_s - w_j + 1 minibatches on the loop from stage s to a later stage j and back (w: the warm-up
 // depths, in flight - 1), and a minibatch takes the forwards and backwards on the way
-// (`replica_seconds`: a stage's compute per minibatch) and both messages across each boundary
-// (`message_seconds[k]`: one message into stage k; [0] unused) to go round it, so each loop's
-// time over the plan's period (`period_s`) bounds that difference. On free links and balanced
-// stages this is PipeDream's count; never less. Over slow links PipeDream's count leaves the
+// (`replica_seconds`: a replica's compute per minibatch of its own) and both messages across each
+// boundary (`message_seconds[k]`: one message into stage k at a link's whole bandwidth; [0]
+// unused) to go round it, so each loop's time over the plan's period (`period_s`) bounds that
+// difference. On free links and balanced stages this is stash_in_flights()' count (PipeDream's
+// without replicas); never less. Over slow links PipeDream's count leaves the
 // pipeline waiting: VGG-16 on 4 workers at 1.25 GB/s, 1-1-1-1, ran at 0.65x its planned rate with
 // depths 3-2-1-0 and at it with 6-3-2-0. With replicas the same holds per replica, whose loop
 // carries one minibatch in r (and whose messages each take a pair's share of the link): mlp's
