@@ -79,6 +79,27 @@ inline void add_checkpoint_flags(CLI::App& app, CheckpointFlags& flags) {
                  "when it has none)");
 }
 
+// A run that resumes continues the one that wrote the checkpoint: the model and its options, the
+// seed, batch and optimizer of the newest checkpoint under `app`'s --resume directory are taken
+// where the command line leaves them out (take_recorded_options). Nothing is taken without one.
+inline std::string take_checkpoint_options(CLI::App& app) {
+  const CLI::Option* resume = app.get_option_no_throw("--resume");
+  if (resume == nullptr || resume->count() == 0) return {};
+  try {
+    const std::optional<Checkpoint> c = find_latest_checkpoint(resume->as<std::string>());
+    if (!c) return {};
+    const CheckpointManifest& m = c->manifest;
+    std::vector<std::pair<std::string, std::string>> options =
+        model_options(m.model, m.architecture);
+    options.emplace_back("seed", std::to_string(m.seed));
+    options.emplace_back("batch", std::to_string(m.batch_size));
+    options.emplace_back("optimizer", m.optimizer);
+    return take_recorded_options(app, options);
+  } catch (const std::exception&) {
+    return {};  // resuming reads it again and says what is wrong
+  }
+}
+
 // What a run records in its checkpoints and checks on resume; `plan` is null for one process.
 inline CheckpointRunInfo checkpoint_run_info(const ZooModel& zoo, const Optimizer& optimizer,
                                              std::uint64_t seed, std::int64_t batch_size,

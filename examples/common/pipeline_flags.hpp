@@ -152,23 +152,12 @@ inline std::vector<std::string> pipeline_only_flags_given(const CLI::App& app) {
   return given;
 }
 
-// A plan is made for one model ("model" and "architecture" in plan.json): the model options of
-// `plan_path` that the command line leaves out and `app` has a flag for are taken from it, so that
-// the run builds the model the plan was made for (options given differently are still refused,
-// naming them). Returns what was taken ("--dim 128 --blocks 4"), or nothing where the plan cannot
-// be read (reading it again says why) or a value is not one the flag takes.
-inline std::string take_plan_model_options(CLI::App& app, const std::string& plan_path) {
-  if (plan_path.empty()) return {};
-  Plan plan;
-  try {
-    plan = read_plan(plan_path);
-  } catch (const std::exception&) {
-    return {};
-  }
-  std::vector<std::pair<std::string, std::string>> options;
-  if (!plan.model.empty()) options.emplace_back("model", plan.model);
-  for (const auto& [option, value] : plan.architecture)
-    options.emplace_back(option, fmt::format("{}", value));
+// Options a file records for the run it belongs to (flag name without "--", value), taken for
+// those the command line leaves out and `app` has a flag for, so that the run is the one the file
+// was made for (options given otherwise are still refused by the file's own check, naming them).
+// Returns what was taken ("--dim 128 --blocks 4"); a value a flag does not take is left out.
+inline std::string take_recorded_options(
+    CLI::App& app, const std::vector<std::pair<std::string, std::string>>& options) {
   std::string taken;
   for (auto [option, value] : options) {
     std::replace(option.begin(), option.end(), '_', '-');
@@ -178,12 +167,35 @@ inline std::string take_plan_model_options(CLI::App& app, const std::string& pla
       o->add_result(value);
       o->run_callback();
     } catch (const CLI::Error&) {
-      o->clear();  // not a value this program takes: the plan's check names the difference
+      o->clear();  // not a value this program takes: the file's check names the difference
       continue;
     }
     taken += fmt::format("{}--{} {}", taken.empty() ? "" : " ", option, value);
   }
   return taken;
+}
+
+// A model and its options (Architecture) as take_recorded_options() takes them.
+inline std::vector<std::pair<std::string, std::string>> model_options(
+    const std::string& model, const Architecture& architecture) {
+  std::vector<std::pair<std::string, std::string>> options;
+  if (!model.empty()) options.emplace_back("model", model);
+  for (const auto& [option, value] : architecture)
+    options.emplace_back(option, fmt::format("{}", value));
+  return options;
+}
+
+// A plan is made for one model ("model" and "architecture" in plan.json): the run builds that
+// one where the command line leaves its options out. Nothing is taken from a plan that cannot be
+// read (reading it again says why).
+inline std::string take_plan_model_options(CLI::App& app, const std::string& plan_path) {
+  if (plan_path.empty()) return {};
+  try {
+    const Plan plan = read_plan(plan_path);
+    return take_recorded_options(app, model_options(plan.model, plan.architecture));
+  } catch (const std::exception&) {
+    return {};
+  }
 }
 
 // Adds the pipeline flags to `app`, bound to `flags`.

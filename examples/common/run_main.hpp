@@ -26,6 +26,7 @@
 #include <exception>
 #include <functional>
 
+#include "common/checkpointing.hpp"
 #include "common/pipeline_flags.hpp"
 
 namespace pipeline::examples {
@@ -75,9 +76,15 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  const std::string taken = take_plan_model_options(app, flags.plan);
-  const auto note_taken = [&taken](int rank) {
-    if (rank == 0 && !taken.empty()) log_info("--plan: {}, as the plan was made", taken);
+  // Options left out that the plan and the checkpoint resumed from record (their own checks
+  // refuse those given otherwise).
+  const std::string from_plan = take_plan_model_options(app, flags.plan);
+  const std::string from_checkpoint = take_checkpoint_options(app);
+  const auto note_taken = [&](int rank) {
+    if (rank != 0) return;
+    if (!from_plan.empty()) log_info("--plan: {}, as the plan was made", from_plan);
+    if (!from_checkpoint.empty())
+      log_info("--resume: {}, as the checkpoint was written", from_checkpoint);
   };
   auto report = [](const std::exception& e) {
     std::fflush(stdout);  // so that the error follows what was printed before it
@@ -129,6 +136,7 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
           "ignoring {}: this run trains in one process; pipeline flags apply with --plan, "
           "--in-process or mpirun -np N",
           fmt::join(ignored, ", "));
+    note_taken(0);
     const ops::ComputeDTypeScope precision(flags.compute_dtype());
     log_precision(flags);
     return single();

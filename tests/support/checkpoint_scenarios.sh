@@ -32,7 +32,8 @@
 #                       parameters; SIGTERM (sigterm-interleaved)
 #   refused             resuming with another seed, batch, optimizer or model, from a corrupt
 #                       shard, or from a file, fails with the problem and the fix named; with
-#                       TRAIN_TRANSFORMER_LM set (its binary), also another --heads
+#                       TRAIN_TRANSFORMER_LM set (its binary), also another --heads; resuming
+#                       without those options takes the checkpoint's
 # Exits non-zero with a message on the first failed check.
 set -euo pipefail
 
@@ -337,6 +338,12 @@ run_refused() {
   expect_refusal "is not a directory" "${run[@]}" --model mlp --resume "$work/a.log"
   expect_refusal "cannot create the checkpoint directory" "${run[@]}" --model mlp \
     --checkpoint-dir "$work/a.log/sub"
+  # Left out, the run's options are the checkpoint's (a copy: this run writes checkpoints too).
+  cp -r "$work/a" "$work/same"
+  "${run[@]}" --resume "$work/same" > "$work/same.log" 2>&1 || { cat "$work/same.log"; fail "a resume without the run's options failed"; }
+  grep -q -- "--resume: --model mlp --seed [0-9]* --batch 32 --optimizer adamw, as the checkpoint was written" "$work/same.log" ||
+    { cat "$work/same.log"; fail "the resume did not take the checkpoint's options"; }
+  [[ $(resumed_step "$work/same.log") == 10 ]] || { cat "$work/same.log"; fail "did not resume at step 10"; }
   printf 'x' | dd of="$work/a/step-000000010/stage-0.safetensors" bs=1 seek=100 conv=notrunc 2> /dev/null
   expect_refusal "stage-0.safetensors' is corrupt.*CRC-32" "${resume[@]}" --model mlp
   # transformer-lm with other heads has the same tensor shapes: the recorded architecture tells.
@@ -347,7 +354,7 @@ run_refused() {
     expect_refusal "with --heads 4 but this run builds it with --heads 2: resume with --heads 4" \
       "${lm[@]}" --heads 2 --steps 4 --resume "$work/lm"
   fi
-  echo "resuming with another seed, batch, optimizer, model or architecture, from a corrupt shard or a file: refused, naming the fix"
+  echo "resuming with another seed, batch, optimizer, model or architecture, from a corrupt shard or a file: refused, naming the fix; without them: the checkpoint's"
 }
 
 run_finished() {
