@@ -122,12 +122,13 @@ struct TypedPartitioner::Impl {
     StageCost c;
     c.compute_path = replicated_stage_time(diff(d.compute, s, j) + md.extra_s,
                                            diff(d.parameter, s, j), r, bandwidth, 1.0);
-    if (transfer && s >= 0) {
+    // Its replicas receive its input and send its output over their own links (the first stage
+    // too, whatever the next stage's replicas).
+    if (transfer && s >= 0)
       c.transfer = transfer_time(d.boundary[static_cast<std::size_t>(s)], r, bandwidth, ratio);
-      if (j != S - 1)
-        c.transfer = std::max(c.transfer, transfer_time(d.boundary[static_cast<std::size_t>(j)], r,
-                                                        bandwidth, ratio));
-    }
+    if (transfer && j != S - 1)
+      c.transfer = std::max(
+          c.transfer, transfer_time(d.boundary[static_cast<std::size_t>(j)], r, bandwidth, ratio));
     return c;
   }
 

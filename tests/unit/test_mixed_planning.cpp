@@ -154,8 +154,9 @@ double evaluate(const Instance& x, const std::vector<BruteStage>& stages) {
     }
     const double sync = 4.0 * (r - 1) * P / (B * r);
     double t = (C + extra + sync) / r;
-    if (i > 0 && !x.options.ignore_transfer) {
-      t = std::max(t, 2 * in / (B * r * R));
+    // A stage's replicas receive its input and send its output over their own links.
+    if (!x.options.ignore_transfer) {
+      if (i > 0) t = std::max(t, 2 * in / (B * r * R));
       if (i + 1 < stages.size()) t = std::max(t, 2 * out / (B * r * R));
     }
     worst = std::max(worst, t);
