@@ -86,12 +86,7 @@ inline std::string take_checkpoint_options(CLI::App& app) {
   const CLI::Option* resume = app.get_option_no_throw("--resume");
   if (resume == nullptr || resume->count() == 0) return {};
   // Resuming looks again and warns about what it skips: once, not twice.
-  const LogLevel was = log_threshold();
-  log_threshold() = LogLevel::Error;
-  struct Restore {
-    LogLevel level;
-    ~Restore() { log_threshold() = level; }
-  } restore{was};
+  const LogThresholdScope quiet(LogLevel::Error);
   try {
     const std::optional<Checkpoint> c = find_latest_checkpoint(resume->as<std::string>());
     if (!c) return {};

@@ -247,18 +247,11 @@ class Solver {
       step.par = diff(m_g.parameter_bytes, sg.s, sg.e);
       step.bandwidth = B;
       step.replicas = sg.machines;
-      if (i == 0) {
+      if (i == 0)
         step.share = m_pd ? W : G;
-        if (m_transfer && !m_pd && sg.e != m_S - 1)
-          step.transfer = transfer_time(boundary(sg.e), sg.machines, B, m_ratio);
-      } else {
+      else
         step.share = m_pd ? 1.0 : G;
-        step.transfer = 0;
-        if (m_transfer) {
-          step.transfer = transfer_time(boundary(sg.s), sg.machines, B, m_ratio);
-          if (sg.e != m_S - 1) step.transfer = std::max(step.transfer, transfer_time(boundary(sg.e), sg.machines, B, m_ratio));
-        }
-      }
+      step.transfer = stage_messages_s(sg.s, sg.e, sg.machines, B, /*starts_row=*/i == 0);
       std::vector<LevelStep> path = outer;
       path.push_back(step);
       if (level > 0) {
@@ -302,6 +295,16 @@ class Solver {
   }
   double boundary(int k) const {
     return m_pd ? m_g.pipedream_boundary_bytes[static_cast<std::size_t>(k)] : m_g.boundary_bytes[static_cast<std::size_t>(k)];
+  }
+  // A stage (s, e]'s messages per minibatch on r machines of bandwidth B, shared by its replicas:
+  // its input's, unless it starts its row (the level above charges that one), and its output's,
+  // unless it ends the model; its replicas send over their own links whatever the next stage's
+  // replicas, where PipeDream's model charges only the receiving stage. -1 where none is charged.
+  double stage_messages_s(int s, int e, int r, double B, bool starts_row) const {
+    if (!m_transfer || (starts_row && m_pd)) return -1;
+    double t = starts_row ? -1 : transfer_time(boundary(s), r, B, m_ratio);
+    if (e != m_S - 1) t = std::max(t, transfer_time(boundary(e), r, B, m_ratio));
+    return t;
   }
   // Candidate order on equal time (PipeDream model) or equal time and stages (Pipeline model):
   // the single stage and the idle option first, as established before splits are scanned, then
@@ -380,7 +383,6 @@ class Solver {
       const double par = diff(m_g.parameter_bytes, s, j);
       const double cj = m_g.compute_s[static_cast<std::size_t>(j)];
       const double pj = m_g.parameter_bytes[static_cast<std::size_t>(j)];
-      const bool last_state = j == m_S - 1;
       if (!chain) {
         n_splits = 0;
         double pmax = 0;
@@ -400,11 +402,8 @@ class Solver {
         Entry best;
         const StageMode single = (m == 1 || !m_o.straight) && std::isfinite(T) ? mode(level, s, j, m, m, M) : StageMode{false};
         if (single.fits) {
-          best.t = replicated_stage_time(T + single.extra_s, par, m, B, share_single);
-          // Its replicas send its output over their own links, whatever the next stage's
-          // replicas (PipeDream charges only the receiving stage's share).
-          if (m_transfer && !m_pd && !last_state)
-            best.t = std::max(best.t, transfer_time(boundary(j), m, B, m_ratio));
+          best.t = std::max(replicated_stage_time(T + single.extra_s, par, m, B, share_single),
+                            stage_messages_s(s, j, m, B, /*starts_row=*/true));
           best.k = -2;
           best.stages = 1;
         }
@@ -444,10 +443,7 @@ class Solver {
           Tl += md.extra_s;
           double v = replicated_stage_time(Tl, diff(m_g.parameter_bytes, k, j), mp, B, share_split);
           v = std::max(v, a.t);
-          if (m_transfer) {
-            v = std::max(v, transfer_time(boundary(k), mp, B, m_ratio));
-            if (!last_state) v = std::max(v, transfer_time(boundary(j), mp, B, m_ratio));
-          }
+          v = std::max(v, stage_messages_s(k, j, mp, B, /*starts_row=*/false));
           const int stages = a.stages + 1;
           if (!better_split(v, stages, mp, k, best)) return;
           best = Entry{v, k, mp, stages};

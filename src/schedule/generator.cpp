@@ -677,19 +677,20 @@ std::int64_t steady_state_minibatches(const Plan& plan, std::int64_t limit) {
   const std::vector<int> replicas = plan.replica_counts();
   const std::int64_t rounds = steady_state_minibatches(replicas, limit);
   if (rounds == 0) return rounds;
+  std::int64_t longer = 0;
   if (std::all_of(replicas.begin(), replicas.end(), [](int r) { return r == 1; })) {
     // The first stage's warm-up is its in-flight count less one, which slow links deepen.
     int deepest = 1;
     for (const PlanStage& s : plan.stages) deepest = std::max(deepest, s.in_flight);
-    const std::int64_t longer = 8 * std::int64_t{deepest};
-    return longer > rounds && longer <= limit ? longer : rounds;
+    longer = 8 * std::int64_t{deepest};
+  } else {
+    std::int64_t held = 0, lcm = 1;
+    for (const PlanStage& s : plan.stages) {
+      held += std::int64_t{s.replicas} * std::max(s.in_flight, 1);
+      lcm = std::lcm(lcm, std::int64_t{std::max(s.replicas, 1)});
+    }
+    longer = lcm * ((8 * held + lcm - 1) / lcm);
   }
-  std::int64_t held = 0, lcm = 1;
-  for (const PlanStage& s : plan.stages) {
-    held += std::int64_t{s.replicas} * std::max(s.in_flight, 1);
-    lcm = std::lcm(lcm, std::int64_t{std::max(s.replicas, 1)});
-  }
-  const std::int64_t longer = lcm * ((8 * held + lcm - 1) / lcm);
   return longer > rounds && longer <= limit ? longer : rounds;
 }
 

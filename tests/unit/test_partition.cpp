@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 
 namespace test_partition {
@@ -439,8 +440,7 @@ TEST_CASE("coarsened antichain states: ideals, subset order, series cuts and pre
   std::mt19937 rng(4242);
   int coarsened = 0, with_prefixes = 0;
   // partition() logs every coarsening; hundreds of those lines say nothing here.
-  const LogLevel saved_threshold = log_threshold();
-  log_threshold() = LogLevel::Warn;
+  const LogThresholdScope quiet(LogLevel::Warn);
   for (int iter = 0; iter < 300; ++iter) {
     const int n = std::uniform_int_distribution<int>(7, 11)(rng);
     Profile p = wide_profile(rng, n);
@@ -525,7 +525,6 @@ TEST_CASE("coarsened antichain states: ideals, subset order, series cuts and pre
             lin_brute.best(static_cast<int>(t.levels.size()) - 1, -1, lin.size() - 1) * (1 + 1e-12));
     }
   }
-  log_threshold() = saved_threshold;
   MESSAGE(coarsened << " coarsened DAGs checked, " << with_prefixes << " with the layer order's prefixes");
   CHECK(coarsened > 150);
   CHECK(with_prefixes > 20);

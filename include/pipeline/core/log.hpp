@@ -17,6 +17,19 @@ inline LogLevel& log_threshold() {
   return level;
 }
 
+// Raises the threshold for a scope (work whose warnings another step repeats, or expects), and
+// restores it on the way out.
+class LogThresholdScope {
+ public:
+  explicit LogThresholdScope(LogLevel level) : m_saved(log_threshold()) { log_threshold() = level; }
+  ~LogThresholdScope() { log_threshold() = m_saved; }
+  LogThresholdScope(const LogThresholdScope&) = delete;
+  LogThresholdScope& operator=(const LogThresholdScope&) = delete;
+
+ private:
+  LogLevel m_saved;
+};
+
 template <typename... Args>
 void log(LogLevel level, fmt::format_string<Args...> f, Args&&... args) {
   if (level < log_threshold()) return;

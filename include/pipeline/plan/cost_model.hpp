@@ -56,6 +56,17 @@ inline int in_flight(int workers, int ranks_before, int replicas) {
   return (warmup < 0 ? 0 : warmup) + 1;
 }
 
+// in_flight() of each stage of a pipeline with `replicas` per stage (PipeDream's counts).
+inline std::vector<int> pipedream_in_flights(int workers, const std::vector<int>& replicas) {
+  std::vector<int> out(replicas.size());
+  int before = 0;
+  for (std::size_t s = 0; s < replicas.size(); ++s) {
+    out[s] = in_flight(workers, before, replicas[s]);
+    before += replicas[s];
+  }
+  return out;
+}
+
 // Minibatches in flight at each stage of a pipeline with replicated stages (`replicas` per
 // stage) under 1F1B-stash as the runtime schedules it: PipeDream's count plus, for every stage
 // with replicas from this one on (this one included unless it is the last), its replicas - 1.
@@ -64,12 +75,7 @@ inline int in_flight(int workers, int ranks_before, int replicas) {
 // full: a balanced 1-2-1 plan runs at 2/3 of its rate with PipeDream's count and at its rate
 // with one more minibatch at the input stage.
 inline std::vector<int> stash_in_flights(int workers, const std::vector<int>& replicas) {
-  std::vector<int> out(replicas.size());
-  int before = 0;
-  for (std::size_t s = 0; s < replicas.size(); ++s) {
-    out[s] = in_flight(workers, before, replicas[s]);
-    before += replicas[s];
-  }
+  std::vector<int> out = pipedream_in_flights(workers, replicas);
   int waits = 0;  // replicas - 1 summed over the stages after s
   for (std::size_t s = replicas.size(); s-- > 0;) {
     out[s] += waits + (s + 1 < replicas.size() ? replicas[s] - 1 : 0);
@@ -116,12 +122,7 @@ inline std::vector<int> stash_in_flights(int workers, const std::vector<int>& re
   // loop's periods less the r_s of stage s's own passes; at the input stage, whose replicas meet
   // at every allreduce (the generator delays none there), plus the r_s − 1 for which the first
   // replica of a round waits for the last.
-  std::vector<int> need(out.size());
-  int before = 0;
-  for (std::size_t s = 0; s < need.size(); ++s) {
-    need[s] = in_flight(workers, before, replicas[s]);
-    before += replicas[s];
-  }
+  std::vector<int> need = pipedream_in_flights(workers, replicas);
   for (std::size_t s = out.size(); s-- > 0;) {
     double loop = replica_seconds[s];  // from s to j and back
     for (std::size_t j = s + 1; j < out.size(); ++j) {
