@@ -79,21 +79,36 @@ InterleavedShape interleaved_shape(const std::vector<std::vector<int>>& stage_ra
   return shape;
 }
 
-InterleavedPair interleaved_1f1b_pair(int positions, int stages_per_rank, int k, bool backward) {
-  const int p = positions, v = stages_per_rank;
-  const int group = k % (p * v) / p;
-  return {backward ? v - 1 - group : group, k / (p * v) * p + k % p};
+int InterleavedOrder::group_size() const {
+  return std::min(group > 0 ? group : positions, microbatches);
 }
 
-int interleaved_1f1b_warmup(int positions, int stages_per_rank, int microbatches, int place) {
+InterleavedPair InterleavedOrder::pair(int k, bool backward) const {
+  const int v = stages_per_rank, g = group_size();
+  const int first = k / (g * v) * g;                   // the group's first microbatch
+  const int size = std::min(g, microbatches - first);  // the last group: what remains
+  const int offset = k - first * v;
+  const int chunk = offset / size;
+  return {backward ? v - 1 - chunk : chunk, first + offset % size};
+}
+
+int InterleavedOrder::warmup(int place) const {
   const int p = positions, v = stages_per_rank, total = microbatches * v;
-  return microbatches == p ? total : std::min(total, 2 * (p - 1 - place) + (v - 1) * p);
+  return microbatches == p ? total : std::min(total, 2 * (p - 1 - place) + (v - 1) * group_size());
+}
+
+void check_microbatch_group(int group, int positions) {
+  PIPELINE_CHECK_AS(ConfigError, group >= 0 && group % positions == 0,
+                    "interleaved 1F1B takes microbatches in groups of a multiple of the {} ranks "
+                    "of a pipeline; got a group of {} (0 or leave it out: {})",
+                    positions, group, positions);
 }
 
 namespace {
 
 // The looped case of interleaved_peak_held: the counts at the peak over the walk of each m.
-std::vector<int> looped_peak_held(int p, int v, int place, const std::vector<double>& bytes) {
+std::vector<int> looped_peak_held(int p, int v, int group, int place,
+                                  const std::vector<double>& bytes) {
   std::vector<int> best(static_cast<std::size_t>(v), 0), held = best;
   double best_bytes = -1;
   const auto note = [&] {
@@ -105,16 +120,18 @@ std::vector<int> looped_peak_held(int p, int v, int place, const std::vector<dou
       best = held;
     }
   };
-  const auto step = [&](int k, bool backward) {
-    held[static_cast<std::size_t>(interleaved_1f1b_pair(p, v, k, backward).chunk)] +=
-        backward ? -1 : 1;
-    if (!backward) note();
-  };
-  // From m = 2p on, the warm-up is at most (v + 1)p forwards and the steady state repeats every
-  // p·v of them: m = 5p covers a whole period after the longest warm-up.
-  for (int m = p; m <= 5 * p; m += p) {
+  // From m = 2p on, the warm-up is at most (v − 1)g + 2p forwards and the steady state repeats
+  // every g·v of them: m = 3g + 2p covers a whole period after the longest warm-up, and the
+  // counts between cover the shorter last groups.
+  const int g = group > 0 ? group : p;
+  for (int m = p; m <= 3 * g + 2 * p; m += p) {
+    const InterleavedOrder order{p, v, m, group};
+    const auto step = [&](int k, bool backward) {
+      held[static_cast<std::size_t>(order.pair(k, backward).chunk)] += backward ? -1 : 1;
+      if (!backward) note();
+    };
     std::fill(held.begin(), held.end(), 0);
-    const int total = m * v, warmup = interleaved_1f1b_warmup(p, v, m, place);
+    const int total = m * v, warmup = order.warmup(place);
     for (int k = 0; k < warmup; ++k) step(k, false);
     for (int k = 0; k < total - warmup; ++k) {
       step(warmup + k, false);
@@ -127,12 +144,12 @@ std::vector<int> looped_peak_held(int p, int v, int place, const std::vector<dou
 }  // namespace
 
 std::vector<int> interleaved_peak_held(const InterleavedShape& shape, int place,
-                                       const std::vector<double>& bytes) {
+                                       const std::vector<double>& bytes, int group) {
   const int p = shape.positions, v = shape.stages_per_rank;
   PIPELINE_CHECK(static_cast<int>(bytes.size()) == v && place >= 0 && place < p,
                  "internal: {} byte counts for place {} of {} with {} stages each", bytes.size(),
                  place, p, v);
-  if (shape.placement == StagePlacement::Looped) return looped_peak_held(p, v, place, bytes);
+  if (shape.placement == StagePlacement::Looped) return looped_peak_held(p, v, group, place, bytes);
   const double first = bytes[0], second = bytes[1];
   if ((2 * p - 1) * first + second >= p * (first + second)) return {2 * p - 1, 1};
   return {p, p};

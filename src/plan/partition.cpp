@@ -8,10 +8,11 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdint>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 
 namespace pipeline {
@@ -918,6 +919,68 @@ double split_held_bytes(double kept, double activation_bytes, bool recompute) {
   return kept + (recompute ? activation_bytes : 0.0);
 }
 
+// The channels between the places of an interleaved plan, as the simulator times them: each cut
+// from place a to place b (into stage k) sends its activation on a's activation channel to b and
+// its gradient on b's gradient channel to a, each taking the stage's input_message_s, and the
+// looped placement sends every chunk's cut from place a to a + 1 over the same channels.
+struct InterleavedChannels {
+  // Seconds per microbatch of a pipeline on the busiest channel.
+  double busiest_s = 0;
+  // The least makespan the channels allow for `per_pipeline` microbatches: on each channel, the
+  // first microbatch's way to its first message, every microbatch's messages one after another,
+  // and the last microbatch's way on from its last message (a slow link's fill and drain: its
+  // gradients wait for the first microbatch's whole forward way).
+  double makespan_s = 0;
+};
+InterleavedChannels interleaved_channels(const Plan& plan, const InterleavedPipes& pipes,
+                                         const std::vector<double>& forward_s,
+                                         const std::vector<double>& backward_s, int per_pipeline) {
+  const int stages = plan.num_stages();
+  const auto message = [&](int k) {
+    return plan.stages[static_cast<std::size_t>(k)].input_message_s;
+  };
+  // arrive[k]: when stage k's input arrives on the first microbatch's way; depart[k]: when its
+  // input gradient leaves, after the whole forward way and the backwards down to stage k.
+  std::vector<double> arrive(static_cast<std::size_t>(stages), 0.0), depart = arrive;
+  double t = 0;
+  for (int k = 0; k < stages; ++k) {
+    if (k > 0) t += message(k);
+    arrive[static_cast<std::size_t>(k)] = t;
+    t += forward_s[static_cast<std::size_t>(k)];
+  }
+  for (int k = stages - 1; k >= 0; --k) {
+    t += backward_s[static_cast<std::size_t>(k)];
+    depart[static_cast<std::size_t>(k)] = t;
+    if (k > 0) t += message(k);
+  }
+  const double way = t;
+  struct Channel {
+    double load = 0;
+    int low = -1, high = -1;  // the stages whose inputs it carries, lowest and highest
+  };
+  std::map<std::pair<int, int>, Channel> channels;  // (from, to) place of the activations
+  for (int k = 1; k < stages; ++k) {
+    const int a = pipes.place_of(k - 1), b = pipes.place_of(k);
+    if (a == b || message(k) <= 0) continue;
+    Channel& c = channels[{a, b}];
+    c.load += message(k);
+    if (c.low < 0) c.low = k;
+    c.high = k;
+  }
+  InterleavedChannels out;
+  for (const auto& [pair, c] : channels) {
+    const auto at = [](const std::vector<double>& v, int k) {
+      return v[static_cast<std::size_t>(k)];
+    };
+    const double load = per_pipeline * c.load;
+    const double activations = at(arrive, c.low) - message(c.low) + load + way - at(arrive, c.high);
+    const double gradients = at(depart, c.high) + load + way - at(depart, c.low) - message(c.low);
+    out.busiest_s = std::max(out.busiest_s, c.load);
+    out.makespan_s = std::max(out.makespan_s, std::max(activations, gradients));
+  }
+  return out;
+}
+
 // The interleaved plan whose stage k is the layer range [cuts[k], cuts[k + 1]) on the ranks of
 // its place in each pipeline: describe()'s per-stage breakdown, with the memory and time of its
 // schedule (a flush: one weight version; each pipeline takes 1/d of a minibatch's microbatches,
@@ -937,11 +1000,12 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   PartitionOptions stashing = o;  // recomputation is per stage here, as `recompute` says
   stashing.recompute = Recompute::None;
   describe(plan, g, t, stashing, fs, std::nullopt, false);
-  // Per rank: its stages' compute and transfers per microbatch of a pipeline, their memory, and
+  // Per rank: its stages' compute per microbatch of a pipeline, their memory, and
   // their allreduces and optimizer steps at the end of a minibatch.
-  std::vector<double> compute(static_cast<std::size_t>(places), 0.0),
-      transfer = compute, memory = compute, tail = compute;
+  std::vector<double> compute(static_cast<std::size_t>(places), 0.0), memory = compute,
+                                                                      tail = compute;
   std::vector<double> forwards = compute;  // the forward part of `compute`
+  std::vector<double> stage_forward, stage_backward;  // per stage, a microbatch's passes
   double way = 0;  // a microbatch's way through the v·p stages and the messages between them
   double least_weight = kInf;  // the least weight-gradient time of a stage (zb-v's W)
   const auto at = [](const std::vector<double>& v, int i) {
@@ -986,9 +1050,10 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
                      : 0.0);
     const auto r = static_cast<std::size_t>(pipes.place_of(k));
     compute[r] += ps.compute_s * d;  // describe() gave each pipeline's share of a microbatch
-    transfer[r] += ps.transfer_s * d;
     tail[r] += sync + step;
     forwards[r] += g.stage_forward_s(f.s, f.e);
+    stage_forward.push_back(g.stage_forward_s(f.s, f.e));
+    stage_backward.push_back(ps.compute_s * d - stage_forward.back());
     way += ps.compute_s * d + 2 * ps.input_message_s;  // its input, and that input's gradient
     double weight = 0;
     for (int l = ps.begin; l < ps.end; ++l)
@@ -996,43 +1061,64 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     least_weight = std::min(least_weight, weight);
     slowest = std::max(slowest, std::max(ps.compute_s + ps.sync_s, ps.transfer_s));
   }
-  // A rank holds the microbatches of its stages that its schedule keeps at its peak.
-  for (int r = 0; r < places; ++r) {
-    std::vector<int> mine;  // its stages in forward order
-    for (int k = 0; k < stages; ++k)
-      if (pipes.place_of(k) == r) mine.push_back(k);
-    std::vector<double> bytes;
-    for (int k : mine) bytes.push_back(per[static_cast<std::size_t>(k)]);
-    const std::vector<int> held = interleaved_peak_held(pipes.shape, r, bytes);
-    for (std::size_t c = 0; c < mine.size(); ++c) {
-      const auto k = static_cast<std::size_t>(mine[c]);
-      PlanStage& ps = plan.stages[k];
-      ps.in_flight = 0;  // 1F1B-stash's count, which describe() set: no stash schedule runs it
-      ps.memory_bytes = fixed[k] + held[c] * per[k];
-      memory[static_cast<std::size_t>(r)] += ps.memory_bytes;
-    }
-  }
   // A minibatch: each pipeline's ⌈m/d⌉ microbatches at the slowest rank's pace (its compute, or
-  // its transfers where they take longer), plus the fill and drain, which interleaving cuts to
-  // 1/v of a microbatch's way (Narayanan et al.: (p − 1) of v·p equal stages' times), plus the
-  // slowest rank's allreduces and steps.
+  // the load of the busiest channel where that takes longer), plus the fill and drain, which
+  // interleaving cuts to 1/v of a microbatch's way (Narayanan et al.: (p − 1) of v·p equal stages'
+  // times), plus the slowest rank's allreduces and steps.
   double pace = 0, end = 0, forward = 0, backward = 0;
   for (std::size_t r = 0; r < compute.size(); ++r) {
-    pace = std::max(pace, std::max(compute[r], transfer[r]));
+    pace = std::max(pace, compute[r]);
     end = std::max(end, tail[r]);
     forward = std::max(forward, forwards[r]);
     backward = std::max(backward, compute[r] - forwards[r]);
   }
   const int mp = pipes.per_pipeline();
+  const InterleavedChannels channels =
+      interleaved_channels(plan, pipes, stage_forward, stage_backward, mp);
+  pace = std::max(pace, channels.busiest_s);
   const double v = o.virtual_stages;
   const bool looped = pipes.shape.placement == StagePlacement::Looped;
+  // Interleaved 1F1B keeps about a group of microbatches on a microbatch's way round the ranks
+  // (with free messages and equal stages that way takes p paces, and a group of p fills it): a
+  // group of at least way / pace microbatches hides the messages, as far as the memory allows.
+  int group = places;
+  if (looped)
+    group = std::min(places * static_cast<int>(std::ceil(way / (places * pace) - 1e-9)),
+                     places * ((mp + places - 1) / places));
+  group = std::max(group, places);
+  // A rank holds the microbatches of its stages that its schedule keeps at its peak.
+  const auto hold = [&](int group_size) {
+    for (int r = 0; r < places; ++r) {
+      std::vector<int> mine;  // its stages in forward order
+      for (int k = 0; k < stages; ++k)
+        if (pipes.place_of(k) == r) mine.push_back(k);
+      std::vector<double> bytes;
+      for (int k : mine) bytes.push_back(per[static_cast<std::size_t>(k)]);
+      const std::vector<int> held = interleaved_peak_held(pipes.shape, r, bytes, group_size);
+      memory[static_cast<std::size_t>(r)] = 0;
+      for (std::size_t c = 0; c < mine.size(); ++c) {
+        const auto k = static_cast<std::size_t>(mine[c]);
+        PlanStage& ps = plan.stages[k];
+        ps.in_flight = 0;  // 1F1B-stash's count, which describe() set: no stash schedule runs it
+        ps.memory_bytes = fixed[k] + held[c] * per[k];
+        memory[static_cast<std::size_t>(r)] += ps.memory_bytes;
+      }
+    }
+  };
+  const auto fits = [&] {
+    return !t.memory_bytes_per_worker ||
+           *std::max_element(memory.begin(), memory.end()) <= *t.memory_bytes_per_worker;
+  };
+  for (hold(group); group > places && !fits(); hold(group)) group -= places;
+  // Fewer microbatches on the way than it takes paces leave the ranks waiting for them.
+  if (looped) pace = std::max(pace, way / group);
   // With p microbatches per pipeline interleaved 1F1B runs every forward before any backward:
   // the two phases are paced by their own slowest rank (as GPipe's).
   if (looped && mp <= places) pace = std::max(pace, forward + backward);
   double bubble = (way - pace) / v;
   // zb-v's W's fill 3(p − 1) of interleaved 1F1B's bubble slots (Qi et al.).
   if (!looped) bubble = std::max(0.0, bubble - 3 * (places - 1) * least_weight);
-  const double makespan = mp * pace + bubble + end;
+  const double makespan = std::max(mp * pace + bubble, channels.makespan_s) + end;
   for (int rank = 0; rank < w; ++rank)
     plan.predicted.peak_memory_bytes[static_cast<std::size_t>(rank)] =
         static_cast<std::int64_t>(memory[static_cast<std::size_t>(rank % places)]);
@@ -1040,6 +1126,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   finish(plan, p, t, o,
          makespan / m);  // (fit_interleaved() adds the steps to its data-parallel time)
   plan.microbatches = m;
+  plan.microbatch_group = group > places ? group : 0;
   plan.schedule = o.placement == StagePlacement::V ? "zb-v" : "interleaved-1f1b";
   plan.virtual_stages = o.virtual_stages;
   return slowest;

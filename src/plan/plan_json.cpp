@@ -108,6 +108,7 @@ json plan_to_json(const Plan& p) {
   if (p.batch_size > 0) j["batch_size"] = p.batch_size;
   j["workers"] = p.workers;
   if (p.interleaved()) j["virtual_stages"] = p.virtual_stages;
+  if (p.microbatch_group > 0) j["microbatch_group"] = p.microbatch_group;
   j["schedule"] = p.schedule;
   j["in_flight"] = p.in_flight;
   if (p.microbatches > 0) j["microbatches"] = p.microbatches;
@@ -160,6 +161,17 @@ Plan plan_from_json(const json& j, std::string_view origin) {
                       "{}: virtual_stages = {} needs format \"{}\"; a \"{}\" plan has one stage "
                       "per rank",
                       origin, p.virtual_stages, kPlanFormatInterleaved, kPlanFormat);
+  if (j.contains("microbatch_group")) {
+    PIPELINE_CHECK_AS(ConfigError, version2,
+                      "{}: \"microbatch_group\" is for interleaved plans (format \"{}\"); leave "
+                      "it out of a plan of one stage per rank",
+                      origin, kPlanFormatInterleaved);
+    p.microbatch_group = get_int(j, "microbatch_group", "the plan", origin);
+    PIPELINE_CHECK_AS(ConfigError, p.microbatch_group >= 1,
+                      "{}: \"microbatch_group\" = {}; a group has at least 1 microbatch per rank "
+                      "of a pipeline (or leave it out)",
+                      origin, p.microbatch_group);
+  }
   if (j.contains("schedule")) p.schedule = get<std::string>(j, "schedule", "the plan", origin);
   if (j.contains("in_flight")) p.in_flight = get_int(j, "in_flight", "the plan", origin);
   PIPELINE_CHECK_AS(ConfigError, p.in_flight >= 1, "{}: in_flight = {}; need at least 1", origin,
@@ -301,6 +313,11 @@ Plan plan_from_json(const json& j, std::string_view origin) {
         "needs {} stages, got {}",
         origin, p.virtual_stages, p.workers, pipelines, p.workers / pipelines,
         std::int64_t{p.virtual_stages} * p.workers / pipelines, p.num_stages());
+    try {
+      check_microbatch_group(p.microbatch_group, shape.positions);
+    } catch (const ConfigError& e) {
+      PIPELINE_FAIL(ConfigError, "{}: \"microbatch_group\": {}", origin, e.what());
+    }
   }
   if (j.contains("predicted")) {
     const json& pj = j.at("predicted");

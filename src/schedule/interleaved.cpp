@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,9 +29,11 @@ Schedule interleaved_schedule(const ScheduleSpec& spec, const std::string& name,
       "{} sends microbatches through the ranks of each of its {} pipeline(s) in groups of {} "
       "(the ranks), so microbatches per minibatch must be a multiple of {}; got {}",
       name, replicas, p, p * replicas, spec.microbatches);
+  check_microbatch_group(spec.microbatch_group, p);
   const int m = spec.microbatches / replicas;  // per pipeline
   const int total = m * v;                     // (stage, microbatch) pairs per rank and minibatch
-  const auto warmup_of = [&](int r) { return interleaved_1f1b_warmup(p, v, m, r); };
+  const InterleavedOrder order{p, v, m, spec.microbatch_group};
+  const auto warmup_of = [&](int r) { return order.warmup(r); };
   Schedule sched = detail::empty_schedule(spec, name, UpdatePolicy::Flush);
   for (int pipe = 0; pipe < replicas; ++pipe)
     for (int r = 0; r < p; ++r) {
@@ -48,7 +51,7 @@ Schedule interleaved_schedule(const ScheduleSpec& spec, const std::string& name,
             detail::replica_microbatches(spec, r, pipe, j * spec.microbatches, spec.microbatches);
         // The k-th forward (backward) of the rank within the minibatch.
         auto pair_of = [&](int k, bool backward) {
-          const InterleavedPair pair = interleaved_1f1b_pair(p, v, k, backward);
+          const InterleavedPair pair = order.pair(k, backward);
           return std::pair<int, int>{pair.chunk * p + r, mbs[static_cast<std::size_t>(pair.index)]};
         };
         std::deque<std::pair<int, int>> pending;  // (stage, microbatch) whose I ran, W not yet
@@ -86,14 +89,42 @@ Schedule interleaved_schedule(const ScheduleSpec& spec, const std::string& name,
   return sched;
 }
 
+// The schedule in the fastest group of microbatches up to the spec's where the spec carries the
+// plan's stage times and messages: a plan gives the group that its memory holds and that hides
+// the messages round the ranks by its estimate, but on a short minibatch or lopsided stages a
+// smaller group can finish sooner (its warm-up ends sooner); each multiple of p up to it is timed
+// on the plan's stages and links (detail::probe_time) and the fastest kept, the smaller of two as
+// fast. Without those times, the spec's group.
+Schedule interleaved_in_best_group(const ScheduleSpec& spec, const std::string& name,
+                                   bool split_backward) {
+  const std::size_t stages = spec.stage_ranks.size();
+  const bool costed = stages > 0 && spec.stage_seconds.size() == stages &&
+                      spec.input_message_seconds.size() == stages;
+  const int p = costed ? interleaved_shape(spec.stage_ranks).positions : 0;
+  if (!costed || spec.microbatch_group <= p)
+    return interleaved_schedule(spec, name, split_backward);
+  ScheduleSpec probe = spec;
+  probe.minibatches = 1;  // a flush: minibatches are alike
+  std::optional<std::pair<detail::ProbeTime, int>> best;
+  for (int group = p; group <= spec.microbatch_group; group += p) {
+    probe.microbatch_group = group;
+    const detail::ProbeTime t =
+        detail::probe_time(probe, interleaved_schedule(probe, name, split_backward), true);
+    if (!best || t < best->first) best = {t, group};
+  }
+  ScheduleSpec chosen = spec;
+  chosen.microbatch_group = best->second;
+  return interleaved_schedule(chosen, name, split_backward);
+}
+
 }  // namespace
 
 Schedule interleaved_one_f_one_b_schedule(const ScheduleSpec& spec) {
-  return interleaved_schedule(spec, "interleaved-1f1b", /*split_backward=*/false);
+  return interleaved_in_best_group(spec, "interleaved-1f1b", /*split_backward=*/false);
 }
 
 Schedule interleaved_zero_bubble_schedule(const ScheduleSpec& spec) {
-  return interleaved_schedule(spec, "interleaved-zb-h1", /*split_backward=*/true);
+  return interleaved_in_best_group(spec, "interleaved-zb-h1", /*split_backward=*/true);
 }
 
 }  // namespace pipeline

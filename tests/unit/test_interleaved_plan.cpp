@@ -185,6 +185,26 @@ TEST_CASE("plan.json: what an interleaved plan must say, and what a version-1 pl
   CHECK(error_of(kInterleavedPlan, [](auto& j) {
           j["virtual_stages"] = 3;
         }).find("needs 6 stages") != std::string::npos);
+  // A larger group of microbatches (interleaved 1F1B's, a multiple of the ranks of a pipeline)
+  // round-trips; others are refused, as is a group in a plan of one stage per rank.
+  CHECK(error_of(kInterleavedPlan, [](auto& j) { j["microbatch_group"] = 4; }).empty());
+  {
+    nlohmann::json j = nlohmann::json::parse(kInterleavedPlan);
+    j["microbatch_group"] = 4;
+    const Plan grouped = parse_plan(j.dump(), "grouped");
+    CHECK(grouped.microbatch_group == 4);
+    CHECK(parse_plan(plan_to_json(grouped).dump(), "again").microbatch_group == 4);
+    CHECK(ScheduleSpec::from_plan(grouped, 8).microbatch_group == 4);
+    CHECK_FALSE(plan_to_json(parse_plan(kInterleavedPlan, "plain")).contains("microbatch_group"));
+  }
+  CHECK(error_of(kInterleavedPlan, [](auto& j) {
+          j["microbatch_group"] = 3;
+        }).find("groups of a multiple of the 2 ranks") != std::string::npos);
+  CHECK(error_of(kInterleavedPlan, [](auto& j) { j["microbatch_group"] = 0; }).find("at least 1") !=
+        std::string::npos);
+  CHECK(error_of(kOldPlan, [](auto& j) {
+          j["microbatch_group"] = 2;
+        }).find("for interleaved plans") != std::string::npos);
   CHECK(!error_of(kInterleavedPlan, [](auto& j) { j["stages"][2]["layers"] = {4, 5}; }).empty());
   CHECK(!error_of(kInterleavedPlan, [](auto& j) { j["stages"][2]["layer_ids"] = {3, 4}; }).empty());
 }
@@ -481,6 +501,40 @@ TEST_CASE("interleaved_peak_held: interleaved 1F1B's counts, and the bound of zb
   const InterleavedShape v{4, 2, 1, StagePlacement::V};
   CHECK(interleaved_peak_held(v, 0, {3, 1}) == std::vector<int>{7, 1});
   CHECK(interleaved_peak_held(v, 2, {1, 3}) == std::vector<int>{4, 4});
+  // Groups of 2p: rank 0 runs 2(p - 1) + (v - 1)·2p = 14 forwards before its first backward.
+  CHECK(interleaved_peak_held(looped, 0, {1, 1}, 8) == std::vector<int>{8, 7});
+  CHECK(interleaved_peak_held(looped, 3, {1, 1}, 8) == std::vector<int>{8, 1});
+
+  // Random shapes and groups: the counts are what the generated schedules hold at most over the
+  // microbatch counts (validate()'s peak), with equal bytes per stage.
+  std::mt19937 rng(20261206);
+  for (int iter = 0; iter < 60; ++iter) {
+    const int p = std::uniform_int_distribution<int>(2, 4)(rng);
+    const int stages_per_rank = std::uniform_int_distribution<int>(2, 3)(rng);
+    const int group = p * std::uniform_int_distribution<int>(1, 4)(rng);
+    CAPTURE(p);
+    CAPTURE(stages_per_rank);
+    CAPTURE(group);
+    const InterleavedShape shape{p, stages_per_rank, 1, StagePlacement::Looped};
+    std::vector<int> most(static_cast<std::size_t>(p), 0);
+    for (int m = p; m <= 3 * group + 2 * p; m += p) {
+      ScheduleSpec spec = ScheduleSpec::interleaved(p, stages_per_rank, m);
+      spec.microbatch_group = group;
+      const ValidationReport report = validate(generate_schedule("interleaved-1f1b", spec));
+      validate(generate_schedule("interleaved-zb-h1", spec));
+      for (int r = 0; r < p; ++r)
+        most[static_cast<std::size_t>(r)] =
+            std::max(most[static_cast<std::size_t>(r)], report.ranks[r].peak_activations);
+    }
+    for (int r = 0; r < p; ++r) {
+      CAPTURE(r);
+      const std::vector<int> held = interleaved_peak_held(
+          shape, r, std::vector<double>(static_cast<std::size_t>(stages_per_rank), 1.0), group);
+      int sum = 0;
+      for (int h : held) sum += h;
+      CHECK(sum == most[static_cast<std::size_t>(r)]);
+    }
+  }
 }
 
 TEST_CASE("partition --virtual-stages: each rank's memory is what its schedule holds at most") {
@@ -516,7 +570,8 @@ TEST_CASE("partition --virtual-stages: each rank's memory is what its schedule h
     const int r = plan.stages.front().replicas, places = w / r;
     pipelines += r > 1;
     std::vector<std::int64_t> most(static_cast<std::size_t>(w), 0);
-    for (int m = places; m <= 6 * places; m += places) {
+    const int longest = std::max(6 * places, 3 * plan.microbatch_group + 2 * places);
+    for (int m = places; m <= longest; m += places) {
       CAPTURE(m);
       const Schedule s = generate_schedule(plan.schedule, ScheduleSpec::from_plan(plan, m * r, 1));
       const Simulation sim = simulate(s, p, plan, t);
@@ -527,7 +582,9 @@ TEST_CASE("partition --virtual-stages: each rank's memory is what its schedule h
         most[static_cast<std::size_t>(rank)] = std::max(most[static_cast<std::size_t>(rank)], peak);
       }
     }
-    if (v_shape) continue;
+    // (A plan's larger group is the most its schedule takes; on the plan's times a smaller one
+    // may run faster, holding less.)
+    if (v_shape || plan.microbatch_group > 0) continue;
     for (int rank = 0; rank < w; ++rank) {
       CAPTURE(rank);
       // Each stage's working memory and the gradient of its backward (its input's size).
@@ -586,6 +643,50 @@ TEST_CASE("partition --virtual-stages: each rank's memory is what its schedule h
     for (std::size_t k = 0; k < manual.size(); ++k)
       CHECK(again.stages[k].recompute == fits.stages[k].recompute);
   }
+}
+
+TEST_CASE("partition --virtual-stages over slow links: groups of microbatches that hide messages") {
+  // Eight equal layers (1 ms forward, 2 ms backward) on 2 workers at 1 MB/s: four stages of 6 ms,
+  // each message 3 ms (2a/B). A microbatch's way round the ranks is 4·6 + 2·3·3 = 42 ms against a
+  // rank's 12 ms per microbatch, so groups of p = 2 leave the ranks waiting on the messages; the
+  // plan takes groups of 4 (42/12 rounded up to a multiple of 2), charges their memory, and its
+  // schedule runs faster than in groups of 2, at about the plan's figure.
+  Profile p;
+  p.model = "flat";
+  p.batch_size = 1;
+  for (int i = 0; i < 8; ++i)
+    p.layers.push_back(
+        {fmt::format("l{}", i), "X", 0.001, 0.002, 0, 0, 0, 0, 1500, 1000, 0, {}, false});
+  const Topology t{{{2, 1e6}}, {}};
+  PartitionOptions o;
+  o.virtual_stages = 2;
+  o.microbatches = 16;
+  const Plan plan = partition(p, t, o);
+  REQUIRE(plan.config == "1-1-1-1");
+  CHECK(plan.microbatch_group == 4);
+  const auto simulated = [&](const Plan& q) {
+    return simulate(generate_schedule(q.schedule, ScheduleSpec::from_plan(q, 16)), p, q, t);
+  };
+  Plan in_pairs = plan;
+  in_pairs.microbatch_group = 0;
+  const Simulation grouped = simulated(plan), paired = simulated(in_pairs);
+  CHECK(grouped.time_per_minibatch_s < paired.time_per_minibatch_s);
+  const double ratio = grouped.samples_per_s / plan.predicted.samples_per_s;
+  MESSAGE(fmt::format("groups of 4: simulated {:.3f}x the plan's figure; groups of 2: {:.3f}x",
+                      ratio, paired.samples_per_s / plan.predicted.samples_per_s));
+  CHECK(ratio == doctest::Approx(1.0).epsilon(0.1));
+  for (int r = 0; r < 2; ++r)
+    CHECK(grouped.ranks[static_cast<std::size_t>(r)].peak_memory_bytes <=
+          plan.predicted.peak_memory_bytes[static_cast<std::size_t>(r)]);
+  // Memory for groups of 2 but not of 4: the plan keeps to groups of 2.
+  Topology roomy = t, tight = t;
+  roomy.memory_bytes_per_worker = static_cast<double>(*std::max_element(
+      plan.predicted.peak_memory_bytes.begin(), plan.predicted.peak_memory_bytes.end()));
+  CHECK(partition(p, roomy, o).microbatch_group == 4);
+  tight.memory_bytes_per_worker = *roomy.memory_bytes_per_worker - 1;
+  const Plan smaller = partition(p, tight, o);
+  CHECK(smaller.microbatch_group < 4);
+  CHECK(smaller.predicted.time_per_minibatch_s >= plan.predicted.time_per_minibatch_s);
 }
 
 TEST_CASE(

@@ -44,31 +44,48 @@ std::vector<std::vector<int>> interleaved_stage_ranks(int positions, int stages_
                                                       int replicas, StagePlacement placement);
 
 // Interleaved 1F1B's order on one place of a pipeline (interleaved-1f1b, interleaved-zb-h1):
-// within a minibatch of m microbatches per pipeline (a multiple of p) the place runs
-// interleaved_1f1b_warmup() forwards, then a forward and a backward in turn, then the remaining
-// backwards. Its k-th forward (backward) is of its `chunk`-th stage (chunk·p + place) and of the
-// `index`-th microbatch the pipeline takes in the minibatch: groups of p microbatches cycling
-// through its stages, in ascending order for forwards and descending for backwards.
+// within a minibatch of m microbatches per pipeline (a multiple of p) the place runs warmup()
+// forwards, then a forward and a backward in turn, then the remaining backwards. Its k-th forward
+// (backward) is of its `chunk`-th stage (chunk·p + place) and of the `index`-th microbatch the
+// pipeline takes in the minibatch: groups of `group` microbatches (the last group what remains)
+// cycling through its stages, in ascending order for forwards and descending for backwards.
+//
+// Narayanan et al. take groups of p: with free messages a microbatch comes back round the p
+// ranks to the next chunk just as the place has run the group's p forwards. Where messages take
+// time that round trip is longer, and larger groups (a multiple of p; Megatron-core's
+// microbatch group per virtual stage) give the place more work to hide it, each group member
+// held once more in the warm-up, which then runs 2(p − 1 − place) + (v − 1)·group forwards.
 struct InterleavedPair {
   int chunk = 0;
   int index = 0;
 };
-InterleavedPair interleaved_1f1b_pair(int positions, int stages_per_rank, int k, bool backward);
-int interleaved_1f1b_warmup(int positions, int stages_per_rank, int microbatches, int place);
+struct InterleavedOrder {
+  int positions = 1;        // p
+  int stages_per_rank = 1;  // v
+  int microbatches = 1;     // m, per pipeline and minibatch: a multiple of p
+  int group = 0;            // a multiple of p; 0: p (Narayanan et al.'s)
+
+  InterleavedPair pair(int k, bool backward) const;
+  int warmup(int place) const;
+  // The group size in effect: `group`, or p, at most m.
+  int group_size() const;
+};
+// ConfigError unless `group` (0: p) is a multiple of the `positions` ranks of a pipeline.
+void check_microbatch_group(int group, int positions);
 
 // How many microbatches of each of its stages a place of an interleaved pipeline holds (from a
 // microbatch's forward to its backward) at the moment their bytes peak, one microbatch of its
 // c-th stage holding bytes[c] (its stages in forward order: place, place + p, ... looped; place
 // and 2p − 1 − place in a V), under the plan's schedule and over every microbatch count it
 // accepts:
-//  - looped, interleaved 1F1B: its own order walked for m = p, 2p, ... until the steady state
-//    repeats (m = p runs all forwards first: p of every stage; from 2p on, rank 0 holds
-//    2(p − 1) + (v − 1)p + 1, the last rank (v − 1)p + 1);
+//  - looped, interleaved 1F1B in groups of `group` (0: p): its own order walked for m = p, 2p,
+//    ... until the steady state repeats (m = p runs all forwards first: p of every stage; from 2p
+//    on with groups of p, rank 0 holds 2(p − 1) + (v − 1)p + 1, the last rank (v − 1)p + 1);
 //  - a V, zb-v: its list scheduler keeps at most 2p stage activations per rank, at most 2p − 1 of
 //    them of the first stage, and the second stage holds only microbatches the first still holds
 //    (its W comes first), so the bound is the larger of (2p − 1, 1) and (p, p).
 std::vector<int> interleaved_peak_held(const InterleavedShape& shape, int place,
-                                       const std::vector<double>& bytes);
+                                       const std::vector<double>& bytes, int group = 0);
 
 // The placement of an interleaved plan's stages (looped for a plan whose stages name no ranks,
 // which ScheduleSpec::from_plan lays out looped).

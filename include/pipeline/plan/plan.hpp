@@ -104,6 +104,10 @@ struct Plan {
   // interleaved plan: r pipelines of p = workers / r ranks, stages.size() == v · p, every stage
   // with r replicas, stage k on the ranks of stage k mod p, or in a V (interleaved_layout.hpp).
   int virtual_stages = 1;
+  // An interleaved plan run under interleaved 1F1B: microbatches per group, a multiple of the
+  // ranks of a pipeline, more than them where the messages of a microbatch's way round the ranks
+  // need hiding (InterleavedOrder; plan.json "microbatch_group", absent: one per rank).
+  int microbatch_group = 0;
   std::vector<PlanStage> stages;
   PlanPrediction predicted;
 

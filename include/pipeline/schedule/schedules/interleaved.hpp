@@ -3,6 +3,8 @@
 // every rank v times. Each rank runs a 1F1B order over (stage, microbatch) pairs taken in groups
 // of p microbatches per stage: forwards go through its stages in ascending order, backwards in
 // descending order; the warm-up is 2(p − 1 − r) + (v − 1)p forwards (all of them when m = p).
+// ScheduleSpec::microbatch_group takes larger groups (a multiple of p) where the messages round
+// the ranks take time (InterleavedOrder, interleaved_layout.hpp).
 // Per minibatch it ends with one optimizer step per stage it holds (flush semantics, equal to
 // sequential training).
 //
