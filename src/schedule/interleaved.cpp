@@ -103,6 +103,7 @@ Schedule interleaved_in_best_group(const ScheduleSpec& spec, const std::string& 
   const int p = costed ? interleaved_shape(spec.stage_ranks).positions : 0;
   if (!costed || spec.microbatch_group <= p)
     return interleaved_schedule(spec, name, split_backward);
+  check_microbatch_group(spec.microbatch_group, p);
   ScheduleSpec probe = spec;
   probe.minibatches = 1;  // a flush: minibatches are alike
   std::optional<std::pair<detail::ProbeTime, int>> best;

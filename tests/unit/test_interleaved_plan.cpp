@@ -645,18 +645,29 @@ TEST_CASE("partition --virtual-stages: each rank's memory is what its schedule h
   }
 }
 
+namespace {
+
+// Eight equal layers (1 ms forward, 2 ms backward, 1000 parameter bytes) whose outputs hold
+// `output_bytes`.
+Profile flat_chain(std::int64_t output_bytes) {
+  Profile p;
+  p.model = "flat";
+  p.batch_size = 1;
+  for (int i = 0; i < 8; ++i)
+    p.layers.push_back(
+        {fmt::format("l{}", i), "X", 0.001, 0.002, 0, 0, 0, 0, output_bytes, 1000, 0, {}, false});
+  return p;
+}
+
+}  // namespace
+
 TEST_CASE("partition --virtual-stages over slow links: groups of microbatches that hide messages") {
   // Eight equal layers (1 ms forward, 2 ms backward) on 2 workers at 1 MB/s: four stages of 6 ms,
   // each message 3 ms (2a/B). A microbatch's way round the ranks is 4·6 + 2·3·3 = 42 ms against a
   // rank's 12 ms per microbatch, so groups of p = 2 leave the ranks waiting on the messages; the
   // plan takes groups of 4 (42/12 rounded up to a multiple of 2), charges their memory, and its
   // schedule runs faster than in groups of 2, at about the plan's figure.
-  Profile p;
-  p.model = "flat";
-  p.batch_size = 1;
-  for (int i = 0; i < 8; ++i)
-    p.layers.push_back(
-        {fmt::format("l{}", i), "X", 0.001, 0.002, 0, 0, 0, 0, 1500, 1000, 0, {}, false});
+  const Profile p = flat_chain(1500);
   const Topology t{{{2, 1e6}}, {}};
   PartitionOptions o;
   o.virtual_stages = 2;
@@ -691,12 +702,7 @@ TEST_CASE("partition --virtual-stages over slow links: groups of microbatches th
 
 TEST_CASE(
     "partition --virtual-stages: manual stages, and clear errors for what cannot be planned") {
-  Profile p;
-  p.model = "flat";
-  p.batch_size = 1;
-  for (int i = 0; i < 8; ++i)
-    p.layers.push_back(
-        {fmt::format("l{}", i), "X", 0.001, 0.002, 0, 0, 0, 0, 100, 1000, 0, {}, false});
+  const Profile p = flat_chain(100);
   Topology t{{{2, 1e10}}, {}};
   PartitionOptions o;
   o.virtual_stages = 2;
