@@ -180,10 +180,12 @@ void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim
 
 // Where the partitioner's interleaved plan is predicted slower than its 1F1B-flush plan for the
 // same workers and microbatches (interleaving sends every microbatch through each worker v times,
-// so over slow links its messages can cost more than its smaller bubble saves), a note saying so
-// and how to plan that one instead.
+// so over slow links its messages can cost more than its smaller bubble saves), or, with the
+// interleaved plan's simulation (`simulated`), where its schedule simulates slower than the
+// flush plan's, a note saying so and how to plan that one instead.
 void note_faster_flush_plan(const pipeline::Plan& interleaved, const pipeline::Profile& profile,
-                            const pipeline::Topology& topo, pipeline::PartitionOptions options) {
+                            const pipeline::Topology& topo, pipeline::PartitionOptions options,
+                            const pipeline::Simulation* simulated, double transfer_bytes_scale) {
   options.virtual_stages = 1;
   options.placement = pipeline::StagePlacement::Looped;
   options.schedule = "1f1b-flush";
@@ -195,15 +197,28 @@ void note_faster_flush_plan(const pipeline::Plan& interleaved, const pipeline::P
     return;  // no 1F1B-flush plan fits: nothing faster to point to
   }
   const double ratio = flush->predicted.samples_per_s / interleaved.predicted.samples_per_s;
-  if (ratio > 1.05)
-    fmt::print(
-        "note: the 1f1b-flush plan of these workers for the same {} microbatches (config {}, "
-        "--schedule 1f1b-flush without --virtual-stages) is predicted {:.2f}x as fast{}\n",
-        interleaved.microbatches, flush->config, ratio,
-        flush->num_stages() > 1
-            ? fmt::format(": its microbatches pass each worker once, not {} times",
-                          interleaved.virtual_stages)
-            : std::string(" (plain data parallelism)"));
+  const std::string why =
+      flush->num_stages() > 1
+          ? fmt::format(": its microbatches pass each worker once, not {} times",
+                        interleaved.virtual_stages)
+          : std::string(" (plain data parallelism)");
+  const std::string which = fmt::format(
+      "note: the 1f1b-flush plan of these workers for the same {} microbatches (config {}, "
+      "--schedule 1f1b-flush without --virtual-stages)",
+      interleaved.microbatches, flush->config);
+  if (ratio > 1.05) {
+    fmt::print("{} is predicted {:.2f}x as fast{}\n", which, ratio, why);
+    return;
+  }
+  // The plan's figure can miss what its schedule loses (a rank's stages of very different
+  // times): the two schedules simulated.
+  if (!simulated || simulated->samples_per_s <= 0) return;
+  const std::optional<pipeline::Simulation> flush_simulated =
+      simulate_plan(*flush, profile, topo, nullptr, transfer_bytes_scale);
+  if (!flush_simulated) return;
+  const double simulated_ratio = flush_simulated->samples_per_s / simulated->samples_per_s;
+  if (simulated_ratio > 1.05)
+    fmt::print("{} simulates {:.2f}x as fast as this plan{}\n", which, simulated_ratio, why);
 }
 
 // The stages' device types joined like the config ("h100-a100-a100"); "" for an untyped plan.
@@ -487,7 +502,8 @@ int main(int argc, char** argv) {
       if (sim && (stashes(plan) || plan.microbatches > 0 || plan.interleaved()))
         print_simulated(plan, *sim);
       if (plan.interleaved() && stages_text.empty() && !chosen && !topo.typed())
-        note_faster_flush_plan(plan, profile, topo, opt);
+        note_faster_flush_plan(plan, profile, topo, opt, sim ? &*sim : nullptr,
+                               transfer_dtype == "bf16" ? 0.5 : 1.0);
       if (chosen)
         fmt::print("trains {:.6g} samples in {} for {:.2f} ({} at {:.2f} per hour){}\n", *samples,
                    pipeline::format_duration(chosen->time_s), chosen->cost, pipeline::describe_workers(*chosen, topo),
