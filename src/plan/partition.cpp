@@ -1006,6 +1006,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
                                                                       tail = compute;
   std::vector<double> forwards = compute;  // the forward part of `compute`
   std::vector<double> stage_forward, stage_backward;  // per stage, a microbatch's passes
+  std::vector<double> stage_sync, stage_step;         // per stage, once per minibatch
   double way = 0;  // a microbatch's way through the v·p stages and the messages between them
   double least_weight = kInf;  // the least weight-gradient time of a stage (zb-v's W)
   const auto at = [](const std::vector<double>& v, int i) {
@@ -1051,6 +1052,8 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     const auto r = static_cast<std::size_t>(pipes.place_of(k));
     compute[r] += ps.compute_s * d;  // describe() gave each pipeline's share of a microbatch
     tail[r] += sync + step;
+    stage_sync.push_back(sync);
+    stage_step.push_back(step);
     forwards[r] += g.stage_forward_s(f.s, f.e);
     stage_forward.push_back(g.stage_forward_s(f.s, f.e));
     stage_backward.push_back(ps.compute_s * d - stage_forward.back());
@@ -1112,6 +1115,28 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   for (hold(group); group > places && !fits(); hold(group)) group -= places;
   // Fewer microbatches on the way than it takes paces leave the ranks waiting for them.
   if (looped) pace = std::max(pace, way / group);
+  // A stage's allreduce starts with its last backward, as the runtime's buckets do, so under
+  // interleaved 1F1B the backwards of the rank's earlier stages that follow hide it; then the
+  // steps.
+  if (looped && d > 1) {
+    const InterleavedOrder order{places, o.virtual_stages, mp, group};
+    end = 0;
+    for (int r = 0; r < places; ++r) {
+      std::vector<double> after(static_cast<std::size_t>(o.virtual_stages), -1.0);
+      double rest = 0, wait = 0, steps = 0;  // rest: the backward work after the k-th
+      for (int k = mp * o.virtual_stages - 1; k >= 0; --k) {
+        const int c = order.pair(k, true).chunk;
+        if (after[static_cast<std::size_t>(c)] < 0) after[static_cast<std::size_t>(c)] = rest;
+        rest += stage_backward[static_cast<std::size_t>(c * places + r)];
+      }
+      for (int c = 0; c < o.virtual_stages; ++c) {
+        const auto k = static_cast<std::size_t>(c * places + r);
+        wait = std::max(wait, stage_sync[k] - after[static_cast<std::size_t>(c)]);
+        steps += stage_step[k];
+      }
+      end = std::max(end, wait + steps);
+    }
+  }
   // With p microbatches per pipeline interleaved 1F1B runs every forward before any backward:
   // the two phases are paced by their own slowest rank (as GPipe's).
   if (looped && mp <= places) pace = std::max(pace, forward + backward);
