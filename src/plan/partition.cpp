@@ -924,6 +924,8 @@ double split_held_bytes(double kept, double activation_bytes, bool recompute) {
 // its gradient on b's gradient channel to a, each taking the stage's input_message_s, and the
 // looped placement sends every chunk's cut from place a to a + 1 over the same channels.
 struct InterleavedChannels {
+  // A microbatch's way through all stages and both messages of every cut.
+  double way_s = 0;
   // Seconds per microbatch of a pipeline on the busiest channel.
   double busiest_s = 0;
   // The least makespan the channels allow for `per_pipeline` microbatches: on each channel, the
@@ -954,6 +956,8 @@ InterleavedChannels interleaved_channels(const Plan& plan, const InterleavedPipe
     if (k > 0) t += message(k);
   }
   const double way = t;
+  InterleavedChannels out;
+  out.way_s = way;
   struct Channel {
     double load = 0;
     int low = -1, high = -1;  // the stages whose inputs it carries, lowest and highest
@@ -967,7 +971,6 @@ InterleavedChannels interleaved_channels(const Plan& plan, const InterleavedPipe
     if (c.low < 0) c.low = k;
     c.high = k;
   }
-  InterleavedChannels out;
   for (const auto& [pair, c] : channels) {
     const auto at = [](const std::vector<double>& v, int k) {
       return v[static_cast<std::size_t>(k)];
@@ -1000,14 +1003,11 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   PartitionOptions stashing = o;  // recomputation is per stage here, as `recompute` says
   stashing.recompute = Recompute::None;
   describe(plan, g, t, stashing, fs, std::nullopt, false);
-  // Per rank: its stages' compute per microbatch of a pipeline, their memory, and
-  // their allreduces and optimizer steps at the end of a minibatch.
-  std::vector<double> compute(static_cast<std::size_t>(places), 0.0), memory = compute,
-                                                                      tail = compute;
+  // Per rank: its stages' compute per microbatch of a pipeline, and their memory.
+  std::vector<double> compute(static_cast<std::size_t>(places), 0.0), memory = compute;
   std::vector<double> forwards = compute;  // the forward part of `compute`
   std::vector<double> stage_forward, stage_backward;  // per stage, a microbatch's passes
   std::vector<double> stage_sync, stage_step;         // per stage, once per minibatch
-  double way = 0;  // a microbatch's way through the v·p stages and the messages between them
   double least_weight = kInf;  // the least weight-gradient time of a stage (zb-v's W)
   const auto at = [](const std::vector<double>& v, int i) {
     return i < 0 ? 0.0 : v[static_cast<std::size_t>(i)];
@@ -1051,13 +1051,11 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
                      : 0.0);
     const auto r = static_cast<std::size_t>(pipes.place_of(k));
     compute[r] += ps.compute_s * d;  // describe() gave each pipeline's share of a microbatch
-    tail[r] += sync + step;
     stage_sync.push_back(sync);
     stage_step.push_back(step);
     forwards[r] += g.stage_forward_s(f.s, f.e);
     stage_forward.push_back(g.stage_forward_s(f.s, f.e));
     stage_backward.push_back(ps.compute_s * d - stage_forward.back());
-    way += ps.compute_s * d + 2 * ps.input_message_s;  // its input, and that input's gradient
     double weight = 0;
     for (int l = ps.begin; l < ps.end; ++l)
       weight += weight_gradient_s(p.layers[static_cast<std::size_t>(l)]);
@@ -1068,10 +1066,9 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   // the load of the busiest channel where that takes longer), plus the fill and drain, which
   // interleaving cuts to 1/v of a microbatch's way (Narayanan et al.: (p − 1) of v·p equal stages'
   // times), plus the slowest rank's allreduces and steps.
-  double pace = 0, end = 0, forward = 0, backward = 0;
+  double pace = 0, forward = 0, backward = 0;
   for (std::size_t r = 0; r < compute.size(); ++r) {
     pace = std::max(pace, compute[r]);
-    end = std::max(end, tail[r]);
     forward = std::max(forward, forwards[r]);
     backward = std::max(backward, compute[r] - forwards[r]);
   }
@@ -1079,6 +1076,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   const InterleavedChannels channels =
       interleaved_channels(plan, pipes, stage_forward, stage_backward, mp);
   pace = std::max(pace, channels.busiest_s);
+  const double way = channels.way_s;
   const double v = o.virtual_stages;
   const bool looped = pipes.shape.placement == StagePlacement::Looped;
   // Interleaved 1F1B keeps about a group of microbatches on a microbatch's way round the ranks
@@ -1089,12 +1087,14 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     group = std::min(places * static_cast<int>(std::ceil(way / (places * pace) - 1e-9)),
                      places * ((mp + places - 1) / places));
   group = std::max(group, places);
+  // Each place's stages in forward order.
+  std::vector<std::vector<int>> stages_at(static_cast<std::size_t>(places));
+  for (int k = 0; k < stages; ++k)
+    stages_at[static_cast<std::size_t>(pipes.place_of(k))].push_back(k);
   // A rank holds the microbatches of its stages that its schedule keeps at its peak.
   const auto hold = [&](int group_size) {
     for (int r = 0; r < places; ++r) {
-      std::vector<int> mine;  // its stages in forward order
-      for (int k = 0; k < stages; ++k)
-        if (pipes.place_of(k) == r) mine.push_back(k);
+      const std::vector<int>& mine = stages_at[static_cast<std::size_t>(r)];
       std::vector<double> bytes;
       for (int k : mine) bytes.push_back(per[static_cast<std::size_t>(k)]);
       const std::vector<int> held = interleaved_peak_held(pipes.shape, r, bytes, group_size);
@@ -1115,27 +1115,33 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   for (hold(group); group > places && !fits(); hold(group)) group -= places;
   // Fewer microbatches on the way than it takes paces leave the ranks waiting for them.
   if (looped) pace = std::max(pace, way / group);
-  // A stage's allreduce starts with its last backward, as the runtime's buckets do, so under
-  // interleaved 1F1B the backwards of the rank's earlier stages that follow hide it; then the
-  // steps.
-  if (looped && d > 1) {
-    const InterleavedOrder order{places, o.virtual_stages, mp, group};
-    end = 0;
-    for (int r = 0; r < places; ++r) {
-      std::vector<double> after(static_cast<std::size_t>(o.virtual_stages), -1.0);
-      double rest = 0, wait = 0, steps = 0;  // rest: the backward work after the k-th
+  // The slowest rank's allreduces and steps at the end of a minibatch. A stage's allreduce starts
+  // with its last backward, as the runtime's buckets do, so under interleaved 1F1B with several
+  // pipelines the backwards of the rank's earlier stages that follow hide it; then the steps.
+  double end = 0;
+  for (int r = 0; r < places; ++r) {
+    const std::vector<int>& mine = stages_at[static_cast<std::size_t>(r)];
+    // after[c]: the backward work on the rank after its c-th stage's last backward.
+    std::vector<double> after(mine.size(), 0.0);
+    if (looped && d > 1) {
+      const InterleavedOrder order{places, o.virtual_stages, mp, group};
+      std::fill(after.begin(), after.end(), -1.0);
+      double rest = 0;
       for (int k = mp * o.virtual_stages - 1; k >= 0; --k) {
-        const int c = order.pair(k, true).chunk;
-        if (after[static_cast<std::size_t>(c)] < 0) after[static_cast<std::size_t>(c)] = rest;
-        rest += stage_backward[static_cast<std::size_t>(c * places + r)];
+        const auto c = static_cast<std::size_t>(order.pair(k, true).chunk);
+        if (after[c] < 0) after[c] = rest;
+        rest += stage_backward[static_cast<std::size_t>(mine[c])];
       }
-      for (int c = 0; c < o.virtual_stages; ++c) {
-        const auto k = static_cast<std::size_t>(c * places + r);
-        wait = std::max(wait, stage_sync[k] - after[static_cast<std::size_t>(c)]);
-        steps += stage_step[k];
-      }
-      end = std::max(end, wait + steps);
     }
+    double wait = 0, steps = 0, syncs = 0;
+    for (std::size_t c = 0; c < mine.size(); ++c) {
+      const auto k = static_cast<std::size_t>(mine[c]);
+      wait = std::max(wait, stage_sync[k] - after[c]);
+      syncs += stage_sync[k];
+      steps += stage_step[k];
+    }
+    // (One pipeline has no allreduces; a V's are charged whole.)
+    end = std::max(end, (looped && d > 1 ? wait : syncs) + steps);
   }
   // With p microbatches per pipeline interleaved 1F1B runs every forward before any backward:
   // the two phases are paced by their own slowest rank (as GPipe's).

@@ -33,7 +33,6 @@ Schedule interleaved_schedule(const ScheduleSpec& spec, const std::string& name,
   const int m = spec.microbatches / replicas;  // per pipeline
   const int total = m * v;                     // (stage, microbatch) pairs per rank and minibatch
   const InterleavedOrder order{p, v, m, spec.microbatch_group};
-  const auto warmup_of = [&](int r) { return order.warmup(r); };
   Schedule sched = detail::empty_schedule(spec, name, UpdatePolicy::Flush);
   for (int pipe = 0; pipe < replicas; ++pipe)
     for (int r = 0; r < p; ++r) {
@@ -41,10 +40,10 @@ Schedule interleaved_schedule(const ScheduleSpec& spec, const std::string& name,
       // Room for the communication too, which insert_communication adds in place.
       out.reserve(static_cast<std::size_t>(spec.minibatches) *
                   static_cast<std::size_t>(7 * total + 2 * v));
-      const int warmup = warmup_of(r);
+      const int warmup = order.warmup(r);
       // Zero bubble: rank r runs short of rank 0's warm-up by this many forwards, and holds as
       // many W's back, which then fill its cool-down while the I's race up the pipeline.
-      const int lag = warmup_of(0) - warmup;
+      const int lag = order.warmup(0) - warmup;
       for (int j = 0; j < spec.minibatches; ++j) {
         // This pipeline's microbatches of the minibatch (round-robin: pipe, pipe + r, ...).
         const std::vector<int> mbs =
