@@ -6,6 +6,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
+#include <functional>
+#include <map>
+#include <mutex>
 #include <set>
 
 namespace pipeline {
@@ -106,20 +110,19 @@ void check_microbatch_group(int group, int positions) {
 
 namespace {
 
-// The looped case of interleaved_peak_held: the counts at the peak over the walk of each m.
-std::vector<int> looped_peak_held(int p, int v, int group, int place,
-                                  const std::vector<double>& bytes) {
-  std::vector<int> best(static_cast<std::size_t>(v), 0), held = best;
-  double best_bytes = -1;
-  const auto note = [&] {
-    double sum = 0;
-    for (int c = 0; c < v; ++c)
-      sum += held[static_cast<std::size_t>(c)] * bytes[static_cast<std::size_t>(c)];
-    if (sum > best_bytes) {
-      best_bytes = sum;
-      best = held;
-    }
-  };
+// The looped case of interleaved_peak_held: how many microbatches of each stage the place holds
+// after each forward of its order, over the walk of each m, without those another such moment
+// holds at least as many of (which can never hold more bytes), in the order the walk meets them.
+// Kept per shape, as the planner asks for the same ones for every cut it times.
+const std::vector<std::vector<int>>& looped_held_candidates(int p, int v, int group, int place) {
+  static std::mutex mutex;
+  static std::map<std::array<int, 4>, std::vector<std::vector<int>>> cache;
+  const std::lock_guard lock(mutex);
+  auto [it, inserted] = cache.try_emplace({p, v, group, place});
+  if (!inserted) return it->second;  // (a map's elements stay where they are)
+  std::vector<std::vector<int>> met;
+  std::set<std::vector<int>> seen;
+  std::vector<int> held(static_cast<std::size_t>(v), 0);
   // From m = 2p on, the warm-up is at most (v − 1)g + 2p forwards and the steady state repeats
   // every g·v of them: m = 3g + 2p covers a whole period after the longest warm-up, and the
   // counts between cover the shorter last groups.
@@ -128,7 +131,7 @@ std::vector<int> looped_peak_held(int p, int v, int group, int place,
     const InterleavedOrder order{p, v, m, group};
     const auto step = [&](int k, bool backward) {
       held[static_cast<std::size_t>(order.pair(k, backward).chunk)] += backward ? -1 : 1;
-      if (!backward) note();
+      if (!backward && seen.insert(held).second) met.push_back(held);
     };
     std::fill(held.begin(), held.end(), 0);
     const int total = m * v, warmup = order.warmup(place);
@@ -138,7 +141,32 @@ std::vector<int> looped_peak_held(int p, int v, int group, int place,
       step(k, true);
     }
   }
-  return best;
+  const auto covers = [](const std::vector<int>& a, const std::vector<int>& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), std::greater_equal<>());
+  };
+  for (const std::vector<int>& counts : met)
+    if (std::none_of(met.begin(), met.end(), [&](const std::vector<int>& other) {
+          return &other != &counts && covers(other, counts);
+        }))
+      it->second.push_back(counts);
+  return it->second;
+}
+
+// The candidate holding the most bytes (the first met of equals).
+std::vector<int> looped_peak_held(int p, int v, int group, int place,
+                                  const std::vector<double>& bytes) {
+  const std::vector<int>* best = nullptr;
+  double best_bytes = -1;
+  for (const std::vector<int>& held : looped_held_candidates(p, v, group, place)) {
+    double sum = 0;
+    for (int c = 0; c < v; ++c)
+      sum += held[static_cast<std::size_t>(c)] * bytes[static_cast<std::size_t>(c)];
+    if (sum > best_bytes) {
+      best_bytes = sum;
+      best = &held;
+    }
+  }
+  return *best;
 }
 
 }  // namespace
@@ -153,6 +181,113 @@ std::vector<int> interleaved_peak_held(const InterleavedShape& shape, int place,
   const double first = bytes[0], second = bytes[1];
   if ((2 * p - 1) * first + second >= p * (first + second)) return {2 * p - 1, 1};
   return {p, p};
+}
+
+namespace {
+
+// A place's pass of a stage's forward or backward of a microbatch.
+struct Pass {
+  int stage, index;
+  bool backward;
+};
+
+// What walk_interleaved fills on each call, kept between calls: the planner walks an order for
+// every cut it times.
+struct WalkScratch {
+  std::vector<double> input, gradient;
+  std::vector<Pass> passes;
+};
+
+}  // namespace
+
+InterleavedWalk walk_interleaved(const InterleavedOrder& order,
+                                 const InterleavedStageTimes& times) {
+  const int p = order.positions, v = order.stages_per_rank, m = order.microbatches;
+  const int stages = p * v, total = m * v;
+  PIPELINE_CHECK(static_cast<int>(times.forward_s.size()) == stages &&
+                     static_cast<int>(times.backward_s.size()) == stages &&
+                     static_cast<int>(times.message_s.size()) == stages,
+                 "internal: times of {}, {} and {} stages for an interleaved pipeline of {}",
+                 times.forward_s.size(), times.backward_s.size(), times.message_s.size(), stages);
+  thread_local WalkScratch scratch;
+  const auto at = [m](int stage, int index) {
+    return static_cast<std::size_t>(stage) * static_cast<std::size_t>(m) +
+           static_cast<std::size_t>(index);
+  };
+  const double unknown = -1;
+  // When a microbatch's input reaches stage k, and its output gradient (from stage k + 1).
+  std::vector<double>& input = scratch.input;
+  std::vector<double>& gradient = scratch.gradient;
+  input.assign(static_cast<std::size_t>(stages) * static_cast<std::size_t>(m), unknown);
+  gradient.assign(input.size(), unknown);
+  for (int i = 0; i < m; ++i) input[at(0, i)] = 0;
+  for (int i = 0; i < m; ++i) gradient[at(stages - 1, i)] = 0;  // (after its forward, in order)
+  // Place r's passes in order (warm-up forwards, then a forward and a backward in turn, then the
+  // remaining backwards) are passes[r·2·total ..], `next` the one it runs next; its clock, and when
+  // its links to the next and the previous place are free.
+  std::vector<Pass>& passes = scratch.passes;
+  passes.clear();
+  const auto per_place = 2 * static_cast<std::size_t>(total);
+  passes.reserve(static_cast<std::size_t>(p) * per_place);
+  for (int r = 0; r < p; ++r) {
+    const auto add = [&](int k, bool backward) {
+      const InterleavedPair pair = order.pair(k, backward);
+      passes.push_back({pair.chunk * p + r, pair.index, backward});
+    };
+    const int warmup = std::min(order.warmup(r), total);
+    for (int k = 0; k < warmup; ++k) add(k, false);
+    for (int k = 0; k < total - warmup; ++k) {
+      add(warmup + k, false);
+      add(k, true);
+    }
+    for (int k = total - warmup; k < total; ++k) add(k, true);
+  }
+  struct Place {
+    std::size_t next = 0;
+    double clock = 0, activation_link = 0, gradient_link = 0;
+  };
+  std::vector<Place> places(static_cast<std::size_t>(p));
+  InterleavedWalk walk;
+  walk.last_backward_s.assign(static_cast<std::size_t>(stages), 0.0);
+  // Each place runs until its next pass waits for a message; a message wakes its receiver.
+  std::vector<int> ready_places;
+  for (int r = p - 1; r >= 0; --r) ready_places.push_back(r);
+  while (!ready_places.empty()) {
+    const int r = ready_places.back();
+    ready_places.pop_back();
+    Place& place = places[static_cast<std::size_t>(r)];
+    const Pass* mine = passes.data() + static_cast<std::size_t>(r) * per_place;
+    for (; place.next < per_place; ++place.next) {
+      const auto [k, i, backward] = mine[place.next];
+      const auto sk = static_cast<std::size_t>(k);
+      const double ready = backward ? gradient[at(k, i)] : input[at(k, i)];
+      if (ready == unknown) break;
+      place.clock =
+          std::max(place.clock, ready) + (backward ? times.backward_s[sk] : times.forward_s[sk]);
+      if (backward) walk.last_backward_s[sk] = std::max(walk.last_backward_s[sk], place.clock);
+      if (!backward && k + 1 < stages) {
+        place.activation_link =
+            std::max(place.clock, place.activation_link) + times.message_s[sk + 1];
+        input[at(k + 1, i)] = place.activation_link;
+        ready_places.push_back((r + 1) % p);
+      }
+      if (backward && k > 0) {
+        place.gradient_link = std::max(place.clock, place.gradient_link) + times.message_s[sk];
+        gradient[at(k - 1, i)] = place.gradient_link;
+        ready_places.push_back((r + p - 1) % p);
+      }
+    }
+  }
+  for (const Place& place : places) {
+    PIPELINE_CHECK(
+        place.next == per_place,
+        "internal: the interleaved order of {} places and {} stages each waits on itself "
+        "at pass {} of {}",
+        p, v, place.next, per_place);
+    walk.place_end_s.push_back(place.clock);
+    walk.makespan_s = std::max(walk.makespan_s, place.clock);
+  }
+  return walk;
 }
 
 StagePlacement placement_of(const Plan& plan) {

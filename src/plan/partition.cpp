@@ -989,13 +989,15 @@ InterleavedChannels interleaved_channels(const Plan& plan, const InterleavedPipe
 // schedule (a flush: one weight version; each pipeline takes 1/d of a minibatch's microbatches,
 // each rank runs all of its stages for each of them, and every stage allreduces its gradients and
 // steps once per minibatch; a rank holds what interleaved_peak_held says), the stages marked in
-// `recompute` recomputing. `p` is the measured profile (no optimizer step in its backward times:
-// the step comes once per minibatch here) and `g` its chain. Returns the slowest stage's
-// max(compute + allreduce, transfer) per microbatch, and the plan in `plan`; fit_interleaved()
-// checks its memory.
+// `recompute` recomputing, looped in groups of `only_group` microbatches where that is given and
+// its memory fits (else in the fastest group). `p` is the measured profile (no optimizer step in
+// its backward times: the step comes once per minibatch here) and `g` its chain. Returns the
+// slowest stage's max(compute + allreduce, transfer) per microbatch, and the plan in `plan`;
+// fit_interleaved() checks its memory.
 double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, const Topology& t,
                             const PartitionOptions& o, const std::vector<int>& cuts,
-                            const InterleavedPipes& pipes, const std::vector<bool>& recompute) {
+                            const InterleavedPipes& pipes, const std::vector<bool>& recompute,
+                            int only_group = 0) {
   const int w = t.workers(), places = pipes.positions, d = pipes.pipelines;
   const int stages = static_cast<int>(cuts.size()) - 1, m = pipes.microbatches;
   const std::vector<FinalStage> fs = stages_at_cuts(cuts, [&](int k) { return pipes.ranks_of(k); });
@@ -1005,7 +1007,6 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   describe(plan, g, t, stashing, fs, std::nullopt, false);
   // Per rank: its stages' compute per microbatch of a pipeline, and their memory.
   std::vector<double> compute(static_cast<std::size_t>(places), 0.0), memory = compute;
-  std::vector<double> forwards = compute;  // the forward part of `compute`
   std::vector<double> stage_forward, stage_backward;  // per stage, a microbatch's passes
   std::vector<double> stage_sync, stage_step;         // per stage, once per minibatch
   double least_weight = kInf;  // the least weight-gradient time of a stage (zb-v's W)
@@ -1053,7 +1054,6 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     compute[r] += ps.compute_s * d;  // describe() gave each pipeline's share of a microbatch
     stage_sync.push_back(sync);
     stage_step.push_back(step);
-    forwards[r] += g.stage_forward_s(f.s, f.e);
     stage_forward.push_back(g.stage_forward_s(f.s, f.e));
     stage_backward.push_back(ps.compute_s * d - stage_forward.back());
     double weight = 0;
@@ -1062,16 +1062,11 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     least_weight = std::min(least_weight, weight);
     slowest = std::max(slowest, std::max(ps.compute_s + ps.sync_s, ps.transfer_s));
   }
-  // A minibatch: each pipeline's ⌈m/d⌉ microbatches at the slowest rank's pace (its compute, or
-  // the load of the busiest channel where that takes longer), plus the fill and drain, which
-  // interleaving cuts to 1/v of a microbatch's way (Narayanan et al.: (p − 1) of v·p equal stages'
-  // times), plus the slowest rank's allreduces and steps.
-  double pace = 0, forward = 0, backward = 0;
-  for (std::size_t r = 0; r < compute.size(); ++r) {
-    pace = std::max(pace, compute[r]);
-    forward = std::max(forward, forwards[r]);
-    backward = std::max(backward, compute[r] - forwards[r]);
-  }
+  // A minibatch: each pipeline's ⌈m/d⌉ microbatches (looped, as the walk of its order times them;
+  // a V at the slowest rank's pace: its compute, or the load of the busiest channel where that
+  // takes longer), plus the slowest rank's allreduces and steps.
+  double pace = 0;
+  for (double c : compute) pace = std::max(pace, c);
   const int mp = pipes.per_pipeline();
   const InterleavedChannels channels =
       interleaved_channels(plan, pipes, stage_forward, stage_backward, mp);
@@ -1079,14 +1074,6 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   const double way = channels.way_s;
   const double v = o.virtual_stages;
   const bool looped = pipes.shape.placement == StagePlacement::Looped;
-  // Interleaved 1F1B keeps about a group of microbatches on a microbatch's way round the ranks
-  // (with free messages and equal stages that way takes p paces, and a group of p fills it): a
-  // group of at least way / pace microbatches hides the messages, as far as the memory allows.
-  int group = places;
-  if (looped)
-    group = std::min(places * static_cast<int>(std::ceil(way / (places * pace) - 1e-9)),
-                     places * ((mp + places - 1) / places));
-  group = std::max(group, places);
   // Each place's stages in forward order.
   std::vector<std::vector<int>> stages_at(static_cast<std::size_t>(places));
   for (int k = 0; k < stages; ++k)
@@ -1112,44 +1099,61 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     return !t.memory_bytes_per_worker ||
            *std::max_element(memory.begin(), memory.end()) <= *t.memory_bytes_per_worker;
   };
-  for (hold(group); group > places && !fits(); hold(group)) group -= places;
-  // Fewer microbatches on the way than it takes paces leave the ranks waiting for them.
-  if (looped) pace = std::max(pace, way / group);
-  // The slowest rank's allreduces and steps at the end of a minibatch. A stage's allreduce starts
-  // with its last backward, as the runtime's buckets do, so under interleaved 1F1B with several
-  // pipelines the backwards of the rank's earlier stages that follow hide it; then the steps.
-  double end = 0;
-  for (int r = 0; r < places; ++r) {
-    const std::vector<int>& mine = stages_at[static_cast<std::size_t>(r)];
-    // after[c]: the backward work on the rank after its c-th stage's last backward.
-    std::vector<double> after(mine.size(), 0.0);
-    if (looped && d > 1) {
-      const InterleavedOrder order{places, o.virtual_stages, mp, group};
-      std::fill(after.begin(), after.end(), -1.0);
-      double rest = 0;
-      for (int k = mp * o.virtual_stages - 1; k >= 0; --k) {
-        const auto c = static_cast<std::size_t>(order.pair(k, true).chunk);
-        if (after[c] < 0) after[c] = rest;
-        rest += stage_backward[static_cast<std::size_t>(mine[c])];
+  // Interleaved 1F1B in groups of p keeps a group on a microbatch's way round the ranks, which
+  // with free messages and equal stages takes p paces. Slow links and unequal stages make the ranks
+  // wait, and larger groups (a multiple of p) give each more work to hide that, as far as the
+  // memory allows: looped, the group whose order walks fastest (a larger one where it is at least
+  // 1% faster); the walk's time is the minibatch's.
+  int group = places;
+  std::optional<InterleavedWalk> walk;
+  if (looped) {
+    InterleavedStageTimes times{stage_forward, stage_backward, {}};
+    for (const PlanStage& ps : plan.stages) times.message_s.push_back(ps.input_message_s);
+    const int most = places * ((mp + places - 1) / places);
+    const auto fits_group = [&](int g) {
+      if (g == places || !t.memory_bytes_per_worker) return true;
+      hold(g);
+      return fits();
+    };
+    const auto walked = [&](int g) {
+      return walk_interleaved(InterleavedOrder{places, o.virtual_stages, most, g}, times);
+    };
+    if (only_group > 0 && fits_group(only_group)) {
+      group = only_group;
+      walk = walked(group);
+    }
+    const bool search = !walk;
+    for (int g = places; search && g <= most && fits_group(g); g += places) {
+      InterleavedWalk next = walked(g);
+      if (!walk || next.makespan_s < walk->makespan_s * 0.99) {
+        walk = std::move(next);
+        group = g;
       }
     }
-    double wait = 0, steps = 0, syncs = 0;
-    for (std::size_t c = 0; c < mine.size(); ++c) {
-      const auto k = static_cast<std::size_t>(mine[c]);
-      wait = std::max(wait, stage_sync[k] - after[c]);
-      syncs += stage_sync[k];
-      steps += stage_step[k];
-    }
-    // (One pipeline has no allreduces; a V's are charged whole.)
-    end = std::max(end, (looped && d > 1 ? wait : syncs) + steps);
   }
-  // With p microbatches per pipeline interleaved 1F1B runs every forward before any backward:
-  // the two phases are paced by their own slowest rank (as GPipe's).
-  if (looped && mp <= places) pace = std::max(pace, forward + backward);
-  double bubble = (way - pace) / v;
-  // zb-v's W's fill 3(p − 1) of interleaved 1F1B's bubble slots (Qi et al.).
-  if (!looped) bubble = std::max(0.0, bubble - 3 * (places - 1) * least_weight);
-  const double makespan = std::max(mp * pace + bubble, channels.makespan_s) + end;
+  hold(group);
+  // Each rank's end of the minibatch: looped, its last pass or the allreduce of one of its stages,
+  // which starts with the stage's last backward (as the runtime's buckets do), whichever ends
+  // later, then its steps; a V's allreduces are charged whole after the minibatch. zb-v's
+  // minibatch runs at the slowest rank's pace plus the fill and drain, which interleaving cuts to
+  // 1/v of a microbatch's way (Narayanan et al.: (p − 1) of v·p equal stages' times), and whose
+  // bubble slots its W's fill 3(p − 1) of (Qi et al.).
+  const double bubble = std::max(0.0, (way - pace) / v - 3 * (places - 1) * least_weight);
+  const double passes = looped ? 0.0 : std::max(mp * pace + bubble, channels.makespan_s);
+  double makespan = 0;
+  for (int r = 0; r < places; ++r) {
+    double end = looped ? walk->place_end_s[static_cast<std::size_t>(r)] : passes;
+    double steps = 0;
+    for (int k : stages_at[static_cast<std::size_t>(r)]) {
+      const auto sk = static_cast<std::size_t>(k);
+      if (looped)
+        end = std::max(end, walk->last_backward_s[sk] + stage_sync[sk]);
+      else
+        end += stage_sync[sk];
+      steps += stage_step[sk];
+    }
+    makespan = std::max(makespan, end + steps);
+  }
   for (int rank = 0; rank < w; ++rank)
     plan.predicted.peak_memory_bytes[static_cast<std::size_t>(rank)] =
         static_cast<std::int64_t>(memory[static_cast<std::size_t>(rank % places)]);
@@ -1374,14 +1378,41 @@ Plan partition_interleaved_pipes(const Profile& p, const StateGraph& g, const To
         }
       }
   }
-  {
-    Plan plan;
-    const double slowest = describe_interleaved(
-        plan, p, g, t, o, cuts, pipes, std::vector<bool>(static_cast<std::size_t>(stages), twice));
-    PIPELINE_CHECK(
-        std::abs(slowest - optimum) <= 1e-9 * optimum,
-        "internal: the slowest stage of the interleaved plan ({}) is not the optimum ({})", slowest,
-        optimum);
+  const std::vector<bool> recompute(static_cast<std::size_t>(stages), twice);
+  Plan plan;
+  const double slowest = describe_interleaved(plan, p, g, t, o, cuts, pipes, recompute);
+  PIPELINE_CHECK(std::abs(slowest - optimum) <= 1e-9 * optimum,
+                 "internal: the slowest stage of the interleaved plan ({}) is not the optimum ({})",
+                 slowest, optimum);
+  // What counts is the minibatch's time under the schedule, which describe_interleaved walks
+  // (looped): a rank whose stages differ widely in time waits on the others' long ones, which
+  // neither the slowest stage nor the ranks' sums show. So move single cut points, now past the
+  // optimum too, while that shortens the walked minibatch by more than rounding and the memory
+  // still fits (a plan that needs recomputation to fit is left as it is). The moves are timed in
+  // the plan's group of microbatches; the plan of the final cut takes the fastest group again.
+  if (pipes.shape.placement == StagePlacement::Looped && place_over_memory(plan, t, pipes) < 0) {
+    double time = plan.predicted.time_per_minibatch_s;
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int k = 1; k < stages; ++k)
+        for (int step : {-1, 1}) {
+          auto& c = cuts[static_cast<std::size_t>(k)];
+          const int was = c;
+          c = was + step;
+          if (c > cuts[static_cast<std::size_t>(k) - 1] &&
+              c < cuts[static_cast<std::size_t>(k) + 1] && cut_allowed(c)) {
+            Plan trial;
+            describe_interleaved(trial, p, g, t, o, cuts, pipes, recompute);
+            if (trial.predicted.time_per_minibatch_s < time * (1 - 1e-9) &&
+                place_over_memory(trial, t, pipes) < 0) {
+              time = trial.predicted.time_per_minibatch_s;
+              moved = true;
+              continue;
+            }
+          }
+          c = was;
+        }
+    }
   }
   return fit_interleaved(p, g, t, o, cuts, pipes);
 }

@@ -589,7 +589,18 @@ double probe_makespan(const ScheduleSpec& spec, const Schedule& schedule, bool p
   }
 }
 
-}  // namespace
+// A schedule timed on the plan's pipeline (`planned`, where the spec has its stage times and the
+// caller asks for them; else the balanced one's) and on the balanced one. Of schedules equally
+// fast on the first (as where a slow link, not the order, sets the pace), the one faster on the
+// second keeps its stages from waiting on each other when their times drift (a straggler).
+struct ProbeTime {
+  double planned = 0, balanced = 0;
+  bool finite() const { return std::isfinite(planned); }
+  bool operator<(const ProbeTime& o) const {
+    return planned < o.planned * (1 - 1e-9) ||
+           (planned <= o.planned * (1 + 1e-9) && balanced < o.balanced * (1 - 1e-9));
+  }
+};
 
 ProbeTime probe_time(const ScheduleSpec& spec, const Schedule& schedule, bool planned_costs) {
   ProbeTime t;
@@ -599,6 +610,8 @@ ProbeTime probe_time(const ScheduleSpec& spec, const Schedule& schedule, bool pl
                   : t.balanced;
   return t;
 }
+
+}  // namespace
 
 void lower_until_valid(const ScheduleSpec& spec, StashShape& shape, Schedule& sched) {
   const std::vector<int> stage_of = stages_of_ranks(spec);

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,43 +87,14 @@ Schedule interleaved_schedule(const ScheduleSpec& spec, const std::string& name,
   return sched;
 }
 
-// The schedule in the fastest group of microbatches up to the spec's where the spec carries the
-// plan's stage times and messages: a plan gives the group that its memory holds and that hides
-// the messages round the ranks by its estimate, but on a short minibatch or lopsided stages a
-// smaller group can finish sooner (its warm-up ends sooner); each multiple of p up to it is timed
-// on the plan's stages and links (detail::probe_time) and the fastest kept, the smaller of two as
-// fast. Without those times, the spec's group.
-Schedule interleaved_in_best_group(const ScheduleSpec& spec, const std::string& name,
-                                   bool split_backward) {
-  const std::size_t stages = spec.stage_ranks.size();
-  const bool costed = stages > 0 && spec.stage_seconds.size() == stages &&
-                      spec.input_message_seconds.size() == stages;
-  const int p = costed ? interleaved_shape(spec.stage_ranks).positions : 0;
-  if (!costed || spec.microbatch_group <= p)
-    return interleaved_schedule(spec, name, split_backward);
-  check_microbatch_group(spec.microbatch_group, p);
-  ScheduleSpec probe = spec;
-  probe.minibatches = 1;  // a flush: minibatches are alike
-  std::optional<std::pair<detail::ProbeTime, int>> best;
-  for (int group = p; group <= spec.microbatch_group; group += p) {
-    probe.microbatch_group = group;
-    const detail::ProbeTime t =
-        detail::probe_time(probe, interleaved_schedule(probe, name, split_backward), true);
-    if (!best || t < best->first) best = {t, group};
-  }
-  ScheduleSpec chosen = spec;
-  chosen.microbatch_group = best->second;
-  return interleaved_schedule(chosen, name, split_backward);
-}
-
 }  // namespace
 
 Schedule interleaved_one_f_one_b_schedule(const ScheduleSpec& spec) {
-  return interleaved_in_best_group(spec, "interleaved-1f1b", /*split_backward=*/false);
+  return interleaved_schedule(spec, "interleaved-1f1b", /*split_backward=*/false);
 }
 
 Schedule interleaved_zero_bubble_schedule(const ScheduleSpec& spec) {
-  return interleaved_in_best_group(spec, "interleaved-zb-h1", /*split_backward=*/true);
+  return interleaved_schedule(spec, "interleaved-zb-h1", /*split_backward=*/true);
 }
 
 }  // namespace pipeline

@@ -87,6 +87,28 @@ void check_microbatch_group(int group, int positions);
 std::vector<int> interleaved_peak_held(const InterleavedShape& shape, int place,
                                        const std::vector<double>& bytes, int group = 0);
 
+// A microbatch's times on each stage of a looped interleaved pipeline: its forward, its backward
+// and the transfer of its input into the stage (and of its input gradient back; stage 0's unused).
+struct InterleavedStageTimes {
+  std::vector<double> forward_s;
+  std::vector<double> backward_s;
+  std::vector<double> message_s;
+};
+
+// When one pipeline's passes of a minibatch end under interleaved 1F1B in `order` (looped: stage
+// k on place k mod p): each place runs its order, a pass starting once its rank is free and its
+// input (or gradient) has arrived; a message leaves when its pass ends and crosses its link after
+// the messages sent on it before (one link per place and direction, as the simulator has). The
+// planner times its plans with this walk, since with stages of unequal time (or slow links) the
+// ranks wait on each other in ways no per-rank sum shows.
+struct InterleavedWalk {
+  std::vector<double> place_end_s;  // per place, its last pass's end
+  std::vector<double>
+      last_backward_s;    // per stage, its last backward's end (its allreduce's start)
+  double makespan_s = 0;  // the latest of place_end_s
+};
+InterleavedWalk walk_interleaved(const InterleavedOrder& order, const InterleavedStageTimes& times);
+
 // The placement of an interleaved plan's stages (looped for a plan whose stages name no ranks,
 // which ScheduleSpec::from_plan lays out looped).
 StagePlacement placement_of(const Plan& plan);

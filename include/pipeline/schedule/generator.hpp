@@ -11,7 +11,6 @@
 #include <pipeline/plan/plan.hpp>
 #include <pipeline/schedule/schedule.hpp>
 
-#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -175,22 +174,6 @@ std::vector<int> replicated_flush_warmups(const ScheduleSpec& spec, bool split_b
 // 1F1B-flush / ZB-H1 with the given warm-up depth per stage, or PipeDream's depths when null.
 Schedule one_f_one_b_flush_with(const ScheduleSpec& spec, const std::vector<int>* warmups);
 Schedule zero_bubble_h1_with(const ScheduleSpec& spec, const std::vector<int>* warmups);
-// A schedule's makespan timed on the plan's pipeline (`planned`: each stage's time from the spec's
-// stage_seconds, a third forward and two thirds backward, and its input messages on the links as
-// the simulator charges them, where the spec has those times and the caller asks for them; else
-// the balanced pipeline's) and on the balanced pipeline (every stage taking the same time per
-// minibatch, free communication); infinity where it deadlocks. Of schedules equally fast on the
-// first (as where a slow link, not the order, sets the pace), the one faster on the second keeps
-// its stages from waiting on each other when their times drift (a straggler).
-struct ProbeTime {
-  double planned = 0, balanced = 0;
-  bool finite() const { return std::isfinite(planned); }
-  bool operator<(const ProbeTime& o) const {
-    return planned < o.planned * (1 - 1e-9) ||
-           (planned <= o.planned * (1 + 1e-9) && balanced < o.balanced * (1 - 1e-9));
-  }
-};
-ProbeTime probe_time(const ScheduleSpec& spec, const Schedule& schedule, bool planned_costs);
 // ConfigError when the spec deals microbatches other than round-robin: for the generators whose
 // schedule depends on it (stash, 2BW, interleaved).
 void require_round_robin(const ScheduleSpec& spec, const std::string& schedule);
