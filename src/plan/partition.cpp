@@ -989,15 +989,13 @@ InterleavedChannels interleaved_channels(const Plan& plan, const InterleavedPipe
 // schedule (a flush: one weight version; each pipeline takes 1/d of a minibatch's microbatches,
 // each rank runs all of its stages for each of them, and every stage allreduces its gradients and
 // steps once per minibatch; a rank holds what interleaved_peak_held says), the stages marked in
-// `recompute` recomputing, looped in groups of `only_group` microbatches where that is given and
-// its memory fits (else in the fastest group). `p` is the measured profile (no optimizer step in
-// its backward times: the step comes once per minibatch here) and `g` its chain. Returns the
+// `recompute` recomputing. `p` is the measured profile (no optimizer step in its backward times:
+// the step comes once per minibatch here) and `g` its chain. Returns the
 // slowest stage's max(compute + allreduce, transfer) per microbatch, and the plan in `plan`;
 // fit_interleaved() checks its memory.
 double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, const Topology& t,
                             const PartitionOptions& o, const std::vector<int>& cuts,
-                            const InterleavedPipes& pipes, const std::vector<bool>& recompute,
-                            int only_group = 0) {
+                            const InterleavedPipes& pipes, const std::vector<bool>& recompute) {
   const int w = t.workers(), places = pipes.positions, d = pipes.pipelines;
   const int stages = static_cast<int>(cuts.size()) - 1, m = pipes.microbatches;
   const std::vector<FinalStage> fs = stages_at_cuts(cuts, [&](int k) { return pipes.ranks_of(k); });
@@ -1115,16 +1113,9 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
       hold(g);
       return fits();
     };
-    const auto walked = [&](int g) {
-      return walk_interleaved(InterleavedOrder{places, o.virtual_stages, most, g}, times);
-    };
-    if (only_group > 0 && fits_group(only_group)) {
-      group = only_group;
-      walk = walked(group);
-    }
-    const bool search = !walk;
-    for (int g = places; search && g <= most && fits_group(g); g += places) {
-      InterleavedWalk next = walked(g);
+    for (int g = places; g <= most && fits_group(g); g += places) {
+      InterleavedWalk next =
+          walk_interleaved(InterleavedOrder{places, o.virtual_stages, most, g}, times);
       if (!walk || next.makespan_s < walk->makespan_s * 0.99) {
         walk = std::move(next);
         group = g;
@@ -1388,8 +1379,7 @@ Plan partition_interleaved_pipes(const Profile& p, const StateGraph& g, const To
   // (looped): a rank whose stages differ widely in time waits on the others' long ones, which
   // neither the slowest stage nor the ranks' sums show. So move single cut points, now past the
   // optimum too, while that shortens the walked minibatch by more than rounding and the memory
-  // still fits (a plan that needs recomputation to fit is left as it is). The moves are timed in
-  // the plan's group of microbatches; the plan of the final cut takes the fastest group again.
+  // still fits (a plan that needs recomputation to fit is left as it is).
   if (pipes.shape.placement == StagePlacement::Looped && place_over_memory(plan, t, pipes) < 0) {
     double time = plan.predicted.time_per_minibatch_s;
     for (bool moved = true; moved;) {
