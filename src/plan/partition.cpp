@@ -2,6 +2,7 @@
 
 #include <pipeline/core/error.hpp>
 #include <pipeline/core/log.hpp>
+#include <pipeline/plan/allreduce_buckets.hpp>
 #include <pipeline/plan/antichain.hpp>
 #include <pipeline/plan/topology_io.hpp>
 #include <pipeline/profile/profile_json.hpp>
@@ -851,6 +852,19 @@ double weight_gradient_s(const LayerProfile& l) {
   return l.backward_input_s > 0 || l.backward_weight_s > 0 ? l.backward_weight_s : l.backward_s / 2;
 }
 
+// How long the bucketed allreduce of layers [i, j) taking `sync_s` runs on after the closing
+// backward of `backward_s` it starts with (allreduce_buckets, the executor's buckets).
+double allreduce_after_closing_backward(const Profile& p, int i, int j, double sync_s,
+                                        double backward_s) {
+  std::vector<double> backwards, bytes;
+  for (int l = i; l < j; ++l) {
+    backwards.push_back(p.layers[static_cast<std::size_t>(l)].backward_s);
+    bytes.push_back(static_cast<double>(p.layers[static_cast<std::size_t>(l)].parameter_bytes));
+  }
+  return allreduce_after_backward_s(allreduce_buckets(backwards, bytes, kAllreduceBucketBytes),
+                                    sync_s, 0.0, backward_s);
+}
+
 // The optimizer step time of layers [i, j) under `optimizer` (none when empty).
 double step_s(const Profile& p, int i, int j, const std::string& optimizer) {
   double step = 0;
@@ -1124,8 +1138,8 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   }
   hold(group);
   // Each rank's end of the minibatch: looped, its last pass or the allreduce of one of its stages,
-  // which starts with the stage's last backward (as the runtime's buckets do), whichever ends
-  // later, then its steps; a V's allreduces are charged whole after the minibatch. zb-v's
+  // which runs with the stage's last backward (the runtime's buckets), whichever ends later, then
+  // its steps; a V's allreduces are charged whole after the minibatch. zb-v's
   // minibatch runs at the slowest rank's pace plus the fill and drain, which interleaving cuts to
   // 1/v of a microbatch's way (Narayanan et al.: (p − 1) of v·p equal stages' times), and whose
   // bubble slots its W's fill 3(p − 1) of (Qi et al.).
@@ -1137,10 +1151,13 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     double steps = 0;
     for (int k : stages_at[static_cast<std::size_t>(r)]) {
       const auto sk = static_cast<std::size_t>(k);
-      if (looped)
-        end = std::max(end, walk->last_backward_s[sk] + stage_sync[sk]);
-      else
+      const PlanStage& ps = plan.stages[sk];
+      if (!looped)
         end += stage_sync[sk];
+      else if (stage_sync[sk] > 0)
+        end = std::max(end, walk->last_backward_s[sk] +
+                                allreduce_after_closing_backward(
+                                    p, ps.begin, ps.end, stage_sync[sk], stage_backward[sk]));
       steps += stage_step[sk];
     }
     makespan = std::max(makespan, end + steps);
@@ -1607,10 +1624,11 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
   stashing.recompute = Recompute::None;
   Plan plan;
   describe(plan, g, t, stashing, fs, std::nullopt, false);
-  double way = 0, tail = 0, least_weight = kInf;  // a microbatch's way; the end of a minibatch
+  double way = 0, least_weight = kInf;            // a microbatch's way
   double forwards = 0, backwards = 0;             // the slowest stage's forward, and backward
   double longest_message = 0;                     // the slowest cut's message
   std::vector<double> compute, message;           // per stage: its compute, and its input's message
+  std::vector<double> backward, closing;          // per stage: its backward, and what follows it
   for (int k = 0; k < p; ++k) {
     PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
     const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
@@ -1635,8 +1653,19 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
                                           bandwidth(k * d, k * d + d - 1), 1.0)
                               : 0.0;
     ps.sync_s = sync / m;  // per microbatch, as time_per_minibatch_s
-    tail = std::max(tail, sync + step);
+    backward.push_back(c.compute_s - forward);
+    closing.push_back(
+        sync > 0 ? allreduce_after_closing_backward(measured, i, j, sync, backward.back()) : 0.0);
+    closing.back() += step;
     least_weight = std::min(least_weight, weight);
+  }
+  // The end of a minibatch: the last microbatch's backward goes down the stages (each has no other
+  // work left by then), and each stage's allreduce and step follow its part of it.
+  double tail = 0, after = 0;  // `after`: from stage k's last backward to stage 0's
+  for (int k = 0; k < p; ++k) {
+    const auto sk = static_cast<std::size_t>(k);
+    if (k > 0) after += backward[sk - 1] + message[sk];
+    tail = std::max(tail, closing[sk] - after);
   }
   // Over slow links: each stage starts enough microbatches before its first backward that every
   // loop to a later stage and back fits in them (stash_in_flights with transfers, at the slowest

@@ -1,6 +1,7 @@
 #include <pipeline/profile/pipedream_graph.hpp>
 
 #include <pipeline/core/error.hpp>
+#include <pipeline/core/text.hpp>
 #include <pipeline/profile/profile_json.hpp>
 
 #include <algorithm>
@@ -22,12 +23,6 @@ struct RawNode {
   std::vector<int> in, out;
   bool removed = false;
 };
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
-  return s;
-}
 
 std::vector<std::string_view> split(std::string_view s, std::string_view sep) {
   std::vector<std::string_view> parts;

@@ -2,6 +2,7 @@
 #include <pipeline/schedule/availability.hpp>
 
 #include <pipeline/core/error.hpp>
+#include <pipeline/core/text.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -15,14 +16,6 @@ namespace pipeline {
 namespace {
 
 constexpr double kForever = std::numeric_limits<double>::infinity();
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r'))
-    s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
-    s.remove_suffix(1);
-  return s;
-}
 
 template <typename T>
 bool parse_number(std::string_view v, T& out) {

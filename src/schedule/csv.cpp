@@ -1,6 +1,8 @@
 // CSV import and export of schedules.
 #include <pipeline/schedule/csv.hpp>
 
+#include <pipeline/core/text.hpp>
+
 #include "../core/output_file.hpp"
 
 #include <algorithm>
@@ -12,14 +14,6 @@
 
 namespace pipeline {
 namespace {
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r'))
-    s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
-    s.remove_suffix(1);
-  return s;
-}
 
 int parse_int_field(std::string_view v, std::string_view what, int line) {
   int out = 0;

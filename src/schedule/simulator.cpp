@@ -1,6 +1,7 @@
 // Timing a schedule on a profile, a plan and a topology.
 #include <pipeline/schedule/simulator.hpp>
 
+#include <pipeline/plan/allreduce_buckets.hpp>
 #include <pipeline/plan/cost_model.hpp>
 #include <pipeline/plan/partition.hpp>
 
@@ -182,34 +183,24 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   return t;
 }
 
-// The executor's gradient buckets of a replicated stage (ExecutorOptions::allreduce_bucket_bytes,
-// layers from the last one down), each with the fraction of the stage's backward after which it
-// is complete (from the profile's per-layer backward times; parameterless layers go with the
-// bucket below them, and a stage without backward time completes each bucket at its end) and its
-// share of the allreduce: that of its bytes, plus the latency term, which every bucket pays.
+// The executor's gradient buckets of a replicated stage (allreduce_buckets over the layers as run)
+// and their share of its allreduce: that of their bytes, plus the latency term, which every
+// bucket pays.
 void overlap_buckets(const Profile& profile, const std::vector<int>& owner, const PlanStage& ps,
                      detail::StageCosts& c, int r, const SimulateOptions& options) {
-  const std::vector<int> layers = stage_layers(ps);
   LayerProfile ended;
-  double total_s = 0, total_bytes = 0;
-  for (int l : layers) {
-    total_s += layer_as_run(profile, owner, l, ended).backward_s;
-    total_bytes += static_cast<double>(profile.layers[static_cast<std::size_t>(l)].parameter_bytes);
+  std::vector<double> backward_s, parameter_bytes;
+  for (int l : stage_layers(ps)) {
+    backward_s.push_back(layer_as_run(profile, owner, l, ended).backward_s);
+    parameter_bytes.push_back(
+        static_cast<double>(profile.layers[static_cast<std::size_t>(l)].parameter_bytes));
   }
   const double latency = 2.0 * (r - 1) * options.latency_s;
   const double bandwidth_part = c.allreduce_s - latency;
-  const double limit =
-      static_cast<double>(std::max<std::int64_t>(1, options.allreduce_bucket_bytes));
-  double done_s = 0, bytes = 0;
-  for (std::size_t i = layers.size(); i-- > 0;) {
-    const LayerProfile& lp = layer_as_run(profile, owner, layers[i], ended);
-    done_s += lp.backward_s;
-    bytes += static_cast<double>(lp.parameter_bytes);
-    if (bytes >= limit || i == 0) {
-      c.bucket_ready.push_back(total_s > 0 && i > 0 ? done_s / total_s : 1.0);
-      c.bucket_s.push_back((total_bytes > 0 ? bandwidth_part * bytes / total_bytes : 0) + latency);
-      bytes = 0;
-    }
+  for (const AllreduceBucket& b :
+       allreduce_buckets(backward_s, parameter_bytes, options.allreduce_bucket_bytes)) {
+    c.bucket_ready.push_back(b.ready);
+    c.bucket_s.push_back(bandwidth_part * b.share + latency);
   }
 }
 

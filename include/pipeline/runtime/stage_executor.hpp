@@ -77,6 +77,7 @@
 #include <pipeline/nn/loss.hpp>
 #include <pipeline/nn/sequential.hpp>
 #include <pipeline/optim/optimizer.hpp>
+#include <pipeline/plan/allreduce_buckets.hpp>
 #include <pipeline/plan/cost_model.hpp>
 #include <pipeline/plan/plan.hpp>
 #include <pipeline/runtime/microbatch_context.hpp>
@@ -150,7 +151,7 @@ struct ExecutorOptions {
   // of at least this many gradient bytes (the last bucket, the stage's first layers, may be
   // smaller). false: one allreduce of every gradient at the AR action (no overlap).
   bool overlap_allreduce = true;
-  std::int64_t allreduce_bucket_bytes = std::int64_t{4} << 20;
+  std::int64_t allreduce_bucket_bytes = kAllreduceBucketBytes;
   // Called after every forward and backward (B, I, W) with the action and the seconds it took;
   // what it does counts as part of the action (a test's slowed rank sleeps here,
   // examples/common/fault_injection.hpp). Empty: nothing.

@@ -53,6 +53,7 @@
 // window.
 #pragma once
 
+#include <pipeline/plan/allreduce_buckets.hpp>
 #include <pipeline/plan/device_profiles.hpp>
 #include <pipeline/plan/plan.hpp>
 #include <pipeline/plan/topology.hpp>
@@ -82,7 +83,7 @@ struct SimulateOptions {
   // every replica has arrived, as the partitioner's formula assumes (its plans' predictions are
   // for that model).
   bool overlap_allreduce = false;
-  std::int64_t allreduce_bucket_bytes = std::int64_t{4} << 20;
+  std::int64_t allreduce_bucket_bytes = kAllreduceBucketBytes;
   // CPU ranks: seconds of the rank's own core per byte of a peer's gradients that it receives and
   // adds (the copy out of the transport and the sum). Each replica spends (r − 1)·|w| times this
   // on every allreduce, time its compute cannot use: the AR ends no earlier than that long after
