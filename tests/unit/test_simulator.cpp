@@ -696,6 +696,19 @@ TEST_CASE(
   // Latency: every bucket pays the allreduce's 2(r-1) latencies: 2 + 0.2 ms each, from 6 ms.
   CHECK(period(true, 1'000'000, 1e-4) == doctest::Approx(14.8e-3).epsilon(1e-9));
   CHECK(period(false, 1'000'000, 1e-4) == doctest::Approx(20.2e-3).epsilon(1e-9));
+  // The same buckets as the partitioner times them: what the allreduce adds after the 8 ms
+  // backward, 2 ms in buckets of a layer, 4 ms of two, all of it in one.
+  const std::vector<double> backward(4, 2e-3), bytes(4, 1'000'000);
+  const auto after = [&](std::int64_t bucket_bytes, double latency = 0) {
+    return allreduce_after_backward_s(allreduce_buckets(backward, bytes, bucket_bytes), 8e-3,
+                                      latency, 8e-3);
+  };
+  CHECK(allreduce_buckets(backward, bytes, 1'000'000).size() == 4);
+  CHECK(after(1'000'000) == doctest::Approx(2e-3));
+  CHECK(after(2'000'000) == doctest::Approx(4e-3));
+  CHECK(after(std::int64_t{1} << 40) == doctest::Approx(8e-3));
+  CHECK(after(1'000'000, 2e-4) == doctest::Approx(2.8e-3));
+  CHECK(kAllreduceBucketBytes == SimulateOptions{}.allreduce_bucket_bytes);
 
   // 1F1B-stash on 2-1: the replicated stage's AR follows every backward; overlap hides all but
   // the last bucket's share, so the replicated stage's period drops from (T + 8 ms)/2 with 4
