@@ -1361,31 +1361,37 @@ Plan partition_interleaved_pipes(const Profile& p, const StateGraph& g, const To
     }
     return std::pair{worst, squares};
   };
-  const double slack = optimum * (1 + 1e-12);
-  auto current = rank_balance();
-  for (bool moved = true; moved;) {
-    moved = false;
-    for (int k = 1; k < stages; ++k)
-      for (int step : {-1, 1}) {
-        auto& c = cuts[static_cast<std::size_t>(k)];
-        const int was = c;
-        c = was + step;
-        bool ok = c > cuts[static_cast<std::size_t>(k) - 1] &&
-                  c < cuts[static_cast<std::size_t>(k) + 1] && cut_allowed(c) &&
-                  cost_of(k - 1) <= slack && cost_of(k) <= slack;
-        // Neighbours' transfers change with the cut too.
-        if (ok && k >= 2) ok = cost_of(k - 2) <= slack;
-        if (ok && k + 1 < stages) ok = cost_of(k + 1) <= slack;
-        const auto next = ok ? rank_balance() : current;
-        if (ok && (next.first < current.first * (1 - 1e-12) ||
-                   (next.first <= current.first && next.second < current.second * (1 - 1e-12)))) {
-          current = next;
-          moved = true;
-        } else {
+  // Moves single cut points by a layer while `keeps` (which sees the moved cut k) takes a move.
+  const auto move_cuts = [&](const auto& keeps) {
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int k = 1; k < stages; ++k)
+        for (int step : {-1, 1}) {
+          auto& c = cuts[static_cast<std::size_t>(k)];
+          const int was = c;
+          c = was + step;
+          if (c > cuts[static_cast<std::size_t>(k) - 1] &&
+              c < cuts[static_cast<std::size_t>(k) + 1] && cut_allowed(c) && keeps(k)) {
+            moved = true;
+            continue;
+          }
           c = was;
         }
-      }
-  }
+    }
+  };
+  const double slack = optimum * (1 + 1e-12);
+  auto current = rank_balance();
+  move_cuts([&](int k) {
+    // Every stage within the optimum: the neighbours' transfers change with the cut too.
+    for (int s = std::max(k - 2, 0); s <= std::min(k + 1, stages - 1); ++s)
+      if (cost_of(s) > slack) return false;
+    const auto next = rank_balance();
+    if (!(next.first < current.first * (1 - 1e-12) ||
+          (next.first <= current.first && next.second < current.second * (1 - 1e-12))))
+      return false;
+    current = next;
+    return true;
+  });
   const std::vector<bool> recompute(static_cast<std::size_t>(stages), twice);
   Plan plan;
   const double slowest = describe_interleaved(plan, p, g, t, o, cuts, pipes, recompute);
@@ -1399,27 +1405,15 @@ Plan partition_interleaved_pipes(const Profile& p, const StateGraph& g, const To
   // still fits (a plan that needs recomputation to fit is left as it is).
   if (pipes.shape.placement == StagePlacement::Looped && place_over_memory(plan, t, pipes) < 0) {
     double time = plan.predicted.time_per_minibatch_s;
-    for (bool moved = true; moved;) {
-      moved = false;
-      for (int k = 1; k < stages; ++k)
-        for (int step : {-1, 1}) {
-          auto& c = cuts[static_cast<std::size_t>(k)];
-          const int was = c;
-          c = was + step;
-          if (c > cuts[static_cast<std::size_t>(k) - 1] &&
-              c < cuts[static_cast<std::size_t>(k) + 1] && cut_allowed(c)) {
-            Plan trial;
-            describe_interleaved(trial, p, g, t, o, cuts, pipes, recompute);
-            if (trial.predicted.time_per_minibatch_s < time * (1 - 1e-9) &&
-                place_over_memory(trial, t, pipes) < 0) {
-              time = trial.predicted.time_per_minibatch_s;
-              moved = true;
-              continue;
-            }
-          }
-          c = was;
-        }
-    }
+    move_cuts([&](int) {
+      Plan trial;
+      describe_interleaved(trial, p, g, t, o, cuts, pipes, recompute);
+      if (trial.predicted.time_per_minibatch_s >= time * (1 - 1e-9) ||
+          place_over_memory(trial, t, pipes) >= 0)
+        return false;
+      time = trial.predicted.time_per_minibatch_s;
+      return true;
+    });
   }
   return fit_interleaved(p, g, t, o, cuts, pipes);
 }
