@@ -1004,9 +1004,9 @@ InterleavedChannels interleaved_channels(const Plan& plan, const InterleavedPipe
 // each rank runs all of its stages for each of them, and every stage allreduces its gradients and
 // steps once per minibatch; a rank holds what interleaved_peak_held says), the stages marked in
 // `recompute` recomputing. `p` is the measured profile (no optimizer step in its backward times:
-// the step comes once per minibatch here) and `g` its chain. Returns the
-// slowest stage's max(compute + allreduce, transfer) per microbatch, and the plan in `plan`;
-// fit_interleaved() checks its memory.
+// the step comes once per minibatch here) and `g` its chain. Returns the slowest stage's
+// max(compute + allreduce, transfer) per microbatch, and the plan in `plan`; fit_interleaved()
+// checks its memory.
 double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, const Topology& t,
                             const PartitionOptions& o, const std::vector<int>& cuts,
                             const InterleavedPipes& pipes, const std::vector<bool>& recompute) {
@@ -1139,10 +1139,10 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   hold(group);
   // Each rank's end of the minibatch: looped, its last pass or the allreduce of one of its stages,
   // which runs with the stage's last backward (the runtime's buckets), whichever ends later, then
-  // its steps; a V's allreduces are charged whole after the minibatch. zb-v's
-  // minibatch runs at the slowest rank's pace plus the fill and drain, which interleaving cuts to
-  // 1/v of a microbatch's way (Narayanan et al.: (p − 1) of v·p equal stages' times), and whose
-  // bubble slots its W's fill 3(p − 1) of (Qi et al.).
+  // its steps; a V's allreduces are charged whole after the minibatch. zb-v's minibatch runs at
+  // the slowest rank's pace plus the fill and drain, which interleaving cuts to 1/v of a
+  // microbatch's way (Narayanan et al.: (p − 1) of v·p equal stages' times), and whose bubble
+  // slots its W's fill 3(p − 1) of (Qi et al.).
   const double bubble = std::max(0.0, (way - pace) / v - 3 * (places - 1) * least_weight);
   const double passes = looped ? 0.0 : std::max(mp * pace + bubble, channels.makespan_s);
   double makespan = 0;

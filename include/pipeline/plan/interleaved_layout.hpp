@@ -102,10 +102,12 @@ struct InterleavedStageTimes {
 // planner times its plans with this walk, since with stages of unequal time (or slow links) the
 // ranks wait on each other in ways no per-rank sum shows.
 struct InterleavedWalk {
-  std::vector<double> place_end_s;  // per place, its last pass's end
-  std::vector<double>
-      last_backward_s;    // per stage, its last backward's end (its allreduce's start)
-  double makespan_s = 0;  // the latest of place_end_s
+  // Per place, its last pass's end.
+  std::vector<double> place_end_s;
+  // Per stage, its last backward's end (where its allreduce's buckets close).
+  std::vector<double> last_backward_s;
+  // The latest of place_end_s.
+  double makespan_s = 0;
 };
 InterleavedWalk walk_interleaved(const InterleavedOrder& order, const InterleavedStageTimes& times);
 
