@@ -134,12 +134,7 @@ const std::vector<std::vector<int>>& looped_held_candidates(int p, int v, int gr
       if (!backward && seen.insert(held).second) met.push_back(held);
     };
     std::fill(held.begin(), held.end(), 0);
-    const int total = m * v, warmup = order.warmup(place);
-    for (int k = 0; k < warmup; ++k) step(k, false);
-    for (int k = 0; k < total - warmup; ++k) {
-      step(warmup + k, false);
-      step(k, true);
-    }
+    order.for_each_pass(place, step);
   }
   const auto covers = [](const std::vector<int>& a, const std::vector<int>& b) {
     return std::equal(a.begin(), a.end(), b.begin(), std::greater_equal<>());
@@ -230,17 +225,10 @@ InterleavedWalk walk_interleaved(const InterleavedOrder& order,
   const auto per_place = 2 * static_cast<std::size_t>(total);
   passes.reserve(static_cast<std::size_t>(p) * per_place);
   for (int r = 0; r < p; ++r) {
-    const auto add = [&](int k, bool backward) {
+    order.for_each_pass(r, [&](int k, bool backward) {
       const InterleavedPair pair = order.pair(k, backward);
       passes.push_back({pair.chunk * p + r, pair.index, backward});
-    };
-    const int warmup = std::min(order.warmup(r), total);
-    for (int k = 0; k < warmup; ++k) add(k, false);
-    for (int k = 0; k < total - warmup; ++k) {
-      add(warmup + k, false);
-      add(k, true);
-    }
-    for (int k = total - warmup; k < total; ++k) add(k, true);
+    });
   }
   struct Place {
     std::size_t next = 0;

@@ -936,7 +936,8 @@ double split_held_bytes(double kept, double activation_bytes, bool recompute) {
 // The channels between the places of an interleaved plan, as the simulator times them: each cut
 // from place a to place b (into stage k) sends its activation on a's activation channel to b and
 // its gradient on b's gradient channel to a, each taking the stage's input_message_s, and the
-// looped placement sends every chunk's cut from place a to a + 1 over the same channels.
+// looped placement sends every chunk's cut from place a to a + 1 over the same channels. (zb-v's
+// figure takes these bounds; a looped plan's order is walked instead.)
 struct InterleavedChannels {
   // A microbatch's way through all stages and both messages of every cut.
   double way_s = 0;
@@ -1075,16 +1076,8 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     slowest = std::max(slowest, std::max(ps.compute_s + ps.sync_s, ps.transfer_s));
   }
   // A minibatch: each pipeline's ⌈m/d⌉ microbatches (looped, as the walk of its order times them;
-  // a V at the slowest rank's pace: its compute, or the load of the busiest channel where that
-  // takes longer), plus the slowest rank's allreduces and steps.
-  double pace = 0;
-  for (double c : compute) pace = std::max(pace, c);
+  // a V at the slowest rank's pace), plus the slowest rank's allreduces and steps.
   const int mp = pipes.per_pipeline();
-  const InterleavedChannels channels =
-      interleaved_channels(plan, pipes, stage_forward, stage_backward, mp);
-  pace = std::max(pace, channels.busiest_s);
-  const double way = channels.way_s;
-  const double v = o.virtual_stages;
   const bool looped = pipes.shape.placement == StagePlacement::Looped;
   // Each place's stages in forward order.
   std::vector<std::vector<int>> stages_at(static_cast<std::size_t>(places));
@@ -1137,14 +1130,23 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     }
   }
   hold(group);
+  // zb-v's passes of a minibatch: the slowest rank's pace (its compute, or the load of the busiest
+  // channel where that takes longer) plus the fill and drain, which interleaving cuts to 1/v of a
+  // microbatch's way (Narayanan et al.: (p − 1) of v·p equal stages' times), and whose bubble
+  // slots its W's fill 3(p − 1) of (Qi et al.); at least what the channels allow.
+  double passes = 0;
+  if (!looped) {
+    const InterleavedChannels channels =
+        interleaved_channels(plan, pipes, stage_forward, stage_backward, mp);
+    double pace = channels.busiest_s;
+    for (double c : compute) pace = std::max(pace, c);
+    const double bubble =
+        std::max(0.0, (channels.way_s - pace) / o.virtual_stages - 3 * (places - 1) * least_weight);
+    passes = std::max(mp * pace + bubble, channels.makespan_s);
+  }
   // Each rank's end of the minibatch: looped, its last pass or the allreduce of one of its stages,
   // which runs with the stage's last backward (the runtime's buckets), whichever ends later, then
-  // its steps; a V's allreduces are charged whole after the minibatch. zb-v's minibatch runs at
-  // the slowest rank's pace plus the fill and drain, which interleaving cuts to 1/v of a
-  // microbatch's way (Narayanan et al.: (p − 1) of v·p equal stages' times), and whose bubble
-  // slots its W's fill 3(p − 1) of (Qi et al.).
-  const double bubble = std::max(0.0, (way - pace) / v - 3 * (places - 1) * least_weight);
-  const double passes = looped ? 0.0 : std::max(mp * pace + bubble, channels.makespan_s);
+  // its steps; a V's passes, then its allreduces whole, then its steps.
   double makespan = 0;
   for (int r = 0; r < places; ++r) {
     double end = looped ? walk->place_end_s[static_cast<std::size_t>(r)] : passes;

@@ -39,10 +39,9 @@ Schedule interleaved_schedule(const ScheduleSpec& spec, const std::string& name,
       // Room for the communication too, which insert_communication adds in place.
       out.reserve(static_cast<std::size_t>(spec.minibatches) *
                   static_cast<std::size_t>(7 * total + 2 * v));
-      const int warmup = order.warmup(r);
       // Zero bubble: rank r runs short of rank 0's warm-up by this many forwards, and holds as
       // many W's back, which then fill its cool-down while the I's race up the pipeline.
-      const int lag = order.warmup(0) - warmup;
+      const int lag = order.warmup(0) - order.warmup(r);
       for (int j = 0; j < spec.minibatches; ++j) {
         // This pipeline's microbatches of the minibatch (round-robin: pipe, pipe + r, ...).
         const std::vector<int> mbs =
@@ -71,12 +70,7 @@ Schedule interleaved_schedule(const ScheduleSpec& spec, const std::string& name,
             pending.pop_front();
           }
         };
-        for (int k = 0; k < warmup; ++k) fwd(k);
-        for (int k = 0; k < total - warmup; ++k) {
-          fwd(warmup + k);
-          bwd(k);
-        }
-        for (int k = total - warmup; k < total; ++k) bwd(k);
+        order.for_each_pass(r, [&](int k, bool backward) { backward ? bwd(k) : fwd(k); });
         for (auto [s, u] : pending) out.push_back({ActionKind::BackwardWeight, s, u, -1});
         if (replicas > 1)
           for (int c = 0; c < v; ++c) out.push_back({ActionKind::AllReduce, c * p + r, j, -1});

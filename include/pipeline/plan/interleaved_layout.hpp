@@ -67,6 +67,17 @@ struct InterleavedOrder {
 
   InterleavedPair pair(int k, bool backward) const;
   int warmup(int place) const;
+  // Calls visit(k, backward) for the place's passes in order: its k-th forward or backward.
+  template <class Visit>
+  void for_each_pass(int place, Visit&& visit) const {
+    const int total = microbatches * stages_per_rank, first = warmup(place);
+    for (int k = 0; k < first; ++k) visit(k, false);
+    for (int k = 0; k < total - first; ++k) {
+      visit(first + k, false);
+      visit(k, true);
+    }
+    for (int k = total - first; k < total; ++k) visit(k, true);
+  }
   // The group size in effect: `group`, or p, at most m.
   int group_size() const;
 };
