@@ -166,17 +166,11 @@ void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim
         "pipeline-simulate --trace shows where\n");
   else if (ratio < 0.9 && plan.interleaved())
     fmt::print(
-        "note: the schedule falls short of the partitioner's figure: {}; pipeline-simulate "
-        "--trace shows where\n",
-        pipeline::placement_of(plan) == pipeline::StagePlacement::V
-            ? "zb-v sends each microbatch down a pipeline's ranks and back up, and where the "
-              "messages between stages are slow against their compute a microbatch's round "
-              "trip is not hidden (the partitioner charges each link's load and the fill "
-              "and drain, not this wait); fewer virtual stages or faster links close it"
-            : "the partitioner times interleaved 1F1B's order from each stage's passes and "
-              "messages and each allreduce from its stage's last backward, and the "
-              "simulator charges more here (the allreduces' share of the cores, or the "
-              "device profiles' times)");
+        "note: the schedule falls short of the partitioner's figure: the partitioner times {}'s "
+        "order from each stage's passes and messages and each allreduce from its stage's last "
+        "backward, and the simulator charges more here (the allreduces' share of the cores, or "
+        "the device profiles' times); pipeline-simulate --trace shows where\n",
+        plan.schedule);
 }
 
 // Where the partitioner's interleaved plan is predicted slower than its 1F1B-flush plan for the

@@ -5,6 +5,7 @@
 #include <pipeline/plan/allreduce_buckets.hpp>
 #include <pipeline/plan/antichain.hpp>
 #include <pipeline/plan/topology_io.hpp>
+#include <pipeline/plan/zb_v_order.hpp>
 #include <pipeline/profile/profile_json.hpp>
 
 #include <algorithm>
@@ -852,6 +853,28 @@ double weight_gradient_s(const LayerProfile& l) {
   return l.backward_input_s > 0 || l.backward_weight_s > 0 ? l.backward_weight_s : l.backward_s / 2;
 }
 
+// A stage's backward over layers [i, j) split into its input- and weight-gradient halves, as the
+// simulator runs them: the profile's split times where every layer with a backward has them,
+// halves of the whole backward otherwise.
+struct SplitBackward {
+  double input_s = 0, weight_s = 0;
+};
+SplitBackward split_backward_s(const Profile& p, int i, int j) {
+  SplitBackward split;
+  double whole = 0;
+  bool measured = true;
+  for (int l = i; l < j; ++l) {
+    const LayerProfile& layer = p.layers[static_cast<std::size_t>(l)];
+    split.input_s += layer.backward_input_s;
+    split.weight_s += layer.backward_weight_s;
+    whole += layer.backward_s;
+    measured = measured &&
+               (layer.backward_input_s > 0 || layer.backward_weight_s > 0 || layer.backward_s == 0);
+  }
+  if (!measured || split.input_s + split.weight_s <= 0) split.input_s = split.weight_s = whole / 2;
+  return split;
+}
+
 // How long the bucketed allreduce of layers [i, j) taking `sync_s` runs on after the closing
 // backward of `backward_s` it starts with (allreduce_buckets, the executor's buckets).
 double allreduce_after_closing_backward(const Profile& p, int i, int j, double sync_s,
@@ -933,72 +956,6 @@ double split_held_bytes(double kept, double activation_bytes, bool recompute) {
   return kept + (recompute ? activation_bytes : 0.0);
 }
 
-// The channels between the places of an interleaved plan, as the simulator times them: each cut
-// from place a to place b (into stage k) sends its activation on a's activation channel to b and
-// its gradient on b's gradient channel to a, each taking the stage's input_message_s, and the
-// looped placement sends every chunk's cut from place a to a + 1 over the same channels. (zb-v's
-// figure takes these bounds; a looped plan's order is walked instead.)
-struct InterleavedChannels {
-  // A microbatch's way through all stages and both messages of every cut.
-  double way_s = 0;
-  // Seconds per microbatch of a pipeline on the busiest channel.
-  double busiest_s = 0;
-  // The least makespan the channels allow for `per_pipeline` microbatches: on each channel, the
-  // first microbatch's way to its first message, every microbatch's messages one after another,
-  // and the last microbatch's way on from its last message (a slow link's fill and drain: its
-  // gradients wait for the first microbatch's whole forward way).
-  double makespan_s = 0;
-};
-InterleavedChannels interleaved_channels(const Plan& plan, const InterleavedPipes& pipes,
-                                         const std::vector<double>& forward_s,
-                                         const std::vector<double>& backward_s, int per_pipeline) {
-  const int stages = plan.num_stages();
-  const auto message = [&](int k) {
-    return plan.stages[static_cast<std::size_t>(k)].input_message_s;
-  };
-  // arrive[k]: when stage k's input arrives on the first microbatch's way; depart[k]: when its
-  // input gradient leaves, after the whole forward way and the backwards down to stage k.
-  std::vector<double> arrive(static_cast<std::size_t>(stages), 0.0), depart = arrive;
-  double t = 0;
-  for (int k = 0; k < stages; ++k) {
-    if (k > 0) t += message(k);
-    arrive[static_cast<std::size_t>(k)] = t;
-    t += forward_s[static_cast<std::size_t>(k)];
-  }
-  for (int k = stages - 1; k >= 0; --k) {
-    t += backward_s[static_cast<std::size_t>(k)];
-    depart[static_cast<std::size_t>(k)] = t;
-    if (k > 0) t += message(k);
-  }
-  const double way = t;
-  InterleavedChannels out;
-  out.way_s = way;
-  struct Channel {
-    double load = 0;
-    int low = -1, high = -1;  // the stages whose inputs it carries, lowest and highest
-  };
-  std::map<std::pair<int, int>, Channel> channels;  // (from, to) place of the activations
-  for (int k = 1; k < stages; ++k) {
-    const int a = pipes.place_of(k - 1), b = pipes.place_of(k);
-    if (a == b || message(k) <= 0) continue;
-    Channel& c = channels[{a, b}];
-    c.load += message(k);
-    if (c.low < 0) c.low = k;
-    c.high = k;
-  }
-  for (const auto& [pair, c] : channels) {
-    const auto at = [](const std::vector<double>& v, int k) {
-      return v[static_cast<std::size_t>(k)];
-    };
-    const double load = per_pipeline * c.load;
-    const double activations = at(arrive, c.low) - message(c.low) + load + way - at(arrive, c.high);
-    const double gradients = at(depart, c.high) + load + way - at(depart, c.low) - message(c.low);
-    out.busiest_s = std::max(out.busiest_s, c.load);
-    out.makespan_s = std::max(out.makespan_s, std::max(activations, gradients));
-  }
-  return out;
-}
-
 // The interleaved plan whose stage k is the layer range [cuts[k], cuts[k + 1]) on the ranks of
 // its place in each pipeline: describe()'s per-stage breakdown, with the memory and time of its
 // schedule (a flush: one weight version; each pipeline takes 1/d of a minibatch's microbatches,
@@ -1007,10 +964,12 @@ InterleavedChannels interleaved_channels(const Plan& plan, const InterleavedPipe
 // `recompute` recomputing. `p` is the measured profile (no optimizer step in its backward times:
 // the step comes once per minibatch here) and `g` its chain. Returns the slowest stage's
 // max(compute + allreduce, transfer) per microbatch, and the plan in `plan`; fit_interleaved()
-// checks its memory.
+// checks its memory. A V's order is the one in `v_order` where that holds passes; otherwise it is
+// built from the plan, as the generator builds it, and left in `v_order` (where given).
 double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, const Topology& t,
                             const PartitionOptions& o, const std::vector<int>& cuts,
-                            const InterleavedPipes& pipes, const std::vector<bool>& recompute) {
+                            const InterleavedPipes& pipes, const std::vector<bool>& recompute,
+                            VOrder* v_order = nullptr) {
   const int w = t.workers(), places = pipes.positions, d = pipes.pipelines;
   const int stages = static_cast<int>(cuts.size()) - 1, m = pipes.microbatches;
   const std::vector<FinalStage> fs = stages_at_cuts(cuts, [&](int k) { return pipes.ranks_of(k); });
@@ -1018,11 +977,9 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   PartitionOptions stashing = o;  // recomputation is per stage here, as `recompute` says
   stashing.recompute = Recompute::None;
   describe(plan, g, t, stashing, fs, std::nullopt, false);
-  // Per rank: its stages' compute per microbatch of a pipeline, and their memory.
-  std::vector<double> compute(static_cast<std::size_t>(places), 0.0), memory = compute;
+  std::vector<double> memory(static_cast<std::size_t>(places), 0.0);  // per rank
   std::vector<double> stage_forward, stage_backward;  // per stage, a microbatch's passes
   std::vector<double> stage_sync, stage_step;         // per stage, once per minibatch
-  double least_weight = kInf;  // the least weight-gradient time of a stage (zb-v's W)
   const auto at = [](const std::vector<double>& v, int i) {
     return i < 0 ? 0.0 : v[static_cast<std::size_t>(i)];
   };
@@ -1063,20 +1020,15 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
         whole + (split
                      ? split_held_bytes(split_costs.kept_bytes(ps.begin, ps.end), act, ps.recompute)
                      : 0.0);
-    const auto r = static_cast<std::size_t>(pipes.place_of(k));
-    compute[r] += ps.compute_s * d;  // describe() gave each pipeline's share of a microbatch
     stage_sync.push_back(sync);
     stage_step.push_back(step);
     stage_forward.push_back(g.stage_forward_s(f.s, f.e));
+    // (describe() gave each pipeline's share of a microbatch's compute.)
     stage_backward.push_back(ps.compute_s * d - stage_forward.back());
-    double weight = 0;
-    for (int l = ps.begin; l < ps.end; ++l)
-      weight += weight_gradient_s(p.layers[static_cast<std::size_t>(l)]);
-    least_weight = std::min(least_weight, weight);
     slowest = std::max(slowest, std::max(ps.compute_s + ps.sync_s, ps.transfer_s));
   }
-  // A minibatch: each pipeline's ⌈m/d⌉ microbatches (looped, as the walk of its order times them;
-  // a V at the slowest rank's pace), plus the slowest rank's allreduces and steps.
+  // A minibatch: each pipeline's ⌈m/d⌉ microbatches, as the walk of its schedule's order times
+  // them, plus the slowest rank's allreduces and steps.
   const int mp = pipes.per_pipeline();
   const bool looped = pipes.shape.placement == StagePlacement::Looped;
   // Each place's stages in forward order.
@@ -1104,13 +1056,15 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     return !t.memory_bytes_per_worker ||
            *std::max_element(memory.begin(), memory.end()) <= *t.memory_bytes_per_worker;
   };
+  // Per place, when its last pass ends, and per stage, when its last backward (a V's: its last W)
+  // ends and how long that pass takes: the closing pass the runtime's buckets start with.
+  std::vector<double> place_end, closing_end(static_cast<std::size_t>(stages)), closing_s;
   // Interleaved 1F1B in groups of p keeps a group on a microbatch's way round the ranks, which
   // with free messages and equal stages takes p paces. Slow links and unequal stages make the ranks
   // wait, and larger groups (a multiple of p) give each more work to hide that, as far as the
   // memory allows: looped, the group whose order walks fastest (a larger one where it is at least
   // 1% faster); the walk's time is the minibatch's.
   int group = places;
-  std::optional<InterleavedWalk> walk;
   if (looped) {
     InterleavedStageTimes times{stage_forward, stage_backward, {}};
     for (const PlanStage& ps : plan.stages) times.message_s.push_back(ps.input_message_s);
@@ -1120,6 +1074,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
       hold(g);
       return fits();
     };
+    std::optional<InterleavedWalk> walk;
     for (int g = places; g <= most && fits_group(g); g += places) {
       InterleavedWalk next =
           walk_interleaved(InterleavedOrder{places, o.virtual_stages, most, g}, times);
@@ -1128,38 +1083,49 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
         group = g;
       }
     }
+    place_end = std::move(walk->place_end_s);
+    closing_end = std::move(walk->last_backward_s);
+    closing_s = stage_backward;
+  } else {
+    // zb-v's order, built as the generator builds it from the plan (thirds of each stage's time
+    // per microbatch, its messages), walked on the stages' F, I and W as the simulator runs them.
+    std::vector<double> seconds, messages;
+    VStageTimes times;
+    for (int k = 0; k < stages; ++k) {
+      const PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
+      seconds.push_back(ps.compute_s * d);
+      messages.push_back(ps.input_message_s);
+      const SplitBackward split = split_backward_s(p, ps.begin, ps.end);
+      const double forward = stage_forward[static_cast<std::size_t>(k)];
+      times.forward_s.push_back(forward);
+      times.input_s.push_back(split.input_s + (ps.recompute ? forward : 0.0));
+      times.weight_s.push_back(split.weight_s);
+    }
+    times.message_s = messages;
+    VOrder built;
+    if (!v_order || v_order->empty())
+      built = zero_bubble_v_order(places, mp, v_times_in_thirds(places, seconds, messages));
+    if (v_order && v_order->empty()) *v_order = std::move(built);
+    const VWalk walk = walk_v(v_order ? *v_order : built, mp, times);
+    place_end = walk.place_end_s;
+    closing_end = walk.last_weight_s;
+    closing_s = times.weight_s;
   }
   hold(group);
-  // zb-v's passes of a minibatch: the slowest rank's pace (its compute, or the load of the busiest
-  // channel where that takes longer) plus the fill and drain, which interleaving cuts to 1/v of a
-  // microbatch's way (Narayanan et al.: (p − 1) of v·p equal stages' times), and whose bubble
-  // slots its W's fill 3(p − 1) of (Qi et al.); at least what the channels allow.
-  double passes = 0;
-  if (!looped) {
-    const InterleavedChannels channels =
-        interleaved_channels(plan, pipes, stage_forward, stage_backward, mp);
-    double pace = channels.busiest_s;
-    for (double c : compute) pace = std::max(pace, c);
-    const double bubble =
-        std::max(0.0, (channels.way_s - pace) / o.virtual_stages - 3 * (places - 1) * least_weight);
-    passes = std::max(mp * pace + bubble, channels.makespan_s);
-  }
-  // Each rank's end of the minibatch: looped, its last pass or the allreduce of one of its stages,
-  // which runs with the stage's last backward (the runtime's buckets), whichever ends later, then
-  // its steps; a V's passes, then its allreduces whole, then its steps.
+  // Each rank's end of the minibatch: its last pass or the allreduce of one of its stages, which
+  // runs with the stage's closing pass (the runtime's buckets), whichever ends later, then its
+  // steps.
   double makespan = 0;
   for (int r = 0; r < places; ++r) {
-    double end = looped ? walk->place_end_s[static_cast<std::size_t>(r)] : passes;
+    double end = place_end[static_cast<std::size_t>(r)];
     double steps = 0;
     for (int k : stages_at[static_cast<std::size_t>(r)]) {
       const auto sk = static_cast<std::size_t>(k);
       const PlanStage& ps = plan.stages[sk];
-      if (!looped)
-        end += stage_sync[sk];
-      else if (stage_sync[sk] > 0)
-        end = std::max(end, walk->last_backward_s[sk] +
-                                allreduce_after_closing_backward(
-                                    p, ps.begin, ps.end, stage_sync[sk], stage_backward[sk]));
+      if (stage_sync[sk] > 0)
+        end = std::max(
+            end, closing_end[sk] + allreduce_after_closing_backward(p, ps.begin, ps.end,
+                                                                    stage_sync[sk], closing_s[sk]));
       steps += stage_step[sk];
     }
     makespan = std::max(makespan, end + steps);
@@ -1400,22 +1366,41 @@ Plan partition_interleaved_pipes(const Profile& p, const StateGraph& g, const To
   PIPELINE_CHECK(std::abs(slowest - optimum) <= 1e-9 * optimum,
                  "internal: the slowest stage of the interleaved plan ({}) is not the optimum ({})",
                  slowest, optimum);
-  // What counts is the minibatch's time under the schedule, which describe_interleaved walks
-  // (looped): a rank whose stages differ widely in time waits on the others' long ones, which
-  // neither the slowest stage nor the ranks' sums show. So move single cut points, now past the
-  // optimum too, while that shortens the walked minibatch by more than rounding and the memory
-  // still fits (a plan that needs recomputation to fit is left as it is).
-  if (pipes.shape.placement == StagePlacement::Looped && place_over_memory(plan, t, pipes) < 0) {
-    double time = plan.predicted.time_per_minibatch_s;
-    move_cuts([&](int) {
-      Plan trial;
-      describe_interleaved(trial, p, g, t, o, cuts, pipes, recompute);
-      if (trial.predicted.time_per_minibatch_s >= time * (1 - 1e-9) ||
-          place_over_memory(trial, t, pipes) >= 0)
-        return false;
-      time = trial.predicted.time_per_minibatch_s;
-      return true;
-    });
+  // What counts is the minibatch's time under the schedule, which describe_interleaved walks: a
+  // rank whose stages differ widely in time waits on the others' long ones, which neither the
+  // slowest stage nor the ranks' sums show. So move single cut points, now past the optimum too,
+  // while that shortens the walked minibatch by more than rounding and the memory still fits (a
+  // plan that needs recomputation to fit is left as it is). A V's order follows the stage times
+  // and takes far longer to build than to walk, so a round of moves walks the order of the cuts
+  // it starts from; the next round rebuilds it, and moves whose own order walks slower than the
+  // best cuts so far are undone.
+  if (place_over_memory(plan, t, pipes) < 0) {
+    double best = plan.predicted.time_per_minibatch_s;
+    std::vector<int> best_cuts = cuts;
+    for (bool moved = true; moved;) {
+      VOrder order;  // (a V's, built by the first describe for the cuts as they stand)
+      Plan now;
+      describe_interleaved(now, p, g, t, o, cuts, pipes, recompute, &order);
+      double time = now.predicted.time_per_minibatch_s;
+      if (time < best * (1 - 1e-9)) {
+        best = time;
+        best_cuts = cuts;
+      } else if (cuts != best_cuts) {
+        cuts = best_cuts;
+        break;
+      }
+      moved = false;
+      move_cuts([&](int) {
+        Plan trial;
+        describe_interleaved(trial, p, g, t, o, cuts, pipes, recompute, &order);
+        if (trial.predicted.time_per_minibatch_s >= time * (1 - 1e-9) ||
+            place_over_memory(trial, t, pipes) >= 0)
+          return false;
+        time = trial.predicted.time_per_minibatch_s;
+        moved = true;
+        return true;
+      });
+    }
   }
   return fit_interleaved(p, g, t, o, cuts, pipes);
 }

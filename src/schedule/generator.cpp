@@ -78,6 +78,7 @@ ScheduleSpec ScheduleSpec::from_plan(const Plan& plan, int microbatches, int min
                       "ranks per pipeline",
                       v, plan.num_stages(), shape.positions);
     s.stage_seconds = plan.stage_seconds();
+    for (auto& st : plan.stages) s.input_message_seconds.push_back(st.input_message_s);
     s.microbatch_group = plan.microbatch_group;
     return s;
   }

@@ -41,7 +41,7 @@ struct ScheduleHints {
   std::vector<double> stage_seconds;
   // Per stage, the seconds one input activation (or its gradient) takes on the link from the
   // stage before at its whole bandwidth (PlanStage::input_message_s); the stash shape search
-  // charges them as the simulator does. Empty: free links.
+  // charges them as the simulator does, and zb-v orders by them. Empty: free links.
   std::vector<double> input_message_seconds;
   // Interleaved 1F1B (and interleaved-zb-h1): microbatches per group (a multiple of the ranks of
   // a pipeline, InterleavedOrder; Plan::microbatch_group); 0: one per rank.

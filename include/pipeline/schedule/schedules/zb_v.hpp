@@ -4,24 +4,20 @@
 // and rank 0 holds both the input and the loss stage (interleaved_layout.hpp, StagePlacement::V).
 // Every backward is split into I (the input gradient) and W (the weight gradient).
 //
-// The order is built by list scheduling, in event order on the stages' times
-// (ScheduleSpec::stage_seconds: a third each for F, I and W; unit times without them): the rank
-// that can start an action first runs one, an I that is ready (oldest microbatch first, its
-// later stage first), else a forward that is ready (its later stage first), else its oldest
-// pending W. With the plan's stage times the order follows uneven stages; the orders built on
-// unit times compete with it, each judged by two minibatches run on those times, so it is never
-// slower there than the unit-time order. Every rank derives the same order from the same plan.
-// A rank holds at most 2p stage activations (an F's until its W): 1F1B's peak on its first rank,
-// as two half-size stages per microbatch, on every rank alike; a forward of the rank's first
-// stage also keeps room for microbatches whose second forward is still to come (a few amounts of
-// room are tried, the shortest order kept). With equal stage times a rank idles about p − 1 ticks
-// per minibatch, while the first microbatch goes down the V (at most 2 more; less where other
-// ranks' trailing W's overlap rank 0's next forwards, 1.5 at p = 3), for any microbatch count: a
-// bubble of about (p − 1) / (6m + p − 1). Rank 0 both starts and ends each minibatch's critical
-// path, so consecutive minibatches overlap far less than under looped interleaving: with a
-// microbatch per rank (m = p) its bubble is half of interleaved-zb-h1's, at m ≥ 2p up to twice
-// it (which then holds up to 1.5× the activations on its later ranks, while ZB-V's are even).
-// The transfer between stage p − 1 and p stays on one rank.
+// The order (plan/zb_v_order.hpp) is built by list scheduling on the stages' times
+// (ScheduleSpec::stage_seconds: a third each for F, I and W; unit times without them) and
+// messages (ScheduleSpec::input_message_seconds), so that it follows uneven stages and slow links;
+// every rank derives the same order from the same plan, and the partitioner times the plan by
+// walking the same order. A rank holds at most 2p stage activations (an F's until its W): 1F1B's
+// peak on its first rank, as two half-size stages per microbatch, on every rank alike. With equal
+// stage times and free messages a rank idles about p − 1 ticks per minibatch, while the first
+// microbatch goes down the V (at most 2 more; less where other ranks' trailing W's overlap rank
+// 0's next forwards, 1.5 at p = 3), for any microbatch count: a bubble of about
+// (p − 1) / (6m + p − 1). Rank 0 both starts and ends each minibatch's critical path, so
+// consecutive minibatches overlap far less than under looped interleaving: with a microbatch per
+// rank (m = p) its bubble is half of interleaved-zb-h1's, at m ≥ 2p up to twice it (which then
+// holds up to 1.5× the activations on its later ranks, while ZB-V's are even). The transfer
+// between stage p − 1 and p stays on one rank.
 //
 // Flush semantics as the other zero-bubble schedules: per minibatch every W runs before the
 // rank's allreduces (replicated stages: r V-pipelines of p ranks, microbatches dealt round-robin,
@@ -29,6 +25,7 @@
 // Any microbatch count works.
 #pragma once
 
+#include <pipeline/plan/zb_v_order.hpp>
 #include <pipeline/schedule/generator.hpp>
 
 #include <vector>
@@ -37,11 +34,8 @@ namespace pipeline {
 
 Schedule zero_bubble_v_schedule(const ScheduleSpec& spec);
 
-namespace detail {
-// The compute order (F, I, W actions; microbatches 0..m−1) of one minibatch of a V pipeline of p
-// ranks, per rank, as zero_bubble_v_schedule runs it; `seconds`: per stage (2p), or empty.
-std::vector<std::vector<Action>> zero_bubble_v_order(int p, int m,
-                                                     const std::vector<double>& seconds = {});
-}  // namespace detail
+// The times zero_bubble_v_schedule builds its order on: thirds of a replica's stage_seconds,
+// with the spec's messages.
+VStageTimes zero_bubble_v_times(const ScheduleSpec& spec);
 
 }  // namespace pipeline
