@@ -956,6 +956,14 @@ double split_held_bytes(double kept, double activation_bytes, bool recompute) {
   return kept + (recompute ? activation_bytes : 0.0);
 }
 
+// The order an interleaved plan's schedule runs, as describe_interleaved() chose it for the plan:
+// looped, interleaved 1F1B's group of microbatches; a V, zb-v's order.
+struct InterleavedChoice {
+  int group = 0;
+  VOrder v_order;
+  bool empty() const { return group == 0 && v_order.empty(); }
+};
+
 // The interleaved plan whose stage k is the layer range [cuts[k], cuts[k + 1]) on the ranks of
 // its place in each pipeline: describe()'s per-stage breakdown, with the memory and time of its
 // schedule (a flush: one weight version; each pipeline takes 1/d of a minibatch's microbatches,
@@ -964,12 +972,12 @@ double split_held_bytes(double kept, double activation_bytes, bool recompute) {
 // `recompute` recomputing. `p` is the measured profile (no optimizer step in its backward times:
 // the step comes once per minibatch here) and `g` its chain. Returns the slowest stage's
 // max(compute + allreduce, transfer) per microbatch, and the plan in `plan`; fit_interleaved()
-// checks its memory. A V's order is the one in `v_order` where that holds passes; otherwise it is
-// built from the plan, as the generator builds it, and left in `v_order` (where given).
+// checks its memory. Where `order` is given, the order it holds is walked as it is; an empty one
+// gets the order chosen for the plan.
 double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, const Topology& t,
                             const PartitionOptions& o, const std::vector<int>& cuts,
                             const InterleavedPipes& pipes, const std::vector<bool>& recompute,
-                            VOrder* v_order = nullptr) {
+                            InterleavedChoice* order = nullptr) {
   const int w = t.workers(), places = pipes.positions, d = pipes.pipelines;
   const int stages = static_cast<int>(cuts.size()) - 1, m = pipes.microbatches;
   const std::vector<FinalStage> fs = stages_at_cuts(cuts, [&](int k) { return pipes.ranks_of(k); });
@@ -1064,7 +1072,8 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   // wait, and larger groups (a multiple of p) give each more work to hide that, as far as the
   // memory allows: looped, the group whose order walks fastest (a larger one where it is at least
   // 1% faster); the walk's time is the minibatch's.
-  int group = places;
+  const bool given = order && !order->empty();
+  int group = given && looped ? order->group : places;
   if (looped) {
     InterleavedStageTimes times{stage_forward, stage_backward, {}};
     for (const PlanStage& ps : plan.stages) times.message_s.push_back(ps.input_message_s);
@@ -1075,14 +1084,16 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
       return fits();
     };
     std::optional<InterleavedWalk> walk;
-    for (int g = places; g <= most && fits_group(g); g += places) {
+    for (int g = group; g <= most && (given || fits_group(g)); g += places) {
       InterleavedWalk next =
           walk_interleaved(InterleavedOrder{places, o.virtual_stages, most, g}, times);
       if (!walk || next.makespan_s < walk->makespan_s * 0.99) {
         walk = std::move(next);
         group = g;
       }
+      if (given) break;
     }
+    if (order) order->group = group;
     place_end = std::move(walk->place_end_s);
     closing_end = std::move(walk->last_backward_s);
     closing_s = stage_backward;
@@ -1103,10 +1114,10 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     }
     times.message_s = messages;
     VOrder built;
-    if (!v_order || v_order->empty())
+    if (!given)
       built = zero_bubble_v_order(places, mp, v_times_in_thirds(places, seconds, messages));
-    if (v_order && v_order->empty()) *v_order = std::move(built);
-    const VWalk walk = walk_v(v_order ? *v_order : built, mp, times);
+    if (order && !given) order->v_order = std::move(built);
+    const VWalk walk = walk_v(order ? order->v_order : built, mp, times);
     place_end = walk.place_end_s;
     closing_end = walk.last_weight_s;
     closing_s = times.weight_s;
@@ -1370,15 +1381,18 @@ Plan partition_interleaved_pipes(const Profile& p, const StateGraph& g, const To
   // rank whose stages differ widely in time waits on the others' long ones, which neither the
   // slowest stage nor the ranks' sums show. So move single cut points, now past the optimum too,
   // while that shortens the walked minibatch by more than rounding and the memory still fits (a
-  // plan that needs recomputation to fit is left as it is). A V's order follows the stage times
-  // and takes far longer to build than to walk, so a round of moves walks the order of the cuts
-  // it starts from; the next round rebuilds it, and moves whose own order walks slower than the
-  // best cuts so far are undone.
+  // plan that needs recomputation to fit is left as it is). The order follows the stage times
+  // (a V's is built on them; a looped plan walks every group of microbatches) and takes longer to
+  // choose than to walk, so a round of moves walks the order chosen for the cuts it starts from;
+  // the next round chooses anew, and moves whose own order walks slower than the best cuts so far
+  // are undone. Once a round moves nothing, a looped plan takes one more round that judges each
+  // move on its own order (a V's would build one per move), so that no single move shortens it.
   if (place_over_memory(plan, t, pipes) < 0) {
+    const bool looped = pipes.shape.placement == StagePlacement::Looped;
     double best = plan.predicted.time_per_minibatch_s;
     std::vector<int> best_cuts = cuts;
-    for (bool moved = true; moved;) {
-      VOrder order;  // (a V's, built by the first describe for the cuts as they stand)
+    for (bool exact = false;;) {
+      InterleavedChoice order;  // (chosen by the first describe for the cuts as they stand)
       Plan now;
       describe_interleaved(now, p, g, t, o, cuts, pipes, recompute, &order);
       double time = now.predicted.time_per_minibatch_s;
@@ -1386,13 +1400,16 @@ Plan partition_interleaved_pipes(const Profile& p, const StateGraph& g, const To
         best = time;
         best_cuts = cuts;
       } else if (cuts != best_cuts) {
-        cuts = best_cuts;
-        break;
+        cuts = best_cuts;  // (the round's moves did not pay under their own order)
+        if (exact || !looped) break;
+        exact = true;
+        continue;
       }
-      moved = false;
+      bool moved = false;
       move_cuts([&](int) {
         Plan trial;
-        describe_interleaved(trial, p, g, t, o, cuts, pipes, recompute, &order);
+        InterleavedChoice own;
+        describe_interleaved(trial, p, g, t, o, cuts, pipes, recompute, exact ? &own : &order);
         if (trial.predicted.time_per_minibatch_s >= time * (1 - 1e-9) ||
             place_over_memory(trial, t, pipes) >= 0)
           return false;
@@ -1400,6 +1417,12 @@ Plan partition_interleaved_pipes(const Profile& p, const StateGraph& g, const To
         moved = true;
         return true;
       });
+      if (moved) {
+        exact = false;
+        continue;
+      }
+      if (exact || !looped) break;
+      exact = true;
     }
   }
   return fit_interleaved(p, g, t, o, cuts, pipes);
