@@ -18,6 +18,11 @@ double stage_at(const std::vector<double>& v, int stage) {
   return v[static_cast<std::size_t>(stage)];
 }
 
+// The transfer into stage s of a V of p ranks: none within a rank (stage p's input).
+double message_into(const VStageTimes& times, int p, int s) {
+  return s == p ? 0.0 : stage_at(times.message_s, s);
+}
+
 // The list schedule of the header's comment, in event order: the rank whose next action can
 // start first runs it (ties: the lower rank), choosing among what is ready then an I (oldest
 // microbatch, later stage), else a forward (later stage), else its oldest W, and when nothing is
@@ -65,7 +70,7 @@ std::optional<VOrder> v_order_with(int p, int m, int reserve, const VStageTimes&
         if (u >= m || at(f_end, s, u) == kNotYet) continue;
         if (s < last && at(i_end, s + 1, u) == kNotYet) continue;
         const double gradient =
-            s < last ? at(i_end, s + 1, u) + stage_at(times.message_s, s + 1) : 0.0;
+            s < last ? at(i_end, s + 1, u) + message_into(times, p, s + 1) : 0.0;
         c[n++] = {std::max(at(f_end, s, u), gradient), 0, u, -s, {VPassKind::Input, s, u}};
       }
       if (held[ri] < limit)
@@ -75,7 +80,7 @@ std::optional<VOrder> v_order_with(int p, int m, int reserve, const VStageTimes&
           const int coming_back =
               next_f[static_cast<std::size_t>(first)] - next_f[static_cast<std::size_t>(second)];
           if (s == first && held[ri] + std::min(reserve, coming_back) + 2 > limit) continue;
-          const double input = s > 0 ? at(f_end, s - 1, u) + stage_at(times.message_s, s) : 0.0;
+          const double input = s > 0 ? at(f_end, s - 1, u) + message_into(times, p, s) : 0.0;
           c[n++] = {input, 1, u, -s, {VPassKind::Forward, s, u}};
         }
       if (!pending_w[ri].empty()) {
@@ -135,10 +140,7 @@ VStageTimes v_times_in_thirds(int p, const std::vector<double>& seconds,
   VStageTimes t;
   for (std::size_t k = 0; k < stages; ++k) t.forward_s.push_back(given ? seconds[k] / 3 : 1.0);
   t.input_s = t.weight_s = t.forward_s;
-  t.message_s.assign(stages, 0.0);
-  if (message_s.size() == stages)
-    for (std::size_t k = 1; k < stages; ++k)
-      t.message_s[k] = k == static_cast<std::size_t>(p) ? 0.0 : message_s[k];
+  t.message_s = message_s.size() == stages ? message_s : std::vector<double>(stages, 0.0);
   return t;
 }
 

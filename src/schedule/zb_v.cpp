@@ -8,13 +8,17 @@
 
 namespace pipeline {
 
-VStageTimes zero_bubble_v_times(const ScheduleSpec& spec) {
-  const InterleavedShape shape = interleaved_shape(spec.stage_ranks);
-  // A microbatch's whole time on a replica: stage_seconds is its time over the replicas.
+namespace {
+
+// The times the order is built on: thirds of a replica's stage_seconds (a microbatch's whole
+// time on a replica; stage_seconds is its time over the replicas), with the spec's messages.
+VStageTimes order_times(const ScheduleSpec& spec, const InterleavedShape& shape) {
   std::vector<double> seconds = spec.stage_seconds;
   for (double& s : seconds) s *= shape.replicas;
   return v_times_in_thirds(shape.positions, seconds, spec.input_message_seconds);
 }
+
+}  // namespace
 
 Schedule zero_bubble_v_schedule(const ScheduleSpec& spec) {
   const std::string name = "zb-v";
@@ -34,7 +38,7 @@ Schedule zero_bubble_v_schedule(const ScheduleSpec& spec) {
                     "at least {} microbatches; got {}",
                     replicas, replicas, spec.microbatches);
   Schedule sched = detail::empty_schedule(spec, name, UpdatePolicy::Flush);
-  const VStageTimes times = zero_bubble_v_times(spec);
+  const VStageTimes times = order_times(spec, shape);
   std::map<int, VOrder> orders;  // by microbatches per pipeline
   for (int pipe = 0; pipe < replicas; ++pipe)
     for (int j = 0; j < spec.minibatches; ++j) {

@@ -34,8 +34,8 @@ struct VPass {
 using VOrder = std::vector<std::vector<VPass>>;
 
 // A microbatch's times on each of the 2p stages: its F, I and W, and the transfer of its input
-// into the stage (and of its input gradient back), 0 for stage 0 and stage p (on stage p − 1's
-// rank). Empty vectors: unit F, I and W, free messages.
+// into the stage (and of its input gradient back); stage 0's and stage p's are not read (stage p
+// takes its input on stage p − 1's rank).
 struct VStageTimes {
   std::vector<double> forward_s, input_s, weight_s, message_s;
 };

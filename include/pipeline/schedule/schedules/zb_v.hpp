@@ -25,17 +25,10 @@
 // Any microbatch count works.
 #pragma once
 
-#include <pipeline/plan/zb_v_order.hpp>
 #include <pipeline/schedule/generator.hpp>
-
-#include <vector>
 
 namespace pipeline {
 
 Schedule zero_bubble_v_schedule(const ScheduleSpec& spec);
-
-// The times zero_bubble_v_schedule builds its order on: thirds of a replica's stage_seconds,
-// with the spec's messages.
-VStageTimes zero_bubble_v_times(const ScheduleSpec& spec);
 
 }  // namespace pipeline
