@@ -960,7 +960,7 @@ double split_held_bytes(double kept, double activation_bytes, bool recompute) {
 // looped, interleaved 1F1B's group of microbatches; a V, zb-v's order.
 struct InterleavedChoice {
   int group = 0;
-  VOrder v_order;
+  PassOrder v_order;
   bool empty() const { return group == 0 && v_order.empty(); }
 };
 
@@ -1101,7 +1101,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     // zb-v's order, built as the generator builds it from the plan (thirds of each stage's time
     // per microbatch, its messages), walked on the stages' F, I and W as the simulator runs them.
     std::vector<double> seconds, messages;
-    VStageTimes times;
+    StagePassTimes times;
     for (int k = 0; k < stages; ++k) {
       const PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
       seconds.push_back(ps.compute_s * d);
@@ -1113,13 +1113,15 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
       times.weight_s.push_back(split.weight_s);
     }
     times.message_s = messages;
-    VOrder built;
+    times.backward_s = stage_backward;
+    PassOrder built;
     if (!given)
       built = zero_bubble_v_order(places, mp, v_times_in_thirds(places, seconds, messages));
     if (order && !given) order->v_order = std::move(built);
-    const VWalk walk = walk_v(order ? order->v_order : built, mp, times);
-    place_end = walk.place_end_s;
-    closing_end = walk.last_weight_s;
+    const PassWalk walk =
+        walk_passes(order ? order->v_order : built, v_stage_ranks(places), mp, times);
+    place_end = walk.rank_end_s;
+    closing_end = walk.closing_end_s;
     closing_s = times.weight_s;
   }
   hold(group);

@@ -19,7 +19,7 @@ double stage_at(const std::vector<double>& v, int stage) {
 }
 
 // The transfer into stage s of a V of p ranks: none within a rank (stage p's input).
-double message_into(const VStageTimes& times, int p, int s) {
+double message_into(const StagePassTimes& times, int p, int s) {
   return s == p ? 0.0 : stage_at(times.message_s, s);
 }
 
@@ -29,7 +29,7 @@ double message_into(const VStageTimes& times, int p, int s) {
 // ready yet the action that is ready first. A rank's first-stage forward keeps room for up to
 // `reserve` of the microbatches whose second-stage forward is still to come; nullopt when it
 // stalls (too little room reserved).
-std::optional<VOrder> v_order_with(int p, int m, int reserve, const VStageTimes& times) {
+std::optional<PassOrder> v_order_with(int p, int m, int reserve, const StagePassTimes& times) {
   const int stages = 2 * p, last = stages - 1;
   const int limit = 2 * p;  // stage activations a rank holds (header comment)
   constexpr double kNotYet = -1;
@@ -44,14 +44,14 @@ std::optional<VOrder> v_order_with(int p, int m, int reserve, const VStageTimes&
   std::vector<std::deque<std::pair<int, int>>> pending_w(static_cast<std::size_t>(p));
   std::vector<int> held(static_cast<std::size_t>(p), 0);
   std::vector<double> free_at(static_cast<std::size_t>(p), 0.0);
-  VOrder out(static_cast<std::size_t>(p));
+  PassOrder out(static_cast<std::size_t>(p));
   // A candidate: when it can start, then its rank in the order of preference.
   struct Candidate {
     double ready = 0;
     int kind_rank = 0;  // I 0, F 1, W 2
     int microbatch = 0;
     int minus_stage = 0;
-    VPass pass{};
+    StagePass pass{};
     auto key() const { return std::tuple{kind_rank, microbatch, minus_stage}; }
   };
   const int total = 3 * stages * m;
@@ -71,7 +71,7 @@ std::optional<VOrder> v_order_with(int p, int m, int reserve, const VStageTimes&
         if (s < last && at(i_end, s + 1, u) == kNotYet) continue;
         const double gradient =
             s < last ? at(i_end, s + 1, u) + message_into(times, p, s + 1) : 0.0;
-        c[n++] = {std::max(at(f_end, s, u), gradient), 0, u, -s, {VPassKind::Input, s, u}};
+        c[n++] = {std::max(at(f_end, s, u), gradient), 0, u, -s, {PassKind::Input, s, u}};
       }
       if (held[ri] < limit)
         for (int s : {second, first}) {
@@ -81,11 +81,11 @@ std::optional<VOrder> v_order_with(int p, int m, int reserve, const VStageTimes&
               next_f[static_cast<std::size_t>(first)] - next_f[static_cast<std::size_t>(second)];
           if (s == first && held[ri] + std::min(reserve, coming_back) + 2 > limit) continue;
           const double input = s > 0 ? at(f_end, s - 1, u) + message_into(times, p, s) : 0.0;
-          c[n++] = {input, 1, u, -s, {VPassKind::Forward, s, u}};
+          c[n++] = {input, 1, u, -s, {PassKind::Forward, s, u}};
         }
       if (!pending_w[ri].empty()) {
         auto [s, u] = pending_w[ri].front();
-        c[n++] = {0.0, 2, u, -s, {VPassKind::Weight, s, u}};
+        c[n++] = {0.0, 2, u, -s, {PassKind::Weight, s, u}};
       }
       if (n == 0) continue;
       const std::span<const Candidate> cands(c.data(), n);
@@ -107,18 +107,18 @@ std::optional<VOrder> v_order_with(int p, int m, int reserve, const VStageTimes&
     }
     if (rank < 0) return std::nullopt;
     const auto ri = static_cast<std::size_t>(rank);
-    const VPass a = pick->pass;
-    const auto& length = a.kind == VPassKind::Forward ? times.forward_s
-                         : a.kind == VPassKind::Input ? times.input_s
-                                                      : times.weight_s;
+    const StagePass a = pick->pass;
+    const auto& length = a.kind == PassKind::Forward ? times.forward_s
+                         : a.kind == PassKind::Input ? times.input_s
+                                                     : times.weight_s;
     const double end = pick_start + stage_at(length, a.stage);
     free_at[ri] = end;
     out[ri].push_back(a);
-    if (a.kind == VPassKind::Forward) {
+    if (a.kind == PassKind::Forward) {
       at(f_end, a.stage, a.microbatch) = end;
       ++next_f[static_cast<std::size_t>(a.stage)];
       ++held[ri];
-    } else if (a.kind == VPassKind::Input) {
+    } else if (a.kind == PassKind::Input) {
       at(i_end, a.stage, a.microbatch) = end;
       ++next_i[static_cast<std::size_t>(a.stage)];
       pending_w[ri].emplace_back(a.stage, a.microbatch);
@@ -132,19 +132,26 @@ std::optional<VOrder> v_order_with(int p, int m, int reserve, const VStageTimes&
 
 }  // namespace
 
-VStageTimes v_times_in_thirds(int p, const std::vector<double>& seconds,
-                              const std::vector<double>& message_s) {
+std::vector<int> v_stage_ranks(int p) {
+  std::vector<int> ranks;
+  for (int k = 0; k < 2 * p; ++k) ranks.push_back(k < p ? k : 2 * p - 1 - k);
+  return ranks;
+}
+
+StagePassTimes v_times_in_thirds(int p, const std::vector<double>& seconds,
+                                 const std::vector<double>& message_s) {
   const auto stages = static_cast<std::size_t>(2 * p);
   const bool given = seconds.size() == stages &&
                      std::all_of(seconds.begin(), seconds.end(), [](double x) { return x > 0; });
-  VStageTimes t;
+  StagePassTimes t;
   for (std::size_t k = 0; k < stages; ++k) t.forward_s.push_back(given ? seconds[k] / 3 : 1.0);
   t.input_s = t.weight_s = t.forward_s;
+  for (double f : t.forward_s) t.backward_s.push_back(2 * f);
   t.message_s = message_s.size() == stages ? message_s : std::vector<double>(stages, 0.0);
   return t;
 }
 
-VOrder zero_bubble_v_order(int p, int m, const VStageTimes& times) {
+PassOrder zero_bubble_v_order(int p, int m, const StagePassTimes& times) {
   PIPELINE_CHECK(p >= 1 && m >= 1, "internal: a V pipeline of {} ranks and {} microbatches", p, m);
   const auto stages = static_cast<std::size_t>(2 * p);
   PIPELINE_CHECK(times.forward_s.size() == stages && times.input_s.size() == stages &&
@@ -153,17 +160,18 @@ VOrder zero_bubble_v_order(int p, int m, const VStageTimes& times) {
   // Reserving room for every microbatch still to come back never stalls; reserving less lets
   // the first stages run further ahead, which at some counts saves a little (a handful of
   // settings tried; the shortest kept, the first on a tie).
-  const VStageTimes unit = v_times_in_thirds(p, {}, {});
+  const StagePassTimes unit = v_times_in_thirds(p, {}, {});
   const bool timed = times.forward_s != unit.forward_s || times.input_s != unit.input_s ||
                      times.weight_s != unit.weight_s || times.message_s != unit.message_s;
-  std::optional<VOrder> best;
+  const std::vector<int> ranks = v_stage_ranks(p);
+  std::optional<PassOrder> best;
   double best_makespan = 0;
-  for (const VStageTimes* t : {&times, &unit}) {
+  for (const StagePassTimes* t : {&times, &unit}) {
     if (t == &unit && !timed) break;
     for (int reserve : {m, 3, 2, 1, 0}) {
-      std::optional<VOrder> o = v_order_with(p, m, reserve, *t);
+      std::optional<PassOrder> o = v_order_with(p, m, reserve, *t);
       if (!o) continue;
-      const double makespan = walk_v(*o, m, times, 2).makespan_s;
+      const double makespan = walk_passes(*o, ranks, m, times, 2).makespan_s;
       if (!best || makespan < best_makespan) {
         best = std::move(o);
         best_makespan = makespan;
@@ -173,77 +181,6 @@ VOrder zero_bubble_v_order(int p, int m, const VStageTimes& times) {
   PIPELINE_CHECK(best.has_value(),
                  "internal: the ZB-V order of {} ranks and {} microbatches stalls", p, m);
   return std::move(*best);
-}
-
-VWalk walk_v(const VOrder& order, int m, const VStageTimes& times, int minibatches) {
-  const int p = static_cast<int>(order.size()), stages = 2 * p, last = stages - 1;
-  const int n = minibatches * m;
-  const auto place_of = [p](int stage) { return stage < p ? stage : 2 * p - 1 - stage; };
-  constexpr double kNotYet = -1;
-  // When a microbatch's input reaches stage k, and its output gradient (from stage k + 1).
-  std::vector<double> input(static_cast<std::size_t>(stages * n), kNotYet), gradient = input;
-  const auto cell = [n](int s, int u) { return static_cast<std::size_t>(s * n + u); };
-  for (int u = 0; u < n; ++u) {
-    input[cell(0, u)] = 0;
-    gradient[cell(last, u)] = 0;  // (after its forward, in order)
-  }
-  struct Place {
-    std::size_t next = 0;  // of the rank's order, over all minibatches
-    double clock = 0;
-    // When its links are free: to the rank below / above, activations / gradients.
-    std::array<double, 4> link{};
-  };
-  std::vector<Place> places(static_cast<std::size_t>(p));
-  VWalk walk;
-  walk.last_weight_s.assign(static_cast<std::size_t>(stages), 0.0);
-  std::vector<int> ready_places;
-  for (int r = p - 1; r >= 0; --r) ready_places.push_back(r);
-  // A message from rank r into stage `to` (its activation or gradient), arriving at `arrival`.
-  const auto send = [&](int r, int to, bool is_gradient, double message_s,
-                        std::vector<double>& arrival, int u) {
-    Place& from = places[static_cast<std::size_t>(r)];
-    const int dst = place_of(to);
-    double& when = arrival[cell(to, u)];
-    if (dst == r) {
-      when = from.clock;
-    } else {
-      double& link = from.link[static_cast<std::size_t>((dst > r ? 1 : 0) + (is_gradient ? 2 : 0))];
-      link = std::max(from.clock, link) + message_s;
-      when = link;
-    }
-    ready_places.push_back(dst);
-  };
-  while (!ready_places.empty()) {
-    const int r = ready_places.back();
-    ready_places.pop_back();
-    Place& place = places[static_cast<std::size_t>(r)];
-    const std::vector<VPass>& mine = order[static_cast<std::size_t>(r)];
-    for (; place.next < mine.size() * static_cast<std::size_t>(minibatches); ++place.next) {
-      VPass a = mine[place.next % mine.size()];
-      a.microbatch += static_cast<int>(place.next / mine.size()) * m;
-      const int s = a.stage, u = a.microbatch;
-      if (a.kind == VPassKind::Forward) {
-        if (input[cell(s, u)] == kNotYet) break;
-        place.clock = std::max(place.clock, input[cell(s, u)]) + stage_at(times.forward_s, s);
-        if (s < last) send(r, s + 1, false, stage_at(times.message_s, s + 1), input, u);
-      } else if (a.kind == VPassKind::Input) {
-        if (gradient[cell(s, u)] == kNotYet) break;
-        place.clock = std::max(place.clock, gradient[cell(s, u)]) + stage_at(times.input_s, s);
-        if (s > 0) send(r, s - 1, true, stage_at(times.message_s, s), gradient, u);
-      } else {
-        place.clock += stage_at(times.weight_s, s);
-        walk.last_weight_s[static_cast<std::size_t>(s)] = place.clock;
-      }
-    }
-  }
-  for (std::size_t r = 0; r < places.size(); ++r) {
-    PIPELINE_CHECK(places[r].next == order[r].size() * static_cast<std::size_t>(minibatches),
-                   "internal: the ZB-V order of {} ranks waits on itself at rank {}, pass {}", p, r,
-                   places[r].next);
-    walk.place_end_s.push_back(places[r].clock);
-    walk.makespan_s = std::max(walk.makespan_s, places[r].clock);
-  }
-  return walk;
 }
 
 }  // namespace pipeline

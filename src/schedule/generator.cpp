@@ -1,6 +1,7 @@
 // Built-in schedule generators (GPipe, 1F1B flush and stash), the registry, and the insertion of
 // point-to-point communication.
 #include <pipeline/plan/cost_model.hpp>
+#include <pipeline/plan/straight_order.hpp>
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/schedules/gpipe.hpp>
 #include <pipeline/schedule/schedules/interleaved.hpp>
@@ -16,7 +17,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <deque>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -241,15 +241,6 @@ bool deals_by_list(const ScheduleSpec& spec) {
                      [](const auto& d) { return !d.empty(); });
 }
 
-// How many of a replica's microbatches `mbs` (ascending) have run their forward before the
-// backward of each one: 1F1B's warm-up of `warmup` forwards, then one more per backward.
-std::vector<int> forwards_before(std::size_t n, int warmup) {
-  std::vector<int> out(n);
-  for (std::size_t k = 0; k < n; ++k)
-    out[k] = static_cast<int>(std::min(n, k + 1 + static_cast<std::size_t>(std::max(warmup, 0))));
-  return out;
-}
-
 // The same for a dealing other than round-robin, where a replica's share of the microbatches is
 // uneven: before the backward of microbatch u, the forwards of all its microbatches up to
 // u + depth (global numbers). With a depth that never rises along the pipeline, a stage that
@@ -269,17 +260,15 @@ std::vector<int> forwards_before_by_depth(const std::vector<int>& mbs, int depth
 }
 
 // Forwards and backwards (oldest first) of `mbs`, with `before[k]` forwards run before the k-th
-// backward (forwards_before). `after_backward` runs after each backward (the stash schedules
-// step there).
+// backward (forwards_before, plan/straight_order.hpp). `after_backward` runs after each backward
+// (the stash schedules step there).
 template <typename AfterBackward>
 void one_f_one_b_order(std::vector<Action>& out, int stage, const std::vector<int>& mbs,
                        const std::vector<int>& before, AfterBackward&& after_backward) {
-  std::size_t f = 0;
-  for (std::size_t k = 0; k < mbs.size(); ++k) {
-    for (; f < static_cast<std::size_t>(before[k]); ++f) out.push_back(forward(stage, mbs[f]));
-    out.push_back(backward(stage, mbs[k]));
-    after_backward();
-  }
+  one_f_one_b_passes(mbs, before, [&](PassKind kind, int u) {
+    out.push_back({action_kind(kind), stage, u, -1});
+    if (kind == PassKind::Backward) after_backward();
+  });
 }
 
 template <typename AfterBackward>
@@ -288,22 +277,12 @@ void one_f_one_b_order(std::vector<Action>& out, int stage, const std::vector<in
   one_f_one_b_order(out, stage, mbs, forwards_before(mbs.size(), warmup), after_backward);
 }
 
-// 1F1B's order of forwards and input gradients (I); each W follows once `lag` I's are pending,
-// and the last ones close the list.
+// ZB-H1's order (zero_bubble_passes, plan/straight_order.hpp) as actions.
 void zero_bubble_order(std::vector<Action>& out, int stage, const std::vector<int>& mbs,
                        const std::vector<int>& before, int lag) {
-  std::deque<int> pending;  // microbatches whose I ran and whose W has not
-  std::size_t f = 0;
-  for (std::size_t k = 0; k < mbs.size(); ++k) {
-    for (; f < static_cast<std::size_t>(before[k]); ++f) out.push_back(forward(stage, mbs[f]));
-    out.push_back({ActionKind::BackwardInput, stage, mbs[k], -1});
-    pending.push_back(mbs[k]);
-    if (static_cast<int>(pending.size()) > lag) {
-      out.push_back({ActionKind::BackwardWeight, stage, pending.front(), -1});
-      pending.pop_front();
-    }
-  }
-  for (int u : pending) out.push_back({ActionKind::BackwardWeight, stage, u, -1});
+  zero_bubble_passes(mbs, before, lag, [&](PassKind kind, int u) {
+    out.push_back({action_kind(kind), stage, u, -1});
+  });
 }
 
 // Actions of one replica of `stage`, communication included: per microbatch a forward and a
@@ -402,16 +381,14 @@ Schedule one_f_one_b_flush_schedule(const ScheduleSpec& spec) {
 }
 
 Schedule detail::zero_bubble_h1_with(const ScheduleSpec& spec, const std::vector<int>* warmups) {
-  auto warmup = [&](int s) {
-    return warmups ? (*warmups)[static_cast<std::size_t>(s)] : detail::one_f_one_b_warmup(spec, s);
-  };
-  // Stage s defers its W's by the warm-up it runs short of the first stage's (s on a straight
-  // pipeline), so every stage holds as many microbatches as the first does under 1F1B, and the
-  // delayed W's fill the cool-down while the I's race down the pipeline.
+  std::vector<int> depths;  // each stage's warm-up, which sets its W's lag (zero_bubble_lag)
+  for (int s = 0; s < spec.num_stages(); ++s)
+    depths.push_back(warmups ? (*warmups)[static_cast<std::size_t>(s)]
+                             : detail::one_f_one_b_warmup(spec, s));
   return flush_schedule(
       spec, "zb-h1",
       [&](auto& out, int s, const auto& mbs, const std::vector<int>& before) {
-        zero_bubble_order(out, s, mbs, before, std::max(0, warmup(0) - warmup(s)));
+        zero_bubble_order(out, s, mbs, before, zero_bubble_lag(depths, s));
       },
       /*split_backward=*/true, warmups);
 }

@@ -12,7 +12,7 @@ namespace {
 
 // The times the order is built on: thirds of a replica's stage_seconds (a microbatch's whole
 // time on a replica; stage_seconds is its time over the replicas), with the spec's messages.
-VStageTimes order_times(const ScheduleSpec& spec, const InterleavedShape& shape) {
+StagePassTimes order_times(const ScheduleSpec& spec, const InterleavedShape& shape) {
   std::vector<double> seconds = spec.stage_seconds;
   for (double& s : seconds) s *= shape.replicas;
   return v_times_in_thirds(shape.positions, seconds, spec.input_message_seconds);
@@ -38,8 +38,8 @@ Schedule zero_bubble_v_schedule(const ScheduleSpec& spec) {
                     "at least {} microbatches; got {}",
                     replicas, replicas, spec.microbatches);
   Schedule sched = detail::empty_schedule(spec, name, UpdatePolicy::Flush);
-  const VStageTimes times = order_times(spec, shape);
-  std::map<int, VOrder> orders;  // by microbatches per pipeline
+  const StagePassTimes times = order_times(spec, shape);
+  std::map<int, PassOrder> orders;  // by microbatches per pipeline
   for (int pipe = 0; pipe < replicas; ++pipe)
     for (int j = 0; j < spec.minibatches; ++j) {
       // This pipeline's microbatches of the minibatch (round-robin: pipe, pipe + r, ...).
@@ -54,12 +54,9 @@ Schedule zero_bubble_v_schedule(const ScheduleSpec& spec) {
         // Room for the communication too, which insert_communication adds in place.
         if (j == 0)
           out.reserve(static_cast<std::size_t>(spec.minibatches) * (mine.size() * 7 / 3 + 4));
-        for (const VPass& a : mine) {
-          const ActionKind kind = a.kind == VPassKind::Forward ? ActionKind::Forward
-                                  : a.kind == VPassKind::Input ? ActionKind::BackwardInput
-                                                               : ActionKind::BackwardWeight;
-          out.push_back({kind, a.stage, mbs[static_cast<std::size_t>(a.microbatch)], -1});
-        }
+        for (const StagePass& a : mine)
+          out.push_back(
+              {action_kind(a.kind), a.stage, mbs[static_cast<std::size_t>(a.microbatch)], -1});
         const int stages_of_rank[] = {r, 2 * p - 1 - r};
         if (replicas > 1)
           for (int s : stages_of_rank) out.push_back({ActionKind::AllReduce, s, j, -1});

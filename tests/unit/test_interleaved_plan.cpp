@@ -607,22 +607,24 @@ TEST_CASE("zb-v's order and its walk: messages between ranks, as the simulator t
   // is on stage 1's rank: its message is not charged). Its way: F0 0-1, F1 1.5-2.5, F2 2.5-3.5,
   // F3 4-5, I3 5-6, I2 6.5-7.5, I1 7.5-8.5, I0 9-10; rank 0 runs W3 while it waits for I0's
   // gradient, then W0 10-11.
-  const VStageTimes times = v_times_in_thirds(2, {3, 3, 3, 3}, {0, 0.5, 0.5, 0.5});
-  const VOrder order = zero_bubble_v_order(2, 1, times);
-  const auto codes = [](const std::vector<VPass>& passes) {
+  const StagePassTimes times = v_times_in_thirds(2, {3, 3, 3, 3}, {0, 0.5, 0.5, 0.5});
+  const PassOrder order = zero_bubble_v_order(2, 1, times);
+  const auto codes = [](const std::vector<StagePass>& passes) {
     std::string out;
-    for (const VPass& a : passes)
-      out += fmt::format("{}{}{} ", a.stage, "FIW"[static_cast<int>(a.kind)], a.microbatch);
+    for (const StagePass& a : passes)
+      out += fmt::format("{}{}{} ", a.stage, "FBIW"[static_cast<int>(a.kind)], a.microbatch);
     return out;
   };
   CHECK(codes(order[0]) == "0F0 3F0 3I0 3W0 0I0 0W0 ");
   CHECK(codes(order[1]) == "1F0 2F0 2I0 1I0 2W0 1W0 ");
-  const VWalk walk = walk_v(order, 1, times);
+  const std::vector<int> ranks = v_stage_ranks(2);
+  CHECK(ranks == std::vector<int>{0, 1, 1, 0});
+  const PassWalk walk = walk_passes(order, ranks, 1, times);
   CHECK(walk.makespan_s == doctest::Approx(11));
-  CHECK(walk.place_end_s == std::vector<double>{11, 10.5});
-  CHECK(walk.last_weight_s == std::vector<double>{11, 10.5, 9.5, 7});
+  CHECK(walk.rank_end_s == std::vector<double>{11, 10.5});
+  CHECK(walk.closing_end_s == std::vector<double>{11, 10.5, 9.5, 7});
   // Two minibatches: each rank runs its order again, the second from where its first ended.
-  CHECK(walk_v(order, 1, times, 2).makespan_s == doctest::Approx(22));
+  CHECK(walk_passes(order, ranks, 1, times, 2).makespan_s == doctest::Approx(22));
   // Over slow links (messages of 2 ticks against passes of 1), the order built on the messages
   // walks faster than the one built without them, on random stage times too.
   std::mt19937 rng(20261207);
@@ -635,10 +637,12 @@ TEST_CASE("zb-v's order and its walk: messages between ranks, as the simulator t
         seconds.push_back(std::uniform_real_distribution<double>(2, 4)(rng));
         messages.push_back(2);
       }
-      const VStageTimes slow = v_times_in_thirds(p, seconds, messages);
-      const VStageTimes free = v_times_in_thirds(p, seconds, {});
-      const double informed = walk_v(zero_bubble_v_order(p, m, slow), m, slow, 2).makespan_s;
-      const double blind = walk_v(zero_bubble_v_order(p, m, free), m, slow, 2).makespan_s;
+      const StagePassTimes slow = v_times_in_thirds(p, seconds, messages);
+      const StagePassTimes free = v_times_in_thirds(p, seconds, {});
+      const std::vector<int> v = v_stage_ranks(p);
+      const double informed =
+          walk_passes(zero_bubble_v_order(p, m, slow), v, m, slow, 2).makespan_s;
+      const double blind = walk_passes(zero_bubble_v_order(p, m, free), v, m, slow, 2).makespan_s;
       CHECK(informed <= blind);
       if (m == 2 * p) CHECK(informed < blind * 0.95);
     }

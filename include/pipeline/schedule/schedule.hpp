@@ -39,6 +39,7 @@
 #pragma once
 
 #include <pipeline/core/error.hpp>
+#include <pipeline/plan/pass_walk.hpp>
 
 #include <cstdint>
 #include <string>
@@ -61,6 +62,14 @@ enum class ActionKind : std::uint8_t {
 };
 
 inline constexpr int kNumActionKinds = 10;
+
+// The compute action of a pass (plan/pass_walk.hpp): the kinds are listed in the same order.
+constexpr ActionKind action_kind(PassKind kind) {
+  return static_cast<ActionKind>(kind);
+}
+static_assert(action_kind(PassKind::Backward) == ActionKind::Backward &&
+              action_kind(PassKind::Input) == ActionKind::BackwardInput &&
+              action_kind(PassKind::Weight) == ActionKind::BackwardWeight);
 
 // The token code of a kind: "F", "B", "I", "W", "SA", "RA", "SG", "RG", "AR", "ST".
 std::string_view action_code(ActionKind kind);
