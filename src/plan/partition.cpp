@@ -4,6 +4,7 @@
 #include <pipeline/core/log.hpp>
 #include <pipeline/plan/allreduce_buckets.hpp>
 #include <pipeline/plan/antichain.hpp>
+#include <pipeline/plan/straight_order.hpp>
 #include <pipeline/plan/topology_io.hpp>
 #include <pipeline/plan/zb_v_order.hpp>
 #include <pipeline/profile/profile_json.hpp>
@@ -16,6 +17,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <numeric>
 
 namespace pipeline {
 namespace {
@@ -847,12 +849,6 @@ struct InterleavedPipes {
   int per_pipeline() const { return (microbatches + pipelines - 1) / pipelines; }
 };
 
-// A layer's weight-gradient time (W) under a split backward: measured, or half its backward where
-// the profile has no split (as the simulator takes it).
-double weight_gradient_s(const LayerProfile& l) {
-  return l.backward_input_s > 0 || l.backward_weight_s > 0 ? l.backward_weight_s : l.backward_s / 2;
-}
-
 // A stage's backward over layers [i, j) split into its input- and weight-gradient halves, as the
 // simulator runs them: the profile's split times where every layer with a backward has them,
 // halves of the whole backward otherwise.
@@ -1630,11 +1626,9 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
   stashing.recompute = Recompute::None;
   Plan plan;
   describe(plan, g, t, stashing, fs, std::nullopt, false);
-  double way = 0, least_weight = kInf;            // a microbatch's way
-  double forwards = 0, backwards = 0;             // the slowest stage's forward, and backward
-  double longest_message = 0;                     // the slowest cut's message
-  std::vector<double> compute, message;           // per stage: its compute, and its input's message
-  std::vector<double> backward, closing;          // per stage: its backward, and what follows it
+  std::vector<double> compute, message;  // per stage: its compute, and its input's message
+  StagePassTimes passes;                 // per stage, a microbatch's passes
+  std::vector<double> steps, syncs;      // per stage, its optimizer step and allreduce
   for (int k = 0; k < p; ++k) {
     PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
     const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
@@ -1644,34 +1638,21 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     ps.memory_bytes = c.memory_bytes;
     ps.in_flight = 0;  // 1F1B-stash's count, which describe() set
     ps.delay_allreduce = true;
-    way += c.compute_s + (k + 1 < p ? 2 * cut_time(k, j) : 0.0);
     compute.push_back(c.compute_s);
     message.push_back(k > 0 ? cut_time(k - 1, i) : 0.0);
-    longest_message = std::max(longest_message, message.back());
     const double forward = g.stage_forward_s(i - 1, j - 1);
-    forwards = std::max(forwards, forward);
-    backwards = std::max(backwards, c.compute_s - forward);
-    const double step = step_s(measured, i, j, o.optimizer);
-    double weight = 0;
-    for (int l = i; l < j; ++l)
-      weight += weight_gradient_s(measured.layers[static_cast<std::size_t>(l)]);
+    steps.push_back(step_s(measured, i, j, o.optimizer));
+    const SplitBackward halves = split_backward_s(measured, i, j);
+    passes.forward_s.push_back(forward);
+    passes.backward_s.push_back(c.compute_s - forward);
+    passes.input_s.push_back(halves.input_s + (c.recompute ? forward : 0.0));
+    passes.weight_s.push_back(halves.weight_s);
+    passes.message_s.push_back(message.back());
     const double sync = d > 1 ? sync_time(StateGraph::stage_sum(g.parameter_bytes, i - 1, j - 1), d,
                                           bandwidth(k * d, k * d + d - 1), 1.0)
                               : 0.0;
     ps.sync_s = sync / m;  // per microbatch, as time_per_minibatch_s
-    backward.push_back(c.compute_s - forward);
-    closing.push_back(
-        sync > 0 ? allreduce_after_closing_backward(measured, i, j, sync, backward.back()) : 0.0);
-    closing.back() += step;
-    least_weight = std::min(least_weight, weight);
-  }
-  // The end of a minibatch: the last microbatch's backward goes down the stages (each has no other
-  // work left by then), and each stage's allreduce and step follow its part of it.
-  double tail = 0, after = 0;  // `after`: from stage k's last backward to stage 0's
-  for (int k = 0; k < p; ++k) {
-    const auto sk = static_cast<std::size_t>(k);
-    if (k > 0) after += backward[sk - 1] + message[sk];
-    tail = std::max(tail, closing[sk] - after);
+    syncs.push_back(sync);
   }
   // Over slow links: each stage starts enough microbatches before its first backward that every
   // loop to a later stage and back fits in them (stash_in_flights with transfers, at the slowest
@@ -1710,17 +1691,46 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
       ps.memory_bytes = choose(k, i, j, held_at(k))->memory_bytes;
     }
   }
-  // ZB-H1's W's fill 2(p − 1) of 1F1B's bubble slots from p microbatches per pipeline on (Qi et
-  // al.), p − 1 with one.
-  const int filled = p - 1 + std::min(mp, p) - 1;
-  // GPipe runs every forward, then every backward: each phase paced by its own slowest stage or
-  // cut, whose activations and gradients do not cross at once as under 1F1B (its cut is still
-  // the one that 1F1B's figure chose).
-  const double pace = o.schedule == "gpipe"
-                          ? std::max(slowest, std::max(forwards, longest_message) +
-                                                  std::max(backwards, longest_message))
-                          : slowest;
-  time = way + (mp - 1) * pace + tail - (split ? filled * least_weight : 0.0);
+  // Each pipeline runs the order above as its schedule will (flush_warmups: the stages' planned
+  // depths), the first one (of the most microbatches) the latest: its walk, with each stage's
+  // allreduce from its closing backward in the runtime's buckets and then its step, is the
+  // minibatch's time. (Over replicas the generator searches the depths from these on by probing
+  // the schedule, which the partitioner cannot; where it finds faster ones the plan runs faster
+  // than its figure.) The search above took a microbatch's way plus the slowest stage's pace for
+  // each later microbatch, which ranks the cuts well but can miss what 1F1B's warm-up hides.
+  std::vector<int> warmups;
+  for (int k = 0; k < p; ++k) {
+    const int in_flight = plan.stages[static_cast<std::size_t>(k)].in_flight;
+    int warmup = in_flight > 0 ? in_flight - 1 : p - 1 - k;
+    if (k > 0) warmup = std::min(warmup, warmups.back());
+    warmups.push_back(std::max(warmup, 0));
+  }
+  std::vector<int> mbs(static_cast<std::size_t>(mp)), ranks(static_cast<std::size_t>(p));
+  std::iota(mbs.begin(), mbs.end(), 0);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  PassOrder order(static_cast<std::size_t>(p));
+  for (int k = 0; k < p; ++k) {
+    std::vector<StagePass>& mine = order[static_cast<std::size_t>(k)];
+    const auto emit = [&](PassKind kind, int u) { mine.push_back({kind, k, u}); };
+    const std::vector<int> before = forwards_before(
+        mbs.size(), o.schedule == "gpipe" ? mp : warmups[static_cast<std::size_t>(k)]);
+    if (split)
+      zero_bubble_passes(mbs, before, zero_bubble_lag(warmups, k), emit);
+    else
+      one_f_one_b_passes(mbs, before, emit);
+  }
+  const PassWalk walk = walk_passes(order, ranks, mp, passes);
+  time = 0;
+  for (int k = 0; k < p; ++k) {
+    const auto sk = static_cast<std::size_t>(k);
+    double end = walk.rank_end_s[sk];
+    if (syncs[sk] > 0)
+      end = std::max(
+          end, walk.closing_end_s[sk] + allreduce_after_closing_backward(
+                                            measured, cuts[sk], cuts[sk + 1], syncs[sk],
+                                            split ? passes.weight_s[sk] : passes.backward_s[sk]));
+    time = std::max(time, end + steps[sk]);
+  }
   finish(plan, charged, t, o, time / m);
   plan.schedule = o.schedule;
   plan.microbatches = m;
