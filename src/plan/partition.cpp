@@ -1608,7 +1608,6 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
   std::size_t pick = 0;
   for (std::size_t b = 1; b < done.size(); ++b)
     if (weighted(done[b]) < weighted(done[pick]) * (1 - 1e-12)) pick = b;
-  const double slowest = done[pick].slowest;
   std::vector<int> cuts(static_cast<std::size_t>(p) + 1, n);
   for (int k = p, j = n; k > 0; --k) {
     const Label& l = labels[cell(k, j)][pick];
@@ -1616,131 +1615,163 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     pick = l.up;
     j = l.from;
   }
-  // The plan: describe()'s per-stage breakdown, then the flush schedule's memory and time.
-  const std::vector<FinalStage> fs = stages_at_cuts(cuts, [d](int k) {
-    std::vector<int> ranks;
-    for (int r = 0; r < d; ++r) ranks.push_back(k * d + r);
-    return ranks;
-  });
-  PartitionOptions stashing = o;  // describe() decides no recomputation: the choices above do
-  stashing.recompute = Recompute::None;
-  Plan plan;
-  describe(plan, g, t, stashing, fs, std::nullopt, false);
-  std::vector<double> compute, message;  // per stage: its compute, and its input's message
-  StagePassTimes passes;                 // per stage, a microbatch's passes
-  std::vector<double> steps, syncs;      // per stage, its optimizer step and allreduce
-  for (int k = 0; k < p; ++k) {
-    PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
-    const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
-    const Choice c = *choose(k, i, j);
-    ps.recompute = c.recompute;
-    ps.compute_s = c.compute_s / d;
-    ps.memory_bytes = c.memory_bytes;
-    ps.in_flight = 0;  // 1F1B-stash's count, which describe() set
-    ps.delay_allreduce = true;
-    compute.push_back(c.compute_s);
-    message.push_back(k > 0 ? cut_time(k - 1, i) : 0.0);
-    const double forward = g.stage_forward_s(i - 1, j - 1);
-    steps.push_back(step_s(measured, i, j, o.optimizer));
-    const SplitBackward halves = split_backward_s(measured, i, j);
-    passes.forward_s.push_back(forward);
-    passes.backward_s.push_back(c.compute_s - forward);
-    passes.input_s.push_back(halves.input_s + (c.recompute ? forward : 0.0));
-    passes.weight_s.push_back(halves.weight_s);
-    passes.message_s.push_back(message.back());
-    const double sync = d > 1 ? sync_time(StateGraph::stage_sum(g.parameter_bytes, i - 1, j - 1), d,
-                                          bandwidth(k * d, k * d + d - 1), 1.0)
-                              : 0.0;
-    ps.sync_s = sync / m;  // per microbatch, as time_per_minibatch_s
-    syncs.push_back(sync);
-  }
-  // Over slow links: each stage starts enough microbatches before its first backward that every
-  // loop to a later stage and back fits in them (stash_in_flights with transfers, at the slowest
-  // stage's pace), where that fits in memory without recomputing more; the schedule runs those
-  // depths (PlanStage::in_flight: warm-up + 1). Under 1F1B-flush a stage holds its own depth's
-  // microbatches, under ZB-H1 every stage the first stage's (flush_held); GPipe holds them all.
-  if (o.schedule != "gpipe") {
-    std::vector<int> depths = stash_in_flights(p, std::vector<int>(static_cast<std::size_t>(p), 1),
-                                               compute, message, slowest);
-    for (int& depth : depths) depth = std::min(depth, mp);
-    // The microbatches stage k holds at the depths, and whether every stage fits them.
-    const auto held_at = [&](int k) {
-      return std::max(flush_held(o.schedule, k, p, mp),
-                      split ? depths.front() : depths[static_cast<std::size_t>(k)]);
-    };
-    const auto fits = [&](int k) {
-      const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
-      const std::optional<Choice> c = choose(k, i, j, held_at(k));
-      return c && c->recompute == plan.stages[static_cast<std::size_t>(k)].recompute;
-    };
-    // Stage by stage, lowered until it fits (under ZB-H1 the first stage's depth, which every
-    // stage holds), never deeper than the stage before it (the schedule's depths do not rise).
-    for (int k = 0; k < p; ++k) {
-      int& depth = depths[static_cast<std::size_t>(split ? 0 : k)];
-      if (k > 0)
-        depths[static_cast<std::size_t>(k)] =
-            std::min(depths[static_cast<std::size_t>(k)], depths[static_cast<std::size_t>(k) - 1]);
-      // (At flush_held()'s count every stage fits: the search above chose it so.)
-      while (depth > 1 && !fits(k)) --depth;
-      for (int& later : depths) later = std::min(later, depths.front());
-    }
+  // The plan at `cuts`: describe()'s per-stage breakdown, then the flush schedule's memory and
+  // time; nullopt where a stage does not fit.
+  const auto plan_at = [&](const std::vector<int>& cuts) -> std::optional<std::pair<Plan, double>> {
+    const std::vector<FinalStage> fs = stages_at_cuts(cuts, [d](int k) {
+      std::vector<int> ranks;
+      for (int r = 0; r < d; ++r) ranks.push_back(k * d + r);
+      return ranks;
+    });
+    PartitionOptions stashing = o;  // describe() decides no recomputation: the choices above do
+    stashing.recompute = Recompute::None;
+    Plan plan;
+    describe(plan, g, t, stashing, fs, std::nullopt, false);
+    std::vector<double> compute, message;  // per stage: its compute, and its input's message
+    StagePassTimes passes;                 // per stage, a microbatch's passes
+    std::vector<double> steps, syncs;      // per stage, its optimizer step and allreduce
+    double slowest = 0;                    // the slowest stage's max(compute, transfers)
     for (int k = 0; k < p; ++k) {
       PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
       const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
-      ps.in_flight = std::max(depths[static_cast<std::size_t>(k)], std::min(p - k, mp));
-      ps.memory_bytes = choose(k, i, j, held_at(k))->memory_bytes;
+      const std::optional<Choice> choice = choose(k, i, j);
+      if (!choice) return std::nullopt;
+      const Choice& c = *choice;
+      slowest = std::max(slowest, cost(k, i, j, c));
+      ps.recompute = c.recompute;
+      ps.compute_s = c.compute_s / d;
+      ps.memory_bytes = c.memory_bytes;
+      ps.in_flight = 0;  // 1F1B-stash's count, which describe() set
+      ps.delay_allreduce = true;
+      compute.push_back(c.compute_s);
+      message.push_back(k > 0 ? cut_time(k - 1, i) : 0.0);
+      const double forward = g.stage_forward_s(i - 1, j - 1);
+      steps.push_back(step_s(measured, i, j, o.optimizer));
+      const SplitBackward halves = split_backward_s(measured, i, j);
+      passes.forward_s.push_back(forward);
+      passes.backward_s.push_back(c.compute_s - forward);
+      passes.input_s.push_back(halves.input_s + (c.recompute ? forward : 0.0));
+      passes.weight_s.push_back(halves.weight_s);
+      passes.message_s.push_back(message.back());
+      const double sync = d > 1 ? sync_time(StateGraph::stage_sum(g.parameter_bytes, i - 1, j - 1),
+                                            d, bandwidth(k * d, k * d + d - 1), 1.0)
+                                : 0.0;
+      ps.sync_s = sync / m;  // per microbatch, as time_per_minibatch_s
+      syncs.push_back(sync);
     }
+    // Over slow links: each stage starts enough microbatches before its first backward that every
+    // loop to a later stage and back fits in them (stash_in_flights with transfers, at the slowest
+    // stage's pace), where that fits in memory without recomputing more; the schedule runs those
+    // depths (PlanStage::in_flight: warm-up + 1). Under 1F1B-flush a stage holds its own depth's
+    // microbatches, under ZB-H1 every stage the first stage's (flush_held); GPipe holds them all.
+    if (o.schedule != "gpipe") {
+      std::vector<int> depths = stash_in_flights(
+          p, std::vector<int>(static_cast<std::size_t>(p), 1), compute, message, slowest);
+      for (int& depth : depths) depth = std::min(depth, mp);
+      // The microbatches stage k holds at the depths, and whether every stage fits them.
+      const auto held_at = [&](int k) {
+        return std::max(flush_held(o.schedule, k, p, mp),
+                        split ? depths.front() : depths[static_cast<std::size_t>(k)]);
+      };
+      const auto fits = [&](int k) {
+        const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
+        const std::optional<Choice> c = choose(k, i, j, held_at(k));
+        return c && c->recompute == plan.stages[static_cast<std::size_t>(k)].recompute;
+      };
+      // Stage by stage, lowered until it fits (under ZB-H1 the first stage's depth, which every
+      // stage holds), never deeper than the stage before it (the schedule's depths do not rise).
+      for (int k = 0; k < p; ++k) {
+        int& depth = depths[static_cast<std::size_t>(split ? 0 : k)];
+        if (k > 0)
+          depths[static_cast<std::size_t>(k)] = std::min(depths[static_cast<std::size_t>(k)],
+                                                         depths[static_cast<std::size_t>(k) - 1]);
+        // (At flush_held()'s count every stage fits: the search above chose it so.)
+        while (depth > 1 && !fits(k)) --depth;
+        for (int& later : depths) later = std::min(later, depths.front());
+      }
+      for (int k = 0; k < p; ++k) {
+        PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
+        const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
+        ps.in_flight = std::max(depths[static_cast<std::size_t>(k)], std::min(p - k, mp));
+        ps.memory_bytes = choose(k, i, j, held_at(k))->memory_bytes;
+      }
+    }
+    // Each pipeline runs the order above as its schedule will (flush_warmups: the stages' planned
+    // depths), the first one (of the most microbatches) the latest: its walk, with each stage's
+    // allreduce from its closing backward in the runtime's buckets and then its step, is the
+    // minibatch's time. (Over replicas the generator searches the depths from these on by probing
+    // the schedule, which the partitioner cannot; where it finds faster ones the plan runs faster
+    // than its figure.) The search above took a microbatch's way plus the slowest stage's pace for
+    // each later microbatch, which ranks the cuts well but can miss what 1F1B's warm-up hides.
+    std::vector<int> warmups;
+    for (int k = 0; k < p; ++k) {
+      const int in_flight = plan.stages[static_cast<std::size_t>(k)].in_flight;
+      int warmup = in_flight > 0 ? in_flight - 1 : p - 1 - k;
+      if (k > 0) warmup = std::min(warmup, warmups.back());
+      warmups.push_back(std::max(warmup, 0));
+    }
+    std::vector<int> mbs(static_cast<std::size_t>(mp)), ranks(static_cast<std::size_t>(p));
+    std::iota(mbs.begin(), mbs.end(), 0);
+    std::iota(ranks.begin(), ranks.end(), 0);
+    PassOrder order(static_cast<std::size_t>(p));
+    for (int k = 0; k < p; ++k) {
+      std::vector<StagePass>& mine = order[static_cast<std::size_t>(k)];
+      const auto emit = [&](PassKind kind, int u) { mine.push_back({kind, k, u}); };
+      const std::vector<int> before = forwards_before(
+          mbs.size(), o.schedule == "gpipe" ? mp : warmups[static_cast<std::size_t>(k)]);
+      if (split)
+        zero_bubble_passes(mbs, before, zero_bubble_lag(warmups, k), emit);
+      else
+        one_f_one_b_passes(mbs, before, emit);
+    }
+    const PassWalk walk = walk_passes(order, ranks, mp, passes);
+    double walked = 0;
+    for (int k = 0; k < p; ++k) {
+      const auto sk = static_cast<std::size_t>(k);
+      double end = walk.rank_end_s[sk];
+      if (syncs[sk] > 0)
+        end = std::max(
+            end, walk.closing_end_s[sk] + allreduce_after_closing_backward(
+                                              measured, cuts[sk], cuts[sk + 1], syncs[sk],
+                                              split ? passes.weight_s[sk] : passes.backward_s[sk]));
+      walked = std::max(walked, end + steps[sk]);
+    }
+    finish(plan, charged, t, o, walked / m);
+    plan.schedule = o.schedule;
+    plan.microbatches = m;
+    plan.in_flight = 1;
+    plan.predicted.peak_memory_bytes.assign(static_cast<std::size_t>(w), 0);
+    for (const PlanStage& ps : plan.stages)
+      for (int r : ps.ranks)
+        plan.predicted.peak_memory_bytes[static_cast<std::size_t>(r)] =
+            static_cast<std::int64_t>(ps.memory_bytes);
+    return std::pair{std::move(plan), walked};
+    return std::pair{std::move(plan), walked};
+  };
+  std::optional<std::pair<Plan, double>> best = plan_at(cuts);
+  PIPELINE_CHECK(best.has_value(), "internal: the flush plan's own cut does not fit");
+  // The dynamic program ranks cuts by a microbatch's way and the slowest stage's pace, which
+  // misses what the schedule's warm-up hides: move single cut points while that shortens the
+  // walked minibatch by more than rounding, every stage still fitting.
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int k = 1; k < p; ++k)
+      for (int step : {-1, 1}) {
+        std::vector<int> trial = cuts;
+        int& c = trial[static_cast<std::size_t>(k)];
+        c += step;
+        if (c <= trial[static_cast<std::size_t>(k) - 1] ||
+            c >= trial[static_cast<std::size_t>(k) + 1] || !cut_allowed(c))
+          continue;
+        std::optional<std::pair<Plan, double>> next = plan_at(trial);
+        if (!next || next->second >= best->second * (1 - 1e-9)) continue;
+        best = std::move(next);
+        cuts = std::move(trial);
+        moved = true;
+      }
   }
-  // Each pipeline runs the order above as its schedule will (flush_warmups: the stages' planned
-  // depths), the first one (of the most microbatches) the latest: its walk, with each stage's
-  // allreduce from its closing backward in the runtime's buckets and then its step, is the
-  // minibatch's time. (Over replicas the generator searches the depths from these on by probing
-  // the schedule, which the partitioner cannot; where it finds faster ones the plan runs faster
-  // than its figure.) The search above took a microbatch's way plus the slowest stage's pace for
-  // each later microbatch, which ranks the cuts well but can miss what 1F1B's warm-up hides.
-  std::vector<int> warmups;
-  for (int k = 0; k < p; ++k) {
-    const int in_flight = plan.stages[static_cast<std::size_t>(k)].in_flight;
-    int warmup = in_flight > 0 ? in_flight - 1 : p - 1 - k;
-    if (k > 0) warmup = std::min(warmup, warmups.back());
-    warmups.push_back(std::max(warmup, 0));
-  }
-  std::vector<int> mbs(static_cast<std::size_t>(mp)), ranks(static_cast<std::size_t>(p));
-  std::iota(mbs.begin(), mbs.end(), 0);
-  std::iota(ranks.begin(), ranks.end(), 0);
-  PassOrder order(static_cast<std::size_t>(p));
-  for (int k = 0; k < p; ++k) {
-    std::vector<StagePass>& mine = order[static_cast<std::size_t>(k)];
-    const auto emit = [&](PassKind kind, int u) { mine.push_back({kind, k, u}); };
-    const std::vector<int> before = forwards_before(
-        mbs.size(), o.schedule == "gpipe" ? mp : warmups[static_cast<std::size_t>(k)]);
-    if (split)
-      zero_bubble_passes(mbs, before, zero_bubble_lag(warmups, k), emit);
-    else
-      one_f_one_b_passes(mbs, before, emit);
-  }
-  const PassWalk walk = walk_passes(order, ranks, mp, passes);
-  time = 0;
-  for (int k = 0; k < p; ++k) {
-    const auto sk = static_cast<std::size_t>(k);
-    double end = walk.rank_end_s[sk];
-    if (syncs[sk] > 0)
-      end = std::max(
-          end, walk.closing_end_s[sk] + allreduce_after_closing_backward(
-                                            measured, cuts[sk], cuts[sk + 1], syncs[sk],
-                                            split ? passes.weight_s[sk] : passes.backward_s[sk]));
-    time = std::max(time, end + steps[sk]);
-  }
-  finish(plan, charged, t, o, time / m);
-  plan.schedule = o.schedule;
-  plan.microbatches = m;
-  plan.in_flight = 1;
-  plan.predicted.peak_memory_bytes.assign(static_cast<std::size_t>(w), 0);
-  for (const PlanStage& ps : plan.stages)
-    for (int r : ps.ranks)
-      plan.predicted.peak_memory_bytes[static_cast<std::size_t>(r)] =
-          static_cast<std::int64_t>(ps.memory_bytes);
-  return plan;
+  time = best->second;
+  return std::move(best->first);
 }
 
 // partition() for a flush schedule (partition.hpp): the fastest degree that fits.
