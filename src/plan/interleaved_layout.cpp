@@ -178,104 +178,32 @@ std::vector<int> interleaved_peak_held(const InterleavedShape& shape, int place,
   return {p, p};
 }
 
-namespace {
-
-// A place's pass of a stage's forward or backward of a microbatch.
-struct Pass {
-  int stage, index;
-  bool backward;
-};
-
-// What walk_interleaved fills on each call, kept between calls: the planner walks an order for
-// every cut it times.
-struct WalkScratch {
-  std::vector<double> input, gradient;
-  std::vector<Pass> passes;
-};
-
-}  // namespace
-
-InterleavedWalk walk_interleaved(const InterleavedOrder& order,
-                                 const InterleavedStageTimes& times) {
-  const int p = order.positions, v = order.stages_per_rank, m = order.microbatches;
-  const int stages = p * v, total = m * v;
-  PIPELINE_CHECK(static_cast<int>(times.forward_s.size()) == stages &&
-                     static_cast<int>(times.backward_s.size()) == stages &&
-                     static_cast<int>(times.message_s.size()) == stages,
-                 "internal: times of {}, {} and {} stages for an interleaved pipeline of {}",
-                 times.forward_s.size(), times.backward_s.size(), times.message_s.size(), stages);
-  thread_local WalkScratch scratch;
-  const auto at = [m](int stage, int index) {
-    return static_cast<std::size_t>(stage) * static_cast<std::size_t>(m) +
-           static_cast<std::size_t>(index);
-  };
-  const double unknown = -1;
-  // When a microbatch's input reaches stage k, and its output gradient (from stage k + 1).
-  std::vector<double>& input = scratch.input;
-  std::vector<double>& gradient = scratch.gradient;
-  input.assign(static_cast<std::size_t>(stages) * static_cast<std::size_t>(m), unknown);
-  gradient.assign(input.size(), unknown);
-  for (int i = 0; i < m; ++i) input[at(0, i)] = 0;
-  for (int i = 0; i < m; ++i) gradient[at(stages - 1, i)] = 0;  // (after its forward, in order)
-  // Place r's passes in order (warm-up forwards, then a forward and a backward in turn, then the
-  // remaining backwards) are passes[r·2·total ..], `next` the one it runs next; its clock, and when
-  // its links to the next and the previous place are free.
-  std::vector<Pass>& passes = scratch.passes;
-  passes.clear();
-  const auto per_place = 2 * static_cast<std::size_t>(total);
-  passes.reserve(static_cast<std::size_t>(p) * per_place);
+const PassOrder& interleaved_passes(const InterleavedOrder& order) {
+  static std::mutex mutex;
+  static std::map<std::array<int, 4>, PassOrder> cache;
+  const std::lock_guard lock(mutex);
+  auto [it, inserted] = cache.try_emplace(
+      {order.positions, order.stages_per_rank, order.microbatches, order.group_size()});
+  if (!inserted) return it->second;  // (a map's elements stay where they are)
+  const int p = order.positions;
+  PassOrder& out = it->second;
+  out.resize(static_cast<std::size_t>(p));
   for (int r = 0; r < p; ++r) {
+    std::vector<StagePass>& mine = out[static_cast<std::size_t>(r)];
+    mine.reserve(2 * static_cast<std::size_t>(order.microbatches * order.stages_per_rank));
     order.for_each_pass(r, [&](int k, bool backward) {
       const InterleavedPair pair = order.pair(k, backward);
-      passes.push_back({pair.chunk * p + r, pair.index, backward});
+      mine.push_back(
+          {backward ? PassKind::Backward : PassKind::Forward, pair.chunk * p + r, pair.index});
     });
   }
-  struct Place {
-    std::size_t next = 0;
-    double clock = 0, activation_link = 0, gradient_link = 0;
-  };
-  std::vector<Place> places(static_cast<std::size_t>(p));
-  InterleavedWalk walk;
-  walk.last_backward_s.assign(static_cast<std::size_t>(stages), 0.0);
-  // Each place runs until its next pass waits for a message; a message wakes its receiver.
-  std::vector<int> ready_places;
-  for (int r = p - 1; r >= 0; --r) ready_places.push_back(r);
-  while (!ready_places.empty()) {
-    const int r = ready_places.back();
-    ready_places.pop_back();
-    Place& place = places[static_cast<std::size_t>(r)];
-    const Pass* mine = passes.data() + static_cast<std::size_t>(r) * per_place;
-    for (; place.next < per_place; ++place.next) {
-      const auto [k, i, backward] = mine[place.next];
-      const auto sk = static_cast<std::size_t>(k);
-      const double ready = backward ? gradient[at(k, i)] : input[at(k, i)];
-      if (ready == unknown) break;
-      place.clock =
-          std::max(place.clock, ready) + (backward ? times.backward_s[sk] : times.forward_s[sk]);
-      if (backward) walk.last_backward_s[sk] = std::max(walk.last_backward_s[sk], place.clock);
-      if (!backward && k + 1 < stages) {
-        place.activation_link =
-            std::max(place.clock, place.activation_link) + times.message_s[sk + 1];
-        input[at(k + 1, i)] = place.activation_link;
-        ready_places.push_back((r + 1) % p);
-      }
-      if (backward && k > 0) {
-        place.gradient_link = std::max(place.clock, place.gradient_link) + times.message_s[sk];
-        gradient[at(k - 1, i)] = place.gradient_link;
-        ready_places.push_back((r + p - 1) % p);
-      }
-    }
-  }
-  for (const Place& place : places) {
-    PIPELINE_CHECK(
-        place.next == per_place,
-        "internal: the interleaved order of {} places and {} stages each waits on itself "
-        "at pass {} of {}",
-        p, v, place.next, per_place);
-    walk.place_end_s.push_back(place.clock);
-    walk.makespan_s = std::max(walk.makespan_s, place.clock);
-  }
-  return walk;
+  return out;
+}
+
+std::vector<int> looped_stage_places(int positions, int stages_per_rank) {
+  std::vector<int> places;
+  for (int k = 0; k < positions * stages_per_rank; ++k) places.push_back(k % positions);
+  return places;
 }
 
 StagePlacement placement_of(const Plan& plan) {

@@ -1071,18 +1071,22 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   const bool given = order && !order->empty();
   int group = given && looped ? order->group : places;
   if (looped) {
-    InterleavedStageTimes times{stage_forward, stage_backward, {}};
+    StagePassTimes times;
+    times.forward_s = stage_forward;
+    times.backward_s = stage_backward;
     for (const PlanStage& ps : plan.stages) times.message_s.push_back(ps.input_message_s);
+    const std::vector<int> stage_places = looped_stage_places(places, o.virtual_stages);
     const int most = places * ((mp + places - 1) / places);
     const auto fits_group = [&](int g) {
       if (g == places || !t.memory_bytes_per_worker) return true;
       hold(g);
       return fits();
     };
-    std::optional<InterleavedWalk> walk;
+    std::optional<PassWalk> walk;
     for (int g = group; g <= most && (given || fits_group(g)); g += places) {
-      InterleavedWalk next =
-          walk_interleaved(InterleavedOrder{places, o.virtual_stages, most, g}, times);
+      PassWalk next =
+          walk_passes(interleaved_passes(InterleavedOrder{places, o.virtual_stages, most, g}),
+                      stage_places, most, times);
       if (!walk || next.makespan_s < walk->makespan_s * 0.99) {
         walk = std::move(next);
         group = g;
@@ -1090,8 +1094,8 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
       if (given) break;
     }
     if (order) order->group = group;
-    place_end = std::move(walk->place_end_s);
-    closing_end = std::move(walk->last_backward_s);
+    place_end = std::move(walk->rank_end_s);
+    closing_end = std::move(walk->closing_end_s);
     closing_s = stage_backward;
   } else {
     // zb-v's order, built as the generator builds it from the plan (thirds of each stage's time

@@ -16,10 +16,11 @@ PassWalk walk_passes(const PassOrder& order, const std::vector<int>& rank_of_sta
     return v[static_cast<std::size_t>(stage)];
   };
   constexpr double kNotYet = -1;
-  // When a microbatch's input reaches stage k, and its output gradient (from stage k + 1).
-  std::vector<double> input(static_cast<std::size_t>(stages) * static_cast<std::size_t>(n),
-                            kNotYet),
-      gradient = input;
+  // When a microbatch's input reaches stage k, and its output gradient (from stage k + 1); kept
+  // between calls, as the planner walks an order for every cut it times.
+  thread_local std::vector<double> input, gradient;
+  input.assign(static_cast<std::size_t>(stages) * static_cast<std::size_t>(n), kNotYet);
+  gradient.assign(input.size(), kNotYet);
   const auto cell = [n](int s, int u) {
     return static_cast<std::size_t>(s) * static_cast<std::size_t>(n) + static_cast<std::size_t>(u);
   };
@@ -33,7 +34,8 @@ PassWalk walk_passes(const PassOrder& order, const std::vector<int>& rank_of_sta
     double free;
   };
   struct Rank {
-    std::size_t next = 0;  // of the rank's order, over all minibatches
+    std::size_t next = 0;  // in the rank's order
+    int minibatch = 0;     // the one `next` is in
     double clock = 0;
     std::vector<Link> links;  // (a pipeline's rank talks to one or two others)
   };
@@ -65,10 +67,14 @@ PassWalk walk_passes(const PassOrder& order, const std::vector<int>& rank_of_sta
     ready.pop_back();
     Rank& rank = state[static_cast<std::size_t>(r)];
     const std::vector<StagePass>& mine = order[static_cast<std::size_t>(r)];
-    for (; rank.next < mine.size() * static_cast<std::size_t>(minibatches); ++rank.next) {
-      StagePass a = mine[rank.next % mine.size()];
-      a.microbatch += static_cast<int>(rank.next / mine.size()) * m;
-      const int s = a.stage, u = a.microbatch;
+    const auto advance = [&] {
+      if (++rank.next < mine.size()) return;
+      rank.next = 0;
+      ++rank.minibatch;
+    };
+    for (; rank.minibatch < minibatches && !mine.empty(); advance()) {
+      const StagePass& a = mine[rank.next];
+      const int s = a.stage, u = a.microbatch + rank.minibatch * m;
       switch (a.kind) {
         case PassKind::Forward:
           if (input[cell(s, u)] == kNotYet) break;
@@ -94,9 +100,10 @@ PassWalk walk_passes(const PassOrder& order, const std::vector<int>& rank_of_sta
     }
   }
   for (std::size_t r = 0; r < state.size(); ++r) {
-    PIPELINE_CHECK(state[r].next == order[r].size() * static_cast<std::size_t>(minibatches),
-                   "internal: the order of {} ranks waits on itself at rank {}, pass {}", ranks, r,
-                   state[r].next);
+    PIPELINE_CHECK(state[r].minibatch == minibatches || order[r].empty(),
+                   "internal: the order of {} ranks waits on itself at rank {}, pass {} of "
+                   "minibatch {}",
+                   ranks, r, state[r].next, state[r].minibatch);
     walk.rank_end_s.push_back(state[r].clock);
     walk.makespan_s = std::max(walk.makespan_s, state[r].clock);
   }

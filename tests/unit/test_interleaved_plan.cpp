@@ -579,25 +579,31 @@ TEST_CASE("interleaved_peak_held: interleaved 1F1B's counts, and the bound of zb
   }
 }
 
-TEST_CASE("walk_interleaved: interleaved 1F1B's time, as its schedule runs") {
+TEST_CASE("interleaved_passes walked: interleaved 1F1B's time, as its schedule runs") {
   // Equal stages (1 ms forward, 2 ms backward) and free messages: each rank's m·v passes of 3 ms
   // and Narayanan et al.'s bubble of (p - 1) stage times, in groups of p or 2p.
   const int p = 4, v = 2, m = 8;
-  const InterleavedStageTimes equal{std::vector<double>(p * v, 0.001),
-                                    std::vector<double>(p * v, 0.002),
-                                    std::vector<double>(p * v, 0.0)};
-  const InterleavedWalk walk = walk_interleaved(InterleavedOrder{p, v, m, 0}, equal);
+  StagePassTimes equal;
+  equal.forward_s.assign(p * v, 0.001);
+  equal.backward_s.assign(p * v, 0.002);
+  equal.message_s.assign(p * v, 0.0);
+  const std::vector<int> places = looped_stage_places(p, v);
+  CHECK(places == std::vector<int>{0, 1, 2, 3, 0, 1, 2, 3});
+  const auto walk_of = [&](int group, const StagePassTimes& times) {
+    return walk_passes(interleaved_passes(InterleavedOrder{p, v, m, group}), places, m, times);
+  };
+  const PassWalk walk = walk_of(0, equal);
   CHECK(walk.makespan_s == doctest::Approx((m * v + p - 1) * 0.003));
   // Rank 0 ends last, with the first stage's last backward; the last rank's stages end first.
-  CHECK(walk.place_end_s[0] == doctest::Approx(walk.makespan_s));
-  CHECK(walk.last_backward_s[0] == doctest::Approx(walk.makespan_s));
-  CHECK(walk.place_end_s[p - 1] < walk.makespan_s);
-  CHECK(walk.last_backward_s[p - 1] <= walk.last_backward_s[p - 2]);
+  CHECK(walk.rank_end_s[0] == doctest::Approx(walk.makespan_s));
+  CHECK(walk.closing_end_s[0] == doctest::Approx(walk.makespan_s));
+  CHECK(walk.rank_end_s[p - 1] < walk.makespan_s);
+  CHECK(walk.closing_end_s[p - 1] <= walk.closing_end_s[p - 2]);
   // Messages of 2 ms, longer than a pass: groups of 2p hide more of them than groups of p.
-  InterleavedStageTimes slow = equal;
+  StagePassTimes slow = equal;
   std::fill(slow.message_s.begin() + 1, slow.message_s.end(), 0.002);
-  const double pairs = walk_interleaved(InterleavedOrder{p, v, m, 0}, slow).makespan_s;
-  const double grouped = walk_interleaved(InterleavedOrder{p, v, m, 2 * p}, slow).makespan_s;
+  const double pairs = walk_of(0, slow).makespan_s;
+  const double grouped = walk_of(2 * p, slow).makespan_s;
   CHECK(pairs > walk.makespan_s);
   CHECK(grouped < pairs);
 }

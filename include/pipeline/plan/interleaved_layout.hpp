@@ -8,6 +8,8 @@
 //    the ranks and back up, and the first rank holds both the input and the loss stage (zb-v).
 #pragma once
 
+#include <pipeline/plan/pass_walk.hpp>
+
 #include <string>
 #include <vector>
 
@@ -98,29 +100,14 @@ void check_microbatch_group(int group, int positions);
 std::vector<int> interleaved_peak_held(const InterleavedShape& shape, int place,
                                        const std::vector<double>& bytes, int group = 0);
 
-// A microbatch's times on each stage of a looped interleaved pipeline: its forward, its backward
-// and the transfer of its input into the stage (and of its input gradient back; stage 0's unused).
-struct InterleavedStageTimes {
-  std::vector<double> forward_s;
-  std::vector<double> backward_s;
-  std::vector<double> message_s;
-};
+// Interleaved 1F1B's passes of one minibatch in `order`, per place (looped: stage k on place
+// k mod p), which the planner times with walk_passes (pass_walk.hpp): with stages of unequal time
+// (or slow links) the ranks wait on each other in ways no per-rank sum shows. Kept per order, as
+// the planner walks the same ones for every cut it times.
+const PassOrder& interleaved_passes(const InterleavedOrder& order);
 
-// When one pipeline's passes of a minibatch end under interleaved 1F1B in `order` (looped: stage
-// k on place k mod p): each place runs its order, a pass starting once its rank is free and its
-// input (or gradient) has arrived; a message leaves when its pass ends and crosses its link after
-// the messages sent on it before (one link per place and direction, as the simulator has). The
-// planner times its plans with this walk, since with stages of unequal time (or slow links) the
-// ranks wait on each other in ways no per-rank sum shows.
-struct InterleavedWalk {
-  // Per place, its last pass's end.
-  std::vector<double> place_end_s;
-  // Per stage, its last backward's end (where its allreduce's buckets close).
-  std::vector<double> last_backward_s;
-  // The latest of place_end_s.
-  double makespan_s = 0;
-};
-InterleavedWalk walk_interleaved(const InterleavedOrder& order, const InterleavedStageTimes& times);
+// The place of each of a looped pipeline's v·p stages: k mod p.
+std::vector<int> looped_stage_places(int positions, int stages_per_rank);
 
 // The placement of an interleaved plan's stages (looped for a plan whose stages name no ranks,
 // which ScheduleSpec::from_plan lays out looped).
