@@ -1619,10 +1619,10 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     pick = l.up;
     j = l.from;
   }
-  // The plan at `cuts`: describe()'s per-stage breakdown, then the flush schedule's memory and
-  // time; nullopt where a stage does not fit.
-  const auto plan_at = [&](const std::vector<int>& cuts) -> std::optional<std::pair<Plan, double>> {
-    const std::vector<FinalStage> fs = stages_at_cuts(cuts, [d](int k) {
+  // The plan at the cuts `at`: describe()'s per-stage breakdown, then the flush schedule's memory
+  // and time; nullopt where a stage does not fit.
+  const auto plan_at = [&](const std::vector<int>& at) -> std::optional<std::pair<Plan, double>> {
+    const std::vector<FinalStage> fs = stages_at_cuts(at, [d](int k) {
       std::vector<int> ranks;
       for (int r = 0; r < d; ++r) ranks.push_back(k * d + r);
       return ranks;
@@ -1637,7 +1637,7 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     double slowest = 0;                    // the slowest stage's max(compute, transfers)
     for (int k = 0; k < p; ++k) {
       PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
-      const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
+      const int i = at[static_cast<std::size_t>(k)], j = at[static_cast<std::size_t>(k) + 1];
       const std::optional<Choice> choice = choose(k, i, j);
       if (!choice) return std::nullopt;
       const Choice& c = *choice;
@@ -1678,7 +1678,7 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
                         split ? depths.front() : depths[static_cast<std::size_t>(k)]);
       };
       const auto fits = [&](int k) {
-        const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
+        const int i = at[static_cast<std::size_t>(k)], j = at[static_cast<std::size_t>(k) + 1];
         const std::optional<Choice> c = choose(k, i, j, held_at(k));
         return c && c->recompute == plan.stages[static_cast<std::size_t>(k)].recompute;
       };
@@ -1695,7 +1695,7 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
       }
       for (int k = 0; k < p; ++k) {
         PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
-        const int i = cuts[static_cast<std::size_t>(k)], j = cuts[static_cast<std::size_t>(k) + 1];
+        const int i = at[static_cast<std::size_t>(k)], j = at[static_cast<std::size_t>(k) + 1];
         ps.in_flight = std::max(depths[static_cast<std::size_t>(k)], std::min(p - k, mp));
         ps.memory_bytes = choose(k, i, j, held_at(k))->memory_bytes;
       }
@@ -1706,7 +1706,7 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     // minibatch's time. (Over replicas the generator searches the depths from these on by probing
     // the schedule, which the partitioner cannot; where it finds faster ones the plan runs faster
     // than its figure.) The search above took a microbatch's way plus the slowest stage's pace for
-    // each later microbatch, which ranks the cuts well but can miss what 1F1B's warm-up hides.
+    // each later microbatch, which ranks the at well but can miss what 1F1B's warm-up hides.
     std::vector<int> warmups;
     for (int k = 0; k < p; ++k) {
       const int in_flight = plan.stages[static_cast<std::size_t>(k)].in_flight;
@@ -1736,7 +1736,7 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
       if (syncs[sk] > 0)
         end = std::max(
             end, walk.closing_end_s[sk] + allreduce_after_closing_backward(
-                                              measured, cuts[sk], cuts[sk + 1], syncs[sk],
+                                              measured, at[sk], at[sk + 1], syncs[sk],
                                               split ? passes.weight_s[sk] : passes.backward_s[sk]));
       walked = std::max(walked, end + steps[sk]);
     }
