@@ -1062,7 +1062,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   };
   // Per place, when its last pass ends, and per stage, when its last backward (a V's: its last W)
   // ends and how long that pass takes: the closing pass the runtime's buckets start with.
-  std::vector<double> place_end, closing_end(static_cast<std::size_t>(stages)), closing_s;
+  std::vector<double> place_end, closing_end, closing_s;
   // Interleaved 1F1B in groups of p keeps a group on a microbatch's way round the ranks, which
   // with free messages and equal stages takes p paces. Slow links and unequal stages make the ranks
   // wait, and larger groups (a multiple of p) give each more work to hide that, as far as the
@@ -1100,23 +1100,22 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   } else {
     // zb-v's order, built as the generator builds it from the plan (thirds of each stage's time
     // per microbatch, its messages), walked on the stages' F, I and W as the simulator runs them.
-    std::vector<double> seconds, messages;
+    std::vector<double> seconds;
     StagePassTimes times;
     for (int k = 0; k < stages; ++k) {
       const PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
       seconds.push_back(ps.compute_s * d);
-      messages.push_back(ps.input_message_s);
+      times.message_s.push_back(ps.input_message_s);
       const SplitBackward split = split_backward_s(p, ps.begin, ps.end);
       const double forward = stage_forward[static_cast<std::size_t>(k)];
       times.forward_s.push_back(forward);
       times.input_s.push_back(split.input_s + (ps.recompute ? forward : 0.0));
       times.weight_s.push_back(split.weight_s);
     }
-    times.message_s = messages;
     times.backward_s = stage_backward;
     PassOrder built;
     if (!given)
-      built = zero_bubble_v_order(places, mp, v_times_in_thirds(places, seconds, messages));
+      built = zero_bubble_v_order(places, mp, v_times_in_thirds(places, seconds, times.message_s));
     if (order && !given) order->v_order = std::move(built);
     const PassWalk walk =
         walk_passes(order ? order->v_order : built, v_stage_ranks(places), mp, times);
