@@ -851,11 +851,12 @@ struct InterleavedPipes {
 
 // A stage's backward over layers [i, j) split into its input- and weight-gradient halves, as the
 // simulator runs them: the profile's split times where every layer with a backward has them,
-// halves of the whole backward otherwise.
+// halves of the whole backward otherwise; a recomputing stage runs its forward (`rebuilt_s`) again
+// before the input-gradient half.
 struct SplitBackward {
   double input_s = 0, weight_s = 0;
 };
-SplitBackward split_backward_s(const Profile& p, int i, int j) {
+SplitBackward split_backward_s(const Profile& p, int i, int j, double rebuilt_s) {
   SplitBackward split;
   double whole = 0;
   bool measured = true;
@@ -868,6 +869,7 @@ SplitBackward split_backward_s(const Profile& p, int i, int j) {
                (layer.backward_input_s > 0 || layer.backward_weight_s > 0 || layer.backward_s == 0);
   }
   if (!measured || split.input_s + split.weight_s <= 0) split.input_s = split.weight_s = whole / 2;
+  split.input_s += rebuilt_s;
   return split;
 }
 
@@ -882,6 +884,28 @@ double allreduce_after_closing_backward(const Profile& p, int i, int j, double s
   }
   return allreduce_after_backward_s(allreduce_buckets(backwards, bytes, kAllreduceBucketBytes),
                                     sync_s, 0.0, backward_s);
+}
+
+// When a minibatch `walk`ed ends: on each rank its last pass, or the allreduce of one of its
+// stages (from the stage's closing pass of `closing_s`, in the runtime's buckets; `sync_s` its
+// whole length, 0 without replicas) where that ends later, and then its stages' optimizer steps
+// (`step_s`). Stage k covers layers [cuts[k], cuts[k + 1]) on rank rank_of_stage[k].
+double minibatch_end_s(const Profile& p, const PassWalk& walk,
+                       const std::vector<int>& rank_of_stage, const std::vector<int>& cuts,
+                       const std::vector<double>& sync_s, const std::vector<double>& closing_s,
+                       const std::vector<double>& step_s) {
+  std::vector<double> end = walk.rank_end_s, steps(end.size(), 0.0);
+  for (std::size_t k = 0; k < rank_of_stage.size(); ++k) {
+    const auto r = static_cast<std::size_t>(rank_of_stage[k]);
+    if (sync_s[k] > 0)
+      end[r] = std::max(
+          end[r], walk.closing_end_s[k] + allreduce_after_closing_backward(
+                                              p, cuts[k], cuts[k + 1], sync_s[k], closing_s[k]));
+    steps[r] += step_s[k];
+  }
+  double latest = 0;
+  for (std::size_t r = 0; r < end.size(); ++r) latest = std::max(latest, end[r] + steps[r]);
+  return latest;
 }
 
 // The optimizer step time of layers [i, j) under `optimizer` (none when empty).
@@ -1060,9 +1084,10 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     return !t.memory_bytes_per_worker ||
            *std::max_element(memory.begin(), memory.end()) <= *t.memory_bytes_per_worker;
   };
-  // Per place, when its last pass ends, and per stage, when its last backward (a V's: its last W)
-  // ends and how long that pass takes: the closing pass the runtime's buckets start with.
-  std::vector<double> place_end, closing_end, closing_s;
+  // The walk of the schedule's order, and per stage how long its closing pass takes (its
+  // backward; a V's: its W), which the runtime's buckets start with.
+  PassWalk walked;
+  std::vector<double> closing_s;
   // Interleaved 1F1B in groups of p keeps a group on a microbatch's way round the ranks, which
   // with free messages and equal stages takes p paces. Slow links and unequal stages make the ranks
   // wait, and larger groups (a multiple of p) give each more work to hide that, as far as the
@@ -1094,8 +1119,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
       if (given) break;
     }
     if (order) order->group = group;
-    place_end = std::move(walk->rank_end_s);
-    closing_end = std::move(walk->closing_end_s);
+    walked = std::move(*walk);
     closing_s = stage_backward;
   } else {
     // zb-v's order, built as the generator builds it from the plan (thirds of each stage's time
@@ -1106,42 +1130,25 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
       const PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
       seconds.push_back(ps.compute_s * d);
       times.message_s.push_back(ps.input_message_s);
-      const SplitBackward split = split_backward_s(p, ps.begin, ps.end);
       const double forward = stage_forward[static_cast<std::size_t>(k)];
+      const SplitBackward split =
+          split_backward_s(p, ps.begin, ps.end, ps.recompute ? forward : 0.0);
       times.forward_s.push_back(forward);
-      times.input_s.push_back(split.input_s + (ps.recompute ? forward : 0.0));
+      times.input_s.push_back(split.input_s);
       times.weight_s.push_back(split.weight_s);
     }
-    times.backward_s = stage_backward;
     PassOrder built;
     if (!given)
       built = zero_bubble_v_order(places, mp, v_times_in_thirds(places, seconds, times.message_s));
     if (order && !given) order->v_order = std::move(built);
-    const PassWalk walk =
-        walk_passes(order ? order->v_order : built, v_stage_ranks(places), mp, times);
-    place_end = walk.rank_end_s;
-    closing_end = walk.closing_end_s;
+    walked = walk_passes(order ? order->v_order : built, v_stage_ranks(places), mp, times);
     closing_s = times.weight_s;
   }
   hold(group);
-  // Each rank's end of the minibatch: its last pass or the allreduce of one of its stages, which
-  // runs with the stage's closing pass (the runtime's buckets), whichever ends later, then its
-  // steps.
-  double makespan = 0;
-  for (int r = 0; r < places; ++r) {
-    double end = place_end[static_cast<std::size_t>(r)];
-    double steps = 0;
-    for (int k : stages_at[static_cast<std::size_t>(r)]) {
-      const auto sk = static_cast<std::size_t>(k);
-      const PlanStage& ps = plan.stages[sk];
-      if (stage_sync[sk] > 0)
-        end = std::max(
-            end, closing_end[sk] + allreduce_after_closing_backward(p, ps.begin, ps.end,
-                                                                    stage_sync[sk], closing_s[sk]));
-      steps += stage_step[sk];
-    }
-    makespan = std::max(makespan, end + steps);
-  }
+  std::vector<int> stage_places;
+  for (int k = 0; k < stages; ++k) stage_places.push_back(pipes.place_of(k));
+  const double makespan =
+      minibatch_end_s(p, walked, stage_places, cuts, stage_sync, closing_s, stage_step);
   for (int rank = 0; rank < w; ++rank)
     plan.predicted.peak_memory_bytes[static_cast<std::size_t>(rank)] =
         static_cast<std::int64_t>(memory[static_cast<std::size_t>(rank % places)]);
@@ -1650,10 +1657,10 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
       message.push_back(k > 0 ? cut_time(k - 1, i) : 0.0);
       const double forward = g.stage_forward_s(i - 1, j - 1);
       steps.push_back(step_s(measured, i, j, o.optimizer));
-      const SplitBackward halves = split_backward_s(measured, i, j);
+      const SplitBackward halves = split_backward_s(measured, i, j, c.recompute ? forward : 0.0);
       passes.forward_s.push_back(forward);
       passes.backward_s.push_back(c.compute_s - forward);
-      passes.input_s.push_back(halves.input_s + (c.recompute ? forward : 0.0));
+      passes.input_s.push_back(halves.input_s);
       passes.weight_s.push_back(halves.weight_s);
       passes.message_s.push_back(message.back());
       const double sync = d > 1 ? sync_time(StateGraph::stage_sum(g.parameter_bytes, i - 1, j - 1),
@@ -1705,14 +1712,13 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     // minibatch's time. (Over replicas the generator searches the depths from these on by probing
     // the schedule, which the partitioner cannot; where it finds faster ones the plan runs faster
     // than its figure.) The search above took a microbatch's way plus the slowest stage's pace for
-    // each later microbatch, which ranks the at well but can miss what 1F1B's warm-up hides.
-    std::vector<int> warmups;
+    // each later microbatch, which ranks the cuts well but can miss what 1F1B's warm-up hides.
+    std::vector<int> pipedream, in_flight;  // (PipeDream's depth: a forward per later stage)
     for (int k = 0; k < p; ++k) {
-      const int in_flight = plan.stages[static_cast<std::size_t>(k)].in_flight;
-      int warmup = in_flight > 0 ? in_flight - 1 : p - 1 - k;
-      if (k > 0) warmup = std::min(warmup, warmups.back());
-      warmups.push_back(std::max(warmup, 0));
+      pipedream.push_back(p - 1 - k);
+      in_flight.push_back(plan.stages[static_cast<std::size_t>(k)].in_flight);
     }
+    const std::vector<int> warmups = capped_warmups(pipedream, in_flight, /*deepen=*/true);
     std::vector<int> mbs(static_cast<std::size_t>(mp)), ranks(static_cast<std::size_t>(p));
     std::iota(mbs.begin(), mbs.end(), 0);
     std::iota(ranks.begin(), ranks.end(), 0);
@@ -1727,18 +1733,9 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
       else
         one_f_one_b_passes(mbs, before, emit);
     }
-    const PassWalk walk = walk_passes(order, ranks, mp, passes);
-    double walked = 0;
-    for (int k = 0; k < p; ++k) {
-      const auto sk = static_cast<std::size_t>(k);
-      double end = walk.rank_end_s[sk];
-      if (syncs[sk] > 0)
-        end = std::max(
-            end, walk.closing_end_s[sk] + allreduce_after_closing_backward(
-                                              measured, at[sk], at[sk + 1], syncs[sk],
-                                              split ? passes.weight_s[sk] : passes.backward_s[sk]));
-      walked = std::max(walked, end + steps[sk]);
-    }
+    const double walked =
+        minibatch_end_s(measured, walk_passes(order, ranks, mp, passes), ranks, at, syncs,
+                        split ? passes.weight_s : passes.backward_s, steps);
     finish(plan, charged, t, o, walked / m);
     plan.schedule = o.schedule;
     plan.microbatches = m;

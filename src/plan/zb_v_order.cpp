@@ -146,7 +146,6 @@ StagePassTimes v_times_in_thirds(int p, const std::vector<double>& seconds,
   StagePassTimes t;
   for (std::size_t k = 0; k < stages; ++k) t.forward_s.push_back(given ? seconds[k] / 3 : 1.0);
   t.input_s = t.weight_s = t.forward_s;
-  for (double f : t.forward_s) t.backward_s.push_back(2 * f);
   t.message_s = message_s.size() == stages ? message_s : std::vector<double>(stages, 0.0);
   return t;
 }

@@ -160,21 +160,12 @@ int one_f_one_b_warmup(const ScheduleSpec& spec, int stage) {
 
 namespace {
 
-// Warm-up depths from each stage's own cap (stage_in_flight - 1, where given): taken as the depth
-// (`deepen`) or only as a cap on PipeDream's; then capped by spec.in_flight - 1 on every stage
-// (not only the input) and kept non-increasing along the pipeline.
+// capped_warmups (plan/straight_order.hpp) from PipeDream's depths, the stages' in-flight counts
+// and spec.in_flight.
 std::vector<int> capped_warmups(const ScheduleSpec& spec, bool deepen) {
-  std::vector<int> out;
-  for (int s = 0; s < spec.num_stages(); ++s) {
-    int w = one_f_one_b_warmup(spec, s);
-    const auto si = static_cast<std::size_t>(s);
-    if (si < spec.stage_in_flight.size() && spec.stage_in_flight[si] > 0)
-      w = deepen ? spec.stage_in_flight[si] - 1 : std::min(w, spec.stage_in_flight[si] - 1);
-    if (spec.in_flight > 0) w = std::min(w, spec.in_flight - 1);
-    if (!out.empty()) w = std::min(w, out.back());
-    out.push_back(std::max(w, 0));
-  }
-  return out;
+  std::vector<int> warmups;
+  for (int s = 0; s < spec.num_stages(); ++s) warmups.push_back(one_f_one_b_warmup(spec, s));
+  return pipeline::capped_warmups(std::move(warmups), spec.stage_in_flight, deepen, spec.in_flight);
 }
 
 }  // namespace

@@ -21,6 +21,23 @@ inline std::vector<int> forwards_before(std::size_t n, int warmup) {
   return out;
 }
 
+// Each stage's 1F1B warm-up from its default (`warmups`: PipeDream's depth, one forward per rank
+// after it) and its planned in-flight count (`in_flight`, 0 or absent where the plan gives none):
+// in_flight − 1, taken as the warm-up (`deepen`) or only as a cap on the default; then at most
+// `cap` − 1 on every stage (cap > 0), and never rising along the pipeline.
+inline std::vector<int> capped_warmups(std::vector<int> warmups, const std::vector<int>& in_flight,
+                                       bool deepen, int cap = 0) {
+  for (std::size_t s = 0; s < warmups.size(); ++s) {
+    int& w = warmups[s];
+    if (s < in_flight.size() && in_flight[s] > 0)
+      w = deepen ? in_flight[s] - 1 : std::min(w, in_flight[s] - 1);
+    if (cap > 0) w = std::min(w, cap - 1);
+    if (s > 0) w = std::min(w, warmups[s - 1]);
+    w = std::max(w, 0);
+  }
+  return warmups;
+}
+
 // Forwards and backwards (oldest first) of the microbatches `mbs`, with `before[k]` forwards run
 // before the k-th backward (forwards_before): emit(kind, microbatch) for each pass in order.
 template <class Emit>

@@ -25,7 +25,7 @@ namespace pipeline {
 // The rank of each of a V's 2p stages: stage k and 2p − 1 − k on rank k.
 std::vector<int> v_stage_ranks(int p);
 
-// F, I and W each a third of `seconds` (per stage, a microbatch's whole pass; B their I and W),
+// F, I and W each a third of `seconds` (per stage, a microbatch's whole pass),
 // with the messages `message_s` (per stage, or empty: free); unit times where `seconds` is not 2p
 // positive entries.
 StagePassTimes v_times_in_thirds(int p, const std::vector<double>& seconds,
