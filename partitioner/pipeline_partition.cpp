@@ -62,7 +62,8 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
   else {
     // Deeper than PipeDream's count where the planner found that transfers need it: say so, as
     // it costs weight staleness under 1f1b-stash.
-    const int pipedream = pipeline::stash_in_flights(plan.workers, plan.replica_counts()).front();
+    const int pipedream =
+        pipeline::stash_in_flights(compact_ranks(plan).workers, plan.replica_counts()).front();
     fmt::print("config {}   in flight {}{}\n", plan.config, plan.in_flight,
                plan.in_flight > pipedream
                    ? fmt::format(" (PipeDream's {}, more to hide the transfers; older weights in "
@@ -70,6 +71,9 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
                                  pipedream, pipedream)
                    : std::string());
   }
+  if (const int used = compact_ranks(plan).workers; used < plan.workers)
+    fmt::print("uses {} of the {} workers (the others stay idle): train it with mpirun -np {}\n",
+               used, plan.workers, used);
   if (!plan.optimizer.empty()) {
     double step = 0;
     for (const auto& l : profile.layers) step += l.step_s.of(plan.optimizer);
@@ -214,6 +218,26 @@ void note_faster_flush_plan(const pipeline::Plan& interleaved, const pipeline::P
   const double simulated_ratio = flush_simulated->samples_per_s / simulated->samples_per_s;
   if (simulated_ratio > 1.05)
     fmt::print("{} simulates {:.2f}x as fast as this plan{}\n", which, simulated_ratio, why);
+}
+
+// A 1F1B-stash plan that must give every worker a replica can be slower than one that leaves some
+// idle (where the replicas' allreduce or the transfers cost more than the workers add): say so.
+void note_faster_on_fewer_workers(const pipeline::Plan& plan, const pipeline::Profile& profile,
+                                  const pipeline::Topology& topo,
+                                  pipeline::PartitionOptions options) {
+  options.allow_idle = true;
+  pipeline::Plan fewer;
+  try {
+    fewer = pipeline::partition(profile, topo, options);
+  } catch (const pipeline::ConfigError&) {
+    return;
+  }
+  const double ratio = fewer.predicted.samples_per_s / plan.predicted.samples_per_s;
+  if (ratio > 1.05)
+    fmt::print(
+        "note: a plan on {} of the {} workers (config {}, --allow-idle) is predicted {:.2f}x as "
+        "fast: more workers here cost more in transfers and allreduces than they add\n",
+        pipeline::compact_ranks(fewer).workers, plan.workers, fewer.config, ratio);
 }
 
 // The stages' device types joined like the config ("h100-a100-a100"); "" for an untyped plan.
@@ -496,6 +520,9 @@ int main(int argc, char** argv) {
       print_table(plan, profile, topo, seconds);
       if (sim && (stashes(plan) || plan.microbatches > 0 || plan.interleaved()))
         print_simulated(plan, *sim);
+      if (!allow_idle && opt.cost_model == pipeline::CostModel::Pipeline && stashes(plan) &&
+          !plan.interleaved() && stages_text.empty() && !chosen && !topo.typed())
+        note_faster_on_fewer_workers(plan, profile, topo, opt);
       if (plan.interleaved() && stages_text.empty() && !chosen && !topo.typed())
         note_faster_flush_plan(plan, profile, topo, opt, sim ? &*sim : nullptr,
                                transfer_dtype == "bf16" ? 0.5 : 1.0);

@@ -22,6 +22,7 @@
 #include <pipeline/schedule/generator.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -329,6 +330,13 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
     if (profile != nullptr) *profile = std::move(measured);
   } else {
     plan = read_plan(flags.plan);
+    const std::vector<int> used = plan.ranks_used();
+    if (!used.empty() && static_cast<int>(used.size()) < plan.workers && comm.rank() == 0)
+      log_info(
+          "the plan uses {} of its {} workers (the others idle): its ranks {} run as ranks "
+          "0-{} of this job",
+          used.size(), plan.workers, fmt::join(used, ","), used.size() - 1);
+    plan = compact_ranks(std::move(plan));
     if (profile != nullptr && !flags.profile.empty()) {
       *profile = read_profile(flags.profile);
       const Profile& p = **profile;

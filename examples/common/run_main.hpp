@@ -95,7 +95,7 @@ inline int run_main(int argc, char** argv, CLI::App& app, const PipelineFlags& f
     try {
       flags.check();
       note_taken(0);
-      const Plan plan = read_plan(flags.plan);
+      const Plan plan = compact_ranks(read_plan(flags.plan));
       const Device device = parse_device(flags.device);
       log_info("in-process pipeline: the plan's {} ranks as threads of this process, on {}{}",
                plan.workers, device.str(), device.is_cuda() ? " (a stream per rank)" : "");

@@ -582,6 +582,16 @@ int span_level(const std::vector<int>& groups, int a, int b) {
 
 // describe() with the in-flight counts the schedule's stash shape may take (`flights`, per
 // stage; stash_in_flights() or more), each taken where it fits.
+// The ranks a plan's stages take: all of the topology's workers, or fewer where the plan leaves
+// some idle (--allow-idle, manual stages). The in-flight counts are those of the ranks that run;
+// the ranks keep their places in the topology (the links between them), and a job runs the plan
+// on just the ranks it uses (compact_ranks).
+int workers_used(const std::vector<FinalStage>& stages) {
+  int used = 0;
+  for (const FinalStage& fs : stages) used += static_cast<int>(fs.ranks.size());
+  return used;
+}
+
 double describe_at(Plan& plan, const StateGraph& g, const Topology& t, const PartitionOptions& o,
                    const std::vector<FinalStage>& stages, std::optional<double> memory,
                    bool check_memory, const std::vector<int>& flights) {
@@ -590,7 +600,9 @@ double describe_at(Plan& plan, const StateGraph& g, const Topology& t, const Par
   const double R = o.activation_compression.value_or(1.0);
   std::vector<int> groups(t.levels.size() + 1, 1);
   for (std::size_t l = 0; l < t.levels.size(); ++l) groups[l + 1] = groups[l] * t.levels[l].count;
-  const int N = t.workers();
+  // PipeDream's model counts every worker, as its optimizer does; ours the ranks that run.
+  const int N = pd ? t.workers() : workers_used(stages);
+  int ranks_before = 0;  // of the stages before this one
   const auto diff = &StateGraph::stage_sum;
   plan.stages.clear();
   plan.config.clear();
@@ -623,7 +635,8 @@ double describe_at(Plan& plan, const StateGraph& g, const Topology& t, const Par
       return recompute_stage_memory_bytes(par, version, act, input, loss, f,
                                           o.optimizer_state_factor, work);
     };
-    int flight = in_flight(N, lo, r);
+    int flight = in_flight(N, pd ? lo : ranks_before, r);
+    ranks_before += r;
     double delay_bytes = 0;
     if (!pd) {
       // As the runtime schedules replicated stages: more minibatches held (stash_in_flights), and
@@ -704,7 +717,7 @@ double describe_at(Plan& plan, const StateGraph& g, const Topology& t, const Par
                    : plan.stages.front().in_flight > 0
                        ? plan.stages.front().in_flight
                        : in_flight(N, 0, plan.stages.front().replicas);
-  plan.predicted.peak_memory_bytes.assign(static_cast<std::size_t>(N), 0);
+  plan.predicted.peak_memory_bytes.assign(static_cast<std::size_t>(t.workers()), 0);
   for (const PlanStage& ps : plan.stages)
     for (int rk : ps.ranks) plan.predicted.peak_memory_bytes[static_cast<std::size_t>(rk)] = static_cast<std::int64_t>(ps.memory_bytes);
   return worst;
@@ -719,10 +732,11 @@ double describe(Plan& plan, const StateGraph& g, const Topology& t, const Partit
                 bool check_memory) {
   std::vector<int> replicas;
   for (const FinalStage& fs : stages) replicas.push_back(static_cast<int>(fs.ranks.size()));
-  const std::vector<int> counts = stash_in_flights(t.workers(), replicas);
+  const std::vector<int> counts = stash_in_flights(workers_used(stages), replicas);
   const double period = describe_at(plan, g, t, o, stages, memory, check_memory, counts);
   if (o.cost_model == CostModel::PipeDream || o.pipedream_in_flight) return period;
-  const std::vector<int> flights = stash_in_flights_hiding_transfers(plan, t.workers(), period);
+  const std::vector<int> flights =
+      stash_in_flights_hiding_transfers(plan, workers_used(stages), period);
   // (The first pass decided recomputation; deeper counts are taken only where they keep it.)
   return flights == counts ? period
                            : describe_at(plan, g, t, o, stages, memory, check_memory, flights);

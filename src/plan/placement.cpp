@@ -100,27 +100,35 @@ std::vector<RankPlacement> place_ranks(const Plan& plan, const Topology& topolog
   const int k = resolve_host_level(topology, options);
   int per_host = 1;
   for (int l = 0; l < k; ++l) per_host *= topology.levels[static_cast<std::size_t>(l)].count;
-  const int needed = (workers + per_host - 1) / per_host;
+  // Worker w of the topology is on host w / per_host. A plan that leaves workers idle runs as a
+  // job of the ranks it uses (compact_ranks): job rank j is the j-th of them, on its worker's host.
+  std::vector<int> used = plan.ranks_used();
+  if (used.empty())
+    for (int w = 0; w < workers; ++w) used.push_back(w);
+  const int needed = used.back() / per_host + 1;
   PIPELINE_CHECK_AS(ConfigError, static_cast<int>(hosts.size()) >= needed,
                     "the plan needs {} hosts ({} ranks, {} per host at host level {}) but the "
                     "hostfile lists {}; add "
                     "hosts, or plan for {} workers",
-                    needed, workers, per_host, k, hosts.size(),
+                    needed, used.size(), per_host, k, hosts.size(),
                     static_cast<int>(hosts.size()) * per_host);
 
   std::vector<RankPlacement> placement;
-  placement.reserve(static_cast<std::size_t>(workers));
-  for (int r = 0; r < workers; ++r) {
-    const HostEntry& host = hosts[static_cast<std::size_t>(r / per_host)];
-    const int local = r % per_host;
+  placement.reserve(used.size());
+  for (std::size_t j = 0; j < used.size(); ++j) {
+    const int w = used[j];
+    const HostEntry& host = hosts[static_cast<std::size_t>(w / per_host)];
+    const int local = w % per_host;
+    const auto on_host = std::count_if(used.begin(), used.end(),
+                                       [&](int u) { return u / per_host == w / per_host; });
     PIPELINE_CHECK_AS(ConfigError, !host.slots || local < *host.slots,
                       "host '{}' has {} slots but the plan puts {} ranks on it ({} per host at "
                       "host level {}); give "
                       "it slots={}, or a topology whose host level has {} workers",
-                      host.name, host.slots.value_or(0), std::min(per_host, workers - r + local),
-                      per_host, k, per_host, host.slots.value_or(0));
-    placement.push_back(
-        {r, host.name, local, local * options.cores_per_rank, options.cores_per_rank});
+                      host.name, host.slots.value_or(0), on_host, per_host, k, per_host,
+                      host.slots.value_or(0));
+    placement.push_back({static_cast<int>(j), host.name, local, local * options.cores_per_rank,
+                         options.cores_per_rank});
   }
   return placement;
 }

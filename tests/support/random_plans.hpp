@@ -3,7 +3,8 @@
 // MPI, tests/gpu/test_gpu_plans.cpp on one GPU): a random MLP or small CNN, its profile (bytes
 // measured, times drawn), a random topology of 2 to 6 workers on one or two levels, or a mixed
 // cluster of fast and slow workers, partitioned with random options (straight or not, transfers
-// ignored or not, interleaved where the layers allow, for 1F1B-stash or a flush schedule), the
+// ignored or not, interleaved where the layers allow, for 1F1B-stash or a flush schedule, some
+// leaving workers idle), the
 // plan passed through plan.json and back,
 // and some stages marked to recompute as a user may mark them by hand.
 #pragma once
@@ -94,6 +95,7 @@ struct RandomPlan {
   std::vector<bool> recompute;  // per stage (empty: none recomputes)
   DeviceProfiles typed_profiles;  // for a mixed cluster: a profile per worker type (else empty)
   int workers = 0;                // that the plan uses
+  int idle_workers = 0;           // that it leaves idle (--allow-idle)
   int flush_microbatches = 0;  // at least one per replica; for interleaved a multiple of the ranks
   int stash_minibatches = 0;   // dealt evenly to every stage's replicas (their allreduces pair up)
   bool vertical_sync = false;  // for 1F1B-stash
@@ -195,9 +197,19 @@ inline RandomPlan random_plan(Rng& rng, std::uint64_t seed, int workers = 0) {
     while (o.microbatches < c.workers);
     plan = partition(c.profile, c.topology, o);
   } else {
+    // Sometimes on as many workers as are worth it (PipeDream's --use_fewer_machines), over
+    // links slow enough that fewer often are.
+    o.allow_idle = rng.below(3) == 0;
+    if (o.allow_idle) {
+      o.ignore_transfer = false;
+      const double slower = std::pow(10.0, 2 + static_cast<double>(rng.below(4)));
+      for (TopologyLevel& level : c.topology.levels) level.bandwidth_bytes_per_s /= slower;
+    }
     plan = partition(c.profile, c.topology, o);
   }
-  c.plan = parse_plan(plan_to_json(plan).dump(), "random plan");
+  // As the trainers run it: on the ranks it uses.
+  c.plan = compact_ranks(parse_plan(plan_to_json(plan).dump(), "random plan"));
+  c.idle_workers = plan.workers - c.plan.workers;
   c.workers = c.plan.workers;
   if (rng.below(3) == 0)
     for (PlanStage& s : c.plan.stages) c.recompute.push_back(s.recompute = rng.below(2) == 0);

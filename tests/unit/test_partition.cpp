@@ -562,6 +562,47 @@ TEST_CASE("replicated plans hold the minibatches their schedule needs, where mem
   }
 }
 
+TEST_CASE("plans that leave workers idle hold the minibatches of the ranks they use") {
+  // Manual stages on 3 of 8 workers (1-2): the counts of a 3-rank job, not of 8 workers; the
+  // plan keeps the topology's workers and runs as a job of its 3 ranks.
+  const Profile p = testing::uniform_profile(6, 0.001, 0.002, 100, 1000);
+  const Plan plan = evaluate_stages(p, Topology{{{8, 1e10}}, {}}, parse_manual_stages("0:3,3:6x2"));
+  CHECK(plan.workers == 8);
+  CHECK(plan.ranks_used() == std::vector<int>{0, 1, 2});
+  CHECK(plan.stages[0].in_flight == stash_in_flights(3, {1, 2}).front());
+  CHECK(plan.predicted.peak_memory_bytes.size() == 8);
+  const Plan job = compact_ranks(plan);
+  CHECK(job.workers == 3);
+  CHECK(job.predicted.peak_memory_bytes.size() == 3);
+
+  // --allow-idle over three levels can skip a worker inside a group: the ranks keep their places
+  // (the links between them), and the job numbers them 0..k-1 in order.
+  std::mt19937 rng(7);
+  int gaps = 0;
+  for (int iter = 0; iter < 400 && gaps < 3; ++iter) {
+    const Profile q = random_profile(rng, false);
+    Topology t = random_topology(rng);
+    PartitionOptions o;
+    o.allow_idle = true;
+    Plan idle;
+    try {
+      idle = partition(q, t, o);
+    } catch (const ConfigError&) {
+      continue;
+    }
+    CHECK(idle.workers == t.workers());
+    const std::vector<int> used = idle.ranks_used();
+    const Plan compact = compact_ranks(idle);
+    CHECK(compact.workers == static_cast<int>(used.size()));
+    for (std::size_t s = 0; s < idle.stages.size(); ++s)
+      for (std::size_t i = 0; i < idle.stages[s].ranks.size(); ++i)
+        CHECK(used[static_cast<std::size_t>(compact.stages[s].ranks[i])] ==
+              idle.stages[s].ranks[i]);
+    gaps += used.back() + 1 > static_cast<int>(used.size());
+  }
+  CHECK(gaps > 0);
+}
+
 TEST_CASE("bf16 transfers are charged as a compression ratio of 2 where transfers are charged") {
   PartitionOptions pipeline_model;
   set_transfer_dtype(pipeline_model, DType::Float32);

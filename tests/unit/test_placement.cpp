@@ -104,6 +104,17 @@ TEST_CASE(
   CHECK(describe_placement(place_ranks(plan_of(3, 1), levels({3}), hosts, all)) ==
         "ranks 0-2 on a");
   CHECK(describe_placement(place_ranks(plan_of(1, 1), levels({1}), hosts)) == "rank 0 on a");
+
+  // A plan that leaves workers idle (--allow-idle, manual stages) runs as a job of the ranks it
+  // uses, each on its worker's host: workers 0, 2 and 3 of 2 servers as ranks 0, 1 and 2.
+  Plan idle = plan_of(4, 1);
+  idle.stages.erase(idle.stages.begin() + 1);
+  idle.stages[0].end = 2;
+  p = place_ranks(idle, levels({2, 2}), hosts);
+  CHECK(describe_placement(p) == "rank 0 on a, ranks 1-2 on b");
+  CHECK(rankfile_text(p) == "rank 0=a slot=0\nrank 1=b slot=0\nrank 2=b slot=1\n");
+  CHECK(compact_ranks(idle).workers == 3);
+  CHECK(compact_ranks(idle).stages[1].ranks == std::vector<int>{1});
 }
 
 TEST_CASE("too few hosts or slots, and plans that do not fit the topology, are refused") {

@@ -37,7 +37,7 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
   set_num_threads(1);
   Rng rng(2026, "plans-train");
   int cnns = 0, replicated = 0, interleaved = 0, mixed = 0, recomputing = 0, dealt = 0,
-      two_buffered = 0, data_parallel_interleaved = 0, v_shaped = 0, for_flush = 0;
+      two_buffered = 0, data_parallel_interleaved = 0, v_shaped = 0, for_flush = 0, idle = 0;
   for (int trial = 0; trial < 40; ++trial) {
     CAPTURE(trial);
     const RandomPlan c = random_plan(rng, kSeed);
@@ -50,6 +50,7 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
     v_shaped += placement_of(c.plan) == StagePlacement::V;
     for_flush += c.plan.microbatches > 0;
     mixed += !c.typed_profiles.empty();
+    idle += c.typed_profiles.empty() && c.idle_workers > 0;
     recomputing += c.recomputes();
     const Sequential model = c.model(0.2f);
     const PipelineLayout layout = PipelineLayout::from_plan(c.plan, model);
@@ -97,7 +98,8 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
                             << ", in a V: " << v_shaped << "), on mixed workers: " << mixed
                             << ", with recomputing stages: " << recomputing
                             << "; flush schedules dealt by speed: " << dealt << ", 2bw runs: "
-                            << two_buffered << "; planned for a flush schedule: " << for_flush);
+                            << two_buffered << "; planned for a flush schedule: " << for_flush
+                            << ", leaving workers idle: " << idle);
   CHECK(cnns > 0);
   CHECK(replicated > 0);
   CHECK(interleaved > 0);
@@ -108,6 +110,7 @@ TEST_CASE("random partitioner plans schedule, validate, simulate and train like 
   CHECK(dealt > 0);
   CHECK(two_buffered > 0);
   CHECK(for_flush > 0);
+  CHECK(idle > 0);
 }
 
 }  // namespace test_plans_train

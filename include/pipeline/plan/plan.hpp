@@ -12,6 +12,7 @@
 
 #include <pipeline/nn/architecture.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -119,6 +120,19 @@ struct Plan {
     for (const PlanStage& s : stages) counts.push_back(s.replicas);
     return counts;
   }
+  // The ranks the stages run on, ascending: 0..workers-1, or fewer where the plan leaves workers
+  // of its topology idle (pipeline-partition --allow-idle, manual stages on fewer workers); empty
+  // where a hand-written plan leaves its ranks out.
+  std::vector<int> ranks_used() const {
+    std::vector<int> ranks;
+    for (const PlanStage& s : stages) {
+      if (s.ranks.empty()) return {};
+      ranks.insert(ranks.end(), s.ranks.begin(), s.ranks.end());
+    }
+    std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+    return ranks;
+  }
   // Each stage's predicted compute per replica (PlanStage::compute_s), in stage order: what the
   // schedules that order by time take (ScheduleSpec::stage_seconds).
   std::vector<double> stage_seconds() const {
@@ -127,5 +141,27 @@ struct Plan {
     return seconds;
   }
 };
+
+// The plan as a job of just the ranks it uses runs it: those ranks renumbered 0..k−1 in order
+// (each with its predicted memory) and `workers` k. A plan whose ranks are 0..workers−1 comes
+// back as it is. Its ranks keep their places in the topology in the plan as written, which the
+// predictions (and pipeline-simulate) are for; the trainers run the compacted one.
+inline Plan compact_ranks(Plan plan) {
+  const std::vector<int> used = plan.ranks_used();
+  if (used.empty() || static_cast<int>(used.size()) == plan.workers) return plan;
+  auto job_rank = [&](int rank) {
+    return static_cast<int>(std::lower_bound(used.begin(), used.end(), rank) - used.begin());
+  };
+  for (PlanStage& s : plan.stages)
+    for (int& rank : s.ranks) rank = job_rank(rank);
+  std::vector<std::int64_t>& memory = plan.predicted.peak_memory_bytes;
+  if (memory.size() == static_cast<std::size_t>(plan.workers)) {
+    std::vector<std::int64_t> kept;
+    for (int rank : used) kept.push_back(memory[static_cast<std::size_t>(rank)]);
+    memory = std::move(kept);
+  }
+  plan.workers = static_cast<int>(used.size());
+  return plan;
+}
 
 }  // namespace pipeline
