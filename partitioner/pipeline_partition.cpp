@@ -41,7 +41,8 @@ std::string layers_text(const pipeline::PlanStage& s) {
   return fmt::format("{} layers in {}..{}", s.layer_ids.size(), s.begin, s.end - 1);
 }
 
-void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, const pipeline::Topology& topo, double seconds) {
+void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile,
+                 const pipeline::Topology& topo, double seconds, bool simulated) {
   fmt::print("model {} ({} layers), {} workers: {}, cost model {}\n", plan.model.empty() ? "?" : plan.model,
              profile.size(), plan.workers, pipeline::describe_topology(topo), plan.cost_model);
   const bool typed = std::any_of(plan.stages.begin(), plan.stages.end(), [](const auto& s) { return !s.device.empty(); });
@@ -103,7 +104,11 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile, c
       plan.microbatches > 0 ? " per microbatch of the profile's batch, its bubble included" : "");
   fmt::print("data parallel      {:.6f} s   speedup over data parallelism {:.3f}x\n", p.data_parallel_time_per_minibatch_s,
              p.time_per_minibatch_s > 0 ? p.data_parallel_time_per_minibatch_s / p.time_per_minibatch_s : 0.0);
-  fmt::print("bubble fraction    {:.4f} ({} schedule, simulated)\n", p.bubble_fraction, plan.schedule);
+  if (simulated)
+    fmt::print("bubble fraction    {:.4f} ({} schedule, simulated)\n", p.bubble_fraction,
+               plan.schedule);
+  else
+    fmt::print("bubble fraction    not simulated\n");
   fmt::print("planned in {:.3f} s\n", seconds);
 }
 
@@ -147,9 +152,25 @@ std::optional<pipeline::Simulation> simulate_plan(const pipeline::Plan& plan,
   return pipeline::simulate(schedule, profile, plan, topo, options);
 }
 
+// What the partitioner's cost model leaves out of the transfers that the simulator charges in
+// full ("" where nothing): --ignore-transfer, --activation-compression (bf16 transfers are
+// charged as half the bytes by both), PipeDream's model.
+std::string discounted_transfers(const pipeline::PartitionOptions& options,
+                                 bool compression_given) {
+  if (options.ignore_transfer) return "--ignore-transfer leaves the transfers out of the plan";
+  if (compression_given)
+    return fmt::format("--activation-compression {} divides the plan's messages by {}",
+                       *options.activation_compression, *options.activation_compression);
+  if (options.cost_model == pipeline::CostModel::PipeDream)
+    return "PipeDream's cost model (--cost-model pipedream) times the stages as PipeDream's "
+           "optimizer does, without the messages between them";
+  return "";
+}
+
 // The steady state the schedule reaches beside the partitioner's figure, and why where it falls
-// more than 10% short of it.
-void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim) {
+// more than 10% short of it (`discounted`: what the plan's cost model left out, if anything).
+void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim,
+                     const std::string& discounted) {
   const double ratio =
       plan.predicted.samples_per_s > 0 ? sim.samples_per_s / plan.predicted.samples_per_s : 1.0;
   // A plan for microbatches states its time per microbatch of the profile's batch: so does this.
@@ -160,7 +181,12 @@ void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim
       "simulated          {:.6f} s{} ({:.1f} samples/s, {} schedule), {:.3f}x the partitioner's\n",
       seconds, plan.microbatches > 0 ? " per microbatch" : "", sim.samples_per_s, plan.schedule,
       ratio);
-  if (ratio < 0.9 && stashes(plan))
+  if (ratio < 0.9 && !discounted.empty())
+    fmt::print(
+        "note: the schedule falls short of the partitioner's figure because {}, and the "
+        "simulator charges every message in full at the topology's bandwidths\n",
+        discounted);
+  else if (ratio < 0.9 && stashes(plan))
     fmt::print(
         "note: the schedule cannot reach the partitioner's figure: transfers that the minibatches "
         "in flight cannot hide (where the memory, or --pipedream-in-flight, kept the in-flight "
@@ -388,8 +414,13 @@ int main(int argc, char** argv) {
       PIPELINE_CHECK_AS(ConfigError, profiles.count(type) == 0, "--profile: worker type '{}' is given twice", type);
       profiles[type] = pipeline::read_profile(path);
     }
-    for (auto& [type, p] : profiles)
+    for (auto& [type, p] : profiles) {
       if (batch > 0) p.batch_size = batch;
+      PIPELINE_CHECK_AS(ConfigError, p.batch_size > 0,
+                        "the profile{} does not record the batch size it was timed at (no "
+                        "\"batch_size\", or 0): give it with --batch N",
+                        type.empty() ? std::string() : " of worker type '" + type + "'");
+    }
     pipeline::check_device_profiles(profiles);
     const pipeline::Profile& profile = profiles.begin()->second;
     if (transfer_dtype.empty()) transfer_dtype = profile.bf16() ? "bf16" : "float32";
@@ -433,6 +464,9 @@ int main(int argc, char** argv) {
                       "--samples needs --deadline, --budget or --frontier (what to plan for)");
     PIPELINE_CHECK_AS(ConfigError, deadline_text.empty() || !budget, "give --deadline or --budget, not both");
     PIPELINE_CHECK_AS(ConfigError, !costing || stages_text.empty(), "--stages evaluates one plan; it excludes --samples");
+    PIPELINE_CHECK_AS(ConfigError, app.count("--stages") == 0 || !stages_text.empty(),
+                      "--stages is empty: give the stages, e.g. --stages 0:5x2,5:12,12:20, or "
+                      "leave it out to let the partitioner cut the model");
     PIPELINE_CHECK_AS(ConfigError, !budget || (std::isfinite(*budget) && *budget > 0),
                       "--budget must be a positive amount, got {}", budget.value_or(0));
 
@@ -517,9 +551,9 @@ int main(int argc, char** argv) {
     }
     if (!quiet) {
       if (frontier && chosen) fmt::print("\n");
-      print_table(plan, profile, topo, seconds);
+      print_table(plan, profile, topo, seconds, sim.has_value());
       if (sim && (stashes(plan) || plan.microbatches > 0 || plan.interleaved()))
-        print_simulated(plan, *sim);
+        print_simulated(plan, *sim, discounted_transfers(opt, compression.has_value()));
       if (!allow_idle && opt.cost_model == pipeline::CostModel::Pipeline && stashes(plan) &&
           !plan.interleaved() && stages_text.empty() && !chosen && !topo.typed())
         note_faster_on_fewer_workers(plan, profile, topo, opt);

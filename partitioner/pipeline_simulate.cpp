@@ -262,10 +262,44 @@ int run(int argc, char** argv) {
   const Profile& profile = profiles.begin()->second;
   const bool transfer_dtype_given = !transfer_dtype.empty();
   if (transfer_dtype.empty()) transfer_dtype = profile.bf16() ? "bf16" : "float32";
-  if (!availability_path.empty())
+  if (!availability_path.empty()) {
+    // The replay plans each segment itself: the options of a --plan run would be ignored.
+    std::vector<std::string> given;
+    for (const char* name : {"--plan",
+                             "--schedule",
+                             "--schedule-csv",
+                             "--microbatches",
+                             "--minibatches",
+                             "--microbatch-size",
+                             "--latency",
+                             "--transfer-dtype",
+                             "--full-duplex",
+                             "--overlap-allreduce",
+                             "--allreduce-cpu-ns",
+                             "--allreduce-bucket-bytes",
+                             "--trace",
+                             "--svg",
+                             "--json",
+                             "--slow-rank",
+                             "--jitter",
+                             "--seed",
+                             "--cores",
+                             "--rebalance"})
+      if (app.count(name) > 0) given.push_back(name);
+    PIPELINE_CHECK_AS(ConfigError, given.empty(),
+                      "--availability replays the trace with plans of its own; {} appl{} to a "
+                      "--plan run only: drop {}",
+                      fmt::join(given, ", "), given.size() == 1 ? "ies" : "y",
+                      given.size() == 1 ? "it" : "them");
     return replay_trace(profile, availability_path,
                         topology_path.empty() ? parse_levels(levels) : read_topology(topology_path),
                         samples, restart_text, price_text);
+  }
+  for (const char* name : {"--samples", "--restart-cost", "--price"})
+    PIPELINE_CHECK_AS(ConfigError, app.count(name) == 0,
+                      "{} is for --availability (a replay of transient workers); drop it, or "
+                      "give --availability trace.csv",
+                      name);
   PIPELINE_CHECK_AS(ConfigError, !plan_path.empty(),
                     "--plan is required (but with --availability, which plans by itself)");
   Plan plan = read_plan(plan_path);
@@ -279,6 +313,13 @@ int run(int argc, char** argv) {
                   "{}: the plan was made for {} with {} {} but the profile is of it with {} {}: "
                   "give the profile the plan was made from",
                   plan_path, plan.model, d->flag, d->recorded, d->flag, d->ours);
+  if (plan.batch_size > 0 && profile.batch_size > 0 && plan.batch_size != profile.batch_size &&
+      microbatch_size == 0)
+    fmt::print(stderr,
+               "pipeline-simulate: note: the plan was made from a profile at batch {}, this one "
+               "is at batch {}: its stages are timed at batch {} (give the profile the plan was "
+               "made from to time the plan as made)\n",
+               plan.batch_size, profile.batch_size, profile.batch_size);
   if (!transfer_dtype_given && !plan.transfer_dtype.empty())  // the plan's costs assume it
     transfer_dtype = plan.transfer_bf16() ? "bf16" : "float32";
   for (const PlanStage& st : plan.stages)

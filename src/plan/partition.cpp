@@ -1955,8 +1955,11 @@ std::optional<Plan> partition_impl(const Profile& measured, const Topology& topo
         double mid = 0.5 * (lo + hi);
         (std::isfinite(solve(mid, options).first) ? hi : lo) = mid;
       }
-      hint = fmt::format("; the smallest memory per worker that admits a plan is about {:.4g} bytes ({:.3f} GiB)", hi,
-                         hi / 1073741824.0);
+      // Both figures rounded up, so that either given as --memory admits the plan.
+      const double digits = std::pow(10.0, std::floor(std::log10(hi)) - 3);
+      hint = fmt::format(
+          "; the smallest memory per worker that admits a plan is about {:.4g} bytes ({:.3f} GiB)",
+          std::ceil(hi / digits) * digits, std::ceil(hi / 1073741824.0 * 1000) / 1000);
       if (options.recompute == Recompute::None && options.cost_model == CostModel::Pipeline) {
         PartitionOptions with = options;
         with.recompute = Recompute::Auto;

@@ -4,12 +4,15 @@
 
 #include "../core/json_io.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -40,7 +43,9 @@ constexpr Unit kUnits[] = {
     {"tbit", 1e12 / 8, true},
 };
 
-// Splits "25 Gbit/s" into 25 and "gbit" (lower case, "/s" or "ps" removed when allowed).
+// Splits "25 Gbit/s" into 25 and "gbit" (lower case, "/s" or "ps" removed when allowed). In a
+// rate, as in network speeds, a lower-case b is a bit and an upper-case B a byte: "10Gb/s" and
+// "10Gbps" are 1.25 GB/s, "10GB/s" and "10GBps" 10 GB/s. Sizes are bytes whatever the case.
 double parse_quantity(std::string_view text, bool rate, const char* what) {
   std::string s;
   for (char c : text)
@@ -55,15 +60,18 @@ double parse_quantity(std::string_view text, bool rate, const char* what) {
   double value = 0;
   auto [ptr, ec] = std::from_chars(s.data(), s.data() + i, value);
   std::string unit = s.substr(i);
+  const auto ends_with = [&](std::string_view tail) {
+    return unit.size() >= tail.size() &&
+           unit.compare(unit.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (rate) {
+    if (ends_with("/s") || ends_with("/S") || ends_with("ps") || ends_with("PS"))
+      unit.resize(unit.size() - 2);
+    if (ends_with("b")) unit += "it";
+  }
   std::transform(unit.begin(), unit.end(), unit.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   bool ok = ec == std::errc() && ptr == s.data() + i && i > 0;
-  if (rate) {
-    if (unit.size() >= 2 && unit.compare(unit.size() - 2, 2, "/s") == 0)
-      unit.resize(unit.size() - 2);
-    else if (unit.size() >= 3 && unit.compare(unit.size() - 3, 3, "bps") == 0)
-      unit.replace(unit.size() - 3, 3, "bit");
-  }
   const Unit* found = nullptr;
   for (const Unit& u : kUnits)
     if (unit == u.name && (rate || !u.bits)) found = &u;
@@ -72,7 +80,8 @@ double parse_quantity(std::string_view text, bool rate, const char* what) {
                   "cannot parse {} '{}': expected a positive number optionally followed by a unit "
                   "({}), e.g. {}",
                   what, text,
-                  rate ? "B, KB, MB, GB, TB, KiB..TiB, bit, Kbit..Tbit, with or without /s"
+                  rate ? "B, KB, MB, GB, TB, KiB..TiB for bytes, bit or b, Kbit..Tbit or "
+                         "Kb..Tb for bits, with or without /s or ps"
                        : "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB",
                   rate ? "300GB/s or 25Gbit/s or 1.25e9" : "80GiB or 16e9");
   double bytes = value * found->factor;
@@ -255,14 +264,27 @@ WorkerType parse_worker_type(std::string_view text) {
   return w;
 }
 
+// A misspelt key would otherwise leave its setting at the default without a word (a
+// "memroy_per_worker" plans with no memory limit).
+void check_known_keys(const nlohmann::json& object, std::initializer_list<std::string_view> known,
+                      const char* what, std::string_view origin) {
+  for (const auto& item : object.items())
+    PIPELINE_CHECK_AS(ConfigError, std::find(known.begin(), known.end(), item.key()) != known.end(),
+                      "{}: unknown key \"{}\" in {}; the keys are {}", origin, item.key(), what,
+                      fmt::join(known, ", "));
+}
+
 Topology topology_from_json(const nlohmann::json& j, std::string_view origin) {
   PIPELINE_CHECK_AS(ConfigError, j.is_object() && j.contains("levels") && j.at("levels").is_array(),
                     "{}: a topology is an object with a \"levels\" array", origin);
+  check_known_keys(j, {"levels", "memory_per_worker", "price_per_worker_hour", "types"},
+                   "the topology", origin);
   Topology t;
   for (const auto& lj : j.at("levels")) {
     PIPELINE_CHECK_AS(
         ConfigError, lj.is_object() && lj.contains("count") && lj.contains("bandwidth"),
         "{}: each level needs \"count\" and \"bandwidth\", got {}", origin, lj.dump());
+    check_known_keys(lj, {"count", "bandwidth"}, "a level", origin);
     PIPELINE_CHECK_AS(ConfigError,
                       lj.at("count").is_number_integer() && lj.at("count").get<long long>() >= 1 &&
                           lj.at("count").get<long long>() <= (1 << 20),
@@ -289,6 +311,8 @@ Topology topology_from_json(const nlohmann::json& j, std::string_view origin) {
                             tj.contains("count"),
                         "{}: each worker type needs a \"name\" string and a \"count\", got {}",
                         origin, tj.dump());
+      check_known_keys(tj, {"name", "count", "memory_per_worker", "price_per_worker_hour"},
+                       "a worker type", origin);
       PIPELINE_CHECK_AS(ConfigError,
                         tj.at("count").is_number_integer() &&
                             tj.at("count").get<long long>() >= 1 &&

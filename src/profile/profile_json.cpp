@@ -207,10 +207,12 @@ Profile profile_from_json(const json& j, std::string_view origin) {
         architecture_from_json(j.at("architecture"), "the profile", std::string(origin));
   p.device = get_string(j, "device", "the profile", origin, false);
   if (j.contains("dtype")) p.dtype = get_string(j, "dtype", "the profile", origin, true);
-  double batch = get_number(j, "batch_size", "the profile", origin, true);
-  PIPELINE_CHECK_AS(
-      ConfigError, std::isfinite(batch) && batch >= 0 && batch == std::floor(batch) && batch < 1e9,
-      "{}: batch_size must be a non-negative integer, got {}", origin, j.at("batch_size").dump());
+  // Absent: not recorded (0); the partitioner then asks for --batch.
+  double batch = get_number(j, "batch_size", "the profile", origin, false);
+  PIPELINE_CHECK_AS(ConfigError,
+                    std::isfinite(batch) && batch >= 0 && batch == std::floor(batch) && batch < 1e9,
+                    "{}: batch_size must be a non-negative integer, got {}", origin,
+                    j.contains("batch_size") ? j.at("batch_size").dump() : std::string("nothing"));
   p.batch_size = static_cast<int>(batch);
   if (j.contains("threads")) {
     const double threads = get_number(j, "threads", "the profile", origin, true);

@@ -14,6 +14,17 @@ TEST_CASE("bandwidths and sizes with units") {
   CHECK(parse_bandwidth("300GB/s") == doctest::Approx(300e9));
   CHECK(parse_bandwidth("25Gbit/s") == doctest::Approx(25e9 / 8));
   CHECK(parse_bandwidth("25 Gbps") == doctest::Approx(25e9 / 8));
+  // In a rate a lower-case b is a bit, an upper-case B a byte, as network speeds are written.
+  CHECK(parse_bandwidth("10Gb/s") == doctest::Approx(10e9 / 8));
+  CHECK(parse_bandwidth("100mb/s") == doctest::Approx(100e6 / 8));
+  CHECK(parse_bandwidth("100Mbps") == doctest::Approx(100e6 / 8));
+  CHECK(parse_bandwidth("10gbps") == doctest::Approx(10e9 / 8));
+  CHECK(parse_bandwidth("10GBps") == doctest::Approx(10e9));
+  CHECK(parse_bandwidth("10gB/s") == doctest::Approx(10e9));
+  CHECK(parse_bandwidth("8b/s") == doctest::Approx(1));
+  CHECK(parse_bandwidth("10GiB/s") == doctest::Approx(10.0 * 1073741824));
+  CHECK(parse_bandwidth("10 gbit/s") == doctest::Approx(10e9 / 8));
+  CHECK(parse_bytes("16gb") == doctest::Approx(16e9));  // a size is bytes whatever the case
   CHECK(parse_bandwidth("1.25e9") == doctest::Approx(1.25e9));
   CHECK(parse_bandwidth("10 GiB/s") == doctest::Approx(10.0 * 1073741824));
   CHECK(parse_bytes("80GiB") == doctest::Approx(80.0 * 1073741824));
@@ -37,6 +48,19 @@ TEST_CASE("levels and topologies") {
                                      "memory_per_worker": "80GiB"})");
   Topology t = topology_from_json(j, "t.json");
   CHECK(t.workers() == 32);
+  // A misspelt key is refused, not left at its default.
+  CHECK_THROWS_WITH_AS(
+      topology_from_json(
+          nlohmann::json::parse(
+              R"({"levels": [{"count": 2, "bandwidth": 1e9}], "memroy_per_worker": "1MB"})"),
+          "t.json"),
+      doctest::Contains("t.json: unknown key \"memroy_per_worker\" in the topology; the keys are "
+                        "levels, memory_per_worker, price_per_worker_hour, types"),
+      ConfigError);
+  CHECK_THROWS_WITH_AS(
+      topology_from_json(nlohmann::json::parse(R"({"levels": [{"count": 2, "bandwith": 1e9}]})"),
+                         "t.json"),
+      doctest::Contains("needs \"count\" and \"bandwidth\""), ConfigError);
   CHECK(t.levels[1].bandwidth_bytes_per_s == doctest::Approx(25e9 / 8));
   CHECK(*t.memory_bytes_per_worker == doctest::Approx(80.0 * 1073741824));
   Topology back = topology_from_json(topology_to_json(t), "back");

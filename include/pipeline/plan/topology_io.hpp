@@ -7,14 +7,18 @@
 // Prices and worker types (both optional; files without them load as before):
 //   {"levels": [{"count": 24, "bandwidth": "25Gbit/s"}],
 //    "price_per_worker_hour": 2.0,
-//    "types": [{"name": "h100", "count": 8, "memory_per_worker": "80GiB", "price_per_worker_hour": 4.5},
-//              {"name": "a100", "count": 16, "memory_per_worker": "40GiB", "price_per_worker_hour": 1.9}]}
+//    "types": [{"name": "h100", "count": 8, "memory_per_worker": "80GiB",
+//    "price_per_worker_hour": 4.5},
+//              {"name": "a100", "count": 16, "memory_per_worker": "40GiB",
+//              "price_per_worker_hour": 1.9}]}
 // A type without memory or price takes the top-level one. With types there is exactly one level
 // and its count is the types' total (topology.hpp says why).
 //
 // Units: decimal B, KB, MB, GB, TB (powers of 1000), binary KiB, MiB, GiB, TiB (powers of 1024),
 // and for bandwidths bit, Kbit, Mbit, Gbit, Tbit (divided by 8), each optionally followed by
-// "/s" ("ps" for bits: "25Gbps"). Anything unparsable, zero, negative or not finite is a
+// "/s" or "ps". Case does not matter except for one letter: in a bandwidth a lower-case b is a bit
+// and an upper-case B a byte, as network speeds are written ("25Gb/s" and "25Gbps" are 25 Gbit/s,
+// "25GB/s" and "25GBps" 25 GB/s). Anything unparsable, zero, negative or not finite is a
 // ConfigError naming the text and what is accepted.
 #pragma once
 
