@@ -162,18 +162,6 @@ int run(const Options& o) {
   return 0;
 }
 
-std::string describe(const Plan& plan) {
-  std::string stages;
-  for (auto& s : plan.stages)
-    stages += fmt::format("{}[{}, {}){}", stages.empty() ? "" : " ", s.begin, s.end,
-                          s.replicas > 1 ? fmt::format("x{}", s.replicas) : "");
-  return fmt::format("plan for {} on {} workers: config {}, stages {}{}", plan.model, plan.workers,
-                     plan.config, stages,
-                     plan.predicted.samples_per_s > 0
-                         ? fmt::format(", predicted {:.0f} samples/s", plan.predicted.samples_per_s)
-                         : std::string());
-}
-
 int run_pipelined(const Options& o, Communicator& comm, Device device) {
   set_num_threads(o.threads > 0 ? o.threads : default_num_threads());
   ZooModel zoo = image_model(o);
@@ -181,7 +169,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   std::optional<Profile> profile;  // the plan's, for the simulated memory at the end
   const Plan plan =
       examples::plan_for_job(o.pipeline, zoo, comm, o.batch, *make_optimizer(o), &profile);
-  if (comm.rank() == 0) fmt::print("{}\n", describe(plan));
+  if (comm.rank() == 0) fmt::print("{}\n", examples::describe_plan(plan));
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
   // Only ranks of the first stage feed images; the others read the labels (the last stage's
   // loss, and every rank's sample count).
@@ -189,7 +177,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   const auto contents = !mine.empty() && mine.front() != 0 ? FashionMnist::Contents::Labels
                                                            : FashionMnist::Contents::Everything;
   FashionMnist train(o.data, Split::Train, contents), test(o.data, Split::Test, contents);
-  const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout);
+  const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout, o.batch);
 
   const DataLoader loader = train_loader(o, train);
   const long per_epoch = static_cast<long>(loader.num_batches());
@@ -286,7 +274,9 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Train a model on Fashion-MNIST and report its test accuracy"};
   const CLI::Validator positive = examples::positive_number();
-  app.add_option("--model", o.model, "zoo model: fashion-cnn or mlp")->capture_default_str();
+  app.add_option("--model", o.model, "zoo model: fashion-cnn or mlp")
+      ->check(CLI::IsMember({"fashion-cnn", "mlp"}))
+      ->capture_default_str();
   app.add_option("--epochs", o.epochs, "passes over the training set")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();

@@ -49,6 +49,7 @@ struct Options {
   bool lr_schedule_given = false;  // the default warms up for fewer steps on runs of 20 or fewer
   float weight_decay = 0.01f;
   float clip_grad = 1.f;
+  bool clip_grad_given = false;
   std::uint64_t seed = 1;
   int threads = 0;
   std::int64_t seq_len = 64, dim = 64, heads = 4, blocks = 2;
@@ -146,22 +147,29 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   std::optional<Profile> profile;  // the plan's, for the simulated memory at the end
   const Plan plan =
       examples::plan_for_job(o.pipeline, zoo, comm, o.batch, *make_optimizer(o), &profile);
-  if (o.pipeline.plan.empty() && comm.rank() == 0)
-    fmt::print("plan: {}\n", plan_to_json(plan).dump());
+  if (comm.rank() == 0) fmt::print("{}\n", examples::describe_plan(plan));
   const PipelineLayout layout = PipelineLayout::from_plan(plan, zoo.model);
-  const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout);
+  const ScheduleRequest req = examples::schedule_request(o.pipeline, plan, layout, o.batch);
   // The stage replicas take minibatches in groups of g: the loop trains the whole groups of
   // --steps and says so when that is fewer (or refuses fewer than g); the progress line and the
   // learning-rate schedule count the steps it trains.
   const int g = minibatch_granularity(req.name, layout);
   const long steps = std::max<long>(o.steps - o.steps % g, g);
 
-  // --clip-grad is documented as ignored by 1f1b-stash, whose stages step at their own pace.
+  // Under 1f1b-stash the replicas of a stage step at different rates, so no global norm exists
+  // where a stage is replicated: clipping is off there (said where --clip-grad was given).
+  const bool replicated = std::any_of(layout.stage_ranks.begin(), layout.stage_ranks.end(),
+                                      [](const std::vector<int>& r) { return r.size() > 1; });
+  const bool no_clip = examples::stashes(req) && replicated;
+  if (no_clip && o.clip_grad_given && o.clip_grad > 0 && comm.rank() == 0)
+    log_warn(
+        "--clip-grad is off: under {} with replicated stages the stages step at different "
+        "rates, so no global gradient norm exists; use a flush schedule to clip",
+        req.name);
   StageExecutor ex(
       zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
       examples::with_injected_slowdown(
-          examples::executor_options(o.pipeline, plan, o.seed,
-                                     examples::stashes(req) ? 0.f : o.clip_grad, device),
+          examples::executor_options(o.pipeline, plan, o.seed, no_clip ? 0.f : o.clip_grad, device),
           comm.rank()));
   if (comm.rank() == 0 && !o.pipeline.plan.empty())
     examples::warn_where_plan_differs(plan, req, o.batch, ex.optimizer(), device);
@@ -236,10 +244,14 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->each([&](const std::string&) { o.lr_schedule_given = true; });
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")
-      ->check(CLI::Range(0.f, 1.f));
+      ->check(CLI::Range(0.f, 1.f))
+      ->capture_default_str();
   app.add_option("--clip-grad", o.clip_grad,
-                 "global gradient-norm clip (0: off; ignored by 1f1b-stash)")
-      ->check(CLI::Range(0.f, 1e9f));
+                 "global gradient-norm clip (0: off; off under 1f1b-stash where a stage is "
+                 "replicated)")
+      ->check(CLI::Range(0.f, 1e9f))
+      ->capture_default_str()
+      ->each([&](const std::string&) { o.clip_grad_given = true; });
   app.add_option("--seed", o.seed, "seed of weights, shuffling and dropout")
       ->check(examples::non_negative_number())
       ->capture_default_str();

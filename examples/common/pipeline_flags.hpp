@@ -305,17 +305,23 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
   Plan plan;
   if (flags.plan.empty()) {
     // A flush schedule's microbatches: --microbatches, or as pipeline-partition's default, 4 per
-    // rank, or the most below that which divide the minibatch.
+    // rank, or the most below that which divide the minibatch. An interleaved schedule's: a
+    // multiple of the ranks (4 per rank where that divides the minibatch, else fewer).
     const bool flush = plans_flush(flags.schedule);
-    int microbatches = flush ? flags.microbatches : 1;
+    const bool interleaved = plans_interleaved(flags.schedule);
+    int microbatches = flush || interleaved ? flags.microbatches : 1;
+    if (microbatches <= 0 && interleaved)
+      for (int per_rank = 4; per_rank >= 1 && microbatches <= 0; --per_rank)
+        if (batch % (per_rank * comm.size()) == 0) microbatches = per_rank * comm.size();
     if (microbatches <= 0)
       for (microbatches = std::min(batch, 4 * comm.size()); batch % microbatches != 0;)
         --microbatches;
     if (comm.rank() == 0)
-      log_info(
-          "no --plan: profiling {} at batch {} and partitioning it for {} workers{}",
-          zoo.model.name(), batch / std::max(1, microbatches), comm.size(),
-          flush ? fmt::format(" under {} with {} microbatches", flags.schedule, microbatches) : "");
+      log_info("no --plan: profiling {} at batch {} and partitioning it for {} workers{}",
+               zoo.model.name(), batch / std::max(1, microbatches), comm.size(),
+               flush || interleaved
+                   ? fmt::format(" under {} with {} microbatches", flags.schedule, microbatches)
+                   : "");
     Profile measured;
     plan =
         auto_plan(zoo, comm,
@@ -324,7 +330,7 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
                    .optimizer = update_rule(optimizer),
                    .compute_dtype = flags.compute_dtype(),
                    .transfer_dtype = flags.wire_dtype(),
-                   .schedule = flush ? flags.schedule : "1f1b-stash",
+                   .schedule = flush || interleaved ? flags.schedule : "1f1b-stash",
                    .microbatches = microbatches},
                   profile != nullptr ? &measured : nullptr);
     if (profile != nullptr) *profile = std::move(measured);
@@ -356,6 +362,19 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
   return plan;
 }
 
+// One line for the log: the plan's model, workers, config, stages and predicted rate.
+inline std::string describe_plan(const Plan& plan) {
+  std::string stages;
+  for (auto& s : plan.stages)
+    stages += fmt::format("{}[{}, {}){}", stages.empty() ? "" : " ", s.begin, s.end,
+                          s.replicas > 1 ? fmt::format("x{}", s.replicas) : "");
+  return fmt::format("plan for {} on {} workers: config {}, stages {}{}", plan.model, plan.workers,
+                     plan.config, stages,
+                     plan.predicted.samples_per_s > 0
+                         ? fmt::format(", predicted {:.0f} samples/s", plan.predicted.samples_per_s)
+                         : std::string());
+}
+
 // Whether the request is for a generated weight-stashing schedule (1f1b-stash, with or without
 // vertical sync): one microbatch per minibatch by default, and a step after every backward.
 inline bool stashes(const ScheduleRequest& request) {
@@ -369,9 +388,10 @@ inline std::string schedule_name(const PipelineFlags& flags, const Plan& plan) {
 }
 
 // The schedule the flags ask for on the plan's layout; the plan gives the schedule's name unless
-// --schedule overrides it, and its warm-up depth.
+// --schedule overrides it, and its warm-up depth. `batch`: samples per minibatch, which the
+// default microbatch count divides where it can.
 inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& plan,
-                                        const PipelineLayout& layout) {
+                                        const PipelineLayout& layout, int batch) {
   ScheduleRequest req;
   req.name = flags.schedule.empty() ? plan.schedule : flags.schedule;
   req.csv = flags.schedule_csv;
@@ -397,6 +417,14 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
                      : stashes(req)          ? 1
                      : plan.microbatches > 0 ? plan.microbatches
                                              : layout.num_stages() * static_cast<int>(replicas);
+  if (flags.microbatches <= 0 && !stashes(req) && plan.microbatches <= 0 && batch > 0 &&
+      batch % req.microbatches != 0) {
+    // Equal microbatches: the next count up that divides the minibatch (as many as it has
+    // samples at the most).
+    int m = req.microbatches;
+    while (m < batch && batch % m != 0) ++m;
+    req.microbatches = std::min(m, batch);
+  }
   if (!req.csv.empty()) req.microbatches = read_schedule_csv(req.csv).microbatches;  // for the logs
   take_plan_hints(req, plan);
   PIPELINE_CHECK_AS(ConfigError,

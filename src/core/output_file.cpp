@@ -67,8 +67,10 @@ std::string output_path_problem(const std::string& path) {
                : "cannot write '" + path + "': " + std::strerror(errno);
   const std::string dir = directory_of(detail::destination_of(path, exists));
   struct stat dst {};
-  if (::stat(dir.c_str(), &dst) != 0 || !S_ISDIR(dst.st_mode))
+  if (::stat(dir.c_str(), &dst) != 0)
     return "cannot write '" + path + "': directory '" + dir + "' does not exist (create it first)";
+  if (!S_ISDIR(dst.st_mode))
+    return "cannot write '" + path + "': '" + dir + "' is a file, not a directory";
   if (::access(dir.c_str(), W_OK) != 0)
     return "cannot write '" + path + "': directory '" + dir + "' is not writable";
   return {};

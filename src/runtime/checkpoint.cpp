@@ -640,8 +640,8 @@ std::optional<Checkpoint> find_latest_checkpoint(const std::string& dir) {
 
 void check_resume_compatible(const CheckpointManifest& m, const CheckpointRunInfo& run) {
   PIPELINE_CHECK_AS(ConfigError, m.model == run.model,
-                    "the checkpoint is of model '{}' but this run trains '{}': resume with the "
-                    "model it was written for (--model {})",
+                    "the checkpoint is of model '{}' but this run trains '{}': resume it with "
+                    "the program and --model it was written by (--model {})",
                     m.model, run.model, m.model);
   // Options that give the same tensor shapes (transformer-lm's heads) would load without error.
   if (const auto d = first_difference(m.architecture, run.architecture))

@@ -84,7 +84,7 @@ Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions&
                Profile* profile_out) {
   std::string text, profile_text;
   const bool flush = plans_flush(options.schedule);
-  const int microbatches = flush ? options.microbatches : 1;
+  const int microbatches = flush || plans_interleaved(options.schedule) ? options.microbatches : 1;
   PIPELINE_CHECK_AS(ConfigError, microbatches >= 1 && options.batch % microbatches == 0,
                     "planning for {} runs a minibatch of {} samples as {} microbatches, which must "
                     "divide it: give --microbatches a divisor of --batch (or a --plan)",
@@ -106,6 +106,11 @@ Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions&
     set_transfer_dtype(part, options.transfer_dtype);
     if (flush) {
       part.schedule = options.schedule;
+      part.microbatches = microbatches;
+    } else if (plans_interleaved(options.schedule)) {
+      // Two stages per rank, looped or (zb-v) in a V, for the run's microbatches.
+      part.virtual_stages = 2;
+      if (options.schedule == "zb-v") part.placement = StagePlacement::V;
       part.microbatches = microbatches;
     }
     Plan plan = partition(profile, topo, part);

@@ -99,6 +99,10 @@ TEST_CASE("outputs that cannot be written name the path and the reason") {
                               "' does not exist (create it first)";
   CHECK_THROWS_WITH_AS(write_file_atomically((d.path / "missing" / "x.json").string(), "x"),
                        doctest::Contains(missing.c_str()), IoError);
+  write_file_atomically((d.path / "plain").string(), "a file");
+  const std::string not_dir = "'" + (d.path / "plain").string() + "' is a file, not a directory";
+  CHECK_THROWS_WITH_AS(write_file_atomically((d.path / "plain" / "x.json").string(), "x"),
+                       doctest::Contains(not_dir.c_str()), IoError);
   if (::geteuid() != 0) {  // root writes anywhere
     fs::permissions(d.path, fs::perms::owner_read | fs::perms::owner_exec);
     CHECK_THROWS_WITH_AS(write_file_atomically((d.path / "x.json").string(), "x"),

@@ -134,6 +134,13 @@ inline bool plans_flush(std::string_view schedule) {
   return schedule == "1f1b-flush" || schedule == "zb-h1" || schedule == "gpipe";
 }
 
+// Whether `schedule` runs interleaved plans (virtual stages): interleaved-1f1b (or "interleaved"),
+// interleaved-zb-h1 on a looped placement, zb-v on a V.
+inline bool plans_interleaved(std::string_view schedule) {
+  return schedule == "interleaved" || schedule == "interleaved-1f1b" ||
+         schedule == "interleaved-zb-h1" || schedule == "zb-v";
+}
+
 // Activations and gradients sent in `dtype`: bf16 halves the bytes on the wire, which the cost
 // models charge as a compression ratio of 2 on top of any ratio already set. PipeDream's model
 // charges transfers only under a ratio, so without one it stays uncharged there too.
