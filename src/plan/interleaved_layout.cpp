@@ -172,10 +172,9 @@ std::vector<int> interleaved_peak_held(const InterleavedShape& shape, int place,
   PIPELINE_CHECK(static_cast<int>(bytes.size()) == v && place >= 0 && place < p,
                  "internal: {} byte counts for place {} of {} with {} stages each", bytes.size(),
                  place, p, v);
-  if (shape.placement == StagePlacement::Looped) return looped_peak_held(p, v, group, place, bytes);
-  const double first = bytes[0], second = bytes[1];
-  if ((2 * p - 1) * first + second >= p * (first + second)) return {2 * p - 1, 1};
-  return {p, p};
+  PIPELINE_CHECK(shape.placement == StagePlacement::Looped,
+                 "internal: a V's memory is walked from its zb-v order, not counted here");
+  return looped_peak_held(p, v, group, place, bytes);
 }
 
 const PassOrder& interleaved_passes(const InterleavedOrder& order) {

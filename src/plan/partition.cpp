@@ -1002,7 +1002,8 @@ struct InterleavedChoice {
 // its place in each pipeline: describe()'s per-stage breakdown, with the memory and time of its
 // schedule (a flush: one weight version; each pipeline takes 1/d of a minibatch's microbatches,
 // each rank runs all of its stages for each of them, and every stage allreduces its gradients and
-// steps once per minibatch; a rank holds what interleaved_peak_held says), the stages marked in
+// steps once per minibatch; a rank holds what interleaved_peak_held says, or in a V what its
+// zb-v order holds at its peak), the stages marked in
 // `recompute` recomputing. `p` is the measured profile (no optimizer step in its backward times:
 // the step comes once per minibatch here) and `g` its chain. Returns the slowest stage's
 // max(compute + allreduce, transfer) per microbatch, and the plan in `plan`; fit_interleaved()
@@ -1029,6 +1030,8 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   // holds from its forward to its backward (`per`): every microbatch is a whole one of the
   // profile's batch, whichever pipeline takes it.
   std::vector<double> fixed(static_cast<std::size_t>(stages)), per = fixed;
+  // zb-v's I and W apart: `whole` from the F to the W, `between` from the I to the W.
+  std::vector<double> whole_bytes = fixed, between_bytes = fixed;
   double slowest = 0;
   for (int k = 0; k < stages; ++k) {
     PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
@@ -1054,14 +1057,15 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
                                           ps.workspace_bytes, g.stage_frees_input(f.s, f.e));
     const double whole =
         loss + (ps.recompute ? input : act + (g.stage_frees_input(f.s, f.e) ? 0.0 : input));
-    fixed[static_cast<std::size_t>(k)] = one - whole;
     // zb-v's W comes after the I: a microbatch between the two keeps the output gradients its
-    // weights need, and a recomputing stage the activations it rebuilt for the I too.
+    // weights need, and a recomputing stage the activations it rebuilt for the I too (which
+    // `one` holds for the backward in progress: counted with the microbatches between).
     const bool split = pipes.shape.placement == StagePlacement::V;
-    per[static_cast<std::size_t>(k)] =
-        whole + (split
-                     ? split_held_bytes(split_costs.kept_bytes(ps.begin, ps.end), act, ps.recompute)
-                     : 0.0);
+    fixed[static_cast<std::size_t>(k)] = one - whole - (split && ps.recompute ? act : 0.0);
+    whole_bytes[static_cast<std::size_t>(k)] = whole;
+    between_bytes[static_cast<std::size_t>(k)] =
+        split ? split_held_bytes(split_costs.kept_bytes(ps.begin, ps.end), act, ps.recompute) : 0.0;
+    per[static_cast<std::size_t>(k)] = whole + between_bytes[static_cast<std::size_t>(k)];
     stage_sync.push_back(sync);
     stage_step.push_back(step);
     stage_forward.push_back(g.stage_forward_s(f.s, f.e));
@@ -1090,6 +1094,34 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
         PlanStage& ps = plan.stages[k];
         ps.in_flight = 0;  // 1F1B-stash's count, which describe() set: no stash schedule runs it
         ps.memory_bytes = fixed[k] + held[c] * per[k];
+        memory[static_cast<std::size_t>(r)] += ps.memory_bytes;
+      }
+    }
+  };
+  // A V's memory from its order, pass by pass on each rank: a microbatch's F takes its `whole`
+  // bytes, its I the `between` ones, its W frees both. The rank's peak is its memory, each stage's
+  // share at that moment the stage's.
+  const auto hold_in_order = [&](const PassOrder& v_order) {
+    for (int r = 0; r < places; ++r) {
+      std::vector<double> live(static_cast<std::size_t>(stages), 0.0), at_peak = live;
+      double total = 0, peak = 0;
+      for (const StagePass& pass : v_order[static_cast<std::size_t>(r)]) {
+        const auto k = static_cast<std::size_t>(pass.stage);
+        const double change = pass.kind == PassKind::Forward ? whole_bytes[k]
+                              : pass.kind == PassKind::Input ? between_bytes[k]
+                                                             : -(whole_bytes[k] + between_bytes[k]);
+        live[k] += change;
+        total += change;
+        if (total > peak) {
+          peak = total;
+          at_peak = live;
+        }
+      }
+      memory[static_cast<std::size_t>(r)] = 0;
+      for (int k : stages_at[static_cast<std::size_t>(r)]) {
+        PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
+        ps.in_flight = 0;
+        ps.memory_bytes = fixed[static_cast<std::size_t>(k)] + at_peak[static_cast<std::size_t>(k)];
         memory[static_cast<std::size_t>(r)] += ps.memory_bytes;
       }
     }
@@ -1155,10 +1187,12 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     if (!given)
       built = zero_bubble_v_order(places, mp, v_times_in_thirds(places, seconds, times.message_s));
     if (order && !given) order->v_order = std::move(built);
-    walked = walk_passes(order ? order->v_order : built, v_stage_ranks(places), mp, times);
+    const PassOrder& v_order = order ? order->v_order : built;
+    walked = walk_passes(v_order, v_stage_ranks(places), mp, times);
     closing_s = times.weight_s;
+    hold_in_order(v_order);
   }
-  hold(group);
+  if (looped) hold(group);
   std::vector<int> stage_places;
   for (int k = 0; k < stages; ++k) stage_places.push_back(pipes.place_of(k));
   const double makespan =
@@ -1545,10 +1579,15 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     double memory_bytes = 0;
   };
   const bool split = o.schedule == "zb-h1";
-  // (`held`: the microbatches the stage holds, flush_held()'s unless given.)
-  const auto choose = [&](int k, int i, int j, int held = 0) -> std::optional<Choice> {
+  // (`held`: the microbatches the stage holds, flush_held()'s unless given; `pending`, under
+  // ZB-H1: of those, the most whose I has run and whose W has not, which keep their output
+  // gradients (and, recomputing, their rebuilt activations): the stage's W lag + 1,
+  // zero_bubble_lag(), k + 1 at PipeDream's warm-ups.)
+  const auto choose = [&](int k, int i, int j, int held = 0,
+                          int pending = 0) -> std::optional<Choice> {
     const int s = i - 1, e = j - 1;
     if (held <= 0) held = flush_held(o.schedule, k, p, mp);
+    pending = std::min(held, pending > 0 ? pending : k + 1);
     const double par = StateGraph::stage_sum(g.parameter_bytes, s, e);
     const double act = g.stage_activation_bytes(s, e);
     const double input = s < 0 ? 0.0 : g.boundary_bytes[static_cast<std::size_t>(s)];
@@ -1557,10 +1596,12 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
     const double kept = split ? split_costs.kept_bytes(i, j) : 0.0;
     const double stash = stage_memory_bytes(par, 0.0, act, held, o.optimizer_state_factor, input,
                                             loss, work, g.stage_frees_input(s, e)) +
-                         (split ? held * split_held_bytes(kept, act, false) : 0.0);
+                         (split ? pending * split_held_bytes(kept, act, false) : 0.0);
+    // (Split, the rebuilt activations are held from each I to its W: in split_held_bytes(), not
+    // once for the backward in progress.)
     const double rebuilt = recompute_stage_memory_bytes(par, 0.0, act, input, loss, held,
                                                         o.optimizer_state_factor, work) +
-                           (split ? held * split_held_bytes(kept, act, true) : 0.0);
+                           (split ? pending * split_held_bytes(kept, act, true) - act : 0.0);
     const auto fits = [&](double bytes) { return !memory || bytes <= *memory; };
     const bool recompute = o.recompute == Recompute::All ||
                            (o.recompute == Recompute::Auto && !fits(stash) && fits(rebuilt));
@@ -1697,9 +1738,19 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
         return std::max(flush_held(o.schedule, k, p, mp),
                         split ? depths.front() : depths[static_cast<std::size_t>(k)]);
       };
+      // Under ZB-H1, stage k's W lag + 1 at the depths (the warm-ups the schedule runs).
+      const auto pending_at = [&](int k) {
+        const auto warmup = [&](int stage) {
+          return std::max(depths[static_cast<std::size_t>(stage)], std::min(p - stage, mp)) - 1;
+        };
+        return std::max(0, warmup(0) - warmup(k)) + 1;
+      };
+      const auto choose_at = [&](int k, int i, int j) {
+        return choose(k, i, j, held_at(k), pending_at(k));
+      };
       const auto fits = [&](int k) {
         const int i = at[static_cast<std::size_t>(k)], j = at[static_cast<std::size_t>(k) + 1];
-        const std::optional<Choice> c = choose(k, i, j, held_at(k));
+        const std::optional<Choice> c = choose_at(k, i, j);
         return c && c->recompute == plan.stages[static_cast<std::size_t>(k)].recompute;
       };
       // Stage by stage, lowered until it fits (under ZB-H1 the first stage's depth, which every
@@ -1717,7 +1768,7 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
         PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
         const int i = at[static_cast<std::size_t>(k)], j = at[static_cast<std::size_t>(k) + 1];
         ps.in_flight = std::max(depths[static_cast<std::size_t>(k)], std::min(p - k, mp));
-        ps.memory_bytes = choose(k, i, j, held_at(k))->memory_bytes;
+        ps.memory_bytes = choose_at(k, i, j)->memory_bytes;
       }
     }
     // Each pipeline runs the order above as its schedule will (flush_warmups: the stages' planned

@@ -86,17 +86,13 @@ struct InterleavedOrder {
 // ConfigError unless `group` (0: p) is a multiple of the `positions` ranks of a pipeline.
 void check_microbatch_group(int group, int positions);
 
-// How many microbatches of each of its stages a place of an interleaved pipeline holds (from a
-// microbatch's forward to its backward) at the moment their bytes peak, one microbatch of its
-// c-th stage holding bytes[c] (its stages in forward order: place, place + p, ... looped; place
-// and 2p − 1 − place in a V), under the plan's schedule and over every microbatch count it
-// accepts:
-//  - looped, interleaved 1F1B in groups of `group` (0: p): its own order walked for m = p, 2p,
-//    ... until the steady state repeats (m = p runs all forwards first: p of every stage; from 2p
-//    on with groups of p, rank 0 holds 2(p − 1) + (v − 1)p + 1, the last rank (v − 1)p + 1);
-//  - a V, zb-v: its list scheduler keeps at most 2p stage activations per rank, at most 2p − 1 of
-//    them of the first stage, and the second stage holds only microbatches the first still holds
-//    (its W comes first), so the bound is the larger of (2p − 1, 1) and (p, p).
+// How many microbatches of each of its stages a place of a looped interleaved pipeline holds
+// (from a microbatch's forward to its backward) at the moment their bytes peak, one microbatch of
+// its c-th stage holding bytes[c] (its stages in forward order: place, place + p, ...), under
+// interleaved 1F1B in groups of `group` (0: p) over every microbatch count it accepts: its own
+// order walked for m = p, 2p, ... until the steady state repeats (m = p runs all forwards first:
+// p of every stage; from 2p on with groups of p, rank 0 holds 2(p − 1) + (v − 1)p + 1, the last
+// rank (v − 1)p + 1). (A V's memory is walked from zb-v's order for the plan's count.)
 std::vector<int> interleaved_peak_held(const InterleavedShape& shape, int place,
                                        const std::vector<double>& bytes, int group = 0);
 

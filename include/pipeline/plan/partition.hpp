@@ -38,13 +38,14 @@
 // allreduces and optimizer steps; the memory per rank is the sum over its stages of weights,
 // gradient, optimizer state and working memory, and of the microbatches (each a whole one of the
 // profile's batch, whichever pipeline takes it) its schedule holds at its peak for any microbatch
-// count (interleaved_peak_held: interleaved 1F1B's own order; zb-v's bound, with the output
-// gradients kept from each I to its W). With a memory limit the plan must fit or ConfigError
-// names the rank. Recomputation: under Recompute::All every stage keeps only its input per held
-// microbatch (zb-v also what it rebuilt, from the I to the W) and runs its forward twice (its
-// compute includes the second forward); Auto takes the faster of two plans that fit: the
-// stashing cut with, on each rank that would not fit, its stages recomputing one by one (the one
-// that saves most there first), and the cut of every stage recomputing.
+// count (interleaved_peak_held: interleaved 1F1B's own order), or for a V at the plan's count
+// (zb-v's order walked pass by pass, with the output gradients kept from each I to its W). With a
+// memory limit the plan must fit or ConfigError names the rank. Recomputation: under Recompute::All
+// every stage keeps only its input per held microbatch (zb-v also what it rebuilt, from the I to
+// the W) and runs its forward twice (its compute includes the second forward); Auto takes the
+// faster of two plans that fit: the stashing cut with, on each rank that would not fit, its stages
+// recomputing one by one (the one that saves most there first), and the cut of every stage
+// recomputing.
 #pragma once
 
 #include <pipeline/core/dtype.hpp>
