@@ -254,6 +254,7 @@ void note_faster_on_fewer_workers(const pipeline::Plan& plan, const pipeline::Pr
   options.allow_idle = true;
   pipeline::Plan fewer;
   try {
+    const pipeline::LogThresholdScope quiet(pipeline::LogLevel::Warn);  // said once already
     fewer = pipeline::partition(profile, topo, options);
   } catch (const pipeline::ConfigError&) {
     return;
@@ -554,8 +555,9 @@ int main(int argc, char** argv) {
       print_table(plan, profile, topo, seconds, sim.has_value());
       if (sim && (stashes(plan) || plan.microbatches > 0 || plan.interleaved()))
         print_simulated(plan, *sim, discounted_transfers(opt, compression.has_value()));
+      // (A second search: only where the first was quick.)
       if (!allow_idle && opt.cost_model == pipeline::CostModel::Pipeline && stashes(plan) &&
-          !plan.interleaved() && stages_text.empty() && !chosen && !topo.typed())
+          !plan.interleaved() && stages_text.empty() && !chosen && !topo.typed() && seconds < 1)
         note_faster_on_fewer_workers(plan, profile, topo, opt);
       if (plan.interleaved() && stages_text.empty() && !chosen && !topo.typed())
         note_faster_flush_plan(plan, profile, topo, opt, sim ? &*sim : nullptr,

@@ -96,7 +96,15 @@ std::vector<CostedPlan> cost_candidates(const DeviceProfiles& profiles, const To
   std::vector<Topology> subs;
   sub_topologies(topology, subs);
   for (const Topology& s : subs) {
-    std::optional<Plan> p = try_partition(profile, s, options);
+    // A sub-cluster that cannot take the plan asked for (an interleaved plan on 1 worker, or on a
+    // count that makes no pipelines of 2) is no candidate; where none can, the whole cluster's
+    // plan below says why.
+    std::optional<Plan> p;
+    try {
+      p = try_partition(profile, s, options);
+    } catch (const ConfigError&) {
+      if (s.workers() == topology.workers()) throw;
+    }
     if (!p) continue;
     CostedPlan c;
     c.plan = std::move(*p);
