@@ -240,7 +240,7 @@ schedules() {
       box 120 "$OUT/schedules.log" mpirun --bind-to core -np 8 "$B/examples/train_transformer_lm" \
         --plan "$OUT/lm-cpu-$pipes.json" "${lm[@]}" --threads 1 --steps 60 --text "$TEXT"
   done
-  grep -E "^config|^interleaved:|^time per minibatch|samples/s through" "$OUT/schedules.log" >>"$S"
+  grep -E "^config|^interleaved:|^time per mi(ni|cro)batch|samples/s through" "$OUT/schedules.log" >>"$S"
 }
 
 # Steps run in the order STEPS names them; tests and train together, where the first of them is.

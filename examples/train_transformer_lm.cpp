@@ -170,7 +170,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
       zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
       examples::with_injected_slowdown(
           examples::executor_options(o.pipeline, plan, o.seed, no_clip ? 0.f : o.clip_grad, device),
-          comm.rank()));
+          comm));
   if (comm.rank() == 0 && !o.pipeline.plan.empty())
     examples::warn_where_plan_differs(plan, req, o.batch, ex.optimizer(), device);
   const CheckpointRunInfo info = examples::checkpoint_run_info(zoo, ex.optimizer(), o.seed, o.batch,

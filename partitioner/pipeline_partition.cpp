@@ -99,9 +99,16 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile,
           plan.virtual_stages, v ? " in a V" : "", pipelines, places, places, places, places - 1,
           where);
   }
-  fmt::print(
-      "time per minibatch {:.6f} s ({:.1f} samples/s){}\n", p.time_per_minibatch_s, p.samples_per_s,
-      plan.microbatches > 0 ? " per microbatch of the profile's batch, its bubble included" : "");
+  // (A plan for microbatches records its time per microbatch of the profile's batch.)
+  if (plan.microbatches > 0)
+    fmt::print(
+        "time per microbatch {:.6f} s ({:.1f} samples/s), its bubble included: {:.6f} s a "
+        "minibatch of {}\n",
+        p.time_per_minibatch_s, p.samples_per_s, p.time_per_minibatch_s * plan.microbatches,
+        plan.microbatches);
+  else
+    fmt::print("time per minibatch {:.6f} s ({:.1f} samples/s)\n", p.time_per_minibatch_s,
+               p.samples_per_s);
   fmt::print("data parallel      {:.6f} s   speedup over data parallelism {:.3f}x\n", p.data_parallel_time_per_minibatch_s,
              p.time_per_minibatch_s > 0 ? p.data_parallel_time_per_minibatch_s / p.time_per_minibatch_s : 0.0);
   if (simulated)

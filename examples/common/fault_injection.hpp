@@ -111,9 +111,14 @@ inline std::function<void(const Action&, double)> injected_slowdown(int rank) {
   };
 }
 
-// `options` with the PIPELINE_TEST_SLOW_RANK hook for this rank, if it is the slowed one.
-inline ExecutorOptions with_injected_slowdown(ExecutorOptions options, int rank) {
-  if (auto hook = injected_slowdown(rank)) options.after_compute = std::move(hook);
+// `options` with the PIPELINE_TEST_SLOW_RANK hook for `comm`'s rank, if it is the slowed one;
+// ConfigError where it names a rank the job does not have.
+inline ExecutorOptions with_injected_slowdown(ExecutorOptions options, const Communicator& comm) {
+  static const std::optional<InjectedSlowdown> slow = injected_slowdown_from_env();
+  PIPELINE_CHECK_AS(ConfigError, !slow || slow->rank < comm.size(),
+                    "PIPELINE_TEST_SLOW_RANK slows rank {}, but the job has {} ranks (0-{})",
+                    slow ? slow->rank : 0, comm.size(), comm.size() - 1);
+  if (auto hook = injected_slowdown(comm.rank())) options.after_compute = std::move(hook);
   return options;
 }
 
