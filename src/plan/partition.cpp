@@ -640,11 +640,11 @@ double describe_at(Plan& plan, const StateGraph& g, const Topology& t, const Par
     double delay_bytes = 0;
     if (!pd) {
       // As the runtime schedules replicated stages: more minibatches held (stash_in_flights), and
-      // on a replicated stage a second gradient set and one more weight version for replicas
-      // that wait for their allreduce after their next backward (StashShape). Taken where they
+      // on a replicated stage a second gradient set for replicas that wait for their allreduce
+      // after their next backward (StashShape). Taken where they
       // fit without changing whether the stage recomputes; PipeDream's count otherwise.
       // The most of `flights` that fits, down to stash_in_flights()'.
-      const double extra = delayed_allreduce_bytes(par, version, r, /*input_stage=*/fs.s < 0);
+      const double extra = delayed_allreduce_bytes(par, r, /*input_stage=*/fs.s < 0);
       auto over = [&](double bytes) { return memory && bytes > *memory; };
       auto fits = [&](int f) {
         return !over(std::min(stash_at(f), recompute_at(f)) + extra) &&

@@ -84,7 +84,7 @@ struct TypedPartitioner::Impl {
   // How stage (s..j] runs on r workers of type t with w workers at and after it (partition()'s
   // rule at level 0: stash if that fits, else recompute where allowed), holding PipeDream's
   // count of minibatches, or `flight` (> 0) and, when `delays` and r > 1, the second gradient
-  // set and weight version of replicas that delay their allreduce.
+  // set of replicas that delay their allreduce.
   Mode mode(const TypeData& d, int s, int j, int r, int w, int flight = 0,
             bool delays = false) const {
     // The stage keeps part of its received input as its first layer's saved input (the types'
@@ -94,7 +94,7 @@ struct TypedPartitioner::Impl {
     const double input = s < 0 ? 0.0 : d.boundary[static_cast<std::size_t>(s)];
     if (flight <= 0) flight = in_flight(w, 0, r);
     const double delay_bytes =
-        delays ? delayed_allreduce_bytes(par, version, r, /*input_stage=*/s < 0) : 0.0;
+        delays ? delayed_allreduce_bytes(par, r, /*input_stage=*/s < 0) : 0.0;
     const double loss = g.stage_loss_gradient_bytes(j);
     const double work = working(d, s, j);
     const double stash =

@@ -140,14 +140,13 @@ inline std::vector<int> stash_in_flights(int workers, const std::vector<int>& re
 }
 
 // The extra bytes per worker of a replicated stage whose replicas wait for an allreduce after
-// their next backward (the schedule's delayed allreduces): a second gradient set and one more
-// weight version (`version_bytes`: a stashed version's bytes, less than parameter_bytes where
-// weight matrices are stashed in bf16). None for a stage of one replica, and none for the input
-// stage, whose replicas load their minibatches together and never delay (the generator's
-// replicated_stash_shape).
-inline double delayed_allreduce_bytes(double parameter_bytes, double version_bytes, int replicas,
-                                      bool input_stage) {
-  return replicas > 1 && !input_stage ? parameter_bytes + version_bytes : 0.0;
+// their next backward (the schedule's delayed allreduces): a second gradient set, into which that
+// backward accumulates. (The forward before it runs on a version the stage stashes anyway: the
+// simulator and the runtime's allocator hold no more versions than the in-flight count's.) None
+// for a stage of one replica, and none for the input stage, whose replicas load their minibatches
+// together and never delay (the generator's replicated_stash_shape).
+inline double delayed_allreduce_bytes(double parameter_bytes, int replicas, bool input_stage) {
+  return replicas > 1 && !input_stage ? parameter_bytes : 0.0;
 }
 
 // Receives the runtime keeps posted ahead of the actions that wait for them

@@ -37,7 +37,7 @@ struct PlanStage {
   // (plan.json "in_flight"; 0 when absent: the schedule's default, stash_in_flight of the stage).
   int in_flight = 0;
   // Whether the stage's replicas may wait for an allreduce only after their next backward, which
-  // takes a second gradient set and one more weight version per replica (plan.json
+  // takes a second gradient set per replica (plan.json
   // "delay_allreduce": false where the memory estimate could not take them; absent means true).
   bool delay_allreduce = true;
   // The worker type the stage runs on, for a plan over a mixed cluster (Topology::types;
