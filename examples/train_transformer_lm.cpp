@@ -239,8 +239,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1e-8f, 10.f))
       ->capture_default_str();
   app.add_option("--lr-schedule", o.lr_schedule,
-                 "learning-rate schedule (lr_schedule.hpp; by default runs of 20 steps or fewer "
-                 "warm up for half of them)")
+                 "constant, step:<every>:<gamma>, cosine[:<steps>[:<min>]], "
+                 "warmup:<n>+<schedule> (by default runs of 20 steps or fewer warm up for half "
+                 "of them)")
       ->capture_default_str()
       ->each([&](const std::string&) { o.lr_schedule_given = true; });
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay")

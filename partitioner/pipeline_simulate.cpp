@@ -88,9 +88,13 @@ std::vector<double> parse_slow_ranks(const std::vector<std::string>& specs) {
                       "(e.g. 1:3 for rank 1 three times slower)",
                       s);
     if (out.size() <= static_cast<std::size_t>(rank))
-      out.resize(static_cast<std::size_t>(rank) + 1, 1.0);
+      out.resize(static_cast<std::size_t>(rank) + 1, 0.0);
+    PIPELINE_CHECK_AS(ConfigError, out[static_cast<std::size_t>(rank)] == 0.0,
+                      "--slow-rank gives rank {} twice; give each rank once", rank);
     out[static_cast<std::size_t>(rank)] = factor;
   }
+  for (double& factor : out)
+    if (factor == 0.0) factor = 1.0;  // ranks not given run at their profiled speed
   return out;
 }
 
@@ -166,16 +170,21 @@ int run(int argc, char** argv) {
                      "schedule generator (default: the plan's): " +
                          fmt::format("{}", fmt::join(GeneratorRegistry::builtin().names(), ", ")) +
                          " (interleaved = interleaved-1f1b)");
-  app.add_option("--schedule-csv", schedule_csv, "a schedule written as CSV")->excludes(by_name);
+  auto* csv_opt = app.add_option("--schedule-csv", schedule_csv,
+                                 "a schedule written as CSV (it fixes its own microbatches and "
+                                 "minibatches)")
+                      ->excludes(by_name);
   app.add_option("--microbatches", microbatches,
                  "microbatches per minibatch (default: the plan's, or 4 x stages; 1 for stash)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(1, 1 << 20))
+      ->excludes(csv_opt);
   app.add_option(
          "--minibatches", minibatches,
-         "minibatches to simulate (default: 1; stash: 8 x workers, or 8 x the deepest stage's "
-         "in-flight count where that is more, or with replicated stages 8 x the minibatches "
-         "their replicas hold)")
-      ->check(CLI::Range(1, 1 << 20));
+         "minibatches to simulate (default: 1; 2bw: 8; stash: 8 x workers, or 8 x the deepest "
+         "stage's in-flight count where that is more, or with replicated stages 8 x the "
+         "minibatches their replicas hold)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->excludes(csv_opt);
   app.add_option("--microbatch-size", microbatch_size,
                  "samples per microbatch (default: the profile's batch)");
   std::string topology_path;
@@ -254,8 +263,11 @@ int run(int argc, char** argv) {
                       "every worker type",
                       profile_args[i]);
     named = !type.empty();
-    PIPELINE_CHECK_AS(ConfigError, profiles.count(type) == 0,
-                      "--profile: worker type '{}' is given twice", type);
+    PIPELINE_CHECK_AS(ConfigError, profiles.count(type) == 0, "{}",
+                      type.empty()
+                          ? std::string("--profile is given twice: give one profile, "
+                                        "or TYPE=profile.json for each worker type")
+                          : fmt::format("--profile: worker type '{}' is given twice", type));
     profiles[type] = read_profile(path);
   }
   check_device_profiles(profiles);
@@ -341,7 +353,8 @@ int run(int argc, char** argv) {
                          ? plan.microbatches
                          : 4 * (plan.interleaved() ? plan.workers : plan.num_stages());
     if (minibatches <= 0) {
-      minibatches = 1;
+      // 2BW's steady state spans minibatches (it never flushes): one holds no steady window.
+      minibatches = name == "2bw" ? 8 : 1;
       if (stash) {
         const std::int64_t steady = steady_state_minibatches(plan, kMaxSimulatedMinibatches);
         PIPELINE_CHECK_AS(

@@ -416,13 +416,15 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     rs.rank = static_cast<int>(i);
     rs.stage = rank_stage[i];
     rs.busy_s = rec.busy_s;
-    rs.bubble_fraction = out.makespan_s > 0 ? 1.0 - rec.busy_s / out.makespan_s : 0.0;
+    // (Clamped at 0: a rank busy the whole run sums its passes to the makespan's rounding.)
+    rs.bubble_fraction =
+        out.makespan_s > 0 ? std::max(0.0, 1.0 - rec.busy_s / out.makespan_s) : 0.0;
     rs.steady_state_bubble_fraction = rs.bubble_fraction;
     if (schedule.policy != UpdatePolicy::Flush && rec.window_forwards > 0) {
       double span = rec.window_end_s - rec.window_begin_s;
       if (span > 0) {
         rs.steady_state_bubble_fraction =
-            1.0 - (rec.window_end_busy_s - rec.window_begin_busy_s) / span;
+            std::max(0.0, 1.0 - (rec.window_end_busy_s - rec.window_begin_busy_s) / span);
         steady_period =
             std::max(steady_period, span * schedule.microbatches /
                                         (rec.window_forwards * schedule.replicas(rs.stage)));
@@ -443,7 +445,7 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
     out.ranks.push_back(rs);
   }
   const double n = static_cast<double>(run.ranks.size());
-  out.bubble_fraction = out.makespan_s > 0 ? 1.0 - busy / (n * out.makespan_s) : 0.0;
+  out.bubble_fraction = out.makespan_s > 0 ? std::max(0.0, 1.0 - busy / (n * out.makespan_s)) : 0.0;
   out.steady_state_bubble_fraction = steady_ranks ? steady_bubble_sum / steady_ranks : 0.0;
   out.time_per_minibatch_s = out.makespan_s / schedule.minibatches;
   if (schedule.policy != UpdatePolicy::Flush && steady_period > 0)
