@@ -359,6 +359,13 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
                     "an epoch of {} minibatches cannot be dealt to the stage replicas of this plan "
                     "(a multiple of {} is needed): use a smaller --batch",
                     loop.per_epoch, g);
+  if (usable < loop.per_epoch && loop.total - start > loop.per_epoch - start % loop.per_epoch &&
+      comm.rank() == 0)
+    log_warn(
+        "each epoch's last {} minibatch(es) are skipped: this plan's stage replicas take "
+        "minibatches in groups of {}, and an epoch of {} is not a multiple of {} (a --batch "
+        "that makes it one trains them all)",
+        loop.per_epoch - usable, g, loop.per_epoch, g);
   Checkpointer* ckpt = loop.checkpoints;
   PIPELINE_CHECK_AS(ConfigError, !ckpt || ckpt->options().every % g == 0,
                     "--checkpoint-every {} must be a multiple of {} for this plan (its stage "
