@@ -580,8 +580,6 @@ int span_level(const std::vector<int>& groups, int a, int b) {
   return l;
 }
 
-// describe() with the in-flight counts the schedule's stash shape may take (`flights`, per
-// stage; stash_in_flights() or more), each taken where it fits.
 // The ranks a plan's stages take: all of the topology's workers, or fewer where the plan leaves
 // some idle (--allow-idle, manual stages). The in-flight counts are those of the ranks that run;
 // the ranks keep their places in the topology (the links between them), and a job runs the plan
@@ -592,6 +590,8 @@ int workers_used(const std::vector<FinalStage>& stages) {
   return used;
 }
 
+// describe() with the in-flight counts the schedule's stash shape may take (`flights`, per
+// stage; stash_in_flights() or more), each taken where it fits.
 double describe_at(Plan& plan, const StateGraph& g, const Topology& t, const PartitionOptions& o,
                    const std::vector<FinalStage>& stages, std::optional<double> memory,
                    bool check_memory, const std::vector<int>& flights) {
@@ -641,9 +641,9 @@ double describe_at(Plan& plan, const StateGraph& g, const Topology& t, const Par
     if (!pd) {
       // As the runtime schedules replicated stages: more minibatches held (stash_in_flights), and
       // on a replicated stage a second gradient set for replicas that wait for their allreduce
-      // after their next backward (StashShape). Taken where they
-      // fit without changing whether the stage recomputes; PipeDream's count otherwise.
-      // The most of `flights` that fits, down to stash_in_flights()'.
+      // after their next backward (StashShape). Taken where they fit without changing whether
+      // the stage recomputes; PipeDream's count otherwise. The most of `flights` that fits, down
+      // to stash_in_flights()'.
       const double extra = delayed_allreduce_bytes(par, r, /*input_stage=*/fs.s < 0);
       auto over = [&](double bytes) { return memory && bytes > *memory; };
       auto fits = [&](int f) {
