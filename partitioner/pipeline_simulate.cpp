@@ -424,6 +424,9 @@ int run(int argc, char** argv) {
                        {"workspace_bytes", r.workspace_bytes},
                        {"peak_memory_bytes", r.peak_memory_bytes}});
     json out = {{"schedule", sim.schedule},
+                {"ranks", schedule.num_ranks()},
+                {"microbatches", schedule.microbatches},
+                {"minibatches", schedule.minibatches},
                 {"time_per_minibatch_s", sim.time_per_minibatch_s},
                 {"samples_per_s", sim.samples_per_s},
                 {"bubble_fraction", sim.bubble_fraction},
@@ -431,6 +434,15 @@ int run(int argc, char** argv) {
                 {"makespan_s", sim.makespan_s},
                 {"per_rank", ranks}};
     if (!sim.core_stretch.empty()) out["core_stretch"] = sim.core_stretch;
+    if (rebalance) {  // the text output's "stage S deals ..." lines
+      json dealing = json::array();
+      for (int st = 0; st < schedule.num_stages(); ++st)
+        if (schedule.replicas(st) > 1)
+          dealing.push_back({{"stage", st},
+                             {"ranks", schedule.stage_ranks[st]},
+                             {"microbatches", dealt_counts(schedule, st)}});
+      out["dealing"] = std::move(dealing);
+    }
     fmt::print("{}\n", out.dump(2));
     return 0;
   }
