@@ -41,6 +41,12 @@ std::string layers_text(const pipeline::PlanStage& s) {
   return fmt::format("{} layers in {}..{}", s.layer_ids.size(), s.begin, s.end - 1);
 }
 
+// The ranks a job of `plan` runs: its workers, or fewer where it leaves some idle.
+int ranks_run(const pipeline::Plan& plan) {
+  const std::size_t used = plan.ranks_used().size();
+  return used > 0 ? static_cast<int>(used) : plan.workers;
+}
+
 void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile,
                  const pipeline::Topology& topo, double seconds, bool simulated) {
   fmt::print("model {} ({} layers), {} workers: {}, cost model {}\n", plan.model.empty() ? "?" : plan.model,
@@ -64,7 +70,7 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile,
     // Deeper than PipeDream's count where the planner found that transfers need it: say so, as
     // it costs weight staleness under 1f1b-stash.
     const int pipedream =
-        pipeline::stash_in_flights(compact_ranks(plan).workers, plan.replica_counts()).front();
+        pipeline::stash_in_flights(ranks_run(plan), plan.replica_counts()).front();
     fmt::print("config {}   in flight {}{}\n", plan.config, plan.in_flight,
                plan.in_flight > pipedream
                    ? fmt::format(" (PipeDream's {}, more to hide the transfers; older weights in "
@@ -72,7 +78,7 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile,
                                  pipedream, pipedream)
                    : std::string());
   }
-  if (const int used = compact_ranks(plan).workers; used < plan.workers)
+  if (const int used = ranks_run(plan); used < plan.workers)
     fmt::print("uses {} of the {} workers (the others stay idle): train it with mpirun -np {}\n",
                used, plan.workers, used);
   if (!plan.optimizer.empty()) {
@@ -271,7 +277,7 @@ void note_faster_on_fewer_workers(const pipeline::Plan& plan, const pipeline::Pr
     fmt::print(
         "note: a plan on {} of the {} workers (config {}, --allow-idle) is predicted {:.2f}x as "
         "fast: more workers here cost more in transfers and allreduces than they add\n",
-        pipeline::compact_ranks(fewer).workers, plan.workers, fewer.config, ratio);
+        ranks_run(fewer), plan.workers, fewer.config, ratio);
 }
 
 // The stages' device types joined like the config ("h100-a100-a100"); "" for an untyped plan.

@@ -93,10 +93,16 @@ inline std::optional<InjectedSlowdown> injected_slowdown_from_env() {
   return d;
 }
 
+// The PIPELINE_TEST_SLOW_RANK request, read once.
+inline const std::optional<InjectedSlowdown>& injected_slowdown_request() {
+  static const std::optional<InjectedSlowdown> slow = injected_slowdown_from_env();
+  return slow;
+}
+
 // For ExecutorOptions::after_compute: on the slowed rank, spins for (FACTOR - 1) times each
 // compute action's time; elsewhere (and unset) empty.
 inline std::function<void(const Action&, double)> injected_slowdown(int rank) {
-  static const std::optional<InjectedSlowdown> slow = injected_slowdown_from_env();
+  const std::optional<InjectedSlowdown>& slow = injected_slowdown_request();
   if (!slow || slow->rank != rank || slow->factor == 1) return {};
   const double extra = slow->factor - 1;
   // Spins rather than sleeps: a slower device keeps its core busy, and a sleeping rank would
@@ -114,7 +120,7 @@ inline std::function<void(const Action&, double)> injected_slowdown(int rank) {
 // `options` with the PIPELINE_TEST_SLOW_RANK hook for `comm`'s rank, if it is the slowed one;
 // ConfigError where it names a rank the job does not have.
 inline ExecutorOptions with_injected_slowdown(ExecutorOptions options, const Communicator& comm) {
-  static const std::optional<InjectedSlowdown> slow = injected_slowdown_from_env();
+  const std::optional<InjectedSlowdown>& slow = injected_slowdown_request();
   PIPELINE_CHECK_AS(ConfigError, !slow || slow->rank < comm.size(),
                     "PIPELINE_TEST_SLOW_RANK slows rank {}, but the job has {} ranks (0-{})",
                     slow ? slow->rank : 0, comm.size(), comm.size() - 1);

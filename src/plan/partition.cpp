@@ -1027,11 +1027,11 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     return i < 0 ? 0.0 : v[static_cast<std::size_t>(i)];
   };
   // Each stage's memory apart from the microbatches it holds (`fixed`), and what one microbatch
-  // holds from its forward to its backward (`per`): every microbatch is a whole one of the
-  // profile's batch, whichever pipeline takes it.
-  std::vector<double> fixed(static_cast<std::size_t>(stages)), per = fixed;
-  // zb-v's I and W apart: `whole` from the F to the W, `between` from the I to the W.
-  std::vector<double> whole_bytes = fixed, between_bytes = fixed;
+  // holds from its forward to its backward (`whole_bytes`; in a V, from its F to its W, and
+  // `between_bytes` from its I to its W): every microbatch is a whole one of the profile's batch,
+  // whichever pipeline takes it.
+  std::vector<double> fixed(static_cast<std::size_t>(stages)), whole_bytes = fixed,
+                                                               between_bytes = fixed;
   double slowest = 0;
   for (int k = 0; k < stages; ++k) {
     PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
@@ -1065,7 +1065,6 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     whole_bytes[static_cast<std::size_t>(k)] = whole;
     between_bytes[static_cast<std::size_t>(k)] =
         split ? split_held_bytes(split_costs.kept_bytes(ps.begin, ps.end), act, ps.recompute) : 0.0;
-    per[static_cast<std::size_t>(k)] = whole + between_bytes[static_cast<std::size_t>(k)];
     stage_sync.push_back(sync);
     stage_step.push_back(step);
     stage_forward.push_back(g.stage_forward_s(f.s, f.e));
@@ -1086,14 +1085,14 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     for (int r = 0; r < places; ++r) {
       const std::vector<int>& mine = stages_at[static_cast<std::size_t>(r)];
       std::vector<double> bytes;
-      for (int k : mine) bytes.push_back(per[static_cast<std::size_t>(k)]);
+      for (int k : mine) bytes.push_back(whole_bytes[static_cast<std::size_t>(k)]);
       const std::vector<int> held = interleaved_peak_held(pipes.shape, r, bytes, group_size);
       memory[static_cast<std::size_t>(r)] = 0;
       for (std::size_t c = 0; c < mine.size(); ++c) {
         const auto k = static_cast<std::size_t>(mine[c]);
         PlanStage& ps = plan.stages[k];
         ps.in_flight = 0;  // 1F1B-stash's count, which describe() set: no stash schedule runs it
-        ps.memory_bytes = fixed[k] + held[c] * per[k];
+        ps.memory_bytes = fixed[k] + held[c] * whole_bytes[k];
         memory[static_cast<std::size_t>(r)] += ps.memory_bytes;
       }
     }
@@ -1738,12 +1737,15 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
         return std::max(flush_held(o.schedule, k, p, mp),
                         split ? depths.front() : depths[static_cast<std::size_t>(k)]);
       };
-      // Under ZB-H1, stage k's W lag + 1 at the depths (the warm-ups the schedule runs).
+      // Under ZB-H1, stage k's W lag + 1 at the depths, from the warm-ups the schedule runs there.
       const auto pending_at = [&](int k) {
-        const auto warmup = [&](int stage) {
-          return std::max(depths[static_cast<std::size_t>(stage)], std::min(p - stage, mp)) - 1;
-        };
-        return std::max(0, warmup(0) - warmup(k)) + 1;
+        std::vector<int> pipedream, in_flight;
+        for (int stage = 0; stage < p; ++stage) {
+          pipedream.push_back(p - 1 - stage);
+          in_flight.push_back(
+              std::max(depths[static_cast<std::size_t>(stage)], std::min(p - stage, mp)));
+        }
+        return zero_bubble_lag(capped_warmups(pipedream, in_flight, /*deepen=*/true), k) + 1;
       };
       const auto choose_at = [&](int k, int i, int j) {
         return choose(k, i, j, held_at(k), pending_at(k));
