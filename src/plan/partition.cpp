@@ -1002,8 +1002,8 @@ struct InterleavedChoice {
 // its place in each pipeline: describe()'s per-stage breakdown, with the memory and time of its
 // schedule (a flush: one weight version; each pipeline takes 1/d of a minibatch's microbatches,
 // each rank runs all of its stages for each of them, and every stage allreduces its gradients and
-// steps once per minibatch; a rank holds what interleaved_peak_held says, or in a V what its
-// zb-v order holds at its peak), the stages marked in
+// steps once per minibatch; a rank holds what its order (interleaved 1F1B's in the plan's group,
+// or zb-v's) holds at its peak, and the working memory of one pass), the stages marked in
 // `recompute` recomputing. `p` is the measured profile (no optimizer step in its backward times:
 // the step comes once per minibatch here) and `g` its chain. Returns the slowest stage's
 // max(compute + allreduce, transfer) per microbatch, and the plan in `plan`; fit_interleaved()
@@ -1026,10 +1026,10 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   const auto at = [](const std::vector<double>& v, int i) {
     return i < 0 ? 0.0 : v[static_cast<std::size_t>(i)];
   };
-  // Each stage's memory apart from the microbatches it holds (`fixed`), and what one microbatch
-  // holds from its forward to its backward (`whole_bytes`; in a V, from its F to its W, and
-  // `between_bytes` from its I to its W): every microbatch is a whole one of the profile's batch,
-  // whichever pipeline takes it.
+  // Each stage's memory apart from the microbatches it holds and its working memory (`fixed`),
+  // and what one microbatch holds from its forward to its backward (`whole_bytes`; in a V, from
+  // its F to its W, and `between_bytes` from its I to its W): every microbatch is a whole one of
+  // the profile's batch, whichever pipeline takes it.
   std::vector<double> fixed(static_cast<std::size_t>(stages)), whole_bytes = fixed,
                                                                between_bytes = fixed;
   double slowest = 0;
@@ -1061,7 +1061,8 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     // weights need, and a recomputing stage the activations it rebuilt for the I too (which
     // `one` holds for the backward in progress: counted with the microbatches between).
     const bool split = pipes.shape.placement == StagePlacement::V;
-    fixed[static_cast<std::size_t>(k)] = one - whole - (split && ps.recompute ? act : 0.0);
+    fixed[static_cast<std::size_t>(k)] =
+        one - whole - (split && ps.recompute ? act : 0.0) - ps.workspace_bytes;
     whole_bytes[static_cast<std::size_t>(k)] = whole;
     between_bytes[static_cast<std::size_t>(k)] =
         split ? split_held_bytes(split_costs.kept_bytes(ps.begin, ps.end), act, ps.recompute) : 0.0;
@@ -1075,36 +1076,21 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   // A minibatch: each pipeline's ⌈m/d⌉ microbatches, as the walk of its schedule's order times
   // them, plus the slowest rank's allreduces and steps.
   const int mp = pipes.per_pipeline();
+  const int most = places * ((mp + places - 1) / places);  // (the order's groups are whole)
   const bool looped = pipes.shape.placement == StagePlacement::Looped;
   // Each place's stages in forward order.
   std::vector<std::vector<int>> stages_at(static_cast<std::size_t>(places));
   for (int k = 0; k < stages; ++k)
     stages_at[static_cast<std::size_t>(pipes.place_of(k))].push_back(k);
-  // A rank holds the microbatches of its stages that its schedule keeps at its peak.
-  const auto hold = [&](int group_size) {
-    for (int r = 0; r < places; ++r) {
-      const std::vector<int>& mine = stages_at[static_cast<std::size_t>(r)];
-      std::vector<double> bytes;
-      for (int k : mine) bytes.push_back(whole_bytes[static_cast<std::size_t>(k)]);
-      const std::vector<int> held = interleaved_peak_held(pipes.shape, r, bytes, group_size);
-      memory[static_cast<std::size_t>(r)] = 0;
-      for (std::size_t c = 0; c < mine.size(); ++c) {
-        const auto k = static_cast<std::size_t>(mine[c]);
-        PlanStage& ps = plan.stages[k];
-        ps.in_flight = 0;  // 1F1B-stash's count, which describe() set: no stash schedule runs it
-        ps.memory_bytes = fixed[k] + held[c] * whole_bytes[k];
-        memory[static_cast<std::size_t>(r)] += ps.memory_bytes;
-      }
-    }
-  };
-  // A V's memory from its order, pass by pass on each rank: a microbatch's F takes its `whole`
-  // bytes, its I the `between` ones, its W frees both. The rank's peak is its memory, each stage's
-  // share at that moment the stage's.
-  const auto hold_in_order = [&](const PassOrder& v_order) {
+  // Each rank's memory from its order, pass by pass: a microbatch's F takes its `whole` bytes,
+  // its I (a V's) the `between` ones, its B or W frees both. The rank's peak is its memory, each
+  // stage's share at that moment the stage's. A rank runs one pass at a time: the largest working
+  // memory of its stages is charged once, to the first stage that has it.
+  const auto hold_in_order = [&](const PassOrder& passes) {
     for (int r = 0; r < places; ++r) {
       std::vector<double> live(static_cast<std::size_t>(stages), 0.0), at_peak = live;
       double total = 0, peak = 0;
-      for (const StagePass& pass : v_order[static_cast<std::size_t>(r)]) {
+      for (const StagePass& pass : passes[static_cast<std::size_t>(r)]) {
         const auto k = static_cast<std::size_t>(pass.stage);
         const double change = pass.kind == PassKind::Forward ? whole_bytes[k]
                               : pass.kind == PassKind::Input ? between_bytes[k]
@@ -1116,14 +1102,25 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
           at_peak = live;
         }
       }
+      const std::vector<int>& mine = stages_at[static_cast<std::size_t>(r)];
+      const int working = *std::max_element(mine.begin(), mine.end(), [&](int a, int b) {
+        return plan.stages[static_cast<std::size_t>(a)].workspace_bytes <
+               plan.stages[static_cast<std::size_t>(b)].workspace_bytes;
+      });
       memory[static_cast<std::size_t>(r)] = 0;
-      for (int k : stages_at[static_cast<std::size_t>(r)]) {
+      for (int k : mine) {
         PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
-        ps.in_flight = 0;
-        ps.memory_bytes = fixed[static_cast<std::size_t>(k)] + at_peak[static_cast<std::size_t>(k)];
+        ps.in_flight = 0;  // 1F1B-stash's count, which describe() set: no stash schedule runs it
+        ps.memory_bytes = fixed[static_cast<std::size_t>(k)] +
+                          at_peak[static_cast<std::size_t>(k)] +
+                          (k == working ? ps.workspace_bytes : 0.0);
         memory[static_cast<std::size_t>(r)] += ps.memory_bytes;
       }
     }
+  };
+  // Looped, interleaved 1F1B's order in groups of `group_size`.
+  const auto hold = [&](int group_size) {
+    hold_in_order(interleaved_passes(InterleavedOrder{places, o.virtual_stages, most, group_size}));
   };
   const auto fits = [&] {
     return !t.memory_bytes_per_worker ||
@@ -1146,7 +1143,6 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     times.backward_s = stage_backward;
     for (const PlanStage& ps : plan.stages) times.message_s.push_back(ps.input_message_s);
     const std::vector<int> stage_places = looped_stage_places(places, o.virtual_stages);
-    const int most = places * ((mp + places - 1) / places);
     const auto fits_group = [&](int g) {
       if (g == places || !t.memory_bytes_per_worker) return true;
       hold(g);

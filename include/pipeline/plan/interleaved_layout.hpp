@@ -86,16 +86,6 @@ struct InterleavedOrder {
 // ConfigError unless `group` (0: p) is a multiple of the `positions` ranks of a pipeline.
 void check_microbatch_group(int group, int positions);
 
-// How many microbatches of each of its stages a place of a looped interleaved pipeline holds
-// (from a microbatch's forward to its backward) at the moment their bytes peak, one microbatch of
-// its c-th stage holding bytes[c] (its stages in forward order: place, place + p, ...), under
-// interleaved 1F1B in groups of `group` (0: p) over every microbatch count it accepts: its own
-// order walked for m = p, 2p, ... until the steady state repeats (m = p runs all forwards first:
-// p of every stage; from 2p on with groups of p, rank 0 holds 2(p − 1) + (v − 1)p + 1, the last
-// rank (v − 1)p + 1). (A V's memory is walked from zb-v's order for the plan's count.)
-std::vector<int> interleaved_peak_held(const InterleavedShape& shape, int place,
-                                       const std::vector<double>& bytes, int group = 0);
-
 // Interleaved 1F1B's passes of one minibatch in `order`, per place (looped: stage k on place
 // k mod p), which the planner times with walk_passes (pass_walk.hpp): with stages of unequal time
 // (or slow links) the ranks wait on each other in ways no per-rank sum shows. Kept per order, as

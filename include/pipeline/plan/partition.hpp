@@ -36,10 +36,11 @@
 // p microbatches per pipeline, which interleaved 1F1B runs all forwards first, the pace is at
 // least the slowest rank's forwards plus the slowest rank's backwards) + the slowest rank's
 // allreduces and optimizer steps; the memory per rank is the sum over its stages of weights,
-// gradient, optimizer state and working memory, and of the microbatches (each a whole one of the
-// profile's batch, whichever pipeline takes it) its schedule holds at its peak for any microbatch
-// count (interleaved_peak_held: interleaved 1F1B's own order), or for a V at the plan's count
-// (zb-v's order walked pass by pass, with the output gradients kept from each I to its W). With a
+// gradient and optimizer state, the largest working memory of its stages (it runs one pass at a
+// time), and the microbatches (each a whole one of the profile's batch, whichever pipeline takes
+// it) its schedule holds at its peak at the plan's microbatch count: its order (interleaved 1F1B's
+// in the plan's group, or zb-v's) walked pass by pass, a V keeping the output gradients from each
+// I to its W. With a
 // memory limit the plan must fit or ConfigError names the rank. Recomputation: under Recompute::All
 // every stage keeps only its input per held microbatch (zb-v also what it rebuilt, from the I to
 // the W) and runs its forward twice (its compute includes the second forward); Auto takes the
