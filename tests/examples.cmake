@@ -265,7 +265,7 @@ endif()
 # SIGKILL, after an interrupted write) and SIGTERM to mpirun, driven as a user drives them
 # (support/checkpoint_scenarios.sh).
 foreach(_case bitwise-sequential bitwise-gpipe bitwise-1f1b-flush stash replan sigkill
-        interrupted refused finished sigterm sigterm-stash sigterm-rank1 interleaved
+        interrupted refused finished replicated sigterm sigterm-stash sigterm-rank1 interleaved
         sigterm-interleaved)
   add_test(NAME example.checkpoint.${_case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/checkpoint_scenarios.sh ${_case} ${_train}

@@ -352,20 +352,37 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
   std::vector<std::vector<int>> reported_dealing;
   if (loop.rebalance_every > 0) rebalancer.emplace(comm);
   if (comm.rank() == 0) warn_if_nothing_to_train(start, loop.total);
+  // Under 1F1B-stash the replicas of a replicated stage take g consecutive minibatches and step
+  // together once they are done. The run trains whole groups that start at multiples of g, within
+  // an epoch: every stage then steps at multiples of g whatever the run's start, so checkpoints,
+  // stops and resumes (which fall between steps) meet at the same minibatch on every stage. Up
+  // to g - 1 minibatches at an epoch's start and end that make no whole group are skipped, and
+  // so are those before the first group of a run resumed in the middle of one.
   const int g = minibatch_granularity(req.name, *loop.layout);
-  // Minibatches of an epoch that can be dealt to the replicas; the rest of the epoch is skipped.
-  const std::int64_t usable = loop.per_epoch - loop.per_epoch % g;
-  PIPELINE_CHECK_AS(ConfigError, usable > 0,
+  PIPELINE_CHECK_AS(ConfigError, loop.per_epoch >= g,
                     "an epoch of {} minibatches cannot be dealt to the stage replicas of this plan "
-                    "(a multiple of {} is needed): use a smaller --batch",
+                    "(they take minibatches in groups of {}): use a smaller --batch",
                     loop.per_epoch, g);
-  if (usable < loop.per_epoch && loop.total - start > loop.per_epoch - start % loop.per_epoch &&
-      comm.rank() == 0)
+  const auto down = [g](std::int64_t x) { return x / g * g; };
+  const auto epoch_begin_of = [&](std::int64_t x) { return x / loop.per_epoch * loop.per_epoch; };
+  // Where training in the epoch of `x` ends: after its last whole group.
+  const auto epoch_stop = [&](std::int64_t x) { return down(epoch_begin_of(x) + loop.per_epoch); };
+  const std::int64_t last = down(loop.total);  // the run's end, after its last whole group
+  // The first position from `x` on where a whole group starts (`last` or more when none does).
+  const auto next_trainable = [&](std::int64_t x) {
+    for (;;) {
+      const std::int64_t q = down(x + g - 1);
+      if (q >= last || q < epoch_stop(q)) return q;
+      x = epoch_begin_of(q) + loop.per_epoch;
+    }
+  };
+  if (loop.per_epoch % g != 0 && last > epoch_stop(start) && comm.rank() == 0)
     log_warn(
-        "each epoch's last {} minibatch(es) are skipped: this plan's stage replicas take "
-        "minibatches in groups of {}, and an epoch of {} is not a multiple of {} (a --batch "
-        "that makes it one trains them all)",
-        loop.per_epoch - usable, g, loop.per_epoch, g);
+        "this plan's stage replicas take minibatches in groups of {} from multiples of {}, and "
+        "an epoch of {} is not a multiple of {}: the minibatches at an epoch's start or end that "
+        "make no whole group are skipped (at most {} an epoch; a --batch that makes the epoch a "
+        "multiple of {} trains them all)",
+        g, g, loop.per_epoch, g, g - 1, g);
   Checkpointer* ckpt = loop.checkpoints;
   PIPELINE_CHECK_AS(ConfigError, !ckpt || ckpt->options().every % g == 0,
                     "--checkpoint-every {} must be a multiple of {} for this plan (its stage "
@@ -380,33 +397,41 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
     ex.for_each_stage(
         [&](int s) { ckpt->save(position, s, ex.model(), ex.params(), ex.optimizer()); });
   };
-  auto skip_epoch_tail = [&] {
-    if (p.position % loop.per_epoch >= usable)
-      p.position += loop.per_epoch - p.position % loop.per_epoch;
-  };
-  skip_epoch_tail();
   // Whether the run trains nothing past `position`: what is left of it cannot be dealt to the
   // replicas (or holds no whole copy of a hand-written schedule).
   const auto run_ends_at = [&](std::int64_t position) {
-    const std::int64_t left = loop.total - position;
-    return req.csv.empty() ? left < g : !last_schedule || left < last_schedule->minibatches;
+    return req.csv.empty() ? next_trainable(position) >= last
+                           : !last_schedule || loop.total - position < last_schedule->minibatches;
   };
   if (req.csv.empty() && loop.total > start) {  // generated schedules deal in groups of g
-    const std::int64_t asked = loop.total - start;
-    PIPELINE_CHECK_AS(ConfigError, asked >= g,
+    PIPELINE_CHECK_AS(ConfigError, start > 0 || last > 0,
                       "{} step(s) to train, but this plan's stage replicas take minibatches in "
-                      "groups of {}: train at least {} steps (--steps, a multiple of {})",
-                      asked, g, start + g, g);
-    if (asked < loop.per_epoch && asked % g != 0 && comm.rank() == 0)
-      log_warn(
-          "training {} of the {} steps asked for: this plan's stage replicas take "
-          "minibatches in groups of {}",
-          asked / g * g, asked, g);
+                      "groups of {}: train at least {} steps (--steps)",
+                      loop.total, g, g);
+    const std::int64_t from = next_trainable(start);
+    if (comm.rank() == 0) {
+      if (from >= last)
+        log_warn(
+            "resumed at step {} of {}: this plan's stage replicas take minibatches in groups of "
+            "{} from multiples of {}, and no whole group is left to train; the model is evaluated "
+            "as the checkpoint holds it",
+            start, loop.total, g, g);
+      else if (from > start && epoch_begin_of(from) == epoch_begin_of(start))
+        log_warn(
+            "resumed at step {}: this plan's stage replicas take minibatches in groups of {} "
+            "from multiples of {}, so training continues at step {} ({} minibatch(es) skipped)",
+            start, g, g, from, from - start);
+      if (from < last && last < loop.total)
+        log_warn(
+            "training to step {} of the {} asked for: this plan's stage replicas take "
+            "minibatches in groups of {}",
+            last, loop.total, g);
+    }
+    if (req.csv.empty()) p.position = std::min(from, loop.total);
   }
   while (p.position < loop.total) {
-    const std::int64_t epoch_begin = p.position / loop.per_epoch * loop.per_epoch;
-    std::int64_t n = std::min(loop.total, epoch_begin + usable) - p.position;
-    n -= n % g;
+    const std::int64_t epoch_begin = epoch_begin_of(p.position);
+    std::int64_t n = std::min(last, epoch_stop(p.position)) - p.position;
     if (!req.csv.empty()) {
       // A hand-written schedule has its own length: the run proceeds in whole copies of it.
       if (!last_schedule) last_schedule = make_schedule(req, *loop.layout, 0);
@@ -468,12 +493,12 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
       p.trained += n;
       p.position = end;
       // (An epoch the run leaves part of is done too: its model is evaluated.)
-      const bool epoch_done = p.position == epoch_begin + usable || run_ends_at(p.position);
+      const bool epoch_done = p.position == epoch_stop(epoch_begin) || run_ends_at(p.position);
       if (epoch_done) {
         if (loop.on_epoch_end) loop.on_epoch_end(epoch_begin / loop.per_epoch, epoch_result);
         epoch_result = TrainResult{};
       }
-      skip_epoch_tail();
+      if (req.csv.empty()) p.position = std::min(next_trainable(p.position), loop.total);
       // A request that came too late to be agreed within the run stops the job here.
       p.preempted = stop && stop->any_requested();
     }

@@ -369,6 +369,8 @@ std::string shard_to_json(const CheckpointShard& s) {
 // Control-message numbers of a shard record (per writer's stage): its length, then its text.
 constexpr int kRecordLength = 2;
 constexpr int kRecordBody = 3;
+// The length message: the text's length and the shard's step (two 31-bit halves).
+constexpr std::int64_t kRecordHeader = 3;
 
 }  // namespace
 
@@ -445,7 +447,7 @@ void Checkpointer::begin(std::int64_t step) {
     f->length_requests.resize(stages);
     for (std::size_t s = 0; s < stages; ++s) {
       if (m_role.stage_writers[s] == rank) continue;
-      f->lengths[s] = Tensor::empty(Shape{1}, DType::Int32);
+      f->lengths[s] = Tensor::empty(Shape{kRecordHeader}, DType::Int32);
       f->length_requests[s] = m_comm->irecv(f->lengths[s], m_role.stage_writers[s],
                                             Tag::control(static_cast<int>(s), kRecordLength));
     }
@@ -497,7 +499,11 @@ void Checkpointer::save(std::int64_t step, const Sequential& model, const ModelP
 
 void Checkpointer::send_record(InFlight& f, const CheckpointShard& record) {
   const std::string text = shard_to_json(record);
-  Tensor length = Tensor::from_ints(Shape{1}, {static_cast<std::int32_t>(text.size())});
+  // The length, and the step the shard is of, which the coordinator checks against its own.
+  Tensor length =
+      Tensor::from_ints(Shape{kRecordHeader}, {static_cast<std::int32_t>(text.size()),
+                                               static_cast<std::int32_t>(f.step >> 31),
+                                               static_cast<std::int32_t>(f.step & 0x7fffffff)});
   Tensor body =
       Tensor::zeros(Shape{static_cast<std::int64_t>((text.size() + 3) / 4)}, DType::Int32);
   std::memcpy(body.raw(), text.data(), text.size());
@@ -537,8 +543,15 @@ void Checkpointer::receive_records(InFlight& f, bool block) {
       r.wait();
     else if (!r.test())
       continue;
-    const std::int32_t n = f.lengths[s].data<std::int32_t>()[0];
+    const std::int32_t* header = f.lengths[s].data<std::int32_t>();
+    const std::int32_t n = header[0];
+    const std::int64_t step = (std::int64_t{header[1]} << 31) | header[2];
     PIPELINE_CHECK(n > 0 && n < (1 << 30), "checkpoint: stage {} sent a record of {} bytes", s, n);
+    // Records are matched by stage: one of another step means the stages' steps went apart.
+    PIPELINE_CHECK(step == f.step,
+                   "internal: stage {}'s checkpoint record is of step {}, but step {}'s checkpoint "
+                   "is being written (its writer did not save step {})",
+                   s, step, f.step, f.step);
     // The text follows its length at once, so this receive does not wait long.
     Tensor body = Tensor::empty(Shape{(n + 3) / 4}, DType::Int32);
     m_comm->recv(body, m_role.stage_writers[s], Tag::control(static_cast<int>(s), kRecordBody));

@@ -30,6 +30,11 @@
 #                       checkpoint resumed under a straight 2-stage plan, and that one's under the
 #                       interleaved plan again, continue the losses; --save/--load of the plan's
 #                       parameters; SIGTERM (sigterm-interleaved)
+#   replicated          a 1-2 plan under 1f1b-stash (the replicas step on pairs of minibatches) over
+#                       epochs of an odd 1875 minibatches: a checkpoint every 10 steps in the
+#                       second epoch too, each complete, and the last resumes; a single process's
+#                       checkpoint of step 15 resumed on it continues at 16, and a job restarted
+#                       with one step left that makes no pair ends as finished
 #   refused             resuming with another seed, batch, optimizer or model, from a corrupt
 #                       shard, or from a file, fails with the problem and the fix named; with
 #                       TRAIN_TRANSFORMER_LM set (its binary), also another --heads; resuming
@@ -357,6 +362,41 @@ run_refused() {
   echo "resuming with another seed, batch, optimizer, model or architecture, from a corrupt shard or a file: refused, naming the fix; without them: the checkpoint's"
 }
 
+run_replicated() {
+  local plan=$work/mlp_1_2.json
+  python3 -c '
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["stages"][0].update(ranks=[0], replicas=1)
+p["stages"][1].update(ranks=[1, 2], replicas=2)
+p["config"] = "1-2"
+json.dump(p, open(sys.argv[2], "w"))' "$plans/mlp_3_replicated.json" "$plan"
+  local job=("${mpirun[@]}" 3 "$train" "${common[@]}" --plan "$plan" --schedule 1f1b-stash
+    --comm-timeout 30)
+  "${job[@]}" --steps 1950 --checkpoint-dir "$work/a" --checkpoint-every 10 --checkpoint-keep 1000 \
+    > "$work/a.log" 2>&1 || { cat "$work/a.log"; fail "the run failed"; }
+  python3 -c '
+import json, os, sys
+for step in range(10, 1951, 10):
+    path = os.path.join(sys.argv[1], "step-%09d" % step, "manifest.json")
+    m = json.load(open(path)) if os.path.exists(path) else {}
+    if m.get("step") != step or len(m.get("shards", [])) != 2:
+        sys.exit("no complete checkpoint of step %d: %s" % (step, m))' "$work/a" ||
+    { ls "$work/a"; fail "a checkpoint is missing or incomplete"; }
+  "${job[@]}" --steps 1990 --resume "$work/a" > "$work/b.log" 2>&1 || { cat "$work/b.log"; fail "the resume failed"; }
+  [[ $(resumed_step "$work/b.log") == 1950 ]] || { cat "$work/b.log"; fail "did not resume at step 1950"; }
+  "$train" "${common[@]}" --steps 15 --checkpoint-dir "$work/single" > "$work/s.log" 2>&1 ||
+    { cat "$work/s.log"; fail "the single-process run failed"; }
+  "${job[@]}" --steps 41 --resume "$work/single" > "$work/c.log" 2>&1 || { cat "$work/c.log"; fail "the resume at step 15 failed"; }
+  grep -q "resumed at step 15: .* training continues at step 16 (1 minibatch(es) skipped)" "$work/c.log" ||
+    { cat "$work/c.log"; fail "the resume at step 15 did not say it continues at 16"; }
+  [[ -f $work/single/step-000000040/manifest.json ]] || { ls "$work/single"; fail "no checkpoint of step 40"; }
+  "${job[@]}" --steps 41 --resume "$work/single" > "$work/d.log" 2>&1 || { cat "$work/d.log"; fail "the restart at step 40 of 41 failed"; }
+  grep -q "resumed at step 40 of 41: .* no whole group is left to train" "$work/d.log" ||
+    { cat "$work/d.log"; fail "the restart at step 40 of 41 did not say it trains nothing"; }
+  echo "1-2 under 1f1b-stash over odd epochs: a complete checkpoint every 10 steps, resumed; a checkpoint of step 15 continues at 16; a restart with no pair left ends"
+}
+
 run_finished() {
   local job
   for job in single pipelined; do
@@ -388,6 +428,7 @@ case $case_name in
   interrupted) run_interrupted ;;
   refused) run_refused ;;
   finished) run_finished ;;
+  replicated) run_replicated ;;
   sigterm) run_sigterm 1f1b-flush 2 "$plans/mlp_2.json" ;;
   sigterm-stash) run_sigterm 1f1b-stash 4 "$plans/mlp_4.json" ;;
   sigterm-rank1) run_sigterm 1f1b-flush 2 "$plans/mlp_2.json" rank1 ;;
