@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -75,6 +76,17 @@ std::unique_ptr<Optimizer> make_optimizer(const Options& o) {
   return std::make_unique<AdamW>(AdamWOptions{.weight_decay = o.weight_decay});
 }
 
+// What a checkpoint records of the options that set each step's learning rate, update and data
+// (a resume that gives them otherwise is warned).
+std::map<std::string, std::string> training_options(const Options& o, const LrSchedule& lr) {
+  std::map<std::string, std::string> t{{"learning rate", lr.str()},
+                                       {"--weight-decay", fmt::format("{}", o.weight_decay)},
+                                       {"--clip-grad", fmt::format("{}", o.clip_grad)},
+                                       {"--no-shuffle", o.no_shuffle ? "given" : "not given"}};
+  if (o.optimizer == "sgd") t.emplace("--momentum", fmt::format("{}", o.momentum));
+  return t;
+}
+
 // The --model, checked to take Fashion-MNIST's images.
 ZooModel image_model(const Options& o) {
   ZooModel zoo = make_model(o.model);
@@ -111,16 +123,17 @@ int run(const Options& o) {
     trainer.use_cuda_graphs();
     log_info("CUDA graphs: each batch shape's second step is captured, later ones replay it");
   }
-  const CheckpointRunInfo info = examples::checkpoint_run_info(zoo, trainer.optimizer(), o.seed,
-                                                               o.batch, 1, o.pipeline, nullptr);
-  const std::int64_t start = examples::resume_if_asked(
-      o.checkpoints, info, true, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
-  const auto checkpoints =
-      examples::make_checkpointer(o.checkpoints, info, CheckpointRole::single(zoo.model), nullptr);
   const DataLoader loader = train_loader(o, train);
   const long per_epoch = static_cast<long>(loader.num_batches());
   const long total = o.steps > 0 ? o.steps : per_epoch * o.epochs;
   const LrSchedule schedule = LrSchedule::parse(o.lr_schedule, o.lr, total);
+  const CheckpointRunInfo info =
+      examples::checkpoint_run_info(zoo, trainer.optimizer(), o.seed, o.batch, 1, o.pipeline,
+                                    nullptr, training_options(o, schedule));
+  const std::int64_t start = examples::resume_if_asked(
+      o.checkpoints, info, true, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
+  const auto checkpoints =
+      examples::make_checkpointer(o.checkpoints, info, CheckpointRole::single(zoo.model), nullptr);
   MetricsWriter metrics(o.metrics, start > 0);
   examples::Progress progress("train", total, start);
 
@@ -190,8 +203,10 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
           examples::executor_options(o.pipeline, plan, o.seed, o.clip_grad, device), comm));
   if (!o.load.empty())
     ex.for_each_stage([&](int) { load_parameters(o.load, zoo.model, ex.params(), ex.layers()); });
-  const CheckpointRunInfo info = examples::checkpoint_run_info(zoo, ex.optimizer(), o.seed, o.batch,
-                                                               comm.size(), o.pipeline, &plan);
+  const LrSchedule lr = LrSchedule::parse(o.lr_schedule, o.lr, total);
+  const CheckpointRunInfo info =
+      examples::checkpoint_run_info(zoo, ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline,
+                                    &plan, training_options(o, lr));
   const std::int64_t start = examples::resume_if_asked(o.checkpoints, info, comm.rank() == 0, ex);
   const auto checkpoints = examples::make_checkpointer(
       o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm);
@@ -209,7 +224,6 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   const DataLoader test_loader(test, {.batch_size = o.eval_batch, .shuffle = false});
   const MinibatchFeed test_feed = examples::evaluation_feed(test_loader);
 
-  const LrSchedule lr = LrSchedule::parse(o.lr_schedule, o.lr, total);
   MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string(), start > 0);
   examples::Progress progress("train", total, start);
   const bool reporter = ex.is_loss_rank();

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -63,6 +64,15 @@ struct Options {
 std::string lr_schedule(const Options& o, long steps) {
   if (o.lr_schedule_given || steps > 20) return o.lr_schedule;
   return steps >= 2 ? fmt::format("warmup:{}+cosine", steps / 2) : std::string("cosine");
+}
+
+// What a checkpoint records of the options that set each step's learning rate and update (a
+// resume that gives them otherwise is warned); `clip` is the norm the run clips to (0: off).
+std::map<std::string, std::string> training_options(const Options& o, const LrSchedule& lr,
+                                                    float clip) {
+  return {{"learning rate", lr.str()},
+          {"--weight-decay", fmt::format("{}", o.weight_decay)},
+          {"--clip-grad", fmt::format("{}", clip)}};
 }
 
 ZooModel model_for(const Options& o) {
@@ -108,14 +118,15 @@ int run_single(const Options& o) {
     trainer.use_cuda_graphs();
     log_info("CUDA graphs: each batch shape's second step is captured, later ones replay it");
   }
-  const CheckpointRunInfo info = examples::checkpoint_run_info(zoo, trainer.optimizer(), o.seed,
-                                                               o.batch, 1, o.pipeline, nullptr);
+  const LrSchedule lr = LrSchedule::parse(lr_schedule(o, o.steps), o.lr, o.steps);
+  const CheckpointRunInfo info =
+      examples::checkpoint_run_info(zoo, trainer.optimizer(), o.seed, o.batch, 1, o.pipeline,
+                                    nullptr, training_options(o, lr, o.clip_grad));
   const std::int64_t start = examples::resume_if_asked(
       o.checkpoints, info, true, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
   const auto checkpoints =
       examples::make_checkpointer(o.checkpoints, info, CheckpointRole::single(zoo.model), nullptr);
   const DataLoader loader = train_loader(o, train);
-  const LrSchedule lr = LrSchedule::parse(lr_schedule(o, o.steps), o.lr, o.steps);
   MetricsWriter metrics(o.metrics, start > 0);
   const auto t0 = Clock::now();
   const examples::RunProgress done =
@@ -173,13 +184,14 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
           comm));
   if (comm.rank() == 0 && !o.pipeline.plan.empty())
     examples::warn_where_plan_differs(plan, req, o.batch, ex.optimizer(), device);
-  const CheckpointRunInfo info = examples::checkpoint_run_info(zoo, ex.optimizer(), o.seed, o.batch,
-                                                               comm.size(), o.pipeline, &plan);
+  const LrSchedule lr = LrSchedule::parse(lr_schedule(o, steps), o.lr, steps);
+  const CheckpointRunInfo info =
+      examples::checkpoint_run_info(zoo, ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline,
+                                    &plan, training_options(o, lr, no_clip ? 0.f : o.clip_grad));
   const std::int64_t start = examples::resume_if_asked(o.checkpoints, info, comm.rank() == 0, ex);
   const auto checkpoints = examples::make_checkpointer(
       o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm);
   const DataLoader loader = train_loader(o, train);
-  const LrSchedule lr = LrSchedule::parse(lr_schedule(o, steps), o.lr, steps);
   MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string(), start > 0);
   const MinibatchFeed feed = examples::training_feed(loader);
   examples::PipelinedLoop loop;

@@ -42,6 +42,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -106,7 +107,8 @@ inline std::string take_checkpoint_options(CLI::App& app) {
 inline CheckpointRunInfo checkpoint_run_info(const ZooModel& zoo, const Optimizer& optimizer,
                                              std::uint64_t seed, std::int64_t batch_size,
                                              int world_size, const PipelineFlags& flags,
-                                             const Plan* plan) {
+                                             const Plan* plan,
+                                             std::map<std::string, std::string> training) {
   return {.model = zoo.model.name(),
           .architecture = zoo.architecture,
           .schedule = plan ? schedule_name(flags, *plan) : "sequential",
@@ -114,7 +116,8 @@ inline CheckpointRunInfo checkpoint_run_info(const ZooModel& zoo, const Optimize
           .seed = seed,
           .batch_size = batch_size,
           .world_size = world_size,
-          .plan = plan ? plan_to_json(*plan) : nlohmann::json()};
+          .plan = plan ? plan_to_json(*plan) : nlohmann::json(),
+          .training = std::move(training)};
 }
 
 // The checkpoint to resume from, checked against the run; logs what it does.
@@ -139,6 +142,12 @@ inline std::optional<Checkpoint> checkpoint_to_resume(const CheckpointFlags& fla
   if (log) {
     log_info("resuming from '{}' at step {} (written by {} rank(s) under {})", c->path,
              c->manifest.step, c->manifest.world_size, c->manifest.schedule);
+    if (const std::vector<std::string> d = training_differences(c->manifest, run); !d.empty())
+      log_warn(
+          "this run's training options differ from those of the run that wrote the checkpoint: "
+          "{}; the learning rate and data order from step {} on are this run's, not a "
+          "continuation of that run's (resume with the checkpoint's values to continue it)",
+          fmt::join(d, ", "), c->manifest.step);
     if (c->manifest.world_size != run.world_size || c->manifest.plan != run.plan)
       log_info(
           "the checkpoint was written under another plan: every rank loads its own layers "

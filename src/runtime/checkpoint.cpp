@@ -51,6 +51,7 @@ nlohmann::ordered_json manifest_to_json(const CheckpointManifest& m) {
           {"batch_size", m.batch_size},
           {"weight_versions", m.weight_versions},
           {"plan", nlohmann::ordered_json::parse(m.plan.dump())},
+          {"training", m.training},
           {"shards", std::move(shards)}};
 }
 
@@ -179,6 +180,15 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
   m.plan = top.at("plan");
   PIPELINE_CHECK_AS(ConfigError, m.plan.is_null() || m.plan.is_object(),
                     "checkpoint manifest '{}': 'plan' must be a plan object or null", origin);
+  if (j.contains("training")) {
+    const nlohmann::json& t = j.at("training");
+    PIPELINE_CHECK_AS(ConfigError,
+                      t.is_object() && std::all_of(t.begin(), t.end(),
+                                                   [](const auto& v) { return v.is_string(); }),
+                      "checkpoint manifest '{}': 'training' must map flags to strings", origin);
+    for (auto it = t.begin(); it != t.end(); ++it)
+      m.training[it.key()] = it.value().get<std::string>();
+  }
   const auto& shards = top.at("shards");
   PIPELINE_CHECK_AS(ConfigError, shards.is_array() && !shards.empty(),
                     "checkpoint manifest '{}': 'shards' must be a non-empty array", origin);
@@ -571,6 +581,7 @@ void Checkpointer::start_manifest(InFlight& f) {
   m.seed = m_info.seed;
   m.batch_size = m_info.batch_size;
   m.plan = m_info.plan;
+  m.training = m_info.training;
   for (auto& r : f.records) m.shards.push_back(*r);
   f.manifest = std::async(std::launch::async, [m = std::move(m), path = f.path, dir = m_options.dir,
                                                keep = m_options.keep] {
@@ -674,6 +685,17 @@ void check_resume_compatible(const CheckpointManifest& m, const CheckpointRunInf
                     "the checkpoint holds {} optimizer state but this run uses {}: resume with "
                     "--optimizer {}",
                     m.optimizer, run.optimizer, m.optimizer);
+}
+
+std::vector<std::string> training_differences(const CheckpointManifest& m,
+                                              const CheckpointRunInfo& run) {
+  std::vector<std::string> out;
+  for (const auto& [flag, value] : run.training) {
+    const auto recorded = m.training.find(flag);
+    if (recorded != m.training.end() && recorded->second != value)
+      out.push_back(fmt::format("{} {} (the checkpoint's: {})", flag, value, recorded->second));
+  }
+  return out;
 }
 
 namespace {

@@ -121,6 +121,7 @@ TEST_CASE("checkpoint manifest: round trip and malformed manifests") {
   m.seed = 0xfedcba9876543210ULL;
   m.batch_size = 64;
   m.plan = {{"format", "pipeline.plan/1"}};
+  m.training = {{"learning rate", "cosine:100:0 (lr 0.1)"}, {"--no-shuffle", "not given"}};
   m.shards = {{"stage-1.safetensors", 1, 3, 6, 100, 0xdeadbeef, {{"fc3.bias", "F32", Shape{10}}}},
               {"stage-0.safetensors", 0, 0, 3, 200, 7, {{"fc1.weight", "F32", Shape{4, 5}}}}};
   const std::string text = manifest_to_json(m).dump();
@@ -130,6 +131,15 @@ TEST_CASE("checkpoint manifest: round trip and malformed manifests") {
   CHECK(back.seed == m.seed);
   CHECK(back.plan == m.plan);
   CHECK(back.architecture == m.architecture);
+  CHECK(back.training == m.training);
+  // A resume is told which training options it gives otherwise (those both record).
+  CheckpointRunInfo run;
+  run.training = {{"learning rate", "cosine:200:0 (lr 0.1)"},
+                  {"--no-shuffle", "not given"},
+                  {"--clip-grad", "1"}};
+  CHECK(training_differences(back, run) ==
+        std::vector<std::string>{
+            "learning rate cosine:200:0 (lr 0.1) (the checkpoint's: cosine:100:0 (lr 0.1))"});
   REQUIRE(back.shards.size() == 2);
   CHECK(back.shards[0].crc32 == 0xdeadbeef);
   CHECK(back.shards[0].tensors[0].shape == Shape{10});
@@ -156,12 +166,16 @@ TEST_CASE("checkpoint manifest: round trip and malformed manifests") {
         std::string::npos);
   CHECK(text.find("\"architecture\":{\"channels\":1,\"width\":0.5}") != std::string::npos);
   CHECK(broken([](auto& j) { j["architecture"] = 3; }).find("'architecture'") != std::string::npos);
+  CHECK(broken([](auto& j) { j["training"]["--lr"] = 0.1; }).find("'training'") !=
+        std::string::npos);
   CHECK(broken([](auto& j) { j["architecture"]["width"] = "wide"; }).find("'architecture'") !=
         std::string::npos);
   // Manifests written before the architecture was recorded still parse; a resume checks less.
   nlohmann::json old = nlohmann::json::parse(text);
   old.erase("architecture");
+  old.erase("training");
   CHECK(parse_checkpoint_manifest(old.dump(), "m.json").architecture.empty());
+  CHECK(training_differences(parse_checkpoint_manifest(old.dump(), "m.json"), run).empty());
 }
 
 TEST_CASE("checkpoint: single process, written and restored exactly (parameters and optimizer)") {

@@ -62,6 +62,7 @@ struct CheckpointRunInfo {
   std::int64_t batch_size = 0;
   int world_size = 1;
   nlohmann::json plan;  // null for a single-process run
+  std::map<std::string, std::string> training;  // CheckpointManifest::training
 };
 
 // Who writes which shard: one writer per stage (its first replica), and the coordinator. A rank
@@ -160,6 +161,11 @@ std::optional<Checkpoint> find_latest_checkpoint(const std::string& dir);
 // ConfigError when the run cannot continue the checkpoint: another model, seed, batch size or
 // optimizer (each names the flag to change).
 void check_resume_compatible(const CheckpointManifest& manifest, const CheckpointRunInfo& run);
+
+// The training options (CheckpointManifest::training) that the run gives otherwise than the
+// checkpoint recorded, as "--lr 0.05 (the checkpoint's: 0.1)", in the run's order of flags.
+std::vector<std::string> training_differences(const CheckpointManifest& manifest,
+                                              const CheckpointRunInfo& run);
 
 // Loads layers `r` of `model` (into `params`, allocated when empty) and their optimizer state
 // from the checkpoint's shards, verifying checksums, dtypes and shapes (IoError naming the file

@@ -9,18 +9,19 @@
 //    "architecture": {"channels": 1, "image_size": 28, "num_classes": 10, "width": 1},
 //    "world_size": 4, "schedule": "1f1b-flush", "optimizer": "adamw", "seed": 1,
 //    "batch_size": 64, "weight_versions": 1, "plan": {...plan.json...} or null,
+//    "training": {"--lr": "0.1", "--lr-schedule": "cosine", "--steps": "2000", ...},
 //    "shards": [{"file": "stage-0.safetensors", "stage": 0, "layers": [0, 4],
 //                "bytes": 13712, "crc32": 3735928559,
 //                "tensors": [{"name": "conv1.weight", "dtype": "F32", "shape": [32, 1, 3, 3]},
 //                            ...]}]}
 //
 // `step` counts the optimizer steps (minibatches) done; training resumes with minibatch `step`,
-// whose data, dropout masks and learning rate follow from the step and the seed alone (the data
-// order of epoch e is drawn from (seed, e); masks from (seed, step, microbatch)), so nothing else
-// of the random state needs saving. Shards hold tensors under layer-qualified names (PyTorch's
-// `conv1.weight`, `bn1.running_mean`; optimizer state as `optimizer.conv1.weight.exp_avg`), so a
-// run may resume under another plan: every rank loads the tensors of its own layers from
-// whichever shards hold them.
+// whose data, dropout masks and learning rate follow from the step, the seed and the options in
+// `training` (the data order of epoch e is drawn from (seed, e); masks from (seed, step,
+// microbatch)), so nothing else of the random state needs saving. Shards hold tensors under
+// layer-qualified names (PyTorch's `conv1.weight`, `bn1.running_mean`; optimizer state as
+// `optimizer.conv1.weight.exp_avg`), so a run may resume under another plan: every rank loads the
+// tensors of its own layers from whichever shards hold them.
 #pragma once
 
 #include <pipeline/core/shape.hpp>
@@ -29,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -65,6 +67,10 @@ struct CheckpointManifest {
   std::int64_t batch_size = 0;
   int weight_versions = 1;  // weight versions each stage held (always 1: checkpoints are drained)
   nlohmann::json plan;      // the run's plan.json; null for a single-process run
+  // The options that set the learning rate and the data order from step to step, flag -> value
+  // as the command line gives it ({"--lr": "0.1", "--lr-schedule": "cosine", "--steps": "2000",
+  // ...}); a resume that differs is warned. Empty in manifests written before it was recorded.
+  std::map<std::string, std::string> training;
   std::vector<CheckpointShard> shards;
 };
 
