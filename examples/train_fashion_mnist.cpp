@@ -134,7 +134,7 @@ int run(const Options& o) {
       o.checkpoints, info, true, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
   const auto checkpoints =
       examples::make_checkpointer(o.checkpoints, info, CheckpointRole::single(zoo.model), nullptr);
-  MetricsWriter metrics(o.metrics, start > 0);
+  MetricsWriter metrics(o.metrics, start);
   examples::Progress progress("train", total, start);
 
   double accuracy = 0;
@@ -224,7 +224,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   const DataLoader test_loader(test, {.batch_size = o.eval_batch, .shuffle = false});
   const MinibatchFeed test_feed = examples::evaluation_feed(test_loader);
 
-  MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string(), start > 0);
+  MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string(), start);
   examples::Progress progress("train", total, start);
   const bool reporter = ex.is_loss_rank();
 

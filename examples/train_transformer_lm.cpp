@@ -127,7 +127,7 @@ int run_single(const Options& o) {
   const auto checkpoints =
       examples::make_checkpointer(o.checkpoints, info, CheckpointRole::single(zoo.model), nullptr);
   const DataLoader loader = train_loader(o, train);
-  MetricsWriter metrics(o.metrics, start > 0);
+  MetricsWriter metrics(o.metrics, start);
   const auto t0 = Clock::now();
   const examples::RunProgress done =
       examples::train_single(trainer, zoo.model, loader, lr, start, o.steps, checkpoints.get(),
@@ -192,7 +192,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   const auto checkpoints = examples::make_checkpointer(
       o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm);
   const DataLoader loader = train_loader(o, train);
-  MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string(), start > 0);
+  MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string(), start);
   const MinibatchFeed feed = examples::training_feed(loader);
   examples::PipelinedLoop loop;
   loop.request = &req;

@@ -190,6 +190,22 @@ inline std::unique_ptr<Checkpointer> make_checkpointer(const CheckpointFlags& fl
                     "--checkpoint-every and --checkpoint-keep need a directory to write "
                     "checkpoints in: add --checkpoint-dir DIR (or --resume DIR)");
   if (!flags.writes()) return nullptr;
+  // Another run's checkpoints where this one writes would count as this run's older ones: kept
+  // in their place (its own pruned as older), and the newest that a --resume takes.
+  namespace fs = std::filesystem;
+  const auto same = [](const std::string& a, const std::string& b) {
+    std::error_code ec;
+    return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
+  };
+  if (flags.resume.empty() || !same(flags.resume, flags.output_dir())) {
+    const LogThresholdScope quiet(LogLevel::Error);  // (interrupted writes: the writer says so)
+    const std::optional<Checkpoint> other = find_latest_checkpoint(flags.output_dir());
+    PIPELINE_CHECK_AS(ConfigError, !other,
+                      "--checkpoint-dir '{}' holds another run's checkpoints (the newest of step "
+                      "{}): continue that run with --resume {}, or give this run an empty "
+                      "directory",
+                      flags.output_dir(), other ? other->manifest.step : 0, flags.output_dir());
+  }
   auto c = std::make_unique<Checkpointer>(
       CheckpointOptions{flags.output_dir(), flags.every, flags.keep}, run, std::move(role), comm);
   catch_preemption_signals();
@@ -508,8 +524,9 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
         epoch_result = TrainResult{};
       }
       if (req.csv.empty()) p.position = std::min(next_trainable(p.position), loop.total);
-      // A request that came too late to be agreed within the run stops the job here.
-      p.preempted = stop && stop->any_requested();
+      // A request that came too late to be agreed within the run stops the job here, unless
+      // the job is done: it then ends as any finished job (evaluated, saved).
+      p.preempted = stop && stop->any_requested() && !run_ends_at(p.position);
     }
     if (p.preempted) {
       if (ckpt->last_saved_step() != p.position) checkpoint(p.position);

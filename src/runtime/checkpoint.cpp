@@ -10,8 +10,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -382,6 +386,23 @@ constexpr int kRecordBody = 3;
 // The length message: the text's length and the shard's step (two 31-bit halves).
 constexpr std::int64_t kRecordHeader = 3;
 
+// A read-only or full file system found at the start, not at the first checkpoint after hours of
+// training: a file is created in `dir` and removed.
+void check_writable(const std::string& dir, int rank) {
+  const fs::path probe = fs::path(dir) / fmt::format(".write-test-{}-{}", rank, ::getpid());
+  std::FILE* f = std::fopen(probe.c_str(), "wb");
+  const int error = f ? 0 : errno;
+  const bool written = f && std::fputc('x', f) != EOF && std::fflush(f) == 0;
+  if (f) std::fclose(f);
+  std::error_code ec;
+  fs::remove(probe, ec);
+  PIPELINE_CHECK_AS(IoError, f && written,
+                    "cannot write checkpoints in '{}': {}; give --checkpoint-dir a directory this "
+                    "job can write",
+                    dir,
+                    f ? "a test write failed (is the file system full?)" : std::strerror(error));
+}
+
 }  // namespace
 
 // --- writer ------------------------------------------------------------------------------------
@@ -429,8 +450,16 @@ Checkpointer::Checkpointer(CheckpointOptions options, CheckpointRunInfo info, Ch
                  d.path.string());
         remove_dir(d.path);
       }
+    check_writable(m_options.dir, rank);
   }
   if (m_comm) m_comm->barrier();
+  // A writer on another host may not share the coordinator's file system.
+  if (rank != m_role.coordinator && std::any_of(m_role.stages.begin(), m_role.stages.end(),
+                                                [&](int s) { return m_role.writes(s); })) {
+    std::error_code ec;
+    fs::create_directories(m_options.dir, ec);
+    check_writable(m_options.dir, rank);
+  }
 }
 
 Checkpointer::~Checkpointer() {

@@ -8,6 +8,7 @@
 #include <pipeline/optim/flatten.hpp>
 #include <pipeline/optim/sgd.hpp>
 #include <pipeline/runtime/checkpoint.hpp>
+#include <pipeline/runtime/metrics.hpp>
 
 #include <doctest/doctest.h>
 
@@ -415,6 +416,31 @@ TEST_CASE("checkpoint: finish() before every stage of the rank was saved names t
   const std::string m = message_of([&] { c.finish(); });
   CHECK_MESSAGE(m.find("stage(s) [1] of rank 0 were never saved") != std::string::npos, m);
   CHECK_FALSE(fs::exists(dir.path / checkpoint_dir_name(5) / "manifest.json"));
+}
+
+TEST_CASE("metrics: a resumed run drops the records past its checkpoint's step") {
+  const testing::TempDir dir("metrics");
+  const std::string path = (dir.path / "m.jsonl").string();
+  {
+    MetricsWriter first(path);
+    for (int step = 1; step <= 5; ++step) {
+      first.write({{"step", step}, {"loss", 1.0 / step}});
+      if (step == 2) first.write({{"epoch", 1}, {"test_accuracy", 0.5}});
+    }
+  }
+  // The run died after step 5; its checkpoint was of step 3.
+  MetricsWriter resumed(path, 3);
+  resumed.write({{"step", 4}, {"loss", 0.2}});
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  CHECK(lines == std::vector<std::string>{R"({"loss":1.0,"step":1})", R"({"loss":0.5,"step":2})",
+                                          R"({"epoch":1,"test_accuracy":0.5})",
+                                          R"({"loss":0.3333333333333333,"step":3})",
+                                          R"({"loss":0.2,"step":4})"});
+  // A fresh run (step 0) starts the file over.
+  MetricsWriter fresh(path);
+  CHECK(std::filesystem::file_size(path) == 0);
 }
 
 }  // namespace test_checkpoint

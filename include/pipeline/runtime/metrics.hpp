@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -19,10 +20,13 @@ namespace pipeline {
 class MetricsWriter {
  public:
   MetricsWriter() = default;  // disabled: write() does nothing
-  // `append`: keep what the file holds (a resumed run continues its records).
-  explicit MetricsWriter(const std::string& path, bool append = false) {
+  // A run that starts at step `resumed_at` > 0 (resumed from a checkpoint) continues the records
+  // the file holds up to that step: those written after it, by a run that went on past the
+  // checkpoint before it died, are dropped, so each step has one record.
+  explicit MetricsWriter(const std::string& path, std::int64_t resumed_at = 0) {
     if (path.empty()) return;
-    m_file.reset(std::fopen(path.c_str(), append ? "a" : "w"));
+    if (resumed_at > 0) keep_records_to(path, resumed_at);
+    m_file.reset(std::fopen(path.c_str(), resumed_at > 0 ? "a" : "w"));
     PIPELINE_CHECK_AS(IoError, m_file != nullptr, "cannot open metrics file '{}' for writing: {}",
                       path, std::strerror(errno));
     m_path = path;
@@ -39,6 +43,9 @@ class MetricsWriter {
   }
 
  private:
+  // Rewrites `path` (if it exists) with its records before the first of a step past `step`.
+  static void keep_records_to(const std::string& path, std::int64_t step);
+
   struct Closer {
     void operator()(std::FILE* f) const noexcept { std::fclose(f); }
   };
