@@ -314,17 +314,7 @@ int run(int argc, char** argv) {
                       name);
   PIPELINE_CHECK_AS(ConfigError, !plan_path.empty(),
                     "--plan is required (but with --availability, which plans by itself)");
-  Plan plan = read_plan(plan_path);
-  PIPELINE_CHECK_AS(ConfigError,
-                    plan.model.empty() || profile.model.empty() || plan.model == profile.model,
-                    "{}: the plan is for model '{}' but the profile is of '{}': give the profile "
-                    "the plan was made from",
-                    plan_path, plan.model, profile.model);
-  if (const auto d = first_difference(plan.architecture, profile.architecture))
-    PIPELINE_FAIL(ConfigError,
-                  "{}: the plan was made for {} with {} {} but the profile is of it with {} {}: "
-                  "give the profile the plan was made from",
-                  plan_path, plan.model, d->flag, d->recorded, d->flag, d->ours);
+  Plan plan = read_plan(plan_path);  // (simulate() refuses another model's profile)
   if (plan.batch_size > 0 && profile.batch_size > 0 && plan.batch_size != profile.batch_size &&
       microbatch_size == 0)
     fmt::print(stderr,
@@ -390,11 +380,6 @@ int run(int argc, char** argv) {
   if (named) opt.device_profiles = &profiles;
   const Topology topology =
       topology_path.empty() ? parse_levels(levels) : read_topology(topology_path);
-  PIPELINE_CHECK_AS(
-      ConfigError, topology.levels.empty() || topology.workers() >= schedule.num_ranks(),
-      "the topology has {} worker(s) but the schedule runs {} ranks: describe a "
-      "cluster of at least {} (e.g. --level {}:<bandwidth>)",
-      topology.workers(), schedule.num_ranks(), schedule.num_ranks(), schedule.num_ranks());
   opt.rank_slowdown = parse_slow_ranks(slow_ranks);
   PIPELINE_CHECK_AS(ConfigError,
                     opt.rank_slowdown.size() <= static_cast<std::size_t>(schedule.num_ranks()),

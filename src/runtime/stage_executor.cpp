@@ -1125,6 +1125,9 @@ TrainResult StageExecutor::train(const Schedule& schedule, const MinibatchFeed& 
                     "gradient clipping under a stash schedule with replicated stages: the stages "
                     "step at different rates, so no global norm exists; use a flush schedule or no "
                     "clipping");
+  PIPELINE_CHECK_AS(ConfigError, static_cast<bool>(lr),
+                    "train: the learning-rate function is empty; pass one, e.g. "
+                    "[](std::int64_t) {{ return 0.01f; }} or an LrSchedule's lr_at");
   const ValidationReport report = validate(schedule);
   PIPELINE_CHECK(static_cast<bool>(feed.size), "the feed has no size function");
 

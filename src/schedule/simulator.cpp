@@ -264,6 +264,22 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
       profile.model.empty() ? "profile" : profile.model, options.microbatch_size);
   PIPELINE_CHECK_AS(ConfigError, options.microbatch_size >= 0,
                     "microbatch size must be >= 0, got {}", options.microbatch_size);
+  // Another model's profile, or one of other options, times stages that are not the plan's.
+  PIPELINE_CHECK_AS(ConfigError,
+                    plan.model.empty() || profile.model.empty() || plan.model == profile.model,
+                    "the plan is for model '{}' but the profile is of '{}': give the profile the "
+                    "plan was made from",
+                    plan.model, profile.model);
+  if (const auto d = first_difference(plan.architecture, profile.architecture))
+    PIPELINE_FAIL(ConfigError,
+                  "the plan was made for {} with {} {} but the profile is of it with {} {}: give "
+                  "the profile the plan was made from",
+                  plan.model, d->flag, d->recorded, d->flag, d->ours);
+  PIPELINE_CHECK_AS(
+      ConfigError, topology.levels.empty() || topology.workers() >= schedule.num_ranks(),
+      "the topology has {} worker(s) but the schedule runs {} ranks: describe a cluster of at "
+      "least {} (e.g. --level {}:<bandwidth>)",
+      topology.workers(), schedule.num_ranks(), schedule.num_ranks(), schedule.num_ranks());
   detail::check_local(schedule);
   for (std::size_t r = 0; r < options.rank_slowdown.size(); ++r)
     PIPELINE_CHECK_AS(ConfigError,

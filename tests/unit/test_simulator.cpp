@@ -48,6 +48,28 @@ TEST_CASE("GPipe and 1F1B-flush bubble is (p-1)/(m+p-1) with equal stages and fr
   }
 }
 
+TEST_CASE("simulate refuses another model's profile and a topology of fewer workers than ranks") {
+  Profile prof = uniform_profile(2);
+  Plan plan = equal_plan(2);
+  const Schedule sched = generate_schedule("1f1b-flush", ScheduleSpec::straight(2, 4, 1));
+  plan.model = "mlp";
+  prof.model = "fashion-cnn";
+  CHECK_THROWS_WITH_AS(
+      simulate(sched, prof, plan, {}),
+      doctest::Contains("the plan is for model 'mlp' but the profile is of 'fashion-cnn'"),
+      ConfigError);
+  prof.model = "mlp";
+  plan.architecture = {{"width", 1}};
+  prof.architecture = {{"width", 2}};
+  CHECK_THROWS_WITH_AS(simulate(sched, prof, plan, {}), doctest::Contains("--width 1"),
+                       ConfigError);
+  prof.architecture = plan.architecture;
+  CHECK_THROWS_WITH_AS(
+      simulate(sched, prof, plan, Topology{{{1, 1e9}}, {}}),
+      doctest::Contains("the topology has 1 worker(s) but the schedule runs 2 ranks"), ConfigError);
+  CHECK(simulate(sched, prof, plan, Topology{{{2, 1e9}}, {}}).time_per_minibatch_s > 0);
+}
+
 TEST_CASE("ZB-H1: bubble (p-1)(T_F + T_I - T_W), a third of 1F1B's when the three are equal") {
   // T_F = 1 ms and the split backward T_I = 1.5 ms, T_W = 0.5 ms (measured), or 1 ms each (the
   // profile's 2 ms backward halved when the split is not measured).

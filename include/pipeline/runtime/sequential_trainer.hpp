@@ -36,6 +36,9 @@ struct EvalResult {
 
 class SequentialTrainer {
  public:
+  // `model` is used, not copied: it must outlive the trainer (a temporary does not compile).
+  SequentialTrainer(const Sequential&&, ModelParams, std::unique_ptr<Optimizer>, std::uint64_t = 0,
+                    float = 0.f) = delete;
   SequentialTrainer(const Sequential& model, ModelParams params, std::unique_ptr<Optimizer> optimizer,
                     std::uint64_t seed = 0, float clip_norm = 0.f)
       : m_model(&model),
@@ -86,6 +89,15 @@ class SequentialTrainer {
 
   // One optimizer step on a minibatch: accumulate, clip, update, clear the gradients.
   StepResult step(const Batch& batch, float lr, int microbatches = 1) {
+    PIPELINE_CHECK_AS(ConfigError, batch.inputs.defined() && batch.labels.defined(),
+                      "a training batch needs inputs and labels; this one has no {}",
+                      batch.inputs.defined() ? "labels" : "inputs");
+    PIPELINE_CHECK_AS(ConfigError,
+                      batch.inputs.rank() > 0 && batch.labels.rank() > 0 &&
+                          batch.inputs.dim(0) == batch.labels.dim(0),
+                      "a training batch needs a label per sample; this one has inputs of shape {} "
+                      "and labels of shape {}",
+                      batch.inputs.shape(), batch.labels.shape());
     StepResult r;
     if (m_graphs) {
       r = m_graphs->step(

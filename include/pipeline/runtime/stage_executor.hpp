@@ -218,6 +218,9 @@ using StepDoneFunction = std::function<void(std::int64_t position)>;
 
 class StageExecutor {
  public:
+  // `model` is used, not copied: it must outlive the executor (a temporary does not compile).
+  StageExecutor(const Sequential&&, Shape, DType, PipelineLayout, Communicator&,
+                std::unique_ptr<Optimizer>, const ExecutorOptions& = {}) = delete;
   StageExecutor(const Sequential& model, Shape sample_shape, DType input_dtype,
                 PipelineLayout layout, Communicator& comm, std::unique_ptr<Optimizer> optimizer,
                 const ExecutorOptions& options = {});
