@@ -152,6 +152,9 @@ inline std::optional<Checkpoint> checkpoint_to_resume(const CheckpointFlags& fla
       log_info(
           "the checkpoint was written under another plan: every rank loads its own layers "
           "from the shards that hold them");
+    else if (c->manifest.schedule != run.schedule)
+      log_info("the checkpoint was written under schedule {}; this run continues under {}",
+               c->manifest.schedule, run.schedule);
     if (run.schedule.rfind("1f1b-stash", 0) == 0)
       log_info(
           "1f1b-stash: in-flight microbatches and their stashed weight versions are not "

@@ -755,6 +755,11 @@ void restore_stage(const Checkpoint& checkpoint, const Sequential& model, LayerR
     auto it = open.find(rec);
     if (it != open.end()) return it->second;
     const std::string file = (fs::path(checkpoint.path) / rec->file).string();
+    std::error_code ec;
+    PIPELINE_CHECK_AS(IoError, fs::exists(file, ec),
+                      "checkpoint shard '{}' is missing, though the manifest lists it; resume "
+                      "from an older checkpoint (delete this step's directory)",
+                      file);
     const FileDigest d = digest_file(file);
     PIPELINE_CHECK_AS(IoError, d.bytes == rec->bytes && d.crc32 == rec->crc32,
                       "checkpoint shard '{}' is corrupt: {} bytes with CRC-32 {:08x}, but the "

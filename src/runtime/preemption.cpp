@@ -22,7 +22,7 @@ struct PreemptionState {
   std::atomic<bool> installed{false};
   struct sigaction previous_term {};
   struct sigaction previous_int {};
-  char line[256] = {};
+  char line[512] = {};
 };
 
 static_assert(std::atomic<int>::is_always_lock_free);
@@ -59,7 +59,8 @@ void catch_preemption_signals() {
   if (s.installed.exchange(true)) return;
   const std::string line = fmt::format(
       "{}info: stop requested (SIGTERM/SIGINT): finishing the current step, then writing a "
-      "checkpoint and exiting; signal again to stop at once\n",
+      "checkpoint and exiting; signal again to stop at once (mpirun also sends SIGTERM when "
+      "another rank fails: then that rank's error is the cause)\n",
       detail::rank_prefix());
   std::strncpy(s.line, line.c_str(), sizeof(s.line) - 2);
   if (line.size() >= sizeof(s.line) - 1) s.line[sizeof(s.line) - 2] = '\n';
