@@ -455,7 +455,7 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
             "minibatches in groups of {}",
             last, loop.total, g);
     }
-    if (req.csv.empty()) p.position = std::min(from, loop.total);
+    p.position = std::min(from, loop.total);
   }
   while (p.position < loop.total) {
     const std::int64_t epoch_begin = epoch_begin_of(p.position);

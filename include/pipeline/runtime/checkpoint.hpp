@@ -163,7 +163,7 @@ std::optional<Checkpoint> find_latest_checkpoint(const std::string& dir);
 void check_resume_compatible(const CheckpointManifest& manifest, const CheckpointRunInfo& run);
 
 // The training options (CheckpointManifest::training) that the run gives otherwise than the
-// checkpoint recorded, as "--lr 0.05 (the checkpoint's: 0.1)", in the run's order of flags.
+// checkpoint recorded, as "--weight-decay 0.1 (the checkpoint's: 0)", in the order of their names.
 std::vector<std::string> training_differences(const CheckpointManifest& manifest,
                                               const CheckpointRunInfo& run);
 

@@ -9,7 +9,7 @@
 //    "architecture": {"channels": 1, "image_size": 28, "num_classes": 10, "width": 1},
 //    "world_size": 4, "schedule": "1f1b-flush", "optimizer": "adamw", "seed": 1,
 //    "batch_size": 64, "weight_versions": 1, "plan": {...plan.json...} or null,
-//    "training": {"--lr": "0.1", "--lr-schedule": "cosine", "--steps": "2000", ...},
+//    "training": {"learning rate": "cosine:2000:0 (lr 0.1)", "--weight-decay": "0", ...},
 //    "shards": [{"file": "stage-0.safetensors", "stage": 0, "layers": [0, 4],
 //                "bytes": 13712, "crc32": 3735928559,
 //                "tensors": [{"name": "conv1.weight", "dtype": "F32", "shape": [32, 1, 3, 3]},
@@ -67,9 +67,10 @@ struct CheckpointManifest {
   std::int64_t batch_size = 0;
   int weight_versions = 1;  // weight versions each stage held (always 1: checkpoints are drained)
   nlohmann::json plan;      // the run's plan.json; null for a single-process run
-  // The options that set the learning rate and the data order from step to step, flag -> value
-  // as the command line gives it ({"--lr": "0.1", "--lr-schedule": "cosine", "--steps": "2000",
-  // ...}); a resume that differs is warned. Empty in manifests written before it was recorded.
+  // The options that set each step's learning rate, update and data order, by flag (or what
+  // they set: {"learning rate": "cosine:2000:0 (lr 0.1)", "--weight-decay": "0", ...}, the
+  // schedule as resolved for the run's length); a resume that differs is warned. Empty in
+  // manifests written before it was recorded.
   std::map<std::string, std::string> training;
   std::vector<CheckpointShard> shards;
 };
