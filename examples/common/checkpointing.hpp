@@ -449,11 +449,18 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
             "resumed at step {}: this plan's stage replicas take minibatches in groups of {} "
             "from multiples of {}, so training continues at step {} ({} minibatch(es) skipped)",
             start, g, g, from, from - start);
-      if (from < last && last < loop.total)
+      if (from < last && last < loop.total) {
+        std::int64_t trained = 0;  // the whole groups from `from` on, epoch by epoch
+        for (std::int64_t x = from; x < last;) {
+          const std::int64_t stop_at = std::min(last, epoch_stop(x));
+          trained += stop_at - x;
+          x = next_trainable(stop_at);
+        }
         log_warn(
-            "training to step {} of the {} asked for: this plan's stage replicas take "
-            "minibatches in groups of {}",
-            last, loop.total, g);
+            "training {} of the {} steps asked for: this plan's stage replicas take minibatches "
+            "in groups of {}",
+            trained, loop.total - start, g);
+      }
     }
     p.position = std::min(from, loop.total);
   }
