@@ -67,6 +67,14 @@ BlasContext& context(int device) {
   return *c;
 }
 
+}  // namespace
+
+void prepare_blas(int device) {
+  (void)context(device);
+}
+
+namespace {
+
 // RAII for the descriptors of one call.
 struct MatmulDesc {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -122,6 +130,22 @@ bool gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
                  "gemm: a bf16 result is written, never accumulated into (beta {})", beta);
   PIPELINE_CHECK(epilogue == GemmEpilogue::None || bias != nullptr,
                  "gemm: a bias epilogue needs the bias");
+  // The epilogue as its own pass (fp32 results only): the same numbers, one more pass over C.
+  const auto unfused = [&] {
+    if (result_type != CUDA_R_32F) return false;
+    PIPELINE_CHECK(
+        ldc == n, "gemm: an unfused bias epilogue needs a dense C ({} columns, stride {})", n, ldc);
+    auto* c32 = static_cast<float*>(c);
+    gemm_any(stream, device, trans_a, trans_b, m, n, k, alpha, operands, a, lda, b, ldb, beta, c,
+             result_type, ldc, GemmEpilogue::None, nullptr);
+    kernels::add_bias(stream, c32, bias, m, n);
+    if (epilogue == GemmEpilogue::ReluBias)
+      kernels::activation_forward(stream, kernels::ActivationKind::ReLU, c32, c32, m * n);
+    return true;
+  };
+  // cuBLASLt takes no alignment preference for the bias, and an epilogue may read it in
+  // vectors: a bias view off 16 bytes is added in a pass of its own.
+  if (epilogue != GemmEpilogue::None && detail::pointer_alignment(bias, 16) < 16) return unfused();
   DeviceGuard guard(device);
   BlasContext& ctx = context(device);
   const bool tf32 = operands == CUDA_R_32F && g_allow_tf32;
@@ -213,19 +237,7 @@ bool gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
       it = ctx.algos.emplace(key, result.algo).first;
     }
   }
-  if (!it->second) {
-    if (result_type != CUDA_R_32F) return false;
-    // The epilogue as its own pass: the same numbers, one more pass over C.
-    PIPELINE_CHECK(
-        ldc == n, "gemm: an unfused bias epilogue needs a dense C ({} columns, stride {})", n, ldc);
-    auto* c32 = static_cast<float*>(c);
-    gemm_any(stream, device, trans_a, trans_b, m, n, k, alpha, operands, a, lda, b, ldb, beta, c,
-             result_type, ldc, GemmEpilogue::None, nullptr);
-    kernels::add_bias(stream, c32, bias, m, n);
-    if (epilogue == GemmEpilogue::ReluBias)
-      kernels::activation_forward(stream, kernels::ActivationKind::ReLU, c32, c32, m * n);
-    return true;
-  }
+  if (!it->second) return unfused();
   // k == 0 is a valid product: the result is beta C (plus the epilogue).
   const cublasStatus_t run =
       cublasLtMatmul(ctx.handle, op.desc, &alpha, b, la.layout, a, lb.layout, &beta, c, lc.layout,

@@ -216,11 +216,14 @@ std::function<float()> timed_direct(DirectConvolutions mode, const ConvKernel& d
 // where given, times the caller's kernel (ms), which wins over a slower timed algorithm and over
 // algorithms that were not timed. Inside a CUDA graph capture nothing may wait for the device:
 // a problem first met there takes the heuristics' ranking, untimed and not cached (an eager call
-// of it later searches as usual), where a timed search would have failed the capture.
+// of it later searches as usual), where a timed search would have failed the capture. The
+// heuristics do not see the pointers: with an operand off 16 bytes (`aligned` false) a capture
+// takes algorithm 0 of the pass (implicit GEMM), which reads operands at any alignment, where
+// it qualifies.
 template <typename Perf, int Count, typename Sizes, typename Find, typename Heuristic>
 AlgoChoice choose(DnnContext& ctx, const AlgoKey& key, Pass pass, const Conv2dProblem& p, bool det,
-                  bool exact, cudaStream_t stream, Sizes sizes, Find find, Heuristic heuristic,
-                  const std::function<float()>& time_direct) {
+                  bool exact, bool aligned, cudaStream_t stream, Sizes sizes, Find find,
+                  Heuristic heuristic, const std::function<float()>& time_direct) {
   if (auto it = ctx.algos.find(key); it != ctx.algos.end()) return it->second;
   const bool capture = capturing(stream);
   std::size_t wanted = 0;
@@ -244,7 +247,13 @@ AlgoChoice choose(DnnContext& ctx, const AlgoKey& key, Pass pass, const Conv2dPr
   }
   if (best == nullptr) {
     PIPELINE_CUDNN_CHECK(heuristic(perf.data(), &returned));
-    best = pick(perf.data(), returned, det, exact, std::numeric_limits<std::size_t>::max());
+    const std::size_t any = std::numeric_limits<std::size_t>::max();
+    best = pick(perf.data(), returned, det, exact, any);
+    if (capture && !aligned)
+      for (int i = 0; i < returned; ++i)
+        if (static_cast<int>(perf[static_cast<std::size_t>(i)].algo) == 0 &&
+            pick(&perf[static_cast<std::size_t>(i)], 1, det, exact, any) != nullptr)
+          best = &perf[static_cast<std::size_t>(i)];
   }
   if (best == nullptr) no_algorithm(pass, p, det);
   AlgoChoice choice{static_cast<int>(best->algo), best->memory};
@@ -331,20 +340,22 @@ void forward_pass(cudaStream_t stream, int device, const Conv2dProblem& p, bool 
                   const void* x, const void* weight, float beta, void* y,
                   const ConvKernel& direct) {
   if (p.n == 0) return;
-  const DirectConvolutions mode = direct ? g_direct.load() : DirectConvolutions::Never;
+  // (A forward kernel writes its output: offered where nothing is accumulated into it.)
+  const DirectConvolutions mode =
+      direct && beta == 0.f ? g_direct.load() : DirectConvolutions::Never;
   if (mode == DirectConvolutions::Always) return direct(beta, static_cast<float*>(y));
   CallSetup s(device, stream);
   const bool tensor_cores = s.tf32 || bf16_operands;
   const ConvDescriptors d(p, tensor_cores);
   const bool exact = !tensor_cores && !s.transformed;
-  const AlgoKey key = make_key(Pass::Forward, p, bf16_operands, tensor_cores, s.det, exact,
-                               aligned16(x) && aligned16(weight) && aligned16(y),
+  const bool aligned = aligned16(x) && aligned16(weight) && aligned16(y);
+  const AlgoKey key = make_key(Pass::Forward, p, bf16_operands, tensor_cores, s.det, exact, aligned,
                                mode == DirectConvolutions::Timed);
   const std::size_t y_bytes = sizeof(float) * static_cast<std::size_t>(p.n) *
                               static_cast<std::size_t>(p.m) * static_cast<std::size_t>(p.out_h()) *
                               static_cast<std::size_t>(p.out_w());
   const AlgoChoice choice = choose<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
-      s.ctx, key, Pass::Forward, p, s.det, exact, stream,
+      s.ctx, key, Pass::Forward, p, s.det, exact, aligned, stream,
       [&](int a, std::size_t* bytes) {
         return cudnnGetConvolutionForwardWorkspaceSize(
             s.handle, d.x.get(), d.w.get(), d.conv.get(), d.y.get(),
@@ -380,14 +391,15 @@ void backward_data_pass(cudaStream_t stream, int device, const Conv2dProblem& p,
   const bool tensor_cores = s.tf32 || bf16_operands;
   const ConvDescriptors d(p, tensor_cores);
   const bool exact = !tensor_cores && !s.transformed;
-  const AlgoKey key = make_key(Pass::BackwardData, p, bf16_operands, tensor_cores, s.det, exact,
-                               aligned16(dy) && aligned16(weight) && aligned16(dx), false);
+  const bool aligned = aligned16(dy) && aligned16(weight) && aligned16(dx);
+  const AlgoKey key =
+      make_key(Pass::BackwardData, p, bf16_operands, tensor_cores, s.det, exact, aligned, false);
   const std::size_t dx_bytes = sizeof(float) * static_cast<std::size_t>(p.n) *
                                static_cast<std::size_t>(p.c) * static_cast<std::size_t>(p.h) *
                                static_cast<std::size_t>(p.w);
   const AlgoChoice choice =
       choose<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
-          s.ctx, key, Pass::BackwardData, p, s.det, exact, stream,
+          s.ctx, key, Pass::BackwardData, p, s.det, exact, aligned, stream,
           [&](int a, std::size_t* bytes) {
             return cudnnGetConvolutionBackwardDataWorkspaceSize(
                 s.handle, d.w.get(), d.y.get(), d.conv.get(), d.x.get(),
@@ -425,15 +437,15 @@ void backward_filter_pass(cudaStream_t stream, int device, const Conv2dProblem& 
   const bool tensor_cores = s.tf32 || bf16_operands;
   const ConvDescriptors d(p, tensor_cores);
   const bool exact = !tensor_cores && !s.transformed;
+  const bool aligned = aligned16(x) && aligned16(dy) && aligned16(dweight);
   const AlgoKey key = make_key(Pass::BackwardFilter, p, bf16_operands, tensor_cores, s.det, exact,
-                               aligned16(x) && aligned16(dy) && aligned16(dweight),
-                               mode == DirectConvolutions::Timed);
+                               aligned, mode == DirectConvolutions::Timed);
   const std::size_t dw_bytes = sizeof(float) * static_cast<std::size_t>(p.m) *
                                static_cast<std::size_t>(p.c) * static_cast<std::size_t>(p.kh) *
                                static_cast<std::size_t>(p.kw);
   const AlgoChoice choice =
       choose<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
-          s.ctx, key, Pass::BackwardFilter, p, s.det, exact, stream,
+          s.ctx, key, Pass::BackwardFilter, p, s.det, exact, aligned, stream,
           [&](int a, std::size_t* bytes) {
             return cudnnGetConvolutionBackwardFilterWorkspaceSize(
                 s.handle, d.x.get(), d.y.get(), d.conv.get(), d.w.get(),

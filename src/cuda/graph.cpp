@@ -1,7 +1,9 @@
 #include <pipeline/cuda/graph.hpp>
 
 #include <pipeline/core/error.hpp>
+#include <pipeline/cuda/blas.hpp>
 #include <pipeline/cuda/device_memory.hpp>
+#include <pipeline/cuda/dnn.hpp>
 
 #include <exception>
 #include <mutex>
@@ -59,6 +61,10 @@ Graph Graph::capture(const Stream& stream, const std::function<void()>& work) {
   auto state = std::make_shared<State>();
   state->device = stream.device();
   CachingPool& pool = device_pool(stream.device());
+  // The libraries' handles of this thread, made before the capture (their creation allocates and
+  // synchronises, which a capture forbids) for work that first meets them inside it.
+  prepare_blas(stream.device());
+  (void)dnn_handle(stream.device(), stream.get());
   state->pool = pool.begin_private(stream.get());
   t_capture = {stream.get(), &state->checks};
   cudaGraph_t graph = nullptr;

@@ -47,6 +47,20 @@ const Case kCases[] = {
 
 constexpr double kTol = 1e-4;
 
+// Restores the direct-kernel mode (cuda::set_direct_convolutions) when a test ends.
+struct RestoreDirect {
+  cuda::DirectConvolutions was = cuda::direct_convolutions();
+  ~RestoreDirect() { cuda::set_direct_convolutions(was); }
+};
+
+// `x` on the GPU as a view that starts one float (4 bytes) into its allocation.
+Tensor offset_on_gpu(const Tensor& x) {
+  const std::int64_t count = x.shape().numel();
+  Tensor all = Tensor::zeros(Shape{count + 1});
+  std::copy(x.data<float>(), x.data<float>() + count, all.data<float>() + 1);
+  return all.to(kGpu).slice(1, count + 1).reshape(x.shape());
+}
+
 // The weight gradient accumulated into dw0 once and twice (the second call reuses the cached
 // choice) equals the CPU's, and a rerun from dw0 gives the same bits.
 void check_weight_gradient(const Tensor& x, const Tensor& dy, const Tensor& dw0,
@@ -196,14 +210,18 @@ TEST_CASE("conv2d with the transformed-domain algorithms allowed stays near the 
 // timed against cuDNN: fashion-cnn's conv1 at batch 64 and 1024 (whole rows a unit, several units
 // a block), VGG's 3-channel 3x3 first layer, a 2-channel rectangular window with mixed stride and
 // padding at the 30-tap, 64-output limits, more samples than the weight gradient's 256 blocks,
-// and a row too wide for more than a few rows in its window.
+// and a row too wide for more than a few rows in its window; units of rows whose last has fewer
+// rows (stride 1 and 2), and a window too narrow for more than 6 rows of a 1000-wide image. The
+// float32 path is pinned to the legacy API, which offers the kernels (the graph API's would not).
 TEST_CASE("conv2d's direct kernels for shallow windows match the CPU, however chosen") {
   cuda::set_allow_tf32(false);
-  struct RestoreDirect {
-    cuda::DirectConvolutions was = cuda::direct_convolutions();
-    ~RestoreDirect() { cuda::set_direct_convolutions(was); }
-  } restore;
+  const RestoreDirect restore;
+  const RestoreGraphConvolutions restore_graph;
+  cuda::set_graph_convolutions(cuda::GraphConvolutions::Bf16);
   const Case cases[] = {
+      {64, 1, 30, 30, 8, ops::Window2d::square(5, 1, 2)},
+      {64, 3, 29, 29, 16, ops::Window2d::square(3, 2, 1)},
+      {256, 1, 20, 1000, 4, ops::Window2d::square(3, 1, 1)},
       {64, 1, 28, 28, 32, ops::Window2d::square(5, 1, 2)},
       {1024, 1, 28, 28, 32, ops::Window2d::square(5, 1, 2)},
       {4, 3, 32, 32, 64, ops::Window2d::square(3, 1, 1)},
@@ -237,38 +255,48 @@ TEST_CASE("conv2d's direct kernels for shallow windows match the CPU, however ch
 // A convolution whose shape is first met inside a CUDA graph capture cannot be searched for (the
 // search waits for the device): it runs on cuDNN's heuristic choice, which the replay computes
 // correctly, and a later eager call searches as usual. A shallow window too, with the direct
-// kernels offered to the timed choice.
+// kernels offered to the timed choice or always taken (captured with their scratch), and inputs
+// that start 4 bytes into their allocation (the heuristics do not see the pointers).
 TEST_CASE("conv2d first met inside a CUDA graph capture runs on the heuristics' choice") {
   cuda::set_allow_tf32(false);
+  const RestoreDirect restore;
+  const RestoreGraphConvolutions restore_graph;
+  cuda::set_graph_convolutions(cuda::GraphConvolutions::Bf16);
   const Case cases[] = {{3, 6, 10, 11, 5, ops::Window2d::square(3, 1, 1)},
-                        {5, 1, 12, 9, 7, ops::Window2d::square(5, 1, 2)}};
-  for (const Case& c : cases) {
-    CAPTURE(c.c);
-    const Shape xs{c.n, c.c, c.h, c.w}, ws{c.m, c.c, c.window.kernel_h, c.window.kernel_w};
-    const Shape ys = ops::conv2d_output_shape(xs, ws, c.window);
-    const Tensor x = random_tensor(xs, 91), w = random_tensor(ws, 92), dy = random_tensor(ys, 93);
-    const Tensor dw0 = random_tensor(ws, 94);
-    const Tensor xg = x.to(kGpu), wg = w.to(kGpu), dyg = dy.to(kGpu);
-    Tensor yg = poisoned(ys), dwg = dw0.to(kGpu);
-    const cuda::Stream stream = cuda::Stream::create(0);
-    {
-      const cuda::StreamGuard on(stream);
-      const cuda::Graph graph = cuda::Graph::capture(stream, [&] {
-        ops::conv2d_forward(xg, wg, Tensor(), yg, c.window);
-        ops::conv2d_backward_filter(xg, dyg, dwg, c.window);
-      });
-      graph.replay(stream.get());
-      stream.synchronize();
+                        {5, 1, 12, 9, 7, ops::Window2d::square(5, 1, 2)},
+                        {4, 3, 7, 7, 6, ops::Window2d::square(3, 1, 1)}};
+  for (const auto mode : {cuda::DirectConvolutions::Timed, cuda::DirectConvolutions::Always})
+    for (const Case& c : cases) {
+      cuda::set_direct_convolutions(mode);
+      CAPTURE(static_cast<int>(mode));
+      CAPTURE(c.c);
+      const Shape xs{c.n, c.c, c.h, c.w}, ws{c.m, c.c, c.window.kernel_h, c.window.kernel_w};
+      const Shape ys = ops::conv2d_output_shape(xs, ws, c.window);
+      const Tensor x = random_tensor(xs, 91), w = random_tensor(ws, 92), dy = random_tensor(ys, 93);
+      const Tensor dw0 = random_tensor(ws, 94);
+      // The last case's input is a view one float into its allocation.
+      const Tensor xg = c.c == 3 ? offset_on_gpu(x) : x.to(kGpu);
+      const Tensor wg = w.to(kGpu), dyg = dy.to(kGpu);
+      Tensor yg = poisoned(ys), dwg = dw0.to(kGpu);
+      const cuda::Stream stream = cuda::Stream::create(0);
+      {
+        const cuda::StreamGuard on(stream);
+        const cuda::Graph graph = cuda::Graph::capture(stream, [&] {
+          ops::conv2d_forward(xg, wg, Tensor(), yg, c.window);
+          ops::conv2d_backward_filter(xg, dyg, dwg, c.window);
+        });
+        graph.replay(stream.get());
+        stream.synchronize();
+      }
+      Tensor y = Tensor::empty(ys), dw = dw0.clone();
+      ops::conv2d_forward(x, w, Tensor(), y, c.window);
+      ops::conv2d_backward_filter(x, dy, dw, c.window);
+      expect_close("y (replayed)", y, yg, kTol);
+      expect_close("dweight (replayed)", dw, dwg, kTol);
+      Tensor yg_eager = poisoned(ys);
+      ops::conv2d_forward(xg, wg, Tensor(), yg_eager, c.window);
+      expect_close("y (eager, searched)", y, yg_eager, kTol);
     }
-    Tensor y = Tensor::empty(ys), dw = dw0.clone();
-    ops::conv2d_forward(x, w, Tensor(), y, c.window);
-    ops::conv2d_backward_filter(x, dy, dw, c.window);
-    expect_close("y (replayed)", y, yg, kTol);
-    expect_close("dweight (replayed)", dw, dwg, kTol);
-    Tensor yg_eager = poisoned(ys);
-    ops::conv2d_forward(xg, wg, Tensor(), yg_eager, c.window);
-    expect_close("y (eager, searched)", y, yg_eager, kTol);
-  }
 }
 
 TEST_CASE("conv2d given tensors on two devices names both") {

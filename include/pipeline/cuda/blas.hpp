@@ -20,6 +20,10 @@
 
 namespace pipeline::cuda {
 
+// Makes the calling thread's cuBLASLt handle and workspace on `device` now (otherwise made on
+// first use). A CUDA graph capture calls it before it begins: making them is not captured work.
+void prepare_blas(int device);
+
 // Whether fp32 matrix products may use TF32 tensor cores (process-wide; default false).
 void set_allow_tf32(bool allow);
 bool allow_tf32();

@@ -66,7 +66,8 @@ bool transformed_convolutions();
 // A kernel of the caller's for one pass of one problem: out = pass(...) + beta · out, queued on
 // the pass's stream, on the pass's inputs. Offered to a pass (below), it is one more candidate of
 // that problem's algorithm choice, timed on the same inputs as cuDNN's algorithms and taken where
-// it was faster (the op's direct kernels for shallow windows, kernels/conv_direct.cuh).
+// it was faster (the op's direct kernels for shallow windows, kernels/conv_direct.cuh). A forward
+// kernel is offered only where beta is 0 (the op's write their output).
 using ConvKernel = std::function<void(float beta, float* out)>;
 
 // Whether kernels offered to a pass are timed against cuDNN's algorithms (Timed, the default),
