@@ -54,6 +54,10 @@
 #include <charconv>
 #include <cmath>
 #include <numeric>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -330,6 +334,7 @@ int run(int argc, char** argv) {
                       "{}=profile.json",
                       plan_path, st.device, st.device);
   Schedule schedule;
+  std::optional<std::pair<std::string, ScheduleSpec>> dealt;  // --rebalance: the name and spec
   if (!schedule_csv.empty()) {
     schedule = read_schedule_csv(schedule_csv);
   } else {
@@ -357,13 +362,9 @@ int run(int argc, char** argv) {
         minibatches = static_cast<int>(steady);
       }
     }
-    ScheduleSpec spec = ScheduleSpec::from_plan(plan, microbatches, minibatches);
-    if (rebalance) {
-      std::vector<double> seconds = parse_slow_ranks(slow_ranks);
-      seconds.resize(static_cast<std::size_t>(std::max<int>(spec.num_ranks(), 1)), 1.0);
-      spec.dealing = dealing_by_speed(spec, seconds);
-    }
+    const ScheduleSpec spec = ScheduleSpec::from_plan(plan, microbatches, minibatches);
     schedule = generate_schedule(name, spec);
+    if (rebalance) dealt.emplace(name, spec);
   }
   PIPELINE_CHECK_AS(ConfigError, !rebalance || schedule_csv.empty(),
                     "--rebalance generates the schedule's dealing; it cannot change a CSV "
@@ -389,6 +390,16 @@ int run(int argc, char** argv) {
   opt.jitter_seed = seed;
   opt.cores = cores;
   opt.threads_per_rank = std::max(1, profile.threads);
+  if (dealt) {
+    // Dealt by the ranks' speeds, or round-robin where the simulation finds that no slower.
+    std::vector<double> seconds = opt.rank_slowdown;
+    seconds.resize(static_cast<std::size_t>(schedule.num_ranks()), 1.0);
+    SimulateOptions timing = opt;
+    timing.record_trace = false;
+    schedule = schedule_by_speed(dealt->first, dealt->second, seconds, [&](const Schedule& s) {
+      return simulate(s, profile, plan, topology, timing).makespan_s;
+    });
+  }
   Simulation sim = simulate(schedule, profile, plan, topology, opt);
   if (!trace_path.empty()) write_chrome_trace(trace_path, sim, schedule);
   if (!svg_path.empty()) write_timeline_svg(svg_path, sim, schedule);

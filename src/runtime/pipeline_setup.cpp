@@ -148,9 +148,9 @@ Schedule make_schedule(const ScheduleRequest& request, const PipelineLayout& lay
     spec.microbatches = request.microbatches;
     spec.minibatches = minibatches;
     spec.vertical_sync = request.vertical_sync;
-    if (!request.seconds_per_rank.empty())
-      spec.dealing = dealing_by_speed(spec, request.seconds_per_rank);
-    s = generate_schedule(request.name, spec);
+    s = request.seconds_per_rank.empty()
+            ? generate_schedule(request.name, spec)
+            : schedule_by_speed(request.name, spec, request.seconds_per_rank);
   }
   PIPELINE_CHECK_AS(ConfigError, s.stage_ranks == layout.stage_ranks,
                     "schedule '{}' places stages on ranks {} but the plan has {}: write the "

@@ -2,7 +2,9 @@
 
 #include <pipeline/core/error.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace pipeline {
 
@@ -67,6 +69,33 @@ std::vector<std::vector<std::int32_t>> dealing_by_speed(const ScheduleSpec& spec
     for (int j = 0; j < spec.minibatches; ++j) d.insert(d.end(), one.begin(), one.end());
   }
   return dealing;
+}
+
+Schedule schedule_by_speed(const std::string& name, const ScheduleSpec& spec,
+                           std::span<const double> seconds_per_rank,
+                           const std::function<double(const Schedule&)>& makespan) {
+  ScheduleSpec dealt = spec;
+  dealt.dealing = dealing_by_speed(spec, seconds_per_rank);
+  const bool by_list = std::any_of(dealt.dealing.begin(), dealt.dealing.end(),
+                                   [](const auto& d) { return !d.empty(); });
+  ScheduleSpec round_robin = spec;
+  round_robin.dealing.clear();
+  Schedule even = generate_schedule(name, round_robin);
+  if (!by_list) return even;
+  Schedule by_speed = generate_schedule(name, dealt);
+  std::vector<double> slowdown(static_cast<std::size_t>(spec.num_ranks()), 1.0);
+  for (const auto& ranks : spec.stage_ranks) {
+    double fastest = std::numeric_limits<double>::infinity();
+    for (int r : ranks) fastest = std::min(fastest, seconds_per_rank[static_cast<std::size_t>(r)]);
+    for (int r : ranks)
+      slowdown[static_cast<std::size_t>(r)] =
+          seconds_per_rank[static_cast<std::size_t>(r)] / fastest;
+  }
+  const auto time = [&](const Schedule& s) {
+    return makespan ? makespan(s) : detail::probe_makespan_slowed(spec, s, slowdown);
+  };
+  const double even_s = time(even), dealt_s = time(by_speed);
+  return dealt_s < even_s * (1 - 1e-9) ? by_speed : even;
 }
 
 std::vector<int> dealt_counts(const Schedule& schedule, int stage, int minibatch) {

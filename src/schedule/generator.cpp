@@ -517,9 +517,11 @@ bool has_stage_seconds(const ScheduleSpec& spec) {
 // own pipeline instead: each stage's time (a third forward, two thirds backward) and its input
 // messages on the links as the simulator charges them (round_robin_pair_share), so that depths
 // which hide slow transfers win.
-double probe_makespan(const ScheduleSpec& spec, const Schedule& schedule, bool planned_costs) {
+double probe_makespan(const ScheduleSpec& spec, const Schedule& schedule, bool planned_costs,
+                      std::span<const double> rank_slowdown = {}) {
   const bool costed = planned_costs && has_stage_seconds(spec);
   EngineCosts costs;
+  costs.rank_slowdown.assign(rank_slowdown.begin(), rank_slowdown.end());
   for (std::size_t s = 0; s < spec.stage_ranks.size(); ++s) {
     const auto r = static_cast<double>(spec.stage_ranks[s].size());
     // (stage_seconds is a replica's time over the replica count, PlanStage::compute_s.)
@@ -580,6 +582,11 @@ ProbeTime probe_time(const ScheduleSpec& spec, const Schedule& schedule, bool pl
 }
 
 }  // namespace
+
+double probe_makespan_slowed(const ScheduleSpec& spec, const Schedule& schedule,
+                             std::span<const double> rank_slowdown) {
+  return probe_makespan(spec, schedule, /*planned_costs=*/true, rank_slowdown);
+}
 
 void lower_until_valid(const ScheduleSpec& spec, StashShape& shape, Schedule& sched) {
   const std::vector<int> stage_of = stages_of_ranks(spec);

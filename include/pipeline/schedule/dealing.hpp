@@ -10,7 +10,9 @@
 #include <pipeline/schedule/generator.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace pipeline {
@@ -30,6 +32,17 @@ std::vector<std::int32_t> deal_by_speed(std::span<const double> seconds_per_micr
 // whose replicas are all equally fast, are left round-robin (empty).
 std::vector<std::vector<std::int32_t>> dealing_by_speed(const ScheduleSpec& spec,
                                                         std::span<const double> seconds_per_rank);
+
+// The schedule `name` for `spec` with its microbatches dealt by speed (dealing_by_speed), or
+// dealt round-robin where that runs no slower on those speeds: a dealing other than round-robin
+// keeps PipeDream's warm-up depths, where round-robin's flush schedules run the deeper ones
+// their search finds, which can outweigh a dealing's gain on replicas of near speeds. Both are
+// timed by `makespan` where given (the simulator, on a profile), else on the spec's pipeline
+// (detail::probe_makespan_slowed), each rank slowed by its seconds over its stage's fastest
+// replica's.
+Schedule schedule_by_speed(const std::string& name, const ScheduleSpec& spec,
+                           std::span<const double> seconds_per_rank,
+                           const std::function<double(const Schedule&)>& makespan = {});
 
 // How many of a minibatch's microbatches each replica of `stage` gets under `schedule`'s dealing,
 // for minibatch `minibatch` (for reports: "6:2").

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,11 @@ std::int64_t steady_state_minibatches(const Plan& plan, std::int64_t limit);
 inline constexpr std::int64_t kMaxSimulatedMinibatches = std::int64_t{1} << 20;
 
 namespace detail {
+// The makespan of `schedule` on `spec`'s pipeline (its stage times and messages where it has
+// them, else balanced stages), each rank's computation `rank_slowdown[r]` times as long;
+// infinity for a schedule that deadlocks.
+double probe_makespan_slowed(const ScheduleSpec& spec, const Schedule& schedule,
+                             std::span<const double> rank_slowdown);
 // Warm-up depth of one replica of `stage` under 1F1B: PipeDream's
 // (workers - 1 - ranks before the stage) / replicas, i.e. p - 1 - s for a straight pipeline.
 int one_f_one_b_warmup(const ScheduleSpec& spec, int stage);
