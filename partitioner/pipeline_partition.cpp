@@ -408,8 +408,12 @@ int main(int argc, char** argv) {
       ->check(pipeline::examples::file_to_write());
   hosts_opt->needs("--rankfile");
   app.add_option("--host-level", placement_options.host_level,
-                 "topology levels inside one host (default: 1 with several levels, 0 with one: a host per worker)");
-  app.add_option("--cores-per-rank", placement_options.cores_per_rank, "cores each rank is bound to in the rankfile (1)");
+                 "topology levels inside one host (default: 1 with several levels, 0 with one: a "
+                 "host per worker)")
+      ->needs(hosts_opt);
+  app.add_option("--cores-per-rank", placement_options.cores_per_rank,
+                 "cores each rank is bound to in the rankfile (1)")
+      ->needs(hosts_opt);
   CLI11_PARSE(app, argc, argv);
 
   try {

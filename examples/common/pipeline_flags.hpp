@@ -254,14 +254,17 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
       ->check(CLI::IsMember({"none", "auto", "all"}))
       ->capture_default_str()
       ->group(kPipelineOnlyFlags);
-  app.add_flag("--rebalance", flags.rebalance,
-               "deal each replicated stage's microbatches by its replicas' measured speed, so a "
-               "slow replica hands work to its peers (flush schedules: gpipe, 1f1b-flush, zb-h1)")
-      ->group(kPipelineOnlyFlags);
+  auto* rebalance =
+      app.add_flag("--rebalance", flags.rebalance,
+                   "deal each replicated stage's microbatches by its replicas' measured speed, so "
+                   "a slow replica hands work to its peers (flush schedules: gpipe, 1f1b-flush, "
+                   "zb-h1)")
+          ->group(kPipelineOnlyFlags);
   app.add_option("--rebalance-every", flags.rebalance_every,
                  "with --rebalance: minibatches between re-measurements of the replicas' speed")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str()
+      ->needs(rebalance)
       ->group(kPipelineOnlyFlags);
   app.add_option("--dtype", flags.dtype,
                  "dtype of the matrix products, convolutions and attention: float32, or bf16 "
@@ -427,6 +430,11 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
   }
   if (!req.csv.empty()) req.microbatches = read_schedule_csv(req.csv).microbatches;  // for the logs
   take_plan_hints(req, plan);
+  PIPELINE_CHECK_AS(ConfigError, !flags.rebalance || !plan.interleaved(),
+                    "--rebalance deals a replicated stage's microbatches by speed under a flush "
+                    "schedule of one stage per rank; this plan runs {} stages per rank: drop "
+                    "--rebalance, or plan without --virtual-stages",
+                    plan.virtual_stages);
   PIPELINE_CHECK_AS(ConfigError,
                     !flags.rebalance ||
                         (req.csv.empty() &&

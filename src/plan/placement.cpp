@@ -88,7 +88,14 @@ std::vector<RankPlacement> place_ranks(const Plan& plan, const Topology& topolog
   PIPELINE_CHECK_AS(ConfigError, options.cores_per_rank >= 1,
                     "cores per rank must be at least 1, got {}", options.cores_per_rank);
   const int workers = topology.workers();
-  PIPELINE_CHECK_AS(ConfigError, plan.workers == workers,
+  // A plan for fewer workers (cost planning's sub-clusters: whole groups, or part of the first
+  // group) runs on the topology's first workers, in its order.
+  PIPELINE_CHECK_AS(ConfigError, !topology.typed() || plan.workers == workers,
+                    "the plan uses {} of this typed topology's {} workers, which are not its "
+                    "first ones in topology order: place it with a topology of just the workers "
+                    "it uses",
+                    plan.workers, workers);
+  PIPELINE_CHECK_AS(ConfigError, plan.workers <= workers,
                     "the plan is for {} workers but the topology has {}; place it with the "
                     "topology it was planned for",
                     plan.workers, workers);

@@ -128,8 +128,17 @@ TEST_CASE("too few hosts or slots, and plans that do not fit the topology, are r
             .find("host 'a' has 1 slots but the plan puts 2 ranks on it") != std::string::npos);
   const std::vector<HostEntry> enough{{"a", 2}, {"b", 2}};
   CHECK(error_of(plan_of(4, 2), levels({2, 2}), enough).empty());
-  CHECK(error_of(plan_of(2, 1), levels({2, 2}), enough)
-            .find("the plan is for 2 workers but the topology has 4") != std::string::npos);
+  // A plan for fewer workers (cost planning's sub-clusters) runs on the topology's first ones.
+  const std::vector<RankPlacement> first = place_ranks(plan_of(2, 1), levels({2, 2}), enough);
+  REQUIRE(first.size() == 2);
+  CHECK(first[1].host == "a");
+  CHECK(first[1].local_index == 1);
+  CHECK(place_ranks(plan_of(3, 1), levels({2, 2}), enough)[2].host == "b");
+  CHECK(error_of(plan_of(6, 2), levels({2, 2}), enough)
+            .find("the plan is for 6 workers but the topology has 4") != std::string::npos);
+  Topology typed = levels({4});
+  typed.types = {{"a100", 2, {}, {}}, {"h100", 2, {}, {}}};
+  CHECK(error_of(plan_of(2, 1), typed, enough).find("not its first ones") != std::string::npos);
   PlacementOptions deep;
   deep.host_level = 3;
   CHECK(error_of(plan_of(4, 2), levels({2, 2}), enough, deep).find("host level 3 is outside") !=

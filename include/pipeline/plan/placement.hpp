@@ -50,9 +50,10 @@ std::vector<HostEntry> read_hostfile(const std::string& path);
 // The host level options resolve to for this topology (checked against its levels).
 int resolve_host_level(const Topology& topology, const PlacementOptions& options);
 
-// One entry per rank 0..plan.workers-1. Throws ConfigError naming what is missing when the plan
-// needs more hosts than `hosts` lists, more ranks on a host than its slots, or its ranks do not
-// fit the topology.
+// One entry per rank 0..plan.workers-1. A plan for fewer workers than an untyped topology has
+// (cost planning's sub-clusters) runs on its first workers in topology order. Throws ConfigError
+// naming what is missing when the plan needs more hosts than `hosts` lists, more ranks on a host
+// than its slots, or its ranks do not fit the topology.
 std::vector<RankPlacement> place_ranks(const Plan& plan, const Topology& topology,
                                        const std::vector<HostEntry>& hosts,
                                        const PlacementOptions& options = {});
