@@ -145,8 +145,8 @@ bool gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
   };
   // cuBLASLt takes no alignment preference for the bias, and an epilogue may read it in
   // vectors: a bias view off 16 bytes is added in a pass of its own.
-  if (epilogue != GemmEpilogue::None && detail::pointer_alignment(bias, 16) < 16) return unfused();
   DeviceGuard guard(device);
+  if (epilogue != GemmEpilogue::None && detail::pointer_alignment(bias, 16) < 16) return unfused();
   BlasContext& ctx = context(device);
   const bool tf32 = operands == CUDA_R_32F && g_allow_tf32;
   const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
