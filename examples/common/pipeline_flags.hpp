@@ -54,6 +54,7 @@ struct PipelineFlags {
   // re-measured every `rebalance_every` minibatches (runtime/speed_rebalancer.hpp).
   bool rebalance = false;
   int rebalance_every = 10;
+  bool rebalance_every_given = false;
 
   // The dtype of the products (ops/precision.hpp): float32, or bf16 (mixed precision); empty:
   // the plan's (Plan::dtype), else float32.
@@ -254,17 +255,15 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
       ->check(CLI::IsMember({"none", "auto", "all"}))
       ->capture_default_str()
       ->group(kPipelineOnlyFlags);
-  auto* rebalance =
-      app.add_flag("--rebalance", flags.rebalance,
-                   "deal each replicated stage's microbatches by its replicas' measured speed, so "
-                   "a slow replica hands work to its peers (flush schedules: gpipe, 1f1b-flush, "
-                   "zb-h1)")
-          ->group(kPipelineOnlyFlags);
+  app.add_flag("--rebalance", flags.rebalance,
+               "deal each replicated stage's microbatches by its replicas' measured speed, so a "
+               "slow replica hands work to its peers (flush schedules: gpipe, 1f1b-flush, zb-h1)")
+      ->group(kPipelineOnlyFlags);
   app.add_option("--rebalance-every", flags.rebalance_every,
                  "with --rebalance: minibatches between re-measurements of the replicas' speed")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str()
-      ->needs(rebalance)
+      ->each([&flags](const std::string&) { flags.rebalance_every_given = true; })
       ->group(kPipelineOnlyFlags);
   app.add_option("--dtype", flags.dtype,
                  "dtype of the matrix products, convolutions and attention: float32, or bf16 "
@@ -430,6 +429,9 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
   }
   if (!req.csv.empty()) req.microbatches = read_schedule_csv(req.csv).microbatches;  // for the logs
   take_plan_hints(req, plan);
+  PIPELINE_CHECK_AS(ConfigError, flags.rebalance || !flags.rebalance_every_given,
+                    "--rebalance-every sets how often --rebalance re-measures the replicas' "
+                    "speed: add --rebalance, or drop --rebalance-every");
   PIPELINE_CHECK_AS(ConfigError, !flags.rebalance || !plan.interleaved(),
                     "--rebalance deals a replicated stage's microbatches by speed under a flush "
                     "schedule of one stage per rank; this plan runs {} stages per rank: drop "
