@@ -366,12 +366,10 @@ int run(int argc, char** argv) {
     }
     const ScheduleSpec spec = ScheduleSpec::from_plan(plan, microbatches, minibatches);
     schedule = generate_schedule(name, spec);
-    PIPELINE_CHECK_AS(ConfigError, !rebalance || !plan.interleaved(),
-                      "--rebalance deals a replicated stage's microbatches by speed under a flush "
-                      "schedule of one stage per rank; this plan runs {} stages per rank ({}): "
-                      "drop --rebalance, or plan without --virtual-stages",
-                      plan.virtual_stages, name);
-    if (rebalance) dealt.emplace(name, spec);
+    if (rebalance) {
+      check_dealable(plan);
+      dealt.emplace(name, spec);
+    }
   }
   PIPELINE_CHECK_AS(ConfigError, !rebalance || schedule_csv.empty(),
                     "--rebalance generates the schedule's dealing; it cannot change a CSV "

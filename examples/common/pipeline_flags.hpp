@@ -19,6 +19,7 @@
 #include <pipeline/profile/profile_json.hpp>
 #include <pipeline/runtime/pipeline_setup.hpp>
 #include <pipeline/schedule/csv.hpp>
+#include <pipeline/schedule/dealing.hpp>
 #include <pipeline/schedule/generator.hpp>
 
 #include <fmt/format.h>
@@ -432,11 +433,7 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
   PIPELINE_CHECK_AS(ConfigError, flags.rebalance || !flags.rebalance_every_given,
                     "--rebalance-every sets how often --rebalance re-measures the replicas' "
                     "speed: add --rebalance, or drop --rebalance-every");
-  PIPELINE_CHECK_AS(ConfigError, !flags.rebalance || !plan.interleaved(),
-                    "--rebalance deals a replicated stage's microbatches by speed under a flush "
-                    "schedule of one stage per rank; this plan runs {} stages per rank: drop "
-                    "--rebalance, or plan without --virtual-stages",
-                    plan.virtual_stages);
+  if (flags.rebalance) check_dealable(plan);
   PIPELINE_CHECK_AS(ConfigError,
                     !flags.rebalance ||
                         (req.csv.empty() &&

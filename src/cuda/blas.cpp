@@ -67,14 +67,6 @@ BlasContext& context(int device) {
   return *c;
 }
 
-}  // namespace
-
-void prepare_blas(int device) {
-  (void)context(device);
-}
-
-namespace {
-
 // RAII for the descriptors of one call.
 struct MatmulDesc {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -254,6 +246,10 @@ bool gemm_any(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::
 }
 
 }  // namespace
+
+void prepare_blas(int device) {
+  (void)context(device);
+}
 
 void gemm_f32(cudaStream_t stream, int device, bool trans_a, bool trans_b, std::int64_t m,
               std::int64_t n, std::int64_t k, float alpha, const float* a, std::int64_t lda,

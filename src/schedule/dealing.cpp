@@ -71,6 +71,14 @@ std::vector<std::vector<std::int32_t>> dealing_by_speed(const ScheduleSpec& spec
   return dealing;
 }
 
+void check_dealable(const Plan& plan) {
+  PIPELINE_CHECK_AS(ConfigError, !plan.interleaved(),
+                    "--rebalance deals a replicated stage's microbatches by speed under a flush "
+                    "schedule of one stage per rank; this plan runs {} stages per rank: drop "
+                    "--rebalance, or plan without --virtual-stages",
+                    plan.virtual_stages);
+}
+
 Schedule schedule_by_speed(const std::string& name, const ScheduleSpec& spec,
                            std::span<const double> seconds_per_rank,
                            const std::function<double(const Schedule&)>& makespan) {

@@ -33,6 +33,10 @@ std::vector<std::int32_t> deal_by_speed(std::span<const double> seconds_per_micr
 std::vector<std::vector<std::int32_t>> dealing_by_speed(const ScheduleSpec& spec,
                                                         std::span<const double> seconds_per_rank);
 
+// ConfigError, naming the fix, for a plan whose microbatches cannot be dealt by speed: one of
+// several stages per rank (interleaved), which deals round-robin.
+void check_dealable(const Plan& plan);
+
 // The schedule `name` for `spec` with its microbatches dealt by speed (dealing_by_speed), or
 // dealt round-robin where that runs no slower on those speeds: a dealing other than round-robin
 // keeps PipeDream's warm-up depths, where round-robin's flush schedules run the deeper ones
