@@ -350,6 +350,22 @@ if(TARGET pipeline-partition)
                           --rankfile ${CMAKE_CURRENT_BINARY_DIR}/too_few_hosts_rankfile.txt)
 endif()
 
+# On a typed topology the rankfile puts each stage's ranks on hosts of its device type (the
+# hostfile lists the 4 h100 hosts, then the 8 a100 ones): the plan's a100 stage comes first.
+if(TARGET pipeline-partition)
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/typed_hosts.txt
+       "h1\nh2\nh3\nh4\na1\na2\na3\na4\na5\na6\na7\na8\n")
+  add_test(NAME unit.partition_cli.typed_rankfile
+           COMMAND $<TARGET_FILE:pipeline-partition>
+                   --profile h100=${CMAKE_CURRENT_SOURCE_DIR}/data/partition/chain_fast.json
+                   --profile a100=${CMAKE_CURRENT_SOURCE_DIR}/data/partition/chain.json
+                   --topology ${CMAKE_CURRENT_SOURCE_DIR}/data/partition/mixed_h100_a100.json
+                   --hosts ${CMAKE_CURRENT_BINARY_DIR}/typed_hosts.txt
+                   --rankfile ${CMAKE_CURRENT_BINARY_DIR}/typed_rankfile.txt)
+  set_tests_properties(unit.partition_cli.typed_rankfile PROPERTIES LABELS unit
+                       PASS_REGULAR_EXPRESSION "rank 0 on a1, rank 1 on a2,[^\n]* rank 8 on h1, rank 9 on h2")
+endif()
+
 # A straggler among replicas (PIPELINE_TEST_SLOW_RANK of examples/common/fault_injection.hpp): one
 # replica of a 2-replica stage slowed 3x lowers the measured throughput as `pipeline-simulate
 # --slow-rank 1:3` predicts on this machine's profile, within 25%. Serial: it times the run.

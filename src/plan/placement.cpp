@@ -82,6 +82,44 @@ int resolve_host_level(const Topology& topology, const PlacementOptions& options
   return k;
 }
 
+namespace {
+
+// The topology worker each plan rank runs on (-1: a rank no stage uses). Untyped: rank r is
+// worker r. Typed: the workers are numbered type by type, in the order the topology lists the
+// types (the hostfile's hosts in that order), and each stage's ranks take the next free workers
+// of the stage's device type, so a plan for part of the cluster runs on the first workers of
+// each type it uses.
+std::vector<int> workers_of_ranks(const Plan& plan, const Topology& topology) {
+  std::vector<int> worker(static_cast<std::size_t>(plan.workers), -1);
+  if (!topology.typed()) {
+    for (int r = 0; r < plan.workers; ++r) worker[static_cast<std::size_t>(r)] = r;
+    return worker;
+  }
+  std::vector<int> next, end;  // per type: its next free worker, and one past its last
+  for (const WorkerType& t : topology.types) {
+    next.push_back(end.empty() ? 0 : end.back());
+    end.push_back(next.back() + t.count);
+  }
+  for (const PlanStage& s : plan.stages) {
+    std::size_t type = 0;
+    while (type < topology.types.size() && topology.types[type].name != s.device) ++type;
+    PIPELINE_CHECK_AS(ConfigError, type < topology.types.size(),
+                      "stage of layers {}..{} runs on device type '{}', which the topology does "
+                      "not have: place the plan with the topology it was planned for",
+                      s.begin, s.end - 1, s.device);
+    for (int r : s.ranks) {
+      PIPELINE_CHECK_AS(ConfigError, next[type] < end[type],
+                        "the plan puts more ranks on device type '{}' than the topology's {}: "
+                        "place it with the topology it was planned for",
+                        s.device, topology.types[type].count);
+      worker[static_cast<std::size_t>(r)] = next[type]++;
+    }
+  }
+  return worker;
+}
+
+}  // namespace
+
 std::vector<RankPlacement> place_ranks(const Plan& plan, const Topology& topology,
                                        const std::vector<HostEntry>& hosts,
                                        const PlacementOptions& options) {
@@ -89,30 +127,28 @@ std::vector<RankPlacement> place_ranks(const Plan& plan, const Topology& topolog
                     "cores per rank must be at least 1, got {}", options.cores_per_rank);
   const int workers = topology.workers();
   // A plan for fewer workers (cost planning's sub-clusters: whole groups, or part of the first
-  // group) runs on the topology's first workers, in its order.
-  PIPELINE_CHECK_AS(ConfigError, !topology.typed() || plan.workers == workers,
-                    "the plan uses {} of this typed topology's {} workers, which are not its "
-                    "first ones in topology order: place it with a topology of just the workers "
-                    "it uses",
-                    plan.workers, workers);
+  // group; on a typed topology some of each type) runs on the topology's first workers, in its
+  // order (workers_of_ranks).
   PIPELINE_CHECK_AS(ConfigError, plan.workers <= workers,
                     "the plan is for {} workers but the topology has {}; place it with the "
                     "topology it was planned for",
                     plan.workers, workers);
   for (const auto& s : plan.stages)
     for (int r : s.ranks)
-      PIPELINE_CHECK_AS(ConfigError, r >= 0 && r < workers, "the plan has rank {}, outside 0..{}",
-                        r, workers - 1);
+      PIPELINE_CHECK_AS(ConfigError, r >= 0 && r < plan.workers,
+                        "the plan has rank {}, outside its workers 0..{}", r, plan.workers - 1);
+  const std::vector<int> worker_of = workers_of_ranks(plan, topology);
 
   const int k = resolve_host_level(topology, options);
   int per_host = 1;
   for (int l = 0; l < k; ++l) per_host *= topology.levels[static_cast<std::size_t>(l)].count;
   // Worker w of the topology is on host w / per_host. A plan that leaves workers idle runs as a
   // job of the ranks it uses (compact_ranks): job rank j is the j-th of them, on its worker's host.
-  std::vector<int> used = plan.ranks_used();
+  std::vector<int> used = plan.ranks_used(), job_workers;
   if (used.empty())
-    for (int w = 0; w < workers; ++w) used.push_back(w);
-  const int needed = used.back() / per_host + 1;
+    for (int r = 0; r < plan.workers; ++r) used.push_back(r);
+  for (int r : used) job_workers.push_back(worker_of[static_cast<std::size_t>(r)]);
+  const int needed = *std::max_element(job_workers.begin(), job_workers.end()) / per_host + 1;
   PIPELINE_CHECK_AS(ConfigError, static_cast<int>(hosts.size()) >= needed,
                     "the plan needs {} hosts ({} ranks, {} per host at host level {}) but the "
                     "hostfile lists {}; add "
@@ -122,11 +158,11 @@ std::vector<RankPlacement> place_ranks(const Plan& plan, const Topology& topolog
 
   std::vector<RankPlacement> placement;
   placement.reserve(used.size());
-  for (std::size_t j = 0; j < used.size(); ++j) {
-    const int w = used[j];
+  for (std::size_t j = 0; j < job_workers.size(); ++j) {
+    const int w = job_workers[j];
     const HostEntry& host = hosts[static_cast<std::size_t>(w / per_host)];
     const int local = w % per_host;
-    const auto on_host = std::count_if(used.begin(), used.end(),
+    const auto on_host = std::count_if(job_workers.begin(), job_workers.end(),
                                        [&](int u) { return u / per_host == w / per_host; });
     PIPELINE_CHECK_AS(ConfigError, !host.slots || local < *host.slots,
                       "host '{}' has {} slots but the plan puts {} ranks on it ({} per host at "

@@ -1,5 +1,6 @@
 // Placing a plan's ranks on hosts: OpenMPI hostfiles, rank r on host r / (workers per host) for
-// the topology's host level, the rankfile text, and the errors when hosts or slots are too few.
+// the topology's host level (a typed topology's on workers of its stage's device type), the
+// rankfile text, and the errors when hosts or slots are too few.
 #include <pipeline/core/error.hpp>
 #include <pipeline/plan/placement.hpp>
 
@@ -117,6 +118,31 @@ TEST_CASE(
   CHECK(compact_ranks(idle).stages[1].ranks == std::vector<int>{1});
 }
 
+TEST_CASE("a typed topology's ranks go to workers of their stage's device type") {
+  // The hostfile lists the hosts type by type, in the topology's order: a100, a100, h100, h100.
+  Topology typed = levels({4});
+  typed.types = {{"a100", 2, {}, {}}, {"h100", 2, {}, {}}};
+  const std::vector<HostEntry> hosts{
+      {"a1", std::nullopt}, {"a2", std::nullopt}, {"h1", std::nullopt}, {"h2", std::nullopt}};
+  // The typed planner numbers ranks in stage order: h100 first, then the a100 replicas.
+  Plan plan = plan_of(3, 1);
+  plan.stages[0].device = "h100";
+  plan.stages[1].device = "a100";
+  plan.stages[2].device = "a100";
+  std::vector<RankPlacement> placed = place_ranks(plan, typed, hosts);
+  REQUIRE(placed.size() == 3);
+  CHECK(placed[0].host == "h1");
+  CHECK(placed[1].host == "a1");
+  CHECK(placed[2].host == "a2");
+  // Every type on one host: the local index is the worker's place in the topology's order.
+  PlacementOptions one_host;
+  one_host.host_level = 1;
+  placed = place_ranks(plan, typed, {{"node", 4}}, one_host);
+  CHECK(placed[0].local_index == 2);
+  CHECK(placed[1].local_index == 0);
+  CHECK(placed[2].first_core == 1);
+}
+
 TEST_CASE("too few hosts or slots, and plans that do not fit the topology, are refused") {
   const std::vector<HostEntry> one{{"a", std::nullopt}};
   CHECK(error_of(plan_of(4, 2), levels({2, 2}), one)
@@ -138,7 +164,14 @@ TEST_CASE("too few hosts or slots, and plans that do not fit the topology, are r
             .find("the plan is for 6 workers but the topology has 4") != std::string::npos);
   Topology typed = levels({4});
   typed.types = {{"a100", 2, {}, {}}, {"h100", 2, {}, {}}};
-  CHECK(error_of(plan_of(2, 1), typed, enough).find("not its first ones") != std::string::npos);
+  Plan untyped_stages = plan_of(2, 1);
+  CHECK(error_of(untyped_stages, typed, enough).find("device type ''") != std::string::npos);
+  Plan three_h100 = plan_of(3, 1);
+  for (auto& st : three_h100.stages) st.device = "h100";
+  CHECK(
+      error_of(three_h100, typed,
+               {{"a", std::nullopt}, {"b", std::nullopt}, {"c", std::nullopt}, {"d", std::nullopt}})
+          .find("more ranks on device type 'h100' than the topology's 2") != std::string::npos);
   PlacementOptions deep;
   deep.host_level = 3;
   CHECK(error_of(plan_of(4, 2), levels({2, 2}), enough, deep).find("host level 3 is outside") !=
