@@ -365,10 +365,11 @@ int run(int argc, char** argv) {
       }
     }
     const ScheduleSpec spec = ScheduleSpec::from_plan(plan, microbatches, minibatches);
-    schedule = generate_schedule(name, spec);
-    if (rebalance) {
+    if (rebalance) {  // (schedule_by_speed generates the round-robin schedule itself)
       check_dealable(plan);
       dealt.emplace(name, spec);
+    } else {
+      schedule = generate_schedule(name, spec);
     }
   }
   PIPELINE_CHECK_AS(ConfigError, !rebalance || schedule_csv.empty(),
@@ -387,10 +388,10 @@ int run(int argc, char** argv) {
   const Topology topology =
       topology_path.empty() ? parse_levels(levels) : read_topology(topology_path);
   opt.rank_slowdown = parse_slow_ranks(slow_ranks);
-  PIPELINE_CHECK_AS(ConfigError,
-                    opt.rank_slowdown.size() <= static_cast<std::size_t>(schedule.num_ranks()),
+  const int ranks = dealt ? dealt->second.num_ranks() : schedule.num_ranks();
+  PIPELINE_CHECK_AS(ConfigError, opt.rank_slowdown.size() <= static_cast<std::size_t>(ranks),
                     "--slow-rank names rank {}, but the schedule has ranks 0..{}",
-                    opt.rank_slowdown.size() - 1, schedule.num_ranks() - 1);
+                    opt.rank_slowdown.size() - 1, ranks - 1);
   opt.jitter_cv = jitter_cv;
   opt.jitter_seed = seed;
   opt.cores = cores;
@@ -398,7 +399,7 @@ int run(int argc, char** argv) {
   if (dealt) {
     // Dealt by the ranks' speeds, or round-robin where the simulation finds that no slower.
     std::vector<double> seconds = opt.rank_slowdown;
-    seconds.resize(static_cast<std::size_t>(schedule.num_ranks()), 1.0);
+    seconds.resize(static_cast<std::size_t>(ranks), 1.0);
     SimulateOptions timing = opt;
     timing.record_trace = false;
     schedule = schedule_by_speed(dealt->first, dealt->second, seconds, [&](const Schedule& s) {
