@@ -366,7 +366,7 @@ int run(int argc, char** argv) {
     }
     const ScheduleSpec spec = ScheduleSpec::from_plan(plan, microbatches, minibatches);
     if (rebalance) {  // (schedule_by_speed generates the round-robin schedule itself)
-      check_dealable(plan);
+      check_dealable(plan, name);
       dealt.emplace(name, spec);
     } else {
       schedule = generate_schedule(name, spec);

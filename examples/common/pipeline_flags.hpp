@@ -231,10 +231,12 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
                  "microbatches this run used")
       ->check(CLI::ExistingFile)
       ->group(kPipelineOnlyFlags);
+  std::vector<std::string> schedules = GeneratorRegistry::builtin().names();
+  schedules.push_back("interleaved");  // the interleaved plan's own: interleaved_schedule_for()
   app.add_option("--schedule", flags.schedule,
                  "pipeline schedule: gpipe, 1f1b-flush, zb-h1, 1f1b-stash, ... (default: the "
-                 "plan's)")
-      ->check(CLI::IsMember(GeneratorRegistry::builtin().names()))
+                 "plan's; interleaved = the interleaved plan's interleaved-1f1b or zb-v)")
+      ->check(CLI::IsMember(schedules))
       ->group(kPipelineOnlyFlags);
   auto* csv = app.add_option("--schedule-csv", flags.schedule_csv,
                              "a hand-written schedule (CSV), validated first; it fixes its own "
@@ -433,15 +435,7 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
   PIPELINE_CHECK_AS(ConfigError, flags.rebalance || !flags.rebalance_every_given,
                     "--rebalance-every sets how often --rebalance re-measures the replicas' "
                     "speed: add --rebalance, or drop --rebalance-every");
-  if (flags.rebalance) check_dealable(plan);
-  PIPELINE_CHECK_AS(ConfigError,
-                    !flags.rebalance ||
-                        (req.csv.empty() &&
-                         (req.name == "gpipe" || req.name == "1f1b-flush" || req.name == "zb-h1")),
-                    "--rebalance deals microbatches by speed, which only flush schedules (gpipe, "
-                    "1f1b-flush, zb-h1) can follow; {} deals them round-robin: add --schedule "
-                    "1f1b-flush",
-                    req.csv.empty() ? req.name : "a CSV schedule");
+  if (flags.rebalance) check_dealable(plan, req.csv.empty() ? req.name : "a CSV schedule");
   return req;
 }
 

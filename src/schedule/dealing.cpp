@@ -71,12 +71,18 @@ std::vector<std::vector<std::int32_t>> dealing_by_speed(const ScheduleSpec& spec
   return dealing;
 }
 
-void check_dealable(const Plan& plan) {
+void check_dealable(const Plan& plan, const std::string& schedule) {
   PIPELINE_CHECK_AS(ConfigError, !plan.interleaved(),
                     "--rebalance deals a replicated stage's microbatches by speed under a flush "
                     "schedule of one stage per rank; this plan runs {} stages per rank: drop "
                     "--rebalance, or plan without --virtual-stages",
                     plan.virtual_stages);
+  PIPELINE_CHECK_AS(ConfigError,
+                    schedule == "gpipe" || schedule == "1f1b-flush" || schedule == "zb-h1",
+                    "--rebalance deals microbatches by speed, which only flush schedules (gpipe, "
+                    "1f1b-flush, zb-h1) can follow; {} deals them round-robin: add --schedule "
+                    "1f1b-flush",
+                    schedule);
 }
 
 Schedule schedule_by_speed(const std::string& name, const ScheduleSpec& spec,

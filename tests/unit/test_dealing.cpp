@@ -185,6 +185,23 @@ TEST_CASE("the validator checks a schedule's dealing") {
                        ConfigError);
 }
 
+TEST_CASE(
+    "check_dealable: flush schedules of one stage per rank only, each refusal naming the fix") {
+  Plan plan;
+  plan.workers = 3;
+  plan.stages = {PlanStage{.begin = 0, .end = 1, .replicas = 2, .ranks = {0, 1}},
+                 PlanStage{.begin = 1, .end = 2, .replicas = 1, .ranks = {2}}};
+  for (const char* name : {"gpipe", "1f1b-flush", "zb-h1"})
+    CHECK_NOTHROW(check_dealable(plan, name));
+  for (const char* name : {"1f1b-stash", "2bw"})
+    CHECK_THROWS_WITH_AS(check_dealable(plan, name), doctest::Contains("add --schedule 1f1b-flush"),
+                         ConfigError);
+  Plan interleaved = plan;
+  interleaved.virtual_stages = 2;
+  CHECK_THROWS_WITH_AS(check_dealable(interleaved, "1f1b-flush"),
+                       doctest::Contains("plan without --virtual-stages"), ConfigError);
+}
+
 TEST_CASE("SpeedRebalancer: every rank gets every rank's smoothed seconds per microbatch") {
   const int n = 3;
   std::mutex mutex;

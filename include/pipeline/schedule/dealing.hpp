@@ -33,9 +33,10 @@ std::vector<std::int32_t> deal_by_speed(std::span<const double> seconds_per_micr
 std::vector<std::vector<std::int32_t>> dealing_by_speed(const ScheduleSpec& spec,
                                                         std::span<const double> seconds_per_rank);
 
-// ConfigError, naming the fix, for a plan whose microbatches cannot be dealt by speed: one of
-// several stages per rank (interleaved), which deals round-robin.
-void check_dealable(const Plan& plan);
+// ConfigError, naming the fix, where `schedule` cannot deal the plan's microbatches by speed:
+// a schedule other than the flush schedules of one stage per rank (gpipe, 1f1b-flush, zb-h1),
+// or a plan of several stages per rank (interleaved), both of which deal round-robin.
+void check_dealable(const Plan& plan, const std::string& schedule);
 
 // The schedule `name` for `spec` with its microbatches dealt by speed (dealing_by_speed), or
 // dealt round-robin where that runs no slower on those speeds: a dealing other than round-robin
