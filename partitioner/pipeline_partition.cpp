@@ -115,8 +115,14 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile,
   else
     fmt::print("time per minibatch {:.6f} s ({:.1f} samples/s)\n", p.time_per_minibatch_s,
                p.samples_per_s);
-  fmt::print("data parallel      {:.6f} s   speedup over data parallelism {:.3f}x\n", p.data_parallel_time_per_minibatch_s,
-             p.time_per_minibatch_s > 0 ? p.data_parallel_time_per_minibatch_s / p.time_per_minibatch_s : 0.0);
+  if (p.data_parallel_time_per_minibatch_s > 0)
+    fmt::print("data parallel      {:.6f} s   speedup over data parallelism {:.3f}x\n",
+               p.data_parallel_time_per_minibatch_s,
+               p.time_per_minibatch_s > 0
+                   ? p.data_parallel_time_per_minibatch_s / p.time_per_minibatch_s
+                   : 0.0);
+  else
+    fmt::print("data parallel      none: no worker type holds the whole model in its memory\n");
   if (simulated)
     fmt::print("bubble fraction    {:.4f} ({} schedule, simulated)\n", p.bubble_fraction,
                plan.schedule);
@@ -384,7 +390,8 @@ int main(int argc, char** argv) {
       "links then leave round trips unhidden (default: more where that hides them)");
   app.add_option("--activation-compression", compression, "activation compression ratio R (transfers cost 2a/(B r R))");
   app.add_option("--stages", stages_text, "evaluate this plan instead: BEGIN:END[xREPLICAS],... e.g. 0:5x2,5:12,12:20");
-  app.add_option("--batch", batch, "batch size of the profile (overrides the file)")
+  app.add_option("--batch", batch,
+                 "the batch a profile was timed at, where it records none (a PipeDream graph)")
       ->check(CLI::Range(1, 1 << 30));
   app.add_option(
       "--virtual-stages", virtual_stages,
@@ -449,6 +456,14 @@ int main(int argc, char** argv) {
       profiles[type] = pipeline::read_profile(path);
     }
     for (auto& [type, p] : profiles) {
+      // --batch names the batch of a profile that records none; it scales no time or size, so
+      // it may not stand in for another batch than the one the layers were timed at.
+      PIPELINE_CHECK_AS(ConfigError, batch == 0 || p.batch_size <= 0 || p.batch_size == batch,
+                        "--batch {}: the profile{} was timed at batch {}, and --batch only names "
+                        "the batch of a profile that records none; profile the model at batch {} "
+                        "(pipeline-profile --batch {}), or leave --batch out",
+                        batch, type.empty() ? std::string() : " of worker type '" + type + "'",
+                        p.batch_size, batch, batch);
       if (batch > 0) p.batch_size = batch;
       PIPELINE_CHECK_AS(ConfigError, p.batch_size > 0,
                         "the profile{} does not record the batch size it was timed at (no "

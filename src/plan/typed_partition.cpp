@@ -45,6 +45,7 @@ struct TypedPartitioner::Impl {
   std::string model;  // the profiles' model name and batch size (the profiles are not kept)
   Architecture architecture;
   std::string dtype;  // the profiles' dtype when it is not float32 (Plan::dtype)
+  int profile_threads = 0;  // the threads every CPU profile was timed on; 0 where they differ
   int batch_size = 0;
   StateGraph g;
   std::vector<TypeData> types;
@@ -222,6 +223,9 @@ TypedPartitioner::TypedPartitioner(const DeviceProfiles& profiles, const Topolog
   x.architecture = reference.architecture;
   if (reference.bf16()) x.dtype = reference.dtype;
   x.batch_size = reference.batch_size;
+  x.profile_threads = reference.threads;
+  for (const auto& [name, p] : profiles)
+    if (p.threads != reference.threads) x.profile_threads = 0;
   // One set of states for every type, from the first type's profile (the types' profiles share
   // their layers, so the states are the same; only the sums over them differ).
   x.g = planning_states(reference, antichain_state_budget(topology, options));
@@ -358,6 +362,7 @@ Plan TypedPartitioner::plan(std::size_t index) const {
   plan.cost_model = std::string(to_string(CostModel::Pipeline));
   plan.optimizer = x.options.optimizer;
   plan.dtype = x.dtype;
+  plan.profile_threads = x.profile_threads;
   record_transfer_dtype(plan, x.options);
   // The stages' replica counts first: the in-flight counts the schedule needs depend on the
   // stages after each (stash_in_flights).
@@ -437,12 +442,14 @@ Plan TypedPartitioner::plan(std::size_t index) const {
           static_cast<std::int64_t>(ps.memory_bytes);
   plan.predicted.time_per_minibatch_s = best;
   plan.predicted.samples_per_s = best > 0 ? x.batch_size / best : 0.0;
-  // Data parallelism on the fastest single type: every worker of one type holds the whole model.
+  // Data parallelism on the fastest single type whose workers each hold the whole model (0 where
+  // none does).
   double dp = kInf;
-  for (const TypeData& d : x.types)
-    dp = std::min(
-        dp, replicated_stage_time(d.compute.back(), d.parameter.back(), d.count, x.bandwidth, 1.0));
-  plan.predicted.data_parallel_time_per_minibatch_s = dp;
+  for (const TypeData& d : x.types) {
+    const Impl::Mode whole = x.mode(d, -1, x.S - 1, d.count, d.count);
+    if (whole.fits) dp = std::min(dp, x.stage_cost(d, -1, x.S - 1, d.count, whole).time());
+  }
+  plan.predicted.data_parallel_time_per_minibatch_s = std::isfinite(dp) ? dp : 0.0;
   return plan;
 }
 

@@ -378,6 +378,20 @@ TEST_CASE("typed partitioner and partition(): requests they refuse") {
   other.layers.pop_back();
   CHECK_THROWS_WITH_AS(partition_typed({{"a", p}, {"b", other}}, t),
                        doctest::Contains("same model"), ConfigError);
+  // The same layers under other options, or in another dtype: the plan could follow only one.
+  Profile wider = p, narrow = p;
+  wider.model = narrow.model = "fashion-cnn";
+  wider.architecture = {{"width", 2}};
+  narrow.architecture = {{"width", 1}};
+  CHECK_THROWS_WITH_AS(partition_typed({{"a", narrow}, {"b", wider}}, t),
+                       doctest::Contains("of fashion-cnn with --width 2 but the profile of 'a' "
+                                         "with --width 1"),
+                       ConfigError);
+  Profile bf16 = p;
+  bf16.dtype = "bfloat16";
+  CHECK_THROWS_WITH_AS(partition_typed({{"a", p}, {"b", bf16}}, t),
+                       doctest::Contains("timed in bfloat16 but the profile of 'a' in float32"),
+                       ConfigError);
   // Memory nothing fits in: the error names the types.
   Topology tiny = t;
   tiny.memory_bytes_per_worker = 10;
