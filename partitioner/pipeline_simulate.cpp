@@ -106,7 +106,8 @@ std::vector<double> parse_slow_ranks(const std::vector<std::string>& specs) {
 
 // --availability: the elastic run against the static one, and the elastic run's segments.
 int replay_trace(const Profile& profile, const std::string& trace_path, const Topology& topology,
-                 double samples, const std::string& restart_text, const std::string& price_text) {
+                 double samples, const std::string& restart_text, const std::string& price_text,
+                 const std::string& optimizer) {
   PIPELINE_CHECK_AS(ConfigError, samples > 0,
                     "--availability needs --samples N, the samples to train (> 0)");
   PIPELINE_CHECK_AS(ConfigError, !topology.levels.empty(),
@@ -116,7 +117,13 @@ int replay_trace(const Profile& profile, const std::string& trace_path, const To
   o.samples = samples;
   o.restart_s = parse_duration(restart_text, /*allow_zero=*/true);
   if (!price_text.empty()) o.price_per_worker_hour = parse_price(price_text);
+  // Each plan as pipeline-partition makes it by default (the optimizer's step and state, the
+  // profile's transfer dtype), on as many of the available workers as train fastest.
   o.partition.recompute = Recompute::Auto;
+  o.partition.optimizer = optimizer;
+  o.partition.optimizer_state_factor = optimizer_state_copies(optimizer);
+  if (profile.bf16()) set_transfer_dtype(o.partition, DType::BFloat16);
+  o.partition.allow_idle = true;
   const auto trace = read_availability_csv(trace_path);
   const AvailabilityReplay r = replay_availability(profile, topology, trace, o);
   const auto money = [&](double v) {
@@ -136,9 +143,13 @@ int replay_trace(const Profile& profile, const std::string& trace_path, const To
              format_duration(r.elastic.time_s), r.elastic.time_s, money(r.elastic.cost),
              r.elastic.worker_hours, r.elastic.restarts);
   if (r.fixed.feasible)
-    fmt::print("static on {} workers (config {}): {} ({:.0f} s), cost {}, {:.1f} worker-hours\n",
-               r.static_workers, r.fixed.segments.front().config, format_duration(r.fixed.time_s),
-               r.fixed.time_s, money(r.fixed.cost), r.fixed.worker_hours);
+    fmt::print("static on {} workers{} (config {}): {} ({:.0f} s), cost {}, {:.1f} worker-hours\n",
+               r.fixed.segments.front().workers,
+               r.fixed.segments.front().workers < r.static_workers
+                   ? fmt::format(" of the {} always there", r.static_workers)
+                   : std::string(),
+               r.fixed.segments.front().config, format_duration(r.fixed.time_s), r.fixed.time_s,
+               money(r.fixed.cost), r.fixed.worker_hours);
   else
     fmt::print(
         "static: none (the trace has no workers, or none a plan fits on, for the whole run)\n");
@@ -248,7 +259,7 @@ int run(int argc, char** argv) {
   app.add_flag("--rebalance", rebalance,
                "deal replicated stages' microbatches by their ranks' speed under --slow-rank "
                "(flush schedules), as the trainers' --rebalance does");
-  std::string availability_path, restart_text = "60s", price_text;
+  std::string availability_path, restart_text = "60s", price_text, optimizer = "momentum";
   double samples = 0;
   app.add_option("--availability", availability_path,
                  "CSV of rows time_s,workers: replay --samples N on these transient workers, "
@@ -258,6 +269,10 @@ int run(int argc, char** argv) {
                  "checkpoint-and-restart time per re-plan, with --availability (default 60s)");
   app.add_option("--price", price_text,
                  "price per worker-hour, with --availability (default: the topology's)");
+  app.add_option("--optimizer", optimizer,
+                 "the optimizer whose step and state the replay's plans charge, with "
+                 "--availability: sgd, momentum (default, as pipeline-partition's) or adamw")
+      ->check(CLI::IsMember({"sgd", "momentum", "adamw"}));
   CLI11_PARSE(app, argc, argv);
 
   DeviceProfiles profiles;
@@ -277,6 +292,10 @@ int run(int argc, char** argv) {
     profiles[type] = read_profile(path);
   }
   check_device_profiles(profiles);
+  // (Several profiles time a typed plan's stages each by its device; anything else would take
+  // one of them by the order of their names.)
+  PIPELINE_CHECK_AS(ConfigError, profiles.size() == 1 || availability_path.empty(),
+                    "--availability replays one kind of worker: give one --profile");
   const Profile& profile = profiles.begin()->second;
   const bool transfer_dtype_given = !transfer_dtype.empty();
   if (transfer_dtype.empty()) transfer_dtype = profile.bf16() ? "bf16" : "float32";
@@ -311,9 +330,9 @@ int run(int argc, char** argv) {
                       given.size() == 1 ? "it" : "them");
     return replay_trace(profile, availability_path,
                         topology_path.empty() ? parse_levels(levels) : read_topology(topology_path),
-                        samples, restart_text, price_text);
+                        samples, restart_text, price_text, optimizer);
   }
-  for (const char* name : {"--samples", "--restart-cost", "--price"})
+  for (const char* name : {"--samples", "--restart-cost", "--price", "--optimizer"})
     PIPELINE_CHECK_AS(ConfigError, app.count(name) == 0,
                       "{} is for --availability (a replay of transient workers); drop it, or "
                       "give --availability trace.csv",
@@ -330,11 +349,17 @@ int run(int argc, char** argv) {
                plan.batch_size, profile.batch_size, profile.batch_size);
   if (!transfer_dtype_given && !plan.transfer_dtype.empty())  // the plan's costs assume it
     transfer_dtype = plan.transfer_bf16() ? "bf16" : "float32";
-  for (const PlanStage& st : plan.stages)
+  for (const PlanStage& st : plan.stages) {
     PIPELINE_CHECK_AS(ConfigError, st.device.empty() || profiles.count(st.device) == 1,
                       "{}: a stage runs on worker type '{}'; give its profile with --profile "
                       "{}=profile.json",
                       plan_path, st.device, st.device);
+    PIPELINE_CHECK_AS(ConfigError, !st.device.empty() || profiles.size() == 1,
+                      "{}: the stage of layers {}..{} names no worker type (a plan for one kind "
+                      "of worker), so the {} profiles given cannot say which times it: give one "
+                      "--profile",
+                      plan_path, st.begin, st.end - 1, profiles.size());
+  }
   Schedule schedule;
   std::optional<std::pair<std::string, ScheduleSpec>> dealt;  // --rebalance: the name and spec
   if (!schedule_csv.empty()) {

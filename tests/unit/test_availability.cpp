@@ -122,6 +122,29 @@ TEST_CASE("availability: more workers later is faster than the static plan") {
   CHECK(late.elastic.time_s == doctest::Approx(r.fixed.time_s));
 }
 
+TEST_CASE("availability: with allow_idle a plan trains on fewer workers where that is faster") {
+  // Large activations and weights over a slow link: every cut and every allreduce costs more
+  // than a worker adds, so one worker trains fastest, and the replay runs (and pays for) that one
+  // of the 4 there.
+  const Profile p = uniform_profile(4, 1e-3, 2e-3, /*out_bytes=*/100'000'000, 50'000'000);
+  Topology slow = one_level(4);
+  slow.levels.front().bandwidth_bytes_per_s = 1e8;
+  AvailabilityOptions o;
+  o.samples = 1e5;
+  o.partition.allow_idle = true;
+  const AvailabilityReplay r = replay_availability(p, slow, {{0, 4, 1}}, o);
+  REQUIRE(r.elastic.segments.size() == 1);
+  CHECK(r.elastic.segments[0].available == 4);
+  CHECK(r.elastic.segments[0].workers == 1);
+  CHECK(r.elastic.cost == doctest::Approx(r.elastic.time_s / 3600 * 1 * 2.0));
+  PartitionOptions every;  // without allow_idle: the plan on all 4, slower
+  const Plan on_four = partition(p, slow, every);
+  CHECK(r.elastic.segments[0].time_per_minibatch_s < on_four.predicted.time_per_minibatch_s);
+  // A drop to 2 workers does not stop the plan that trains on 1.
+  const AvailabilityReplay drop = replay_availability(p, slow, {{0, 4, 1}, {10, 2, 2}}, o);
+  CHECK(drop.elastic.restarts == 0);
+}
+
 TEST_CASE("availability: a drop below the plan's workers re-plans and pays the restart") {
   const Profile p = uniform_profile(8);
   AvailabilityOptions o;

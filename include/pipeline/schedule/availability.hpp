@@ -11,17 +11,20 @@
 // Model (replay_availability):
 //  - each worker count k is planned once by partition() on the topology cut to k workers
 //    (topology_for_workers: whole groups of the inner levels; workers that do not fill one are
-//    left idle); the plan trains at its predicted steady state, batch / time_per_minibatch_s
-//    samples per second (the partitioner's and cost planning's rate; fill and drain left out);
+//    left idle) with AvailabilityOptions::partition (pipeline-simulate: the optimizer's step and
+//    state, the profile's transfer dtype, and allow_idle, so a plan may train on fewer of them
+//    where that is faster, and runs and costs only those); the plan trains at its predicted
+//    steady state, batch / time_per_minibatch_s samples per second (the partitioner's and cost
+//    planning's rate; fill and drain left out);
 //  - elastic run: it starts on the plan for the workers available at the first row where one
-//    fits, without restart cost. At each later change: when the running plan needs more workers
-//    than remain, or nothing runs and now a plan can, it re-plans and pays restart_s (write a
-//    checkpoint, start the new job, load it; plans resume across worker counts, see the checkpoint
-//    section of the README); when more workers appear it re-plans only if the new plan, restart
-//    included, would finish the remaining samples sooner than the running one (judged without
-//    knowing the future, as a scheduler would). A restart cut short by the next change starts over
-//    if that change re-plans, and otherwise goes on. With 0 workers (or none on which a plan fits
-//    in memory) the run waits, paying nothing;
+//    fits, without restart cost. At each later change: when the running plan trains on more
+//    workers than remain, or nothing runs and now a plan can, it re-plans and pays restart_s (write
+//    a checkpoint, start the new job, load it; plans resume across worker counts, see the
+//    checkpoint section of the README); when more workers appear it re-plans only if the new plan,
+//    restart included, would finish the remaining samples sooner than the running one (judged
+//    without knowing the future, as a scheduler would). A restart cut short by the next change
+//    starts over if that change re-plans, and otherwise goes on. With 0 workers (or none on which a
+//    plan fits in memory) the run waits, paying nothing;
 //  - static run: one plan, never restarted, on the workers that are there for the whole of its
 //    run: the first row's count, lowered to the fewest of any row before that run would end,
 //    until that holds. When it reaches 0 (or no plan fits), no static plan exists
