@@ -258,7 +258,8 @@ inline void warn_if_nothing_to_train(std::int64_t start, std::int64_t total) {
 
 // The single-process loop: steps `trainer` from `start` to `total`; `on_step(step, result, dt)`
 // after each step (step counts from 1) and `on_epoch_end(epoch)` when an epoch's last batch is
-// done. Checkpoints when due and when a stop is requested (then returns with preempted set).
+// done, or the run's last within an epoch. Checkpoints when due and when a stop is requested (then
+// returns with preempted set).
 inline RunProgress train_single(
     SequentialTrainer& trainer, const Sequential& model, const DataLoader& loader,
     const LrSchedule& lr, std::int64_t start, std::int64_t total, Checkpointer* checkpoints,
@@ -300,7 +301,10 @@ inline RunProgress train_single(
         }
       }
     }
-    if (p.position % per_epoch == 0 && on_epoch_end) on_epoch_end(p.position / per_epoch - 1);
+    // (An epoch the run leaves part of is done too, as in the pipelined loop: its model is
+    // evaluated.)
+    if ((p.position % per_epoch == 0 || p.position >= total) && on_epoch_end)
+      on_epoch_end((p.position - 1) / per_epoch);
   }
   if (checkpoints) {  // the final state, unless it is the checkpoint resumed from
     if (p.position > start && checkpoints->last_saved_step() != p.position) checkpoint();

@@ -344,9 +344,10 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
     const std::vector<int> used = plan.ranks_used();
     if (!used.empty() && static_cast<int>(used.size()) < plan.workers && comm.rank() == 0)
       log_info(
-          "the plan uses {} of its {} workers (the others idle): its ranks {} run as ranks "
-          "0-{} of this job",
-          used.size(), plan.workers, fmt::join(used, ","), used.size() - 1);
+          "the plan uses {} of its {} workers (the others idle), so it runs as a job of {} "
+          "ranks (mpirun -np {}): its ranks {} run as ranks 0-{} of the job",
+          used.size(), plan.workers, used.size(), used.size(), fmt::join(used, ","),
+          used.size() - 1);
     plan = compact_ranks(std::move(plan));
     if (profile != nullptr && !flags.profile.empty()) {
       *profile = read_profile(flags.profile);

@@ -161,15 +161,16 @@ std::vector<RankPlacement> place_ranks(const Plan& plan, const Topology& topolog
   for (std::size_t j = 0; j < job_workers.size(); ++j) {
     const int w = job_workers[j];
     const HostEntry& host = hosts[static_cast<std::size_t>(w / per_host)];
+    // The rank takes its worker's place on the host (a typed plan's ranks may skip places).
     const int local = w % per_host;
     const auto on_host = std::count_if(job_workers.begin(), job_workers.end(),
                                        [&](int u) { return u / per_host == w / per_host; });
     PIPELINE_CHECK_AS(ConfigError, !host.slots || local < *host.slots,
-                      "host '{}' has {} slots but the plan puts {} ranks on it ({} per host at "
-                      "host level {}); give "
-                      "it slots={}, or a topology whose host level has {} workers",
-                      host.name, host.slots.value_or(0), on_host, per_host, k, per_host,
-                      host.slots.value_or(0));
+                      "host '{}' has {} slots but the plan puts {} ranks on it, one of them on its "
+                      "worker {} of {} ({} per host at host level {}, counted from 0); give it "
+                      "slots={}, or a topology whose host level has {} workers",
+                      host.name, host.slots.value_or(0), on_host, local, per_host, per_host, k,
+                      local + 1, host.slots.value_or(0));
     placement.push_back({static_cast<int>(j), host.name, local, local * options.cores_per_rank,
                          options.cores_per_rank});
   }
