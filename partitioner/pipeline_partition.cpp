@@ -140,9 +140,9 @@ bool stashes(const pipeline::Plan& plan) {
 // microbatch per minibatch and enough minibatches for a steady state (8 per worker, or per
 // minibatch its replicas hold, a multiple
 // of every stage's replica count) under a stash schedule, which reports its steady-state value;
-// the plan's microbatches (or 4 per stage) and one minibatch under a flush schedule, which reports
-// the whole makespan's (an interleaved plan: 4 microbatches per worker, as for a plain plan on as
-// many workers). The partitioner itself stays independent of the schedule library.
+// the plan's microbatches (or the trainers' default, default_microbatches) and one minibatch
+// under a flush schedule, which reports the whole makespan's. The partitioner itself stays
+// independent of the schedule library.
 // Nothing when the plan's replica counts make a steady state too long to simulate (the
 // partitioner's plan is written all the same, with a note).
 std::optional<pipeline::Simulation> simulate_plan(const pipeline::Plan& plan,
@@ -151,11 +151,8 @@ std::optional<pipeline::Simulation> simulate_plan(const pipeline::Plan& plan,
                                                   const pipeline::DeviceProfiles* device_profiles,
                                                   double transfer_bytes_scale) {
   const bool stash = stashes(plan);
-  int microbatches = stash ? 1
-                     : plan.microbatches > 0
-                         ? plan.microbatches
-                         : 4 * (plan.interleaved() ? plan.workers : plan.num_stages()),
-      minibatches = 1;
+  const int microbatches = pipeline::default_microbatches(plan, plan.schedule, plan.batch_size);
+  int minibatches = 1;
   if (stash) {
     const std::int64_t steady =
         pipeline::steady_state_minibatches(plan, pipeline::kMaxSimulatedMinibatches);

@@ -191,8 +191,10 @@ int run(int argc, char** argv) {
                                  "a schedule written as CSV (it fixes its own microbatches and "
                                  "minibatches)")
                       ->excludes(by_name);
-  app.add_option("--microbatches", microbatches,
-                 "microbatches per minibatch (default: the plan's, or 4 x stages; 1 for stash)")
+  app.add_option(
+         "--microbatches", microbatches,
+         "microbatches per minibatch (default: the plan's, or as the trainers take them: 4 per "
+         "rank, or the most below that which divide the plan's batch; 1 for stash)")
       ->check(CLI::Range(1, 1 << 20))
       ->excludes(csv_opt);
   app.add_option(
@@ -369,11 +371,8 @@ int run(int argc, char** argv) {
     if (name == "interleaved") name = interleaved_schedule_for(plan);
     check_schedule_for_plan(plan, name);
     bool stash = name.rfind("1f1b-stash", 0) == 0;
-    if (microbatches <= 0)
-      microbatches = stash ? 1
-                     : plan.microbatches > 0
-                         ? plan.microbatches
-                         : 4 * (plan.interleaved() ? plan.workers : plan.num_stages());
+    // As the trainers take them at the plan's batch.
+    if (microbatches <= 0) microbatches = default_microbatches(plan, name, plan.batch_size);
     if (minibatches <= 0) {
       // 2BW's steady state spans minibatches (it never flushes): one holds no steady window.
       minibatches = name == "2bw" ? 8 : 1;

@@ -244,8 +244,8 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
                   ->check(CLI::ExistingFile)
                   ->group(kPipelineOnlyFlags);
   app.add_option("--microbatches", flags.microbatches,
-                 "microbatches per minibatch for flush schedules (default: the plan's, or "
-                 "stages x the most replicas of a stage)")
+                 "microbatches per minibatch for flush schedules (default: the plan's, or 4 "
+                 "per rank, or the most below that which divide --batch)")
       ->check(CLI::Range(1, 65536))
       ->excludes(csv)
       ->group(kPipelineOnlyFlags);
@@ -315,12 +315,8 @@ inline Plan plan_for_job(const PipelineFlags& flags, const ZooModel& zoo, Commun
     const bool flush = plans_flush(flags.schedule);
     const bool interleaved = plans_interleaved(flags.schedule);
     int microbatches = flush || interleaved ? flags.microbatches : 1;
-    if (microbatches <= 0 && interleaved)
-      for (int per_rank = 4; per_rank >= 1 && microbatches <= 0; --per_rank)
-        if (batch % (per_rank * comm.size()) == 0) microbatches = per_rank * comm.size();
     if (microbatches <= 0)
-      for (microbatches = std::min(batch, 4 * comm.size()); batch % microbatches != 0;)
-        --microbatches;
+      microbatches = default_flush_microbatches(comm.size(), interleaved, batch);
     if (comm.rank() == 0)
       log_info("no --plan: profiling {} at batch {} and partitioning it for {} workers{}",
                zoo.model.name(), batch / std::max(1, microbatches), comm.size(),
@@ -403,7 +399,7 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
   req.csv = flags.schedule_csv;
   // An interleaved plan's ranks hold several stages, which only the interleaved schedules order:
   // interleaved-1f1b and interleaved-zb-h1 a looped placement, zb-v a V (their default microbatch
-  // count below, one per stage and replica, is a multiple of the workers, as the first two need).
+  // count below is a multiple of the ranks where one divides the batch, as the first two need).
   if (req.csv.empty()) {
     if (req.name == "interleaved") req.name = interleaved_schedule_for(plan);
     check_schedule_for_plan(plan, req.name);
@@ -413,24 +409,14 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
                     "1f1b-stash; {} keeps one version: drop it, or add --schedule 1f1b-stash",
                     req.name);
   req.vertical_sync = flags.vertical_sync;
-  // Flush schedules need a microbatch per stage to keep every stage busy, and one per replica to
-  // keep every replica busy (with one microbatch a data-parallel minibatch ran on one replica
-  // while the other waited at the allreduce); stash schedules pipeline whole minibatches instead.
-  std::size_t replicas = 1;
-  for (auto& r : layout.stage_ranks) replicas = std::max(replicas, r.size());
-  // A plan made for a flush schedule says how many it was made for.
-  req.microbatches = flags.microbatches > 0  ? flags.microbatches
-                     : stashes(req)          ? 1
-                     : plan.microbatches > 0 ? plan.microbatches
-                                             : layout.num_stages() * static_cast<int>(replicas);
-  if (flags.microbatches <= 0 && !stashes(req) && plan.microbatches <= 0 && batch > 0 &&
-      batch % req.microbatches != 0) {
-    // Equal microbatches: the next count up that divides the minibatch (as many as it has
-    // samples at the most).
-    int m = req.microbatches;
-    while (m < batch && batch % m != 0) ++m;
-    req.microbatches = std::min(m, batch);
-  }
+  // Stash schedules pipeline whole minibatches; a plan made for a flush schedule says how many
+  // microbatches it was made for; otherwise 4 per rank, as pipeline-partition plans a flush
+  // schedule and pipeline-simulate times one (default_microbatches: enough for every stage and
+  // replica to be busy, with one microbatch a data-parallel minibatch ran on one replica while
+  // the other waited at the allreduce).
+  req.microbatches = flags.microbatches > 0
+                         ? flags.microbatches
+                         : default_microbatches(plan, req.name, std::max(batch, 0));
   if (!req.csv.empty()) req.microbatches = read_schedule_csv(req.csv).microbatches;  // for the logs
   take_plan_hints(req, plan);
   PIPELINE_CHECK_AS(ConfigError, flags.rebalance || !flags.rebalance_every_given,

@@ -671,6 +671,29 @@ std::int64_t steady_state_minibatches(const Plan& plan, std::int64_t limit) {
   return longer > rounds && longer <= limit ? longer : rounds;
 }
 
+int default_flush_microbatches(int ranks, bool interleaved, int batch) {
+  PIPELINE_CHECK_AS(ConfigError, ranks >= 1 && batch >= 0,
+                    "default microbatches of {} ranks for a batch of {}", ranks, batch);
+  const auto divides = [&](int m) { return batch == 0 || batch % m == 0; };
+  if (interleaved) {
+    for (int per_rank = 4; per_rank >= 1; --per_rank)
+      if (divides(per_rank * ranks)) return per_rank * ranks;
+    // None divides: microbatches of unequal size, still a multiple of the ranks.
+    if (batch >= ranks) return ranks * std::min(4, batch / ranks);
+  }
+  int m = batch > 0 ? std::min(batch, 4 * ranks) : 4 * ranks;
+  while (!divides(m)) --m;
+  return m;
+}
+
+int default_microbatches(const Plan& plan, const std::string& schedule, int batch) {
+  if (schedule.rfind("1f1b-stash", 0) == 0) return 1;
+  if (plan.microbatches > 0) return plan.microbatches;
+  const std::size_t used = plan.ranks_used().size();
+  return default_flush_microbatches(used > 0 ? static_cast<int>(used) : plan.workers,
+                                    plan.interleaved(), batch);
+}
+
 namespace detail {
 
 StashShape replicated_stash_shape(const ScheduleSpec& spec) {

@@ -236,3 +236,30 @@ TEST_CASE("partition --schedule: what it plans for, and clear errors otherwise")
 }
 
 }  // namespace test_flush_plan
+
+namespace test_flush_plan {
+
+TEST_CASE(
+    "default microbatches: 4 per rank dividing the batch, as the trainers and simulator take "
+    "them") {
+  CHECK(default_flush_microbatches(4, false, 64) == 16);
+  CHECK(default_flush_microbatches(6, false, 64) == 16);  // 24 does not divide 64
+  CHECK(default_flush_microbatches(6, false, 0) == 24);   // no batch: any count
+  CHECK(default_flush_microbatches(4, false, 8) == 8);    // no more than the samples
+  // Interleaved: a multiple of the ranks, dividing the batch where one does.
+  CHECK(default_flush_microbatches(3, true, 36) == 12);
+  CHECK(default_flush_microbatches(3, true, 18) == 9);   // 3 per rank
+  CHECK(default_flush_microbatches(3, true, 64) == 12);  // none divides: unequal microbatches
+  CHECK(default_flush_microbatches(3, true, 7) == 6);    // as many as the samples allow
+  CHECK(default_flush_microbatches(3, true, 2) == 2);
+  CHECK_THROWS_AS(default_flush_microbatches(0, false, 64), ConfigError);
+
+  Plan plan = testing::make_plan({{2, 1}, {2, 2}});
+  plan.batch_size = 64;
+  CHECK(default_microbatches(plan, "1f1b-stash", 64) == 1);
+  CHECK(default_microbatches(plan, "1f1b-flush", 64) == 8);  // 3 ranks: 12, lowered to divide 64
+  plan.microbatches = 8;
+  CHECK(default_microbatches(plan, "gpipe", 64) == 8);  // the plan's
+}
+
+}  // namespace test_flush_plan

@@ -126,6 +126,18 @@ std::int64_t steady_state_minibatches(const Plan& plan, std::int64_t limit);
 // stage runs for seconds).
 inline constexpr std::int64_t kMaxSimulatedMinibatches = std::int64_t{1} << 20;
 
+// The microbatches a flush or interleaved schedule splits a minibatch of `batch` samples (0: any
+// number) into on `ranks` ranks when none are asked for, as pipeline-partition plans them by
+// default: 4 per rank, or the most below that which divide the batch; for an interleaved plan,
+// whose groups need a multiple of the ranks, 4 per rank where that divides the batch, else 3, 2
+// or 1 per rank, else 4 per rank (or as many as the batch has samples for) of unequal sizes.
+int default_flush_microbatches(int ranks, bool interleaved, int batch);
+// The microbatches a run of `plan` under `schedule` takes when none are asked for: 1 under a
+// stash schedule, the plan's where it was made for a count, otherwise
+// default_flush_microbatches() on the ranks the plan trains on. The trainers and
+// pipeline-simulate (at the plan's batch) both take it.
+int default_microbatches(const Plan& plan, const std::string& schedule, int batch);
+
 namespace detail {
 // The makespan of `schedule` on `spec`'s pipeline (its stage times and messages where it has
 // them, else balanced stages), each rank's computation `rank_slowdown[r]` times as long;
