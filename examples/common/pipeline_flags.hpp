@@ -373,7 +373,11 @@ inline std::string describe_plan(const Plan& plan) {
   return fmt::format("plan for {} on {} workers: config {}, stages {}{}", plan.model, plan.workers,
                      plan.config, stages,
                      plan.predicted.samples_per_s > 0
-                         ? fmt::format(", predicted {:.0f} samples/s", plan.predicted.samples_per_s)
+                         ? fmt::format(", predicted {:.0f} samples/s under {}{}",
+                                       plan.predicted.samples_per_s, plan.schedule,
+                                       plan.microbatches > 0
+                                           ? fmt::format(" with {} microbatches", plan.microbatches)
+                                           : std::string())
                          : std::string());
 }
 
@@ -434,9 +438,24 @@ inline ScheduleRequest schedule_request(const PipelineFlags& flags, const Plan& 
 //   default is PipeDream's momentum while the trainers' is adamw;
 // - its CPU times are for ranks that compute on as many threads as its profile was timed on
 //   (plan.json "profile_threads"), and pipeline-profile takes every core by default while the
-//   trainers give each rank its share of them.
+//   trainers give each rank its share of them;
+// - its predicted rate is for its own schedule and microbatches (plan.json "schedule",
+//   "microbatches"), which --schedule and --microbatches may change (a bubble of another size).
 inline void warn_where_plan_differs(const Plan& plan, const ScheduleRequest& req,
                                     std::int64_t batch, const Optimizer& optimizer, Device device) {
+  const bool other_schedule = req.csv.empty() ? req.name != plan.schedule : true;
+  const bool other_count =
+      !stashes(req) && plan.microbatches > 0 && req.microbatches != plan.microbatches;
+  if (plan.predicted.samples_per_s > 0 && (other_schedule || other_count))
+    log_info(
+        "the plan's predicted rate is for {}{}; this run takes {} with {} microbatch(es), which "
+        "pipeline-simulate --plan ... {} times",
+        plan.schedule,
+        plan.microbatches > 0 ? fmt::format(" with {} microbatches", plan.microbatches)
+                              : std::string(),
+        req.csv.empty() ? req.name : "a CSV schedule", req.microbatches,
+        req.csv.empty() ? fmt::format("--schedule {} --microbatches {}", req.name, req.microbatches)
+                        : fmt::format("--schedule-csv {}", req.csv));
   if (!device.is_cuda() && plan.profile_threads > 0 && plan.profile_threads != num_threads())
     log_warn(
         "the plan's times were measured on {} thread(s) per process, but this run's ranks compute "
