@@ -94,7 +94,7 @@ AvailabilityRun run_trace(PlanCache& plans, const std::vector<AvailabilityChange
     if (current == nullptr) {
       PIPELINE_CHECK_AS(ConfigError, std::isfinite(end),
                         "the trace ends (line {}, time {} s) with {} workers, on which no plan "
-                        "fits, so training never finishes ({} of {} samples left); end the "
+                        "fits, so training never finishes ({:.6g} of {:.6g} samples left); end the "
                         "trace with workers that can train the model",
                         trace[i].line, start, available, left, options.samples);
       seg.end_s = end;
