@@ -47,8 +47,9 @@ int ranks_run(const pipeline::Plan& plan) {
   return used > 0 ? static_cast<int>(used) : plan.workers;
 }
 
-void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile,
+void print_table(const pipeline::Plan& plan, const pipeline::DeviceProfiles& profiles,
                  const pipeline::Topology& topo, double seconds, bool simulated) {
+  const pipeline::Profile& profile = profiles.begin()->second;
   fmt::print("model {} ({} layers), {} workers: {}, cost model {}\n", plan.model.empty() ? "?" : plan.model,
              profile.size(), plan.workers, pipeline::describe_topology(topo), plan.cost_model);
   const bool typed = std::any_of(plan.stages.begin(), plan.stages.end(), [](const auto& s) { return !s.device.empty(); });
@@ -82,13 +83,20 @@ void print_table(const pipeline::Plan& plan, const pipeline::Profile& profile,
     fmt::print("uses {} of the {} workers (the others stay idle): train it with mpirun -np {}\n",
                used, plan.workers, used);
   if (!plan.optimizer.empty()) {
-    double step = 0;
-    for (const auto& l : profile.layers) step += l.step_s.of(plan.optimizer);
-    if (step > 0)
+    // Each worker type's own step (named where there are several).
+    std::vector<std::string> steps;
+    for (const auto& [type, p] : profiles) {
+      double step = 0;
+      for (const auto& l : p.layers) step += l.step_s.of(plan.optimizer);
+      if (step > 0)
+        steps.push_back(fmt::format("{:.3f} ms{}", step * 1e3,
+                                    profiles.size() > 1 ? " on " + type : std::string()));
+    }
+    if (!steps.empty())
       fmt::print(
-          "compute includes one {} step per minibatch on every replica ({:.3f} ms for the whole "
+          "compute includes one {} step per minibatch on every replica ({} for the whole "
           "model)\n",
-          plan.optimizer, step * 1e3);
+          plan.optimizer, fmt::join(steps, ", "));
   }
   if (plan.interleaved()) {
     const int pipelines = plan.stages.front().replicas, places = plan.workers / pipelines;
@@ -597,7 +605,7 @@ int main(int argc, char** argv) {
     }
     if (!quiet) {
       if (frontier && chosen) fmt::print("\n");
-      print_table(plan, profile, topo, seconds, sim.has_value());
+      print_table(plan, profiles, topo, seconds, sim.has_value());
       if (sim && (stashes(plan) || plan.microbatches > 0 || plan.interleaved()))
         print_simulated(plan, *sim, discounted_transfers(opt, compression.has_value()));
       // (A second search: only where the first was quick.)
