@@ -101,6 +101,9 @@ std::vector<int> workers_of_ranks(const Plan& plan, const Topology& topology) {
     end.push_back(next.back() + t.count);
   }
   for (const PlanStage& s : plan.stages) {
+    PIPELINE_CHECK_AS(ConfigError, !s.device.empty(),
+                      "the topology has worker types but the plan's stages name none (a plan for "
+                      "one kind of worker): place the plan with the topology it was planned for");
     std::size_t type = 0;
     while (type < topology.types.size() && topology.types[type].name != s.device) ++type;
     PIPELINE_CHECK_AS(ConfigError, type < topology.types.size(),

@@ -165,7 +165,8 @@ TEST_CASE("too few hosts or slots, and plans that do not fit the topology, are r
   Topology typed = levels({4});
   typed.types = {{"a100", 2, {}, {}}, {"h100", 2, {}, {}}};
   Plan untyped_stages = plan_of(2, 1);
-  CHECK(error_of(untyped_stages, typed, enough).find("device type ''") != std::string::npos);
+  CHECK(error_of(untyped_stages, typed, enough).find("the plan's stages name none") !=
+        std::string::npos);
   Plan three_h100 = plan_of(3, 1);
   for (auto& st : three_h100.stages) st.device = "h100";
   CHECK(
