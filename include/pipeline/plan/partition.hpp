@@ -67,7 +67,10 @@ namespace pipeline {
 struct PartitionOptions {
   CostModel cost_model = CostModel::Pipeline;
   bool straight = false;          // no replication (PipeDream --straight_pipeline)
-  bool allow_idle = false;        // may leave workers unused (PipeDream --use_fewer_machines)
+  // May leave workers unused (PipeDream --use_fewer_machines). The search charges each stage the
+  // minibatches in flight of a pipeline over every worker; under a memory limit on one level of
+  // at most 64 workers every count is planned instead, each charged for its own pipeline.
+  bool allow_idle = false;
   bool ignore_transfer = false;   // no activation transfer cost at all
   // 1F1B-stash plans keep PipeDream's in-flight counts (the least weight staleness; with
   // replicas, stash_in_flights()') even where slow links then leave round trips unhidden; by
