@@ -143,8 +143,8 @@ int replay_trace(const Profile& profile, const std::string& trace_path, const To
              format_duration(r.elastic.time_s), r.elastic.time_s, money(r.elastic.cost),
              r.elastic.worker_hours, r.elastic.restarts);
   if (r.fixed.feasible)
-    fmt::print("static on {} workers{} (config {}): {} ({:.0f} s), cost {}, {:.1f} worker-hours\n",
-               r.fixed.segments.front().workers,
+    fmt::print("static on {} worker{}{} (config {}): {} ({:.0f} s), cost {}, {:.1f} worker-hours\n",
+               r.fixed.segments.front().workers, r.fixed.segments.front().workers == 1 ? "" : "s",
                r.fixed.segments.front().workers < r.static_workers
                    ? fmt::format(" of the {} always there", r.static_workers)
                    : std::string(),
