@@ -177,6 +177,15 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
         "--clip-grad is off: under {} with replicated stages the stages step at different "
         "rates, so no global gradient norm exists; use a flush schedule to clip",
         req.name);
+  // Without replicas the norm is taken at each step, over every rank: each stage's step then waits
+  // for the first stage's backward of the same minibatch, which no prediction charges.
+  if (examples::stashes(req) && !no_clip && o.clip_grad > 0 && layout.num_stages() > 1 &&
+      comm.rank() == 0)
+    log_info(
+        "--clip-grad {} under {} sums the gradient norm over every stage at each step, so each "
+        "stage's step waits for the first stage's backward of the same minibatch: the plan's "
+        "predicted rate leaves that wait out (--clip-grad 0 turns clipping off)",
+        o.clip_grad, req.name);
   StageExecutor ex(
       zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
       examples::with_injected_slowdown(
