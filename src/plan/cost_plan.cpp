@@ -50,6 +50,26 @@ void sub_topologies(Topology t, std::vector<Topology>& out) {
   sub_topologies(std::move(t), out);
 }
 
+// The workers a plan trains on, for messages: "1 h100 + 3 a100" (types in the order its stages
+// first use them) on a typed plan, "4 workers" otherwise.
+std::string plan_workers(const Plan& plan) {
+  std::vector<std::pair<std::string, int>> types;
+  for (const PlanStage& st : plan.stages) {
+    if (st.device.empty())
+      return fmt::format("{} worker{}", plan.workers, plan.workers == 1 ? "" : "s");
+    auto it = std::find_if(types.begin(), types.end(),
+                           [&](const auto& t) { return t.first == st.device; });
+    if (it == types.end()) {
+      types.push_back({st.device, 0});
+      it = types.end() - 1;
+    }
+    it->second += st.replicas;
+  }
+  std::string s;
+  for (const auto& [name, n] : types) s += fmt::format("{}{} {}", s.empty() ? "" : " + ", n, name);
+  return s;
+}
+
 // Candidate order of preference on equal keys: fewer workers, then the earlier candidate.
 bool fewer(const CostedPlan& a, const CostedPlan& b) {
   return a.plan.workers < b.plan.workers;
@@ -147,13 +167,12 @@ const CostedPlan& cheapest_within_deadline(const std::vector<CostedPlan>& candid
       best = &c;
   }
   if (!best)
-    PIPELINE_FAIL(
-        ConfigError,
-        "the fastest plan takes {} for {:.6g} samples ({} workers, config {}, {:.4g} s per "
-        "minibatch); the deadline is {}: raise --deadline to {} or add workers",
-        format_duration(fastest->time_s), samples, fastest->plan.workers, fastest->plan.config,
-        fastest->plan.predicted.time_per_minibatch_s, format_duration(deadline_s),
-        format_duration(fastest->time_s, true));
+    PIPELINE_FAIL(ConfigError,
+                  "the fastest plan takes {} for {:.6g} samples ({}, config {}, {:.4g} s per "
+                  "minibatch); the deadline is {}: raise --deadline to {} or add workers",
+                  format_duration(fastest->time_s), samples, plan_workers(fastest->plan),
+                  fastest->plan.config, fastest->plan.predicted.time_per_minibatch_s,
+                  format_duration(deadline_s), format_duration(fastest->time_s, true));
   return *best;
 }
 
@@ -173,12 +192,11 @@ const CostedPlan& fastest_within_budget(const std::vector<CostedPlan>& candidate
   }
   if (!best) {
     const double need = std::ceil(cheapest->cost * 100.0) / 100.0;
-    PIPELINE_FAIL(
-        ConfigError,
-        "the cheapest plan costs {:.2f} for {:.6g} samples ({} workers for {}, config {}); the "
-        "budget is {:.2f}: raise --budget to {:.2f} or use cheaper workers",
-        need, samples, cheapest->plan.workers, format_duration(cheapest->time_s),
-        cheapest->plan.config, budget, need);
+    PIPELINE_FAIL(ConfigError,
+                  "the cheapest plan costs {:.2f} for {:.6g} samples ({} for {}, config {}); the "
+                  "budget is {:.2f}: raise --budget to {:.2f} or use cheaper workers",
+                  need, samples, plan_workers(cheapest->plan), format_duration(cheapest->time_s),
+                  cheapest->plan.config, budget, need);
   }
   return *best;
 }

@@ -636,3 +636,27 @@ TEST_CASE("topology and plan.json round trips with and without types, prices and
 }
 
 }  // namespace test_mixed_planning
+
+namespace test_mixed_planning {
+
+TEST_CASE("cost planning's refusals name the plan's workers by type") {
+  CostedPlan c;
+  c.plan.workers = 4;
+  c.plan.config = "3-1";
+  c.plan.stages = {
+      PlanStage{.begin = 0, .end = 1, .replicas = 3, .ranks = {0, 1, 2}, .device = "a100"},
+      PlanStage{.begin = 1, .end = 2, .replicas = 1, .ranks = {3}, .device = "h100"}};
+  c.time_s = 100;
+  c.cost = 10;
+  const std::vector<CostedPlan> one{c};
+  CHECK_THROWS_WITH_AS(cheapest_within_deadline(one, 50, 1e6),
+                       doctest::Contains("(3 a100 + 1 h100, config 3-1"), ConfigError);
+  CHECK_THROWS_WITH_AS(fastest_within_budget(one, 5, 1e6),
+                       doctest::Contains("(3 a100 + 1 h100 for"), ConfigError);
+  std::vector<CostedPlan> untyped = one;
+  for (PlanStage& st : untyped.front().plan.stages) st.device.clear();
+  CHECK_THROWS_WITH_AS(cheapest_within_deadline(untyped, 50, 1e6),
+                       doctest::Contains("(4 workers, config 3-1"), ConfigError);
+}
+
+}  // namespace test_mixed_planning
