@@ -42,10 +42,6 @@ std::string layers_text(const pipeline::PlanStage& s) {
 }
 
 // The ranks a job of `plan` runs: its workers, or fewer where it leaves some idle.
-int ranks_run(const pipeline::Plan& plan) {
-  const std::size_t used = plan.ranks_used().size();
-  return used > 0 ? static_cast<int>(used) : plan.workers;
-}
 
 void print_table(const pipeline::Plan& plan, const pipeline::DeviceProfiles& profiles,
                  const pipeline::Topology& topo, double seconds, bool simulated) {
@@ -71,7 +67,7 @@ void print_table(const pipeline::Plan& plan, const pipeline::DeviceProfiles& pro
     // Deeper than PipeDream's count where the planner found that transfers need it: say so, as
     // it costs weight staleness under 1f1b-stash.
     const int pipedream =
-        pipeline::stash_in_flights(ranks_run(plan), plan.replica_counts()).front();
+        pipeline::stash_in_flights(plan.ranks_run(), plan.replica_counts()).front();
     fmt::print("config {}   in flight {}{}\n", plan.config, plan.in_flight,
                plan.in_flight > pipedream
                    ? fmt::format(" (PipeDream's {}, more to hide the transfers; older weights in "
@@ -79,7 +75,7 @@ void print_table(const pipeline::Plan& plan, const pipeline::DeviceProfiles& pro
                                  pipedream, pipedream)
                    : std::string());
   }
-  if (const int used = ranks_run(plan); used < plan.workers)
+  if (const int used = plan.ranks_run(); used < plan.workers)
     fmt::print("uses {} of the {} workers (the others stay idle): train it with mpirun -np {}\n",
                used, plan.workers, used);
   if (!plan.optimizer.empty()) {
@@ -140,7 +136,7 @@ void print_table(const pipeline::Plan& plan, const pipeline::DeviceProfiles& pro
 }
 
 bool stashes(const pipeline::Plan& plan) {
-  return plan.schedule.rfind("1f1b-stash", 0) == 0;
+  return pipeline::stashes_weights(plan.schedule);
 }
 
 // The plan run by the schedule simulator as the runtime runs it (replicas' allreduces overlap
@@ -304,7 +300,7 @@ void note_faster_on_fewer_workers(const pipeline::Plan& plan, const pipeline::Pr
     fmt::print(
         "note: a plan on {} of the {} workers (config {}, --allow-idle) is predicted {:.2f}x as "
         "fast: more workers here cost more in transfers and allreduces than they add\n",
-        ranks_run(fewer), plan.workers, fewer.config, ratio);
+        fewer.ranks_run(), plan.workers, fewer.config, ratio);
 }
 
 // The stages' device types joined like the config ("h100-a100-a100"); "" for an untyped plan.

@@ -33,6 +33,7 @@
 #include <pipeline/plan/cost_plan.hpp>
 #include <pipeline/plan/device_profiles.hpp>
 #include <pipeline/plan/interleaved_layout.hpp>
+#include <pipeline/plan/partition.hpp>
 #include <pipeline/plan/plan_json.hpp>
 #include <pipeline/plan/topology_io.hpp>
 #include <pipeline/profile/profile_json.hpp>
@@ -370,7 +371,7 @@ int run(int argc, char** argv) {
     std::string name = schedule_name.empty() ? plan.schedule : schedule_name;
     if (name == "interleaved") name = interleaved_schedule_for(plan);
     check_schedule_for_plan(plan, name);
-    bool stash = name.rfind("1f1b-stash", 0) == 0;
+    const bool stash = stashes_weights(name);
     // As the trainers take them at the plan's batch.
     if (microbatches <= 0) microbatches = default_microbatches(plan, name, plan.batch_size);
     if (minibatches <= 0) {

@@ -155,7 +155,7 @@ inline std::optional<Checkpoint> checkpoint_to_resume(const CheckpointFlags& fla
     else if (c->manifest.schedule != run.schedule)
       log_info("the checkpoint was written under schedule {}; this run continues under {}",
                c->manifest.schedule, run.schedule);
-    if (run.schedule.rfind("1f1b-stash", 0) == 0)
+    if (stashes_weights(run.schedule))
       log_info(
           "1f1b-stash: in-flight microbatches and their stashed weight versions are not "
           "part of a checkpoint; the pipeline starts afresh from the newest weights");

@@ -384,7 +384,7 @@ inline std::string describe_plan(const Plan& plan) {
 // Whether the request is for a generated weight-stashing schedule (1f1b-stash, with or without
 // vertical sync): one microbatch per minibatch by default, and a step after every backward.
 inline bool stashes(const ScheduleRequest& request) {
-  return request.csv.empty() && request.name.rfind("1f1b-stash", 0) == 0;
+  return request.csv.empty() && stashes_weights(request.name);
 }
 
 // The name of the schedule the run uses: --schedule, the CSV file's, or the plan's.

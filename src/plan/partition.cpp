@@ -1987,7 +1987,7 @@ std::optional<Plan> plan_on_fewest_fitting(const Profile& measured, const Topolo
   best->workers = workers;
   best->predicted.peak_memory_bytes.resize(static_cast<std::size_t>(workers), 0);
   best->predicted.data_parallel_time_per_minibatch_s =
-      data_parallel_seconds(with_optimizer_steps(measured, options), topology, options);
+      data_parallel_time(measured, topology, options);
   return best;
 }
 

@@ -126,7 +126,7 @@ Plan auto_plan(const ZooModel& model, Communicator& comm, const AutoPlanOptions&
 }
 
 int minibatch_granularity(const std::string& schedule_name, const PipelineLayout& layout) {
-  if (schedule_name.rfind("1f1b-stash", 0) != 0) return 1;
+  if (!stashes_weights(schedule_name)) return 1;
   int l = 1;
   for (auto& r : layout.stage_ranks) l = std::lcm(l, static_cast<int>(r.size()));
   return l;

@@ -45,12 +45,6 @@ class PlanCache {
   std::map<int, std::optional<Plan>> m_plans;
 };
 
-// The workers a plan trains on (a plan may leave some of those it was made for idle).
-int workers_running(const Plan& p) {
-  const std::size_t used = p.ranks_used().size();
-  return used > 0 ? static_cast<int>(used) : p.workers;
-}
-
 double rate_of(const Plan& p, int batch) {
   return p.predicted.time_per_minibatch_s > 0 ? batch / p.predicted.time_per_minibatch_s : kForever;
 }
@@ -73,7 +67,7 @@ AvailabilityRun run_trace(PlanCache& plans, const std::vector<AvailabilityChange
     seg.start_s = start;
     seg.available = available;
     const Plan* next = current;
-    if (current == nullptr || workers_running(*current) > available) {
+    if (current == nullptr || current->ranks_run() > available) {
       next = candidate ? &*candidate : nullptr;  // must (or now can) re-plan
     } else if (candidate && &*candidate != current) {
       // More workers: switch only if it pays for its restart on the work left.
@@ -101,7 +95,7 @@ AvailabilityRun run_trace(PlanCache& plans, const std::vector<AvailabilityChange
       run.segments.push_back(seg);
       continue;
     }
-    seg.workers = workers_running(*current);
+    seg.workers = current->ranks_run();  // (a plan may leave workers idle)
     seg.config = current->config;
     seg.time_per_minibatch_s = current->predicted.time_per_minibatch_s;
     seg.restart_s = std::min(pending_restart, end - start);

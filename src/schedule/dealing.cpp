@@ -1,6 +1,7 @@
 #include <pipeline/schedule/dealing.hpp>
 
 #include <pipeline/core/error.hpp>
+#include <pipeline/plan/partition.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -77,8 +78,7 @@ void check_dealable(const Plan& plan, const std::string& schedule) {
                     "schedule of one stage per rank; this plan runs {} stages per rank: drop "
                     "--rebalance, or plan without --virtual-stages",
                     plan.virtual_stages);
-  PIPELINE_CHECK_AS(ConfigError,
-                    schedule == "gpipe" || schedule == "1f1b-flush" || schedule == "zb-h1",
+  PIPELINE_CHECK_AS(ConfigError, plans_flush(schedule),
                     "--rebalance deals microbatches by speed, which only flush schedules (gpipe, "
                     "1f1b-flush, zb-h1) can follow; {} deals them round-robin: add --schedule "
                     "1f1b-flush",

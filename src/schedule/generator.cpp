@@ -1,6 +1,7 @@
 // Built-in schedule generators (GPipe, 1F1B flush and stash), the registry, and the insertion of
 // point-to-point communication.
 #include <pipeline/plan/cost_model.hpp>
+#include <pipeline/plan/partition.hpp>
 #include <pipeline/plan/straight_order.hpp>
 #include <pipeline/schedule/generator.hpp>
 #include <pipeline/schedule/schedules/gpipe.hpp>
@@ -687,11 +688,9 @@ int default_flush_microbatches(int ranks, bool interleaved, int batch) {
 }
 
 int default_microbatches(const Plan& plan, const std::string& schedule, int batch) {
-  if (schedule.rfind("1f1b-stash", 0) == 0) return 1;
+  if (stashes_weights(schedule)) return 1;
   if (plan.microbatches > 0) return plan.microbatches;
-  const std::size_t used = plan.ranks_used().size();
-  return default_flush_microbatches(used > 0 ? static_cast<int>(used) : plan.workers,
-                                    plan.interleaved(), batch);
+  return default_flush_microbatches(plan.ranks_run(), plan.interleaved(), batch);
 }
 
 namespace detail {

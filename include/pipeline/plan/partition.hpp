@@ -139,6 +139,12 @@ inline bool plans_flush(std::string_view schedule) {
   return schedule == "1f1b-flush" || schedule == "zb-h1" || schedule == "gpipe";
 }
 
+// Whether `schedule` is a weight-stashing schedule (1f1b-stash, with or without vertical sync):
+// one microbatch per minibatch, a step after every backward.
+inline bool stashes_weights(std::string_view schedule) {
+  return schedule.starts_with("1f1b-stash");
+}
+
 // Whether `schedule` runs interleaved plans (virtual stages): interleaved-1f1b (or "interleaved"),
 // interleaved-zb-h1 on a looped placement, zb-v on a V.
 inline bool plans_interleaved(std::string_view schedule) {

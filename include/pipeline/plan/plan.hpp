@@ -133,6 +133,11 @@ struct Plan {
     ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
     return ranks;
   }
+  // How many ranks the plan trains on: ranks_used()'s, or every worker where that is unknown.
+  int ranks_run() const {
+    const std::size_t used = ranks_used().size();
+    return used > 0 ? static_cast<int>(used) : workers;
+  }
   // Each stage's predicted compute per replica (PlanStage::compute_s), in stage order: what the
   // schedules that order by time take (ScheduleSpec::stage_seconds).
   std::vector<double> stage_seconds() const {
