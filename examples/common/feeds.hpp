@@ -24,15 +24,21 @@ inline MinibatchFeed training_feed(const DataLoader& loader) {
   auto order = std::make_shared<Order>();
   const std::int64_t per_epoch = loader.num_batches();
   const std::int64_t batch = loader.options().batch_size;
-  return {[&loader, order, per_epoch](std::int64_t j) {
-            const std::int64_t e = j / per_epoch;
-            if (e != order->index) {
-              order->epoch.emplace(loader.epoch(e));
-              order->index = e;
-            }
-            return *DataLoader::Epoch::Iterator(&*order->epoch, j % per_epoch);
+  const auto epoch_of = [&loader, order, per_epoch](std::int64_t j) -> const DataLoader::Epoch& {
+    const std::int64_t e = j / per_epoch;
+    if (e != order->index) {
+      order->epoch.emplace(loader.epoch(e));
+      order->index = e;
+    }
+    return *order->epoch;
+  };
+  return {[epoch_of, per_epoch](std::int64_t j) {
+            return *DataLoader::Epoch::Iterator(&epoch_of(j), j % per_epoch);
           },
-          [batch](std::int64_t) { return batch; }};
+          [batch](std::int64_t) { return batch; },
+          [epoch_of, per_epoch](std::int64_t j, std::int64_t begin, std::int64_t end) {
+            return epoch_of(j).part(j % per_epoch, begin, end);
+          }};
 }
 
 // Evaluation batch u is batch u of an unshuffled loader (the last one may be short); evaluate

@@ -130,7 +130,9 @@ Tensor take_by_microbatch(std::map<int, Tensor>& received, int u, const char* ac
 class StorageCounter {
  public:
   void add(const Tensor& t) {
-    if (t.defined() && t.nbytes() > 0) m_views.emplace_back(t.storage_id(), t.storage_end());
+    // The whole allocation, not only the part viewed: a microbatch's slice of a minibatch keeps
+    // all of it alive.
+    if (t.defined() && t.nbytes() > 0) m_views.emplace_back(t.storage_id(), t.storage_bytes());
   }
   void add(const Saved& s) {
     for (auto& t : s.tensors) add(t);
@@ -142,7 +144,7 @@ class StorageCounter {
     std::int64_t n = 0;
     for (std::size_t i = 0; i < m_views.size(); ++i)
       if (i + 1 == m_views.size() || m_views[i + 1].first != m_views[i].first)
-        n += static_cast<std::int64_t>(m_views[i].second);  // the largest end of this storage
+        n += static_cast<std::int64_t>(m_views[i].second);
     return n;
   }
 
@@ -513,25 +515,45 @@ Shape StageExecutor::activation_shape(std::int64_t samples, int layer_end) const
   return m_model->shapes(m_sample_shape.batched(samples), {0, layer_end}).back();
 }
 
+void StageExecutor::check_feed_inputs(const Batch& b, std::int64_t minibatch) const {
+  // The model's input stage checks what a feed of the caller's gives it: a feed of another
+  // model's samples would otherwise fail deep inside a layer.
+  if (m_my_stages.front() == 0 && b.inputs.defined())
+    PIPELINE_CHECK_AS(
+        ConfigError,
+        b.inputs.dtype() == m_input_dtype && b.inputs.shape() == m_sample_shape.batched(b.size()),
+        "the feed's minibatch {} has inputs of {} {}, but the model takes samples "
+        "of {} {} (the executor's sample shape and input dtype): feed it the "
+        "data of the model it trains",
+        minibatch, b.inputs.shape().str(), dtype_name(b.inputs.dtype()), m_sample_shape.str(),
+        dtype_name(m_input_dtype));
+}
+
 Batch StageExecutor::microbatch_data(Run& run, int u) {
   const std::int64_t mb = run.eval ? u : run.minibatch_of(u);
+  if (!run.eval && run.feed->load_samples) {
+    // The microbatch's samples alone: the rest of the minibatch is not held meanwhile.
+    const std::int64_t n = run.feed->size(mb);
+    const int m = run.microbatches, i = run.micro_of(u);
+    const std::int64_t begin = i * (n / m) + std::min<std::int64_t>(i, n % m);
+    const std::int64_t end = begin + n / m + (i < n % m ? 1 : 0);
+    Batch b = run.feed->load_samples(mb, begin, end);
+    PIPELINE_CHECK(b.size() == end - begin,
+                   "the feed's samples [{}, {}) of minibatch {} came as {} samples", begin, end, mb,
+                   b.size());
+    check_feed_inputs(b, mb);
+    return {is_first_stage() ? b.inputs.to(m_options.device) : Tensor{},
+            is_last_stage() ? b.labels.to(m_options.device) : Tensor{}};
+  }
   if (mb != run.cached_minibatch) {
     PIPELINE_CHECK(static_cast<bool>(run.feed->load), "the feed has no load function");
+    // The last minibatch's views go first, so its storage is not held beside the next one's.
+    run.cached.clear();
     Batch b = run.feed->load(mb);
     PIPELINE_CHECK(b.size() == run.feed->size(mb),
                    "the feed's minibatch {} has {} samples but its size function says {}", mb,
                    b.size(), run.feed->size(mb));
-    // The model's input stage checks what a feed of the caller's gives it: a feed of another
-    // model's samples would otherwise fail deep inside a layer.
-    if (m_my_stages.front() == 0 && b.inputs.defined())
-      PIPELINE_CHECK_AS(
-          ConfigError,
-          b.inputs.dtype() == m_input_dtype && b.inputs.shape() == m_sample_shape.batched(b.size()),
-          "the feed's minibatch {} has inputs of {} {}, but the model takes samples "
-          "of {} {} (the executor's sample shape and input dtype): feed it the "
-          "data of the model it trains",
-          mb, b.inputs.shape().str(), dtype_name(b.inputs.dtype()), m_sample_shape.str(),
-          dtype_name(m_input_dtype));
+    check_feed_inputs(b, mb);
     // Only what this rank's stages use: the input stage the inputs, the output stage the labels
     // (a minibatch of inputs held by the last stage was as large as its activations).
     // m_my_stages ascends: the rank holds the input stage if its first is 0.

@@ -76,7 +76,8 @@ PY
 # The same model under schedules the plan was not made for, as pipeline-simulate predicts them
 # (profiled at the microbatch size): GPipe holds every microbatch of a minibatch, ZB-H1 the
 # output gradients its weight passes read. What the executor holds equals the simulation to the
-# byte on the last stage (the input stage holds its data and an output until it is sent besides);
+# byte on the last stage (the input stage holds an output until it is sent besides: the working
+# memory's unfinished send; its data are its microbatches' in flight, loaded one at a time);
 # the allocator's peak within 15% of the simulated peak (0.96-1.06 when measured). Given --profile,
 # the trainer reports the same simulated peak itself.
 "$profile" --model fashion-cnn --batch 16 --threads 1 --repeat 2 -o "$work/cnn16.json" > /dev/null
@@ -98,7 +99,6 @@ schedule = sys.argv[1]
 sim = {r["rank"]: r for r in json.load(open(sys.argv[2]))["per_rank"]}
 memory = {r["memory_rank"]: r for r in map(json.loads, open(sys.argv[3])) if "memory_rank" in r}
 output = json.load(open(sys.argv[4]))["layers"][3]["output_bytes"]  # conv2's, per microbatch
-data = 64 * 28 * 28 * 4  # a minibatch of images
 assert sorted(memory) == [0, 1], memory
 for rank, r in sorted(memory.items()):
     s = sim[rank]
@@ -112,6 +112,6 @@ for rank, r in sorted(memory.items()):
     if rank == 1:
         assert abs(r["measured_peak_bytes"] - held) <= 0.001 * held, (r, s)
     else:
-        assert held <= r["measured_peak_bytes"] <= held + output + data, (r, s)
+        assert held <= r["measured_peak_bytes"] <= held + output, (r, s)
 PY
 done

@@ -28,7 +28,24 @@ class SyntheticMinibatches {
 
   const SyntheticDataset& dataset() const { return *m_data; }
 
+  // Samples [begin, end) of minibatch j.
+  Batch part(std::int64_t j, std::int64_t begin, std::int64_t end) const {
+    std::vector<std::int64_t> idx(static_cast<std::size_t>(end - begin));
+    std::iota(idx.begin(), idx.end(), j * m_batch + begin);
+    return m_data->get(idx);
+  }
+
+  // As the example trainers' feeds: each microbatch loaded alone (MinibatchFeed::load_samples).
   MinibatchFeed feed() const {
+    MinibatchFeed f = whole_minibatch_feed();
+    const SyntheticMinibatches self = *this;
+    f.load_samples = [self](std::int64_t j, std::int64_t begin, std::int64_t end) {
+      return self.part(j, begin, end);
+    };
+    return f;
+  }
+  // A feed that loads only whole minibatches (no load_samples).
+  MinibatchFeed whole_minibatch_feed() const {
     const SyntheticMinibatches self = *this;
     const std::int64_t batch = m_batch;
     return {[self](std::int64_t j) { return self(j); }, [batch](std::int64_t) { return batch; }};

@@ -112,7 +112,7 @@ void run_pipeline(const Sequential& model, const PipelineLayout& layout, const S
 void train_changing_minibatch_1(const Sequential& model, void (*change)(Batch&), float clip = 0.f) {
   PipelineLayout layout{{{0, 3}, {3, 6}}, {{0}, {1}}};
   Schedule s = generate_schedule("gpipe", ScheduleSpec::straight(2, 1, 2));
-  MinibatchFeed changed = feed();
+  MinibatchFeed changed = minibatch.whole_minibatch_feed();
   changed.load = [change](std::int64_t j) {
     Batch b = minibatch(j);
     if (j == 1) change(b);
@@ -517,7 +517,7 @@ TEST_CASE("bad input: layouts, plans and schedules that cannot run fail on every
     LocalHub hub(3);
     PipelineLayout layout{{{0, 2}, {2, 4}, {4, 6}}, {{0}, {1}, {2}}};
     Schedule s = generate_schedule("1f1b-flush", ScheduleSpec::straight(3, 4, 2));
-    MinibatchFeed broken = feed();
+    MinibatchFeed broken = minibatch.whole_minibatch_feed();
     broken.load = [](std::int64_t j) -> Batch {
       if (j == 1) throw IoError("minibatch 1 is unreadable");
       return minibatch(j);
@@ -561,6 +561,43 @@ TEST_CASE("bad input: layouts, plans and schedules that cannot run fail on every
                                clip),
                            doctest::Contains("became inf at step 2: lower the"), Error);
     }
+  }
+}
+
+TEST_CASE("a feed that loads each microbatch alone trains the same bits, holding less input") {
+  // Under 1F1B-flush the input stage has fewer of a minibatch's microbatches in flight than it
+  // has: a whole-minibatch feed keeps all their inputs alive meanwhile (one storage).
+  set_num_threads(1);
+  const Sequential model = small_model();
+  for (const LayoutCase& c : kLayouts) {
+    const PipelineLayout layout{c.stages, c.ranks};
+    CAPTURE(layout.num_stages());
+    ScheduleSpec spec;
+    spec.stage_ranks = layout.stage_ranks;
+    spec.microbatches = 6;  // of 2, 2, 1, 1, 1 and 1 samples
+    spec.minibatches = 3;
+    const Schedule s = generate_schedule("1f1b-flush", spec);
+    std::vector<std::vector<ModelParams>> params;
+    std::vector<std::int64_t> input_stage_held;
+    for (const MinibatchFeed& f : {minibatch.whole_minibatch_feed(), feed()}) {
+      std::mutex m;
+      std::vector<ModelParams> got(static_cast<std::size_t>(layout.num_ranks()));
+      std::int64_t held = 0;
+      run_local(layout.num_ranks(), [&](Communicator& comm) {
+        StageExecutor ex(model, Shape{kFeatures}, DType::Float32, layout, comm, make_sgd(),
+                         {.seed = kSeed});
+        const TrainResult r = ex.train(s, f, 0, [](std::int64_t) { return kLr; });
+        std::lock_guard<std::mutex> lock(m);
+        got[static_cast<std::size_t>(comm.rank())] = ex.params();
+        if (comm.rank() == 0) held = r.peak_memory.activation_bytes;
+      });
+      params.push_back(std::move(got));
+      input_stage_held.push_back(held);
+    }
+    for (std::size_t r = 0; r < params[0].size(); ++r)
+      CHECK(max_rel_diff(params[1][r], params[0][r], {0, static_cast<int>(params[0][r].size())}) ==
+            0.0);
+    CHECK(input_stage_held[1] < input_stage_held[0]);
   }
 }
 

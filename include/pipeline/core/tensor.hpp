@@ -41,7 +41,8 @@ class Tensor {
     t.m_shape = std::move(shape);
     t.m_dtype = dtype;
     t.m_device = device;
-    t.m_storage = allocate_bytes(static_cast<std::size_t>(t.m_shape.numel()) * dtype_size(dtype), device);
+    t.m_storage_bytes = static_cast<std::size_t>(t.m_shape.numel()) * dtype_size(dtype);
+    t.m_storage = allocate_bytes(t.m_storage_bytes, device);
     return t;
   }
   static Tensor zeros(Shape shape, DType dtype = DType::Float32, Device device = Device::cpu()) {
@@ -181,10 +182,11 @@ class Tensor {
 
   // True when both tensors view the same bytes (used to detect in-place aliasing).
   bool same_storage(const Tensor& o) const { return m_storage == o.m_storage; }
-  // The allocation this tensor views (null when undefined) and where its bytes end in it: what a
-  // memory count needs to count storage shared by several views once.
+  // The allocation this tensor views (null when undefined), where its bytes end in it, and its
+  // size: what a memory count needs to count storage shared by several views once.
   const void* storage_id() const { return m_storage.get(); }
   std::size_t storage_end() const { return m_offset + nbytes(); }
+  std::size_t storage_bytes() const { return m_storage_bytes; }
 
  private:
   template <typename T>
@@ -205,6 +207,7 @@ class Tensor {
   }
 
   std::shared_ptr<std::byte> m_storage;
+  std::size_t m_storage_bytes = 0;
   std::size_t m_offset = 0;
   Shape m_shape;
   DType m_dtype = DType::Float32;

@@ -122,6 +122,10 @@ class DataLoader {
     Iterator end() const { return {this, m_loader->num_batches()}; }
     std::int64_t size() const { return m_loader->num_batches(); }
     const std::vector<std::int64_t>& indices() const { return m_indices; }
+    // Samples [begin, end) of batch b alone: the samples of *Iterator(this, b) from begin on.
+    Batch part(std::int64_t b, std::int64_t begin, std::int64_t end) const {
+      return m_loader->batch_from(m_indices, b, begin, end);
+    }
 
    private:
     friend class DataLoader;
@@ -134,12 +138,21 @@ class DataLoader {
   Epoch epoch(std::int64_t e) const { return Epoch(this, epoch_indices(e)); }
 
  private:
-  Batch batch_from(const std::vector<std::int64_t>& indices, std::int64_t b) const {
+  // Batch b, or its samples [part_begin, part_end) where part_end >= 0.
+  Batch batch_from(const std::vector<std::int64_t>& indices, std::int64_t b,
+                   std::int64_t part_begin = 0, std::int64_t part_end = -1) const {
     PIPELINE_CHECK(b >= 0 && b < num_batches(), "batch {} out of range: the epoch has {} batches",
                    b, num_batches());
-    const std::int64_t begin = b * m_options.batch_size;
-    const std::int64_t end = std::min<std::int64_t>(begin + m_options.batch_size,
-                                                    static_cast<std::int64_t>(indices.size()));
+    std::int64_t begin = b * m_options.batch_size;
+    std::int64_t end = std::min<std::int64_t>(begin + m_options.batch_size,
+                                              static_cast<std::int64_t>(indices.size()));
+    if (part_end >= 0) {
+      PIPELINE_CHECK(0 <= part_begin && part_begin < part_end && part_end <= end - begin,
+                     "samples [{}, {}) of batch {} out of range: it has {}", part_begin, part_end,
+                     b, end - begin);
+      end = begin + part_end;
+      begin += part_begin;
+    }
     return m_dataset->get(std::span<const std::int64_t>(indices.data() + begin,
                                                         static_cast<std::size_t>(end - begin)));
   }

@@ -119,6 +119,12 @@ struct MinibatchFeed {
   std::function<Batch(std::int64_t minibatch)> load;
   // Samples in a minibatch; called on every rank (receive buffers are sized from it).
   std::function<std::int64_t(std::int64_t minibatch)> size;
+  // Optional: samples [begin, end) of a minibatch alone, those load(minibatch) holds there, asked
+  // for at each microbatch's forward (minibatches in order, a microbatch possibly twice on a rank
+  // that runs the first and the last stage). Given it, the input stage holds the inputs of its
+  // microbatches in flight, as the memory models charge them; without it, the whole minibatch
+  // loaded at its first microbatch (under a flush schedule of M microbatches, M of them).
+  std::function<Batch(std::int64_t minibatch, std::int64_t begin, std::int64_t end)> load_samples;
 };
 
 struct ExecutorOptions {
@@ -333,6 +339,7 @@ class StageExecutor {
   Tensor take_received(Run& run, std::size_t index);
   Shape activation_shape(std::int64_t samples, int layer_end) const;
   Batch microbatch_data(Run& run, int u);
+  void check_feed_inputs(const Batch& b, std::int64_t minibatch) const;
   std::int64_t minibatch_of(const Run& run, const Action& a) const;
   void recompute_forward(MicrobatchContext& c);
   StageMemory measure(const Run* run) const;
