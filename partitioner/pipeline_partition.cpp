@@ -125,8 +125,10 @@ void print_table(const pipeline::Plan& plan, const pipeline::DeviceProfiles& pro
                p.time_per_minibatch_s > 0
                    ? p.data_parallel_time_per_minibatch_s / p.time_per_minibatch_s
                    : 0.0);
-  else
+  else if (topo.typed())
     fmt::print("data parallel      none: no worker type holds the whole model in its memory\n");
+  else
+    fmt::print("data parallel      none: a worker's memory does not hold the whole model\n");
   if (simulated)
     fmt::print("bubble fraction    {:.4f} ({} schedule, simulated)\n", p.bubble_fraction,
                plan.schedule);

@@ -2095,12 +2095,44 @@ std::optional<Plan> partition_impl(const Profile& measured, const Topology& topo
 
 }  // namespace
 
+namespace {
+
+// Whether the whole model, replicated on every worker under 1F1B-stash (one minibatch in flight,
+// no recomputation), fits the topology's memory: the data-parallel baseline a plan is compared
+// with exists only then.
+bool data_parallel_fits(const Profile& profile, const Topology& topology,
+                        const PartitionOptions& options) {
+  if (!topology.memory_bytes_per_worker) return true;
+  PartitionOptions whole = options;
+  whole.schedule = "1f1b-stash";
+  whole.virtual_stages = 1;
+  whole.recompute = Recompute::None;
+  try {
+    evaluate_stages(profile, topology, {{0, profile.size(), topology.workers()}}, whole);
+    return true;
+  } catch (const ConfigError&) {
+    return false;  // it needs more than a worker has
+  }
+}
+
+// partition_impl with the data-parallel baseline left out (0) where it does not fit.
+std::optional<Plan> partition_with_baseline(const Profile& profile, const Topology& topology,
+                                            const PartitionOptions& options, bool explain) {
+  std::optional<Plan> plan = partition_impl(profile, topology, options, explain);
+  if (plan && plan->predicted.data_parallel_time_per_minibatch_s > 0 &&
+      !data_parallel_fits(profile, topology, options))
+    plan->predicted.data_parallel_time_per_minibatch_s = 0;
+  return plan;
+}
+
+}  // namespace
+
 Plan partition(const Profile& profile, const Topology& topology, const PartitionOptions& options) {
-  return *partition_impl(profile, topology, options, true);
+  return *partition_with_baseline(profile, topology, options, true);
 }
 
 std::optional<Plan> try_partition(const Profile& profile, const Topology& topology, const PartitionOptions& options) {
-  return partition_impl(profile, topology, options, false);
+  return partition_with_baseline(profile, topology, options, false);
 }
 
 Recompute parse_recompute(std::string_view text) {

@@ -618,6 +618,27 @@ TEST_CASE("replicated plans hold the minibatches their schedule needs, where mem
   }
 }
 
+TEST_CASE("the data-parallel baseline exists only where the whole model fits a worker") {
+  // Large weights: a worker that holds a third of them holds a pipeline stage, not the model.
+  const Profile p = testing::uniform_profile(6, 0.001, 0.002, 100, 1000000);
+  const Topology roomy{{{3, 1e9}}, {}};
+  const Plan whole = evaluate_stages(p, roomy, parse_manual_stages("0:6x3"));
+  const double need = whole.stages[0].memory_bytes;
+  const double baseline = data_parallel_time(p, roomy);
+  CHECK(partition(p, roomy).predicted.data_parallel_time_per_minibatch_s == baseline);
+  CHECK(partition(p, Topology{{{3, 1e9}}, need}).predicted.data_parallel_time_per_minibatch_s ==
+        baseline);
+  for (const std::string schedule : {"1f1b-stash", "1f1b-flush"}) {
+    CAPTURE(schedule);
+    PartitionOptions o;
+    o.schedule = schedule;
+    const std::optional<Plan> tight = try_partition(p, Topology{{{3, 1e9}}, need - 1}, o);
+    REQUIRE(tight.has_value());  // a pipeline fits
+    CHECK(tight->stages.size() > 1);
+    CHECK(tight->predicted.data_parallel_time_per_minibatch_s == 0);
+  }
+}
+
 TEST_CASE("plans that leave workers idle hold the minibatches of the ranks they use") {
   // Manual stages on 3 of 8 workers (1-2): the counts of a 3-rank job, not of 8 workers; the
   // plan keeps the topology's workers and runs as a job of its 3 ranks.
