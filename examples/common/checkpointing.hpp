@@ -268,6 +268,7 @@ inline RunProgress train_single(
   using Clock = std::chrono::steady_clock;
   const std::int64_t per_epoch = loader.num_batches();
   warn_if_nothing_to_train(start, total);
+  trainer.continue_from(start);  // the resumed run's dropout masks
   RunProgress p{start};
   auto checkpoint = [&] {
     checkpoints->save(p.position, model, trainer.params(), trainer.optimizer());

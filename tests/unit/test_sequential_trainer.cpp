@@ -1,4 +1,8 @@
+#include <pipeline/data/loader.hpp>
 #include <pipeline/data/synthetic.hpp>
+#include <pipeline/nn/layers/activation.hpp>
+#include <pipeline/nn/layers/dropout.hpp>
+#include <pipeline/nn/layers/linear.hpp>
 #include <pipeline/nn/zoo.hpp>
 #include <pipeline/optim/sgd.hpp>
 #include <pipeline/runtime/sequential_trainer.hpp>
@@ -47,6 +51,36 @@ TEST_CASE("k accumulated microbatches give the gradients of one batch of k times
     // Only the summation order differs: float rounding, ~1e-7 relative per element.
     CHECK(std::sqrt(err / ref) < 1e-5);
     CHECK(lossk == doctest::Approx(loss1).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("a run continued from its step draws the dropout masks of the run it continues") {
+  Sequential m("dropout-mlp");
+  m.emplace<Linear>("fc1", 12, 16);
+  m.emplace<ReLU>("relu");
+  m.emplace<Dropout>("drop", 0.5f);
+  m.emplace<Linear>("fc2", 16, 5);
+  SyntheticDataset data(Shape{12}, 5, 64, 3);
+  DataLoader loader(data, {.batch_size = 8, .seed = 2});
+  const DataLoader::Epoch epoch = loader.epoch(0);
+  std::vector<Batch> batches;
+  for (const Batch& b : epoch) batches.push_back(b);
+  // Plain SGD keeps no state: the parameters alone carry the run on.
+  SequentialTrainer whole(m, m.init(5), std::make_unique<Sgd>(), 5);
+  std::vector<double> want;
+  for (const Batch& b : batches) want.push_back(whole.step(b, 0.1f).loss);
+  SequentialTrainer first(m, m.init(5), std::make_unique<Sgd>(), 5);
+  for (int j = 0; j < 3; ++j) first.step(batches[static_cast<std::size_t>(j)], 0.1f);
+  for (const bool continued : {false, true}) {
+    CAPTURE(continued);
+    ModelParams params;
+    for (const LayerParams& l : first.params()) params.push_back(l.clone());
+    SequentialTrainer second(m, std::move(params), std::make_unique<Sgd>(), 5);
+    if (continued) second.continue_from(3);
+    bool equal = true;
+    for (std::size_t j = 3; j < batches.size(); ++j)
+      equal = equal && second.step(batches[j], 0.1f).loss == want[j];
+    CHECK(equal == continued);
   }
 }
 

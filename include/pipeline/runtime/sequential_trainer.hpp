@@ -62,6 +62,13 @@ class SequentialTrainer {
   ModelGrads& grads() { return m_grads; }
   Optimizer& optimizer() { return *m_optimizer; }
   std::int64_t steps_done() const { return m_step; }
+  // Continue a run at its step `steps` (a resumed checkpoint's): the dropout masks of the steps
+  // that follow are those of the run that wrote it (microbatch_seed keys them by the step).
+  void continue_from(std::int64_t steps) {
+    PIPELINE_CHECK_AS(ConfigError, steps >= 0, "a run continues from step {}: it must be >= 0",
+                      steps);
+    m_step = steps;
+  }
 
   // Forward and backward of every microbatch, accumulating gradients; no update.
   StepResult accumulate(const Batch& batch, int microbatches = 1) {
