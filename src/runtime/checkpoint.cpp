@@ -671,6 +671,15 @@ std::string Checkpointer::finish() {
 // --- reading -----------------------------------------------------------------------------------
 
 std::optional<Checkpoint> find_latest_checkpoint(const std::string& dir) {
+  // One checkpoint given for the directory of them: it holds no step directories, so the run
+  // would start from step 0 and write its own checkpoints inside the old one.
+  std::error_code ec;
+  std::filesystem::path given = std::filesystem::path(dir).lexically_normal();
+  if (!given.has_filename()) given = given.parent_path();  // "DIR/"
+  PIPELINE_CHECK_AS(ConfigError, !std::filesystem::exists(given / "manifest.json", ec),
+                    "'{}' is one checkpoint, not a directory of them: give the directory that "
+                    "holds its step-<n> directories ('{}'); the newest complete one is resumed",
+                    dir, given.parent_path().string());
   for (const auto& d : step_dirs(dir)) {
     if (!d.complete) {
       log_warn("skipping checkpoint '{}': it has no manifest (its write was interrupted)",

@@ -219,6 +219,15 @@ TEST_CASE("checkpoint: keep the newest K, skip and delete interrupted writes") {
   Checkpointer w({dir.path.string(), 0, 2}, info_for(t), CheckpointRole::single(t.zoo.model), nullptr);
   CHECK_FALSE(fs::exists(partial));
   CHECK_FALSE(find_latest_checkpoint((dir.path / "nothing-here").string()).has_value());
+  // One checkpoint's directory given for the directory of them: refused, naming the parent.
+  const std::string expected = fmt::format(
+      "is one checkpoint, not a directory of them: give the directory that holds its step-<n> "
+      "directories ('{}')",
+      dir.path.string());
+  for (const std::string suffix : {"", "/"})
+    CHECK_THROWS_WITH_AS(
+        find_latest_checkpoint((dir.path / checkpoint_dir_name(4)).string() + suffix),
+        doctest::Contains(expected.c_str()), ConfigError);
 }
 
 TEST_CASE("checkpoint: corrupt shards and manifests are rejected, naming the file and tensor") {
