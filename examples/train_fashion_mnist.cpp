@@ -246,10 +246,12 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
     if (reporter) progress.finish();
     StageExecutor::Eval e = ex.evaluate(test_feed, test_loader.num_batches());
     accuracy = e.accuracy;
-    metrics.write({{"epoch", epoch + 1},
-                   {"test_accuracy", e.accuracy},
-                   {"test_loss", e.loss},
-                   {"samples_per_s", static_cast<double>(r.count) / std::max(r.seconds, 1e-9)}});
+    // (A run resumed at its end trains nothing: the records of the run it continues stand.)
+    if (r.count > 0)
+      metrics.write({{"epoch", epoch + 1},
+                     {"test_accuracy", e.accuracy},
+                     {"test_loss", e.loss},
+                     {"samples_per_s", static_cast<double>(r.count) / std::max(r.seconds, 1e-9)}});
     if (reporter)
       fmt::print("epoch {}: test loss {:.4f} test accuracy {:.4f}\n", epoch + 1, e.loss,
                  e.accuracy);
@@ -276,8 +278,9 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
       log_info("saved the parameters of all {} stages to {}", layout.num_stages(), o.save);
   }
   if (schedule) examples::write_trace_if_asked(o.pipeline, comm, ex, *schedule);
-  examples::report_peak_memory(ex, comm, plan, o.pipeline, profile, schedule, o.batch, metrics,
-                               reporter);
+  if (done.trained > 0)  // (same on every rank)
+    examples::report_peak_memory(ex, comm, plan, o.pipeline, profile, schedule, o.batch, metrics,
+                                 reporter);
   comm.barrier();
   if (reporter) fmt::print("test accuracy: {:.4f}\n", accuracy);
   return 0;

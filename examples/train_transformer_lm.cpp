@@ -146,7 +146,8 @@ int run_single(const Options& o) {
            static_cast<double>((done.position - start) * o.batch) / s);
   examples::report_checkpoints(checkpoints.get(), done);
   EvalResult e = trainer.evaluate(valid, 64);
-  metrics.write({{"validation_loss", e.loss}, {"perplexity", std::exp(e.loss)}});
+  if (done.position > start)  // (a run resumed at its end: the records it continues stand)
+    metrics.write({{"validation_loss", e.loss}, {"perplexity", std::exp(e.loss)}});
   report(e.loss);
   return 0;
 }
@@ -233,10 +234,13 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   examples::report_checkpoints(checkpoints.get(), done);
   const DataLoader vloader(valid, {.batch_size = 64, .shuffle = false});
   StageExecutor::Eval e = ex.evaluate(examples::evaluation_feed(vloader), vloader.num_batches());
-  metrics.write({{"validation_loss", e.loss}, {"perplexity", std::exp(e.loss)}});
+  // (A run resumed at its end trains nothing: the records of the run it continues stand.)
+  if (done.trained > 0)
+    metrics.write({{"validation_loss", e.loss}, {"perplexity", std::exp(e.loss)}});
   if (schedule) examples::write_trace_if_asked(o.pipeline, comm, ex, *schedule);
-  examples::report_peak_memory(ex, comm, plan, o.pipeline, profile, schedule, o.batch, metrics,
-                               ex.is_loss_rank());
+  if (done.trained > 0)  // (same on every rank)
+    examples::report_peak_memory(ex, comm, plan, o.pipeline, profile, schedule, o.batch, metrics,
+                                 ex.is_loss_rank());
   comm.barrier();
   if (ex.is_loss_rank()) report(e.loss);
   return 0;

@@ -407,8 +407,12 @@ run_finished() {
     local manifest=$work/$job/step-000000006/manifest.json
     touch -d '2000-01-01' "$manifest"
     for steps in 6 4; do
-      "${cmd[@]}" "${common[@]}" --steps $steps --resume "$work/$job" > "$work/$job.again.log" 2>&1 ||
+      rm -f "$work/$job.again.jsonl"
+      "${cmd[@]}" "${common[@]}" --steps $steps --resume "$work/$job" \
+        --metrics "$work/$job.again.jsonl" > "$work/$job.again.log" 2>&1 ||
         { cat "$work/$job.again.log"; fail "the $job restart (--steps $steps) failed"; }
+      [[ ! -s "$work/$job.again.jsonl" ]] ||
+        { cat "$work/$job.again.jsonl"; fail "the $job restart (--steps $steps) wrote metrics records of a run that trained nothing"; }
       grep -q "resumed at step 6, .* the $steps steps this run asks for .*nothing to train" "$work/$job.again.log" ||
         { cat "$work/$job.again.log"; fail "the $job restart (--steps $steps) did not say it trains nothing"; }
       [[ $(grep "test accuracy:" "$work/$job.again.log") == $(grep "test accuracy:" "$work/$job.log") ]] ||
@@ -417,7 +421,7 @@ run_finished() {
         fail "the $job restart (--steps $steps) rewrote the checkpoint it resumed from"
     done
   done
-  echo "a finished job started again (single-process and 2 ranks): trains nothing, says so, scores the same, leaves its checkpoint"
+  echo "a finished job started again (single-process and 2 ranks): trains nothing, says so, scores the same, leaves its checkpoint and writes no metrics records"
 }
 
 case $case_name in
