@@ -266,7 +266,7 @@ endif()
 # (support/checkpoint_scenarios.sh).
 foreach(_case bitwise-sequential bitwise-gpipe bitwise-1f1b-flush stash replan sigkill
         interrupted refused finished replicated sigterm sigterm-stash sigterm-rank1 interleaved
-        sigterm-interleaved)
+        sigterm-interleaved schedule-csv)
   add_test(NAME example.checkpoint.${_case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/checkpoint_scenarios.sh ${_case} ${_train}
                    ${_plans} ${_mpirun})

@@ -391,8 +391,12 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
   // stops and resumes (which fall between steps) meet at the same minibatch on every stage. Up
   // to g - 1 minibatches at an epoch's start and end that make no whole group are skipped, and
   // so are those before the first group of a run resumed in the middle of one.
-  const int g = minibatch_granularity(req.name, *loop.layout);
-  PIPELINE_CHECK_AS(ConfigError, loop.per_epoch >= g,
+  // A hand-written schedule has its own length: the run proceeds in whole copies of it, which
+  // is its granularity whatever the plan's schedule would take.
+  if (!req.csv.empty()) last_schedule = make_schedule(req, *loop.layout, 0);
+  const int g = req.csv.empty() ? minibatch_granularity(req.name, *loop.layout)
+                                : static_cast<int>(last_schedule->minibatches);
+  PIPELINE_CHECK_AS(ConfigError, !req.csv.empty() || loop.per_epoch >= g,
                     "an epoch of {} minibatches cannot be dealt to the stage replicas of this plan "
                     "(they take minibatches in groups of {}): use a smaller --batch",
                     loop.per_epoch, g);
@@ -409,7 +413,7 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
       x = epoch_begin_of(q) + loop.per_epoch;
     }
   };
-  if (loop.per_epoch % g != 0 && last > epoch_stop(start) && comm.rank() == 0)
+  if (req.csv.empty() && loop.per_epoch % g != 0 && last > epoch_stop(start) && comm.rank() == 0)
     log_warn(
         "this plan's stage replicas take minibatches in groups of {} from multiples of {}, and "
         "an epoch of {} is not a multiple of {}: the minibatches at an epoch's start or end that "
@@ -417,10 +421,28 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
         "multiple of {} trains them all)",
         g, g, loop.per_epoch, g, g - 1, g);
   Checkpointer* ckpt = loop.checkpoints;
-  PIPELINE_CHECK_AS(ConfigError, !ckpt || ckpt->options().every % g == 0,
-                    "--checkpoint-every {} must be a multiple of {} for this plan (its stage "
-                    "replicas take minibatches in groups of {})",
-                    ckpt ? ckpt->options().every : 0, g, g);
+  PIPELINE_CHECK_AS(
+      ConfigError, !ckpt || ckpt->options().every % g == 0,
+      "--checkpoint-every {} must be a multiple of {} for {}", ckpt ? ckpt->options().every : 0, g,
+      req.csv.empty() ? fmt::format("this plan (its stage replicas take minibatches in groups "
+                                    "of {})",
+                                    g)
+                      : fmt::format("the schedule '{}' (the run trains whole copies of its {} "
+                                    "minibatch(es))",
+                                    req.csv, g));
+  if (!req.csv.empty() && comm.rank() == 0 && loop.total > start) {
+    if (start % g != 0)
+      log_warn(
+          "resumed at step {}, which is not a multiple of the {} minibatch(es) of the schedule "
+          "'{}': its copies, and so its checkpoints, fall at other steps than the run's that "
+          "wrote the checkpoint",
+          start, g, req.csv);
+    if ((loop.total - start) % g != 0)
+      log_warn(
+          "training {} of the {} steps asked for: the schedule '{}' trains whole copies of its "
+          "{} minibatch(es)",
+          (loop.total - start) / g * g, loop.total - start, req.csv, g);
+  }
 
   RunProgress p{start};
   TrainResult epoch_result;  // the segments of the epoch in progress, summed
@@ -473,8 +495,6 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
     const std::int64_t epoch_begin = epoch_begin_of(p.position);
     std::int64_t n = std::min(last, epoch_stop(p.position)) - p.position;
     if (!req.csv.empty()) {
-      // A hand-written schedule has its own length: the run proceeds in whole copies of it.
-      if (!last_schedule) last_schedule = make_schedule(req, *loop.layout, 0);
       n = last_schedule->minibatches;
       if (p.position + n > loop.total) break;
     } else {
@@ -533,7 +553,10 @@ inline RunProgress train_pipelined(StageExecutor& ex, Communicator& comm, const 
       p.trained += n;
       p.position = end;
       // (An epoch the run leaves part of is done too: its model is evaluated.)
-      const bool epoch_done = p.position == epoch_stop(epoch_begin) || run_ends_at(p.position);
+      // (Copies of a hand-written schedule may end past an epoch's end.)
+      const bool epoch_done = p.position == epoch_stop(epoch_begin) ||
+                              (!req.csv.empty() && p.position >= epoch_begin + loop.per_epoch) ||
+                              run_ends_at(p.position);
       if (epoch_done) {
         if (loop.on_epoch_end) loop.on_epoch_end(epoch_begin / loop.per_epoch, epoch_result);
         epoch_result = TrainResult{};

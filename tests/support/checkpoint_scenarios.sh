@@ -35,6 +35,9 @@
 #                       second epoch too, each complete, and the last resumes; a single process's
 #                       checkpoint of step 15 resumed on it continues at 16, and a job restarted
 #                       with one step left that makes no pair ends as finished
+#   schedule-csv        a hand-written schedule of 2 minibatches a copy (flush_2x2.csv): a
+#                       checkpoint cadence that is no multiple of it is refused naming it; --steps
+#                       41 trains 40, says so, and checkpoints at multiples of 2 and at 40
 #   refused             resuming with another seed, batch, optimizer or model, from a corrupt
 #                       shard, or from a file, fails with the problem and the fix named; with
 #                       TRAIN_TRANSFORMER_LM set (its binary), also another --heads; resuming
@@ -424,7 +427,23 @@ run_finished() {
   echo "a finished job started again (single-process and 2 ranks): trains nothing, says so, scores the same, leaves its checkpoint and writes no metrics records"
 }
 
+run_schedule_csv() {
+  local cmd=("${mpirun[@]}" 2 "$train" --plan "$plans/mlp_2.json" --schedule-csv "$plans/flush_2x2.csv")
+  if "${cmd[@]}" "${common[@]}" --steps 41 --checkpoint-dir "$work/a" --checkpoint-every 5 > "$work/a.log" 2>&1; then
+    cat "$work/a.log"; fail "a checkpoint cadence of 5 under a 2-minibatch schedule was accepted"
+  fi
+  grep -q -- "--checkpoint-every 5 must be a multiple of 2 for the schedule '.*flush_2x2.csv'" "$work/a.log" ||
+    { cat "$work/a.log"; fail "the refused cadence did not name the schedule's length"; }
+  "${cmd[@]}" "${common[@]}" --steps 41 --checkpoint-dir "$work/b" --checkpoint-every 10 > "$work/b.log" 2>&1 ||
+    { cat "$work/b.log"; fail "the run of 41 steps failed"; }
+  grep -q "training 40 of the 41 steps asked for: the schedule '.*flush_2x2.csv' trains whole copies of its 2 minibatch(es)" "$work/b.log" ||
+    { cat "$work/b.log"; fail "the run of 41 steps did not say it trains 40"; }
+  [[ -f $work/b/step-000000040/manifest.json ]] || { ls "$work/b"; fail "no checkpoint at step 40"; }
+  echo "a 2-minibatch schedule CSV: an odd cadence refused naming it; 41 steps train 40, said, checkpointed"
+}
+
 case $case_name in
+  schedule-csv) run_schedule_csv ;;
   bitwise-*) run_bitwise "${case_name#bitwise-}" ;;
   stash) run_bitwise 1f1b-stash ;;
   replan) run_replan ;;
