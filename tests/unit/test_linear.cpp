@@ -27,4 +27,14 @@ TEST_CASE("Linear parameters depend only on seed and name") {
   CHECK(pa.params[0].to_vector() != pc.params[0].to_vector());
 }
 
+TEST_CASE("parameters of another shape are refused naming the layer and the parameter") {
+  const Linear fc("fc1", 4, 3), wider("fc1", 4, 5);
+  LayerParams other = wider.init(1);
+  Saved saved;
+  CHECK_THROWS_WITH_AS(
+      fc.forward(other, Tensor::zeros(Shape{2, 4}), saved, {Mode::Train, 0}),
+      doctest::Contains("layer 'fc1' (Linear) expects its 'weight' of shape [3, 4], got [5, 4]"),
+      Error);
+}
+
 }  // namespace test_linear

@@ -197,9 +197,21 @@ class Layer {
     return t;
   }
   void check_params(const LayerParams& p) const {
-    PIPELINE_CHECK(p.params.size() == parameters().size() && p.buffers.size() == buffers().size(),
+    const std::vector<ParamSpec> specs = parameters(), buffer_specs = buffers();
+    PIPELINE_CHECK(p.params.size() == specs.size() && p.buffers.size() == buffer_specs.size(),
                    "layer '{}' ({}) expects {} parameters and {} buffers, got {} and {}", m_name,
-                   kind(), parameters().size(), buffers().size(), p.params.size(), p.buffers.size());
+                   kind(), specs.size(), buffer_specs.size(), p.params.size(), p.buffers.size());
+    // Parameters of another model (another width) would fail deep inside an op, unnamed.
+    const auto check_shapes = [&](const std::vector<ParamSpec>& want,
+                                  const std::vector<Tensor>& got) {
+      for (std::size_t i = 0; i < want.size(); ++i)
+        PIPELINE_CHECK(got[i].shape() == want[i].shape,
+                       "layer '{}' ({}) expects its '{}' of shape {}, got {}: parameters of "
+                       "another model, or of this one built with other sizes",
+                       m_name, kind(), want[i].name, want[i].shape, got[i].shape());
+    };
+    check_shapes(specs, p.params);
+    check_shapes(buffer_specs, p.buffers);
   }
 
   std::string m_name;

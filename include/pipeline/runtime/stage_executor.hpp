@@ -115,7 +115,9 @@ struct PipelineLayout {
 // Where the first and last stages get their data. Minibatch indices are global over the run.
 struct MinibatchFeed {
   // The whole minibatch (inputs and labels). Called only on ranks of the first and last stage,
-  // at most once per minibatch in order, so it may be backed by a DataLoader iterator.
+  // by each at most once per minibatch in order, so a rank's own feed may be backed by a
+  // DataLoader iterator. Ranks that are threads of one process (run_in_process) call a feed they
+  // share at once: keep it stateless, or give each rank its own.
   std::function<Batch(std::int64_t minibatch)> load;
   // Samples in a minibatch; called on every rank (receive buffers are sized from it).
   std::function<std::int64_t(std::int64_t minibatch)> size;
