@@ -791,7 +791,7 @@ void check_interleaved_request(const Profile& p, const Topology& t, const Partit
                     v);
   if (v == 1) return;
   PIPELINE_CHECK_AS(ConfigError, o.microbatches >= 0,
-                    "microbatches per minibatch must be positive, got {}", o.microbatches);
+                    "microbatches per minibatch: {} is not a count (0 takes the default)", o.microbatches);
   PIPELINE_CHECK_AS(ConfigError, o.placement == StagePlacement::V || o.microbatches % w == 0,
                     "interleaved-1f1b deals microbatches round-robin to its pipelines and takes "
                     "each pipeline's in groups of its ranks, so a minibatch's microbatches must "
@@ -1852,7 +1852,7 @@ Plan partition_flush(const Profile& measured, const Profile& charged, const Topo
                     "apply (give fewer workers instead)",
                     o.schedule);
   PIPELINE_CHECK_AS(ConfigError, o.microbatches >= 0,
-                    "microbatches per minibatch must be positive, got {}", o.microbatches);
+                    "microbatches per minibatch: {} is not a count (0 takes the default)", o.microbatches);
   const int w = t.workers();
   const int m = planned_microbatches(o, w);
   const StateGraph g = StateGraph::linear(measured);

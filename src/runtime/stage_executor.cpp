@@ -515,7 +515,17 @@ Shape StageExecutor::activation_shape(std::int64_t samples, int layer_end) const
   return m_model->shapes(m_sample_shape.batched(samples), {0, layer_end}).back();
 }
 
-void StageExecutor::check_feed_inputs(const Batch& b, std::int64_t minibatch) const {
+void StageExecutor::check_feed_batch(const Batch& b, std::int64_t minibatch) const {
+  // The output stage needs a label per sample: without them a flush schedule's microbatches
+  // came out of a batch of 0 samples, and too few failed inside the loss.
+  if (m_my_stages.back() == num_stages() - 1)
+    PIPELINE_CHECK_AS(ConfigError, b.labels.defined() && b.labels.dim(0) == b.size(),
+                      "the feed's minibatch {} has {} for {} samples: a training batch needs a "
+                      "label per sample",
+                      minibatch,
+                      b.labels.defined() ? fmt::format("labels of shape {}", b.labels.shape().str())
+                                         : std::string("no labels"),
+                      b.size());
   // The model's input stage checks what a feed of the caller's gives it: a feed of another
   // model's samples would otherwise fail deep inside a layer.
   if (m_my_stages.front() == 0 && b.inputs.defined())
@@ -541,7 +551,7 @@ Batch StageExecutor::microbatch_data(Run& run, int u) {
     PIPELINE_CHECK(b.size() == end - begin,
                    "the feed's samples [{}, {}) of minibatch {} came as {} samples", begin, end, mb,
                    b.size());
-    check_feed_inputs(b, mb);
+    check_feed_batch(b, mb);
     return {is_first_stage() ? b.inputs.to(m_options.device) : Tensor{},
             is_last_stage() ? b.labels.to(m_options.device) : Tensor{}};
   }
@@ -553,7 +563,7 @@ Batch StageExecutor::microbatch_data(Run& run, int u) {
     PIPELINE_CHECK(b.size() == run.feed->size(mb),
                    "the feed's minibatch {} has {} samples but its size function says {}", mb,
                    b.size(), run.feed->size(mb));
-    check_feed_inputs(b, mb);
+    check_feed_batch(b, mb);
     // Only what this rank's stages use: the input stage the inputs, the output stage the labels
     // (a minibatch of inputs held by the last stage was as large as its activations).
     // m_my_stages ascends: the rank holds the input stage if its first is 0.
@@ -697,7 +707,7 @@ void StageExecutor::do_forward(Run& run, const Action& a) {
   LossResult l = m_loss(y, data.labels, scale);
   PIPELINE_CHECK(std::isfinite(l.loss),
                  "loss became {} at step {} (its microbatch {}): lower the learning rate or "
-                 "enable gradient clipping (--clip-grad)",
+                 "enable gradient clipping (clip_norm; the trainers' --clip-grad)",
                  l.loss, mb + 1, run.micro_of(u));
   c.loss_grad = std::move(l.grad);
   MinibatchStats& st = run.stats[mb];
@@ -966,7 +976,7 @@ void StageExecutor::do_step(Run& run, const Action& a) {
         if (!std::isfinite(layer_ss[static_cast<std::size_t>(k)]))
           PIPELINE_FAIL(Error,
                         "gradient of layer '{}' (stage {}) became {} at step {}: lower the "
-                        "learning rate or enable gradient clipping (--clip-grad)",
+                        "learning rate or enable gradient clipping (clip_norm; the trainers' --clip-grad)",
                         m_model->layer(r.begin + k).name(), m_stage,
                         layer_ss[static_cast<std::size_t>(k)], step + 1);
     }

@@ -549,6 +549,15 @@ TEST_CASE("bad input: layouts, plans and schedules that cannot run fail on every
                                    }),
         doctest::Contains(expected.c_str()), ConfigError);
   }
+  SUBCASE("a feed without a label per sample says so") {
+    CHECK_THROWS_WITH_AS(
+        train_changing_minibatch_1(model, [](Batch& b) { b.labels = Tensor{}; }),
+        doctest::Contains("the feed's minibatch 1 has no labels for 8 samples"), ConfigError);
+    CHECK_THROWS_WITH_AS(
+        train_changing_minibatch_1(model, [](Batch& b) { b.labels = b.labels.slice(0, 6); }),
+        doctest::Contains("the feed's minibatch 1 has labels of shape [6] for 8 samples"),
+        ConfigError);
+  }
   SUBCASE("a gradient that overflows names its layer and the step") {
     // Inputs of 1e25 keep the loss finite, but the weight gradients' squares overflow a float.
     for (float clip : {0.f, 1.f}) {  // the norm in the update's pass, and before clipping

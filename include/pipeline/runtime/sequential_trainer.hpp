@@ -82,7 +82,7 @@ class SequentialTrainer {
       LossResult l = m_loss(logits, mb.labels, scale);
       PIPELINE_CHECK(std::isfinite(l.loss),
                      "loss became {} at step {} (its microbatch {}): lower the learning rate or "
-                     "enable gradient clipping (--clip-grad)",
+                     "enable gradient clipping (clip_norm; the trainers' --clip-grad)",
                      l.loss, m_step + 1, micro - 1);
       logits = Tensor{};  // the loss's gradient is all the backward needs of it
       m_model->backward(m_model->all(), m_params, std::move(saved), std::move(l.grad), m_grads,
@@ -113,7 +113,7 @@ class SequentialTrainer {
            [&](const Batch& b, Tensor& totals) { queue_step(b, lr, microbatches, totals); }});
       PIPELINE_CHECK(std::isfinite(r.loss),
                      "loss became {} at step {}: lower the learning rate or enable gradient "
-                     "clipping (--clip-grad)",
+                     "clipping (clip_norm; the trainers' --clip-grad)",
                      r.loss, m_step + 1);
       PIPELINE_CHECK(std::isfinite(r.grad_norm), "gradient norm became {} at step {}", r.grad_norm,
                      m_step + 1);
@@ -177,7 +177,7 @@ class SequentialTrainer {
       PIPELINE_CHECK(std::isfinite(r.grad_norm),
                      "gradient norm became {} at step {}: lower the learning rate{}", r.grad_norm,
                      m_step + 1,
-                     m_clip_norm > 0.f ? "" : " or enable gradient clipping (--clip-grad)");
+                     m_clip_norm > 0.f ? "" : " or enable gradient clipping (clip_norm; the trainers' --clip-grad)");
     };
     if (m_clip_norm > 0.f) {
       r.grad_norm = std::sqrt(sum_of_squares(grads));

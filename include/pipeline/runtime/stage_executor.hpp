@@ -341,7 +341,7 @@ class StageExecutor {
   Tensor take_received(Run& run, std::size_t index);
   Shape activation_shape(std::int64_t samples, int layer_end) const;
   Batch microbatch_data(Run& run, int u);
-  void check_feed_inputs(const Batch& b, std::int64_t minibatch) const;
+  void check_feed_batch(const Batch& b, std::int64_t minibatch) const;
   std::int64_t minibatch_of(const Run& run, const Action& a) const;
   void recompute_forward(MicrobatchContext& c);
   StageMemory measure(const Run* run) const;
