@@ -179,14 +179,16 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
         "rates, so no global gradient norm exists; use a flush schedule to clip",
         req.name);
   // Without replicas the norm is taken at each step, over every rank: each stage's step then waits
-  // for the first stage's backward of the same minibatch, which no prediction charges.
+  // for the first stage's backward of the same minibatch, which the plan's prediction leaves out
+  // and pipeline-simulate --clip-grad charges.
   if (examples::stashes(req) && !no_clip && o.clip_grad > 0 && layout.num_stages() > 1 &&
       comm.rank() == 0)
     log_info(
         "--clip-grad {} under {} sums the gradient norm over every stage at each step, so each "
         "stage's step waits for the first stage's backward of the same minibatch: the plan's "
-        "predicted rate leaves that wait out (--clip-grad 0 turns clipping off)",
-        o.clip_grad, req.name);
+        "predicted rate leaves that wait out, pipeline-simulate --clip-grad {} times it "
+        "(--clip-grad 0 turns clipping off)",
+        o.clip_grad, req.name, o.clip_grad);
   StageExecutor ex(
       zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
       examples::with_injected_slowdown(

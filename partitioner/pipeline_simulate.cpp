@@ -258,6 +258,12 @@ int run(int argc, char** argv) {
                  "cores than ranks (times the threads the profile was timed on), ranks computing "
                  "at once share them (default 0: a core each)")
       ->check(pipeline::examples::non_negative_number());
+  double clip_grad = 0;
+  app.add_option("--clip-grad", clip_grad,
+                 "the run clips gradients to this global norm (the trainers' --clip-grad; "
+                 "train_transformer_lm's default 1): every step first sums the norm over all "
+                 "ranks, so each rank's step waits for the last to reach its own (default 0: off)")
+      ->check(pipeline::examples::non_negative_number());
   bool rebalance = false;
   app.add_flag("--rebalance", rebalance,
                "deal replicated stages' microbatches by their ranks' speed under --slow-rank "
@@ -421,6 +427,7 @@ int run(int argc, char** argv) {
   opt.jitter_seed = seed;
   opt.cores = cores;
   opt.threads_per_rank = std::max(1, profile.threads);
+  opt.clip_by_global_norm = clip_grad > 0;
   if (dealt) {
     // Dealt by the ranks' speeds, or round-robin where the simulation finds that no slower.
     std::vector<double> seconds = opt.rank_slowdown;

@@ -95,6 +95,10 @@ struct RankState {
   bool done = false;
   bool queued = false;
   bool at_allreduce = false;  // arrived at the allreduce at pc, waiting for the others
+  // EngineCosts::global_norm_steps: the latest step number whose norm the rank has joined, and
+  // whether it waits at the step at pc for the others.
+  int norm_joined = -1;
+  bool at_norm = false;
   int wait_channel = -1;      // blocked on a receive from this inbox channel
   std::vector<Channel> inbox;
   // (sender, kind) -> inbox position, once the inbox outgrows a scan: a stage after one with
@@ -166,6 +170,13 @@ class Engine {
       const double slots = static_cast<double>(costs->shared_cores) /
                            static_cast<double>(std::max(1, costs->threads_per_rank));
       if (slots < static_cast<double>(s.ranks.size())) m_cores = slots;
+    }
+    m_steps.assign(s.ranks.size(), 0);
+    for (std::size_t r = 0; costs != nullptr && costs->global_norm_steps && r < s.ranks.size();
+         ++r) {
+      m_steps[r] = std::any_of(s.ranks[r].begin(), s.ranks[r].end(),
+                               [](const Action& a) { return a.kind == ActionKind::Step; });
+      m_norm_ranks += m_steps[r] ? 1 : 0;
     }
     m_replica.assign(s.ranks.size(), 0);
     for (int st = 0; st < s.num_stages(); ++st)
@@ -432,6 +443,22 @@ class Engine {
           computed(st);
           break;
         case ActionKind::Step:
+          if (!st.resumed && m_norm_ranks > 0 && a.microbatch > st.norm_joined) {
+            // The first of the rank's steps of this number: the world sum of the norm.
+            NormRound& n = norm_round(a.microbatch);
+            if (!st.at_norm) {
+              st.at_norm = true;
+              n.latest = std::max(n.latest, st.clock);
+              if (++n.joined == m_norm_ranks) {
+                for (std::size_t m = 0; m < m_ranks.size(); ++m)
+                  if (static_cast<int>(m) != r && m_ranks[m].at_norm) enqueue(static_cast<int>(m));
+              }
+            }
+            if (n.joined < m_norm_ranks) return;  // woken by the last to join
+            st.clock = std::max(st.clock, n.latest + m_costs->global_norm_s);
+            st.at_norm = false;
+            st.norm_joined = a.microbatch;
+          }
           if (!st.resumed && !compute(r, c ? c->step_s : 0)) return;
           ++slot(st, a.stage).version;
           account_memory(r);
@@ -692,6 +719,12 @@ class Engine {
     const RankState& st = m_ranks[r];
     const Action& a = m_s.ranks[r][st.pc];
     if (is_recv(a.kind)) return a.peer;
+    if (st.at_norm) {  // a rank that steps and has not joined this step's norm
+      for (std::size_t m = 0; m < m_ranks.size(); ++m)
+        if (m_steps[m] && !(m_ranks[m].at_norm || m_ranks[m].norm_joined >= a.microbatch))
+          return static_cast<int>(m);
+      return r;
+    }
     const Group& g = m_groups[static_cast<std::size_t>(a.stage)];
     const auto k = static_cast<std::size_t>(a.microbatch - g.first);
     const auto& members = m_s.stage_ranks[static_cast<std::size_t>(a.stage)];
@@ -735,8 +768,10 @@ class Engine {
           fmt::format("{}schedule cannot finish: {}, which has finished without {} ({} ranks "
                       "blocked) ({}:{})",
                       detail::rank_prefix(), msg,
-                      is_recv(a.kind) ? "sending it" : "reaching the allreduce", blocked, __FILE__,
-                      __LINE__),
+                      is_recv(a.kind)              ? "sending it"
+                      : a.kind == ActionKind::Step ? "reaching its step (the gradient norm's sum)"
+                                                   : "reaching the allreduce",
+                      blocked, __FILE__, __LINE__),
           path);
     }
     std::vector<int> cycle(path.begin() + seen[r], path.end());
@@ -754,6 +789,20 @@ class Engine {
   const EngineCosts* m_costs;
   bool m_trace;
   bool m_overlap = false;  // some stage reduces its gradients in buckets during its backward
+  // EngineCosts::global_norm_steps: the ranks that step (m_steps[r]) and how many; each step
+  // number's norm, by step number.
+  struct NormRound {
+    std::size_t joined = 0;
+    double latest = 0;  // the last rank's arrival
+  };
+  std::vector<char> m_steps;
+  std::size_t m_norm_ranks = 0;
+  std::vector<NormRound> m_norms;
+  NormRound& norm_round(int step) {
+    if (static_cast<std::size_t>(step) >= m_norms.size())
+      m_norms.resize(static_cast<std::size_t>(step) + 1);
+    return m_norms[static_cast<std::size_t>(step)];
+  }
   std::vector<RankState> m_ranks;
   double m_jitter_sigma = 0;
   std::vector<Group> m_groups;

@@ -78,6 +78,12 @@ struct EngineCosts {
   int threads_per_rank = 1;  // of the shared cores, what one computing rank takes
   double jitter_cv = 0;
   std::uint64_t jitter_seed = 0;
+  // Clipping by the whole model's gradient norm (SimulateOptions::clip_by_global_norm): a rank's
+  // first step of each step number sums the squared norm with every rank that steps (a blocking
+  // world allreduce, as the executor's), so it waits until all have reached theirs, and then
+  // `global_norm_s` more (the allreduce's latency).
+  bool global_norm_steps = false;
+  double global_norm_s = 0;
 };
 
 struct RankRecord {

@@ -362,6 +362,8 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
   costs.threads_per_rank = options.threads_per_rank;
   costs.jitter_cv = options.jitter_cv;
   costs.jitter_seed = options.jitter_seed;
+  costs.global_norm_steps = options.clip_by_global_norm;
+  costs.global_norm_s = 2.0 * (schedule.num_ranks() - 1) * options.latency_s;
   // Free links and zero latency leave transfer_s empty, so the engine skips the call.
   bool any_cost = options.latency_s > 0;
   for (auto& l : topology.levels) any_cost = any_cost || l.bandwidth_bytes_per_s > 0;

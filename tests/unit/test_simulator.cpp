@@ -6,7 +6,9 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <limits>
+#include <map>
 #include <random>
 
 #include "support/uniform_profile.hpp"
@@ -161,6 +163,47 @@ TEST_CASE("1F1B-stash has no bubble in the steady state and runs at the bottlene
   Simulation sim = simulate(generate_schedule("1f1b-stash", ScheduleSpec::straight(3, 1, 60)), prof,
                             make_plan({{1, 1}, {3, 1}, {2, 1}}), {});
   CHECK(sim.time_per_minibatch_s == doctest::Approx(9e-3).epsilon(1e-9));
+}
+
+TEST_CASE("clipping by the global norm: every rank's step waits for the last to reach its own") {
+  const int p = 4;
+  const Profile prof = uniform_profile(p);
+  for (const char* name : {"1f1b-stash", "1f1b-flush"}) {
+    CAPTURE(name);
+    const Schedule s = generate_schedule(
+        name, ScheduleSpec::straight(p, std::string(name) == "1f1b-flush" ? 4 : 1, 12));
+    SimulateOptions o;
+    o.record_trace = true;
+    const Simulation plain = simulate(s, prof, equal_plan(p), {}, o);
+    o.clip_by_global_norm = true;
+    const Simulation clipped = simulate(s, prof, equal_plan(p), {}, o);
+    // Steps of one number start together, once the last rank's backward before it is done.
+    std::map<int, std::vector<double>> step_starts;
+    std::map<int, double> last_backward;  // by step number: the latest backward end before it
+    std::vector<double> backward_end(p, 0);
+    std::vector<TraceEvent> events = clipped.events;
+    std::sort(events.begin(), events.end(),
+              [](const TraceEvent& a, const TraceEvent& b) { return a.start_s < b.start_s; });
+    for (const TraceEvent& e : events) {
+      if (e.action.kind == ActionKind::Backward) backward_end[e.rank] = e.end_s;
+      if (e.action.kind != ActionKind::Step) continue;
+      step_starts[e.action.microbatch].push_back(e.start_s);
+      last_backward[e.action.microbatch] =
+          std::max(last_backward[e.action.microbatch], backward_end[e.rank]);
+    }
+    REQUIRE(step_starts.size() == 12);
+    for (const auto& [k, starts] : step_starts) {
+      CAPTURE(k);
+      REQUIRE(starts.size() == static_cast<std::size_t>(p));
+      for (double t : starts) CHECK(t == doctest::Approx(starts.front()).epsilon(1e-12));
+      CHECK(starts.front() >= last_backward[k] - 1e-12);
+    }
+    // A flush schedule's steps follow its last backward anyway; 1F1B-stash's later stages wait.
+    if (std::string(name) == "1f1b-flush")
+      CHECK(clipped.makespan_s == doctest::Approx(plain.makespan_s).epsilon(1e-12));
+    else
+      CHECK(clipped.time_per_minibatch_s > plain.time_per_minibatch_s * 1.01);
+  }
 }
 
 TEST_CASE("microbatch size scales compute") {

@@ -118,6 +118,11 @@ struct SimulateOptions {
   // each computing rank taking that many of the cores (k ranks of t threads run at cores / (k t)
   // of their profiled speed where that is less than 1).
   int threads_per_rank = 1;
+  // Gradient clipping by the whole model's norm (ExecutorOptions::clip_norm > 0): each optimizer
+  // step sums the squared gradient norm over every rank first (a blocking world allreduce), so a
+  // rank's step waits for the last rank to reach its own. Under 1F1B-stash that is the first
+  // stage's backward of the same minibatch, which the stages after it reach earlier.
+  bool clip_by_global_norm = false;
 };
 
 // One executed action. Sends: start is when it was posted, end the arrival at the receiver.
