@@ -1150,13 +1150,7 @@ TrainResult StageExecutor::train(const Schedule& schedule, const MinibatchFeed& 
   PIPELINE_CHECK_AS(ConfigError, schedule.num_ranks() == m_comm->size(),
                     "schedule '{}' is for {} ranks but the job has {}", schedule.name,
                     schedule.num_ranks(), m_comm->size());
-  PIPELINE_CHECK_AS(ConfigError,
-                    !(m_options.clip_norm > 0.f && schedule.policy == UpdatePolicy::Stash &&
-                      std::any_of(schedule.stage_ranks.begin(), schedule.stage_ranks.end(),
-                                  [](auto& r) { return r.size() > 1; })),
-                    "gradient clipping under a stash schedule with replicated stages: the stages "
-                    "step at different rates, so no global norm exists; use a flush schedule or no "
-                    "clipping");
+  if (m_options.clip_norm > 0.f) check_global_norm_exists(schedule);
   PIPELINE_CHECK_AS(ConfigError, static_cast<bool>(lr),
                     "train: the learning-rate function is empty; pass one, e.g. "
                     "[](std::int64_t) {{ return 0.01f; }} or an LrSchedule's lr_at");

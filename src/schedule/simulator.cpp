@@ -247,6 +247,7 @@ Simulation simulate(const Schedule& schedule, const Profile& profile, const Plan
   PIPELINE_CHECK_AS(ConfigError, options.cores >= 0,
                     "cores must be >= 0 (0: a core of its own for every rank), got {}",
                     options.cores);
+  if (options.clip_by_global_norm) check_global_norm_exists(schedule);
   PIPELINE_CHECK_AS(
       ConfigError, plan.num_stages() == schedule.num_stages(),
       "the plan has {} stages but schedule '{}' has {}; generate the schedule from the "

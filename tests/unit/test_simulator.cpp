@@ -204,6 +204,15 @@ TEST_CASE("clipping by the global norm: every rank's step waits for the last to 
     else
       CHECK(clipped.time_per_minibatch_s > plain.time_per_minibatch_s * 1.01);
   }
+  // Replicas of a stash schedule step at different rates: no global norm, as the executor says.
+  ScheduleSpec spec;
+  spec.stage_ranks = {{0}, {1, 2}};
+  spec.minibatches = 4;
+  SimulateOptions o;
+  o.clip_by_global_norm = true;
+  CHECK_THROWS_WITH_AS(simulate(generate_schedule("1f1b-stash", spec), uniform_profile(2),
+                                make_plan({{1, 1}, {1, 2}}), {}, o),
+                       doctest::Contains("no global norm exists"), ConfigError);
 }
 
 TEST_CASE("microbatch size scales compute") {

@@ -165,6 +165,11 @@ struct Schedule {
 std::vector<std::int32_t> closing_backwards(const std::vector<Action>& actions, UpdatePolicy policy,
                                             int microbatches);
 
+// Gradient clipping by the whole model's norm sums it over every rank at each step: under a stash
+// schedule with replicated stages the stages step at different rates, so no such norm exists.
+// ConfigError saying so (the executor and the simulator refuse clipping there alike).
+void check_global_norm_exists(const Schedule& schedule);
+
 // One action as a token (`0F3`, `0SA3@1`) and back. parse_action throws ConfigError naming the
 // token and what is wrong with it.
 std::string to_string(const Action& a);
