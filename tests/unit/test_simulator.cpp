@@ -192,7 +192,10 @@ TEST_CASE("clipping by the global norm: every rank's step waits for the last to 
           std::max(last_backward[e.action.microbatch], backward_end[e.rank]);
     }
     REQUIRE(step_starts.size() == 12);
-    for (const auto& [k, starts] : step_starts) {
+    for (const auto& entry : step_starts) {
+      const int k =
+          entry.first;  // (a structured binding cannot be captured before C++20's clang 16)
+      const std::vector<double>& starts = entry.second;
       CAPTURE(k);
       REQUIRE(starts.size() == static_cast<std::size_t>(p));
       for (double t : starts) CHECK(t == doctest::Approx(starts.front()).epsilon(1e-12));
