@@ -7,6 +7,7 @@
 // to their work, a training step on 16 threads created 16-33 threads (bench/RESULTS.md).
 #pragma once
 
+#include <pipeline/core/even_split.hpp>
 #include <pipeline/core/threads.hpp>
 
 #include <algorithm>
@@ -46,15 +47,11 @@ void on_threads(int threads, Fn&& fn) {
 #endif
 }
 
-// Thread t's part of [0, n) split over `threads` threads: contiguous, the first n % threads
-// parts one longer (OpenMP's static schedule), so a thread count fixes who computes what.
-struct Range {
-  std::int64_t begin, end;
-};
+// Thread t's part of [0, n) split over `threads` threads (OpenMP's static schedule), so a thread
+// count fixes who computes what.
+using Range = IndexRange;
 inline Range static_range(std::int64_t n, int threads, int t) {
-  const std::int64_t q = n / threads, r = n % threads;
-  const std::int64_t begin = t * q + std::min<std::int64_t>(t, r);
-  return {begin, begin + q + (t < r ? 1 : 0)};
+  return even_part(n, threads, t);
 }
 
 // `threads`, but at least one and no more than there are items.

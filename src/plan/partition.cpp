@@ -780,18 +780,19 @@ void finish(Plan& plan, const Profile& p, const Topology& t, const PartitionOpti
   record_transfer_dtype(plan, o);
 }
 
-// Interleaved plans (options.virtual_stages != 1): what partition() and evaluate_stages() both
-// demand of the request.
-void check_interleaved_request(const Profile& p, const Topology& t, const PartitionOptions& o) {
+// What partition() and evaluate_stages() both demand of the microbatches and, for interleaved
+// plans (options.virtual_stages != 1), of the virtual stages.
+void check_schedule_request(const Profile& p, const Topology& t, const PartitionOptions& o) {
   const int v = o.virtual_stages, w = t.workers();
+  PIPELINE_CHECK_AS(ConfigError, o.microbatches >= 0,
+                    "microbatches per minibatch: {} is not a count (0 takes the default)",
+                    o.microbatches);
   PIPELINE_CHECK_AS(ConfigError, v >= 1, "virtual stages per worker must be at least 1, got {}", v);
   PIPELINE_CHECK_AS(ConfigError, o.placement == StagePlacement::Looped || v == 2,
                     "a V placement has 2 stages per worker (stage k and 2p - 1 - k on rank k); "
                     "got --virtual-stages {}: use --virtual-stages 2",
                     v);
   if (v == 1) return;
-  PIPELINE_CHECK_AS(ConfigError, o.microbatches >= 0,
-                    "microbatches per minibatch: {} is not a count (0 takes the default)", o.microbatches);
   PIPELINE_CHECK_AS(ConfigError, o.placement == StagePlacement::V || o.microbatches % w == 0,
                     "interleaved-1f1b deals microbatches round-robin to its pipelines and takes "
                     "each pipeline's in groups of its ranks, so a minibatch's microbatches must "
@@ -1851,8 +1852,6 @@ Plan partition_flush(const Profile& measured, const Profile& charged, const Topo
                     "a plan for {} puts a stage replica on every worker; --allow-idle does not "
                     "apply (give fewer workers instead)",
                     o.schedule);
-  PIPELINE_CHECK_AS(ConfigError, o.microbatches >= 0,
-                    "microbatches per minibatch: {} is not a count (0 takes the default)", o.microbatches);
   const int w = t.workers();
   const int m = planned_microbatches(o, w);
   const StateGraph g = StateGraph::linear(measured);
@@ -2004,7 +2003,7 @@ std::optional<Plan> partition_impl(const Profile& measured, const Topology& topo
     PIPELINE_CHECK_AS(ConfigError, std::isfinite(*options.activation_compression) && *options.activation_compression > 0,
                       "activation compression ratio must be positive, got {}", *options.activation_compression);
   check_recompute(options);
-  check_interleaved_request(profile, topology, options);
+  check_schedule_request(profile, topology, options);
   if (!options.straight)
     for (std::size_t l = 0; l < topology.levels.size(); ++l)
       PIPELINE_CHECK_AS(
@@ -2100,19 +2099,24 @@ namespace {
 // Whether the whole model, replicated on every worker under 1F1B-stash (one minibatch in flight,
 // no recomputation), fits the topology's memory: the data-parallel baseline a plan is compared
 // with exists only then.
-bool data_parallel_fits(const Profile& profile, const Topology& topology,
+bool data_parallel_fits(const Profile& measured, const Topology& topology,
                         const PartitionOptions& options) {
-  if (!topology.memory_bytes_per_worker) return true;
+  const std::optional<double> memory = topology.memory_bytes_per_worker;
+  if (!memory) return true;
   PartitionOptions whole = options;
   whole.schedule = "1f1b-stash";
   whole.virtual_stages = 1;
   whole.recompute = Recompute::None;
-  try {
-    evaluate_stages(profile, topology, {{0, profile.size(), topology.workers()}}, whole);
-    return true;
-  } catch (const ConfigError&) {
-    return false;  // it needs more than a worker has
-  }
+  const Profile profile = with_optimizer_steps(measured, whole);
+  const StateGraph g = StateGraph::linear(profile);
+  FinalStage all;  // every layer on every worker
+  for (int v = 0; v < profile.size(); ++v) all.layers.push_back(v);
+  all.s = -1;
+  all.e = profile.size() - 1;
+  for (int r = 0; r < topology.workers(); ++r) all.ranks.push_back(r);
+  Plan plan;
+  describe(plan, g, topology, whole, {all}, memory, /*check_memory=*/false);
+  return plan.stages.front().memory_bytes <= *memory;
 }
 
 // partition_impl with the data-parallel baseline left out (0) where it does not fit.
@@ -2202,7 +2206,7 @@ Plan evaluate_stages(const Profile& measured, const Topology& topology,
   }
   PIPELINE_CHECK_AS(ConfigError, next == profile.size(), "manual stages end at layer {} but the model has {} layers", next,
                     profile.size());
-  check_interleaved_request(profile, topology, options);
+  check_schedule_request(profile, topology, options);
   if (options.virtual_stages > 1) {
     // Every stage with the same replicas r: r pipelines of p = workers / r ranks.
     const int w = topology.workers(), r = manual.front().replicas;

@@ -544,13 +544,11 @@ Batch StageExecutor::microbatch_data(Run& run, int u) {
   if (!run.eval && run.feed->load_samples) {
     // The microbatch's samples alone: the rest of the minibatch is not held meanwhile.
     const std::int64_t n = run.feed->size(mb);
-    const int m = run.microbatches, i = run.micro_of(u);
-    const std::int64_t begin = i * (n / m) + std::min<std::int64_t>(i, n % m);
-    const std::int64_t end = begin + n / m + (i < n % m ? 1 : 0);
-    Batch b = run.feed->load_samples(mb, begin, end);
-    PIPELINE_CHECK(b.size() == end - begin,
-                   "the feed's samples [{}, {}) of minibatch {} came as {} samples", begin, end, mb,
-                   b.size());
+    const IndexRange r = microbatch_range(n, run.microbatches, run.micro_of(u));
+    Batch b = run.feed->load_samples(mb, r.begin, r.end);
+    PIPELINE_CHECK(b.size() == r.size(),
+                   "the feed's samples [{}, {}) of minibatch {} came as {} samples", r.begin, r.end,
+                   mb, b.size());
     check_feed_batch(b, mb);
     return {is_first_stage() ? b.inputs.to(m_options.device) : Tensor{},
             is_last_stage() ? b.labels.to(m_options.device) : Tensor{}};
@@ -588,9 +586,9 @@ void StageExecutor::post_receives(Run& run, std::size_t upto) {
     if (run.eval) {
       samples = run.feed->size(u);
     } else {
-      const std::int64_t n = run.feed->size(run.minibatch_of(u));
-      const int m = run.microbatches, i = run.micro_of(u);
-      samples = n / m + (i < n % m ? 1 : 0);
+      samples =
+          microbatch_range(run.feed->size(run.minibatch_of(u)), run.microbatches, run.micro_of(u))
+              .size();
     }
     PostedRecv p;
     p.index = idx;

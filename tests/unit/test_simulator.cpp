@@ -193,8 +193,8 @@ TEST_CASE("clipping by the global norm: every rank's step waits for the last to 
     }
     REQUIRE(step_starts.size() == 12);
     for (const auto& entry : step_starts) {
-      const int k =
-          entry.first;  // (a structured binding cannot be captured before C++20's clang 16)
+      // (Named copies: clang before 16 cannot capture a structured binding in CAPTURE.)
+      const int k = entry.first;
       const std::vector<double>& starts = entry.second;
       CAPTURE(k);
       REQUIRE(starts.size() == static_cast<std::size_t>(p));

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <pipeline/core/error.hpp>
+#include <pipeline/core/even_split.hpp>
 #include <pipeline/core/tensor.hpp>
 
 #include <cstdint>
@@ -31,19 +32,23 @@ struct Batch {
   }
 };
 
-// Cuts a batch into m microbatches (views, no copies). When m does not divide the batch size
-// the first (size % m) microbatches are one sample larger; losses averaged per microbatch then
-// need weighting by microbatch size to equal the whole batch's.
+// Samples of microbatch i when n samples are cut into m microbatches: the first (n % m)
+// microbatches are one sample larger. The trainer, the executor's loads and its receive buffers
+// all cut here.
+inline IndexRange microbatch_range(std::int64_t n, int m, int i) {
+  return even_part(n, m, i);
+}
+
+// Cuts a batch into m microbatches (views, no copies), as microbatch_range does; losses
+// averaged per microbatch then need weighting by microbatch size to equal the whole batch's.
 inline std::vector<Batch> split_microbatches(const Batch& batch, int m) {
   const std::int64_t n = batch.size();
   PIPELINE_CHECK_AS(ConfigError, m >= 1 && m <= n,
                     "cannot cut a batch of {} samples into {} microbatches: use 1 to {}", n, m, n);
   std::vector<Batch> out;
-  std::int64_t begin = 0;
   for (int i = 0; i < m; ++i) {
-    std::int64_t len = n / m + (i < n % m ? 1 : 0);
-    out.push_back(batch.slice(begin, begin + len));
-    begin += len;
+    const IndexRange r = microbatch_range(n, m, i);
+    out.push_back(batch.slice(r.begin, r.end));
   }
   return out;
 }

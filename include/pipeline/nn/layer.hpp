@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -197,24 +198,34 @@ class Layer {
     return t;
   }
   void check_params(const LayerParams& p) const {
-    const std::vector<ParamSpec> specs = parameters(), buffer_specs = buffers();
-    PIPELINE_CHECK(p.params.size() == specs.size() && p.buffers.size() == buffer_specs.size(),
+    // parameters() builds its specs anew; the shapes are fixed at construction, so they are
+    // taken once rather than on every forward and backward.
+    std::call_once(m_declared_once, [&] {
+      for (const ParamSpec& s : parameters()) m_declared_params.push_back(s.shape);
+      for (const ParamSpec& s : buffers()) m_declared_buffers.push_back(s.shape);
+    });
+    PIPELINE_CHECK(p.params.size() == m_declared_params.size() &&
+                       p.buffers.size() == m_declared_buffers.size(),
                    "layer '{}' ({}) expects {} parameters and {} buffers, got {} and {}", m_name,
-                   kind(), specs.size(), buffer_specs.size(), p.params.size(), p.buffers.size());
+                   kind(), m_declared_params.size(), m_declared_buffers.size(), p.params.size(),
+                   p.buffers.size());
     // Parameters of another model (another width) would fail deep inside an op, unnamed.
-    const auto check_shapes = [&](const std::vector<ParamSpec>& want,
-                                  const std::vector<Tensor>& got) {
+    const auto check_shapes = [&](const std::vector<Shape>& want, const std::vector<Tensor>& got,
+                                  bool buffer) {
       for (std::size_t i = 0; i < want.size(); ++i)
-        PIPELINE_CHECK(got[i].shape() == want[i].shape,
+        PIPELINE_CHECK(got[i].shape() == want[i],
                        "layer '{}' ({}) expects its '{}' of shape {}, got {}: parameters of "
                        "another model, or of this one built with other sizes",
-                       m_name, kind(), want[i].name, want[i].shape, got[i].shape());
+                       m_name, kind(), (buffer ? buffers() : parameters())[i].name, want[i],
+                       got[i].shape());
     };
-    check_shapes(specs, p.params);
-    check_shapes(buffer_specs, p.buffers);
+    check_shapes(m_declared_params, p.params, false);
+    check_shapes(m_declared_buffers, p.buffers, true);
   }
 
   std::string m_name;
+  mutable std::once_flag m_declared_once;
+  mutable std::vector<Shape> m_declared_params, m_declared_buffers;
 };
 
 using LayerPtr = std::unique_ptr<Layer>;
