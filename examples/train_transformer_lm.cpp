@@ -186,9 +186,10 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
     log_info(
         "--clip-grad {} under {} sums the gradient norm over every stage at each step, so each "
         "stage's step waits for the first stage's backward of the same minibatch: the plan's "
-        "predicted rate leaves that wait out, pipeline-simulate --clip-grad {} times it "
-        "(--clip-grad 0 turns clipping off)",
-        o.clip_grad, req.name, o.clip_grad);
+        "predicted rate leaves that wait out, pipeline-simulate --clip-grad {} times it, and "
+        "pipeline-partition --clip-grad {} compares the 1f1b-flush plan (--clip-grad 0 turns "
+        "clipping off)",
+        o.clip_grad, req.name, o.clip_grad, o.clip_grad);
   StageExecutor ex(
       zoo.model, zoo.sample_shape, zoo.input_dtype, layout, comm, make_optimizer(o),
       examples::with_injected_slowdown(

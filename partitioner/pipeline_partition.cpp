@@ -150,12 +150,13 @@ bool stashes(const pipeline::Plan& plan) {
 // under a flush schedule, which reports the whole makespan's. The partitioner itself stays
 // independent of the schedule library.
 // Nothing when the plan's replica counts make a steady state too long to simulate (the
-// partitioner's plan is written all the same, with a note).
+// partitioner's plan is written all the same, with a note). `clip`: the run clips by the global
+// gradient norm (--clip-grad), where the schedule has one (the trainers clip nowhere else).
 std::optional<pipeline::Simulation> simulate_plan(const pipeline::Plan& plan,
                                                   const pipeline::Profile& profile,
                                                   const pipeline::Topology& topo,
                                                   const pipeline::DeviceProfiles* device_profiles,
-                                                  double transfer_bytes_scale) {
+                                                  double transfer_bytes_scale, bool clip) {
   const bool stash = stashes(plan);
   const int microbatches = pipeline::default_microbatches(plan, plan.schedule, plan.batch_size);
   int minibatches = 1;
@@ -171,6 +172,7 @@ std::optional<pipeline::Simulation> simulate_plan(const pipeline::Plan& plan,
   options.device_profiles = device_profiles;
   options.transfer_bytes_scale = transfer_bytes_scale;
   options.overlap_allreduce = true;
+  options.clip_by_global_norm = clip && pipeline::global_norm_exists(schedule);
   return pipeline::simulate(schedule, profile, plan, topo, options);
 }
 
@@ -190,9 +192,10 @@ std::string discounted_transfers(const pipeline::PartitionOptions& options,
 }
 
 // The steady state the schedule reaches beside the partitioner's figure, and why where it falls
-// more than 10% short of it (`discounted`: what the plan's cost model left out, if anything).
+// more than 10% short of it (`discounted`: what the plan's cost model left out, if anything;
+// `clipped`: the simulation waited for the global gradient norm at each step).
 void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim,
-                     const std::string& discounted) {
+                     const std::string& discounted, bool clipped) {
   const double ratio =
       plan.predicted.samples_per_s > 0 ? sim.samples_per_s / plan.predicted.samples_per_s : 1.0;
   // A plan for microbatches states its time per microbatch of the profile's batch: so does this.
@@ -203,7 +206,12 @@ void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim
       "simulated          {:.6f} s{} ({:.1f} samples/s, {} schedule), {:.3f}x the partitioner's\n",
       seconds, plan.microbatches > 0 ? " per microbatch" : "", sim.samples_per_s, plan.schedule,
       ratio);
-  if (ratio < 0.9 && !discounted.empty())
+  if (ratio < 0.9 && clipped && stashes(plan) && plan.num_stages() > 1)
+    fmt::print(
+        "note: the schedule falls short of the partitioner's figure because under --clip-grad "
+        "each step first sums the gradient norm over every rank: every stage's step of a "
+        "minibatch waits for the first stage's backward of it, which the figure leaves out\n");
+  else if (ratio < 0.9 && !discounted.empty())
     fmt::print(
         "note: the schedule falls short of the partitioner's figure because {}, and the "
         "simulator charges every message in full at the topology's bandwidths\n",
@@ -248,7 +256,8 @@ void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim
 // flush plan's, a note saying so and how to plan that one instead.
 void note_faster_flush_plan(const pipeline::Plan& interleaved, const pipeline::Profile& profile,
                             const pipeline::Topology& topo, pipeline::PartitionOptions options,
-                            const pipeline::Simulation* simulated, double transfer_bytes_scale) {
+                            const pipeline::Simulation* simulated, double transfer_bytes_scale,
+                            bool clip) {
   options.virtual_stages = 1;
   options.placement = pipeline::StagePlacement::Looped;
   options.schedule = "1f1b-flush";
@@ -277,11 +286,41 @@ void note_faster_flush_plan(const pipeline::Plan& interleaved, const pipeline::P
   // times): the two schedules simulated.
   if (!simulated || simulated->samples_per_s <= 0) return;
   const std::optional<pipeline::Simulation> flush_simulated =
-      simulate_plan(*flush, profile, topo, nullptr, transfer_bytes_scale);
+      simulate_plan(*flush, profile, topo, nullptr, transfer_bytes_scale, clip);
   if (!flush_simulated) return;
   const double simulated_ratio = flush_simulated->samples_per_s / simulated->samples_per_s;
   if (simulated_ratio > 1.05)
     fmt::print("{} simulates {:.2f}x as fast as this plan{}\n", which, simulated_ratio, why);
+}
+
+// Under --clip-grad a pipelined 1F1B-stash plan waits at every step for the norm of the whole
+// model's gradients, so its stages step together as a flush schedule's do, without a flush
+// schedule's gain in overlap: where the 1F1B-flush plan of the same workers simulates faster
+// clipped, say so and how to plan it.
+void note_flush_under_clipping(const pipeline::Plan& plan, const pipeline::Profile& profile,
+                               const pipeline::Topology& topo, pipeline::PartitionOptions options,
+                               const pipeline::Simulation& simulated, double transfer_bytes_scale) {
+  if (simulated.samples_per_s <= 0) return;
+  options.schedule = "1f1b-flush";
+  options.microbatches = 0;
+  std::optional<pipeline::Plan> flush;
+  try {
+    const pipeline::LogThresholdScope quiet(pipeline::LogLevel::Warn);  // said once already
+    flush = pipeline::partition(profile, topo, options);
+  } catch (const pipeline::ConfigError&) {
+    return;  // no 1F1B-flush plan fits
+  }
+  const std::optional<pipeline::Simulation> flush_simulated =
+      simulate_plan(*flush, profile, topo, nullptr, transfer_bytes_scale, /*clip=*/true);
+  if (!flush_simulated) return;
+  const double ratio = flush_simulated->samples_per_s / simulated.samples_per_s;
+  if (ratio > 1.05)
+    fmt::print(
+        "note: clipped, the 1f1b-flush plan of these workers (config {}, --schedule "
+        "1f1b-flush) simulates {:.2f}x as fast as this plan ({:.1f} samples/s; its minibatch "
+        "is {} microbatches of the profile's batch: train it with --batch {})\n",
+        flush->config, ratio, flush_simulated->samples_per_s, flush->microbatches,
+        std::int64_t{flush->microbatches} * flush->batch_size);
 }
 
 // A 1F1B-stash plan that must give every worker a replica can be slower than one that leaves some
@@ -422,6 +461,13 @@ int main(int argc, char** argv) {
   app.add_option("-o,--output", output, "write plan.json here")
       ->check(pipeline::examples::file_to_write());
   app.add_flag("-q,--quiet", quiet, "no table on stdout");
+  double clip_grad = 0;
+  app.add_option("--clip-grad", clip_grad,
+                 "the run clips gradients to this global norm (the trainers' --clip-grad; "
+                 "train_transformer_lm's default 1): the plan is simulated with every step "
+                 "waiting for the norm summed over all ranks, and a 1F1B-stash pipeline that "
+                 "this slows is compared with the 1f1b-flush plan (default 0: off)")
+      ->check(pipeline::examples::non_negative_number());
   app.add_flag("--no-simulate", no_simulate, "leave predicted.bubble_fraction at 0 instead of simulating the plan");
   // Several hosts: an OpenMPI rankfile that puts each rank on the host the topology assigns it.
   std::string hosts_path, rankfile_path;
@@ -580,7 +626,7 @@ int main(int argc, char** argv) {
     std::optional<pipeline::Simulation> sim;
     if (!no_simulate) {
       sim = simulate_plan(plan, profile, topo, topo.typed() ? &profiles : nullptr,
-                          transfer_dtype == "bf16" ? 0.5 : 1.0);
+                          transfer_dtype == "bf16" ? 0.5 : 1.0, clip_grad > 0);
       if (sim)
         plan.predicted.bubble_fraction =
             stashes(plan) ? sim->steady_state_bubble_fraction : sim->bubble_fraction;
@@ -604,15 +650,26 @@ int main(int argc, char** argv) {
     if (!quiet) {
       if (frontier && chosen) fmt::print("\n");
       print_table(plan, profiles, topo, seconds, sim.has_value());
+      const bool clipped = clip_grad > 0 && pipeline::plan_has_global_norm(plan);
+      if (clip_grad > 0 && !clipped)
+        fmt::print(
+            "note: under {} with replicated stages the stages step at different rates, so no "
+            "global gradient norm exists: the trainers run this plan without clipping (a flush "
+            "--schedule, or --straight, keeps --clip-grad)\n",
+            plan.schedule);
       if (sim && (stashes(plan) || plan.microbatches > 0 || plan.interleaved()))
-        print_simulated(plan, *sim, discounted_transfers(opt, compression.has_value()));
+        print_simulated(plan, *sim, discounted_transfers(opt, compression.has_value()), clipped);
+      if (sim && clipped && stashes(plan) && plan.num_stages() > 1 && stages_text.empty() &&
+          !chosen && !topo.typed())
+        note_flush_under_clipping(plan, profile, topo, opt, *sim,
+                                  transfer_dtype == "bf16" ? 0.5 : 1.0);
       // (A second search: only where the first was quick.)
       if (!allow_idle && opt.cost_model == pipeline::CostModel::Pipeline && stashes(plan) &&
           !plan.interleaved() && stages_text.empty() && !chosen && !topo.typed() && seconds < 1)
         note_faster_on_fewer_workers(plan, profile, topo, opt);
       if (plan.interleaved() && stages_text.empty() && !chosen && !topo.typed())
         note_faster_flush_plan(plan, profile, topo, opt, sim ? &*sim : nullptr,
-                               transfer_dtype == "bf16" ? 0.5 : 1.0);
+                               transfer_dtype == "bf16" ? 0.5 : 1.0, clip_grad > 0);
       if (chosen)
         fmt::print("trains {:.6g} samples in {} for {:.2f} ({} at {:.2f} per hour){}\n", *samples,
                    pipeline::format_duration(chosen->time_s), chosen->cost, pipeline::describe_workers(*chosen, topo),

@@ -140,11 +140,14 @@ std::vector<Action> parse_actions(std::string_view text) {
   return out;
 }
 
+bool global_norm_exists(const Schedule& schedule) {
+  return !(schedule.policy == UpdatePolicy::Stash &&
+           std::any_of(schedule.stage_ranks.begin(), schedule.stage_ranks.end(),
+                       [](const std::vector<int>& r) { return r.size() > 1; }));
+}
+
 void check_global_norm_exists(const Schedule& schedule) {
-  PIPELINE_CHECK_AS(ConfigError,
-                    !(schedule.policy == UpdatePolicy::Stash &&
-                      std::any_of(schedule.stage_ranks.begin(), schedule.stage_ranks.end(),
-                                  [](const std::vector<int>& r) { return r.size() > 1; })),
+  PIPELINE_CHECK_AS(ConfigError, global_norm_exists(schedule),
                     "gradient clipping under a stash schedule with replicated stages: the stages "
                     "step at different rates, so no global norm exists; use a flush schedule or no "
                     "clipping");

@@ -56,6 +56,7 @@
 #include <pipeline/plan/topology.hpp>
 #include <pipeline/profile/profile.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -143,6 +144,15 @@ inline bool plans_flush(std::string_view schedule) {
 // one microbatch per minibatch, a step after every backward.
 inline bool stashes_weights(std::string_view schedule) {
   return schedule.starts_with("1f1b-stash");
+}
+
+// Whether a run of `plan` under its own schedule has one gradient norm over the whole model to
+// clip by: not under a weight-stashing schedule with replicated stages, whose stages step at
+// different rates (global_norm_exists of the schedule generated for it agrees).
+inline bool plan_has_global_norm(const Plan& plan) {
+  const std::vector<int> replicas = plan.replica_counts();
+  return !stashes_weights(plan.schedule) ||
+         std::all_of(replicas.begin(), replicas.end(), [](int r) { return r == 1; });
 }
 
 // Whether `schedule` runs interleaved plans (virtual stages): interleaved-1f1b (or "interleaved"),

@@ -167,7 +167,9 @@ std::vector<std::int32_t> closing_backwards(const std::vector<Action>& actions, 
 
 // Gradient clipping by the whole model's norm sums it over every rank at each step: under a stash
 // schedule with replicated stages the stages step at different rates, so no such norm exists.
-// ConfigError saying so (the executor and the simulator refuse clipping there alike).
+// global_norm_exists says whether it does; check_global_norm_exists throws ConfigError saying so
+// where not (the executor and the simulator refuse clipping there alike).
+bool global_norm_exists(const Schedule& schedule);
 void check_global_norm_exists(const Schedule& schedule);
 
 // One action as a token (`0F3`, `0SA3@1`) and back. parse_action throws ConfigError naming the
