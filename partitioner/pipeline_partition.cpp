@@ -501,7 +501,11 @@ int main(int argc, char** argv) {
                         "--profile '{}': give either one plain profile or TYPE=profile.json for every worker type",
                         profile_args[i]);
       named = !type.empty();
-      PIPELINE_CHECK_AS(ConfigError, profiles.count(type) == 0, "--profile: worker type '{}' is given twice", type);
+      PIPELINE_CHECK_AS(ConfigError, profiles.count(type) == 0, "{}",
+                        type.empty()
+                            ? std::string("--profile is given twice: give one profile, "
+                                          "or TYPE=profile.json for each worker type")
+                            : fmt::format("--profile: worker type '{}' is given twice", type));
       profiles[type] = pipeline::read_profile(path);
     }
     for (auto& [type, p] : profiles) {

@@ -85,6 +85,17 @@ void print_table(const pipeline::Profile& p, const pipeline::ZooModel& z, double
 // (the least of a few looks at /proc/loadavg's runnable count, so that a blip does not count)
 // and the profile's threads are more than the cores, say so on stderr. Silent where unknown.
 void note_busy_machine(int threads) {
+  // More threads than the CPUs this process may run on wait for each other at every parallel
+  // region (mlp at 64 threads on 2 cores: 13x slower a pass), whatever else runs.
+  if (const int cpus = pipeline::allowed_cpus(); threads > cpus) {
+    fmt::print(stderr,
+               "pipeline-profile: warning: --threads {} is more than the {} CPUs this process "
+               "may run on: its threads wait for each other at every parallel region, so its "
+               "times (and the plans made from them) come out slow; profile with at most {} "
+               "threads, the number each rank will compute on\n",
+               threads, cpus, cpus);
+    return;
+  }
   int others = std::numeric_limits<int>::max();
   for (int look = 0; look < 5; ++look) {
     if (look > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -349,6 +349,14 @@ int run(int argc, char** argv) {
   PIPELINE_CHECK_AS(ConfigError, !plan_path.empty(),
                     "--plan is required (but with --availability, which plans by itself)");
   Plan plan = read_plan(plan_path);  // (simulate() refuses another model's profile)
+  if (profile.batch_size <= 0 && microbatch_size == 0) {
+    // A profile that records no batch (an imported one) was planned with pipeline-partition
+    // --batch N, which the plan records: its samples are counted at that batch.
+    PIPELINE_CHECK_AS(ConfigError, plan.batch_size > 0,
+                      "neither the profile nor the plan records the batch size the layers were "
+                      "timed at (no \"batch_size\", or 0): give it with --microbatch-size N");
+    for (auto& entry : profiles) entry.second.batch_size = plan.batch_size;
+  }
   if (plan.batch_size > 0 && profile.batch_size > 0 && plan.batch_size != profile.batch_size &&
       microbatch_size == 0)
     fmt::print(stderr,

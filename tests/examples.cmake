@@ -328,9 +328,8 @@ endforeach()
 
 # Several hosts made on this machine (support/netns_hosts.sh: network namespaces on a bridge, 100
 # Mbit/s out of each): pipeline-partition's rankfile places the ranks, a 2-stage pipeline trains
-# across the hosts at the simulator's predicted throughput (-40%..+15%: the simulation leaves out
-# the messages' CPU cost), and a 4-stage one on 2 hosts x 2 ranks equals the same plan on one
-# host. Needs root and iproute2 (skipped otherwise);
+# across the hosts at the simulator's predicted throughput (-20%..+15%), and a 4-stage one on
+# 2 hosts x 2 ranks equals the same plan on one host. Needs root and iproute2 (skipped otherwise);
 # serial, as its throughput check wants the cores to itself.
 if(TARGET pipeline-profile AND TARGET pipeline-partition AND TARGET pipeline-simulate)
   add_test(NAME example.multihost_netns

@@ -48,6 +48,16 @@ bool written_in_place(const std::string& path, const struct stat& st) {
   return !S_ISREG(st.st_mode) || path.starts_with("/dev/") || path.starts_with("/proc/");
 }
 
+// A fresh name beside `dest` for the file that replaces it whole.
+std::string temporary_beside(const std::string& dest) {
+  static std::atomic<unsigned> counter{0};
+  const fs::path d(dest);
+  return (fs::path(directory_of(dest)) /
+          ("." + d.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
+           std::to_string(counter.fetch_add(1))))
+      .string();
+}
+
 }  // namespace
 
 }  // namespace pipeline::detail
@@ -73,6 +83,18 @@ std::string output_path_problem(const std::string& path) {
     return "cannot write '" + path + "': '" + dir + "' is a file, not a directory";
   if (::access(dir.c_str(), W_OK) != 0)
     return "cannot write '" + path + "': directory '" + dir + "' is not writable";
+  // The rest shows only on trying (a name too long once the temporary's suffix is added, a file
+  // system that takes no new files such as /proc or a read-only mount): a probe file, made and
+  // removed at once.
+  const std::string probe = detail::temporary_beside(detail::destination_of(path, exists));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    return "cannot write '" + path + "': " + std::strerror(err) + " (creating a file in '" + dir +
+           "')" + (err == ENAMETOOLONG ? "; give it a shorter name" : "");
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
   return {};
 }
 
@@ -92,12 +114,7 @@ OutputFile::OutputFile(std::string path) : m_path(std::move(path)), m_dest(m_pat
     return;
   }
   m_dest = destination_of(m_path, exists);
-  static std::atomic<unsigned> counter{0};
-  const fs::path dest(m_dest);
-  m_tmp = (fs::path(directory_of(m_dest)) /
-           ("." + dest.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
-            std::to_string(counter.fetch_add(1))))
-              .string();
+  m_tmp = temporary_beside(m_dest);
   m_fd = ::open(m_tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (m_fd < 0) {
     const int err = errno;

@@ -31,7 +31,16 @@ Architecture architecture_from_json(const nlohmann::json& j, const std::string& 
                     "numbers, e.g. {{\"dim\": 128, \"heads\": 4}}",
                     what, origin);
   Architecture a;
-  for (const auto& [option, value] : j.items()) a.emplace_back(option, value.get<double>());
+  for (const auto& [option, value] : j.items()) {
+    // Every option of the zoo's models is a size or a multiplier: a trainer would otherwise
+    // suggest "--channels -1" to match a damaged file.
+    const double v = value.get<double>();
+    PIPELINE_CHECK_AS(ConfigError, std::isfinite(v) && v > 0,
+                      "{} '{}': architecture option '{}' is {}; the model's options are positive "
+                      "sizes and multipliers",
+                      what, origin, option, value.dump());
+    a.emplace_back(option, v);
+  }
   return a;
 }
 

@@ -65,13 +65,16 @@ bool get_flag(const json& obj, const char* key, std::string_view where, std::str
   return v.get<bool>();
 }
 
+constexpr double kMaxPassSeconds = 86400;
+
 void check_time(double v, const char* field, int layer, const std::string& name,
                 std::string_view origin) {
-  if (!std::isfinite(v) || v < 0)
-    PIPELINE_FAIL(
-        ConfigError,
-        "{}: layer {} (\"{}\") has {} = {}; times must be finite and non-negative seconds", origin,
-        layer, name, field, v);
+  // (A day a pass is beyond any layer; larger values are damage, and overflow the plan's sums.)
+  if (!std::isfinite(v) || v < 0 || v > kMaxPassSeconds)
+    PIPELINE_FAIL(ConfigError,
+                  "{}: layer {} (\"{}\") has {} = {}; times must be non-negative seconds, at "
+                  "most {:g} (a day)",
+                  origin, layer, name, field, v, kMaxPassSeconds);
 }
 
 // What a layer keeps of its input is part of what it keeps, and then it does not free it.
@@ -91,6 +94,12 @@ void check_saved_input(std::int64_t saved_input, std::int64_t saved, bool frees,
 
 void validate_profile(const Profile& p, std::string_view origin) {
   PIPELINE_CHECK_AS(ConfigError, p.size() > 0, "{}: the profile has no layers", origin);
+  // Any other spelling would be taken for float32, and bf16 transfers charged at twice their
+  // bytes.
+  PIPELINE_CHECK_AS(ConfigError, p.dtype == "float32" || p.dtype == "bfloat16",
+                    "{}: dtype \"{}\" is not one the profiler writes: \"float32\" or "
+                    "\"bfloat16\" (pipeline-profile --dtype bf16)",
+                    origin, p.dtype);
   PIPELINE_CHECK_AS(ConfigError, p.batch_size >= 0, "{}: batch_size = {} is negative", origin,
                     p.batch_size);
   PIPELINE_CHECK_AS(ConfigError, p.runtime_bytes >= 0 && p.runtime_bytes <= kMaxProfileBytes,

@@ -317,7 +317,8 @@ void profile_range(const Sequential& model, LayerRange range, const std::vector<
                              input ? GradParts::Both : GradParts::Weight);
       }));
       const Tensor& dy = output_grads[I];
-      gradient_pair[I] = static_cast<std::int64_t>(dy.storage_end()) +
+      // (No gradient arrives at a layer whose backward does not run: the first under first_dx.)
+      gradient_pair[I] = (dy.defined() ? static_cast<std::int64_t>(dy.storage_end()) : 0) +
                          (dx.defined() && dx.storage_id() != dy.storage_id()
                               ? static_cast<std::int64_t>(dx.storage_end())
                               : 0);
@@ -486,10 +487,14 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
   const std::int64_t entry_bytes = memory_use(device).in_use_bytes;
   // The layers in groups of options.layers_per_pass, each group's passes alone (all of them at
   // once by default); each group's tensors are freed before the next group's are made.
+  // A group never ends at a layer that runs after the next one (a ReLU before its max pool): it
+  // would run there as a stage ending at it does, and its in-stage costs would be those.
   const int per_pass = options.layers_per_pass > 0 ? options.layers_per_pass : model.size();
-  for (int begin = 0; begin < model.size(); begin += per_pass)
-    profile_range(model, {begin, std::min(model.size(), begin + per_pass)}, shapes, device, options,
-                  bf16, ctx, out.layers);
+  for (int begin = 0, end = 0; begin < model.size(); begin = end) {
+    end = std::min(model.size(), begin + per_pass);
+    while (end < model.size() && model.runs_after_next(end - 1)) ++end;
+    profile_range(model, {begin, end}, shapes, device, options, bf16, ctx, out.layers);
+  }
   // A layer that runs after the next one inside a range (Sequential::runs_at) runs first, on the
   // full-size tensor, in a stage that ends at it: profiled again as such a stage runs it, as the
   // last layer of a range, after the layer whose output it reads.

@@ -4,13 +4,12 @@
 #   multihost_scenario.sh PIPELINE_PROFILE PIPELINE_PARTITION PIPELINE_SIMULATE TRAIN_FASHION_MNIST MPIEXEC [FLAGS...]
 # 1. pipeline-partition plans the mlp for 2 workers on the 100 Mbit/s link and writes the rankfile
 #    from the hostfile (rank 0 on the first host, rank 1 on the second); mpirun --rankfile runs
-#    each rank on its host, the pipeline trains, and its measured samples/s lies within 40% below
+#    each rank on its host, the pipeline trains, and its measured samples/s lies within 20% below
 #    and 15% above pipeline-simulate's prediction for that topology (full duplex: each host sends
 #    at the rate). Below, because the simulation charges no per-message cost (MPI through two TCP
-#    stacks, CPU time the same 2 cores pay: 10-18% of a minibatch measured on the 2-core machines
-#    when idle, up to 32% on a day the same VM ran the mlp at two thirds of its usual speed);
-#    above, by noise only, as no run can beat a link that never sends faster than its rate
-#    (netns_hosts.sh).
+#    stacks: 7% measured on the 2-core machines since the trainers' clocks start together; 15-32%
+#    before, when the last rank's clock ran while the first read the images); above, by noise
+#    only, as no run can beat a link that never sends faster than its rate (netns_hosts.sh).
 # 2. A 4-stage plan on 2 hosts × 2 workers (two ranks a host) trains to the same losses, bit for
 #    bit, as the same plan on this one machine.
 # Exits 77 (skipped) where namespaces cannot be made; the hosts are removed however it ends.
@@ -69,8 +68,8 @@ predicted=$(sed -n 's/.*time per minibatch [0-9.]* s, \([0-9.]*\) samples\/s.*/\
 awk -v m="$measured" -v p="$predicted" 'BEGIN {
   d = (m - p) / p
   printf "measured %.0f samples/s, simulated %.0f samples/s (%+.1f%%)\n", m, p, 100 * d
-  exit (d < -0.40 || d > 0.15) }' ||
-  { echo "multihost: measured throughput is not within -40%..+15% of the prediction" >&2; exit 1; }
+  exit (d < -0.20 || d > 0.15) }' ||
+  { echo "multihost: measured throughput is not within -20%..+15% of the prediction" >&2; exit 1; }
 
 echo "== 4 stages on 2 hosts x 2 workers, against the same plan on one host"
 run "$work/partition4.log" "$partition" --profile "$work/profile.json" --optimizer adamw --level 2:10Gbit/s \

@@ -1,4 +1,5 @@
 #include <pipeline/core/error.hpp>
+#include <pipeline/core/output_path.hpp>
 
 #include "../../src/core/output_file.hpp"
 
@@ -109,6 +110,16 @@ TEST_CASE("outputs that cannot be written name the path and the reason") {
                          doctest::Contains("is not writable"), IoError);
     fs::permissions(d.path, fs::perms::owner_all);
   }
+  // Found only on trying, and found before any work: a name too long once the temporary's suffix
+  // is added, a file system that takes no new files. Nothing is left in the directory.
+  const std::string long_name = (d.path / (std::string(250, 'a') + ".json")).string();
+  const std::string too_long = pipeline::output_path_problem(long_name);
+  CHECK(too_long.find("give it a shorter name") != std::string::npos);
+  CHECK_THROWS_WITH_AS(write_file_atomically(long_name, "x"),
+                       doctest::Contains("give it a shorter name"), IoError);
+  if (fs::exists("/proc/self")) CHECK(!pipeline::output_path_problem("/proc/p.json").empty());
+  CHECK(pipeline::output_path_problem((d.path / "fine.json").string()).empty());
+  CHECK(entries(d.path) == 1);    // "plain" alone: no probe stayed
   if (fs::exists("/dev/full")) {  // a device written in place; the full disk is named
     CHECK_THROWS_WITH_AS(write_file_atomically("/dev/full", "x"),
                          doctest::Contains("the disk is full"), IoError);

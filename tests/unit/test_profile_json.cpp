@@ -256,6 +256,17 @@ TEST_CASE("bad profiles are rejected with a message naming the problem") {
         })).find("step_s.adamw = -2") != std::string::npos);
   CHECK(error_of(with([](auto& j) { j["layers"][0]["step_s"] = 0.5; })).find("object") !=
         std::string::npos);
+  // Another spelling of bfloat16 would be taken for float32 and its transfers charged double.
+  CHECK(error_of(with([](auto& j) { j["dtype"] = "bf16"; })).find("\"float32\" or \"bfloat16\"") !=
+        std::string::npos);
+  CHECK(error_of(with([](auto& j) { j["dtype"] = "float16"; })).find("dtype \"float16\"") !=
+        std::string::npos);
+  CHECK(error_of(with([](auto& j) {
+          j["layers"][1]["forward_s"] = 1e300;
+        })).find("at most 86400") != std::string::npos);
+  CHECK(error_of(with([](auto& j) {
+          j["architecture"] = {{"channels", -1}};
+        })).find("architecture option 'channels' is -1") != std::string::npos);
   // NaN cannot be written as JSON by a conforming writer, but files may still hold it.
   std::string nan_text = good;
   auto pos = nan_text.find("\"forward_s\":");

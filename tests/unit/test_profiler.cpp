@@ -156,40 +156,48 @@ TEST_CASE("saved bytes: what each layer keeps for backward, shared storage count
 
 TEST_CASE("layers profiled in groups of their own give the whole model's profile") {
   // A model too large for the device at once is profiled a few layers at a time: each group on
-  // random activations of its input shape. Everything but the times is the whole model's.
+  // random activations of its input shape. Everything but the times is the whole model's, also
+  // where a group would end at a ReLU that runs after its max pool (fashion-cnn).
   ZooOptions o;
   o.seq_len = 8;
   o.dim = 16;
   o.heads = 2;
   o.blocks = 3;
-  const ZooModel z = make_model("transformer-lm", o);
-  const Profile whole = profile(z, 2, Device::cpu(), quick());
-  for (const int per_pass : {1, 2, 4}) {
-    CAPTURE(per_pass);
-    ProfileOptions groups = quick();
-    groups.layers_per_pass = per_pass;
-    const Profile p = profile(z, 2, Device::cpu(), groups);
-    check_against_model(p, z, 2);
-    REQUIRE(p.size() == whole.size());
-    for (int i = 0; i < p.size(); ++i) {
-      CAPTURE(i);
-      const LayerProfile &a = p.layers[i], &b = whole.layers[i];
-      CHECK(a.name == b.name);
-      CHECK(a.output_bytes == b.output_bytes);
-      CHECK(a.parameter_bytes == b.parameter_bytes);
-      CHECK(a.saved_bytes == b.saved_bytes);
-      CHECK(a.saved_input_bytes == b.saved_input_bytes);
-      CHECK(a.split_kept_bytes == b.split_kept_bytes);
-      CHECK(a.flops == b.flops);
-      CHECK(a.forward_s > 0);
-      CHECK(a.backward_s > 0);
-      CHECK((a.step_s.of("adamw") > 0) == (b.step_s.of("adamw") > 0));
+  for (const char* name : {"transformer-lm", "fashion-cnn"}) {
+    CAPTURE(name);
+    const ZooModel model =
+        make_model(name, std::string_view(name) == "fashion-cnn" ? ZooOptions{} : o);
+    const Profile whole = profile(model, 2, Device::cpu(), quick());
+    for (const int per_pass : {1, 2, 4}) {
+      CAPTURE(per_pass);
+      ProfileOptions groups = quick();
+      groups.layers_per_pass = per_pass;
+      const Profile p = profile(model, 2, Device::cpu(), groups);
+      check_against_model(p, model, 2);
+      REQUIRE(p.size() == whole.size());
+      for (int i = 0; i < p.size(); ++i) {
+        CAPTURE(i);
+        const LayerProfile &a = p.layers[i], &b = whole.layers[i];
+        CHECK(a.name == b.name);
+        CHECK(a.output_bytes == b.output_bytes);
+        CHECK(a.parameter_bytes == b.parameter_bytes);
+        CHECK(a.saved_bytes == b.saved_bytes);
+        CHECK(a.saved_input_bytes == b.saved_input_bytes);
+        CHECK(a.gradient_bytes == b.gradient_bytes);
+        CHECK(a.frees_input == b.frees_input);
+        CHECK(a.split_kept_bytes == b.split_kept_bytes);
+        CHECK(a.flops == b.flops);
+        CHECK(a.at_stage_end.has_value() == b.at_stage_end.has_value());
+        CHECK(a.forward_s > 0);
+        CHECK(a.backward_s > 0);
+        CHECK((a.step_s.of("adamw") > 0) == (b.step_s.of("adamw") > 0));
+      }
     }
   }
   ProfileOptions bad = quick();
   bad.layers_per_pass = -1;
-  CHECK_THROWS_WITH_AS(profile(z, 2, Device::cpu(), bad), doctest::Contains("layers per"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(profile(make_model("transformer-lm", o), 2, Device::cpu(), bad),
+                       doctest::Contains("layers per"), ConfigError);
 }
 
 TEST_CASE("workspace bytes: the temporaries of a layer's passes, as the allocator counts them") {
