@@ -261,10 +261,11 @@ if(PIPELINE_WITH_CUDA)
                        SKIP_RETURN_CODE 77)
 endif()
 
-# Checkpoints, resume (same plan bit-identical, 1f1b-stash, another plan, an interleaved plan, after
+# Checkpoints, resume (same plan bit-identical, a bf16 run resumed in bf16 without --dtype,
+# 1f1b-stash, another plan, an interleaved plan, after
 # SIGKILL, after an interrupted write) and SIGTERM to mpirun, driven as a user drives them
 # (support/checkpoint_scenarios.sh).
-foreach(_case bitwise-sequential bitwise-gpipe bitwise-1f1b-flush stash replan sigkill
+foreach(_case bitwise-sequential bitwise-sequential-bf16 bitwise-gpipe bitwise-1f1b-flush stash replan sigkill
         interrupted refused finished replicated sigterm sigterm-stash sigterm-rank1 interleaved
         sigterm-interleaved schedule-csv)
   add_test(NAME example.checkpoint.${_case}

@@ -81,8 +81,9 @@ inline void add_checkpoint_flags(CLI::App& app, CheckpointFlags& flags) {
 }
 
 // A run that resumes continues the one that wrote the checkpoint: the model and its options, the
-// seed, batch and optimizer of the newest checkpoint under `app`'s --resume directory are taken
-// where the command line leaves them out (take_recorded_options). Nothing is taken without one.
+// seed, batch, optimizer and --dtype of the newest checkpoint under `app`'s --resume directory are
+// taken where the command line leaves them out (take_recorded_options). Nothing is taken without
+// one.
 inline std::string take_checkpoint_options(CLI::App& app) {
   const CLI::Option* resume = app.get_option_no_throw("--resume");
   if (resume == nullptr || resume->count() == 0) return {};
@@ -97,6 +98,11 @@ inline std::string take_checkpoint_options(CLI::App& app) {
     options.emplace_back("seed", std::to_string(m.seed));
     options.emplace_back("batch", std::to_string(m.batch_size));
     options.emplace_back("optimizer", m.optimizer);
+    // (Only mixed precision is taken: float32 is the default, and where a bf16 plan would
+    // otherwise choose bf16 the difference is warned.)
+    if (const auto dtype = m.training.find("--dtype");
+        dtype != m.training.end() && dtype->second == "bf16")
+      options.emplace_back("dtype", dtype->second);
     return take_recorded_options(app, options);
   } catch (const std::exception&) {
     return {};  // resuming reads it again and says what is wrong
@@ -109,6 +115,12 @@ inline CheckpointRunInfo checkpoint_run_info(const ZooModel& zoo, const Optimize
                                              int world_size, const PipelineFlags& flags,
                                              const Plan* plan,
                                              std::map<std::string, std::string> training) {
+  // The precision changes every step's numbers: a resume that leaves --dtype out takes the
+  // checkpoint's (take_checkpoint_options), one that gives another is warned, as is another
+  // --transfer-dtype between stages.
+  const auto flag_value = [](DType t) { return t == DType::BFloat16 ? "bf16" : "float32"; };
+  training["--dtype"] = flag_value(flags.compute_dtype(plan));
+  if (plan) training["--transfer-dtype"] = flag_value(flags.wire_dtype(plan));
   return {.model = zoo.model.name(),
           .architecture = zoo.architecture,
           .schedule = plan ? schedule_name(flags, *plan) : "sequential",

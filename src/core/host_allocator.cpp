@@ -22,7 +22,11 @@ namespace {
 
 void* system_allocate(std::size_t bytes) {
   void* p = std::aligned_alloc(HostAllocator::kAlignment, bytes);
-  if (!p) PIPELINE_FAIL(Error, "out of host memory allocating {} bytes", bytes);
+  if (!p)
+    PIPELINE_FAIL(Error,
+                  "out of host memory allocating {} bytes ({:.3g} GiB): a smaller batch (the "
+                  "tools' --batch) or model needs less",
+                  bytes, static_cast<double>(bytes) / (1ull << 30));
   return p;
 }
 

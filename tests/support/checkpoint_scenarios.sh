@@ -76,13 +76,16 @@ resumed_step() {
 }
 
 run_bitwise() {
+  # Flags after the schedule go to the uninterrupted run only: the resumed run takes them from
+  # the checkpoint (--dtype).
   local schedule=$1 job
+  local -a first=("${@:2}")
   if [[ $schedule == sequential ]]; then
     job=("$train")
   else
     job=("${mpirun[@]}" 2 "$train" --plan "$plans/mlp_2.json" --schedule "$schedule")
   fi
-  "${job[@]}" "${common[@]}" --steps 40 --checkpoint-dir "$work/a" --checkpoint-every 10 \
+  "${job[@]}" "${common[@]}" "${first[@]}" --steps 40 --checkpoint-dir "$work/a" --checkpoint-every 10 \
     --checkpoint-keep 10 --metrics "$work/a.jsonl" --save "$work/a.safetensors" > "$work/a.log" 2>&1 ||
     { cat "$work/a.log"; fail "the uninterrupted run failed"; }
   mkdir "$work/b"
@@ -91,6 +94,10 @@ run_bitwise() {
     --metrics "$work/b.jsonl" --save "$work/b.safetensors" > "$work/b.log" 2>&1 ||
     { cat "$work/b.log"; fail "the resumed run failed"; }
   [[ $(resumed_step "$work/b.log") == 20 ]] || { cat "$work/b.log"; fail "did not resume at step 20"; }
+  if [[ " ${first[*]} " == *" --dtype bf16 "* ]]; then
+    grep -q -- "--resume: .*--dtype bf16" "$work/b.log" ||
+      { cat "$work/b.log"; fail "the resumed run did not take --dtype bf16 from the checkpoint"; }
+  fi
   losses "$work/a.jsonl" | awk '$1 > 20' > "$work/a.losses"
   losses "$work/b.jsonl" > "$work/b.losses"
   [[ $(wc -l < "$work/b.losses") == 20 ]] || fail "the resumed run logged $(wc -l < "$work/b.losses") steps, not 20"
@@ -444,6 +451,7 @@ run_schedule_csv() {
 
 case $case_name in
   schedule-csv) run_schedule_csv ;;
+  bitwise-sequential-bf16) run_bitwise sequential --dtype bf16 ;;
   bitwise-*) run_bitwise "${case_name#bitwise-}" ;;
   stash) run_bitwise 1f1b-stash ;;
   replan) run_replan ;;
