@@ -249,25 +249,36 @@ void print_simulated(const pipeline::Plan& plan, const pipeline::Simulation& sim
         static_cast<double>(planned[fullest]) / 1e9);
 }
 
+// The partitioner's 1F1B-flush plan of the same workers under `options` (one stage per worker
+// group, no virtual stages) for `microbatches` (0: the default count); nothing where none fits.
+std::optional<pipeline::Plan> flush_plan_of(const pipeline::Profile& profile,
+                                            const pipeline::Topology& topo,
+                                            pipeline::PartitionOptions options, int microbatches) {
+  options.virtual_stages = 1;
+  options.placement = pipeline::StagePlacement::Looped;
+  options.schedule = "1f1b-flush";
+  options.microbatches = microbatches;
+  try {
+    const pipeline::LogThresholdScope quiet(pipeline::LogLevel::Warn);  // said once already
+    return pipeline::partition(profile, topo, options);
+  } catch (const pipeline::ConfigError&) {
+    return std::nullopt;
+  }
+}
+
 // Where the partitioner's interleaved plan is predicted slower than its 1F1B-flush plan for the
 // same workers and microbatches (interleaving sends every microbatch through each worker v times,
 // so over slow links its messages can cost more than its smaller bubble saves), or, with the
 // interleaved plan's simulation (`simulated`), where its schedule simulates slower than the
 // flush plan's, a note saying so and how to plan that one instead.
 void note_faster_flush_plan(const pipeline::Plan& interleaved, const pipeline::Profile& profile,
-                            const pipeline::Topology& topo, pipeline::PartitionOptions options,
+                            const pipeline::Topology& topo,
+                            const pipeline::PartitionOptions& options,
                             const pipeline::Simulation* simulated, double transfer_bytes_scale,
                             bool clip) {
-  options.virtual_stages = 1;
-  options.placement = pipeline::StagePlacement::Looped;
-  options.schedule = "1f1b-flush";
-  options.microbatches = interleaved.microbatches;
-  std::optional<pipeline::Plan> flush;
-  try {
-    flush = pipeline::partition(profile, topo, options);
-  } catch (const pipeline::ConfigError&) {
-    return;  // no 1F1B-flush plan fits: nothing faster to point to
-  }
+  const std::optional<pipeline::Plan> flush =
+      flush_plan_of(profile, topo, options, interleaved.microbatches);
+  if (!flush) return;  // no 1F1B-flush plan fits: nothing faster to point to
   const double ratio = flush->predicted.samples_per_s / interleaved.predicted.samples_per_s;
   const std::string why =
       flush->num_stages() > 1
@@ -297,19 +308,13 @@ void note_faster_flush_plan(const pipeline::Plan& interleaved, const pipeline::P
 // model's gradients, so its stages step together as a flush schedule's do, without a flush
 // schedule's gain in overlap: where the 1F1B-flush plan of the same workers simulates faster
 // clipped, say so and how to plan it.
-void note_flush_under_clipping(const pipeline::Plan& plan, const pipeline::Profile& profile,
-                               const pipeline::Topology& topo, pipeline::PartitionOptions options,
+// `simulated`: the plan's own clipped simulation.
+void note_flush_under_clipping(const pipeline::Profile& profile, const pipeline::Topology& topo,
+                               const pipeline::PartitionOptions& options,
                                const pipeline::Simulation& simulated, double transfer_bytes_scale) {
   if (simulated.samples_per_s <= 0) return;
-  options.schedule = "1f1b-flush";
-  options.microbatches = 0;
-  std::optional<pipeline::Plan> flush;
-  try {
-    const pipeline::LogThresholdScope quiet(pipeline::LogLevel::Warn);  // said once already
-    flush = pipeline::partition(profile, topo, options);
-  } catch (const pipeline::ConfigError&) {
-    return;  // no 1F1B-flush plan fits
-  }
+  const std::optional<pipeline::Plan> flush = flush_plan_of(profile, topo, options, 0);
+  if (!flush) return;
   const std::optional<pipeline::Simulation> flush_simulated =
       simulate_plan(*flush, profile, topo, nullptr, transfer_bytes_scale, /*clip=*/true);
   if (!flush_simulated) return;
@@ -665,8 +670,7 @@ int main(int argc, char** argv) {
         print_simulated(plan, *sim, discounted_transfers(opt, compression.has_value()), clipped);
       if (sim && clipped && stashes(plan) && plan.num_stages() > 1 && stages_text.empty() &&
           !chosen && !topo.typed())
-        note_flush_under_clipping(plan, profile, topo, opt, *sim,
-                                  transfer_dtype == "bf16" ? 0.5 : 1.0);
+        note_flush_under_clipping(profile, topo, opt, *sim, transfer_dtype == "bf16" ? 0.5 : 1.0);
       // (A second search: only where the first was quick.)
       if (!allow_idle && opt.cost_model == pipeline::CostModel::Pipeline && stashes(plan) &&
           !plan.interleaved() && stages_text.empty() && !chosen && !topo.typed() && seconds < 1)

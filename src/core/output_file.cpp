@@ -58,24 +58,19 @@ std::string temporary_beside(const std::string& dest) {
       .string();
 }
 
-}  // namespace
-
-}  // namespace pipeline::detail
-
-namespace pipeline {
-
-std::string output_path_problem(const std::string& path) {
-  using detail::directory_of;
+// What output_path_problem() finds without creating anything: the checks OutputFile repeats
+// before it creates its temporary (whose failure says the rest).
+std::string problem_before_creating(const std::string& path) {
   if (path.empty()) return "an output file needs a path";
   struct stat st {};
   const bool exists = ::stat(path.c_str(), &st) == 0;
   if (exists && S_ISDIR(st.st_mode))
     return "cannot write '" + path + "': it is a directory; name a file inside it";
-  if (exists && detail::written_in_place(path, st))
+  if (exists && written_in_place(path, st))
     return ::access(path.c_str(), W_OK) == 0
                ? std::string()
                : "cannot write '" + path + "': " + std::strerror(errno);
-  const std::string dir = directory_of(detail::destination_of(path, exists));
+  const std::string dir = directory_of(destination_of(path, exists));
   struct stat dst {};
   if (::stat(dir.c_str(), &dst) != 0)
     return "cannot write '" + path + "': directory '" + dir + "' does not exist (create it first)";
@@ -83,16 +78,32 @@ std::string output_path_problem(const std::string& path) {
     return "cannot write '" + path + "': '" + dir + "' is a file, not a directory";
   if (::access(dir.c_str(), W_OK) != 0)
     return "cannot write '" + path + "': directory '" + dir + "' is not writable";
+  return {};
+}
+
+// Why the file `created` beside `path`'s destination could not be made (errno `err`).
+std::string creation_problem(const std::string& path, const std::string& created, int err) {
+  return "cannot write '" + path + "': " + std::strerror(err) + " (creating a file in '" +
+         directory_of(created) + "')" + (err == ENAMETOOLONG ? "; give it a shorter name" : "");
+}
+
+}  // namespace
+
+}  // namespace pipeline::detail
+
+namespace pipeline {
+
+std::string output_path_problem(const std::string& path) {
+  if (std::string problem = detail::problem_before_creating(path); !problem.empty()) return problem;
+  struct stat st {};
+  const bool exists = ::stat(path.c_str(), &st) == 0;
+  if (exists && detail::written_in_place(path, st)) return {};
   // The rest shows only on trying (a name too long once the temporary's suffix is added, a file
   // system that takes no new files such as /proc or a read-only mount): a probe file, made and
-  // removed at once.
+  // removed at once, as OutputFile makes its temporary.
   const std::string probe = detail::temporary_beside(detail::destination_of(path, exists));
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
-    return "cannot write '" + path + "': " + std::strerror(err) + " (creating a file in '" + dir +
-           "')" + (err == ENAMETOOLONG ? "; give it a shorter name" : "");
-  }
+  if (fd < 0) return detail::creation_problem(path, probe, errno);
   ::close(fd);
   ::unlink(probe.c_str());
   return {};
@@ -103,7 +114,7 @@ std::string output_path_problem(const std::string& path) {
 namespace pipeline::detail {
 
 OutputFile::OutputFile(std::string path) : m_path(std::move(path)), m_dest(m_path) {
-  if (const std::string problem = output_path_problem(m_path); !problem.empty())
+  if (const std::string problem = problem_before_creating(m_path); !problem.empty())
     PIPELINE_FAIL(IoError, "{}", problem);
   struct stat st {};
   const bool exists = ::stat(m_path.c_str(), &st) == 0;  // follows links
@@ -116,11 +127,7 @@ OutputFile::OutputFile(std::string path) : m_path(std::move(path)), m_dest(m_pat
   m_dest = destination_of(m_path, exists);
   m_tmp = temporary_beside(m_dest);
   m_fd = ::open(m_tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (m_fd < 0) {
-    const int err = errno;
-    PIPELINE_FAIL(IoError, "cannot write '{}': {} (creating its temporary file in '{}')", m_path,
-                  std::strerror(err), directory_of(m_dest));
-  }
+  if (m_fd < 0) PIPELINE_FAIL(IoError, "{}", creation_problem(m_path, m_tmp, errno));
 }
 
 OutputFile::~OutputFile() {
