@@ -115,10 +115,12 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
   if (print)
     fmt::print(
         "memory per rank, measured peak bytes held (MiB; each part at its own peak) vs the "
-        "planner's estimate{}:\n{:>4} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} "
-        "{:>10}{}{}\n",
-        simulated.empty() ? "" : " and the simulated peak of the schedule run", "rank", "stage",
-        "recompute", "params", "grads", "optimizer", "stashed w", "activation", "peak", "planned",
+        "planner's estimate of them (plan held; an output waiting for its send is counted in "
+        "the plan's working memory) and with that working memory (planned){}:"
+        "\n{:>4} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}{}{}\n",
+        simulated.empty() ? "" : ", and the simulated peak of the schedule run", "rank", "stage",
+        "recompute", "params", "grads", "optimizer", "stashed w", "activation", "peak", "plan held",
+        "planned",
         simulated.empty() ? "" : fmt::format(" {:>10}", "simulated"),
         counted ? fmt::format(" {:>14}", "allocator peak") : "");
   for (int s = 0; s < layout.num_stages(); ++s)
@@ -136,7 +138,8 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
         rc = rc || mine;
         if (k < plan.stages.size()) {
           planned += plan.stages[k].memory_bytes;
-          planned_workspace += plan.stages[k].workspace_bytes;
+          // (A rank runs one pass at a time: the plan charges its largest working memory once.)
+          planned_workspace = std::max(planned_workspace, plan.stages[k].workspace_bytes);
           differs = differs || mine != plan.stages[k].recompute;
         }
       }
@@ -145,10 +148,12 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
       if (print)
         fmt::print(
             "{:>4} {:>5} {:>9} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} "
-            "{:>10}{}{}\n",
+            "{:>10} {:>10}{}{}\n",
             r, fmt::format("{}", fmt::join(held, ",")), rc ? "yes" : "no", m.parameter_bytes / kMiB,
             m.gradient_bytes / kMiB, m.optimizer_bytes / kMiB, m.stashed_weight_bytes / kMiB,
             m.activation_bytes / kMiB, m.total_bytes / kMiB,
+            planned > 0 ? fmt::format("{:.3f}", (planned - planned_workspace) / kMiB)
+                        : std::string("-"),
             planned > 0 ? fmt::format("{:.3f}{}", planned / kMiB, differs ? "*" : "")
                         : std::string("-"),
             R < simulated.size() ? fmt::format(" {:>10.3f}", simulated[R] / kMiB) : std::string(),
@@ -171,7 +176,8 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
   if (print && overridden)
     fmt::print(
         "* planned for the plan's own choice of recomputation, which --recompute overrides in "
-        "this run (the simulated column is for this run's)\n");
+        "this run{}\n",
+        simulated.empty() ? "" : " (the simulated column is for this run's)");
 }
 
 }  // namespace pipeline::examples

@@ -90,6 +90,7 @@ StateGraph StateGraph::linear(const Profile& p) {
   g.charge_stage_ends(p, [](int state, int layer) { return layer <= state; });
   g.workspace = StageWorkspace(p, /*prefix_states=*/true);
   g.loss_gradient_bytes = static_cast<double>(p.loss_gradient_bytes);
+  g.input_bytes = static_cast<double>(p.input_bytes);
   return g;
 }
 
@@ -609,6 +610,7 @@ StateGraph StateGraphAssembler::assemble(const Profile& p, const LayerDag& d, co
   });
   g.workspace = StageWorkspace(p, /*prefix_states=*/false);
   g.loss_gradient_bytes = static_cast<double>(p.loss_gradient_bytes);
+  g.input_bytes = static_cast<double>(p.input_bytes);
   return g;
 }
 

@@ -204,8 +204,8 @@ class Solver {
                            m_g.stage_frees_input(s, j)) <= *m_memory)
       return {};
     if (!can) return {false};
-    if (recompute_stage_memory_bytes(par, version, act, input, loss, flight,
-                                     m_o.optimizer_state_factor, work) <= *m_memory)
+    if (recompute_stage_memory_bytes(par, version, act, input, m_g.stage_recompute_input_bytes(s),
+                                     loss, flight, m_o.optimizer_state_factor, work) <= *m_memory)
       return recomputed;
     return {false};
   }
@@ -632,7 +632,8 @@ double describe_at(Plan& plan, const StateGraph& g, const Topology& t, const Par
                                 g.stage_frees_input(fs.s, fs.e));
     };
     auto recompute_at = [&](int f) {
-      return recompute_stage_memory_bytes(par, version, act, input, loss, f,
+      return recompute_stage_memory_bytes(par, version, act, input,
+                                          g.stage_recompute_input_bytes(fs.s), loss, f,
                                           o.optimizer_state_factor, work);
     };
     int flight = in_flight(N, pd ? lo : ranks_before, r);
@@ -1027,18 +1028,23 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   const auto at = [](const std::vector<double>& v, int i) {
     return i < 0 ? 0.0 : v[static_cast<std::size_t>(i)];
   };
-  // Each stage's memory apart from the microbatches it holds and its working memory (`fixed`),
-  // and what one microbatch holds from its forward to its backward (`whole_bytes`; in a V, from
-  // its F to its W, and `between_bytes` from its I to its W): every microbatch is a whole one of
-  // the profile's batch, whichever pipeline takes it.
+  // Each stage's memory apart from the microbatches it holds, its working memory and its backward
+  // in progress (`fixed`); what one microbatch holds from its forward to its backward
+  // (`whole_bytes`; in a V, from its F to its W, and `between_bytes` from its I to its W): every
+  // microbatch is a whole one of the profile's batch, whichever pipeline takes it; and what the
+  // backward in progress holds besides: the input gradient it makes (`gradient_bytes`), and a
+  // looped recomputing stage's rebuilt activations (`rebuilt_bytes`).
   std::vector<double> fixed(static_cast<std::size_t>(stages)), whole_bytes = fixed,
-                                                               between_bytes = fixed;
+                                                               between_bytes = fixed,
+                                                               gradient_bytes = fixed,
+                                                               rebuilt_bytes = fixed;
   double slowest = 0;
   for (int k = 0; k < stages; ++k) {
     PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
     const FinalStage& f = fs[static_cast<std::size_t>(k)];
     const double par = StateGraph::stage_sum(g.parameter_bytes, f.s, f.e);
     const double act = g.stage_activation_bytes(f.s, f.e), input = at(g.boundary_bytes, f.s);
+    const double kept_input = g.stage_recompute_input_bytes(f.s);
     // describe() gave each replica's share of compute and transfers; a recomputing stage runs its
     // forward twice; its allreduce is whole, once per minibatch.
     if (recompute[static_cast<std::size_t>(k)]) {
@@ -1052,18 +1058,21 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     const double loss = g.stage_loss_gradient_bytes(f.e);
     // A flush schedule: one weight version. The memory with one microbatch held, less that one.
     const double one =
-        ps.recompute ? recompute_stage_memory_bytes(par, par, act, input, loss, 1,
+        ps.recompute ? recompute_stage_memory_bytes(par, par, act, input, kept_input, loss, 1,
                                                     o.optimizer_state_factor, ps.workspace_bytes)
                      : stage_memory_bytes(par, par, act, 1, o.optimizer_state_factor, input, loss,
                                           ps.workspace_bytes, g.stage_frees_input(f.s, f.e));
     const double whole =
-        loss + (ps.recompute ? input : act + (g.stage_frees_input(f.s, f.e) ? 0.0 : input));
+        loss + (ps.recompute ? kept_input : act + (g.stage_frees_input(f.s, f.e) ? 0.0 : input));
     // zb-v's W comes after the I: a microbatch between the two keeps the output gradients its
     // weights need, and a recomputing stage the activations it rebuilt for the I too (which
     // `one` holds for the backward in progress: counted with the microbatches between).
     const bool split = pipes.shape.placement == StagePlacement::V;
-    fixed[static_cast<std::size_t>(k)] =
-        one - whole - (split && ps.recompute ? act : 0.0) - ps.workspace_bytes;
+    gradient_bytes[static_cast<std::size_t>(k)] = held_gradient_bytes(input, loss, 1) - loss;
+    rebuilt_bytes[static_cast<std::size_t>(k)] = ps.recompute && !split ? act : 0.0;
+    fixed[static_cast<std::size_t>(k)] = one - whole - ps.workspace_bytes -
+                                         gradient_bytes[static_cast<std::size_t>(k)] -
+                                         (ps.recompute ? act : 0.0);
     whole_bytes[static_cast<std::size_t>(k)] = whole;
     between_bytes[static_cast<std::size_t>(k)] =
         split ? split_held_bytes(split_costs.kept_bytes(ps.begin, ps.end), act, ps.recompute) : 0.0;
@@ -1086,7 +1095,9 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   // Each rank's memory from its order, pass by pass: a microbatch's F takes its `whole` bytes,
   // its I (a V's) the `between` ones, its B or W frees both. The rank's peak is its memory, each
   // stage's share at that moment the stage's. A rank runs one pass at a time: the largest working
-  // memory of its stages is charged once, to the first stage that has it.
+  // memory of its stages is charged once, to the first stage that has it, and so are the largest
+  // input gradient and rebuilt activations of a backward in progress (a V's rebuilt ones are
+  // held from each I to its W: `between`).
   const auto hold_in_order = [&](const PassOrder& passes) {
     for (int r = 0; r < places; ++r) {
       std::vector<double> live(static_cast<std::size_t>(stages), 0.0), at_peak = live;
@@ -1104,17 +1115,24 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
         }
       }
       const std::vector<int>& mine = stages_at[static_cast<std::size_t>(r)];
-      const int working = *std::max_element(mine.begin(), mine.end(), [&](int a, int b) {
-        return plan.stages[static_cast<std::size_t>(a)].workspace_bytes <
-               plan.stages[static_cast<std::size_t>(b)].workspace_bytes;
-      });
+      const auto largest = [&](auto&& bytes) {
+        return *std::max_element(mine.begin(), mine.end(),
+                                 [&](int a, int b) { return bytes(a) < bytes(b); });
+      };
+      const auto of = [](const std::vector<double>& bytes) {
+        return [&bytes](int k) { return bytes[static_cast<std::size_t>(k)]; };
+      };
+      const int working = largest([&](int k) { return plan.stages[static_cast<std::size_t>(k)].workspace_bytes; });
+      const int gradient = largest(of(gradient_bytes)), rebuilt = largest(of(rebuilt_bytes));
       memory[static_cast<std::size_t>(r)] = 0;
       for (int k : mine) {
         PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
         ps.in_flight = 0;  // 1F1B-stash's count, which describe() set: no stash schedule runs it
         ps.memory_bytes = fixed[static_cast<std::size_t>(k)] +
                           at_peak[static_cast<std::size_t>(k)] +
-                          (k == working ? ps.workspace_bytes : 0.0);
+                          (k == working ? ps.workspace_bytes : 0.0) +
+                          (k == gradient ? gradient_bytes[static_cast<std::size_t>(k)] : 0.0) +
+                          (k == rebuilt ? rebuilt_bytes[static_cast<std::size_t>(k)] : 0.0);
         memory[static_cast<std::size_t>(r)] += ps.memory_bytes;
       }
     }
@@ -1595,8 +1613,9 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
                          (split ? pending * split_held_bytes(kept, act, false) : 0.0);
     // (Split, the rebuilt activations are held from each I to its W: in split_held_bytes(), not
     // once for the backward in progress.)
-    const double rebuilt = recompute_stage_memory_bytes(par, 0.0, act, input, loss, held,
-                                                        o.optimizer_state_factor, work) +
+    const double rebuilt = recompute_stage_memory_bytes(par, 0.0, act, input,
+                                                        g.stage_recompute_input_bytes(s), loss,
+                                                        held, o.optimizer_state_factor, work) +
                            (split ? pending * split_held_bytes(kept, act, true) - act : 0.0);
     const auto fits = [&](double bytes) { return !memory || bytes <= *memory; };
     const bool recompute = o.recompute == Recompute::All ||

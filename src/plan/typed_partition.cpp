@@ -102,7 +102,8 @@ struct TypedPartitioner::Impl {
         stage_memory_bytes(par, version, act, flight, options.optimizer_state_factor, input, loss,
                            work, g.stage_frees_input(s, j)) +
         delay_bytes;
-    const double again = recompute_stage_memory_bytes(par, version, act, input, loss, flight,
+    const double again = recompute_stage_memory_bytes(par, version, act, input,
+                                                      s < 0 ? g.input_bytes : input, loss, flight,
                                                       options.optimizer_state_factor, work) +
                          delay_bytes;
     const bool can = options.recompute != Recompute::None;

@@ -109,6 +109,9 @@ void validate_profile(const Profile& p, std::string_view origin) {
                     p.loss_gradient_bytes >= 0 && p.loss_gradient_bytes <= kMaxProfileBytes,
                     "{}: loss_gradient_bytes = {} is out of range (0 to {} bytes)", origin,
                     p.loss_gradient_bytes, kMaxProfileBytes);
+  PIPELINE_CHECK_AS(ConfigError, p.input_bytes >= 0 && p.input_bytes <= kMaxProfileBytes,
+                    "{}: input_bytes = {} is out of range (0 to {} bytes)", origin, p.input_bytes,
+                    kMaxProfileBytes);
   const int n = p.size();
   std::vector<std::vector<int>> succ(static_cast<std::size_t>(n));
   std::vector<int> indegree(static_cast<std::size_t>(n), 0);
@@ -236,6 +239,7 @@ Profile profile_from_json(const json& j, std::string_view origin) {
     p.runtime_bytes = get_bytes(j, "runtime_bytes", "the profile", origin);
   if (j.contains("loss_gradient_bytes"))
     p.loss_gradient_bytes = get_bytes(j, "loss_gradient_bytes", "the profile", origin);
+  if (j.contains("input_bytes")) p.input_bytes = get_bytes(j, "input_bytes", "the profile", origin);
   const json& layers = require(j, "layers", "the profile", origin);
   PIPELINE_CHECK_AS(ConfigError, layers.is_array(), "{}: \"layers\" must be an array, got {}",
                     origin, layers.type_name());
@@ -378,6 +382,7 @@ json profile_to_json(const Profile& p) {
   if (p.threads > 0) j["threads"] = p.threads;
   if (p.runtime_bytes != 0) j["runtime_bytes"] = p.runtime_bytes;
   if (p.loss_gradient_bytes != 0) j["loss_gradient_bytes"] = p.loss_gradient_bytes;
+  if (p.input_bytes != 0) j["input_bytes"] = p.input_bytes;
   j["layers"] = std::move(layers);
   return j;
 }

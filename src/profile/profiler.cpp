@@ -508,6 +508,8 @@ Profile profile(const Sequential& model, const Shape& input_shape, int batch, De
   // The loss's gradient has the logits' shape in float32 (SoftmaxCrossEntropy, nn/loss.hpp).
   out.loss_gradient_bytes =
       shapes.back().numel() * static_cast<std::int64_t>(dtype_size(DType::Float32));
+  out.input_bytes =
+      shapes.front().numel() * static_cast<std::int64_t>(dtype_size(options.input_dtype));
   return out;
 }
 

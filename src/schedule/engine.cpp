@@ -79,7 +79,7 @@ struct InFlight {
 struct StageSlot {
   int stage = 0;
   int version = 0;    // optimizer steps taken so far
-  int requested = 0;  // DoubleBuffered: the newest version a forward has used
+  int requested = 0;  // DoubleBuffered, vertical sync: the newest version a forward has used
   // Versions referenced by in-flight microbatches, as runs (version, count), oldest first.
   Fifo<std::pair<int, int>> runs;
   // A replica's gradient sets: rounds whose gradients are complete and await their allreduce,
@@ -272,9 +272,13 @@ class Engine {
         int oldest = std::max(sl.version - 1, sl.requested);
         if (!sl.runs.empty()) oldest = std::min(oldest, sl.runs.front().first);
         v = sl.version - oldest + 1;
-      } else if (m_s.vertical_sync && !sl.runs.empty())
-        v = sl.version - sl.runs.front().first + 1;  // every version in between is still due
-      else
+      } else if (m_s.vertical_sync) {
+        // The store keeps every version from the one the latest forward used on: a microbatch
+        // still on its way from the input stage may ask for any of them (requests never go back).
+        int oldest = sl.requested;
+        if (!sl.runs.empty()) oldest = std::min(oldest, sl.runs.front().first);
+        v = sl.version - oldest + 1;
+      } else
         v = static_cast<int>(sl.runs.size()) +
             (sl.runs.empty() || sl.runs.back().first != sl.version ? 1 : 0);
       versions += v;
@@ -314,6 +318,7 @@ class Engine {
           break;
         }
     }
+    if (m_s.vertical_sync) sl.requested = std::max(sl.requested, version);
     st.inflight.push_back({a.stage, a.microbatch, version, false});
     if (!sl.runs.empty() && sl.runs.back().first == version)
       ++sl.runs.back().second;

@@ -157,12 +157,13 @@ StageTiming stage_timing(const Profile& profile, const Plan& plan, const std::ve
   t.backward_weight_s *= scale;
   if (ps.recompute) {
     // The forward runs again at the start of the backward (of its input-gradient half when
-    // split), and only the stage's input stays stashed between the two.
+    // split), and only the stage's input stays stashed between the two: the first stage's is the
+    // model's, from the data loader (recompute_stage_memory_bytes of plan/cost_model.hpp).
     t.recompute = true;
     t.backward_s += t.forward_s;
     t.backward_input_s += t.forward_s;
     t.recompute_bytes = t.activation_bytes - received;
-    t.activation_bytes = received;
+    t.activation_bytes = stage > 0 ? received : profile.input_bytes;
   } else if (ps.layer_ids.empty() && stage > 0 &&
              profile.stage_frees_input(profile.input_read_alone(), ps.begin, ps.end - 1)) {
     t.activation_bytes -= received;  // no layer keeps it past the forward

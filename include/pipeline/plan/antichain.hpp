@@ -169,6 +169,14 @@ class StateGraph {
   double stage_loss_gradient_bytes(int e) const {
     return e == size() - 1 ? loss_gradient_bytes : 0;
   }
+  // Profile::input_bytes: the model's input per minibatch.
+  double input_bytes = 0;
+  // What a stage starting after state s keeps per minibatch in flight when it recomputes: the
+  // input it receives, or on the first stage (s < 0) the model's input, which it receives from
+  // the data loader instead (and which the first stage's boundary of 0 bytes leaves out).
+  double stage_recompute_input_bytes(int s) const {
+    return s < 0 ? input_bytes : boundary_bytes[static_cast<std::size_t>(s)];
+  }
 
   // The activation bytes a stage P(e) \ P(s) stashes per minibatch beside the input it receives.
   double stage_activation_bytes(int s, int e) const {

@@ -215,15 +215,19 @@ inline double stage_memory_bytes(double parameter_bytes, double version_bytes,
 }
 
 // The same stage with activation recomputation: it keeps only its input per in-flight minibatch
-// and runs its forward again at backward, so one minibatch's activations are held at a time,
-// during its backward (with the gradients of held_gradient_bytes). It costs one more forward: the
-// stage's compute becomes forward + backward + forward.
+// (`kept_input_bytes`: StateGraph::stage_recompute_input_bytes; the input it received, or the
+// model's on the first stage, whose `input_bytes` is 0) and runs its forward again at backward,
+// so one minibatch's activations are held at a time, during its backward (with the gradients of
+// held_gradient_bytes). It costs one more forward: the stage's compute becomes forward + backward
+// + forward. (On the first stage the activations count again what its layers keep of the model's
+// input: one minibatch's at most, on the safe side.)
 inline double recompute_stage_memory_bytes(double parameter_bytes, double version_bytes,
                                            double activation_bytes, double input_bytes,
-                                           double loss_gradient_bytes, int in_flight_minibatches,
+                                           double kept_input_bytes, double loss_gradient_bytes,
+                                           int in_flight_minibatches,
                                            double optimizer_state_factor, double workspace_bytes) {
   return parameter_bytes * (2.0 + optimizer_state_factor) +
-         version_bytes * (in_flight_minibatches - 1) + input_bytes * in_flight_minibatches +
+         version_bytes * (in_flight_minibatches - 1) + kept_input_bytes * in_flight_minibatches +
          activation_bytes +
          held_gradient_bytes(input_bytes, loss_gradient_bytes, in_flight_minibatches) +
          workspace_bytes;

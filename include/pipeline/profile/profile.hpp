@@ -198,6 +198,11 @@ struct Profile {
   // and which the last layer's backward reads. Known to the profiler; 0 when unknown (an imported
   // profile), and then not charged. Serialised only when set.
   std::int64_t loss_gradient_bytes = 0;
+  // Bytes of the model's input for one minibatch, as the data loader hands it to the first stage
+  // (images in float32, token ids in int32), which a recomputing first stage keeps per minibatch
+  // in flight to run its forward again from. Known to the profiler; 0 when unknown (an imported
+  // profile), and then not charged. Serialised only when set.
+  std::int64_t input_bytes = 0;
 
   bool bf16() const { return dtype == "bfloat16"; }
 
