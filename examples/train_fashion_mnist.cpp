@@ -78,11 +78,14 @@ std::unique_ptr<Optimizer> make_optimizer(const Options& o) {
 
 // What a checkpoint records of the options that set each step's learning rate, update and data
 // (a resume that gives them otherwise is warned).
-std::map<std::string, std::string> training_options(const Options& o, const LrSchedule& lr) {
-  std::map<std::string, std::string> t{{"learning rate", lr.str()},
-                                       {"--weight-decay", fmt::format("{}", o.weight_decay)},
-                                       {"--clip-grad", fmt::format("{}", o.clip_grad)},
-                                       {"--no-shuffle", o.no_shuffle ? "given" : "not given"}};
+std::map<std::string, std::string> training_options(const Options& o, const LrSchedule& lr,
+                                                    const FashionMnist& train) {
+  std::map<std::string, std::string> t{
+      {"learning rate", lr.str()},
+      {"--weight-decay", fmt::format("{}", o.weight_decay)},
+      {"--clip-grad", fmt::format("{}", o.clip_grad)},
+      {"--no-shuffle", o.no_shuffle ? "given" : "not given"},
+      {"training data", examples::data_fingerprint(train.files())}};
   if (o.optimizer == "sgd") t.emplace("--momentum", fmt::format("{}", o.momentum));
   return t;
 }
@@ -129,7 +132,7 @@ int run(const Options& o) {
   const LrSchedule schedule = LrSchedule::parse(o.lr_schedule, o.lr, total);
   const CheckpointRunInfo info =
       examples::checkpoint_run_info(zoo, trainer.optimizer(), o.seed, o.batch, 1, o.pipeline,
-                                    nullptr, training_options(o, schedule));
+                                    nullptr, training_options(o, schedule, train));
   const std::int64_t start = examples::resume_if_asked(
       o.checkpoints, info, true, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
   const auto checkpoints =
@@ -161,7 +164,7 @@ int run(const Options& o) {
   progress.finish();
   if (done.preempted) {
     examples::announce_preemption(done, preemption_signal());
-    return 0;
+    return examples::kPreemptedExitStatus;
   }
   if (!evaluated) accuracy = trainer.evaluate(test, o.eval_batch).accuracy;
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -206,7 +209,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   const LrSchedule lr = LrSchedule::parse(o.lr_schedule, o.lr, total);
   const CheckpointRunInfo info =
       examples::checkpoint_run_info(zoo, ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline,
-                                    &plan, training_options(o, lr));
+                                    &plan, training_options(o, lr, train));
   const std::int64_t start = examples::resume_if_asked(o.checkpoints, info, comm.rank() == 0, ex);
   const auto checkpoints = examples::make_checkpointer(
       o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm);
@@ -263,7 +266,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   if (done.preempted) {
     if (comm.rank() == checkpoints->coordinator())
       examples::announce_preemption(done, preemption_signal());
-    return 0;
+    return examples::kPreemptedExitStatus;
   }
   const std::int64_t samples = done.trained * o.batch;
   if (reporter)
@@ -322,10 +325,12 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   app.add_option("--data", o.data, "directory with the Fashion-MNIST IDX files")
       ->capture_default_str();
-  app.add_option("--load", o.load, "initial parameters (safetensors)");
+  app.add_option("--load", o.load, "initial parameters (safetensors)")
+      ->check(examples::non_empty_path());
   app.add_option("--save", o.save, "write the trained parameters here (safetensors)")
       ->check(examples::file_to_write());
-  app.add_option("--metrics", o.metrics, "write JSON-lines metrics here");
+  app.add_option("--metrics", o.metrics, "write JSON-lines metrics here")
+      ->check(examples::non_empty_path());
   app.add_option("--eval-batch", o.eval_batch, "batch size for evaluation")
       ->check(CLI::Range(1, 65536));
   examples::add_pipeline_flags(app, o.pipeline);

@@ -66,13 +66,15 @@ std::string lr_schedule(const Options& o, long steps) {
   return steps >= 2 ? fmt::format("warmup:{}+cosine", steps / 2) : std::string("cosine");
 }
 
-// What a checkpoint records of the options that set each step's learning rate and update (a
-// resume that gives them otherwise is warned); `clip` is the norm the run clips to (0: off).
+// What a checkpoint records of the options that set each step's learning rate and update, and of
+// its data (a resume that gives them otherwise is warned); `clip` is the norm the run clips to
+// (0: off).
 std::map<std::string, std::string> training_options(const Options& o, const LrSchedule& lr,
                                                     float clip) {
   return {{"learning rate", lr.str()},
           {"--weight-decay", fmt::format("{}", o.weight_decay)},
-          {"--clip-grad", fmt::format("{}", clip)}};
+          {"--clip-grad", fmt::format("{}", clip)},
+          {"training data", examples::data_fingerprint({o.text})}};
 }
 
 ZooModel model_for(const Options& o) {
@@ -139,7 +141,7 @@ int run_single(const Options& o) {
                              });
   if (done.preempted) {
     examples::announce_preemption(done, preemption_signal());
-    return 0;
+    return examples::kPreemptedExitStatus;
   }
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   log_info("{} steps in {:.1f} s ({:.0f} samples/s)", done.position - start, s,
@@ -170,9 +172,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
 
   // Under 1f1b-stash the replicas of a stage step at different rates, so no global norm exists
   // where a stage is replicated: clipping is off there (said where --clip-grad was given).
-  const bool replicated = std::any_of(layout.stage_ranks.begin(), layout.stage_ranks.end(),
-                                      [](const std::vector<int>& r) { return r.size() > 1; });
-  const bool no_clip = examples::stashes(req) && replicated;
+  const bool no_clip = !global_norm_exists(examples::stashes(req), layout.replica_counts());
   if (no_clip && o.clip_grad_given && o.clip_grad > 0 && comm.rank() == 0)
     log_warn(
         "--clip-grad is off: under {} with replicated stages the stages step at different "
@@ -229,7 +229,7 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   if (done.preempted) {
     if (comm.rank() == checkpoints->coordinator())
       examples::announce_preemption(done, preemption_signal());
-    return 0;
+    return examples::kPreemptedExitStatus;
   }
   if (ex.is_loss_rank())
     log_info("{} steps in {:.1f} s ({:.0f} samples/s through the pipeline)", done.trained, train_s,
@@ -297,7 +297,8 @@ int main(int argc, char** argv) {
   app.add_option("--blocks", o.blocks, "transformer blocks")
       ->check(CLI::Range(1L, 256L))
       ->capture_default_str();
-  app.add_option("--metrics", o.metrics, "write JSON-lines metrics here");
+  app.add_option("--metrics", o.metrics, "write JSON-lines metrics here")
+      ->check(examples::non_empty_path());
   examples::add_pipeline_flags(app, o.pipeline);
   examples::add_checkpoint_flags(app, o.checkpoints);
   return examples::run_main(

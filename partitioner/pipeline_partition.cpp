@@ -551,7 +551,10 @@ int main(int argc, char** argv) {
     } else {
       PIPELINE_CHECK_AS(ConfigError, workers >= 1, "--workers must be at least 1 (got {}); or give --level COUNT:BANDWIDTH",
                         workers);
-      PIPELINE_CHECK_AS(ConfigError, !bandwidth_text.empty(), "--workers needs --bandwidth");
+      PIPELINE_CHECK_AS(
+          ConfigError, !bandwidth_text.empty(),
+          "--workers needs --bandwidth, the bytes per second between two workers (e.g. "
+          "--bandwidth 10GB/s), or give --level COUNT:BANDWIDTH");
       topo.levels.push_back({workers, pipeline::parse_bandwidth(bandwidth_text)});
     }
     if (!memory_text.empty()) topo.memory_bytes_per_worker = pipeline::parse_bytes(memory_text);

@@ -20,6 +20,7 @@
 #include <pipeline/core/log.hpp>
 #include <pipeline/data/device_prefetch.hpp>
 #include <pipeline/data/loader.hpp>
+#include <pipeline/io/safetensors.hpp>
 #include <pipeline/nn/zoo.hpp>
 #include <pipeline/optim/lr_schedule.hpp>
 #include <pipeline/plan/plan_json.hpp>
@@ -49,6 +50,7 @@
 
 #include "common/fault_injection.hpp"
 #include "common/pipeline_flags.hpp"
+#include "common/validators.hpp"
 
 namespace pipeline::examples {
 
@@ -66,7 +68,8 @@ struct CheckpointFlags {
 
 inline void add_checkpoint_flags(CLI::App& app, CheckpointFlags& flags) {
   app.add_option("--checkpoint-dir", flags.dir,
-                 "write checkpoints (parameters, optimizer state, step) under this directory");
+                 "write checkpoints (parameters, optimizer state, step) under this directory")
+      ->check(non_empty_path());
   app.add_option("--checkpoint-every", flags.every,
                  "steps between checkpoints (0: only at the end and when stopped by a signal)")
       ->check(CLI::Range(0L, 1L << 40))
@@ -77,7 +80,8 @@ inline void add_checkpoint_flags(CLI::App& app, CheckpointFlags& flags) {
       ->each([&flags](const std::string&) { flags.cadence_given = true; });
   app.add_option("--resume", flags.resume,
                  "continue from the newest complete checkpoint in this directory (from the start "
-                 "when it has none)");
+                 "when it has none)")
+      ->check(non_empty_path());
 }
 
 // A run that resumes continues the one that wrote the checkpoint: the model and its options, the
@@ -107,6 +111,19 @@ inline std::string take_checkpoint_options(CLI::App& app) {
   } catch (const std::exception&) {
     return {};  // resuming reads it again and says what is wrong
   }
+}
+
+// What a checkpoint records of the data a run trains on (among its training options, so that a
+// resume on other data is warned): each file's name, size and CRC-32, which stay the same where
+// the files move.
+inline std::string data_fingerprint(const std::vector<std::string>& files) {
+  std::vector<std::string> parts;
+  for (const std::string& file : files) {
+    const FileDigest d = digest_file(file);
+    parts.push_back(fmt::format("{} ({} bytes, CRC-32 {:08x})",
+                                std::filesystem::path(file).filename().string(), d.bytes, d.crc32));
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
 }
 
 // What a run records in its checkpoints and checks on resume; `plan` is null for one process.
@@ -248,6 +265,11 @@ inline void report_checkpoints(const Checkpointer* checkpoints, const RunProgres
     log_info("checkpoint of step {} in '{}'; checkpoints held up this rank for {:.2f} ms at most",
              p.position, p.checkpoint, checkpoints->max_stall_s() * 1e3);
 }
+
+// The exit status of a run stopped by a signal after its checkpoint: EX_TEMPFAIL of sysexits.h,
+// "try again later". Neither 0, which a scheduler takes for a finished job and does not restart
+// (a signal to a rank, not to mpirun, left mpirun's status 0), nor a failure's 1.
+inline constexpr int kPreemptedExitStatus = 75;
 
 // `signal`: the one this process received; 0 when the stop came from a signal to another rank.
 inline void announce_preemption(const RunProgress& p, int signal) {

@@ -120,8 +120,7 @@ inline void report_peak_memory(const StageExecutor& ex, Communicator& comm, cons
         "\n{:>4} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}{}{}\n",
         simulated.empty() ? "" : ", and the simulated peak of the schedule run", "rank", "stage",
         "recompute", "params", "grads", "optimizer", "stashed w", "activation", "peak", "plan held",
-        "planned",
-        simulated.empty() ? "" : fmt::format(" {:>10}", "simulated"),
+        "planned", simulated.empty() ? "" : fmt::format(" {:>10}", "simulated"),
         counted ? fmt::format(" {:>14}", "allocator peak") : "");
   for (int s = 0; s < layout.num_stages(); ++s)
     for (int r : layout.stage_ranks[static_cast<std::size_t>(s)]) {

@@ -224,6 +224,7 @@ inline void add_pipeline_flags(CLI::App& app, PipelineFlags& flags) {
       ->group(kPipelineOnlyFlags);
   app.add_option("--plan", flags.plan,
                  "train as a pipeline with this plan.json (pipeline-partition)")
+      ->check(non_empty_path())
       ->group(kPipelineOnlyFlags);
   app.add_option("--profile", flags.profile,
                  "the profile.json --plan was made from: the memory report at the end then shows "

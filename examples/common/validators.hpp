@@ -40,6 +40,19 @@ inline CLI::Validator non_negative_number() {
   return detail::finite_number_from_zero(false, "NON-NEGATIVE");
 }
 
+// A path an option names: an empty one (a job script's `--checkpoint-dir "$DIR"` with DIR unset)
+// is refused rather than taken as the option left out (no checkpoints, no resume, silently).
+inline CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](std::string& s) {
+        return s.empty() ? std::string(
+                               "names no path (an empty value: an unset variable in a "
+                               "job script?); leave the option out for none")
+                         : std::string();
+      },
+      "PATH");
+}
+
 // A file the run writes at its end (parameters, a trace, a plan): checked before the work that
 // fills it rather than after it.
 inline CLI::Validator file_to_write() {

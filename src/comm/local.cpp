@@ -195,11 +195,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-Clock::time_point deadline_after(double seconds) {
-  return Clock::now() +
-         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-}
-
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -231,7 +226,7 @@ class LocalRecvRequest final : public RequestImpl {
   void wait() override {
     auto t0 = Clock::now();
     std::unique_lock lock(m_hub->mu);
-    bool ready = m_hub->cv.wait_until(lock, deadline_after(m_settings->timeout_s),
+    bool ready = m_hub->cv.wait_until(lock, detail::deadline_after(m_settings->timeout_s),
                                       [&] { return m_pending->done || m_hub->aborted; });
     if (m_pending->done) {
       finish();
@@ -299,7 +294,7 @@ class LocalCollectiveRequest final : public RequestImpl {
   void wait() override {
     auto t0 = Clock::now();
     std::unique_lock lock(m_hub->mu);
-    bool ready = m_hub->cv.wait_until(lock, deadline_after(m_settings->timeout_s),
+    bool ready = m_hub->cv.wait_until(lock, detail::deadline_after(m_settings->timeout_s),
                                       [&] { return m_round->done || m_hub->aborted; });
     if (m_round->done) {
       finish();

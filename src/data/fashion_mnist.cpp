@@ -31,6 +31,7 @@ FashionMnist::FashionMnist(std::string dir, Split split, Contents contents)
   const std::string prefix = split == Split::Train ? "train" : "t10k";
   const std::string image_path = locate(m_dir, prefix + "-images-idx3-ubyte");
   const std::string label_path = locate(m_dir, prefix + "-labels-idx1-ubyte");
+  m_files = {image_path, label_path};
   IdxArray images;
   if (contents == Contents::Everything)
     images = read_idx(image_path);

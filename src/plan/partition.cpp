@@ -1034,10 +1034,8 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
   // microbatch is a whole one of the profile's batch, whichever pipeline takes it; and what the
   // backward in progress holds besides: the input gradient it makes (`gradient_bytes`), and a
   // looped recomputing stage's rebuilt activations (`rebuilt_bytes`).
-  std::vector<double> fixed(static_cast<std::size_t>(stages)), whole_bytes = fixed,
-                                                               between_bytes = fixed,
-                                                               gradient_bytes = fixed,
-                                                               rebuilt_bytes = fixed;
+  std::vector<double> fixed(static_cast<std::size_t>(stages)),
+      whole_bytes = fixed, between_bytes = fixed, gradient_bytes = fixed, rebuilt_bytes = fixed;
   double slowest = 0;
   for (int k = 0; k < stages; ++k) {
     PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
@@ -1122,7 +1120,8 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
       const auto of = [](const std::vector<double>& bytes) {
         return [&bytes](int k) { return bytes[static_cast<std::size_t>(k)]; };
       };
-      const int working = largest([&](int k) { return plan.stages[static_cast<std::size_t>(k)].workspace_bytes; });
+      const int working =
+          largest([&](int k) { return plan.stages[static_cast<std::size_t>(k)].workspace_bytes; });
       const int gradient = largest(of(gradient_bytes)), rebuilt = largest(of(rebuilt_bytes));
       memory[static_cast<std::size_t>(r)] = 0;
       for (int k : mine) {
@@ -1613,10 +1612,10 @@ std::optional<Plan> partition_flush_degree(const Profile& measured, const Profil
                          (split ? pending * split_held_bytes(kept, act, false) : 0.0);
     // (Split, the rebuilt activations are held from each I to its W: in split_held_bytes(), not
     // once for the backward in progress.)
-    const double rebuilt = recompute_stage_memory_bytes(par, 0.0, act, input,
-                                                        g.stage_recompute_input_bytes(s), loss,
-                                                        held, o.optimizer_state_factor, work) +
-                           (split ? pending * split_held_bytes(kept, act, true) - act : 0.0);
+    const double rebuilt =
+        recompute_stage_memory_bytes(par, 0.0, act, input, g.stage_recompute_input_bytes(s), loss,
+                                     held, o.optimizer_state_factor, work) +
+        (split ? pending * split_held_bytes(kept, act, true) - act : 0.0);
     const auto fits = [&](double bytes) { return !memory || bytes <= *memory; };
     const bool recompute = o.recompute == Recompute::All ||
                            (o.recompute == Recompute::Auto && !fits(stash) && fits(rebuilt));

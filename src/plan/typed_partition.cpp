@@ -102,10 +102,10 @@ struct TypedPartitioner::Impl {
         stage_memory_bytes(par, version, act, flight, options.optimizer_state_factor, input, loss,
                            work, g.stage_frees_input(s, j)) +
         delay_bytes;
-    const double again = recompute_stage_memory_bytes(par, version, act, input,
-                                                      s < 0 ? g.input_bytes : input, loss, flight,
-                                                      options.optimizer_state_factor, work) +
-                         delay_bytes;
+    const double again =
+        recompute_stage_memory_bytes(par, version, act, input, s < 0 ? g.input_bytes : input, loss,
+                                     flight, options.optimizer_state_factor, work) +
+        delay_bytes;
     const bool can = options.recompute != Recompute::None;
     const Mode recomputed{true, true, diff(d.forward, s, j), again};
     if (can && options.recompute == Recompute::All && !d.memory) return recomputed;

@@ -34,6 +34,13 @@ int PipelineLayout::num_ranks() const {
   return n;
 }
 
+std::vector<int> PipelineLayout::replica_counts() const {
+  std::vector<int> counts;
+  for (const std::vector<int>& ranks : stage_ranks)
+    counts.push_back(static_cast<int>(ranks.size()));
+  return counts;
+}
+
 int PipelineLayout::stage_of(int rank) const {
   for (int s = 0; s < num_stages(); ++s)
     for (int r : stage_ranks[s])

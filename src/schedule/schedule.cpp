@@ -1,6 +1,8 @@
 // Text form of actions: `<stage><code><number>[@<peer>]`.
 #include <pipeline/schedule/schedule.hpp>
 
+#include <pipeline/plan/partition.hpp>
+
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -141,9 +143,10 @@ std::vector<Action> parse_actions(std::string_view text) {
 }
 
 bool global_norm_exists(const Schedule& schedule) {
-  return !(schedule.policy == UpdatePolicy::Stash &&
-           std::any_of(schedule.stage_ranks.begin(), schedule.stage_ranks.end(),
-                       [](const std::vector<int>& r) { return r.size() > 1; }));
+  std::vector<int> replicas;
+  for (const std::vector<int>& r : schedule.stage_ranks)
+    replicas.push_back(static_cast<int>(r.size()));
+  return global_norm_exists(schedule.policy == UpdatePolicy::Stash, replicas);
 }
 
 void check_global_norm_exists(const Schedule& schedule) {

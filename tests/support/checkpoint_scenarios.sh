@@ -338,7 +338,7 @@ expect_refusal() {
   local expect=$1
   shift
   if "$@" > "$work/r.log" 2>&1; then fail "accepted: $*"; fi
-  grep -Eq "$expect" "$work/r.log" || { cat "$work/r.log"; fail "no '$expect' in the error of: $*"; }
+  grep -Eq -- "$expect" "$work/r.log" || { cat "$work/r.log"; fail "no '$expect' in the error of: $*"; }
 }
 
 run_refused() {
@@ -359,6 +359,21 @@ run_refused() {
   grep -q -- "--resume: --model mlp --seed [0-9]* --batch 32 --optimizer adamw, as the checkpoint was written" "$work/same.log" ||
     { cat "$work/same.log"; fail "the resume did not take the checkpoint's options"; }
   [[ $(resumed_step "$work/same.log") == 10 ]] || { cat "$work/same.log"; fail "did not resume at step 10"; }
+  # On other data (one training label changed, in a copy elsewhere): warned, naming the files.
+  mkdir -p "$work/data"
+  ln -sf /usr/share/datasets/fashion-mnist/{train-images-idx3-ubyte.gz,t10k-*} "$work/data/"
+  python3 -c '
+import gzip, sys
+b = bytearray(gzip.open("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz").read())
+b[8] = (b[8] + 1) % 10
+gzip.open(sys.argv[1], "wb").write(bytes(b))' "$work/data/train-labels-idx1-ubyte.gz"
+  cp -r "$work/a" "$work/other"
+  "${run[@]}" --resume "$work/other" --data "$work/data" > "$work/other.log" 2>&1 ||
+    { cat "$work/other.log"; fail "the resume on other data failed"; }
+  grep -q "training data train-images-idx3-ubyte.gz ([0-9]* bytes, CRC-32 [0-9a-f]*), train-labels-idx1-ubyte.gz .*(the checkpoint's: " "$work/other.log" ||
+    { cat "$work/other.log"; fail "the resume on other data was not warned"; }
+  expect_refusal "--checkpoint-dir: names no path" "${run[@]}" --model mlp --checkpoint-dir ""
+  expect_refusal "--resume: names no path" "${run[@]}" --model mlp --resume ""
   printf 'x' | dd of="$work/a/step-000000010/stage-0.safetensors" bs=1 seek=100 conv=notrunc 2> /dev/null
   expect_refusal "stage-0.safetensors' is corrupt.*CRC-32" "${resume[@]}" --model mlp
   # transformer-lm with other heads has the same tensor shapes: the recorded architecture tells.
@@ -369,7 +384,7 @@ run_refused() {
     expect_refusal "with --heads 4 but this run builds it with --heads 2: resume with --heads 4" \
       "${lm[@]}" --heads 2 --steps 4 --resume "$work/lm"
   fi
-  echo "resuming with another seed, batch, optimizer, model or architecture, from a corrupt shard or a file: refused, naming the fix; without them: the checkpoint's"
+  echo "resuming with another seed, batch, optimizer, model or architecture, from a corrupt shard or a file, or to an empty path: refused, naming the fix; without them: the checkpoint's; on other data: warned"
 }
 
 run_replicated() {

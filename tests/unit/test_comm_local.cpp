@@ -151,6 +151,21 @@ TEST_CASE("local: test() reports completion without blocking") {
   });
 }
 
+TEST_CASE("local: a timeout beyond any run waits as one of a minute does") {
+  // (--comm-timeout 1e10 overflowed the deadline: every wait timed out at once.)
+  run_local(2, [](Communicator& comm) {
+    comm.set_timeout(1e10);
+    if (comm.rank() == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      comm.send(Tensor::full({2}, 3.0f), 1, Tag::control(0, 0));
+    } else {
+      Tensor got = Tensor::zeros({2});
+      comm.irecv(got, 0, Tag::control(0, 0)).wait();
+      CHECK(got.values()[0] == 3.0f);
+    }
+  });
+}
+
 TEST_CASE("local: a message of the wrong size is an error naming both sizes") {
   CHECK_THROWS_WITH_AS(run_local(2,
                                  [](Communicator& comm) {

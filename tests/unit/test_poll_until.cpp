@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <thread>
 
 namespace test_poll_until {
@@ -41,6 +42,18 @@ TEST_CASE("poll_until sees a condition another thread sets, long before the limi
   CHECK(waited >= 0.029);
   // Far below the limit: the loop noticed the flag, it did not run into the timeout.
   CHECK(waited < 30.0);
+}
+
+TEST_CASE("a limit beyond any run means none: it neither overflows nor ends the wait at once") {
+  // (The clock's nanoseconds overflow near 9.2e9 s: --comm-timeout 1e10 timed out at once.)
+  for (const double limit : {1e10, 1e300, std::numeric_limits<double>::max()}) {
+    CAPTURE(limit);
+    CHECK(detail::deadline_after(limit) >
+          std::chrono::steady_clock::now() + std::chrono::hours(24 * 365));
+    int calls = 0;
+    CHECK(detail::poll_until([&] { return ++calls >= 3; }, limit));
+    CHECK(calls == 3);
+  }
 }
 
 TEST_CASE("poll_until gives up after the limit and reports false") {

@@ -415,9 +415,10 @@ TEST_CASE("a run of the partitioner's own plan stays under the memory cap, near 
     const double weights = static_cast<double>(m.parameter_bytes + m.stashed_weight_bytes);
     // (The input stage's microbatches of input data, which the plan and the simulator count only
     // where it recomputes.)
-    const double data = s == 0 && !recompute[s] ? static_cast<double>(
-                                                     outcome[r].result.peak_in_flight * batch * kIn * 4)
-                                               : 0.0;
+    const double data =
+        s == 0 && !recompute[s]
+            ? static_cast<double>(outcome[r].result.peak_in_flight * batch * kIn * 4)
+            : 0.0;
     MESSAGE("rank " << r << " stage " << s << std::string(recompute[s] ? " (recomputing)" : "")
                     << ": measured peak " << m.total_bytes << " B (activations "
                     << m.activation_bytes << ", weights " << weights << "), planned "
@@ -768,8 +769,8 @@ TEST_CASE("the simulator's memory under every schedule kind is what the executor
               << " B (gradients " << m.gradient_bytes << ", optimizer " << m.optimizer_bytes
               << ", activations " << m.activation_bytes << ", weights "
               << m.parameter_bytes + m.stashed_weight_bytes << "), simulated " << held
-              << " B (state " << sr.peak_state_bytes << ", activations "
-              << sr.peak_activation_bytes << ", weights " << sr.peak_weight_bytes << ")");
+              << " B (state " << sr.peak_state_bytes << ", activations " << sr.peak_activation_bytes
+              << ", weights " << sr.peak_weight_bytes << ")");
       const auto measured = static_cast<double>(m.total_bytes);
       const bool vsync = std::string_view(c.schedule) == "1f1b-stash-vsync";
       if (r > 0 && vsync) {

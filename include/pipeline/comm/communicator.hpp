@@ -145,12 +145,21 @@ inline void tighten_timer_slack() {
 // Returns false on timeout.
 enum class PollMode { Sleep, Spin };
 
+// The time `seconds` from now. A limit beyond any run is taken as about 31 years: the clock's
+// nanoseconds overflow near 9.2e9 s, where a longer timeout (meant as "never") ended every wait
+// at once.
+inline std::chrono::steady_clock::time_point deadline_after(double seconds) {
+  using Clock = std::chrono::steady_clock;
+  constexpr double kLongest_s = 1e9;
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(std::min(seconds, kLongest_s)));
+}
+
 template <typename Done>
 bool poll_until(Done&& done, double timeout_s, PollMode mode = PollMode::Sleep) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  const auto deadline =
-      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  const auto deadline = deadline_after(timeout_s);
   auto pause = std::chrono::microseconds(10);
   for (;;) {
     if (done()) return true;

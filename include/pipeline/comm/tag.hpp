@@ -81,9 +81,12 @@ struct Tag {
 
   friend bool operator==(const Tag&, const Tag&) = default;
 
-  // "activation of stage 1, microbatch 5"
+  // "activation of stage 1, microbatch 5"; "control of stage 1, message 2" (a control message,
+  // such as a checkpoint record or the stop agreement's, is numbered by its sender, not by a
+  // microbatch).
   std::string str() const {
-    return fmt::format("{} of stage {}, microbatch {}", tag_kind_name(kind), stage, microbatch);
+    return fmt::format("{} of stage {}, {} {}", tag_kind_name(kind), stage,
+                       kind == TagKind::Control ? "message" : "microbatch", microbatch);
   }
 };
 

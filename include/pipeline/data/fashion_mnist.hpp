@@ -40,8 +40,12 @@ class FashionMnist final : public Dataset {
   // The class names in label order.
   static const std::vector<std::string>& class_names();
 
+  // The IDX files it read, as found (images, labels; compressed or not).
+  const std::vector<std::string>& files() const { return m_files; }
+
  private:
   std::string m_dir;
+  std::vector<std::string> m_files;
   Split m_split;
   Contents m_contents;
   std::vector<std::uint8_t> m_pixels;  // N × 28 × 28 (empty under Contents::Labels)

@@ -224,8 +224,8 @@ inline double stage_memory_bytes(double parameter_bytes, double version_bytes,
 inline double recompute_stage_memory_bytes(double parameter_bytes, double version_bytes,
                                            double activation_bytes, double input_bytes,
                                            double kept_input_bytes, double loss_gradient_bytes,
-                                           int in_flight_minibatches,
-                                           double optimizer_state_factor, double workspace_bytes) {
+                                           int in_flight_minibatches, double optimizer_state_factor,
+                                           double workspace_bytes) {
   return parameter_bytes * (2.0 + optimizer_state_factor) +
          version_bytes * (in_flight_minibatches - 1) + kept_input_bytes * in_flight_minibatches +
          activation_bytes +

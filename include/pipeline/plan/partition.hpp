@@ -146,13 +146,18 @@ inline bool stashes_weights(std::string_view schedule) {
   return schedule.starts_with("1f1b-stash");
 }
 
-// Whether a run of `plan` under its own schedule has one gradient norm over the whole model to
-// clip by: not under a weight-stashing schedule with replicated stages, whose stages step at
-// different rates (global_norm_exists of the schedule generated for it agrees).
+// Gradient clipping by the whole model's norm sums it over every rank at each step: under a
+// weight-stashing schedule with replicated stages the stages step at different rates, so no such
+// norm exists. Whether a run of stages with `replicas_per_stage` has one (the trainers run the
+// others unclipped, and the partitioner plans them so).
+inline bool global_norm_exists(bool weight_stashing, const std::vector<int>& replicas_per_stage) {
+  return !weight_stashing || std::all_of(replicas_per_stage.begin(), replicas_per_stage.end(),
+                                         [](int r) { return r == 1; });
+}
+
+// The same for a run of `plan` under its own schedule.
 inline bool plan_has_global_norm(const Plan& plan) {
-  const std::vector<int> replicas = plan.replica_counts();
-  return !stashes_weights(plan.schedule) ||
-         std::all_of(replicas.begin(), replicas.end(), [](int r) { return r == 1; });
+  return global_norm_exists(stashes_weights(plan.schedule), plan.replica_counts());
 }
 
 // Whether `schedule` runs interleaved plans (virtual stages): interleaved-1f1b (or "interleaved"),

@@ -100,6 +100,7 @@ struct PipelineLayout {
 
   int num_stages() const { return static_cast<int>(stages.size()); }
   int num_ranks() const;
+  std::vector<int> replica_counts() const;  // each stage's, in stage order
   // The stage a rank runs, its first one if it runs several (ConfigError when it runs none).
   int stage_of(int rank) const;
   // Every stage a rank runs, ascending (several on an interleaved plan; empty when none).

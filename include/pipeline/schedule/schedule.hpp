@@ -165,9 +165,8 @@ struct Schedule {
 std::vector<std::int32_t> closing_backwards(const std::vector<Action>& actions, UpdatePolicy policy,
                                             int microbatches);
 
-// Gradient clipping by the whole model's norm sums it over every rank at each step: under a stash
-// schedule with replicated stages the stages step at different rates, so no such norm exists.
-// global_norm_exists says whether it does; check_global_norm_exists throws ConfigError saying so
+// Whether a run of the schedule has one gradient norm over the whole model to clip by
+// (global_norm_exists of plan/partition.hpp); check_global_norm_exists throws ConfigError saying so
 // where not (the executor and the simulator refuse clipping there alike).
 bool global_norm_exists(const Schedule& schedule);
 void check_global_norm_exists(const Schedule& schedule);
