@@ -701,8 +701,8 @@ TEST_CASE("the last stage holds the loss's gradient of each minibatch in flight,
           CHECK(held - measured <= static_cast<double>(tokens));
           Profile no_input = prof;
           no_input.input_bytes = 0;
-          const PlanStage& uncounted = evaluate_stages(no_input, topo, stages, ro).stages[0];
-          CHECK(s.memory_bytes - uncounted.memory_bytes ==
+          const Plan uncounted = evaluate_stages(no_input, topo, stages, ro);
+          CHECK(s.memory_bytes - uncounted.stages[0].memory_bytes ==
                 doctest::Approx(static_cast<double>(tokens * s.in_flight)));
         }
         continue;
