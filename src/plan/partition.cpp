@@ -1066,7 +1066,7 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
     // weights need, and a recomputing stage the activations it rebuilt for the I too (which
     // `one` holds for the backward in progress: counted with the microbatches between).
     const bool split = pipes.shape.placement == StagePlacement::V;
-    gradient_bytes[static_cast<std::size_t>(k)] = held_gradient_bytes(input, loss, 1) - loss;
+    gradient_bytes[static_cast<std::size_t>(k)] = backward_gradient_bytes(input, loss) - loss;
     rebuilt_bytes[static_cast<std::size_t>(k)] = ps.recompute && !split ? act : 0.0;
     fixed[static_cast<std::size_t>(k)] = one - whole - ps.workspace_bytes -
                                          gradient_bytes[static_cast<std::size_t>(k)] -
@@ -1117,12 +1117,12 @@ double describe_interleaved(Plan& plan, const Profile& p, const StateGraph& g, c
         return *std::max_element(mine.begin(), mine.end(),
                                  [&](int a, int b) { return bytes(a) < bytes(b); });
       };
-      const auto of = [](const std::vector<double>& bytes) {
-        return [&bytes](int k) { return bytes[static_cast<std::size_t>(k)]; };
-      };
       const int working =
           largest([&](int k) { return plan.stages[static_cast<std::size_t>(k)].workspace_bytes; });
-      const int gradient = largest(of(gradient_bytes)), rebuilt = largest(of(rebuilt_bytes));
+      const int gradient =
+          largest([&](int k) { return gradient_bytes[static_cast<std::size_t>(k)]; });
+      const int rebuilt =
+          largest([&](int k) { return rebuilt_bytes[static_cast<std::size_t>(k)]; });
       memory[static_cast<std::size_t>(r)] = 0;
       for (int k : mine) {
         PlanStage& ps = plan.stages[static_cast<std::size_t>(k)];
