@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <string>
 
 namespace pipeline {
 namespace {
@@ -23,6 +24,7 @@ struct PreemptionState {
   struct sigaction previous_term {};
   struct sigaction previous_int {};
   char line[512] = {};
+  char repeat_line[256] = {};
 };
 
 static_assert(std::atomic<int>::is_always_lock_free);
@@ -32,17 +34,7 @@ PreemptionState& state() {
   return s;
 }
 
-void on_signal(int sig) {
-  PreemptionState& s = state();
-  int expected = 0;
-  if (!s.signal.compare_exchange_strong(expected, sig)) {
-    // The second signal: what was there before decides (a report, or the default action).
-    ::sigaction(SIGTERM, &s.previous_term, nullptr);
-    ::sigaction(SIGINT, &s.previous_int, nullptr);
-    std::raise(sig);
-    return;
-  }
-  const char* text = s.line;
+void write_line(const char* text) {
   std::size_t n = std::strlen(text);
   while (n > 0) {
     const ssize_t w = ::write(STDERR_FILENO, text, n);
@@ -52,18 +44,47 @@ void on_signal(int sig) {
   }
 }
 
+void on_signal(int sig) {
+  PreemptionState& s = state();
+  int expected = 0;
+  if (s.signal.compare_exchange_strong(expected, sig)) {
+    write_line(s.line);
+    return;
+  }
+  // A repeated SIGTERM is the same request: a scheduler signals every process of a job and
+  // mpirun passes on the one it got, so a rank sees two; ending it then would lose the
+  // checkpoint the first one asked for.
+  if (sig == SIGTERM) {
+    write_line(s.repeat_line);
+    return;
+  }
+  // SIGINT again (Ctrl-C twice): what was there before decides (a report, or the default action).
+  ::sigaction(SIGTERM, &s.previous_term, nullptr);
+  ::sigaction(SIGINT, &s.previous_int, nullptr);
+  std::raise(sig);
+}
+
+// Copies `text` into `out`, cut to fit and still ending in a newline.
+template <std::size_t N>
+void keep_line(char (&out)[N], const std::string& text) {
+  std::strncpy(out, text.c_str(), N - 2);
+  if (text.size() >= N - 1) out[N - 2] = '\n';
+}
+
 }  // namespace
 
 void catch_preemption_signals() {
   PreemptionState& s = state();
   if (s.installed.exchange(true)) return;
-  const std::string line = fmt::format(
-      "{}info: stop requested (SIGTERM/SIGINT): finishing the current step, then writing a "
-      "checkpoint and exiting; signal again to stop at once (mpirun also sends SIGTERM when "
-      "another rank fails: then that rank's error is the cause)\n",
-      detail::rank_prefix());
-  std::strncpy(s.line, line.c_str(), sizeof(s.line) - 2);
-  if (line.size() >= sizeof(s.line) - 1) s.line[sizeof(s.line) - 2] = '\n';
+  keep_line(s.line, fmt::format("{}info: stop requested (SIGTERM/SIGINT): finishing the current "
+                                "step, then writing a checkpoint and exiting; SIGINT again (or "
+                                "SIGKILL) stops at once (mpirun also sends SIGTERM when another "
+                                "rank fails: then that rank's error is the cause)\n",
+                                detail::rank_prefix()));
+  keep_line(s.repeat_line,
+            fmt::format("{}info: SIGTERM again: still stopping after the agreed "
+                        "step and its checkpoint (SIGINT or SIGKILL stops at once)\n",
+                        detail::rank_prefix()));
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);

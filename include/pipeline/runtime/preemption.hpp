@@ -4,9 +4,11 @@
 // catch_preemption_signals() installs handlers for both. The first signal only sets a flag (and
 // writes one line saying so); the training loop reads it between steps. A pipelined run must
 // stop every rank after the same step: its ranks agree on that step while the pipeline keeps
-// running (stop_agreement.hpp). A second signal ends the process at once, through
-// the handler that was installed before (the "where was this rank" report of MPI programs) or
-// the default action.
+// running (stop_agreement.hpp). A SIGINT after the first signal (Ctrl-C twice) ends the process at
+// once, through the handler that was installed before (the "where was this rank" report of MPI
+// programs) or the default action. A repeated SIGTERM is the same request, written and otherwise
+// ignored: a scheduler signals every process of a job, mpirun passes on the SIGTERM it got, and a
+// rank that died of the second would lose the checkpoint the first asked for.
 //
 // Under mpirun, a signal to mpirun reaches the ranks only after mpirun's grace period
 // (`--mca odls_base_sigkill_timeout SECONDS`, 1 s by default) and SIGKILL follows one more period
