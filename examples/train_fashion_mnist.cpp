@@ -133,10 +133,11 @@ int run(const Options& o) {
   const CheckpointRunInfo info =
       examples::checkpoint_run_info(zoo, trainer.optimizer(), o.seed, o.batch, 1, o.pipeline,
                                     nullptr, training_options(o, schedule, train));
-  const std::int64_t start = examples::resume_if_asked(
-      o.checkpoints, info, true, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
+  const auto resumed = examples::checkpoint_to_resume(o.checkpoints, info, true);
   const auto checkpoints =
       examples::make_checkpointer(o.checkpoints, info, CheckpointRole::single(zoo.model), nullptr);
+  const std::int64_t start = examples::restore_checkpoint(resumed, zoo.model, zoo.model.all(),
+                                                          trainer.params(), trainer.optimizer());
   MetricsWriter metrics(o.metrics, start);
   examples::Progress progress("train", total, start);
 
@@ -210,9 +211,10 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   const CheckpointRunInfo info =
       examples::checkpoint_run_info(zoo, ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline,
                                     &plan, training_options(o, lr, train));
-  const std::int64_t start = examples::resume_if_asked(o.checkpoints, info, comm.rank() == 0, ex);
+  const auto resumed = examples::checkpoint_to_resume(o.checkpoints, info, comm.rank() == 0);
   const auto checkpoints = examples::make_checkpointer(
       o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm);
+  const std::int64_t start = examples::restore_checkpoint(resumed, ex);
   if (comm.rank() == 0) {
     log_info(
         "{}: {} stages on {} ranks, schedule {} ({} microbatch(es) per minibatch of {}), {} "

@@ -124,10 +124,11 @@ int run_single(const Options& o) {
   const CheckpointRunInfo info =
       examples::checkpoint_run_info(zoo, trainer.optimizer(), o.seed, o.batch, 1, o.pipeline,
                                     nullptr, training_options(o, lr, o.clip_grad));
-  const std::int64_t start = examples::resume_if_asked(
-      o.checkpoints, info, true, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
+  const auto resumed = examples::checkpoint_to_resume(o.checkpoints, info, true);
   const auto checkpoints =
       examples::make_checkpointer(o.checkpoints, info, CheckpointRole::single(zoo.model), nullptr);
+  const std::int64_t start = examples::restore_checkpoint(resumed, zoo.model, zoo.model.all(),
+                                                          trainer.params(), trainer.optimizer());
   const DataLoader loader = train_loader(o, train);
   MetricsWriter metrics(o.metrics, start);
   const auto t0 = Clock::now();
@@ -201,9 +202,10 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   const CheckpointRunInfo info =
       examples::checkpoint_run_info(zoo, ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline,
                                     &plan, training_options(o, lr, no_clip ? 0.f : o.clip_grad));
-  const std::int64_t start = examples::resume_if_asked(o.checkpoints, info, comm.rank() == 0, ex);
+  const auto resumed = examples::checkpoint_to_resume(o.checkpoints, info, comm.rank() == 0);
   const auto checkpoints = examples::make_checkpointer(
       o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm);
+  const std::int64_t start = examples::restore_checkpoint(resumed, ex);
   const DataLoader loader = train_loader(o, train);
   MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string(), start);
   const MinibatchFeed feed = examples::training_feed(loader);

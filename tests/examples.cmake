@@ -262,11 +262,11 @@ if(PIPELINE_WITH_CUDA)
 endif()
 
 # Checkpoints, resume (same plan bit-identical, a bf16 run resumed in bf16 without --dtype,
-# 1f1b-stash, another plan, an interleaved plan, after
-# SIGKILL, after an interrupted write) and SIGTERM to mpirun, driven as a user drives them
+# 1f1b-stash, another plan, an interleaved plan, after SIGKILL, after an interrupted write) and
+# SIGTERM to mpirun or to the whole job, driven as a user drives them
 # (support/checkpoint_scenarios.sh).
 foreach(_case bitwise-sequential bitwise-sequential-bf16 bitwise-gpipe bitwise-1f1b-flush stash replan sigkill
-        interrupted refused finished replicated sigterm sigterm-stash sigterm-rank1 interleaved
+        interrupted refused finished replicated sigterm sigterm-stash sigterm-rank1 sigterm-all interleaved
         sigterm-interleaved schedule-csv)
   add_test(NAME example.checkpoint.${_case}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/support/checkpoint_scenarios.sh ${_case} ${_train}

@@ -192,21 +192,18 @@ inline std::optional<Checkpoint> checkpoint_to_resume(const CheckpointFlags& fla
   return c;
 }
 
-// Restores layers `r` (params, optimizer) from the checkpoint --resume names, if any; returns
-// the step the run starts from.
-inline std::int64_t resume_if_asked(const CheckpointFlags& flags, const CheckpointRunInfo& run,
-                                    bool log, const Sequential& model, LayerRange r,
-                                    ModelParams& params, Optimizer& optimizer) {
-  const std::optional<Checkpoint> c = checkpoint_to_resume(flags, run, log);
+// Restores layers `r` (params, optimizer) from `c` (checkpoint_to_resume's), if any; returns the
+// step the run starts from. Called once the run's Checkpointer holds its directory's lock, so no
+// other job prunes the checkpoint while it is read.
+inline std::int64_t restore_checkpoint(const std::optional<Checkpoint>& c, const Sequential& model,
+                                       LayerRange r, ModelParams& params, Optimizer& optimizer) {
   if (!c) return 0;
   restore_stage(*c, model, r, params, optimizer);
   return c->manifest.step;
 }
 
 // The same for every stage a pipeline's rank runs (several on an interleaved plan).
-inline std::int64_t resume_if_asked(const CheckpointFlags& flags, const CheckpointRunInfo& run,
-                                    bool log, StageExecutor& ex) {
-  const std::optional<Checkpoint> c = checkpoint_to_resume(flags, run, log);
+inline std::int64_t restore_checkpoint(const std::optional<Checkpoint>& c, StageExecutor& ex) {
   if (!c) return 0;
   ex.for_each_stage(
       [&](int) { restore_stage(*c, ex.model(), ex.layers(), ex.params(), ex.optimizer()); });

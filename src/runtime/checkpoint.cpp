@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -405,6 +407,43 @@ void check_writable(const std::string& dir, int rank) {
 
 }  // namespace
 
+// --- the directory's lock
+// -------------------------------------------------------------------------
+
+// Two jobs writing into one directory would each delete the other's checkpoints (an unfinished
+// write looks like an interrupted one; pruning counts both jobs' steps). The coordinator holds an
+// exclusive lock on <dir>/.lock while the job runs; the kernel drops it when the process ends,
+// however it ends, so no stale lock is ever left. The file names its holder for the message.
+CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
+  const std::string path = (fs::path(dir) / ".lock").string();
+  m_fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  PIPELINE_CHECK_AS(IoError, m_fd >= 0, "cannot open the checkpoint directory's lock '{}': {}",
+                    path, std::strerror(errno));
+  if (::flock(m_fd, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    char holder[256] = {};
+    const ssize_t n = ::pread(m_fd, holder, sizeof(holder) - 1, 0);
+    std::string who = n > 0 ? std::string(holder, static_cast<std::size_t>(n)) : "";
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    ::close(m_fd);
+    m_fd = -1;
+    PIPELINE_CHECK_AS(IoError, error == EWOULDBLOCK, "cannot lock '{}': {}", path,
+                      std::strerror(error));
+    PIPELINE_FAIL(ConfigError,
+                  "the checkpoint directory '{}' is in use by another job ({}): two jobs writing "
+                  "there would delete each other's checkpoints; give this run another "
+                  "--checkpoint-dir, or wait for that job to end",
+                  dir, who.empty() ? "its lock file names no process" : who);
+  }
+  const std::string me = detail::host_and_pid() + "\n";
+  if (::ftruncate(m_fd, 0) != 0 || ::pwrite(m_fd, me.data(), me.size(), 0) < 0)
+    log_warn("cannot record this job in '{}': {}", path, std::strerror(errno));
+}
+
+CheckpointDirLock::~CheckpointDirLock() {
+  if (m_fd >= 0) ::close(m_fd);  // releases the lock
+}
+
 // --- writer ------------------------------------------------------------------------------------
 
 struct Checkpointer::InFlight {
@@ -442,6 +481,7 @@ Checkpointer::Checkpointer(CheckpointOptions options, CheckpointRunInfo info, Ch
     PIPELINE_CHECK_AS(IoError, !ec && fs::is_directory(m_options.dir),
                       "cannot create the checkpoint directory '{}': {}", m_options.dir,
                       ec ? ec.message() : "not a directory");
+    m_lock = std::make_unique<CheckpointDirLock>(m_options.dir);
     // No write of this job is in flight yet: directories without a manifest are leftovers of a
     // write that an earlier job did not finish.
     for (const auto& d : step_dirs(m_options.dir))

@@ -21,7 +21,9 @@
 #   sigterm             SIGTERM to mpirun: every rank finishes its step, the job checkpoints,
 #                       names the checkpoint and exits; --resume continues from that step
 #                       (1f1b-flush on 2 ranks; sigterm-stash: 1f1b-stash on 4 ranks;
-#                       sigterm-rank1: SIGTERM to rank 1 alone, which the coordinator announces)
+#                       sigterm-rank1: SIGTERM to rank 1 alone, which the coordinator announces;
+#                       sigterm-all: to mpirun and every rank, as a scheduler does, so each rank
+#                       gets two, after a second job given the same directory was refused)
 #   finished            a finished job started again (--resume at its last step, or past a lowered
 #                       --steps), single-process and on 2 ranks: it trains nothing, says so,
 #                       scores what the job scored and leaves its checkpoint as it was
@@ -306,7 +308,14 @@ run_sigterm() {
   done
   [[ -f $work/a/step-000001000/manifest.json ]] || { kill -KILL $job; cat "$work/a.log"; fail "no checkpoint appeared"; }
   local signalled=$ranks by="signal 15"
-  if [[ $target == rank1 ]]; then  # one rank alone: it asks, the others agree
+  if [[ $target == all ]]; then
+    # While it runs, a second job resuming from its directory (and so writing there) is refused.
+    expect_refusal "checkpoint directory '$work/a' is in use by another job \(host .*, pid [0-9]+\)" \
+      "$train" "${common[@]}" --steps 1000000 --resume "$work/a"
+  fi
+  if [[ $target == all ]]; then  # as a scheduler does: mpirun, which passes it on, and each rank
+    kill -TERM $(pgrep -f -- "--checkpoint-dir $work/a")
+  elif [[ $target == rank1 ]]; then  # one rank alone: it asks, the others agree
     local pid
     pid=$(rank_pid 1 "--checkpoint-dir $work/a") || true
     [[ -n $pid ]] || { kill -KILL $job; fail "rank 1's process not found"; }
@@ -327,6 +336,7 @@ run_sigterm() {
   step=$(sed -n 's/.*after step \([0-9]*\):.*/\1/p' <<< "$line")
   [[ -f $work/a/step-$(printf %09d "$step")/manifest.json ]] || fail "the named checkpoint of step $step is missing"
   [[ $(grep -c "stop requested (SIGTERM" "$work/a.log") == "$signalled" ]] || { cat "$work/a.log"; fail "not every signalled rank saw the stop request"; }
+  ! grep -q "mpirun ended this rank" "$work/a.log" || { cat "$work/a.log"; fail "a rank was ended before its checkpoint"; }
   "${mpirun[@]}" "$ranks" "$train" "${common[@]}" --plan "$plan" --schedule "$schedule" \
     --steps $((step + 40)) --resume "$work/a" > "$work/b.log" 2>&1 || { cat "$work/b.log"; fail "the resume failed"; }
   [[ $(resumed_step "$work/b.log") == "$step" ]] || { cat "$work/b.log"; fail "did not resume at step $step"; }
@@ -478,6 +488,7 @@ case $case_name in
   sigterm) run_sigterm 1f1b-flush 2 "$plans/mlp_2.json" ;;
   sigterm-stash) run_sigterm 1f1b-stash 4 "$plans/mlp_4.json" ;;
   sigterm-rank1) run_sigterm 1f1b-flush 2 "$plans/mlp_2.json" rank1 ;;
+  sigterm-all) run_sigterm 1f1b-flush 2 "$plans/mlp_2.json" all ;;
   interleaved) run_interleaved ;;
   sigterm-interleaved) run_sigterm interleaved-1f1b 2 "$plans/mlp_2x2_interleaved.json" ;;
   *) fail "unknown case" ;;

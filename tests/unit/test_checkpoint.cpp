@@ -14,6 +14,9 @@
 
 #include <fmt/format.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -206,7 +209,8 @@ TEST_CASE("checkpoint: keep the newest K, skip and delete interrupted writes") {
   testing::TempDir dir("ckpt_keep");
   Trained t;
   for (int step : {1, 2, 3, 4}) save_single(dir.path.string(), t, step, 2);
-  CHECK(dir.listing() == std::vector<std::string>{checkpoint_dir_name(3), checkpoint_dir_name(4)});
+  CHECK(dir.listing() ==
+        std::vector<std::string>{".lock", checkpoint_dir_name(3), checkpoint_dir_name(4)});
 
   // A write interrupted after its shard, before its manifest: never loaded.
   const fs::path partial = dir.path / checkpoint_dir_name(9);
@@ -228,6 +232,39 @@ TEST_CASE("checkpoint: keep the newest K, skip and delete interrupted writes") {
     CHECK_THROWS_WITH_AS(
         find_latest_checkpoint((dir.path / checkpoint_dir_name(4)).string() + suffix),
         doctest::Contains(expected.c_str()), ConfigError);
+}
+
+TEST_CASE("checkpoint: a second job writing into the same directory is refused, naming the first") {
+  testing::TempDir dir("ckpt_lock");
+  Trained t;
+  {
+    Checkpointer first({dir.path.string(), 0, 2}, info_for(t), CheckpointRole::single(t.zoo.model),
+                       nullptr);
+    const std::string holder = fmt::format("pid {})", ::getpid());
+    CHECK_THROWS_WITH_AS(Checkpointer({dir.path.string(), 0, 2}, info_for(t),
+                                      CheckpointRole::single(t.zoo.model), nullptr),
+                         doctest::Contains(holder.c_str()), ConfigError);
+    CHECK_THROWS_WITH_AS(CheckpointDirLock(dir.path.string()),
+                         doctest::Contains("is in use by another job"), ConfigError);
+    // Another process too (flock, not a lock of this process only).
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      try {
+        CheckpointDirLock again(dir.path.string());
+        ::_exit(1);
+      } catch (const ConfigError&) {
+        ::_exit(0);
+      }
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  }
+  // Once the first has ended, the directory is free (the lock file stays, unlocked).
+  CHECK(fs::exists(dir.path / ".lock"));
+  Checkpointer second({dir.path.string(), 0, 2}, info_for(t), CheckpointRole::single(t.zoo.model),
+                      nullptr);
 }
 
 TEST_CASE("checkpoint: corrupt shards and manifests are rejected, naming the file and tensor") {
@@ -336,7 +373,8 @@ TEST_CASE("checkpoint: a 3-stage pipeline of in-process ranks, restored under an
     CHECK(done == (comm.rank() == 0 ? (dir.path / checkpoint_dir_name(30)).string() : ""));
     CHECK(c.max_stall_s() >= 0);
   });
-  CHECK(dir.listing() == std::vector<std::string>{checkpoint_dir_name(20), checkpoint_dir_name(30)});
+  CHECK(dir.listing() ==
+        std::vector<std::string>{".lock", checkpoint_dir_name(20), checkpoint_dir_name(30)});
   const auto c = find_latest_checkpoint(dir.path.string());
   REQUIRE(c.has_value());
   CHECK(c->manifest.world_size == 4);

@@ -23,9 +23,10 @@
 // hold them, rejecting a shard whose CRC-32 or size disagrees with the manifest, or a tensor whose
 // dtype or shape disagrees with the manifest or the model, with the file and tensor named.
 //
-// Collective use: the Checkpointer's constructor (it cleans up incomplete directories and
-// synchronises) is collective; save(), poll() and finish() are called by every rank at the same
-// steps, and only writers and the coordinator do anything in them.
+// Collective use: the Checkpointer's constructor (it locks the directory against other jobs,
+// cleans up incomplete directories and synchronises) is collective; save(), poll() and finish()
+// are called by every rank at the same steps, and only writers and the coordinator do anything
+// in them.
 #pragma once
 
 #include <pipeline/comm/communicator.hpp>
@@ -86,6 +87,20 @@ struct CheckpointRole {
 // The step-<step> directory name for a step ("step-000000200").
 std::string checkpoint_dir_name(std::int64_t step);
 
+// An exclusive lock on <dir>/.lock, held while a job writes checkpoints into `dir`: a second job
+// given the same directory is refused (ConfigError naming the holder's host and pid) instead of
+// deleting the first one's checkpoints. Released when destroyed or when the process ends.
+class CheckpointDirLock {
+ public:
+  explicit CheckpointDirLock(const std::string& dir);
+  ~CheckpointDirLock();
+  CheckpointDirLock(const CheckpointDirLock&) = delete;
+  CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
+
+ private:
+  int m_fd = -1;
+};
+
 class Checkpointer {
  public:
   // `comm` is null for a single process. Collective.
@@ -141,6 +156,7 @@ class Checkpointer {
   CheckpointRunInfo m_info;
   CheckpointRole m_role;
   Communicator* m_comm;
+  std::unique_ptr<CheckpointDirLock> m_lock;  // on the coordinator
   std::unique_ptr<InFlight> m_flight;
   std::map<int, NamedTensors> m_spare;  // per stage, the last checkpoint's copy for the next
   std::int64_t m_last_step = -1;

@@ -3,7 +3,8 @@
 // A checkpoint is a directory `<dir>/step-<step, 9 digits>/` with one safetensors shard per
 // pipeline stage (`stage-<s>.safetensors`, written by the stage's first replica) and this
 // manifest, `manifest.json`, written last: a checkpoint exists only once its manifest does, so a
-// job that dies while writing leaves a directory without one, which resume skips.
+// job that dies while writing leaves a directory without one, which resume skips. `<dir>/.lock`
+// is the lock a job holds while it writes there (CheckpointDirLock).
 //
 //   {"format": "pipeline.checkpoint/1", "step": 200, "model": "fashion-cnn",
 //    "architecture": {"channels": 1, "image_size": 28, "num_classes": 10, "width": 1},
