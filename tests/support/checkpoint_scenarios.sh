@@ -314,7 +314,13 @@ run_sigterm() {
       "$train" "${common[@]}" --steps 1000000 --resume "$work/a"
   fi
   if [[ $target == all ]]; then  # as a scheduler does: mpirun, which passes it on, and each rank
-    kill -TERM $(pgrep -f -- "--checkpoint-dir $work/a")
+    local pids
+    pids=$(pgrep -f -- "--checkpoint-dir $work/a") || true
+    kill -TERM $pids 2> /dev/null || true  # (pgrep's own shell may be gone)
+    sleep 0.1
+    # And the ranks again, as mpirun's copy of it may come. (mpirun itself ends the job at once
+    # on a second signal: a scheduler sends it one.)
+    kill -TERM $(grep -vx "$job" <<< "$pids") 2> /dev/null || true
   elif [[ $target == rank1 ]]; then  # one rank alone: it asks, the others agree
     local pid
     pid=$(rank_pid 1 "--checkpoint-dir $work/a") || true
