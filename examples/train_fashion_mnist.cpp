@@ -136,8 +136,10 @@ int run(const Options& o) {
   const auto resumed = examples::checkpoint_to_resume(o.checkpoints, info, true);
   const auto checkpoints =
       examples::make_checkpointer(o.checkpoints, info, CheckpointRole::single(zoo.model), nullptr);
-  const std::int64_t start = examples::restore_checkpoint(resumed, zoo.model, zoo.model.all(),
-                                                          trainer.params(), trainer.optimizer());
+  const std::int64_t start = examples::restore_checkpoint(
+      resumed, o.checkpoints, info, nullptr, checkpoints.get(), [&](const Checkpoint& c) {
+        restore_stage(c, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
+      });
   MetricsWriter metrics(o.metrics, start);
   examples::Progress progress("train", total, start);
 
@@ -214,7 +216,11 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   const auto resumed = examples::checkpoint_to_resume(o.checkpoints, info, comm.rank() == 0);
   const auto checkpoints = examples::make_checkpointer(
       o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm);
-  const std::int64_t start = examples::restore_checkpoint(resumed, ex);
+  const std::int64_t start = examples::restore_checkpoint(
+      resumed, o.checkpoints, info, &comm, checkpoints.get(), [&](const Checkpoint& c) {
+        ex.for_each_stage(
+            [&](int) { restore_stage(c, ex.model(), ex.layers(), ex.params(), ex.optimizer()); });
+      });
   if (comm.rank() == 0) {
     log_info(
         "{}: {} stages on {} ranks, schedule {} ({} microbatch(es) per minibatch of {}), {} "

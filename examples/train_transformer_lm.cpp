@@ -127,8 +127,10 @@ int run_single(const Options& o) {
   const auto resumed = examples::checkpoint_to_resume(o.checkpoints, info, true);
   const auto checkpoints =
       examples::make_checkpointer(o.checkpoints, info, CheckpointRole::single(zoo.model), nullptr);
-  const std::int64_t start = examples::restore_checkpoint(resumed, zoo.model, zoo.model.all(),
-                                                          trainer.params(), trainer.optimizer());
+  const std::int64_t start = examples::restore_checkpoint(
+      resumed, o.checkpoints, info, nullptr, checkpoints.get(), [&](const Checkpoint& c) {
+        restore_stage(c, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
+      });
   const DataLoader loader = train_loader(o, train);
   MetricsWriter metrics(o.metrics, start);
   const auto t0 = Clock::now();
@@ -205,7 +207,11 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   const auto resumed = examples::checkpoint_to_resume(o.checkpoints, info, comm.rank() == 0);
   const auto checkpoints = examples::make_checkpointer(
       o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm);
-  const std::int64_t start = examples::restore_checkpoint(resumed, ex);
+  const std::int64_t start = examples::restore_checkpoint(
+      resumed, o.checkpoints, info, &comm, checkpoints.get(), [&](const Checkpoint& c) {
+        ex.for_each_stage(
+            [&](int) { restore_stage(c, ex.model(), ex.layers(), ex.params(), ex.optimizer()); });
+      });
   const DataLoader loader = train_loader(o, train);
   MetricsWriter metrics(ex.is_loss_rank() ? o.metrics : std::string(), start);
   const MinibatchFeed feed = examples::training_feed(loader);

@@ -64,6 +64,13 @@ struct CheckpointFlags {
   // Where new checkpoints go (empty: none are written).
   std::string output_dir() const { return dir.empty() ? resume : dir; }
   bool writes() const { return !output_dir().empty(); }
+  // Whether the run writes its checkpoints where it resumes from (--resume alone, or the same
+  // directory given twice).
+  bool resumes_where_it_writes() const {
+    std::error_code ec;
+    return !resume.empty() && std::filesystem::weakly_canonical(resume, ec) ==
+                                  std::filesystem::weakly_canonical(output_dir(), ec);
+  }
 };
 
 inline void add_checkpoint_flags(CLI::App& app, CheckpointFlags& flags) {
@@ -192,22 +199,54 @@ inline std::optional<Checkpoint> checkpoint_to_resume(const CheckpointFlags& fla
   return c;
 }
 
-// Restores layers `r` (params, optimizer) from `c` (checkpoint_to_resume's), if any; returns the
-// step the run starts from. Called once the run's Checkpointer holds its directory's lock, so no
-// other job prunes the checkpoint while it is read.
-inline std::int64_t restore_checkpoint(const std::optional<Checkpoint>& c, const Sequential& model,
-                                       LayerRange r, ModelParams& params, Optimizer& optimizer) {
-  if (!c) return 0;
-  restore_stage(*c, model, r, params, optimizer);
-  return c->manifest.step;
+// Whether `flag` is true on any rank of the job (collective; `comm` null: this process alone).
+inline bool on_any_rank(Communicator* comm, bool flag) {
+  if (comm == nullptr) return flag;
+  Tensor count = Tensor::from_vector(Shape{1}, {flag ? 1.f : 0.f});
+  comm->allreduce_sum(count, comm->world());
+  return count.data<float>()[0] > 0;
 }
 
-// The same for every stage a pipeline's rank runs (several on an interleaved plan).
-inline std::int64_t restore_checkpoint(const std::optional<Checkpoint>& c, StageExecutor& ex) {
-  if (!c) return 0;
-  ex.for_each_stage(
-      [&](int) { restore_stage(*c, ex.model(), ex.layers(), ex.params(), ex.optimizer()); });
-  return c->manifest.step;
+// Restores this rank's layers (`restore(c)`) from `c`, checkpoint_to_resume's, and while a shard
+// of it is damaged on any rank (CheckpointDamaged), from the next older checkpoint instead: a
+// job restarted by its scheduler goes on rather than failing at every restart. Every rank takes
+// the same one. The damaged one is set aside (renamed *.damaged) by `checkpoints`' coordinator
+// when the run writes where it resumes from. Returns the step the run starts from. Collective;
+// called once the run's Checkpointer holds its directory's lock.
+inline std::int64_t restore_checkpoint(std::optional<Checkpoint> c, const CheckpointFlags& flags,
+                                       const CheckpointRunInfo& run, Communicator* comm,
+                                       const Checkpointer* checkpoints,
+                                       const std::function<void(const Checkpoint&)>& restore) {
+  const int rank = comm ? comm->rank() : 0;
+  while (c) {
+    bool damaged = false;
+    try {
+      restore(*c);
+    } catch (const CheckpointDamaged& e) {
+      log_warn("{}", pipeline::detail::unprefixed_message(e));
+      damaged = true;
+    }
+    if (!on_any_rank(comm, damaged)) return c->manifest.step;
+    const Checkpoint bad = *c;
+    {
+      const LogThresholdScope quiet(rank == 0 ? log_threshold() : LogLevel::Error);
+      c = find_latest_checkpoint(flags.resume, bad.manifest.step);
+    }
+    if (checkpoints && rank == checkpoints->coordinator() && flags.resumes_where_it_writes()) {
+      const std::string aside = set_aside_damaged_checkpoint(bad.path);
+      log_warn("moved the damaged checkpoint '{}' aside to '{}'", bad.path, aside);
+    }
+    PIPELINE_CHECK_AS(CheckpointDamaged, c.has_value(),
+                      "checkpoint '{}' is damaged (the warning above says what) and '{}' holds no "
+                      "older complete checkpoint: start afresh (an empty --checkpoint-dir, no "
+                      "--resume) or restore the directory from a copy",
+                      bad.path, flags.resume);
+    check_resume_compatible(c->manifest, run);
+    if (rank == 0)
+      log_warn("checkpoint '{}' is damaged: resuming from the older '{}' at step {} instead",
+               bad.path, c->path, c->manifest.step);
+  }
+  return 0;
 }
 
 // The run's checkpoint writer (null without --checkpoint-dir or --resume), with SIGTERM/SIGINT
@@ -221,12 +260,7 @@ inline std::unique_ptr<Checkpointer> make_checkpointer(const CheckpointFlags& fl
   if (!flags.writes()) return nullptr;
   // Another run's checkpoints where this one writes would count as this run's older ones: kept
   // in their place (its own pruned as older), and the newest that a --resume takes.
-  namespace fs = std::filesystem;
-  const auto same = [](const std::string& a, const std::string& b) {
-    std::error_code ec;
-    return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec);
-  };
-  if (flags.resume.empty() || !same(flags.resume, flags.output_dir())) {
+  if (!flags.resumes_where_it_writes()) {
     const LogThresholdScope quiet(LogLevel::Error);  // (interrupted writes: the writer says so)
     const std::optional<Checkpoint> other = find_latest_checkpoint(flags.output_dir());
     PIPELINE_CHECK_AS(ConfigError, !other,

@@ -710,7 +710,7 @@ std::string Checkpointer::finish() {
 
 // --- reading -----------------------------------------------------------------------------------
 
-std::optional<Checkpoint> find_latest_checkpoint(const std::string& dir) {
+std::optional<Checkpoint> find_latest_checkpoint(const std::string& dir, std::int64_t before) {
   // One checkpoint given for the directory of them: it holds no step directories, so the run
   // would start from step 0 and write its own checkpoints inside the old one.
   std::error_code ec;
@@ -720,16 +720,25 @@ std::optional<Checkpoint> find_latest_checkpoint(const std::string& dir) {
                     "'{}' is one checkpoint, not a directory of them: give the directory that "
                     "holds its step-<n> directories ('{}'); the newest complete one is resumed",
                     dir, given.parent_path().string());
+  std::optional<ConfigError> damaged;  // the newest damaged manifest's error
   for (const auto& d : step_dirs(dir)) {
+    if (d.step >= before) continue;
     if (!d.complete) {
       log_warn("skipping checkpoint '{}': it has no manifest (its write was interrupted)",
                d.path.string());
       continue;
     }
     const std::string file = (d.path / "manifest.json").string();
-    const nlohmann::json j = detail::read_json_file(
-        file, "checkpoint manifest",
-        "; the checkpoint is damaged: resume from an older one (delete this step's directory)");
+    nlohmann::json j;
+    try {
+      j = detail::read_json_file(
+          file, "checkpoint manifest",
+          "; the checkpoint is damaged: resume from an older one (delete this step's directory)");
+    } catch (const ConfigError& e) {
+      log_warn("skipping checkpoint '{}': {}", d.path.string(), detail::unprefixed_message(e));
+      if (!damaged) damaged = e;
+      continue;
+    }
     Checkpoint c{d.path.string(), parse_checkpoint_manifest(j.dump(), file)};
     PIPELINE_CHECK_AS(
         ConfigError, c.manifest.step == d.step,
@@ -737,7 +746,18 @@ std::optional<Checkpoint> find_latest_checkpoint(const std::string& dir) {
         c.manifest.step, d.step);
     return c;
   }
+  if (damaged) throw *damaged;
   return std::nullopt;
+}
+
+std::string set_aside_damaged_checkpoint(const std::string& path) {
+  std::string to = path + ".damaged";
+  std::error_code ec;
+  for (int n = 2; fs::exists(to, ec); ++n) to = fmt::format("{}.damaged-{}", path, n);
+  fs::rename(path, to, ec);
+  PIPELINE_CHECK_AS(IoError, !ec, "cannot move the damaged checkpoint '{}' aside to '{}': {}", path,
+                    to, ec.message());
+  return to;
 }
 
 void check_resume_compatible(const CheckpointManifest& m, const CheckpointRunInfo& run) {
@@ -805,12 +825,12 @@ void restore_stage(const Checkpoint& checkpoint, const Sequential& model, LayerR
     if (it != open.end()) return it->second;
     const std::string file = (fs::path(checkpoint.path) / rec->file).string();
     std::error_code ec;
-    PIPELINE_CHECK_AS(IoError, fs::exists(file, ec),
+    PIPELINE_CHECK_AS(CheckpointDamaged, fs::exists(file, ec),
                       "checkpoint shard '{}' is missing, though the manifest lists it; resume "
                       "from an older checkpoint (delete this step's directory)",
                       file);
     const FileDigest d = digest_file(file);
-    PIPELINE_CHECK_AS(IoError, d.bytes == rec->bytes && d.crc32 == rec->crc32,
+    PIPELINE_CHECK_AS(CheckpointDamaged, d.bytes == rec->bytes && d.crc32 == rec->crc32,
                       "checkpoint shard '{}' is corrupt: {} bytes with CRC-32 {:08x}, but the "
                       "manifest records {} bytes with CRC-32 {:08x}; resume from an older "
                       "checkpoint (delete this step's directory)",

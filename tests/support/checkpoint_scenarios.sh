@@ -17,7 +17,9 @@
 #                       last complete checkpoint and loses at most one checkpoint interval
 #   interrupted         a checkpoint whose write was cut short (no manifest, truncated shard) is
 #                       never loaded: the previous one is; a rank killed while its checkpoint is
-#                       being written leaves only complete checkpoints to resume from
+#                       being written leaves only complete checkpoints to resume from; a complete
+#                       one damaged later (a shard's CRC-32) is passed over by every rank and
+#                       moved aside, and with none intact the run stops
 #   sigterm             SIGTERM to mpirun: every rank finishes its step, the job checkpoints,
 #                       names the checkpoint and exits; --resume continues from that step
 #                       (1f1b-flush on 2 ranks; sigterm-stash: 1f1b-stash on 4 ranks;
@@ -284,6 +286,25 @@ run_interrupted() {
   from=$(resumed_step "$work/d.log")
   [[ $from == 50 || $from == 100 ]] || { cat "$work/d.log"; fail "resumed from step '$from', expected 50 or 100"; }
   echo "rank killed as checkpoint 100 was written: resumed from the complete checkpoint of step $from"
+
+  # A complete checkpoint damaged afterwards (a byte of rank 1's shard): every rank resumes from
+  # the older one, and the damaged one is moved aside, out of the way of the run's own step 30.
+  "${mpirun[@]}" 2 "$train" "${common[@]}" --plan "$plans/mlp_2.json" --steps 30 \
+    --checkpoint-dir "$work/e" --checkpoint-every 10 > "$work/e.log" 2>&1 || { cat "$work/e.log"; fail "the run failed"; }
+  printf 'x' | dd of="$work/e/step-000000030/stage-1.safetensors" bs=1 seek=100 conv=notrunc 2> /dev/null
+  "${mpirun[@]}" 2 "$train" "${common[@]}" --plan "$plans/mlp_2.json" --steps 40 \
+    --resume "$work/e" > "$work/f.log" 2>&1 || { cat "$work/f.log"; fail "the resume past a damaged checkpoint failed"; }
+  grep -q "\[rank 1\] warn: checkpoint shard '.*step-000000030/stage-1.safetensors' is corrupt" "$work/f.log" &&
+    grep -q "resuming from the older '.*step-000000020' at step 20 instead" "$work/f.log" ||
+    { cat "$work/f.log"; fail "the damaged checkpoint was not named, or not passed over"; }
+  [[ -d $work/e/step-000000030.damaged && -f $work/e/step-000000040/manifest.json ]] ||
+    { ls "$work/e"; fail "the damaged checkpoint was not moved aside"; }
+  # With no older one left, the run stops rather than start from step 0.
+  printf 'x' | dd of="$work/e/step-000000040/stage-0.safetensors" bs=1 seek=100 conv=notrunc 2> /dev/null
+  printf 'x' | dd of="$work/e/step-000000020/stage-0.safetensors" bs=1 seek=100 conv=notrunc 2> /dev/null
+  expect_refusal "step-000000020' is damaged .* holds no older complete checkpoint" \
+    "${mpirun[@]}" 2 "$train" "${common[@]}" --plan "$plans/mlp_2.json" --steps 50 --resume "$work/e"
+  echo "a damaged checkpoint (step 30) was passed over on every rank; resumed from step 20"
 }
 
 # The pid of rank $1 of the job whose command line holds $2.
@@ -390,7 +411,9 @@ gzip.open(sys.argv[1], "wb").write(bytes(b))' "$work/data/train-labels-idx1-ubyt
     { cat "$work/other.log"; fail "the resume on other data was not warned"; }
   expect_refusal "--checkpoint-dir: names no path" "${run[@]}" --model mlp --checkpoint-dir ""
   expect_refusal "--resume: names no path" "${run[@]}" --model mlp --resume ""
-  printf 'x' | dd of="$work/a/step-000000010/stage-0.safetensors" bs=1 seek=100 conv=notrunc 2> /dev/null
+  for step in 5 10; do  # (one damaged alone is passed over: the interrupted case)
+    printf 'x' | dd of="$work/a/step-$(printf %09d $step)/stage-0.safetensors" bs=1 seek=100 conv=notrunc 2> /dev/null
+  done
   expect_refusal "stage-0.safetensors' is corrupt.*CRC-32" "${resume[@]}" --model mlp
   # transformer-lm with other heads has the same tensor shapes: the recorded architecture tells.
   if [[ -n ${TRAIN_TRANSFORMER_LM:-} ]]; then

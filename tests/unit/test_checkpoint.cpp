@@ -295,6 +295,15 @@ TEST_CASE("checkpoint: corrupt shards and manifests are rejected, naming the fil
     const std::string e = restore(t.zoo.model);
     CHECK(e.find(shard) != std::string::npos);
     CHECK(e.find("CRC-32") != std::string::npos);
+    // Damage, which a resume may pass over for an older checkpoint (other errors it must not).
+    const auto c = find_latest_checkpoint(dir.path.string());
+    ModelParams p;
+    AdamW opt;
+    CHECK_THROWS_AS(restore_stage(*c, t.zoo.model, t.zoo.model.all(), p, opt), CheckpointDamaged);
+    CHECK(p.empty());
+    fs::remove(shard);
+    CHECK_THROWS_WITH_AS(restore_stage(*c, t.zoo.model, t.zoo.model.all(), p, opt),
+                         doctest::Contains("is missing"), CheckpointDamaged);
   }
   SUBCASE("a truncated shard") {
     fs::resize_file(shard, fs::file_size(shard) - 10);
@@ -316,10 +325,31 @@ TEST_CASE("checkpoint: corrupt shards and manifests are rejected, naming the fil
     CHECK(e.find("fc1.weight") != std::string::npos);
     CHECK(e.find("needs") != std::string::npos);
   }
-  SUBCASE("a manifest that does not parse is an error, not skipped") {
+  SUBCASE("a manifest that does not parse: the older checkpoint, or an error when none") {
     std::ofstream(manifest) << "{\"format\": \"pipeline.checkpoint/1\", \"step\": ";
     CHECK(message_of([&] { find_latest_checkpoint(dir.path.string()); }).find(manifest) !=
           std::string::npos);
+    save_single(dir.path.string(), t, 3);
+    const auto c = find_latest_checkpoint(dir.path.string());
+    REQUIRE(c.has_value());
+    CHECK(c->manifest.step == 3);
+    // Its semantics wrong (valid JSON of another step) is no damage to pass over.
+    nlohmann::json j = nlohmann::json::parse(original);
+    j["step"] = 6;
+    std::ofstream(manifest) << j.dump();
+    CHECK(message_of([&] {
+            find_latest_checkpoint(dir.path.string());
+          }).find("is for step 6 but sits in the directory of step 5") != std::string::npos);
+  }
+  SUBCASE("older than a step; a damaged one set aside") {
+    save_single(dir.path.string(), t, 3);
+    CHECK(find_latest_checkpoint(dir.path.string(), 5)->manifest.step == 3);
+    CHECK_FALSE(find_latest_checkpoint(dir.path.string(), 3).has_value());
+    const std::string aside = set_aside_damaged_checkpoint(step_dir.string());
+    CHECK(aside == step_dir.string() + ".damaged");
+    CHECK(find_latest_checkpoint(dir.path.string())->manifest.step == 3);
+    save_single(dir.path.string(), t, 5);
+    CHECK(set_aside_damaged_checkpoint(step_dir.string()) == step_dir.string() + ".damaged-2");
   }
   SUBCASE("resume checks: model, architecture, seed, batch, optimizer") {
     const auto c = find_latest_checkpoint(dir.path.string());

@@ -90,6 +90,15 @@ template <typename E = Error>
   throw E(fmt::format("{}{} ({}:{}, check `{}`)", rank_prefix(), message, file, line, expr));
 }
 
+// The message of `e` without the "[rank N] " that fail() puts first: for a line that logs it
+// under its own prefix.
+inline std::string_view unprefixed_message(const std::exception& e) {
+  std::string_view m = e.what();
+  const std::string prefix = rank_prefix();
+  if (m.starts_with(prefix)) m.remove_prefix(prefix.size());
+  return m;
+}
+
 }  // namespace detail
 }  // namespace pipeline
 

@@ -20,8 +20,9 @@
 //
 // Reading: find_latest_checkpoint() returns the newest directory with a manifest (skipping, and
 // naming, directories without one); restore_stage() loads one stage's layers from whichever shards
-// hold them, rejecting a shard whose CRC-32 or size disagrees with the manifest, or a tensor whose
-// dtype or shape disagrees with the manifest or the model, with the file and tensor named.
+// hold them, rejecting a shard whose CRC-32 or size disagrees with the manifest (CheckpointDamaged,
+// on which a resume may take an older checkpoint), or a tensor whose dtype or shape disagrees with
+// the manifest or the model, with the file and tensor named.
 //
 // Collective use: the Checkpointer's constructor (it locks the directory against other jobs,
 // cleans up incomplete directories and synchronises) is collective; save(), poll() and finish()
@@ -39,6 +40,7 @@
 
 #include <cstdint>
 #include <future>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -169,10 +171,26 @@ struct Checkpoint {
   CheckpointManifest manifest;
 };
 
-// The newest complete checkpoint in `dir` (nullopt when there is none or the directory does not
-// exist). Directories without a manifest are skipped with a warning naming them; a manifest that
-// exists but does not parse is an error (ConfigError naming the file), never silently skipped.
-std::optional<Checkpoint> find_latest_checkpoint(const std::string& dir);
+// A complete checkpoint that is damaged: a shard missing, or its size or CRC-32 not the
+// manifest's. A resume may fall back to an older checkpoint on it; on other errors (another
+// model, a tensor of another shape) it must not, as every checkpoint of the run would fail alike.
+class CheckpointDamaged : public IoError {
+ public:
+  using IoError::IoError;
+};
+
+// The newest complete checkpoint in `dir` of a step before `before` (nullopt when there is none
+// or the directory does not exist). Directories without a manifest are skipped with a warning
+// naming them, and so are those whose manifest is not valid JSON (a damaged file) where an older
+// complete one remains; with none, that manifest's error is thrown (ConfigError naming the
+// file): damage never turns into a start from step 0.
+std::optional<Checkpoint> find_latest_checkpoint(
+    const std::string& dir, std::int64_t before = std::numeric_limits<std::int64_t>::max());
+
+// Renames a damaged checkpoint's directory to <path>.damaged (.damaged-2, ... when taken), out of
+// the way of find_latest_checkpoint and of the run's own checkpoint of that step, and kept for
+// inspection. Returns the new path.
+std::string set_aside_damaged_checkpoint(const std::string& path);
 
 // ConfigError when the run cannot continue the checkpoint: another model, seed, batch size or
 // optimizer (each names the flag to change).
@@ -185,7 +203,9 @@ std::vector<std::string> training_differences(const CheckpointManifest& manifest
 
 // Loads layers `r` of `model` (into `params`, allocated when empty) and their optimizer state
 // from the checkpoint's shards, verifying checksums, dtypes and shapes (IoError naming the file
-// and tensor). Optimizer state is restored only when the checkpoint has it for every parameter.
+// and tensor; CheckpointDamaged for a missing shard or a checksum that disagrees). Optimizer
+// state is restored only when the checkpoint has it for every parameter. Nothing is changed
+// when it throws.
 void restore_stage(const Checkpoint& checkpoint, const Sequential& model, LayerRange r,
                    ModelParams& params, Optimizer& optimizer);
 
