@@ -1,5 +1,6 @@
 #include <pipeline/data/text.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -36,9 +37,10 @@ TextDataset::TextDataset(std::string path, TextOptions options)
                     "text file '{}': read {} of {} bytes", m_path, in.gcount(), m_bytes.size());
   PIPELINE_CHECK_AS(IoError, bytes() >= options.seq_len + 1,
                     "text file '{}' is too short: {} bytes in the part [{}, {}) of its {} bytes, "
-                    "but one sample of sequence length {} needs {}",
+                    "but one sample of sequence length {} needs {}: give a longer file, or a "
+                    "sequence length of at most {} (--seq-len)",
                     m_path, bytes(), options.begin, options.end, total, options.seq_len,
-                    options.seq_len + 1);
+                    options.seq_len + 1, std::max<std::int64_t>(bytes() - 1, 1));
 }
 
 std::string TextDataset::name() const {

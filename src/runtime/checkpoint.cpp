@@ -761,6 +761,14 @@ std::string set_aside_damaged_checkpoint(const std::string& path) {
 }
 
 void check_resume_compatible(const CheckpointManifest& m, const CheckpointRunInfo& run) {
+  // A plan is made for one model: changing --model alone would only trade this error for the
+  // plan's.
+  const bool plan_pins_model = run.plan.is_object() && run.plan.value("model", "") == run.model;
+  PIPELINE_CHECK_AS(ConfigError, m.model == run.model || !plan_pins_model,
+                    "the checkpoint is of model '{}' but this run's --plan is for '{}': resume it "
+                    "with a plan made for '{}' (pipeline-profile --model {}, then "
+                    "pipeline-partition), or without --plan",
+                    m.model, run.model, m.model, m.model);
   PIPELINE_CHECK_AS(ConfigError, m.model == run.model,
                     "the checkpoint is of model '{}' but this run trains '{}': resume it with "
                     "the program and --model it was written by (--model {})",

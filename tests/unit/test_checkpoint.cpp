@@ -361,6 +361,17 @@ TEST_CASE("checkpoint: corrupt shards and manifests are rejected, naming the fil
     run.batch_size = 16;
     CHECK(message_of([&] { check_resume_compatible(c->manifest, run); }).find("--batch 32") !=
           std::string::npos);
+    // The run's model from its plan: the plan is what to change, not --model.
+    run = info_for(t);
+    run.model = "fashion-cnn";
+    CHECK(message_of([&] {
+            check_resume_compatible(c->manifest, run);
+          }).find("resume it with the program and --model it was written by (--model mlp)") !=
+          std::string::npos);
+    run.plan = {{"model", "fashion-cnn"}};
+    CHECK(message_of([&] { check_resume_compatible(c->manifest, run); })
+              .find("this run's --plan is for 'fashion-cnn': resume it with a plan made for "
+                    "'mlp'") != std::string::npos);
     run = info_for(t);
     run.optimizer = "sgd";
     CHECK(message_of([&] { check_resume_compatible(c->manifest, run); }).find("--optimizer adamw") !=
