@@ -135,7 +135,8 @@ int run(const Options& o) {
                                     nullptr, training_options(o, schedule, train));
   const auto resumed = examples::checkpoint_to_resume(o.checkpoints, info, true);
   const auto checkpoints =
-      examples::make_checkpointer(o.checkpoints, info, CheckpointRole::single(zoo.model), nullptr);
+      examples::make_checkpointer(o.checkpoints, info, CheckpointRole::single(zoo.model), nullptr,
+                                  checkpoint_bytes(zoo.model, trainer.optimizer()));
   const std::int64_t start = examples::restore_checkpoint(
       resumed, o.checkpoints, info, nullptr, checkpoints.get(), [&](const Checkpoint& c) {
         restore_stage(c, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
@@ -215,7 +216,8 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
                                     &plan, training_options(o, lr, train));
   const auto resumed = examples::checkpoint_to_resume(o.checkpoints, info, comm.rank() == 0);
   const auto checkpoints = examples::make_checkpointer(
-      o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm);
+      o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm,
+      checkpoint_bytes(zoo.model, ex.optimizer()));
   const std::int64_t start = examples::restore_checkpoint(
       resumed, o.checkpoints, info, &comm, checkpoints.get(), [&](const Checkpoint& c) {
         ex.for_each_stage(

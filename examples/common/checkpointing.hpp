@@ -253,7 +253,8 @@ inline std::int64_t restore_checkpoint(std::optional<Checkpoint> c, const Checkp
 // turned into stop requests. Collective.
 inline std::unique_ptr<Checkpointer> make_checkpointer(const CheckpointFlags& flags,
                                                        const CheckpointRunInfo& run,
-                                                       CheckpointRole role, Communicator* comm) {
+                                                       CheckpointRole role, Communicator* comm,
+                                                       std::int64_t checkpoint_bytes) {
   PIPELINE_CHECK_AS(ConfigError, flags.writes() || !flags.cadence_given,
                     "--checkpoint-every and --checkpoint-keep need a directory to write "
                     "checkpoints in: add --checkpoint-dir DIR (or --resume DIR)");
@@ -270,7 +271,8 @@ inline std::unique_ptr<Checkpointer> make_checkpointer(const CheckpointFlags& fl
                       flags.output_dir(), other ? other->manifest.step : 0, flags.output_dir());
   }
   auto c = std::make_unique<Checkpointer>(
-      CheckpointOptions{flags.output_dir(), flags.every, flags.keep}, run, std::move(role), comm);
+      CheckpointOptions{flags.output_dir(), flags.every, flags.keep, checkpoint_bytes}, run,
+      std::move(role), comm);
   catch_preemption_signals();
   return c;
 }

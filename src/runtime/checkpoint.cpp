@@ -4,6 +4,7 @@
 
 #include <pipeline/core/error.hpp>
 #include <pipeline/core/log.hpp>
+#include <pipeline/core/text.hpp>
 #include <pipeline/io/safetensors.hpp>
 #include <pipeline/optim/flatten.hpp>
 
@@ -12,6 +13,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -405,7 +407,47 @@ void check_writable(const std::string& dir, int rank) {
                     f ? "a test write failed (is the file system full?)" : std::strerror(error));
 }
 
+// A full file system found at the start, not at the first checkpoint after hours of training:
+// the run fails when not one checkpoint fits, and is warned when the `keep` it keeps and the one
+// it writes next (its peak) do not.
+void check_free_space(const std::string& dir, std::int64_t bytes, int keep) {
+  if (bytes <= 0) return;
+  struct statvfs fs_stats {};
+  if (::statvfs(dir.c_str(), &fs_stats) != 0) return;  // (no figure: nothing to check against)
+  const auto free_bytes =
+      static_cast<std::int64_t>(fs_stats.f_bavail) * static_cast<std::int64_t>(fs_stats.f_frsize);
+  const std::vector<StepDir> dirs = step_dirs(dir);
+  const auto existing = static_cast<int>(
+      std::count_if(dirs.begin(), dirs.end(), [](const StepDir& d) { return d.complete; }));
+  const std::int64_t peak = std::max(1, keep + 1 - existing) * bytes;
+  PIPELINE_CHECK_AS(IoError, free_bytes >= bytes,
+                    "the file system of '{}' has {} free, but one checkpoint of this run takes "
+                    "about {}: free space there, or give --checkpoint-dir a directory on a larger "
+                    "file system",
+                    dir, format_bytes(free_bytes), format_bytes(bytes));
+  if (free_bytes < peak)
+    log_warn(
+        "the file system of '{}' has {} free, but keeping {} checkpoint(s) of about {} "
+        "while writing the next needs {} more: the run may fail at a checkpoint; free space "
+        "there or lower --checkpoint-keep",
+        dir, format_bytes(free_bytes), keep, format_bytes(bytes), format_bytes(peak));
+}
+
 }  // namespace
+
+std::int64_t checkpoint_bytes(const Sequential& model, const Optimizer& optimizer) {
+  const auto state_per_parameter = static_cast<std::int64_t>(optimizer.buffer_names().size());
+  std::int64_t bytes = 0;
+  for (int i = 0; i < model.size(); ++i) {
+    const Layer& layer = model.layer(i);
+    for (const ParamSpec& p : layer.parameters())
+      bytes += p.shape.numel() *
+               (static_cast<std::int64_t>(dtype_size(p.dtype)) + state_per_parameter * 4);
+    for (const ParamSpec& b : layer.buffers())
+      bytes += b.shape.numel() * static_cast<std::int64_t>(dtype_size(b.dtype));
+  }
+  return bytes;
+}
 
 // --- the directory's lock
 // -------------------------------------------------------------------------
@@ -491,6 +533,7 @@ Checkpointer::Checkpointer(CheckpointOptions options, CheckpointRunInfo info, Ch
         remove_dir(d.path);
       }
     check_writable(m_options.dir, rank);
+    check_free_space(m_options.dir, m_options.checkpoint_bytes, m_options.keep);
   }
   if (m_comm) m_comm->barrier();
   // A writer on another host may not share the coordinator's file system.

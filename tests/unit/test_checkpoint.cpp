@@ -267,6 +267,21 @@ TEST_CASE("checkpoint: a second job writing into the same directory is refused, 
                       nullptr);
 }
 
+TEST_CASE("checkpoint: a file system without room for one checkpoint is refused at the start") {
+  testing::TempDir dir("ckpt_space");
+  Trained t;
+  const std::int64_t one = checkpoint_bytes(t.zoo.model, *t.optimizer);
+  // Parameters, buffers and AdamW's two moments: what the shard holds, but for its header.
+  save_single(dir.path.string(), t, 1);
+  const auto shard = fs::file_size(dir.path / checkpoint_dir_name(1) / "stage-0.safetensors");
+  CHECK(static_cast<double>(one) <= static_cast<double>(shard));
+  CHECK(static_cast<double>(one) >= 0.95 * static_cast<double>(shard));
+  CheckpointOptions huge{(dir.path / "more").string(), 0, 2, std::int64_t{1} << 60};
+  CHECK_THROWS_WITH_AS(
+      Checkpointer(huge, info_for(t), CheckpointRole::single(t.zoo.model), nullptr),
+      doctest::Contains("but one checkpoint of this run takes about 1073741824.00 GiB"), IoError);
+}
+
 TEST_CASE("checkpoint: corrupt shards and manifests are rejected, naming the file and tensor") {
   testing::TempDir dir("ckpt_corrupt");
   Trained t;

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <pipeline/core/error.hpp>
+#include <pipeline/core/text.hpp>
 
 #include <fmt/format.h>
 
@@ -74,14 +75,6 @@ struct PoolStats {
   std::int64_t driver_allocations = 0;  // requests that reached the driver
   std::int64_t driver_frees = 0;
 };
-
-inline std::string format_bytes(std::int64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (bytes >= (std::int64_t{1} << 30)) return fmt::format("{:.2f} GiB", b / (1 << 30));
-  if (bytes >= (std::int64_t{1} << 20)) return fmt::format("{:.2f} MiB", b / (1 << 20));
-  if (bytes >= (std::int64_t{1} << 10)) return fmt::format("{:.2f} KiB", b / (1 << 10));
-  return fmt::format("{} B", bytes);
-}
 
 class CachingPool {
  public:

@@ -53,7 +53,14 @@ struct CheckpointOptions {
   std::string dir;         // checkpoints go to <dir>/step-<step>/
   std::int64_t every = 0;  // steps between checkpoints (0: only when asked, e.g. preemption)
   int keep = 2;            // complete checkpoints kept (older ones are deleted)
+  // About one checkpoint's size (checkpoint_bytes()), for the check of the file system's free
+  // space at the start; 0: not checked.
+  std::int64_t checkpoint_bytes = 0;
 };
+
+// About the bytes of one checkpoint of `model` trained with `optimizer`: every parameter and
+// buffer, and the optimizer's state of each parameter (fp32, one per buffer_names()).
+std::int64_t checkpoint_bytes(const Sequential& model, const Optimizer& optimizer);
 
 // What a run records about itself in every manifest (and what a resume checks it against).
 struct CheckpointRunInfo {
