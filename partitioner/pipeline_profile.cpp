@@ -150,17 +150,27 @@ int main(int argc, char** argv) {
       ->required()
       ->check(pipeline::examples::file_to_write());
   app.add_flag("-q,--quiet", quiet, "no table on stdout");
+  // (0 would mean the model's default inside ZooOptions: given, it is a mistake to name.)
   auto* images = app.add_option_group("image models (mlp, fashion-cnn, vgg16, resnet18)");
-  images->add_option("--image-size", zoo.image_size, "input height and width (default 28 or 32)");
-  images->add_option("--channels", zoo.channels, "input channels (default 1 or 3)");
-  images->add_option("--classes", zoo.num_classes, "output classes (default 10)");
-  images->add_option("--width", zoo.width, "channel/hidden width multiplier (default 1)");
+  images->add_option("--image-size", zoo.image_size, "input height and width (default 28 or 32)")
+      ->check(pipeline::examples::positive_number());
+  images->add_option("--channels", zoo.channels, "input channels (default 1 or 3)")
+      ->check(pipeline::examples::positive_number());
+  images->add_option("--classes", zoo.num_classes, "output classes (default 10)")
+      ->check(pipeline::examples::positive_number());
+  images->add_option("--width", zoo.width, "channel/hidden width multiplier (default 1)")
+      ->check(pipeline::examples::positive_number());
   auto* text = app.add_option_group("transformer-lm");
-  text->add_option("--seq-len", zoo.seq_len, "tokens per sample (default 64)");
-  text->add_option("--dim", zoo.dim, "model width (default 128)");
-  text->add_option("--heads", zoo.heads, "attention heads (default 4)");
-  text->add_option("--blocks", zoo.blocks, "transformer blocks (default 4)");
-  text->add_option("--vocab", zoo.vocab, "vocabulary size (default 256)");
+  text->add_option("--seq-len", zoo.seq_len, "tokens per sample (default 64)")
+      ->check(pipeline::examples::positive_number());
+  text->add_option("--dim", zoo.dim, "model width (default 128)")
+      ->check(pipeline::examples::positive_number());
+  text->add_option("--heads", zoo.heads, "attention heads (default 4)")
+      ->check(pipeline::examples::positive_number());
+  text->add_option("--blocks", zoo.blocks, "transformer blocks (default 4)")
+      ->check(pipeline::examples::positive_number());
+  text->add_option("--vocab", zoo.vocab, "vocabulary size (default 256)")
+      ->check(pipeline::examples::positive_number());
   CLI11_PARSE(app, argc, argv);
 
   try {
