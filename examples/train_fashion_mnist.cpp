@@ -133,14 +133,10 @@ int run(const Options& o) {
   const CheckpointRunInfo info =
       examples::checkpoint_run_info(zoo, trainer.optimizer(), o.seed, o.batch, 1, o.pipeline,
                                     nullptr, training_options(o, schedule, train));
-  const auto resumed = examples::checkpoint_to_resume(o.checkpoints, info, true);
-  const auto checkpoints =
-      examples::make_checkpointer(o.checkpoints, info, CheckpointRole::single(zoo.model), nullptr,
-                                  checkpoint_bytes(zoo.model, trainer.optimizer()));
-  const std::int64_t start = examples::restore_checkpoint(
-      resumed, o.checkpoints, info, nullptr, checkpoints.get(), [&](const Checkpoint& c) {
-        restore_stage(c, zoo.model, zoo.model.all(), trainer.params(), trainer.optimizer());
-      });
+  examples::Checkpointing ck = examples::start_checkpointing(o.checkpoints, info, zoo.model,
+                                                             trainer.params(), trainer.optimizer());
+  const std::unique_ptr<Checkpointer> checkpoints = std::move(ck.writer);
+  const std::int64_t start = ck.start;
   MetricsWriter metrics(o.metrics, start);
   examples::Progress progress("train", total, start);
 
@@ -214,15 +210,9 @@ int run_pipelined(const Options& o, Communicator& comm, Device device) {
   const CheckpointRunInfo info =
       examples::checkpoint_run_info(zoo, ex.optimizer(), o.seed, o.batch, comm.size(), o.pipeline,
                                     &plan, training_options(o, lr, train));
-  const auto resumed = examples::checkpoint_to_resume(o.checkpoints, info, comm.rank() == 0);
-  const auto checkpoints = examples::make_checkpointer(
-      o.checkpoints, info, CheckpointRole::for_layout(layout, comm.rank()), &comm,
-      checkpoint_bytes(zoo.model, ex.optimizer()));
-  const std::int64_t start = examples::restore_checkpoint(
-      resumed, o.checkpoints, info, &comm, checkpoints.get(), [&](const Checkpoint& c) {
-        ex.for_each_stage(
-            [&](int) { restore_stage(c, ex.model(), ex.layers(), ex.params(), ex.optimizer()); });
-      });
+  examples::Checkpointing ck = examples::start_checkpointing(o.checkpoints, info, ex, comm);
+  const std::unique_ptr<Checkpointer> checkpoints = std::move(ck.writer);
+  const std::int64_t start = ck.start;
   if (comm.rank() == 0) {
     log_info(
         "{}: {} stages on {} ranks, schedule {} ({} microbatch(es) per minibatch of {}), {} "

@@ -277,6 +277,49 @@ inline std::unique_ptr<Checkpointer> make_checkpointer(const CheckpointFlags& fl
   return c;
 }
 
+// The run's checkpointing, set up in its order: the checkpoint --resume names, checked against the
+// run; the writer, which takes its directory's lock (so no other job prunes that checkpoint while
+// it is read); then this rank's layers restored (`restore`, with restore_checkpoint's fallback).
+// `writer` is null without --checkpoint-dir or --resume; `start` is the step the run starts from.
+// Collective.
+struct Checkpointing {
+  std::unique_ptr<Checkpointer> writer;
+  std::int64_t start = 0;
+};
+
+inline Checkpointing start_checkpointing(const CheckpointFlags& flags, const CheckpointRunInfo& run,
+                                         CheckpointRole role, Communicator* comm,
+                                         std::int64_t checkpoint_bytes,
+                                         const std::function<void(const Checkpoint&)>& restore) {
+  const int rank = comm ? comm->rank() : 0;
+  std::optional<Checkpoint> resumed = checkpoint_to_resume(flags, run, rank == 0);
+  Checkpointing out;
+  out.writer = make_checkpointer(flags, run, std::move(role), comm, checkpoint_bytes);
+  out.start = restore_checkpoint(std::move(resumed), flags, run, comm, out.writer.get(), restore);
+  return out;
+}
+
+// A single process holding the whole model.
+inline Checkpointing start_checkpointing(const CheckpointFlags& flags, const CheckpointRunInfo& run,
+                                         const Sequential& model, ModelParams& params,
+                                         Optimizer& optimizer) {
+  return start_checkpointing(
+      flags, run, CheckpointRole::single(model), nullptr,
+      pipeline::checkpoint_bytes(model, optimizer),
+      [&](const Checkpoint& c) { restore_stage(c, model, model.all(), params, optimizer); });
+}
+
+// A rank of a pipeline, with every stage it runs.
+inline Checkpointing start_checkpointing(const CheckpointFlags& flags, const CheckpointRunInfo& run,
+                                         StageExecutor& ex, Communicator& comm) {
+  return start_checkpointing(
+      flags, run, CheckpointRole::for_layout(ex.layout(), comm.rank()), &comm,
+      pipeline::checkpoint_bytes(ex.model(), ex.optimizer()), [&](const Checkpoint& c) {
+        ex.for_each_stage(
+            [&](int) { restore_stage(c, ex.model(), ex.layers(), ex.params(), ex.optimizer()); });
+      });
+}
+
 // Where a run stands between steps: `position` is the next minibatch's global index.
 struct RunProgress {
   std::int64_t position = 0;
