@@ -232,15 +232,16 @@ inline std::int64_t restore_checkpoint(std::optional<Checkpoint> c, const Checkp
       const LogThresholdScope quiet(rank == 0 ? log_threshold() : LogLevel::Error);
       c = find_latest_checkpoint(flags.resume, bad.manifest.step);
     }
+    // (Kept where no older one remains: set aside, the next restart would start from step 0.)
+    PIPELINE_CHECK_AS(CheckpointDamaged, c.has_value(),
+                      "checkpoint '{}' is damaged (the warnings say what) and '{}' holds no "
+                      "older complete checkpoint: start afresh (an empty --checkpoint-dir, no "
+                      "--resume) or restore the directory from a copy",
+                      bad.path, flags.resume);
     if (checkpoints && rank == checkpoints->coordinator() && flags.resumes_where_it_writes()) {
       const std::string aside = set_aside_damaged_checkpoint(bad.path);
       log_warn("moved the damaged checkpoint '{}' aside to '{}'", bad.path, aside);
     }
-    PIPELINE_CHECK_AS(CheckpointDamaged, c.has_value(),
-                      "checkpoint '{}' is damaged (the warning above says what) and '{}' holds no "
-                      "older complete checkpoint: start afresh (an empty --checkpoint-dir, no "
-                      "--resume) or restore the directory from a copy",
-                      bad.path, flags.resume);
     check_resume_compatible(c->manifest, run);
     if (rank == 0)
       log_warn("checkpoint '{}' is damaged: resuming from the older '{}' at step {} instead",

@@ -289,6 +289,17 @@ std::vector<StepDir> step_dirs(const std::string& dir) {
   return out;
 }
 
+// Whether the checkpoint's manifest reads as JSON (a damaged one does not; its contents are
+// checked where it is resumed).
+bool manifest_is_json(const fs::path& step_dir) {
+  try {
+    detail::read_json_file((step_dir / "manifest.json").string(), "checkpoint manifest", "");
+    return true;
+  } catch (const ConfigError&) {
+    return false;
+  }
+}
+
 void remove_dir(const fs::path& p) {
   std::error_code ec;
   fs::remove_all(p, ec);
@@ -459,7 +470,14 @@ std::int64_t checkpoint_bytes(const Sequential& model, const Optimizer& optimize
 CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
   const std::string path = (fs::path(dir) / ".lock").string();
   m_fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  PIPELINE_CHECK_AS(IoError, m_fd >= 0, "cannot open the checkpoint directory's lock '{}': {}",
+  // Left read-only (by another user's job, or a copy): flock needs no write access, only the
+  // holder's record is lost.
+  const bool writable = m_fd >= 0;
+  if (!writable && (errno == EACCES || errno == EPERM || errno == EROFS))
+    m_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  PIPELINE_CHECK_AS(IoError, m_fd >= 0,
+                    "cannot open the checkpoint directory's lock '{}': {}; remove it (no job "
+                    "runs there) or give this run another --checkpoint-dir",
                     path, std::strerror(errno));
   if (::flock(m_fd, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
@@ -478,7 +496,7 @@ CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
                   dir, who.empty() ? "its lock file names no process" : who);
   }
   const std::string me = detail::host_and_pid() + "\n";
-  if (::ftruncate(m_fd, 0) != 0 || ::pwrite(m_fd, me.data(), me.size(), 0) < 0)
+  if (writable && (::ftruncate(m_fd, 0) != 0 || ::pwrite(m_fd, me.data(), me.size(), 0) < 0))
     log_warn("cannot record this job in '{}': {}", path, std::strerror(errno));
 }
 
@@ -531,6 +549,10 @@ Checkpointer::Checkpointer(CheckpointOptions options, CheckpointRunInfo info, Ch
         log_warn("deleting incomplete checkpoint '{}' (its write was interrupted)",
                  d.path.string());
         remove_dir(d.path);
+      } else if (!manifest_is_json(d.path)) {
+        // Damaged: it would count among the kept ones (pruning an intact one in its place).
+        log_warn("moved checkpoint '{}' aside to '{}': its manifest is damaged", d.path.string(),
+                 set_aside_damaged_checkpoint(d.path.string()));
       }
     check_writable(m_options.dir, rank);
     check_free_space(m_options.dir, m_options.checkpoint_bytes, m_options.keep);
@@ -774,9 +796,7 @@ std::optional<Checkpoint> find_latest_checkpoint(const std::string& dir, std::in
     const std::string file = (d.path / "manifest.json").string();
     nlohmann::json j;
     try {
-      j = detail::read_json_file(
-          file, "checkpoint manifest",
-          "; the checkpoint is damaged: resume from an older one (delete this step's directory)");
+      j = detail::read_json_file(file, "checkpoint manifest", "; the checkpoint is damaged");
     } catch (const ConfigError& e) {
       log_warn("skipping checkpoint '{}': {}", d.path.string(), detail::unprefixed_message(e));
       if (!damaged) damaged = e;
@@ -789,7 +809,10 @@ std::optional<Checkpoint> find_latest_checkpoint(const std::string& dir, std::in
         c.manifest.step, d.step);
     return c;
   }
-  if (damaged) throw *damaged;
+  PIPELINE_CHECK_AS(ConfigError, !damaged,
+                    "{}; '{}' holds no older complete checkpoint: start afresh (an empty "
+                    "--checkpoint-dir, no --resume) or restore the directory from a copy",
+                    damaged ? detail::unprefixed_message(*damaged) : "", dir);
   return std::nullopt;
 }
 

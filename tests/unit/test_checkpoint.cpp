@@ -246,6 +246,10 @@ TEST_CASE("checkpoint: a second job writing into the same directory is refused, 
                          doctest::Contains(holder.c_str()), ConfigError);
     CHECK_THROWS_WITH_AS(CheckpointDirLock(dir.path.string()),
                          doctest::Contains("is in use by another job"), ConfigError);
+    // A lock file left read-only still locks (flock needs no write access).
+    fs::permissions(dir.path / ".lock", fs::perms::owner_read | fs::perms::group_read);
+    CHECK_THROWS_WITH_AS(CheckpointDirLock(dir.path.string()),
+                         doctest::Contains("is in use by another job"), ConfigError);
     // Another process too (flock, not a lock of this process only).
     const pid_t child = ::fork();
     REQUIRE(child >= 0);
@@ -341,13 +345,6 @@ TEST_CASE("checkpoint: corrupt shards and manifests are rejected, naming the fil
     CHECK(e.find("needs") != std::string::npos);
   }
   SUBCASE("a manifest that does not parse: the older checkpoint, or an error when none") {
-    std::ofstream(manifest) << "{\"format\": \"pipeline.checkpoint/1\", \"step\": ";
-    CHECK(message_of([&] { find_latest_checkpoint(dir.path.string()); }).find(manifest) !=
-          std::string::npos);
-    save_single(dir.path.string(), t, 3);
-    const auto c = find_latest_checkpoint(dir.path.string());
-    REQUIRE(c.has_value());
-    CHECK(c->manifest.step == 3);
     // Its semantics wrong (valid JSON of another step) is no damage to pass over.
     nlohmann::json j = nlohmann::json::parse(original);
     j["step"] = 6;
@@ -355,6 +352,16 @@ TEST_CASE("checkpoint: corrupt shards and manifests are rejected, naming the fil
     CHECK(message_of([&] {
             find_latest_checkpoint(dir.path.string());
           }).find("is for step 6 but sits in the directory of step 5") != std::string::npos);
+    std::ofstream(manifest) << "{\"format\": \"pipeline.checkpoint/1\", \"step\": ";
+    const std::string e = message_of([&] { find_latest_checkpoint(dir.path.string()); });
+    CHECK(e.find(manifest) != std::string::npos);
+    CHECK(e.find("holds no older complete checkpoint") != std::string::npos);
+    // A writer sets it aside (it would count among the kept ones); the older one is found.
+    save_single(dir.path.string(), t, 3);
+    CHECK(fs::exists(step_dir.string() + ".damaged"));
+    const auto c = find_latest_checkpoint(dir.path.string());
+    REQUIRE(c.has_value());
+    CHECK(c->manifest.step == 3);
   }
   SUBCASE("older than a step; a damaged one set aside") {
     save_single(dir.path.string(), t, 3);
