@@ -92,6 +92,10 @@ void catch_preemption_signals() {
   PIPELINE_CHECK(::sigaction(SIGTERM, &action, &s.previous_term) == 0 &&
                      ::sigaction(SIGINT, &action, &s.previous_int) == 0,
                  "cannot install the preemption signal handlers: {}", std::strerror(errno));
+  // A signal ignored when the program started stays ignored (SIGINT of a background job of a
+  // non-interactive shell, nohup's): whoever started it meant it not to reach the program.
+  if (s.previous_term.sa_handler == SIG_IGN) ::sigaction(SIGTERM, &s.previous_term, nullptr);
+  if (s.previous_int.sa_handler == SIG_IGN) ::sigaction(SIGINT, &s.previous_int, nullptr);
 }
 
 bool preemption_requested() {

@@ -56,6 +56,21 @@ TEST_CASE("preemption: the first signal sets the flag, a SIGINT after it ends th
   }
 }
 
+TEST_CASE("preemption: a signal ignored at the start stays ignored") {
+  const int status = in_child([] {
+    std::signal(SIGTERM, SIG_DFL);
+    std::signal(SIGINT, SIG_IGN);  // a background job of a non-interactive shell
+    catch_preemption_signals();
+    std::raise(SIGINT);
+    if (preemption_requested()) ::_exit(10);
+    std::raise(SIGTERM);
+    std::raise(SIGINT);
+    ::_exit(preemption_signal() == SIGTERM ? 0 : 11);
+  });
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
 TEST_CASE("preemption: a repeated SIGTERM is the same request, not a stop at once") {
   const int status = in_child([] {
     std::signal(SIGTERM, SIG_DFL);
