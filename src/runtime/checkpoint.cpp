@@ -421,15 +421,13 @@ void check_writable(const std::string& dir, int rank) {
 // A full file system found at the start, not at the first checkpoint after hours of training:
 // the run fails when not one checkpoint fits, and is warned when the `keep` it keeps and the one
 // it writes next (its peak) do not.
-void check_free_space(const std::string& dir, std::int64_t bytes, int keep) {
+// `existing`: the run's complete checkpoints already there.
+void check_free_space(const std::string& dir, std::int64_t bytes, int keep, int existing) {
   if (bytes <= 0) return;
   struct statvfs fs_stats {};
   if (::statvfs(dir.c_str(), &fs_stats) != 0) return;  // (no figure: nothing to check against)
   const auto free_bytes =
       static_cast<std::int64_t>(fs_stats.f_bavail) * static_cast<std::int64_t>(fs_stats.f_frsize);
-  const std::vector<StepDir> dirs = step_dirs(dir);
-  const auto existing = static_cast<int>(
-      std::count_if(dirs.begin(), dirs.end(), [](const StepDir& d) { return d.complete; }));
   const std::int64_t peak = std::max(1, keep + 1 - existing) * bytes;
   PIPELINE_CHECK_AS(IoError, free_bytes >= bytes,
                     "the file system of '{}' has {} free, but one checkpoint of this run takes "
@@ -544,6 +542,7 @@ Checkpointer::Checkpointer(CheckpointOptions options, CheckpointRunInfo info, Ch
     m_lock = std::make_unique<CheckpointDirLock>(m_options.dir);
     // No write of this job is in flight yet: directories without a manifest are leftovers of a
     // write that an earlier job did not finish.
+    int intact = 0;
     for (const auto& d : step_dirs(m_options.dir))
       if (!d.complete) {
         log_warn("deleting incomplete checkpoint '{}' (its write was interrupted)",
@@ -553,9 +552,11 @@ Checkpointer::Checkpointer(CheckpointOptions options, CheckpointRunInfo info, Ch
         // Damaged: it would count among the kept ones (pruning an intact one in its place).
         log_warn("moved checkpoint '{}' aside to '{}': its manifest is damaged", d.path.string(),
                  set_aside_damaged_checkpoint(d.path.string()));
+      } else {
+        ++intact;
       }
     check_writable(m_options.dir, rank);
-    check_free_space(m_options.dir, m_options.checkpoint_bytes, m_options.keep);
+    check_free_space(m_options.dir, m_options.checkpoint_bytes, m_options.keep, intact);
   }
   if (m_comm) m_comm->barrier();
   // A writer on another host may not share the coordinator's file system.
